@@ -1,0 +1,212 @@
+"""The run's message list (MastraDBMessage dicts with their source), signals, and the provider prompt."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+Message = dict[str, Any]
+
+INPUT = "input"
+MEMORY = "memory"
+RESPONSE = "response"
+CONTEXT = "context"
+
+_DEFAULT_TAGS = {"reactive": "system-reminder", "system-reminder": "system-reminder",
+                 "user-message": "user", "user": "user", "notification": "notification", "state": "state"}
+_CANONICAL_TYPES = {"system-reminder": "reactive", "user-message": "user"}
+
+
+def now_iso() -> str:
+    """The current time as the reference's ISO timestamp."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_id() -> str:
+    """A fresh message id."""
+    return str(uuid.uuid4())
+
+
+def text_message(role: str, text: str, *, msg_id: str | None = None) -> Message:
+    """A message holding one text part."""
+    return {
+        "id": msg_id or new_id(),
+        "role": role,
+        "createdAt": now_iso(),
+        "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
+    }
+
+
+def message_text(msg: Message) -> str:
+    """The text parts of a message joined with newlines."""
+    content = msg.get("content") or {}
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content.get("parts") or [] if p.get("type") == "text")
+
+
+class RunMessages:
+    """The live conversation of one run: messages in order, each tagged with its source."""
+
+    def __init__(self) -> None:
+        self.items: list[Message] = []
+        self.sources: dict[str, str] = {}
+
+    def add(self, msg: Message, source: str) -> None:
+        """Append a message (a message with the same id is replaced in place)."""
+        msg_id = msg.setdefault("id", new_id())
+        if msg_id in self.sources:
+            self.items = [msg if m["id"] == msg_id else m for m in self.items]
+        else:
+            self.items.append(msg)
+        self.sources[msg_id] = source
+
+    def view(self, *sources: str) -> list[Message]:
+        """Messages of the given sources (all when none given)."""
+        if not sources:
+            return list(self.items)
+        return [m for m in self.items if self.sources.get(m["id"]) in sources]
+
+    def apply(self, before: list[Message], returned: list[Message], default_source: str) -> list[Message]:
+        """Apply an array-style hook return over the view `before`.
+
+        Ids in `before` missing from `returned` are removed; known ids are
+        replaced in place; new messages are appended with `default_source`.
+        System-role messages are not conversation: they are returned for the
+        caller to add to the system messages.
+        """
+        keep = {m.get("id") for m in returned}
+        for msg in before:
+            if msg["id"] not in keep:
+                self.remove(msg["id"])
+        systems = []
+        for msg in returned:
+            if msg.get("role") == "system":
+                systems.append(msg)
+                if msg.get("id") in self.sources:
+                    self.remove(msg["id"])
+                continue
+            self.add(msg, self.sources.get(msg.get("id", ""), default_source))
+        return systems
+
+    def replace_all(self, returned: list[Message], default_source: str) -> list[Message]:
+        """Replace the whole list (message_list edits); returns system-role messages."""
+        return self.apply(self.items, returned, default_source)
+
+    def remove(self, msg_id: str) -> None:
+        """Remove a message by id."""
+        if msg_id in self.sources:
+            del self.sources[msg_id]
+            self.items = [m for m in self.items if m["id"] != msg_id]
+
+    def add_signal(self, signal: dict[str, Any]) -> tuple[Message, dict[str, Any]]:
+        """Add a signal as a ``role: signal`` message; returns it and its data-signal payload.
+
+        A transient signal replaces an earlier transient copy with the same
+        type, tag and contents (so re-sending each step keeps one copy at the end).
+        """
+        kind = signal.get("type", "reactive")
+        canonical = _CANONICAL_TYPES.get(kind, kind)
+        tag = signal.get("tagName") or _DEFAULT_TAGS.get(kind, kind)
+        contents = signal.get("contents", "")
+        transient = bool(signal.get("transient", False))
+        info: dict[str, Any] = {"id": signal.get("id") or new_id(), "type": canonical, "tagName": tag,
+                                "createdAt": now_iso()}
+        if signal.get("attributes"):
+            info["attributes"] = dict(signal["attributes"])
+        if signal.get("metadata"):
+            info["metadata"] = signal["metadata"]
+        if transient:
+            info["transient"] = True
+            for msg in self.view():
+                meta = (msg.get("content") or {}).get("metadata", {}).get("signal")
+                if (msg.get("role") == "signal" and meta and meta.get("transient")
+                        and meta.get("type") == canonical and meta.get("tagName") == tag
+                        and message_text(msg) == contents):
+                    self.remove(msg["id"])
+        msg = {
+            "id": new_id(),
+            "role": "signal",
+            "type": tag,
+            "createdAt": info["createdAt"],
+            "content": {"format": 2, "parts": [{"type": "text", "text": contents}], "metadata": {"signal": info}},
+        }
+        self.add(msg, INPUT)
+        data = {k: v for k, v in info.items() if k != "metadata"}
+        data["contents"] = contents
+        return msg, data
+
+
+def _escape(text: str, quote: bool = False) -> str:
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace('"', "&quot;") if quote else text
+
+
+def _attr_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def render_signal(msg: Message) -> str:
+    """How the model sees a signal: ``<tag k="v">contents</tag>``."""
+    info = msg["content"]["metadata"]["signal"]
+    contents = message_text(msg)
+    if info.get("type") == "user" and not info.get("attributes"):
+        return contents
+    attrs = "".join(
+        f' {name}="{_escape(_attr_value(value), quote=True)}"'
+        for name, value in (info.get("attributes") or {}).items()
+        if value is not None
+    )
+    tag = info["tagName"]
+    if not contents:
+        return f"<{tag}{attrs} />"
+    return f"<{tag}{attrs}>{_escape(contents)}</{tag}>"
+
+
+def build_prompt(system_messages: list[Message], messages: list[Message]) -> list[dict[str, Any]]:
+    """The provider-shaped prompt: system messages first, then the conversation."""
+    prompt: list[dict[str, Any]] = [
+        {"role": "system", "content": message_text(m)} for m in system_messages if message_text(m)
+    ]
+    for msg in messages:
+        role = msg.get("role")
+        parts = (msg.get("content") or {}).get("parts") or []
+        if role == "signal":
+            prompt.append({"role": "user", "content": [{"type": "text", "text": render_signal(msg)}]})
+        elif role == "user":
+            content = [_user_part(p) for p in parts if p.get("type") in ("text", "file", "image")]
+            prompt.append({"role": "user", "content": content})
+        elif role == "assistant":
+            content: list[dict[str, Any]] = []
+            results: list[dict[str, Any]] = []
+            for part in parts:
+                kind = part.get("type")
+                if kind in ("text", "reasoning") and part.get("text"):
+                    content.append({"type": kind, "text": part["text"]})
+                elif kind == "tool-invocation":
+                    inv = part["toolInvocation"]
+                    content.append({"type": "tool-call", "toolCallId": inv["toolCallId"],
+                                    "toolName": inv["toolName"], "input": inv.get("args")})
+                    if inv.get("state") == "result":
+                        results.append({"type": "tool-result", "toolCallId": inv["toolCallId"],
+                                        "toolName": inv["toolName"], "output": inv.get("result")})
+            if content:
+                prompt.append({"role": "assistant", "content": content})
+            if results:
+                prompt.append({"role": "tool", "content": results})
+    return prompt
+
+
+def _user_part(part: dict[str, Any]) -> dict[str, Any]:
+    if part.get("type") == "text":
+        return {"type": "text", "text": part.get("text", "")}
+    return {"type": "file", "mediaType": part.get("mediaType", ""), "data": part.get("data", part.get("url", ""))}
+

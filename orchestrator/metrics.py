@@ -1,0 +1,48 @@
+"""The orchestrator's Prometheus collectors (no user content in any label)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class OrchestratorMetrics:
+    """Counters and histograms of runs, processor calls, tripwires, retries and chunks."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.processor_calls = Counter(
+            "procmesh_processor_calls_total", "Processor hook calls by outcome (ok, abort, failed, failed_open).",
+            ["processor", "hook", "outcome"], registry=r)
+        self.processor_failures_let_through = Counter(
+            "procmesh_processor_failures_let_through_total",
+            "Failed processor calls skipped under the fail-open policy.", ["processor", "hook"], registry=r)
+        self.tripwires = Counter(
+            "procmesh_tripwires_total", "Processor aborts by processor and hook.", ["processor", "hook"], registry=r)
+        self.violations = Counter(
+            "procmesh_violations_total", "onViolation events by processor.", ["processor"], registry=r)
+        self.retries = Counter(
+            "procmesh_retries_total", "Processor-requested retries by kind (step, api_error).", ["kind"], registry=r)
+        self.retry_budget_exhausted = Counter(
+            "procmesh_retry_budget_exhausted_total", "Retries refused because the budget was used up.", ["kind"],
+            registry=r)
+        self.runs = Counter(
+            "procmesh_runs_total", "Finished runs by agent and finish reason.", ["agent", "finish_reason"],
+            registry=r)
+        self.run_duration = Histogram(
+            "procmesh_run_duration_seconds", "Run latency by agent.", ["agent"], buckets=_BUCKETS, registry=r)
+        self.model_calls = Counter(
+            "procmesh_model_calls_total", "Model provider calls by model and outcome.", ["model", "outcome"],
+            registry=r)
+        self.model_tokens = Counter(
+            "procmesh_model_tokens_total", "Tokens reported by the provider.", ["model", "direction"], registry=r)
+        self.chunks = Counter(
+            "procmesh_stream_chunks_total", "Stream chunks emitted to callers by type family.", ["kind"], registry=r)
+
+    def processor_call(self, processor: str, hook: str, outcome: str) -> None:
+        """Count one processor call."""
+        self.processor_calls.labels(processor, hook, outcome).inc()
+        if outcome == "failed_open":
+            self.processor_failures_let_through.labels(processor, hook).inc()

@@ -1,0 +1,31 @@
+"""procmesh: write LLM-agent processors in Python and serve them as gRPC sidecars.
+
+Subclass `Processor`, implement any of the seeds' hooks in snake_case, and
+serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop).
+"""
+
+from procmesh import convert, errors
+from procmesh._client import ProcessorClient, translate_rpc_error
+from procmesh._processor import HOOK_NAMES, MessageList, Processor, TripWire, Writer
+from procmesh._run import ProcessorSettings, run, serve, settings_from_args
+from procmesh._server import SERVICE_NAME, ProcessorServer
+from procmesh._version import __version__
+
+__all__ = [
+    "HOOK_NAMES",
+    "SERVICE_NAME",
+    "MessageList",
+    "Processor",
+    "ProcessorClient",
+    "ProcessorServer",
+    "ProcessorSettings",
+    "TripWire",
+    "Writer",
+    "__version__",
+    "convert",
+    "errors",
+    "run",
+    "serve",
+    "settings_from_args",
+    "translate_rpc_error",
+]

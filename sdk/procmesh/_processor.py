@@ -1,0 +1,187 @@
+"""The Processor base class and what a hook is handed: abort, signals, writer, message list."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, NoReturn
+
+from pydantic import BaseModel
+
+from procmesh.errors import InvalidInputError
+
+Message = dict[str, Any]
+Chunk = dict[str, Any]
+
+HOOK_NAMES: tuple[str, ...] = (
+    "process_input",
+    "process_input_step",
+    "process_llm_request",
+    "process_llm_response",
+    "process_output_stream",
+    "process_output_step",
+    "process_tool_result",
+    "process_output_result",
+    "process_api_error",
+)
+
+_SIGNAL_TYPES = {"reactive", "user", "notification", "state", "system-reminder", "user-message"}
+_TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+class TripWire(Exception):  # noqa: N818 - the reference engine's name, kept for ports
+    """Raised by `abort()`: ends the hook and tells the orchestrator to stop or retry.
+
+    Attributes:
+        reason: Why the processor aborted (the default names the processor).
+        retry: Ask the orchestrator to replay the step with the reason as feedback.
+        metadata: JSON data attached to the tripwire (categories, scores, ...).
+    """
+
+    def __init__(self, reason: str, *, retry: bool = False, metadata: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry = retry
+        self.metadata = metadata
+
+
+class Processor:
+    """Base class for processors: set `id` and implement any of the hooks.
+
+    Hooks are ``async`` methods named like the seeds' hooks in snake_case
+    (`process_input`, `process_input_step`, `process_llm_request`,
+    `process_llm_response`, `process_output_stream`, `process_output_step`,
+    `process_tool_result`, `process_output_result`, `process_api_error`).
+    A hook declares only the arguments it uses, by name (``async def
+    process_output_stream(self, part, state, abort)``); ``**kwargs`` receives
+    all of them. The arguments and return shapes are documented in the README.
+
+    Class attributes:
+        id: Unique processor id (the orchestrator's config refers to it).
+        name: Display name (defaults to the id).
+        description: One line for `Describe`.
+        process_data_parts: `process_output_stream` also receives ``data-*`` chunks.
+        Options: A pydantic model validating the options from the orchestrator's
+            config; the hook's ``options`` argument is then an instance of it.
+    """
+
+    id: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    process_data_parts: ClassVar[bool] = False
+    Options: ClassVar[type[BaseModel] | None] = None
+
+    async def setup(self) -> None:
+        """Prepare resources; the server reports SERVING only after every setup returned."""
+
+    async def teardown(self) -> None:
+        """Release resources when the server stops."""
+
+    @classmethod
+    def implemented_hooks(cls) -> list[str]:
+        """The hook names this processor overrides."""
+        return [name for name in HOOK_NAMES if callable(getattr(cls, name, None))]
+
+
+def hook_parameters(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword arguments a hook declares, or None when it takes ``**kwargs``."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.name != "self")
+
+
+class HookEffects:
+    """What a hook did besides its return value: abort, signals, custom chunks, violations."""
+
+    def __init__(self, processor_id: str) -> None:
+        self.processor_id = processor_id
+        self.signals: list[dict[str, Any]] = []
+        self.custom_chunks: list[Chunk] = []
+        self.violations: list[tuple[str, Any]] = []
+        self.abort: TripWire | None = None
+
+    def abort_hook(
+        self, reason: str | None = None, *, retry: bool = False, metadata: Any = None
+    ) -> NoReturn:
+        """The hook's ``abort(reason, retry=..., metadata=...)``."""
+        raise TripWire(reason or f"Tripwire triggered by {self.processor_id}", retry=retry, metadata=metadata)
+
+    async def send_signal(self, signal: dict[str, Any]) -> None:
+        """The hook's ``send_signal({...})``: validated here, applied by the orchestrator."""
+        if not isinstance(signal, dict):
+            raise InvalidInputError("send_signal expects a dict like {'type': 'reactive', 'contents': ...}")
+        kind = signal.get("type", "reactive")
+        if kind not in _SIGNAL_TYPES:
+            raise InvalidInputError(f"send_signal: unknown signal type {kind!r}")
+        if not isinstance(signal.get("contents"), str):
+            raise InvalidInputError("send_signal: 'contents' must be a string")
+        tag = signal.get("tagName")
+        if tag is not None and not _TAG_NAME.match(tag):
+            raise InvalidInputError(f"send_signal: invalid tagName {tag!r}")
+        for attr in signal.get("attributes") or {}:
+            if not _TAG_NAME.match(str(attr)):
+                raise InvalidInputError(f"send_signal: invalid attribute name {attr!r}")
+        if kind == "state" and signal.get("transient"):
+            raise InvalidInputError("send_signal: state signals cannot be transient")
+        self.signals.append(dict(signal))
+
+    def report_violation(self, message: str, detail: Any = None) -> None:
+        """Report a violation without aborting (warn strategies); reaches onViolation."""
+        self.violations.append((message, detail))
+
+
+class Writer:
+    """The hook's ``writer``: `custom()` emits a ``data-*`` chunk to the client."""
+
+    def __init__(self, effects: HookEffects) -> None:
+        self._effects = effects
+
+    async def custom(self, chunk: Chunk) -> None:
+        """Emit a custom chunk ``{"type": "data-...", "data": ...}``."""
+        kind = chunk.get("type") if isinstance(chunk, dict) else None
+        if not isinstance(kind, str) or not kind.startswith("data-"):
+            raise InvalidInputError(
+                f"writer.custom: chunk type must start with 'data-', got {kind!r}"
+            )
+        self._effects.custom_chunks.append(chunk)
+
+
+class MessageList:
+    """The live message list a hook may edit in place (add, remove, replace).
+
+    Edits are sent back to the orchestrator, which applies them to the run's
+    list. `messages` arguments are snapshots; this is the list itself.
+    """
+
+    def __init__(self, messages: Iterable[Message]) -> None:
+        self._messages = list(messages)
+        self.modified = False
+
+    def get_all(self) -> list[Message]:
+        """Every message, in order."""
+        return list(self._messages)
+
+    def add(self, message: Message) -> None:
+        """Append a message (replaces the message with the same id, if any)."""
+        self.remove_by_ids([message.get("id", "")])
+        self._messages.append(message)
+        self.modified = True
+
+    def remove_by_ids(self, ids: Iterable[str]) -> None:
+        """Remove the messages with these ids."""
+        drop = set(ids)
+        kept = [m for m in self._messages if m.get("id") not in drop]
+        if len(kept) != len(self._messages):
+            self._messages = kept
+            self.modified = True
+
+    def replace(self, message: Message) -> None:
+        """Replace the message with the same id in place."""
+        for i, existing in enumerate(self._messages):
+            if existing.get("id") == message.get("id"):
+                self._messages[i] = message
+                self.modified = True
+                return
+        raise InvalidInputError(f"message_list.replace: no message with id {message.get('id')!r}")

@@ -1,0 +1,62 @@
+"""run(): serve processors until SIGTERM/SIGINT, then drain gracefully."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from procmesh._processor import Processor
+from procmesh._server import ProcessorServer
+
+
+class ProcessorSettings(BaseSettings):
+    """Sidecar settings from the environment (``PROCMESH_`` prefix) and the command line."""
+
+    model_config = SettingsConfigDict(env_prefix="PROCMESH_", frozen=True, use_attribute_docstrings=True)
+
+    listen: list[str] = ["127.0.0.1:50051"]
+    """Addresses to serve on: ``host:port`` or ``unix:///path.sock`` (JSON list in the env)."""
+    metrics_port: int | None = None
+    """Port of the Prometheus metrics endpoint (unset: no endpoint)."""
+    grace_seconds: float = 10.0
+    """How long in-flight calls may run after SIGTERM."""
+    log_level: str = "INFO"
+    """Logging level."""
+
+
+def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
+    """Settings from the environment, overridden by ``--listen``/``--metrics-port`` flags."""
+    parser = argparse.ArgumentParser(description="Serve procmesh processors over gRPC.")
+    parser.add_argument("--listen", action="append", help="address (repeatable): host:port or unix:///path")
+    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--grace-seconds", type=float)
+    parser.add_argument("--log-level")
+    args, _ = parser.parse_known_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    return ProcessorSettings(**overrides)
+
+
+async def serve(processors: Sequence[Processor], settings: ProcessorSettings) -> None:
+    """Serve until SIGTERM or SIGINT, then stop within the grace period."""
+    server = ProcessorServer(processors, settings.listen, metrics_port=settings.metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(settings.grace_seconds)
+
+
+def run(processors: Sequence[Processor], settings: ProcessorSettings | None = None) -> None:
+    """Serve processors in this process until SIGTERM/SIGINT (a sidecar's ``main()``)."""
+    settings = settings or settings_from_args()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(processors, settings))

@@ -1,0 +1,109 @@
+"""The procmesh exception tree and its one mapping to gRPC status codes.
+
+Every error the SDK raises derives from `ProcmeshError`. Each subclass binds one
+`grpc.StatusCode`; the server aborts a call with the code of the error it
+caught, and the client re-raises the same class from the status it received.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "DeadlineExceededError",
+    "InternalError",
+    "InvalidInputError",
+    "NotFoundError",
+    "NotReadyError",
+    "ProcmeshError",
+    "ResourceExhaustedError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "error_for_status",
+]
+
+
+class ProcmeshError(Exception):
+    """Root of every procmesh error."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+
+class InvalidInputError(ProcmeshError):
+    """A request or a hook's return value is malformed (INVALID_ARGUMENT)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(ProcmeshError):
+    """The request names a processor the server does not host (NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class UnimplementedError(ProcmeshError):
+    """The processor does not implement the called hook (UNIMPLEMENTED)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class NotReadyError(ProcmeshError):
+    """The server is starting or draining (FAILED_PRECONDITION)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhaustedError(ProcmeshError):
+    """A size or rate limit was exceeded (RESOURCE_EXHAUSTED)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceededError(ProcmeshError):
+    """The call did not finish before its deadline (DEADLINE_EXCEEDED)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class UnavailableError(ProcmeshError):
+    """The sidecar could not be reached (UNAVAILABLE)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class UnauthenticatedError(ProcmeshError):
+    """The caller's credentials were missing or wrong (UNAUTHENTICATED)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class InternalError(ProcmeshError):
+    """The processor raised an unexpected exception (INTERNAL)."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[ProcmeshError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidInputError,
+        NotFoundError,
+        UnimplementedError,
+        NotReadyError,
+        ResourceExhaustedError,
+        DeadlineExceededError,
+        UnavailableError,
+        UnauthenticatedError,
+        InternalError,
+    )
+}
+
+
+def error_for_status(code: grpc.StatusCode, details: str) -> ProcmeshError:
+    """The procmesh error for a gRPC status (UNKNOWN and unmapped codes give `ProcmeshError`)."""
+    cls = _BY_CODE.get(code, ProcmeshError)
+    err = cls(details)
+    if cls is ProcmeshError:
+        err.code = code
+    return err

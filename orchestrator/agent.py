@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -129,7 +130,8 @@ def _normalize_input(value: str | list[dict[str, Any]]) -> tuple[list[dict[str, 
     """Caller input as (system messages, conversation messages)."""
     if isinstance(value, str):
         return [], [msgs.text_message("user", value)]
-    systems, convo = [], []
+    systems: list[dict[str, Any]] = []
+    convo: list[dict[str, Any]] = []
     for item in value:
         if "content" in item and isinstance(item["content"], dict):
             msg = dict(item)
@@ -146,8 +148,15 @@ def _normalize_input(value: str | list[dict[str, Any]]) -> tuple[list[dict[str, 
 class _Run:
     """One generate()/stream() call."""
 
-    def __init__(self, agent: AgentSpec, options: CallOptions, *, streaming: bool,
-                 emit: Callable[[Chunk], None] | None, metrics: OrchestratorMetrics) -> None:
+    def __init__(
+        self,
+        agent: AgentSpec,
+        options: CallOptions,
+        *,
+        streaming: bool,
+        emit: Callable[[Chunk], None] | None,
+        metrics: OrchestratorMetrics,
+    ) -> None:
         self.agent = agent
         self.options = options
         self.streaming = streaming
@@ -156,14 +165,24 @@ class _Run:
         self.run_id = str(uuid.uuid4())
         self.violations: list[dict[str, Any]] = []
         deadline = time.monotonic() + options.timeout if options.timeout else None
-        self.scope = RunScope(run_id=self.run_id, agent_id=agent.id, request_context=options.request_context,
-                              on_violation=self._violation, deadline=deadline)
+        self.scope = RunScope(
+            run_id=self.run_id,
+            agent_id=agent.id,
+            request_context=options.request_context,
+            on_violation=self._violation,
+            deadline=deadline,
+        )
         self.caller = HookCaller(self.scope, self._count_call)
         self.lanes = Lanes(
-            input=tuple(options.input_processors) if options.input_processors is not None else agent.lanes.input,
-            output=tuple(options.output_processors) if options.output_processors is not None
+            input=tuple(options.input_processors)
+            if options.input_processors is not None
+            else agent.lanes.input,
+            output=tuple(options.output_processors)
+            if options.output_processors is not None
             else agent.lanes.output,
-            error=tuple(options.error_processors) if options.error_processors is not None else agent.lanes.error,
+            error=tuple(options.error_processors)
+            if options.error_processors is not None
+            else agent.lanes.error,
         )
         self.pipeline = OutputPipeline(self.caller, list(self.lanes.output))
         self.ml = RunMessages()
@@ -171,8 +190,11 @@ class _Run:
         self.steps: list[dict[str, Any]] = []
         self.usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
         self.max_steps = options.max_steps or agent.max_steps
-        self.max_retries = (options.max_processor_retries if options.max_processor_retries is not None
-                            else agent.max_processor_retries)
+        self.max_retries = (
+            options.max_processor_retries
+            if options.max_processor_retries is not None
+            else agent.max_processor_retries
+        )
         self.model_requests: list[ModelRequest] = []
 
     # -- small helpers ----------------------------------------------------------
@@ -272,8 +294,9 @@ class _Run:
                 finish_reason = "other"
                 self.emit({"type": "tripwire", "payload": tripwire.as_dict()})
             else:
-                result_meta = RunResult(self.run_id, text, finish_reason, [], None, self.usage,
-                                        self.ml.view(msgs.RESPONSE), []).assistant_metadata
+                result_meta = RunResult(
+                    self.run_id, text, finish_reason, [], None, self.usage, self.ml.view(msgs.RESPONSE), []
+                ).assistant_metadata
                 payload: dict[str, Any] = {"finishReason": finish_reason, "usage": self.usage}
                 if result_meta:
                     payload["metadata"] = result_meta
@@ -337,8 +360,11 @@ class _Run:
 
     def _may_retry_step(self) -> bool:
         if self.max_retries is None:
-            log.warning("agent %s: a processor asked for a retry but maxProcessorRetries is not set; "
-                        "treating it as an abort", self.agent.id)
+            log.warning(
+                "agent %s: a processor asked for a retry but maxProcessorRetries is not set; "
+                "treating it as an abort",
+                self.agent.id,
+            )
             return False
         if self.scope.retry_count >= self.max_retries:
             self.metrics.retry_budget_exhausted.labels("step").inc()
@@ -414,15 +440,28 @@ class _Run:
         if text:
             parts.append({"type": "text", "text": text})
         for call in tool_calls:
-            parts.append({"type": "tool-invocation", "toolInvocation": {
-                "state": "call", "toolCallId": call["toolCallId"], "toolName": call["toolName"],
-                "args": call.get("args")}})
-        return {"id": msgs.new_id(), "role": "assistant", "createdAt": msgs.now_iso(),
-                "content": {"format": 2, "parts": parts}}
+            parts.append(
+                {
+                    "type": "tool-invocation",
+                    "toolInvocation": {
+                        "state": "call",
+                        "toolCallId": call["toolCallId"],
+                        "toolName": call["toolName"],
+                        "args": call.get("args"),
+                    },
+                }
+            )
+        return {
+            "id": msgs.new_id(),
+            "role": "assistant",
+            "createdAt": msgs.now_iso(),
+            "content": {"format": 2, "parts": parts},
+        }
 
     @staticmethod
-    def _step_record(step_number: int, outcome: _StepOutcome, tripwire: TripwireAbort | None = None
-                     ) -> dict[str, Any]:
+    def _step_record(
+        step_number: int, outcome: _StepOutcome, tripwire: TripwireAbort | None = None
+    ) -> dict[str, Any]:
         return {
             "stepNumber": step_number,
             "text": outcome.text,
@@ -463,8 +502,13 @@ class _Run:
                 self._apply_step_overrides(resp, cfg, before, handle)
             await self._apply(effects)
 
-    def _apply_step_overrides(self, resp: ppb.ProcessInputStepResponse, cfg: _StepConfig,
-                              before: list[dict[str, Any]], handle: ProcessorHandle) -> None:
+    def _apply_step_overrides(
+        self,
+        resp: ppb.ProcessInputStepResponse,
+        cfg: _StepConfig,
+        before: list[dict[str, Any]],
+        handle: ProcessorHandle,
+    ) -> None:
         if resp.replace_messages:
             self.system.extend(self.ml.apply(before, self._returned(resp.messages), msgs.INPUT))
         if resp.replace_system_messages:
@@ -472,16 +516,27 @@ class _Run:
         if resp.HasField("model"):
             model = self.agent.models.get(resp.model)
             if model is None:
-                raise ProcessorFailedError(handle.processor_id, "process_input_step",
-                                           f"returned unknown model {resp.model!r} "
-                                           f"(configured: {sorted(self.agent.models)})")
+                raise ProcessorFailedError(
+                    handle.processor_id,
+                    "process_input_step",
+                    f"returned unknown model {resp.model!r} (configured: {sorted(self.agent.models)})",
+                )
             cfg.model = model
         if resp.replace_tools:
-            cfg.tools = [{"name": t.name, "description": t.description,
-                          "inputSchema": convert.from_struct(t.input_schema)} for t in resp.tools]
+            cfg.tools = [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "inputSchema": convert.from_struct(t.input_schema),
+                }
+                for t in resp.tools
+            ]
         if resp.tool_choice.mode:
-            cfg.tool_choice = ({"type": "tool", "toolName": resp.tool_choice.tool_name}
-                               if resp.tool_choice.mode == "tool" else resp.tool_choice.mode)
+            cfg.tool_choice = (
+                {"type": "tool", "toolName": resp.tool_choice.tool_name}
+                if resp.tool_choice.mode == "tool"
+                else resp.tool_choice.mode
+            )
         if resp.replace_active_tools:
             cfg.active_tools = list(resp.active_tools)
         if resp.provider_options.fields:
@@ -493,8 +548,9 @@ class _Run:
         """Input-lane processors, then error-lane ones that implement processLLMRequest (once each)."""
         return [h for h in _dedupe([*self.lanes.input, *self.lanes.error]) if h.has("process_llm_request")]
 
-    async def _llm_request(self, prompt: list[dict[str, Any]], cfg: _StepConfig
-                           ) -> tuple[list[dict[str, Any]], list[Chunk] | None]:
+    async def _llm_request(
+        self, prompt: list[dict[str, Any]], cfg: _StepConfig
+    ) -> tuple[list[dict[str, Any]], list[Chunk] | None]:
         cached: list[Chunk] | None = None
         for handle in self._llm_request_handles():
             req = ppb.ProcessLLMRequestRequest(model=cfg.model.model_id)
@@ -512,15 +568,21 @@ class _Run:
             await self._apply(effects)
         return prompt, cached
 
-    async def _model_step(self, prompt: list[dict[str, Any]], cfg: _StepConfig,
-                          cached: list[Chunk] | None) -> _StepOutcome:
+    async def _model_step(
+        self, prompt: list[dict[str, Any]], cfg: _StepConfig, cached: list[Chunk] | None
+    ) -> _StepOutcome:
         outcome = _StepOutcome(from_cache=cached is not None)
         tools = cfg.tools
         if cfg.active_tools is not None:
             tools = [t for t in tools if t["name"] in cfg.active_tools]
-        request = ModelRequest(prompt=prompt, tools=tools, tool_choice=cfg.tool_choice if tools else None,
-                               streaming=self.streaming, provider_options=cfg.provider_options,
-                               model_settings=cfg.model_settings)
+        request = ModelRequest(
+            prompt=prompt,
+            tools=tools,
+            tool_choice=cfg.tool_choice if tools else None,
+            streaming=self.streaming,
+            provider_options=cfg.provider_options,
+            model_settings=cfg.model_settings,
+        )
         self.emit({"type": "step-start", "payload": {"stepNumber": self.scope.step_number}})
 
         async def source() -> AsyncIterator[Chunk]:
@@ -554,15 +616,21 @@ class _Run:
 
         outcome.abort = await self.pipeline.run(source(), sink)
         if outcome.abort is None:
-            self.emit({"type": "step-finish", "payload": {"finishReason": outcome.finish_reason,
-                                                          "usage": outcome.usage}})
+            self.emit(
+                {
+                    "type": "step-finish",
+                    "payload": {"finishReason": outcome.finish_reason, "usage": outcome.usage},
+                }
+            )
         return outcome
 
     async def _llm_response(self, outcome: _StepOutcome) -> None:
         for handle in self.lanes.input:
             if not handle.has("process_llm_response"):
                 continue
-            req = ppb.ProcessLLMResponseRequest(model=self.agent.model.model_id, from_cache=outcome.from_cache)
+            req = ppb.ProcessLLMResponseRequest(
+                model=self.agent.model.model_id, from_cache=outcome.from_cache
+            )
             for chunk in outcome.raw_chunks:
                 convert.chunk_to_proto(chunk, req.chunks.add())
             self._steps_proto(req.steps)
@@ -593,8 +661,11 @@ class _Run:
 
     async def _api_error(self, err: APICallError) -> bool:
         """Run processAPIError (every lane, once each, until one asks for a retry); True to retry."""
-        handles = [h for h in _dedupe([*self.lanes.input, *self.lanes.output, *self.lanes.error])
-                   if h.has("process_api_error")]
+        handles = [
+            h
+            for h in _dedupe([*self.lanes.input, *self.lanes.output, *self.lanes.error])
+            if h.has("process_api_error")
+        ]
         cap = self.max_retries
         if cap is None and (self.lanes.error or self.agent.error_defaults):
             cap = DEFAULT_ERROR_RETRY_CAP
@@ -625,12 +696,16 @@ class _Run:
                 return True
         return False
 
-    async def _run_tools(self, assistant: dict[str, Any], calls: list[dict[str, Any]], step_number: int
-                         ) -> list[dict[str, Any]]:
+    async def _run_tools(
+        self, assistant: dict[str, Any], calls: list[dict[str, Any]], step_number: int
+    ) -> list[dict[str, Any]]:
         """Execute tool calls; each result goes through processToolResult, then out as a chunk."""
         results: list[dict[str, Any]] = []
-        invocations = {p["toolInvocation"]["toolCallId"]: p["toolInvocation"]
-                       for p in assistant["content"]["parts"] if p["type"] == "tool-invocation"}
+        invocations = {
+            p["toolInvocation"]["toolCallId"]: p["toolInvocation"]
+            for p in assistant["content"]["parts"]
+            if p["type"] == "tool-invocation"
+        }
 
         async def source() -> AsyncIterator[Chunk]:
             for call in calls:
@@ -639,8 +714,10 @@ class _Run:
                 if tool is None:
                     message = f"tool {name!r} is not available to agent {self.agent.id!r}"
                     invocations[call_id].update(state="output-error", errorText=message)
-                    yield {"type": "tool-error", "payload": {"toolCallId": call_id, "toolName": name,
-                                                             "args": args, "error": message}}
+                    yield {
+                        "type": "tool-error",
+                        "payload": {"toolCallId": call_id, "toolName": name, "args": args, "error": message},
+                    }
                     continue
                 pending: list[Chunk] = []
 
@@ -655,8 +732,10 @@ class _Run:
                 value = await self._tool_result(name, call_id, args, value, step_number + 1)
                 invocations[call_id].update(state="result", result=value)
                 results.append({"toolCallId": call_id, "toolName": name, "args": args, "result": value})
-                yield {"type": "tool-result", "payload": {"toolCallId": call_id, "toolName": name,
-                                                          "args": args, "result": value}}
+                yield {
+                    "type": "tool-result",
+                    "payload": {"toolCallId": call_id, "toolName": name, "args": args, "result": value},
+                }
 
         async def sink(chunk: Chunk) -> None:
             if chunk["type"].startswith("data-") and not self.streaming:
@@ -686,8 +765,9 @@ class _Run:
             await self._apply(effects)
         return value
 
-    async def _call_at(self, handle: ProcessorHandle, hook: str, req: Any, step_number: int
-                       ) -> tuple[Any, Effects] | None:
+    async def _call_at(
+        self, handle: ProcessorHandle, hook: str, req: Any, step_number: int
+    ) -> tuple[Any, Effects] | None:
         """A call with the step number and retry count processToolResult is given."""
         saved = self.scope.step_number, self.scope.retry_count
         self.scope.step_number, self.scope.retry_count = step_number, 0
@@ -766,10 +846,8 @@ class RunStream:
     async def cancel(self) -> None:
         """Stop the run."""
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError, OrchestratorError):
             await self._task
-        except (asyncio.CancelledError, OrchestratorError):
-            pass
 
 
 class Agent:
@@ -779,12 +857,16 @@ class Agent:
         self.spec = spec
         self.metrics = metrics or OrchestratorMetrics()
 
-    def _run(self, input: str | list[dict[str, Any]], options: CallOptions | None, *, streaming: bool) -> _Run:
+    def _run(
+        self, input: str | list[dict[str, Any]], options: CallOptions | None, *, streaming: bool
+    ) -> _Run:
         run = _Run(self.spec, options or CallOptions(), streaming=streaming, emit=None, metrics=self.metrics)
         run._input = input
         return run
 
-    async def generate(self, input: str | list[dict[str, Any]], options: CallOptions | None = None) -> RunResult:
+    async def generate(
+        self, input: str | list[dict[str, Any]], options: CallOptions | None = None
+    ) -> RunResult:
         """Run to completion. Raises `APICallError` or `ProcessorFailedError` when the run fails."""
         result, failure = await self._run(input, options, streaming=False).execute()
         if failure is not None:

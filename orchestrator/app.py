@@ -29,13 +29,16 @@ class App:
     is not hosted there.
     """
 
-    def __init__(self, config: Config, *, metrics: OrchestratorMetrics | None = None,
-                 connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self, config: Config, *, metrics: OrchestratorMetrics | None = None, connect_timeout: float = 10.0
+    ) -> None:
         self.config = config
         self.metrics = metrics or OrchestratorMetrics()
         self.clients: dict[str, ProcessorClient] = {}
         self.catalog: dict[str, dict[str, ppb.ProcessorInfo]] = {}
-        self.models: dict[str, ModelProvider] = {name: make_model(name, m) for name, m in config.models.items()}
+        self.models: dict[str, ModelProvider] = {
+            name: make_model(name, m) for name, m in config.models.items()
+        }
         self.tools = {name: StaticTool.from_config(name, t) for name, t in config.tools.items()}
         self.agents: dict[str, Agent] = {}
         self._connect_timeout = connect_timeout
@@ -56,7 +59,9 @@ class App:
                 max_processor_retries=agent.max_processor_retries,
                 lanes=Lanes(
                     input=tuple(self.resolve(agent.input_processors, f"agents.{agent_id}.inputProcessors")),
-                    output=tuple(self.resolve(agent.output_processors, f"agents.{agent_id}.outputProcessors")),
+                    output=tuple(
+                        self.resolve(agent.output_processors, f"agents.{agent_id}.outputProcessors")
+                    ),
                     error=tuple(self.resolve(agent.error_processors, f"agents.{agent_id}.errorProcessors")),
                 ),
                 error_defaults=agent.error_processor_defaults,
@@ -73,36 +78,45 @@ class App:
             except ProcmeshError as exc:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise ConfigError(
-                        f"sidecars.{name}: cannot reach {client.address} within {self._connect_timeout}s: {exc}"
+                        f"sidecars.{name}: cannot reach {client.address} "
+                        f"within {self._connect_timeout}s: {exc}"
                     ) from None
                 await asyncio.sleep(0.1)
         self.catalog[name] = {p.id: p for p in described.processors}
 
-    def resolve(self, refs: Sequence[ProcessorRef | str | dict[str, Any]], where: str = "processors"
-                ) -> list[ProcessorHandle]:
+    def resolve(
+        self, refs: Sequence[ProcessorRef | str | dict[str, Any]], where: str = "processors"
+    ) -> list[ProcessorHandle]:
         """Bind lane entries (``sidecar/id`` strings or ProcessorRef) to their sidecars."""
         handles = []
         for i, raw in enumerate(refs):
-            ref = raw if isinstance(raw, ProcessorRef) else ProcessorRef.model_validate(
-                {"processor": raw} if isinstance(raw, str) else raw)
+            ref = (
+                raw
+                if isinstance(raw, ProcessorRef)
+                else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
+            )
             sidecar = self.config.sidecars.get(ref.sidecar)
             hosted = self.catalog.get(ref.sidecar)
             if sidecar is None or hosted is None:
                 raise ConfigError(f"{where}.{i}: unknown or unconnected sidecar {ref.sidecar!r}")
             info = hosted.get(ref.processor_id)
             if info is None:
-                raise ConfigError(f"{where}.{i}: sidecar {ref.sidecar!r} does not host processor "
-                                  f"{ref.processor_id!r} (it hosts {sorted(hosted)})")
-            handles.append(ProcessorHandle(
-                key=ref.processor,
-                processor_id=ref.processor_id,
-                client=self.clients[ref.sidecar],
-                options=convert.to_struct(ref.options),
-                hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
-                process_data_parts=info.process_data_parts,
-                timeout=ref.timeout or sidecar.timeout,
-                on_failure=ref.on_failure or sidecar.on_failure,
-            ))
+                raise ConfigError(
+                    f"{where}.{i}: sidecar {ref.sidecar!r} does not host processor "
+                    f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
+                )
+            handles.append(
+                ProcessorHandle(
+                    key=ref.processor,
+                    processor_id=ref.processor_id,
+                    client=self.clients[ref.sidecar],
+                    options=convert.to_struct(ref.options),
+                    hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
+                    process_data_parts=info.process_data_parts,
+                    timeout=ref.timeout or sidecar.timeout,
+                    on_failure=ref.on_failure or sidecar.on_failure,
+                )
+            )
         return handles
 
     def agent(self, agent_id: str) -> Agent:

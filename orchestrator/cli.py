@@ -31,7 +31,10 @@ async def _call(args: argparse.Namespace) -> int:
             result = await agent.generate(args.text)
             print(result.text)
             if result.tripwire:
-                print(f"[tripwire] {result.tripwire['processorId']}: {result.tripwire['reason']}", file=sys.stderr)
+                print(
+                    f"[tripwire] {result.tripwire['processorId']}: {result.tripwire['reason']}",
+                    file=sys.stderr,
+                )
             return 0
         stream = agent.stream(args.text)
         async for chunk in stream:

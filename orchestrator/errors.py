@@ -45,7 +45,7 @@ class APICallError(OrchestratorError):
         self.details = details or {}
 
 
-class TripwireAbort(OrchestratorError):  # noqa: N818 - an outcome, raised to unwind the loop
+class TripwireAbort(OrchestratorError):
     """A processor aborted; carries the tripwire fields the result and chunk expose."""
 
     def __init__(self, processor_id: str, reason: str, retry: bool, metadata: Any, hook: str) -> None:

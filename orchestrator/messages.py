@@ -14,8 +14,14 @@ MEMORY = "memory"
 RESPONSE = "response"
 CONTEXT = "context"
 
-_DEFAULT_TAGS = {"reactive": "system-reminder", "system-reminder": "system-reminder",
-                 "user-message": "user", "user": "user", "notification": "notification", "state": "state"}
+_DEFAULT_TAGS = {
+    "reactive": "system-reminder",
+    "system-reminder": "system-reminder",
+    "user-message": "user",
+    "user": "user",
+    "notification": "notification",
+    "state": "state",
+}
 _CANONICAL_TYPES = {"system-reminder": "reactive", "user-message": "user"}
 
 
@@ -112,8 +118,12 @@ class RunMessages:
         tag = signal.get("tagName") or _DEFAULT_TAGS.get(kind, kind)
         contents = signal.get("contents", "")
         transient = bool(signal.get("transient", False))
-        info: dict[str, Any] = {"id": signal.get("id") or new_id(), "type": canonical, "tagName": tag,
-                                "createdAt": now_iso()}
+        info: dict[str, Any] = {
+            "id": signal.get("id") or new_id(),
+            "type": canonical,
+            "tagName": tag,
+            "createdAt": now_iso(),
+        }
         if signal.get("attributes"):
             info["attributes"] = dict(signal["attributes"])
         if signal.get("metadata"):
@@ -122,16 +132,25 @@ class RunMessages:
             info["transient"] = True
             for msg in self.view():
                 meta = (msg.get("content") or {}).get("metadata", {}).get("signal")
-                if (msg.get("role") == "signal" and meta and meta.get("transient")
-                        and meta.get("type") == canonical and meta.get("tagName") == tag
-                        and message_text(msg) == contents):
+                if (
+                    msg.get("role") == "signal"
+                    and meta
+                    and meta.get("transient")
+                    and meta.get("type") == canonical
+                    and meta.get("tagName") == tag
+                    and message_text(msg) == contents
+                ):
                     self.remove(msg["id"])
         msg = {
             "id": new_id(),
             "role": "signal",
             "type": tag,
             "createdAt": info["createdAt"],
-            "content": {"format": 2, "parts": [{"type": "text", "text": contents}], "metadata": {"signal": info}},
+            "content": {
+                "format": 2,
+                "parts": [{"type": "text", "text": contents}],
+                "metadata": {"signal": info},
+            },
         }
         self.add(msg, INPUT)
         data = {k: v for k, v in info.items() if k != "metadata"}
@@ -185,21 +204,33 @@ def build_prompt(system_messages: list[Message], messages: list[Message]) -> lis
             content = [_user_part(p) for p in parts if p.get("type") in ("text", "file", "image")]
             prompt.append({"role": "user", "content": content})
         elif role == "assistant":
-            content: list[dict[str, Any]] = []
+            parts_out: list[dict[str, Any]] = []
             results: list[dict[str, Any]] = []
             for part in parts:
                 kind = part.get("type")
                 if kind in ("text", "reasoning") and part.get("text"):
-                    content.append({"type": kind, "text": part["text"]})
+                    parts_out.append({"type": kind, "text": part["text"]})
                 elif kind == "tool-invocation":
                     inv = part["toolInvocation"]
-                    content.append({"type": "tool-call", "toolCallId": inv["toolCallId"],
-                                    "toolName": inv["toolName"], "input": inv.get("args")})
+                    parts_out.append(
+                        {
+                            "type": "tool-call",
+                            "toolCallId": inv["toolCallId"],
+                            "toolName": inv["toolName"],
+                            "input": inv.get("args"),
+                        }
+                    )
                     if inv.get("state") == "result":
-                        results.append({"type": "tool-result", "toolCallId": inv["toolCallId"],
-                                        "toolName": inv["toolName"], "output": inv.get("result")})
-            if content:
-                prompt.append({"role": "assistant", "content": content})
+                        results.append(
+                            {
+                                "type": "tool-result",
+                                "toolCallId": inv["toolCallId"],
+                                "toolName": inv["toolName"],
+                                "output": inv.get("result"),
+                            }
+                        )
+            if parts_out:
+                prompt.append({"role": "assistant", "content": parts_out})
             if results:
                 prompt.append({"role": "tool", "content": results})
     return prompt
@@ -208,5 +239,8 @@ def build_prompt(system_messages: list[Message], messages: list[Message]) -> lis
 def _user_part(part: dict[str, Any]) -> dict[str, Any]:
     if part.get("type") == "text":
         return {"type": "text", "text": part.get("text", "")}
-    return {"type": "file", "mediaType": part.get("mediaType", ""), "data": part.get("data", part.get("url", ""))}
-
+    return {
+        "type": "file",
+        "mediaType": part.get("mediaType", ""),
+        "data": part.get("data", part.get("url", "")),
+    }

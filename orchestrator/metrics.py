@@ -14,32 +14,65 @@ class OrchestratorMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.processor_calls = Counter(
-            "procmesh_processor_calls_total", "Processor hook calls by outcome (ok, abort, failed, failed_open).",
-            ["processor", "hook", "outcome"], registry=r)
+            "procmesh_processor_calls_total",
+            "Processor hook calls by outcome (ok, abort, failed, failed_open).",
+            ["processor", "hook", "outcome"],
+            registry=r,
+        )
         self.processor_failures_let_through = Counter(
             "procmesh_processor_failures_let_through_total",
-            "Failed processor calls skipped under the fail-open policy.", ["processor", "hook"], registry=r)
+            "Failed processor calls skipped under the fail-open policy.",
+            ["processor", "hook"],
+            registry=r,
+        )
         self.tripwires = Counter(
-            "procmesh_tripwires_total", "Processor aborts by processor and hook.", ["processor", "hook"], registry=r)
+            "procmesh_tripwires_total",
+            "Processor aborts by processor and hook.",
+            ["processor", "hook"],
+            registry=r,
+        )
         self.violations = Counter(
-            "procmesh_violations_total", "onViolation events by processor.", ["processor"], registry=r)
+            "procmesh_violations_total", "onViolation events by processor.", ["processor"], registry=r
+        )
         self.retries = Counter(
-            "procmesh_retries_total", "Processor-requested retries by kind (step, api_error).", ["kind"], registry=r)
+            "procmesh_retries_total",
+            "Processor-requested retries by kind (step, api_error).",
+            ["kind"],
+            registry=r,
+        )
         self.retry_budget_exhausted = Counter(
-            "procmesh_retry_budget_exhausted_total", "Retries refused because the budget was used up.", ["kind"],
-            registry=r)
+            "procmesh_retry_budget_exhausted_total",
+            "Retries refused because the budget was used up.",
+            ["kind"],
+            registry=r,
+        )
         self.runs = Counter(
-            "procmesh_runs_total", "Finished runs by agent and finish reason.", ["agent", "finish_reason"],
-            registry=r)
+            "procmesh_runs_total",
+            "Finished runs by agent and finish reason.",
+            ["agent", "finish_reason"],
+            registry=r,
+        )
         self.run_duration = Histogram(
-            "procmesh_run_duration_seconds", "Run latency by agent.", ["agent"], buckets=_BUCKETS, registry=r)
+            "procmesh_run_duration_seconds", "Run latency by agent.", ["agent"], buckets=_BUCKETS, registry=r
+        )
         self.model_calls = Counter(
-            "procmesh_model_calls_total", "Model provider calls by model and outcome.", ["model", "outcome"],
-            registry=r)
+            "procmesh_model_calls_total",
+            "Model provider calls by model and outcome.",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.model_tokens = Counter(
-            "procmesh_model_tokens_total", "Tokens reported by the provider.", ["model", "direction"], registry=r)
+            "procmesh_model_tokens_total",
+            "Tokens reported by the provider.",
+            ["model", "direction"],
+            registry=r,
+        )
         self.chunks = Counter(
-            "procmesh_stream_chunks_total", "Stream chunks emitted to callers by type family.", ["kind"], registry=r)
+            "procmesh_stream_chunks_total",
+            "Stream chunks emitted to callers by type family.",
+            ["kind"],
+            registry=r,
+        )
 
     def processor_call(self, processor: str, hook: str, outcome: str) -> None:
         """Count one processor call."""

@@ -58,8 +58,9 @@ class ScriptedModel:
     or ``{"error": {"status", "message", "retryable"}}``; ``"usage"`` is optional.
     """
 
-    def __init__(self, responses: list[dict[str, Any]], *, model_id: str = "scripted/model",
-                 delay_ms: float = 0.0) -> None:
+    def __init__(
+        self, responses: list[dict[str, Any]], *, model_id: str = "scripted/model", delay_ms: float = 0.0
+    ) -> None:
         self.model_id = model_id
         self._responses = list(responses)
         self._next = 0
@@ -70,12 +71,20 @@ class ScriptedModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Stream the next scripted response."""
         self.requests.append(request)
-        spec = self._responses[self._next] if self._next < len(self._responses) else {"text": "(script exhausted)"}
+        spec: dict[str, Any] = (
+            self._responses[self._next]
+            if self._next < len(self._responses)
+            else {"text": "(script exhausted)"}
+        )
         self._next += 1
         if "error" in spec:
             err = spec["error"]
-            raise APICallError(err.get("message", "API error"), status=int(err.get("status", 400)),
-                               retryable=bool(err.get("retryable", False)), body=str(err.get("body", "")))
+            raise APICallError(
+                err.get("message", "API error"),
+                status=int(err.get("status", 400)),
+                retryable=bool(err.get("retryable", False)),
+                body=str(err.get("body", "")),
+            )
         deltas = list(spec["deltas"]) if "deltas" in spec else split_deltas(spec.get("text", ""))
         if deltas and not request.streaming:
             deltas = ["".join(deltas)]
@@ -86,8 +95,14 @@ class ScriptedModel:
         calls = spec.get("toolCalls") or []
         for call in calls:
             self._tool_call_ids += 1
-            yield {"type": "tool-call", "payload": {"toolCallId": f"call_{self._tool_call_ids}",
-                                                     "toolName": call["name"], "args": call.get("args", {})}}
+            yield {
+                "type": "tool-call",
+                "payload": {
+                    "toolCallId": f"call_{self._tool_call_ids}",
+                    "toolName": call["name"],
+                    "args": call.get("args", {}),
+                },
+            }
         reason = spec.get("finishReason") or ("tool-calls" if calls else "stop")
         yield {"type": "finish", "payload": {"finishReason": reason, "usage": _usage(spec)}}
 
@@ -108,8 +123,10 @@ class DemoModel:
 
     def _answer(self, request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
         turns = [m for m in request.prompt if m["role"] in ("user", "tool")]
-        last = turns[-1] if turns else {"role": "user", "content": []}
-        text = " ".join(p.get("text", "") for p in last["content"] if isinstance(p, dict) and p.get("type") == "text")
+        last: dict[str, Any] = turns[-1] if turns else {"role": "user", "content": []}
+        text = " ".join(
+            p.get("text", "") for p in last["content"] if isinstance(p, dict) and p.get("type") == "text"
+        )
         if last["role"] == "tool":
             result = last["content"][0].get("output")
             return f"The tool says: {result}. That should answer it.", []
@@ -118,8 +135,11 @@ class DemoModel:
         tool_names = [t["name"] for t in request.tools]
         if "weather" in tool_names and "weather" in text.lower() and request.tool_choice != "none":
             return "Let me check.", [{"name": "weather", "args": {"city": "Paris"}}]
-        return (f"You said: {text}. Darn, this demo model always answers at some length, "
-                "because it wants to show every processor at work in one stream.", [])
+        return (
+            f'You said: "{text}" Darn, this demo model always answers at some length, '
+            "because it wants to show every processor at work in one stream.",
+            [],
+        )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Stream a canned answer derived from the prompt."""
@@ -131,10 +151,19 @@ class DemoModel:
             yield {"type": "text-delta", "payload": {"id": "t0", "text": piece}}
         for call in calls:
             self._calls += 1
-            yield {"type": "tool-call", "payload": {"toolCallId": f"demo_{self._calls}", "toolName": call["name"],
-                                                     "args": call["args"]}}
+            yield {
+                "type": "tool-call",
+                "payload": {
+                    "toolCallId": f"demo_{self._calls}",
+                    "toolName": call["name"],
+                    "args": call["args"],
+                },
+            }
         usage = {"inputTokens": 20, "outputTokens": len(deltas), "totalTokens": 20 + len(deltas)}
-        yield {"type": "finish", "payload": {"finishReason": "tool-calls" if calls else "stop", "usage": usage}}
+        yield {
+            "type": "finish",
+            "payload": {"finishReason": "tool-calls" if calls else "stop", "usage": usage},
+        }
 
 
 def make_model(name: str, config: ModelConfig) -> ModelProvider:

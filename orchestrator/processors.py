@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -98,8 +99,14 @@ class RunScope:
         self.thread_id = thread_id
         self.resource_id = resource_id
 
-    def fill_context(self, ctx: tpb.RunContext, handle: ProcessorHandle, *, step_number: int | None = None,
-                     retry_count: int | None = None) -> None:
+    def fill_context(
+        self,
+        ctx: tpb.RunContext,
+        handle: ProcessorHandle,
+        *,
+        step_number: int | None = None,
+        retry_count: int | None = None,
+    ) -> None:
         """Fill a request's RunContext for `handle`."""
         ctx.processor_id = handle.processor_id
         ctx.run_id = self.run_id
@@ -129,8 +136,9 @@ class MalformedResponseError(Exception):
     """A sidecar's response breaks the contract."""
 
 
-def read_effects(scope: RunScope, handle: ProcessorHandle, hook: str, effects: tpb.HookEffects,
-                 *, store_state: bool = True) -> Effects:
+def read_effects(
+    scope: RunScope, handle: ProcessorHandle, hook: str, effects: tpb.HookEffects, *, store_state: bool = True
+) -> Effects:
     """Validate and convert a response's effects; record state and violations."""
     out = Effects()
     for chunk in effects.custom_chunks:
@@ -171,7 +179,9 @@ class HookCaller:
     def fail(self, handle: ProcessorHandle, hook: str, cause: str) -> None:
         """Apply the failure policy: raise (fail-closed) or log and count (fail-open)."""
         if handle.on_failure == "fail-open":
-            log.warning("processor %s failed in %s, skipped (fail-open): %s", handle.processor_id, hook, cause)
+            log.warning(
+                "processor %s failed in %s, skipped (fail-open): %s", handle.processor_id, hook, cause
+            )
             self._on_call(handle, hook, "failed_open")
             return
         self._on_call(handle, hook, "failed")
@@ -214,8 +224,9 @@ class _Stage:
     through in their place.
     """
 
-    def __init__(self, caller: HookCaller, handle: ProcessorHandle, inq: asyncio.Queue[Item],
-                 outq: asyncio.Queue[Item]) -> None:
+    def __init__(
+        self, caller: HookCaller, handle: ProcessorHandle, inq: asyncio.Queue[Item], outq: asyncio.Queue[Item]
+    ) -> None:
         self.caller = caller
         self.handle = handle
         self.inq = inq
@@ -290,10 +301,8 @@ class _Stage:
                     self._fail_pending(f"write failed: {exc}")
             if finished:
                 if self.call is not None:
-                    try:
+                    with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
                         await self.call.done_writing()
-                    except (grpc.aio.AioRpcError, grpc.aio.UsageError):
-                        pass
                 return
 
     def _fail_pending(self, cause: str) -> None:
@@ -319,8 +328,9 @@ class _Stage:
                 continue
             try:
                 res = await asyncio.wait_for(fut, self.caller.scope.timeout_for(handle))
-                effects = read_effects(self.caller.scope, handle, "process_output_stream", res.effects,
-                                       store_state=False)
+                effects = read_effects(
+                    self.caller.scope, handle, "process_output_stream", res.effects, store_state=False
+                )
             except (MalformedResponseError, TimeoutError) as exc:
                 if self.failure is not None:  # already failed open: the rest passes through
                     await self.outq.put((_CHUNK, chunk))

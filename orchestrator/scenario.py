@@ -43,8 +43,14 @@ def _config(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
     return {
         "sidecars": {"scripted": {"address": address, "timeout": 30}} if address else {},
         "models": {"scripted": {"provider": "scripted", "responses": scenario.get("model") or []}},
-        "tools": {name: {"description": t.get("description", ""), "result": t.get("result"),
-                         "custom": t.get("custom")} for name, t in tools.items()},
+        "tools": {
+            name: {
+                "description": t.get("description", ""),
+                "result": t.get("result"),
+                "custom": t.get("custom"),
+            }
+            for name, t in tools.items()
+        },
         "agents": {"scenario": agent_cfg},
     }
 
@@ -58,7 +64,9 @@ def _prompt_message(msg: dict[str, Any]) -> dict[str, Any]:
     if texts and "".join(texts):
         out["text"] = "\n".join(texts)
     calls = [{"name": p["toolName"], "args": p.get("input")} for p in content if p.get("type") == "tool-call"]
-    results = [{"name": p["toolName"], "result": p.get("output")} for p in content if p.get("type") == "tool-result"]
+    results = [
+        {"name": p["toolName"], "result": p.get("output")} for p in content if p.get("type") == "tool-result"
+    ]
     if calls:
         out["toolCalls"] = calls
     if results:
@@ -96,7 +104,9 @@ def trace_chunks(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 data = {k: data[k] for k in _KEPT_SIGNAL_KEYS if k in data}
             out.append({"type": kind, "data": data})
         elif kind == "tripwire":
-            out.append({"type": kind, **{k: payload.get(k) for k in ("processorId", "reason", "retry", "metadata")}})
+            out.append(
+                {"type": kind, **{k: payload.get(k) for k in ("processorId", "reason", "retry", "metadata")}}
+            )
         elif kind == "finish":
             out.append({"type": kind, "finishReason": payload.get("finishReason")})
         elif kind == "error":
@@ -121,8 +131,9 @@ async def run_scenario(scenario: dict[str, Any], scenario_path: str) -> dict[str
         address = None
         if _has_processors(scenario):
             address = f"unix://{os.path.join(tmp, 'scripted.sock')}"
-            sidecar = SidecarProcess(["scripted", "--scenario", scenario_path], address,
-                                     log_path=os.path.join(tmp, "sidecar.log"))
+            sidecar = SidecarProcess(
+                ["scripted", "--scenario", scenario_path], address, log_path=os.path.join(tmp, "sidecar.log")
+            )
             sidecar.start()
         try:
             if sidecar is not None:
@@ -144,11 +155,17 @@ async def _run(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
             max_steps=opts.get("maxSteps"),
             max_processor_retries=opts.get("maxProcessorRetries"),
             request_context=opts.get("requestContext") or {},
-            on_violation=lambda v: violations.append({"processorId": v["processorId"], "message": v["message"]}),
+            on_violation=lambda v: violations.append(
+                {"processorId": v["processorId"], "message": v["message"]}
+            ),
         )
-        for lane, attr in zip(_LANES, ("input_processors", "output_processors", "error_processors"), strict=True):
+        for lane, attr in zip(
+            _LANES, ("input_processors", "output_processors", "error_processors"), strict=True
+        ):
             if lane in opts:
-                setattr(options, attr, app.resolve([f"scripted/{p['id']}" for p in opts[lane]], f"call.{lane}"))
+                setattr(
+                    options, attr, app.resolve([f"scripted/{p['id']}" for p in opts[lane]], f"call.{lane}")
+                )
         trace: dict[str, Any] = {"chunks": [], "result": None, "violations": violations, "error": None}
         if call.get("method", "generate") == "stream":
             stream = agent.stream(call["input"], options)

@@ -26,8 +26,14 @@ class SidecarProcess:
         """Spawn the process (before this process creates any gRPC object, per gRPC's fork rules)."""
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
 
     async def wait_ready(self, timeout: float = 20.0) -> None:
         """Poll grpc.health.v1 until SERVING; fail clearly if the process exits or times out."""
@@ -36,8 +42,10 @@ class SidecarProcess:
         async with ProcessorClient(self.address) as client:
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"sidecar {' '.join(self.args[2:])} exited with {self.proc.returncode}"
-                                       + (f" (log: {self.log_path})" if self.log_path else ""))
+                    raise RuntimeError(
+                        f"sidecar {' '.join(self.args[2:])} exited with {self.proc.returncode}"
+                        + (f" (log: {self.log_path})" if self.log_path else "")
+                    )
                 try:
                     if await client.health(timeout=0.5) == "SERVING":
                         return

@@ -33,7 +33,9 @@ SETS: dict[str, Callable[[argparse.Namespace], list[Processor]]] = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="procmesh-sidecar", description="Serve built-in processors over gRPC.")
+    parser = argparse.ArgumentParser(
+        prog="procmesh-sidecar", description="Serve built-in processors over gRPC."
+    )
     parser.add_argument("names", nargs="+", choices=sorted(SETS), help="processor sets to serve")
     parser.add_argument("--scenario", help="scenario file (for 'scripted')")
     args, _ = parser.parse_known_args(argv)

@@ -17,7 +17,9 @@ _PHONE = re.compile(r"\+?\d[\d -]{7,}\d")
 def _map_text(messages: list[Message], fn: Any) -> list[Message]:
     out = []
     for msg in messages:
-        parts = [{**p, "text": fn(p["text"])} if p.get("type") == "text" else p for p in msg["content"]["parts"]]
+        parts = [
+            {**p, "text": fn(p["text"])} if p.get("type") == "text" else p for p in msg["content"]["parts"]
+        ]
         out.append({**msg, "content": {**msg["content"], "parts": parts}})
     return out
 
@@ -87,12 +89,16 @@ class LengthCheck(Processor):
     description = "Asks for a shorter answer (retry with feedback) when a step's text is too long."
     Options = LengthCheckOptions
 
-    async def process_output_step(self, text: str, retry_count: int, options: LengthCheckOptions,
-                                  abort: Any) -> None:
+    async def process_output_step(
+        self, text: str, retry_count: int, options: LengthCheckOptions, abort: Any
+    ) -> None:
         words = len(text.split())
         if words > options.max_words and retry_count < 2:
-            abort(f"Answer in at most {options.max_words} words.", retry=True,
-                  metadata={"words": words, "limit": options.max_words})
+            abort(
+                f"Answer in at most {options.max_words} words.",
+                retry=True,
+                metadata={"words": words, "limit": options.max_words},
+            )
 
 
 class WordCounter(Processor):
@@ -106,8 +112,9 @@ class WordCounter(Processor):
             state["words"] = state.get("words", 0) + len(part["payload"]["text"].split())
         return part
 
-    async def process_output_result(self, messages: list[Message], state: dict[str, Any],
-                                    writer: Any) -> list[Message]:
+    async def process_output_result(
+        self, messages: list[Message], state: dict[str, Any], writer: Any
+    ) -> list[Message]:
         await writer.custom({"type": "data-word-count", "data": {"words": state.get("words", 0)}})
         out = []
         for msg in messages:

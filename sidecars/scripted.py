@@ -25,12 +25,23 @@ HOOKS = {
     "processOutputResult": "process_output_result",
     "processAPIError": "process_api_error",
 }
-_STEP_HOOKS = {"processInputStep", "processLLMRequest", "processLLMResponse", "processOutputStep",
-               "processToolResult", "processAPIError"}
+_STEP_HOOKS = {
+    "processInputStep",
+    "processLLMRequest",
+    "processLLMResponse",
+    "processOutputStep",
+    "processToolResult",
+    "processAPIError",
+}
+
+
+def replace_literal(pattern: str, replacement: str, text: str) -> str:
+    """Replace every match of `pattern`; the replacement is inserted literally (no group references)."""
+    return re.sub(pattern, lambda _m: replacement, text)
 
 
 def _text_of_messages(messages: list[dict[str, Any]]) -> str:
-    texts = []
+    texts: list[str] = []
     for msg in messages:
         if msg.get("role") == "system":
             continue
@@ -39,7 +50,7 @@ def _text_of_messages(messages: list[dict[str, Any]]) -> str:
 
 
 def _text_of_prompt(prompt: list[dict[str, Any]]) -> str:
-    texts = []
+    texts: list[str] = []
     for msg in prompt:
         if msg["role"] == "system":
             continue
@@ -47,15 +58,16 @@ def _text_of_prompt(prompt: list[dict[str, Any]]) -> str:
     return "\n".join(texts)
 
 
-def _rewrite_messages(messages: list[dict[str, Any]], pattern: str, replacement: str,
-                      roles: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+def _rewrite_messages(
+    messages: list[dict[str, Any]], pattern: str, replacement: str, roles: tuple[str, ...] | None = None
+) -> list[dict[str, Any]]:
     out = []
     for msg in messages:
         msg = copy.deepcopy(msg)
         if msg.get("role") != "system" and (roles is None or msg.get("role") in roles):
             for part in msg["content"].get("parts", []):
                 if part.get("type") == "text":
-                    part["text"] = re.sub(pattern, lambda _m: replacement, part["text"])
+                    part["text"] = replace_literal(pattern, replacement, part["text"])
         out.append(msg)
     return out
 
@@ -150,9 +162,17 @@ def _input_hook(name: str) -> Any:
                 messages = _rewrite_messages(messages, spec["pattern"], spec["with"])
                 changed_m = True
             elif "systemMessage" in action:
-                systems = [*systems, {"id": f"sys-{len(systems)}-{self.id}", "role": "system",
-                                      "content": {"format": 2, "parts": [{"type": "text",
-                                                                          "text": action["systemMessage"]}]}}]
+                systems = [
+                    *systems,
+                    {
+                        "id": f"sys-{len(systems)}-{self.id}",
+                        "role": "system",
+                        "content": {
+                            "format": 2,
+                            "parts": [{"type": "text", "text": action["systemMessage"]}],
+                        },
+                    },
+                ]
                 changed_s = True
             elif "signal" in action and name == "processInputStep":
                 spec = action["signal"]
@@ -188,7 +208,7 @@ async def _llm_request(self: ScriptedProcessor, **kw: Any) -> Any:
                 if msg["role"] != "system":
                     for part in msg["content"]:
                         if part.get("type") == "text":
-                            part["text"] = re.sub(spec["pattern"], lambda _m: spec["with"], part["text"])
+                            part["text"] = replace_literal(spec["pattern"], spec["with"], part["text"])
             changed = True
         else:
             raise ValueError(f"action {sorted(action)} is not valid in processLLMRequest")
@@ -212,9 +232,13 @@ async def _output_stream(self: ScriptedProcessor, **kw: Any) -> Any:
             return None
         if "replaceText" in action and part["type"] == "text-delta":
             spec = action["replaceText"]
-            part = {**part, "payload": {**part["payload"],
-                                        "text": re.sub(spec["pattern"], lambda _m: spec["with"],
-                                                       part["payload"]["text"])}}
+            part = {
+                **part,
+                "payload": {
+                    **part["payload"],
+                    "text": replace_literal(spec["pattern"], spec["with"], part["payload"]["text"]),
+                },
+            }
         else:
             raise ValueError(f"action {sorted(action)} is not valid in processOutputStream")
     return part
@@ -254,7 +278,8 @@ async def _output_result(self: ScriptedProcessor, **kw: Any) -> Any:
             messages = copy.deepcopy(messages)
             for msg in messages:
                 if msg["role"] == "assistant":
-                    msg["content"]["metadata"] = {**(msg["content"].get("metadata") or {}), **action["metadata"]}
+                    meta = msg["content"].get("metadata") or {}
+                    msg["content"]["metadata"] = {**meta, **action["metadata"]}
             changed = True
         else:
             raise ValueError(f"action {sorted(action)} is not valid in processOutputResult")
@@ -298,7 +323,8 @@ def build_processor(spec: dict[str, Any]) -> Processor:
             attrs["script"][key] = _Script(key, spec[key])
             attrs[method] = _IMPLEMENTATIONS[key]
     cls = type(f"Scripted_{re.sub(r'[^A-Za-z0-9_]', '_', spec['id'])}", (ScriptedProcessor,), attrs)
-    return cls()
+    processor: Processor = cls()
+    return processor
 
 
 def scenario_processors(scenario: dict[str, Any]) -> list[Processor]:

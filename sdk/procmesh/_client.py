@@ -41,7 +41,8 @@ class ProcessorClient:
 
     async def describe(self, timeout: float | None = None) -> ppb.DescribeResponse:
         """The processors the sidecar hosts."""
-        return await self.call("Describe", ppb.DescribeRequest(), timeout)
+        response: ppb.DescribeResponse = await self.call("Describe", ppb.DescribeRequest(), timeout)
+        return response
 
     async def call(self, method: str, request: Any, timeout: float | None) -> Any:
         """Call a unary RPC of ProcessorService by name, raising procmesh errors."""

@@ -30,7 +30,7 @@ _SIGNAL_TYPES = {"reactive", "user", "notification", "state", "system-reminder",
 _TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
-class TripWire(Exception):  # noqa: N818 - the reference engine's name, kept for ports
+class TripWire(Exception):
     """Raised by `abort()`: ends the hook and tells the orchestrator to stop or retry.
 
     Attributes:
@@ -102,9 +102,7 @@ class HookEffects:
         self.violations: list[tuple[str, Any]] = []
         self.abort: TripWire | None = None
 
-    def abort_hook(
-        self, reason: str | None = None, *, retry: bool = False, metadata: Any = None
-    ) -> NoReturn:
+    def abort_hook(self, reason: str | None = None, *, retry: bool = False, metadata: Any = None) -> NoReturn:
         """The hook's ``abort(reason, retry=..., metadata=...)``."""
         raise TripWire(reason or f"Tripwire triggered by {self.processor_id}", retry=retry, metadata=metadata)
 
@@ -142,9 +140,7 @@ class Writer:
         """Emit a custom chunk ``{"type": "data-...", "data": ...}``."""
         kind = chunk.get("type") if isinstance(chunk, dict) else None
         if not isinstance(kind, str) or not kind.startswith("data-"):
-            raise InvalidInputError(
-                f"writer.custom: chunk type must start with 'data-', got {kind!r}"
-            )
+            raise InvalidInputError(f"writer.custom: chunk type must start with 'data-', got {kind!r}")
         self._effects.custom_chunks.append(chunk)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import BaseModel, ValidationError
 
 from procmesh import convert
+from procmesh._metrics import SidecarMetrics
 from procmesh._processor import (
     HOOK_NAMES,
     HookEffects,
@@ -26,7 +28,6 @@ from procmesh._processor import (
     Writer,
     hook_parameters,
 )
-from procmesh._metrics import SidecarMetrics
 from procmesh._version import __version__
 from procmesh.errors import (
     InternalError,
@@ -42,6 +43,7 @@ from procmesh.v1 import types_pb2 as tpb
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "procmesh.v1.ProcessorService"
+_Response = TypeVar("_Response")
 _HOOK_ENUM = {name: i + 1 for i, name in enumerate(HOOK_NAMES)}
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -112,7 +114,11 @@ def _fill_messages(field: Any, messages: Any, hook: str) -> None:
 def _fill_effects(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
     if effects.abort is not None:
         convert.abort_to_proto(
-            {"reason": effects.abort.reason, "retry": effects.abort.retry, "metadata": effects.abort.metadata},
+            {
+                "reason": effects.abort.reason,
+                "retry": effects.abort.retry,
+                "metadata": effects.abort.metadata,
+            },
             out.abort,
         )
     for signal in effects.signals:
@@ -188,7 +194,9 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
         except Exception as exc:
             outcome = "internal"
             log.exception("processor %s hook %s raised", hosted.id, hook)
-            raise InternalError(f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}") from exc
+            raise InternalError(
+                f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             self._metrics.hook_latency.labels(hosted.id, hook).observe(time.perf_counter() - started)
             self._metrics.hook_calls.labels(hosted.id, hook, outcome).inc()
@@ -198,8 +206,8 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
         hook: str,
         request: Any,
         context: grpc.aio.ServicerContext[Any, Any],
-        build: Callable[[_Hosted, Any, HookEffects], Awaitable[Any]],
-    ) -> Any:
+        build: Callable[[_Hosted, Any, HookEffects], Awaitable[_Response]],
+    ) -> _Response:
         try:
             hosted = self._lookup(request.context, hook)
             effects = HookEffects(hosted.id)
@@ -208,6 +216,7 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
             await context.abort(exc.code, str(exc))
         except (ValueError, TypeError, KeyError, json_format.Error) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {hook} request: {exc}")
+        raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
     # -- RPCs ------------------------------------------------------------------
 
@@ -357,7 +366,11 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
                 system_messages=_messages(req.system_messages),
                 text=req.text,
                 tool_calls=[
-                    {"toolCallId": c.tool_call_id, "toolName": c.tool_name, "args": convert.from_value(c.args)}
+                    {
+                        "toolCallId": c.tool_call_id,
+                        "toolName": c.tool_name,
+                        "args": convert.from_value(c.args),
+                    }
                     for c in req.tool_calls
                 ]
                 or None,
@@ -459,7 +472,8 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
                     resp.retry = bool(result.get("retry", False))
                 elif result is not None:
                     raise InternalError(
-                        f"process_api_error returned {type(result).__name__}; expected {{'retry': bool}} or None"
+                        f"process_api_error returned {type(result).__name__}; "
+                        "expected {'retry': bool} or None"
                     )
             _fill_effects(resp.effects, effects, kwargs["state"])
             return resp
@@ -652,7 +666,11 @@ class ProcessorServer:
         pgrpc.add_ProcessorServiceServicer_to_server(_Servicer(self._hosted, self._metrics), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            [
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
             server,
         )
         for service in ("", SERVICE_NAME):
@@ -661,7 +679,7 @@ class ProcessorServer:
             if addr.startswith("unix:"):
                 path = _unix_path(addr)
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                if os.path.exists(path):
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)  # a stale socket from a previous run
                 server.add_insecure_port(addr)
                 self.addresses.append(addr)
@@ -699,10 +717,8 @@ class ProcessorServer:
             self.metrics_server = None
         for addr in self.addresses:
             if addr.startswith("unix:"):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(_unix_path(addr))
-                except FileNotFoundError:
-                    pass
 
     async def wait_for_termination(self) -> None:
         """Block until the server stops."""
@@ -721,4 +737,3 @@ def _unix_path(address: str) -> str:
     if address.startswith("unix://"):
         return address[len("unix://") :]
     return address[len("unix:") :]
-

@@ -12,10 +12,10 @@ from orchestrator.errors import OrchestratorError
 
 
 def _scenario_run(args: argparse.Namespace) -> int:
-    from orchestrator import scenario
+    from orchestrator.scenario import load, run_scenario
 
-    data = scenario.load(args.file)
-    trace = asyncio.run(scenario.run_scenario(data, args.file))
+    data = load(args.file)
+    trace = asyncio.run(run_scenario(data, args.file))
     json.dump(trace, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
@@ -48,9 +48,9 @@ async def _call(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from orchestrator import demo
+    from orchestrator.demo import main as demo_main
 
-    return asyncio.run(demo.main())
+    return asyncio.run(demo_main())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

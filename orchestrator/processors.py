@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,17 +211,19 @@ _CHUNK = "chunk"
 _ABORT = "abort"
 _ERROR = "error"
 _MAX_BATCH = 256
+_WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
 
 Item = tuple[str, Any]
 ChunkSink = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class _Stage:
-    """One processor's ProcessOutputStream session: batches parts out, answers in order.
+    """One processor's ProcessOutputStream session: parts go out in batches, results come back in order.
 
-    Three coroutines: the feeder batches queued parts into stream messages, the
-    reader matches results to parts by seq, the forwarder emits in order. Parts
-    this processor must not see (data-* without process_data_parts) pass
+    The feeder sends whatever is queued as one stream message; the reader
+    applies each response's results in order and hands them on in bulk, so the
+    next stage batches as well. Parts this processor must not see (data-*
+    without process_data_parts, or everything once it failed open) pass
     through in their place.
     """
 
@@ -231,45 +234,38 @@ class _Stage:
         self.handle = handle
         self.inq = inq
         self.outq = outq
-        self.ordered: asyncio.Queue[tuple[str, Any, asyncio.Future[Any] | None]] = asyncio.Queue()
-        self.futures: dict[int, asyncio.Future[Any]] = {}
+        # (kind, value, awaits_result) in arrival order; the head leaves first.
+        self.pending: deque[tuple[str, Any, bool]] = deque()
         self.call: Any = None
         self.reader: asyncio.Task[None] | None = None
-        self.failure: str | None = None
+        self.failed_open = False
+        self.stream_done = False
+        self.stopped = False
         self.seq = 0
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
-        return self.failure is None and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
+        return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
 
-    async def _open(self) -> ppb.ProcessOutputStreamRequest:
-        scope = self.caller.scope
-        self.call = self.handle.client.open_stream(scope.stream_timeout())
-        self.reader = asyncio.create_task(self._read())
-        first = ppb.ProcessOutputStreamRequest()
-        scope.fill_context(first.context, self.handle)
-        return first
-
-    async def _read(self) -> None:
-        cause = "stream ended before every part was answered"
-        try:
-            async for resp in self.call:
-                for res in resp.results:
-                    fut = self.futures.pop(res.seq, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(res)
-                if resp.HasField("end"):
-                    self.caller.scope.states[self.handle.processor_id] = resp.end.state
-        except grpc.aio.AioRpcError as exc:
-            err = translate_rpc_error(exc)
-            cause = f"{err.code.name}: {err}"
-        finally:
-            for fut in self.futures.values():
-                if not fut.done():
-                    fut.set_exception(MalformedResponseError(cause))
-            self.futures.clear()
+    def _flush_head(self) -> None:
+        """Hand on every head item that needs no result (pass-throughs, end and error markers)."""
+        pending = self.pending
+        while pending and not self.stopped:
+            kind, value, awaits = pending[0]
+            if awaits:
+                if not self.failed_open:
+                    return
+                pending.popleft()
+                self.outq.put_nowait((_CHUNK, value))  # failed open: the part goes on unchanged
+                continue
+            if kind == _END and self.call is not None and not self.stream_done:
+                return  # the state arrives with the stream's end
+            pending.popleft()
+            self.outq.put_nowait((kind, value))
+            if kind != _CHUNK:
+                self.stopped = True
 
     async def feed(self) -> None:
-        while True:
+        while not self.stopped:
             batch: list[Item] = [await self.inq.get()]
             while len(batch) < _MAX_BATCH and not self.inq.empty():
                 batch.append(self.inq.get_nowait())
@@ -277,79 +273,112 @@ class _Stage:
             finished = False
             for kind, value in batch:
                 if kind != _CHUNK:  # end, upstream abort or error: nothing follows it
-                    await self.ordered.put((kind, value, None))
+                    self.pending.append((kind, value, False))
                     finished = True
                     break
                 if not self._eligible(value):
-                    await self.ordered.put((_CHUNK, value, None))
+                    self.pending.append((_CHUNK, value, False))
                     continue
                 if self.call is None:
-                    request = await self._open()
+                    request = self._open()
                 elif request is None:
                     request = ppb.ProcessOutputStreamRequest()
                 self.seq += 1
                 part = request.parts.add()
                 part.seq = self.seq
                 part.part.CopyFrom(value)
-                fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                self.futures[self.seq] = fut
-                await self.ordered.put((_CHUNK, value, fut))
-            if request is not None:
-                try:
+                self.pending.append((_CHUNK, value, True))
+            self._flush_head()
+            if request is not None and not self.failed_open:
+                # a failed write surfaces in the reader, which applies the failure policy
+                with contextlib.suppress(*_WRITE_ERRORS):
                     await self.call.write(request)
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
-                    self._fail_pending(f"write failed: {exc}")
             if finished:
-                if self.call is not None:
+                if self.call is not None and not self.failed_open:
                     with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
                         await self.call.done_writing()
                 return
 
-    def _fail_pending(self, cause: str) -> None:
-        for fut in self.futures.values():
-            if not fut.done():
-                fut.set_exception(MalformedResponseError(cause))
-        self.futures.clear()
+    def _open(self) -> ppb.ProcessOutputStreamRequest:
+        scope = self.caller.scope
+        self.call = self.handle.client.open_stream(scope.stream_timeout())
+        self.reader = asyncio.create_task(self._read())
+        first = ppb.ProcessOutputStreamRequest()
+        scope.fill_context(first.context, self.handle)
+        return first
 
-    async def forward(self) -> None:
-        handle = self.handle
-        while True:
-            kind, chunk, fut = await self.ordered.get()
-            if kind == _END:
-                if self.reader is not None:
-                    await self.reader
-                await self.outq.put((_END, None))
-                return
-            if kind != _CHUNK:
-                await self.outq.put((kind, chunk))
-                return
-            if fut is None:
-                await self.outq.put((_CHUNK, chunk))
-                continue
-            try:
-                res = await asyncio.wait_for(fut, self.caller.scope.timeout_for(handle))
-                effects = read_effects(
-                    self.caller.scope, handle, "process_output_stream", res.effects, store_state=False
-                )
-            except (MalformedResponseError, TimeoutError) as exc:
-                if self.failure is not None:  # already failed open: the rest passes through
-                    await self.outq.put((_CHUNK, chunk))
+    def _awaiting(self) -> bool:
+        return any(awaits for _, _, awaits in self.pending)
+
+    async def _read(self) -> None:
+        scope, handle = self.caller.scope, self.handle
+        try:
+            while True:
+                try:
+                    resp = await asyncio.wait_for(self.call.read(), scope.timeout_for(handle))
+                except TimeoutError:
+                    if self._awaiting():
+                        raise MalformedResponseError(f"timed out after {handle.timeout}s") from None
                     continue
-                cause = f"timed out after {handle.timeout}s" if isinstance(exc, TimeoutError) else str(exc)
-                self.failure = cause
-                if self.call is not None:
-                    self.call.cancel()
-                self._fail_pending(cause)
-                self.caller.fail(handle, "process_output_stream", cause)  # raises when fail-closed
-                await self.outq.put((_CHUNK, chunk))
-                continue
+                if resp is grpc.aio.EOF:
+                    if self._awaiting():
+                        raise MalformedResponseError("stream ended before every part was answered")
+                    break
+                for res in resp.results:
+                    self._apply(res)
+                    if self.stopped:
+                        return
+                if resp.HasField("end"):
+                    scope.states[handle.processor_id] = resp.end.state
+                self._flush_head()
+        except grpc.aio.AioRpcError as exc:
+            err = translate_rpc_error(exc)
+            self._failed(f"{err.code.name}: {err}")
+        except MalformedResponseError as exc:
+            self._failed(str(exc))
+        finally:
+            self.stream_done = True
+            self._flush_head()
+
+    def _apply(self, res: ppb.StreamPartResult) -> None:
+        """Apply one part's result; the parts before it that needed none go first."""
+        while self.pending and not self.pending[0][2]:
+            self._flush_one()
+        if not self.pending:
+            raise MalformedResponseError("more results than parts sent")
+        self.pending.popleft()
+        if res.HasField("effects"):
+            effects = read_effects(
+                self.caller.scope, self.handle, "process_output_stream", res.effects, store_state=False
+            )
             for custom in effects.custom_chunks:
-                await self.outq.put((_CHUNK, convert.chunk_to_proto(custom)))
+                self.outq.put_nowait((_CHUNK, convert.chunk_to_proto(custom)))
             if effects.abort is not None:
-                await self.outq.put((_ABORT, effects.abort))
+                self.outq.put_nowait((_ABORT, effects.abort))
+                self.stopped = True
+                self.call.cancel()
                 return
-            if res.HasField("part"):
-                await self.outq.put((_CHUNK, res.part))
+        if res.HasField("part"):
+            self.outq.put_nowait((_CHUNK, res.part))
+
+    def _flush_one(self) -> None:
+        kind, value, _ = self.pending.popleft()
+        self.outq.put_nowait((kind, value))
+        if kind != _CHUNK:
+            self.stopped = True
+
+    def _failed(self, cause: str) -> None:
+        """Apply the failure policy to the unanswered parts."""
+        if not self._awaiting() or self.stopped:
+            return
+        self.call.cancel()
+        try:
+            self.caller.fail(self.handle, "process_output_stream", cause)
+        except ProcessorFailedError as exc:
+            self.outq.put_nowait((_ERROR, exc))
+            self.stopped = True
+            return
+        self.failed_open = True
 
 
 class OutputPipeline:
@@ -391,9 +420,7 @@ class OutputPipeline:
                 await queues[-1].put((_ERROR, exc))
 
         tasks = [asyncio.create_task(guard(produce()))]
-        for stage in stages:
-            tasks.append(asyncio.create_task(guard(stage.feed())))
-            tasks.append(asyncio.create_task(guard(stage.forward())))
+        tasks += [asyncio.create_task(guard(stage.feed())) for stage in stages]
         try:
             while True:
                 kind, value = await queues[-1].get()
@@ -406,6 +433,7 @@ class OutputPipeline:
                 else:
                     raise value
         finally:
+            tasks += [stage.reader for stage in stages if stage.reader is not None]
             for task in tasks:
                 task.cancel()
             for stage in stages:

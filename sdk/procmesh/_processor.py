@@ -26,6 +26,56 @@ HOOK_NAMES: tuple[str, ...] = (
     "process_api_error",
 )
 
+_BASE_ARGUMENTS = (
+    "abort",
+    "state",
+    "options",
+    "retry_count",
+    "step_number",
+    "run_id",
+    "agent_id",
+    "thread_id",
+    "resource_id",
+    "request_context",
+    "send_signal",
+    "writer",
+    "report_violation",
+)
+_MESSAGES = ("messages", "message_list", "system_messages")
+
+HOOK_ARGUMENTS: dict[str, frozenset[str]] = {
+    name: frozenset(_BASE_ARGUMENTS + extra)
+    for name, extra in {
+        "process_input": _MESSAGES,
+        "process_input_step": (
+            *_MESSAGES,
+            "model",
+            "tools",
+            "tool_choice",
+            "active_tools",
+            "provider_options",
+            "model_settings",
+            "steps",
+        ),
+        "process_llm_request": ("prompt", "model", "steps"),
+        "process_llm_response": ("chunks", "model", "steps", "from_cache"),
+        "process_output_stream": ("part", "stream_parts"),
+        "process_output_step": (*_MESSAGES, "text", "tool_calls", "finish_reason", "usage", "steps"),
+        "process_tool_result": (
+            "messages",
+            "tool_name",
+            "tool_call_id",
+            "args",
+            "result",
+            "provider_executed",
+            "steps",
+        ),
+        "process_output_result": ("messages", "message_list", "result"),
+        "process_api_error": ("error", "messages", "message_list", "steps"),
+    }.items()
+}
+"""The arguments each hook can declare (by name)."""
+
 _SIGNAL_TYPES = {"reactive", "user", "notification", "state", "system-reminder", "user-message"}
 _TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from procmesh import convert
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import (
+    HOOK_ARGUMENTS,
     HOOK_NAMES,
     HookEffects,
     MessageList,
@@ -58,6 +59,26 @@ class _Hosted:
         self.id = processor.id
         self.hooks = {name: getattr(processor, name) for name in type(processor).implemented_hooks()}
         self.params = {name: hook_parameters(fn) for name, fn in self.hooks.items()}
+        for name, params in self.params.items():
+            unknown = sorted((params or frozenset()) - HOOK_ARGUMENTS[name])
+            if unknown:
+                raise TypeError(
+                    f"{type(processor).__name__}.{name} declares unknown arguments {unknown}; "
+                    f"available: {sorted(HOOK_ARGUMENTS[name])}"
+                )
+        self._calls: dict[tuple[str, str], Any] = {}
+        self._latency: dict[str, Any] = {}
+
+    def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
+        """Record one hook call (label children cached: this runs per streamed part)."""
+        latency = self._latency.get(hook)
+        if latency is None:
+            latency = self._latency[hook] = metrics.hook_latency.labels(self.id, hook)
+        latency.observe(seconds)
+        calls = self._calls.get((hook, outcome))
+        if calls is None:
+            calls = self._calls[(hook, outcome)] = metrics.hook_calls.labels(self.id, hook, outcome)
+        calls.inc()
         self.options_cache: dict[bytes, Any] = {}
 
     def options(self, struct: Any) -> Any:
@@ -176,10 +197,7 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
     ) -> Any:
         """Run one hook with the arguments it declares; a TripWire becomes the abort effect."""
         params = hosted.params[hook]
-        args = kwargs if params is None else {k: v for k, v in kwargs.items() if k in params}
-        missing = [] if params is None else sorted(params - kwargs.keys())
-        if missing:
-            raise InternalError(f"{hosted.id}.{hook} declares unknown arguments {missing}")
+        args = kwargs if params is None else {k: kwargs[k] for k in params}
         started = time.perf_counter()
         outcome = "ok"
         try:
@@ -198,8 +216,7 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
                 f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}"
             ) from exc
         finally:
-            self._metrics.hook_latency.labels(hosted.id, hook).observe(time.perf_counter() - started)
-            self._metrics.hook_calls.labels(hosted.id, hook, outcome).inc()
+            hosted.observe(self._metrics, hook, outcome, time.perf_counter() - started)
 
     async def _unary(
         self,

@@ -205,7 +205,6 @@ def agent_with(model: Any, output: list[ProcessorHandle]) -> Agent:
         model=model,
         instructions="You are helpful.",
         lanes=Lanes(output=tuple(output)),
-        error_defaults=False,
     )
     return Agent(spec, OrchestratorMetrics())
 

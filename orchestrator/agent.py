@@ -50,8 +50,8 @@ class AgentSpec:
     max_steps: int = 5
     max_processor_retries: int | None = None
     lanes: Lanes = field(default_factory=Lanes)
-    error_defaults: bool = True
-    """Whether the default error processors are part of the resolved error list (SPEC §5)."""
+    """The resolved lanes; `error` already holds the default error processors (SPEC §5)."""
+    warned_implicit_cap: bool = False
 
 
 @dataclass
@@ -659,6 +659,22 @@ class _Run:
                 self.system.extend(self.ml.apply(before, self._returned(resp.messages), msgs.RESPONSE))
             await self._apply(effects)
 
+    def error_retry_cap(self) -> int | None:
+        """maxProcessorRetries when set; else 3 whenever the resolved error list is non-empty."""
+        if self.max_retries is not None:
+            return self.max_retries
+        if not self.lanes.error:
+            return None
+        if not self.agent.warned_implicit_cap:
+            self.agent.warned_implicit_cap = True
+            log.warning(
+                "agent %s: maxProcessorRetries is not set; error processors may retry at most %d "
+                "times per step (set maxProcessorRetries to choose)",
+                self.agent.id,
+                DEFAULT_ERROR_RETRY_CAP,
+            )
+        return DEFAULT_ERROR_RETRY_CAP
+
     async def _api_error(self, err: APICallError) -> bool:
         """Run processAPIError (every lane, once each, until one asks for a retry); True to retry."""
         handles = [
@@ -666,9 +682,6 @@ class _Run:
             for h in _dedupe([*self.lanes.input, *self.lanes.output, *self.lanes.error])
             if h.has("process_api_error")
         ]
-        cap = self.max_retries
-        if cap is None and (self.lanes.error or self.agent.error_defaults):
-            cap = DEFAULT_ERROR_RETRY_CAP
         for handle in handles:
             before = self.ml.view()
             req = ppb.ProcessAPIErrorRequest()
@@ -688,6 +701,7 @@ class _Run:
                 self.system.extend(self.ml.apply(before, self._returned(resp.messages), msgs.INPUT))
             await self._apply(effects)
             if resp.retry:
+                cap = self.error_retry_cap()
                 if cap is None or self.scope.retry_count >= cap:
                     self.metrics.retry_budget_exhausted.labels("api_error").inc()
                     return False

@@ -3,22 +3,59 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.agent import Agent, AgentSpec, Lanes
-from orchestrator.config import Config, ProcessorRef
+from orchestrator.config import BUILTINS, Config, ProcessorRef, SidecarConfig
 from orchestrator.errors import ConfigError
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.models import ModelProvider, make_model
 from orchestrator.processors import HOOK_BY_ENUM, ProcessorHandle
+from orchestrator.sidecar_process import SidecarProcess
 from orchestrator.tools import StaticTool
 from procmesh import ProcessorClient, convert
 from procmesh.errors import ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
 
 log = logging.getLogger(__name__)
+
+DEFAULT_ERROR_PROCESSORS = (
+    "provider-history-compat",
+    "prefill-error-handler",
+    "unsupported-file-handler",
+    "stream-error-retry-processor",
+)
+"""The default error processors, in the default order (SPEC §5)."""
+
+
+def merge_error_defaults(
+    user: list[ProcessorHandle], defaults: list[ProcessorHandle]
+) -> list[ProcessorHandle]:
+    """Add each default whose id the user's list lacks, placed by the default order.
+
+    The user's processors keep their order. A missing default goes before the
+    first listed default-id processor that comes later in the default order,
+    else after the last one that comes earlier, else at the end.
+    """
+    rank = {pid: i for i, pid in enumerate(DEFAULT_ERROR_PROCESSORS)}
+    out = list(user)
+    present = {h.processor_id for h in user}
+    for handle in sorted(defaults, key=lambda h: rank[h.processor_id]):
+        if handle.processor_id in present:
+            continue
+        k = rank[handle.processor_id]
+        later = [i for i, h in enumerate(out) if rank.get(h.processor_id, -1) > k]
+        earlier = [i for i, h in enumerate(out) if -1 < rank.get(h.processor_id, -1) < k]
+        pos = later[0] if later else (earlier[-1] + 1 if earlier else len(out))
+        out.insert(pos, handle)
+        present.add(handle.processor_id)
+    return out
 
 
 class App:
@@ -42,10 +79,49 @@ class App:
         self.tools = {name: StaticTool.from_config(name, t) for name, t in config.tools.items()}
         self.agents: dict[str, Agent] = {}
         self._connect_timeout = connect_timeout
+        self.sidecars: dict[str, SidecarConfig] = dict(config.sidecars)
+        self.builtins: SidecarProcess | None = None
+        self._builtins_dir: str | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+
+    def _needs_builtins(self) -> bool:
+        return any(
+            a.error_processor_defaults
+            or any(
+                r.sidecar == BUILTINS
+                for r in (*a.input_processors, *a.output_processors, *a.error_processors)
+            )
+            for a in self.config.agents.values()
+        )
+
+    async def _start_builtins(self) -> None:
+        """Start and supervise the built-in sidecar on a private unix socket (none was configured)."""
+        self._builtins_dir = tempfile.mkdtemp(prefix="procmesh-builtins-")
+        os.chmod(self._builtins_dir, 0o700)
+        address = f"unix://{os.path.join(self._builtins_dir, 'builtins.sock')}"
+        self.builtins = SidecarProcess(
+            ["error-defaults"], address, log_path=os.path.join(self._builtins_dir, "builtins.log")
+        )
+        self.builtins.start()
+        await self.builtins.wait_ready(self._connect_timeout)
+        self.sidecars[BUILTINS] = SidecarConfig(address=address)
+        self._supervisor = asyncio.create_task(self._supervise(self.builtins))
+
+    async def _supervise(self, process: SidecarProcess) -> None:
+        """Restart the built-in sidecar when it exits; clients reconnect by themselves."""
+        while True:
+            await asyncio.sleep(0.5)
+            if process.proc is not None and process.proc.poll() is not None:
+                log.error("built-in sidecar exited with %s; restarting", process.proc.returncode)
+                process.start()
+                with contextlib.suppress(RuntimeError):
+                    await process.wait_ready(self._connect_timeout)
 
     async def start(self) -> None:
         """Connect to the sidecars (waiting up to the connect timeout) and build the agents."""
-        for name, sidecar in self.config.sidecars.items():
+        if BUILTINS not in self.sidecars and self._needs_builtins():
+            await self._start_builtins()
+        for name, sidecar in self.sidecars.items():
             self.clients[name] = ProcessorClient(sidecar.address)
         await asyncio.gather(*(self._describe(name) for name in self.clients))
         for agent_id, agent in self.config.agents.items():
@@ -62,9 +138,14 @@ class App:
                     output=tuple(
                         self.resolve(agent.output_processors, f"agents.{agent_id}.outputProcessors")
                     ),
-                    error=tuple(self.resolve(agent.error_processors, f"agents.{agent_id}.errorProcessors")),
+                    error=tuple(
+                        self._error_lane(
+                            agent.error_processors,
+                            agent.error_processor_defaults,
+                            f"agents.{agent_id}.errorProcessors",
+                        )
+                    ),
                 ),
-                error_defaults=agent.error_processor_defaults,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
 
@@ -84,6 +165,14 @@ class App:
                 await asyncio.sleep(0.1)
         self.catalog[name] = {p.id: p for p in described.processors}
 
+    def _error_lane(self, refs: Sequence[ProcessorRef], defaults: bool, where: str) -> list[ProcessorHandle]:
+        user = self.resolve(refs, where)
+        if not defaults:
+            return user
+        return merge_error_defaults(
+            user, self.resolve([f"{BUILTINS}/{pid}" for pid in DEFAULT_ERROR_PROCESSORS])
+        )
+
     def resolve(
         self, refs: Sequence[ProcessorRef | str | dict[str, Any]], where: str = "processors"
     ) -> list[ProcessorHandle]:
@@ -95,7 +184,7 @@ class App:
                 if isinstance(raw, ProcessorRef)
                 else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
             )
-            sidecar = self.config.sidecars.get(ref.sidecar)
+            sidecar = self.sidecars.get(ref.sidecar)
             hosted = self.catalog.get(ref.sidecar)
             if sidecar is None or hosted is None:
                 raise ConfigError(f"{where}.{i}: unknown or unconnected sidecar {ref.sidecar!r}")
@@ -127,8 +216,16 @@ class App:
             raise ConfigError(f"unknown agent {agent_id!r} (configured: {sorted(self.agents)})") from None
 
     async def stop(self) -> None:
-        """Close every sidecar channel."""
+        """Close every sidecar channel; stop the built-in sidecar if this App started it."""
         await asyncio.gather(*(c.close() for c in self.clients.values()))
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        if self.builtins is not None:
+            await asyncio.to_thread(self.builtins.stop)
+        if self._builtins_dir is not None:
+            shutil.rmtree(self._builtins_dir, ignore_errors=True)
 
     async def __aenter__(self) -> App:
         try:

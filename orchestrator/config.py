@@ -15,6 +15,8 @@ from pydantic.alias_generators import to_camel
 from orchestrator.errors import ConfigError
 
 FailurePolicy = Literal["fail-closed", "fail-open"]
+BUILTINS = "builtins"
+"""The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""
 
 
 class _Model(BaseModel):
@@ -130,7 +132,7 @@ class Config(_Model):
                     raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")
             for lane in ("input_processors", "output_processors", "error_processors"):
                 for i, ref in enumerate(getattr(agent, lane)):
-                    if ref.sidecar not in self.sidecars:
+                    if ref.sidecar not in self.sidecars and ref.sidecar != BUILTINS:
                         raise ValueError(
                             f"agents.{agent_id}.{to_camel(lane)}.{i}: unknown sidecar {ref.sidecar!r} "
                             f"(declared: {sorted(self.sidecars)})"

@@ -16,6 +16,12 @@ def _examples(args: argparse.Namespace) -> list[Processor]:
     return examples.processors()
 
 
+def _error_defaults(args: argparse.Namespace) -> list[Processor]:
+    from sidecars import error_defaults
+
+    return error_defaults.processors()
+
+
 def _scripted(args: argparse.Namespace) -> list[Processor]:
     from sidecars import scripted
 
@@ -26,6 +32,7 @@ def _scripted(args: argparse.Namespace) -> list[Processor]:
 
 
 SETS: dict[str, Callable[[argparse.Namespace], list[Processor]]] = {
+    "error-defaults": _error_defaults,
     "examples": _examples,
     "scripted": _scripted,
 }

@@ -166,8 +166,11 @@ class HookEffects:
         if not isinstance(signal.get("contents"), str):
             raise InvalidInputError("send_signal: 'contents' must be a string")
         tag = signal.get("tagName")
-        if tag is not None and not _TAG_NAME.match(tag):
+        if tag not in (None, "") and not (isinstance(tag, str) and _TAG_NAME.match(tag)):
             raise InvalidInputError(f"send_signal: invalid tagName {tag!r}")
+        for key in ("attributes", "metadata"):
+            if not isinstance(signal.get(key) or {}, dict):
+                raise InvalidInputError(f"send_signal: {key!r} must be a dict")
         for attr in signal.get("attributes") or {}:
             if not _TAG_NAME.match(str(attr)):
                 raise InvalidInputError(f"send_signal: invalid attribute name {attr!r}")

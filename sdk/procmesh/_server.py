@@ -68,6 +68,7 @@ class _Hosted:
                 )
         self._calls: dict[tuple[str, str], Any] = {}
         self._latency: dict[str, Any] = {}
+        self.options_cache: dict[bytes, Any] = {}
 
     def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
         """Record one hook call (label children cached: this runs per streamed part)."""
@@ -79,7 +80,6 @@ class _Hosted:
         if calls is None:
             calls = self._calls[(hook, outcome)] = metrics.hook_calls.labels(self.id, hook, outcome)
         calls.inc()
-        self.options_cache: dict[bytes, Any] = {}
 
     def options(self, struct: Any) -> Any:
         raw = convert.from_struct(struct)
@@ -133,6 +133,17 @@ def _fill_messages(field: Any, messages: Any, hook: str) -> None:
 
 
 def _fill_effects(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
+    # Everything here came from the hook (state included): a conversion failure is the
+    # processor's fault (INTERNAL), not a malformed request (INVALID_ARGUMENT).
+    try:
+        _fill_effects_unchecked(out, effects, state)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InternalError(
+            f"processor {effects.processor_id!r} left effects or state that cannot be sent: {exc}"
+        ) from exc
+
+
+def _fill_effects_unchecked(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
     if effects.abort is not None:
         convert.abort_to_proto(
             {
@@ -711,8 +722,12 @@ class ProcessorServer:
                 os.chmod(_unix_path(addr), 0o660)
         if self._metrics_port is not None:
             self.metrics_server, _ = start_http_server(self._metrics_port, registry=self.registry)
-        for hosted in self._hosted.values():
-            await hosted.processor.setup()
+        try:
+            for hosted in self._hosted.values():
+                await hosted.processor.setup()
+        except BaseException:
+            await self.stop(grace=0)  # a failed setup leaves nothing bound
+            raise
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving processors %s on %s", self.processor_ids, ", ".join(self.addresses))

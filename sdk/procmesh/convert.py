@@ -62,9 +62,12 @@ def _fill_value(value: struct_pb2.Value, obj: JSON) -> None:
     elif isinstance(obj, str):
         value.string_value = obj
     elif isinstance(obj, dict):
+        # SetInParent: an empty {} or [] must still select its kind, or it reads back as null.
+        value.struct_value.SetInParent()
         _fill_struct(value.struct_value, obj)
     elif isinstance(obj, list | tuple):
         lst = value.list_value
+        lst.SetInParent()
         for item in obj:
             _fill_value(lst.values.add(), item)
     else:

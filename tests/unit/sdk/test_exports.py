@@ -1,0 +1,97 @@
+"""The public API of `procmesh` is pinned: adding or removing a name is a deliberate change here."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from types import ModuleType
+
+import pytest
+
+import procmesh
+
+EXPECTED_ALL = [
+    "HOOK_NAMES",
+    "SERVICE_NAME",
+    "MessageList",
+    "Processor",
+    "ProcessorClient",
+    "ProcessorServer",
+    "ProcessorSettings",
+    "TripWire",
+    "Writer",
+    "__version__",
+    "convert",
+    "errors",
+    "run",
+    "serve",
+    "settings_from_args",
+    "translate_rpc_error",
+]
+
+
+def isort_key(name: str) -> tuple[int, list[int | str]]:
+    """ruff RUF022's isort-style order: SCREAMING_CASE, then CamelCase, then the rest; natural sort."""
+    if len(name) > 1 and name.isupper():
+        group = 0
+    elif name[:1].isupper():
+        group = 1
+    else:
+        group = 2
+    natural: list[int | str] = [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+    return group, natural
+
+
+def test_all_is_pinned() -> None:
+    assert procmesh.__all__ == EXPECTED_ALL
+
+
+def test_all_is_sorted_as_written() -> None:
+    assert procmesh.__all__ == sorted(procmesh.__all__, key=isort_key)
+    assert len(set(procmesh.__all__)) == len(procmesh.__all__)
+
+
+def test_isort_key_orders_by_case_group() -> None:
+    # Guards the sort test itself: plain sorted() would put "MessageList" before "SERVICE_NAME".
+    assert sorted(["run", "Processor", "SERVICE_NAME", "__version__"], key=isort_key) == [
+        "SERVICE_NAME",
+        "Processor",
+        "__version__",
+        "run",
+    ]
+
+
+@pytest.mark.parametrize("name", EXPECTED_ALL)
+def test_every_export_exists(name: str) -> None:
+    assert hasattr(procmesh, name)
+
+
+def _documentable(module: ModuleType) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismodule(obj):
+            out.append((f"{module.__name__}.{name}", obj))
+    return out
+
+
+# The exported modules' own __all__ is public API too (procmesh.convert.to_value, ...).
+DOCUMENTABLE = [
+    *_documentable(procmesh),
+    *_documentable(procmesh.convert),
+    *_documentable(procmesh.errors),
+]
+
+
+@pytest.mark.parametrize(("qualname", "obj"), DOCUMENTABLE, ids=[q for q, _ in DOCUMENTABLE])
+def test_every_export_has_a_docstring(qualname: str, obj: object) -> None:
+    # obj.__doc__, not inspect.getdoc(): getdoc inherits a base class's docstring.
+    doc = obj.__doc__
+    assert isinstance(doc, str), f"{qualname} has no docstring"
+    assert doc.strip(), f"{qualname} has an empty docstring"
+
+
+def test_documentable_covers_the_classes_and_functions() -> None:
+    names = {q for q, _ in DOCUMENTABLE}
+    assert {"procmesh.Processor", "procmesh.run", "procmesh.convert", "procmesh.errors"} <= names
+    assert "procmesh.__version__" not in names

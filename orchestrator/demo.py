@@ -73,7 +73,7 @@ def demo_config(unix_address: str, tcp_address: str) -> dict[str, Any]:
                 "instructions": "You are helpful.",
                 "model": "demo",
                 "maxProcessorRetries": 2,
-                "outputProcessors": [{"processor": "filters/length-check", "options": {"maxWords": 12}}],
+                "outputProcessors": [{"processor": "filters/length-check", "options": {"max_words": 12}}],
             },
         },
     }

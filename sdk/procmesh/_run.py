@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Sequence
 
@@ -27,6 +28,8 @@ class ProcessorSettings(BaseSettings):
     """How long in-flight calls may run after SIGTERM."""
     log_level: str = "INFO"
     """Logging level."""
+    parent_pid: int | None = None
+    """Exit when this process is no longer our parent (a sidecar started by an orchestrator)."""
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
@@ -36,6 +39,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument("--grace-seconds", type=float)
     parser.add_argument("--log-level")
+    parser.add_argument("--parent-pid", type=int)
     args, _ = parser.parse_known_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     return ProcessorSettings(**overrides)
@@ -49,10 +53,21 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    watch = asyncio.create_task(_watch_parent(settings.parent_pid, stop)) if settings.parent_pid else None
     try:
         await stop.wait()
     finally:
+        if watch is not None:
+            watch.cancel()
         await server.stop(settings.grace_seconds)
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    """Stop when the parent is gone (it may have been killed without stopping us)."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(0.5)
+    logging.getLogger(__name__).warning("parent process %d is gone; stopping", parent_pid)
+    stop.set()
 
 
 def run(processors: Sequence[Processor], settings: ProcessorSettings | None = None) -> None:

@@ -34,6 +34,7 @@ from procmesh.errors import (
     InternalError,
     InvalidInputError,
     NotFoundError,
+    NotReadyError,
     ProcmeshError,
     UnimplementedError,
 )
@@ -89,6 +90,13 @@ class _Hosted:
         key = struct.SerializeToString(deterministic=True)
         cached = self.options_cache.get(key)
         if cached is None:
+            accepted = _option_names(model)
+            unknown = sorted(set(raw) - accepted) if accepted is not None else []
+            if unknown:
+                raise InvalidInputError(
+                    f"invalid options for processor {self.id!r}: unknown keys {unknown} "
+                    f"(accepted: {sorted(accepted or ())})"
+                )
             try:
                 cached = model.model_validate(raw)
             except ValidationError as exc:
@@ -112,6 +120,20 @@ class _Hosted:
             process_data_parts=proc.process_data_parts,
             options_schema_json=schema,
         )
+
+
+def _option_names(model: type[BaseModel]) -> set[str] | None:
+    """Keys an Options model accepts: field names and aliases (None: any key, extra='allow')."""
+    if model.model_config.get("extra") == "allow":
+        return None
+    names = set()
+    for name, field in model.model_fields.items():
+        names.add(name)
+        if field.alias:
+            names.add(field.alias)
+        if isinstance(field.validation_alias, str):
+            names.add(field.validation_alias)
+    return names
 
 
 def _messages(field: Any) -> list[dict[str, Any]]:
@@ -170,10 +192,14 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
     def __init__(self, hosted: dict[str, _Hosted], metrics: SidecarMetrics) -> None:
         self._hosted = hosted
         self._metrics = metrics
+        self.ready = False
+        """Hooks are served only once every processor's setup() returned."""
 
     # -- plumbing --------------------------------------------------------------
 
     def _lookup(self, ctx: tpb.RunContext, hook: str) -> _Hosted:
+        if not self.ready:
+            raise NotReadyError("the sidecar is starting or draining; retry when health reports SERVING")
         if not ctx.processor_id:
             raise InvalidInputError("request.context.processor_id is required")
         hosted = self._hosted.get(ctx.processor_id)
@@ -691,7 +717,8 @@ class ProcessorServer:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
-        pgrpc.add_ProcessorServiceServicer_to_server(_Servicer(self._hosted, self._metrics), server)
+        self._servicer = _Servicer(self._hosted, self._metrics)
+        pgrpc.add_ProcessorServiceServicer_to_server(self._servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             [
@@ -728,6 +755,7 @@ class ProcessorServer:
         except BaseException:
             await self.stop(grace=0)  # a failed setup leaves nothing bound
             raise
+        self._servicer.ready = True
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving processors %s on %s", self.processor_ids, ", ".join(self.addresses))

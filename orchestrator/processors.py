@@ -242,6 +242,8 @@ class _Stage:
         self.stream_done = False
         self.stopped = False
         self.seq = 0
+        self.sent: deque[float] = deque()
+        """When each part still awaiting its result was queued for sending (timeouts count from it)."""
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
@@ -288,6 +290,7 @@ class _Stage:
                 part.seq = self.seq
                 part.part.CopyFrom(value)
                 self.pending.append((_CHUNK, value, True))
+                self.sent.append(time.monotonic())
             self._flush_head()
             if request is not None and not self.failed_open:
                 # a failed write surfaces in the reader, which applies the failure policy
@@ -312,14 +315,25 @@ class _Stage:
 
     async def _read(self) -> None:
         scope, handle = self.caller.scope, self.handle
+        # One read stays outstanding across timeouts: cancelling a read cancels the whole call.
+        read: asyncio.Future[Any] | None = None
         try:
             while True:
-                try:
-                    resp = await asyncio.wait_for(self.call.read(), scope.timeout_for(handle))
-                except TimeoutError:
-                    if self._awaiting():
-                        raise MalformedResponseError(f"timed out after {handle.timeout}s") from None
+                if read is None:
+                    read = asyncio.ensure_future(self.call.read())
+                if self.sent:  # the oldest unanswered part's time limit counts from when it was sent
+                    limit = handle.timeout
+                    if scope.deadline is not None:
+                        limit = min(limit, scope.deadline - self.sent[0])
+                    wait = self.sent[0] + limit - time.monotonic()
+                    if wait <= 0:
+                        raise MalformedResponseError(f"timed out after {limit:.3g}s")
+                else:  # idle: wake up to start the clock of parts sent meanwhile
+                    wait = scope.timeout_for(handle)
+                done, _ = await asyncio.wait({read}, timeout=wait)
+                if not done:
                     continue
+                resp, read = read.result(), None
                 if resp is grpc.aio.EOF:
                     if self._awaiting():
                         raise MalformedResponseError("stream ended before every part was answered")
@@ -337,6 +351,8 @@ class _Stage:
         except MalformedResponseError as exc:
             self._failed(str(exc))
         finally:
+            if read is not None:
+                read.cancel()
             self.stream_done = True
             self._flush_head()
 
@@ -347,6 +363,7 @@ class _Stage:
         if not self.pending:
             raise MalformedResponseError("more results than parts sent")
         self.pending.popleft()
+        self.sent.popleft()
         if res.HasField("effects"):
             effects = read_effects(
                 self.caller.scope, self.handle, "process_output_stream", res.effects, store_state=False

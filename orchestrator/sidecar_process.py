@@ -14,11 +14,17 @@ from procmesh.errors import ProcmeshError
 
 
 class SidecarProcess:
-    """A ``procmesh-sidecar`` child process serving on `address`, in its own session."""
+    """A ``procmesh-sidecar`` child process serving on `address`, in its own session.
 
-    def __init__(self, args: Sequence[str], address: str, *, log_path: str | None = None) -> None:
+    `module` is the module run with ``python -m`` (default: the built-in sidecars;
+    tests serve their own processors the same way).
+    """
+
+    def __init__(
+        self, args: Sequence[str], address: str, *, log_path: str | None = None, module: str = "sidecars"
+    ) -> None:
         self.address = address
-        self.args = [sys.executable, "-m", "sidecars", *args, "--listen", address]
+        self.args = [sys.executable, "-m", module, *args, "--listen", address]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -26,14 +32,18 @@ class SidecarProcess:
         """Spawn the process (before this process creates any gRPC object, per gRPC's fork rules)."""
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            self.args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()  # the child holds its own copy of the descriptor
 
     async def wait_ready(self, timeout: float = 20.0) -> None:
         """Poll grpc.health.v1 until SERVING; fail clearly if the process exits or times out."""

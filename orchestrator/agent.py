@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import messages as msgs
-from orchestrator.errors import APICallError, OrchestratorError, ProcessorFailedError, TripwireAbort
+from orchestrator.errors import (
+    APICallError,
+    OrchestratorError,
+    ProcessorFailedError,
+    RunTimeoutError,
+    TripwireAbort,
+)
 from orchestrator.messages import RunMessages
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.models import ModelProvider, ModelRequest
@@ -27,6 +33,7 @@ Chunk = dict[str, Any]
 ViolationCallback = Callable[[dict[str, Any]], None]
 
 DEFAULT_ERROR_RETRY_CAP = 3
+RUN_DEADLINE_GRACE = 0.05
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ class _Run:
             if options.error_processors is not None
             else agent.lanes.error,
         )
-        self.pipeline = OutputPipeline(self.caller, list(self.lanes.output))
+        self.pipeline = OutputPipeline(self.caller, list(self.lanes.output), self._stream_signals)
         self.ml = RunMessages()
         self.system: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
@@ -221,6 +228,8 @@ class _Run:
     def emit(self, chunk: Chunk) -> None:
         """Send a chunk to the caller (stream only)."""
         if self._emit is not None:
+            kind = chunk["type"]
+            self.metrics.chunks.labels("data" if kind.startswith("data-") else kind).inc()
             self._emit(chunk)
 
     async def _emit_chunks(self, chunks: list[Chunk]) -> None:
@@ -239,12 +248,21 @@ class _Run:
         if abort is not None:
             raise self._aborted(abort)
 
-    async def _apply(self, effects: Effects, *, can_stream: bool = True) -> None:
-        """Apply a unary hook's effects in order: signals, custom chunks, then the abort."""
+    def _signal_chunks(self, signals: list[dict[str, Any]]) -> list[Chunk]:
+        """Add signals to the message list; the data-signal chunks announcing them."""
         out: list[Chunk] = []
-        for signal in effects.signals:
+        for signal in signals:
             _, data = self.ml.add_signal(signal)
             out.append({"type": "data-signal", "data": data, "transient": True})
+        return out
+
+    def _stream_signals(self, signals: list[dict[str, Any]]) -> list[Chunk]:
+        chunks = self._signal_chunks(signals)
+        return chunks if self.streaming else []
+
+    async def _apply(self, effects: Effects, *, can_stream: bool = True) -> None:
+        """Apply a unary hook's effects in order: signals, custom chunks, then the abort."""
+        out = self._signal_chunks(effects.signals)
         out.extend(effects.custom_chunks)
         if can_stream:
             await self._emit_chunks(out)
@@ -272,11 +290,17 @@ class _Run:
         failure: BaseException | None = None
         finish_reason = "stop"
         try:
-            finish_reason = await self._prepare_and_loop()
+            # Processor calls are cut at the deadline itself and name the processor that was slow;
+            # the run-wide timer fires just after, for whatever else still runs (the model, tools).
+            timeout = self.options.timeout + RUN_DEADLINE_GRACE if self.options.timeout else None
+            async with asyncio.timeout(timeout):
+                finish_reason = await self._prepare_and_loop()
         except TripwireAbort as abort:
             tripwire = abort
         except (APICallError, ProcessorFailedError) as exc:
             failure = exc
+        except TimeoutError:
+            failure = RunTimeoutError(self.options.timeout or 0)
         text = self._text()
         if tripwire is not None:
             finish_reason = "other"
@@ -286,7 +310,8 @@ class _Run:
                 finish_reason = "error"
                 self.emit({"type": "error", "payload": {"message": str(failure)}})
             try:
-                text, tripwire = await self._finalize(text, finish_reason)
+                if not isinstance(failure, RunTimeoutError):  # no budget left for finalization
+                    text, tripwire = await self._finalize(text, finish_reason)
             except (APICallError, ProcessorFailedError) as exc:
                 failure = failure or exc
                 finish_reason = "error"
@@ -515,13 +540,15 @@ class _Run:
             self.system = self._returned(resp.system_messages)
         if resp.HasField("model"):
             model = self.agent.models.get(resp.model)
-            if model is None:
-                raise ProcessorFailedError(
-                    handle.processor_id,
+            if model is None:  # a malformed response: the processor's failure policy decides
+                self.caller.fail(
+                    handle,
                     "process_input_step",
-                    f"returned unknown model {resp.model!r} (configured: {sorted(self.agent.models)})",
+                    f"returned unknown model {resp.model!r} (configured: {sorted(self.agent.models)}, "
+                    "or provider/model-id)",
                 )
-            cfg.model = model
+            else:
+                cfg.model = model
         if resp.replace_tools:
             cfg.tools = [
                 {
@@ -605,6 +632,10 @@ class _Run:
                 raise
             if cached is None:
                 self.metrics.model_calls.labels(cfg.model.model_id, "ok").inc()
+                for direction, key in (("input", "inputTokens"), ("output", "outputTokens")):
+                    self.metrics.model_tokens.labels(cfg.model.model_id, direction).inc(
+                        int(outcome.usage.get(key) or 0)
+                    )
 
         async def sink(chunk: Chunk) -> None:
             kind = chunk["type"]

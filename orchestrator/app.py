@@ -15,8 +15,8 @@ from orchestrator.agent import Agent, AgentSpec, Lanes
 from orchestrator.config import BUILTINS, Config, ProcessorRef, SidecarConfig
 from orchestrator.errors import ConfigError
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.models import ModelProvider, make_model
 from orchestrator.processors import HOOK_BY_ENUM, ProcessorHandle
+from orchestrator.providers import ModelRegistry
 from orchestrator.sidecar_process import SidecarProcess
 from orchestrator.tools import StaticTool
 from procmesh import ProcessorClient, convert
@@ -73,9 +73,8 @@ class App:
         self.metrics = metrics or OrchestratorMetrics()
         self.clients: dict[str, ProcessorClient] = {}
         self.catalog: dict[str, dict[str, ppb.ProcessorInfo]] = {}
-        self.models: dict[str, ModelProvider] = {
-            name: make_model(name, m) for name, m in config.models.items()
-        }
+        self.models = ModelRegistry(config)
+        """Models by reference: ``models`` keys, and ``provider/model-id`` created on first use."""
         self.tools = {name: StaticTool.from_config(name, t) for name, t in config.tools.items()}
         self.agents: dict[str, Agent] = {}
         self._connect_timeout = connect_timeout
@@ -100,7 +99,9 @@ class App:
         os.chmod(self._builtins_dir, 0o700)
         address = f"unix://{os.path.join(self._builtins_dir, 'builtins.sock')}"
         self.builtins = SidecarProcess(
-            ["error-defaults"], address, log_path=os.path.join(self._builtins_dir, "builtins.log")
+            ["error-defaults", "--parent-pid", str(os.getpid())],
+            address,
+            log_path=os.path.join(self._builtins_dir, "builtins.log"),
         )
         self.builtins.start()
         await self.builtins.wait_ready(self._connect_timeout)
@@ -127,7 +128,7 @@ class App:
         for agent_id, agent in self.config.agents.items():
             spec = AgentSpec(
                 id=agent_id,
-                model=self.models[agent.model],
+                model=self.models.resolve(agent.model, f"agents.{agent_id}.model"),
                 instructions=agent.instructions,
                 models=self.models,
                 tools={t: self.tools[t] for t in agent.tools},
@@ -217,7 +218,7 @@ class App:
 
     async def stop(self) -> None:
         """Close every sidecar channel; stop the built-in sidecar if this App started it."""
-        await asyncio.gather(*(c.close() for c in self.clients.values()))
+        await asyncio.gather(*(c.close() for c in self.clients.values()), self.models.aclose())
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from orchestrator.errors import ConfigError
@@ -76,13 +84,63 @@ def _ref(value: Any) -> Any:
 
 
 class ModelConfig(_Model):
-    """A model the agents may use: the built-in ``demo`` or ``scripted`` responses."""
+    """A built-in model the agents may use: ``demo`` or ``scripted`` responses.
+
+    HTTP models need no entry here: agents name them ``provider/model-id``.
+    """
 
     provider: Literal["demo", "scripted"]
     responses: list[dict[str, Any]] = []
     """``scripted`` only: one response per model call (see docs/configuration.md)."""
     delay_ms: float = Field(default=0.0, ge=0)
     """Pause between streamed deltas (demo pacing, benchmarks)."""
+
+
+ProviderKind = Literal["openai", "anthropic"]
+
+_DEFAULT_BASE_URLS: dict[str, str] = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+}
+
+
+class ProviderConfig(_Model):
+    """An HTTP model provider; agents name its models as ``provider/model-id``.
+
+    The API key is read from the environment variable `api_key_env` when a
+    model is used, never from the file.
+    """
+
+    kind: ProviderKind
+    """Wire format: ``openai`` (chat completions: OpenAI, vLLM, Ollama, llama.cpp) or ``anthropic``."""
+    base_url: str = Field(default="", validate_default=True)
+    """API root, e.g. ``http://127.0.0.1:8080/v1``; default: the kind's public endpoint."""
+    api_key_env: str | None = None
+    """Environment variable holding the key; unset for local servers that need none."""
+    max_retries: int = Field(default=0, ge=0)
+    """Provider-level retries of retryable failures before any chunk arrived (0: the error
+    processors, e.g. ``stream-error-retry-processor``, decide)."""
+    retry_backoff_ms: float = Field(default=500.0, ge=0)
+    """First backoff; doubles per retry (a longer Retry-After wins)."""
+    timeout: float = Field(default=60.0, gt=0)
+    """Seconds for connecting and between received bytes."""
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Output token limit sent with each request (anthropic requires one: default 4096)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str, info: ValidationInfo) -> str:
+        value = value or _DEFAULT_BASE_URLS.get(info.data.get("kind", ""), "")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"baseUrl must start with http:// or https://, got {value!r}")
+        return value.rstrip("/")
+
+
+DEFAULT_PROVIDERS: dict[str, ProviderConfig] = {
+    "openai": ProviderConfig(kind="openai", api_key_env="OPENAI_API_KEY"),
+    "anthropic": ProviderConfig(kind="anthropic", api_key_env="ANTHROPIC_API_KEY"),
+}
+"""Providers usable without declaring them (a declared provider of the same name wins)."""
 
 
 class ToolConfig(_Model):
@@ -118,15 +176,45 @@ class Config(_Model):
     """The whole orchestrator configuration."""
 
     sidecars: dict[str, SidecarConfig] = {}
+    providers: dict[str, ProviderConfig] = {}
+    """HTTP providers by name; ``openai`` and ``anthropic`` exist by default (see DEFAULT_PROVIDERS)."""
     models: dict[str, ModelConfig] = {"demo": ModelConfig(provider="demo")}
     tools: dict[str, ToolConfig] = {}
     agents: dict[str, AgentConfig]
 
+    @field_validator("providers")
+    @classmethod
+    def _provider_names(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
+        for name in value:
+            if not name or "/" in name:
+                raise ValueError(f"provider name {name!r} must be non-empty and contain no '/'")
+        return value
+
+    def provider(self, name: str) -> ProviderConfig | None:
+        """The provider called `name`: declared, else a default one, else None."""
+        return self.providers.get(name) or DEFAULT_PROVIDERS.get(name)
+
+    def model_problem(self, ref: str) -> str | None:
+        """Why `ref` names no model (None when it does): a `models` key or ``provider/model-id``."""
+        if ref in self.models:
+            return None
+        provider, sep, model_id = ref.partition("/")
+        if not sep or not provider or not model_id:
+            return (
+                f"unknown model {ref!r} (models: {sorted(self.models)}; "
+                "or name a provider model as 'provider/model-id')"
+            )
+        if self.provider(provider) is None:
+            declared = sorted({*self.providers, *DEFAULT_PROVIDERS})
+            return f"unknown provider {provider!r} in {ref!r} (providers: {declared})"
+        return None
+
     @model_validator(mode="after")
     def _references(self) -> Config:
         for agent_id, agent in self.agents.items():
-            if agent.model not in self.models:
-                raise ValueError(f"agents.{agent_id}.model: unknown model {agent.model!r}")
+            problem = self.model_problem(agent.model)
+            if problem is not None:
+                raise ValueError(f"agents.{agent_id}.model: {problem}")
             for tool in agent.tools:
                 if tool not in self.tools:
                     raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")

@@ -23,6 +23,14 @@ class ProcessorFailedError(OrchestratorError):
         self.cause = cause
 
 
+class RunTimeoutError(OrchestratorError):
+    """The run did not finish within the timeout its caller gave."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"the run did not finish within its timeout of {timeout:g}s")
+        self.timeout = timeout
+
+
 class APICallError(OrchestratorError):
     """The model provider rejected or failed a call (one type for every provider)."""
 

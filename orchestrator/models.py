@@ -59,7 +59,7 @@ class ScriptedModel:
     """
 
     def __init__(
-        self, responses: list[dict[str, Any]], *, model_id: str = "scripted/model", delay_ms: float = 0.0
+        self, responses: list[dict[str, Any]], *, model_id: str = "scripted", delay_ms: float = 0.0
     ) -> None:
         self.model_id = model_id
         self._responses = list(responses)
@@ -115,9 +115,8 @@ class DemoModel:
     tool is offered and the user asks about the weather, it calls the tool once.
     """
 
-    model_id = "demo/echo"
-
-    def __init__(self, delay_ms: float = 0.0) -> None:
+    def __init__(self, delay_ms: float = 0.0, model_id: str = "demo") -> None:
+        self.model_id = model_id
         self._delay = delay_ms / 1000.0
         self._calls = 0
 
@@ -169,7 +168,7 @@ class DemoModel:
 def make_model(name: str, config: ModelConfig) -> ModelProvider:
     """Build the model a config entry describes."""
     if config.provider == "scripted":
-        return ScriptedModel(config.responses, model_id=f"scripted/{name}", delay_ms=config.delay_ms)
+        return ScriptedModel(config.responses, model_id=name, delay_ms=config.delay_ms)
     if config.provider == "demo":
-        return DemoModel(delay_ms=config.delay_ms)
+        return DemoModel(delay_ms=config.delay_ms, model_id=name)
     raise ConfigError(f"models.{name}.provider: unknown provider {config.provider!r}")

@@ -215,6 +215,8 @@ _WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidState
 
 Item = tuple[str, Any]
 ChunkSink = Callable[[dict[str, Any]], Awaitable[None]]
+SignalSink = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+"""Applies signals sent from process_output_stream; returns the chunks to emit for them."""
 
 
 class _Stage:
@@ -228,9 +230,14 @@ class _Stage:
     """
 
     def __init__(
-        self, caller: HookCaller, handle: ProcessorHandle, inq: asyncio.Queue[Item], outq: asyncio.Queue[Item]
+        self,
+        pipeline: OutputPipeline,
+        handle: ProcessorHandle,
+        inq: asyncio.Queue[Item],
+        outq: asyncio.Queue[Item],
     ) -> None:
-        self.caller = caller
+        self.caller = pipeline.caller
+        self.on_signals = pipeline.on_signals
         self.handle = handle
         self.inq = inq
         self.outq = outq
@@ -242,8 +249,8 @@ class _Stage:
         self.stream_done = False
         self.stopped = False
         self.seq = 0
-        self.sent: deque[float] = deque()
-        """When each part still awaiting its result was queued for sending (timeouts count from it)."""
+        self.sent: deque[tuple[int, float]] = deque()
+        """(seq, when it was queued) of each part awaiting its result; timeouts count from then."""
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
@@ -290,7 +297,7 @@ class _Stage:
                 part.seq = self.seq
                 part.part.CopyFrom(value)
                 self.pending.append((_CHUNK, value, True))
-                self.sent.append(time.monotonic())
+                self.sent.append((self.seq, time.monotonic()))
             self._flush_head()
             if request is not None and not self.failed_open:
                 # a failed write surfaces in the reader, which applies the failure policy
@@ -323,9 +330,10 @@ class _Stage:
                     read = asyncio.ensure_future(self.call.read())
                 if self.sent:  # the oldest unanswered part's time limit counts from when it was sent
                     limit = handle.timeout
+                    sent_at = self.sent[0][1]
                     if scope.deadline is not None:
-                        limit = min(limit, scope.deadline - self.sent[0])
-                    wait = self.sent[0] + limit - time.monotonic()
+                        limit = min(limit, scope.deadline - sent_at)
+                    wait = sent_at + limit - time.monotonic()
                     if wait <= 0:
                         raise MalformedResponseError(f"timed out after {limit:.3g}s")
                 else:  # idle: wake up to start the clock of parts sent meanwhile
@@ -363,11 +371,15 @@ class _Stage:
         if not self.pending:
             raise MalformedResponseError("more results than parts sent")
         self.pending.popleft()
-        self.sent.popleft()
+        seq, _ = self.sent.popleft()
+        if res.seq != seq:
+            raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
         if res.HasField("effects"):
             effects = read_effects(
                 self.caller.scope, self.handle, "process_output_stream", res.effects, store_state=False
             )
+            for chunk in self.on_signals(effects.signals) if effects.signals else ():
+                self.outq.put_nowait((_CHUNK, convert.chunk_to_proto(chunk)))
             for custom in effects.custom_chunks:
                 self.outq.put_nowait((_CHUNK, convert.chunk_to_proto(custom)))
             if effects.abort is not None:
@@ -406,9 +418,12 @@ class OutputPipeline:
     message; per-chunk semantics (emit, replace, drop, abort) stay exact.
     """
 
-    def __init__(self, caller: HookCaller, handles: list[ProcessorHandle]) -> None:
+    def __init__(
+        self, caller: HookCaller, handles: list[ProcessorHandle], on_signals: SignalSink | None = None
+    ) -> None:
         self.caller = caller
         self.handles = [h for h in handles if h.has("process_output_stream")]
+        self.on_signals: SignalSink = on_signals or (lambda signals: [])
 
     async def run(self, source: AsyncIterator[dict[str, Any]], sink: ChunkSink) -> TripwireAbort | None:
         """Feed `source` through the stages into `sink`; return the abort that ended it, if any."""
@@ -417,7 +432,7 @@ class OutputPipeline:
                 await sink(chunk)
             return None
         queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.handles) + 1)]
-        stages = [_Stage(self.caller, h, queues[i], queues[i + 1]) for i, h in enumerate(self.handles)]
+        stages = [_Stage(self, h, queues[i], queues[i + 1]) for i, h in enumerate(self.handles)]
 
         async def produce() -> None:
             try:

@@ -64,7 +64,7 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
 
 async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
     """Stop when the parent is gone (it may have been killed without stopping us)."""
-    while os.getppid() == parent_pid:
+    while os.getppid() == parent_pid:  # noqa: ASYNC110 - no event exists for "parent died"; poll
         await asyncio.sleep(0.5)
     logging.getLogger(__name__).warning("parent process %d is gone; stopping", parent_pid)
     stop.set()

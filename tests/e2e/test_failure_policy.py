@@ -251,8 +251,10 @@ async def test_run_deadline_caps_processor_calls(faulty: Faulty, hook: str, poli
         assert result.error is not None
         assert "after 30" not in result.error, "the cause must not claim the 30s processor timeout"
     else:
-        assert result.error is None
-        assert result.text == ANSWER
+        # The slow processor is skipped at the deadline; the run then has at most the 50 ms grace
+        # left, so it either finishes within it or ends with the run timeout, never later.
+        assert result.error is None or "did not finish within its timeout" in result.error
+        assert result.error is not None or result.text == ANSWER
 
 
 async def test_run_deadline_fails_generate_with_deadline_exceeded(faulty: Faulty) -> None:

@@ -1,0 +1,471 @@
+"""Fake OpenAI-compatible and Anthropic APIs on real sockets (stdlib ThreadingHTTPServer, 127.0.0.1:0).
+
+Each fake speaks its wire format (SSE when the body asks for ``stream``, JSON
+otherwise), enforces the rules of the real API that the default error
+processors recover from, and answers per model from a script:
+
+- ``{"text": "a b c", "toolCalls": [{"id", "name", "args"}], "finish": <native reason>,
+  "usage": [input, output]}``: an answer (every key optional);
+- ``{"status": 429, "error": {"type", "message", "code"}, "headers": {...}}`` or
+  ``{"status": 422, "raw": "..."}``: a rejection;
+- ``"resetAfter": n``: send n events (or part of the JSON), then close the socket mid-body;
+- ``"streamError": {"type", "message"}``: an SSE error event after the answer's first events.
+
+The n-th request for a model gets the n-th reply (the last one repeats). Every
+request is recorded, so tests count what each server received.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Reply = dict[str, Any]
+Event = tuple[str | None, Any]
+
+ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
+PATTERN_ERROR = f"String should match pattern '{ID_PATTERN.pattern}'"
+PREFILL_MESSAGE = (
+    "This model does not support assistant message prefill. The conversation must end with a user message."
+)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request the fake received."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> Reply:
+    """A scripted rejection in the API's own error shape."""
+    return {"status": status, "error": {"type": kind, "message": message, "code": code}}
+
+
+class FakeAPI:
+    """The shared machinery: server thread, scripts, request log. Subclasses speak a wire format."""
+
+    path = ""
+    prefix = ""
+
+    def __init__(self, api_key: str | None = None) -> None:
+        self.api_key = api_key
+        self.text_only: set[str] = set()
+        """Models that reject images and files."""
+        self.requests: list[Recorded] = []
+        self._scripts: dict[str, list[Reply]] = {}
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> FakeAPI:
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.api = self  # type: ignore[attr-defined]
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}{self.prefix}"
+
+    # -- scripting and inspection ------------------------------------------------
+
+    def script(self, model: str, *replies: Reply) -> None:
+        with self._lock:
+            self._scripts[model] = list(replies)
+
+    def calls(self, model: str) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if r.model == model]
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self._scripts.clear()
+            self.text_only.clear()
+
+    def respond(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Reply:
+        with self._lock:
+            n = sum(1 for r in self.requests if r.model == body.get("model"))
+            self.requests.append(Recorded(path, headers, body))
+            replies = self._scripts.get(str(body.get("model"))) or [{"text": "ok"}]
+        rejected = self.check(headers, body)
+        if rejected is not None:
+            return rejected
+        return replies[min(n, len(replies) - 1)]
+
+    # -- the wire format (subclasses) -------------------------------------------
+
+    def check(self, headers: dict[str, str], body: dict[str, Any]) -> Reply | None:
+        raise NotImplementedError
+
+    def error_body(self, err: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def events(self, reply: Reply, body: dict[str, Any]) -> list[Event]:
+        raise NotImplementedError
+
+    def error_event(self, err: dict[str, Any]) -> Event:
+        raise NotImplementedError
+
+    def message(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients that drop a connection (an abandoned stream, a closed pool) are not errors here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"(?= )", text) if w]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ThreadingHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        api: FakeAPI = self.server.api  # type: ignore[attr-defined]
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path != api.path:
+            self._json(404, {"error": {"type": "not_found_error", "message": f"no route {self.path}"}})
+            return
+        body = json.loads(raw or b"{}")
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        reply = api.respond(self.path, headers, body)
+        if "status" in reply:
+            payload = reply["raw"] if "raw" in reply else api.error_body(reply["error"])
+            self._json(reply["status"], payload, reply.get("headers") or {})
+        elif body.get("stream"):
+            events = api.events(reply, body)
+            if "streamError" in reply:
+                events = [*events[:3], api.error_event(reply["streamError"])]
+            self._sse(events, reply.get("resetAfter"))
+        else:
+            self._json(200, api.message(reply, body), cut=reply.get("resetAfter") is not None)
+
+    def _json(
+        self, status: int, payload: Any, headers: dict[str, str] | None = None, cut: bool = False
+    ) -> None:
+        data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if cut:  # half the promised body, then the socket closes
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(data)
+
+    def _sse(self, events: list[Event], reset_after: int | None) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i, (name, data) in enumerate(events):
+            if reset_after is not None and i >= reset_after:
+                # No terminating chunk: the client sees the connection close mid-body.
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            text = (
+                (f"event: {name}\n" if name else "")
+                + "data: "
+                + (data if isinstance(data, str) else json.dumps(data))
+                + "\n\n"
+            )
+            self._chunk(text.encode())
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+# -- OpenAI-compatible chat completions ---------------------------------------------------------
+
+
+class FakeOpenAI(FakeAPI):
+    """``POST /v1/chat/completions`` as OpenAI, vLLM or llama.cpp answer it."""
+
+    path = "/v1/chat/completions"
+    prefix = "/v1"
+
+    def check(self, headers: dict[str, str], body: dict[str, Any]) -> Reply | None:
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            return error(401, "Incorrect API key provided.", code="invalid_api_key")
+        seen_calls: set[str] = set()
+        for msg in body.get("messages") or []:
+            content = msg.get("content")
+            media = isinstance(content, list) and any(p.get("type") != "text" for p in content)
+            if media and body.get("model") in self.text_only:
+                return error(400, "Invalid content: this model does not support image input.")
+            for call in msg.get("tool_calls") or []:
+                seen_calls.add(call["id"])
+            if msg.get("role") == "tool" and msg.get("tool_call_id") not in seen_calls:
+                return error(
+                    400,
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceding "
+                    "message with 'tool_calls'.",
+                )
+        return None
+
+    def error_body(self, err: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "error": {"message": err["message"], "type": err["type"], "param": None, "code": err.get("code")}
+        }
+
+    def _completion_chunk(
+        self, body: dict[str, Any], choices: list[dict[str, Any]], **extra: Any
+    ) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": choices,
+            **extra,
+        }
+
+    def _usage(self, reply: Reply) -> dict[str, int]:
+        inp, out = reply.get("usage") or (11, 7)
+        return {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
+
+    def _finish(self, reply: Reply) -> str:
+        return str(reply.get("finish") or ("tool_calls" if reply.get("toolCalls") else "stop"))
+
+    def events(self, reply: Reply, body: dict[str, Any]) -> list[Event]:
+        def delta(d: dict[str, Any], finish: str | None = None) -> Event:
+            return None, self._completion_chunk(body, [{"index": 0, "delta": d, "finish_reason": finish}])
+
+        events = [delta({"role": "assistant", "content": ""})]
+        events += [delta({"content": w}) for w in _words(reply.get("text", ""))]
+        for k, call in enumerate(reply.get("toolCalls") or []):
+            args = json.dumps(call.get("args", {}))
+            half = len(args) // 2
+            first = {"index": k, "id": call["id"], "type": "function", "function": {"name": call["name"]}}
+            first["function"]["arguments"] = args[:half]
+            events.append(delta({"tool_calls": [first]}))
+            events.append(delta({"tool_calls": [{"index": k, "function": {"arguments": args[half:]}}]}))
+        events.append(delta({}, self._finish(reply)))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append((None, self._completion_chunk(body, [], usage=self._usage(reply))))
+        events.append((None, "[DONE]"))
+        return events
+
+    def error_event(self, err: dict[str, Any]) -> Event:
+        return None, {"error": {"message": err["message"], "type": err["type"], "code": err.get("code")}}
+
+    def message(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        calls = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["args"])},
+            }
+            for c in reply.get("toolCalls") or []
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": reply.get("text") or None}
+        if calls:
+            message["tool_calls"] = calls
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish(reply)}],
+            "usage": self._usage(reply),
+        }
+
+
+# -- Anthropic Messages -----------------------------------------------------------------------
+
+
+class FakeAnthropic(FakeAPI):
+    """``POST /v1/messages`` with the real API's validation of roles, tool ids and prefill."""
+
+    path = "/v1/messages"
+
+    def check(self, headers: dict[str, str], body: dict[str, Any]) -> Reply | None:
+        if self.api_key is not None and headers.get("x-api-key") != self.api_key:
+            return error(401, "invalid x-api-key", "authentication_error")
+        if headers.get("anthropic-version") != "2023-06-01":
+            return error(400, "anthropic-version: header is required")
+        if not isinstance(body.get("max_tokens"), int):
+            return error(400, "max_tokens: Field required")
+        messages = body.get("messages") or []
+        if not messages:
+            return error(400, "messages: at least one message is required")
+        previous_tool_uses: set[str] = set()
+        for i, msg in enumerate(messages):
+            if msg["role"] != ("user" if i % 2 == 0 else "assistant"):
+                return error(400, 'messages: roles must alternate between "user" and "assistant"')
+            tool_uses: set[str] = set()
+            for j, block in enumerate(msg["content"]):
+                kind = block.get("type")
+                if kind == "tool_use" and not ID_PATTERN.match(block["id"]):
+                    return error(
+                        400,
+                        f"messages.{i}.content.{j}.tool_use.id: {PATTERN_ERROR}",
+                    )
+                if kind == "tool_use":
+                    tool_uses.add(block["id"])
+                if kind == "tool_result":
+                    ref = block["tool_use_id"]
+                    if not ID_PATTERN.match(ref):
+                        return error(
+                            400,
+                            f"messages.{i}.content.{j}.tool_result.tool_use_id: {PATTERN_ERROR}",
+                        )
+                    if ref not in previous_tool_uses:
+                        return error(
+                            400,
+                            f"messages.{i}.content.{j}: unexpected `tool_use_id` in `tool_result`: {ref}",
+                        )
+                if kind in ("image", "document") and body.get("model") in self.text_only:
+                    return error(400, f"messages.{i}.content.{j}: this model does not support images")
+            previous_tool_uses = tool_uses
+        if messages[-1]["role"] == "assistant":
+            return error(400, PREFILL_MESSAGE)
+        return None
+
+    def error_body(self, err: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": err["type"], "message": err["message"]}}
+
+    def _stop(self, reply: Reply) -> str:
+        return str(reply.get("finish") or ("tool_use" if reply.get("toolCalls") else "end_turn"))
+
+    def events(self, reply: Reply, body: dict[str, Any]) -> list[Event]:
+        inp, out = reply.get("usage") or (11, 7)
+        events: list[Event] = [
+            (
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_1",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": body.get("model"),
+                        "content": [],
+                        "stop_reason": None,
+                        "usage": {"input_tokens": inp, "output_tokens": 1},
+                    },
+                },
+            ),
+            ("ping", {"type": "ping"}),
+        ]
+        index = 0
+        if reply.get("text"):
+            events.append(
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
+            )
+            for w in _words(reply["text"]):
+                events.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "text_delta", "text": w},
+                        },
+                    )
+                )
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            index = 1
+        for call in reply.get("toolCalls") or []:
+            start = {"type": "tool_use", "id": call["id"], "name": call["name"], "input": {}}
+            events.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": start},
+                )
+            )
+            args = json.dumps(call.get("args", {}))
+            for piece in ("", args[: len(args) // 2], args[len(args) // 2 :]):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                events.append(
+                    ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+                )
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+            index += 1
+        events.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": self._stop(reply), "stop_sequence": None},
+                    "usage": {"output_tokens": out},
+                },
+            )
+        )
+        events.append(("message_stop", {"type": "message_stop"}))
+        return events
+
+    def error_event(self, err: dict[str, Any]) -> Event:
+        return "error", {"type": "error", "error": {"type": err["type"], "message": err["message"]}}
+
+    def message(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        inp, out = reply.get("usage") or (11, 7)
+        content: list[dict[str, Any]] = []
+        if reply.get("text"):
+            content.append({"type": "text", "text": reply["text"]})
+        for call in reply.get("toolCalls") or []:
+            content.append(
+                {"type": "tool_use", "id": call["id"], "name": call["name"], "input": call.get("args", {})}
+            )
+        return {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": content,
+            "stop_reason": self._stop(reply),
+            "stop_sequence": None,
+            "usage": {"input_tokens": inp, "output_tokens": out},
+        }

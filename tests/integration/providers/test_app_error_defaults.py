@@ -1,0 +1,224 @@
+"""End to end: `App` agents on the HTTP providers, each default error processor recovering its case.
+
+The App starts the built-in sidecar process (the default error processors)
+itself; the fake APIs reject like the real ones, and count what they receive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from orchestrator.agent import RunResult
+from orchestrator.app import App
+from orchestrator.config import parse_config
+from orchestrator.errors import APICallError
+from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
+from tests.integration.providers.fakes import PREFILL_MESSAGE, FakeAnthropic, FakeOpenAI, error
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PNG = "iVBORw0KGgoAAAANSUhEUg=="
+BAD_ID = "call:1/weather"  # valid for OpenAI, rejected by Anthropic's ^[a-zA-Z0-9_-]+$
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def app(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> AsyncIterator[App]:
+    anthropic = {"kind": "anthropic", "baseUrl": anthropic_api.base_url, "apiKeyEnv": ANTHROPIC_KEY_ENV}
+    config = parse_config(
+        {
+            "providers": {
+                "anthropic": anthropic,
+                "gateway": anthropic,  # Claude behind a gateway: its model id does not look like Claude
+                "local": {"kind": "openai", "baseUrl": openai_api.base_url, "apiKeyEnv": OPENAI_KEY_ENV},
+            },
+            "agents": {
+                "claude": {"model": "anthropic/claude-test"},
+                "gateway": {"model": "gateway/house-model"},
+                "text-only": {"model": "local/text-only"},
+                "flaky": {"model": "local/flaky"},
+            },
+        },
+        "test config",
+    )
+    async with App(config) as app:
+        yield app
+
+
+@pytest.fixture(autouse=True)
+def fresh(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> Iterator[None]:
+    openai_api.reset()
+    anthropic_api.reset()
+    return
+
+
+def message(role: str, *parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": role, "content": {"format": 2, "parts": list(parts)}}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def tool_history(call_id: str) -> list[dict[str, Any]]:
+    """Stored history holding a finished tool call (e.g. made through another provider), then a question."""
+    invocation = {
+        "state": "result",
+        "toolCallId": call_id,
+        "toolName": "weather",
+        "args": {"city": "Paris"},
+        "result": {"celsius": 21},
+    }
+    return [
+        message("user", text("Weather in Paris?")),
+        message("assistant", text("Checking."), {"type": "tool-invocation", "toolInvocation": invocation}),
+        message("user", text("And tomorrow?")),
+    ]
+
+
+def sent_tool_ids(body: dict[str, Any]) -> list[str]:
+    return [
+        block.get("id") or block.get("tool_use_id")
+        for msg in body["messages"]
+        for block in msg["content"]
+        if block["type"] in ("tool_use", "tool_result")
+    ]
+
+
+async def run_keeping_history(
+    app: App, agent_id: str, input: list[dict[str, Any]]
+) -> tuple[RunResult, list[Any]]:
+    """generate(), also returning the run's stored message list (to show it was not rewritten)."""
+    run = app.agent(agent_id)._run(input, None, streaming=False)
+    result, failure = await run.execute()
+    assert failure is None, failure
+    return result, run.ml.items
+
+
+# -- provider-history-compat ----------------------------------------------------------------------
+
+
+async def test_history_compat_rewrites_ids_before_an_anthropic_model_sees_them(
+    app: App, anthropic_api: FakeAnthropic
+) -> None:
+    anthropic_api.script("claude-test", {"text": "Rain tomorrow."})
+    result, stored = await run_keeping_history(app, "claude", tool_history(BAD_ID))
+
+    assert result.text == "Rain tomorrow."
+    [call] = anthropic_api.calls("claude-test")  # proactive: never rejected
+    assert sent_tool_ids(call.body) == ["call_1_weather", "call_1_weather"]
+    assert stored[1]["content"]["parts"][1]["toolInvocation"]["toolCallId"] == BAD_ID
+
+
+async def test_history_compat_recovers_reactively_behind_a_gateway(
+    app: App, anthropic_api: FakeAnthropic
+) -> None:
+    anthropic_api.script("house-model", {"text": "Rain tomorrow."})
+    result, stored = await run_keeping_history(app, "gateway", tool_history(BAD_ID))
+
+    assert result.text == "Rain tomorrow."
+    first, retry = anthropic_api.calls("house-model")  # rejected once, retried once
+    assert sent_tool_ids(first.body) == [BAD_ID, BAD_ID]
+    assert sent_tool_ids(retry.body) == ["call_1_weather", "call_1_weather"]
+    assert stored[1]["content"]["parts"][1]["toolInvocation"]["toolCallId"] == BAD_ID
+
+
+# -- prefill-error-handler --------------------------------------------------------------------------
+
+
+async def test_prefill_rejection_is_retried_with_a_continue_reminder(
+    app: App, anthropic_api: FakeAnthropic
+) -> None:
+    anthropic_api.script("claude-test", {"text": " leaves fall slowly."})
+    result = await app.agent("claude").generate(
+        [message("user", text("Write a haiku.")), message("assistant", text("Autumn"))]
+    )
+
+    assert result.text == " leaves fall slowly."
+    first, retry = anthropic_api.calls("claude-test")
+    assert first.body["messages"][-1]["role"] == "assistant"
+    assert retry.body["messages"][-1] == {
+        "role": "user",
+        "content": [
+            text('<system-reminder type="anthropic-prefill-processor-retry">continue</system-reminder>')
+        ],
+    }
+    assert retry.body["messages"][:-1] == first.body["messages"]  # the earlier prompt stays a prefix
+    assert PREFILL_MESSAGE not in str(result.error)
+
+
+# -- unsupported-file-handler -----------------------------------------------------------------------
+
+
+async def test_rejected_image_is_replaced_by_a_placeholder(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.text_only.add("text-only")
+    openai_api.script("text-only", {"text": "I cannot see it, but go on."})
+    picture = {"type": "file", "mediaType": "image/png", "data": PNG}
+    result = await app.agent("text-only").generate(
+        [message("user", text("What is in this picture?"), picture)]
+    )
+
+    assert result.text == "I cannot see it, but go on."
+    first, retry = openai_api.calls("text-only")
+    assert first.body["messages"][-1]["content"][1]["type"] == "image_url"
+    assert retry.body["messages"][-1]["content"] == [
+        text("What is in this picture?"),
+        text("[Attachment unavailable: image/png]"),
+    ]
+
+
+# -- stream-error-retry-processor -------------------------------------------------------------------
+
+
+async def stream(app: App, agent_id: str) -> tuple[list[dict[str, Any]], RunResult]:
+    run = app.agent(agent_id).stream("Tell me something.")
+    chunks = [chunk async for chunk in run]
+    return chunks, await run.result()
+
+
+async def test_a_500_is_retried_once(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.script("flaky", error(500, "The server had an error", "server_error"), {"text": "recovered"})
+    chunks, result = await stream(app, "flaky")
+
+    assert (result.text, result.finish_reason, result.error) == ("recovered", "stop", None)
+    assert len(openai_api.calls("flaky")) == 2
+    assert chunks[-1]["type"] == "finish"
+
+
+async def test_a_reset_mid_stream_is_retried_once(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.script("flaky", {"text": "one two three four", "resetAfter": 3}, {"text": "recovered"})
+    chunks, result = await stream(app, "flaky")
+
+    deltas = [c["payload"]["text"] for c in chunks if c["type"] == "text-delta"]
+    assert deltas == ["one", " two", "recovered"]  # streamed chunks are not retracted
+    assert (result.text, result.error) == ("recovered", None)
+    assert len(openai_api.calls("flaky")) == 2
+
+
+async def test_an_overloaded_anthropic_stream_is_retried_once(app: App, anthropic_api: FakeAnthropic) -> None:
+    overloaded = {"text": "a b", "streamError": {"type": "overloaded_error", "message": "Overloaded"}}
+    anthropic_api.script("claude-test", overloaded, {"text": "recovered"})
+    _, result = await stream(app, "claude")
+
+    assert (result.text, result.error) == ("recovered", None)
+    assert len(anthropic_api.calls("claude-test")) == 2
+
+
+async def test_a_transient_failure_is_retried_only_once(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.script("flaky", error(503, "busy", "server_error"))
+    _, result = await stream(app, "flaky")
+
+    assert (result.finish_reason, result.error) == ("error", "busy")
+    assert len(openai_api.calls("flaky")) == 2
+
+
+async def test_a_401_is_not_retried(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.script("flaky", error(401, "Incorrect API key provided.", code="invalid_api_key"))
+    with pytest.raises(APICallError) as info:
+        await app.agent("flaky").generate("hi")
+
+    assert (info.value.status, info.value.retryable) == (401, False)
+    assert len(openai_api.calls("flaky")) == 1

@@ -19,7 +19,7 @@ from orchestrator.processors import HOOK_BY_ENUM, ProcessorHandle
 from orchestrator.providers import ModelRegistry
 from orchestrator.sidecar_process import SidecarProcess
 from orchestrator.tools import StaticTool
-from procmesh import ProcessorClient, convert
+from procmesh import ProcessorClient, channel_credentials, convert
 from procmesh.errors import ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
 
@@ -123,7 +123,11 @@ class App:
         if BUILTINS not in self.sidecars and self._needs_builtins():
             await self._start_builtins()
         for name, sidecar in self.sidecars.items():
-            self.clients[name] = ProcessorClient(sidecar.address)
+            tls = sidecar.tls
+            credentials = channel_credentials(tls.ca, tls.cert, tls.key) if tls else None
+            self.clients[name] = ProcessorClient(
+                sidecar.address, credentials=credentials, server_name=tls.server_name if tls else None
+            )
         await asyncio.gather(*(self._describe(name) for name in self.clients))
         for agent_id, agent in self.config.agents.items():
             spec = AgentSpec(
@@ -204,7 +208,8 @@ class App:
                     hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
                     process_data_parts=info.process_data_parts,
                     timeout=ref.timeout or sidecar.timeout,
-                    on_failure=ref.on_failure or sidecar.on_failure,
+                    on_failure="fail-open" if ref.mode == "shadow" else ref.on_failure or sidecar.on_failure,
+                    shadow=ref.mode == "shadow",
                 )
             )
         return handles

@@ -31,6 +31,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
 
+class TLSConfig(_Model):
+    """TLS to a sidecar: the CA that signed its certificate, and a client pair for mTLS."""
+
+    ca: str
+    """PEM file of the CA that signed the sidecar's certificate."""
+    cert: str | None = None
+    """PEM client certificate (mTLS)."""
+    key: str | None = None
+    """PEM client key (mTLS)."""
+    server_name: str | None = None
+    """Name to verify in the sidecar's certificate (default: the address's host)."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> TLSConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls.cert and tls.key go together (mTLS needs both)")
+        return self
+
+
 class SidecarConfig(_Model):
     """A sidecar process hosting processors."""
 
@@ -40,6 +59,8 @@ class SidecarConfig(_Model):
     """Seconds per hook call (the run's remaining deadline caps it)."""
     on_failure: FailurePolicy = "fail-closed"
     """What a failed call does to the run (processors may override)."""
+    tls: TLSConfig | None = None
+    """TLS/mTLS to this sidecar (plaintext when absent)."""
 
     @field_validator("address")
     @classmethod
@@ -59,6 +80,8 @@ class ProcessorRef(_Model):
     options: dict[str, Any] = {}
     timeout: float | None = Field(default=None, gt=0)
     on_failure: FailurePolicy | None = None
+    mode: Literal["enforce", "shadow"] = "enforce"
+    """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
 
     @field_validator("processor")
     @classmethod

@@ -19,6 +19,12 @@ class OrchestratorMetrics:
             ["processor", "hook", "outcome"],
             registry=r,
         )
+        self.shadow_verdicts = Counter(
+            "procmesh_shadow_verdicts_total",
+            "Verdicts of processors in shadow mode (recorded, not enforced), by verdict (allow, abort).",
+            ["processor", "hook", "verdict"],
+            registry=r,
+        )
         self.processor_failures_let_through = Counter(
             "procmesh_processor_failures_let_through_total",
             "Failed processor calls skipped under the fail-open policy.",
@@ -77,5 +83,7 @@ class OrchestratorMetrics:
     def processor_call(self, processor: str, hook: str, outcome: str) -> None:
         """Count one processor call."""
         self.processor_calls.labels(processor, hook, outcome).inc()
+        if outcome.startswith("shadow_"):
+            self.shadow_verdicts.labels(processor, hook, outcome.removeprefix("shadow_")).inc()
         if outcome == "failed_open":
             self.processor_failures_let_through.labels(processor, hook).inc()

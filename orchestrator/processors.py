@@ -57,6 +57,8 @@ class ProcessorHandle:
     process_data_parts: bool
     timeout: float
     on_failure: str
+    shadow: bool = False
+    """Run and record the verdict, never enforce it (a shadow processor also always fails open)."""
 
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""
@@ -200,8 +202,20 @@ class HookCaller:
         except MalformedResponseError as exc:
             self.fail(handle, hook, f"malformed response: {exc}")
             return None
+        if handle.shadow:
+            self.shadow_verdict(handle, hook, effects.abort)
+            return None
         self._on_call(handle, hook, "abort" if effects.abort else "ok")
         return response, effects
+
+    def shadow_verdict(self, handle: ProcessorHandle, hook: str, abort: TripwireAbort | None) -> None:
+        """Count and log what a shadow processor decided; nothing of it is applied."""
+        verdict = "abort" if abort is not None else "allow"
+        self._on_call(handle, hook, f"shadow_{verdict}")
+        if abort is not None:
+            # the reason may quote user content: it is logged at DEBUG only
+            log.info("shadow processor %s would abort in %s (not enforced)", handle.processor_id, hook)
+            log.debug("shadow processor %s abort reason: %s", handle.processor_id, abort.reason)
 
 
 # -- the output-stream pipeline ------------------------------------------------------
@@ -246,7 +260,10 @@ class _Stage:
         self.call: Any = None
         self.reader: asyncio.Task[None] | None = None
         self.failed_open = False
+        self.broken: str | None = None
+        """Why the stream failed, once it has (applied to the next part that needs an answer)."""
         self.stream_done = False
+        self.end_queued = False
         self.stopped = False
         self.seq = 0
         self.sent: deque[tuple[int, float]] = deque()
@@ -283,8 +300,12 @@ class _Stage:
             for kind, value in batch:
                 if kind != _CHUNK:  # end, upstream abort or error: nothing follows it
                     self.pending.append((kind, value, False))
-                    finished = True
+                    self.end_queued = finished = True
                     break
+                if self.broken is not None and self._eligible(value):
+                    self._apply_failure()  # the stream died while idle: this part finds out
+                    if self.stopped:
+                        return
                 if not self._eligible(value):
                     self.pending.append((_CHUNK, value, False))
                     continue
@@ -343,7 +364,7 @@ class _Stage:
                     continue
                 resp, read = read.result(), None
                 if resp is grpc.aio.EOF:
-                    if self._awaiting():
+                    if self._awaiting() or not self.end_queued:
                         raise MalformedResponseError("stream ended before every part was answered")
                     break
                 for res in resp.results:
@@ -370,10 +391,19 @@ class _Stage:
             self._flush_one()
         if not self.pending:
             raise MalformedResponseError("more results than parts sent")
-        self.pending.popleft()
+        _, original, _ = self.pending.popleft()
         seq, _ = self.sent.popleft()
         if res.seq != seq:
             raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
+        if self.handle.shadow:  # record the verdict; the part goes on as it came
+            abort = None
+            if res.HasField("effects") and res.effects.HasField("abort"):
+                abort = read_effects(
+                    self.caller.scope, self.handle, "process_output_stream", res.effects, store_state=False
+                ).abort
+            self.caller.shadow_verdict(self.handle, "process_output_stream", abort)
+            self.outq.put_nowait((_CHUNK, original))
+            return
         if res.HasField("effects"):
             effects = read_effects(
                 self.caller.scope, self.handle, "process_output_stream", res.effects, store_state=False
@@ -397,17 +427,23 @@ class _Stage:
             self.stopped = True
 
     def _failed(self, cause: str) -> None:
-        """Apply the failure policy to the unanswered parts."""
-        if not self._awaiting() or self.stopped:
+        """The stream failed: apply the failure policy now if parts await answers, else at the next one."""
+        self.broken = cause
+        if self._awaiting():
+            self._apply_failure()
+
+    def _apply_failure(self) -> None:
+        if self.stopped or self.failed_open:
             return
         self.call.cancel()
         try:
-            self.caller.fail(self.handle, "process_output_stream", cause)
+            self.caller.fail(self.handle, "process_output_stream", self.broken or "stream failed")
         except ProcessorFailedError as exc:
             self.outq.put_nowait((_ERROR, exc))
             self.stopped = True
             return
         self.failed_open = True
+        self._flush_head()
 
 
 class OutputPipeline:

@@ -8,7 +8,7 @@ from procmesh import convert, errors
 from procmesh._client import ProcessorClient, translate_rpc_error
 from procmesh._processor import HOOK_NAMES, MessageList, Processor, TripWire, Writer
 from procmesh._run import ProcessorSettings, run, serve, settings_from_args
-from procmesh._server import SERVICE_NAME, ProcessorServer
+from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
 from procmesh._version import __version__
 
 __all__ = [
@@ -22,10 +22,12 @@ __all__ = [
     "TripWire",
     "Writer",
     "__version__",
+    "channel_credentials",
     "convert",
     "errors",
     "run",
     "serve",
+    "server_credentials",
     "settings_from_args",
     "translate_rpc_error",
 ]

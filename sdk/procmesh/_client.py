@@ -26,16 +26,30 @@ class ProcessorClient:
         max_message_bytes: Largest request or response accepted.
     """
 
-    def __init__(self, address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
+    ) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.enable_retries", 0),
-            ],
-        )
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.enable_retries", 0),
+            # A restarted sidecar is found again quickly, without hammering one that is down.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = pgrpc.ProcessorServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -47,6 +61,8 @@ class ProcessorClient:
     async def call(self, method: str, request: Any, timeout: float | None) -> Any:
         """Call a unary RPC of ProcessorService by name, raising procmesh errors."""
         try:
+            # Fail fast while a sidecar is down (the failure policy decides); the channel keeps
+            # reconnecting with backoff, so calls succeed again once it is back.
             return await getattr(self.stub, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise translate_rpc_error(exc) from exc

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from procmesh._processor import Processor
-from procmesh._server import ProcessorServer
+from procmesh._server import ProcessorServer, server_credentials
 
 
 class ProcessorSettings(BaseSettings):
@@ -28,6 +28,12 @@ class ProcessorSettings(BaseSettings):
     """How long in-flight calls may run after SIGTERM."""
     log_level: str = "INFO"
     """Logging level."""
+    tls_cert: str | None = None
+    """PEM certificate to serve TLS with (plaintext when unset)."""
+    tls_key: str | None = None
+    """PEM key of `tls_cert`."""
+    tls_client_ca: str | None = None
+    """PEM CA that client certificates must chain to (enables mTLS)."""
     parent_pid: int | None = None
     """Exit when this process is no longer our parent (a sidecar started by an orchestrator)."""
 
@@ -40,6 +46,9 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
     parser.add_argument("--grace-seconds", type=float)
     parser.add_argument("--log-level")
     parser.add_argument("--parent-pid", type=int)
+    parser.add_argument("--tls-cert")
+    parser.add_argument("--tls-key")
+    parser.add_argument("--tls-client-ca")
     args, _ = parser.parse_known_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     return ProcessorSettings(**overrides)
@@ -47,7 +56,14 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
 
 async def serve(processors: Sequence[Processor], settings: ProcessorSettings) -> None:
     """Serve until SIGTERM or SIGINT, then stop within the grace period."""
-    server = ProcessorServer(processors, settings.listen, metrics_port=settings.metrics_port)
+    credentials = None
+    if settings.tls_cert or settings.tls_key:
+        if not (settings.tls_cert and settings.tls_key):
+            raise SystemExit("TLS needs both --tls-cert and --tls-key")
+        credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    server = ProcessorServer(
+        processors, settings.listen, metrics_port=settings.metrics_port, credentials=credentials
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

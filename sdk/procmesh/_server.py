@@ -672,6 +672,7 @@ class ProcessorServer:
         metrics_port: Serve Prometheus metrics over HTTP on this port (None: off).
         registry: Collector registry for the metrics (a private one by default).
         max_message_bytes: Largest request or response accepted.
+        credentials: Server TLS credentials (`server_credentials()`); plaintext when None.
     """
 
     def __init__(
@@ -682,6 +683,7 @@ class ProcessorServer:
         metrics_port: int | None = None,
         registry: CollectorRegistry | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         hosted: dict[str, _Hosted] = {}
         for proc in processors:
@@ -695,6 +697,7 @@ class ProcessorServer:
             raise ValueError("ProcessorServer needs at least one processor")
         self._hosted = hosted
         self._requested = list(addresses)
+        self._credentials = credentials
         self._metrics_port = metrics_port
         self.registry = registry or CollectorRegistry()
         self._metrics = SidecarMetrics(self.registry)
@@ -736,10 +739,10 @@ class ProcessorServer:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)  # a stale socket from a previous run
-                server.add_insecure_port(addr)
+                self._bind(server, addr)
                 self.addresses.append(addr)
             else:
-                port = server.add_insecure_port(addr)
+                port = self._bind(server, addr)
                 host = addr.rsplit(":", 1)[0]
                 self.addresses.append(f"{host}:{port}")
         await server.start()
@@ -759,6 +762,11 @@ class ProcessorServer:
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving processors %s on %s", self.processor_ids, ", ".join(self.addresses))
+
+    def _bind(self, server: grpc.aio.Server, address: str) -> int:
+        if self._credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, self._credentials)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Report NOT_SERVING, let in-flight calls finish within `grace`, then tear down."""
@@ -791,6 +799,34 @@ class ProcessorServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop(grace=1.0)
+
+
+def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grpc.ServerCredentials:
+    """TLS credentials from PEM files; with `client_ca`, clients must present a certificate (mTLS)."""
+    with open(cert, "rb") as f:
+        cert_pem = f.read()
+    with open(key, "rb") as f:
+        key_pem = f.read()
+    ca_pem = None
+    if client_ca is not None:
+        with open(client_ca, "rb") as f:
+            ca_pem = f.read()
+    return grpc.ssl_server_credentials(
+        [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None
+    )
+
+
+def channel_credentials(ca: str, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:
+    """Client TLS credentials from PEM files; `cert` and `key` add a client certificate (mTLS)."""
+    with open(ca, "rb") as f:
+        ca_pem = f.read()
+    cert_pem = key_pem = None
+    if cert is not None and key is not None:
+        with open(cert, "rb") as f:
+            cert_pem = f.read()
+        with open(key, "rb") as f:
+            key_pem = f.read()
+    return grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
 
 
 def _unix_path(address: str) -> str:

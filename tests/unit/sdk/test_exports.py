@@ -21,10 +21,12 @@ EXPECTED_ALL = [
     "TripWire",
     "Writer",
     "__version__",
+    "channel_credentials",
     "convert",
     "errors",
     "run",
     "serve",
+    "server_credentials",
     "settings_from_args",
     "translate_rpc_error",
 ]

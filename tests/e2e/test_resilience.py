@@ -1,0 +1,322 @@
+"""A sidecar dies under load, restarts, runs in shadow mode, or speaks TLS: real processes throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from orchestrator.agent import RunResult
+from orchestrator.app import App
+from orchestrator.config import Config, parse_config
+from orchestrator.errors import ConfigError
+from orchestrator.sidecar_process import SidecarProcess
+
+pytestmark = pytest.mark.e2e
+
+FAULTY = "tests.fixtures.faulty"
+RUNS = 100
+
+
+def config(
+    sidecar: dict[str, Any],
+    *,
+    output: list[Any] = (),
+    inputs: list[Any] = (),  # type: ignore[assignment]
+    model: dict[str, Any] | None = None,
+) -> Config:
+    return parse_config(
+        {
+            "sidecars": {"s": sidecar},
+            "models": {
+                "m": model or {"provider": "scripted", "responses": [{"text": "one two three"}] * (RUNS + 5)}
+            },
+            "agents": {
+                "a": {
+                    "model": "m",
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": list(inputs),
+                    "outputProcessors": list(output),
+                }
+            },
+        },
+        "test config",
+    )
+
+
+def sample(app: App, name: str, **labels: str) -> float:
+    return app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def stream(app: App, text: str = "hi") -> tuple[list[dict[str, Any]], RunResult]:
+    run = app.agent("a").stream(text)
+    chunks = [c async for c in run]
+    return chunks, await run.result()
+
+
+# -- a sidecar killed under load ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["fail-closed", "fail-open"])
+async def test_sidecar_killed_mid_stream_under_100_runs(tmp_path: Path, policy: str) -> None:
+    """No run hangs; fail-closed runs end with the named error, fail-open ones complete; counters match."""
+    address = f"unix://{tmp_path / 'c.sock'}"
+    sidecar = SidecarProcess([], address, module=FAULTY, log_path=str(tmp_path / "c.log"))
+    sidecar.start()
+    try:
+        await sidecar.wait_ready()
+        slow = {"provider": "scripted", "delayMs": 40, "responses": [{"text": " ".join(["w"] * 20)}] * RUNS}
+        cfg = config(
+            {"address": address, "timeout": 5, "onFailure": policy}, output=["s/counter"], model=slow
+        )
+        async with App(cfg) as app:
+            runs = [asyncio.create_task(stream(app)) for _ in range(RUNS)]
+            await asyncio.sleep(0.3)  # every run is mid-stream (20 deltas, 40 ms apart)
+            assert sidecar.proc is not None
+            os.kill(sidecar.proc.pid, signal.SIGKILL)
+            done = await asyncio.wait_for(asyncio.gather(*runs), timeout=30)  # no run hangs
+            results = [result for _, result in done]
+            failed = [r for r in results if r.error is not None]
+            if policy == "fail-closed":
+                assert len(failed) == RUNS
+                for r in failed:
+                    assert "processor 'counter' failed in process_output_stream" in r.error  # type: ignore[operator]
+                assert (
+                    sample(
+                        app,
+                        "procmesh_processor_calls_total",
+                        processor="counter",
+                        hook="process_output_stream",
+                        outcome="failed",
+                    )
+                    == RUNS
+                )
+            else:
+                assert failed == []
+                assert all(r.text == " ".join(["w"] * 20) for r in results)
+                assert (
+                    sample(
+                        app,
+                        "procmesh_processor_failures_let_through_total",
+                        processor="counter",
+                        hook="process_output_stream",
+                    )
+                    == RUNS
+                )
+    finally:
+        sidecar.stop(grace=1)
+
+
+async def test_a_restarted_sidecar_is_used_again(tmp_path: Path) -> None:
+    address = f"unix://{tmp_path / 'r.sock'}"
+    sidecar = SidecarProcess(["examples"], address, log_path=str(tmp_path / "r.log"))
+    sidecar.start()
+    try:
+        await sidecar.wait_ready()
+        cfg = config({"address": address, "timeout": 2}, inputs=["s/pii-redactor"])
+        async with App(cfg) as app:
+            _, ok = await stream(app)
+            assert ok.error is None
+            sidecar.stop(grace=0.5)
+            _, down = await stream(app)
+            assert down.error is not None
+            assert "pii-redactor" in down.error
+            sidecar.start()  # same socket path
+            await sidecar.wait_ready()
+            deadline = time.monotonic() + 10
+            while True:  # the channel reconnects with backoff (at most 2 s between attempts)
+                _, again = await stream(app)
+                if again.error is None or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            assert again.error is None, again.error
+    finally:
+        sidecar.stop(grace=1)
+
+
+# -- shadow mode ------------------------------------------------------------------------------
+
+
+async def test_shadow_processors_are_recorded_not_enforced(tmp_path: Path) -> None:
+    address = f"unix://{tmp_path / 'sh.sock'}"
+    sidecar = SidecarProcess(["examples"], address, log_path=str(tmp_path / "sh.log"))
+    sidecar.start()
+    try:
+        await sidecar.wait_ready()
+        cfg = config(
+            {"address": address},
+            inputs=[{"processor": "s/topic-guard", "mode": "shadow"}],
+            output=[{"processor": "s/word-filter", "mode": "shadow", "options": {"words": ["three"]}}],
+        )
+        async with App(cfg) as app:
+            chunks, result = await stream(app, "please jailbreak")
+            assert result.tripwire is None
+            assert result.error is None
+            assert result.text == "one two three"  # the shadow word-filter's masking is not applied
+            assert not [c for c in chunks if c["type"] == "tripwire"]
+            assert (
+                sample(
+                    app,
+                    "procmesh_shadow_verdicts_total",
+                    processor="topic-guard",
+                    hook="process_input",
+                    verdict="abort",
+                )
+                == 1
+            )
+            assert (
+                sample(
+                    app,
+                    "procmesh_shadow_verdicts_total",
+                    processor="word-filter",
+                    hook="process_output_stream",
+                    verdict="allow",
+                )
+                == 3
+            )
+    finally:
+        sidecar.stop(grace=1)
+
+
+# -- TLS and mTLS ------------------------------------------------------------------------------
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def make_pki(tmp: Path) -> dict[str, str]:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: x509.Name,
+        signer: Any,
+        ca: bool = False,
+        san: list[x509.GeneralName] | None = None,
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "procmesh test CA")])
+    ca_cert = cert("procmesh test CA", ca_key, ca_name, ca_key, ca=True)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = cert(
+        "localhost",
+        server_key,
+        ca_name,
+        ca_key,
+        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client_cert = cert("orchestrator", client_key, ca_name, ca_key)
+    pem = serialization.Encoding.PEM
+    return {
+        "ca": _write(tmp / "ca.pem", ca_cert.public_bytes(pem)),
+        "server_cert": _write(tmp / "server.pem", server_cert.public_bytes(pem)),
+        "server_key": _write(tmp / "server.key", _pem_key(server_key)),
+        "client_cert": _write(tmp / "client.pem", client_cert.public_bytes(pem)),
+        "client_key": _write(tmp / "client.key", _pem_key(client_key)),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def test_mtls_between_orchestrator_and_sidecar(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    address = f"127.0.0.1:{_free_port()}"
+    sidecar = SidecarProcess(
+        [
+            "examples",
+            "--tls-cert",
+            pki["server_cert"],
+            "--tls-key",
+            pki["server_key"],
+            "--tls-client-ca",
+            pki["ca"],
+        ],
+        address,
+        log_path=str(tmp_path / "tls.log"),
+    )
+    sidecar.start()
+    try:
+        tls = {
+            "ca": pki["ca"],
+            "cert": pki["client_cert"],
+            "key": pki["client_key"],
+            "serverName": "localhost",
+        }
+        cfg = config({"address": address, "tls": tls}, inputs=["s/pii-redactor"])
+        async with App(cfg, connect_timeout=15) as app:
+            result = await app.agent("a").generate("write to jane@example.com")
+            assert result.error is None
+        # without a client certificate the handshake fails: the sidecar is unreachable
+        no_cert = config(
+            {"address": address, "tls": {"ca": pki["ca"], "serverName": "localhost"}},
+            inputs=["s/pii-redactor"],
+        )
+        with pytest.raises(ConfigError, match="cannot reach"):
+            async with App(no_cert, connect_timeout=1.5):
+                pass
+        # plaintext to a TLS sidecar fails the same way
+        with pytest.raises(ConfigError, match="cannot reach"):
+            async with App(config({"address": address}, inputs=["s/pii-redactor"]), connect_timeout=1.5):
+                pass
+    finally:
+        sidecar.stop(grace=1)
+
+
+async def test_tls_config_needs_cert_and_key_together() -> None:
+    with pytest.raises(ConfigError, match=r"cert and tls\.key go together"):
+        config({"address": "127.0.0.1:1", "tls": {"ca": "ca.pem", "cert": "c.pem"}})
+
+
+async def test_a_sidecar_refuses_half_a_tls_pair(tmp_path: Path) -> None:
+    sidecar = SidecarProcess(
+        ["examples", "--tls-cert", str(tmp_path / "x.pem")],
+        f"127.0.0.1:{_free_port()}",
+        log_path=str(tmp_path / "half.log"),
+    )
+    sidecar.start()
+    assert sidecar.proc is not None
+    assert await asyncio.to_thread(sidecar.proc.wait, 20) != 0
+    assert "TLS needs both --tls-cert and --tls-key" in (tmp_path / "half.log").read_text()

@@ -22,7 +22,17 @@ from orchestrator.errors import (
 from orchestrator.messages import RunMessages
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.models import ModelProvider, ModelRequest
-from orchestrator.processors import Effects, HookCaller, OutputPipeline, ProcessorHandle, RunScope
+from orchestrator.processors import (
+    Effects,
+    HookCaller,
+    LaneItem,
+    OutputPipeline,
+    ParallelGroup,
+    ProcessorHandle,
+    RunLaneItem,
+    RunScope,
+    expand_lane,
+)
 from orchestrator.tools import StaticTool
 from procmesh import convert
 from procmesh.v1 import processor_pb2 as ppb
@@ -40,9 +50,18 @@ RUN_DEADLINE_GRACE = 0.05
 class Lanes:
     """The resolved processor lanes of a call."""
 
-    input: tuple[ProcessorHandle, ...] = ()
-    output: tuple[ProcessorHandle, ...] = ()
-    error: tuple[ProcessorHandle, ...] = ()
+    input: tuple[LaneItem, ...] = ()
+    output: tuple[LaneItem, ...] = ()
+    error: tuple[LaneItem, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunLanes:
+    """One run's lanes: per-call lists applied, workflow conditions decided."""
+
+    input: tuple[RunLaneItem, ...]
+    output: tuple[RunLaneItem, ...]
+    error: tuple[RunLaneItem, ...]
 
 
 @dataclass
@@ -67,9 +86,9 @@ class CallOptions:
 
     max_steps: int | None = None
     max_processor_retries: int | None = None
-    input_processors: list[ProcessorHandle] | None = None
-    output_processors: list[ProcessorHandle] | None = None
-    error_processors: list[ProcessorHandle] | None = None
+    input_processors: list[LaneItem] | None = None
+    output_processors: list[LaneItem] | None = None
+    error_processors: list[LaneItem] | None = None
     request_context: dict[str, Any] = field(default_factory=dict)
     on_violation: ViolationCallback | None = None
     timeout: float | None = None
@@ -122,7 +141,7 @@ class _StepConfig:
     model_settings: dict[str, Any] = field(default_factory=dict)
 
 
-def _dedupe(handles: Iterable[ProcessorHandle]) -> list[ProcessorHandle]:
+def _dedupe(handles: Iterable[RunLaneItem]) -> list[RunLaneItem]:
     """A processor listed in several lanes runs once, at its first place."""
     seen: set[str] = set()
     out = []
@@ -179,17 +198,19 @@ class _Run:
             on_violation=self._violation,
             deadline=deadline,
         )
-        self.caller = HookCaller(self.scope, self._count_call)
-        self.lanes = Lanes(
-            input=tuple(options.input_processors)
-            if options.input_processors is not None
-            else agent.lanes.input,
-            output=tuple(options.output_processors)
-            if options.output_processors is not None
-            else agent.lanes.output,
-            error=tuple(options.error_processors)
-            if options.error_processors is not None
-            else agent.lanes.error,
+        self.caller = HookCaller(self.scope, self._count_call, self._observe_call)
+        rc = options.request_context
+        # per-call lists replace the agent's; workflow conditions are decided once, from the request context
+        self.lanes = RunLanes(
+            input=expand_lane(
+                options.input_processors if options.input_processors is not None else agent.lanes.input, rc
+            ),
+            output=expand_lane(
+                options.output_processors if options.output_processors is not None else agent.lanes.output, rc
+            ),
+            error=expand_lane(
+                options.error_processors if options.error_processors is not None else agent.lanes.error, rc
+            ),
         )
         self.pipeline = OutputPipeline(self.caller, list(self.lanes.output), self._stream_signals)
         self.ml = RunMessages()
@@ -208,6 +229,9 @@ class _Run:
 
     def _count_call(self, handle: ProcessorHandle, hook: str, outcome: str) -> None:
         self.metrics.processor_call(handle.processor_id, hook, outcome)
+
+    def _observe_call(self, handle: ProcessorHandle, hook: str, seconds: float) -> None:
+        self.metrics.processor_call_duration.labels(handle.processor_id, hook).observe(seconds)
 
     def _violation(self, processor_id: str, message: str, detail: Any) -> None:
         entry = {"processorId": processor_id, "message": message, "detail": detail}
@@ -532,7 +556,7 @@ class _Run:
         resp: ppb.ProcessInputStepResponse,
         cfg: _StepConfig,
         before: list[dict[str, Any]],
-        handle: ProcessorHandle,
+        handle: RunLaneItem,
     ) -> None:
         if resp.replace_messages:
             self.system.extend(self.ml.apply(before, self._returned(resp.messages), msgs.INPUT))
@@ -542,7 +566,7 @@ class _Run:
             model = self.agent.models.get(resp.model)
             if model is None:  # a malformed response: the processor's failure policy decides
                 self.caller.fail(
-                    handle,
+                    handle.branches[handle.pick] if isinstance(handle, ParallelGroup) else handle,
                     "process_input_step",
                     f"returned unknown model {resp.model!r} (configured: {sorted(self.agent.models)}, "
                     "or provider/model-id)",
@@ -571,7 +595,7 @@ class _Run:
         if resp.model_settings.fields:
             cfg.model_settings = convert.from_struct(resp.model_settings)
 
-    def _llm_request_handles(self) -> list[ProcessorHandle]:
+    def _llm_request_handles(self) -> list[RunLaneItem]:
         """Input-lane processors, then error-lane ones that implement processLLMRequest (once each)."""
         return [h for h in _dedupe([*self.lanes.input, *self.lanes.error]) if h.has("process_llm_request")]
 
@@ -811,7 +835,7 @@ class _Run:
         return value
 
     async def _call_at(
-        self, handle: ProcessorHandle, hook: str, req: Any, step_number: int
+        self, handle: RunLaneItem, hook: str, req: Any, step_number: int
     ) -> tuple[Any, Effects] | None:
         """A call with the step number and retry count processToolResult is given."""
         saved = self.scope.step_number, self.scope.retry_count
@@ -915,6 +939,8 @@ class Agent:
         """Run to completion. Raises `APICallError` or `ProcessorFailedError` when the run fails."""
         result, failure = await self._run(input, options, streaming=False).execute()
         if failure is not None:
+            if isinstance(failure, OrchestratorError):
+                failure.result = result  # what the run did before it failed (run id, steps, usage)
             raise failure
         return result
 

@@ -12,10 +12,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.agent import Agent, AgentSpec, Lanes
-from orchestrator.config import BUILTINS, Config, ProcessorRef, SidecarConfig
+from orchestrator.config import (
+    BUILTINS,
+    ConditionalStep,
+    Config,
+    LaneEntry,
+    ParallelStep,
+    ProcessorRef,
+    SidecarConfig,
+    WorkflowRef,
+    workflow_refs,
+)
 from orchestrator.errors import ConfigError
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.processors import HOOK_BY_ENUM, ProcessorHandle
+from orchestrator.processors import HOOK_BY_ENUM, Conditional, LaneItem, ParallelGroup, ProcessorHandle
 from orchestrator.providers import ModelRegistry
 from orchestrator.sidecar_process import SidecarProcess
 from orchestrator.tools import StaticTool
@@ -84,13 +94,15 @@ class App:
         self._supervisor: asyncio.Task[None] | None = None
 
     def _needs_builtins(self) -> bool:
-        return any(
-            a.error_processor_defaults
-            or any(
-                r.sidecar == BUILTINS
-                for r in (*a.input_processors, *a.output_processors, *a.error_processors)
-            )
+        named = [
+            r
             for a in self.config.agents.values()
+            for r in (*a.input_processors, *a.output_processors, *a.error_processors)
+            if isinstance(r, ProcessorRef)
+        ]
+        named += [r for w in self.config.workflows.values() for step in w.steps for r in workflow_refs(step)]
+        return any(a.error_processor_defaults for a in self.config.agents.values()) or any(
+            r.sidecar == BUILTINS for r in named
         )
 
     async def _start_builtins(self) -> None:
@@ -139,9 +151,11 @@ class App:
                 max_steps=agent.max_steps,
                 max_processor_retries=agent.max_processor_retries,
                 lanes=Lanes(
-                    input=tuple(self.resolve(agent.input_processors, f"agents.{agent_id}.inputProcessors")),
+                    input=tuple(
+                        self.resolve_lane(agent.input_processors, f"agents.{agent_id}.inputProcessors")
+                    ),
                     output=tuple(
-                        self.resolve(agent.output_processors, f"agents.{agent_id}.outputProcessors")
+                        self.resolve_lane(agent.output_processors, f"agents.{agent_id}.outputProcessors")
                     ),
                     error=tuple(
                         self._error_lane(
@@ -179,11 +193,13 @@ class App:
         )
 
     def resolve(
-        self, refs: Sequence[ProcessorRef | str | dict[str, Any]], where: str = "processors"
+        self, refs: Sequence[LaneEntry | str | dict[str, Any]], where: str = "processors"
     ) -> list[ProcessorHandle]:
         """Bind lane entries (``sidecar/id`` strings or ProcessorRef) to their sidecars."""
         handles = []
         for i, raw in enumerate(refs):
+            if isinstance(raw, WorkflowRef):
+                raise ConfigError(f"{where}.{i}: a workflow cannot be used here")
             ref = (
                 raw
                 if isinstance(raw, ProcessorRef)
@@ -213,6 +229,49 @@ class App:
                 )
             )
         return handles
+
+    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
+        """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
+        items: list[LaneItem] = []
+        for i, raw in enumerate(entries):
+            entry = raw
+            if isinstance(raw, str):
+                entry = (
+                    WorkflowRef(workflow=raw[len("workflow:") :])
+                    if raw.startswith("workflow:")
+                    else (ProcessorRef(processor=raw))
+                )
+            if isinstance(entry, ProcessorRef):
+                items.extend(self.resolve([entry], f"{where}.{i}"))
+                continue
+            assert isinstance(entry, WorkflowRef)
+            workflow = self.config.workflows.get(entry.workflow)
+            if workflow is None:
+                raise ConfigError(f"{where}.{i}: unknown workflow {entry.workflow!r}")
+            for j, step in enumerate(workflow.steps):
+                at = f"workflows.{entry.workflow}.steps.{j}"
+                if isinstance(step, ParallelStep):
+                    branches = tuple(self.resolve(step.parallel, at))
+                    ids = [f"processor:{b.processor_id}" for b in branches]
+                    items.append(
+                        ParallelGroup(
+                            key=f"workflow:{entry.workflow}/{j}",
+                            processor_id=entry.workflow,
+                            branches=branches,
+                            pick=ids.index(step.map) if step.map else 0,
+                        )
+                    )
+                elif isinstance(step, ConditionalStep):
+                    items.append(
+                        Conditional(
+                            when=step.when,
+                            then=tuple(self.resolve(step.then, f"{at}.then")),
+                            otherwise=tuple(self.resolve(step.otherwise, f"{at}.otherwise")),
+                        )
+                    )
+                else:
+                    items.extend(self.resolve([step], at))
+        return items
 
     def agent(self, agent_id: str) -> Agent:
         """The agent with this id."""

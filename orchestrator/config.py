@@ -6,13 +6,15 @@ Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -102,8 +104,101 @@ class ProcessorRef(_Model):
         return self.processor.partition("/")[2]
 
 
+class WorkflowRef(_Model):
+    """A lane entry that runs a workflow declared under ``workflows`` (``workflow:NAME`` as a string)."""
+
+    workflow: str
+
+
+def _entry_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("workflow", "parallel", "when"):
+            if key in value:
+                return f"<{key}>"
+        return "<processor>"
+    if isinstance(value, WorkflowRef):
+        return "<workflow>"
+    if isinstance(value, ParallelStep):
+        return "<parallel>"
+    if isinstance(value, ConditionalStep):
+        return "<when>"
+    return "<processor>"
+
+
+_UNION_TAGS = {"<workflow>", "<parallel>", "<when>", "<processor>"}
+"""Discriminator tags pydantic puts in error locations; error messages leave them out."""
+
+LaneEntry = Annotated[
+    Annotated[ProcessorRef, Tag("<processor>")] | Annotated[WorkflowRef, Tag("<workflow>")],
+    Discriminator(_entry_kind),
+]
+
+
 def _ref(value: Any) -> Any:
-    return {"processor": value} if isinstance(value, str) else value
+    if isinstance(value, str):
+        if value.startswith("workflow:"):
+            return {"workflow": value.removeprefix("workflow:")}
+        return {"processor": value}
+    return value
+
+
+def _lane(value: Any) -> Any:
+    return [_ref(v) for v in value] if isinstance(value, list) else value
+
+
+class ParallelStep(_Model):
+    """Branches that run concurrently on the same input; `map` names the branch whose result goes on."""
+
+    parallel: list[ProcessorRef]
+    map: str | None = None
+    """``processor:<id>`` of the branch whose messages go on (default: the first branch)."""
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _branches(cls, value: Any) -> Any:
+        return _lane(value)
+
+    @model_validator(mode="after")
+    def _picked(self) -> ParallelStep:
+        if not self.parallel:
+            raise ValueError("parallel needs at least one branch")
+        if self.map is not None:
+            ids = [f"processor:{r.processor_id}" for r in self.parallel]
+            if self.map not in ids:
+                raise ValueError(f"map {self.map!r} names no branch (branches: {ids})")
+        return self
+
+
+class ConditionalStep(_Model):
+    """Runs `then` when every `when` key equals the request context's value, else `otherwise`."""
+
+    when: dict[str, Any]
+    then: list[ProcessorRef]
+    otherwise: list[ProcessorRef] = []
+
+    @field_validator("then", "otherwise", mode="before")
+    @classmethod
+    def _branches(cls, value: Any) -> Any:
+        return _lane(value)
+
+
+WorkflowStep = Annotated[
+    Annotated[ParallelStep, Tag("<parallel>")]
+    | Annotated[ConditionalStep, Tag("<when>")]
+    | Annotated[ProcessorRef, Tag("<processor>")],
+    Discriminator(_entry_kind),
+]
+
+
+class WorkflowConfig(_Model):
+    """Processors composed into one lane entry: sequential steps, parallel branches, conditions."""
+
+    steps: list[WorkflowStep]
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        return _lane(value)
 
 
 class ModelConfig(_Model):
@@ -185,14 +280,14 @@ class AgentConfig(_Model):
     max_steps: int = Field(default=5, ge=1)
     max_processor_retries: int | None = Field(default=None, ge=0)
     error_processor_defaults: bool = True
-    input_processors: list[ProcessorRef] = []
-    output_processors: list[ProcessorRef] = []
+    input_processors: list[LaneEntry] = []
+    output_processors: list[LaneEntry] = []
     error_processors: list[ProcessorRef] = []
 
     @field_validator("input_processors", "output_processors", "error_processors", mode="before")
     @classmethod
     def _refs(cls, value: Any) -> Any:
-        return [_ref(v) for v in value] if isinstance(value, list) else value
+        return _lane(value)
 
 
 class Config(_Model):
@@ -203,6 +298,8 @@ class Config(_Model):
     """HTTP providers by name; ``openai`` and ``anthropic`` exist by default (see DEFAULT_PROVIDERS)."""
     models: dict[str, ModelConfig] = {"demo": ModelConfig(provider="demo")}
     tools: dict[str, ToolConfig] = {}
+    workflows: dict[str, WorkflowConfig] = {}
+    """Processor workflows, used in a lane as ``workflow:NAME``."""
     agents: dict[str, AgentConfig]
 
     @field_validator("providers")
@@ -243,12 +340,32 @@ class Config(_Model):
                     raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")
             for lane in ("input_processors", "output_processors", "error_processors"):
                 for i, ref in enumerate(getattr(agent, lane)):
-                    if ref.sidecar not in self.sidecars and ref.sidecar != BUILTINS:
-                        raise ValueError(
-                            f"agents.{agent_id}.{to_camel(lane)}.{i}: unknown sidecar {ref.sidecar!r} "
-                            f"(declared: {sorted(self.sidecars)})"
-                        )
+                    if isinstance(ref, WorkflowRef):
+                        if ref.workflow not in self.workflows:
+                            raise ValueError(
+                                f"agents.{agent_id}.{to_camel(lane)}.{i}: unknown workflow {ref.workflow!r} "
+                                f"(declared: {sorted(self.workflows)})"
+                            )
+                        continue
+                    self._check_sidecar(ref, f"agents.{agent_id}.{to_camel(lane)}.{i}")
+        for name, workflow in self.workflows.items():
+            for i, step in enumerate(workflow.steps):
+                for ref in workflow_refs(step):
+                    self._check_sidecar(ref, f"workflows.{name}.steps.{i}")
         return self
+
+    def _check_sidecar(self, ref: ProcessorRef, where: str) -> None:
+        if ref.sidecar not in self.sidecars and ref.sidecar != BUILTINS:
+            raise ValueError(f"{where}: unknown sidecar {ref.sidecar!r} (declared: {sorted(self.sidecars)})")
+
+
+def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
+    """The processors a workflow step names."""
+    if isinstance(step, ParallelStep):
+        return list(step.parallel)
+    if isinstance(step, ConditionalStep):
+        return [*step.then, *step.otherwise]
+    return [step]
 
 
 def parse_config(data: Any, source: str = "config") -> Config:
@@ -258,7 +375,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            where = ".".join(str(p) for p in err["loc"] if p not in _UNION_TAGS) or "(top level)"
             lines.append(f"  {where}: {err['msg']}")
         raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
 

@@ -8,6 +8,9 @@ from typing import Any
 class OrchestratorError(Exception):
     """Root of every orchestrator error."""
 
+    result: Any = None
+    """For a failed generate(): the partial `RunResult` (run id, steps, usage)."""
+
 
 class ConfigError(OrchestratorError):
     """The configuration is invalid; the message names the key."""

@@ -19,6 +19,13 @@ class OrchestratorMetrics:
             ["processor", "hook", "outcome"],
             registry=r,
         )
+        self.processor_call_duration = Histogram(
+            "procmesh_processor_call_duration_seconds",
+            "Unary processor hook calls as the orchestrator sees them (network included).",
+            ["processor", "hook"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.shadow_verdicts = Counter(
             "procmesh_shadow_verdicts_total",
             "Verdicts of processors in shadow mode (recorded, not enforced), by verdict (allow, abort).",

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,67 @@ class ProcessorHandle:
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""
         return hook in self.hooks
+
+
+@dataclass(frozen=True)
+class ParallelGroup:
+    """A workflow's parallel step: branches run concurrently on the same input.
+
+    Every branch's signals, custom chunks and aborts apply (the first abort in
+    branch order wins, with its own processor id); the `pick` branch's result
+    (its messages, prompt, part) is what goes on, as ``.map()`` chooses in the seeds.
+    """
+
+    key: str
+    processor_id: str
+    branches: tuple[ProcessorHandle, ...]
+    pick: int = 0
+
+    def has(self, hook: str) -> bool:
+        """Whether any branch implements `hook`."""
+        return any(b.has(hook) for b in self.branches)
+
+
+@dataclass(frozen=True)
+class Conditional:
+    """A workflow's conditional step: `then` when every `when` key equals the request context's value."""
+
+    when: dict[str, Any]
+    then: tuple[ProcessorHandle, ...]
+    otherwise: tuple[ProcessorHandle, ...] = ()
+
+    def choose(self, request_context: dict[str, Any]) -> tuple[ProcessorHandle, ...]:
+        """The branch this run takes."""
+        ok = all(request_context.get(k) == v for k, v in self.when.items())
+        return self.then if ok else self.otherwise
+
+
+LaneItem = ProcessorHandle | ParallelGroup | Conditional
+"""A resolved lane entry; conditionals are decided once per run (`expand_lane`)."""
+RunLaneItem = ProcessorHandle | ParallelGroup
+
+
+def expand_lane(items: Iterable[LaneItem], request_context: dict[str, Any]) -> tuple[RunLaneItem, ...]:
+    """The lane a run uses: each conditional replaced by the branch its request context selects."""
+    out: list[RunLaneItem] = []
+    for item in items:
+        if isinstance(item, Conditional):
+            out.extend(item.choose(request_context))
+        else:
+            out.append(item)
+    return tuple(out)
+
+
+_RESPONSES: dict[str, Callable[[], Any]] = {
+    "process_input": ppb.ProcessInputResponse,
+    "process_input_step": ppb.ProcessInputStepResponse,
+    "process_llm_request": ppb.ProcessLLMRequestResponse,
+    "process_llm_response": ppb.ProcessLLMResponseResponse,
+    "process_output_step": ppb.ProcessOutputStepResponse,
+    "process_tool_result": ppb.ProcessToolResultResponse,
+    "process_output_result": ppb.ProcessOutputResultResponse,
+    "process_api_error": ppb.ProcessAPIErrorResponse,
+}
 
 
 @dataclass
@@ -166,6 +227,14 @@ def read_effects(
 
 
 FailureCounter = Callable[[ProcessorHandle, str, str], None]
+LatencySink = Callable[[ProcessorHandle, str, float], None]
+
+
+def _copy(request: Any) -> Any:
+    """A request for one parallel branch (each fills its own context)."""
+    clone = type(request)()
+    clone.CopyFrom(request)
+    return clone
 
 
 def _noop_failure(handle: ProcessorHandle, hook: str, outcome: str) -> None:
@@ -175,9 +244,15 @@ def _noop_failure(handle: ProcessorHandle, hook: str, outcome: str) -> None:
 class HookCaller:
     """Calls unary hooks for one run and applies the failure policy."""
 
-    def __init__(self, scope: RunScope, on_call: FailureCounter = _noop_failure) -> None:
+    def __init__(
+        self,
+        scope: RunScope,
+        on_call: FailureCounter = _noop_failure,
+        on_latency: LatencySink | None = None,
+    ) -> None:
         self.scope = scope
         self._on_call = on_call
+        self._on_latency = on_latency
 
     def fail(self, handle: ProcessorHandle, hook: str, cause: str) -> None:
         """Apply the failure policy: raise (fail-closed) or log and count (fail-open)."""
@@ -190,11 +265,20 @@ class HookCaller:
         self._on_call(handle, hook, "failed")
         raise ProcessorFailedError(handle.processor_id, hook, cause)
 
-    async def call(self, handle: ProcessorHandle, hook: str, request: Any) -> tuple[Any, Effects] | None:
+    async def call(self, handle: RunLaneItem, hook: str, request: Any) -> tuple[Any, Effects] | None:
         """Call `hook` on `handle`; None when the call failed and was let through (fail-open)."""
+        if isinstance(handle, ParallelGroup):
+            return await self._call_parallel(handle, hook, request)
         self.scope.fill_context(request.context, handle)
+        started = time.perf_counter()
         try:
-            response = await handle.client.call(RPC_METHODS[hook], request, self.scope.timeout_for(handle))
+            try:
+                response = await handle.client.call(
+                    RPC_METHODS[hook], request, self.scope.timeout_for(handle)
+                )
+            finally:
+                if self._on_latency is not None:
+                    self._on_latency(handle, hook, time.perf_counter() - started)
             effects = read_effects(self.scope, handle, hook, response.effects)
         except ProcmeshError as exc:
             self.fail(handle, hook, f"{exc.code.name}: {exc}")
@@ -207,6 +291,24 @@ class HookCaller:
             return None
         self._on_call(handle, hook, "abort" if effects.abort else "ok")
         return response, effects
+
+    async def _call_parallel(
+        self, group: ParallelGroup, hook: str, request: Any
+    ) -> tuple[Any, Effects] | None:
+        branches = [b for b in group.branches if b.has(hook)]
+        answers = await asyncio.gather(*(self.call(b, hook, _copy(request)) for b in branches))
+        merged = Effects()
+        picked: Any = None
+        for branch, answer in zip(branches, answers, strict=True):
+            if answer is None:
+                continue
+            response, effects = answer
+            merged.signals += effects.signals
+            merged.custom_chunks += effects.custom_chunks
+            merged.abort = merged.abort or effects.abort
+            if branch is group.branches[group.pick]:
+                picked = response
+        return (picked if picked is not None else _RESPONSES[hook](), merged)
 
     def shadow_verdict(self, handle: ProcessorHandle, hook: str, abort: TripwireAbort | None) -> None:
         """Count and log what a shadow processor decided; nothing of it is applied."""
@@ -249,10 +351,14 @@ class _Stage:
         handle: ProcessorHandle,
         inq: asyncio.Queue[Item],
         outq: asyncio.Queue[Item],
+        *,
+        side: bool = False,
     ) -> None:
         self.caller = pipeline.caller
         self.on_signals = pipeline.on_signals
         self.handle = handle
+        self.side = side
+        """A parallel branch whose output is not picked: its effects apply, the part goes on as it came."""
         self.inq = inq
         self.outq = outq
         # (kind, value, awaits_result) in arrival order; the head leaves first.
@@ -417,7 +523,9 @@ class _Stage:
                 self.stopped = True
                 self.call.cancel()
                 return
-        if res.HasField("part"):
+        if self.side:
+            self.outq.put_nowait((_CHUNK, original))
+        elif res.HasField("part"):
             self.outq.put_nowait((_CHUNK, res.part))
 
     def _flush_one(self) -> None:
@@ -455,20 +563,32 @@ class OutputPipeline:
     """
 
     def __init__(
-        self, caller: HookCaller, handles: list[ProcessorHandle], on_signals: SignalSink | None = None
+        self, caller: HookCaller, handles: Iterable[RunLaneItem], on_signals: SignalSink | None = None
     ) -> None:
         self.caller = caller
-        self.handles = [h for h in handles if h.has("process_output_stream")]
+        # A parallel group streams as its branches in a row: the others see each part as it came
+        # (their verdicts and chunks apply, their output does not), then the picked branch.
+        self.stages: list[tuple[ProcessorHandle, bool]] = []
+        for item in handles:
+            if isinstance(item, ParallelGroup):
+                picked = item.branches[item.pick]
+                self.stages += [(b, True) for b in item.branches if b is not picked]
+                self.stages.append((picked, False))
+            else:
+                self.stages.append((item, False))
+        self.stages = [(h, side) for h, side in self.stages if h.has("process_output_stream")]
         self.on_signals: SignalSink = on_signals or (lambda signals: [])
 
     async def run(self, source: AsyncIterator[dict[str, Any]], sink: ChunkSink) -> TripwireAbort | None:
         """Feed `source` through the stages into `sink`; return the abort that ended it, if any."""
-        if not self.handles:
+        if not self.stages:
             async for chunk in source:
                 await sink(chunk)
             return None
-        queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.handles) + 1)]
-        stages = [_Stage(self, h, queues[i], queues[i + 1]) for i, h in enumerate(self.handles)]
+        queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.stages) + 1)]
+        stages = [
+            _Stage(self, h, queues[i], queues[i + 1], side=side) for i, (h, side) in enumerate(self.stages)
+        ]
 
         async def produce() -> None:
             try:

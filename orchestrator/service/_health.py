@@ -1,0 +1,100 @@
+"""Readiness: every sidecar's grpc.health.v1 status, polled, and what it means for the orchestrator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from procmesh import ProcessorClient
+from procmesh.errors import ProcmeshError
+
+log = logging.getLogger(__name__)
+
+SERVING = "SERVING"
+UNREACHABLE = "UNREACHABLE"
+
+
+class SidecarHealth:
+    """Polls every sidecar's health every `interval` seconds and keeps the latest statuses.
+
+    `on_change(serving)` runs whenever the verdict (all SERVING or not) flips; the
+    set of sidecars that are not serving is logged whenever it changes.
+    """
+
+    def __init__(
+        self,
+        clients: Mapping[str, ProcessorClient],
+        interval: float,
+        on_change: Callable[[bool], Awaitable[None]] | None = None,
+        *,
+        check_timeout: float = 1.0,
+    ) -> None:
+        self._clients = clients
+        self._interval = interval
+        self._check_timeout = check_timeout
+        self._on_change = on_change
+        self.statuses: dict[str, str] = dict.fromkeys(clients, "UNKNOWN")
+        self._serving: bool | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def not_serving(self) -> dict[str, str]:
+        """The sidecars whose last status was not SERVING, with that status."""
+        return {name: status for name, status in self.statuses.items() if status != SERVING}
+
+    @property
+    def serving(self) -> bool:
+        """True when every sidecar reported SERVING at the last poll."""
+        return not self.not_serving
+
+    async def _check(self, name: str, client: ProcessorClient) -> str:
+        try:
+            return await client.health(timeout=self._check_timeout)
+        except ProcmeshError as exc:
+            log.debug("health check of sidecar %s failed: %s", name, exc)
+            return UNREACHABLE
+
+    async def poll_once(self) -> None:
+        """Check every sidecar once and update the verdict."""
+        names = list(self._clients)
+        results = await asyncio.gather(*(self._check(n, self._clients[n]) for n in names))
+        before = self.not_serving
+        self.statuses = dict(zip(names, results, strict=True))
+        after = self.not_serving
+        if after != before and after:
+            log.warning(
+                "not serving: %s",
+                ", ".join(
+                    f"sidecar {n} ({self._clients[n].address}) is {s}" for n, s in sorted(after.items())
+                ),
+            )
+        serving = not after
+        if serving != self._serving:
+            if serving and self._serving is not None:
+                log.info("every sidecar is SERVING again")
+            self._serving = serving
+            if self._on_change is not None:
+                await self._on_change(serving)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.poll_once()
+            except Exception:  # a poller that dies would freeze readiness: log and go on
+                log.exception("sidecar health poll failed")
+
+    def start(self) -> None:
+        """Poll in the background until `stop()`."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="procmesh-sidecar-health")
+
+    async def stop(self) -> None:
+        """Stop polling."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,64 @@
+"""OrchestratorSettings: how `procmesh-orchestrator` serves (ports, keys, limits), from the environment.
+
+What the agents are (sidecars, models, lanes) lives in the YAML config file; how the
+process serves them lives here, so a deployment changes ports or keys without
+touching the file. Every field reads ``PROCMESH_<FIELD>`` (``PROCMESH_HTTP_PORT``);
+command-line flags override the environment.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class OrchestratorSettings(BaseSettings):
+    """Serving settings of the orchestrator process (frozen; built once in ``main()``)."""
+
+    model_config = SettingsConfigDict(env_prefix="PROCMESH_", frozen=True, use_attribute_docstrings=True)
+
+    config: str | None = None
+    """Path of the YAML configuration (``--config``)."""
+    http_host: str = "127.0.0.1"
+    """Interface of the HTTP API (``0.0.0.0`` to accept connections from other hosts)."""
+    http_port: int = Field(default=4111, ge=0, le=65535)
+    """Port of the HTTP API, /metrics and the probes (0: any free port, logged at start)."""
+    grpc_host: str = "127.0.0.1"
+    """Interface of the gRPC AgentService and grpc.health.v1."""
+    grpc_port: int = Field(default=50050, ge=0, le=65535)
+    """Port of the gRPC API (0: any free port, logged at start)."""
+    api_keys: Annotated[list[SecretStr], NoDecode] = []
+    """Bearer keys accepted on /api/* and AgentService; empty: no authentication.
+    ``PROCMESH_API_KEYS`` holds a comma-separated list or a JSON array."""
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """Largest request body (HTTP) or message (gRPC) accepted; larger ones get 413 / RESOURCE_EXHAUSTED."""
+    drain_grace_seconds: float = Field(default=30.0, ge=0)
+    """After SIGTERM: how long in-flight runs may take to finish before they are cancelled."""
+    trust_request_context: bool = False
+    """Pass the caller's ``requestContext`` to processors. Leave off unless an authenticating
+    layer in front of this server sets it: otherwise any caller could forge it."""
+    health_poll_seconds: float = Field(default=1.0, gt=0)
+    """How often the sidecars' grpc.health.v1 status is polled for readiness."""
+    log_level: str = "INFO"
+    """Logging level of the process."""
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [key.strip() for key in text.split(",") if key.strip()]
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _non_empty(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for key in value:
+            if not key.get_secret_value():
+                raise ValueError("API keys must not be empty")
+        return value

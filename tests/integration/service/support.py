@@ -1,0 +1,79 @@
+"""Helpers shared by the service tests (integration and e2e): configs, SSE parsing, ports."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+API_KEY = "test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+GRPC_AUTH = (("authorization", f"Bearer {API_KEY}"),)
+SECRET = "zebra-quartz-4711"
+"""User content that must never appear in metric labels or INFO logs."""
+
+
+def demo_answer(text: str) -> str:
+    """What the demo model answers to `text` (before any output processor)."""
+    return (
+        f'You said: "{text}" Darn, this demo model always answers at some length, '
+        "because it wants to show every processor at work in one stream."
+    )
+
+
+def service_config(sidecars: dict[str, str], *, delay_ms: float = 0.0) -> dict[str, Any]:
+    """Agents over the `examples` sidecar named ``guards``: plain, guarded, slow, retrying."""
+    return {
+        "sidecars": {name: {"address": address} for name, address in sidecars.items()},
+        "models": {"demo": {"provider": "demo"}, "slow": {"provider": "demo", "delayMs": delay_ms}},
+        "agents": {
+            "assistant": {
+                "instructions": "You are helpful.",
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["darn"]}}],
+            },
+            "concise": {
+                "instructions": "Be brief.",
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "maxProcessorRetries": 2,
+                "outputProcessors": [{"processor": "guards/length-check", "options": {"max_words": 12}}],
+            },
+            "slow": {"model": "slow", "errorProcessorDefaults": False},
+        },
+    }
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data:`` payloads of a text/event-stream response, in order (``[DONE]`` included)."""
+    buffer = ""
+    async for text in response.aiter_text():
+        buffer += text
+        while "\n\n" in buffer:
+            event, buffer = buffer.split("\n\n", 1)
+            for line in event.splitlines():
+                if line.startswith("data: "):
+                    yield line[len("data: ") :]
+
+
+async def stream_chunks(client: httpx.AsyncClient, agent: str, body: dict[str, Any]) -> list[Any]:
+    """POST /stream and return every event: chunk dicts, then the string ``[DONE]``."""
+    out: list[Any] = []
+    async with client.stream("POST", f"/api/agents/{agent}/stream", json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for data in sse_events(response):
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (for servers that cannot report theirs)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

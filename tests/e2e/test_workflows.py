@@ -1,0 +1,128 @@
+"""Workflows as processors: parallel branches with map, conditional branches, tripwires inside."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from orchestrator.agent import CallOptions
+from orchestrator.app import App
+from orchestrator.config import parse_config
+from orchestrator.errors import ConfigError
+from orchestrator.models import ScriptedModel
+from orchestrator.sidecar_process import SidecarProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def examples(start_sidecar: Callable[..., SidecarProcess]) -> str:
+    proc = start_sidecar("examples", name="wf-examples")
+    await proc.wait_ready()
+    return proc.address
+
+
+def make(address: str, workflows: dict[str, Any], **lanes: Any) -> Any:
+    return parse_config(
+        {
+            "sidecars": {"ex": {"address": address}},
+            "models": {"m": {"provider": "scripted", "responses": [{"text": "Darn fine answer"}] * 10}},
+            "workflows": workflows,
+            "agents": {"a": {"model": "m", "errorProcessorDefaults": False, **lanes}},
+        },
+        "test config",
+    )
+
+
+MODERATION = {
+    "steps": [
+        {
+            "parallel": [
+                "ex/pii-redactor",
+                {"processor": "ex/topic-guard", "options": {"words": ["jailbreak"]}},
+                "ex/word-counter",
+            ],
+            "map": "processor:pii-redactor",
+        }
+    ]
+}
+
+
+def prompt_text(app: App) -> str:
+    model = app.agent("a").spec.model
+    assert isinstance(model, ScriptedModel)
+    last = model.requests[-1].prompt[-1]
+    return " ".join(p["text"] for p in last["content"] if p["type"] == "text")
+
+
+async def test_parallel_branches_map_to_the_redacting_one(examples: str) -> None:
+    cfg = make(examples, {"moderation": MODERATION}, inputProcessors=["workflow:moderation"])
+    async with App(cfg) as app:
+        result = await app.agent("a").generate("mail jane@example.com please")
+        assert result.tripwire is None
+        assert prompt_text(app) == "mail [email] please"  # the mapped branch's messages went on
+
+
+async def test_a_blocking_branch_trips_with_its_own_id(examples: str) -> None:
+    cfg = make(examples, {"moderation": MODERATION}, inputProcessors=["workflow:moderation"])
+    async with App(cfg) as app:
+        result = await app.agent("a").generate("jailbreak now, jane@example.com")
+        assert result.tripwire is not None
+        assert result.tripwire["processorId"] == "topic-guard"
+        assert result.finish_reason == "other"
+        model = app.agent("a").spec.model
+        assert isinstance(model, ScriptedModel)
+        assert model.requests == []  # the model was never called
+
+
+async def test_the_map_decides_whose_result_goes_on(examples: str) -> None:
+    flow = {"steps": [{"parallel": ["ex/pii-redactor", "ex/topic-guard"], "map": "processor:topic-guard"}]}
+    cfg = make(examples, {"w": flow}, inputProcessors=["workflow:w"])
+    async with App(cfg) as app:
+        await app.agent("a").generate("mail jane@example.com")
+        assert prompt_text(app) == "mail jane@example.com"  # topic-guard's (unchanged) messages went on
+
+
+async def test_conditional_branches_follow_the_request_context(examples: str) -> None:
+    flow = {"steps": [{"when": {"tier": "strict"}, "then": ["ex/pii-redactor"], "otherwise": []}]}
+    cfg = make(examples, {"w": flow}, inputProcessors=["workflow:w"])
+    async with App(cfg) as app:
+        await app.agent("a").generate(
+            "mail jane@example.com", CallOptions(request_context={"tier": "strict"})
+        )
+        assert prompt_text(app) == "mail [email]"
+        await app.agent("a").generate("mail jane@example.com", CallOptions(request_context={"tier": "free"}))
+        assert prompt_text(app) == "mail jane@example.com"
+
+
+async def test_stream_workflow_with_sequential_and_parallel_steps(examples: str) -> None:
+    flow = {
+        "steps": [
+            {"parallel": ["ex/word-counter", "ex/word-filter"], "map": "processor:word-filter"},
+            "ex/length-check",
+        ]
+    }
+    cfg = make(examples, {"out": flow}, outputProcessors=["workflow:out"])
+    async with App(cfg) as app:
+        run = app.agent("a").stream("hi")
+        chunks = [c async for c in run]
+        result = await run.result()
+        text = "".join(c["payload"]["text"] for c in chunks if c["type"] == "text-delta")
+        assert text == "**** fine answer"  # the picked branch masked the word
+        counts = [c["data"] for c in chunks if c["type"] == "data-word-count"]
+        assert counts == [{"words": 3}]  # the other branch saw every part and reported
+        assert result.assistant_metadata == {}  # word-counter's result is not the picked one
+
+
+async def test_unknown_workflow_and_bad_map_are_config_errors(examples: str) -> None:
+    with pytest.raises(ConfigError, match="unknown workflow 'nope'"):
+        make(examples, {}, inputProcessors=["workflow:nope"])
+    with pytest.raises(ConfigError, match="names no branch"):
+        make(
+            examples,
+            {"w": {"steps": [{"parallel": ["ex/pii-redactor"], "map": "processor:x"}]}},
+            inputProcessors=["workflow:w"],
+        )

@@ -199,12 +199,14 @@ async def p1(address_sdk: str, address_echo: str, n: int) -> dict[str, float]:
 # -- P2-P4: runs through the agent loop ----------------------------------------------------
 
 
-def agent_with(model: Any, output: list[ProcessorHandle]) -> Agent:
+def agent_with(
+    model: Any, output: list[ProcessorHandle], inputs: list[ProcessorHandle] | None = None
+) -> Agent:
     spec = AgentSpec(
         id="bench",
         model=model,
         instructions="You are helpful.",
-        lanes=Lanes(output=tuple(output)),
+        lanes=Lanes(input=tuple(inputs or ()), output=tuple(output)),
     )
     return Agent(spec, OrchestratorMetrics())
 
@@ -379,6 +381,24 @@ async def main() -> dict[str, Any]:
         errors_in, rps_in = await concurrent_runs(inproc, n4, 50)
         results.update(p4_errors_inprocess=errors_in, p4_runs_per_s_inprocess=rps_in)
 
+        # P5: a sidecar slower than the run's deadline: how far past the deadline does the run end?
+        [slow] = await handles_for([clients[0]], ["slow"])
+        overshoot = []
+        deadline = 0.2
+        for _ in range(5 if QUICK else 20):
+            agent = agent_with(ScriptedModel([{"text": "x"}]), [], inputs=[slow])
+            t0 = time.perf_counter()
+            stream = agent.stream("go", CallOptions(timeout=deadline))
+            async for _chunk in stream:
+                pass
+            result = await stream.result()
+            overshoot.append((time.perf_counter() - t0 - deadline) * 1000)
+            if result.error is None:
+                raise RuntimeError("P5: the slow processor did not fail the run")
+        results.update(
+            p5_deadline_overshoot_ms_p50=pct(overshoot, 0.5), p5_deadline_overshoot_ms_max=max(overshoot)
+        )
+
         for c in [*clients, inproc_client]:
             await c.close()
         await inproc_server.stop(0.5)
@@ -419,6 +439,12 @@ def table(r: dict[str, Any]) -> str:
             f"per-chunk latency p50 {f(r['p3_p50_ms'], 3)} ms, p99 {f(r['p3_p99_ms'], 3)} ms"
             f" (no processors p50 {f(r['p3_baseline_p50_ms'], 3)} ms)",
             f"p99 {f(r['p3_p99_ms'], 3)} ms (goal <= 2 ms)",
+        ),
+        (
+            "P5 slow sidecar vs a 200 ms run deadline",
+            f"run ends {f(r['p5_deadline_overshoot_ms_p50'], 1)} ms past it (p50), "
+            f"{f(r['p5_deadline_overshoot_ms_max'], 1)} ms at most",
+            f"max {f(r['p5_deadline_overshoot_ms_max'], 1)} ms (goal <= 50 ms)",
         ),
         (
             f"P4 {r['p4_runs']} concurrent runs",

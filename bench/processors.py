@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from typing import Any
 
@@ -16,6 +17,15 @@ class Noop(Processor):
 
     async def process_input_step(self) -> None:
         return None
+
+
+class Slow(Processor):
+    """processInputStep that takes a second: longer than any run deadline the bench gives (P5)."""
+
+    id = "slow"
+
+    async def process_input_step(self) -> None:
+        await asyncio.sleep(1.0)
 
 
 def passthrough(pid: str) -> Processor:
@@ -32,7 +42,7 @@ def passthrough(pid: str) -> Processor:
 
 def processors() -> list[Processor]:
     """Everything a bench sidecar hosts."""
-    return [Noop(), passthrough("pass-1"), passthrough("pass-2"), passthrough("pass-3")]
+    return [Noop(), Slow(), passthrough("pass-1"), passthrough("pass-2"), passthrough("pass-3")]
 
 
 def main() -> None:

@@ -93,6 +93,10 @@ class CallOptions:
     on_violation: ViolationCallback | None = None
     timeout: float | None = None
     """Seconds the whole run may take; propagates to every processor call as its deadline."""
+    resource_id: str = ""
+    """Who the run is for (a user, an org): processors get it (response-cache scopes by it)."""
+    thread_id: str = ""
+    """The conversation the run belongs to."""
 
 
 @dataclass
@@ -197,6 +201,8 @@ class _Run:
             request_context=options.request_context,
             on_violation=self._violation,
             deadline=deadline,
+            thread_id=options.thread_id,
+            resource_id=options.resource_id,
         )
         self.caller = HookCaller(self.scope, self._count_call, self._observe_call)
         rc = options.request_context
@@ -458,7 +464,7 @@ class _Run:
                     self.ml.add(self._assistant_message(outcome.text, []), msgs.RESPONSE)
                 raise self._aborted(outcome.abort)
             self._add_usage(outcome.usage)
-            await self._llm_response(outcome)
+            await self._llm_response(outcome, cfg.model.model_id)
             try:
                 await self._output_step(outcome)
             except TripwireAbort as abort:
@@ -679,13 +685,11 @@ class _Run:
             )
         return outcome
 
-    async def _llm_response(self, outcome: _StepOutcome) -> None:
+    async def _llm_response(self, outcome: _StepOutcome, model_id: str) -> None:
         for handle in self.lanes.input:
             if not handle.has("process_llm_response"):
                 continue
-            req = ppb.ProcessLLMResponseRequest(
-                model=self.agent.model.model_id, from_cache=outcome.from_cache
-            )
+            req = ppb.ProcessLLMResponseRequest(model=model_id, from_cache=outcome.from_cache)
             for chunk in outcome.raw_chunks:
                 convert.chunk_to_proto(chunk, req.chunks.add())
             self._steps_proto(req.steps)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
 from typing import Any
+
+import jsonschema
 
 from orchestrator.agent import Agent, AgentSpec, Lanes
 from orchestrator.config import (
@@ -68,6 +71,24 @@ def merge_error_defaults(
     return out
 
 
+def _check_options(ref: ProcessorRef, info: ppb.ProcessorInfo, where: str) -> None:
+    """Validate a reference's options against the schema the sidecar's Describe published."""
+    if not info.options_schema_json:
+        return
+    try:
+        schema = json.loads(info.options_schema_json)
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(ref.options), key=str)
+    except (ValueError, jsonschema.SchemaError) as exc:
+        log.warning("processor %s publishes an unusable options schema: %s", ref.processor, exc)
+        return
+    if errors:
+        path = ".".join(str(p) for p in errors[0].absolute_path)
+        raise ConfigError(
+            f"{where}.options{'.' + path if path else ''}: {errors[0].message} "
+            f"(schema published by processor {ref.processor!r})"
+        )
+
+
 class App:
     """Everything the orchestrator runs: sidecar clients, models, tools and agents.
 
@@ -111,7 +132,7 @@ class App:
         os.chmod(self._builtins_dir, 0o700)
         address = f"unix://{os.path.join(self._builtins_dir, 'builtins.sock')}"
         self.builtins = SidecarProcess(
-            ["error-defaults", "--parent-pid", str(os.getpid())],
+            ["builtins", "--parent-pid", str(os.getpid())],
             address,
             log_path=os.path.join(self._builtins_dir, "builtins.log"),
         )
@@ -195,40 +216,39 @@ class App:
     def resolve(
         self, refs: Sequence[LaneEntry | str | dict[str, Any]], where: str = "processors"
     ) -> list[ProcessorHandle]:
-        """Bind lane entries (``sidecar/id`` strings or ProcessorRef) to their sidecars."""
-        handles = []
-        for i, raw in enumerate(refs):
-            if isinstance(raw, WorkflowRef):
-                raise ConfigError(f"{where}.{i}: a workflow cannot be used here")
-            ref = (
-                raw
-                if isinstance(raw, ProcessorRef)
-                else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
+        """Bind processor references (``sidecar/id`` strings or ProcessorRef) to their sidecars."""
+        return [self._bind(raw, f"{where}.{i}") for i, raw in enumerate(refs)]
+
+    def _bind(self, raw: LaneEntry | str | dict[str, Any], where: str) -> ProcessorHandle:
+        if isinstance(raw, WorkflowRef):
+            raise ConfigError(f"{where}: a workflow cannot be used here")
+        ref = (
+            raw
+            if isinstance(raw, ProcessorRef)
+            else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
+        )
+        sidecar = self.sidecars.get(ref.sidecar)
+        hosted = self.catalog.get(ref.sidecar)
+        if sidecar is None or hosted is None:
+            raise ConfigError(f"{where}: unknown or unconnected sidecar {ref.sidecar!r}")
+        info = hosted.get(ref.processor_id)
+        if info is None:
+            raise ConfigError(
+                f"{where}: sidecar {ref.sidecar!r} does not host processor "
+                f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
             )
-            sidecar = self.sidecars.get(ref.sidecar)
-            hosted = self.catalog.get(ref.sidecar)
-            if sidecar is None or hosted is None:
-                raise ConfigError(f"{where}.{i}: unknown or unconnected sidecar {ref.sidecar!r}")
-            info = hosted.get(ref.processor_id)
-            if info is None:
-                raise ConfigError(
-                    f"{where}.{i}: sidecar {ref.sidecar!r} does not host processor "
-                    f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
-                )
-            handles.append(
-                ProcessorHandle(
-                    key=ref.processor,
-                    processor_id=ref.processor_id,
-                    client=self.clients[ref.sidecar],
-                    options=convert.to_struct(ref.options),
-                    hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
-                    process_data_parts=info.process_data_parts,
-                    timeout=ref.timeout or sidecar.timeout,
-                    on_failure="fail-open" if ref.mode == "shadow" else ref.on_failure or sidecar.on_failure,
-                    shadow=ref.mode == "shadow",
-                )
-            )
-        return handles
+        _check_options(ref, info, where)
+        return ProcessorHandle(
+            key=ref.processor,
+            processor_id=ref.processor_id,
+            client=self.clients[ref.sidecar],
+            options=convert.to_struct(ref.options),
+            hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
+            process_data_parts=info.process_data_parts,
+            timeout=ref.timeout or sidecar.timeout,
+            on_failure="fail-open" if ref.mode == "shadow" else ref.on_failure or sidecar.on_failure,
+            shadow=ref.mode == "shadow",
+        )
 
     def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
         """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
@@ -242,7 +262,7 @@ class App:
                     else (ProcessorRef(processor=raw))
                 )
             if isinstance(entry, ProcessorRef):
-                items.extend(self.resolve([entry], f"{where}.{i}"))
+                items.append(self._bind(entry, f"{where}.{i}"))
                 continue
             assert isinstance(entry, WorkflowRef)
             workflow = self.config.workflows.get(entry.workflow)
@@ -251,7 +271,7 @@ class App:
             for j, step in enumerate(workflow.steps):
                 at = f"workflows.{entry.workflow}.steps.{j}"
                 if isinstance(step, ParallelStep):
-                    branches = tuple(self.resolve(step.parallel, at))
+                    branches = tuple(self.resolve(step.parallel, f"{at}.parallel"))
                     ids = [f"processor:{b.processor_id}" for b in branches]
                     items.append(
                         ParallelGroup(
@@ -270,7 +290,7 @@ class App:
                         )
                     )
                 else:
-                    items.extend(self.resolve([step], at))
+                    items.append(self._bind(step, at))
         return items
 
     def agent(self, agent_id: str) -> Agent:

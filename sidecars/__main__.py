@@ -31,11 +31,46 @@ def _scripted(args: argparse.Namespace) -> list[Processor]:
         return scripted.scenario_processors(json.load(f))
 
 
+def _builtins(args: argparse.Namespace) -> list[Processor]:
+    from sidecars import builtins, error_defaults
+
+    return error_defaults.processors() + builtins.processors()
+
+
+def _builtin(name: str) -> Callable[[argparse.Namespace], list[Processor]]:
+    def make(args: argparse.Namespace) -> list[Processor]:
+        from sidecars import builtins
+
+        return builtins.SETS[name]()
+
+    return make
+
+
 SETS: dict[str, Callable[[argparse.Namespace], list[Processor]]] = {
+    "builtins": _builtins,
     "error-defaults": _error_defaults,
     "examples": _examples,
     "scripted": _scripted,
 }
+# One set per built-in processor, named by its id (sidecars/builtins/__init__.py).
+SETS.update(
+    {
+        name: _builtin(name)
+        for name in (
+            "background-work-signals",
+            "batch-parts",
+            "ensure-final-response",
+            "regex-filter",
+            "response-cache",
+            "steering-reminder",
+            "structured-output",
+            "token-limiter",
+            "tool-call-filter",
+            "tool-search",
+            "unicode-normalizer",
+        )
+    }
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

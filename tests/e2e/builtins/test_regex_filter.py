@@ -1,0 +1,103 @@
+"""regex-filter through a real `procmesh-sidecar regex-filter` process and the agent loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import pytest_asyncio
+
+from orchestrator.errors import ProcessorFailedError
+from orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.builtins.harness import make_config, prompt_texts, ref, run, start
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def address(start_sidecar: Callable[..., SidecarProcess]) -> str:
+    return await start(start_sidecar, "regex-filter")
+
+
+async def test_input_block_is_a_tripwire_without_the_matched_values(address: str) -> None:
+    cfg = make_config(address, input_processors=[ref("regex-filter", presets=["pii"])])
+    out = await run(cfg, "reach me at jane@example.com or 555-123-4567")
+    assert out.requests == []
+    trip = out.result.tripwire
+    assert trip is not None
+    assert trip["processorId"] == "regex-filter"
+    assert trip["reason"] == "Regex filter: blocked content matching patterns: email, phone"
+    assert trip["metadata"]["strategy"] == "block"
+    assert {m["match"] for m in trip["metadata"]["matches"]} == {"[REDACTED_MATCH]"}
+    assert out.result.violations[0]["processorId"] == "regex-filter"
+
+
+async def test_include_redacted_values(address: str) -> None:
+    cfg = make_config(
+        address, input_processors=[ref("regex-filter", presets=["secrets"], include_redacted_values=True)]
+    )
+    out = await run(cfg, "use AKIAABCDEFGHIJKLMNOP please")
+    assert out.result.tripwire is not None
+    assert out.result.tripwire["metadata"]["matches"] == [
+        {"rule": "aws-key", "match": "AKIAABCDEFGHIJKLMNOP", "index": 4}
+    ]
+
+
+async def test_input_redact_rewrites_what_the_model_sees_and_reports(address: str) -> None:
+    rule = {"name": "ticket", "pattern": r"tick-\d+", "replacement": "[TICKET]", "flags": "gi"}
+    cfg = make_config(address, input_processors=[ref("regex-filter", rules=[rule], strategy="redact")])
+    out = await run(cfg, "see TICK-42 and tick-7")
+    assert prompt_texts(out.requests[0])[-1] == "see [TICKET] and [TICKET]"
+    assert out.result.text == "ok"
+    (violation,) = out.result.violations
+    assert violation["message"] == "Regex filter: redacted content matching patterns: ticket"
+    assert [m["index"] for m in violation["detail"]["matches"]] == [4, 16]
+
+
+async def test_output_redact_catches_a_match_split_across_chunks(address: str) -> None:
+    cfg = make_config(
+        address,
+        output_processors=[ref("regex-filter", presets=["pii"], strategy="redact", phase="output")],
+        responses=[{"deltas": ["write to jo", "hn@example.com", " today"]}],
+    )
+    out = await run(cfg, "hi", stream=True)
+    streamed = "".join(out.text_deltas())
+    assert "john@example.com" not in streamed
+    assert "hn@example.com" not in streamed
+    assert streamed == "write to jo[EMAIL] today"  # the part streamed before the match was complete stays
+    assert out.result.text == streamed
+
+
+async def test_output_block_ends_the_stream(address: str) -> None:
+    cfg = make_config(
+        address,
+        output_processors=[ref("regex-filter", presets=["urls"], phase="output")],
+        responses=[{"deltas": ["see ", "https://evil.example/x", " now"]}],
+    )
+    out = await run(cfg, "hi", stream=True)
+    assert out.kinds()[-1] == "tripwire"
+    assert (
+        out.chunks[-1]["payload"]["reason"]
+        == "Regex filter: blocked streaming content matching patterns: url"
+    )
+    assert out.text_deltas() == ["see "]
+
+
+async def test_input_phase_leaves_output_alone_and_warn_passes(address: str) -> None:
+    cfg = make_config(
+        address,
+        input_processors=[ref("regex-filter", presets=["urls"], strategy="warn")],
+        output_processors=[ref("regex-filter", presets=["urls"], phase="input")],
+        responses=[{"text": "visit https://example.com"}],
+    )
+    out = await run(cfg, "is https://example.com safe?")
+    assert out.result.text == "visit https://example.com"
+    assert "https://example.com" in prompt_texts(out.requests[0])[-1]
+    assert [v["message"] for v in out.result.violations] == [
+        "Regex filter: matched content matching patterns: url"
+    ]
+
+
+async def test_a_rule_or_preset_is_required(address: str) -> None:
+    with pytest.raises(ProcessorFailedError, match="at least one rule or preset"):
+        await run(make_config(address, input_processors=[ref("regex-filter")]))

@@ -1,0 +1,199 @@
+"""response-cache through a real `procmesh-sidecar response-cache` process, with the in-memory
+backend and with a real redis-server that this module starts on a unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+from orchestrator.agent import CallOptions
+from orchestrator.app import App
+from orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.builtins.harness import call, make_config, model_requests, ref, start
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+RESPONSES = [{"text": "first answer"}, {"text": "second answer"}, {"text": "third answer"}]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def address(start_sidecar: Callable[..., SidecarProcess]) -> str:
+    return await start(start_sidecar, "response-cache")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def redis_url() -> AsyncIterator[str]:
+    """A real redis-server (Debian's package) on a private unix socket, without persistence."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (.ci/run installs the Debian package)")
+    folder = Path(tempfile.mkdtemp(prefix="pm-redis-"))
+    sock = folder / "redis.sock"
+    proc = subprocess.Popen(  # noqa: ASYNC220 (started once per module, before any request)
+        [
+            binary,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"unix://{sock}"
+    client = aioredis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await client.ping()
+            break
+        except (aioredis.ConnectionError, FileNotFoundError, OSError):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise
+            await asyncio.sleep(0.05)
+    await client.aclose()
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def cfg(address: str, responses: list[dict] | None = None, **options: object) -> object:
+    return make_config(
+        address, input_processors=[ref("response-cache", **options)], responses=responses or RESPONSES
+    )
+
+
+def ctx(**values: object) -> CallOptions:
+    return CallOptions(request_context=dict(values))
+
+
+async def test_identical_call_is_served_from_cache(address: str) -> None:
+    async with App(cfg(address, scope="t-identical")) as app:
+        first = await call(app, "what is up?", stream=True)
+        second = await call(app, "what is up?", stream=True)
+        third = await call(app, "what is up?")
+        assert first.result.text == second.result.text == third.result.text == "first answer"
+        assert len(model_requests(app)) == 1  # the later calls never reached the model
+        assert second.text_deltas() == first.text_deltas() == ["first", " answer"]  # replayed as streamed
+        assert second.kinds()[-1] == "finish"
+
+
+async def test_different_prompts_get_different_entries(address: str) -> None:
+    async with App(cfg(address, scope="t-different")) as app:
+        a = await call(app, "question A")
+        b = await call(app, "question B")
+        assert (a.result.text, b.result.text) == ("first answer", "second answer")
+        assert len(model_requests(app)) == 2
+
+
+async def test_failed_steps_are_never_written(address: str) -> None:
+    responses = [
+        {"error": {"status": 400, "message": "bad request"}},
+        {"text": "filtered", "finishReason": "content-filter"},
+        {"text": "good"},
+        {"text": "unused"},
+    ]
+    async with App(cfg(address, responses, scope="t-failed")) as app:
+        with pytest.raises(Exception, match="bad request"):
+            await call(app, "q")
+        assert (await call(app, "q")).result.text == "filtered"  # not cached: odd finish reason
+        assert (await call(app, "q")).result.text == "good"
+        assert (await call(app, "q")).result.text == "good"  # now from the cache
+        assert len(model_requests(app)) == 3
+
+
+async def test_bust_skips_the_read_but_rewrites(address: str) -> None:
+    async with App(cfg(address, scope="t-bust")) as app:
+        assert (await call(app, "q")).result.text == "first answer"
+        busted = await call(app, "q", options=ctx(responseCache={"bust": True}))
+        assert busted.result.text == "second answer"
+        assert (await call(app, "q")).result.text == "second answer"  # the busted call rewrote the entry
+        assert len(model_requests(app)) == 2
+
+
+async def test_per_call_key_shares_an_entry_across_prompts(address: str) -> None:
+    async with App(cfg(address, scope="t-key")) as app:
+        options = ctx(responseCache={"key": "suggested-prompt-1"})
+        assert (await call(app, "one wording", options=options)).result.text == "first answer"
+        assert (await call(app, "another wording", options=options)).result.text == "first answer"
+        assert len(model_requests(app)) == 1
+
+
+async def test_scope_by_resource_id_explicit_scope_and_shared_null(address: str) -> None:
+    async with App(cfg(address)) as app:  # default scope: the request's resource id
+        alice = ctx(mastra__resourceId="alice")
+        bob = ctx(mastra__resourceId="bob")
+        assert (await call(app, "q", options=alice)).result.text == "first answer"
+        assert (await call(app, "q", options=bob)).result.text == "second answer"  # isolated per user
+        assert (await call(app, "q", options=alice)).result.text == "first answer"
+        # a per-call scope overrides the resource id; null opts out of isolation
+        shared_alice = ctx(mastra__resourceId="alice", responseCache={"scope": None})
+        shared_bob = ctx(mastra__resourceId="bob", responseCache={"scope": None})
+        assert (await call(app, "q", options=shared_alice)).result.text == "third answer"
+        assert (await call(app, "q", options=shared_bob)).result.text == "third answer"
+        assert len(model_requests(app)) == 3
+
+
+async def test_every_step_of_a_tool_loop_is_cached(address: str) -> None:
+    tools = {"lookup": {"result": {"v": 1}}}
+    responses = [{"toolCalls": [{"name": "lookup", "args": {"q": "x"}}]}, {"text": "looked up"}]
+    config = make_config(
+        address, input_processors=[ref("response-cache", scope="t-loop")], responses=responses, tools=tools
+    )
+    async with App(config) as app:
+        first = await call(app, "look it up")
+        second = await call(app, "look it up")
+        assert first.result.text == second.result.text == "looked up"
+        assert len(model_requests(app)) == 2  # two steps once; the repeat hit the cache at both steps
+        assert [s["toolCalls"][0]["toolName"] for s in second.result.steps[:1]] == ["lookup"]
+
+
+async def test_ttl_expires_entries(address: str) -> None:
+    async with App(cfg(address, scope="t-ttl", ttl=0.3)) as app:
+        assert (await call(app, "q")).result.text == "first answer"
+        assert (await call(app, "q")).result.text == "first answer"
+        await asyncio.sleep(0.4)
+        assert (await call(app, "q")).result.text == "second answer"
+
+
+async def test_redis_backend_shares_entries_and_writes_ttl_in_ms(address: str, redis_url: str) -> None:
+    options = {"backend": "redis", "url": redis_url, "ttl": 120, "scope": None}
+    async with App(cfg(address, **options)) as one:
+        assert (await call(one, "shared question")).result.text == "first answer"
+    async with App(cfg(address, **options)) as other:  # another orchestrator, same Redis
+        assert (await call(other, "shared question")).result.text == "first answer"
+        assert model_requests(other) == []
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = await client.keys("procmesh:agent-response:a:*")
+        assert len(keys) == 1
+        assert 110_000 < await client.pttl(keys[0]) <= 120_000
+        stored = json.loads(await client.get(keys[0]))
+        assert [c["type"] for c in stored["chunks"]] == ["text-delta", "finish"]
+    finally:
+        await client.aclose()
+
+
+async def test_redis_down_never_fails_the_run(address: str, tmp_path: Path) -> None:
+    url = f"unix://{tmp_path}/nobody-listens.sock"
+    async with App(cfg(address, backend="redis", url=url)) as app:
+        assert (await call(app, "q")).result.text == "first answer"
+        assert (await call(app, "q")).result.text == "second answer"  # no cache, but no failure

@@ -1,14 +1,17 @@
 """`procmesh scenario run FILE`: run a conformance scenario and build its trace (FORMAT.md).
 
-The scenario's scripted processors are served by a separate sidecar process
-(``procmesh-sidecar scripted``) reached over a unix socket, as a user's would be.
+The scenario's scripted processors are served by a separate sidecar process reached over a
+unix socket, as a user's would be: ``procmesh-sidecar scripted`` (Python, the default) or,
+with ``--sidecar-runtime node``, ``node sdk/node/scripted/serve.mjs`` (the Node SDK).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from orchestrator.agent import CallOptions, RunResult
@@ -20,6 +23,38 @@ from orchestrator.sidecar_process import SidecarProcess
 
 _LANES = ("inputProcessors", "outputProcessors", "errorProcessors")
 _KEPT_SIGNAL_KEYS = ("type", "tagName", "contents", "attributes", "transient")
+
+SIDECAR_RUNTIMES = ("python", "node")
+"""Where a scenario's scripted processors can run: the Python SDK or the Node SDK."""
+NODE_SDK = Path(__file__).resolve().parent.parent / "sdk" / "node"
+
+
+def node_command(script: Path, *args: str) -> list[str]:
+    """``node SCRIPT ARGS...`` for a Node SDK script; a clear error when Node or its packages are missing.
+
+    The binary is ``$PROCMESH_NODE`` or ``node`` on the PATH (Node.js 20 or newer).
+    """
+    wanted = os.environ.get("PROCMESH_NODE") or "node"
+    node = shutil.which(wanted)
+    if not node:
+        raise RuntimeError(
+            f"the node sidecar runtime needs Node.js 20+ ({wanted!r} not found): put `node` on PATH "
+            "or set PROCMESH_NODE"
+        )
+    if not (NODE_SDK / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        raise RuntimeError(f"the Node SDK's packages are not installed: run `npm ci --prefix {NODE_SDK}`")
+    return [node, str(script), *args]
+
+
+def scripted_sidecar(runtime: str, scenario_path: str, address: str, log_path: str) -> SidecarProcess:
+    """The process serving a scenario's scripted processors on `address`, in `runtime`."""
+    proc = SidecarProcess(["scripted", "--scenario", scenario_path], address, log_path=log_path)
+    if runtime == "node":
+        script = NODE_SDK / "scripted" / "serve.mjs"
+        proc.args = node_command(script, "--scenario", scenario_path, "--listen", address)
+    elif runtime != "python":
+        raise ValueError(f"unknown sidecar runtime {runtime!r} (choose from {', '.join(SIDECAR_RUNTIMES)})")
+    return proc
 
 
 def _has_processors(scenario: dict[str, Any]) -> bool:
@@ -124,15 +159,20 @@ def _result(result: RunResult) -> dict[str, Any]:
     }
 
 
-async def run_scenario(scenario: dict[str, Any], scenario_path: str) -> dict[str, Any]:
-    """Run one scenario end to end and return its trace."""
+async def run_scenario(
+    scenario: dict[str, Any], scenario_path: str, *, sidecar_runtime: str = "python"
+) -> dict[str, Any]:
+    """Run one scenario end to end and return its trace.
+
+    `sidecar_runtime` picks the SDK serving the scripted processors (`SIDECAR_RUNTIMES`).
+    """
     with tempfile.TemporaryDirectory(prefix="procmesh-scenario-") as tmp:
         sidecar = None
         address = None
         if _has_processors(scenario):
             address = f"unix://{os.path.join(tmp, 'scripted.sock')}"
-            sidecar = SidecarProcess(
-                ["scripted", "--scenario", scenario_path], address, log_path=os.path.join(tmp, "sidecar.log")
+            sidecar = scripted_sidecar(
+                sidecar_runtime, scenario_path, address, log_path=os.path.join(tmp, "sidecar.log")
             )
             sidecar.start()
         try:

@@ -131,6 +131,7 @@ async def test_unknown_workflow_and_bad_map_are_config_errors(examples: str) -> 
 async def test_options_are_checked_at_start_against_the_published_schema(examples: str) -> None:
     bad = {"processor": "ex/topic-guard", "options": {"words": "jailbreak"}}
     cfg = make(examples, {}, inputProcessors=[bad])
-    with pytest.raises(ConfigError, match=r"agents\.a\.inputProcessors\.0\.options\.words: 'jailbreak' is not"):
+    where = r"agents\.a\.inputProcessors\.0\.options\.words"
+    with pytest.raises(ConfigError, match=where + ": 'jailbreak' is not"):
         async with App(cfg):
             pass

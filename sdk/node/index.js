@@ -1,0 +1,29 @@
+'use strict';
+// @procmesh/sdk: write Mastra-style processors in JavaScript/TypeScript and serve them as
+// procmesh gRPC sidecars. A processor is any object with a string `id` and camelCase hooks
+// (processInput, processOutputStream, ...); `serve([processors], { address })` hosts them.
+
+const convert = require('./lib/convert');
+const errors = require('./lib/errors');
+const { HOOK_NAMES, MessageList, Processor, RequestContext, TripWire, Writer } = require('./lib/processor');
+const { ProcessorServer, SERVICE_NAME, loadContract, protoDir, run, serve, settingsFromArgs } = require('./lib/server');
+const { version } = require('./package.json');
+
+module.exports = {
+  HOOK_NAMES,
+  MessageList,
+  Processor,
+  ProcessorServer,
+  RequestContext,
+  SERVICE_NAME,
+  TripWire,
+  Writer,
+  convert,
+  errors,
+  loadContract,
+  protoDir,
+  run,
+  serve,
+  settingsFromArgs,
+  version,
+};

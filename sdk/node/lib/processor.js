@@ -1,0 +1,182 @@
+'use strict';
+// What a hook is handed: abort (TripWire), sendSignal, writer, reportViolation, the message
+// list, the request context. The twin of the Python SDK's procmesh/_processor.py.
+
+const { InvalidInputError } = require('./errors');
+
+/** The hooks, in the order of the Hook enum: [method name, RPC name, enum name]. */
+const HOOKS = [
+  ['processInput', 'ProcessInput', 'HOOK_PROCESS_INPUT'],
+  ['processInputStep', 'ProcessInputStep', 'HOOK_PROCESS_INPUT_STEP'],
+  ['processLLMRequest', 'ProcessLLMRequest', 'HOOK_PROCESS_LLM_REQUEST'],
+  ['processLLMResponse', 'ProcessLLMResponse', 'HOOK_PROCESS_LLM_RESPONSE'],
+  ['processOutputStream', 'ProcessOutputStream', 'HOOK_PROCESS_OUTPUT_STREAM'],
+  ['processOutputStep', 'ProcessOutputStep', 'HOOK_PROCESS_OUTPUT_STEP'],
+  ['processToolResult', 'ProcessToolResult', 'HOOK_PROCESS_TOOL_RESULT'],
+  ['processOutputResult', 'ProcessOutputResult', 'HOOK_PROCESS_OUTPUT_RESULT'],
+  ['processAPIError', 'ProcessAPIError', 'HOOK_PROCESS_API_ERROR'],
+];
+const HOOK_NAMES = HOOKS.map(([name]) => name);
+
+const SIGNAL_TYPES = new Set(['reactive', 'user', 'notification', 'state', 'system-reminder', 'user-message']);
+const TAG_NAME = /^[A-Za-z_][A-Za-z0-9_.-]*$/;
+
+/**
+ * Thrown by `abort()`: ends the hook and tells the orchestrator to stop (or retry the step).
+ * A hook may also throw one itself: `throw new TripWire(reason, { retry, metadata })`.
+ */
+class TripWire extends Error {
+  constructor(reason, options = {}, processorId = undefined) {
+    super(reason || '');
+    this.name = 'TripWire';
+    this.reason = reason || '';
+    this.options = { retry: Boolean(options && options.retry), metadata: options ? options.metadata : undefined };
+    this.retry = this.options.retry;
+    this.metadata = this.options.metadata;
+    this.processorId = processorId;
+  }
+}
+
+/**
+ * Optional base class. Any object with a string `id` and at least one hook method can be
+ * served; extending this only documents the fields the server reads.
+ */
+class Processor {
+  constructor() {
+    if (this.id === undefined) this.id = '';
+  }
+
+  /** Prepare resources; health reports SERVING only after every setup() resolved. */
+  async setup() {}
+
+  /** Release resources when the server stops. */
+  async teardown() {}
+}
+
+function plainObject(value) {
+  return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+/** What a hook did besides its return value: abort, signals, custom chunks, violations. */
+class HookEffects {
+  constructor(processorId) {
+    this.processorId = processorId;
+    this.signals = [];
+    this.customChunks = [];
+    this.violations = [];
+    this.abort = null;
+    this.abortHook = (reason, options) => {
+      throw new TripWire(reason || `Tripwire triggered by ${processorId}`, options || {}, processorId);
+    };
+    this.sendSignal = async (signal) => this.addSignal(signal);
+    this.reportViolation = (message, detail) => {
+      this.violations.push([String(message), detail]);
+    };
+  }
+
+  addSignal(signal) {
+    if (!plainObject(signal)) {
+      throw new InvalidInputError("sendSignal expects an object like { type: 'reactive', contents: '...' }");
+    }
+    const kind = signal.type === undefined ? 'reactive' : signal.type;
+    if (!SIGNAL_TYPES.has(kind)) throw new InvalidInputError(`sendSignal: unknown signal type ${JSON.stringify(kind)}`);
+    if (typeof signal.contents !== 'string') throw new InvalidInputError("sendSignal: 'contents' must be a string");
+    const tag = signal.tagName;
+    if (tag !== undefined && tag !== null && tag !== '' && !(typeof tag === 'string' && TAG_NAME.test(tag))) {
+      throw new InvalidInputError(`sendSignal: invalid tagName ${JSON.stringify(tag)}`);
+    }
+    for (const key of ['attributes', 'metadata']) {
+      if (signal[key] !== undefined && signal[key] !== null && !plainObject(signal[key])) {
+        throw new InvalidInputError(`sendSignal: '${key}' must be an object`);
+      }
+    }
+    for (const attr of Object.keys(signal.attributes || {})) {
+      if (!TAG_NAME.test(attr)) throw new InvalidInputError(`sendSignal: invalid attribute name ${JSON.stringify(attr)}`);
+    }
+    if (kind === 'state' && signal.transient) throw new InvalidInputError('sendSignal: state signals cannot be transient');
+    this.signals.push({ ...signal });
+  }
+}
+
+/** The hook's `writer`: `custom()` emits a data-* chunk to the client. */
+class Writer {
+  constructor(effects) {
+    this._effects = effects;
+  }
+
+  /** Emit a custom chunk `{ type: 'data-...', data }`. */
+  async custom(chunk) {
+    const kind = plainObject(chunk) ? chunk.type : undefined;
+    if (typeof kind !== 'string' || !kind.startsWith('data-')) {
+      throw new InvalidInputError(`writer.custom: chunk type must start with 'data-', got ${JSON.stringify(kind ?? null)}`);
+    }
+    this._effects.customChunks.push(chunk);
+  }
+}
+
+/**
+ * The live message list a hook may edit in place; edits are sent back to the orchestrator.
+ * `messages` arguments are snapshots, this is the list itself. Besides `getAll()`, the
+ * reference engine's `get.all.db()` reads it too.
+ */
+class MessageList {
+  constructor(messages) {
+    this._messages = [...messages];
+    this.modified = false;
+  }
+
+  /** Every message, in order. */
+  getAll() {
+    return [...this._messages];
+  }
+
+  /** The reference engine's read views: `messageList.get.all.db()`. */
+  get get() {
+    const all = () => this.getAll();
+    return { all: { db: all } };
+  }
+
+  /** Append a message (replaces the message with the same id, if any). */
+  add(message) {
+    const list = Array.isArray(message) ? message : [message];
+    for (const msg of list) {
+      this.removeByIds([msg && msg.id]);
+      this._messages.push(msg);
+      this.modified = true;
+    }
+    return this;
+  }
+
+  /** Remove the messages with these ids. */
+  removeByIds(ids) {
+    const drop = new Set(ids);
+    const kept = this._messages.filter((m) => !drop.has(m && m.id));
+    if (kept.length !== this._messages.length) {
+      this._messages = kept;
+      this.modified = true;
+    }
+    return this;
+  }
+
+  /** Replace the message with the same id in place. */
+  replace(message) {
+    const i = this._messages.findIndex((m) => m && message && m.id === message.id);
+    if (i < 0) throw new InvalidInputError(`messageList.replace: no message with id ${JSON.stringify(message && message.id)}`);
+    this._messages[i] = message;
+    this.modified = true;
+    return this;
+  }
+}
+
+/** The caller's request context: a Map (`get(key)` as in the reference engine) that serializes as an object. */
+class RequestContext extends Map {
+  constructor(entries) {
+    super(entries instanceof Map ? entries : Object.entries(entries || {}));
+  }
+
+  toJSON() {
+    return Object.fromEntries(this);
+  }
+}
+
+module.exports = { HOOKS, HOOK_NAMES, HookEffects, MessageList, Processor, RequestContext, TripWire, Writer };

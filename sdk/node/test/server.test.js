@@ -1,0 +1,38 @@
+'use strict';
+// A real server on TCP port 0, called with a @grpc/grpc-js client built from the same contract.
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const grpc = require('@grpc/grpc-js');
+
+const { ProcessorServer, loadContract } = require('..');
+
+test('a TCP server resolves port 0, answers Describe and hooks, and stops', async () => {
+  const processor = {
+    id: 'upper',
+    async processOutputStep({ text, state }) {
+      state.seen = text.toUpperCase();
+      return [];
+    },
+  };
+  const server = await new ProcessorServer([processor], { address: '127.0.0.1:0', logLevel: 'ERROR' }).start();
+  const [address] = server.addresses;
+  assert.match(address, /^127\.0\.0\.1:[1-9]\d*$/);
+  const { ProcessorService } = loadContract();
+  const client = new ProcessorService(address, grpc.credentials.createInsecure());
+  const call = (method, request) =>
+    new Promise((resolve, reject) => client[method](request, (err, resp) => (err ? reject(err) : resolve(resp))));
+  const described = await call('Describe', {});
+  assert.deepEqual(described.processors.map((p) => [p.id, p.hooks]), [['upper', ['HOOK_PROCESS_OUTPUT_STEP']]]);
+  const resp = await call('ProcessOutputStep', { context: { processor_id: 'upper' }, text: 'hi' });
+  assert.equal(resp.effects.state.fields.seen.stringValue, 'HI');
+  await assert.rejects(call('ProcessInput', { context: { processor_id: 'upper' } }), (err) => err.code === grpc.status.UNIMPLEMENTED);
+  client.close();
+  await server.stop(1);
+});
+
+test('a processor without id or hooks is refused when the server is built', () => {
+  assert.throws(() => new ProcessorServer([{ processInput() {} }]), /has no id/);
+  assert.throws(() => new ProcessorServer([{ id: 'x' }]), /implements no hook/);
+  assert.throws(() => new ProcessorServer([{ id: 'x', processInput() {} }, { id: 'x', processInput() {} }]), /share the id/);
+  assert.throws(() => new ProcessorServer([]), /at least one processor/);
+});

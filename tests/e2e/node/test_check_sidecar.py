@@ -1,0 +1,147 @@
+"""`procmesh check-sidecar` passes both SDKs' sidecars and fails deliberately broken ones.
+
+The checker runs as the installed console script, as CI would run it; the sidecars are the
+package's Node and Python example processes, and two processes of
+tests/fixtures/broken_sidecar.py (a raw servicer that answers stream parts out of order, never
+sends StreamEnd and skips request validation; one variant also dies on malformed input).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from orchestrator.sidecar_process import SidecarProcess
+from tests.conftest import BIN
+from tests.e2e.node.conftest import Sidecars, wait_all
+
+pytestmark = pytest.mark.e2e
+
+BROKEN = "tests.fixtures.broken_sidecar"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One checker run: exit code and the report lines by status."""
+
+    code: int
+    stdout: str
+
+    def lines(self, status: str) -> list[str]:
+        return [line for line in self.stdout.splitlines() if line.startswith(status)]
+
+    @property
+    def summary(self) -> str:
+        return self.stdout.strip().splitlines()[-1]
+
+    def has(self, status: str, text: str) -> bool:
+        return any(text in line for line in self.lines(status))
+
+
+def check(address: str, *args: str) -> Outcome:
+    proc = subprocess.run(
+        [str(BIN / "procmesh"), "check-sidecar", address, "--timeout", "3", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return Outcome(proc.returncode, proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def broken(sidecars: Sidecars) -> Iterator[tuple[str, str]]:
+    """(misbehaving, dying) broken sidecar addresses."""
+    procs = [
+        SidecarProcess(
+            [],
+            f"unix://{sidecars.dir / name}.sock",
+            log_path=str(sidecars.dir / f"{name}.log"),
+            module=BROKEN,
+        )
+        for name in ("broken", "dying")
+    ]
+    procs[1].args.append("--exit-on-malformed")
+    for proc in procs:
+        proc.start()
+    try:
+        wait_all(procs)
+        yield procs[0].address, procs[1].address
+    finally:
+        for proc in procs:
+            proc.stop(grace=1.0)
+
+
+def assert_all_pass(outcome: Outcome, processors: list[str]) -> None:
+    assert outcome.code == 0, outcome.stdout
+    assert not outcome.lines("FAIL"), outcome.stdout
+    assert " passed, 0 failed, " in outcome.summary, outcome.summary
+    for pid in processors:
+        assert outcome.has("PASS", f"{pid}: deadline respected"), outcome.stdout
+        assert outcome.has("PASS", f"{pid}: state round-trip"), outcome.stdout
+        assert outcome.has("PASS", f"{pid}: undeclared hooks answer UNIMPLEMENTED"), outcome.stdout
+    for text in ("health", "Describe", "still SERVING after malformed requests", "still SERVING at the end"):
+        assert outcome.has("PASS", text), outcome.stdout
+
+
+def test_the_python_sdk_sidecar_passes(sidecars: Sidecars) -> None:
+    outcome = check(sidecars.python)
+    assert_all_pass(outcome, ["pii-redactor", "topic-guard", "word-filter", "length-check", "word-counter"])
+    assert outcome.has("PASS", "word-counter ProcessOutputStream: batches answered in order")
+    assert outcome.has("PASS", "malformed ProcessInput: message part without kind: INVALID_ARGUMENT")
+    assert outcome.has("PASS", "malformed ProcessOutputStream: unknown processor: NOT_FOUND")
+    # The probes made two of them abort; the encoding was checked.
+    assert outcome.has("PASS", "topic-guard: abort/retry encoding: ProcessInput: reason")
+    assert outcome.has("PASS", "length-check: abort/retry encoding: ProcessOutputStep: reason")
+    assert outcome.has("SKIP", "word-filter: abort/retry encoding")
+
+
+def test_the_node_sdk_sidecar_passes(sidecars: Sidecars) -> None:
+    outcome = check(sidecars.node)
+    assert_all_pass(outcome, ["stream-filter", "response-validator", "word-counter"])
+    assert outcome.has("PASS", "Describe: sdk procmesh-node/")
+    assert outcome.has("PASS", "stream-filter ProcessOutputStream: batches answered in order")
+    assert outcome.has("PASS", "word-counter ProcessOutputStream: StreamEnd")
+    assert outcome.has("PASS", "malformed ProcessOutputStep: message part without kind: INVALID_ARGUMENT")
+    assert outcome.has("PASS", "response-validator: abort/retry encoding: ProcessOutputStep: reason")
+    assert outcome.has("PASS", "word-counter: state round-trip: 2 hook(s) return the whole state")
+
+
+def test_one_processor_can_be_checked_alone(sidecars: Sidecars) -> None:
+    outcome = check(sidecars.node, "--processor", "word-counter", "--options", "{}")
+    assert outcome.code == 0, outcome.stdout
+    assert outcome.has("PASS", "word-counter ProcessOutputResult: valid requests")
+    assert "stream-filter ProcessOutputStream" not in outcome.stdout
+
+    missing = check(sidecars.node, "--processor", "no-such-processor")
+    assert missing.code == 1
+    assert missing.has("FAIL", "--processor: 'no-such-processor' is not hosted here")
+
+
+def test_a_broken_sidecar_fails_with_the_broken_rules_named(broken: tuple[str, str]) -> None:
+    outcome = check(broken[0])
+    assert outcome.code == 1, outcome.stdout
+    assert outcome.has(
+        "FAIL", "malformed ProcessInput: empty processor_id: expected INVALID_ARGUMENT, got OK"
+    )
+    assert outcome.has("FAIL", "malformed ProcessInput: unknown processor: expected NOT_FOUND, got OK")
+    assert outcome.has(
+        "FAIL", "message part without kind: expected INVALID_ARGUMENT, got UNKNOWN (looks like a crash)"
+    )
+    assert outcome.has(
+        "FAIL", "broken ProcessOutputStream: batches answered in order: result 1 carries seq 3"
+    )
+    assert outcome.has("FAIL", "broken ProcessOutputStream: StreamEnd: no StreamEnd after the half-close")
+    assert ", 0 failed, " not in outcome.summary
+
+
+def test_a_sidecar_that_dies_on_malformed_input_fails_without_hanging(broken: tuple[str, str]) -> None:
+    outcome = check(broken[1])
+    assert outcome.code == 1, outcome.stdout
+    assert outcome.has("FAIL", "message part without kind: expected INVALID_ARGUMENT, got UNAVAILABLE")
+    assert outcome.has("FAIL", "still SERVING after malformed requests")
+    assert outcome.has("FAIL", "sidecar reachable")

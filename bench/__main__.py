@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from bench.echo_server import METHOD
+from bench.echo_server import METHOD, STREAM_METHOD
 from bench.processors import processors as bench_processors
 from orchestrator.agent import Agent, AgentSpec, CallOptions, Lanes
 from orchestrator.metrics import OrchestratorMetrics
@@ -290,6 +290,32 @@ async def chunk_latencies(output: list[ProcessorHandle], n: int) -> list[float]:
     return lat
 
 
+async def raw_chain_latencies(address: str, n: int) -> list[float]:
+    """The floor under P3: one chunk-sized message through 3 raw gRPC bidi echo hops in a row, 50/s."""
+    payload = ppb.ProcessOutputStreamRequest(
+        parts=[
+            ppb.StreamPart(
+                seq=1, part=convert.chunk_to_proto({"type": "text-delta", "payload": {"text": "7 "}})
+            )
+        ]
+    ).SerializeToString()
+    channel = grpc.aio.insecure_channel(address)
+    calls = [channel.stream_stream(STREAM_METHOD)() for _ in range(3)]
+    lat = []
+    for i in range(n):
+        if i:
+            await asyncio.sleep(0.02)
+        t0 = time.perf_counter()
+        for call in calls:
+            await call.write(payload)
+            await call.read()
+        lat.append((time.perf_counter() - t0) * 1000)
+    for call in calls:
+        call.cancel()
+    await channel.close()
+    return lat
+
+
 async def concurrent_runs(output: list[ProcessorHandle], runs: int, n_deltas: int) -> tuple[int, float]:
     async def one() -> bool:
         count, error = await stream_run(agent_with(ScriptedModel(deltas(n_deltas)), output))
@@ -361,11 +387,15 @@ async def main() -> dict[str, Any]:
         n3 = 100 if QUICK else 250
         base = await chunk_latencies([], n3)
         lat = await chunk_latencies(side, n3)
+        raw = await raw_chain_latencies(uds["echo"], n3)
         results.update(
             p3_p50_ms=pct(lat, 0.5),
             p3_p99_ms=pct(lat, 0.99),
             p3_baseline_p50_ms=pct(base, 0.5),
             p3_baseline_p99_ms=pct(base, 0.99),
+            p3_raw_grpc_floor_p50_ms=pct(raw, 0.5),
+            p3_raw_grpc_floor_p99_ms=pct(raw, 0.99),
+            p3_ratio_p99_vs_raw_floor=pct(lat, 0.99) / pct(raw, 0.99),
             p3_added_p99_ms=pct(lat, 0.99) - pct(base, 0.5),
         )
 
@@ -437,8 +467,11 @@ def table(r: dict[str, Any]) -> str:
         (
             "P3 50 chunks/s, 3 sidecars",
             f"per-chunk latency p50 {f(r['p3_p50_ms'], 3)} ms, p99 {f(r['p3_p99_ms'], 3)} ms"
-            f" (no processors p50 {f(r['p3_baseline_p50_ms'], 3)} ms)",
-            f"p99 {f(r['p3_p99_ms'], 3)} ms (goal <= 2 ms)",
+            f" (no processors p50 {f(r['p3_baseline_p50_ms'], 3)} ms); 3 raw gRPC bidi echo hops "
+            f"p50 {f(r['p3_raw_grpc_floor_p50_ms'], 3)} ms, "
+            f"p99 {f(r['p3_raw_grpc_floor_p99_ms'], 3)} ms",
+            f"p99 {f(r['p3_p99_ms'], 3)} ms (goal <= 2 ms); "
+            f"{f(r['p3_ratio_p99_vs_raw_floor'])}x the raw floor",
         ),
         (
             "P5 slow sidecar vs a 200 ms run deadline",

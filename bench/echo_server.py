@@ -5,18 +5,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 
 import grpc
 
 METHOD = "/bench.Echo/Echo"
+STREAM_METHOD = "/bench.Echo/EchoStream"
 
 
 async def serve(addresses: list[str]) -> None:
     async def echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         return request
 
+    async def echo_stream(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield request
+
     handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        "bench.Echo",
+        {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo),
+            "EchoStream": grpc.stream_stream_rpc_method_handler(echo_stream),
+        },
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))

@@ -648,6 +648,7 @@ class _Run:
             else:
                 self.model_requests.append(request)
                 chunks = cfg.model.stream(request)
+            started = time.perf_counter()
             try:
                 async for chunk in chunks:
                     outcome.raw_chunks.append(chunk)
@@ -661,6 +662,9 @@ class _Run:
                 self.metrics.model_calls.labels(cfg.model.model_id, "error").inc()
                 raise
             if cached is None:
+                self.metrics.model_call_duration.labels(cfg.model.model_id).observe(
+                    time.perf_counter() - started
+                )
                 self.metrics.model_calls.labels(cfg.model.model_id, "ok").inc()
                 for direction, key in (("input", "inputTokens"), ("output", "outputTokens")):
                     self.metrics.model_tokens.labels(cfg.model.model_id, direction).inc(

@@ -74,6 +74,13 @@ class OrchestratorMetrics:
             ["model", "outcome"],
             registry=r,
         )
+        self.model_call_duration = Histogram(
+            "procmesh_model_call_duration_seconds",
+            "Successful model calls, first request to last chunk (processing of the stream included).",
+            ["model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.model_tokens = Counter(
             "procmesh_model_tokens_total",
             "Tokens reported by the provider.",

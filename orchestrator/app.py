@@ -239,8 +239,9 @@ class App:
             )
         _check_options(ref, info, where)
         return ProcessorHandle(
-            key=ref.processor,
-            processor_id=ref.processor_id,
+            key=ref.processor if ref.name is None else f"{ref.processor}#{ref.name}",
+            processor_id=ref.instance,
+            hosted_id=ref.processor_id,
             client=self.clients[ref.sidecar],
             options=convert.to_struct(ref.options),
             hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),

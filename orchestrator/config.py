@@ -82,6 +82,9 @@ class ProcessorRef(_Model):
     options: dict[str, Any] = {}
     timeout: float | None = Field(default=None, gt=0)
     on_failure: FailurePolicy | None = None
+    name: str | None = None
+    """This instance's name (default: the processor id): several instances of one processor, each
+    with its own options, state and tripwire id, and the key a workflow's ``map`` picks."""
     mode: Literal["enforce", "shadow"] = "enforce"
     """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
 
@@ -97,6 +100,11 @@ class ProcessorRef(_Model):
     def sidecar(self) -> str:
         """The sidecar's name."""
         return self.processor.partition("/")[0]
+
+    @property
+    def instance(self) -> str:
+        """The name the run knows this entry by."""
+        return self.name or self.processor_id
 
     @property
     def processor_id(self) -> str:
@@ -163,7 +171,7 @@ class ParallelStep(_Model):
         if not self.parallel:
             raise ValueError("parallel needs at least one branch")
         if self.map is not None:
-            ids = [f"processor:{r.processor_id}" for r in self.parallel]
+            ids = [f"processor:{r.instance}" for r in self.parallel]
             if self.map not in ids:
                 raise ValueError(f"map {self.map!r} names no branch (branches: {ids})")
         return self

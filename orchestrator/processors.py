@@ -51,6 +51,7 @@ class ProcessorHandle:
 
     key: str
     processor_id: str
+    """The processor's identity in the run: state, tripwires, violations, metrics (its `name`, or its id)."""
     client: ProcessorClient
     options: struct_pb2.Struct
     hooks: frozenset[str]
@@ -59,6 +60,8 @@ class ProcessorHandle:
     on_failure: str
     shadow: bool = False
     """Run and record the verdict, never enforce it (a shadow processor also always fails open)."""
+    hosted_id: str = ""
+    """The id the sidecar hosts it under, when the lane entry renamed it (several instances)."""
 
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""
@@ -172,7 +175,7 @@ class RunScope:
         retry_count: int | None = None,
     ) -> None:
         """Fill a request's RunContext for `handle`."""
-        ctx.processor_id = handle.processor_id
+        ctx.processor_id = handle.hosted_id or handle.processor_id
         ctx.run_id = self.run_id
         ctx.agent_id = self.agent_id
         ctx.step_number = self.step_number if step_number is None else step_number

@@ -661,6 +661,12 @@ class _Run:
             except APICallError:
                 self.metrics.model_calls.labels(cfg.model.model_id, "error").inc()
                 raise
+            # The step's end goes through the stream hooks too, so a processor holding parts back
+            # (batching, carry-over) can let them go before the step is over.
+            yield {
+                "type": "step-finish",
+                "payload": {"finishReason": outcome.finish_reason, "usage": outcome.usage},
+            }
             if cached is None:
                 self.metrics.model_call_duration.labels(cfg.model.model_id).observe(
                     time.perf_counter() - started
@@ -680,13 +686,6 @@ class _Run:
             self.emit(chunk)
 
         outcome.abort = await self.pipeline.run(source(), sink)
-        if outcome.abort is None:
-            self.emit(
-                {
-                    "type": "step-finish",
-                    "payload": {"finishReason": outcome.finish_reason, "usage": outcome.usage},
-                }
-            )
         return outcome
 
     async def _llm_response(self, outcome: _StepOutcome, model_id: str) -> None:

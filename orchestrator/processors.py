@@ -530,6 +530,8 @@ class _Stage:
             self.outq.put_nowait((_CHUNK, original))
         elif res.HasField("part"):
             self.outq.put_nowait((_CHUNK, res.part))
+            for extra in res.extra_parts:
+                self.outq.put_nowait((_CHUNK, extra))
 
     def _flush_one(self) -> None:
         kind, value, _ = self.pending.popleft()

@@ -284,8 +284,8 @@ export interface ProcessorHooks<O = any, S extends Record<string, any> = Record<
   processInputStep?(args: ProcessInputStepArgs<O, S>): Returns<ProcessInputStepResult | MastraDBMessage[] | MessageList>;
   processLLMRequest?(args: ProcessLLMRequestArgs<O, S>): Returns<ProcessLLMRequestResult>;
   processLLMResponse?(args: ProcessLLMResponseArgs<O, S>): Returns<unknown>;
-  /** Return the chunk to emit (the same or a new one), or nothing to drop it. */
-  processOutputStream?(args: ProcessOutputStreamArgs<O, S>): Returns<ChunkType>;
+  /** Return the chunk to emit (the same or a new one), several chunks (an array) in its place, or nothing to drop it. */
+  processOutputStream?(args: ProcessOutputStreamArgs<O, S>): Returns<ChunkType | ChunkType[]>;
   /** Return the messages that replace the list (`[]`: no change). */
   processOutputStep?(args: ProcessOutputStepArgs<O, S>): Returns<MastraDBMessage[] | MessageList>;
   /** Return the new result, or nothing to keep it. */

@@ -568,14 +568,18 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
                     )
                     out = await self._call_hook(hosted, hook, kwargs, effects)
                     if effects.abort is None and out is not None:
-                        if not isinstance(out, dict) or not isinstance(out.get("type"), str):
-                            raise InternalError(
-                                f"{hook} returned {type(out).__name__}; expected a chunk dict or None"
-                            )
-                        try:
-                            convert.chunk_to_proto(out, res.part)
-                        except (ValueError, TypeError) as exc:
-                            raise InternalError(f"{hook} returned a malformed chunk: {exc}") from exc
+                        # a list turns one part into several (empty: dropped)
+                        parts = out if isinstance(out, list) else [out]
+                        for i, chunk in enumerate(parts):
+                            if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str):
+                                raise InternalError(
+                                    f"{hook} returned {type(chunk).__name__}; "
+                                    "expected a chunk dict, a list of them, or None"
+                                )
+                            try:
+                                convert.chunk_to_proto(chunk, res.part if i == 0 else res.extra_parts.add())
+                            except (ValueError, TypeError) as exc:
+                                raise InternalError(f"{hook} returned a malformed chunk: {exc}") from exc
                     _fill_effects(res.effects, effects, None)
                     results.append(res)
                     if effects.abort is not None:

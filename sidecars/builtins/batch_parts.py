@@ -34,6 +34,18 @@ _LOOP_PARTS = ("tool-call", "tool-result", "tool-error")
 """Parts the loop acts on: never held back (a held tool call would never run)."""
 
 
+_STEP_ENDS = ("step-finish", "finish")
+"""A step's end: everything still batched is emitted before it."""
+
+
+def flush_all(state: dict[str, Any]) -> list[Chunk]:
+    """Everything batched, in order (text runs combined)."""
+    out: list[Chunk] = []
+    while (chunk := flush_batch(state)) is not None:
+        out.append(chunk)
+    return out
+
+
 def flush_batch(state: dict[str, Any]) -> Chunk | None:
     """Emit the batch: a leading non-text part alone, else the leading run of text deltas combined."""
     batch: list[Chunk] = state.get("batch") or []
@@ -65,13 +77,14 @@ class BatchParts(Processor):
 
     async def process_output_stream(
         self, part: Chunk, options: BatchPartsOptions, state: dict[str, Any]
-    ) -> Chunk | None:
+    ) -> Chunk | list[Chunk] | None:
         state.setdefault("batch", [])
         kind = str(part.get("type", ""))
-        if kind != "text-delta" and (options.emit_on_non_text or kind in _LOOP_PARTS):
-            # The reference flushes the batch first; one chunk per part allows only one, and a
-            # deferred tool call would never run, so the part goes now and the text stays batched.
-            return part
+        if kind in _STEP_ENDS or (kind != "text-delta" and (options.emit_on_non_text or kind in _LOOP_PARTS)):
+            # the batch goes first, then the part (a held tool call would never run; at a step's
+            # end nothing may stay behind)
+            flushed = flush_all(state)
+            return [*flushed, part] if flushed else part
         first_at = state.get("firstAt")
         timed_out = (
             options.max_wait_time is not None

@@ -866,7 +866,7 @@ async def test_stream_with_no_parts_still_ends_with_the_state(client: ProcessorC
     ("text", "message"),
     [
         ("boom", "processor 'censor' hook process_output_stream raised RuntimeError: stream exploded"),
-        ("bad", "process_output_stream returned str; expected a chunk dict or None"),
+        ("bad", "process_output_stream returned str; expected a chunk dict, a list of them, or None"),
     ],
 )
 async def test_stream_hook_failures_are_internal(client: ProcessorClient, text: str, message: str) -> None:

@@ -638,14 +638,21 @@ class Servicer {
         const out = await this.callHook(hosted, hook, args, effects);
         if (finished) return; // cancelled meanwhile
         if (!effects.abort && out !== undefined && out !== null) {
-          if (!plainObject(out) || typeof out.type !== 'string') {
-            throw new InternalError(`${hook} returned ${convert.describe(out)}; expected a chunk object or nothing`);
-          }
-          try {
-            result.part = convert.chunkToProto(out);
-          } catch (err) {
-            throw new InternalError(`${hook} returned a malformed chunk: ${err.message}`);
-          }
+          // an array turns one part into several (empty: dropped)
+          const parts = Array.isArray(out) ? out : [out];
+          parts.forEach((chunk, i) => {
+            if (!plainObject(chunk) || typeof chunk.type !== 'string') {
+              throw new InternalError(`${hook} returned ${convert.describe(chunk)}; expected a chunk object, an array of them, or nothing`);
+            }
+            let encoded;
+            try {
+              encoded = convert.chunkToProto(chunk);
+            } catch (err) {
+              throw new InternalError(`${hook} returned a malformed chunk: ${err.message}`);
+            }
+            if (i === 0) result.part = encoded;
+            else (result.extra_parts = result.extra_parts || []).push(encoded);
+          });
         }
         const fx = fillEffects(effects, undefined);
         if (fx.abort || fx.signals.length || fx.custom_chunks.length || fx.violations.length) result.effects = fx;

@@ -36,3 +36,34 @@ test('a processor without id or hooks is refused when the server is built', () =
   assert.throws(() => new ProcessorServer([{ id: 'x', processInput() {} }, { id: 'x', processInput() {} }]), /share the id/);
   assert.throws(() => new ProcessorServer([]), /at least one processor/);
 });
+
+test('processOutputStream may turn one part into several (an array), in order after the first', async () => {
+  const processor = {
+    id: 'split',
+    async processOutputStream({ part }) {
+      if (part.type !== 'text-delta') return part;
+      return part.payload.text.split('').map((ch) => ({ type: 'text-delta', payload: { text: ch } }));
+    },
+  };
+  const server = await new ProcessorServer([processor], { address: '127.0.0.1:0', logLevel: 'ERROR' }).start();
+  const { ProcessorService } = loadContract();
+  const client = new ProcessorService(server.addresses[0], grpc.credentials.createInsecure());
+  const stream = client.ProcessOutputStream();
+  const results = [];
+  const done = new Promise((resolve, reject) => {
+    stream.on('data', (msg) => results.push(...msg.results));
+    stream.on('end', resolve);
+    stream.on('error', reject);
+  });
+  stream.write({
+    context: { processor_id: 'split' },
+    parts: [{ seq: 1, part: { type: 'text-delta', text_delta: { text: 'abc' } } }],
+  });
+  stream.end();
+  await done;
+  assert.equal(results.length, 1);
+  assert.equal(results[0].part.text_delta.text, 'a');
+  assert.deepEqual(results[0].extra_parts.map((p) => p.text_delta.text), ['b', 'c']);
+  client.close();
+  await server.stop(1);
+});

@@ -547,6 +547,7 @@ class StreamPartResult(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     PART_FIELD_NUMBER: _builtins.int
     EFFECTS_FIELD_NUMBER: _builtins.int
+    EXTRA_PARTS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     @_builtins.property
     def part(self) -> _types_pb2.Chunk:
@@ -556,16 +557,23 @@ class StreamPartResult(_message.Message):
     def effects(self) -> _types_pb2.HookEffects:
         """Signals, custom chunks, violations, abort for this part (state is in StreamEnd)."""
 
+    @_builtins.property
+    def extra_parts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]:
+        """More parts emitted after `part`, in order: a hook may turn one part into several
+        (e.g. flushing a buffer when it sees `step-finish`). Ignored when `part` is absent.
+        """
+
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         part: _types_pb2.Chunk | None = ...,
         effects: _types_pb2.HookEffects | None = ...,
+        extra_parts: _abc.Iterable[_types_pb2.Chunk] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "part", b"part"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "part", b"part", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "extra_parts", b"extra_parts", "part", b"part", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,16 +55,28 @@ async def test_max_wait_time_flushes_with_the_next_part(address: str) -> None:
     assert out.text_deltas() == ["ab", "cd"]  # each delta came 80 ms after the previous one
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="orchestrator gap: no end-of-stream call and `finish` is not passed through "
-    "processOutputStream, so a partial last batch cannot be flushed",
-)
-async def test_a_partial_last_batch_is_flushed(address: str) -> None:
+async def test_a_partial_last_batch_is_flushed_at_the_step_end(address: str) -> None:
     cfg = make_config(
         address,
         output_processors=[ref("batch-parts", batch_size=3)],
         responses=[{"deltas": ["a", "b", "c", "d"]}],
     )
     out = await run(cfg, stream=True)
+    assert out.text_deltas() == ["abc", "d"]  # step-finish passes the hook: the rest goes out first
     assert out.result.text == "abcd"
+
+
+async def test_the_batch_goes_out_before_a_tool_call(address: str) -> None:
+    cfg = make_config(
+        address,
+        output_processors=[ref("batch-parts", batch_size=5)],
+        responses=[
+            {"deltas": ["x", "y"], "toolCalls": [{"name": "lookup", "args": {}}]},
+            {"deltas": ["1"]},
+        ],
+        tools={"lookup": {"result": "r"}},
+    )
+    out = await run(cfg, stream=True)
+    kinds = [c["type"] for c in out.chunks if c["type"] in ("text-delta", "tool-call")]
+    assert kinds == ["text-delta", "tool-call", "text-delta"]
+    assert out.text_deltas() == ["xy", "1"]

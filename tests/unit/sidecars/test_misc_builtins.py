@@ -142,7 +142,12 @@ async def test_batch_parts_without_emit_on_non_text_batches_other_parts_but_neve
         is None
     )
     call = {"type": "tool-call", "payload": {"toolCallId": "c", "toolName": "t", "args": {}}}
-    assert await processor.process_output_stream(call, options, state) == call
+    # as in the reference, the batch goes out first, then the tool call (never held back)
+    assert await processor.process_output_stream(call, options, state) == [
+        {"type": "reasoning-delta", "payload": {"text": "r"}},
+        call,
+    ]
+    assert await processor.process_output_stream(call, options, state) == call  # nothing batched
 
 
 def test_parse_json_variants() -> None:

@@ -181,6 +181,7 @@ class _Run:
     def __init__(
         self,
         agent: AgentSpec,
+        input: str | list[dict[str, Any]],
         options: CallOptions,
         *,
         streaming: bool,
@@ -188,6 +189,7 @@ class _Run:
         metrics: OrchestratorMetrics,
     ) -> None:
         self.agent = agent
+        self.input = input
         self.options = options
         self.streaming = streaming
         self._emit = emit
@@ -379,7 +381,7 @@ class _Run:
         return "".join(texts) if not self.streaming else texts[-1]
 
     async def _prepare_and_loop(self) -> str:
-        systems, convo = _normalize_input(self._input)
+        systems, convo = _normalize_input(self.input)
         if self.agent.instructions:
             self.system.append(msgs.text_message("system", self.agent.instructions))
         self.system.extend(systems)
@@ -387,8 +389,6 @@ class _Run:
             self.ml.add(m, msgs.INPUT)
         await self._process_input()
         return await self._loop()
-
-    _input: Any = None
 
     async def _process_input(self) -> None:
         for handle in self.lanes.input:
@@ -936,9 +936,9 @@ class Agent:
     def _run(
         self, input: str | list[dict[str, Any]], options: CallOptions | None, *, streaming: bool
     ) -> _Run:
-        run = _Run(self.spec, options or CallOptions(), streaming=streaming, emit=None, metrics=self.metrics)
-        run._input = input
-        return run
+        return _Run(
+            self.spec, input, options or CallOptions(), streaming=streaming, emit=None, metrics=self.metrics
+        )
 
     async def generate(
         self, input: str | list[dict[str, Any]], options: CallOptions | None = None

@@ -183,7 +183,7 @@ async def test_shadow_processors_are_recorded_not_enforced(tmp_path: Path) -> No
                     hook="process_output_stream",
                     verdict="allow",
                 )
-                == 3
+                == 4  # the three text deltas and the step's step-finish
             )
     finally:
         sidecar.stop(grace=1)

@@ -231,6 +231,8 @@ class _Run:
             if options.max_processor_retries is not None
             else agent.max_processor_retries
         )
+        self.tool_owners: dict[str, RunLaneItem] = {}
+        """Tools processors added to a step and run themselves (ExecuteTool), by name."""
         self.model_requests: list[ModelRequest] = []
 
     # -- small helpers ----------------------------------------------------------
@@ -580,6 +582,11 @@ class _Run:
             else:
                 cfg.model = model
         if resp.replace_tools:
+            # tools the agent does not have are run by the processor that added them, if it can
+            if handle.has("execute_tool"):
+                for t in resp.tools:
+                    if t.name not in self.agent.tools:
+                        self.tool_owners[t.name] = handle
             cfg.tools = [
                 {
                     "name": t.name,
@@ -787,6 +794,25 @@ class _Run:
             for call in calls:
                 name, call_id, args = call["toolName"], call["toolCallId"], call.get("args")
                 tool = self.agent.tools.get(name)
+                owner = self.tool_owners.get(name) if tool is None else None
+                if owner is not None:
+                    executed = await self._execute_tool(owner, name, call_id, args)
+                    if executed is not None:
+                        value = await self._tool_result(name, call_id, args, executed[0], step_number + 1)
+                        invocations[call_id].update(state="result", result=value)
+                        results.append(
+                            {"toolCallId": call_id, "toolName": name, "args": args, "result": value}
+                        )
+                        yield {
+                            "type": "tool-result",
+                            "payload": {
+                                "toolCallId": call_id,
+                                "toolName": name,
+                                "args": args,
+                                "result": value,
+                            },
+                        }
+                        continue
                 if tool is None:
                     message = f"tool {name!r} is not available to agent {self.agent.id!r}"
                     invocations[call_id].update(state="output-error", errorText=message)
@@ -822,6 +848,20 @@ class _Run:
         if abort is not None:
             raise self._aborted(abort)
         return results
+
+    async def _execute_tool(
+        self, owner: RunLaneItem, name: str, call_id: str, args: Any
+    ) -> tuple[Any] | None:
+        """Run a tool a processor added, on that processor; None when the call was let through."""
+        req = ppb.ExecuteToolRequest(tool_name=name, tool_call_id=call_id)
+        req.args.CopyFrom(convert.to_value(args))
+        self._fill(req.messages, self.ml.items)
+        answer = await self.caller.call(owner, "execute_tool", req)
+        if answer is None:
+            return None
+        resp, effects = answer
+        await self._apply(effects)
+        return (convert.from_value(resp.result),)
 
     async def _tool_result(self, name: str, call_id: str, args: Any, value: Any, step_number: int) -> Any:
         for handle in self.lanes.output:

@@ -52,6 +52,7 @@ HOOKS: dict[int, str] = {
     ppb.HOOK_PROCESS_TOOL_RESULT: "ProcessToolResult",
     ppb.HOOK_PROCESS_OUTPUT_RESULT: "ProcessOutputResult",
     ppb.HOOK_PROCESS_API_ERROR: "ProcessAPIError",
+    ppb.HOOK_EXECUTE_TOOL: "ExecuteTool",
 }
 STREAM = "ProcessOutputStream"
 UNARY = [name for name in HOOKS.values() if name != STREAM]
@@ -62,6 +63,7 @@ WITH_MESSAGES = {
     "ProcessToolResult",
     "ProcessOutputResult",
     "ProcessAPIError",
+    "ExecuteTool",
 }
 """Hooks whose requests carry messages (where a part without a kind can be sent)."""
 RETRYABLE = {"ProcessInputStep", "ProcessOutputStep"}
@@ -234,6 +236,12 @@ def build_request(hook: str, ctx: tpb.RunContext, text: str, *, kindless: bool =
     if hook == "ProcessAPIError":
         error = tpb.APIError(status=400, message=text, body='{"error": "rejected"}', retryable=False)
         return ppb.ProcessAPIErrorRequest(context=ctx, error=error, messages=[user])
+    if hook == "ExecuteTool":
+        exec_req = ppb.ExecuteToolRequest(
+            context=ctx, tool_name="search_tools", tool_call_id="call_1", messages=[user]
+        )
+        exec_req.args.CopyFrom(convert.to_value({"query": text[:60]}))
+        return exec_req
     raise ValueError(f"no request for {hook}")
 
 

@@ -31,6 +31,7 @@ RPC_METHODS = {
     "process_tool_result": "ProcessToolResult",
     "process_output_result": "ProcessOutputResult",
     "process_api_error": "ProcessAPIError",
+    "execute_tool": "ExecuteTool",
 }
 HOOK_BY_ENUM = {
     ppb.HOOK_PROCESS_INPUT: "process_input",
@@ -42,6 +43,7 @@ HOOK_BY_ENUM = {
     ppb.HOOK_PROCESS_TOOL_RESULT: "process_tool_result",
     ppb.HOOK_PROCESS_OUTPUT_RESULT: "process_output_result",
     ppb.HOOK_PROCESS_API_ERROR: "process_api_error",
+    ppb.HOOK_EXECUTE_TOOL: "execute_tool",
 }
 
 
@@ -126,6 +128,7 @@ _RESPONSES: dict[str, Callable[[], Any]] = {
     "process_tool_result": ppb.ProcessToolResultResponse,
     "process_output_result": ppb.ProcessOutputResultResponse,
     "process_api_error": ppb.ProcessAPIErrorResponse,
+    "execute_tool": ppb.ExecuteToolResponse,
 }
 
 

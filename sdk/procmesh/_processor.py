@@ -24,6 +24,7 @@ HOOK_NAMES: tuple[str, ...] = (
     "process_tool_result",
     "process_output_result",
     "process_api_error",
+    "execute_tool",
 )
 
 _BASE_ARGUMENTS = (
@@ -72,6 +73,7 @@ HOOK_ARGUMENTS: dict[str, frozenset[str]] = {
         ),
         "process_output_result": ("messages", "message_list", "result"),
         "process_api_error": ("error", "messages", "message_list", "steps"),
+        "execute_tool": ("tool_name", "tool_call_id", "args", "messages"),
     }.items()
 }
 """The arguments each hook can declare (by name)."""

@@ -534,6 +534,27 @@ class _Servicer(pgrpc.ProcessorServiceServicer):
 
         return await self._unary("process_api_error", request, context, build)
 
+    async def ExecuteTool(self, request: ppb.ExecuteToolRequest, context: Any) -> ppb.ExecuteToolResponse:
+        async def build(hosted: _Hosted, req: Any, effects: HookEffects) -> ppb.ExecuteToolResponse:
+            kwargs = self._base_kwargs(hosted, req.context, effects)
+            kwargs.update(
+                tool_name=req.tool_name,
+                tool_call_id=req.tool_call_id,
+                args=convert.from_value(req.args),
+                messages=_messages(req.messages),
+            )
+            result = await self._call_hook(hosted, "execute_tool", kwargs, effects)
+            resp = ppb.ExecuteToolResponse()
+            if effects.abort is None:
+                try:
+                    resp.result.CopyFrom(convert.to_value(result))
+                except TypeError as exc:
+                    raise InternalError(f"execute_tool returned a non-JSON result: {exc}") from exc
+            _fill_effects(resp.effects, effects, kwargs["state"])
+            return resp
+
+        return await self._unary("execute_tool", request, context, build)
+
     async def ProcessOutputStream(
         self, request_iterator: AsyncIterator[ppb.ProcessOutputStreamRequest], context: Any
     ) -> AsyncIterator[ppb.ProcessOutputStreamResponse]:

@@ -7,17 +7,16 @@ next step on; the loaded set lives in the run's state (and, with a thread id,
 in this sidecar's memory for `ttl` ms; or in the conversation with
 ``storage: context``).
 
-How the meta-tools run under the current contract: a sidecar can add tool
-*specs* (``processInputStep`` may return ``tools``), but tools are executed by
-the orchestrator, which knows only the agent's configured tools. A meta-tool
-call therefore ends as an ``output-error`` invocation ("not available") and a
-``tool-error`` chunk; at the next step this processor finds that invocation,
-computes the real result, and rewrites it in the message list to a completed
-``result`` before the model sees it. The model sees correct results; the
-caller's stream shows the ``tool-error`` chunk, and ``steps[].toolResults``
-lacks the meta-tool results. Loaded tools are executed by the orchestrator, so
-a catalog tool must also be one of the agent's tools to run (list the library
-as the agent's tools and set ``include_resolved_tools`` to withhold it until
+How the meta-tools run: ``processInputStep`` adds their specs to the step's
+tools, and the orchestrator routes a call to a tool the agent does not have to
+the processor that added it (``ExecuteTool``), so ``search_tools`` and
+``load_tool`` run here and their results flow like any tool's (a
+``tool-result`` chunk, ``steps[].toolResults``). An orchestrator without
+``ExecuteTool`` reports such a call as an ``output-error`` invocation; at the
+next step this processor still completes it in the message list, so the model
+sees the result either way. Loaded tools are executed by the orchestrator, so a
+catalog tool must also be one of the agent's tools to run (list the library as
+the agent's tools and set ``include_resolved_tools`` to withhold it until
 loaded).
 """
 
@@ -291,6 +290,7 @@ class ToolSearch(Processor):
             )
 
         state["loaded"] = loaded
+        state["catalog"] = catalog_specs  # execute_tool searches the same catalog
         if options.storage == "in-memory" and thread_id:
             self._threads[thread_id] = (time.monotonic(), list(loaded))
 
@@ -322,6 +322,21 @@ class ToolSearch(Processor):
         if changed:
             out["messages"] = new_messages
         return out
+
+    async def execute_tool(
+        self, tool_name: str, args: Any, options: ToolSearchOptions, state: dict[str, Any], thread_id: str
+    ) -> dict[str, Any]:
+        """Run `search_tools` / `load_tool` (the orchestrator routes their calls here)."""
+        specs = state.get("catalog")
+        catalog = _Catalog(
+            specs if isinstance(specs, list) else [t.model_dump(by_alias=True) for t in options.tools]
+        )
+        loaded: list[str] = list(state.get("loaded") or [])
+        result = self._execute({"toolName": tool_name, "args": args}, catalog, options, loaded)
+        state["loaded"] = loaded
+        if options.storage == "in-memory" and thread_id:
+            self._threads[thread_id] = (time.monotonic(), list(loaded))
+        return result
 
     def _execute(
         self, inv: dict[str, Any], catalog: _Catalog, options: ToolSearchOptions, loaded: list[str]

@@ -299,6 +299,7 @@ class Recorder(Processor):
     process_tool_result = _recording("process_tool_result")
     process_output_result = _recording("process_output_result")
     process_api_error = _recording("process_api_error")
+    execute_tool = _recording("execute_tool")
 
 
 HOSTED_IDS = ["shouter", "planner", "guard", "censor", "data-censor", "faulty", "recorder"]
@@ -907,6 +908,7 @@ UNARY_METHODS = {
     "process_tool_result": ("ProcessToolResult", ppb.ProcessToolResultRequest),
     "process_output_result": ("ProcessOutputResult", ppb.ProcessOutputResultRequest),
     "process_api_error": ("ProcessAPIError", ppb.ProcessAPIErrorRequest),
+    "execute_tool": ("ExecuteTool", ppb.ExecuteToolRequest),
 }
 
 

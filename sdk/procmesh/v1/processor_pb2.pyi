@@ -41,6 +41,7 @@ class _HookEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Hook.ValueType],
     HOOK_PROCESS_TOOL_RESULT: _Hook.ValueType  # 7
     HOOK_PROCESS_OUTPUT_RESULT: _Hook.ValueType  # 8
     HOOK_PROCESS_API_ERROR: _Hook.ValueType  # 9
+    HOOK_EXECUTE_TOOL: _Hook.ValueType  # 10
 
 class Hook(_Hook, metaclass=_HookEnumTypeWrapper): ...
 
@@ -54,6 +55,7 @@ HOOK_PROCESS_OUTPUT_STEP: Hook.ValueType  # 6
 HOOK_PROCESS_TOOL_RESULT: Hook.ValueType  # 7
 HOOK_PROCESS_OUTPUT_RESULT: Hook.ValueType  # 8
 HOOK_PROCESS_API_ERROR: Hook.ValueType  # 9
+HOOK_EXECUTE_TOOL: Hook.ValueType  # 10
 Global___Hook: _TypeAlias = Hook  # noqa: Y015
 
 @_typing.final
@@ -866,3 +868,65 @@ class ProcessAPIErrorResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProcessAPIErrorResponse: _TypeAlias = ProcessAPIErrorResponse  # noqa: Y015
+
+@_typing.final
+class ExecuteToolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    ARGS_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    tool_name: _builtins.str
+    tool_call_id: _builtins.str
+    @_builtins.property
+    def context(self) -> _types_pb2.RunContext: ...
+    @_builtins.property
+    def args(self) -> _struct_pb2.Value: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The conversation so far."""
+
+    def __init__(
+        self,
+        *,
+        context: _types_pb2.RunContext | None = ...,
+        tool_name: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        args: _struct_pb2.Value | None = ...,
+        messages: _abc.Iterable[_types_pb2.Message] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "context", b"context"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "context", b"context", "messages", b"messages", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteToolRequest: _TypeAlias = ExecuteToolRequest  # noqa: Y015
+
+@_typing.final
+class ExecuteToolResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EFFECTS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def effects(self) -> _types_pb2.HookEffects: ...
+    @_builtins.property
+    def result(self) -> _struct_pb2.Value:
+        """The tool's result (any JSON); it then goes through processToolResult like any tool's."""
+
+    def __init__(
+        self,
+        *,
+        effects: _types_pb2.HookEffects | None = ...,
+        result: _struct_pb2.Value | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteToolResponse: _TypeAlias = ExecuteToolResponse  # noqa: Y015

@@ -84,6 +84,11 @@ class ProcessorServiceStub:
                 request_serializer=procmesh_dot_v1_dot_processor__pb2.ProcessAPIErrorRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_processor__pb2.ProcessAPIErrorResponse.FromString,
                 _registered_method=True)
+        self.ExecuteTool = channel.unary_unary(
+                '/procmesh.v1.ProcessorService/ExecuteTool',
+                request_serializer=procmesh_dot_v1_dot_processor__pb2.ExecuteToolRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_processor__pb2.ExecuteToolResponse.FromString,
+                _registered_method=True)
 
 
 class ProcessorServiceServicer:
@@ -160,6 +165,14 @@ class ProcessorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteTool(self, request, context):
+        """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
+        does not have itself, e.g. tool-search's meta-tools.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProcessorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +225,11 @@ def add_ProcessorServiceServicer_to_server(servicer, server):
                     servicer.ProcessAPIError,
                     request_deserializer=procmesh_dot_v1_dot_processor__pb2.ProcessAPIErrorRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_processor__pb2.ProcessAPIErrorResponse.SerializeToString,
+            ),
+            'ExecuteTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecuteTool,
+                    request_deserializer=procmesh_dot_v1_dot_processor__pb2.ExecuteToolRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_processor__pb2.ExecuteToolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +502,33 @@ class ProcessorService:
             '/procmesh.v1.ProcessorService/ProcessAPIError',
             procmesh_dot_v1_dot_processor__pb2.ProcessAPIErrorRequest.SerializeToString,
             procmesh_dot_v1_dot_processor__pb2.ProcessAPIErrorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.ProcessorService/ExecuteTool',
+            procmesh_dot_v1_dot_processor__pb2.ExecuteToolRequest.SerializeToString,
+            procmesh_dot_v1_dot_processor__pb2.ExecuteToolResponse.FromString,
             options,
             channel_credentials,
             insecure,

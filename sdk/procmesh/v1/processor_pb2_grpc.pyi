@@ -57,6 +57,10 @@ class ProcessorServiceStub:
     """Once per run at the end, over the response messages."""
     ProcessAPIError: _grpc.UnaryUnaryMultiCallable[_processor_pb2.ProcessAPIErrorRequest, _processor_pb2.ProcessAPIErrorResponse]
     """A provider rejection (400, 422, ...); may ask for a retry."""
+    ExecuteTool: _grpc.UnaryUnaryMultiCallable[_processor_pb2.ExecuteToolRequest, _processor_pb2.ExecuteToolResponse]
+    """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
+    does not have itself, e.g. tool-search's meta-tools.
+    """
 
 @_typing.type_check_only
 class ProcessorServiceAsyncStub(ProcessorServiceStub):
@@ -83,6 +87,10 @@ class ProcessorServiceAsyncStub(ProcessorServiceStub):
     """Once per run at the end, over the response messages."""
     ProcessAPIError: _aio.UnaryUnaryMultiCallable[_processor_pb2.ProcessAPIErrorRequest, _processor_pb2.ProcessAPIErrorResponse]  # type: ignore[assignment]
     """A provider rejection (400, 422, ...); may ask for a retry."""
+    ExecuteTool: _aio.UnaryUnaryMultiCallable[_processor_pb2.ExecuteToolRequest, _processor_pb2.ExecuteToolResponse]  # type: ignore[assignment]
+    """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
+    does not have itself, e.g. tool-search's meta-tools.
+    """
 
 class ProcessorServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -166,5 +174,15 @@ class ProcessorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_processor_pb2.ProcessAPIErrorResponse, _abc.Awaitable[_processor_pb2.ProcessAPIErrorResponse]]:
         """A provider rejection (400, 422, ...); may ask for a retry."""
+
+    @_abc_1.abstractmethod
+    def ExecuteTool(
+        self,
+        request: _processor_pb2.ExecuteToolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_processor_pb2.ExecuteToolResponse, _abc.Awaitable[_processor_pb2.ExecuteToolResponse]]:
+        """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
+        does not have itself, e.g. tool-search's meta-tools.
+        """
 
 def add_ProcessorServiceServicer_to_server(servicer: ProcessorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -74,9 +74,11 @@ async def test_search_load_then_use(address: str) -> None:
     }
     assert tool_names(third) == ["search_tools", "load_tool", "weather"]
     assert tool_outputs(fourth)["weather"] == {"forecast": "sunny"}  # executed by the orchestrator
-    # what the contract cannot hide: the orchestrator reports the meta-tool calls as tool errors
-    errors = [c["payload"]["toolName"] for c in out.chunks if c["type"] == "tool-error"]
-    assert errors == ["search_tools", "load_tool"]
+    # the meta-tools ran on the sidecar (ExecuteTool): results, not errors, in the stream and steps
+    assert [c for c in out.chunks if c["type"] == "tool-error"] == []
+    results = [c["payload"]["toolName"] for c in out.chunks if c["type"] == "tool-result"]
+    assert results == ["search_tools", "load_tool", "weather"]
+    assert out.result.steps[1]["toolResults"][0]["result"] == loaded
 
 
 async def test_auto_load_and_injected_catalog(address: str) -> None:

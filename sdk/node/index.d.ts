@@ -248,6 +248,13 @@ export interface ProcessOutputResultArgs<O = any, S extends Record<string, any> 
   messageList: MessageList;
   result: { text: string; usage: Usage; finishReason: string; steps: StepResult[] };
 }
+export interface ExecuteToolArgs<O = any, S extends Record<string, any> = Record<string, any>> extends ProcessorContext<O, S> {
+  toolName: string;
+  toolCallId: string;
+  args: unknown;
+  messages: MastraDBMessage[];
+}
+
 export interface ProcessAPIErrorArgs<O = any, S extends Record<string, any> = Record<string, any>> extends ProcessorContext<O, S> {
   error: APIError;
   messages: MastraDBMessage[];
@@ -292,6 +299,8 @@ export interface ProcessorHooks<O = any, S extends Record<string, any> = Record<
   processToolResult?(args: ProcessToolResultArgs<O, S>): Returns<unknown>;
   processOutputResult?(args: ProcessOutputResultArgs<O, S>): Returns<MastraDBMessage[] | MessageList>;
   processAPIError?(args: ProcessAPIErrorArgs<O, S>): Returns<{ retry?: boolean }>;
+  /** Run a tool this processor added to a step (processInputStep `tools`); return its result. */
+  executeTool?(args: ExecuteToolArgs<O, S>): Returns<unknown>;
 }
 
 /** What `serve()` accepts: an object with a string `id` and at least one hook. */
@@ -363,6 +372,7 @@ export const HOOK_NAMES: readonly [
   'processToolResult',
   'processOutputResult',
   'processAPIError',
+  'executeTool',
 ];
 
 // -- serving ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ const HOOKS = [
   ['processToolResult', 'ProcessToolResult', 'HOOK_PROCESS_TOOL_RESULT'],
   ['processOutputResult', 'ProcessOutputResult', 'HOOK_PROCESS_OUTPUT_RESULT'],
   ['processAPIError', 'ProcessAPIError', 'HOOK_PROCESS_API_ERROR'],
+  ['executeTool', 'ExecuteTool', 'HOOK_EXECUTE_TOOL'],
 ];
 const HOOK_NAMES = HOOKS.map(([name]) => name);
 

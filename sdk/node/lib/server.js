@@ -572,6 +572,26 @@ class Servicer {
       },
     });
 
+    h.ExecuteTool = this.unary('executeTool', {
+      decode(req) {
+        return {
+          args: {
+            toolName: req.tool_name || '',
+            toolCallId: req.tool_call_id || '',
+            args: convert.fromValue(req.args),
+            messages: decodeMessages(req.messages),
+          },
+        };
+      },
+      encode(result) {
+        try {
+          return { result: convert.toValue(result === undefined ? null : result) };
+        } catch (err) {
+          throw new InternalError(`executeTool returned a non-JSON result: ${err.message}`);
+        }
+      },
+    });
+
     h.ProcessOutputStream = (call) => this.outputStream(call);
     return h;
   }

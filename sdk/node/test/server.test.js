@@ -67,3 +67,30 @@ test('processOutputStream may turn one part into several (an array), in order af
   client.close();
   await server.stop(1);
 });
+
+test('executeTool runs a tool the processor added and returns its result', async () => {
+  const processor = {
+    id: 'tools',
+    async executeTool({ toolName, args, state }) {
+      state.calls = (state.calls || 0) + 1;
+      return { tool: toolName, echo: args };
+    },
+  };
+  const server = await new ProcessorServer([processor], { address: '127.0.0.1:0', logLevel: 'ERROR' }).start();
+  const { ProcessorService } = loadContract();
+  const client = new ProcessorService(server.addresses[0], grpc.credentials.createInsecure());
+  const call = (method, request) =>
+    new Promise((resolve, reject) => client[method](request, (err, resp) => (err ? reject(err) : resolve(resp))));
+  const described = await call('Describe', {});
+  assert.deepEqual(described.processors[0].hooks, ['HOOK_EXECUTE_TOOL']);
+  const resp = await call('ExecuteTool', {
+    context: { processor_id: 'tools' },
+    tool_name: 'search_tools',
+    args: { structValue: { fields: { query: { stringValue: 'weather' } } } },
+  });
+  assert.equal(resp.result.structValue.fields.tool.stringValue, 'search_tools');
+  assert.equal(resp.result.structValue.fields.echo.structValue.fields.query.stringValue, 'weather');
+  assert.equal(resp.effects.state.fields.calls.numberValue, 1);
+  client.close();
+  await server.stop(1);
+});

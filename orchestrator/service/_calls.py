@@ -90,6 +90,8 @@ class _Body(BaseModel):
     max_processor_retries: int | None = Field(default=None, ge=0, alias="maxProcessorRetries")
     request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
     runtime_context: dict[str, Any] | None = Field(default=None, alias="runtimeContext")
+    resource_id: str | None = Field(default=None, alias="resourceId")
+    thread_id: str | None = Field(default=None, alias="threadId")
 
     @field_validator("messages")
     @classmethod
@@ -152,12 +154,16 @@ def parse_body(data: Any, *, trust_request_context: bool) -> AgentCall:
     else:
         agent_input = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
     context = (body.request_context or body.runtime_context or {}) if trust_request_context else {}
+    # Who the run is for scopes per-user data (response-cache entries): like the request context,
+    # a caller's claim counts only when the server's auth layer is trusted to have set it.
     return AgentCall(
         agent_input,
         CallOptions(
             max_steps=body.max_steps,
             max_processor_retries=body.max_processor_retries,
             request_context=context,
+            resource_id=(body.resource_id or "") if trust_request_context else "",
+            thread_id=(body.thread_id or "") if trust_request_context else "",
         ),
     )
 

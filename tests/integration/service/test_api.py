@@ -427,3 +427,11 @@ async def test_grpc_health_is_serving_and_needs_no_key(service: Service) -> None
         for name in ("", "procmesh.v1.AgentService"):
             response = await health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert response.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+async def test_resource_and_thread_ids_count_only_from_a_trusted_caller() -> None:
+    body = {"messages": "hi", "resourceId": "org-7", "threadId": "t-1"}
+    untrusted = parse_body(body, trust_request_context=False)
+    assert (untrusted.options.resource_id, untrusted.options.thread_id) == ("", "")
+    trusted = parse_body(body, trust_request_context=True)
+    assert (trusted.options.resource_id, trusted.options.thread_id) == ("org-7", "t-1")

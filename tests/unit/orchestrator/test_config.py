@@ -209,3 +209,32 @@ def test_load_reports_the_file_and_the_key(tmp_path: Path) -> None:
         load_config(path)
     assert str(path) in str(info.value)
     assert "agents.a.maxSteps" in str(info.value)
+
+
+def test_env_overrides_set_nested_keys_matching_case_and_underscores(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "sidecars:\n  guards: {address: 'unix:///a.sock'}\n"
+        "agents:\n  a: {model: demo, maxSteps: 5, inputProcessors: [guards/x]}\n"
+    )
+    env = {
+        "PROCMESH_CONFIG__SIDECARS__GUARDS__ADDRESS": "unix:///run/procmesh/guards.sock",
+        "PROCMESH_CONFIG__AGENTS__A__MAX_STEPS": "3",
+        "PROCMESH_CONFIG__AGENTS__A__INSTRUCTIONS": "Be brief.",
+        "PROCMESH_API_KEYS": "not a config override",
+    }
+    cfg = load_config(path, environ=env)
+    assert cfg.sidecars["guards"].address == "unix:///run/procmesh/guards.sock"
+    assert cfg.agents["a"].max_steps == 3
+    assert cfg.agents["a"].instructions == "Be brief."
+
+
+def test_env_override_errors_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("agents:\n  a: {model: demo}\n")
+    with pytest.raises(
+        ConfigError, match=r"PROCMESH_CONFIG__AGENTS__A__MODEL__X: agents\.a\.model is not a mapping"
+    ):
+        load_config(path, environ={"PROCMESH_CONFIG__AGENTS__A__MODEL__X": "1"})
+    with pytest.raises(ConfigError, match=r"agents\.a\.maxSteps"):
+        load_config(path, environ={"PROCMESH_CONFIG__AGENTS__A__MAX_STEPS": "0"})

@@ -219,7 +219,7 @@ class ModelConfig(_Model):
 
     provider: Literal["demo", "scripted"]
     responses: list[dict[str, Any]] = []
-    """``scripted`` only: one response per model call (see docs/configuration.md)."""
+    """``scripted`` only: one response per model call (shapes in the README, "Configure")."""
     delay_ms: float = Field(default=0.0, ge=0)
     """Pause between streamed deltas (demo pacing, benchmarks)."""
 

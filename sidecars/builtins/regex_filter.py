@@ -89,6 +89,9 @@ class RegexFilterOptions(BaseModel):
     """Report the matched text in the tripwire metadata (default ``[REDACTED_MATCH]``)."""
     stream_carryover_size: int = Field(default=128, ge=0)
     """Characters of earlier streamed text kept as context, so a match split across chunks is found."""
+    stream_hold_back: int = Field(default=0, ge=0)
+    """Characters of streamed text held back until the next chunk (or the step's end), so a match
+    split across chunks is redacted or blocked before any of it is sent (0: no hold-back)."""
 
     @model_validator(mode="after")
     def _some_rule(self) -> RegexFilterOptions:
@@ -240,8 +243,12 @@ class RegexFilter(Processor):
         state: dict[str, Any],
         abort: Any,
         report_violation: Any,
-    ) -> Chunk | None:
-        if options.phase == "input" or part.get("type") != "text-delta":
+    ) -> Chunk | list[Chunk] | None:
+        if options.phase == "input":
+            return part
+        if options.stream_hold_back:
+            return self._held_stream(part, options, state, abort, report_violation)
+        if part.get("type") != "text-delta":
             return part
         delta = str((part.get("payload") or {}).get("text", ""))
         if not delta:
@@ -269,6 +276,60 @@ class RegexFilter(Processor):
             pos = end
         out.append(combined[pos:])
         return {**part, "payload": {**part["payload"], "text": "".join(out)}}
+
+    def _held_stream(
+        self, part: Chunk, options: RegexFilterOptions, state: dict[str, Any], abort: Any, report: Any
+    ) -> Chunk | list[Chunk] | None:
+        """Hold the last `stream_hold_back` characters back; any other part releases them first."""
+        if part.get("type") != "text-delta":
+            held = self._release(state, "", options, abort, report, final=True)
+            return [held, part] if held is not None else part
+        state["heldId"] = (part.get("payload") or {}).get("id", state.get("heldId", ""))
+        delta = str((part.get("payload") or {}).get("text", ""))
+        return self._release(state, delta, options, abort, report, final=False)
+
+    def _release(
+        self,
+        state: dict[str, Any],
+        delta: str,
+        options: RegexFilterOptions,
+        abort: Any,
+        report: Any,
+        *,
+        final: bool,
+    ) -> Chunk | None:
+        """Emit what is safe of the held text plus `delta` (all of it when `final`) as one text delta."""
+        carry = str(state.get("carry", ""))
+        pending = str(state.get("held", "")) + delta
+        if not pending:
+            return None
+        combined = carry + pending
+        offset = len(carry)
+        found = regions([m for m in find_matches(combined, all_rules(options)) if m.end > offset])
+        cut = len(combined) if final else max(offset, len(combined) - options.stream_hold_back)
+        for start, end, _ in found:
+            if start < cut < end and start >= offset:  # never cut through a match: hold all of it
+                cut = start
+        emitted = [(s, e, o) for s, e, o in found if e <= cut]
+        if emitted:
+            self._handle([o for _, _, o in emitted], options, "streaming content", abort, report)
+        out, pos = [], offset
+        for start, end, owner in emitted:
+            if options.strategy == "redact":
+                out.append(combined[pos : max(start, offset)])
+                out.append(owner.rule.replacement)
+                pos = end
+        out.append(combined[pos:cut])
+        keep = options.stream_carryover_size
+        state["carry"] = combined[:cut][-keep:] if keep else ""
+        state["held"] = combined[cut:]
+        text = "".join(out)
+        if not text:
+            return None
+        payload: dict[str, Any] = {"text": text}
+        if state.get("heldId"):
+            payload["id"] = state["heldId"]
+        return {"type": "text-delta", "payload": payload}
 
     async def process_output_result(
         self, messages: list[Message], options: RegexFilterOptions, abort: Any, report_violation: Any

@@ -68,6 +68,20 @@ async def test_output_redact_catches_a_match_split_across_chunks(address: str) -
     assert out.result.text == streamed
 
 
+async def test_output_hold_back_redacts_a_split_match_before_any_of_it_is_streamed(address: str) -> None:
+    options = {"presets": ["pii"], "strategy": "redact", "phase": "output", "stream_hold_back": 24}
+    cfg = make_config(
+        address,
+        output_processors=[ref("regex-filter", **options)],
+        responses=[{"deltas": ["write to jo", "hn@example.com", " today"]}],
+    )
+    out = await run(cfg, "hi", stream=True)
+    streamed = "".join(out.text_deltas())
+    assert streamed == "write to [EMAIL] today"  # held text went out at the step's end, redacted
+    assert not any("jo" in d for d in out.text_deltas())
+    assert out.result.text == streamed
+
+
 async def test_output_block_ends_the_stream(address: str) -> None:
     cfg = make_config(
         address,

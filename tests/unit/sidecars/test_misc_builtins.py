@@ -110,6 +110,34 @@ async def test_regex_stream_block_across_chunks() -> None:
         )
 
 
+def _delta(text: str) -> dict[str, Any]:
+    return {"type": "text-delta", "payload": {"id": "t", "text": text}}
+
+
+async def test_regex_stream_hold_back_redacts_a_split_match_before_any_of_it_is_sent() -> None:
+    processor, state = RegexFilter(), {}
+    options = RegexFilterOptions(presets=["pii"], strategy="redact", stream_hold_back=16)
+    sent = []
+    for piece in ["write to ja", "ne@example.com now, ", "thanks"]:
+        out = await processor.process_output_stream(_delta(piece), options, state, abort, Violations())
+        sent += [out] if isinstance(out, dict) else (out or [])
+    finish = {"type": "step-finish", "payload": {"finishReason": "stop"}}
+    end = await processor.process_output_stream(finish, options, state, abort, Violations())
+    assert isinstance(end, list)
+    assert end[-1] == finish
+    sent += end[:-1]
+    text = "".join(c["payload"]["text"] for c in sent)
+    assert text == "write to [EMAIL] now, thanks"
+    assert all("ja" not in c["payload"]["text"] for c in sent)  # no piece of the address went out
+
+
+async def test_regex_stream_without_hold_back_sends_the_first_piece_as_it_came() -> None:
+    processor, state = RegexFilter(), {}
+    options = RegexFilterOptions(presets=["pii"], strategy="redact")
+    first = await processor.process_output_stream(_delta("write to ja"), options, state, abort, Violations())
+    assert first == _delta("write to ja")  # the documented limit hold-back removes
+
+
 def test_regex_non_global_rule_reports_first_match_only() -> None:
     options = RegexFilterOptions(rules=[{"name": "x", "pattern": "x", "flags": ""}])
     assert len(find_matches("x x x", options.rules)) == 1

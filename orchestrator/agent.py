@@ -795,25 +795,8 @@ class _Run:
                 name, call_id, args = call["toolName"], call["toolCallId"], call.get("args")
                 tool = self.agent.tools.get(name)
                 owner = self.tool_owners.get(name) if tool is None else None
-                if owner is not None:
-                    executed = await self._execute_tool(owner, name, call_id, args)
-                    if executed is not None:
-                        value = await self._tool_result(name, call_id, args, executed[0], step_number + 1)
-                        invocations[call_id].update(state="result", result=value)
-                        results.append(
-                            {"toolCallId": call_id, "toolName": name, "args": args, "result": value}
-                        )
-                        yield {
-                            "type": "tool-result",
-                            "payload": {
-                                "toolCallId": call_id,
-                                "toolName": name,
-                                "args": args,
-                                "result": value,
-                            },
-                        }
-                        continue
-                if tool is None:
+                executed = None if owner is None else await self._execute_tool(owner, name, call_id, args)
+                if tool is None and executed is None:
                     message = f"tool {name!r} is not available to agent {self.agent.id!r}"
                     invocations[call_id].update(state="output-error", errorText=message)
                     yield {
@@ -821,17 +804,19 @@ class _Run:
                         "payload": {"toolCallId": call_id, "toolName": name, "args": args, "error": message},
                     }
                     continue
-                pending: list[Chunk] = []
+                if tool is not None:
+                    pending: list[Chunk] = []
 
-                async def writer(chunk: Chunk, pending: list[Chunk] = pending) -> None:
-                    if not str(chunk.get("type", "")).startswith("data-"):
-                        raise ValueError("tool writer chunks must have a data-* type")
-                    pending.append(chunk)
+                    async def writer(chunk: Chunk, pending: list[Chunk] = pending) -> None:
+                        if not str(chunk.get("type", "")).startswith("data-"):
+                            raise ValueError("tool writer chunks must have a data-* type")
+                        pending.append(chunk)
 
-                value = await tool.execute(args, writer)
-                for chunk in pending:
-                    yield chunk
-                value = await self._tool_result(name, call_id, args, value, step_number + 1)
+                    executed = (await tool.execute(args, writer),)
+                    for chunk in pending:
+                        yield chunk
+                assert executed is not None
+                value = await self._tool_result(name, call_id, args, executed[0], step_number + 1)
                 invocations[call_id].update(state="result", result=value)
                 results.append({"toolCallId": call_id, "toolName": name, "args": args, "result": value})
                 yield {

@@ -15,11 +15,9 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,9 +31,9 @@ from bench.processors import processors as bench_processors
 from orchestrator.agent import Agent, AgentSpec, CallOptions, Lanes
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.models import ModelRequest, ScriptedModel
-from orchestrator.processors import HookCaller, ProcessorHandle, RunScope
+from orchestrator.processors import HOOK_BY_ENUM, HookCaller, ProcessorHandle, RunScope
+from orchestrator.sidecar_process import SidecarProcess
 from procmesh import ProcessorClient, ProcessorServer, convert
-from procmesh.errors import ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
 
 HERE = Path(__file__).resolve().parent
@@ -47,49 +45,19 @@ QUICK = os.environ.get("PROCMESH_BENCH_QUICK") == "1"
 # -- processes -------------------------------------------------------------------------
 
 
-class Proc:
-    """A child process (sidecar or echo server) in its own session."""
-
-    def __init__(self, module: str, address: str) -> None:
-        self.module = module
-        self.address = address
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", module, "--listen", address],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=HERE.parent,
-        )
-
-    def peak_rss_mb(self) -> float:
-        """VmHWM of the process, in MiB."""
-        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """VmHWM of a process (this one by default), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
-async def wait_serving(address: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with ProcessorClient(address) as client:
-        while True:
-            try:
-                if await client.health(0.5) == "SERVING":
-                    return
-            except ProcmeshError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{address} not serving")
-            await asyncio.sleep(0.05)
+def start(module: str, address: str) -> SidecarProcess:
+    """A bench sidecar or echo server as a child process (stopped with SIGTERM)."""
+    proc = SidecarProcess([], address, module=module)
+    proc.start()
+    return proc
 
 
 def free_port() -> int:
@@ -104,13 +72,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def self_peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 # -- handles ---------------------------------------------------------------------------
 
 
@@ -119,8 +80,6 @@ async def handles_for(clients: list[ProcessorClient], ids: list[str]) -> list[Pr
     for client, pid in zip(clients, ids, strict=True):
         described = await client.describe(5)
         info = next(p for p in described.processors if p.id == pid)
-        from orchestrator.processors import HOOK_BY_ENUM
-
         out.append(
             ProcessorHandle(
                 key=f"bench/{pid}",
@@ -333,22 +292,22 @@ async def concurrent_runs(output: list[ProcessorHandle], runs: int, n_deltas: in
 
 async def main() -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="pm-bench-"))
-    procs: list[Proc] = []
+    procs: list[SidecarProcess] = []
     results: dict[str, Any] = {}
     try:
         uds = {name: f"unix://{tmp}/{name}.sock" for name in ("sdk", "echo", "s1", "s2", "s3")}
         tcp_sdk, tcp_echo = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         procs = [
-            Proc("bench.processors", uds["sdk"]),
-            Proc("bench.echo_server", uds["echo"]),
-            Proc("bench.processors", tcp_sdk),
-            Proc("bench.echo_server", tcp_echo),
+            start("bench.processors", uds["sdk"]),
+            start("bench.echo_server", uds["echo"]),
+            start("bench.processors", tcp_sdk),
+            start("bench.echo_server", tcp_echo),
         ]
-        sidecars = [Proc("bench.processors", uds[f"s{i}"]) for i in (1, 2, 3)]
+        sidecars = [start("bench.processors", uds[f"s{i}"]) for i in (1, 2, 3)]
         procs += sidecars
         for p in procs:
-            if p.module != "bench.echo_server":
-                await wait_serving(p.address)
+            if "bench.echo_server" not in p.args:  # the echo servers have no health service
+                await p.wait_ready()
         await asyncio.sleep(0.3)  # echo servers have no health service
 
         n1 = 300 if QUICK else 2000
@@ -405,8 +364,8 @@ async def main() -> dict[str, Any]:
             p4_runs=n4,
             p4_errors=errors,
             p4_runs_per_s=rps,
-            p4_peak_rss_mb_orchestrator=self_peak_rss_mb(),
-            p4_peak_rss_mb_sidecars=[round(p.peak_rss_mb(), 1) for p in sidecars],
+            p4_peak_rss_mb_orchestrator=peak_rss_mb(),
+            p4_peak_rss_mb_sidecars=[round(peak_rss_mb(p.proc.pid), 1) for p in sidecars if p.proc],
         )
         errors_in, rps_in = await concurrent_runs(inproc, n4, 50)
         results.update(p4_errors_inprocess=errors_in, p4_runs_per_s_inprocess=rps_in)

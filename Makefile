@@ -1,6 +1,6 @@
 # One interface for humans and CI. `make demo` and `make test` bootstrap everything they need.
 .DEFAULT_GOAL := test
-.PHONY: install proto proto-check lint format typecheck test test-unit test-integration test-e2e test-llm conformance demo bench clean
+.PHONY: install deps proto proto-check lint format typecheck test test-unit test-integration test-e2e test-llm conformance demo bench clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# What the suite needs outside the venv (tests/deps.py has the table): Debian programs via apt-get
+# when root or password-less sudo, else one message with the command; `npm ci` where a lock changed.
+deps:
+	python3 tests/deps.py
 
 proto: $(STAMP)
 	rm -rf sdk/$(GEN) && $(call protoc,sdk) >/dev/null && echo '$(HEADER)' > sdk/$(GEN)/__init__.py
@@ -45,7 +50,7 @@ test-e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e -q
 
 # Everything CI checks: lint, types, proto drift, every test tier (conformance included).
-test: lint typecheck proto-check
+test: deps lint typecheck proto-check
 	$(BIN)/pytest -q
 
 # Opt-in, NOT part of `make test`: tests/llm against a real local model (Gemma 3 270M, Q4_K_M) behind

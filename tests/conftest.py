@@ -16,6 +16,32 @@ SHARED = Path(os.environ.get("PROCMESH_SHARED", REPO.parent / "shared"))
 SCENARIOS = SHARED / "conformance" / "scenarios"
 BIN = Path(sys.executable).parent
 
+# The opt-in LLM tier (`make test-llm`) needs a model server; `make test` does not collect it.
+collect_ignore = [] if os.environ.get("PROCMESH_LLM_BASE_URL") else ["llm"]
+
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Remember every skipped test: the suite has no skips, a missing part is a failure (make deps)."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when anything was skipped, so a skip can never hide a missing component."""
+    if _SKIPPED and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _SKIPPED:
+        terminalreporter.write_line(
+            f"FAILED: {len(_SKIPPED)} test(s) skipped; this suite allows none (a missing component must "
+            "fail with its install hint): " + ", ".join(_SKIPPED[:10]),
+            red=True,
+        )
+
 
 @pytest.fixture(scope="module")
 def sidecar_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

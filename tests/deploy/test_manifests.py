@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-import shutil
 import subprocess
 from typing import Any
 
@@ -40,6 +39,7 @@ from tests.deploy.support import (
     unix_path,
     volume_path,
 )
+from tests.deps import require
 
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 HEALTH_SERVICE = "procmesh.v1.ProcessorService"
@@ -367,11 +367,13 @@ def test_the_grace_period_covers_pre_stop_drain_and_sidecars(overlay: str) -> No
     assert spec["terminationGracePeriodSeconds"] > pre_stop + drain + sidecar_grace
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_renderer_agrees_with_kubectl_kustomize(overlay: str) -> None:
     out = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True, check=True
+        [require("kubectl"), "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     theirs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out) if o}
     ours = {(o["kind"], o["metadata"]["name"]): o for o in rendered(overlay)}

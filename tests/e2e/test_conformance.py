@@ -2,26 +2,37 @@
 
 With ``--sidecar-runtime node`` the scripted processors are served by the Node SDK
 (``sdk/node/scripted/serve.mjs``) instead of ``procmesh-sidecar scripted``: the result must be
-the same, every scenario passes.
+the same. Scenarios that need memory (several ``calls`` on one thread, or ``agent.memory``) wait
+for the memory work; their test is a strict xfail, so it fails the day they pass, to be unmarked.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from functools import cache
 
 import pytest
 
 from tests.conftest import BIN, SCENARIOS, SHARED
-from tests.e2e.node.conftest import node_missing
+from tests.e2e.node.conftest import require_node
 
 pytestmark = pytest.mark.e2e
 
+RUNTIMES = ["python", "node"]
 
-@pytest.mark.parametrize("runtime", ["python", "node"])
-def test_every_public_scenario_matches_its_expected_trace(runtime: str) -> None:
-    if runtime == "node" and (reason := node_missing()):
-        pytest.skip(reason)
+
+def needs_memory(name: str) -> bool:
+    scenario = json.loads((SCENARIOS / f"{name}.json").read_text(encoding="utf-8"))
+    return "calls" in scenario or "memory" in (scenario.get("agent") or {})
+
+
+@cache
+def outcomes(runtime: str) -> tuple[dict[str, str], str]:
+    """compare.py over every public scenario: {name: PASS|FAIL}, and its output for messages."""
+    if runtime == "node":
+        require_node()
     if not SCENARIOS.is_dir():
         pytest.fail(f"conformance scenarios not found at {SCENARIOS} (set PROCMESH_SHARED)")
     proc = subprocess.run(
@@ -35,10 +46,33 @@ def test_every_public_scenario_matches_its_expected_trace(runtime: str) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         check=False,
     )
-    summary = proc.stdout.strip().splitlines()[-1]
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert summary.endswith(" 0 failed"), summary
-    assert int(summary.split()[0]) >= 28, summary
+    verdicts = {}
+    for line in proc.stdout.splitlines():
+        word, _, name = line.partition(" ")
+        if word in ("PASS", "FAIL") and name:
+            verdicts[name.strip()] = word
+    expected = {p.name.removesuffix(".expected.json") for p in SCENARIOS.glob("*.expected.json")}
+    assert set(verdicts) == expected, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return verdicts, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_scenario_without_memory_matches_its_expected_trace(runtime: str) -> None:
+    verdicts, output = outcomes(runtime)
+    ours = {name: word for name, word in verdicts.items() if not needs_memory(name)}
+    assert len(ours) >= 28
+    failed = sorted(name for name, word in ours.items() if word != "PASS")
+    assert not failed, f"{failed}\n{output[-6000:]}"
+
+
+@pytest.mark.xfail(strict=True, reason="memory (threads, history, save rules) is issue #15")
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_memory_scenario_matches_its_expected_trace(runtime: str) -> None:
+    verdicts, output = outcomes(runtime)
+    memory = {name: word for name, word in verdicts.items() if needs_memory(name)}
+    assert memory
+    failed = sorted(name for name, word in memory.items() if word != "PASS")
+    assert not failed, f"{failed}\n{output[-6000:]}"

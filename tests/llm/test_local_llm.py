@@ -1,7 +1,7 @@
 """Opt-in: an App agent on a real local model (``make test-llm`` starts llama.cpp's server).
 
-Skipped unless PROCMESH_LLM_BASE_URL names an OpenAI-compatible endpoint,
-e.g. ``http://127.0.0.1:8080/v1``.
+Not collected by ``make test`` (tests/conftest.py leaves this folder out unless
+PROCMESH_LLM_BASE_URL names an OpenAI-compatible endpoint, e.g. ``http://127.0.0.1:8080/v1``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from orchestrator.config import parse_config
 
 BASE_URL = os.environ.get("PROCMESH_LLM_BASE_URL", "")
 
-pytestmark = pytest.mark.skipif(not BASE_URL, reason="PROCMESH_LLM_BASE_URL is not set (see make test-llm)")
+
+@pytest.fixture(autouse=True)
+def _base_url() -> None:
+    if not BASE_URL:
+        pytest.fail("PROCMESH_LLM_BASE_URL is not set: run `make test-llm`, which starts the model server")
 
 
 async def test_a_local_model_answers_streamed_and_generated() -> None:

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from orchestrator.agent import CallOptions
 from orchestrator.app import App
 from orchestrator.sidecar_process import SidecarProcess
+from tests.deps import require
 from tests.e2e.builtins.harness import call, make_config, model_requests, ref, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -34,9 +35,7 @@ async def address(start_sidecar: Callable[..., SidecarProcess]) -> str:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def redis_url() -> AsyncIterator[str]:
     """A real redis-server (Debian's package) on a private unix socket, without persistence."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (.ci/run installs the Debian package)")
+    binary = require("redis-server")
     folder = Path(tempfile.mkdtemp(prefix="pm-redis-"))
     sock = folder / "redis.sock"
     proc = subprocess.Popen(  # noqa: ASYNC220 (started once per module, before any request)

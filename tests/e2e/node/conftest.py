@@ -1,7 +1,7 @@
 """Node SDK sidecars as real processes, started once for the whole tests/e2e/node package.
 
-CI installs the Node SDK's packages with ``npm ci --prefix sdk/node`` (.ci/run); without them
-(or without Node.js 20+ on the PATH) these tests are skipped, with the reason in the summary.
+`make deps` installs Node.js and the Node SDK's packages; without them these tests fail with the
+command that installs them (never a skip).
 """
 
 from __future__ import annotations
@@ -17,17 +17,15 @@ import pytest
 
 from orchestrator.scenario import NODE_SDK, node_command
 from orchestrator.sidecar_process import SidecarProcess
+from tests.deps import require, require_npm_packages
 
 HERE = Path(__file__).resolve().parent
 
 
-def node_missing() -> str | None:
-    """Why the Node tests cannot run here, or None."""
-    try:
-        node_command(NODE_SDK / "index.js")
-    except RuntimeError as exc:
-        return str(exc)
-    return None
+def require_node() -> None:
+    """Fail the calling test, saying how to install them, when Node.js or the SDK's packages are missing."""
+    require("node")
+    require_npm_packages(NODE_SDK)
 
 
 def node_sidecar(script: Path, address: str, log_path: Path, *args: str) -> SidecarProcess:
@@ -67,9 +65,7 @@ def socket_dir() -> Iterator[Path]:
 @pytest.fixture(scope="package")
 def sidecars(socket_dir: Path) -> Iterator[Sidecars]:
     """`node sdk/node/examples/serve.mjs` and `python -m sidecars examples`, each on a unix socket."""
-    reason = node_missing()
-    if reason:
-        pytest.skip(reason)
+    require_node()
     node = node_sidecar(
         NODE_SDK / "examples" / "serve.mjs", f"unix://{socket_dir / 'node.sock'}", socket_dir / "node.log"
     )

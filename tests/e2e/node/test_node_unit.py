@@ -7,15 +7,13 @@ import subprocess
 import pytest
 
 from orchestrator.scenario import NODE_SDK, node_command
-from tests.e2e.node.conftest import node_missing
+from tests.e2e.node.conftest import require_node
 
 pytestmark = pytest.mark.e2e
 
 
 def test_node_unit_tests_pass() -> None:
-    reason = node_missing()
-    if reason:
-        pytest.skip(reason)
+    require_node()
     command = node_command(NODE_SDK / "test")
     proc = subprocess.run(
         [command[0], "--test", *command[1:]],

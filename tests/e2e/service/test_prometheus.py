@@ -22,12 +22,12 @@ import yaml
 
 from orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import REPO
+from tests.deps import require
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, SECRET, free_port, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
-PROMETHEUS = Path("/usr/bin/prometheus")
 DEPLOY_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 ORCHESTRATOR_JOB = "procmesh-orchestrator"
 SIDECAR_JOB = "procmesh-sidecars"
@@ -46,12 +46,14 @@ def scrape_config(orchestrator: str, sidecar: str) -> dict[str, Any]:
     return config
 
 
-def launch_prometheus(config: Path, data: Path, web: str, log_path: Path) -> subprocess.Popen[bytes]:
+def launch_prometheus(
+    binary: str, config: Path, data: Path, web: str, log_path: Path
+) -> subprocess.Popen[bytes]:
     """Start the Prometheus binary (not the package's service) on `web`, logging to `log_path`."""
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             [
-                str(PROMETHEUS),
+                binary,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={data}",
                 f"--web.listen-address={web}",
@@ -99,8 +101,7 @@ async def prometheus(
     start_orchestrator: Callable[..., OrchestratorProcess],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Prometheus]:
-    if not await asyncio.to_thread(PROMETHEUS.exists):
-        pytest.fail("Prometheus is not installed: apt-get install prometheus (.ci/run does)")
+    binary = require("prometheus")
     metrics_port = free_port()
     sidecar = start_sidecar("examples", "--metrics-port", str(metrics_port), name="prom-guards")
     await sidecar.wait_ready()
@@ -124,7 +125,7 @@ async def prometheus(
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     web = f"127.0.0.1:{free_port()}"
     log_path = workdir / "prometheus.log"
-    proc = await asyncio.to_thread(launch_prometheus, config_path, workdir / "data", web, log_path)
+    proc = await asyncio.to_thread(launch_prometheus, binary, config_path, workdir / "data", web, log_path)
     server = Prometheus(f"http://{web}")
     try:
         deadline = time.monotonic() + 30

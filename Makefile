@@ -11,10 +11,10 @@ HEADER := """Generated from proto/procmesh/v1 by `make proto`; do not edit."""
 protoc = PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto --python_out=$(1) \
          --grpc_python_out=$(1) --mypy_out=$(1) --mypy_grpc_out=$(1) $(wildcard proto/procmesh/v1/*.proto)
 
-$(STAMP): pyproject.toml sdk/pyproject.toml
+$(STAMP): pyproject.toml sdk/pyproject.toml orchestrator/pyproject.toml sidecars/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e sdk -e '.[dev]'
+	$(PY) -m pip install -q -e sdk -e sidecars -e orchestrator --group dev
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -74,7 +74,7 @@ test-llm: $(STAMP)
 	PROCMESH_LLM_BASE_URL=http://127.0.0.1:$$port/v1 $(BIN)/pytest tests/llm -q
 
 conformance: $(STAMP)
-	PATH=$(abspath $(BIN)):$$PATH python3 ../shared/conformance/compare.py \
+	PATH=$(abspath $(BIN)):$$PATH PROCMESH_NODE_SDK=$(abspath sdk/node) python3 ../shared/conformance/compare.py \
 	  --dir ../shared/conformance/scenarios --runner "procmesh scenario run"
 
 demo: $(STAMP)

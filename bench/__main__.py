@@ -28,13 +28,13 @@ import grpc
 
 from bench.echo_server import METHOD, STREAM_METHOD
 from bench.processors import processors as bench_processors
-from orchestrator.agent import Agent, AgentSpec, CallOptions, Lanes
-from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.models import ModelRequest, ScriptedModel
-from orchestrator.processors import HOOK_BY_ENUM, HookCaller, ProcessorHandle, RunScope
-from orchestrator.sidecar_process import SidecarProcess
 from procmesh import ProcessorClient, ProcessorServer, convert
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh_orchestrator.agent import Agent, AgentSpec, CallOptions, Lanes
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.models import ModelRequest, ScriptedModel
+from procmesh_orchestrator.processors import HOOK_BY_ENUM, HookCaller, ProcessorHandle, RunScope
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("PROCMESH_SHARED", HERE.parent.parent / "shared"))

@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("PROCMESH_SHARED", REPO.parent / "shared"))
 SCENARIOS = SHARED / "conformance" / "scenarios"
 BIN = Path(sys.executable).parent
+NODE_SDK = REPO / "sdk" / "node"
+# `procmesh scenario run --sidecar-runtime node` finds the Node SDK by configuration.
+os.environ.setdefault("PROCMESH_NODE_SDK", str(NODE_SDK))
 
 # The opt-in LLM tier (`make test-llm`) needs a model server; `make test` does not collect it.
 collect_ignore = [] if os.environ.get("PROCMESH_LLM_BASE_URL") else ["llm"]
@@ -60,14 +63,14 @@ def start_sidecar(sidecar_dir: Path) -> Iterator[Callable[..., SidecarProcess]]:
     """Start `python -m MODULE ARGS --listen ADDRESS` as a real process; stopped at module end.
 
     The returned function takes the sidecar arguments, an optional address
-    (default: a unix socket in `sidecar_dir`) and module (default ``sidecars``;
+    (default: a unix socket in `sidecar_dir`) and module (default ``procmesh_sidecars``;
     ``tests.fixtures.faulty`` serves the failure tests' processors); call
     ``await proc.wait_ready()``.
     """
     started: list[SidecarProcess] = []
 
     def start(
-        *args: str, address: str | None = None, name: str | None = None, module: str = "sidecars"
+        *args: str, address: str | None = None, name: str | None = None, module: str = "procmesh_sidecars"
     ) -> SidecarProcess:
         name = name or f"s{len(started)}"
         addr = address or f"unix://{sidecar_dir / (name + '.sock')}"

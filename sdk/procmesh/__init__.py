@@ -4,7 +4,7 @@ Subclass `Processor`, implement any of the seeds' hooks in snake_case, and
 serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop).
 """
 
-from procmesh import convert, errors
+from procmesh import convert, errors, hooks
 from procmesh._client import ProcessorClient, translate_rpc_error
 from procmesh._processor import HOOK_NAMES, MessageList, Processor, TripWire, Writer
 from procmesh._run import ProcessorSettings, run, serve, settings_from_args
@@ -25,6 +25,7 @@ __all__ = [
     "channel_credentials",
     "convert",
     "errors",
+    "hooks",
     "run",
     "serve",
     "server_credentials",

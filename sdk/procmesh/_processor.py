@@ -9,73 +9,14 @@ from typing import Any, ClassVar, NoReturn
 
 from pydantic import BaseModel
 
+from procmesh import hooks
 from procmesh.errors import InvalidInputError
 
 Message = dict[str, Any]
 Chunk = dict[str, Any]
 
-HOOK_NAMES: tuple[str, ...] = (
-    "process_input",
-    "process_input_step",
-    "process_llm_request",
-    "process_llm_response",
-    "process_output_stream",
-    "process_output_step",
-    "process_tool_result",
-    "process_output_result",
-    "process_api_error",
-    "execute_tool",
-)
-
-_BASE_ARGUMENTS = (
-    "abort",
-    "state",
-    "options",
-    "retry_count",
-    "step_number",
-    "run_id",
-    "agent_id",
-    "thread_id",
-    "resource_id",
-    "request_context",
-    "send_signal",
-    "writer",
-    "report_violation",
-)
-_MESSAGES = ("messages", "message_list", "system_messages")
-
-HOOK_ARGUMENTS: dict[str, frozenset[str]] = {
-    name: frozenset(_BASE_ARGUMENTS + extra)
-    for name, extra in {
-        "process_input": _MESSAGES,
-        "process_input_step": (
-            *_MESSAGES,
-            "model",
-            "tools",
-            "tool_choice",
-            "active_tools",
-            "provider_options",
-            "model_settings",
-            "steps",
-        ),
-        "process_llm_request": ("prompt", "model", "steps"),
-        "process_llm_response": ("chunks", "model", "steps", "from_cache"),
-        "process_output_stream": ("part", "stream_parts"),
-        "process_output_step": (*_MESSAGES, "text", "tool_calls", "finish_reason", "usage", "steps"),
-        "process_tool_result": (
-            "messages",
-            "tool_name",
-            "tool_call_id",
-            "args",
-            "result",
-            "provider_executed",
-            "steps",
-        ),
-        "process_output_result": ("messages", "message_list", "result"),
-        "process_api_error": ("error", "messages", "message_list", "steps"),
-        "execute_tool": ("tool_name", "tool_call_id", "args", "messages"),
-    }.items()
-}
+HOOK_NAMES: tuple[str, ...] = tuple(hook.name for hook in hooks.HOOKS)
+HOOK_ARGUMENTS: dict[str, frozenset[str]] = {hook.name: hook.arguments for hook in hooks.HOOKS}
 """The arguments each hook can declare (by name)."""
 
 _SIGNAL_TYPES = {"reactive", "user", "notification", "state", "system-reminder", "user-message"}

@@ -21,7 +21,6 @@ from procmesh import convert
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import (
     HOOK_ARGUMENTS,
-    HOOK_NAMES,
     HookEffects,
     MessageList,
     Processor,
@@ -38,6 +37,7 @@ from procmesh.errors import (
     ProcmeshError,
     UnimplementedError,
 )
+from procmesh.hooks import BY_NAME as HOOK_BY_NAME
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import processor_pb2_grpc as pgrpc
 from procmesh.v1 import types_pb2 as tpb
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "procmesh.v1.ProcessorService"
 _Response = TypeVar("_Response")
-_HOOK_ENUM = {name: i + 1 for i, name in enumerate(HOOK_NAMES)}
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -116,7 +115,7 @@ class _Hosted:
             id=self.id,
             name=proc.name or self.id,
             description=proc.description,
-            hooks=[_HOOK_ENUM[h] for h in self.hooks],  # type: ignore[misc]
+            hooks=[HOOK_BY_NAME[h].enum for h in self.hooks],  # type: ignore[misc]
             process_data_parts=proc.process_data_parts,
             options_schema_json=schema,
         )

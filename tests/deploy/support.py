@@ -6,7 +6,7 @@ import functools
 import tomllib
 from typing import Any
 
-from orchestrator.pod import render
+from procmesh_orchestrator.cli.pod import render
 from tests.conftest import REPO
 
 K8S = REPO / "deploy" / "k8s"
@@ -63,10 +63,17 @@ def flag_values(args: list[str], flag: str) -> list[str]:
     return values
 
 
+DISTRIBUTIONS = ("sdk", "sidecars", "orchestrator")
+"""The repository's folders that are each one Python distribution."""
+
+
 def console_scripts() -> set[str]:
-    """The console scripts pyproject.toml installs."""
-    with open(REPO / "pyproject.toml", "rb") as f:
-        return set(tomllib.load(f)["project"]["scripts"])
+    """The console scripts the three distributions install."""
+    scripts: set[str] = set()
+    for folder in DISTRIBUTIONS:
+        with open(REPO / folder / "pyproject.toml", "rb") as f:
+            scripts |= set(tomllib.load(f)["project"].get("scripts", {}))
+    return scripts
 
 
 def volume_path(container: Obj, path: str) -> tuple[str, str] | None:

@@ -12,9 +12,9 @@ import tomllib
 
 import pytest
 
-from orchestrator.pod import IMAGE_ENV
+from procmesh_orchestrator.cli.pod import IMAGE_ENV
 from tests.conftest import REPO
-from tests.deploy.support import DOCKERFILE, console_scripts
+from tests.deploy.support import DISTRIBUTIONS, DOCKERFILE, console_scripts
 
 Instruction = tuple[str, str]
 
@@ -120,18 +120,13 @@ def test_every_copy_source_exists_and_survives_dockerignore() -> None:
                     assert not ignored(relative), f"COPY {source}: .dockerignore leaves out {relative}"
                 copied.add(source.rstrip("/"))
         names.append(name)
-    # Everything the two distributions build from is copied.
-    with open(REPO / "pyproject.toml", "rb") as f:
-        app = tomllib.load(f)
-    with open(REPO / "sdk" / "pyproject.toml", "rb") as f:
-        sdk = tomllib.load(f)
-    needed = {
-        "pyproject.toml",
-        app["project"]["readme"],
-        *app["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"],
-    }
-    needed |= {f"sdk/{p}" for p in ("pyproject.toml", sdk["project"]["readme"])}
-    needed |= {f"sdk/{p}" for p in sdk["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
+    # Everything the three distributions build from is copied.
+    needed: set[str] = set()
+    for folder in DISTRIBUTIONS:
+        with open(REPO / folder / "pyproject.toml", "rb") as f:
+            meta = tomllib.load(f)
+        needed |= {f"{folder}/{p}" for p in ("pyproject.toml", meta["project"]["readme"])}
+        needed |= {f"{folder}/{p}" for p in meta["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
     assert needed <= copied, f"not copied: {sorted(needed - copied)}"
 
 
@@ -144,9 +139,15 @@ def test_dockerignore_keeps_the_context_small() -> None:
         "bench/x.py",
     ):
         assert ignored(path), f"{path} should not be in the build context"
-    for path in ("orchestrator/pod.py", "sidecars/examples.py", "sdk/procmesh/_run.py", "pyproject.toml"):
+    for path in (
+        "orchestrator/procmesh_orchestrator/app.py",
+        "sidecars/procmesh_sidecars/examples.py",
+        "sdk/procmesh/_run.py",
+        "sidecars/pyproject.toml",
+    ):
         assert not ignored(path), path
-    assert ignored("orchestrator/__pycache__/pod.cpython-311.pyc")
+    assert ignored("orchestrator/procmesh_orchestrator/__pycache__/app.cpython-311.pyc")
+    assert ignored("pyproject.toml")  # the workspace root holds only tool configuration
 
 
 def test_the_final_stage_runs_non_root_without_build_tools() -> None:

@@ -19,10 +19,10 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no type info
 import pytest
 import yaml
 
-from orchestrator.app import DEFAULT_ERROR_PROCESSORS
-from orchestrator.config import BUILTINS, WorkflowRef, parse_config, workflow_refs
-from orchestrator.pod import split_image
-from sidecars.__main__ import SETS
+from procmesh_orchestrator.app import DEFAULT_ERROR_PROCESSORS
+from procmesh_orchestrator.cli.pod import split_image
+from procmesh_orchestrator.config import BUILTINS, WorkflowRef, parse_config, workflow_refs
+from procmesh_sidecars.__main__ import SETS
 from tests.deploy.support import (
     DOCKERFILE,
     IMAGE,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import load_config
-from orchestrator.pod import PodError, find_deployment, plan_pod
+from procmesh_orchestrator.cli.pod import PodError, find_deployment, plan_pod
+from procmesh_orchestrator.config import load_config
 from tests.deploy.support import flag_values, one, rendered
 
 

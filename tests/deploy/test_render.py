@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.pod import PodError, render, render_yaml, split_image, strategic_merge
+from procmesh_orchestrator.cli.pod import PodError, render, render_yaml, split_image, strategic_merge
 
 DEPLOYMENT = {
     "apiVersion": "apps/v1",

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from orchestrator.agent import CallOptions, RunResult
-from orchestrator.app import App
-from orchestrator.config import Config, parse_config
-from orchestrator.errors import ProcessorFailedError
-from orchestrator.models import ScriptedModel
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.agent import CallOptions, RunResult
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import Config, parse_config
+from procmesh_orchestrator.errors import ProcessorFailedError
+from procmesh_orchestrator.models import ScriptedModel
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.fixtures.faulty import LIAR_BAD_CHUNK_TYPE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

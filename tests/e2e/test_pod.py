@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.pod import render
+from procmesh_orchestrator.cli.pod import render
 from tests.conftest import BIN, REPO
 
 pytestmark = pytest.mark.e2e

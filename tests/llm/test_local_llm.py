@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from orchestrator.app import App
-from orchestrator.config import parse_config
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import parse_config
 
 BASE_URL = os.environ.get("PROCMESH_LLM_BASE_URL", "")
 

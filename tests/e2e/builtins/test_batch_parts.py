@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import pytest_asyncio
 
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.builtins.harness import make_config, ref, run, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

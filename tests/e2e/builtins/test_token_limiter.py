@@ -7,9 +7,9 @@ from collections.abc import Callable
 import pytest
 import pytest_asyncio
 
-from orchestrator.app import App
-from orchestrator.errors import ConfigError, ProcessorFailedError
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.builtins.harness import call, make_config, prompt_texts, ref, run, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

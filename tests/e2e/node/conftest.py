@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.scenario import NODE_SDK, node_command
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.cli.scenario import node_command
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.conftest import NODE_SDK
 from tests.deps import require, require_npm_packages
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +65,7 @@ def socket_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="package")
 def sidecars(socket_dir: Path) -> Iterator[Sidecars]:
-    """`node sdk/node/examples/serve.mjs` and `python -m sidecars examples`, each on a unix socket."""
+    """`node sdk/node/examples/serve.mjs` and `python -m procmesh_sidecars examples`, on unix sockets."""
     require_node()
     node = node_sidecar(
         NODE_SDK / "examples" / "serve.mjs", f"unix://{socket_dir / 'node.sock'}", socket_dir / "node.log"

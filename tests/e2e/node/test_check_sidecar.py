@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
 from tests.e2e.node.conftest import Sidecars, wait_all
 

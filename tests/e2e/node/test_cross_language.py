@@ -1,7 +1,7 @@
 """The orchestrator drives pipelines mixing a Node SDK sidecar and a Python SDK sidecar.
 
 Both are real processes (tests/e2e/node/conftest.py): ``node sdk/node/examples/serve.mjs``
-(stream-filter, response-validator, word-counter) and ``python -m sidecars examples``
+(stream-filter, response-validator, word-counter) and ``python -m procmesh_sidecars examples``
 (pii-redactor, topic-guard, word-filter, length-check, word-counter). Every Node example is
 exercised end to end here: the stream filter (mask, drop), the output-step validator (retry
 with feedback), the stateful word counter (state across streams and into
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import CallOptions, RunResult
-from orchestrator.app import App
-from orchestrator.config import Config, parse_config
-from orchestrator.errors import ConfigError
-from orchestrator.models import ScriptedModel
+from procmesh_orchestrator.agent import CallOptions, RunResult
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import Config, parse_config
+from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.models import ScriptedModel
 from tests.e2e.node.conftest import Sidecars
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

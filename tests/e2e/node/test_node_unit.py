@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from orchestrator.scenario import NODE_SDK, node_command
+from procmesh_orchestrator.cli.scenario import node_command
+from tests.conftest import NODE_SDK
 from tests.e2e.node.conftest import require_node
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import REPO
 from tests.deps import require_npm_packages
 from tests.e2e.service.conftest import OrchestratorProcess

@@ -15,9 +15,9 @@ import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestrator.sidecar_process import SidecarProcess
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import (

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import REPO
 from tests.deps import require
 from tests.e2e.service.conftest import OrchestratorProcess

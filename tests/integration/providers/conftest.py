@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from orchestrator.config import ProviderConfig
-from orchestrator.providers import AnthropicModel, HTTPModel, OpenAIModel, ProviderConnection
+from procmesh_orchestrator.config import ProviderConfig
+from procmesh_orchestrator.providers import AnthropicModel, HTTPModel, OpenAIModel, ProviderConnection
 from tests.integration.providers.fakes import FakeAnthropic, FakeAPI, FakeOpenAI
 from tests.integration.providers.helpers import MakeModel
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import APICallError
-from orchestrator.models import ModelProvider, ModelRequest
-from orchestrator.providers._base import HTTPModel
+from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.models import ModelProvider, ModelRequest
+from procmesh_orchestrator.providers._base import HTTPModel
 
 Chunk = dict[str, Any]
 MakeModel = Callable[..., HTTPModel]

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from orchestrator.agent import RunResult
-from orchestrator.app import App
-from orchestrator.config import parse_config
-from orchestrator.errors import APICallError
+from procmesh_orchestrator.agent import RunResult
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.errors import APICallError
 from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
 from tests.integration.providers.fakes import PREFILL_MESSAGE, FakeAnthropic, FakeOpenAI, error
 

@@ -16,11 +16,11 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.agent import CallOptions
-from orchestrator.app import App
-from orchestrator.config import parse_config
-from orchestrator.errors import APICallError
-from orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.agent import CallOptions
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.providers.conftest import OPENAI_KEY_ENV
 from tests.integration.providers.fakes import FakeOpenAI, error
 

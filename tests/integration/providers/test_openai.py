@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.config import ProviderConfig
-from orchestrator.providers import OpenAIModel, ProviderConnection
+from procmesh_orchestrator.config import ProviderConfig
+from procmesh_orchestrator.providers import OpenAIModel, ProviderConnection
 from tests.integration.providers.conftest import OPENAI_KEY, OPENAI_KEY_ENV
 from tests.integration.providers.fakes import FakeOpenAI, error
 from tests.integration.providers.helpers import (

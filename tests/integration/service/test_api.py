@@ -17,16 +17,16 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
-from orchestrator.agent import CallOptions
-from orchestrator.config import parse_config
-from orchestrator.service import Service
-from orchestrator.service._calls import parse_body
-from orchestrator.settings import OrchestratorSettings
-from orchestrator.sidecar_process import SidecarProcess
 from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.agent import CallOptions
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.service._calls import parse_body
+from procmesh_orchestrator.settings import OrchestratorSettings
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.service.support import (
     API_KEY,
     AUTH,

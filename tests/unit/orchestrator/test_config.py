@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import Config, load_config, parse_config
-from orchestrator.errors import ConfigError
+from procmesh_orchestrator.config import Config, load_config, parse_config
+from procmesh_orchestrator.errors import ConfigError
 
 VALID_YAML = """
 sidecars:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.providers import anthropic, openai
-from orchestrator.providers._base import FileData, file_data
+from procmesh_orchestrator.providers import anthropic, openai
+from procmesh_orchestrator.providers._base import FileData, file_data
 
 
 def user(*parts: dict[str, Any]) -> dict[str, Any]:

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import Config, parse_config
-from orchestrator.errors import APICallError, ConfigError
-from orchestrator.models import DemoModel, ModelRequest
-from orchestrator.providers import AnthropicModel, ModelRegistry, OpenAIModel
+from procmesh_orchestrator.config import Config, parse_config
+from procmesh_orchestrator.errors import APICallError, ConfigError
+from procmesh_orchestrator.models import DemoModel, ModelRequest
+from procmesh_orchestrator.providers import AnthropicModel, ModelRegistry, OpenAIModel
 
 
 def config(agent_model: str, **extra: Any) -> Config:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.scenario import trace_chunks
+from procmesh_orchestrator.cli.scenario import trace_chunks
 
 
 def delta(text: str) -> dict[str, Any]:

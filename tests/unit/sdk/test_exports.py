@@ -24,6 +24,7 @@ EXPECTED_ALL = [
     "channel_credentials",
     "convert",
     "errors",
+    "hooks",
     "run",
     "serve",
     "server_credentials",

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from procmesh import TripWire
-from sidecars.builtins.batch_parts import BatchParts, BatchPartsOptions, flush_batch
-from sidecars.builtins.regex_filter import (
+from procmesh_sidecars.builtins.batch_parts import BatchParts, BatchPartsOptions, flush_batch
+from procmesh_sidecars.builtins.regex_filter import (
     RegexFilter,
     RegexFilterOptions,
     all_rules,
@@ -16,9 +16,20 @@ from sidecars.builtins.regex_filter import (
     redact,
     regions,
 )
-from sidecars.builtins.signals import BackgroundWorkSignals, BackgroundWorkSignalsOptions
-from sidecars.builtins.structured_output import StructuredOutputOptions, parse_json, validation_errors
-from sidecars.builtins.tool_search import BM25, SearchOptions, _Catalog, _load, _loaded_from_context, tokenize
+from procmesh_sidecars.builtins.signals import BackgroundWorkSignals, BackgroundWorkSignalsOptions
+from procmesh_sidecars.builtins.structured_output import (
+    StructuredOutputOptions,
+    parse_json,
+    validation_errors,
+)
+from procmesh_sidecars.builtins.tool_search import (
+    BM25,
+    SearchOptions,
+    _Catalog,
+    _load,
+    _loaded_from_context,
+    tokenize,
+)
 from tests.unit.sidecars.helpers import Signals, Violations, abort
 
 CATALOG = _Catalog(

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from sidecars.builtins.response_cache import (
+from procmesh_sidecars.builtins.response_cache import (
     ResponseCache,
     ResponseCacheOptions,
     build_key,
     clean_step,
     model_identity,
 )
-from sidecars.cache import InMemoryServerCache
+from procmesh_sidecars.cache import InMemoryServerCache
 from tests.unit.sidecars.helpers import user
 
 MODEL = model_identity("openai/gpt-4o")

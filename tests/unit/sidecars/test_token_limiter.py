@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from procmesh import TripWire
-from sidecars.builtins.token_limiter import TokenLimiter, TokenLimiterOptions, media_tokens
+from procmesh_sidecars.builtins.token_limiter import TokenLimiter, TokenLimiterOptions, media_tokens
 from tests.unit.sidecars.helpers import Writer, abort, assistant, call, result, user
 
 SYSTEM = {"role": "system", "content": "You are terse."}

@@ -8,9 +8,9 @@ import pytest
 import quicktok
 import tiktoken_ext.openai_public as openai_public
 
-from sidecars.builtins import tokens
-from sidecars.builtins._common import js_number, js_stringify
-from sidecars.builtins.tokens import TokenCounter, estimate_slice, estimate_tokens
+from procmesh_sidecars.builtins import tokens
+from procmesh_sidecars.builtins._common import js_number, js_stringify
+from procmesh_sidecars.builtins.tokens import TokenCounter, estimate_slice, estimate_tokens
 
 SAMPLES = [
     "hello world",

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sidecars.builtins.tool_call_filter import (
+from procmesh_sidecars.builtins.tool_call_filter import (
     ToolCallFilter,
     ToolCallFilterOptions,
     filter_prompt,

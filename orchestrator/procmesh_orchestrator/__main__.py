@@ -1,0 +1,59 @@
+"""procmesh-orchestrator --config FILE [--http-port N] [--grpc-port N] ...: serve the agents."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from procmesh_orchestrator.config import load_config
+from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.service import serve
+from procmesh_orchestrator.settings import OrchestratorSettings
+
+
+def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSettings:
+    """Settings from the environment (``PROCMESH_*``), overridden by command-line flags.
+
+    API keys come from ``PROCMESH_API_KEYS`` only: a flag would show them in ``ps``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="procmesh-orchestrator",
+        description="Serve the configured agents over HTTP (reference-server routes) and gRPC.",
+    )
+    parser.add_argument("--config", help="YAML configuration file (or PROCMESH_CONFIG)")
+    parser.add_argument("--http-host", help="HTTP interface (default 127.0.0.1)")
+    parser.add_argument("--http-port", type=int, help="HTTP port (default 4111; 0: any free port)")
+    parser.add_argument("--grpc-host", help="gRPC interface (default 127.0.0.1)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50050; 0: any free port)")
+    parser.add_argument("--max-request-bytes", type=int, help="largest request accepted")
+    parser.add_argument("--drain-grace-seconds", type=float, help="time in-flight runs get after SIGTERM")
+    parser.add_argument("--log-level", help="logging level (default INFO)")
+    args = parser.parse_args(argv)
+    overrides = {key: value for key, value in vars(args).items() if value is not None}
+    try:
+        settings = OrchestratorSettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        parser.error(f"invalid settings: {problems}")
+    if settings.config is None:
+        parser.error("--config FILE (or PROCMESH_CONFIG) is required")
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = settings_from_args(argv)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(settings, load_config(settings.config or "")))
+    except (OrchestratorError, OSError) as exc:
+        print(f"procmesh-orchestrator: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""Composition root: connects to the sidecars, checks what they host, builds the agents."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import jsonschema
+
+from procmesh import ProcessorClient, channel_credentials, convert
+from procmesh.errors import ProcmeshError
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh_orchestrator.agent import Agent, AgentSpec, Lanes
+from procmesh_orchestrator.config import (
+    BUILTINS,
+    ConditionalStep,
+    Config,
+    LaneEntry,
+    ParallelStep,
+    ProcessorRef,
+    SidecarConfig,
+    WorkflowRef,
+    workflow_refs,
+)
+from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.processors import (
+    HOOK_BY_ENUM,
+    Conditional,
+    LaneItem,
+    ParallelGroup,
+    ProcessorHandle,
+)
+from procmesh_orchestrator.providers import ModelRegistry
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.tools import StaticTool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ERROR_PROCESSORS = (
+    "provider-history-compat",
+    "prefill-error-handler",
+    "unsupported-file-handler",
+    "stream-error-retry-processor",
+)
+"""The default error processors, in the default order (SPEC §5)."""
+
+
+def merge_error_defaults(
+    user: list[ProcessorHandle], defaults: list[ProcessorHandle]
+) -> list[ProcessorHandle]:
+    """Add each default whose id the user's list lacks, placed by the default order.
+
+    The user's processors keep their order. A missing default goes before the
+    first listed default-id processor that comes later in the default order,
+    else after the last one that comes earlier, else at the end.
+    """
+    rank = {pid: i for i, pid in enumerate(DEFAULT_ERROR_PROCESSORS)}
+    out = list(user)
+    present = {h.processor_id for h in user}
+    for handle in sorted(defaults, key=lambda h: rank[h.processor_id]):
+        if handle.processor_id in present:
+            continue
+        k = rank[handle.processor_id]
+        later = [i for i, h in enumerate(out) if rank.get(h.processor_id, -1) > k]
+        earlier = [i for i, h in enumerate(out) if -1 < rank.get(h.processor_id, -1) < k]
+        pos = later[0] if later else (earlier[-1] + 1 if earlier else len(out))
+        out.insert(pos, handle)
+        present.add(handle.processor_id)
+    return out
+
+
+def _check_options(ref: ProcessorRef, info: ppb.ProcessorInfo, where: str) -> None:
+    """Validate a reference's options against the schema the sidecar's Describe published."""
+    if not info.options_schema_json:
+        return
+    try:
+        schema = json.loads(info.options_schema_json)
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(ref.options), key=str)
+    except (ValueError, jsonschema.SchemaError) as exc:
+        log.warning("processor %s publishes an unusable options schema: %s", ref.processor, exc)
+        return
+    if errors:
+        path = ".".join(str(p) for p in errors[0].absolute_path)
+        raise ConfigError(
+            f"{where}.options{'.' + path if path else ''}: {errors[0].message} "
+            f"(schema published by processor {ref.processor!r})"
+        )
+
+
+class App:
+    """Everything the orchestrator runs: sidecar clients, models, tools and agents.
+
+    Use as an async context manager: entering connects to every sidecar, calls
+    `Describe` and fails with a clear `ConfigError` when a referenced processor
+    is not hosted there.
+    """
+
+    def __init__(
+        self, config: Config, *, metrics: OrchestratorMetrics | None = None, connect_timeout: float = 10.0
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or OrchestratorMetrics()
+        self.clients: dict[str, ProcessorClient] = {}
+        self.catalog: dict[str, dict[str, ppb.ProcessorInfo]] = {}
+        self.models = ModelRegistry(config)
+        """Models by reference: ``models`` keys, and ``provider/model-id`` created on first use."""
+        self.tools = {name: StaticTool.from_config(name, t) for name, t in config.tools.items()}
+        self.agents: dict[str, Agent] = {}
+        self._connect_timeout = connect_timeout
+        self.sidecars: dict[str, SidecarConfig] = dict(config.sidecars)
+        self.builtins: SidecarProcess | None = None
+        self._builtins_dir: str | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+
+    def _needs_builtins(self) -> bool:
+        named = [
+            r
+            for a in self.config.agents.values()
+            for r in (*a.input_processors, *a.output_processors, *a.error_processors)
+            if isinstance(r, ProcessorRef)
+        ]
+        named += [r for w in self.config.workflows.values() for step in w.steps for r in workflow_refs(step)]
+        return any(a.error_processor_defaults for a in self.config.agents.values()) or any(
+            r.sidecar == BUILTINS for r in named
+        )
+
+    async def _start_builtins(self) -> None:
+        """Start and supervise the built-in sidecar on a private unix socket (none was configured)."""
+        self._builtins_dir = tempfile.mkdtemp(prefix="procmesh-builtins-")
+        os.chmod(self._builtins_dir, 0o700)
+        address = f"unix://{os.path.join(self._builtins_dir, 'builtins.sock')}"
+        self.builtins = SidecarProcess(
+            ["builtins", "--parent-pid", str(os.getpid())],
+            address,
+            log_path=os.path.join(self._builtins_dir, "builtins.log"),
+        )
+        self.builtins.start()
+        await self.builtins.wait_ready(self._connect_timeout)
+        self.sidecars[BUILTINS] = SidecarConfig(address=address)
+        self._supervisor = asyncio.create_task(self._supervise(self.builtins))
+
+    async def _supervise(self, process: SidecarProcess) -> None:
+        """Restart the built-in sidecar when it exits; clients reconnect by themselves."""
+        while True:
+            await asyncio.sleep(0.5)
+            if process.proc is not None and process.proc.poll() is not None:
+                log.error("built-in sidecar exited with %s; restarting", process.proc.returncode)
+                process.start()
+                with contextlib.suppress(RuntimeError):
+                    await process.wait_ready(self._connect_timeout)
+
+    async def start(self) -> None:
+        """Connect to the sidecars (waiting up to the connect timeout) and build the agents."""
+        if BUILTINS not in self.sidecars and self._needs_builtins():
+            await self._start_builtins()
+        for name, sidecar in self.sidecars.items():
+            tls = sidecar.tls
+            credentials = channel_credentials(tls.ca, tls.cert, tls.key) if tls else None
+            self.clients[name] = ProcessorClient(
+                sidecar.address, credentials=credentials, server_name=tls.server_name if tls else None
+            )
+        await asyncio.gather(*(self._describe(name) for name in self.clients))
+        for agent_id, agent in self.config.agents.items():
+            spec = AgentSpec(
+                id=agent_id,
+                model=self.models.resolve(agent.model, f"agents.{agent_id}.model"),
+                instructions=agent.instructions,
+                models=self.models,
+                tools={t: self.tools[t] for t in agent.tools},
+                max_steps=agent.max_steps,
+                max_processor_retries=agent.max_processor_retries,
+                lanes=Lanes(
+                    input=tuple(
+                        self.resolve_lane(agent.input_processors, f"agents.{agent_id}.inputProcessors")
+                    ),
+                    output=tuple(
+                        self.resolve_lane(agent.output_processors, f"agents.{agent_id}.outputProcessors")
+                    ),
+                    error=tuple(
+                        self._error_lane(
+                            agent.error_processors,
+                            agent.error_processor_defaults,
+                            f"agents.{agent_id}.errorProcessors",
+                        )
+                    ),
+                ),
+            )
+            self.agents[agent_id] = Agent(spec, self.metrics)
+
+    async def _describe(self, name: str) -> None:
+        client = self.clients[name]
+        deadline = asyncio.get_running_loop().time() + self._connect_timeout
+        while True:
+            try:
+                described = await client.describe(timeout=1.0)
+                break
+            except ProcmeshError as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ConfigError(
+                        f"sidecars.{name}: cannot reach {client.address} "
+                        f"within {self._connect_timeout}s: {exc}"
+                    ) from None
+                await asyncio.sleep(0.1)
+        self.catalog[name] = {p.id: p for p in described.processors}
+
+    def _error_lane(self, refs: Sequence[ProcessorRef], defaults: bool, where: str) -> list[ProcessorHandle]:
+        user = self.resolve(refs, where)
+        if not defaults:
+            return user
+        return merge_error_defaults(
+            user, self.resolve([f"{BUILTINS}/{pid}" for pid in DEFAULT_ERROR_PROCESSORS])
+        )
+
+    def resolve(
+        self, refs: Sequence[LaneEntry | str | dict[str, Any]], where: str = "processors"
+    ) -> list[ProcessorHandle]:
+        """Bind processor references (``sidecar/id`` strings or ProcessorRef) to their sidecars."""
+        return [self._bind(raw, f"{where}.{i}") for i, raw in enumerate(refs)]
+
+    def _bind(self, raw: LaneEntry | str | dict[str, Any], where: str) -> ProcessorHandle:
+        if isinstance(raw, WorkflowRef):
+            raise ConfigError(f"{where}: a workflow cannot be used here")
+        ref = (
+            raw
+            if isinstance(raw, ProcessorRef)
+            else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
+        )
+        sidecar = self.sidecars.get(ref.sidecar)
+        hosted = self.catalog.get(ref.sidecar)
+        if sidecar is None or hosted is None:
+            raise ConfigError(f"{where}: unknown or unconnected sidecar {ref.sidecar!r}")
+        info = hosted.get(ref.processor_id)
+        if info is None:
+            raise ConfigError(
+                f"{where}: sidecar {ref.sidecar!r} does not host processor "
+                f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
+            )
+        _check_options(ref, info, where)
+        return ProcessorHandle(
+            key=ref.processor if ref.name is None else f"{ref.processor}#{ref.name}",
+            processor_id=ref.instance,
+            hosted_id=ref.processor_id,
+            client=self.clients[ref.sidecar],
+            options=convert.to_struct(ref.options),
+            hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
+            process_data_parts=info.process_data_parts,
+            timeout=ref.timeout or sidecar.timeout,
+            on_failure="fail-open" if ref.mode == "shadow" else ref.on_failure or sidecar.on_failure,
+            shadow=ref.mode == "shadow",
+        )
+
+    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
+        """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
+        items: list[LaneItem] = []
+        for i, raw in enumerate(entries):
+            entry = raw
+            if isinstance(raw, str):
+                entry = (
+                    WorkflowRef(workflow=raw[len("workflow:") :])
+                    if raw.startswith("workflow:")
+                    else (ProcessorRef(processor=raw))
+                )
+            if isinstance(entry, ProcessorRef):
+                items.append(self._bind(entry, f"{where}.{i}"))
+                continue
+            assert isinstance(entry, WorkflowRef)
+            workflow = self.config.workflows.get(entry.workflow)
+            if workflow is None:
+                raise ConfigError(f"{where}.{i}: unknown workflow {entry.workflow!r}")
+            for j, step in enumerate(workflow.steps):
+                at = f"workflows.{entry.workflow}.steps.{j}"
+                if isinstance(step, ParallelStep):
+                    branches = tuple(self.resolve(step.parallel, f"{at}.parallel"))
+                    ids = [f"processor:{b.processor_id}" for b in branches]
+                    items.append(
+                        ParallelGroup(
+                            key=f"workflow:{entry.workflow}/{j}",
+                            processor_id=entry.workflow,
+                            branches=branches,
+                            pick=ids.index(step.map) if step.map else 0,
+                        )
+                    )
+                elif isinstance(step, ConditionalStep):
+                    items.append(
+                        Conditional(
+                            when=step.when,
+                            then=tuple(self.resolve(step.then, f"{at}.then")),
+                            otherwise=tuple(self.resolve(step.otherwise, f"{at}.otherwise")),
+                        )
+                    )
+                else:
+                    items.append(self._bind(step, at))
+        return items
+
+    def agent(self, agent_id: str) -> Agent:
+        """The agent with this id."""
+        try:
+            return self.agents[agent_id]
+        except KeyError:
+            raise ConfigError(f"unknown agent {agent_id!r} (configured: {sorted(self.agents)})") from None
+
+    async def stop(self) -> None:
+        """Close every sidecar channel; stop the built-in sidecar if this App started it."""
+        await asyncio.gather(*(c.close() for c in self.clients.values()), self.models.aclose())
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        if self.builtins is not None:
+            await asyncio.to_thread(self.builtins.stop)
+        if self._builtins_dir is not None:
+            shutil.rmtree(self._builtins_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> App:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,126 @@
+"""The `procmesh` command: demo, generate, stream, scenario run, check-sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+from procmesh_orchestrator.errors import OrchestratorError
+
+
+def _scenario_run(args: argparse.Namespace) -> int:
+    from procmesh_orchestrator.cli.scenario import load, run_scenario
+
+    data = load(args.file)
+    trace = asyncio.run(run_scenario(data, args.file, sidecar_runtime=args.sidecar_runtime))
+    json.dump(trace, sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+async def _call(args: argparse.Namespace) -> int:
+    from procmesh_orchestrator.app import App
+    from procmesh_orchestrator.config import load_config
+
+    async with App(load_config(args.config)) as app:
+        agent = app.agent(args.agent)
+        if args.command == "generate":
+            result = await agent.generate(args.text)
+            print(result.text)
+            if result.tripwire:
+                print(
+                    f"[tripwire] {result.tripwire['processorId']}: {result.tripwire['reason']}",
+                    file=sys.stderr,
+                )
+            return 0
+        stream = agent.stream(args.text)
+        async for chunk in stream:
+            if chunk["type"] == "text-delta":
+                print(chunk["payload"]["text"], end="", flush=True)
+            elif chunk["type"] in ("tripwire", "error") or chunk["type"].startswith("data-"):
+                print(f"\n[{chunk['type']}] {json.dumps(chunk.get('payload', chunk.get('data')))}")
+        result = await stream.result()
+        print()
+        return 1 if result.error else 0
+
+
+def _check_sidecar(args: argparse.Namespace) -> int:
+    from procmesh_orchestrator.check_sidecar import main as check_main
+
+    return check_main(args.address, args.processor, args.options, args.timeout, args.wait)
+
+
+def _pod(args: argparse.Namespace) -> int:
+    from procmesh_orchestrator.cli.pod import render_command, run_command
+
+    if args.action == "render":
+        return render_command(args.path)
+    return run_command(args.path, deployment=args.deployment, free_ports=args.free_ports, keep=args.keep)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from procmesh_orchestrator.cli.demo import main as demo_main
+
+    return asyncio.run(demo_main())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="procmesh", description="Run procmesh agents and scenarios.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    scen = sub.add_parser("scenario", help="conformance scenarios")
+    scen_sub = scen.add_subparsers(dest="action", required=True)
+    run = scen_sub.add_parser("run", help="run a scenario and print its trace")
+    run.add_argument("file")
+    run.add_argument(
+        "--sidecar-runtime",
+        choices=["python", "node"],
+        default="python",
+        help="SDK serving the scripted processors: python (procmesh-sidecar) or node (sdk/node)",
+    )
+    run.set_defaults(func=_scenario_run)
+    for name in ("generate", "stream"):
+        p = sub.add_parser(name, help=f"{name} with an agent from a config file")
+        p.add_argument("agent")
+        p.add_argument("text")
+        p.add_argument("--config", required=True)
+        p.set_defaults(func=lambda a: asyncio.run(_call(a)))
+    chk = sub.add_parser(
+        "check-sidecar",
+        help="check that a sidecar (any language) keeps the procmesh.v1 contract; exit 1 on any failure",
+    )
+    chk.add_argument("address", help="host:port or unix:///path.sock")
+    chk.add_argument("--processor", help="check only this processor (default: every hosted one)")
+    chk.add_argument("--options", help="options (a JSON object) sent to the processors")
+    chk.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default 5)")
+    chk.add_argument("--wait", type=float, default=10.0, help="seconds to wait for SERVING (default 10)")
+    chk.set_defaults(func=_check_sidecar)
+    pod = sub.add_parser(
+        "pod", help="the Kubernetes pod (deploy/k8s): render it, or run it as local processes"
+    )
+    pod_sub = pod.add_subparsers(dest="action", required=True)
+    pod_run = pod_sub.add_parser(
+        "run", help="run the pod's containers as local processes, in the kubelet's order"
+    )
+    pod_render = pod_sub.add_parser("render", help="print the rendered manifests (like kubectl kustomize)")
+    for p in (pod_run, pod_render):
+        p.add_argument(
+            "path", help="a kustomization directory (deploy/k8s/overlays/dev) or a rendered YAML file"
+        )
+    pod_run.add_argument("--deployment", help="the Deployment to run (default: the only one)")
+    pod_run.add_argument(
+        "--free-ports", action="store_true", help="map every container port to a free local port"
+    )
+    pod_run.add_argument("--keep", action="store_true", help="keep the pod's temporary directory")
+    pod.set_defaults(func=_pod)
+    demo = sub.add_parser("demo", help="start sidecars and show processors at work on the demo model")
+    demo.set_defaults(func=_demo)
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except (OrchestratorError, ValueError, OSError, RuntimeError) as exc:
+        print(f"procmesh: error: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)

@@ -1,0 +1,251 @@
+"""`procmesh scenario run FILE`: run a conformance scenario and build its trace (FORMAT.md).
+
+The scenario's scripted processors are served by a separate sidecar process reached over a
+unix socket, as a user's would be: ``procmesh-sidecar scripted`` (Python, the default) or,
+with ``--sidecar-runtime node``, ``node $PROCMESH_NODE_SDK/scripted/serve.mjs`` (the Node SDK,
+found by configuration: an installed orchestrator has no checkout beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from procmesh_orchestrator.agent import CallOptions, RunResult
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, ScenarioError
+from procmesh_orchestrator.models import ScriptedModel
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+
+_LANES = ("inputProcessors", "outputProcessors", "errorProcessors")
+_KEPT_SIGNAL_KEYS = ("type", "tagName", "contents", "attributes", "transient")
+
+SIDECAR_RUNTIMES = ("python", "node")
+"""Where a scenario's scripted processors can run: the Python SDK or the Node SDK."""
+
+
+def node_sdk() -> Path:
+    """The Node SDK's folder (``sdk/node`` of a checkout, or an unpacked package): ``$PROCMESH_NODE_SDK``."""
+    folder = os.environ.get("PROCMESH_NODE_SDK")
+    if not folder:
+        raise ScenarioError(
+            "the node sidecar runtime needs the Node SDK: set PROCMESH_NODE_SDK to its folder "
+            "(sdk/node in a checkout of procmesh)"
+        )
+    return Path(folder)
+
+
+def node_command(script: str | Path, *args: str) -> list[str]:
+    """``node SCRIPT ARGS...`` for a script of the Node SDK (a path inside `node_sdk()`).
+
+    The binary is ``$PROCMESH_NODE`` or ``node`` on the PATH (Node.js 20 or newer); a clear error
+    when Node or the SDK's packages are missing.
+    """
+    sdk = node_sdk()
+    wanted = os.environ.get("PROCMESH_NODE") or "node"
+    node = shutil.which(wanted)
+    if not node:
+        raise ScenarioError(
+            f"the node sidecar runtime needs Node.js 20+ ({wanted!r} not found): put `node` on PATH "
+            "or set PROCMESH_NODE"
+        )
+    if not (sdk / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        raise ScenarioError(f"the Node SDK's packages are not installed: run `npm ci --prefix {sdk}`")
+    return [node, str(sdk / script), *args]
+
+
+def scripted_sidecar(runtime: str, scenario_path: str, address: str, log_path: str) -> SidecarProcess:
+    """The process serving a scenario's scripted processors on `address`, in `runtime`."""
+    proc = SidecarProcess(["scripted", "--scenario", scenario_path], address, log_path=log_path)
+    if runtime == "node":
+        proc.args = node_command("scripted/serve.mjs", "--scenario", scenario_path, "--listen", address)
+    elif runtime != "python":
+        raise ScenarioError(
+            f"unknown sidecar runtime {runtime!r} (choose from {', '.join(SIDECAR_RUNTIMES)})"
+        )
+    return proc
+
+
+def _has_processors(scenario: dict[str, Any]) -> bool:
+    sources = [scenario.get("agent") or {}, (scenario.get("call") or {}).get("options") or {}]
+    return any(src.get(lane) for src in sources for lane in _LANES)
+
+
+def _config(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
+    agent = scenario.get("agent") or {}
+    tools = scenario.get("tools") or {}
+    agent_cfg: dict[str, Any] = {
+        "instructions": agent.get("instructions", ""),
+        "model": "scripted",
+        "tools": list(tools),
+    }
+    for key in ("maxSteps", "maxProcessorRetries", "errorProcessorDefaults"):
+        if key in agent:
+            agent_cfg[key] = agent[key]
+    for lane in _LANES:
+        agent_cfg[lane] = [f"scripted/{p['id']}" for p in agent.get(lane) or []]
+    return {
+        "sidecars": {"scripted": {"address": address, "timeout": 30}} if address else {},
+        "models": {"scripted": {"provider": "scripted", "responses": scenario.get("model") or []}},
+        "tools": {
+            name: {
+                "description": t.get("description", ""),
+                "result": t.get("result"),
+                "custom": t.get("custom"),
+            }
+            for name, t in tools.items()
+        },
+        "agents": {"scenario": agent_cfg},
+    }
+
+
+def _prompt_message(msg: dict[str, Any]) -> dict[str, Any]:
+    content = msg["content"]
+    if isinstance(content, str):
+        return {"role": msg["role"], "text": content}
+    texts = [p["text"] for p in content if p.get("type") == "text"]
+    out: dict[str, Any] = {"role": msg["role"]}
+    if texts and "".join(texts):
+        out["text"] = "\n".join(texts)
+    calls = [{"name": p["toolName"], "args": p.get("input")} for p in content if p.get("type") == "tool-call"]
+    results = [
+        {"name": p["toolName"], "result": p.get("output")} for p in content if p.get("type") == "tool-result"
+    ]
+    if calls:
+        out["toolCalls"] = calls
+    if results:
+        out["toolResults"] = results
+    return out
+
+
+def trace_chunks(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chunks as the trace keeps them: text merged per model call, the rest reduced to its fields."""
+    out: list[dict[str, Any]] = []
+    merge = False
+    for chunk in chunks:
+        kind = chunk["type"]
+        payload = chunk.get("payload") or {}
+        if kind == "step-start":
+            merge = False
+            continue
+        if kind == "text-delta":
+            if merge and out and out[-1]["type"] == "text":
+                out[-1]["text"] += payload.get("text", "")
+            else:
+                out.append({"type": "text", "text": payload.get("text", "")})
+            merge = True
+            continue
+        merge = False
+        if kind == "tool-call":
+            out.append({"type": kind, "toolName": payload["toolName"], "args": payload.get("args")})
+        elif kind == "tool-result":
+            out.append({"type": kind, "toolName": payload["toolName"], "result": payload.get("result")})
+        elif kind == "tool-error":
+            out.append({"type": kind, "toolName": payload["toolName"], "error": payload.get("error")})
+        elif kind.startswith("data-"):
+            data = chunk.get("data")
+            if kind == "data-signal" and isinstance(data, dict):
+                data = {k: data[k] for k in _KEPT_SIGNAL_KEYS if k in data}
+            out.append({"type": kind, "data": data})
+        elif kind == "tripwire":
+            out.append(
+                {"type": kind, **{k: payload.get(k) for k in ("processorId", "reason", "retry", "metadata")}}
+            )
+        elif kind == "finish":
+            out.append({"type": kind, "finishReason": payload.get("finishReason")})
+        elif kind == "error":
+            out.append({"type": kind, "message": payload.get("message")})
+    return out
+
+
+def _result(result: RunResult) -> dict[str, Any]:
+    return {
+        "text": result.text,
+        "finishReason": result.finish_reason,
+        "steps": len(result.steps),
+        "tripwire": result.tripwire,
+        "assistantMetadata": result.assistant_metadata,
+    }
+
+
+async def run_scenario(
+    scenario: dict[str, Any], scenario_path: str, *, sidecar_runtime: str = "python"
+) -> dict[str, Any]:
+    """Run one scenario end to end and return its trace.
+
+    `sidecar_runtime` picks the SDK serving the scripted processors (`SIDECAR_RUNTIMES`).
+    """
+    with tempfile.TemporaryDirectory(prefix="procmesh-scenario-") as tmp:
+        sidecar = None
+        address = None
+        if _has_processors(scenario):
+            address = f"unix://{os.path.join(tmp, 'scripted.sock')}"
+            sidecar = scripted_sidecar(
+                sidecar_runtime, scenario_path, address, log_path=os.path.join(tmp, "sidecar.log")
+            )
+            sidecar.start()
+        try:
+            if sidecar is not None:
+                await sidecar.wait_ready()
+            return await _run(scenario, address)
+        finally:
+            if sidecar is not None:
+                sidecar.stop()
+
+
+async def _run(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
+    config = parse_config(_config(scenario, address), "scenario")
+    async with App(config) as app:
+        agent = app.agent("scenario")
+        call = scenario["call"]
+        opts = call.get("options") or {}
+        violations: list[dict[str, Any]] = []
+        options = CallOptions(
+            max_steps=opts.get("maxSteps"),
+            max_processor_retries=opts.get("maxProcessorRetries"),
+            request_context=opts.get("requestContext") or {},
+            on_violation=lambda v: violations.append(
+                {"processorId": v["processorId"], "message": v["message"]}
+            ),
+        )
+        for lane, attr in zip(
+            _LANES, ("input_processors", "output_processors", "error_processors"), strict=True
+        ):
+            if lane in opts:
+                setattr(
+                    options, attr, app.resolve([f"scripted/{p['id']}" for p in opts[lane]], f"call.{lane}")
+                )
+        trace: dict[str, Any] = {"chunks": [], "result": None, "violations": violations, "error": None}
+        if call.get("method", "generate") == "stream":
+            stream = agent.stream(call["input"], options)
+            chunks = [chunk async for chunk in stream]
+            result = await stream.result()
+            trace["chunks"] = trace_chunks(chunks)
+            trace["result"] = _result(result)
+            trace["error"] = result.error
+        else:
+            try:
+                trace["result"] = _result(await agent.generate(call["input"], options))
+            except (APICallError, ProcessorFailedError) as exc:
+                trace["error"] = str(exc)
+        model = agent.spec.model
+        assert isinstance(model, ScriptedModel)
+        trace["modelCalls"] = [
+            {"messages": [_prompt_message(m) for m in req.prompt], "toolChoice": req.tool_choice}
+            for req in model.requests
+        ]
+        return trace
+
+
+def load(path: str) -> dict[str, Any]:
+    """Read a scenario file."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or "call" not in data or "model" not in data:
+        raise ScenarioError(f"{path}: a scenario needs 'call' and 'model' keys")
+    return data

@@ -1,0 +1,452 @@
+"""The orchestrator's YAML configuration, validated by pydantic (errors name the key).
+
+Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from procmesh_orchestrator.errors import ConfigError
+
+FailurePolicy = Literal["fail-closed", "fail-open"]
+BUILTINS = "builtins"
+"""The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+class TLSConfig(_Model):
+    """TLS to a sidecar: the CA that signed its certificate, and a client pair for mTLS."""
+
+    ca: str
+    """PEM file of the CA that signed the sidecar's certificate."""
+    cert: str | None = None
+    """PEM client certificate (mTLS)."""
+    key: str | None = None
+    """PEM client key (mTLS)."""
+    server_name: str | None = None
+    """Name to verify in the sidecar's certificate (default: the address's host)."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> TLSConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls.cert and tls.key go together (mTLS needs both)")
+        return self
+
+
+class SidecarConfig(_Model):
+    """A sidecar process hosting processors."""
+
+    address: str
+    """``host:port`` or ``unix:///path.sock``."""
+    timeout: float = Field(default=5.0, gt=0)
+    """Seconds per hook call (the run's remaining deadline caps it)."""
+    on_failure: FailurePolicy = "fail-closed"
+    """What a failed call does to the run (processors may override)."""
+    tls: TLSConfig | None = None
+    """TLS/mTLS to this sidecar (plaintext when absent)."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value.startswith("unix:"):
+            if len(value) <= len("unix://"):
+                raise ValueError("unix address needs a path, e.g. unix:///run/procmesh/pii.sock")
+        elif ":" not in value:
+            raise ValueError("address must be host:port or unix:///path.sock")
+        return value
+
+
+class ProcessorRef(_Model):
+    """A lane entry: ``sidecar/processor-id`` plus per-agent options and policy."""
+
+    processor: str
+    options: dict[str, Any] = {}
+    timeout: float | None = Field(default=None, gt=0)
+    on_failure: FailurePolicy | None = None
+    name: str | None = None
+    """This instance's name (default: the processor id): several instances of one processor, each
+    with its own options, state and tripwire id, and the key a workflow's ``map`` picks."""
+    mode: Literal["enforce", "shadow"] = "enforce"
+    """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
+
+    @field_validator("processor")
+    @classmethod
+    def _shape(cls, value: str) -> str:
+        sidecar, _, pid = value.partition("/")
+        if not sidecar or not pid:
+            raise ValueError(f"expected 'sidecar/processor-id', got {value!r}")
+        return value
+
+    @property
+    def sidecar(self) -> str:
+        """The sidecar's name."""
+        return self.processor.partition("/")[0]
+
+    @property
+    def instance(self) -> str:
+        """The name the run knows this entry by."""
+        return self.name or self.processor_id
+
+    @property
+    def processor_id(self) -> str:
+        """The processor's id on that sidecar."""
+        return self.processor.partition("/")[2]
+
+
+class WorkflowRef(_Model):
+    """A lane entry that runs a workflow declared under ``workflows`` (``workflow:NAME`` as a string)."""
+
+    workflow: str
+
+
+def _entry_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("workflow", "parallel", "when"):
+            if key in value:
+                return f"<{key}>"
+        return "<processor>"
+    if isinstance(value, WorkflowRef):
+        return "<workflow>"
+    if isinstance(value, ParallelStep):
+        return "<parallel>"
+    if isinstance(value, ConditionalStep):
+        return "<when>"
+    return "<processor>"
+
+
+_UNION_TAGS = {"<workflow>", "<parallel>", "<when>", "<processor>"}
+"""Discriminator tags pydantic puts in error locations; error messages leave them out."""
+
+LaneEntry = Annotated[
+    Annotated[ProcessorRef, Tag("<processor>")] | Annotated[WorkflowRef, Tag("<workflow>")],
+    Discriminator(_entry_kind),
+]
+
+
+def _ref(value: Any) -> Any:
+    if isinstance(value, str):
+        if value.startswith("workflow:"):
+            return {"workflow": value.removeprefix("workflow:")}
+        return {"processor": value}
+    return value
+
+
+def _lane(value: Any) -> Any:
+    return [_ref(v) for v in value] if isinstance(value, list) else value
+
+
+class ParallelStep(_Model):
+    """Branches that run concurrently on the same input; `map` names the branch whose result goes on."""
+
+    parallel: list[ProcessorRef]
+    map: str | None = None
+    """``processor:<id>`` of the branch whose messages go on (default: the first branch)."""
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _branches(cls, value: Any) -> Any:
+        return _lane(value)
+
+    @model_validator(mode="after")
+    def _picked(self) -> ParallelStep:
+        if not self.parallel:
+            raise ValueError("parallel needs at least one branch")
+        if self.map is not None:
+            ids = [f"processor:{r.instance}" for r in self.parallel]
+            if self.map not in ids:
+                raise ValueError(f"map {self.map!r} names no branch (branches: {ids})")
+        return self
+
+
+class ConditionalStep(_Model):
+    """Runs `then` when every `when` key equals the request context's value, else `otherwise`."""
+
+    when: dict[str, Any]
+    then: list[ProcessorRef]
+    otherwise: list[ProcessorRef] = []
+
+    @field_validator("then", "otherwise", mode="before")
+    @classmethod
+    def _branches(cls, value: Any) -> Any:
+        return _lane(value)
+
+
+WorkflowStep = Annotated[
+    Annotated[ParallelStep, Tag("<parallel>")]
+    | Annotated[ConditionalStep, Tag("<when>")]
+    | Annotated[ProcessorRef, Tag("<processor>")],
+    Discriminator(_entry_kind),
+]
+
+
+class WorkflowConfig(_Model):
+    """Processors composed into one lane entry: sequential steps, parallel branches, conditions."""
+
+    steps: list[WorkflowStep]
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        return _lane(value)
+
+
+class ModelConfig(_Model):
+    """A built-in model the agents may use: ``demo`` or ``scripted`` responses.
+
+    HTTP models need no entry here: agents name them ``provider/model-id``.
+    """
+
+    provider: Literal["demo", "scripted"]
+    responses: list[dict[str, Any]] = []
+    """``scripted`` only: one response per model call (shapes in the README, "Configure")."""
+    delay_ms: float = Field(default=0.0, ge=0)
+    """Pause between streamed deltas (demo pacing, benchmarks)."""
+
+
+ProviderKind = Literal["openai", "anthropic"]
+
+_DEFAULT_BASE_URLS: dict[str, str] = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+}
+
+
+class ProviderConfig(_Model):
+    """An HTTP model provider; agents name its models as ``provider/model-id``.
+
+    The API key is read from the environment variable `api_key_env` when a
+    model is used, never from the file.
+    """
+
+    kind: ProviderKind
+    """Wire format: ``openai`` (chat completions: OpenAI, vLLM, Ollama, llama.cpp) or ``anthropic``."""
+    base_url: str = Field(default="", validate_default=True)
+    """API root, e.g. ``http://127.0.0.1:8080/v1``; default: the kind's public endpoint."""
+    api_key_env: str | None = None
+    """Environment variable holding the key; unset for local servers that need none."""
+    max_retries: int = Field(default=0, ge=0)
+    """Provider-level retries of retryable failures before any chunk arrived (0: the error
+    processors, e.g. ``stream-error-retry-processor``, decide)."""
+    retry_backoff_ms: float = Field(default=500.0, ge=0)
+    """First backoff; doubles per retry (a longer Retry-After wins)."""
+    timeout: float = Field(default=60.0, gt=0)
+    """Seconds for connecting and between received bytes."""
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Output token limit sent with each request (anthropic requires one: default 4096)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str, info: ValidationInfo) -> str:
+        value = value or _DEFAULT_BASE_URLS.get(info.data.get("kind", ""), "")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"baseUrl must start with http:// or https://, got {value!r}")
+        return value.rstrip("/")
+
+
+DEFAULT_PROVIDERS: dict[str, ProviderConfig] = {
+    "openai": ProviderConfig(kind="openai", api_key_env="OPENAI_API_KEY"),
+    "anthropic": ProviderConfig(kind="anthropic", api_key_env="ANTHROPIC_API_KEY"),
+}
+"""Providers usable without declaring them (a declared provider of the same name wins)."""
+
+
+class ToolConfig(_Model):
+    """A tool with a fixed result (real tools arrive with the tool sidecars)."""
+
+    description: str = ""
+    input_schema: dict[str, Any] = {}
+    result: Any = None
+    custom: dict[str, Any] | None = None
+    """A ``data-*`` chunk the tool emits with its writer before returning."""
+
+
+class AgentConfig(_Model):
+    """An agent: instructions, model, tools, processor lanes and limits."""
+
+    instructions: str = ""
+    model: str
+    tools: list[str] = []
+    max_steps: int = Field(default=5, ge=1)
+    max_processor_retries: int | None = Field(default=None, ge=0)
+    error_processor_defaults: bool = True
+    input_processors: list[LaneEntry] = []
+    output_processors: list[LaneEntry] = []
+    error_processors: list[ProcessorRef] = []
+
+    @field_validator("input_processors", "output_processors", "error_processors", mode="before")
+    @classmethod
+    def _refs(cls, value: Any) -> Any:
+        return _lane(value)
+
+
+class Config(_Model):
+    """The whole orchestrator configuration."""
+
+    sidecars: dict[str, SidecarConfig] = {}
+    providers: dict[str, ProviderConfig] = {}
+    """HTTP providers by name; ``openai`` and ``anthropic`` exist by default (see DEFAULT_PROVIDERS)."""
+    models: dict[str, ModelConfig] = {"demo": ModelConfig(provider="demo")}
+    tools: dict[str, ToolConfig] = {}
+    workflows: dict[str, WorkflowConfig] = {}
+    """Processor workflows, used in a lane as ``workflow:NAME``."""
+    agents: dict[str, AgentConfig]
+
+    @field_validator("providers")
+    @classmethod
+    def _provider_names(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
+        for name in value:
+            if not name or "/" in name:
+                raise ValueError(f"provider name {name!r} must be non-empty and contain no '/'")
+        return value
+
+    def provider(self, name: str) -> ProviderConfig | None:
+        """The provider called `name`: declared, else a default one, else None."""
+        return self.providers.get(name) or DEFAULT_PROVIDERS.get(name)
+
+    def model_problem(self, ref: str) -> str | None:
+        """Why `ref` names no model (None when it does): a `models` key or ``provider/model-id``."""
+        if ref in self.models:
+            return None
+        provider, sep, model_id = ref.partition("/")
+        if not sep or not provider or not model_id:
+            return (
+                f"unknown model {ref!r} (models: {sorted(self.models)}; "
+                "or name a provider model as 'provider/model-id')"
+            )
+        if self.provider(provider) is None:
+            declared = sorted({*self.providers, *DEFAULT_PROVIDERS})
+            return f"unknown provider {provider!r} in {ref!r} (providers: {declared})"
+        return None
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        for agent_id, agent in self.agents.items():
+            problem = self.model_problem(agent.model)
+            if problem is not None:
+                raise ValueError(f"agents.{agent_id}.model: {problem}")
+            for tool in agent.tools:
+                if tool not in self.tools:
+                    raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")
+            for lane in ("input_processors", "output_processors", "error_processors"):
+                for i, ref in enumerate(getattr(agent, lane)):
+                    if isinstance(ref, WorkflowRef):
+                        if ref.workflow not in self.workflows:
+                            raise ValueError(
+                                f"agents.{agent_id}.{to_camel(lane)}.{i}: unknown workflow {ref.workflow!r} "
+                                f"(declared: {sorted(self.workflows)})"
+                            )
+                        continue
+                    self._check_sidecar(ref, f"agents.{agent_id}.{to_camel(lane)}.{i}")
+        for name, workflow in self.workflows.items():
+            for i, step in enumerate(workflow.steps):
+                for ref in workflow_refs(step):
+                    self._check_sidecar(ref, f"workflows.{name}.steps.{i}")
+        return self
+
+    def _check_sidecar(self, ref: ProcessorRef, where: str) -> None:
+        if ref.sidecar not in self.sidecars and ref.sidecar != BUILTINS:
+            raise ValueError(f"{where}: unknown sidecar {ref.sidecar!r} (declared: {sorted(self.sidecars)})")
+
+
+def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
+    """The processors a workflow step names."""
+    if isinstance(step, ParallelStep):
+        return list(step.parallel)
+    if isinstance(step, ConditionalStep):
+        return [*step.then, *step.otherwise]
+    return [step]
+
+
+def parse_config(data: Any, source: str = "config") -> Config:
+    """Validate a config mapping; errors name the key path and the problem."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"] if p not in _UNION_TAGS) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
+
+
+ENV_PREFIX = "PROCMESH_CONFIG__"
+"""``PROCMESH_CONFIG__SIDECARS__GUARDS__ADDRESS=unix:///run/g.sock`` sets ``sidecars.guards.address``."""
+
+
+def _same_key(a: str, b: str) -> bool:
+    return a.replace("_", "").lower() == b.replace("_", "").lower()
+
+
+def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """Override config keys from ``PROCMESH_CONFIG__<KEY>__<KEY>...`` variables; returns the paths set.
+
+    Segments match existing keys ignoring case and underscores (``MAX_STEPS`` is ``maxSteps``); a
+    new key takes the camelCase spelling. Values are read as YAML scalars or flow collections
+    (``3``, ``true``, ``[a, b]``).
+    """
+    applied = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        segments = [s for s in name[len(ENV_PREFIX) :].split("__") if s]
+        if not segments:
+            continue
+        node = data
+        path: list[str] = []
+        for i, segment in enumerate(segments):
+            # an existing key, else the config's camelCase spelling (MAX_STEPS -> maxSteps)
+            key = next(
+                (k for k in node if isinstance(k, str) and _same_key(k, segment)), to_camel(segment.lower())
+            )
+            path.append(key)
+            if i == len(segments) - 1:
+                try:
+                    node[key] = yaml.safe_load(environ[name])
+                except yaml.YAMLError as exc:
+                    raise ConfigError(f"{name}: not a YAML value: {exc}") from None
+            else:
+                child = node.get(key)
+                if child is None:
+                    child = node[key] = {}
+                if not isinstance(child, dict):
+                    raise ConfigError(f"{name}: {'.'.join(path)} is not a mapping")
+                node = child
+        applied.append(".".join(path))
+    return applied
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read a YAML config file, apply ``PROCMESH_CONFIG__*`` overrides, validate."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    apply_env_overrides(data, os.environ if environ is None else environ)
+    return parse_config(data, str(path))

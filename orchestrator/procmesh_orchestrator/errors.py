@@ -1,0 +1,81 @@
+"""The orchestrator's exception tree: one root, each error says what failed and where."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OrchestratorError(Exception):
+    """Root of every orchestrator error."""
+
+    result: Any = None
+    """For a failed generate(): the partial `RunResult` (run id, steps, usage)."""
+
+
+class ConfigError(OrchestratorError):
+    """The configuration is invalid; the message names the key."""
+
+
+class ScenarioError(OrchestratorError):
+    """A conformance scenario cannot be run: a malformed file, or a runtime that is not installed."""
+
+
+class ProcessorFailedError(OrchestratorError):
+    """A processor call failed under fail-closed policy (connect, timeout, status, malformed)."""
+
+    def __init__(self, processor_id: str, hook: str, cause: str) -> None:
+        super().__init__(f"processor {processor_id!r} failed in {hook}: {cause}")
+        self.processor_id = processor_id
+        self.hook = hook
+        self.cause = cause
+
+
+class RunTimeoutError(OrchestratorError):
+    """The run did not finish within the timeout its caller gave."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"the run did not finish within its timeout of {timeout:g}s")
+        self.timeout = timeout
+
+
+class APICallError(OrchestratorError):
+    """The model provider rejected or failed a call (one type for every provider)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 0,
+        body: str = "",
+        retryable: bool = False,
+        error_id: str = "",
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.body = body
+        self.retryable = retryable
+        self.error_id = error_id
+        self.details = details or {}
+
+
+class TripwireAbort(OrchestratorError):
+    """A processor aborted; carries the tripwire fields the result and chunk expose."""
+
+    def __init__(self, processor_id: str, reason: str, retry: bool, metadata: Any, hook: str) -> None:
+        super().__init__(reason)
+        self.processor_id = processor_id
+        self.reason = reason
+        self.retry = retry
+        self.metadata = metadata
+        self.hook = hook
+
+    def as_dict(self) -> dict[str, Any]:
+        """The tripwire as the result and the chunk expose it."""
+        return {
+            "processorId": self.processor_id,
+            "reason": self.reason,
+            "retry": self.retry,
+            "metadata": self.metadata,
+        }

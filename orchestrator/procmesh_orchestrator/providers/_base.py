@@ -1,0 +1,170 @@
+"""What every HTTP provider shares: the connection (client, key, retries) and prompt-part helpers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from procmesh_orchestrator.config import ProviderConfig
+from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.models import Chunk, ModelRequest
+from procmesh_orchestrator.providers._http import RetryPolicy, make_client, with_retries
+
+_DATA_URL = re.compile(r"^data:(?P<type>[^;,]*)(?P<b64>;base64)?,(?P<data>.*)$", re.DOTALL)
+
+
+class ProviderConnection:
+    """One configured provider: its settings, its lazily created `httpx.AsyncClient`, its key.
+
+    Every model of the provider shares the connection (and so the pooled
+    connections); `aclose()` closes the client.
+    """
+
+    def __init__(
+        self, name: str, config: ProviderConfig, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.retry = RetryPolicy(max_retries=config.max_retries, backoff_ms=config.retry_backoff_ms)
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The shared client (created on first use, inside the running loop)."""
+        if self._client is None:
+            self._client = make_client(self.config.timeout, transport=self._transport)
+        return self._client
+
+    def api_key(self, model_id: str) -> str | None:
+        """The key from the environment (read per call); None when the provider needs none.
+
+        A configured `apiKeyEnv` that is unset or empty is a non-retryable
+        `APICallError` naming the variable, raised when the model is first used.
+        """
+        env = self.config.api_key_env
+        if env is None:
+            return None
+        key = os.environ.get(env, "")
+        if not key:
+            raise APICallError(
+                f"providers.{self.name}.apiKeyEnv: environment variable {env} is not set "
+                f"(needed by model {model_id!r})",
+                status=0,
+                retryable=False,
+                error_id="API_KEY_MISSING",
+            )
+        return key
+
+    async def aclose(self) -> None:
+        """Close the client, if one was created."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class HTTPModel:
+    """Base of the HTTP models: `stream()` wraps one attempt in the provider's retry policy."""
+
+    def __init__(self, connection: ProviderConnection, model: str) -> None:
+        self.connection = connection
+        self.model = model
+        self.model_id = f"{connection.name}/{model}"
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """Stream the response to `request` (see `orchestrator.models.ModelProvider`)."""
+        return with_retries(lambda: self._attempt(request), self.connection.retry, what=self.model_id)
+
+    def _attempt(self, request: ModelRequest) -> AsyncGenerator[Chunk, None]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FileData:
+    """A file part's data in the forms the wire formats take."""
+
+    media_type: str
+    url: str | None = None
+    """An http(s) URL the provider fetches itself."""
+    base64: str = ""
+    """The bytes, base64-encoded (empty when `url` is set)."""
+
+    @property
+    def data_url(self) -> str:
+        """The URL, or a ``data:`` URL holding the bytes."""
+        return self.url or f"data:{self.media_type};base64,{self.base64}"
+
+    def text(self) -> str:
+        """The bytes decoded as UTF-8 (for text/* documents)."""
+        return base64.b64decode(self.base64).decode("utf-8", errors="replace")
+
+
+def file_data(part: dict[str, Any]) -> FileData:
+    """A prompt file part's data: bytes, a ``data:`` URL, an http(s) URL or base64 text."""
+    media_type = str(part.get("mediaType") or "application/octet-stream")
+    data = part.get("data", "")
+    if isinstance(data, bytes | bytearray):
+        return FileData(media_type, base64=base64.b64encode(bytes(data)).decode("ascii"))
+    text = str(data)
+    if text.startswith(("http://", "https://")):
+        return FileData(media_type, url=text)
+    match = _DATA_URL.match(text)
+    if match:
+        payload = match["data"]
+        if not match["b64"]:
+            payload = base64.b64encode(payload.encode("utf-8")).decode("ascii")
+        return FileData(match["type"] or media_type, base64=payload)
+    return FileData(media_type, base64=text)
+
+
+def tool_output_text(output: Any) -> str:
+    """A tool result as the model reads it: strings as they are, anything else as JSON."""
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+def tool_parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool's JSON schema; an empty one becomes an object without properties."""
+    schema = tool.get("inputSchema") or {}
+    return schema if schema else {"type": "object", "properties": {}}
+
+
+def usage(input_tokens: Any, output_tokens: Any) -> dict[str, int]:
+    """The finish chunk's usage from provider counts (missing counts are 0)."""
+    inp, out = int(input_tokens or 0), int(output_tokens or 0)
+    return {"inputTokens": inp, "outputTokens": out, "totalTokens": inp + out}
+
+
+def parse_tool_args(text: str, tool_name: str, model_id: str) -> Any:
+    """Tool-call arguments the model streamed as JSON text (empty means no arguments)."""
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise APICallError(
+            f"{model_id} sent invalid JSON arguments for tool {tool_name!r}: {text[:200]!r}",
+            status=0,
+            retryable=False,
+            error_id="INVALID_TOOL_ARGUMENTS",
+        ) from None
+
+
+def stream_cut(model_id: str, expected: str) -> APICallError:
+    """The stream ended before its final event: the connection was closed early (transient)."""
+    return APICallError(
+        f"{model_id}: connection closed before the stream finished (no {expected})",
+        status=0,
+        retryable=True,
+        error_id="STREAM_INCOMPLETE",
+    )
+
+
+# Mastra modelSettings -> body keys shared by both wire formats.
+COMMON_SETTINGS = {"temperature": "temperature", "topP": "top_p"}

@@ -1,0 +1,313 @@
+"""What both APIs share: request validation, result and chunk shapes, errors, the run gate.
+
+The HTTP API takes the reference server's JSON body (``messages`` plus call options) and
+the gRPC API its proto twin; both end up here as one `AgentCall`, so validation and
+the trust rule for request context exist once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from procmesh import convert
+from procmesh_orchestrator import messages as msgs
+from procmesh_orchestrator.agent import CallOptions, RunResult
+from procmesh_orchestrator.errors import OrchestratorError
+
+Chunk = dict[str, Any]
+
+
+# -- errors: one root, each class binds its HTTP status and gRPC code ---------------------
+
+
+class ServiceError(OrchestratorError):
+    """A request the service refuses; `http_status` and `grpc_code` say how each API reports it."""
+
+    http_status: ClassVar[int] = 500
+    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+
+
+class BadRequestError(ServiceError):
+    """The body or message is malformed or fails validation."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class UnauthenticatedError(ServiceError):
+    """No API key, or an unknown one."""
+
+    http_status = 401
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class AgentNotFoundError(ServiceError):
+    """No agent has this id."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class TooLargeError(ServiceError):
+    """The request is larger than ``max_request_bytes``."""
+
+    http_status = 413
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DrainingError(ServiceError):
+    """The server is shutting down and takes no new runs."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+# -- the call -------------------------------------------------------------------------------
+
+
+@dataclass
+class AgentCall:
+    """A validated agent call: input as `Agent.generate` takes it, and its options."""
+
+    input: str | list[dict[str, Any]]
+    options: CallOptions
+
+
+class _Body(BaseModel):
+    """The reference server's body for /generate and /stream (unknown keys are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: str | list[str | dict[str, Any]]
+    max_steps: int | None = Field(default=None, ge=1, alias="maxSteps")
+    max_processor_retries: int | None = Field(default=None, ge=0, alias="maxProcessorRetries")
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+    runtime_context: dict[str, Any] | None = Field(default=None, alias="runtimeContext")
+    resource_id: str | None = Field(default=None, alias="resourceId")
+    thread_id: str | None = Field(default=None, alias="threadId")
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list) and not value:
+            raise ValueError("must hold at least one message")
+        return value
+
+
+_ROLES = ("user", "assistant", "system")
+
+
+def _message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
+    """One input message as a MastraDBMessage dict; raises BadRequestError naming `where`."""
+    if isinstance(item, str):
+        return msgs.text_message("user", item)
+    role = item.get("role", "user")
+    if role not in _ROLES:
+        raise BadRequestError(f"{where}.role: must be one of {', '.join(_ROLES)}, got {role!r}")
+    content = item.get("content")
+    if isinstance(content, str):
+        return msgs.text_message(role, content)
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequestError(
+                    f"{where}.content.{i}: unsupported part {kind!r} (text parts {{type, text}} only)"
+                )
+        message = msgs.text_message(role, "")
+        message["content"]["parts"] = [{"type": "text", "text": p["text"]} for p in content]
+        return message
+    if isinstance(content, dict):  # a MastraDBMessage (format 2)
+        message = {**item, "role": role, "id": item.get("id") or msgs.new_id()}
+        try:
+            convert.message_to_proto(message)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise BadRequestError(f"{where}.content: {exc}") from None
+        return message
+    raise BadRequestError(f"{where}.content: must be a string, a list of text parts or a message content")
+
+
+def parse_body(data: Any, *, trust_request_context: bool) -> AgentCall:
+    """Validate a decoded JSON body; the caller's request context counts only when trusted."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with a 'messages' field")
+    try:
+        body = _Body.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
+        )
+        raise BadRequestError(problems) from None
+    if isinstance(body.messages, str):
+        agent_input: str | list[dict[str, Any]] = body.messages
+    else:
+        agent_input = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+    context = (body.request_context or body.runtime_context or {}) if trust_request_context else {}
+    # Who the run is for scopes per-user data (response-cache entries): like the request context,
+    # a caller's claim counts only when the server's auth layer is trusted to have set it.
+    return AgentCall(
+        agent_input,
+        CallOptions(
+            max_steps=body.max_steps,
+            max_processor_retries=body.max_processor_retries,
+            request_context=context,
+            resource_id=(body.resource_id or "") if trust_request_context else "",
+            thread_id=(body.thread_id or "") if trust_request_context else "",
+        ),
+    )
+
+
+def parse_proto(request: Any, *, trust_request_context: bool, timeout: float | None) -> AgentCall:
+    """Validate a GenerateRequest / StreamRequest (same fields)."""
+    messages: list[dict[str, Any]] = []
+    for i, proto in enumerate(request.messages):
+        try:
+            message = convert.message_from_proto(proto)
+        except ValueError as exc:
+            raise BadRequestError(f"messages.{i}: {exc}") from None
+        if message["role"] not in _ROLES:
+            raise BadRequestError(f"messages.{i}.role: must be one of {', '.join(_ROLES)}")
+        message["id"] = message["id"] or msgs.new_id()
+        messages.append(message)
+    if request.text:
+        messages.append(msgs.text_message("user", request.text))
+    if not messages:
+        raise BadRequestError("give 'messages' or 'text'")
+    max_steps = request.max_steps if request.HasField("max_steps") else None
+    retries = request.max_processor_retries if request.HasField("max_processor_retries") else None
+    if max_steps is not None and max_steps < 1:
+        raise BadRequestError("max_steps: must be at least 1")
+    if retries is not None and retries < 0:
+        raise BadRequestError("max_processor_retries: must not be negative")
+    context = convert.from_struct(request.request_context) if trust_request_context else {}
+    return AgentCall(
+        messages,
+        CallOptions(
+            max_steps=max_steps, max_processor_retries=retries, request_context=context, timeout=timeout
+        ),
+    )
+
+
+# -- results and chunks ------------------------------------------------------------------------
+
+
+def result_json(result: RunResult) -> dict[str, Any]:
+    """The generate() result as the reference server returns it (camelCase)."""
+    out: dict[str, Any] = {
+        "runId": result.run_id,
+        "text": result.text,
+        "finishReason": result.finish_reason,
+        "steps": result.steps,
+        "usage": result.usage,
+        "tripwire": result.tripwire,
+        "response": {"messages": result.response_messages},
+    }
+    if result.error is not None:
+        out["error"] = result.error
+    return out
+
+
+def failed_json(error: BaseException) -> dict[str, Any]:
+    """The result of a run that raised: the partial result when the error carries one."""
+    partial = getattr(error, "result", None)
+    if isinstance(partial, RunResult):
+        out = result_json(partial)
+    else:
+        out = {
+            "runId": None,
+            "text": "",
+            "finishReason": "error",
+            "steps": [],
+            "usage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
+            "tripwire": None,
+            "response": {"messages": []},
+        }
+    out["finishReason"] = "error"
+    out["error"] = str(error)
+    return out
+
+
+def wire_chunk(chunk: Chunk, run_id: str) -> Chunk:
+    """A chunk as the reference server streams it: ``runId`` and ``from: "AGENT"`` added.
+
+    ``step-finish`` and ``finish`` also get ``payload.stepResult.reason`` (where the
+    reference client reads the finish reason), besides the ``finishReason`` we send.
+    """
+    out = {**chunk, "runId": run_id, "from": "AGENT"}
+    if chunk.get("type") in ("finish", "step-finish"):
+        payload = dict(chunk.get("payload") or {})
+        payload.setdefault("stepResult", {"reason": payload.get("finishReason", "stop")})
+        out["payload"] = payload
+    return out
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON; bytes (inline file data) as base64."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+
+
+# -- the run gate --------------------------------------------------------------------------------
+
+GateState = Literal["open", "draining"]
+
+
+class RunGate:
+    """Counts in-flight runs and refuses new ones once draining (SIGTERM)."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.state: GateState = "open"
+
+    @property
+    def active(self) -> int:
+        """Runs in flight."""
+        return self._active
+
+    @property
+    def draining(self) -> bool:
+        """True once `drain()` was called."""
+        return self.state == "draining"
+
+    def enter(self) -> None:
+        """Admit a run (raises DrainingError when draining); pair with `leave()`."""
+        if self.draining:
+            raise DrainingError("the server is shutting down and takes no new runs; retry on another replica")
+        self._active += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        """A run ended."""
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    def drain(self) -> None:
+        """Refuse new runs from now on."""
+        self.state = "draining"
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no run is in flight; False when `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,183 @@
+"""The gRPC API: procmesh.v1.AgentService (Generate, Stream) plus grpc.health.v1 and reflection."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from procmesh import convert
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
+from procmesh_orchestrator.agent import Agent, RunResult
+from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
+from procmesh_orchestrator.service._calls import AgentCall, ServiceError, parse_proto
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.service._service import Service
+
+log = logging.getLogger(__name__)
+
+AGENT_SERVICE = apb.DESCRIPTOR.services_by_name["AgentService"].full_name
+"""``procmesh.v1.AgentService``: also the service name its health status is reported under."""
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def result_to_proto(result: RunResult) -> apb.GenerateResponse:
+    """A run result as a GenerateResponse."""
+    out = apb.GenerateResponse(
+        run_id=result.run_id, text=result.text, finish_reason=result.finish_reason, error=result.error or ""
+    )
+    for step in result.steps:
+        convert.step_to_proto(step, out.steps.add())
+    convert.usage_to_proto(result.usage, out.usage)
+    if result.tripwire is not None:
+        convert.abort_to_proto(result.tripwire, out.tripwire)
+    for message in result.response_messages:
+        convert.message_to_proto(message, out.response_messages.add())
+    return out
+
+
+def _failed_proto(error: BaseException) -> apb.GenerateResponse:
+    partial = getattr(error, "result", None)
+    out = result_to_proto(partial) if isinstance(partial, RunResult) else apb.GenerateResponse()
+    out.finish_reason = "error"
+    out.error = str(error)
+    return out
+
+
+class _AgentServicer(agrpc.AgentServiceServicer):
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    async def _refuse(self, context: Context, exc: ServiceError) -> NoReturn:
+        self._service.metrics.requests.labels("grpc", exc.grpc_code.name).inc()
+        await context.abort(exc.grpc_code, str(exc))
+
+    def _admit(self, request: Any, context: Context) -> tuple[Agent, AgentCall]:
+        """Check the key, find the agent, validate the request and take a run slot."""
+        service = self._service
+        metadata = {
+            key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
+        }
+        service.keys.check(metadata.get("authorization"))
+        agent = service.agent(request.agent_id)
+        call = parse_proto(
+            request,
+            trust_request_context=service.settings.trust_request_context,
+            timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
+        )
+        service.gate.enter()
+        return agent, call
+
+    async def Generate(self, request: apb.GenerateRequest, context: Context) -> apb.GenerateResponse:
+        try:
+            agent, call = self._admit(request, context)
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        started = time.perf_counter()
+        try:
+            try:
+                response = result_to_proto(await agent.generate(call.input, call.options))
+            except (APICallError, ProcessorFailedError) as exc:
+                response = _failed_proto(exc)
+        finally:
+            self._service.gate.leave()
+        log.info(
+            "grpc generate agent=%s run=%s finish=%s %.3fs",
+            request.agent_id,
+            response.run_id,
+            "tripwire" if response.HasField("tripwire") else response.finish_reason,
+            time.perf_counter() - started,
+        )
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return response
+
+    async def Stream(self, request: apb.StreamRequest, context: Context) -> AsyncIterator[apb.StreamResponse]:
+        try:
+            agent, call = self._admit(request, context)
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        started = time.perf_counter()
+        run = agent.stream(call.input, call.options)
+        run_id = ""
+        finished = False
+        try:
+            async for chunk in run:
+                if chunk.get("type") == "start":
+                    run_id = str((chunk.get("payload") or {}).get("runId", ""))
+                yield apb.StreamResponse(run_id=run_id, chunk=convert.chunk_to_proto(chunk))
+            await run.result()
+            finished = True
+        finally:
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await run.cancel()
+            self._service.gate.leave()
+            log.info(
+                "grpc stream agent=%s run=%s %s %.3fs",
+                request.agent_id,
+                run_id,
+                "done" if finished else "cancelled",
+                time.perf_counter() - started,
+            )
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+
+
+class GrpcServer:
+    """The orchestrator's gRPC server: AgentService, grpc.health.v1 and reflection."""
+
+    def __init__(self, service: Service, host: str, port: int) -> None:
+        self.health = health_aio.HealthServicer()
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", service.settings.max_request_bytes),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        agrpc.add_AgentServiceServicer_to_server(_AgentServicer(service), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            [
+                AGENT_SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self._server,
+        )
+        self.host = host
+        try:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise OSError(f"cannot bind the gRPC API to {host}:{port}: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"cannot bind the gRPC API to {host}:{port}")
+
+    async def set_serving(self, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING for the server ("") and AgentService."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", AGENT_SERVICE):
+            await self.health.set(name, status)
+
+    async def start(self) -> None:
+        """Start serving (health starts NOT_SERVING until the first sidecar poll says otherwise)."""
+        await self.set_serving(False)
+        await self._server.start()
+
+    async def enter_graceful_shutdown(self) -> None:
+        """NOT_SERVING from now on, whatever the sidecars say."""
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace: float) -> None:
+        """Stop; RPCs still running after `grace` seconds are cancelled."""
+        await self._server.stop(grace)

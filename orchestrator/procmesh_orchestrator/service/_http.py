@@ -1,0 +1,335 @@
+"""The HTTP API: the reference server's agent routes, /metrics and the probes (Starlette on uvicorn)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from prometheus_client.exposition import choose_encoder
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from procmesh_orchestrator.agent import RunStream
+from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
+from procmesh_orchestrator.service._calls import (
+    BadRequestError,
+    ServiceError,
+    TooLargeError,
+    dumps,
+    failed_json,
+    parse_body,
+    result_json,
+    wire_chunk,
+)
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.service._service import Service
+
+log = logging.getLogger(__name__)
+
+Release = Callable[[], Awaitable[None]]
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response (compact, UTF-8)."""
+    return Response(dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(status: int, message: str, **extra: Any) -> Response:
+    """The error shape of the reference server: ``{"error": message}``."""
+    headers = {"WWW-Authenticate": 'Bearer realm="procmesh"'} if status == 401 else None
+    return json_response({"error": message, **extra}, status, headers)
+
+
+class _GatedResponse(Response):
+    """A response that releases its run slot once it is sent (or the client went away)."""
+
+    def __init__(self, body: Any, release: Release) -> None:
+        super().__init__(dumps(body), media_type="application/json")
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
+
+
+class _EventStreamResponse(StreamingResponse):
+    """Server-sent events of one run; the run is cancelled if the client leaves early."""
+
+    def __init__(self, events: AsyncIterator[bytes], release: Release) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
+
+
+async def _events(run: RunStream, agent_id: str) -> AsyncIterator[bytes]:
+    """``data: <chunk>`` per chunk (``runId`` and ``from`` added), then ``data: [DONE]``."""
+    run_id = ""
+    started = time.perf_counter()
+    finish = "unknown"
+    async for chunk in run:
+        kind = chunk.get("type")
+        if kind == "start":
+            run_id = str((chunk.get("payload") or {}).get("runId", ""))
+        elif kind == "finish":
+            finish = str((chunk.get("payload") or {}).get("finishReason", finish))
+        elif kind == "tripwire":
+            finish = "tripwire"
+        yield f"data: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
+    try:
+        await run.result()
+    except Exception:
+        log.exception("stream run %s of agent %s failed unexpectedly", run_id, agent_id)
+        error = {"type": "error", "payload": {"message": "internal error"}}
+        yield f"data: {dumps(wire_chunk(error, run_id))}\n\n".encode()
+        finish = "internal-error"
+    log.info(
+        "stream agent=%s run=%s finish=%s %.3fs", agent_id, run_id, finish, time.perf_counter() - started
+    )
+    yield b"data: [DONE]\n\n"
+
+
+class _Boundary:
+    """Outermost ASGI layer: API keys on /api/*, and the request counter by status code."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self._app = app
+        self._service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        status = 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if scope["path"].startswith("/api/") or scope["path"] == "/api":
+                authorization = None
+                for name, value in scope["headers"]:
+                    if name == b"authorization":
+                        authorization = value.decode("latin-1")
+                try:
+                    self._service.keys.check(authorization)
+                except ServiceError as exc:
+                    await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
+                    return
+            await self._app(scope, receive, counting_send)
+        finally:
+            self._service.metrics.requests.labels("http", str(status)).inc()
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, refusing more than `limit` bytes before or while reading it."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise TooLargeError(f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise TooLargeError(f"request body exceeds the limit of {limit} bytes")
+    if not body:
+        raise BadRequestError("empty body: send a JSON object with a 'messages' field")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise BadRequestError(f"malformed JSON body: {exc}") from None
+
+
+def build_http_app(service: Service) -> ASGIApp:
+    """The ASGI app of the HTTP API, bound to a running `Service`."""
+    settings = service.settings
+
+    def agent_info(agent_id: str) -> dict[str, Any]:
+        spec = service.app.agents[agent_id].spec
+        return {"id": agent_id, "name": agent_id, "instructions": spec.instructions}
+
+    async def list_agents(request: Request) -> Response:
+        return json_response({agent_id: agent_info(agent_id) for agent_id in service.app.agents})
+
+    async def get_agent(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        service.agent(agent_id)
+        return json_response(agent_info(agent_id))
+
+    async def generate(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        agent = service.agent(agent_id)
+        call = parse_body(
+            await _read_json(request, settings.max_request_bytes),
+            trust_request_context=settings.trust_request_context,
+        )
+        service.gate.enter()
+        release = _releaser(service)
+        try:
+            started = time.perf_counter()
+            try:
+                body = result_json(await agent.generate(call.input, call.options))
+            except (APICallError, ProcessorFailedError) as exc:
+                body = failed_json(exc)
+            log.info(
+                "generate agent=%s run=%s finish=%s %.3fs",
+                agent_id,
+                body["runId"],
+                "tripwire" if body["tripwire"] else body["finishReason"],
+                time.perf_counter() - started,
+            )
+        except BaseException:
+            await release()
+            raise
+        return _GatedResponse(body, release)
+
+    async def stream(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        agent = service.agent(agent_id)
+        call = parse_body(
+            await _read_json(request, settings.max_request_bytes),
+            trust_request_context=settings.trust_request_context,
+        )
+        service.gate.enter()
+        run = agent.stream(call.input, call.options)
+        release = _releaser(service, run)
+        return _EventStreamResponse(_events(run, agent_id), release)
+
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(service.metrics.registry), headers={"Content-Type": content_type})
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if service.gate.draining:
+            return json_response({"status": "draining"}, 503)
+        not_serving = service.health.not_serving
+        if not_serving:
+            names = ", ".join(f"{n} is {s}" for n, s in sorted(not_serving.items()))
+            return json_response(
+                {"status": "not ready", "error": f"sidecars not serving: {names}", "notServing": not_serving},
+                503,
+            )
+        return json_response({"status": "ready", "sidecars": service.health.statuses})
+
+    async def on_service_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServiceError)
+        return error_response(exc.http_status, str(exc))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error_response(exc.status_code, exc.detail)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        return error_response(500, "internal error")
+
+    app = Starlette(
+        routes=[
+            Route("/api/agents", list_agents, methods=["GET"]),
+            Route("/api/agents/{agent_id}", get_agent, methods=["GET"]),
+            Route("/api/agents/{agent_id}/generate", generate, methods=["POST"]),
+            Route("/api/agents/{agent_id}/stream", stream, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ],
+        exception_handlers={
+            ServiceError: on_service_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+    )
+    return _Boundary(app, service)
+
+
+def _releaser(service: Service, run: RunStream | None = None) -> Release:
+    """Give the run slot back exactly once; cancel the streamed run if it is still going."""
+    released = False
+
+    async def release() -> None:
+        nonlocal released
+        if released:
+            return
+        released = True
+        try:
+            if run is not None:
+                with contextlib.suppress(Exception):
+                    await run.cancel()  # a no-op for a finished run
+        finally:
+            service.gate.leave()
+
+    return release
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the orchestrator owns SIGTERM (drain first)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+class HttpServer:
+    """uvicorn serving the HTTP API inside the running event loop."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+        try:
+            self._socket = socket.create_server((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot bind the HTTP API to {host}:{port}: {exc.strerror or exc}") from None
+        self._socket.setblocking(False)
+        self.host = host
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+            server_header=False,
+        )
+        self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start serving; returns once the socket accepts connections."""
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]), name="procmesh-http")
+        while not self._server.started:
+            if self._task.done():
+                await self._task  # raises what made uvicorn fail
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Stop accepting, close idle connections, cancel what is left after one second."""
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        await self._task
+        self._task = None

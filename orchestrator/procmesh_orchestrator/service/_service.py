@@ -1,0 +1,164 @@
+"""Service: the App behind the HTTP and gRPC APIs, with readiness, metrics and a graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from procmesh_orchestrator.agent import Agent
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.service._auth import ApiKeys
+from procmesh_orchestrator.service._calls import AgentNotFoundError, RunGate
+from procmesh_orchestrator.service._grpc import GrpcServer
+from procmesh_orchestrator.service._health import SidecarHealth
+from procmesh_orchestrator.service._http import HttpServer, build_http_app
+from procmesh_orchestrator.service._metrics import ServiceMetrics
+from procmesh_orchestrator.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """The orchestrator as a long-lived service.
+
+    `start()` connects the App to its sidecars, polls their health, then serves the
+    HTTP API (agents, /metrics, /healthz, /readyz) and the gRPC API (AgentService,
+    grpc.health.v1). `drain()` is what SIGTERM does: readiness and health go
+    NOT_SERVING, new runs are refused, in-flight runs get `drain_grace_seconds` to
+    finish. `stop()` then closes everything. As an async context manager, leaving
+    drains and stops.
+
+    Args:
+        settings: How to serve (ports, keys, limits).
+        config: What to serve (sidecars, models, agents).
+        app: An App to serve instead of one built from `config` (tests).
+    """
+
+    def __init__(self, settings: OrchestratorSettings, config: Config, *, app: App | None = None) -> None:
+        self.settings = settings
+        self.app = app or App(config)
+        self.keys = ApiKeys(settings.api_keys)
+        self.gate = RunGate()
+        self.health = SidecarHealth(self.app.clients, settings.health_poll_seconds, self._on_health)
+        self.metrics = ServiceMetrics(
+            self.app.metrics.registry, lambda: self.gate.active, lambda: self.health.statuses
+        )
+        self._http: HttpServer | None = None
+        self._grpc: GrpcServer | None = None
+        self._force = asyncio.Event()
+
+    @property
+    def http_port(self) -> int:
+        """The bound HTTP port (after `start()`)."""
+        assert self._http is not None, "start() first"
+        return self._http.port
+
+    @property
+    def grpc_port(self) -> int:
+        """The bound gRPC port (after `start()`)."""
+        assert self._grpc is not None, "start() first"
+        return self._grpc.port
+
+    def agent(self, agent_id: str) -> Agent:
+        """The agent with this id; AgentNotFoundError names the configured ones."""
+        agent = self.app.agents.get(agent_id)
+        if agent is None:
+            raise AgentNotFoundError(f"unknown agent {agent_id!r} (configured: {sorted(self.app.agents)})")
+        return agent
+
+    async def _on_health(self, serving: bool) -> None:
+        if self._grpc is not None and not self.gate.draining:
+            await self._grpc.set_serving(serving)
+
+    async def start(self) -> None:
+        """Connect to the sidecars, then serve both APIs (stops what started if anything fails)."""
+        try:
+            await self.app.start()
+            await self.health.poll_once()
+            self._grpc = GrpcServer(self, self.settings.grpc_host, self.settings.grpc_port)
+            await self._grpc.start()
+            await self._grpc.set_serving(self.health.serving)
+            self._http = HttpServer(build_http_app(self), self.settings.http_host, self.settings.http_port)
+            await self._http.start()
+            self.health.start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "procmesh-orchestrator serving: HTTP http://%s:%d (/api/agents, /metrics, /healthz, /readyz), "
+            "gRPC %s:%d (procmesh.v1.AgentService, grpc.health.v1); agents %s",
+            self._http.host,
+            self._http.port,
+            self._grpc.host,
+            self._grpc.port,
+            sorted(self.app.agents),
+        )
+
+    async def drain(self, grace: float | None = None) -> bool:
+        """Refuse new runs, report NOT_SERVING, wait for in-flight runs; True when all finished in time."""
+        grace = self.settings.drain_grace_seconds if grace is None else grace
+        self.gate.drain()
+        if self._grpc is not None:
+            await self._grpc.enter_graceful_shutdown()
+        log.info("draining: %d run(s) in flight, grace %.1fs", self.gate.active, grace)
+        idle = asyncio.create_task(self.gate.wait_idle(grace))
+        forced = asyncio.create_task(self._force.wait())
+        await asyncio.wait({idle, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        drained = idle.done() and idle.result()
+        idle.cancel()
+        if drained:
+            log.info("drained: no run in flight")
+        else:
+            log.warning("drain ended with %d run(s) in flight; they are cancelled", self.gate.active)
+        return drained
+
+    def force(self) -> None:
+        """End a drain now (a second SIGTERM/SIGINT)."""
+        self._force.set()
+
+    async def stop(self) -> None:
+        """Stop both servers (cancelling what still runs), the health poller and the App."""
+        if self._http is not None:
+            await self._http.stop()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self.health.stop()
+        await self.app.stop()
+
+    async def __aenter__(self) -> Service:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.drain()
+        finally:
+            await self.stop()
+
+
+async def serve(settings: OrchestratorSettings, config: Config) -> None:
+    """Serve until SIGTERM or SIGINT, then drain within the grace period and stop."""
+    service = Service(settings, config)
+    stop = asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set():
+            log.warning("%s again: cancelling the runs still in flight", signum.name)
+            service.force()
+        else:
+            log.info("%s: draining", signum.name)
+            stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    await service.start()
+    try:
+        await stop.wait()
+        await service.drain()
+    finally:
+        await service.stop()
+    log.info("stopped")

@@ -1,0 +1,82 @@
+"""Start and stop sidecar processes (the demo, scenarios and tests use real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from procmesh import ProcessorClient
+from procmesh.errors import ProcmeshError
+
+
+class SidecarProcess:
+    """A ``procmesh-sidecar`` child process serving on `address`, in its own session.
+
+    `module` is the module run with ``python -m`` (default: the built-in sidecars;
+    tests serve their own processors the same way).
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        address: str,
+        *,
+        log_path: str | None = None,
+        module: str = "procmesh_sidecars",
+    ) -> None:
+        self.address = address
+        self.args = [sys.executable, "-m", module, *args, "--listen", address]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Spawn the process (before this process creates any gRPC object, per gRPC's fork rules)."""
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        try:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()  # the child holds its own copy of the descriptor
+
+    async def wait_ready(self, timeout: float = 20.0) -> None:
+        """Poll grpc.health.v1 until SERVING; fail clearly if the process exits or times out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with ProcessorClient(self.address) as client:
+            while True:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"sidecar {' '.join(self.args[2:])} exited with {self.proc.returncode}"
+                        + (f" (log: {self.log_path})" if self.log_path else "")
+                    )
+                try:
+                    if await client.health(timeout=0.5) == "SERVING":
+                        return
+                except ProcmeshError:
+                    pass
+                if loop.time() >= deadline:
+                    raise RuntimeError(f"sidecar at {self.address} not SERVING after {timeout}s")
+                await asyncio.sleep(0.05)
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """SIGTERM, wait up to `grace`, then kill the process group; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()

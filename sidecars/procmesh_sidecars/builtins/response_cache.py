@@ -1,0 +1,265 @@
+"""`response-cache`: replays a cached model response for an identical request (per step).
+
+``processLLMRequest`` derives a deterministic key from the agent id, the step
+number, the scope, the model identity and the resolved provider prompt (after
+memory and the earlier input processors), looks it up and, on a hit, returns the
+cached chunks: the loop replays them instead of calling the model. On a miss the
+key is stashed in the run's state; ``processLLMResponse`` writes the step's
+chunks under it when the step finished cleanly (no ``error`` / ``tripwire``
+chunk, finish reason ``stop``, ``length`` or ``tool-calls``), never when the
+response came from the cache.
+
+Scope (tenant isolation): the explicit ``scope`` option; else the request's
+resource id (the ``resource_id`` argument, or ``mastra__resourceId`` in the
+request context); ``scope: null`` shares entries between all callers. Per call,
+``request_context["responseCache"]`` (or the reference's
+``mastra__response_cache_context``) may set ``key``, ``scope`` and ``bust``
+(skip the read, still write).
+
+Backends: ``memory`` (default; per sidecar process, bounded) or ``redis``
+(``url``; redis-py's asyncio client, shared by every sidecar using that server).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from procmesh import Processor
+from procmesh_sidecars.builtins._common import Chunk, PromptMessage, js_stringify
+from procmesh_sidecars.cache import InMemoryServerCache, RedisServerCache, ServerCache
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_SECONDS = 300
+KEY_PREFIX = "procmesh:agent-response:"
+CONTEXT_KEYS = ("responseCache", "mastra__response_cache_context")
+RESOURCE_ID_KEY = "mastra__resourceId"
+_CLEAN_FINISH = ("stop", "length", "tool-calls")
+_PENDING_KEY = "pendingKey"
+_PENDING_TTL = "pendingTtl"
+
+
+class ResponseCacheOptions(BaseModel):
+    """Options of `response-cache` (``cache`` of the reference is `backend` + `url` here)."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str | None = None
+    """Redis URL (``redis://host:port/db``); required for the redis backend."""
+    key: str | None = None
+    """A fixed key instead of the derived one (usually set per call)."""
+    ttl: float = Field(default=DEFAULT_TTL_SECONDS, ge=0)
+    """Seconds an entry lives (0: no expiry)."""
+    scope: str | None = None
+    """Tenant scope; leave unset to use the request's resource id, null to share across callers."""
+    bust: bool = False
+    """Skip the cache read (still write): a forced refresh."""
+    agent_id: str | None = None
+    """The key's namespace; default: the running agent's id."""
+    max_size: int = Field(default=1000, ge=1)
+    """memory backend: entries kept (least recently used go first)."""
+
+    @model_validator(mode="after")
+    def _url(self) -> ResponseCacheOptions:
+        if self.backend == "redis" and not self.url:
+            raise ValueError("backend 'redis' needs a url, e.g. redis://127.0.0.1:6379/0")
+        return self
+
+    @property
+    def scope_given(self) -> bool:
+        """Whether `scope` was set (to a string or to null) rather than left out."""
+        return "scope" in self.model_fields_set
+
+
+def model_identity(model: str) -> dict[str, str | None]:
+    """Provider and model id from the step's model reference (``provider/model-id`` or a config name).
+
+    The contract carries no specification version, so it is unknown.
+    """
+    provider, sep, model_id = model.partition("/")
+    if not sep:
+        return {"provider": None, "modelId": model or None, "specVersion": None}
+    return {"provider": provider or None, "modelId": model_id or None, "specVersion": None}
+
+
+def _binary(data: bytes) -> str:
+    return f"binary:{len(data)}:{hashlib.sha256(data).hexdigest()}"
+
+
+def normalize_prompt(value: Any) -> Any:
+    """The prompt as hashed: file data as a digest of its bytes (inline or a ``data:`` URL) or
+    ``url:<href>``; ``providerOptions.mastra`` and null values dropped."""
+    if isinstance(value, list):
+        return [normalize_prompt(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return _binary(bytes(value))
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if v is None:
+            continue
+        if k == "providerOptions" and isinstance(v, dict):
+            kept = {pk: normalize_prompt(pv) for pk, pv in v.items() if pk != "mastra"}
+            if kept:
+                out[k] = kept
+            continue
+        if k in ("data", "url") and value.get("type") in ("file", "image") and isinstance(v, str):
+            out[k] = _file_data(v)
+            continue
+        out[k] = normalize_prompt(v)
+    return out
+
+
+def _file_data(data: str) -> str:
+    if data.startswith("data:"):
+        header, _, payload = data.partition(",")
+        try:
+            raw = (
+                base64.b64decode(payload, validate=False) if header.endswith(";base64") else payload.encode()
+            )
+        except (binascii.Error, ValueError):
+            raw = data.encode()
+        return _binary(raw)
+    if "://" in data or data.startswith(("http:", "https:")):
+        return f"url:{data}"
+    try:  # inline base64 without a data: header
+        return _binary(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        return data
+
+
+def build_key(
+    *,
+    agent_id: str,
+    step_number: int,
+    scope: str | None,
+    model: dict[str, str | None],
+    prompt: list[PromptMessage],
+) -> str:
+    """The deterministic key: ``procmesh:agent-response:<agent>[:<scope digest>]:<digest>``."""
+    model_tag = ":".join(model.get(k) or "unknown" for k in ("provider", "modelId", "specVersion"))
+    payload = {
+        "agent": agent_id,
+        "step": step_number,
+        "scope": scope or "",
+        "model": model_tag,
+        "prompt": normalize_prompt(prompt),
+    }
+    digest = hashlib.sha256(js_stringify(payload, sort_keys=True).encode()).hexdigest()[:32]
+    scope_tag = f":{hashlib.sha256(scope.encode()).hexdigest()[:8]}" if scope else ""
+    return f"{KEY_PREFIX}{agent_id}{scope_tag}:{digest}"
+
+
+def clean_step(chunks: list[Chunk]) -> bool:
+    """Whether a step's chunks may be cached: no error or tripwire, a successful finish."""
+    for chunk in chunks:
+        kind = chunk.get("type")
+        if kind in ("error", "tripwire"):
+            return False
+        if kind == "finish":
+            reason = (chunk.get("payload") or {}).get("finishReason")
+            if reason and reason not in _CLEAN_FINISH:
+                return False
+    return True
+
+
+class ResponseCache(Processor):
+    """Per-step LLM response cache: lookup before the provider call, write after a clean step."""
+
+    id = "response-cache"
+    name = "Response Cache"
+    description = "Replays cached model responses for identical requests (memory or Redis backend)."
+    Options = ResponseCacheOptions
+
+    def __init__(self) -> None:
+        self._memory: dict[int, InMemoryServerCache] = {}
+        self._redis: dict[str, RedisServerCache] = {}
+
+    def cache_for(self, options: ResponseCacheOptions) -> ServerCache:
+        """The backend the options select (one per process per max_size / per Redis URL)."""
+        if options.backend == "redis":
+            url = str(options.url)
+            if url not in self._redis:
+                self._redis[url] = RedisServerCache(url)
+            return self._redis[url]
+        if options.max_size not in self._memory:
+            self._memory[options.max_size] = InMemoryServerCache(max_size=options.max_size)
+        return self._memory[options.max_size]
+
+    async def teardown(self) -> None:
+        for cache in self._redis.values():
+            await cache.aclose()
+
+    async def process_llm_request(
+        self,
+        prompt: list[PromptMessage],
+        model: str,
+        step_number: int,
+        agent_id: str,
+        resource_id: str,
+        request_context: dict[str, Any],
+        options: ResponseCacheOptions,
+        state: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        state.pop(_PENDING_KEY, None)
+        state.pop(_PENDING_TTL, None)
+        per_call = _per_call(request_context)
+        bust = bool(per_call.get("bust", options.bust))
+        if "scope" in per_call:
+            scope = per_call["scope"]
+        elif options.scope_given:
+            scope = options.scope
+        else:
+            context_resource = request_context.get(RESOURCE_ID_KEY)
+            scope = resource_id or (context_resource if isinstance(context_resource, str) else None)
+        key = per_call.get("key", options.key)
+        if not isinstance(key, str) or not key:
+            key = build_key(
+                agent_id=options.agent_id or agent_id,
+                step_number=step_number,
+                scope=scope if isinstance(scope, str) else None,
+                model=model_identity(model),
+                prompt=prompt,
+            )
+        cache = self.cache_for(options)
+        if not bust:
+            try:
+                cached = await cache.get(key)
+            except Exception:  # a read failure never fails the run: call the model, do not write
+                log.warning("response-cache: read failed; calling the model", exc_info=True)
+                return None
+            if isinstance(cached, dict) and cached.get("chunks"):
+                return {"response": cached["chunks"]}
+        state[_PENDING_KEY] = key
+        state[_PENDING_TTL] = options.ttl
+        return None
+
+    async def process_llm_response(
+        self,
+        chunks: list[Chunk],
+        from_cache: bool,
+        options: ResponseCacheOptions,
+        state: dict[str, Any],
+    ) -> None:
+        key = state.pop(_PENDING_KEY, None)
+        ttl = state.pop(_PENDING_TTL, options.ttl)
+        if from_cache or not key or not chunks or not clean_step(chunks):
+            return
+        try:
+            await self.cache_for(options).set(str(key), {"chunks": chunks}, float(ttl) * 1000)
+        except Exception:  # a write failure never fails the run
+            log.warning("response-cache: write failed", exc_info=True)
+
+
+def _per_call(request_context: dict[str, Any]) -> dict[str, Any]:
+    for name in CONTEXT_KEYS:
+        value = request_context.get(name)
+        if isinstance(value, dict):
+            return value
+    return {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,7 +26,9 @@ def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSetting
         prog="procmesh-orchestrator",
         description="Serve the configured agents over HTTP (reference-server routes) and gRPC.",
     )
-    parser.add_argument("--config", help="YAML configuration file (or PROCMESH_CONFIG)")
+    parser.add_argument(
+        "--config", dest="config_file", help="YAML configuration file (or PROCMESH_CONFIG_FILE)"
+    )
     parser.add_argument("--http-host", help="HTTP interface (default 127.0.0.1)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default 4111; 0: any free port)")
     parser.add_argument("--grpc-host", help="gRPC interface (default 127.0.0.1)")
@@ -34,14 +37,20 @@ def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSetting
     parser.add_argument("--drain-grace-seconds", type=float, help="time in-flight runs get after SIGTERM")
     parser.add_argument("--log-level", help="logging level (default INFO)")
     args = parser.parse_args(argv)
+    if "PROCMESH_CONFIG" in os.environ:
+        # Renamed: silently ignoring a deployment's config path would start the wrong agents.
+        parser.error(
+            "PROCMESH_CONFIG was renamed PROCMESH_CONFIG_FILE (PROCMESH_CONFIG__<KEY> variables override "
+            "keys of the file)"
+        )
     overrides = {key: value for key, value in vars(args).items() if value is not None}
     try:
         settings = OrchestratorSettings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         parser.error(f"invalid settings: {problems}")
-    if settings.config is None:
-        parser.error("--config FILE (or PROCMESH_CONFIG) is required")
+    if settings.config_file is None:
+        parser.error("--config FILE (or PROCMESH_CONFIG_FILE) is required")
     return settings
 
 
@@ -49,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = settings_from_args(argv)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(serve(settings, load_config(settings.config or "")))
+        asyncio.run(serve(settings, load_config(settings.config_file or "")))
     except (OrchestratorError, OSError) as exc:
         print(f"procmesh-orchestrator: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -16,6 +16,14 @@ class ConfigError(OrchestratorError):
     """The configuration is invalid; the message names the key."""
 
 
+class SidecarStartError(OrchestratorError):
+    """A sidecar process that this process started exited, or did not report SERVING in time."""
+
+
+class ServiceStartError(OrchestratorError):
+    """The orchestrator's own HTTP or gRPC server could not start."""
+
+
 class ScenarioError(OrchestratorError):
     """A conformance scenario cannot be run: a malformed file, or a runtime that is not installed."""
 

@@ -20,8 +20,10 @@ class OrchestratorSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PROCMESH_", frozen=True, use_attribute_docstrings=True)
 
-    config: str | None = None
-    """Path of the YAML configuration (``--config``)."""
+    config_file: str | None = None
+    """Path of the YAML configuration: ``PROCMESH_CONFIG_FILE`` or ``--config``. (Keys of the file
+    itself are overridden by ``PROCMESH_CONFIG__<KEY>__...`` variables: a different mechanism, so a
+    different name.)"""
     http_host: str = "127.0.0.1"
     """Interface of the HTTP API (``0.0.0.0`` to accept connections from other hosts)."""
     http_port: int = Field(default=4111, ge=0, le=65535)

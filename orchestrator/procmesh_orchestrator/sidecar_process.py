@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from procmesh import ProcessorClient
 from procmesh.errors import ProcmeshError
+from procmesh_orchestrator.errors import SidecarStartError
 
 
 class SidecarProcess:
@@ -57,7 +58,7 @@ class SidecarProcess:
         async with ProcessorClient(self.address) as client:
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(
+                    raise SidecarStartError(
                         f"sidecar {' '.join(self.args[2:])} exited with {self.proc.returncode}"
                         + (f" (log: {self.log_path})" if self.log_path else "")
                     )
@@ -67,7 +68,7 @@ class SidecarProcess:
                 except ProcmeshError:
                     pass
                 if loop.time() >= deadline:
-                    raise RuntimeError(f"sidecar at {self.address} not SERVING after {timeout}s")
+                    raise SidecarStartError(f"sidecar at {self.address} not SERVING after {timeout}s")
                 await asyncio.sleep(0.05)
 
     def stop(self, grace: float = 5.0) -> int | None:

@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
-    except (OrchestratorError, ValueError, OSError, RuntimeError) as exc:
+    except OrchestratorError as exc:  # every expected failure is in the tree; anything else is a bug
         print(f"procmesh: error: {exc}", file=sys.stderr)
         code = 2
     sys.exit(code)

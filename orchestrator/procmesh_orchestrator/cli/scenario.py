@@ -244,8 +244,13 @@ async def _run(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
 
 def load(path: str) -> dict[str, Any]:
     """Read a scenario file."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"scenario {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or "call" not in data or "model" not in data:
         raise ScenarioError(f"{path}: a scenario needs 'call' and 'model' keys")
     return data

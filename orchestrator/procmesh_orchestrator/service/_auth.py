@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pydantic import SecretStr
 
-from procmesh_orchestrator.service._calls import UnauthenticatedError
+from procmesh_orchestrator.service._calls import AuthenticationError
 
 
 class ApiKeys:
@@ -22,19 +22,19 @@ class ApiKeys:
         return bool(self._keys)
 
     def check(self, authorization: str | None) -> None:
-        """Accept an ``Authorization`` value of ``Bearer <key>``; raise UnauthenticatedError otherwise."""
+        """Accept an ``Authorization`` value of ``Bearer <key>``; raise AuthenticationError otherwise."""
         if not self._keys:
             return
         if not authorization:
-            raise UnauthenticatedError("missing API key: send the header 'Authorization: Bearer <key>'")
+            raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
         scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise UnauthenticatedError("malformed Authorization header: expected 'Bearer <key>'")
+            raise AuthenticationError("malformed Authorization header: expected 'Bearer <key>'")
         given = token.encode()
         # Compare with every key (constant time each) so timing says nothing about which one is close.
         matched = False
         for key in self._keys:
             matched |= hmac.compare_digest(given, key)
         if not matched:
-            raise UnauthenticatedError("invalid API key")
+            raise AuthenticationError("invalid API key")

@@ -41,7 +41,7 @@ class BadRequestError(ServiceError):
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
 
 
-class UnauthenticatedError(ServiceError):
+class AuthenticationError(ServiceError):
     """No API key, or an unknown one."""
 
     http_status = 401

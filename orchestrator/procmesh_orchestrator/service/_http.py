@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from procmesh_orchestrator.agent import RunStream
-from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
+from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, ServiceStartError
 from procmesh_orchestrator.service._calls import (
     BadRequestError,
     ServiceError,
@@ -323,7 +323,7 @@ class HttpServer:
         while not self._server.started:
             if self._task.done():
                 await self._task  # raises what made uvicorn fail
-                raise RuntimeError("the HTTP server stopped during start-up")
+                raise ServiceStartError("the HTTP server stopped during start-up")
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:

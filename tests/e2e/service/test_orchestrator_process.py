@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Callable
@@ -111,7 +112,7 @@ async def _assert_draining(orchestrator: OrchestratorProcess) -> None:
     ("config", "message"),
     [
         ("agents: {a: {model: nope}}", "agents.a.model: unknown model 'nope'"),
-        (None, "--config FILE (or PROCMESH_CONFIG) is required"),
+        (None, "--config FILE (or PROCMESH_CONFIG_FILE) is required"),
     ],
 )
 async def test_a_bad_start_exits_2_saying_why(tmp_path: Path, config: str | None, message: str) -> None:
@@ -124,3 +125,22 @@ async def test_a_bad_start_exits_2_saying_why(tmp_path: Path, config: str | None
     )
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+async def test_the_config_file_comes_from_procmesh_config_file_and_the_old_name_is_refused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "config.yaml").write_text("agents: {a: {model: nope}}", encoding="utf-8")
+    args = [str(BIN / "procmesh-orchestrator"), "--http-port", "0", "--grpc-port", "0"]
+
+    def start(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **env}
+        )
+
+    read = await asyncio.to_thread(start, PROCMESH_CONFIG_FILE=str(tmp_path / "config.yaml"))
+    assert read.returncode == 2
+    assert "agents.a.model: unknown model 'nope'" in read.stderr  # the file was read
+    old = await asyncio.to_thread(start, PROCMESH_CONFIG=str(tmp_path / "config.yaml"))
+    assert old.returncode == 2
+    assert "PROCMESH_CONFIG was renamed PROCMESH_CONFIG_FILE" in old.stderr

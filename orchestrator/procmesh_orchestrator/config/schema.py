@@ -1,30 +1,23 @@
-"""The orchestrator's YAML configuration, validated by pydantic (errors name the key).
+"""The configuration's schema: pydantic models whose validators name the key and the problem.
 
 Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-
-from procmesh_orchestrator.errors import ConfigError
 
 FailurePolicy = Literal["fail-closed", "fail-open"]
 BUILTINS = "builtins"
@@ -376,77 +369,3 @@ def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
     if isinstance(step, ConditionalStep):
         return [*step.then, *step.otherwise]
     return [step]
-
-
-def parse_config(data: Any, source: str = "config") -> Config:
-    """Validate a config mapping; errors name the key path and the problem."""
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"] if p not in _UNION_TAGS) or "(top level)"
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
-
-
-ENV_PREFIX = "PROCMESH_CONFIG__"
-"""``PROCMESH_CONFIG__SIDECARS__GUARDS__ADDRESS=unix:///run/g.sock`` sets ``sidecars.guards.address``."""
-
-
-def _same_key(a: str, b: str) -> bool:
-    return a.replace("_", "").lower() == b.replace("_", "").lower()
-
-
-def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> list[str]:
-    """Override config keys from ``PROCMESH_CONFIG__<KEY>__<KEY>...`` variables; returns the paths set.
-
-    Segments match existing keys ignoring case and underscores (``MAX_STEPS`` is ``maxSteps``); a
-    new key takes the camelCase spelling. Values are read as YAML scalars or flow collections
-    (``3``, ``true``, ``[a, b]``).
-    """
-    applied = []
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX):
-            continue
-        segments = [s for s in name[len(ENV_PREFIX) :].split("__") if s]
-        if not segments:
-            continue
-        node = data
-        path: list[str] = []
-        for i, segment in enumerate(segments):
-            # an existing key, else the config's camelCase spelling (MAX_STEPS -> maxSteps)
-            key = next(
-                (k for k in node if isinstance(k, str) and _same_key(k, segment)), to_camel(segment.lower())
-            )
-            path.append(key)
-            if i == len(segments) - 1:
-                try:
-                    node[key] = yaml.safe_load(environ[name])
-                except yaml.YAMLError as exc:
-                    raise ConfigError(f"{name}: not a YAML value: {exc}") from None
-            else:
-                child = node.get(key)
-                if child is None:
-                    child = node[key] = {}
-                if not isinstance(child, dict):
-                    raise ConfigError(f"{name}: {'.'.join(path)} is not a mapping")
-                node = child
-        applied.append(".".join(path))
-    return applied
-
-
-def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
-    """Read a YAML config file, apply ``PROCMESH_CONFIG__*`` overrides, validate."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path} must be a mapping at the top level")
-    apply_env_overrides(data, os.environ if environ is None else environ)
-    return parse_config(data, str(path))

@@ -1,0 +1,48 @@
+"""The orchestrator's YAML configuration: schema (pydantic, errors name the key) and loading."""
+
+from procmesh_orchestrator.config.loading import ENV_PREFIX, apply_env_overrides, load_config, parse_config
+from procmesh_orchestrator.config.schema import (
+    BUILTINS,
+    DEFAULT_PROVIDERS,
+    AgentConfig,
+    ConditionalStep,
+    Config,
+    FailurePolicy,
+    LaneEntry,
+    ModelConfig,
+    ParallelStep,
+    ProcessorRef,
+    ProviderConfig,
+    SidecarConfig,
+    TLSConfig,
+    ToolConfig,
+    WorkflowConfig,
+    WorkflowRef,
+    WorkflowStep,
+    workflow_refs,
+)
+
+__all__ = [
+    "BUILTINS",
+    "DEFAULT_PROVIDERS",
+    "ENV_PREFIX",
+    "AgentConfig",
+    "ConditionalStep",
+    "Config",
+    "FailurePolicy",
+    "LaneEntry",
+    "ModelConfig",
+    "ParallelStep",
+    "ProcessorRef",
+    "ProviderConfig",
+    "SidecarConfig",
+    "TLSConfig",
+    "ToolConfig",
+    "WorkflowConfig",
+    "WorkflowRef",
+    "WorkflowStep",
+    "apply_env_overrides",
+    "load_config",
+    "parse_config",
+    "workflow_refs",
+]

@@ -375,6 +375,37 @@ export const HOOK_NAMES: readonly [
   'executeTool',
 ];
 
+export type HookName = (typeof HOOK_NAMES)[number];
+
+/** One row of the hook table (the twin of the Python SDK's procmesh.hooks.Hook). */
+export interface Hook {
+  /** The method name, e.g. `processInput`. */
+  readonly name: HookName;
+  /** The ProcessorService method, e.g. `ProcessInput`. */
+  readonly rpc: string;
+  /** The procmesh.v1.Hook number. */
+  readonly enum: number;
+  /** The procmesh.v1.Hook name, as Describe lists it, e.g. `HOOK_PROCESS_INPUT`. */
+  readonly enumName: string;
+  /** The arguments the hook receives. */
+  readonly arguments: readonly string[];
+  /** The request and response message names. */
+  readonly request: string;
+  readonly response: string;
+  /** True for the bidirectional output stream. */
+  readonly streaming: boolean;
+}
+
+/** The hook table: every hook in the proto enum's order, and indexes of it. */
+export namespace hooks {
+  const HOOKS: readonly Hook[];
+  const HOOK_NAMES: readonly HookName[];
+  const BASE_ARGUMENTS: readonly string[];
+  const BY_NAME: Readonly<Record<HookName, Hook>>;
+  const BY_RPC: Readonly<Record<string, Hook>>;
+  const BY_ENUM: Readonly<Record<number, Hook>>;
+}
+
 // -- serving ---------------------------------------------------------------------------------------
 
 export const SERVICE_NAME: 'procmesh.v1.ProcessorService';

@@ -4,9 +4,12 @@
 // (processInput, processOutputStream, ...); `serve([processors], { address })` hosts them.
 
 const convert = require('./lib/convert');
+const { SERVICE_NAME, loadContract, protoDir } = require('./lib/contract');
 const errors = require('./lib/errors');
-const { HOOK_NAMES, MessageList, Processor, RequestContext, TripWire, Writer } = require('./lib/processor');
-const { ProcessorServer, SERVICE_NAME, loadContract, protoDir, run, serve, settingsFromArgs } = require('./lib/server');
+const hooks = require('./lib/hooks');
+const { HOOK_NAMES } = hooks;
+const { MessageList, Processor, RequestContext, TripWire, Writer } = require('./lib/processor');
+const { ProcessorServer, run, serve, settingsFromArgs } = require('./lib/server');
 const { version } = require('./package.json');
 
 module.exports = {
@@ -20,6 +23,7 @@ module.exports = {
   Writer,
   convert,
   errors,
+  hooks,
   loadContract,
   protoDir,
   run,

@@ -4,21 +4,6 @@
 
 const { InvalidInputError } = require('./errors');
 
-/** The hooks, in the order of the Hook enum: [method name, RPC name, enum name]. */
-const HOOKS = [
-  ['processInput', 'ProcessInput', 'HOOK_PROCESS_INPUT'],
-  ['processInputStep', 'ProcessInputStep', 'HOOK_PROCESS_INPUT_STEP'],
-  ['processLLMRequest', 'ProcessLLMRequest', 'HOOK_PROCESS_LLM_REQUEST'],
-  ['processLLMResponse', 'ProcessLLMResponse', 'HOOK_PROCESS_LLM_RESPONSE'],
-  ['processOutputStream', 'ProcessOutputStream', 'HOOK_PROCESS_OUTPUT_STREAM'],
-  ['processOutputStep', 'ProcessOutputStep', 'HOOK_PROCESS_OUTPUT_STEP'],
-  ['processToolResult', 'ProcessToolResult', 'HOOK_PROCESS_TOOL_RESULT'],
-  ['processOutputResult', 'ProcessOutputResult', 'HOOK_PROCESS_OUTPUT_RESULT'],
-  ['processAPIError', 'ProcessAPIError', 'HOOK_PROCESS_API_ERROR'],
-  ['executeTool', 'ExecuteTool', 'HOOK_EXECUTE_TOOL'],
-];
-const HOOK_NAMES = HOOKS.map(([name]) => name);
-
 const SIGNAL_TYPES = new Set(['reactive', 'user', 'notification', 'state', 'system-reminder', 'user-message']);
 const TAG_NAME = /^[A-Za-z_][A-Za-z0-9_.-]*$/;
 
@@ -180,4 +165,4 @@ class RequestContext extends Map {
   }
 }
 
-module.exports = { HOOKS, HOOK_NAMES, HookEffects, MessageList, Processor, RequestContext, TripWire, Writer };
+module.exports = { HookEffects, MessageList, Processor, RequestContext, TripWire, Writer };

@@ -3,18 +3,9 @@
 // ({id, processDataParts, processInput: [RULE...], ...}) becomes a processor implementing
 // exactly the hooks it lists.
 
+import { hooks } from '@procmesh/sdk';
+
 const STEP_HOOKS = new Set(['processInputStep', 'processLLMRequest', 'processLLMResponse', 'processOutputStep', 'processToolResult', 'processAPIError']);
-export const HOOKS = [
-  'processInput',
-  'processInputStep',
-  'processLLMRequest',
-  'processLLMResponse',
-  'processOutputStream',
-  'processOutputStep',
-  'processToolResult',
-  'processOutputResult',
-  'processAPIError',
-];
 
 /** Replace every match of `pattern`; the replacement is inserted literally (no group references). */
 export function replaceLiteral(pattern, replacement, text) {
@@ -254,6 +245,11 @@ const IMPLEMENTATIONS = {
   processOutputResult: outputResult,
   processAPIError: apiError,
 };
+
+/** The hooks a scenario may script: those of the SDK's hook table implemented here (not executeTool). */
+export const HOOKS = hooks.HOOK_NAMES.filter((name) => name in IMPLEMENTATIONS);
+const unknown = Object.keys(IMPLEMENTATIONS).filter((name) => !HOOKS.includes(name));
+if (unknown.length) throw new Error(`scripted implementations for hooks the SDK does not have: ${unknown.join(', ')}`);
 
 /** A processor implementing exactly the hooks `spec` lists. */
 export function buildProcessor(spec) {

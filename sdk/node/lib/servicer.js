@@ -1,0 +1,174 @@
+'use strict';
+// The servicer: the hosted processors, and one handler per ProcessorService RPC derived from the
+// hook table (./hooks): every unary hook shares one skeleton (look up, decode, call, encode) with
+// its codec (./codecs); the output stream has its own (./stream).
+
+const convert = require('./convert');
+const { CODECS } = require('./codecs');
+const { fillEffects, quote, toStatus } = require('./effects');
+const { InternalError, InvalidInputError, NotFoundError, NotReadyError, ProcmeshError, UnimplementedError } = require('./errors');
+const { HOOKS, HOOK_NAMES } = require('./hooks');
+const { validate } = require('./options');
+const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
+const { outputStream } = require('./stream');
+const { version } = require('../package.json');
+
+/** One hosted processor: its id, the hooks it implements, its options schema. */
+class Hosted {
+  constructor(processor) {
+    if (!processor || typeof processor !== 'object') throw new TypeError(`a processor must be an object, got ${convert.describe(processor)}`);
+    const cls = (processor.constructor && processor.constructor.name) || 'processor';
+    if (typeof processor.id !== 'string' || !processor.id) throw new TypeError(`${cls} has no id (a non-empty string)`);
+    this.processor = processor;
+    this.id = processor.id;
+    this.hooks = new Set(HOOK_NAMES.filter((name) => typeof processor[name] === 'function'));
+    const schema = processor.optionsSchema;
+    if (schema !== undefined && schema !== null && (typeof schema !== 'object' || Array.isArray(schema))) {
+      throw new TypeError(`processor ${quote(this.id)}: optionsSchema must be a JSON schema object`);
+    }
+    this.schema = schema || null;
+  }
+
+  /** Its ProcessorInfo for Describe: the hooks it implements, in the table's (the enum's) order. */
+  info() {
+    const p = this.processor;
+    return {
+      id: this.id,
+      name: p.name || this.id,
+      description: p.description || '',
+      hooks: HOOKS.filter((h) => this.hooks.has(h.name)).map((h) => h.enumName),
+      process_data_parts: Boolean(p.processDataParts),
+      options_schema_json: this.schema ? JSON.stringify(this.schema) : '',
+    };
+  }
+
+  /** The request's options, validated by the schema and parseOptions(); invalid: INVALID_ARGUMENT. */
+  options(struct) {
+    let options = convert.fromStruct(struct);
+    try {
+      if (this.schema) options = validate(this.schema, options);
+      if (typeof this.processor.parseOptions === 'function') options = this.processor.parseOptions(options);
+    } catch (err) {
+      if (err instanceof ProcmeshError) throw err;
+      throw new InvalidInputError(`invalid options for processor ${quote(this.id)}: ${err && err.message ? err.message : String(err)}`);
+    }
+    return options;
+  }
+}
+
+/** The call's deadline in epoch milliseconds (Infinity when it has none). */
+function deadlineOf(call) {
+  const deadline = call.getDeadline ? call.getDeadline() : Infinity;
+  return deadline instanceof Date ? deadline.getTime() : Number(deadline);
+}
+
+/** The RPC handlers' shared part: processor lookup, base arguments, calling a hook. */
+class Servicer {
+  constructor(hosted, log) {
+    this.hosted = hosted;
+    this.log = log;
+    /** Hooks are served only once every processor's setup() resolved. */
+    this.ready = false;
+  }
+
+  /** The hosted processor the request names, if it is ready and implements `hook`. */
+  lookup(ctx, hook) {
+    if (!this.ready) throw new NotReadyError('the sidecar is starting or draining; retry when health reports SERVING');
+    const id = ctx && ctx.processor_id;
+    if (!id) throw new InvalidInputError('request.context.processor_id is required');
+    const hosted = this.hosted.get(id);
+    if (!hosted) {
+      throw new NotFoundError(`processor ${quote(id)} is not hosted here (hosted: ${JSON.stringify([...this.hosted.keys()].sort())})`);
+    }
+    if (!hosted.hooks.has(hook)) throw new UnimplementedError(`processor ${quote(hosted.id)} does not implement ${hook}`);
+    return hosted;
+  }
+
+  /** The arguments every hook receives (hooks.BASE_ARGUMENTS), from the request's context. */
+  baseArgs(hosted, ctx, effects, signal) {
+    return {
+      abort: effects.abortHook,
+      state: convert.fromStruct(ctx.state),
+      options: hosted.options(ctx.options),
+      retryCount: ctx.retry_count || 0,
+      stepNumber: ctx.step_number || 0,
+      runId: ctx.run_id || '',
+      agentId: ctx.agent_id || '',
+      threadId: ctx.thread_id || undefined,
+      resourceId: ctx.resource_id || undefined,
+      requestContext: new RequestContext(convert.fromStruct(ctx.request_context)),
+      sendSignal: effects.sendSignal,
+      writer: new Writer(effects),
+      reportViolation: effects.reportViolation,
+      abortSignal: signal,
+    };
+  }
+
+  /** Run one hook; a TripWire becomes the abort effect, anything else it throws is INTERNAL. */
+  async callHook(hosted, hook, args, effects) {
+    try {
+      return await hosted.processor[hook](args);
+    } catch (err) {
+      if (err instanceof TripWire) {
+        effects.abort = err;
+        return undefined;
+      }
+      if (err instanceof ProcmeshError) throw err;
+      const kind = (err && err.name) || typeof err;
+      const message = err && err.message !== undefined ? err.message : String(err);
+      this.log.error(`processor ${hosted.id} hook ${hook} raised`, err && err.stack ? err.stack : err);
+      throw new InternalError(`processor ${quote(hosted.id)} hook ${hook} raised ${kind}: ${message}`);
+    }
+  }
+
+  /** A unary RPC: look up, decode (malformed: INVALID_ARGUMENT), call, encode. */
+  unary(hook, codec) {
+    return (call, callback) => {
+      const controller = new AbortController();
+      const cancel = () => controller.abort(new Error('the call was cancelled'));
+      call.on('cancelled', cancel);
+      const deadline = deadlineOf(call);
+      const timer = Number.isFinite(deadline)
+        ? setTimeout(() => controller.abort(new Error('the deadline passed')), Math.max(0, deadline - Date.now()))
+        : null;
+      (async () => {
+        const req = call.request;
+        const hosted = this.lookup(req.context, hook);
+        const effects = new HookEffects(hosted.id);
+        const args = this.baseArgs(hosted, req.context, effects, controller.signal);
+        let extra;
+        try {
+          extra = codec.decode(req, args);
+        } catch (err) {
+          throw new InvalidInputError(`malformed ${hook} request: ${err && err.message ? err.message : String(err)}`);
+        }
+        Object.assign(args, extra.args);
+        const result = await this.callHook(hosted, hook, args, effects);
+        const resp = effects.abort ? {} : codec.encode(result, extra, args);
+        resp.effects = fillEffects(effects, args.state);
+        return resp;
+      })().then(
+        (resp) => callback(null, resp),
+        (err) => callback(toStatus(err)),
+      ).finally(() => {
+        if (timer) clearTimeout(timer);
+        call.removeListener('cancelled', cancel);
+      });
+    };
+  }
+
+  /** The ProcessorService implementation: Describe, then one handler per hook of the table. */
+  handlers() {
+    const h = {
+      Describe: (call, callback) => {
+        callback(null, { processors: [...this.hosted.values()].map((x) => x.info()), sdk: `procmesh-node/${version}` });
+      },
+    };
+    for (const hook of HOOKS) {
+      h[hook.rpc] = hook.streaming ? (call) => outputStream(this, hook.name, call) : this.unary(hook.name, CODECS[hook.name]);
+    }
+    return h;
+  }
+}
+
+module.exports = { Hosted, Servicer };

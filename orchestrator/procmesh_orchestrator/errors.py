@@ -87,3 +87,7 @@ class TripwireAbort(OrchestratorError):
             "retry": self.retry,
             "metadata": self.metadata,
         }
+
+
+class DeployError(OrchestratorError):
+    """The Kubernetes manifests cannot be rendered (kubectl missing or failing), or their pod run locally."""

@@ -1,4 +1,4 @@
-"""Helpers for the deploy tests: the rendered overlays and the pod spec's parts."""
+"""Helpers for the deploy tests: the overlays as `kubectl kustomize` renders them, and the pod's parts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import functools
 import tomllib
 from typing import Any
 
-from procmesh_orchestrator.cli.pod import render
+from procmesh_orchestrator.cli.pod.manifests import render
 from tests.conftest import REPO
+from tests.deps import require
 
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
@@ -20,6 +21,7 @@ Obj = dict[str, Any]
 
 @functools.cache
 def _rendered(overlay: str) -> tuple[Obj, ...]:
+    require("kubectl")  # without it, fail with the install hint rather than render's DeployError
     return tuple(render(K8S / "overlays" / overlay))
 
 
@@ -97,3 +99,13 @@ def unix_path(address: str) -> str | None:
     if address.startswith("unix:"):
         return address[len("unix:") :]
     return None
+
+
+def split_image(image: str) -> tuple[str, str, str]:
+    """``registry/name:tag@digest`` as (name, tag, digest); tag and digest may be empty."""
+    rest, _, digest = image.partition("@")
+    slash = rest.rfind("/")
+    colon = rest.rfind(":")
+    if colon > slash:  # a colon before the last slash is a registry's port, not a tag
+        return rest[:colon], rest[colon + 1 :], digest
+    return rest, "", digest

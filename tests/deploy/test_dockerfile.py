@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from procmesh_orchestrator.cli.pod import IMAGE_ENV
+from procmesh_orchestrator.cli.pod.plan import IMAGE_ENV
 from tests.conftest import REPO
 from tests.deploy.support import DISTRIBUTIONS, DOCKERFILE, console_scripts
 
@@ -161,7 +161,9 @@ def test_the_final_stage_runs_non_root_without_build_tools() -> None:
         if keyword == "RUN":
             assert not re.search(r"apt-get install|apk add|gcc|build-essential|pip install", rest), rest
     env = " ".join(rest for keyword, rest in final if keyword == "ENV")
-    assert dict(re.findall(r"(\w+)=(\S+)", env)).items() >= IMAGE_ENV.items(), "pod.IMAGE_ENV mirrors ENV"
+    assert dict(re.findall(r"(\w+)=(\S+)", env)).items() >= IMAGE_ENV.items(), (
+        "cli.pod.plan.IMAGE_ENV mirrors ENV"
+    )
     assert "PATH=/opt/procmesh/bin:" in env
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-import subprocess
 from typing import Any
 
 import jsonschema
@@ -20,13 +19,11 @@ import pytest
 import yaml
 
 from procmesh_orchestrator.app import DEFAULT_ERROR_PROCESSORS
-from procmesh_orchestrator.cli.pod import split_image
 from procmesh_orchestrator.config import BUILTINS, WorkflowRef, parse_config, workflow_refs
 from procmesh_sidecars.__main__ import SETS
 from tests.deploy.support import (
     DOCKERFILE,
     IMAGE,
-    K8S,
     OVERLAYS,
     Obj,
     console_scripts,
@@ -36,10 +33,10 @@ from tests.deploy.support import (
     pod_spec,
     rendered,
     sidecars,
+    split_image,
     unix_path,
     volume_path,
 )
-from tests.deps import require
 
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 HEALTH_SERVICE = "procmesh.v1.ProcessorService"
@@ -365,16 +362,3 @@ def test_the_grace_period_covers_pre_stop_drain_and_sidecars(overlay: str) -> No
     drain = float(flag_values(orchestrator["args"], "--drain-grace-seconds")[0])
     sidecar_grace = max(float(flag_values(s["args"], "--grace-seconds")[0]) for s in spec["initContainers"])
     assert spec["terminationGracePeriodSeconds"] > pre_stop + drain + sidecar_grace
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_renderer_agrees_with_kubectl_kustomize(overlay: str) -> None:
-    out = subprocess.run(
-        [require("kubectl"), "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    theirs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out) if o}
-    ours = {(o["kind"], o["metadata"]["name"]): o for o in rendered(overlay)}
-    assert ours == theirs

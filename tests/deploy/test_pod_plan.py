@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from procmesh_orchestrator.cli.pod import PodError, find_deployment, plan_pod
+from procmesh_orchestrator.cli.pod.plan import find_deployment, plan_pod
 from procmesh_orchestrator.config import load_config
+from procmesh_orchestrator.errors import DeployError
 from tests.deploy.support import flag_values, one, rendered
 
 
@@ -56,7 +57,7 @@ def test_free_ports_are_used_alike_by_args_probes_and_the_port_list(tmp_path: Pa
 
 
 def test_a_secret_missing_from_the_manifests_is_named(tmp_path: Path) -> None:
-    with pytest.raises(PodError, match="Secret 'procmesh-secrets' is not in the rendered manifests"):
+    with pytest.raises(DeployError, match="Secret 'procmesh-secrets' is not in the rendered manifests"):
         plan_pod(rendered("prod"), tmp_path)
 
 
@@ -68,6 +69,7 @@ def _with_container(**changes: Any) -> list[dict[str, Any]]:
 
 
 def test_env_expansion_field_refs_and_config_map_keys(tmp_path: Path) -> None:
+    config_map = one(rendered("dev"), "ConfigMap")["metadata"]["name"]  # generated: name-<hash>
     objects = _with_container(
         env=[
             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -75,7 +77,7 @@ def test_env_expansion_field_refs_and_config_map_keys(tmp_path: Path) -> None:
             {"name": "ADDR", "value": "$(IP):1 $$(IP) $(UNSET)"},
             {
                 "name": "CONF",
-                "valueFrom": {"configMapKeyRef": {"name": "procmesh-config", "key": "config.yaml"}},
+                "valueFrom": {"configMapKeyRef": {"name": config_map, "key": "config.yaml"}},
             },
             {"name": "OPT", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k", "optional": True}}},
         ],
@@ -105,12 +107,12 @@ def test_env_expansion_field_refs_and_config_map_keys(tmp_path: Path) -> None:
     ],
 )
 def test_what_cannot_run_locally_is_an_error(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(PodError, match=message):
+    with pytest.raises(DeployError, match=message):
         plan_pod(_with_container(**changes), tmp_path)
 
 
 def test_find_deployment_wants_exactly_one() -> None:
     objects = rendered("dev")
     assert find_deployment(objects)["metadata"]["name"] == "procmesh"
-    with pytest.raises(PodError, match="named 'other'"):
+    with pytest.raises(DeployError, match="named 'other'"):
         find_deployment(objects, "other")

@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procmesh_orchestrator.cli.pod import render
+from procmesh_orchestrator.cli.pod.manifests import render
 from tests.conftest import BIN, REPO
+from tests.deps import require
 
 pytestmark = pytest.mark.e2e
 
@@ -52,6 +53,7 @@ def start_pod(path: Path, log_path: Path, *args: str) -> subprocess.Popen[bytes]
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    require("kubectl")  # `procmesh pod run` renders the overlay with it
     log_path = tmp_path_factory.mktemp("pod") / "pod.log"
     proc = start_pod(DEV, log_path, "--free-ports")
     running = Pod(proc, log_path, {})

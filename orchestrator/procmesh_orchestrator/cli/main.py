@@ -54,7 +54,7 @@ def _check_sidecar(args: argparse.Namespace) -> int:
 
 
 def _pod(args: argparse.Namespace) -> int:
-    from procmesh_orchestrator.cli.pod import render_command, run_command
+    from procmesh_orchestrator.cli.pod.command import render_command, run_command
 
     if args.action == "render":
         return render_command(args.path)
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     pod_run = pod_sub.add_parser(
         "run", help="run the pod's containers as local processes, in the kubelet's order"
     )
-    pod_render = pod_sub.add_parser("render", help="print the rendered manifests (like kubectl kustomize)")
+    pod_render = pod_sub.add_parser("render", help="print the rendered manifests (runs kubectl kustomize)")
     for p in (pod_run, pod_render):
         p.add_argument(
             "path", help="a kustomization directory (deploy/k8s/overlays/dev) or a rendered YAML file"

@@ -6,7 +6,8 @@ serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop).
 
 from procmesh import convert, errors, hooks
 from procmesh._client import ProcessorClient, translate_rpc_error
-from procmesh._processor import HOOK_NAMES, MessageList, Processor, TripWire, Writer
+from procmesh._message_list import MessageList
+from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
 from procmesh._run import ProcessorSettings, run, serve, settings_from_args
 from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
 from procmesh._version import __version__

@@ -1,10 +1,10 @@
-"""The Processor base class and what a hook is handed: abort, signals, writer, message list."""
+"""The Processor base class and what a hook is handed: abort, signals, writer (MessageList: _message_list)."""
 
 from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
 from pydantic import BaseModel
@@ -12,7 +12,6 @@ from pydantic import BaseModel
 from procmesh import hooks
 from procmesh.errors import InvalidInputError
 
-Message = dict[str, Any]
 Chunk = dict[str, Any]
 
 HOOK_NAMES: tuple[str, ...] = tuple(hook.name for hook in hooks.HOOKS)
@@ -138,42 +137,3 @@ class Writer:
         if not isinstance(kind, str) or not kind.startswith("data-"):
             raise InvalidInputError(f"writer.custom: chunk type must start with 'data-', got {kind!r}")
         self._effects.custom_chunks.append(chunk)
-
-
-class MessageList:
-    """The live message list a hook may edit in place (add, remove, replace).
-
-    Edits are sent back to the orchestrator, which applies them to the run's
-    list. `messages` arguments are snapshots; this is the list itself.
-    """
-
-    def __init__(self, messages: Iterable[Message]) -> None:
-        self._messages = list(messages)
-        self.modified = False
-
-    def get_all(self) -> list[Message]:
-        """Every message, in order."""
-        return list(self._messages)
-
-    def add(self, message: Message) -> None:
-        """Append a message (replaces the message with the same id, if any)."""
-        self.remove_by_ids([message.get("id", "")])
-        self._messages.append(message)
-        self.modified = True
-
-    def remove_by_ids(self, ids: Iterable[str]) -> None:
-        """Remove the messages with these ids."""
-        drop = set(ids)
-        kept = [m for m in self._messages if m.get("id") not in drop]
-        if len(kept) != len(self._messages):
-            self._messages = kept
-            self.modified = True
-
-    def replace(self, message: Message) -> None:
-        """Replace the message with the same id in place."""
-        for i, existing in enumerate(self._messages):
-            if existing.get("id") == message.get("id"):
-                self._messages[i] = message
-                self.modified = True
-                return
-        raise InvalidInputError(f"message_list.replace: no message with id {message.get('id')!r}")

@@ -1,7 +1,8 @@
 """The one hook table: every hook's name, RPC, enum value, arguments and wire messages.
 
 Everything that needs to know the hooks derives it from :data:`HOOKS`: the `Processor` base class
-(which methods are hooks and what they may declare), the SDK server (one RPC handler per entry),
+(which methods are hooks and what they may declare), the SDK server (one RPC handler per entry,
+built from the entry's ``decode`` and ``encode``),
 the orchestrator's client side (request and response types per hook), ``procmesh-check-sidecar``
 and the scripted conformance sidecar. The Node SDK keeps a twin table (``sdk/node/lib/hooks.js``);
 a test checks both against the proto's ``Hook`` enum.
@@ -9,10 +10,17 @@ a test checks both against the proto's ``Hook`` enum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from procmesh import _decode, _encode
 from procmesh.v1 import processor_pb2 as ppb
+
+Decode = Callable[[Any], dict[str, Any]]
+"""A request message -> the hook's own keyword arguments (those every hook gets come from its context)."""
+Encode = Callable[[Any, dict[str, Any]], Any]
+"""(The hook's return value, the arguments it was handed) -> the response message, effects unset."""
 
 _BASE = (
     "abort",
@@ -48,6 +56,10 @@ class Hook:
     """The request message class (for the stream: one ``ProcessOutputStreamRequest`` message)."""
     response: Any
     """The response message class."""
+    decode: Decode
+    """The request -> the hook's own arguments (for the stream: one ``StreamPart`` -> ``part``)."""
+    encode: Encode
+    """The return value -> the response (for the stream: one ``StreamPartResult``); only when not aborted."""
     streaming: bool = False
     """True for the bidirectional output stream."""
 
@@ -60,6 +72,8 @@ def _hook(name: str, rpc: str, enum: int, extra: tuple[str, ...], *, streaming: 
         arguments=frozenset(_BASE + extra),
         request=getattr(ppb, f"{rpc}Request"),
         response=getattr(ppb, f"{rpc}Response"),
+        decode=getattr(_decode, name),
+        encode=getattr(_encode, name),
         streaming=streaming,
     )
 

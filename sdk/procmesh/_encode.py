@@ -1,0 +1,281 @@
+"""Per-hook encoders: a hook's return value -> its response message, and the effects encoder.
+
+An encoder is called only when the hook did not abort (an aborted call answers the empty
+response with the abort in its effects). It receives the keyword arguments the hook was
+handed, so in-place edits of ``message_list`` are sent back. Everything an encoder reads came
+from the processor, so a value that cannot be sent is the processor's fault: ``InternalError``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from procmesh import convert
+from procmesh._message_list import MessageList
+from procmesh.errors import InternalError
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
+
+if TYPE_CHECKING:
+    # Only for the annotation: importing _processor would cycle (hooks -> _encode -> _processor -> hooks).
+    from procmesh._processor import HookEffects
+
+Kwargs = dict[str, Any]
+_Replaced = TypeVar("_Replaced", ppb.ProcessOutputStepResponse, ppb.ProcessOutputResultResponse)
+
+_STEP_OVERRIDES = frozenset(
+    {
+        "messages",
+        "system_messages",
+        "model",
+        "tools",
+        "tool_choice",
+        "active_tools",
+        "provider_options",
+        "model_settings",
+    }
+)
+
+
+def fill_messages(field: Any, messages: Any, hook: str) -> None:
+    """Append `messages` (a list of message dicts or a MessageList) to a repeated Message field."""
+    if isinstance(messages, MessageList):
+        messages = messages.get_all()
+    if not isinstance(messages, list):
+        raise InternalError(f"{hook} returned messages of type {type(messages).__name__}; expected a list")
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise InternalError(f"{hook} returned a message of type {type(msg).__name__}; expected a dict")
+        try:
+            convert.message_to_proto(msg, field.add())
+        except (ValueError, TypeError) as exc:
+            raise InternalError(f"{hook} returned a malformed message: {exc}") from exc
+
+
+def fill_effects(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
+    """Write abort, signals, custom chunks, violations and (unless None) the state into `out`."""
+    # Everything here came from the hook (state included): a conversion failure is the
+    # processor's fault (INTERNAL), not a malformed request (INVALID_ARGUMENT).
+    try:
+        _fill_effects_unchecked(out, effects, state)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InternalError(
+            f"processor {effects.processor_id!r} left effects or state that cannot be sent: {exc}"
+        ) from exc
+
+
+def _fill_effects_unchecked(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
+    if effects.abort is not None:
+        convert.abort_to_proto(
+            {
+                "reason": effects.abort.reason,
+                "retry": effects.abort.retry,
+                "metadata": effects.abort.metadata,
+            },
+            out.abort,
+        )
+    for signal in effects.signals:
+        convert.signal_to_proto(signal, out.signals.add())
+    for chunk in effects.custom_chunks:
+        convert.chunk_to_proto(chunk, out.custom_chunks.add())
+    for message, detail in effects.violations:
+        v = out.violations.add()
+        v.message = message
+        if detail is not None:
+            v.detail.CopyFrom(convert.to_value(detail))
+    if state is not None:
+        out.state.CopyFrom(convert.to_struct(state))
+
+
+def process_input(result: Any, kwargs: Kwargs) -> ppb.ProcessInputResponse:
+    """A list (new messages), a dict with messages/system_messages, the message_list, or None."""
+    hook = "process_input"
+    message_list: MessageList = kwargs["message_list"]
+    resp = ppb.ProcessInputResponse()
+    if message_list.modified:
+        resp.replace_all_messages = True
+        fill_messages(resp.all_messages, message_list, hook)
+    if isinstance(result, dict):
+        if "messages" in result:
+            resp.replace_messages = True
+            fill_messages(resp.messages, result["messages"], hook)
+        if "system_messages" in result:
+            resp.replace_system_messages = True
+            fill_messages(resp.system_messages, result["system_messages"], hook)
+    elif isinstance(result, list):
+        resp.replace_messages = True
+        fill_messages(resp.messages, result, hook)
+    elif result is not None and result is not message_list:
+        raise InternalError(
+            f"{hook} returned {type(result).__name__}; expected a list of messages, "
+            "a dict with messages/system_messages, the message_list or None"
+        )
+    return resp
+
+
+def process_input_step(result: Any, kwargs: Kwargs) -> ppb.ProcessInputStepResponse:
+    """A dict of step overrides, a list of messages, the message_list, or None."""
+    hook = "process_input_step"
+    message_list: MessageList = kwargs["message_list"]
+    resp = ppb.ProcessInputStepResponse()
+    if message_list.modified:
+        resp.replace_messages = True
+        fill_messages(resp.messages, message_list, hook)
+    if isinstance(result, list | MessageList) and result is not message_list:
+        resp.replace_messages = True
+        del resp.messages[:]
+        fill_messages(resp.messages, result, hook)
+    elif isinstance(result, dict):
+        _fill_step_overrides(resp, result)
+    elif result is not None and result is not message_list:
+        raise InternalError(
+            f"{hook} returned {type(result).__name__}; expected a dict of "
+            "step overrides, a list of messages, the message_list or None"
+        )
+    return resp
+
+
+def _fill_step_overrides(resp: ppb.ProcessInputStepResponse, result: dict[str, Any]) -> None:
+    unknown = set(result) - _STEP_OVERRIDES
+    if unknown:
+        raise InternalError(f"process_input_step returned unknown keys {sorted(unknown)}")
+    if "messages" in result:
+        resp.replace_messages = True
+        del resp.messages[:]
+        fill_messages(resp.messages, result["messages"], "process_input_step")
+    if "system_messages" in result:
+        resp.replace_system_messages = True
+        fill_messages(resp.system_messages, result["system_messages"], "process_input_step")
+    if result.get("model"):
+        resp.model = str(result["model"])
+    if "tools" in result:
+        resp.replace_tools = True
+        for tool in result["tools"]:
+            t = resp.tools.add()
+            t.name = tool["name"]
+            t.description = tool.get("description", "")
+            t.input_schema.CopyFrom(convert.to_struct(tool.get("inputSchema")))
+    choice = result.get("tool_choice")
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise InternalError(f"process_input_step returned tool_choice {choice!r}")
+        resp.tool_choice.mode = choice
+    elif isinstance(choice, dict):
+        resp.tool_choice.mode = "tool"
+        resp.tool_choice.tool_name = choice.get("toolName", "")
+    if "active_tools" in result:
+        resp.replace_active_tools = True
+        resp.active_tools.extend(result["active_tools"])
+    if result.get("provider_options"):
+        resp.provider_options.CopyFrom(convert.to_struct(result["provider_options"]))
+    if result.get("model_settings"):
+        resp.model_settings.CopyFrom(convert.to_struct(result["model_settings"]))
+
+
+def process_llm_request(result: Any, kwargs: Kwargs) -> ppb.ProcessLLMRequestResponse:
+    """``{"prompt": [...]}`` and/or ``{"response": [chunks]}`` (a cached answer), or None."""
+    resp = ppb.ProcessLLMRequestResponse()
+    if result is None:
+        return resp
+    if not isinstance(result, dict):
+        raise InternalError(
+            f"process_llm_request returned {type(result).__name__}; "
+            "expected {'prompt': [...]} and/or {'response': [chunks]} or None"
+        )
+    if "prompt" in result:
+        resp.replace_prompt = True
+        convert.prompt_to_proto(result["prompt"], resp.prompt)
+    if result.get("response") is not None:
+        resp.has_cached_response = True
+        for chunk in result["response"]:
+            convert.chunk_to_proto(chunk, resp.cached_response.add())
+    return resp
+
+
+def process_llm_response(result: Any, kwargs: Kwargs) -> ppb.ProcessLLMResponseResponse:
+    """The return value is ignored: the hook observes (its effects still count)."""
+    return ppb.ProcessLLMResponseResponse()
+
+
+def process_output_stream(result: Any, kwargs: Kwargs) -> ppb.StreamPartResult:
+    """A chunk dict, a list of them (one part becomes several; empty: dropped), or None (dropped)."""
+    hook = "process_output_stream"
+    res = ppb.StreamPartResult()
+    if result is None:
+        return res
+    parts = result if isinstance(result, list) else [result]
+    for i, chunk in enumerate(parts):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str):
+            raise InternalError(
+                f"{hook} returned {type(chunk).__name__}; expected a chunk dict, a list of them, or None"
+            )
+        try:
+            convert.chunk_to_proto(chunk, res.part if i == 0 else res.extra_parts.add())
+        except (ValueError, TypeError) as exc:
+            raise InternalError(f"{hook} returned a malformed chunk: {exc}") from exc
+    return res
+
+
+def _replacement(resp: _Replaced, result: Any, message_list: MessageList, hook: str) -> _Replaced:
+    """Array-style return (or in-place message_list edits) of the output hooks."""
+    if isinstance(result, list | MessageList) and result is not message_list:
+        if isinstance(result, list) and not result:
+            return resp  # the seeds' examples return [] to mean "no change"
+        resp.replace_messages = True
+        fill_messages(resp.messages, result, hook)
+    elif message_list.modified:
+        resp.replace_messages = True
+        fill_messages(resp.messages, message_list, hook)
+    elif result is not None and result is not message_list:
+        raise InternalError(f"{hook} returned {type(result).__name__}; expected a list of messages or None")
+    return resp
+
+
+def process_output_step(result: Any, kwargs: Kwargs) -> ppb.ProcessOutputStepResponse:
+    """A list of messages (replaces the step's), the message_list, or None."""
+    resp = ppb.ProcessOutputStepResponse()
+    return _replacement(resp, result, kwargs["message_list"], "process_output_step")
+
+
+def process_tool_result(result: Any, kwargs: Kwargs) -> ppb.ProcessToolResultResponse:
+    """A JSON value replaces the tool's result; None keeps it."""
+    resp = ppb.ProcessToolResultResponse()
+    if result is not None:
+        resp.replace_result = True
+        try:
+            resp.result.CopyFrom(convert.to_value(result))
+        except TypeError as exc:
+            raise InternalError(f"process_tool_result returned a non-JSON result: {exc}") from exc
+    return resp
+
+
+def process_output_result(result: Any, kwargs: Kwargs) -> ppb.ProcessOutputResultResponse:
+    """A list of messages (replaces the run's), the message_list, or None."""
+    resp = ppb.ProcessOutputResultResponse()
+    return _replacement(resp, result, kwargs["message_list"], "process_output_result")
+
+
+def process_api_error(result: Any, kwargs: Kwargs) -> ppb.ProcessAPIErrorResponse:
+    """``{"retry": bool}`` or None; in-place message_list edits are sent back too."""
+    message_list: MessageList = kwargs["message_list"]
+    resp = ppb.ProcessAPIErrorResponse()
+    if message_list.modified:
+        resp.replace_messages = True
+        fill_messages(resp.messages, message_list, "process_api_error")
+    if isinstance(result, dict):
+        resp.retry = bool(result.get("retry", False))
+    elif result is not None:
+        raise InternalError(
+            f"process_api_error returned {type(result).__name__}; expected {{'retry': bool}} or None"
+        )
+    return resp
+
+
+def execute_tool(result: Any, kwargs: Kwargs) -> ppb.ExecuteToolResponse:
+    """The tool's result, any JSON value."""
+    resp = ppb.ExecuteToolResponse()
+    try:
+        resp.result.CopyFrom(convert.to_value(result))
+    except TypeError as exc:
+        raise InternalError(f"execute_tool returned a non-JSON result: {exc}") from exc
+    return resp

@@ -1,0 +1,104 @@
+"""One hosted processor: its hooks and their declared arguments, options validation, metrics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from procmesh import convert
+from procmesh._metrics import SidecarMetrics
+from procmesh._processor import HOOK_ARGUMENTS, Processor, hook_parameters
+from procmesh.errors import InvalidInputError
+from procmesh.hooks import BY_NAME
+from procmesh.v1 import processor_pb2 as ppb
+
+_OPTIONS_CACHE_SIZE = 256
+"""Validated options kept per processor (a config has few distinct option sets)."""
+
+
+class Hosted:
+    """One hosted processor with what the servicer needs per call, computed once."""
+
+    def __init__(self, processor: Processor) -> None:
+        if not processor.id:
+            raise ValueError(f"{type(processor).__name__} has no id")
+        self.processor = processor
+        self.id = processor.id
+        self.hooks = {name: getattr(processor, name) for name in type(processor).implemented_hooks()}
+        self.params = {name: hook_parameters(fn) for name, fn in self.hooks.items()}
+        for name, params in self.params.items():
+            unknown = sorted((params or frozenset()) - HOOK_ARGUMENTS[name])
+            if unknown:
+                raise TypeError(
+                    f"{type(processor).__name__}.{name} declares unknown arguments {unknown}; "
+                    f"available: {sorted(HOOK_ARGUMENTS[name])}"
+                )
+        self._calls: dict[tuple[str, str], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self.options_cache: dict[bytes, Any] = {}
+
+    def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
+        """Record one hook call (label children cached: this runs per streamed part)."""
+        latency = self._latency.get(hook)
+        if latency is None:
+            latency = self._latency[hook] = metrics.hook_latency.labels(self.id, hook)
+        latency.observe(seconds)
+        calls = self._calls.get((hook, outcome))
+        if calls is None:
+            calls = self._calls[(hook, outcome)] = metrics.hook_calls.labels(self.id, hook, outcome)
+        calls.inc()
+
+    def options(self, struct: Any) -> Any:
+        """The request's options: validated by the processor's Options model when it has one."""
+        raw = convert.from_struct(struct)
+        model = self.processor.Options
+        if model is None:
+            return raw
+        key = struct.SerializeToString(deterministic=True)
+        cached = self.options_cache.get(key)
+        if cached is None:
+            accepted = _option_names(model)
+            unknown = sorted(set(raw) - accepted) if accepted is not None else []
+            if unknown:
+                raise InvalidInputError(
+                    f"invalid options for processor {self.id!r}: unknown keys {unknown} "
+                    f"(accepted: {sorted(accepted or ())})"
+                )
+            try:
+                cached = model.model_validate(raw)
+            except ValidationError as exc:
+                raise InvalidInputError(f"invalid options for processor {self.id!r}: {exc}") from exc
+            if len(self.options_cache) < _OPTIONS_CACHE_SIZE:
+                self.options_cache[key] = cached
+        return cached
+
+    def info(self) -> ppb.ProcessorInfo:
+        """This processor as ``Describe`` lists it."""
+        proc = self.processor
+        schema = ""
+        if proc.Options is not None and issubclass(proc.Options, BaseModel):
+            schema = json.dumps(proc.Options.model_json_schema(), sort_keys=True)
+        return ppb.ProcessorInfo(
+            id=self.id,
+            name=proc.name or self.id,
+            description=proc.description,
+            hooks=[BY_NAME[h].enum for h in self.hooks],  # type: ignore[misc]
+            process_data_parts=proc.process_data_parts,
+            options_schema_json=schema,
+        )
+
+
+def _option_names(model: type[BaseModel]) -> set[str] | None:
+    """Keys an Options model accepts: field names and aliases (None: any key, extra='allow')."""
+    if model.model_config.get("extra") == "allow":
+        return None
+    names = set()
+    for name, field in model.model_fields.items():
+        names.add(name)
+        if field.alias:
+            names.add(field.alias)
+        if isinstance(field.validation_alias, str):
+            names.add(field.validation_alias)
+    return names

@@ -1,0 +1,160 @@
+"""The ProcessorService handlers, registered from the hook table (one generic handler per server).
+
+Every unary hook has the same skeleton, so there is one: find the processor, build the
+arguments (those every hook gets from the ``RunContext``, then the hook's own from its
+decoder), call the hook, encode its return value (unless it aborted) and its effects. Errors
+are translated here, once: a ``ProcmeshError`` aborts with its code, a malformed request
+with INVALID_ARGUMENT, anything else a hook raised with INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from procmesh import convert
+from procmesh._encode import fill_effects
+from procmesh._hosted import Hosted
+from procmesh._metrics import SidecarMetrics
+from procmesh._processor import HookEffects, TripWire, Writer
+from procmesh._stream import output_stream_handler
+from procmesh._version import __version__
+from procmesh.errors import (
+    InternalError,
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+    ProcmeshError,
+    UnimplementedError,
+)
+from procmesh.hooks import HOOKS, Hook
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "procmesh.v1.ProcessorService"
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Servicer:
+    """Serves the hosted processors' hooks; `handler()` is what the gRPC server registers."""
+
+    def __init__(self, hosted: dict[str, Hosted], metrics: SidecarMetrics) -> None:
+        self._hosted = hosted
+        self._metrics = metrics
+        self.ready = False
+        """Hooks are served only once every processor's setup() returned."""
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """Describe plus one handler per entry of the hook table."""
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+            "Describe": grpc.unary_unary_rpc_method_handler(
+                self.describe,
+                request_deserializer=ppb.DescribeRequest.FromString,
+                response_serializer=ppb.DescribeResponse.SerializeToString,
+            )
+        }
+        for hook in HOOKS:
+            if hook.streaming:
+                handlers[hook.rpc] = grpc.stream_stream_rpc_method_handler(
+                    output_stream_handler(self, hook),
+                    request_deserializer=hook.request.FromString,
+                    response_serializer=hook.response.SerializeToString,
+                )
+            else:
+                handlers[hook.rpc] = grpc.unary_unary_rpc_method_handler(
+                    self._unary(hook),
+                    request_deserializer=hook.request.FromString,
+                    response_serializer=hook.response.SerializeToString,
+                )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+    async def describe(self, request: ppb.DescribeRequest, context: Context) -> ppb.DescribeResponse:
+        """Every hosted processor and the hooks it implements."""
+        return ppb.DescribeResponse(
+            processors=[h.info() for h in self._hosted.values()],
+            sdk=f"procmesh-python/{__version__}",
+        )
+
+    def lookup(self, ctx: tpb.RunContext, hook: str) -> Hosted:
+        """The processor a request names, once the server is ready and if it implements `hook`."""
+        if not self.ready:
+            raise NotReadyError("the sidecar is starting or draining; retry when health reports SERVING")
+        if not ctx.processor_id:
+            raise InvalidInputError("request.context.processor_id is required")
+        hosted = self._hosted.get(ctx.processor_id)
+        if hosted is None:
+            raise NotFoundError(
+                f"processor {ctx.processor_id!r} is not hosted here (hosted: {sorted(self._hosted)})"
+            )
+        if hook not in hosted.hooks:
+            raise UnimplementedError(f"processor {hosted.id!r} does not implement {hook}")
+        return hosted
+
+    @staticmethod
+    def base_kwargs(hosted: Hosted, ctx: tpb.RunContext, effects: HookEffects) -> dict[str, Any]:
+        """The arguments every hook may declare, from the request's RunContext."""
+        return {
+            "abort": effects.abort_hook,
+            "state": convert.from_struct(ctx.state),
+            "options": hosted.options(ctx.options),
+            "retry_count": ctx.retry_count,
+            "step_number": ctx.step_number,
+            "run_id": ctx.run_id,
+            "agent_id": ctx.agent_id,
+            "thread_id": ctx.thread_id or None,
+            "resource_id": ctx.resource_id or None,
+            "request_context": convert.from_struct(ctx.request_context),
+            "send_signal": effects.send_signal,
+            "writer": Writer(effects),
+            "report_violation": effects.report_violation,
+        }
+
+    async def call_hook(self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects) -> Any:
+        """Run one hook with the arguments it declares; a TripWire becomes the abort effect."""
+        params = hosted.params[hook]
+        args = kwargs if params is None else {k: kwargs[k] for k in params}
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await hosted.hooks[hook](**args)
+        except TripWire as trip:
+            outcome = "abort"
+            effects.abort = trip
+            return None
+        except ProcmeshError as exc:
+            outcome = exc.code.name.lower()
+            raise
+        except Exception as exc:
+            outcome = "internal"
+            log.exception("processor %s hook %s raised", hosted.id, hook)
+            raise InternalError(
+                f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            hosted.observe(self._metrics, hook, outcome, time.perf_counter() - started)
+
+    def _unary(self, hook: Hook) -> Callable[[Any, Context], Awaitable[Any]]:
+        async def handle(request: Any, context: Context) -> Any:
+            try:
+                hosted = self.lookup(request.context, hook.name)
+                effects = HookEffects(hosted.id)
+                kwargs = self.base_kwargs(hosted, request.context, effects)
+                kwargs.update(hook.decode(request))
+                result = await self.call_hook(hosted, hook.name, kwargs, effects)
+                resp = hook.response() if effects.abort is not None else hook.encode(result, kwargs)
+                fill_effects(resp.effects, effects, kwargs["state"])
+                return resp
+            except ProcmeshError as exc:
+                await context.abort(exc.code, str(exc))
+            except (ValueError, TypeError, KeyError, json_format.Error) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {hook.name} request: {exc}")
+            raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
+
+        return handle

@@ -4,7 +4,7 @@ Subclass `Processor`, implement any of the seeds' hooks in snake_case, and
 serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop).
 """
 
-from procmesh import convert, errors, hooks
+from procmesh import check, convert, errors, hooks
 from procmesh._client import ProcessorClient, translate_rpc_error
 from procmesh._message_list import MessageList
 from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
@@ -24,6 +24,7 @@ __all__ = [
     "Writer",
     "__version__",
     "channel_credentials",
+    "check",
     "convert",
     "errors",
     "hooks",

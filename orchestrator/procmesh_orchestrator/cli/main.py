@@ -47,12 +47,6 @@ async def _call(args: argparse.Namespace) -> int:
         return 1 if result.error else 0
 
 
-def _check_sidecar(args: argparse.Namespace) -> int:
-    from procmesh_orchestrator.check_sidecar import main as check_main
-
-    return check_main(args.address, args.processor, args.options, args.timeout, args.wait)
-
-
 def _pod(args: argparse.Namespace) -> int:
     from procmesh_orchestrator.cli.pod.command import render_command, run_command
 
@@ -87,16 +81,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("text")
         p.add_argument("--config", required=True)
         p.set_defaults(func=lambda a: asyncio.run(_call(a)))
-    chk = sub.add_parser(
+    # Listed for `procmesh --help` only: main() hands `check-sidecar ...` to the SDK's checker first.
+    sub.add_parser(
         "check-sidecar",
-        help="check that a sidecar (any language) keeps the procmesh.v1 contract; exit 1 on any failure",
+        add_help=False,
+        help="check that a sidecar (any language) keeps the procmesh.v1 contract (procmesh-check-sidecar)",
     )
-    chk.add_argument("address", help="host:port or unix:///path.sock")
-    chk.add_argument("--processor", help="check only this processor (default: every hosted one)")
-    chk.add_argument("--options", help="options (a JSON object) sent to the processors")
-    chk.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default 5)")
-    chk.add_argument("--wait", type=float, default=10.0, help="seconds to wait for SERVING (default 10)")
-    chk.set_defaults(func=_check_sidecar)
     pod = sub.add_parser(
         "pod", help="the Kubernetes pod (deploy/k8s): render it, or run it as local processes"
     )
@@ -117,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     pod.set_defaults(func=_pod)
     demo = sub.add_parser("demo", help="start sidecars and show processors at work on the demo model")
     demo.set_defaults(func=_demo)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["check-sidecar"]:
+        # An alias of the SDK's procmesh-check-sidecar, which parses its own arguments (and --help).
+        from procmesh.check import check_sidecar
+
+        sys.exit(check_sidecar(words[1:], prog="procmesh check-sidecar"))
     args = parser.parse_args(argv)
     try:
         code = args.func(args)

@@ -1,6 +1,7 @@
-"""`procmesh check-sidecar` passes both SDKs' sidecars and fails deliberately broken ones.
+"""`procmesh-check-sidecar` passes both SDKs' sidecars and fails deliberately broken ones.
 
-The checker runs as the installed console script, as CI would run it; the sidecars are the
+The checker runs as the SDK's installed console script, as CI would run it (the orchestrator's
+`procmesh check-sidecar` alias is checked to give the same report); the sidecars are the
 package's Node and Python example processes, and two processes of
 tests/fixtures/broken_sidecar.py (a raw servicer that answers stream parts out of order, never
 sends StreamEnd and skips request validation; one variant also dies on malformed input).
@@ -41,9 +42,13 @@ class Outcome:
         return any(text in line for line in self.lines(status))
 
 
-def check(address: str, *args: str) -> Outcome:
+CHECKER = [str(BIN / "procmesh-check-sidecar")]
+ALIAS = [str(BIN / "procmesh"), "check-sidecar"]
+
+
+def check(address: str, *args: str, command: list[str] = CHECKER) -> Outcome:
     proc = subprocess.run(
-        [str(BIN / "procmesh"), "check-sidecar", address, "--timeout", "3", *args],
+        [*command, address, "--timeout", "3", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -120,6 +125,26 @@ def test_one_processor_can_be_checked_alone(sidecars: Sidecars) -> None:
     missing = check(sidecars.node, "--processor", "no-such-processor")
     assert missing.code == 1
     assert missing.has("FAIL", "--processor: 'no-such-processor' is not hosted here")
+
+
+def test_the_orchestrator_alias_runs_the_same_checks(sidecars: Sidecars) -> None:
+    args = ("--processor", "word-counter")
+    direct, alias = check(sidecars.node, *args), check(sidecars.node, *args, command=ALIAS)
+    assert alias.code == direct.code == 0, alias.stdout
+    # Same checks, same verdicts (details such as timings may differ).
+    assert alias.summary == direct.summary
+    assert [line[:4] for line in alias.stdout.splitlines()] == [
+        line[:4] for line in direct.stdout.splitlines()
+    ]
+
+
+def test_bad_options_are_a_usage_error() -> None:
+    for command in (CHECKER, ALIAS):
+        proc = subprocess.run(
+            [*command, "127.0.0.1:1", "--options", "[1]"], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "--options must be a JSON object" in proc.stderr
 
 
 def test_a_broken_sidecar_fails_with_the_broken_rules_named(broken: tuple[str, str]) -> None:

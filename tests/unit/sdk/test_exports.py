@@ -22,6 +22,7 @@ EXPECTED_ALL = [
     "Writer",
     "__version__",
     "channel_credentials",
+    "check",
     "convert",
     "errors",
     "hooks",
@@ -81,6 +82,7 @@ def _documentable(module: ModuleType) -> list[tuple[str, object]]:
 # The exported modules' own __all__ is public API too (procmesh.convert.to_value, ...).
 DOCUMENTABLE = [
     *_documentable(procmesh),
+    *_documentable(procmesh.check),
     *_documentable(procmesh.convert),
     *_documentable(procmesh.errors),
 ]

@@ -1,0 +1,180 @@
+"""The sidecar-wide checks (health, Describe, malformed requests) and the run over every processor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from procmesh._check.processor import ProcessorChecks
+from procmesh._check.report import Report, Unreachable
+from procmesh._check.requests import (
+    HOOKS,
+    PLAIN_TEXT,
+    STREAM,
+    UNKNOWN_PROCESSOR,
+    WITH_MESSAGES,
+    build_request,
+    text_delta,
+)
+from procmesh._check.wire import Code
+from procmesh._servicer import SERVICE_NAME
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import processor_pb2_grpc as pgrpc
+from procmesh.v1 import types_pb2 as tpb
+
+
+class SidecarChecker(ProcessorChecks):
+    """Runs every check against one sidecar address and fills a `Report`."""
+
+    async def run(self) -> None:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            self.stub = pgrpc.ProcessorServiceStub(channel)
+            self.health = health_pb2_grpc.HealthStub(channel)
+            try:
+                if not await self.check_health():
+                    return
+                described = await self.check_describe()
+                if not described:
+                    return
+                await self.check_malformed(described)
+                for info in described:
+                    await self.check_processor(info)
+                await self.still_serving("sidecar still SERVING at the end")
+            except Unreachable as exc:
+                self.report.add("FAIL", "sidecar reachable", f"{exc}; the remaining checks did not run")
+
+    async def check_health(self) -> bool:
+        deadline = time.monotonic() + self.wait
+        status = await self.health_status(SERVICE_NAME)
+        while status != "SERVING" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            status = await self.health_status(SERVICE_NAME)
+        server = await self.health_status("")
+        problems = []
+        if status != "SERVING":
+            problems.append(f"{SERVICE_NAME!r} is {status} after {self.wait:g}s")
+        if server != "SERVING":
+            problems.append(f"'' (the server) is {server}")
+        self.report.check("health", problems, f"SERVING for '' and {SERVICE_NAME!r}")
+        # Without a health service (or while NOT_SERVING) the other checks still say something.
+        return status not in ("UNAVAILABLE", "NO_ANSWER")
+
+    async def check_describe(self) -> list[ppb.ProcessorInfo]:
+        resp, code, details = await self.unary("Describe", ppb.DescribeRequest())
+        if code != Code.OK:
+            self.report.add("FAIL", "Describe", f"{code.name}: {details}")
+            return []
+        problems: list[str] = []
+        seen: set[str] = set()
+        for info in resp.processors:
+            if not info.id:
+                problems.append("a processor has an empty id")
+            elif "/" in info.id or info.id != info.id.strip():
+                problems.append(f"id {info.id!r} cannot be referenced as 'sidecar/id'")
+            if info.id in seen:
+                problems.append(f"id {info.id!r} is listed twice")
+            seen.add(info.id)
+            hooks = list(info.hooks)
+            if not hooks:
+                problems.append(f"{info.id!r} declares no hook")
+            for hook in hooks:
+                if hook not in HOOKS:
+                    problems.append(f"{info.id!r} declares an unknown hook value {hook}")
+            if len(set(hooks)) != len(hooks):
+                problems.append(f"{info.id!r} lists a hook twice")
+            if info.options_schema_json:
+                try:
+                    schema = json.loads(info.options_schema_json)
+                except ValueError as exc:
+                    problems.append(f"{info.id!r} options_schema_json is not JSON: {exc}")
+                else:
+                    if not isinstance(schema, dict):
+                        problems.append(f"{info.id!r} options_schema_json is not a JSON object")
+        if not resp.processors:
+            problems.append("no processor is hosted")
+        listed = [
+            f"{i.id} [{', '.join(HOOKS.get(h, str(h)) for h in i.hooks)}]"
+            + (" +data parts" if i.process_data_parts else "")
+            for i in resp.processors
+        ]
+        self.report.check("Describe", problems, f"sdk {resp.sdk or '(not given)'}; " + "; ".join(listed))
+        if problems:
+            return []
+        selected = [i for i in resp.processors if self.only in (None, i.id)]
+        if not selected:
+            self.report.add(
+                "FAIL", "--processor", f"{self.only!r} is not hosted here (hosted: {sorted(seen)})"
+            )
+        return selected
+
+    async def check_malformed(self, described: Sequence[ppb.ProcessorInfo]) -> None:
+        owner: dict[str, str] = {}
+        for info in described:
+            for value in info.hooks:
+                owner.setdefault(HOOKS[value], info.id)
+        for hook in HOOKS.values():
+            if hook not in owner:
+                continue
+            cases: list[tuple[str, tpb.RunContext, bool, Code]] = [
+                ("empty processor_id", self.context(""), False, Code.INVALID_ARGUMENT),
+                ("unknown processor", self.context(UNKNOWN_PROCESSOR), False, Code.NOT_FOUND),
+            ]
+            if hook in WITH_MESSAGES:
+                cases.append(
+                    ("message part without kind", self.context(owner[hook]), True, Code.INVALID_ARGUMENT)
+                )
+            for what, ctx, kindless, want in cases:
+                if hook == STREAM:
+                    outcome = await self.stream(ctx, [[text_delta(PLAIN_TEXT)]])
+                    code, details = outcome.code or Code.OK, outcome.details
+                else:
+                    _, code, details = await self.unary(
+                        hook, build_request(hook, ctx, PLAIN_TEXT, kindless=kindless)
+                    )
+                name = f"malformed {hook}: {what}"
+                if code == want:
+                    self.report.check(name, [] if details else ["no details"], f"{code.name}: {details}")
+                else:
+                    crash = (
+                        " (looks like a crash)"
+                        if code in (Code.UNKNOWN, Code.INTERNAL, Code.UNAVAILABLE)
+                        else ""
+                    )
+                    said = f": {details}" if details else ""
+                    self.report.add("FAIL", name, f"expected {want.name}, got {code.name}{crash}{said}")
+        first = described[0]
+        first_hook = HOOKS[first.hooks[0]]
+
+        async def probe() -> tuple[Any, Code, str]:
+            if first_hook == STREAM:
+                outcome = await self.stream(self.context(first.id), [[text_delta(PLAIN_TEXT)]])
+                return None, outcome.code or Code.UNKNOWN, outcome.details
+            return await self.unary(first_hook, build_request(first_hook, self.context(first.id), PLAIN_TEXT))
+
+        await self.still_serving("still SERVING after malformed requests", probe)
+
+
+async def check(
+    address: str,
+    *,
+    processor: str | None = None,
+    options: dict[str, Any] | None = None,
+    timeout: float = 5.0,
+    wait: float = 10.0,
+    out: TextIO = sys.stdout,
+) -> Report:
+    """Run every check against the sidecar at `address`; the report's lines are printed to `out`."""
+    report = Report(out)
+    checker = SidecarChecker(
+        address, report, processor=processor, options=options, timeout=timeout, wait=wait
+    )
+    await checker.run()
+    out.write(report.summary() + "\n")
+    return report

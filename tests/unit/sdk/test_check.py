@@ -1,0 +1,97 @@
+"""procmesh-check-sidecar without a sidecar: its hook lists come from the table, its requests are valid."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from procmesh import hooks
+from procmesh._check import requests
+from procmesh._check.problems import abort_problems, effects_problems
+from procmesh._check.report import Report
+from procmesh.check import check_sidecar
+from procmesh.v1 import types_pb2 as tpb
+
+
+def test_the_checkers_hook_lists_derive_from_the_table() -> None:
+    assert {h.enum: h.rpc for h in hooks.HOOKS} == requests.HOOKS
+    assert requests.STREAM == "ProcessOutputStream"
+    assert [h.rpc for h in hooks.HOOKS if not h.streaming] == requests.UNARY
+    assert set(requests.BUILDERS) == set(requests.UNARY)
+    # The hooks whose requests carry messages, as the checker listed them by hand before the table.
+    assert {
+        "ProcessInput",
+        "ProcessInputStep",
+        "ProcessOutputStep",
+        "ProcessToolResult",
+        "ProcessOutputResult",
+        "ProcessAPIError",
+        "ExecuteTool",
+    } == requests.WITH_MESSAGES
+    assert {"ProcessInputStep", "ProcessOutputStep"} == requests.RETRYABLE
+
+
+@pytest.mark.parametrize("rpc", requests.UNARY)
+def test_every_unary_hook_gets_a_request_the_sdk_decodes(rpc: str) -> None:
+    hook = hooks.BY_RPC[rpc]
+    ctx = tpb.RunContext(processor_id="p")
+    req = requests.build_request(rpc, ctx, requests.PLAIN_TEXT)
+    assert isinstance(req, hook.request)
+    assert req.context.processor_id == "p"
+    assert set(hook.decode(req)) <= hook.arguments
+
+
+@pytest.mark.parametrize("rpc", sorted(requests.WITH_MESSAGES))
+def test_the_kindless_variant_carries_a_part_without_kind(rpc: str) -> None:
+    req = requests.build_request(rpc, tpb.RunContext(), "x", kindless=True)
+    kinds = [p.WhichOneof("kind") for m in req.messages for p in m.content.parts]
+    assert None in kinds
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        hooks.BY_RPC[rpc].decode(req)
+
+
+def test_the_stream_has_no_unary_request() -> None:
+    with pytest.raises(ValueError, match="no request for ProcessOutputStream"):
+        requests.build_request("ProcessOutputStream", tpb.RunContext(), "x")
+
+
+def test_effects_problems_name_what_is_malformed() -> None:
+    effects = tpb.HookEffects()
+    effects.custom_chunks.add(type="text-delta")
+    effects.signals.add(type="shout", contents="hi")
+    assert effects_problems(effects) == [
+        "custom chunk type 'text-delta' does not start with 'data-'",
+        "unknown signal type 'shout'",
+    ]
+
+
+def test_a_retry_outside_the_step_hooks_is_described_as_kept() -> None:
+    problems, desc = abort_problems("ProcessInput", tpb.Abort(reason="no", retry=True))
+    assert problems == []
+    assert "kept in the tripwire" in desc
+
+
+def test_the_report_prints_each_line_and_a_summary() -> None:
+    out = io.StringIO()
+    report = Report(out)
+    assert report.check("a", [], "fine")
+    assert not report.check("b", ["x", "y"])
+    report.add("SKIP", "c", "why")
+    assert out.getvalue().splitlines() == ["PASS  a: fine", "FAIL  b: x; y", "SKIP  c: why"]
+    assert report.summary() == "1 passed, 1 failed, 1 skipped"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [("{not json", "--options is not JSON"), ("[1]", "--options must be a JSON object")],
+)
+def test_bad_options_are_a_usage_error(
+    options: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        check_sidecar(["127.0.0.1:1", "--options", options], prog="procmesh check-sidecar")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.startswith("usage: procmesh check-sidecar ")

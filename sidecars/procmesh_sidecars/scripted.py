@@ -12,19 +12,8 @@ import json
 import re
 from typing import Any
 
-from procmesh import Processor
+from procmesh import Processor, hooks
 
-HOOKS = {
-    "processInput": "process_input",
-    "processInputStep": "process_input_step",
-    "processLLMRequest": "process_llm_request",
-    "processLLMResponse": "process_llm_response",
-    "processOutputStream": "process_output_stream",
-    "processOutputStep": "process_output_step",
-    "processToolResult": "process_tool_result",
-    "processOutputResult": "process_output_result",
-    "processAPIError": "process_api_error",
-}
 _STEP_HOOKS = {
     "processInputStep",
     "processLLMRequest",
@@ -309,6 +298,17 @@ _IMPLEMENTATIONS = {
     "processOutputResult": _output_result,
     "processAPIError": _api_error,
 }
+
+
+def scenario_key(hook: hooks.Hook) -> str:
+    """A hook's key in a scenario's PROCESSOR: the seeds' camelCase name (``processLLMRequest``)."""
+    return hook.rpc[0].lower() + hook.rpc[1:]
+
+
+HOOKS: dict[str, str] = {
+    scenario_key(hook): hook.name for hook in hooks.HOOKS if scenario_key(hook) in _IMPLEMENTATIONS
+}
+"""Scenario key -> Processor method, for the hooks the rule language scripts (all but executeTool)."""
 
 
 def build_processor(spec: dict[str, Any]) -> Processor:

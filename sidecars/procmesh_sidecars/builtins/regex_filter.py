@@ -1,15 +1,19 @@
-"""`regex-filter`: blocks, redacts or warns on regex matches in input and output. No model calls."""
+"""`regex-filter`: blocks, redacts or warns on regex matches in input and output. No model calls.
+
+Every pattern, preset or user-given, runs on RE2 (`_linear_re`): matching costs time linear in the
+text, so no input can make a hook spin (Python's `re` took seconds on the old e-mail preset).
+"""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from procmesh import Processor
 from procmesh_sidecars.builtins._common import Chunk, Message, map_message_text
+from procmesh_sidecars.builtins._linear_re import SPACE, Pattern, PatternError, compile_pattern
 
 Preset = Literal["pii", "secrets", "urls"]
 
@@ -19,20 +23,14 @@ class RegexRule(BaseModel):
 
     name: str
     pattern: str
-    """A regular expression (Python `re` syntax, which covers the usual JavaScript patterns)."""
+    """A regular expression in RE2 syntax (the usual JavaScript patterns work; ``\\d``, ``\\w``,
+    ``\\s`` and ``\\b`` are ASCII). Backreferences and lookaround are refused: they need
+    backtracking, whose time can grow exponentially with the text."""
     replacement: str = "[REDACTED]"
     flags: str = "g"
     """JavaScript-style flags: ``i`` ignore case, ``m`` multiline, ``s`` dot-all; without ``g``
     only the first match counts."""
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid pattern {value!r}: {exc}") from None
-        return value
+    _compiled: Pattern = PrivateAttr()
 
     @field_validator("flags")
     @classmethod
@@ -42,7 +40,32 @@ class RegexRule(BaseModel):
             raise ValueError(f"unknown regex flags {sorted(unknown)}")
         return value
 
+    @model_validator(mode="after")
+    def _compiles(self) -> RegexRule:
+        # Compiled once here (options are validated once per distinct options value), so a
+        # pattern RE2 refuses is an options error naming the rule, never a failure mid-run.
+        try:
+            self._compiled = compile_pattern(
+                self.pattern,
+                ignore_case="i" in self.flags,
+                multiline="m" in self.flags,
+                dot_all="s" in self.flags,
+            )
+        except PatternError as exc:
+            raise ValueError(
+                f"rule {self.name!r}: invalid pattern {self.pattern!r}: {exc} (patterns are RE2 "
+                "syntax, which has no backreferences or lookaround)"
+            ) from None
+        return self
 
+    @property
+    def compiled(self) -> Pattern:
+        """The pattern compiled with the rule's flags."""
+        return self._compiled
+
+
+# SPACE is Python's Unicode \s, which these presets meant under `re` (RE2's \s is ASCII). Their \d
+# and \b are RE2's ASCII ones, as in the JavaScript reference the presets come from.
 PRESETS: dict[str, list[RegexRule]] = {
     "pii": [
         RegexRule(
@@ -50,29 +73,35 @@ PRESETS: dict[str, list[RegexRule]] = {
         ),
         RegexRule(
             name="phone",
-            pattern=r"(?:\+?1[-.\s]?)?\(?[0-9]{3}\)?[-.\s]?[0-9]{3}[-.\s]?[0-9]{4}",
+            pattern=rf"(?:\+?1[-.{SPACE}]?)?\(?[0-9]{{3}}\)?[-.{SPACE}]?[0-9]{{3}}[-.{SPACE}]?[0-9]{{4}}",
             replacement="[PHONE]",
         ),
         RegexRule(name="ssn", pattern=r"\b\d{3}-\d{2}-\d{4}\b", replacement="[SSN]"),
-        RegexRule(name="credit-card", pattern=r"\b(?:\d{4}[-\s]?){3}\d{4}\b", replacement="[CREDIT_CARD]"),
+        RegexRule(
+            name="credit-card",
+            pattern=rf"\b(?:\d{{4}}[-{SPACE}]?){{3}}\d{{4}}\b",
+            replacement="[CREDIT_CARD]",
+        ),
     ],
     "secrets": [
         RegexRule(
             name="api-key",
-            pattern=r"""(?:api[_-]?key|apikey|api[_-]?secret)\s*[:=]\s*["']?[a-zA-Z0-9_\-]{20,}["']?""",
+            pattern=rf"""(?:api[_-]?key|apikey|api[_-]?secret)[{SPACE}]*[:=][{SPACE}]*["']?[a-zA-Z0-9_\-]{{20,}}["']?""",
             replacement="[API_KEY]",
             flags="gi",
         ),
         RegexRule(
             name="bearer-token",
-            pattern=r"Bearer\s+[a-zA-Z0-9_\-.]+",
+            pattern=rf"Bearer[{SPACE}]+[a-zA-Z0-9_\-.]+",
             replacement="[BEARER_TOKEN]",
             flags="gi",
         ),
         RegexRule(name="aws-key", pattern=r"(?:AKIA|ASIA)[A-Z0-9]{16}", replacement="[AWS_KEY]"),
     ],
     "urls": [
-        RegexRule(name="url", pattern=r"""https?://[^\s<>"{}|\\^`\[\]]+""", replacement="[URL]", flags="gi"),
+        RegexRule(
+            name="url", pattern=rf"""https?://[^{SPACE}<>"{{}}|\\^`\[\]]+""", replacement="[URL]", flags="gi"
+        ),
     ],
 }
 
@@ -110,17 +139,6 @@ class Match:
     text: str
 
 
-def _compile(rule: RegexRule) -> re.Pattern[str]:
-    flags = 0
-    if "i" in rule.flags:
-        flags |= re.IGNORECASE
-    if "m" in rule.flags:
-        flags |= re.MULTILINE
-    if "s" in rule.flags:
-        flags |= re.DOTALL
-    return re.compile(rule.pattern, flags)
-
-
 def all_rules(options: RegexFilterOptions) -> list[RegexRule]:
     """Preset rules first, then the custom ones (the reference's order)."""
     return [r for p in options.presets for r in PRESETS[p]] + list(options.rules)
@@ -130,7 +148,7 @@ def find_matches(text: str, rules: list[RegexRule]) -> list[Match]:
     """Every match of every rule (only the first one for a rule without the ``g`` flag)."""
     out: list[Match] = []
     for rule in rules:
-        for m in _compile(rule).finditer(text):
+        for m in rule.compiled.finditer(text):
             if m.end() > m.start():
                 out.append(Match(rule, m.start(), m.end(), m.group(0)))
                 if "g" not in rule.flags:

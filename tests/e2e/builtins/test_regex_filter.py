@@ -115,3 +115,20 @@ async def test_input_phase_leaves_output_alone_and_warn_passes(address: str) -> 
 async def test_a_rule_or_preset_is_required(address: str) -> None:
     with pytest.raises(ProcessorFailedError, match="at least one rule or preset"):
         await run(make_config(address, input_processors=[ref("regex-filter")]))
+
+
+async def test_a_pattern_re2_refuses_fails_the_call_naming_the_rule(address: str) -> None:
+    rule = {"name": "doubled", "pattern": r"(\w)\1"}
+    with pytest.raises(ProcessorFailedError, match=r"rule 'doubled': invalid pattern .*RE2 syntax"):
+        await run(make_config(address, input_processors=[ref("regex-filter", rules=[rule])]))
+
+
+@pytest.mark.timeout(60)
+async def test_a_1_mb_adversarial_input_passes_within_the_sidecar_timeout(address: str) -> None:
+    # Under `re` the pii preset spent 9 s on 60,000 such characters: far past the 10 s call timeout.
+    text = "a" * 1_000_000
+    options = {"presets": ["pii", "secrets", "urls"], "strategy": "redact"}
+    out = await run(make_config(address, input_processors=[ref("regex-filter", **options)]), text)
+    assert prompt_texts(out.requests[0])[-1] == text
+    after = await run(make_config(address, input_processors=[ref("regex-filter", **options)]), "a@b.co")
+    assert prompt_texts(after.requests[0])[-1] == "[EMAIL]"

@@ -30,10 +30,10 @@ from bench.echo_server import METHOD, STREAM_METHOD
 from bench.processors import processors as bench_processors
 from procmesh import ProcessorClient, ProcessorServer, convert
 from procmesh.v1 import processor_pb2 as ppb
-from procmesh_orchestrator.agent import Agent, AgentSpec, CallOptions, Lanes
 from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.models import ModelRequest, ScriptedModel
-from procmesh_orchestrator.processors import HOOK_BY_ENUM, HookCaller, ProcessorHandle, RunScope
+from procmesh_orchestrator.processors import GrpcHookCaller, ProcessorHandle, hook_names
+from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo
+from procmesh_orchestrator.run.models import ModelRequest, ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +86,7 @@ async def handles_for(clients: list[ProcessorClient], ids: list[str]) -> list[Pr
                 processor_id=pid,
                 client=client,
                 options=convert.to_struct({}),
-                hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks),
+                hooks=hook_names(info.hooks),
                 process_data_parts=False,
                 timeout=30.0,
                 on_failure="fail-closed",
@@ -124,13 +124,14 @@ async def p1(address_sdk: str, address_echo: str, n: int) -> dict[str, float]:
     payload = req.SerializeToString()
     client = ProcessorClient(address_sdk)
     [handle] = await handles_for([client], ["noop"])
-    scope = RunScope(run_id="bench", agent_id="bench", request_context={}, on_violation=lambda *a: None)
-    caller = HookCaller(scope)
+    caller = GrpcHookCaller(
+        RunInfo(run_id="bench", agent_id="bench", request_context={}), OrchestratorMetrics()
+    )
     channel = grpc.aio.insecure_channel(address_echo)
     echo = channel.unary_unary(METHOD)
 
     async def sdk_call() -> None:
-        await caller.call(handle, "process_input_step", req)
+        await caller.invoke(handle, "process_input_step", req)
 
     async def raw_call() -> None:
         await echo(payload, timeout=30.0)
@@ -164,6 +165,7 @@ def agent_with(
     spec = AgentSpec(
         id="bench",
         model=model,
+        hook_caller=GrpcHookCaller,
         instructions="You are helpful.",
         lanes=Lanes(input=tuple(inputs or ()), output=tuple(output)),
     )

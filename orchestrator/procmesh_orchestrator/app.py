@@ -17,7 +17,6 @@ import jsonschema
 from procmesh import ProcessorClient, channel_credentials, convert
 from procmesh.errors import ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
-from procmesh_orchestrator.agent import Agent, AgentSpec, Lanes
 from procmesh_orchestrator.config import (
     BUILTINS,
     ConditionalStep,
@@ -32,15 +31,17 @@ from procmesh_orchestrator.config import (
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import (
-    HOOK_BY_ENUM,
     Conditional,
+    GrpcHookCaller,
     LaneItem,
     ParallelGroup,
     ProcessorHandle,
+    hook_names,
 )
 from procmesh_orchestrator.providers import ModelRegistry
+from procmesh_orchestrator.run import Agent, AgentSpec, Lanes
+from procmesh_orchestrator.run.tools import StaticTool
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from procmesh_orchestrator.tools import StaticTool
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ class App:
             spec = AgentSpec(
                 id=agent_id,
                 model=self.models.resolve(agent.model, f"agents.{agent_id}.model"),
+                hook_caller=GrpcHookCaller,
                 instructions=agent.instructions,
                 models=self.models,
                 tools={t: self.tools[t] for t in agent.tools},
@@ -250,7 +252,7 @@ class App:
             hosted_id=ref.processor_id,
             client=self.clients[ref.sidecar],
             options=convert.to_struct(ref.options),
-            hooks=frozenset(HOOK_BY_ENUM[h] for h in info.hooks if h in HOOK_BY_ENUM),
+            hooks=hook_names(info.hooks),
             process_data_parts=info.process_data_parts,
             timeout=ref.timeout or sidecar.timeout,
             on_failure="fail-open" if ref.mode == "shadow" else ref.on_failure or sidecar.on_failure,

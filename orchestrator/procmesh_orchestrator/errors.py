@@ -91,3 +91,14 @@ class TripwireAbort(OrchestratorError):
 
 class DeployError(OrchestratorError):
     """The Kubernetes manifests cannot be rendered (kubectl missing or failing), or their pod run locally."""
+
+
+class ProcessorCallError(OrchestratorError):
+    """A processor call went wrong on the wire: a gRPC status, translated where the call is made.
+
+    The processor's failure policy decides what follows (`ProcessorFailedError`, or skipped).
+    """
+
+
+class MalformedResponseError(ProcessorCallError):
+    """A sidecar's response breaks the contract (its failure policy decides, as for any failed call)."""

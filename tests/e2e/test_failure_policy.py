@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from procmesh_orchestrator.agent import CallOptions, RunResult
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
 from procmesh_orchestrator.errors import ProcessorFailedError
-from procmesh_orchestrator.models import ScriptedModel
+from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.fixtures.faulty import LIAR_BAD_CHUNK_TYPE
 

@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from procmesh_orchestrator.agent import RunResult
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
 from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.run import RunResult
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 pytestmark = pytest.mark.e2e

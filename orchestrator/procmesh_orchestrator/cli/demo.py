@@ -9,9 +9,9 @@ import sys
 import tempfile
 from typing import Any
 
-from procmesh_orchestrator.agent import Agent
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 SHOWCASE = [

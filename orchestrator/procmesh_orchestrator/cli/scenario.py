@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from procmesh_orchestrator.agent import CallOptions, RunResult
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, ScenarioError
-from procmesh_orchestrator.models import ScriptedModel
+from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 _LANES = ("inputProcessors", "outputProcessors", "errorProcessors")

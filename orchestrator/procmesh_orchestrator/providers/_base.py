@@ -14,8 +14,8 @@ import httpx
 
 from procmesh_orchestrator.config import ProviderConfig
 from procmesh_orchestrator.errors import APICallError
-from procmesh_orchestrator.models import Chunk, ModelRequest
 from procmesh_orchestrator.providers._http import RetryPolicy, make_client, with_retries
+from procmesh_orchestrator.run.models import Chunk, ModelRequest
 
 _DATA_URL = re.compile(r"^data:(?P<type>[^;,]*)(?P<b64>;base64)?,(?P<data>.*)$", re.DOTALL)
 

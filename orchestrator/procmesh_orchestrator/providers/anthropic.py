@@ -8,7 +8,6 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from procmesh_orchestrator.models import Chunk, ModelRequest
 from procmesh_orchestrator.providers._base import (
     COMMON_SETTINGS,
     HTTPModel,
@@ -20,6 +19,7 @@ from procmesh_orchestrator.providers._base import (
     usage,
 )
 from procmesh_orchestrator.providers._http import error_from_payload, parse_json, post_json, post_sse
+from procmesh_orchestrator.run.models import Chunk, ModelRequest
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096

@@ -9,7 +9,6 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from procmesh_orchestrator.models import Chunk, ModelRequest
 from procmesh_orchestrator.providers._base import (
     COMMON_SETTINGS,
     HTTPModel,
@@ -21,6 +20,7 @@ from procmesh_orchestrator.providers._base import (
     usage,
 )
 from procmesh_orchestrator.providers._http import error_from_payload, parse_json, post_json, post_sse
+from procmesh_orchestrator.run.models import Chunk, ModelRequest
 
 FINISH_REASONS = {
     "stop": "stop",

@@ -17,9 +17,9 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh import convert
-from procmesh_orchestrator import messages as msgs
-from procmesh_orchestrator.agent import CallOptions, RunResult
 from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run import messages as msgs
 
 Chunk = dict[str, Any]
 

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection
 from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
-from procmesh_orchestrator.agent import Agent, RunResult
 from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
+from procmesh_orchestrator.run import Agent, RunResult
 from procmesh_orchestrator.service._calls import AgentCall, ServiceError, parse_proto
 
 if TYPE_CHECKING:

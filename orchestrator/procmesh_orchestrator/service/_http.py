@@ -20,8 +20,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from procmesh_orchestrator.agent import RunStream
 from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, ServiceStartError
+from procmesh_orchestrator.run import RunStream
 from procmesh_orchestrator.service._calls import (
     BadRequestError,
     ServiceError,

@@ -6,9 +6,9 @@ import asyncio
 import logging
 import signal
 
-from procmesh_orchestrator.agent import Agent
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import ApiKeys
 from procmesh_orchestrator.service._calls import AgentNotFoundError, RunGate
 from procmesh_orchestrator.service._grpc import GrpcServer

@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from procmesh_orchestrator.agent import CallOptions, RunResult
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
-from procmesh_orchestrator.models import ModelRequest, ScriptedModel
+from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run.models import ModelRequest, ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 SIDECAR = "bi"

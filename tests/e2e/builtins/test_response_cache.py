@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from procmesh_orchestrator.agent import CallOptions
 from procmesh_orchestrator.app import App
+from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.deps import require
 from tests.e2e.builtins.harness import call, make_config, model_requests, ref, start

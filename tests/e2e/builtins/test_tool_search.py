@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from procmesh_orchestrator.models import ModelRequest
+from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.builtins.harness import make_config, prompt_texts, ref, run, start
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.errors import APICallError
-from procmesh_orchestrator.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.providers._base import HTTPModel
+from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 
 Chunk = dict[str, Any]
 MakeModel = Callable[..., HTTPModel]

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from procmesh_orchestrator.agent import RunResult
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run.loop import Run
 from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
 from tests.integration.providers.fakes import PREFILL_MESSAGE, FakeAnthropic, FakeOpenAI, error
 
@@ -92,7 +93,8 @@ async def run_keeping_history(
     app: App, agent_id: str, input: list[dict[str, Any]]
 ) -> tuple[RunResult, list[Any]]:
     """generate(), also returning the run's stored message list (to show it was not rewritten)."""
-    run = app.agent(agent_id)._run(input, None, streaming=False)
+    agent = app.agent(agent_id)
+    run = Run(agent.spec, input, CallOptions(), sink=None, metrics=agent.metrics)
     result, failure = await run.execute()
     assert failure is None, failure
     return result, run.ml.items

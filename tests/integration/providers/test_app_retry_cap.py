@@ -16,10 +16,10 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procmesh_orchestrator.agent import CallOptions
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.providers.conftest import OPENAI_KEY_ENV
 from tests.integration.providers.fakes import FakeOpenAI, error

@@ -21,8 +21,8 @@ from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh.v1 import types_pb2 as tpb
-from procmesh_orchestrator.agent import CallOptions
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._calls import parse_body
 from procmesh_orchestrator.settings import OrchestratorSettings

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from procmesh_orchestrator import messages as msgs
-from procmesh_orchestrator.messages import RunMessages, build_prompt, render_signal, text_message
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.messages import RunMessages, build_prompt, render_signal, text_message
 
 
 def signal(**fields: Any) -> dict[str, Any]:

@@ -14,9 +14,9 @@ import pytest
 
 from procmesh_orchestrator.config import ProviderConfig
 from procmesh_orchestrator.errors import APICallError
-from procmesh_orchestrator.models import ModelRequest
 from procmesh_orchestrator.providers import AnthropicModel, OpenAIModel, ProviderConnection, _http
 from procmesh_orchestrator.providers._http import RetryPolicy, error_from_payload, with_retries
+from procmesh_orchestrator.run.models import ModelRequest
 
 CONNECTION_RESET = re.compile(r"ECONNRESET|connection reset|socket hang up|connection (was )?closed", re.I)
 REQUEST = ModelRequest(prompt=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])

@@ -108,43 +108,34 @@ class RunMessages:
             self.items = [m for m in self.items if m["id"] != msg_id]
 
     def add_signal(self, signal: dict[str, Any]) -> tuple[Message, dict[str, Any]]:
-        """Add a signal as a ``role: signal`` message; returns it and its data-signal payload.
+        """Add a signal as a ``role: signal`` message; returns it and its data-signal payload."""
+        record = signal_record(signal)
+        return self.add_signal_record(record), signal_data(record)
+
+    def add_signal_record(self, record: dict[str, Any]) -> Message:
+        """Add a signal already given its id and time (`signal_record`) as a ``role: signal`` message.
 
         A transient signal replaces an earlier transient copy with the same
         type, tag and contents (so re-sending each step keeps one copy at the end).
         """
-        kind = signal.get("type", "reactive")
-        canonical = _CANONICAL_TYPES.get(kind, kind)
-        tag = signal.get("tagName") or _DEFAULT_TAGS.get(kind, kind)
-        contents = signal.get("contents", "")
-        transient = bool(signal.get("transient", False))
-        info: dict[str, Any] = {
-            "id": signal.get("id") or new_id(),
-            "type": canonical,
-            "tagName": tag,
-            "createdAt": now_iso(),
-        }
-        if signal.get("attributes"):
-            info["attributes"] = dict(signal["attributes"])
-        if signal.get("metadata"):
-            info["metadata"] = signal["metadata"]
-        if transient:
-            info["transient"] = True
+        info = {k: v for k, v in record.items() if k != "contents"}
+        contents = record["contents"]
+        if info.get("transient"):
             for msg in self.view():
                 meta = (msg.get("content") or {}).get("metadata", {}).get("signal")
                 if (
                     msg.get("role") == "signal"
                     and meta
                     and meta.get("transient")
-                    and meta.get("type") == canonical
-                    and meta.get("tagName") == tag
+                    and meta.get("type") == info["type"]
+                    and meta.get("tagName") == info["tagName"]
                     and message_text(msg) == contents
                 ):
                     self.remove(msg["id"])
         msg = {
             "id": new_id(),
             "role": "signal",
-            "type": tag,
+            "type": info["tagName"],
             "createdAt": info["createdAt"],
             "content": {
                 "format": 2,
@@ -153,9 +144,35 @@ class RunMessages:
             },
         }
         self.add(msg, INPUT)
-        data = {k: v for k, v in info.items() if k != "metadata"}
-        data["contents"] = contents
-        return msg, data
+        return msg
+
+
+def signal_record(signal: dict[str, Any]) -> dict[str, Any]:
+    """A signal as the run records it: id, time, canonical type and tag fixed, its contents alongside.
+
+    Made where the signal is announced (an output-stream stage announces it as a chunk before
+    the run adds it), so the data-signal chunk and the message agree.
+    """
+    kind = signal.get("type", "reactive")
+    record: dict[str, Any] = {
+        "id": signal.get("id") or new_id(),
+        "type": _CANONICAL_TYPES.get(kind, kind),
+        "tagName": signal.get("tagName") or _DEFAULT_TAGS.get(kind, kind),
+        "createdAt": now_iso(),
+    }
+    if signal.get("attributes"):
+        record["attributes"] = dict(signal["attributes"])
+    if signal.get("metadata"):
+        record["metadata"] = signal["metadata"]
+    if signal.get("transient", False):
+        record["transient"] = True
+    record["contents"] = signal.get("contents", "")
+    return record
+
+
+def signal_data(record: dict[str, Any]) -> dict[str, Any]:
+    """The payload of the data-signal chunk announcing a signal record."""
+    return {k: v for k, v in record.items() if k != "metadata"}
 
 
 def _escape(text: str, quote: bool = False) -> str:

@@ -1,0 +1,380 @@
+"""The output-stream pipeline: every output processor's ProcessOutputStream session, in lane order.
+
+Parts stay protobuf from the first stage to the last; what a stage's processor did besides its
+part (signals, violations) travels down in stream order as data (`StreamEffects`), and a
+processor's abort as the last item. Raw gRPC errors of a stream are translated once, in
+`_StreamCall`, into the orchestrator's errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from procmesh import convert, translate_rpc_error
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
+from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
+from procmesh_orchestrator.processors.wire import read_effects
+from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem
+from procmesh_orchestrator.run.messages import signal_data, signal_record
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.processors.calls import GrpcHookCaller
+
+HOOK = "process_output_stream"
+
+_END = "end"
+_CHUNK = "chunk"
+_EFFECTS = "effects"
+_ABORT = "abort"
+_ERROR = "error"
+_FLOWING = (_CHUNK, _EFFECTS)
+"""Kinds a stage hands on and keeps going; any other ends the stream (end, abort, error)."""
+_MAX_BATCH = 256
+_WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
+
+Item = tuple[str, Any]
+
+
+class _StreamCall:
+    """A ProcessOutputStream call whose gRPC errors come out translated: the stream's one boundary.
+
+    A failed write is dropped here: the read that follows reports the stream's status,
+    and the failure policy applies there, once.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    async def write(self, request: ppb.ProcessOutputStreamRequest) -> None:
+        with contextlib.suppress(*_WRITE_ERRORS):
+            await self._raw.write(request)
+
+    async def done_writing(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            await self._raw.done_writing()
+
+    async def read(self) -> ppb.ProcessOutputStreamResponse | None:
+        """The next response; None at the stream's end."""
+        try:
+            resp = await self._raw.read()
+        except grpc.aio.AioRpcError as exc:
+            err = translate_rpc_error(exc)
+            raise ProcessorCallError(f"{err.code.name}: {err}") from exc
+        return None if resp is grpc.aio.EOF else resp
+
+    def cancel(self) -> None:
+        self._raw.cancel()
+
+    def done(self) -> bool:
+        return bool(self._raw.done())
+
+
+class _Stage:
+    """One processor's ProcessOutputStream session: parts go out in batches, results come back in order.
+
+    The feeder sends whatever is queued as one stream message; the reader
+    applies each response's results in order and hands them on in bulk, so the
+    next stage batches as well. Parts this processor must not see (data-*
+    without process_data_parts, or everything once it failed open) and the
+    effects of earlier stages pass through in their place.
+    """
+
+    def __init__(
+        self,
+        pipeline: OutputPipeline,
+        handle: ProcessorHandle,
+        inq: asyncio.Queue[Item],
+        outq: asyncio.Queue[Item],
+        *,
+        side: bool = False,
+    ) -> None:
+        self.caller = pipeline.caller
+        self.announce_signals = pipeline.announce_signals
+        self.handle = handle
+        self.side = side
+        """A parallel branch whose output is not picked: its effects apply, the part goes on as it came."""
+        self.inq = inq
+        self.outq = outq
+        # (kind, value, awaits_result) in arrival order; the head leaves first.
+        self.pending: deque[tuple[str, Any, bool]] = deque()
+        self.call: _StreamCall | None = None
+        self.reader: asyncio.Task[None] | None = None
+        self.failed_open = False
+        self.broken: str | None = None
+        """Why the stream failed, once it has (applied to the next part that needs an answer)."""
+        self.stream_done = False
+        self.end_queued = False
+        self.stopped = False
+        self.seq = 0
+        self.sent: deque[tuple[int, float]] = deque()
+        """(seq, when it was queued) of each part awaiting its result; timeouts count from then."""
+
+    def _eligible(self, chunk: tpb.Chunk) -> bool:
+        return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
+
+    def _flush_head(self) -> None:
+        """Hand on every head item that needs no result (pass-throughs, effects, end and error markers)."""
+        pending = self.pending
+        while pending and not self.stopped:
+            kind, value, awaits = pending[0]
+            if awaits:
+                if not self.failed_open:
+                    return
+                pending.popleft()
+                self.outq.put_nowait((_CHUNK, value))  # failed open: the part goes on unchanged
+                continue
+            if kind == _END and self.call is not None and not self.stream_done:
+                return  # the state arrives with the stream's end
+            pending.popleft()
+            self.outq.put_nowait((kind, value))
+            if kind not in _FLOWING:
+                self.stopped = True
+
+    async def feed(self) -> None:
+        while not self.stopped:
+            batch: list[Item] = [await self.inq.get()]
+            while len(batch) < _MAX_BATCH and not self.inq.empty():
+                batch.append(self.inq.get_nowait())
+            request: ppb.ProcessOutputStreamRequest | None = None
+            finished = False
+            for kind, value in batch:
+                if kind == _EFFECTS:  # an earlier stage's: it goes on in its place
+                    self.pending.append((kind, value, False))
+                    continue
+                if kind != _CHUNK:  # end, upstream abort or error: nothing follows it
+                    self.pending.append((kind, value, False))
+                    self.end_queued = finished = True
+                    break
+                if self.broken is not None and self._eligible(value):
+                    self._apply_failure()  # the stream died while idle: this part finds out
+                    if self.stopped:
+                        return
+                if not self._eligible(value):
+                    self.pending.append((_CHUNK, value, False))
+                    continue
+                if self.call is None:
+                    request = self._open()
+                elif request is None:
+                    request = ppb.ProcessOutputStreamRequest()
+                self.seq += 1
+                part = request.parts.add()
+                part.seq = self.seq
+                part.part.CopyFrom(value)
+                self.pending.append((_CHUNK, value, True))
+                self.sent.append((self.seq, time.monotonic()))
+            self._flush_head()
+            if request is not None and not self.failed_open and self.call is not None:
+                await self.call.write(request)
+            if finished:
+                if self.call is not None and not self.failed_open:
+                    await self.call.done_writing()
+                return
+
+    def _open(self) -> ppb.ProcessOutputStreamRequest:
+        self.call = _StreamCall(self.handle.client.open_stream(self.caller.stream_timeout()))
+        self.reader = asyncio.create_task(self._read(self.call))
+        first = ppb.ProcessOutputStreamRequest()
+        self.caller.fill_context(first.context, self.handle)
+        return first
+
+    def _awaiting(self) -> bool:
+        return any(awaits for _, _, awaits in self.pending)
+
+    async def _read(self, call: _StreamCall) -> None:
+        info, handle = self.caller.info, self.handle
+        # One read stays outstanding across timeouts: cancelling a read cancels the whole call.
+        read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
+        try:
+            while True:
+                if read is None:
+                    read = asyncio.ensure_future(call.read())
+                if self.sent:  # the oldest unanswered part's time limit counts from when it was sent
+                    limit = handle.timeout
+                    sent_at = self.sent[0][1]
+                    if info.deadline is not None:
+                        limit = min(limit, info.deadline - sent_at)
+                    wait = sent_at + limit - time.monotonic()
+                    if wait <= 0:
+                        raise MalformedResponseError(f"timed out after {limit:.3g}s")
+                else:  # idle: wake up to start the clock of parts sent meanwhile
+                    wait = self.caller.timeout_for(handle)
+                done, _ = await asyncio.wait({read}, timeout=wait)
+                if not done:
+                    continue
+                resp, read = read.result(), None
+                if resp is None:
+                    if self._awaiting() or not self.end_queued:
+                        raise MalformedResponseError("stream ended before every part was answered")
+                    break
+                for res in resp.results:
+                    self._apply(res)
+                    if self.stopped:
+                        return
+                if resp.HasField("end"):
+                    info.states[handle.processor_id] = resp.end.state
+                self._flush_head()
+        except ProcessorCallError as exc:  # the gRPC status (translated by _StreamCall) or a broken contract
+            self._failed(str(exc))
+        finally:
+            if read is not None:
+                read.cancel()
+            self.stream_done = True
+            self._flush_head()
+
+    def _apply(self, res: ppb.StreamPartResult) -> None:
+        """Apply one part's result; the parts before it that needed none go first."""
+        while self.pending and not self.pending[0][2]:
+            self._flush_one()
+        if not self.pending:
+            raise MalformedResponseError("more results than parts sent")
+        _, original, _ = self.pending.popleft()
+        seq, _ = self.sent.popleft()
+        if res.seq != seq:
+            raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
+        pid = self.handle.processor_id
+        if self.handle.shadow:  # record the verdict; the part goes on as it came
+            abort = None
+            if res.HasField("effects") and res.effects.HasField("abort"):
+                effects = read_effects(pid, HOOK, res.effects, None, decode_chunks=False)
+                if effects.violations:
+                    self.outq.put_nowait((_EFFECTS, StreamEffects(violations=effects.violations)))
+                abort = effects.abort
+            self.caller.shadow_verdict(self.handle, HOOK, abort)
+            self.outq.put_nowait((_CHUNK, original))
+            return
+        if res.HasField("effects"):
+            effects = read_effects(pid, HOOK, res.effects, None, decode_chunks=False)
+            records = [signal_record(signal) for signal in effects.signals]
+            if records or effects.violations:
+                self.outq.put_nowait((_EFFECTS, StreamEffects(records, effects.violations)))
+            if self.announce_signals:
+                for record in records:
+                    chunk = {"type": "data-signal", "data": signal_data(record), "transient": True}
+                    self.outq.put_nowait((_CHUNK, convert.chunk_to_proto(chunk)))
+            for custom in res.effects.custom_chunks:  # validated by read_effects; protobuf stays protobuf
+                self.outq.put_nowait((_CHUNK, custom))
+            if effects.abort is not None:
+                self.outq.put_nowait((_ABORT, effects.abort))
+                self.stopped = True
+                assert self.call is not None
+                self.call.cancel()
+                return
+        if self.side:
+            self.outq.put_nowait((_CHUNK, original))
+        elif res.HasField("part"):
+            self.outq.put_nowait((_CHUNK, res.part))
+            for extra in res.extra_parts:
+                self.outq.put_nowait((_CHUNK, extra))
+
+    def _flush_one(self) -> None:
+        kind, value, _ = self.pending.popleft()
+        self.outq.put_nowait((kind, value))
+        if kind not in _FLOWING:
+            self.stopped = True
+
+    def _failed(self, cause: str) -> None:
+        """The stream failed: apply the failure policy now if parts await answers, else at the next one."""
+        self.broken = cause
+        if self._awaiting():
+            self._apply_failure()
+
+    def _apply_failure(self) -> None:
+        if self.stopped or self.failed_open:
+            return
+        assert self.call is not None
+        self.call.cancel()
+        error = self.caller.policy(self.handle, HOOK, self.broken or "stream failed")
+        if error is not None:  # fail-closed: the error goes on in the part's place, and ends the stream
+            self.outq.put_nowait((_ERROR, error))
+            self.stopped = True
+            return
+        self.failed_open = True
+        self._flush_head()
+
+
+class OutputPipeline:
+    """Runs chunks through every output processor's process_output_stream, in lane order.
+
+    Stages are pipelined (chunk n+1 can be at the first processor while chunk n
+    is at the second) and each stage batches whatever is queued into one stream
+    message; per-chunk semantics (emit, replace, drop, abort) stay exact.
+    """
+
+    def __init__(
+        self, caller: GrpcHookCaller, items: Iterable[RunLaneItem], *, announce_signals: bool
+    ) -> None:
+        self.caller = caller
+        self.announce_signals = announce_signals
+        # A parallel group streams as its branches in a row: the others see each part as it came
+        # (their verdicts and chunks apply, their output does not), then the picked branch.
+        stages: list[tuple[ProcessorHandle, bool]] = []
+        for item in items:
+            if isinstance(item, ParallelGroup):
+                picked = item.branches[item.pick]
+                stages += [(b, True) for b in item.branches if b is not picked]
+                stages.append((picked, False))
+            else:
+                stages.append((item, False))
+        self.stages = [(h, side) for h, side in stages if h.has(HOOK)]
+
+    async def run(self, source: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[StreamItem, None]:
+        """Feed `source` through the stages; yield chunks and effects, and the abort that ends it."""
+        if not self.stages:
+            async for chunk in source:
+                yield chunk
+            return
+        queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.stages) + 1)]
+        stages = [
+            _Stage(self, h, queues[i], queues[i + 1], side=side) for i, (h, side) in enumerate(self.stages)
+        ]
+
+        async def produce() -> None:
+            try:
+                async for chunk in source:
+                    await queues[0].put((_CHUNK, convert.chunk_to_proto(chunk)))
+            except Exception as exc:  # the source's failure travels behind the chunks before it
+                await queues[0].put((_ERROR, exc))
+                return
+            await queues[0].put((_END, None))
+
+        async def guard(coro: Awaitable[None]) -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a stage's own bug ends the stream instead of hanging it
+                await queues[-1].put((_ERROR, exc))
+
+        tasks = [asyncio.create_task(guard(produce()))]
+        tasks += [asyncio.create_task(guard(stage.feed())) for stage in stages]
+        try:
+            while True:
+                kind, value = await queues[-1].get()
+                if kind == _CHUNK:
+                    yield convert.chunk_from_proto(value)
+                elif kind == _EFFECTS:
+                    yield value
+                elif kind == _END:
+                    return
+                elif kind == _ABORT:
+                    yield value
+                    return
+                else:
+                    raise value
+        finally:
+            tasks += [stage.reader for stage in stages if stage.reader is not None]
+            for task in tasks:
+                task.cancel()
+            for stage in stages:
+                if stage.call is not None and not stage.call.done():
+                    stage.call.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

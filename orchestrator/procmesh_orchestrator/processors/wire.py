@@ -1,0 +1,254 @@
+"""The per-hook wire mapping: a run's hook arguments -> request message, response -> result, effects.
+
+Request and response classes and RPC names come from the SDK's hook table (`procmesh.hooks`);
+this module adds only what each hook's fields mean to the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from procmesh import convert
+from procmesh.hooks import BY_NAME
+from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.errors import MalformedResponseError, TripwireAbort
+from procmesh_orchestrator.run import hooks as h
+
+Build = Callable[[Any, Any], None]
+"""(hook arguments, an empty request) -> fills the request (its context aside)."""
+Read = Callable[[Any], Any]
+"""A response -> the hook's result."""
+
+
+def _fill(field: Any, messages: list[dict[str, Any]]) -> None:
+    for m in messages:
+        convert.message_to_proto(m, field.add())
+
+
+def _steps(field: Any, steps: list[dict[str, Any]]) -> None:
+    for step in steps:
+        convert.step_to_proto(step, field.add())
+
+
+def _returned(field: Any) -> list[dict[str, Any]]:
+    return [convert.message_from_proto(m) for m in field]
+
+
+def _build_input(a: h.InputArgs, req: Any) -> None:
+    _fill(req.messages, a.messages)
+    _fill(req.all_messages, a.all_messages)
+    _fill(req.system_messages, a.system_messages)
+
+
+def _read_input(resp: Any) -> h.InputResult:
+    return h.InputResult(
+        messages=_returned(resp.messages) if resp.replace_messages else None,
+        all_messages=_returned(resp.all_messages) if resp.replace_all_messages else None,
+        system_messages=_returned(resp.system_messages) if resp.replace_system_messages else None,
+    )
+
+
+def _build_input_step(a: h.InputStepArgs, req: Any) -> None:
+    req.model = a.model
+    _fill(req.messages, a.messages)
+    _fill(req.system_messages, a.system_messages)
+    for tool in a.tools:
+        t = req.tools.add(name=tool["name"], description=tool.get("description", ""))
+        t.input_schema.CopyFrom(convert.to_struct(tool.get("inputSchema")))
+    if isinstance(a.tool_choice, dict):
+        req.tool_choice.mode = "tool"
+        req.tool_choice.tool_name = a.tool_choice.get("toolName", "")
+    elif a.tool_choice:
+        req.tool_choice.mode = a.tool_choice
+    req.active_tools.extend(a.active_tools or [])
+    req.provider_options.CopyFrom(convert.to_struct(a.provider_options))
+    req.model_settings.CopyFrom(convert.to_struct(a.model_settings))
+    _steps(req.steps, a.steps)
+
+
+def _read_input_step(resp: Any) -> h.InputStepResult:
+    out = h.InputStepResult()
+    if resp.replace_messages:
+        out.messages = _returned(resp.messages)
+    if resp.replace_system_messages:
+        out.system_messages = _returned(resp.system_messages)
+    if resp.HasField("model"):
+        out.model = resp.model
+    if resp.replace_tools:
+        out.tools = [
+            {"name": t.name, "description": t.description, "inputSchema": convert.from_struct(t.input_schema)}
+            for t in resp.tools
+        ]
+    if resp.tool_choice.mode:
+        out.tool_choice = (
+            {"type": "tool", "toolName": resp.tool_choice.tool_name}
+            if resp.tool_choice.mode == "tool"
+            else resp.tool_choice.mode
+        )
+    if resp.replace_active_tools:
+        out.active_tools = list(resp.active_tools)
+    if resp.provider_options.fields:
+        out.provider_options = convert.from_struct(resp.provider_options)
+    if resp.model_settings.fields:
+        out.model_settings = convert.from_struct(resp.model_settings)
+    return out
+
+
+def _build_llm_request(a: h.LLMRequestArgs, req: Any) -> None:
+    req.model = a.model
+    convert.prompt_to_proto(a.prompt, req.prompt)
+    _steps(req.steps, a.steps)
+
+
+def _read_llm_request(resp: Any) -> h.LLMRequestResult:
+    return h.LLMRequestResult(
+        prompt=convert.prompt_from_proto(resp.prompt) if resp.replace_prompt else None,
+        cached_response=(
+            [convert.chunk_from_proto(c) for c in resp.cached_response] if resp.has_cached_response else None
+        ),
+    )
+
+
+def _build_llm_response(a: h.LLMResponseArgs, req: Any) -> None:
+    req.model = a.model
+    req.from_cache = a.from_cache
+    for chunk in a.chunks:
+        convert.chunk_to_proto(chunk, req.chunks.add())
+    _steps(req.steps, a.steps)
+
+
+def _build_output_step(a: h.OutputStepArgs, req: Any) -> None:
+    req.text = a.text
+    req.finish_reason = a.finish_reason
+    _fill(req.messages, a.messages)
+    _fill(req.system_messages, a.system_messages)
+    for call in a.tool_calls:
+        tc = req.tool_calls.add(tool_call_id=call["toolCallId"], tool_name=call["toolName"])
+        tc.args.CopyFrom(convert.to_value(call.get("args")))
+    convert.usage_to_proto(a.usage, req.usage)
+    _steps(req.steps, a.steps)
+
+
+def _read_messages(resp: Any) -> h.MessagesResult:
+    return h.MessagesResult(messages=_returned(resp.messages) if resp.replace_messages else None)
+
+
+def _build_tool_result(a: h.ToolResultArgs, req: Any) -> None:
+    req.tool_name = a.tool_name
+    req.tool_call_id = a.tool_call_id
+    req.args.CopyFrom(convert.to_value(a.args))
+    req.result.CopyFrom(convert.to_value(a.result))
+    _fill(req.messages, a.messages)
+    _steps(req.steps, a.steps)
+
+
+def _read_tool_result(resp: Any) -> h.ToolResultResult:
+    if not resp.replace_result:
+        return h.ToolResultResult()
+    return h.ToolResultResult(replaced=True, result=convert.from_value(resp.result))
+
+
+def _build_output_result(a: h.OutputResultArgs, req: Any) -> None:
+    _fill(req.messages, a.messages)
+    req.result.text = a.text
+    req.result.finish_reason = a.finish_reason
+    convert.usage_to_proto(a.usage, req.result.usage)
+    _steps(req.result.steps, a.steps)
+
+
+def _build_api_error(a: h.APIErrorArgs, req: Any) -> None:
+    req.error.status = a.status
+    req.error.message = a.message
+    req.error.body = a.body
+    req.error.retryable = a.retryable
+    req.error.id = a.error_id
+    req.error.details.CopyFrom(convert.to_struct(a.details))
+    _fill(req.messages, a.messages)
+    _steps(req.steps, a.steps)
+
+
+def _read_api_error(resp: Any) -> h.APIErrorResult:
+    return h.APIErrorResult(
+        messages=_returned(resp.messages) if resp.replace_messages else None, retry=resp.retry
+    )
+
+
+def _build_execute_tool(a: h.ExecuteToolArgs, req: Any) -> None:
+    req.tool_name = a.tool_name
+    req.tool_call_id = a.tool_call_id
+    req.args.CopyFrom(convert.to_value(a.args))
+    _fill(req.messages, a.messages)
+
+
+def _read_execute_tool(resp: Any) -> h.ExecuteToolResult:
+    return h.ExecuteToolResult(result=convert.from_value(resp.result))
+
+
+WIRE: dict[str, tuple[Build, Read]] = {
+    "process_input": (_build_input, _read_input),
+    "process_input_step": (_build_input_step, _read_input_step),
+    "process_llm_request": (_build_llm_request, _read_llm_request),
+    "process_llm_response": (_build_llm_response, lambda resp: h.NoResult()),
+    "process_output_step": (_build_output_step, _read_messages),
+    "process_tool_result": (_build_tool_result, _read_tool_result),
+    "process_output_result": (_build_output_result, _read_messages),
+    "process_api_error": (_build_api_error, _read_api_error),
+    "execute_tool": (_build_execute_tool, _read_execute_tool),
+}
+"""Every unary hook of `procmesh.hooks.HOOKS`: how its arguments are sent and its answer read."""
+
+assert set(WIRE) == {hook.name for hook in BY_NAME.values() if not hook.streaming}, "a hook lacks its wire"
+
+
+def build_request(args: h.HookArgs[Any]) -> Any:
+    """The request message for `args` (its RunContext is filled per call)."""
+    request = BY_NAME[args.hook].request()
+    WIRE[args.hook][0](args, request)
+    return request
+
+
+def read_result(hook: str, response: Any) -> Any:
+    """The run's result of a hook's response."""
+    return WIRE[hook][1](response)
+
+
+def empty_response(hook: str) -> Any:
+    """A response that changes nothing (a parallel group whose picked branch gave none)."""
+    return BY_NAME[hook].response()
+
+
+def read_effects(
+    processor_id: str,
+    hook: str,
+    effects: tpb.HookEffects,
+    states: dict[str, object] | None,
+    *,
+    decode_chunks: bool = True,
+) -> h.Effects:
+    """Validate and convert a response's effects; the new state goes into `states` (when given).
+
+    With ``decode_chunks=False`` the custom chunks are only validated: the output stream
+    forwards them as the protobuf they are.
+    """
+    out = h.Effects()
+    for chunk in effects.custom_chunks:
+        if not chunk.type.startswith("data-"):
+            raise MalformedResponseError(f"custom chunk type must start with 'data-', got {chunk.type!r}")
+        if decode_chunks:
+            out.custom_chunks.append(convert.chunk_from_proto(chunk))
+    for signal in effects.signals:
+        if not signal.contents and not signal.type:
+            raise MalformedResponseError("signal without type or contents")
+        out.signals.append(convert.signal_from_proto(signal))
+    if states is not None and effects.HasField("state"):
+        states[processor_id] = effects.state
+    for violation in effects.violations:
+        detail = convert.from_value(violation.detail) if violation.HasField("detail") else None
+        out.violations.append(h.Violation(processor_id, violation.message, detail))
+    if effects.HasField("abort"):
+        ab = effects.abort
+        reason = ab.reason or f"Tripwire triggered by {processor_id}"
+        metadata = convert.from_value(ab.metadata) if ab.HasField("metadata") else None
+        out.abort = TripwireAbort(processor_id, reason, ab.retry, metadata, hook)
+    return out

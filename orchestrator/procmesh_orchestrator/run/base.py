@@ -1,0 +1,185 @@
+"""One run's state and how effects apply to it: messages, violations, aborts, chunks to the caller."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from procmesh_orchestrator.errors import TripwireAbort
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.hooks import (
+    Chunk,
+    Effects,
+    HookArgs,
+    Processor,
+    RunInfo,
+    StreamEffects,
+    Violation,
+    expand_lane,
+)
+from procmesh_orchestrator.run.messages import RunMessages
+from procmesh_orchestrator.run.models import ModelRequest
+from procmesh_orchestrator.run.types import AgentSpec, CallOptions
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+ChunkSink = Callable[[Chunk], None]
+"""Where a streamed run's chunks go (the `RunStream`'s queue); None for generate()."""
+
+
+class RunCore:
+    """What one generate()/stream() call holds, and the effects every hook step applies."""
+
+    def __init__(
+        self,
+        agent: AgentSpec,
+        input: str | list[dict[str, Any]],
+        options: CallOptions,
+        *,
+        sink: ChunkSink | None,
+        metrics: OrchestratorMetrics,
+    ) -> None:
+        self.agent = agent
+        self.input = input
+        self.options = options
+        self.streaming = sink is not None
+        self._sink = sink
+        self.metrics = metrics
+        self.run_id = str(uuid.uuid4())
+        self.violations: list[dict[str, Any]] = []
+        self.info = RunInfo(
+            run_id=self.run_id,
+            agent_id=agent.id,
+            request_context=options.request_context,
+            deadline=time.monotonic() + options.timeout if options.timeout else None,
+            thread_id=options.thread_id,
+            resource_id=options.resource_id,
+        )
+        self.caller = agent.hook_caller(self.info, metrics)
+        rc = options.request_context
+        # per-call lists replace the agent's; workflow conditions are decided once, from the request context
+        lanes = agent.lanes
+        self.input_lane = expand_lane(
+            options.input_processors if options.input_processors is not None else lanes.input, rc
+        )
+        self.output_lane = expand_lane(
+            options.output_processors if options.output_processors is not None else lanes.output, rc
+        )
+        self.error_lane = expand_lane(
+            options.error_processors if options.error_processors is not None else lanes.error, rc
+        )
+        self.ml = RunMessages()
+        self.system: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
+        self.max_steps = options.max_steps or agent.max_steps
+        self.max_retries = (
+            options.max_processor_retries
+            if options.max_processor_retries is not None
+            else agent.max_processor_retries
+        )
+        self.tool_owners: dict[str, Processor] = {}
+        """Tools processors added to a step and run themselves (ExecuteTool), by name."""
+        self.model_requests: list[ModelRequest] = []
+
+    # -- calls and their effects --------------------------------------------------------
+
+    async def call(self, item: Processor, args: HookArgs[R]) -> tuple[R, Effects] | None:
+        """Call a hook; its violations are recorded at once; None when there is nothing to apply."""
+        reply = await self.caller.call(item, args)
+        self._record(reply.effects.violations)
+        if reply.result is None:
+            return None
+        return reply.result, reply.effects
+
+    def _record(self, violations: list[Violation]) -> None:
+        for v in violations:
+            self.violation(v.processor_id, v.message, v.detail)
+
+    def violation(self, processor_id: str, message: str, detail: Any) -> None:
+        """Record a violation; the caller's onViolation sees it (its failure is logged, not raised)."""
+        entry = {"processorId": processor_id, "message": message, "detail": detail}
+        self.violations.append(entry)
+        self.metrics.violations.labels(processor_id).inc()
+        if self.options.on_violation is not None:
+            try:
+                self.options.on_violation(entry)
+            except Exception:
+                log.exception("onViolation callback raised (ignored)")
+
+    def aborted(self, abort: TripwireAbort) -> TripwireAbort:
+        """Record an abort (onViolation fires for every abort) and return it to raise."""
+        self.metrics.tripwires.labels(abort.processor_id, abort.hook).inc()
+        self.violation(abort.processor_id, abort.reason, abort.metadata)
+        return abort
+
+    def emit(self, chunk: Chunk) -> None:
+        """Send a chunk to the caller (stream only)."""
+        if self._sink is not None:
+            kind = chunk["type"]
+            self.metrics.chunks.labels("data" if kind.startswith("data-") else kind).inc()
+            self._sink(chunk)
+
+    async def through_output(
+        self, source: AsyncIterator[Chunk], on_chunk: Callable[[Chunk], None]
+    ) -> TripwireAbort | None:
+        """Run chunks through the output-stream processors; the abort that stopped them, if any."""
+        stream = self.caller.stream(self.output_lane, source, announce_signals=self.streaming)
+        async with contextlib.aclosing(stream) as items:
+            async for item in items:
+                if isinstance(item, dict):
+                    on_chunk(item)
+                elif isinstance(item, StreamEffects):
+                    for record in item.signals:
+                        self.ml.add_signal_record(record)
+                    self._record(item.violations)
+                else:
+                    return item
+        return None
+
+    async def emit_chunks(self, chunks: list[Chunk]) -> None:
+        """Custom chunks and signals from hooks: through the output processors, then to the caller."""
+        if not chunks or not self.streaming:
+            return
+
+        async def source() -> AsyncIterator[Chunk]:
+            for chunk in chunks:
+                yield chunk
+
+        abort = await self.through_output(source(), self.emit)
+        if abort is not None:
+            raise self.aborted(abort)
+
+    async def apply(self, effects: Effects, *, can_stream: bool = True) -> None:
+        """Apply a unary hook's effects in order: signals, custom chunks, then the abort."""
+        out: list[Chunk] = []
+        for signal in effects.signals:
+            _, data = self.ml.add_signal(signal)
+            out.append({"type": "data-signal", "data": data, "transient": True})
+        out.extend(effects.custom_chunks)
+        if can_stream:
+            await self.emit_chunks(out)
+        if effects.abort is not None:
+            raise self.aborted(effects.abort)
+
+    async def call_at(self, item: Processor, args: HookArgs[R], step_number: int) -> tuple[R, Effects] | None:
+        """A call with the step number and retry count processToolResult is given."""
+        saved = self.info.step_number, self.info.retry_count
+        self.info.step_number, self.info.retry_count = step_number, 0
+        try:
+            return await self.call(item, args)
+        finally:
+            self.info.step_number, self.info.retry_count = saved
+
+    def text(self) -> str:
+        """generate: every step's text joined; stream: the last step's text (as the reference reports)."""
+        texts = [msgs.message_text(m) for m in self.ml.view(msgs.RESPONSE) if m.get("role") == "assistant"]
+        if not texts:
+            return ""
+        return "".join(texts) if not self.streaming else texts[-1]

@@ -1,0 +1,301 @@
+"""What the run says to its processors and hears back, as plain data (no wire types).
+
+The run calls processors through a `HookCaller`: one generic `call` with a hook's arguments
+(`InputArgs`, `OutputStepArgs`, ...) that returns the hook's result and its effects, `fail` for a
+processor's failure policy, and `stream` for the output-stream processors. Messages, chunks and
+steps are the dicts the run already keeps; effects (abort, signals, custom chunks, violations)
+are data the run applies. `procmesh_orchestrator.processors` implements it over gRPC; the unit
+tests implement it with a fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from procmesh_orchestrator.errors import TripwireAbort
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+
+Chunk = dict[str, Any]
+Message = dict[str, Any]
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Processor(Protocol):
+    """A lane entry the run calls: one processor, or a parallel group of them."""
+
+    @property
+    def key(self) -> str:
+        """Identity in the lanes: a processor listed in several lanes runs once (`dedupe`)."""
+        ...
+
+    def has(self, hook: str) -> bool:
+        """Whether it implements `hook` (the seeds' name in snake_case)."""
+        ...
+
+
+class LaneEntry(Protocol):
+    """A configured lane entry; a workflow's conditional step expands to the branch a run takes."""
+
+    def expand(self, request_context: Mapping[str, Any]) -> Sequence[Processor]:
+        """The processors this entry stands for in a run with this request context."""
+        ...
+
+
+def expand_lane(entries: Sequence[LaneEntry], request_context: Mapping[str, Any]) -> tuple[Processor, ...]:
+    """The lane a run uses: conditions are decided once, from the request context."""
+    return tuple(p for entry in entries for p in entry.expand(request_context))
+
+
+def dedupe(items: Sequence[Processor]) -> list[Processor]:
+    """A processor listed in several lanes runs once, at its first place."""
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        if item.key not in seen:
+            seen.add(item.key)
+            out.append(item)
+    return out
+
+
+@dataclass
+class RunInfo:
+    """What every call of a run carries: ids, deadline, counters, and each processor's state."""
+
+    run_id: str
+    agent_id: str
+    request_context: dict[str, Any]
+    deadline: float | None = None
+    """`time.monotonic()` by which the run must end; calls are cut at it."""
+    thread_id: str = ""
+    resource_id: str = ""
+    step_number: int = 0
+    retry_count: int = 0
+    states: dict[str, object] = field(default_factory=dict)
+    """Each processor's state (opaque to the run), by processor id; the caller reads and writes it."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A processor reported a policy violation (onViolation fires for it)."""
+
+    processor_id: str
+    message: str
+    detail: Any = None
+
+
+@dataclass
+class Effects:
+    """A hook's effects; the run applies them in this order: signals, custom chunks, then the abort."""
+
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    custom_chunks: list[Chunk] = field(default_factory=list)
+    abort: TripwireAbort | None = None
+    violations: list[Violation] = field(default_factory=list)
+    """Recorded as soon as the call returns, whether or not its result applies (shadow mode)."""
+
+
+@dataclass
+class Reply(Generic[R]):
+    """A call's answer: `result` is None when there is nothing to apply (failed open, shadow)."""
+
+    result: R | None
+    effects: Effects = field(default_factory=Effects)
+
+
+@dataclass
+class StreamEffects:
+    """What an output-stream processor did besides its part, in stream order."""
+
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    """Signal records (`messages.signal_record`), already announced downstream as data-signal chunks."""
+    violations: list[Violation] = field(default_factory=list)
+
+
+StreamItem = Chunk | StreamEffects | TripwireAbort
+"""What the output stream yields: chunks, effects, and at most one abort, which ends it."""
+
+
+class HookArgs(Generic[R_co]):
+    """A hook's arguments; `R_co` is its result type."""
+
+    hook: ClassVar[str]
+
+
+# -- the hooks' arguments and results (None in a result: not replaced) -----------------------
+
+
+@dataclass
+class InputResult:
+    messages: list[Message] | None = None
+    all_messages: list[Message] | None = None
+    system_messages: list[Message] | None = None
+
+
+@dataclass
+class InputArgs(HookArgs[InputResult]):
+    hook: ClassVar[str] = "process_input"
+    messages: list[Message]
+    all_messages: list[Message]
+    system_messages: list[Message]
+
+
+@dataclass
+class InputStepResult:
+    messages: list[Message] | None = None
+    system_messages: list[Message] | None = None
+    model: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    active_tools: list[str] | None = None
+    provider_options: dict[str, Any] | None = None
+    model_settings: dict[str, Any] | None = None
+
+
+@dataclass
+class InputStepArgs(HookArgs[InputStepResult]):
+    hook: ClassVar[str] = "process_input_step"
+    model: str
+    messages: list[Message]
+    system_messages: list[Message]
+    tools: list[dict[str, Any]]
+    tool_choice: Any
+    active_tools: list[str] | None
+    provider_options: dict[str, Any]
+    model_settings: dict[str, Any]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class LLMRequestResult:
+    prompt: list[dict[str, Any]] | None = None
+    cached_response: list[Chunk] | None = None
+
+
+@dataclass
+class LLMRequestArgs(HookArgs[LLMRequestResult]):
+    hook: ClassVar[str] = "process_llm_request"
+    model: str
+    prompt: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class NoResult:
+    """A hook whose only answer is its effects."""
+
+
+@dataclass
+class LLMResponseArgs(HookArgs[NoResult]):
+    hook: ClassVar[str] = "process_llm_response"
+    model: str
+    from_cache: bool
+    chunks: list[Chunk]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class MessagesResult:
+    messages: list[Message] | None = None
+
+
+@dataclass
+class OutputStepArgs(HookArgs[MessagesResult]):
+    hook: ClassVar[str] = "process_output_step"
+    text: str
+    finish_reason: str
+    messages: list[Message]
+    system_messages: list[Message]
+    tool_calls: list[dict[str, Any]]
+    usage: dict[str, int]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class ToolResultResult:
+    replaced: bool = False
+    result: Any = None
+
+
+@dataclass
+class ToolResultArgs(HookArgs[ToolResultResult]):
+    hook: ClassVar[str] = "process_tool_result"
+    tool_name: str
+    tool_call_id: str
+    args: Any
+    result: Any
+    messages: list[Message]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class OutputResultArgs(HookArgs[MessagesResult]):
+    hook: ClassVar[str] = "process_output_result"
+    messages: list[Message]
+    text: str
+    finish_reason: str
+    usage: dict[str, int]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class APIErrorResult:
+    messages: list[Message] | None = None
+    retry: bool = False
+
+
+@dataclass
+class APIErrorArgs(HookArgs[APIErrorResult]):
+    hook: ClassVar[str] = "process_api_error"
+    status: int
+    message: str
+    body: str
+    retryable: bool
+    error_id: str
+    details: dict[str, Any]
+    messages: list[Message]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class ExecuteToolResult:
+    result: Any = None
+
+
+@dataclass
+class ExecuteToolArgs(HookArgs[ExecuteToolResult]):
+    hook: ClassVar[str] = "execute_tool"
+    tool_name: str
+    tool_call_id: str
+    args: Any
+    messages: list[Message]
+
+
+class HookCaller(Protocol):
+    """The run's processors, for one run (built by a `CallerFactory` from its `RunInfo`)."""
+
+    async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
+        """Call a unary hook; failures follow the processor's policy (raise, or an empty reply)."""
+        ...
+
+    def fail(self, item: Processor, hook: str, cause: str) -> None:
+        """Apply `item`'s failure policy to a failure the run found (raises when fail-closed)."""
+        ...
+
+    def stream(
+        self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
+    ) -> AsyncGenerator[StreamItem, None]:
+        """Run `source` through the lane's process_output_stream processors, in order.
+
+        Yields the chunks that come out, the effects of each part in stream order and,
+        when a processor aborts, the abort (nothing follows it). A fail-closed failure,
+        or the source's own, is raised. With `announce_signals`, each signal also goes
+        downstream as a data-signal chunk.
+        """
+        ...
+
+
+CallerFactory = Callable[[RunInfo, OrchestratorMetrics], HookCaller]
+"""Builds a run's `HookCaller`; the caller counts and times its calls on the metrics object."""

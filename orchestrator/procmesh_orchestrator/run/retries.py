@@ -1,0 +1,88 @@
+"""The retry budget: step retries a processor asks for (with feedback), and API-error retries."""
+
+from __future__ import annotations
+
+import logging
+
+from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.base import RunCore
+from procmesh_orchestrator.run.hooks import APIErrorArgs, dedupe
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ERROR_RETRY_CAP = 3
+
+
+def may_retry_step(run: RunCore) -> bool:
+    """Whether an abort with ``retry`` may run the step again (maxProcessorRetries allows it)."""
+    if run.max_retries is None:
+        log.warning(
+            "agent %s: a processor asked for a retry but maxProcessorRetries is not set; "
+            "treating it as an abort",
+            run.agent.id,
+        )
+        return False
+    if run.info.retry_count >= run.max_retries:
+        run.metrics.retry_budget_exhausted.labels("step").inc()
+        return False
+    return True
+
+
+def retry_with_feedback(run: RunCore, reason: str) -> None:
+    """Append the reason after the conversation as a persisted <system-reminder> signal."""
+    run.ml.add_signal({"type": "reactive", "contents": reason})
+    run.info.retry_count += 1
+    run.metrics.retries.labels("step").inc()
+
+
+def error_retry_cap(run: RunCore) -> int | None:
+    """maxProcessorRetries when set; else 3 whenever the resolved error list is non-empty."""
+    if run.max_retries is not None:
+        return run.max_retries
+    if not run.error_lane:
+        return None
+    if not run.agent.warned_implicit_cap:
+        run.agent.warned_implicit_cap = True
+        log.warning(
+            "agent %s: maxProcessorRetries is not set; error processors may retry at most %d "
+            "times per step (set maxProcessorRetries to choose)",
+            run.agent.id,
+            DEFAULT_ERROR_RETRY_CAP,
+        )
+    return DEFAULT_ERROR_RETRY_CAP
+
+
+async def api_error(run: RunCore, err: APICallError) -> bool:
+    """Run processAPIError (every lane, once each, until one asks for a retry); True to retry."""
+    items = [
+        i for i in dedupe([*run.input_lane, *run.output_lane, *run.error_lane]) if i.has("process_api_error")
+    ]
+    for item in items:
+        before = run.ml.view()
+        args = APIErrorArgs(
+            status=err.status,
+            message=err.message,
+            body=err.body,
+            retryable=err.retryable,
+            error_id=err.error_id,
+            details=err.details,
+            messages=before,
+            steps=run.steps,
+        )
+        answer = await run.call(item, args)
+        if answer is None:
+            continue
+        result, effects = answer
+        if effects.abort is None and result.messages is not None:
+            run.system.extend(run.ml.apply(before, result.messages, msgs.INPUT))
+        await run.apply(effects)
+        if result.retry:
+            cap = error_retry_cap(run)
+            if cap is None or run.info.retry_count >= cap:
+                run.metrics.retry_budget_exhausted.labels("api_error").inc()
+                return False
+            run.info.retry_count += 1
+            run.metrics.retries.labels("api_error").inc()
+            return True
+    return False

@@ -1,0 +1,205 @@
+"""The hooks of preparation, of each step and of finalization, in lane order (SPEC §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from procmesh_orchestrator.errors import TripwireAbort
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.base import RunCore
+from procmesh_orchestrator.run.hooks import (
+    Chunk,
+    InputArgs,
+    InputStepArgs,
+    InputStepResult,
+    LLMRequestArgs,
+    LLMResponseArgs,
+    OutputResultArgs,
+    OutputStepArgs,
+    Processor,
+    dedupe,
+)
+from procmesh_orchestrator.run.models import ModelProvider
+
+
+@dataclass
+class StepOutcome:
+    """What one model step produced, after the output-stream processors."""
+
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    usage: dict[str, int] = field(default_factory=dict)
+    raw_chunks: list[Chunk] = field(default_factory=list)
+    abort: TripwireAbort | None = None
+    from_cache: bool = False
+
+
+@dataclass
+class StepConfig:
+    """A step's model settings, as processInputStep may change them."""
+
+    model: ModelProvider
+    tools: list[dict[str, Any]]
+    tool_choice: Any
+    active_tools: list[str] | None = None
+    provider_options: dict[str, Any] = field(default_factory=dict)
+    model_settings: dict[str, Any] = field(default_factory=dict)
+
+
+async def process_input(run: RunCore) -> None:
+    """processInput, input lane in order (its chunks are not streamed: the stream has not begun)."""
+    for item in run.input_lane:
+        if not item.has("process_input"):
+            continue
+        before = run.ml.view(msgs.INPUT)
+        answer = await run.call(item, InputArgs(before, run.ml.view(), list(run.system)))
+        if answer is None:
+            continue
+        result, effects = answer
+        if effects.abort is None:
+            if result.all_messages is not None:
+                run.system.extend(run.ml.replace_all(result.all_messages, msgs.INPUT))
+                before = run.ml.view(msgs.INPUT)
+            if result.system_messages is not None:
+                run.system = result.system_messages
+            if result.messages is not None:
+                run.system.extend(run.ml.apply(before, result.messages, msgs.INPUT))
+        await run.apply(effects, can_stream=False)
+
+
+async def input_step(run: RunCore, cfg: StepConfig) -> None:
+    """processInputStep, input lane in order: it may change the step's messages, model and tools."""
+    for item in run.input_lane:
+        if not item.has("process_input_step"):
+            continue
+        before = run.ml.view()
+        args = InputStepArgs(
+            model=cfg.model.model_id,
+            messages=before,
+            system_messages=list(run.system),
+            tools=cfg.tools,
+            tool_choice=cfg.tool_choice,
+            active_tools=cfg.active_tools,
+            provider_options=cfg.provider_options,
+            model_settings=cfg.model_settings,
+            steps=run.steps,
+        )
+        answer = await run.call(item, args)
+        if answer is None:
+            continue
+        result, effects = answer
+        if effects.abort is None:
+            _step_overrides(run, result, cfg, before, item)
+        await run.apply(effects)
+
+
+def _step_overrides(
+    run: RunCore, result: InputStepResult, cfg: StepConfig, before: list[dict[str, Any]], item: Processor
+) -> None:
+    if result.messages is not None:
+        run.system.extend(run.ml.apply(before, result.messages, msgs.INPUT))
+    if result.system_messages is not None:
+        run.system = result.system_messages
+    if result.model is not None:
+        model = run.agent.models.get(result.model)
+        if model is None:  # a malformed response: the processor's failure policy decides
+            run.caller.fail(
+                item,
+                "process_input_step",
+                f"returned unknown model {result.model!r} (configured: {sorted(run.agent.models)}, "
+                "or provider/model-id)",
+            )
+        else:
+            cfg.model = model
+    if result.tools is not None:
+        # tools the agent does not have are run by the processor that added them, if it can
+        if item.has("execute_tool"):
+            for tool in result.tools:
+                if tool["name"] not in run.agent.tools:
+                    run.tool_owners[tool["name"]] = item
+        cfg.tools = result.tools
+    if result.tool_choice is not None:
+        cfg.tool_choice = result.tool_choice
+    if result.active_tools is not None:
+        cfg.active_tools = result.active_tools
+    if result.provider_options is not None:
+        cfg.provider_options = result.provider_options
+    if result.model_settings is not None:
+        cfg.model_settings = result.model_settings
+
+
+async def llm_request(
+    run: RunCore, prompt: list[dict[str, Any]], cfg: StepConfig
+) -> tuple[list[dict[str, Any]], list[Chunk] | None]:
+    """processLLMRequest: input lane, then error lane (once each); the first cached response wins."""
+    cached: list[Chunk] | None = None
+    items = [i for i in dedupe([*run.input_lane, *run.error_lane]) if i.has("process_llm_request")]
+    for item in items:
+        answer = await run.call(item, LLMRequestArgs(cfg.model.model_id, prompt, run.steps))
+        if answer is None:
+            continue
+        result, effects = answer
+        if effects.abort is None:
+            if result.prompt is not None:
+                prompt = result.prompt
+            if result.cached_response is not None and cached is None:
+                cached = result.cached_response
+        await run.apply(effects)
+    return prompt, cached
+
+
+async def llm_response(run: RunCore, outcome: StepOutcome, model_id: str) -> None:
+    """processLLMResponse, input lane in order: the step's raw chunks, for effects only."""
+    for item in run.input_lane:
+        if not item.has("process_llm_response"):
+            continue
+        args = LLMResponseArgs(model_id, outcome.from_cache, outcome.raw_chunks, run.steps)
+        answer = await run.call(item, args)
+        if answer is not None:
+            await run.apply(answer[1])
+
+
+async def output_step(run: RunCore, outcome: StepOutcome) -> None:
+    """processOutputStep, output lane in order: the step's messages may be replaced."""
+    for item in run.output_lane:
+        if not item.has("process_output_step"):
+            continue
+        before = run.ml.view()
+        args = OutputStepArgs(
+            text=outcome.text,
+            finish_reason=outcome.finish_reason,
+            messages=before,
+            system_messages=list(run.system),
+            tool_calls=outcome.tool_calls,
+            usage=outcome.usage,
+            steps=run.steps,
+        )
+        answer = await run.call(item, args)
+        if answer is None:
+            continue
+        result, effects = answer
+        if effects.abort is None and result.messages is not None:
+            run.system.extend(run.ml.apply(before, result.messages, msgs.RESPONSE))
+        await run.apply(effects)
+
+
+async def output_result(run: RunCore, text: str, finish_reason: str) -> tuple[str, TripwireAbort | None]:
+    """processOutputResult once per request, output lane in order; an abort blanks the text."""
+    for item in run.output_lane:
+        if not item.has("process_output_result"):
+            continue
+        before = run.ml.view(msgs.RESPONSE)
+        answer = await run.call(item, OutputResultArgs(before, text, finish_reason, run.usage, run.steps))
+        if answer is None:
+            continue
+        result, effects = answer
+        if effects.abort is None and result.messages is not None:
+            run.ml.apply(before, result.messages, msgs.RESPONSE)
+            text = run.text()
+        try:
+            await run.apply(effects)
+        except TripwireAbort as abort:
+            return "", abort
+    return text, None

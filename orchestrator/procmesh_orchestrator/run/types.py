@@ -1,0 +1,89 @@
+"""The values a run is built from and gives back: the agent, per-call options, the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
+from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.run.tools import StaticTool
+
+ViolationCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The resolved processor lanes of a call."""
+
+    input: tuple[LaneEntry, ...] = ()
+    output: tuple[LaneEntry, ...] = ()
+    error: tuple[LaneEntry, ...] = ()
+
+
+@dataclass
+class AgentSpec:
+    """A resolved agent: what the loop needs, with processors bound to their sidecars."""
+
+    id: str
+    model: ModelProvider
+    hook_caller: CallerFactory
+    """Builds each run's caller of the processors (`procmesh_orchestrator.processors.GrpcHookCaller`)."""
+    instructions: str = ""
+    models: dict[str, ModelProvider] = field(default_factory=dict)
+    tools: dict[str, StaticTool] = field(default_factory=dict)
+    max_steps: int = 5
+    max_processor_retries: int | None = None
+    lanes: Lanes = field(default_factory=Lanes)
+    """The resolved lanes; `error` already holds the default error processors (SPEC §5)."""
+    warned_implicit_cap: bool = False
+
+
+@dataclass
+class CallOptions:
+    """Per-call options; None means the agent's value. A lane list replaces the agent's."""
+
+    max_steps: int | None = None
+    max_processor_retries: int | None = None
+    input_processors: Sequence[LaneEntry] | None = None
+    output_processors: Sequence[LaneEntry] | None = None
+    error_processors: Sequence[LaneEntry] | None = None
+    request_context: dict[str, Any] = field(default_factory=dict)
+    on_violation: ViolationCallback | None = None
+    timeout: float | None = None
+    """Seconds the whole run may take; propagates to every processor call as its deadline."""
+    resource_id: str = ""
+    """Who the run is for (a user, an org): processors get it (response-cache scopes by it)."""
+    thread_id: str = ""
+    """The conversation the run belongs to."""
+
+
+@dataclass
+class RunResult:
+    """What a run produced (the `generate()` result; a stream resolves to it)."""
+
+    run_id: str
+    text: str
+    finish_reason: str
+    steps: list[dict[str, Any]]
+    tripwire: dict[str, Any] | None
+    usage: dict[str, int]
+    response_messages: list[dict[str, Any]]
+    violations: list[dict[str, Any]]
+    error: str | None = None
+
+    @property
+    def assistant_metadata(self) -> dict[str, Any]:
+        """Metadata processors attached to the response's assistant messages (merged)."""
+        return assistant_metadata(self.response_messages)
+
+
+def assistant_metadata(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Metadata processors attached to assistant messages (merged; ``__``-keys are internal)."""
+    merged: dict[str, Any] = {}
+    for msg in messages:
+        if msg.get("role") == "assistant":
+            meta = (msg.get("content") or {}).get("metadata") or {}
+            merged.update({k: v for k, v in meta.items() if not k.startswith("__")})
+    return merged

@@ -45,7 +45,7 @@ PROGRAMS = (
     Program(
         "kubectl",
         None,
-        "rendering the kustomize overlays (tests/deploy)",
+        "rendering the kustomize overlays (tests/deploy, tests/e2e/test_pod.py)",
         manual="install kubectl 1.27 or newer (its built-in kustomize renders deploy/k8s)",
     ),
 )

@@ -59,6 +59,7 @@ def outcomes(runtime: str) -> tuple[dict[str, str], str]:
     return verdicts, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(900)  # compare.py runs every scenario (~40) as its own processes
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_every_scenario_without_memory_matches_its_expected_trace(runtime: str) -> None:
     verdicts, output = outcomes(runtime)
@@ -69,6 +70,7 @@ def test_every_scenario_without_memory_matches_its_expected_trace(runtime: str) 
 
 
 @pytest.mark.xfail(strict=True, reason="memory (threads, history, save rules) is issue #15")
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_every_memory_scenario_matches_its_expected_trace(runtime: str) -> None:
     verdicts, output = outcomes(runtime)

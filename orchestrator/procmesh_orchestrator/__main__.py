@@ -36,6 +36,12 @@ def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSetting
     parser.add_argument("--max-request-bytes", type=int, help="largest request accepted")
     parser.add_argument("--drain-grace-seconds", type=float, help="time in-flight runs get after SIGTERM")
     parser.add_argument("--log-level", help="logging level (default INFO)")
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help="serve without API keys on a non-loopback interface (open to anyone who reaches it)",
+    )
     args = parser.parse_args(argv)
     if "PROCMESH_CONFIG" in os.environ:
         # Renamed: silently ignoring a deployment's config path would start the wrong agents.

@@ -41,7 +41,7 @@ from procmesh_orchestrator.processors import (
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.run import Agent, AgentSpec, Lanes
 from procmesh_orchestrator.run.tools import StaticTool
-from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.sidecar_process import SidecarProcess, supervise
 
 log = logging.getLogger(__name__)
 
@@ -146,17 +146,10 @@ class App:
         self.builtins.start()
         await self.builtins.wait_ready(self._connect_timeout)
         self.sidecars[BUILTINS] = SidecarConfig(address=address)
-        self._supervisor = asyncio.create_task(self._supervise(self.builtins))
-
-    async def _supervise(self, process: SidecarProcess) -> None:
-        """Restart the built-in sidecar when it exits; clients reconnect by themselves."""
-        while True:
-            await asyncio.sleep(0.5)
-            if process.proc is not None and process.proc.poll() is not None:
-                log.error("built-in sidecar exited with %s; restarting", process.proc.returncode)
-                process.start()
-                with contextlib.suppress(RuntimeError):
-                    await process.wait_ready(self._connect_timeout)
+        # Restarted when it exits (clients reconnect by themselves), with crash-loop backoff.
+        self._supervisor = asyncio.create_task(
+            supervise(self.builtins, connect_timeout=self._connect_timeout)
+        )
 
     async def start(self) -> None:
         """Connect to the sidecars (waiting up to the connect timeout) and build the agents."""

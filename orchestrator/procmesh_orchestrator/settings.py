@@ -46,6 +46,34 @@ class OrchestratorSettings(BaseSettings):
     """How often the sidecars' grpc.health.v1 status is polled for readiness."""
     log_level: str = "INFO"
     """Logging level of the process."""
+    allow_unauthenticated: bool = False
+    """Serve without API keys on a non-loopback interface (``--allow-unauthenticated``). Without
+    keys the service is open to anyone who reaches it, so by default it then binds loopback only."""
+    allowed_hosts: Annotated[list[str], NoDecode] | None = None
+    """``Host`` header values accepted (``*.example.com`` wildcards; ``*``: any). Default: any when
+    API keys are set, else loopback names only, so a web page cannot drive a local instance
+    through DNS rebinding. A comma-separated list in ``PROCMESH_ALLOWED_HOSTS``."""
+    max_connections: int = Field(default=512, gt=0)
+    """Open HTTP connections (and in-flight requests) served at once; past it: 503."""
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    """A connection must send a complete request head within this, and is closed after being idle
+    as long between requests (slow-loris connections do not pile up)."""
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A request body must arrive within this; past it: 408."""
+    max_input_messages: int = Field(default=10_000, gt=0)
+    """Messages in one request."""
+    max_input_depth: int = Field(default=24, ge=4, le=40)
+    """Nesting levels of a request body (the envelope takes about four). At most 40: deeper input
+    would exceed the sidecars' protobuf decoding limit."""
+    max_input_string_chars: int = Field(default=1024 * 1024, gt=0)
+    """Characters in one string of a request."""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [host.strip() for host in value.split(",") if host.strip()]
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from procmesh import ProcessorClient
 from procmesh.errors import ProcmeshError
 from procmesh_orchestrator.errors import SidecarStartError
+
+log = logging.getLogger(__name__)
 
 
 class SidecarProcess:
@@ -81,3 +84,59 @@ class SidecarProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             return self.proc.wait()
+
+
+class CrashLoopBackoff:
+    """How long to wait before restarting a crashed process, as kubelet does for a container.
+
+    The delay doubles with every crash in a row, from `initial` up to `cap` seconds; a process that
+    stayed up for `reset_after` seconds starts the count again. A crash-looping sidecar then costs a
+    restart a minute instead of two a second, forever.
+    """
+
+    def __init__(self, initial: float = 0.5, cap: float = 60.0, reset_after: float = 30.0) -> None:
+        self.initial = initial
+        self.cap = cap
+        self.reset_after = reset_after
+        self.crashes = 0
+
+    def next_delay(self, uptime: float) -> float:
+        """The wait before the next start, after a run of `uptime` seconds that ended in a crash."""
+        if uptime >= self.reset_after:
+            self.crashes = 0
+        delay = min(self.initial * 2.0**self.crashes, self.cap)
+        self.crashes += 1
+        return delay
+
+
+async def supervise(
+    process: SidecarProcess,
+    *,
+    connect_timeout: float,
+    backoff: CrashLoopBackoff | None = None,
+    poll: float = 0.5,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Restart `process` whenever it exits, with crash-loop backoff; runs until cancelled."""
+    backoff = backoff or CrashLoopBackoff()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        await sleep(poll)
+        if process.proc is None or process.proc.poll() is None:
+            continue
+        delay = backoff.next_delay(loop.time() - started)
+        log.error(
+            "sidecar %s exited with %s; restarting in %.1fs (crash %d in a row)",
+            process.address,
+            process.proc.returncode,
+            delay,
+            backoff.crashes,
+        )
+        await sleep(delay)
+        process.start()
+        started = loop.time()
+        try:
+            await process.wait_ready(connect_timeout)
+        except SidecarStartError as exc:
+            log.error("restarted sidecar is not serving: %s", exc)

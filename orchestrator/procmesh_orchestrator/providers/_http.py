@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -218,11 +219,17 @@ class RetryPolicy:
     max_retries: int = 0
     backoff_ms: float = 500.0
     max_delay_ms: float = 60_000.0
+    jitter: Callable[[], float] = field(default=random.random, compare=False)
+    """A number in [0, 1) per delay: runs that failed together (one 429 for all) retry spread out
+    instead of in lockstep."""
 
     def delay_ms(self, attempt: int, error: APICallError) -> float:
-        """Exponential backoff from `backoff_ms`; the provider's Retry-After wins when longer."""
+        """Exponential backoff from `backoff_ms` with equal jitter (half fixed, half random); the
+        provider's Retry-After is a floor and wins when longer."""
+        nominal = self.backoff_ms * 2.0**attempt
+        jittered = nominal * (0.5 + 0.5 * self.jitter())
         retry_after = float(error.details.get("retryAfterMs") or 0)
-        return min(max(self.backoff_ms * 2.0**attempt, retry_after), self.max_delay_ms)
+        return min(max(jittered, retry_after), self.max_delay_ms)
 
 
 async def with_retries(

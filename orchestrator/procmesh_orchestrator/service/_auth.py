@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pydantic import SecretStr
 
-from procmesh_orchestrator.service._calls import AuthenticationError
+from procmesh_orchestrator.service._errors import AuthenticationError
 
 
 class ApiKeys:

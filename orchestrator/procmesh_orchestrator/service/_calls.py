@@ -11,62 +11,20 @@ import asyncio
 import base64
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh import convert
-from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.run import CallOptions, RunResult
 from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.service._errors import (
+    BadRequestError,
+    DrainingError,
+)
+from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
 
 Chunk = dict[str, Any]
-
-
-# -- errors: one root, each class binds its HTTP status and gRPC code ---------------------
-
-
-class ServiceError(OrchestratorError):
-    """A request the service refuses; `http_status` and `grpc_code` say how each API reports it."""
-
-    http_status: ClassVar[int] = 500
-    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
-
-
-class BadRequestError(ServiceError):
-    """The body or message is malformed or fails validation."""
-
-    http_status = 400
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class AuthenticationError(ServiceError):
-    """No API key, or an unknown one."""
-
-    http_status = 401
-    grpc_code = grpc.StatusCode.UNAUTHENTICATED
-
-
-class AgentNotFoundError(ServiceError):
-    """No agent has this id."""
-
-    http_status = 404
-    grpc_code = grpc.StatusCode.NOT_FOUND
-
-
-class TooLargeError(ServiceError):
-    """The request is larger than ``max_request_bytes``."""
-
-    http_status = 413
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class DrainingError(ServiceError):
-    """The server is shutting down and takes no new runs."""
-
-    http_status = 503
-    grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
 # -- the call -------------------------------------------------------------------------------
@@ -138,10 +96,27 @@ def _message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
     raise BadRequestError(f"{where}.content: must be a string, a list of text parts or a message content")
 
 
-def parse_body(data: Any, *, trust_request_context: bool) -> AgentCall:
+_CALLER_SET_IDS = ("threadId", "resourceId")
+
+
+def _untrusted(messages: list[dict[str, Any]]) -> None:
+    """Drop what only a trusted layer may set on a message: its thread, resource and id.
+
+    Like the run-level ids, these scope per-user data (memory, cache entries) that processors see.
+    """
+    for message in messages:
+        for key in _CALLER_SET_IDS:
+            message.pop(key, None)
+        message["id"] = msgs.new_id()
+
+
+def parse_body(data: Any, *, trust_request_context: bool, limits: InputLimits) -> AgentCall:
     """Validate a decoded JSON body; the caller's request context counts only when trusted."""
     if not isinstance(data, dict):
         raise BadRequestError("the body must be a JSON object with a 'messages' field")
+    if isinstance(data.get("messages"), list):
+        check_message_count(len(data["messages"]), limits)
+    check_input(data, limits)
     try:
         body = _Body.model_validate(data)
     except ValidationError as exc:
@@ -153,6 +128,8 @@ def parse_body(data: Any, *, trust_request_context: bool) -> AgentCall:
         agent_input: str | list[dict[str, Any]] = body.messages
     else:
         agent_input = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+        if not trust_request_context:
+            _untrusted(agent_input)
     context = (body.request_context or body.runtime_context or {}) if trust_request_context else {}
     # Who the run is for scopes per-user data (response-cache entries): like the request context,
     # a caller's claim counts only when the server's auth layer is trusted to have set it.
@@ -168,18 +145,25 @@ def parse_body(data: Any, *, trust_request_context: bool) -> AgentCall:
     )
 
 
-def parse_proto(request: Any, *, trust_request_context: bool, timeout: float | None) -> AgentCall:
+def parse_proto(
+    request: Any, *, trust_request_context: bool, timeout: float | None, limits: InputLimits
+) -> AgentCall:
     """Validate a GenerateRequest / StreamRequest (same fields)."""
+    check_message_count(len(request.messages), limits)
     messages: list[dict[str, Any]] = []
     for i, proto in enumerate(request.messages):
         try:
             message = convert.message_from_proto(proto)
         except ValueError as exc:
             raise BadRequestError(f"messages.{i}: {exc}") from None
+        check_input(message, limits, root=("messages", i))
         if message["role"] not in _ROLES:
             raise BadRequestError(f"messages.{i}.role: must be one of {', '.join(_ROLES)}")
         message["id"] = message["id"] or msgs.new_id()
         messages.append(message)
+    if not trust_request_context:
+        _untrusted(messages)
+    check_input(request.text, limits, root=("text",))
     if request.text:
         messages.append(msgs.text_message("user", request.text))
     if not messages:
@@ -191,6 +175,7 @@ def parse_proto(request: Any, *, trust_request_context: bool, timeout: float | N
     if retries is not None and retries < 0:
         raise BadRequestError("max_processor_retries: must not be negative")
     context = convert.from_struct(request.request_context) if trust_request_context else {}
+    check_input(context, limits, root=("request_context",))
     return AgentCall(
         messages,
         CallOptions(

@@ -18,7 +18,9 @@ from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
 from procmesh_orchestrator.run import Agent, RunResult
-from procmesh_orchestrator.service._calls import AgentCall, ServiceError, parse_proto
+from procmesh_orchestrator.service._calls import AgentCall, parse_proto
+from procmesh_orchestrator.service._errors import ServiceError
+from procmesh_orchestrator.service._logs import RateLimitedLog
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -74,6 +76,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             request,
             trust_request_context=service.settings.trust_request_context,
             timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
+            limits=service.limits,
         )
         service.gate.enter()
         return agent, call
@@ -132,16 +135,100 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         self._service.metrics.requests.labels("grpc", "OK").inc()
 
 
+def _raw(handler: Any, decode: Any, check: Any) -> Any:
+    """`handler` taking raw bytes: a request that does not decode is INVALID_ARGUMENT, not UNKNOWN.
+
+    grpc decodes before any handler runs and reports a failure as UNKNOWN with an ERROR traceback
+    per request; decoding here makes it the contract's INVALID_ARGUMENT and one rate-limited line.
+    `check` runs first (the API key), so an unauthenticated caller learns nothing about decoding.
+    """
+
+    async def parse(raw: bytes, context: Context) -> Any:
+        await check(context)
+        try:
+            return decode(raw)
+        except Exception as exc:  # DecodeError, RecursionError: whatever the bytes make protobuf do
+            _malformed.warning(type(exc).__name__)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed request: it does not decode")
+
+    if handler.unary_unary is not None:
+        unary: Any = handler.unary_unary
+
+        async def unary_unary(raw: bytes, context: Context) -> Any:
+            return await unary(await parse(raw, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary, response_serializer=handler.response_serializer
+        )
+    if handler.unary_stream is not None:
+        streaming: Any = handler.unary_stream
+
+        async def unary_stream(raw: bytes, context: Context) -> AsyncIterator[Any]:
+            async for item in streaming(await parse(raw, context), context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream, response_serializer=handler.response_serializer
+        )
+    return handler  # reflection's bidirectional stream: decoded by grpc, guarded by the key check
+
+
+class _Guard(grpc.aio.ServerInterceptor):
+    """Decode requests ourselves (clear INVALID_ARGUMENT) and put reflection behind the API key."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    async def _check_key(self, context: Context) -> None:
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        try:
+            self._service.keys.check(metadata.get("authorization"))
+        except ServiceError as exc:
+            await context.abort(exc.grpc_code, str(exc))
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method or ""
+        if method.startswith(f"/{reflection.SERVICE_NAME}/"):
+            return self._reflection(handler)
+        if not method.startswith(f"/{AGENT_SERVICE}/") or handler.request_deserializer is None:
+            return handler
+        return _raw(handler, handler.request_deserializer, self._check_key)
+
+    def _reflection(self, handler: Any) -> Any:
+        if not self._service.settings.api_keys or handler.stream_stream is None:
+            return handler
+        stream: Any = handler.stream_stream
+        check = self._check_key
+
+        async def guarded(requests: Any, context: Context) -> AsyncIterator[Any]:
+            await check(context)
+            async for item in stream(requests, context):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+_malformed = RateLimitedLog(log, "malformed gRPC request refused")
+
+
 class GrpcServer:
     """The orchestrator's gRPC server: AgentService, grpc.health.v1 and reflection."""
 
     def __init__(self, service: Service, host: str, port: int) -> None:
         self.health = health_aio.HealthServicer()
         self._server = grpc.aio.server(
+            interceptors=[_Guard(service)],
             options=[
                 ("grpc.max_receive_message_length", service.settings.max_request_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         agrpc.add_AgentServiceServicer_to_server(_AgentServicer(service), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

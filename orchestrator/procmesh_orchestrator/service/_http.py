@@ -11,27 +11,35 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import h11
 import uvicorn
 from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, ServiceStartError
 from procmesh_orchestrator.run import RunStream
 from procmesh_orchestrator.service._calls import (
-    BadRequestError,
-    ServiceError,
-    TooLargeError,
     dumps,
     failed_json,
     parse_body,
     result_json,
     wire_chunk,
 )
+from procmesh_orchestrator.service._errors import (
+    BadRequestError,
+    ClientGoneError,
+    RequestTimeoutError,
+    ServiceError,
+    TooLargeError,
+    UnsupportedMediaTypeError,
+)
+from procmesh_orchestrator.service._logs import RateLimitedLog
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -111,18 +119,52 @@ async def _events(run: RunStream, agent_id: str) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+DISCONNECTED = "499"
+"""The status counted for a request whose client left before any response (nginx's convention)."""
+
+
+def host_allowed(header: str, allowed: list[str]) -> bool:
+    """Whether a ``Host`` header names an allowed host (port ignored; ``*.x`` wildcards; ``*``: any)."""
+    if "*" in allowed:
+        return True
+    host = header.strip().lower()
+    if host.startswith("["):  # [::1]:4111
+        host = host[1 : host.find("]")] if "]" in host else ""
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    for pattern in allowed:
+        pattern = pattern.lower()
+        if host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:])):
+            return True
+    return False
+
+
+def allowed_hosts(service: Service) -> list[str]:
+    """The configured hosts, or the default: any with API keys (or when told to be open), else loopback."""
+    settings = service.settings
+    if settings.allowed_hosts is not None:
+        return settings.allowed_hosts
+    if settings.api_keys or settings.allow_unauthenticated:
+        return ["*"]
+    return list(LOOPBACK_HOSTS)
+
+
 class _Boundary:
-    """Outermost ASGI layer: API keys on /api/*, and the request counter by status code."""
+    """Outermost ASGI layer: Host check, API keys on /api/*, the request counter by status code, and
+    the last word on unexpected errors (one rate-limited WARNING, never the request's content)."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self._app = app
         self._service = service
+        self._hosts = allowed_hosts(service)
+        self._unexpected = RateLimitedLog(log, "unexpected error serving an HTTP request")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        status = 500
+        status: int | None = None
 
         async def counting_send(message: Message) -> None:
             nonlocal status
@@ -131,6 +173,12 @@ class _Boundary:
             await send(message)
 
         try:
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+            if not host_allowed(host, self._hosts):
+                await error_response(400, "Host not allowed (set PROCMESH_ALLOWED_HOSTS to serve this name)")(
+                    scope, receive, counting_send
+                )
+                return
             if scope["path"].startswith("/api/") or scope["path"] == "/api":
                 authorization = None
                 for name, value in scope["headers"]:
@@ -142,24 +190,47 @@ class _Boundary:
                     await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
                     return
             await self._app(scope, receive, counting_send)
+        except Exception as exc:
+            # Starlette re-raises after its 500 handler ran (or the client left mid-stream): log
+            # the class only, rate-limited, so no request can flood the log or leak its content.
+            self._unexpected.warning(f"{scope['method']} {scope['path']}: {type(exc).__name__}")
+            if status is None:
+                with contextlib.suppress(Exception):
+                    await error_response(500, "internal error")(scope, receive, counting_send)
         finally:
-            self._service.metrics.requests.labels("http", str(status)).inc()
+            self._service.metrics.requests.labels(
+                "http", DISCONNECTED if status is None else str(status)
+            ).inc()
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, refusing more than `limit` bytes before or while reading it."""
+async def _read_json(request: Request, limit: int, timeout: float) -> Any:
+    """The body as JSON, refusing more than `limit` bytes before or while reading it, or a body
+    that takes longer than `timeout` seconds to arrive."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise UnsupportedMediaTypeError(
+            f"send the body as Content-Type: application/json (got {media_type[:64] or 'none'!r})"
+        )
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise TooLargeError(f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise TooLargeError(f"request body exceeds the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout):
+            async for piece in request.stream():
+                body += piece
+                if len(body) > limit:
+                    raise TooLargeError(f"request body exceeds the limit of {limit} bytes")
+    except TimeoutError:
+        raise RequestTimeoutError(f"the request body did not arrive within {timeout:g}s") from None
+    except ClientDisconnect:
+        raise ClientGoneError("the client closed the connection while sending the body") from None
     if not body:
         raise BadRequestError("empty body: send a JSON object with a 'messages' field")
     try:
         return json.loads(body)
+    except RecursionError:
+        raise BadRequestError("malformed JSON body: nests too deep") from None
     except ValueError as exc:
         raise BadRequestError(f"malformed JSON body: {exc}") from None
 
@@ -184,8 +255,9 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
         call = parse_body(
-            await _read_json(request, settings.max_request_bytes),
+            await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             trust_request_context=settings.trust_request_context,
+            limits=service.limits,
         )
         service.gate.enter()
         release = _releaser(service)
@@ -211,8 +283,9 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
         call = parse_body(
-            await _read_json(request, settings.max_request_bytes),
+            await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             trust_request_context=settings.trust_request_context,
+            limits=service.limits,
         )
         service.gate.enter()
         run = agent.stream(call.input, call.options)
@@ -247,7 +320,7 @@ def build_http_app(service: Service) -> ASGIApp:
         return error_response(exc.status_code, exc.detail)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
-        return error_response(500, "internal error")
+        return error_response(500, "internal error")  # _Boundary logs it
 
     app = Starlette(
         routes=[
@@ -287,6 +360,49 @@ def _releaser(service: Service, run: RunStream | None = None) -> Release:
     return release
 
 
+class _H11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on every request head.
+
+    uvicorn closes idle keep-alive connections, but any byte received disarms that timer, so a
+    client that trickles a request head (slow loris) kept its connection forever. Here a head
+    must be complete within ``timeout_keep_alive`` (our ``header_timeout_seconds``) of the
+    connection opening or of the previous response ending, or the connection is closed.
+    """
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.timeout_keep_alive, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE:  # still no complete request head
+            self.timeout_keep_alive_handler()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._head_timer is not None and self.conn.their_state is not h11.IDLE:
+            self._head_timer.cancel()  # a request head arrived
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its signal handlers: the orchestrator owns SIGTERM (drain first)."""
 
@@ -298,7 +414,9 @@ class _Server(uvicorn.Server):
 class HttpServer:
     """uvicorn serving the HTTP API inside the running event loop."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+    def __init__(
+        self, app: ASGIApp, host: str, port: int, *, max_connections: int = 512, header_timeout: float = 10.0
+    ) -> None:
         try:
             self._socket = socket.create_server((host, port))
         except OSError as exc:
@@ -313,6 +431,9 @@ class HttpServer:
             lifespan="off",
             timeout_graceful_shutdown=1,
             server_header=False,
+            http=_H11,
+            timeout_keep_alive=header_timeout,  # type: ignore[arg-type]  # a float works as well
+            limit_concurrency=max_connections,
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None

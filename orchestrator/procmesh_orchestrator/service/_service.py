@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import ApiKeys
-from procmesh_orchestrator.service._calls import AgentNotFoundError, RunGate
+from procmesh_orchestrator.service._calls import RunGate
+from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
 from procmesh_orchestrator.service._health import SidecarHealth
 from procmesh_orchestrator.service._http import HttpServer, build_http_app
+from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.settings import OrchestratorSettings
 
@@ -40,6 +44,11 @@ class Service:
         self.settings = settings
         self.app = app or App(config)
         self.keys = ApiKeys(settings.api_keys)
+        self.limits = InputLimits(
+            max_messages=settings.max_input_messages,
+            max_depth=settings.max_input_depth,
+            max_string_chars=settings.max_input_string_chars,
+        )
         self.gate = RunGate()
         self.health = SidecarHealth(self.app.clients, settings.health_poll_seconds, self._on_health)
         self.metrics = ServiceMetrics(
@@ -65,7 +74,8 @@ class Service:
         """The agent with this id; AgentNotFoundError names the configured ones."""
         agent = self.app.agents.get(agent_id)
         if agent is None:
-            raise AgentNotFoundError(f"unknown agent {agent_id!r} (configured: {sorted(self.app.agents)})")
+            shown = agent_id if len(agent_id) <= 64 else agent_id[:64] + "..."  # never echo a huge id
+            raise AgentNotFoundError(f"unknown agent {shown!r} (configured: {sorted(self.app.agents)})")
         return agent
 
     async def _on_health(self, serving: bool) -> None:
@@ -74,13 +84,20 @@ class Service:
 
     async def start(self) -> None:
         """Connect to the sidecars, then serve both APIs (stops what started if anything fails)."""
+        check_exposure(self.settings)
         try:
             await self.app.start()
             await self.health.poll_once()
             self._grpc = GrpcServer(self, self.settings.grpc_host, self.settings.grpc_port)
             await self._grpc.start()
             await self._grpc.set_serving(self.health.serving)
-            self._http = HttpServer(build_http_app(self), self.settings.http_host, self.settings.http_port)
+            self._http = HttpServer(
+                build_http_app(self),
+                self.settings.http_host,
+                self.settings.http_port,
+                max_connections=self.settings.max_connections,
+                header_timeout=self.settings.header_timeout_seconds,
+            )
             await self._http.start()
             self.health.start()
         except BaseException:
@@ -137,6 +154,30 @@ class Service:
             await self.drain()
         finally:
             await self.stop()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_exposure(settings: OrchestratorSettings) -> None:
+    """Without API keys, serve loopback only unless told otherwise, and say so either way."""
+    if settings.api_keys:
+        return
+    exposed = [h for h in (settings.http_host, settings.grpc_host) if not _loopback(h)]
+    if exposed and not settings.allow_unauthenticated:
+        raise ServiceStartError(
+            f"refusing to serve without API keys on {', '.join(sorted(set(exposed)))}: anyone who reaches "
+            "it could run the agents. Set PROCMESH_API_KEYS, bind 127.0.0.1, or pass "
+            "--allow-unauthenticated (PROCMESH_ALLOW_UNAUTHENTICATED=true)"
+        )
+    log.warning(
+        "no API keys (PROCMESH_API_KEYS): every client that reaches %s can run the agents",
+        "this host" if not exposed else ", ".join(sorted(set(exposed))),
+    )
 
 
 async def serve(settings: OrchestratorSettings, config: Config) -> None:

@@ -25,6 +25,7 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._calls import parse_body
+from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.service.support import (
@@ -40,6 +41,8 @@ from tests.integration.service.support import (
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 MAX_BYTES = 16 * 1024
+JSON = {"content-type": "application/json"}
+LIMITS = InputLimits()
 MASKED = demo_answer("hello").replace("Darn", "****")
 
 
@@ -191,7 +194,7 @@ async def test_malformed_requests_get_400_saying_what_is_wrong(
 
 async def test_bodies_over_the_limit_get_413(http: httpx.AsyncClient) -> None:
     big = b'{"messages": "' + b"x" * MAX_BYTES + b'"}'
-    response = await http.post("/api/agents/assistant/generate", content=big)
+    response = await http.post("/api/agents/assistant/generate", content=big, headers=JSON)
     assert response.status_code == 413
     assert response.json()["error"] == (
         f"request body of {len(big)} bytes exceeds the limit of {MAX_BYTES} bytes"
@@ -203,7 +206,7 @@ async def test_bodies_over_the_limit_get_413(http: httpx.AsyncClient) -> None:
             yield b"x" * 1024
         yield b'"}'
 
-    response = await http.post("/api/agents/assistant/stream", content=chunked())
+    response = await http.post("/api/agents/assistant/stream", content=chunked(), headers=JSON)
     assert response.status_code == 413
     assert response.json()["error"] == f"request body exceeds the limit of {MAX_BYTES} bytes"
 
@@ -273,7 +276,9 @@ async def test_caller_request_context_is_ignored_unless_trusted(
         assert response.status_code == 200
     assert [options.request_context for options in seen] == [{}, {}]
     # With PROCMESH_TRUST_REQUEST_CONTEXT (an authenticating layer sets it), it is passed on.
-    trusted = parse_body({"messages": "hi", "requestContext": forged}, trust_request_context=True)
+    trusted = parse_body(
+        {"messages": "hi", "requestContext": forged}, trust_request_context=True, limits=LIMITS
+    )
     assert trusted.options.request_context == forged
 
 
@@ -431,7 +436,31 @@ async def test_grpc_health_is_serving_and_needs_no_key(service: Service) -> None
 
 async def test_resource_and_thread_ids_count_only_from_a_trusted_caller() -> None:
     body = {"messages": "hi", "resourceId": "org-7", "threadId": "t-1"}
-    untrusted = parse_body(body, trust_request_context=False)
+    untrusted = parse_body(body, trust_request_context=False, limits=LIMITS)
     assert (untrusted.options.resource_id, untrusted.options.thread_id) == ("", "")
-    trusted = parse_body(body, trust_request_context=True)
+    trusted = parse_body(body, trust_request_context=True, limits=LIMITS)
     assert (trusted.options.resource_id, trusted.options.thread_id) == ("org-7", "t-1")
+
+
+async def test_message_ids_threads_and_resources_count_only_from_a_trusted_caller() -> None:
+    message = {
+        "id": "forged-id",
+        "role": "user",
+        "threadId": "someone-elses-thread",
+        "resourceId": "someone-else",
+        "content": {"format": 2, "parts": [{"type": "text", "text": "hi"}]},
+    }
+    untrusted = parse_body({"messages": [message]}, trust_request_context=False, limits=LIMITS)
+    (seen,) = untrusted.input
+    assert isinstance(seen, dict)
+    assert seen["id"] != "forged-id"
+    assert "threadId" not in seen
+    assert "resourceId" not in seen
+    trusted = parse_body({"messages": [message]}, trust_request_context=True, limits=LIMITS)
+    (kept,) = trusted.input
+    assert isinstance(kept, dict)
+    assert (kept["id"], kept["threadId"], kept["resourceId"]) == (
+        "forged-id",
+        "someone-elses-thread",
+        "someone-else",
+    )

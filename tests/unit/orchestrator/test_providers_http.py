@@ -250,9 +250,20 @@ async def test_retries_back_off_exponentially_and_honour_retry_after(sleeps: lis
     busy = APICallError("busy", status=503, retryable=True)
     slow = APICallError("slow", status=429, retryable=True, details={"retryAfterMs": 5000})
     attempt, started = attempts(busy, busy, slow, ["ok"])
-    policy = RetryPolicy(max_retries=3, backoff_ms=100)
+    policy = RetryPolicy(max_retries=3, backoff_ms=100, jitter=lambda: 0.999999)
     assert await drain(with_retries(attempt, policy, what="m")) == ["ok"]
-    assert (len(started), sleeps) == (4, [100, 200, 5000])
+    assert len(started) == 4
+    assert [round(s) for s in sleeps] == [100, 200, 5000]
+
+
+def test_backoff_has_jitter_so_simultaneous_failures_do_not_retry_in_lockstep() -> None:
+    busy = APICallError("busy", status=503, retryable=True)
+    assert RetryPolicy(backoff_ms=100, jitter=lambda: 0.0).delay_ms(1, busy) == 100  # half of 200
+    delays = [RetryPolicy(backoff_ms=100).delay_ms(1, busy) for _ in range(200)]
+    assert all(100 <= d < 200 for d in delays)
+    assert len(set(delays)) > 150
+    slow = APICallError("slow", status=429, retryable=True, details={"retryAfterMs": 7000})
+    assert RetryPolicy(backoff_ms=100, jitter=lambda: 0.0).delay_ms(0, slow) == 7000  # Retry-After is a floor
 
 
 async def test_retries_are_off_by_default(sleeps: list[float]) -> None:

@@ -30,11 +30,20 @@ from bench.echo_server import METHOD, STREAM_METHOD
 from bench.processors import processors as bench_processors
 from procmesh import ProcessorClient, ProcessorServer, convert
 from procmesh.v1 import processor_pb2 as ppb
-from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.processors import GrpcHookCaller, ProcessorHandle, hook_names
-from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo
-from procmesh_orchestrator.run.models import ModelRequest, ScriptedModel
-from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator import (
+    Agent,
+    AgentSpec,
+    CallOptions,
+    GrpcHookCaller,
+    Lanes,
+    ModelRequest,
+    OrchestratorMetrics,
+    ProcessorHandle,
+    RunInfo,
+    ScriptedModel,
+    SidecarProcess,
+    hook_names,
+)
 
 HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("PROCMESH_SHARED", HERE.parent.parent / "shared"))

@@ -36,6 +36,10 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"{module}.{alias.name}"
 
 
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def violations(folder: Path, banned: tuple[str, ...], *, exempt: tuple[Path, ...] = ()) -> list[str]:
     found = []
     for path in sorted(folder.rglob("*.py")):
@@ -43,7 +47,7 @@ def violations(folder: Path, banned: tuple[str, ...], *, exempt: tuple[Path, ...
             continue
         for line, module in imports(path):
             if any(module == b or module.startswith(b + ".") for b in banned):
-                found.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+                found.append(f"{shown(path)}:{line} imports {module}")
     return found
 
 
@@ -53,7 +57,7 @@ def private_sdk_imports(folder: Path) -> list[str]:
         for line, module in imports(path):
             parts = module.split(".")
             if parts[0] == "procmesh" and any(p.startswith("_") and p != "__version__" for p in parts[1:]):
-                found.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+                found.append(f"{shown(path)}:{line} imports {module}")
     return found
 
 

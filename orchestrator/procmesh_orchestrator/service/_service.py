@@ -16,7 +16,8 @@ from procmesh_orchestrator.service._calls import RunGate
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
 from procmesh_orchestrator.service._health import SidecarHealth
-from procmesh_orchestrator.service._http import HttpServer, build_http_app
+from procmesh_orchestrator.service._http import build_http_app
+from procmesh_orchestrator.service._http_server import HttpServer
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.settings import OrchestratorSettings

@@ -96,8 +96,14 @@ class DeployError(OrchestratorError):
 class ProcessorCallError(OrchestratorError):
     """A processor call went wrong on the wire: a gRPC status, translated where the call is made.
 
-    The processor's failure policy decides what follows (`ProcessorFailedError`, or skipped).
+    The processor's failure policy decides what follows (`ProcessorFailedError`, or skipped),
+    except when the sidecar refused the input itself (`input_refused`): a fail-open policy must not
+    let through what the guard could not read.
     """
+
+    def __init__(self, message: str, *, input_refused: bool = False) -> None:
+        super().__init__(message)
+        self.input_refused = input_refused
 
 
 class MalformedResponseError(ProcessorCallError):

@@ -213,6 +213,23 @@ async def test_fail_open_stream_skips_the_processor(faulty: Faulty, case: Case) 
     assert [c["data"] for c in chunks if c["type"] == "data-count"] == [{"deltas": 3}]
 
 
+# -- a processor that cannot read the input fails the run under either policy -----------------
+
+
+@pytest.mark.parametrize("hook", ["process_input_step", "process_output_stream"])
+async def test_a_refused_input_is_never_let_through_by_fail_open(faulty: Faulty, hook: str) -> None:
+    case = Case("refused", "faulty", "refuser", hook, "INVALID_ARGUMENT", {})
+    async with App(case.config(faulty, "fail-open")) as app:
+        chunks, result = await collect(app)
+        assert let_through(app, "refuser", hook) == 0
+        outcome = {"processor": "refuser", "hook": hook, "outcome": "input_refused"}
+        assert app.metrics.registry.get_sample_value("procmesh_processor_calls_total", outcome) == 1
+        if hook == "process_input_step":
+            assert model_calls(app) == 0  # the guard could not read it: the model never sees it
+    assert_error_ending(chunks, result, "refuser", hook)
+    assert "refused the input" in (result.error or "")
+
+
 # -- time bounds and the run deadline ------------------------------------------------------
 
 

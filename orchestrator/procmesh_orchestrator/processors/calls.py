@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, TypeVar
 
+import grpc
 from google.protobuf import struct_pb2
 
 from procmesh import convert
@@ -81,8 +82,19 @@ class GrpcHookCaller:
 
     # -- the failure policy -----------------------------------------------------------------
 
-    def policy(self, handle: ProcessorHandle, hook: str, cause: str) -> ProcessorFailedError | None:
-        """The failure policy's verdict: the error to raise (fail-closed), or None (logged, counted)."""
+    def policy(
+        self, handle: ProcessorHandle, hook: str, cause: str, *, input_refused: bool = False
+    ) -> ProcessorFailedError | None:
+        """The failure policy's verdict: the error to raise (fail-closed), or None (logged, counted).
+
+        A sidecar that refused the run's input (INVALID_ARGUMENT) fails the run under either
+        policy: failing open there would hand the model exactly what the guard could not check.
+        """
+        if input_refused:
+            self.metrics.processor_call(handle.processor_id, hook, "input_refused")
+            return ProcessorFailedError(
+                handle.processor_id, hook, f"the processor refused the input: {cause}"
+            )
         if handle.on_failure == "fail-open":
             log.warning(
                 "processor %s failed in %s, skipped (fail-open): %s", handle.processor_id, hook, cause
@@ -92,12 +104,12 @@ class GrpcHookCaller:
         self.metrics.processor_call(handle.processor_id, hook, "failed")
         return ProcessorFailedError(handle.processor_id, hook, cause)
 
-    def fail(self, item: Processor, hook: str, cause: str) -> None:
+    def fail(self, item: Processor, hook: str, cause: str, *, input_refused: bool = False) -> None:
         """Apply the failure policy: raise (fail-closed) or log and count (fail-open)."""
         lane_item = _as_lane_item(item)
         # a parallel group's result is its picked branch's, so that branch answers for it
         handle = lane_item.branches[lane_item.pick] if isinstance(lane_item, ParallelGroup) else lane_item
-        error = self.policy(handle, hook, cause)
+        error = self.policy(handle, hook, cause, input_refused=input_refused)
         if error is not None:
             raise error
 
@@ -137,7 +149,8 @@ class GrpcHookCaller:
                 )
             effects = wire.read_effects(item.processor_id, hook, response.effects, self.info.states)
         except ProcmeshError as exc:
-            self.fail(item, hook, f"{exc.code.name}: {exc}")
+            refused = exc.code == grpc.StatusCode.INVALID_ARGUMENT
+            self.fail(item, hook, f"{exc.code.name}: {exc}", input_refused=refused)
             return None, Effects()
         except MalformedResponseError as exc:
             self.fail(item, hook, f"malformed response: {exc}")

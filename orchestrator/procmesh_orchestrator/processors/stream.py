@@ -68,7 +68,9 @@ class _StreamCall:
             resp = await self._raw.read()
         except grpc.aio.AioRpcError as exc:
             err = translate_rpc_error(exc)
-            raise ProcessorCallError(f"{err.code.name}: {err}") from exc
+            raise ProcessorCallError(
+                f"{err.code.name}: {err}", input_refused=err.code == grpc.StatusCode.INVALID_ARGUMENT
+            ) from exc
         return None if resp is grpc.aio.EOF else resp
 
     def cancel(self) -> None:
@@ -111,6 +113,8 @@ class _Stage:
         self.failed_open = False
         self.broken: str | None = None
         """Why the stream failed, once it has (applied to the next part that needs an answer)."""
+        self.input_refused = False
+        """The sidecar answered INVALID_ARGUMENT: it could not read the input; no policy lets it by."""
         self.stream_done = False
         self.end_queued = False
         self.stopped = False
@@ -223,6 +227,7 @@ class _Stage:
                     info.states[handle.processor_id] = resp.end.state
                 self._flush_head()
         except ProcessorCallError as exc:  # the gRPC status (translated by _StreamCall) or a broken contract
+            self.input_refused = exc.input_refused
             self._failed(str(exc))
         finally:
             if read is not None:
@@ -292,7 +297,9 @@ class _Stage:
             return
         assert self.call is not None
         self.call.cancel()
-        error = self.caller.policy(self.handle, HOOK, self.broken or "stream failed")
+        error = self.caller.policy(
+            self.handle, HOOK, self.broken or "stream failed", input_refused=self.input_refused
+        )
         if error is not None:  # fail-closed: the error goes on in the part's place, and ends the stream
             self.outq.put_nowait((_ERROR, error))
             self.stopped = True

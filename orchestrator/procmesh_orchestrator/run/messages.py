@@ -54,26 +54,33 @@ def message_text(msg: Message) -> str:
 
 
 class RunMessages:
-    """The live conversation of one run: messages in order, each tagged with its source."""
+    """The live conversation of one run: messages in order, each tagged with its source.
+
+    Messages are kept in an insertion-ordered dict by id, so adding, replacing in place and
+    removing are O(1) and a hook's array return is applied in linear time (a list rebuilt per
+    known id made 20,000 messages take 15 s on the event loop).
+    """
 
     def __init__(self) -> None:
-        self.items: list[Message] = []
+        self._by_id: dict[str, Message] = {}
         self.sources: dict[str, str] = {}
+
+    @property
+    def items(self) -> list[Message]:
+        """The messages, in order (a new list)."""
+        return list(self._by_id.values())
 
     def add(self, msg: Message, source: str) -> None:
         """Append a message (a message with the same id is replaced in place)."""
         msg_id = msg.setdefault("id", new_id())
-        if msg_id in self.sources:
-            self.items = [msg if m["id"] == msg_id else m for m in self.items]
-        else:
-            self.items.append(msg)
+        self._by_id[msg_id] = msg  # an existing key keeps its position
         self.sources[msg_id] = source
 
     def view(self, *sources: str) -> list[Message]:
         """Messages of the given sources (all when none given)."""
         if not sources:
-            return list(self.items)
-        return [m for m in self.items if self.sources.get(m["id"]) in sources]
+            return self.items
+        return [m for i, m in self._by_id.items() if self.sources.get(i) in sources]
 
     def apply(self, before: list[Message], returned: list[Message], default_source: str) -> list[Message]:
         """Apply an array-style hook return over the view `before`.
@@ -105,7 +112,7 @@ class RunMessages:
         """Remove a message by id."""
         if msg_id in self.sources:
             del self.sources[msg_id]
-            self.items = [m for m in self.items if m["id"] != msg_id]
+            del self._by_id[msg_id]
 
     def add_signal(self, signal: dict[str, Any]) -> tuple[Message, dict[str, Any]]:
         """Add a signal as a ``role: signal`` message; returns it and its data-signal payload."""

@@ -271,3 +271,31 @@ async def test_a_body_that_never_arrives_is_408(open_service: Service) -> None:
             return sock.recv(200)
 
     assert (await asyncio.to_thread(trickle)).startswith(b"HTTP/1.1 408")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def roomy(sidecar: SidecarProcess) -> AsyncIterator[Service]:
+    settings = OrchestratorSettings(
+        http_port=0,
+        grpc_port=0,
+        health_poll_seconds=0.2,
+        max_input_messages=50_000,
+        max_request_bytes=16 << 20,
+    )
+    async with Service(settings, parse_config(config(sidecar.address))) as svc:
+        yield svc
+
+
+@pytest.mark.timeout(60)  # the quadratic message list took over 60 s (and froze /healthz) for 50,000
+async def test_fifty_thousand_messages_do_not_freeze_the_service(roomy: Service) -> None:
+    base = f"http://127.0.0.1:{roomy.http_port}"
+    async with httpx.AsyncClient(base_url=base, timeout=55) as client:
+        run = asyncio.create_task(
+            client.post("/api/agents/concise/generate", json={"messages": ["word"] * 50_000})
+        )
+        await asyncio.sleep(0.2)
+        health = await client.get("/healthz")
+        assert health.status_code == 200
+        response = await run
+        assert response.status_code == 200, response.text[:500]
+        assert response.json()["finishReason"] != "error"

@@ -238,3 +238,17 @@ def test_signal_message_shape_and_data_payload() -> None:
     assert "metadata" not in data  # the chunk carries no metadata
     assert data["contents"] == "c"
     assert ml.sources[msg["id"]] == msgs.INPUT
+
+
+@pytest.mark.timeout(20)  # quadratic handling took ~60 s for 50,000 messages; linear takes well under 1 s
+def test_applying_a_hook_return_over_many_messages_is_linear() -> None:
+    ml = RunMessages()
+    for i in range(50_000):
+        ml.add({"id": f"m{i}", "role": "user", "content": {"format": 2, "parts": []}}, "input")
+    before = ml.view()
+    returned = [dict(m) for m in before if m["id"] != "m7"]  # every message returned, one dropped
+    assert ml.apply(before, returned, "input") == []
+    assert len(ml.items) == 49_999
+    assert ml.items[0]["id"] == "m0" and ml.items[7]["id"] == "m8"
+    ml.replace_all(list(reversed(ml.items)), "input")  # known ids keep their place
+    assert ml.items[0]["id"] == "m0"

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from procmesh import convert
+from procmesh._hookloop import HookLoop
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import HOOK_ARGUMENTS, Processor, hook_parameters
 from procmesh.errors import InvalidInputError
@@ -38,6 +39,8 @@ class Hosted:
         self._calls: dict[tuple[str, str], Any] = {}
         self._latency: dict[str, Any] = {}
         self.options_cache: dict[bytes, Any] = {}
+        self.loop = HookLoop(f"procmesh-hooks:{self.id[:32]}")
+        """Where this processor's setup, hooks and teardown run (started by the server)."""
 
     def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
         """Record one hook call (label children cached: this runs per streamed part)."""

@@ -24,6 +24,8 @@ class ProcessorSettings(BaseSettings):
     """Addresses to serve on: ``host:port`` or ``unix:///path.sock`` (JSON list in the env)."""
     metrics_port: int | None = None
     """Port of the Prometheus metrics endpoint (unset: no endpoint)."""
+    metrics_host: str | None = None
+    """Host the metrics endpoint binds (unset: where gRPC binds; loopback for unix sockets only)."""
     grace_seconds: float = 10.0
     """How long in-flight calls may run after SIGTERM."""
     log_level: str = "INFO"
@@ -39,10 +41,11 @@ class ProcessorSettings(BaseSettings):
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
-    """Settings from the environment, overridden by ``--listen``/``--metrics-port`` flags."""
+    """Settings from the environment, overridden by flags (``--listen``, ``--metrics-port``, ...)."""
     parser = argparse.ArgumentParser(description="Serve procmesh processors over gRPC.")
     parser.add_argument("--listen", action="append", help="address (repeatable): host:port or unix:///path")
     parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--metrics-host")
     parser.add_argument("--grace-seconds", type=float)
     parser.add_argument("--log-level")
     parser.add_argument("--parent-pid", type=int)
@@ -62,7 +65,11 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
             raise SystemExit("TLS needs both --tls-cert and --tls-key")
         credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     server = ProcessorServer(
-        processors, settings.listen, metrics_port=settings.metrics_port, credentials=credentials
+        processors,
+        settings.listen,
+        metrics_port=settings.metrics_port,
+        metrics_host=settings.metrics_host,
+        credentials=credentials,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

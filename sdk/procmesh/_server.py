@@ -2,7 +2,8 @@
 
 The lifecycle lives here (bind, setup, SERVING, drain, teardown) and TLS; the RPC handlers are
 built from the hook table in `_servicer`, the output stream in `_stream`, the per-processor
-bookkeeping in `_hosted`.
+bookkeeping in `_hosted`. Each processor's code runs on its own `HookLoop` thread, so this loop
+(health, Describe, admitting calls) never waits for a hook.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class ProcessorServer:
         addresses: Where to listen: ``"host:port"`` (port 0 picks a free port)
             or ``"unix:///path.sock"``. Several may be given.
         metrics_port: Serve Prometheus metrics over HTTP on this port (None: off).
+        metrics_host: Where the metrics listener binds. By default where gRPC binds: the host of
+            the first TCP address, loopback when every address is a unix socket.
         registry: Collector registry for the metrics (a private one by default).
         max_message_bytes: Largest request or response accepted.
         credentials: Server TLS credentials (`server_credentials()`); plaintext when None.
@@ -58,6 +61,7 @@ class ProcessorServer:
         addresses: Sequence[str] = ("127.0.0.1:0",),
         *,
         metrics_port: int | None = None,
+        metrics_host: str | None = None,
         registry: CollectorRegistry | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         credentials: grpc.ServerCredentials | None = None,
@@ -76,6 +80,7 @@ class ProcessorServer:
         self._requested = list(addresses)
         self._credentials = credentials
         self._metrics_port = metrics_port
+        self._metrics_host = metrics_host
         self.registry = registry or CollectorRegistry()
         self._metrics = SidecarMetrics(self.registry)
         self._max_bytes = max_message_bytes
@@ -83,6 +88,16 @@ class ProcessorServer:
         self._health = health_aio.HealthServicer()
         self.addresses: list[str] = []
         self.metrics_server: Any = None
+
+    @property
+    def metrics_host(self) -> str:
+        """The host the metrics listener binds (``metrics_host``, else where gRPC binds)."""
+        if self._metrics_host is not None:
+            return self._metrics_host
+        for addr in self._requested:
+            if not addr.startswith("unix:"):
+                return addr.rsplit(":", 1)[0].strip("[]")
+        return "127.0.0.1"  # unix sockets only: nothing outside this host can reach them either
 
     @property
     def processor_ids(self) -> list[str]:
@@ -128,10 +143,14 @@ class ProcessorServer:
             if addr.startswith("unix:"):
                 os.chmod(_unix_path(addr), 0o660)
         if self._metrics_port is not None:
-            self.metrics_server, _ = start_http_server(self._metrics_port, registry=self.registry)
+            host = self.metrics_host
+            self.metrics_server, _ = start_http_server(self._metrics_port, addr=host, registry=self.registry)
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_server.server_port)
+        for hosted in self._hosted.values():
+            hosted.loop.start()
         try:
             for hosted in self._hosted.values():
-                await hosted.processor.setup()
+                await hosted.loop.run(hosted.processor.setup)
         except BaseException:
             await self.stop(grace=0)  # a failed setup leaves nothing bound
             raise
@@ -154,11 +173,13 @@ class ProcessorServer:
         self._server = None
         for hosted in self._hosted.values():
             try:
-                await hosted.processor.teardown()
+                await hosted.loop.run(hosted.processor.teardown)
             except Exception:
                 log.exception("teardown of %s failed", hosted.id)
+            await hosted.loop.stop(timeout=max(grace, 1.0))
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
+            self.metrics_server.server_close()  # shutdown() only stops the loop; this closes the socket
             self.metrics_server = None
         for addr in self.addresses:
             if addr.startswith("unix:"):

@@ -2,23 +2,26 @@
 
 Every unary hook has the same skeleton, so there is one: find the processor, build the
 arguments (those every hook gets from the ``RunContext``, then the hook's own from its
-decoder), call the hook, encode its return value (unless it aborted) and its effects. Errors
-are translated here, once: a ``ProcmeshError`` aborts with its code, a malformed request
-with INVALID_ARGUMENT, anything else a hook raised with INTERNAL.
+decoder), call the hook on its processor's `HookLoop`, encode its return value (unless it
+aborted) and its effects. Requests arrive as bytes and are decoded here (`_guard.decode`), so a
+request that does not decode is INVALID_ARGUMENT, not grpc.aio's UNKNOWN. Errors are translated
+here, once: a ``ProcmeshError`` aborts with its code, a malformed request with INVALID_ARGUMENT,
+anything else a hook raised with INTERNAL; every status detail is clipped (`_guard.clip`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from procmesh import convert
 from procmesh._encode import fill_effects
+from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
 from procmesh._hosted import Hosted
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import HookEffects, TripWire, Writer
@@ -48,35 +51,35 @@ class Servicer:
     def __init__(self, hosted: dict[str, Hosted], metrics: SidecarMetrics) -> None:
         self._hosted = hosted
         self._metrics = metrics
+        self.rejects = RejectLog()
+        """Refused requests: counted, and logged as one rate-limited WARNING."""
         self.ready = False
         """Hooks are served only once every processor's setup() returned."""
 
     def handler(self) -> grpc.GenericRpcHandler:
-        """Describe plus one handler per entry of the hook table."""
+        """Describe plus one handler per entry of the hook table (requests arrive undecoded)."""
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
             "Describe": grpc.unary_unary_rpc_method_handler(
-                self.describe,
-                request_deserializer=ppb.DescribeRequest.FromString,
-                response_serializer=ppb.DescribeResponse.SerializeToString,
+                self.describe, response_serializer=ppb.DescribeResponse.SerializeToString
             )
         }
         for hook in HOOKS:
             if hook.streaming:
                 handlers[hook.rpc] = grpc.stream_stream_rpc_method_handler(
-                    output_stream_handler(self, hook),
-                    request_deserializer=hook.request.FromString,
-                    response_serializer=hook.response.SerializeToString,
+                    output_stream_handler(self, hook), response_serializer=hook.response.SerializeToString
                 )
             else:
                 handlers[hook.rpc] = grpc.unary_unary_rpc_method_handler(
-                    self._unary(hook),
-                    request_deserializer=hook.request.FromString,
-                    response_serializer=hook.response.SerializeToString,
+                    self._unary(hook), response_serializer=hook.response.SerializeToString
                 )
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
-    async def describe(self, request: ppb.DescribeRequest, context: Context) -> ppb.DescribeResponse:
+    async def describe(self, raw: bytes, context: Context) -> ppb.DescribeResponse:
         """Every hosted processor and the hooks it implements."""
+        try:
+            decode(ppb.DescribeRequest, raw, "Describe", self.rejects)
+        except ProcmeshError as exc:
+            await context.abort(exc.code, str(exc))
         return ppb.DescribeResponse(
             processors=[h.info() for h in self._hosted.values()],
             sdk=f"procmesh-python/{__version__}",
@@ -91,7 +94,7 @@ class Servicer:
         hosted = self._hosted.get(ctx.processor_id)
         if hosted is None:
             raise NotFoundError(
-                f"processor {ctx.processor_id!r} is not hosted here (hosted: {sorted(self._hosted)})"
+                f"processor {short(ctx.processor_id)} is not hosted here (hosted: {sorted(self._hosted)})"
             )
         if hook not in hosted.hooks:
             raise UnimplementedError(f"processor {hosted.id!r} does not implement {hook}")
@@ -117,7 +120,11 @@ class Servicer:
         }
 
     async def call_hook(self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects) -> Any:
-        """Run one hook with the arguments it declares; a TripWire becomes the abort effect."""
+        """Run one hook on its processor's hook loop (see `invoke`)."""
+        return await hosted.loop.run(lambda: self.invoke(hosted, hook, kwargs, effects))
+
+    async def invoke(self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects) -> Any:
+        """Run one hook with the arguments it declares (on the hook loop); a TripWire becomes the abort."""
         params = hosted.params[hook]
         args = kwargs if params is None else {k: kwargs[k] for k in params}
         started = time.perf_counter()
@@ -131,6 +138,9 @@ class Servicer:
         except ProcmeshError as exc:
             outcome = exc.code.name.lower()
             raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the call was cancelled or its deadline passed
+            raise
         except Exception as exc:
             outcome = "internal"
             log.exception("processor %s hook %s raised", hosted.id, hook)
@@ -140,9 +150,17 @@ class Servicer:
         finally:
             hosted.observe(self._metrics, hook, outcome, time.perf_counter() - started)
 
-    def _unary(self, hook: Hook) -> Callable[[Any, Context], Awaitable[Any]]:
-        async def handle(request: Any, context: Context) -> Any:
+    def malformed(self, rpc: str, exc: BaseException) -> str:
+        """Record a request its hook's decoder refused; the status detail to answer with."""
+        self.rejects.note(rpc, type(exc).__name__, exc)
+        if isinstance(exc, RecursionError):
+            return f"malformed {rpc} request: nested too deeply"
+        return f"malformed {rpc} request: {exc}"
+
+    def _unary(self, hook: Hook) -> Callable[[bytes, Context], Awaitable[Any]]:
+        async def handle(raw: bytes, context: Context) -> Any:
             try:
+                request = decode(hook.request, raw, hook.name, self.rejects)
                 hosted = self.lookup(request.context, hook.name)
                 effects = HookEffects(hosted.id)
                 kwargs = self.base_kwargs(hosted, request.context, effects)
@@ -152,9 +170,9 @@ class Servicer:
                 fill_effects(resp.effects, effects, kwargs["state"])
                 return resp
             except ProcmeshError as exc:
-                await context.abort(exc.code, str(exc))
-            except (ValueError, TypeError, KeyError, json_format.Error) as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {hook.name} request: {exc}")
+                await context.abort(exc.code, clip(str(exc)))
+            except MALFORMED as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, clip(self.malformed(hook.name, exc)))
             raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
         return handle

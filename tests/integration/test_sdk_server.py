@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -989,18 +990,21 @@ async def test_hook_calls_are_counted_by_processor_hook_and_outcome(
 
 
 class Lifecycle(Processor):
-    """Records setup/teardown; setup waits until the test releases it."""
+    """Records setup/teardown; setup waits until the test releases it.
+
+    Threading events, not asyncio ones: setup runs on the processor's hook loop, another thread.
+    """
 
     id = "lifecycle"
 
     def __init__(self) -> None:
-        self.in_setup = asyncio.Event()
-        self.release = asyncio.Event()
+        self.in_setup = threading.Event()
+        self.release = threading.Event()
         self.torn_down = False
 
     async def setup(self) -> None:
         self.in_setup.set()
-        await self.release.wait()
+        await asyncio.to_thread(self.release.wait, TIMEOUT)
 
     async def teardown(self) -> None:
         self.torn_down = True
@@ -1022,7 +1026,7 @@ async def test_health_turns_serving_only_after_setup_returns() -> None:
     starting = asyncio.create_task(server.start())
     try:
         # setup() runs after the ports are bound and the server started.
-        await asyncio.wait_for(proc.in_setup.wait(), TIMEOUT)
+        assert await asyncio.to_thread(proc.in_setup.wait, TIMEOUT)
         async with grpc.aio.insecure_channel(server.addresses[0]) as channel:
             assert await _health(channel) == NOT_SERVING
             proc.release.set()

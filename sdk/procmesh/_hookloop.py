@@ -1,0 +1,84 @@
+"""HookLoop: a thread with its own asyncio loop, where one processor's code runs.
+
+A hook that burns CPU without awaiting would otherwise stall the grpc.aio server's loop: health
+checks time out (the pod is restarted or taken out of service), other processors' calls and new
+calls wait, and a call whose deadline passed keeps the loop busy. So each hosted processor gets a
+HookLoop and all of its code (``setup()``, every hook, ``teardown()``) runs there; the server loop
+only decodes, dispatches and awaits. The GIL still lets the server thread run between a CPU-bound
+hook's bytecodes (every ``sys.getswitchinterval()``, 5 ms), so health answers in milliseconds.
+
+One loop per processor rather than one for the whole sidecar: a CPU-bound hook of one processor
+then cannot delay the hooks of the others hosted beside it, and a processor's loop-bound clients
+(``redis.asyncio``, ``httpx.AsyncClient``) are still created and used on one loop, as they require.
+When the calling RPC is cancelled or its deadline passes, the hook's task is cancelled: it stops at
+its next ``await`` (pure computation cannot be interrupted; it ends when it returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class HookLoop:
+    """An asyncio loop on its own daemon thread; `run()` awaits a coroutine there from another loop."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread and its loop (returns once the loop accepts work)."""
+        ready = threading.Event()
+        # daemon: a hook stuck in computation must not keep the process alive after stop()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name=self._name, daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def _main(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()  # hooks still running at stop: let their finally blocks run
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Await ``fn()`` on this loop; cancelling the caller cancels it there too.
+
+        `fn` is called on the hook loop, so even the synchronous part of a hook (before its first
+        ``await``) runs there.
+        """
+        if self._loop is None:
+            raise RuntimeError(f"{self._name} is not running (ProcessorServer.start() starts it)")
+
+        async def call() -> T:
+            return await fn()
+
+        future = asyncio.run_coroutine_threadsafe(call(), self._loop)
+        # wrap_future chains cancellation back: the concurrent future cancels the task on its loop.
+        return await asyncio.wrap_future(future)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Cancel what is left, stop the loop and wait up to `timeout` s for the thread to end."""
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(RuntimeError):  # already closed
+            loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, timeout)

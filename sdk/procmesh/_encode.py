@@ -256,7 +256,11 @@ def process_output_result(result: Any, kwargs: Kwargs) -> ppb.ProcessOutputResul
 
 
 def process_api_error(result: Any, kwargs: Kwargs) -> ppb.ProcessAPIErrorResponse:
-    """``{"retry": bool}`` or None; in-place message_list edits are sent back too."""
+    """``{"retry": bool, "delay_ms": float}`` or None; in-place message_list edits are sent back too.
+
+    ``delay_ms`` asks the orchestrator to wait before the retry (a Retry-After): the hook returns
+    at once instead of sleeping, so the wait is bounded by the run's deadline, not the hook's timeout.
+    """
     message_list: MessageList = kwargs["message_list"]
     resp = ppb.ProcessAPIErrorResponse()
     if message_list.modified:
@@ -264,6 +268,10 @@ def process_api_error(result: Any, kwargs: Kwargs) -> ppb.ProcessAPIErrorRespons
         fill_messages(resp.messages, message_list, "process_api_error")
     if isinstance(result, dict):
         resp.retry = bool(result.get("retry", False))
+        delay = result.get("delay_ms", 0)
+        if not isinstance(delay, int | float) or isinstance(delay, bool) or not 0 <= delay < float("inf"):
+            raise InternalError(f"process_api_error returned delay_ms {delay!r}; expected a number >= 0")
+        resp.retry_delay_ms = float(delay)
     elif result is not None:
         raise InternalError(
             f"process_api_error returned {type(result).__name__}; expected {{'retry': bool}} or None"

@@ -7,7 +7,6 @@ the blind retry, so a rejection a fixer can repair is not simply re-sent.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -197,9 +196,9 @@ class StreamErrorRetryProcessor(Processor):
             return None
         retry_after_ms = float((error.get("details") or {}).get("retryAfterMs") or 0)
         delay = max(options.delay_ms, min(retry_after_ms, options.max_retry_after_ms))
-        if delay:
-            await asyncio.sleep(delay / 1000)
-        return {"retry": True}
+        # The orchestrator waits (bounded by the run's deadline): a sleep here would count
+        # against this hook's timeout, and a Retry-After longer than it failed the run.
+        return {"retry": True, "delay_ms": delay}
 
 
 def processors() -> list[Processor]:

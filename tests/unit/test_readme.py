@@ -8,7 +8,6 @@ import re
 
 from tests.conftest import REPO
 
-
 OURS = ("procmesh", "procmesh_orchestrator", "procmesh_sidecars")
 
 

@@ -6,6 +6,7 @@ this module adds only what each hook's fields mean to the run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -170,7 +171,9 @@ def _build_api_error(a: h.APIErrorArgs, req: Any) -> None:
 
 def _read_api_error(resp: Any) -> h.APIErrorResult:
     return h.APIErrorResult(
-        messages=_returned(resp.messages) if resp.replace_messages else None, retry=resp.retry
+        messages=_returned(resp.messages) if resp.replace_messages else None,
+        retry=resp.retry,
+        retry_delay_ms=max(0.0, resp.retry_delay_ms) if math.isfinite(resp.retry_delay_ms) else 0.0,
     )
 
 

@@ -244,6 +244,7 @@ class OutputResultArgs(HookArgs[MessagesResult]):
 class APIErrorResult:
     messages: list[Message] | None = None
     retry: bool = False
+    retry_delay_ms: float = 0.0
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.run import messages as msgs
@@ -82,7 +84,28 @@ async def api_error(run: RunCore, err: APICallError) -> bool:
             if cap is None or run.info.retry_count >= cap:
                 run.metrics.retry_budget_exhausted.labels("api_error").inc()
                 return False
+            if not await _wait_before_retry(run, result.retry_delay_ms):
+                return False
             run.info.retry_count += 1
             run.metrics.retries.labels("api_error").inc()
             return True
     return False
+
+
+async def _wait_before_retry(run: RunCore, delay_ms: float) -> bool:
+    """Wait the delay an error processor asked for; False when the run's deadline comes first.
+
+    The wait is the orchestrator's, not the hook's: a 7 s Retry-After no longer outlives a 5 s
+    hook timeout, and a run never sleeps past its own deadline only to fail then.
+    """
+    if delay_ms <= 0:
+        return True
+    delay = delay_ms / 1000
+    deadline = run.info.deadline
+    if deadline is not None and time.monotonic() + delay >= deadline:
+        log.warning(
+            "run %s: a retry in %.1fs would pass the run's deadline; not retrying", run.info.run_id, delay
+        )
+        return False
+    await asyncio.sleep(delay)
+    return True

@@ -315,9 +315,18 @@ const CODECS = {
         resp.replace_messages = true;
         resp.messages = fillMessages(messageList, 'processAPIError');
       }
-      if (plainObject(result)) resp.retry = Boolean(result.retry);
-      else if (result !== undefined && result !== null) {
-        throw new InternalError(`processAPIError returned ${convert.describe(result)}; expected { retry: boolean } or nothing`);
+      if (plainObject(result)) {
+        resp.retry = Boolean(result.retry);
+        // The wait before the retry is the orchestrator's (bounded by the run's deadline), not a sleep in the hook.
+        if (result.delayMs !== undefined) {
+          const delay = Number(result.delayMs);
+          if (!Number.isFinite(delay) || delay < 0) {
+            throw new InternalError(`processAPIError returned delayMs ${String(result.delayMs)}; expected a number >= 0`);
+          }
+          resp.retry_delay_ms = delay;
+        }
+      } else if (result !== undefined && result !== null) {
+        throw new InternalError(`processAPIError returned ${convert.describe(result)}; expected { retry: boolean, delayMs? } or nothing`);
       }
       return resp;
     },

@@ -845,10 +845,16 @@ class ProcessAPIErrorResponse(_message.Message):
     RETRY_FIELD_NUMBER: _builtins.int
     REPLACE_MESSAGES_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    RETRY_DELAY_MS_FIELD_NUMBER: _builtins.int
     retry: _builtins.bool
     """Ask the orchestrator to call the provider again (within the retry budget)."""
     replace_messages: _builtins.bool
     """When set, the message list is replaced (e.g. a rejected file removed)."""
+    retry_delay_ms: _builtins.float
+    """With retry: how long the orchestrator waits before calling the provider again (e.g. the
+    provider's Retry-After). The processor returns it instead of sleeping in its hook, so the wait
+    is bounded by the run's deadline, not by the hook's timeout.
+    """
     @_builtins.property
     def effects(self) -> _types_pb2.HookEffects: ...
     @_builtins.property
@@ -860,10 +866,11 @@ class ProcessAPIErrorResponse(_message.Message):
         retry: _builtins.bool = ...,
         replace_messages: _builtins.bool = ...,
         messages: _abc.Iterable[_types_pb2.Message] | None = ...,
+        retry_delay_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "messages", b"messages", "replace_messages", b"replace_messages", "retry", b"retry"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "messages", b"messages", "replace_messages", b"replace_messages", "retry", b"retry", "retry_delay_ms", b"retry_delay_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,6 +6,7 @@ itself; the fake APIs reject like the real ones, and count what they receive.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -188,6 +189,32 @@ async def test_a_500_is_retried_once(app: App, openai_api: FakeOpenAI) -> None:
     assert (result.text, result.finish_reason, result.error) == ("recovered", "stop", None)
     assert len(openai_api.calls("flaky")) == 2
     assert chunks[-1]["type"] == "finish"
+
+
+async def test_a_retry_after_longer_than_the_hook_timeout_is_waited_by_the_orchestrator(
+    app: App, openai_api: FakeOpenAI
+) -> None:
+    # The error processor's hook timeout is 5 s. It used to sleep for Retry-After inside its hook,
+    # so a 5.5 s Retry-After failed the run; now it returns the delay and the orchestrator waits.
+    busy = {**error(429, "Rate limit reached", "requests"), "headers": {"retry-after-ms": "5500"}}
+    openai_api.script("flaky", busy, {"text": "recovered"})
+    started = time.monotonic()
+    _, result = await stream(app, "flaky")
+    assert (result.text, result.error) == ("recovered", None)
+    assert len(openai_api.calls("flaky")) == 2
+    assert time.monotonic() - started >= 5.5  # the Retry-After was honoured, not skipped
+
+
+async def test_a_retry_after_past_the_run_deadline_is_not_waited_for(
+    app: App, openai_api: FakeOpenAI
+) -> None:
+    busy = {**error(429, "Rate limit reached", "requests"), "headers": {"retry-after-ms": "20000"}}
+    openai_api.script("flaky", busy, {"text": "recovered"})
+    started = time.monotonic()
+    with pytest.raises(APICallError, match="Rate limit"):
+        await app.agent("flaky").generate("hi", CallOptions(timeout=3))
+    assert len(openai_api.calls("flaky")) == 1
+    assert time.monotonic() - started < 3  # no sleep into the deadline
 
 
 async def test_a_reset_mid_stream_is_retried_once(app: App, openai_api: FakeOpenAI) -> None:

@@ -249,6 +249,7 @@ def test_applying_a_hook_return_over_many_messages_is_linear() -> None:
     returned = [dict(m) for m in before if m["id"] != "m7"]  # every message returned, one dropped
     assert ml.apply(before, returned, "input") == []
     assert len(ml.items) == 49_999
-    assert ml.items[0]["id"] == "m0" and ml.items[7]["id"] == "m8"
+    assert ml.items[0]["id"] == "m0"
+    assert ml.items[7]["id"] == "m8"
     ml.replace_all(list(reversed(ml.items)), "input")  # known ids keep their place
     assert ml.items[0]["id"] == "m0"

@@ -7,6 +7,7 @@ const grpc = require('@grpc/grpc-js');
 
 const convert = require('./convert');
 const { InternalError, ProcmeshError } = require('./errors');
+const { clip } = require('./guard');
 const { MessageList } = require('./processor');
 
 /** A plain object a hook returned (a MessageList is the live list, not an object of overrides). */
@@ -60,8 +61,9 @@ function fillEffects(effects, state) {
 
 /** The gRPC status for what a call threw: a ProcmeshError keeps its code, anything else is INTERNAL. */
 function toStatus(err) {
-  if (err instanceof ProcmeshError) return { code: err.code, details: err.message };
-  return { code: grpc.status.INTERNAL, details: `unexpected error: ${err && err.stack ? err.stack : String(err)}` };
+  // clipped: details travel in 8 KiB of metadata, and a huge echoed field would make it RESOURCE_EXHAUSTED
+  if (err instanceof ProcmeshError) return { code: err.code, details: clip(err.message) };
+  return { code: grpc.status.INTERNAL, details: clip(`unexpected error: ${err && err.stack ? err.stack : String(err)}`) };
 }
 
 module.exports = { fillEffects, fillMessages, plainObject, quote, toStatus };

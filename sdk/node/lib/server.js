@@ -12,6 +12,7 @@ const { HealthImplementation } = require('grpc-health-check');
 
 const { SERVICE_NAME, loadContract } = require('./contract');
 const { quote } = require('./effects');
+const { rawService } = require('./guard');
 const { Hosted, Servicer } = require('./servicer');
 
 const DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
@@ -83,7 +84,9 @@ class ProcessorServer {
       'grpc.max_send_message_length': this._maxBytes,
     });
     this._servicer = new Servicer(this._hosted, this.log);
-    server.addService(loadContract().ProcessorService.service, this._servicer.handlers());
+    // Requests stay Buffers until the handlers decode them (./guard): undecodable is INVALID_ARGUMENT.
+    const { service, decoders } = rawService(loadContract().ProcessorService.service);
+    server.addService(service, this._servicer.handlers(decoders));
     this._health.addToServer(server);
     this._server = server;
     try {

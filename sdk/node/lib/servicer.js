@@ -8,6 +8,7 @@ const { CODECS } = require('./codecs');
 const { fillEffects, quote, toStatus } = require('./effects');
 const { InternalError, InvalidInputError, NotFoundError, NotReadyError, ProcmeshError, UnimplementedError } = require('./errors');
 const { HOOKS, HOOK_NAMES } = require('./hooks');
+const { RejectLog, decode, short } = require('./guard');
 const { validate } = require('./options');
 const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
 const { outputStream } = require('./stream');
@@ -67,6 +68,8 @@ class Servicer {
   constructor(hosted, log) {
     this.hosted = hosted;
     this.log = log;
+    /** Refused requests: counted, and logged as one rate-limited WARNING. */
+    this.rejects = new RejectLog(log);
     /** Hooks are served only once every processor's setup() resolved. */
     this.ready = false;
   }
@@ -78,7 +81,7 @@ class Servicer {
     if (!id) throw new InvalidInputError('request.context.processor_id is required');
     const hosted = this.hosted.get(id);
     if (!hosted) {
-      throw new NotFoundError(`processor ${quote(id)} is not hosted here (hosted: ${JSON.stringify([...this.hosted.keys()].sort())})`);
+      throw new NotFoundError(`processor ${short(id)} is not hosted here (hosted: ${JSON.stringify([...this.hosted.keys()].sort())})`);
     }
     if (!hosted.hooks.has(hook)) throw new UnimplementedError(`processor ${quote(hosted.id)} does not implement ${hook}`);
     return hosted;
@@ -122,7 +125,7 @@ class Servicer {
   }
 
   /** A unary RPC: look up, decode (malformed: INVALID_ARGUMENT), call, encode. */
-  unary(hook, codec) {
+  unary(hook, codec, decoder, typeName) {
     return (call, callback) => {
       const controller = new AbortController();
       const cancel = () => controller.abort(new Error('the call was cancelled'));
@@ -132,7 +135,7 @@ class Servicer {
         ? setTimeout(() => controller.abort(new Error('the deadline passed')), Math.max(0, deadline - Date.now()))
         : null;
       (async () => {
-        const req = call.request;
+        const req = decode(decoder, call.request, hook, this.rejects, typeName);
         const hosted = this.lookup(req.context, hook);
         const effects = new HookEffects(hosted.id);
         const args = this.baseArgs(hosted, req.context, effects, controller.signal);
@@ -140,6 +143,7 @@ class Servicer {
         try {
           extra = codec.decode(req, args);
         } catch (err) {
+          this.rejects.note(hook, (err && err.name) || typeof err, err && err.message);
           throw new InvalidInputError(`malformed ${hook} request: ${err && err.message ? err.message : String(err)}`);
         }
         Object.assign(args, extra.args);
@@ -157,15 +161,28 @@ class Servicer {
     };
   }
 
-  /** The ProcessorService implementation: Describe, then one handler per hook of the table. */
-  handlers() {
+  /**
+   * The ProcessorService implementation: Describe, then one handler per hook of the table.
+   * `decoders` (per RPC; ./guard rawService) decode the requests, which arrive as Buffers.
+   */
+  handlers(decoders) {
+    const typeName = (rpc) => `procmesh.v1.${rpc}Request`;
     const h = {
       Describe: (call, callback) => {
+        try {
+          decode(decoders.Describe, call.request, 'Describe', this.rejects, typeName('Describe'));
+        } catch (err) {
+          callback(toStatus(err));
+          return;
+        }
         callback(null, { processors: [...this.hosted.values()].map((x) => x.info()), sdk: `procmesh-node/${version}` });
       },
     };
     for (const hook of HOOKS) {
-      h[hook.rpc] = hook.streaming ? (call) => outputStream(this, hook.name, call) : this.unary(hook.name, CODECS[hook.name]);
+      const decoder = decoders[hook.rpc];
+      h[hook.rpc] = hook.streaming
+        ? (call) => outputStream(this, hook.name, call, (buf) => decode(decoder, buf, hook.name, this.rejects, typeName(hook.rpc)))
+        : this.unary(hook.name, CODECS[hook.name], decoder, typeName(hook.rpc));
     }
     return h;
   }

@@ -10,9 +10,10 @@ const { HookEffects, Writer } = require('./processor');
 /**
  * Serve one ProcessOutputStream call for `servicer` (lookup, base arguments, hook calls): batches
  * are handled strictly in order; each part gets one result (seq echoed, part absent = drop);
- * after an abort or the client's half-close, StreamEnd{state}.
+ * after an abort or the client's half-close, StreamEnd{state}. Requests arrive as Buffers;
+ * `decodeRequest` decodes one (undecodable: INVALID_ARGUMENT).
  */
-function outputStream(servicer, hook, call) {
+function outputStream(servicer, hook, call, decodeRequest) {
   const controller = new AbortController();
   let hosted = null;
   let base = null;
@@ -37,8 +38,9 @@ function outputStream(servicer, hook, call) {
     call.write({ end: { state } });
     call.end();
   };
-  const handle = async (req) => {
+  const handle = async (buf) => {
     if (finished) return;
+    const req = decodeRequest(buf);
     if (hosted === null) {
       hosted = servicer.lookup(req.context, hook);
       base = servicer.baseArgs(hosted, req.context, new HookEffects(hosted.id), controller.signal);

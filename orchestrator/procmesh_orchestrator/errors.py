@@ -108,3 +108,19 @@ class ProcessorCallError(OrchestratorError):
 
 class MalformedResponseError(ProcessorCallError):
     """A sidecar's response breaks the contract (its failure policy decides, as for any failed call)."""
+
+
+class MemoryStoreError(OrchestratorError):
+    """Memory could not be read or written; the message names the store and the thread."""
+
+
+class StoreUnavailableError(MemoryStoreError):
+    """The store is down or unreachable (a run fails naming it; the HTTP API answers 503)."""
+
+
+class ThreadNotFoundError(MemoryStoreError):
+    """No thread has this id (or none the caller's resource may see: the API answers 404)."""
+
+
+class ThreadOwnershipError(MemoryStoreError):
+    """The thread belongs to another resource."""

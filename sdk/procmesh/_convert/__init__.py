@@ -1,0 +1,1 @@
+"""The pieces of `procmesh.convert`, split by what they map; import them from `procmesh.convert`."""

@@ -1,0 +1,106 @@
+'use strict';
+// MastraDBMessage objects <-> procmesh.v1.Message (with its parts).
+
+const { InvalidInputError } = require('../errors');
+const { describe, fromStruct, fromValue, hasFields, str, toStruct, toValue } = require('./values');
+
+function partToProto(part) {
+  if (!part || typeof part !== 'object') throw new TypeError('a message part must be an object');
+  const kind = part.type;
+  if (kind === 'text') return { text: { text: str(part.text) } };
+  if (kind === 'reasoning') return { reasoning: { text: str(part.text) } };
+  if (kind === 'tool-invocation') {
+    const inv = part.toolInvocation || {};
+    const ti = {
+      state: inv.state || 'call',
+      tool_call_id: str(inv.toolCallId),
+      tool_name: str(inv.toolName),
+      args: toValue(inv.args),
+      error_text: str(inv.errorText),
+    };
+    if ('result' in inv) ti.result = toValue(inv.result);
+    return { tool_invocation: ti };
+  }
+  if (kind === 'file' || kind === 'image') {
+    const fp = { media_type: str(part.mediaType ?? part.mimeType), filename: str(part.filename) };
+    const data = part.data ?? part.url ?? '';
+    if (data instanceof Uint8Array) fp.data = Buffer.from(data);
+    else fp.url = String(data || '');
+    return { file: fp };
+  }
+  if (kind === 'step-start') return { step_start: {} };
+  if (typeof kind === 'string' && kind.startsWith('data-')) {
+    return { data: { type: kind, data: toValue(part.data) } };
+  }
+  throw new TypeError(`unsupported message part type ${JSON.stringify(kind)}`);
+}
+
+function partFromProto(part) {
+  const kind = part && (part.kind || ['text', 'reasoning', 'tool_invocation', 'file', 'data', 'step_start'].find((k) => part[k]));
+  switch (kind) {
+    case 'text':
+      return { type: 'text', text: str(part.text.text) };
+    case 'reasoning':
+      return { type: 'reasoning', text: str(part.reasoning.text) };
+    case 'tool_invocation': {
+      const ti = part.tool_invocation;
+      const inv = {
+        state: str(ti.state),
+        toolCallId: str(ti.tool_call_id),
+        toolName: str(ti.tool_name),
+        args: fromValue(ti.args),
+      };
+      if (ti.result) inv.result = fromValue(ti.result);
+      if (ti.error_text) inv.errorText = ti.error_text;
+      return { type: 'tool-invocation', toolInvocation: inv };
+    }
+    case 'file': {
+      const fp = part.file;
+      const out = { type: 'file', mediaType: str(fp.media_type) };
+      out.data = fp.data && fp.data.length ? Buffer.from(fp.data) : str(fp.url);
+      if (fp.filename) out.filename = fp.filename;
+      return out;
+    }
+    case 'data':
+      return { type: str(part.data.type), data: fromValue(part.data.data) };
+    case 'step_start':
+      return { type: 'step-start' };
+    default:
+      throw new InvalidInputError('message part has no kind set');
+  }
+}
+
+/** A MastraDBMessage object as procmesh.v1.Message. */
+function messageToProto(msg) {
+  if (!msg || typeof msg !== 'object' || Array.isArray(msg)) {
+    throw new TypeError(`a message must be an object, got ${describe(msg)}`);
+  }
+  let content = msg.content || {};
+  if (typeof content === 'string') content = { parts: [{ type: 'text', text: content }] };
+  const out = {
+    id: str(msg.id),
+    role: str(msg.role),
+    content: { format: 2, parts: (content.parts || []).map(partToProto) },
+    created_at: msg.createdAt instanceof Date ? msg.createdAt.toISOString() : str(msg.createdAt),
+    thread_id: str(msg.threadId),
+    resource_id: str(msg.resourceId),
+    type: str(msg.type),
+  };
+  if (content.metadata && Object.keys(content.metadata).length) out.content.metadata = toStruct(content.metadata);
+  return out;
+}
+
+/** procmesh.v1.Message as a MastraDBMessage object. */
+function messageFromProto(msg) {
+  const c = msg.content || {};
+  const content = { format: 2, parts: (c.parts || []).map(partFromProto) };
+  if (hasFields(c.metadata)) content.metadata = fromStruct(c.metadata);
+  const out = { id: str(msg.id), role: str(msg.role), content };
+  if (msg.created_at) out.createdAt = msg.created_at;
+  if (msg.thread_id) out.threadId = msg.thread_id;
+  if (msg.resource_id) out.resourceId = msg.resource_id;
+  if (msg.type) out.type = msg.type;
+  return out;
+}
+
+module.exports = { messageFromProto, messageToProto };

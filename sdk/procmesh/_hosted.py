@@ -22,7 +22,7 @@ _OPTIONS_CACHE_SIZE = 256
 class Hosted:
     """One hosted processor with what the servicer needs per call, computed once."""
 
-    def __init__(self, processor: Processor) -> None:
+    def __init__(self, processor: Processor, *, threaded: bool = True) -> None:
         if not processor.id:
             raise ValueError(f"{type(processor).__name__} has no id")
         self.processor = processor
@@ -39,7 +39,7 @@ class Hosted:
         self._calls: dict[tuple[str, str], Any] = {}
         self._latency: dict[str, Any] = {}
         self.options_cache: dict[bytes, Any] = {}
-        self.loop = HookLoop(f"procmesh-hooks:{self.id[:32]}")
+        self.loop = HookLoop(f"procmesh-hooks:{self.id[:32]}", threaded=threaded)
         """Where this processor's setup, hooks and teardown run (started by the server)."""
 
     def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:

@@ -26,6 +26,8 @@ class ProcessorSettings(BaseSettings):
     """Port of the Prometheus metrics endpoint (unset: no endpoint)."""
     metrics_host: str | None = None
     """Host the metrics endpoint binds (unset: where gRPC binds; loopback for unix sockets only)."""
+    hook_threads: bool = True
+    """Run each processor's hooks on its own thread and loop, off the server's (false: inline)."""
     grace_seconds: float = 10.0
     """How long in-flight calls may run after SIGTERM."""
     log_level: str = "INFO"
@@ -70,6 +72,7 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
         metrics_port=settings.metrics_port,
         metrics_host=settings.metrics_host,
         credentials=credentials,
+        hook_threads=settings.hook_threads,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

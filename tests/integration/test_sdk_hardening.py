@@ -311,6 +311,24 @@ async def test_setup_hooks_and_teardown_run_on_one_loop_that_is_not_the_servers(
     assert Loops.seen[0] is not asyncio.get_running_loop()
 
 
+async def test_hook_threads_off_runs_hooks_inline_on_the_server_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Inline(Processor):
+        id = "inline"
+        seen: ClassVar[list[asyncio.AbstractEventLoop]] = []
+
+        async def process_input(self) -> None:
+            self.seen.append(asyncio.get_running_loop())
+
+    srv = ProcessorServer([Inline()], ["127.0.0.1:0"], hook_threads=False)
+    async with srv, grpc.aio.insecure_channel(srv.addresses[0]) as chan:
+        call = method(chan, "ProcessInput", ppb.ProcessInputRequest, ppb.ProcessInputResponse)
+        await call(ppb.ProcessInputRequest(context=context("inline")), timeout=TIMEOUT)
+    assert Inline.seen == [asyncio.get_running_loop()]
+    assert settings_from_args([]).hook_threads is True
+    monkeypatch.setenv("PROCMESH_HOOK_THREADS", "false")
+    assert settings_from_args([]).hook_threads is False
+
+
 # -- defect 6: the metrics listener binds where gRPC binds -----------------------------------
 
 

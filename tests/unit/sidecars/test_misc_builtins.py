@@ -22,17 +22,12 @@ from procmesh_sidecars.builtins.structured_output import (
     parse_json,
     validation_errors,
 )
-from procmesh_sidecars.builtins.tool_search import (
-    BM25,
-    SearchOptions,
-    _Catalog,
-    _load,
-    _loaded_from_context,
-    tokenize,
-)
+from procmesh_sidecars.builtins.tool_search import BM25, SearchOptions, tokenize
+from procmesh_sidecars.builtins.tool_search._index import Catalog
+from procmesh_sidecars.builtins.tool_search._meta import load_tool, loaded_from_context
 from tests.unit.sidecars.helpers import Signals, Violations, abort
 
-CATALOG = _Catalog(
+CATALOG = Catalog(
     [
         {"name": "github_create_issue", "description": "Create a new issue in a GitHub repository."},
         {"name": "weather", "description": "Get the current weather for a city."},
@@ -58,7 +53,7 @@ def test_bm25_prefers_rarer_terms_and_name_boost() -> None:
 
 def test_load_tool_shapes() -> None:
     loaded: list[str] = ["weather"]
-    multi = _load({"toolNames": ["send_email", "weather", "nope"]}, CATALOG, loaded)
+    multi = load_tool({"toolNames": ["send_email", "weather", "nope"]}, CATALOG, loaded)
     assert multi == {
         "success": False,
         "message": "Loaded: send_email — available on your next turn"
@@ -69,10 +64,10 @@ def test_load_tool_shapes() -> None:
         "alreadyLoaded": ["weather"],
     }
     assert loaded == ["weather", "send_email"]
-    assert _load({}, CATALOG, loaded)["success"] is False
-    assert _load({"toolNames": []}, CATALOG, loaded)["message"] == "toolNames array must not be empty."
+    assert load_tool({}, CATALOG, loaded)["success"] is False
+    assert load_tool({"toolNames": []}, CATALOG, loaded)["message"] == "toolNames array must not be empty."
     assert (
-        _load({"toolName": "weather"}, CATALOG, loaded)["message"]
+        load_tool({"toolName": "weather"}, CATALOG, loaded)["message"]
         == 'Tool "weather" is already loaded and available.'
     )
 
@@ -98,7 +93,7 @@ def test_context_store_reads_completed_results() -> None:
             },
         }
     ]
-    assert _loaded_from_context(messages) == ["weather", "github_create_issue"]
+    assert loaded_from_context(messages) == ["weather", "github_create_issue"]
 
 
 def test_regex_regions_merge_overlaps_longest_owner() -> None:

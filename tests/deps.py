@@ -15,6 +15,7 @@ same install hint: the suite never skips because a part is missing.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+_POSTGRES_BIN = ("/usr/lib/postgresql/*/bin",)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class Program:
     used_by: str
     manual: str = ""
     """How to install a program that no Debian package ships in a usable version."""
+    search: tuple[str, ...] = ()
+    """Folders (glob patterns) to look in after PATH, for packages that install off PATH."""
 
 
 PROGRAMS = (
@@ -48,6 +54,17 @@ PROGRAMS = (
         "rendering the kustomize overlays (tests/deploy, tests/e2e/test_pod.py)",
         manual="install kubectl 1.27 or newer (its built-in kustomize renders deploy/k8s)",
     ),
+    # Debian installs PostgreSQL's server programs under /usr/lib/postgresql/<version>/bin, off PATH;
+    # the memory tests start a private server from them (initdb, then postgres on a unix socket).
+    *(
+        Program(
+            name,
+            "postgresql",
+            "the PostgreSQL memory store's tests (tests/integration/memory, tests/e2e/memory)",
+            search=_POSTGRES_BIN,
+        )
+        for name in ("initdb", "pg_ctl", "postgres")
+    ),
 )
 
 # Directories holding an npm lock whose packages the tests load (`npm ci` there).
@@ -55,8 +72,22 @@ NPM_DIRS = (REPO / "sdk" / "node", REPO / "tests" / "clientjs")
 
 
 def which(name: str) -> str | None:
-    """The program's path on PATH (Debian puts prometheus and redis in /usr/bin, always on PATH)."""
-    return shutil.which(name)
+    """The program's path: on PATH, else in the table's search folders (the newest version first)."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    program = next((p for p in PROGRAMS if p.name == name), None)
+    for pattern in program.search if program else ():
+        for folder in sorted(glob.glob(pattern), key=_version_key, reverse=True):
+            found = shutil.which(name, path=folder)
+            if found is not None:
+                return found
+    return None
+
+
+def _version_key(folder: str) -> tuple[int, ...]:
+    """/usr/lib/postgresql/15/bin sorts by 15, numerically (so 10 comes after 9)."""
+    return tuple(int(part) for part in Path(folder).parts if part.isdigit())
 
 
 def missing_programs() -> list[Program]:

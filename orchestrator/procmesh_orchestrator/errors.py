@@ -124,3 +124,8 @@ class ThreadNotFoundError(MemoryStoreError):
 
 class ThreadOwnershipError(MemoryStoreError):
     """The thread belongs to another resource."""
+
+
+class InvalidMemoryInputError(MemoryStoreError):
+    """The store refuses an argument before touching its data: an id that is empty, too long or not a
+    string, a message that is not JSON or over the size limit (the HTTP API answers 400)."""

@@ -1,0 +1,310 @@
+"""Memory on PostgreSQL, for several orchestrator replicas sharing one database.
+
+psycopg 3 async through an `AsyncConnectionPool` (each connection checked before use, so a restarted
+server costs a reconnect, not a failed run). Every write is one transaction. Concurrent writers to
+one thread, in any number of processes, are serialized by the thread row's lock: ``save_turn``
+starts with ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which inserts the thread or locks
+the existing row until commit, so the next writer's messages take their sequence numbers after
+this turn's. Migrations run under a transaction-scoped advisory lock, so replicas that start at the
+same moment apply each migration once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
+
+from procmesh_orchestrator.errors import (
+    MemoryStoreError,
+    StoreUnavailableError,
+    ThreadNotFoundError,
+    ThreadOwnershipError,
+)
+from procmesh_orchestrator.memory import _common as c
+from procmesh_orchestrator.memory.migrations import migrations
+from procmesh_orchestrator.memory.store import Message, Thread
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[tuple[Any, ...]]
+
+MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock key of start-up migrations
+_THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
+
+
+class PostgresMemoryStore:
+    """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_connections: int = 1,
+        max_connections: int = 10,
+        timeout: float = 5.0,
+        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.Error as exc:
+            # The parser's message may quote the DSN, password included: say only that it is malformed.
+            raise MemoryStoreError("memory store postgres: the DSN is malformed") from exc
+        self.name = _describe(params)
+        """How errors name this store: host, port and database, never the user or password."""
+        self._dsn = dsn
+        self._secret = str(params.get("password") or "")
+        self._timeout = timeout
+        self._max_bytes = max_message_bytes
+        self._pool: AsyncConnectionPool[Connection] | None = None
+        self._sizes = (min_connections, max_connections)
+
+    async def start(self) -> None:
+        """Open the pool (waiting up to the timeout for a first connection) and migrate."""
+        pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            self._dsn,
+            min_size=self._sizes[0],
+            max_size=self._sizes[1],
+            timeout=self._timeout,
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": True, "connect_timeout": max(1, round(self._timeout))},
+            name=self.name,
+        )
+        try:
+            with self._errors("connecting"):
+                await pool.open(wait=True, timeout=self._timeout)
+            self._pool = pool
+            await self._write(self._migrate, "applying migrations")
+        except BaseException:
+            self._pool = None
+            await pool.close()
+            raise
+
+    async def close(self) -> None:
+        """Close the pool (idempotent)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        """The thread, or None."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        rows = await self._read(
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = %s",
+            (thread_id,),
+            f"reading thread {thread_id!r}",
+        )
+        return _thread(rows[0]) if rows else None
+
+    async def create_thread(self, thread: Thread) -> Thread:
+        """Create it; the same id of the same resource is returned as stored."""
+        thread_id = c.check_id(self.name, "thread", thread.id)
+        resource_id = c.check_id(self.name, "resource", thread.resource_id)
+        title, metadata = c.check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
+
+        async def create(conn: Connection) -> Thread:
+            # One statement inserts the thread or, on an existing id, locks and returns it unchanged
+            # (a no-op update): no window in which a concurrent delete leaves neither.
+            cursor = await conn.execute(
+                "INSERT INTO threads (id, resource_id, title, metadata) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (id) DO UPDATE SET resource_id = threads.resource_id "
+                f"RETURNING {_THREAD_COLUMNS}",
+                (thread_id, resource_id, title, metadata),
+            )
+            row = await cursor.fetchone()
+            assert row is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
+            self._check_owner(thread_id, row[1], resource_id)
+            return _thread(row)
+
+        return await self._write(create, f"creating thread {thread_id!r}")
+
+    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
+        """The resource's threads, most recently updated first."""
+        resource_id = c.check_id(self.name, "resource", resource_id)
+        limit = c.check_count(self.name, "limit", limit, low=1, high=c.MAX_PAGE)
+        offset = c.check_count(self.name, "offset", offset, low=0, high=2**62)
+        rows = await self._read(
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s "
+            "ORDER BY updated_at DESC, id LIMIT %s OFFSET %s",
+            (resource_id, limit, offset),
+            f"listing the threads of resource {resource_id!r}",
+        )
+        return [_thread(row) for row in rows]
+
+    async def update_thread(
+        self, thread_id: str, *, title: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> Thread:
+        """Change title and/or metadata (`ThreadNotFoundError` when there is no such thread)."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        new_title, new_metadata = c.check_thread_fields(
+            self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
+        )
+
+        async def update(conn: Connection) -> Thread:
+            cursor = await conn.execute(
+                "UPDATE threads SET title = COALESCE(%s, title), metadata = COALESCE(%s, metadata), "
+                f"updated_at = now() WHERE id = %s RETURNING {_THREAD_COLUMNS}",
+                (
+                    None if title is None else new_title,
+                    None if metadata is None else new_metadata,
+                    thread_id,
+                ),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
+            return _thread(row)
+
+        return await self._write(update, f"updating thread {thread_id!r}")
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread and (by the foreign key's cascade) its messages."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+
+        async def delete(conn: Connection) -> None:
+            await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
+
+        await self._write(delete, f"deleting thread {thread_id!r}")
+
+    async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
+        """Append (or replace by id) the turn's messages in one transaction, under the thread's lock."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        resource_id = c.check_id(self.name, "resource", resource_id)
+        rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+
+        async def save(conn: Connection) -> None:
+            # Insert the thread, or lock the existing row until commit: the per-thread lock.
+            cursor = await conn.execute(
+                "INSERT INTO threads (id, resource_id) VALUES (%s, %s) "
+                "ON CONFLICT (id) DO UPDATE SET updated_at = now() RETURNING resource_id",
+                (thread_id, resource_id),
+            )
+            owner = await cursor.fetchone()
+            assert owner is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
+            self._check_owner(thread_id, owner[0], resource_id)
+            if rows:
+                async with conn.cursor() as many:
+                    await many.executemany(
+                        "INSERT INTO messages (thread_id, id, role, body) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT (thread_id, id) "
+                        "DO UPDATE SET role = EXCLUDED.role, body = EXCLUDED.body",
+                        [(thread_id, *row) for row in rows],
+                    )
+
+        await self._write(save, f"saving a turn to thread {thread_id!r}")
+
+    async def messages(
+        self, thread_id: str, *, last: int | None = None, include_signals: bool = True
+    ) -> list[Message]:
+        """Stored messages, oldest first: all, or the `last` N."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        where = "thread_id = %s" if include_signals else "thread_id = %s AND role <> %s"
+        args: tuple[Any, ...] = (thread_id,) if include_signals else (thread_id, c.SIGNAL_ROLE)
+        if last is None:
+            sql = f"SELECT body FROM messages WHERE {where} ORDER BY seq"
+        else:
+            args = (*args, c.check_count(self.name, "last", last, low=0, high=2**62))
+            sql = (
+                f"SELECT body FROM (SELECT seq, body FROM messages WHERE {where} "
+                "ORDER BY seq DESC LIMIT %s) AS window_ ORDER BY seq"
+            )
+        rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
+        return [c.decode(row[0]) for row in rows]
+
+    def _check_owner(self, thread_id: str, owner: str, resource_id: str) -> None:
+        if owner != resource_id:
+            raise ThreadOwnershipError(
+                f"memory store {self.name}: thread {c.label(thread_id)} belongs to another resource"
+            )
+
+    async def _migrate(self, conn: Connection) -> None:
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version "
+            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        cursor = await conn.execute("SELECT version FROM schema_version")
+        applied = {row[0] for row in await cursor.fetchall()}
+        known = migrations("postgres")
+        if applied and max(applied) > len(known):
+            log.warning(
+                "memory store %s: schema version %d is newer than this build's", self.name, max(applied)
+            )
+        for migration in known:
+            if migration.version in applied:
+                continue
+            await conn.execute(migration.sql.encode())  # several statements, no parameters
+            await conn.execute(
+                "INSERT INTO schema_version (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+            log.info(
+                "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
+            )
+
+    async def _write(self, work: Callable[[Connection], Awaitable[T]], doing: str) -> T:
+        """`work` in one transaction on a pooled connection, committed or rolled back as a whole."""
+        pool = self._connection_pool()
+
+        async def transaction() -> T:
+            with self._errors(doing):
+                async with pool.connection() as conn, conn.transaction():
+                    return await work(conn)
+
+        return await c.shielded(transaction())
+
+    async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
+        pool = self._connection_pool()
+        with self._errors(doing):
+            async with pool.connection() as conn:
+                cursor = await conn.execute(sql, args)
+                return await cursor.fetchall()
+
+    def _connection_pool(self) -> AsyncConnectionPool[Connection]:
+        if self._pool is None:
+            raise StoreUnavailableError(f"memory store {self.name} is not started (or closed)")
+        return self._pool
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """psycopg's errors as the store's; connection trouble (and pool timeouts) is unavailability."""
+        try:
+            yield
+        except MemoryStoreError:
+            raise
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreUnavailableError(
+                f"memory store {self.name} is unavailable: {doing}: {self._scrub(exc)}"
+            ) from exc
+        except psycopg.Error as exc:
+            raise MemoryStoreError(f"memory store {self.name}: {doing}: {self._scrub(exc)}") from exc
+
+    def _scrub(self, exc: Exception) -> str:
+        """The driver's message, first line only, with the password masked should libpq ever echo it."""
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return text.replace(self._secret, "***") if self._secret else text
+
+
+def _describe(params: dict[str, Any]) -> str:
+    host = str(params.get("host") or params.get("hostaddr") or "localhost")
+    port = params.get("port") or 5432
+    database = params.get("dbname") or params.get("user") or "postgres"
+    return f"postgres:{host}:{port}/{database}"
+
+
+def _thread(row: Any) -> Thread:
+    thread_id, resource_id, title, metadata, created_at, updated_at = row
+    return Thread(
+        id=thread_id,
+        resource_id=resource_id,
+        title=title,
+        metadata=c.decode(metadata),
+        created_at=c.iso(created_at),
+        updated_at=c.iso(updated_at),
+    )

@@ -1,0 +1,333 @@
+"""The default memory store: one SQLite file, nothing to install.
+
+WAL mode lets readers in other processes (``procmesh memory``) read while a run writes; the busy
+timeout makes a second writer process wait for the lock instead of failing; foreign keys make a
+deleted thread take its messages along. Each write is one ``BEGIN IMMEDIATE`` transaction, which
+takes the write lock up front, so two processes never both read "no such thread" and then both
+insert. In one process, one connection serves every call, and a lock keeps the transactions of
+concurrent runs from interleaving on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from procmesh_orchestrator.errors import (
+    MemoryStoreError,
+    StoreUnavailableError,
+    ThreadNotFoundError,
+    ThreadOwnershipError,
+)
+from procmesh_orchestrator.memory import _common as c
+from procmesh_orchestrator.memory.migrations import migrations
+from procmesh_orchestrator.memory.store import Message, Thread
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# SQLite result codes that mean the file cannot be used right now, rather than a bad statement.
+_UNAVAILABLE = {
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_CANTOPEN",
+    "SQLITE_IOERR",
+    "SQLITE_FULL",
+    "SQLITE_READONLY",
+    "SQLITE_PERM",
+    "SQLITE_CORRUPT",
+    "SQLITE_NOTADB",
+}
+_THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
+
+
+class SqliteMemoryStore:
+    """Memory in one SQLite file (created with its folder when missing)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 5.0,
+        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.name = f"sqlite:{self.path}"
+        """How errors name this store."""
+        self._busy_timeout = busy_timeout
+        self._max_bytes = max_message_bytes
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Open the file (WAL, busy timeout, foreign keys) and apply pending migrations."""
+        with self._errors("opening the database"):
+            await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+            db = await aiosqlite.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+            try:
+                await db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+                async with db.execute("PRAGMA journal_mode = WAL") as cursor:
+                    mode = await cursor.fetchone()
+                if mode is None or str(mode[0]).lower() != "wal":
+                    raise StoreUnavailableError(f"memory store {self.name}: WAL mode refused ({mode})")
+                await db.execute("PRAGMA foreign_keys = ON")
+                # FULL: a committed turn survives a power cut, not only a killed process.
+                await db.execute("PRAGMA synchronous = FULL")
+                self._db = db
+                await self._write(self._migrate, "applying migrations")
+            except BaseException:
+                self._db = None
+                await db.close()
+                raise
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        db, self._db = self._db, None
+        if db is not None:
+            async with self._lock:
+                await db.close()
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        """The thread, or None."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        rows = await self._read(
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?",
+            (thread_id,),
+            f"reading thread {thread_id!r}",
+        )
+        return _thread(rows[0]) if rows else None
+
+    async def create_thread(self, thread: Thread) -> Thread:
+        """Create it; the same id of the same resource is returned as stored."""
+        thread_id = c.check_id(self.name, "thread", thread.id)
+        resource_id = c.check_id(self.name, "resource", thread.resource_id)
+        title, metadata = c.check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
+
+        async def create(db: aiosqlite.Connection) -> Thread:
+            found = await _fetch(db, f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?", (thread_id,))
+            if found:
+                existing = _thread(found[0])
+                self._check_owner(thread_id, existing.resource_id, resource_id)
+                return existing
+            now = c.now_text()
+            await db.execute(
+                "INSERT INTO threads (id, resource_id, title, metadata, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (thread_id, resource_id, title, metadata, now, now),
+            )
+            return _thread((thread_id, resource_id, title, metadata, now, now))
+
+        return await self._write(create, f"creating thread {thread_id!r}")
+
+    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
+        """The resource's threads, most recently updated first."""
+        resource_id = c.check_id(self.name, "resource", resource_id)
+        limit = c.check_count(self.name, "limit", limit, low=1, high=c.MAX_PAGE)
+        offset = c.check_count(self.name, "offset", offset, low=0, high=2**62)
+        rows = await self._read(
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? "
+            "ORDER BY updated_at DESC, rowid DESC LIMIT ? OFFSET ?",
+            (resource_id, limit, offset),
+            f"listing the threads of resource {resource_id!r}",
+        )
+        return [_thread(row) for row in rows]
+
+    async def update_thread(
+        self, thread_id: str, *, title: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> Thread:
+        """Change title and/or metadata (`ThreadNotFoundError` when there is no such thread)."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        new_title, new_metadata = c.check_thread_fields(
+            self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
+        )
+
+        async def update(db: aiosqlite.Connection) -> Thread:
+            found = await _fetch(db, f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?", (thread_id,))
+            if not found:
+                raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
+            _, resource_id, old_title, old_metadata, created_at, _ = found[0]
+            row = (
+                thread_id,
+                resource_id,
+                old_title if title is None else new_title,
+                old_metadata if metadata is None else new_metadata,
+                created_at,
+                c.now_text(),
+            )
+            await db.execute(
+                "UPDATE threads SET title = ?, metadata = ?, updated_at = ? WHERE id = ?",
+                (row[2], row[3], row[5], thread_id),
+            )
+            return _thread(row)
+
+        return await self._write(update, f"updating thread {thread_id!r}")
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread and (by the foreign key's cascade) its messages."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+
+        async def delete(db: aiosqlite.Connection) -> None:
+            await db.execute("DELETE FROM threads WHERE id = ?", (thread_id,))
+
+        await self._write(delete, f"deleting thread {thread_id!r}")
+
+    async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
+        """Append (or replace by id) the turn's messages in one transaction."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        resource_id = c.check_id(self.name, "resource", resource_id)
+        rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+
+        async def save(db: aiosqlite.Connection) -> None:
+            now = c.now_text()
+            found = await _fetch(db, "SELECT resource_id FROM threads WHERE id = ?", (thread_id,))
+            if found:
+                self._check_owner(thread_id, found[0][0], resource_id)
+                await db.execute("UPDATE threads SET updated_at = ? WHERE id = ?", (now, thread_id))
+            else:
+                await db.execute(
+                    "INSERT INTO threads (id, resource_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                    (thread_id, resource_id, now, now),
+                )
+            # An id already in the thread keeps its place (its seq) and takes the new body.
+            await db.executemany(
+                "INSERT INTO messages (thread_id, id, role, body) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (thread_id, id) DO UPDATE SET role = excluded.role, body = excluded.body",
+                [(thread_id, *row) for row in rows],
+            )
+
+        await self._write(save, f"saving a turn to thread {thread_id!r}")
+
+    async def messages(
+        self, thread_id: str, *, last: int | None = None, include_signals: bool = True
+    ) -> list[Message]:
+        """Stored messages, oldest first: all, or the `last` N."""
+        thread_id = c.check_id(self.name, "thread", thread_id)
+        where = "thread_id = ?" if include_signals else "thread_id = ? AND role <> ?"
+        args: tuple[Any, ...] = (thread_id,) if include_signals else (thread_id, c.SIGNAL_ROLE)
+        if last is None:
+            sql = f"SELECT body FROM messages WHERE {where} ORDER BY seq"
+        else:
+            args = (*args, c.check_count(self.name, "last", last, low=0, high=2**62))
+            sql = (
+                f"SELECT body FROM (SELECT seq, body FROM messages WHERE {where} ORDER BY seq DESC LIMIT ?) "
+                "ORDER BY seq"
+            )
+        rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
+        return [c.decode(row[0]) for row in rows]
+
+    def _check_owner(self, thread_id: str, owner: str, resource_id: str) -> None:
+        if owner != resource_id:
+            raise ThreadOwnershipError(
+                f"memory store {self.name}: thread {c.label(thread_id)} belongs to another resource"
+            )
+
+    async def _migrate(self, db: aiosqlite.Connection) -> None:
+        await db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version "
+            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+        )
+        applied = {row[0] for row in await _fetch(db, "SELECT version FROM schema_version", ())}
+        known = migrations("sqlite")
+        if applied and max(applied) > len(known):
+            log.warning(
+                "memory store %s: schema version %d is newer than this build's", self.name, max(applied)
+            )
+        for migration in known:
+            if migration.version in applied:
+                continue
+            for statement in _statements(migration.sql):
+                await db.execute(statement)
+            await db.execute(
+                "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, c.now_text()),
+            )
+            log.info(
+                "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
+            )
+
+    async def _write(self, work: Callable[[aiosqlite.Connection], Awaitable[T]], doing: str) -> T:
+        """`work` in one BEGIN IMMEDIATE transaction, committed, or rolled back on any failure."""
+        db = self._connection()
+
+        async def transaction() -> T:
+            async with self._lock:
+                with self._errors(doing):
+                    await db.execute("BEGIN IMMEDIATE")
+                    try:
+                        result = await work(db)
+                        await db.execute("COMMIT")
+                    except BaseException:
+                        if db.in_transaction:
+                            await db.execute("ROLLBACK")
+                        raise
+                    return result
+
+        return await c.shielded(transaction())
+
+    async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
+        db = self._connection()
+        async with self._lock:
+            with self._errors(doing):
+                return await _fetch(db, sql, args)
+
+    def _connection(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise StoreUnavailableError(f"memory store {self.name} is not started (or closed)")
+        return self._db
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """sqlite3's errors as the store's: a file that cannot be used now is unavailable."""
+        try:
+            yield
+        except MemoryStoreError:
+            raise
+        except sqlite3.Error as exc:
+            kind = StoreUnavailableError if _unavailable(exc) else MemoryStoreError
+            raise kind(f"memory store {self.name}: {doing}: {exc}") from exc
+        except (OSError, ValueError) as exc:  # a folder we cannot create; aiosqlite's "no active connection"
+            raise StoreUnavailableError(f"memory store {self.name}: {doing}: {exc}") from exc
+
+
+def _unavailable(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", "")
+    return any(name.startswith(code) for code in _UNAVAILABLE)
+
+
+async def _fetch(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...]) -> list[Any]:
+    async with db.execute(sql, args) as cursor:
+        return list(await cursor.fetchall())
+
+
+def _statements(script: str) -> list[str]:
+    """A migration file's statements (sqlite3 decides where each is complete, comments included)."""
+    statements, pending = [], ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if pending.strip() and not all(
+        part.strip().startswith("--") or not part.strip() for part in pending.splitlines()
+    ):
+        raise MemoryStoreError(f"an incomplete statement ends a SQLite migration: {pending.strip()[:80]!r}")
+    return statements
+
+
+def _thread(row: Any) -> Thread:
+    thread_id, resource_id, title, metadata, created_at, updated_at = row
+    return Thread(
+        id=thread_id,
+        resource_id=resource_id,
+        title=title,
+        metadata=c.decode(metadata),
+        created_at=c.iso_from_text(created_at),
+        updated_at=c.iso_from_text(updated_at),
+    )

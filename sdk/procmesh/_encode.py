@@ -173,7 +173,11 @@ def _fill_step_overrides(resp: ppb.ProcessInputStepResponse, result: dict[str, A
 
 
 def process_llm_request(result: Any, kwargs: Kwargs) -> ppb.ProcessLLMRequestResponse:
-    """``{"prompt": [...]}`` and/or ``{"response": [chunks]}`` (a cached answer), or None."""
+    """``{"prompt": [...]}`` and/or ``{"response": [chunks]}`` (a cached answer), or None.
+
+    With a response, ``"tool_results"`` (``[{toolCallId, toolName, args, result}]``) are the recorded
+    results of its tool calls: the orchestrator replays them instead of running those tools again.
+    """
     resp = ppb.ProcessLLMRequestResponse()
     if result is None:
         return resp
@@ -189,12 +193,25 @@ def process_llm_request(result: Any, kwargs: Kwargs) -> ppb.ProcessLLMRequestRes
         resp.has_cached_response = True
         for chunk in result["response"]:
             convert.chunk_to_proto(chunk, resp.cached_response.add())
+        for recorded in result.get("tool_results") or []:
+            try:
+                tr = resp.cached_tool_results.add(
+                    tool_call_id=str(recorded["toolCallId"]), tool_name=str(recorded.get("toolName", ""))
+                )
+                tr.args.CopyFrom(convert.to_value(recorded.get("args")))
+                tr.result.CopyFrom(convert.to_value(recorded.get("result")))
+            except (KeyError, TypeError) as exc:
+                raise InternalError(f"process_llm_request returned a malformed tool result: {exc}") from exc
     return resp
 
 
 def process_llm_response(result: Any, kwargs: Kwargs) -> ppb.ProcessLLMResponseResponse:
-    """The return value is ignored: the hook observes (its effects still count)."""
-    return ppb.ProcessLLMResponseResponse()
+    """The hook observes; ``{"output_result_if_clean": True}`` asks for processOutputResult at the run's
+    clean end, whichever lane the processor is in. Any other return value is ignored."""
+    resp = ppb.ProcessLLMResponseResponse()
+    if isinstance(result, dict):
+        resp.output_result_if_clean = bool(result.get("output_result_if_clean", False))
+    return resp
 
 
 def process_output_stream(result: Any, kwargs: Kwargs) -> ppb.StreamPartResult:

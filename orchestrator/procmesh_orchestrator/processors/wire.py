@@ -108,6 +108,17 @@ def _read_llm_request(resp: Any) -> h.LLMRequestResult:
         cached_response=(
             [convert.chunk_from_proto(c) for c in resp.cached_response] if resp.has_cached_response else None
         ),
+        cached_tool_results=[
+            {
+                "toolCallId": r.tool_call_id,
+                "toolName": r.tool_name,
+                "args": convert.from_value(r.args),
+                "result": convert.from_value(r.result),
+            }
+            for r in resp.cached_tool_results
+        ]
+        if resp.has_cached_response
+        else [],
     )
 
 
@@ -192,7 +203,10 @@ WIRE: dict[str, tuple[Build, Read]] = {
     "process_input": (_build_input, _read_input),
     "process_input_step": (_build_input_step, _read_input_step),
     "process_llm_request": (_build_llm_request, _read_llm_request),
-    "process_llm_response": (_build_llm_response, lambda resp: h.NoResult()),
+    "process_llm_response": (
+        _build_llm_response,
+        lambda resp: h.LLMResponseResult(output_result_if_clean=resp.output_result_if_clean),
+    ),
     "process_output_step": (_build_output_step, _read_messages),
     "process_tool_result": (_build_tool_result, _read_tool_result),
     "process_output_result": (_build_output_result, _read_messages),

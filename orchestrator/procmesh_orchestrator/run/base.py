@@ -87,6 +87,8 @@ class RunCore:
         self.tool_owners: dict[str, Processor] = {}
         """Tools processors added to a step and run themselves (ExecuteTool), by name."""
         self.model_requests: list[ModelRequest] = []
+        self.at_clean_end: list[Processor] = []
+        """Processors whose processOutputResult waits for the run's clean end (`steps.output_result`)."""
 
     # -- calls and their effects --------------------------------------------------------
 

@@ -172,6 +172,8 @@ class InputStepArgs(HookArgs[InputStepResult]):
 class LLMRequestResult:
     prompt: list[dict[str, Any]] | None = None
     cached_response: list[Chunk] | None = None
+    cached_tool_results: list[dict[str, Any]] = field(default_factory=list)
+    """With a cached response: its tool calls' recorded results (``toolCallId``, ``result``, ...)."""
 
 
 @dataclass
@@ -183,12 +185,13 @@ class LLMRequestArgs(HookArgs[LLMRequestResult]):
 
 
 @dataclass
-class NoResult:
-    """A hook whose only answer is its effects."""
+class LLMResponseResult:
+    output_result_if_clean: bool = False
+    """Call this processor's processOutputResult once, at the run's clean end (see `steps.output_result`)."""
 
 
 @dataclass
-class LLMResponseArgs(HookArgs[NoResult]):
+class LLMResponseArgs(HookArgs[LLMResponseResult]):
     hook: ClassVar[str] = "process_llm_response"
     model: str
     from_cache: bool

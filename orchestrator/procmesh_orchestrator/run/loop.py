@@ -71,7 +71,9 @@ class Run(RunCore):
                 self.emit({"type": "error", "payload": {"message": str(failure)}})
             try:
                 if not isinstance(failure, RunTimeoutError):  # no budget left for finalization
-                    text, tripwire = await steps.output_result(self, text, finish_reason)
+                    text, tripwire = await steps.output_result(
+                        self, text, finish_reason, clean=failure is None
+                    )
             except (APICallError, ProcessorFailedError) as exc:
                 failure = failure or exc
                 finish_reason = "error"
@@ -130,7 +132,7 @@ class Run(RunCore):
             prompt = msgs.build_prompt(self.system, self.ml.items)
             prompt, cached = await steps.llm_request(self, prompt, cfg)
             try:
-                outcome = await self._model_step(prompt, cfg, cached)
+                outcome = await self._model_step(prompt, cfg, cached.chunks if cached else None)
             except APICallError as err:
                 self.steps.append(_step_record(step_number, StepOutcome(finish_reason="error")))
                 if await retries.api_error(self, err):
@@ -155,7 +157,10 @@ class Run(RunCore):
             self.ml.add(assistant, msgs.RESPONSE)
             step_record = _step_record(step_number, outcome)
             if outcome.tool_calls:
-                step_record["toolResults"] = await run_tools(self, assistant, outcome.tool_calls, step_number)
+                recorded = cached.tool_results if cached else []
+                step_record["toolResults"] = await run_tools(
+                    self, assistant, outcome.tool_calls, step_number, recorded
+                )
             self.steps.append(step_record)
             self.info.retry_count = 0
             step_number += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,15 @@ class StepOutcome:
     raw_chunks: list[Chunk] = field(default_factory=list)
     abort: TripwireAbort | None = None
     from_cache: bool = False
+
+
+@dataclass
+class CachedStep:
+    """A step a processor's processLLMRequest replays instead of calling the model (a cache hit)."""
+
+    chunks: list[Chunk]
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
+    """Its tool calls' recorded results: replayed, the tools are not run again (`run_tools`)."""
 
 
 @dataclass
@@ -132,9 +142,9 @@ def _step_overrides(
 
 async def llm_request(
     run: RunCore, prompt: list[dict[str, Any]], cfg: StepConfig
-) -> tuple[list[dict[str, Any]], list[Chunk] | None]:
+) -> tuple[list[dict[str, Any]], CachedStep | None]:
     """processLLMRequest: input lane, then error lane (once each); the first cached response wins."""
-    cached: list[Chunk] | None = None
+    cached: CachedStep | None = None
     items = [i for i in dedupe([*run.input_lane, *run.error_lane]) if i.has("process_llm_request")]
     for item in items:
         answer = await run.call(item, LLMRequestArgs(cfg.model.model_id, prompt, run.steps))
@@ -145,20 +155,29 @@ async def llm_request(
             if result.prompt is not None:
                 prompt = result.prompt
             if result.cached_response is not None and cached is None:
-                cached = result.cached_response
+                cached = CachedStep(result.cached_response, result.cached_tool_results)
         await run.apply(effects)
     return prompt, cached
 
 
 async def llm_response(run: RunCore, outcome: StepOutcome, model_id: str) -> None:
-    """processLLMResponse, input lane in order: the step's raw chunks, for effects only."""
+    """processLLMResponse, input lane in order: the step's raw chunks, for effects only.
+
+    A processor may ask to see the run's final result (`LLMResponseResult.output_result_if_clean`);
+    `output_result` calls it at the run's clean end.
+    """
     for item in run.input_lane:
         if not item.has("process_llm_response"):
             continue
         args = LLMResponseArgs(model_id, outcome.from_cache, outcome.raw_chunks, run.steps)
         answer = await run.call(item, args)
-        if answer is not None:
-            await run.apply(answer[1])
+        if answer is None:
+            continue
+        result, effects = answer
+        waiting = {i.key for i in run.at_clean_end}
+        if effects.abort is None and result.output_result_if_clean and item.key not in waiting:
+            run.at_clean_end.append(item)
+        await run.apply(effects)
 
 
 async def output_step(run: RunCore, outcome: StepOutcome) -> None:
@@ -185,9 +204,28 @@ async def output_step(run: RunCore, outcome: StepOutcome) -> None:
         await run.apply(effects)
 
 
-async def output_result(run: RunCore, text: str, finish_reason: str) -> tuple[str, TripwireAbort | None]:
-    """processOutputResult once per request, output lane in order; an abort blanks the text."""
-    for item in run.output_lane:
+async def output_result(
+    run: RunCore, text: str, finish_reason: str, *, clean: bool
+) -> tuple[str, TripwireAbort | None]:
+    """processOutputResult once per request, output lane in order; an abort blanks the text.
+
+    The processors that asked for it in processLLMResponse (`run.at_clean_end`) get theirs last,
+    whatever their lane, and only in a `clean` run (nothing failed) that no processOutputResult
+    aborted: they act on the run's final, accepted result (response-cache writes it then).
+    """
+    late = {item.key for item in run.at_clean_end}
+    text, abort = await _output_result(
+        run, [i for i in run.output_lane if i.key not in late], text, finish_reason
+    )
+    if abort is not None or not clean or not run.at_clean_end:
+        return text, abort
+    return await _output_result(run, run.at_clean_end, text, finish_reason)
+
+
+async def _output_result(
+    run: RunCore, lane: Sequence[Processor], text: str, finish_reason: str
+) -> tuple[str, TripwireAbort | None]:
+    for item in lane:
         if not item.has("process_output_result"):
             continue
         before = run.ml.view(msgs.RESPONSE)

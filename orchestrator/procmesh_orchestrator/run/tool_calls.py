@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from procmesh_orchestrator.run.base import RunCore
@@ -10,19 +10,40 @@ from procmesh_orchestrator.run.hooks import Chunk, ExecuteToolArgs, Processor, T
 
 
 async def run_tools(
-    run: RunCore, assistant: dict[str, Any], calls: list[dict[str, Any]], step_number: int
+    run: RunCore,
+    assistant: dict[str, Any],
+    calls: list[dict[str, Any]],
+    step_number: int,
+    recorded: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """Execute tool calls; each result goes through processToolResult, then out as a chunk."""
+    """Execute tool calls; each result goes through processToolResult, then out as a chunk.
+
+    `recorded` are the results a cached step's calls had when it was recorded (processLLMRequest
+    replayed it): such a call is replayed with its result, as processToolResult left it then,
+    and neither the tool nor processToolResult runs again: a side effect would repeat, a
+    transform would apply twice. A call without a recorded result runs as usual.
+    """
     results: list[dict[str, Any]] = []
     invocations = {
         p["toolInvocation"]["toolCallId"]: p["toolInvocation"]
         for p in assistant["content"]["parts"]
         if p["type"] == "tool-invocation"
     }
+    replayed = {(r.get("toolCallId"), r.get("toolName")): r.get("result") for r in recorded}
+
+    def settle(call_id: str, name: str, args: Any, value: Any) -> Chunk:
+        """A call's final result: into its invocation and the step's results, out as a chunk."""
+        invocations[call_id].update(state="result", result=value)
+        payload = {"toolCallId": call_id, "toolName": name, "args": args, "result": value}
+        results.append(payload)
+        return {"type": "tool-result", "payload": dict(payload)}
 
     async def source() -> AsyncIterator[Chunk]:
         for call in calls:
             name, call_id, args = call["toolName"], call["toolCallId"], call.get("args")
+            if (call_id, name) in replayed:
+                yield settle(call_id, name, args, replayed[call_id, name])
+                continue
             tool = run.agent.tools.get(name)
             owner = run.tool_owners.get(name) if tool is None else None
             executed = None if owner is None else await _execute_tool(run, owner, name, call_id, args)
@@ -47,12 +68,7 @@ async def run_tools(
                     yield chunk
             assert executed is not None
             value = await _tool_result(run, name, call_id, args, executed[0], step_number + 1)
-            invocations[call_id].update(state="result", result=value)
-            results.append({"toolCallId": call_id, "toolName": name, "args": args, "result": value})
-            yield {
-                "type": "tool-result",
-                "payload": {"toolCallId": call_id, "toolName": name, "args": args, "result": value},
-            }
+            yield settle(call_id, name, args, value)
 
     def sink(chunk: Chunk) -> None:
         if chunk["type"].startswith("data-") and not run.streaming:

@@ -196,6 +196,16 @@ const CODECS = {
           if (!Array.isArray(result.response)) throw new TypeError('response must be an array of chunks');
           resp.has_cached_response = true;
           resp.cached_response = result.response.map(convert.chunkToProto);
+          // the recorded results of its tool calls: replayed by the orchestrator, not run again
+          if (result.toolResults !== undefined && result.toolResults !== null) {
+            if (!Array.isArray(result.toolResults)) throw new TypeError('toolResults must be an array');
+            resp.cached_tool_results = result.toolResults.map((r) => ({
+              tool_call_id: String(r.toolCallId),
+              tool_name: String(r.toolName ?? ''),
+              args: convert.toValue(r.args),
+              result: convert.toValue(r.result),
+            }));
+          }
         }
       } catch (err) {
         throw new InternalError(`processLLMRequest returned a malformed value: ${err.message}`);
@@ -215,8 +225,9 @@ const CODECS = {
         },
       };
     },
-    encode() {
-      return {};
+    encode(result) {
+      // { outputResultIfClean: true } asks for processOutputResult at the run's clean end; else ignored
+      return plainObject(result) && result.outputResultIfClean ? { output_result_if_clean: true } : {};
     },
   },
 

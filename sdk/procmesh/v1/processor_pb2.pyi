@@ -379,6 +379,7 @@ class ProcessLLMRequestResponse(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     HAS_CACHED_RESPONSE_FIELD_NUMBER: _builtins.int
     CACHED_RESPONSE_FIELD_NUMBER: _builtins.int
+    CACHED_TOOL_RESULTS_FIELD_NUMBER: _builtins.int
     replace_prompt: _builtins.bool
     """When set, `prompt` replaces the outgoing prompt for this provider call only."""
     has_cached_response: _builtins.bool
@@ -389,6 +390,12 @@ class ProcessLLMRequestResponse(_message.Message):
     def prompt(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.PromptMessage]: ...
     @_builtins.property
     def cached_response(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]: ...
+    @_builtins.property
+    def cached_tool_results(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolResult]:
+        """With a cached response: the results its tool calls had when it was recorded. A call listed
+        here is not executed again: its recorded result is replayed (a hit repeats no side effects).
+        """
+
     def __init__(
         self,
         *,
@@ -397,10 +404,11 @@ class ProcessLLMRequestResponse(_message.Message):
         prompt: _abc.Iterable[_types_pb2.PromptMessage] | None = ...,
         has_cached_response: _builtins.bool = ...,
         cached_response: _abc.Iterable[_types_pb2.Chunk] | None = ...,
+        cached_tool_results: _abc.Iterable[_types_pb2.ToolResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_response", b"cached_response", "effects", b"effects", "has_cached_response", b"has_cached_response", "prompt", b"prompt", "replace_prompt", b"replace_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_response", b"cached_response", "cached_tool_results", b"cached_tool_results", "effects", b"effects", "has_cached_response", b"has_cached_response", "prompt", b"prompt", "replace_prompt", b"replace_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,16 +453,24 @@ class ProcessLLMResponseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
+    OUTPUT_RESULT_IF_CLEAN_FIELD_NUMBER: _builtins.int
+    output_result_if_clean: _builtins.bool
+    """Ask to see the run's final result: this processor's ProcessOutputResult is then called once,
+    after every output processor's, and only when the run ended cleanly (no error, no tripwire),
+    whichever lane it is in (in the output lane, its own place there is skipped). A response cache
+    holds a step back until then, so nothing a later processor rejects is ever replayed.
+    """
     @_builtins.property
     def effects(self) -> _types_pb2.HookEffects: ...
     def __init__(
         self,
         *,
         effects: _types_pb2.HookEffects | None = ...,
+        output_result_if_clean: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "output_result_if_clean", b"output_result_if_clean"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,11 +3,20 @@
 ``processLLMRequest`` derives a deterministic key from the agent id, the step
 number, the scope, the model identity and the resolved provider prompt (after
 memory and the earlier input processors), looks it up and, on a hit, returns the
-cached chunks: the loop replays them instead of calling the model. On a miss the
-key is stashed in the run's state; ``processLLMResponse`` writes the step's
-chunks under it when the step finished cleanly (no ``error`` / ``tripwire``
-chunk, finish reason ``stop``, ``length`` or ``tool-calls``), never when the
-response came from the cache.
+cached chunks and the recorded results of their tool calls: the loop replays
+them instead of calling the model, and replays the tool results instead of
+running the tools again.
+
+Writes follow the seeds: a failed run (an error, a tripwire) is never cached.
+On a miss the key is stashed in the run's state; ``processLLMResponse`` holds
+the step's chunks back in the state when the step's own chunks are clean (no
+``error`` / ``tripwire`` chunk, finish reason ``stop``, ``length`` or
+``tool-calls``; never a response that came from the cache) and asks for
+``processOutputResult`` at the run's clean end. The orchestrator calls it only
+when nothing failed and every output processor accepted the run, whichever lane
+this processor is in; only then are the held steps written, each with its tool
+results as the run recorded them. A step that ``processOutputStep`` rejected
+(retried or not) is never among them.
 
 Scope (tenant isolation): the explicit ``scope`` option; else the request's
 resource id (the ``resource_id`` argument, or ``mastra__resourceId`` in the
@@ -43,6 +52,8 @@ RESOURCE_ID_KEY = "mastra__resourceId"
 _CLEAN_FINISH = ("stop", "length", "tool-calls")
 _PENDING_KEY = "pendingKey"
 _PENDING_TTL = "pendingTtl"
+_HELD = "held"
+"""State: the steps of this run waiting for its clean end, by step number: key, ttl, chunks."""
 
 
 class ResponseCacheOptions(BaseModel):
@@ -170,7 +181,7 @@ def clean_step(chunks: list[Chunk]) -> bool:
 
 
 class ResponseCache(Processor):
-    """Per-step LLM response cache: lookup before the provider call, write after a clean step."""
+    """Per-step LLM response cache: lookup before the provider call, write at a clean run's end."""
 
     id = "response-cache"
     name = "Response Cache"
@@ -209,6 +220,11 @@ class ResponseCache(Processor):
     ) -> dict[str, Any] | None:
         state.pop(_PENDING_KEY, None)
         state.pop(_PENDING_TTL, None)
+        # this step is being tried again (a processor asked for a retry, or the provider failed):
+        # what an earlier attempt held back was rejected
+        held = state.get(_HELD)
+        if isinstance(held, dict):
+            held.pop(str(step_number), None)
         per_call = _per_call(request_context)
         bust = bool(per_call.get("bust", options.bust))
         if "scope" in per_call:
@@ -235,7 +251,7 @@ class ResponseCache(Processor):
                 log.warning("response-cache: read failed; calling the model", exc_info=True)
                 return None
             if isinstance(cached, dict) and cached.get("chunks"):
-                return {"response": cached["chunks"]}
+                return {"response": cached["chunks"], "tool_results": cached.get("toolResults") or []}
         state[_PENDING_KEY] = key
         state[_PENDING_TTL] = options.ttl
         return None
@@ -244,17 +260,41 @@ class ResponseCache(Processor):
         self,
         chunks: list[Chunk],
         from_cache: bool,
-        options: ResponseCacheOptions,
+        step_number: int,
         state: dict[str, Any],
-    ) -> None:
+    ) -> dict[str, bool] | None:
         key = state.pop(_PENDING_KEY, None)
-        ttl = state.pop(_PENDING_TTL, options.ttl)
+        ttl = state.pop(_PENDING_TTL, None)
         if from_cache or not key or not chunks or not clean_step(chunks):
+            return None
+        # Held back, not written: a later processOutputStep or processOutputResult may still reject
+        # the step or the run, and a failed run must leave no entry.
+        held = state.setdefault(_HELD, {})
+        held[str(step_number)] = {"key": key, "ttl": ttl, "chunks": chunks}
+        return {"output_result_if_clean": True}
+
+    async def process_output_result(
+        self, result: dict[str, Any], options: ResponseCacheOptions, state: dict[str, Any]
+    ) -> None:
+        """The run ended cleanly: write the steps held back, with their tool results."""
+        held = state.pop(_HELD, None)
+        if not isinstance(held, dict) or result.get("finishReason") not in _CLEAN_FINISH:
             return
-        try:
-            await self.cache_for(options).set(str(key), {"chunks": chunks}, float(ttl) * 1000)
-        except Exception:  # a write failure never fails the run
-            log.warning("response-cache: write failed", exc_info=True)
+        # the accepted record of each step is its last one (a retried attempt's comes before it)
+        records = {step.get("stepNumber"): step for step in result.get("steps") or []}
+        cache = self.cache_for(options)
+        for number, entry in held.items():
+            record = records.get(int(number))
+            if record is None or record.get("tripwire"):
+                continue
+            value: dict[str, Any] = {"chunks": entry["chunks"]}
+            if record.get("toolResults"):
+                value["toolResults"] = record["toolResults"]
+            ttl = entry.get("ttl")
+            try:
+                await cache.set(str(entry["key"]), value, float(options.ttl if ttl is None else ttl) * 1000)
+            except Exception:  # a write failure never fails the run
+                log.warning("response-cache: write failed", exc_info=True)
 
 
 def _per_call(request_context: dict[str, Any]) -> dict[str, Any]:

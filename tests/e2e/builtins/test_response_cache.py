@@ -196,3 +196,99 @@ async def test_redis_down_never_fails_the_run(address: str, tmp_path: Path) -> N
     async with App(cfg(address, backend="redis", url=url)) as app:
         assert (await call(app, "q")).result.text == "first answer"
         assert (await call(app, "q")).result.text == "second answer"  # no cache, but no failure
+
+
+# -- the seeds' rules: a failed run is never cached; a hit does not run the tools again ----------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def with_guards(start_sidecar: Callable[..., SidecarProcess]) -> str:
+    """response-cache next to processors that reject steps and results, in one sidecar process."""
+    proc = start_sidecar("response-cache", "examples", "regex-filter", name="response-cache-guards")
+    await proc.wait_ready()
+    return proc.address
+
+
+def guarded(address: str, responses: list[dict], *, output: list[dict], **agent: object) -> object:
+    return make_config(
+        address,
+        input_processors=[ref("response-cache", scope=None)],
+        output_processors=output,
+        responses=responses,
+        **agent,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("retries", [0, 2], ids=["aborted", "retried"])
+async def test_a_step_process_output_step_rejected_is_never_served(with_guards: str, retries: int) -> None:
+    responses = [{"text": "far too many words here"}, {"text": "short"}, {"text": "fine"}]
+    check = ref("length-check", max_words=2)
+    config = guarded(with_guards, responses, output=[check], max_processor_retries=retries)
+    async with App(config) as app:
+        first = await call(app, f"q-step-{retries}")
+        assert (first.result.tripwire is None) is (retries > 0)  # retried: the second try passed
+        second = await call(app, f"q-step-{retries}")
+        # the rejected answer was not cached: the same question reaches the model again
+        assert second.requests, "the rejected step was served from the cache"
+        assert second.result.tripwire is None
+        assert second.result.text == ("fine" if retries else "short")
+
+
+@pytest.mark.parametrize("also_output", [False, True], ids=["input-lane", "both-lanes"])
+async def test_a_run_process_output_result_rejected_leaves_no_entry(
+    with_guards: str, also_output: bool
+) -> None:
+    # each streamed word alone passes the stream check (no carry-over); the whole answer does not
+    block = ref("regex-filter", rules=[{"name": "both", "pattern": "first answer"}], stream_carryover_size=0)
+    # listed in the output lane too, before the blocking processor: its place there does not count
+    output = [ref("response-cache", scope=None), block] if also_output else [block]
+    question = f"q-result-{also_output}"
+    async with App(guarded(with_guards, RESPONSES, output=output)) as app:
+        first = await call(app, question, stream=True)
+        assert first.result.tripwire is not None
+        assert first.result.tripwire["processorId"] == "regex-filter"
+        second = await call(app, question, stream=True)
+        assert second.result.tripwire is None
+        assert second.result.text == "second answer"
+        assert len(model_requests(app)) == 2
+        assert (await call(app, question)).result.text == "second answer"  # the clean run was cached
+        assert len(model_requests(app)) == 2
+
+
+async def test_a_run_that_fails_after_a_clean_step_leaves_no_entry(with_guards: str) -> None:
+    lookup = [{"toolCalls": [{"name": "lookup", "args": {"q": "x"}}]}]
+    failure = [{"error": {"status": 400, "message": "bad request"}}]
+    responses = [*lookup, *failure, {"text": "done"}]
+    tools = {"lookup": {"result": {"v": 1}}}
+    async with App(guarded(with_guards, responses, output=[], tools=tools)) as app:
+        with pytest.raises(Exception, match="bad request"):
+            await call(app, "q-fail")
+        [step_zero, _] = model_requests(app)
+        second = await call(app, "q-fail")
+        # step 0 was not cached by the failed run: the model is asked it again, and answers it
+        assert [r.prompt for r in second.requests] == [step_zero.prompt]
+        assert second.result.text == "done"
+        assert len(second.result.steps) == 1
+
+
+async def test_a_hit_replays_tool_results_without_running_the_tool(with_guards: str) -> None:
+    # the tool announces each execution with a data chunk
+    tools = {"lookup": {"result": {"v": 1}, "custom": {"type": "data-lookup-ran", "data": {}}}}
+    responses = [{"toolCalls": [{"name": "lookup", "args": {"q": "x"}}]}, {"text": "looked up"}]
+    async with App(guarded(with_guards, responses, output=[], tools=tools)) as app:
+        first = await call(app, "q-tools", stream=True)
+        second = await call(app, "q-tools", stream=True)
+        assert second.requests == []  # both steps were hits
+        assert first.kinds().count("data-lookup-ran") == 1
+        assert "data-lookup-ran" not in second.kinds()  # replayed, not executed
+        assert second.result.steps == first.result.steps
+        assert second.result.text == "looked up"
+
+        def trace(outcome: object) -> list[object]:
+            return [
+                (c["type"], c.get("payload"))
+                for c in outcome.chunks  # type: ignore[attr-defined]
+                if c["type"] not in ("start", "data-lookup-ran")
+            ]
+
+        assert trace(second) == trace(first)

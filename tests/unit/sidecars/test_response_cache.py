@@ -131,24 +131,88 @@ def test_scope_null_is_not_the_same_as_unset() -> None:
         ResponseCacheOptions(backend="redis")
 
 
+CHUNKS = [
+    {"type": "text-delta", "payload": {"text": "hello"}},
+    {"type": "finish", "payload": {"finishReason": "stop"}},
+]
+ARGS = {"model": "m", "agent_id": "a", "resource_id": "", "request_context": {}}
+
+
+def step(number: int, **record: Any) -> dict[str, Any]:
+    return {"stepNumber": number, "toolResults": [], "tripwire": None, **record}
+
+
 async def test_request_and_response_hooks() -> None:
     cache = ResponseCache()
     options = ResponseCacheOptions()
     state: dict[str, Any] = {}
     prompt = [user("hi")]
-    args = {"model": "m", "step_number": 0, "agent_id": "a", "resource_id": "", "request_context": {}}
-    assert await cache.process_llm_request(prompt, options=options, state=state, **args) is None
-    chunks = [
-        {"type": "text-delta", "payload": {"text": "hello"}},
-        {"type": "finish", "payload": {"finishReason": "stop"}},
-    ]
-    await cache.process_llm_response(chunks, from_cache=False, options=options, state=state)
+    assert (
+        await cache.process_llm_request(prompt, options=options, state=state, step_number=0, **ARGS) is None
+    )
+    asked = await cache.process_llm_response(CHUNKS, from_cache=False, step_number=0, state=state)
+    assert asked == {"output_result_if_clean": True}
+    # held back in the run's state, not written: the run is not over yet
+    other: dict[str, Any] = {}
+    assert (
+        await cache.process_llm_request(prompt, options=options, state=other, step_number=0, **ARGS) is None
+    )
+    await cache.process_output_result(
+        {"finishReason": "stop", "steps": [step(0)]}, options=options, state=state
+    )
     assert state == {}
-    hit = await cache.process_llm_request(prompt, options=options, state=state, **args)
-    assert hit == {"response": chunks}
-    await cache.process_llm_response(
-        chunks, from_cache=True, options=options, state=state
-    )  # no write, no error
+    hit = await cache.process_llm_request(prompt, options=options, state=state, step_number=0, **ARGS)
+    assert hit == {"response": CHUNKS, "tool_results": []}
+    # a replayed response is not written again, and asks for nothing
+    assert await cache.process_llm_response(CHUNKS, from_cache=True, step_number=0, state=state) is None
+
+
+@pytest.mark.parametrize("finish", ["error", "other", "content-filter"])
+async def test_a_run_that_did_not_end_cleanly_writes_nothing(finish: str) -> None:
+    cache = ResponseCache()
+    options = ResponseCacheOptions()
+    state: dict[str, Any] = {}
+    prompt = [user("hi")]
+    await cache.process_llm_request(prompt, options=options, state=state, step_number=0, **ARGS)
+    await cache.process_llm_response(CHUNKS, from_cache=False, step_number=0, state=state)
+    await cache.process_output_result(
+        {"finishReason": finish, "steps": [step(0)]}, options=options, state=state
+    )
+    assert await cache.process_llm_request(prompt, options=options, state={}, step_number=0, **ARGS) is None
+
+
+async def test_a_retried_step_drops_the_attempt_it_replaces() -> None:
+    cache = ResponseCache()
+    options = ResponseCacheOptions()
+    state: dict[str, Any] = {}
+    rejected, retried = [user("hi")], [user("hi"), user("<system-reminder>be nicer</system-reminder>")]
+    await cache.process_llm_request(rejected, options=options, state=state, step_number=0, **ARGS)
+    await cache.process_llm_response(CHUNKS, from_cache=False, step_number=0, state=state)
+    # processOutputStep asked for a retry: the same step again, with the feedback in its prompt
+    await cache.process_llm_request(retried, options=options, state=state, step_number=0, **ARGS)
+    await cache.process_llm_response(CHUNKS, from_cache=False, step_number=0, state=state)
+    steps = [step(0, tripwire={"reason": "rude"}), step(0)]
+    await cache.process_output_result({"finishReason": "stop", "steps": steps}, options=options, state=state)
+    assert await cache.process_llm_request(rejected, options=options, state={}, step_number=0, **ARGS) is None
+    assert await cache.process_llm_request(retried, options=options, state={}, step_number=0, **ARGS)
+
+
+async def test_tool_results_are_stored_with_their_step_and_returned_on_a_hit() -> None:
+    cache = ResponseCache()
+    options = ResponseCacheOptions()
+    state: dict[str, Any] = {}
+    prompt = [user("look it up")]
+    calls = [
+        {"type": "tool-call", "payload": {"toolCallId": "c1", "toolName": "lookup", "args": {"q": "x"}}},
+        {"type": "finish", "payload": {"finishReason": "tool-calls"}},
+    ]
+    recorded = [{"toolCallId": "c1", "toolName": "lookup", "args": {"q": "x"}, "result": {"v": 1}}]
+    await cache.process_llm_request(prompt, options=options, state=state, step_number=0, **ARGS)
+    await cache.process_llm_response(calls, from_cache=False, step_number=0, state=state)
+    result = {"finishReason": "stop", "steps": [step(0, toolResults=recorded), step(1)]}
+    await cache.process_output_result(result, options=options, state=state)
+    hit = await cache.process_llm_request(prompt, options=options, state={}, step_number=0, **ARGS)
+    assert hit == {"response": calls, "tool_results": recorded}
 
 
 async def test_in_memory_ttl_and_size() -> None:

@@ -11,8 +11,8 @@ from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.hooks import (
     APIErrorResult,
     InputResult,
+    LLMResponseResult,
     MessagesResult,
-    NoResult,
     StreamEffects,
     ToolResultResult,
     Violation,
@@ -242,7 +242,7 @@ async def test_signals_from_a_hook_join_the_conversation() -> None:
         "notifier",
         {
             "process_llm_response": lambda args, info: reply(
-                NoResult(), signals=[{"type": "reactive", "contents": "remember"}]
+                LLMResponseResult(), signals=[{"type": "reactive", "contents": "remember"}]
             ),
             "process_output_result": lambda args, info: reply(MessagesResult()),
         },

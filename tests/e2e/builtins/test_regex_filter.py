@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 
+import grpc
 import pytest
 import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from procmesh_orchestrator.errors import ProcessorFailedError
 from procmesh_orchestrator.sidecar_process import SidecarProcess
@@ -132,3 +136,31 @@ async def test_a_1_mb_adversarial_input_passes_within_the_sidecar_timeout(addres
     assert prompt_texts(out.requests[0])[-1] == text
     after = await run(make_config(address, input_processors=[ref("regex-filter", **options)]), "a@b.co")
     assert prompt_texts(after.requests[0])[-1] == "[EMAIL]"
+
+
+@pytest.mark.timeout(120)
+async def test_the_sidecar_stays_serving_while_it_filters_1_mb_adversarial_inputs(address: str) -> None:
+    # Defect 2 of the hardening issue: one such request made /readyz 503 and failed other runs.
+    texts = ["1" * 1_000_000, "a@" * 500_000, "a." * 500_000]
+    options = {"presets": ["pii", "secrets", "urls"], "strategy": "redact"}
+    config = make_config(address, input_processors=[ref("regex-filter", **options)])
+    statuses: list[int] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def poll() -> None:
+            while True:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                statuses.append(reply.status)
+                await asyncio.sleep(0.05)
+
+        poller = asyncio.create_task(poll())
+        try:
+            for text in texts:
+                await run(config, text)
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+    assert statuses  # a Check that missed its 1 s deadline would have raised in the poller
+    assert set(statuses) == {health_pb2.HealthCheckResponse.SERVING}

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import (
     Chunk,
     Effects,
@@ -74,6 +75,12 @@ class RunCore:
         self.error_lane = expand_lane(
             options.error_processors if options.error_processors is not None else lanes.error, rc
         )
+        # Memory's processors run around the lanes, per-call lists included (SPEC §3, §5).
+        self.memory = agent.memory.for_call(options.thread_id, options.resource_id) if agent.memory else None
+        if self.memory is not None:
+            self.input_lane = (self.memory.history, *self.input_lane)
+            self.output_lane = (*self.output_lane, self.memory.history)
+            self.error_lane = (*self.error_lane, self.memory.recovery)
         self.ml = RunMessages()
         self.system: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
@@ -94,6 +101,9 @@ class RunCore:
 
     async def call(self, item: Processor, args: HookArgs[R]) -> tuple[R, Effects] | None:
         """Call a hook; its violations are recorded at once; None when there is nothing to apply."""
+        if isinstance(item, FrameworkProcessor):
+            result = await item.run_hook(self, args)
+            return None if result is None else (result, Effects())
         reply = await self.caller.call(item, args)
         self._record(reply.effects.violations)
         if reply.result is None:
@@ -132,7 +142,8 @@ class RunCore:
         self, source: AsyncIterator[Chunk], on_chunk: Callable[[Chunk], None]
     ) -> TripwireAbort | None:
         """Run chunks through the output-stream processors; the abort that stopped them, if any."""
-        stream = self.caller.stream(self.output_lane, source, announce_signals=self.streaming)
+        lane = [p for p in self.output_lane if not isinstance(p, FrameworkProcessor)]
+        stream = self.caller.stream(lane, source, announce_signals=self.streaming)
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 if isinstance(item, dict):

@@ -7,7 +7,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, RunTimeoutError, TripwireAbort
+from procmesh_orchestrator.errors import (
+    APICallError,
+    MemoryStoreError,
+    ProcessorFailedError,
+    RunTimeoutError,
+    TripwireAbort,
+)
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run import retries, steps
 from procmesh_orchestrator.run.base import RunCore
@@ -57,7 +63,7 @@ class Run(RunCore):
                 finish_reason = await self._prepare_and_loop()
         except TripwireAbort as abort:
             tripwire = abort
-        except (APICallError, ProcessorFailedError) as exc:
+        except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
             failure = exc
         except TimeoutError:
             failure = RunTimeoutError(self.options.timeout or 0)
@@ -74,7 +80,7 @@ class Run(RunCore):
                     text, tripwire = await steps.output_result(
                         self, text, finish_reason, clean=failure is None
                     )
-            except (APICallError, ProcessorFailedError) as exc:
+            except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 failure = failure or exc
                 finish_reason = "error"
             if tripwire is not None:

@@ -76,6 +76,21 @@ class RunMessages:
         self._by_id[msg_id] = msg  # an existing key keeps its position
         self.sources[msg_id] = source
 
+    def prepend(self, messages: list[Message], source: str) -> None:
+        """Put `messages` ahead of every message (loaded history goes before the call's input).
+
+        A message whose id is already here (a client resending stored history) keeps one place:
+        the earlier one, with `source`.
+        """
+        rest = self._by_id
+        self._by_id = {}
+        for msg in messages:
+            msg_id = msg.setdefault("id", new_id())
+            self._by_id[msg_id] = msg
+            self.sources[msg_id] = source
+        for msg_id, msg in rest.items():
+            self._by_id.setdefault(msg_id, msg)
+
     def view(self, *sources: str) -> list[Message]:
         """Messages of the given sources (all when none given)."""
         if not sources:
@@ -214,8 +229,11 @@ def render_signal(msg: Message) -> str:
     return f"<{tag}{attrs}>{_escape(contents)}</{tag}>"
 
 
-def build_prompt(system_messages: list[Message], messages: list[Message]) -> list[dict[str, Any]]:
-    """The provider-shaped prompt: system messages first, then the conversation."""
+def build_prompt(
+    system_messages: list[Message], messages: list[Message], *, user_first: bool = True
+) -> list[dict[str, Any]]:
+    """The provider-shaped prompt: system messages first, then the conversation (which, with
+    `user_first`, starts with a user turn)."""
     prompt: list[dict[str, Any]] = [
         {"role": "system", "content": message_text(m)} for m in system_messages if message_text(m)
     ]
@@ -257,6 +275,11 @@ def build_prompt(system_messages: list[Message], messages: list[Message]) -> lis
                 prompt.append({"role": "assistant", "content": parts_out})
             if results:
                 prompt.append({"role": "tool", "content": results})
+    # A conversation starts with a user turn: a history window that starts with an answer gets a
+    # placeholder question before it (the reference's rule).
+    first = next((m for m in prompt if m["role"] != "system"), None)
+    if user_first and first is not None and first["role"] == "assistant":
+        prompt.insert(prompt.index(first), {"role": "user", "content": [{"type": "text", "text": "."}]})
     return prompt
 
 

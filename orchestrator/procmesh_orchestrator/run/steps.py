@@ -63,7 +63,8 @@ async def process_input(run: RunCore) -> None:
     for item in run.input_lane:
         if not item.has("process_input"):
             continue
-        before = run.ml.view(msgs.INPUT)
+        # With memory, processInput is given the loaded history followed by the new input (SPEC §2).
+        before = run.ml.view(msgs.MEMORY, msgs.INPUT)
         answer = await run.call(item, InputArgs(before, run.ml.view(), list(run.system)))
         if answer is None:
             continue
@@ -71,7 +72,7 @@ async def process_input(run: RunCore) -> None:
         if effects.abort is None:
             if result.all_messages is not None:
                 run.system.extend(run.ml.replace_all(result.all_messages, msgs.INPUT))
-                before = run.ml.view(msgs.INPUT)
+                before = run.ml.view(msgs.MEMORY, msgs.INPUT)
             if result.system_messages is not None:
                 run.system = result.system_messages
             if result.messages is not None:

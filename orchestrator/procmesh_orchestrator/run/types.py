@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
+from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.run.tools import StaticTool
 
@@ -37,6 +38,8 @@ class AgentSpec:
     max_processor_retries: int | None = None
     lanes: Lanes = field(default_factory=Lanes)
     """The resolved lanes; `error` already holds the default error processors (SPEC §5)."""
+    memory: AgentMemory | None = None
+    """Message-history memory; a call with a thread loads and saves through it."""
     warned_implicit_cap: bool = False
 
 
@@ -54,9 +57,11 @@ class CallOptions:
     timeout: float | None = None
     """Seconds the whole run may take; propagates to every processor call as its deadline."""
     resource_id: str = ""
-    """Who the run is for (a user, an org): processors get it (response-cache scopes by it)."""
+    """Who the run is for (a user, an org): processors get it (response-cache scopes by it), and
+    memory's thread belongs to it."""
     thread_id: str = ""
-    """The conversation the run belongs to."""
+    """The conversation the run belongs to: with agent memory, the run loads its history and
+    saves its turn to it (none: neither)."""
 
 
 @dataclass

@@ -1,0 +1,231 @@
+"""Memory in the run: message history as framework processors around yours (SPEC §2, §3, §5).
+
+With a thread, `MessageHistory` heads the input lane (processInput: the thread's last
+``lastMessages`` stored messages go ahead of the call's input, so your processInput and
+processInputStep see them) and tails the output lane (processOutputResult: this call's input and
+response messages, in their final form, saved in one `save_turn`). Everything the seeds ask of
+the save follows from those two places and from the message list's sources:
+
+- an abort in any input or output hook ends the run before the tail, so nothing is saved;
+- processInput/processInputStep/processToolResult rewrites are in the message list, so they are
+  saved as rewritten; processLLMRequest rewrites only touch the prompt, so they never are;
+- a rejected (retried) attempt never enters the message list; its feedback turn is a persistent
+  signal and is saved where it was sent; transient signals are dropped here;
+- loaded history keeps its ``memory`` source, so it is never saved again, even when rewritten.
+
+`ContextWindowRecovery` tails the error lane: on a context-length rejection it drops the oldest
+loaded history and asks for a retry (within the run's shared retry budget).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from procmesh_orchestrator.errors import MemoryStoreError, ThreadOwnershipError
+from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.framework import FrameworkProcessor
+from procmesh_orchestrator.run.hooks import (
+    APIErrorArgs,
+    APIErrorResult,
+    HookArgs,
+    InputArgs,
+    OutputResultArgs,
+)
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run.base import RunCore
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Message = dict[str, Any]
+
+_CONTEXT_LENGTH = re.compile(
+    r"context[ _-]?(length|window)|maximum context|too many tokens|prompt is too long|"
+    r"input is too long|exceeds? the (model'?s? )?(maximum|max|token|context)|reduce the length",
+    re.IGNORECASE,
+)
+"""How providers word a context-length rejection (OpenAI, Anthropic, vLLM, llama.cpp, proxies)."""
+
+
+@dataclass(frozen=True)
+class AgentMemory:
+    """An agent's message-history memory: where its threads live and how much of one a run sees."""
+
+    store: MemoryStore
+    last_messages: int = 10
+    """The window: how many of the thread's most recent stored messages a run loads."""
+    store_name: str = "memory store"
+    """How errors name the store (``sqlite /var/lib/procmesh/memory.db``; never a password)."""
+
+    def for_call(self, thread_id: str, resource_id: str) -> CallMemory | None:
+        """The memory processors of one call; None without a thread (neither loads nor saves)."""
+        if not thread_id:
+            return None
+        if not resource_id:
+            raise MemoryStoreError(
+                f"memory ({self.store_name}): thread {thread_id!r} was given without a resource; "
+                "a thread belongs to one resource (a user, an org): pass both"
+            )
+        history = MessageHistory(self, thread_id, resource_id)
+        return CallMemory(history, ContextWindowRecovery(history))
+
+
+@dataclass(frozen=True)
+class CallMemory:
+    """Memory's processors for one call: `history` heads the input lane and tails the output lane,
+    `recovery` tails the error lane."""
+
+    history: MessageHistory
+    recovery: ContextWindowRecovery
+
+
+def _is_transient_signal(msg: Message) -> bool:
+    meta = (msg.get("content") or {}).get("metadata") or {}
+    return msg.get("role") == "signal" and bool((meta.get("signal") or {}).get("transient"))
+
+
+def storable(messages: list[Message]) -> list[Message]:
+    """What of a turn's messages memory stores: no system messages, no transient signals, no
+    message left without parts (an empty step), and no tool call that never got its result."""
+    out: list[Message] = []
+    for msg in messages:
+        if msg.get("role") == "system" or _is_transient_signal(msg):
+            continue
+        content = msg.get("content")
+        if isinstance(content, dict):
+            parts = [
+                p
+                for p in content.get("parts") or []
+                if not (p.get("type") == "tool-invocation" and p["toolInvocation"].get("state") == "call")
+            ]
+            if not parts:
+                continue
+            msg = {**msg, "content": {**content, "parts": parts}}
+        out.append(copy.deepcopy(msg))
+    return out
+
+
+class MessageHistory(FrameworkProcessor):
+    """Loads the thread's recent history before your input processors; saves the turn after your
+    output processors (the reference's ``message-history``)."""
+
+    processor_id = "message-history"
+    hooks = frozenset({"process_input", "process_output_result"})
+
+    def __init__(self, memory: AgentMemory, thread_id: str, resource_id: str) -> None:
+        self.memory = memory
+        self.thread_id = thread_id
+        self.resource_id = resource_id
+        self.key = f"memory:{self.processor_id}"
+
+    async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
+        if isinstance(args, InputArgs):
+            await self.load(run)
+        elif isinstance(args, OutputResultArgs):
+            await self.save(run, args.finish_reason)
+        return None
+
+    def _failed(self, doing: str, exc: Exception) -> MemoryStoreError:
+        if isinstance(exc, MemoryStoreError) and self.memory.store_name in str(exc):
+            return exc
+        cls = type(exc) if isinstance(exc, MemoryStoreError) else MemoryStoreError
+        return cls(f"memory ({self.memory.store_name}): {doing} thread {self.thread_id!r} failed: {exc}")
+
+    async def load(self, run: RunCore) -> None:
+        """Put the window of stored messages, oldest first, ahead of the call's input.
+
+        Only from a thread of this call's resource: another resource's thread is refused before
+        anything of it is read (the save would refuse it too, but too late for the history).
+        """
+        try:
+            thread = await self.memory.store.get_thread(self.thread_id)
+            if thread is not None and thread.resource_id != self.resource_id:
+                raise ThreadOwnershipError(
+                    f"memory store {self.memory.store_name}: thread {self.thread_id!r} is not a thread "
+                    f"of resource {self.resource_id!r}"
+                )
+            stored = await self.memory.store.messages(
+                self.thread_id, last=self.memory.last_messages, include_signals=True
+            )
+        except Exception as exc:
+            raise self._failed("loading", exc) from exc
+        history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
+        run.ml.prepend(history, msgs.MEMORY)
+
+    async def save(self, run: RunCore, finish_reason: str) -> None:
+        """Save this call's input and response messages, in their final form, as one turn."""
+        response = run.ml.view(msgs.RESPONSE)
+        if finish_reason == "error" and not storable(response):
+            return  # a turn that failed before any answer: its input would be an orphan question
+        turn = storable(run.ml.view(msgs.INPUT, msgs.RESPONSE))
+        if not turn:
+            return
+        try:
+            await self.memory.store.save_turn(self.thread_id, self.resource_id, turn)
+        except Exception as exc:
+            raise self._failed("saving a turn to", exc) from exc
+
+
+def _turns(loaded: list[Message]) -> list[list[Message]]:
+    """Loaded messages grouped into turns (a user message and all that followed it, tool calls and
+    their results included), so recovery never drops half a tool pair or a question without its
+    answer. Messages before the first user message are a turn of their own."""
+    turns: list[list[Message]] = []
+    for msg in loaded:
+        if msg.get("role") == "user" or not turns:
+            turns.append([msg])
+        else:
+            turns[-1].append(msg)
+    return turns
+
+
+class ContextWindowRecovery(FrameworkProcessor):
+    """On a context-length rejection, drops the older half of the loaded history and retries.
+
+    Whole turns go, oldest first, until at least half the loaded messages are gone: never a system
+    message (they are not loaded), never this turn (input, response, signals sent now), never half
+    a tool call/result pair. Each retry counts against the run's shared budget;
+    when no loaded history is left it lets the error through.
+    """
+
+    processor_id = "memory-context-window"
+    hooks = frozenset({"process_api_error"})
+
+    def __init__(self, history: MessageHistory) -> None:
+        self.history = history
+        self.key = f"memory:{self.processor_id}"
+
+    async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
+        if not isinstance(args, APIErrorArgs) or not is_context_length(args):
+            return None
+        turns = _turns(run.ml.view(msgs.MEMORY))
+        if not turns:
+            return None
+        total = sum(len(t) for t in turns)
+        dropped = 0
+        while turns and dropped * 2 < total:
+            for msg in turns.pop(0):
+                run.ml.remove(msg["id"])
+                dropped += 1
+        log.warning(
+            "run %s: the model rejected the prompt as too long; dropped the %d oldest of %d loaded "
+            "messages of thread %r and retrying",
+            run.run_id,
+            dropped,
+            total,
+            self.history.thread_id,
+        )
+        return cast(R, APIErrorResult(retry=True))
+
+
+def is_context_length(args: APIErrorArgs) -> bool:
+    """Whether a provider's rejection says the prompt does not fit the model's context window."""
+    if not 400 <= args.status < 500:
+        return False
+    return any(_CONTEXT_LENGTH.search(text) for text in (args.message, args.body) if text)

@@ -1,0 +1,372 @@
+"""The MemoryStore contract, one suite for both backends (SQLite file, real PostgreSQL server)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+from procmesh_orchestrator.errors import (
+    InvalidMemoryInputError,
+    MemoryStoreError,
+    ThreadNotFoundError,
+    ThreadOwnershipError,
+)
+from procmesh_orchestrator.memory.store import MemoryStore, Message, Thread
+from tests.integration.memory.conftest import Backend
+
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def msg(message_id: str, role: str = "user", text: str = "") -> Message:
+    text = text or f"text of {message_id}"
+    return {
+        "id": message_id,
+        "role": role,
+        "content": {"format": 2, "parts": [{"type": "text", "text": text}], "metadata": {}},
+        "createdAt": "2026-01-01T00:00:00.000Z",
+    }
+
+
+def ids(messages: list[Message]) -> list[str]:
+    return [m["id"] for m in messages]
+
+
+# --- threads -----------------------------------------------------------------------------------
+
+
+async def test_create_and_get_a_thread(store: MemoryStore) -> None:
+    created = await store.create_thread(Thread("t1", "alice", title="Trip", metadata={"k": [1, "v"]}))
+    assert (created.id, created.resource_id, created.title, created.metadata) == (
+        "t1",
+        "alice",
+        "Trip",
+        {"k": [1, "v"]},
+    )
+    assert ISO.match(created.created_at)
+    assert ISO.match(created.updated_at)
+    assert await store.get_thread("t1") == created
+    assert await store.get_thread("nope") is None
+
+
+async def test_creating_an_existing_thread_returns_it_as_stored(store: MemoryStore) -> None:
+    first = await store.create_thread(Thread("t1", "alice", title="first"))
+    again = await store.create_thread(Thread("t1", "alice", title="second"))
+    assert again == first
+
+
+async def test_another_resources_thread_cannot_be_created_over(store: MemoryStore) -> None:
+    await store.create_thread(Thread("t1", "alice"))
+    with pytest.raises(ThreadOwnershipError, match="belongs to another resource"):
+        await store.create_thread(Thread("t1", "mallory"))
+    thread = await store.get_thread("t1")
+    assert thread is not None
+    assert thread.resource_id == "alice"
+
+
+async def test_list_threads_by_resource_most_recently_updated_first(store: MemoryStore) -> None:
+    for name in ("a", "b", "c"):
+        await store.create_thread(Thread(name, "alice"))
+    await store.create_thread(Thread("other", "bob"))
+    assert [t.id for t in await store.list_threads("alice")] == ["c", "b", "a"]
+    await store.save_turn("a", "alice", [msg("m1")])  # a save counts as an update
+    assert [t.id for t in await store.list_threads("alice")] == ["a", "c", "b"]
+    assert [t.id for t in await store.list_threads("alice", limit=2)] == ["a", "c"]
+    assert [t.id for t in await store.list_threads("alice", limit=2, offset=2)] == ["b"]
+    assert [t.id for t in await store.list_threads("bob")] == ["other"]
+    assert await store.list_threads("nobody") == []
+
+
+async def test_update_thread_changes_only_what_is_given(store: MemoryStore) -> None:
+    created = await store.create_thread(Thread("t1", "alice", title="old", metadata={"a": 1}))
+    titled = await store.update_thread("t1", title="new")
+    assert (titled.title, titled.metadata) == ("new", {"a": 1})
+    assert titled.created_at == created.created_at
+    assert titled.updated_at >= created.updated_at
+    tagged = await store.update_thread("t1", metadata={"b": 2})
+    assert (tagged.title, tagged.metadata) == ("new", {"b": 2})
+    assert await store.get_thread("t1") == tagged
+
+
+async def test_updating_a_missing_thread_is_not_found(store: MemoryStore) -> None:
+    with pytest.raises(ThreadNotFoundError, match="no thread 'ghost'"):
+        await store.update_thread("ghost", title="x")
+
+
+async def test_delete_thread_takes_its_messages(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [msg("m1"), msg("m2", "assistant")])
+    await store.save_turn("t2", "alice", [msg("m1")])
+    await store.delete_thread("t1")
+    assert await store.get_thread("t1") is None
+    assert await store.messages("t1") == []
+    assert ids(await store.messages("t2")) == ["m1"]  # the other thread's same id is untouched
+    await store.delete_thread("t1")  # deleting again is no error
+    await store.save_turn("t1", "bob", [msg("m9")])  # the id is free again, for anyone
+    assert ids(await store.messages("t1")) == ["m9"]
+
+
+# --- turns ---------------------------------------------------------------------------------------
+
+
+async def test_save_turn_creates_the_thread_and_keeps_order(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant")])
+    await store.save_turn("t1", "alice", [msg("u2"), msg("a2", "assistant")])
+    thread = await store.get_thread("t1")
+    assert thread is not None
+    assert thread.resource_id == "alice"
+    stored = await store.messages("t1")
+    assert ids(stored) == ["u1", "a1", "u2", "a2"]
+    assert stored[0] == {**msg("u1"), "threadId": "t1", "resourceId": "alice"}
+
+
+async def test_save_turn_to_another_resources_thread_writes_nothing(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [msg("u1")])
+    with pytest.raises(ThreadOwnershipError):
+        await store.save_turn("t1", "mallory", [msg("evil")])
+    assert ids(await store.messages("t1")) == ["u1"]
+
+
+async def test_a_retried_save_never_duplicates(store: MemoryStore) -> None:
+    turn = [msg("u1"), msg("a1", "assistant")]
+    await store.save_turn("t1", "alice", turn)
+    await store.save_turn("t1", "alice", [msg("u2")])
+    await store.save_turn("t1", "alice", turn)  # the first turn again, e.g. after a lost reply
+    assert ids(await store.messages("t1")) == ["u1", "a1", "u2"]
+
+
+async def test_a_stored_id_is_replaced_in_place(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant", "draft")])
+    await store.save_turn("t1", "alice", [msg("u2")])
+    await store.save_turn("t1", "alice", [msg("a1", "assistant", "final")])
+    stored = await store.messages("t1")
+    assert ids(stored) == ["u1", "a1", "u2"]
+    assert stored[1]["content"]["parts"][0]["text"] == "final"
+
+
+async def test_an_empty_turn_only_creates_the_thread(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [])
+    assert await store.get_thread("t1") is not None
+    assert await store.messages("t1") == []
+
+
+async def test_content_round_trips_byte_for_byte(store: MemoryStore) -> None:
+    # NUL, a lone surrogate, astral characters: what model output may contain; jsonb would refuse NUL.
+    text = 'nul\x00 surrogate \ud800 emoji \U0001f600 quote"back\\slash\nnewline'
+    message = {
+        **msg("u1", text=text),
+        "content": {
+            "format": 2,
+            "parts": [{"type": "text", "text": text}],
+            "metadata": {"n": 1.5, "z": None},
+        },
+    }
+    await store.save_turn("t1", "alice", [message])
+    assert (await store.messages("t1"))[0] == {**message, "threadId": "t1", "resourceId": "alice"}
+
+
+# --- recall windows ------------------------------------------------------------------------------
+
+
+async def _history_with_signals(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [msg("u1"), msg("s1", "signal"), msg("a1", "assistant")])
+    await store.save_turn("t1", "alice", [msg("u2"), msg("a2", "assistant"), msg("s2", "signal")])
+
+
+async def test_last_n_counts_signals_when_they_are_included(store: MemoryStore) -> None:
+    await _history_with_signals(store)
+    assert ids(await store.messages("t1")) == ["u1", "s1", "a1", "u2", "a2", "s2"]
+    assert ids(await store.messages("t1", last=3)) == ["u2", "a2", "s2"]
+    assert ids(await store.messages("t1", last=1)) == ["s2"]
+
+
+async def test_default_recall_hides_signals_and_counts_without_them(store: MemoryStore) -> None:
+    await _history_with_signals(store)
+    assert ids(await store.messages("t1", include_signals=False)) == ["u1", "a1", "u2", "a2"]
+    assert ids(await store.messages("t1", last=3, include_signals=False)) == ["a1", "u2", "a2"]
+
+
+async def test_window_edges(store: MemoryStore) -> None:
+    await _history_with_signals(store)
+    assert await store.messages("t1", last=0) == []
+    assert len(await store.messages("t1", last=1000)) == 6
+    assert await store.messages("no-such-thread", last=5) == []
+
+
+# --- malformed input -----------------------------------------------------------------------------
+
+BAD_IDS: list[Any] = ["", "x" * 10_000, 42, None, b"bytes", "a\x00b", "line\nbreak", "\ud800"]
+
+
+@pytest.mark.parametrize(
+    "bad", BAD_IDS, ids=["empty", "huge", "int", "none", "bytes", "nul", "newline", "surrogate"]
+)
+async def test_malformed_ids_are_refused_clearly(store: MemoryStore, backend: Backend, bad: Any) -> None:
+    calls = [
+        store.get_thread(bad),
+        store.create_thread(Thread(bad, "alice")),
+        store.create_thread(Thread("t1", bad)),
+        store.update_thread(bad, title="x"),
+        store.delete_thread(bad),
+        store.save_turn(bad, "alice", [msg("m1")]),
+        store.save_turn("t1", bad, [msg("m1")]),
+        store.save_turn("t1", "alice", [msg("ok"), {**msg("m1"), "id": bad}]),
+        store.messages(bad),
+        store.list_threads(bad),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidMemoryInputError) as caught:
+            await call
+        text = str(caught.value)
+        assert "memory store " + backend.name in text
+        assert " id " in text
+        assert len(text) < 300  # a huge id is cut short, not echoed
+    assert await store.messages("t1") == []  # the turn with one bad id wrote nothing
+    assert await store.get_thread("t1") is None
+
+
+async def test_an_oversized_message_fails_the_whole_turn(backend: Backend) -> None:
+    store = backend.open(max_message_bytes=10_000)
+    await store.start()
+    try:
+        with pytest.raises(
+            InvalidMemoryInputError, match=r"message 1 is \d+ bytes as JSON, more than the 10000"
+        ):
+            await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant", "x" * 20_000)])
+        assert await store.messages("t1") == []
+        await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant", "x" * 9_000)])
+        assert ids(await store.messages("t1")) == ["u1", "a1"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not a message",
+        {"role": "user"},
+        {"id": "m1"},
+        {"id": "m1", "role": ""},
+        {"id": "m1", "role": "user", "content": {1, 2}},
+        {"id": "m1", "role": "user", "content": float("nan")},
+    ],
+    ids=["str", "no-id", "no-role", "empty-role", "set", "nan"],
+)
+async def test_malformed_messages_are_refused(store: MemoryStore, bad: Any) -> None:
+    with pytest.raises(InvalidMemoryInputError, match="thread 't1': message 1"):
+        await store.save_turn("t1", "alice", [msg("u1"), bad])
+    assert await store.get_thread("t1") is None
+
+
+@pytest.mark.parametrize(
+    ("call", "pattern"),
+    [
+        (lambda s: s.messages("t1", last=-1), "last must be an integer from 0"),
+        (lambda s: s.messages("t1", last=True), "last must be an integer"),
+        (lambda s: s.list_threads("alice", limit=0), "limit must be an integer from 1"),
+        (lambda s: s.list_threads("alice", offset=-5), "offset must be an integer from 0"),
+        (lambda s: s.save_turn("t1", "alice", "not a list"), "a turn is a list of messages"),
+        (lambda s: s.create_thread(Thread("t1", "alice", title=7)), "title must be a string"),  # type: ignore[arg-type]
+        (lambda s: s.update_thread("t1", metadata=["x"]), "metadata must be an object"),
+    ],
+)
+async def test_malformed_arguments_are_refused(store: MemoryStore, call: Any, pattern: str) -> None:
+    with pytest.raises(InvalidMemoryInputError, match=pattern):
+        await call(store)
+
+
+# --- concurrency, cancellation, lifecycle --------------------------------------------------------
+
+
+async def test_concurrent_saves_in_one_process_keep_every_turn_whole(store: MemoryStore) -> None:
+    async def turn(n: int) -> None:
+        thread = f"t{n % 5}"
+        await store.save_turn(
+            thread, "alice", [msg(f"{n}-u"), msg(f"{n}-s", "signal"), msg(f"{n}-a", "assistant")]
+        )
+
+    await asyncio.gather(*(turn(n) for n in range(60)))
+    total = 0
+    for t in range(5):
+        stored = ids(await store.messages(f"t{t}"))
+        total += len(stored)
+        for i in range(0, len(stored), 3):  # each turn's three messages stay together, in order
+            n = stored[i].split("-")[0]
+            assert stored[i : i + 3] == [f"{n}-u", f"{n}-s", f"{n}-a"]
+    assert total == 180
+
+
+async def test_concurrent_creates_of_one_thread_give_one_thread(store: MemoryStore) -> None:
+    results = await asyncio.gather(
+        *(store.create_thread(Thread("t1", "alice", title=f"#{i}")) for i in range(10)),
+        return_exceptions=True,
+    )
+    threads = [r for r in results if isinstance(r, Thread)]
+    assert len(threads) == 10
+    assert len({t.created_at for t in threads}) == 1
+    assert len(await store.list_threads("alice")) == 1
+
+
+async def test_a_cancelled_save_is_whole_or_absent_and_the_store_goes_on(store: MemoryStore) -> None:
+    for n in range(20):
+        task = asyncio.ensure_future(
+            store.save_turn("t1", "alice", [msg(f"{n}-u"), msg(f"{n}-a", "assistant")])
+        )
+        await asyncio.sleep(0.0005 * (n % 4))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    await store.save_turn("t1", "alice", [msg("last")])
+    stored = ids(await store.messages("t1"))
+    assert stored[-1] == "last"
+    pairs = stored[:-1]
+    assert len(pairs) % 2 == 0
+    assert all(pairs[i].replace("-u", "-a") == pairs[i + 1] for i in range(0, len(pairs), 2))
+
+
+async def test_migrations_apply_once(backend: Backend) -> None:
+    for _ in range(3):
+        store = backend.open()
+        await store.start()
+        await store.save_turn("t1", "alice", [msg("u1")])
+        await store.close()
+    assert backend.schema_versions() == [1]
+
+
+async def test_concurrent_start_ups_migrate_once(backend: Backend) -> None:
+    stores = [backend.open() for _ in range(4)]
+    await asyncio.gather(*(s.start() for s in stores))
+    await asyncio.gather(*(s.save_turn("t1", "alice", [msg(f"m{i}")]) for i, s in enumerate(stores)))
+    assert len(await stores[0].messages("t1")) == 4
+    for s in stores:
+        await s.close()
+    assert backend.schema_versions() == [1]
+
+
+async def test_two_stores_on_one_database_see_each_others_turns(backend: Backend) -> None:
+    first, second = backend.open(), backend.open()
+    await first.start()
+    await second.start()
+    try:
+        await asyncio.gather(
+            *(
+                s.save_turn("t1", "alice", [msg(f"{i}-{j}-u"), msg(f"{i}-{j}-a", "assistant")])
+                for j in range(10)
+                for i, s in enumerate((first, second))
+            )
+        )
+        assert len(await first.messages("t1")) == len(await second.messages("t1")) == 40
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_closed_store_says_so(backend: Backend) -> None:
+    store = backend.open()
+    with pytest.raises(MemoryStoreError, match="is not started"):
+        await store.messages("t1")
+    await store.start()
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(MemoryStoreError, match=f"memory store {backend.name}.* is not started"):
+        await store.save_turn("t1", "alice", [msg("u1")])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from procmesh import Processor, hooks
@@ -93,12 +94,15 @@ class _Script:
                 return False
         return True
 
-    def matching(self, ctx: dict[str, Any]) -> list[dict[str, Any]]:
-        actions: list[dict[str, Any]] = []
+    async def run(
+        self, context: Callable[[], dict[str, Any]], act: Callable[[dict[str, Any]], Awaitable[None]]
+    ) -> None:
+        """Run the rules in order: each `when` is judged on `context()` as the earlier rules' actions
+        left it (a counter rule 1 increments is visible to rule 2), then its actions run in order."""
         for rule in self.rules:
-            if self.holds(rule.get("when") or {}, ctx):
-                actions.extend(rule.get("do") or [])
-        return actions
+            if self.holds(rule.get("when") or {}, context()):
+                for action in rule.get("do") or []:
+                    await act(action)
 
 
 class ScriptedProcessor(Processor):
@@ -139,13 +143,13 @@ class ScriptedProcessor(Processor):
 
 def _input_hook(name: str) -> Any:
     async def hook(self: ScriptedProcessor, **kw: Any) -> Any:
-        script = self.script[name]
-        actions = script.matching({**kw, "text": _text_of_messages(kw["messages"])})
         messages, systems, changed_m, changed_s = kw["messages"], kw["system_messages"], False, False
         result: dict[str, Any] = {}
-        for action in actions:
+
+        async def act(action: dict[str, Any]) -> None:
+            nonlocal messages, systems, changed_m, changed_s
             if await self._common(action, kw):
-                continue
+                return
             if "replaceText" in action:
                 spec = action["replaceText"]
                 messages = _rewrite_messages(messages, spec["pattern"], spec["with"])
@@ -174,6 +178,8 @@ def _input_hook(name: str) -> Any:
                 result["tool_choice"] = action["toolChoice"]
             else:
                 raise ValueError(f"action {sorted(action)} is not valid in {name}")
+
+        await self.script[name].run(lambda: {**kw, "text": _text_of_messages(messages)}, act)
         if changed_m:
             result["messages"] = messages
         if changed_s:
@@ -183,107 +189,122 @@ def _input_hook(name: str) -> Any:
     return hook
 
 
+def _effects_only(name: str) -> Any:
+    """A hook whose rules may only use the common actions (abort, count, custom)."""
+
+    async def hook(self: ScriptedProcessor, **kw: Any) -> Any:
+        async def act(action: dict[str, Any]) -> None:
+            if not await self._common(action, kw):
+                raise ValueError(f"action {sorted(action)} is not valid in {name}")
+
+        text = kw["text"] if name == "processOutputStep" else None
+        await self.script[name].run(lambda: {**kw, "text": text}, act)
+        return None
+
+    return hook
+
+
 async def _llm_request(self: ScriptedProcessor, **kw: Any) -> Any:
-    script = self.script["processLLMRequest"]
     prompt = kw["prompt"]
     changed = False
-    for action in script.matching({**kw, "text": _text_of_prompt(prompt)}):
+
+    async def act(action: dict[str, Any]) -> None:
+        nonlocal prompt, changed
         if await self._common(action, kw):
-            continue
-        if "replaceText" in action:
-            spec = action["replaceText"]
-            prompt = copy.deepcopy(prompt)
-            for msg in prompt:
-                if msg["role"] != "system":
-                    for part in msg["content"]:
-                        if part.get("type") == "text":
-                            part["text"] = replace_literal(spec["pattern"], spec["with"], part["text"])
-            changed = True
-        else:
+            return
+        if "replaceText" not in action:
             raise ValueError(f"action {sorted(action)} is not valid in processLLMRequest")
+        spec = action["replaceText"]
+        prompt = copy.deepcopy(prompt)
+        for msg in prompt:
+            if msg["role"] != "system":
+                for part in msg["content"]:
+                    if part.get("type") == "text":
+                        part["text"] = replace_literal(spec["pattern"], spec["with"], part["text"])
+        changed = True
+
+    await self.script["processLLMRequest"].run(lambda: {**kw, "text": _text_of_prompt(prompt)}, act)
     return {"prompt": prompt} if changed else None
-
-
-async def _llm_response(self: ScriptedProcessor, **kw: Any) -> Any:
-    for action in self.script["processLLMResponse"].matching({**kw, "text": None}):
-        if not await self._common(action, kw):
-            raise ValueError(f"action {sorted(action)} is not valid in processLLMResponse")
-    return None
 
 
 async def _output_stream(self: ScriptedProcessor, **kw: Any) -> Any:
     part = kw["part"]
-    text = part["payload"].get("text") if part["type"] == "text-delta" else None
-    for action in self.script["processOutputStream"].matching({**kw, "text": text}):
+    dropped = False
+
+    def context() -> dict[str, Any]:
+        text = part["payload"].get("text") if part["type"] == "text-delta" else None
+        return {**kw, "part": part, "text": text}
+
+    async def act(action: dict[str, Any]) -> None:
+        nonlocal part, dropped
         if await self._common(action, kw):
-            continue
+            return
         if "drop" in action:
-            return None
-        if "replaceText" in action and part["type"] == "text-delta":
+            dropped = True
+        elif "replaceText" in action and part["type"] == "text-delta":
             spec = action["replaceText"]
-            part = {
-                **part,
-                "payload": {
-                    **part["payload"],
-                    "text": replace_literal(spec["pattern"], spec["with"], part["payload"]["text"]),
-                },
-            }
-        else:
+            text = replace_literal(spec["pattern"], spec["with"], part["payload"]["text"])
+            part = {**part, "payload": {**part["payload"], "text": text}}
+        elif "replaceText" not in action:
             raise ValueError(f"action {sorted(action)} is not valid in processOutputStream")
-    return part
 
-
-async def _output_step(self: ScriptedProcessor, **kw: Any) -> Any:
-    for action in self.script["processOutputStep"].matching({**kw, "text": kw["text"]}):
-        if not await self._common(action, kw):
-            raise ValueError(f"action {sorted(action)} is not valid in processOutputStep")
-    return None
+    await self.script["processOutputStream"].run(context, act)
+    return None if dropped else part
 
 
 async def _tool_result(self: ScriptedProcessor, **kw: Any) -> Any:
     text = json.dumps(kw["result"], separators=(",", ":"), ensure_ascii=False)
     new_result: Any = None
-    for action in self.script["processToolResult"].matching({**kw, "retry_count": 0, "text": text}):
+
+    async def act(action: dict[str, Any]) -> None:
+        nonlocal new_result
         if await self._common(action, kw):
-            continue
-        if "setResult" in action:
-            new_result = action["setResult"]
-        else:
+            return
+        if "setResult" not in action:
             raise ValueError(f"action {sorted(action)} is not valid in processToolResult")
+        new_result = action["setResult"]
+
+    await self.script["processToolResult"].run(lambda: {**kw, "retry_count": 0, "text": text}, act)
     return new_result
 
 
 async def _output_result(self: ScriptedProcessor, **kw: Any) -> Any:
     messages = kw["messages"]
     changed = False
-    for action in self.script["processOutputResult"].matching({**kw, "text": kw["result"]["text"]}):
+
+    async def act(action: dict[str, Any]) -> None:
+        nonlocal messages, changed
         if await self._common(action, kw):
-            continue
+            return
         if "replaceText" in action:
             spec = action["replaceText"]
             messages = _rewrite_messages(messages, spec["pattern"], spec["with"], roles=("assistant",))
-            changed = True
         elif "metadata" in action:
             messages = copy.deepcopy(messages)
             for msg in messages:
                 if msg["role"] == "assistant":
                     meta = msg["content"].get("metadata") or {}
                     msg["content"]["metadata"] = {**meta, **action["metadata"]}
-            changed = True
         else:
             raise ValueError(f"action {sorted(action)} is not valid in processOutputResult")
+        changed = True
+
+    await self.script["processOutputResult"].run(lambda: {**kw, "text": kw["result"]["text"]}, act)
     return messages if changed else None
 
 
 async def _api_error(self: ScriptedProcessor, **kw: Any) -> Any:
     retry = False
-    for action in self.script["processAPIError"].matching({**kw, "text": kw["error"]["message"]}):
+
+    async def act(action: dict[str, Any]) -> None:
+        nonlocal retry
         if await self._common(action, kw):
-            continue
-        if action.get("retry"):
-            retry = True
-        else:
+            return
+        if not action.get("retry"):
             raise ValueError(f"action {sorted(action)} is not valid in processAPIError")
+        retry = True
+
+    await self.script["processAPIError"].run(lambda: {**kw, "text": kw["error"]["message"]}, act)
     return {"retry": True} if retry else None
 
 
@@ -291,9 +312,9 @@ _IMPLEMENTATIONS = {
     "processInput": _input_hook("processInput"),
     "processInputStep": _input_hook("processInputStep"),
     "processLLMRequest": _llm_request,
-    "processLLMResponse": _llm_response,
+    "processLLMResponse": _effects_only("processLLMResponse"),
     "processOutputStream": _output_stream,
-    "processOutputStep": _output_step,
+    "processOutputStep": _effects_only("processOutputStep"),
     "processToolResult": _tool_result,
     "processOutputResult": _output_result,
     "processAPIError": _api_error,
@@ -328,9 +349,10 @@ def build_processor(spec: dict[str, Any]) -> Processor:
 
 
 def scenario_processors(scenario: dict[str, Any]) -> list[Processor]:
-    """Every scripted processor a scenario declares (agent and call lanes), once per id."""
+    """Every scripted processor a scenario declares (agent and every call's lanes), once per id."""
     specs: dict[str, dict[str, Any]] = {}
-    sources = [scenario.get("agent") or {}, (scenario.get("call") or {}).get("options") or {}]
+    calls: list[dict[str, Any]] = scenario.get("calls") or [scenario.get("call") or {}]
+    sources = [scenario.get("agent") or {}, *((c.get("options") or {}) for c in calls)]
     for source in sources:
         for lane in ("inputProcessors", "outputProcessors", "errorProcessors"):
             for spec in source.get(lane) or []:

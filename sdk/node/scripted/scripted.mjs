@@ -73,12 +73,16 @@ class Script {
     return true;
   }
 
-  matching(ctx) {
-    const actions = [];
+  /**
+   * Run the rules in order: each `when` is judged on `context()` as the earlier rules' actions left
+   * it (a counter rule 1 increments is visible to rule 2), then its actions run in order.
+   */
+  async run(context, act) {
     for (const rule of this.rules) {
-      if (this.holds(rule.when || {}, ctx)) actions.push(...(rule.do || []));
+      if (this.holds(rule.when || {}, context())) {
+        for (const action of rule.do || []) await act(action);
+      }
     }
-    return actions;
   }
 }
 
@@ -104,50 +108,68 @@ async function common(proc, action, kw) {
 
 function inputHook(name) {
   return async function (kw) {
-    const actions = this.script[name].matching({ ...kw, text: textOfMessages(kw.messages) });
     let messages = kw.messages;
     let systems = kw.systemMessages;
     let changedMessages = false;
     let changedSystems = false;
     const result = {};
-    for (const action of actions) {
-      if (await common(this, action, kw)) continue;
-      if ('replaceText' in action) {
-        messages = rewriteMessages(messages, action.replaceText.pattern, action.replaceText.with);
-        changedMessages = true;
-      } else if ('systemMessage' in action) {
-        systems = [
-          ...systems,
-          {
-            id: `sys-${systems.length}-${this.id}`,
-            role: 'system',
-            content: { format: 2, parts: [{ type: 'text', text: action.systemMessage }] },
-          },
-        ];
-        changedSystems = true;
-      } else if ('signal' in action && name === 'processInputStep') {
-        const spec = action.signal;
-        const signal = { type: 'reactive', contents: spec.contents };
-        for (const key of ['attributes', 'transient']) if (key in spec) signal[key] = spec[key];
-        await kw.sendSignal(signal);
-      } else if ('toolChoice' in action && name === 'processInputStep') {
-        result.toolChoice = action.toolChoice;
-      } else {
-        throw invalid(action, name);
-      }
-    }
+    await this.script[name].run(
+      () => ({ ...kw, text: textOfMessages(messages) }),
+      async (action) => {
+        if (await common(this, action, kw)) return;
+        if ('replaceText' in action) {
+          messages = rewriteMessages(messages, action.replaceText.pattern, action.replaceText.with);
+          changedMessages = true;
+        } else if ('systemMessage' in action) {
+          systems = [
+            ...systems,
+            {
+              id: `sys-${systems.length}-${this.id}`,
+              role: 'system',
+              content: { format: 2, parts: [{ type: 'text', text: action.systemMessage }] },
+            },
+          ];
+          changedSystems = true;
+        } else if ('signal' in action && name === 'processInputStep') {
+          const spec = action.signal;
+          const signal = { type: 'reactive', contents: spec.contents };
+          for (const key of ['attributes', 'transient']) if (key in spec) signal[key] = spec[key];
+          await kw.sendSignal(signal);
+        } else if ('toolChoice' in action && name === 'processInputStep') {
+          result.toolChoice = action.toolChoice;
+        } else {
+          throw invalid(action, name);
+        }
+      },
+    );
     if (changedMessages) result.messages = messages;
     if (changedSystems) result.systemMessages = systems;
     return Object.keys(result).length ? result : undefined;
   };
 }
 
+/** A hook whose rules may only use the common actions (abort, count, custom). */
+function effectsOnly(name) {
+  return async function (kw) {
+    const text = name === 'processOutputStep' ? kw.text : null;
+    await this.script[name].run(
+      () => ({ ...kw, text }),
+      async (action) => {
+        if (!(await common(this, action, kw))) throw invalid(action, name);
+      },
+    );
+    return undefined;
+  };
+}
+
 async function llmRequest(kw) {
   let prompt = kw.prompt;
   let changed = false;
-  for (const action of this.script.processLLMRequest.matching({ ...kw, text: textOfPrompt(prompt) })) {
-    if (await common(this, action, kw)) continue;
-    if ('replaceText' in action) {
+  await this.script.processLLMRequest.run(
+    () => ({ ...kw, text: textOfPrompt(prompt) }),
+    async (action) => {
+      if (await common(this, action, kw)) return;
+      if (!('replaceText' in action)) throw invalid(action, 'processLLMRequest');
       const spec = action.replaceText;
       prompt = clone(prompt);
       for (const msg of prompt) {
@@ -155,82 +177,79 @@ async function llmRequest(kw) {
         for (const part of msg.content) if (part.type === 'text') part.text = replaceLiteral(spec.pattern, spec.with, part.text);
       }
       changed = true;
-    } else {
-      throw invalid(action, 'processLLMRequest');
-    }
-  }
+    },
+  );
   return changed ? { prompt } : undefined;
-}
-
-async function llmResponse(kw) {
-  for (const action of this.script.processLLMResponse.matching({ ...kw, text: null })) {
-    if (!(await common(this, action, kw))) throw invalid(action, 'processLLMResponse');
-  }
-  return undefined;
 }
 
 async function outputStream(kw) {
   let part = kw.part;
-  const text = part.type === 'text-delta' ? part.payload.text : null;
-  for (const action of this.script.processOutputStream.matching({ ...kw, text })) {
-    if (await common(this, action, kw)) continue;
-    if ('drop' in action) return null;
-    if ('replaceText' in action && part.type === 'text-delta') {
-      const spec = action.replaceText;
-      part = { ...part, payload: { ...part.payload, text: replaceLiteral(spec.pattern, spec.with, part.payload.text) } };
-    } else {
-      throw invalid(action, 'processOutputStream');
-    }
-  }
-  return part;
-}
-
-async function outputStep(kw) {
-  for (const action of this.script.processOutputStep.matching({ ...kw, text: kw.text })) {
-    if (!(await common(this, action, kw))) throw invalid(action, 'processOutputStep');
-  }
-  return undefined;
+  let dropped = false;
+  await this.script.processOutputStream.run(
+    () => ({ ...kw, part, text: part.type === 'text-delta' ? part.payload.text : null }),
+    async (action) => {
+      if (await common(this, action, kw)) return;
+      if ('drop' in action) {
+        dropped = true;
+      } else if ('replaceText' in action) {
+        if (part.type !== 'text-delta') return;
+        const spec = action.replaceText;
+        part = { ...part, payload: { ...part.payload, text: replaceLiteral(spec.pattern, spec.with, part.payload.text) } };
+      } else {
+        throw invalid(action, 'processOutputStream');
+      }
+    },
+  );
+  return dropped ? null : part;
 }
 
 async function toolResult(kw) {
   const text = JSON.stringify(kw.result);
   let newResult;
-  for (const action of this.script.processToolResult.matching({ ...kw, retryCount: 0, text })) {
-    if (await common(this, action, kw)) continue;
-    if ('setResult' in action) newResult = action.setResult;
-    else throw invalid(action, 'processToolResult');
-  }
+  await this.script.processToolResult.run(
+    () => ({ ...kw, retryCount: 0, text }),
+    async (action) => {
+      if (await common(this, action, kw)) return;
+      if (!('setResult' in action)) throw invalid(action, 'processToolResult');
+      newResult = action.setResult;
+    },
+  );
   return newResult;
 }
 
 async function outputResult(kw) {
   let messages = kw.messages;
   let changed = false;
-  for (const action of this.script.processOutputResult.matching({ ...kw, text: kw.result.text })) {
-    if (await common(this, action, kw)) continue;
-    if ('replaceText' in action) {
-      messages = rewriteMessages(messages, action.replaceText.pattern, action.replaceText.with, ['assistant']);
-      changed = true;
-    } else if ('metadata' in action) {
-      messages = clone(messages);
-      for (const msg of messages) {
-        if (msg.role === 'assistant') msg.content.metadata = { ...(msg.content.metadata || {}), ...action.metadata };
+  await this.script.processOutputResult.run(
+    () => ({ ...kw, text: kw.result.text }),
+    async (action) => {
+      if (await common(this, action, kw)) return;
+      if ('replaceText' in action) {
+        messages = rewriteMessages(messages, action.replaceText.pattern, action.replaceText.with, ['assistant']);
+      } else if ('metadata' in action) {
+        messages = clone(messages);
+        for (const msg of messages) {
+          if (msg.role === 'assistant') msg.content.metadata = { ...(msg.content.metadata || {}), ...action.metadata };
+        }
+      } else {
+        throw invalid(action, 'processOutputResult');
       }
       changed = true;
-    } else {
-      throw invalid(action, 'processOutputResult');
-    }
-  }
+    },
+  );
   return changed ? messages : undefined;
 }
 
 async function apiError(kw) {
   let retry = false;
-  for (const action of this.script.processAPIError.matching({ ...kw, text: kw.error.message })) {
-    if (await common(this, action, kw)) continue;
-    if (action.retry) retry = true;
-    else throw invalid(action, 'processAPIError');
-  }
+  await this.script.processAPIError.run(
+    () => ({ ...kw, text: kw.error.message }),
+    async (action) => {
+      if (await common(this, action, kw)) return;
+      if (!action.retry) throw invalid(action, 'processAPIError');
+      retry = true;
+    },
+  );
   return retry ? { retry: true } : undefined;
 }
 
@@ -238,9 +257,9 @@ const IMPLEMENTATIONS = {
   processInput: inputHook('processInput'),
   processInputStep: inputHook('processInputStep'),
   processLLMRequest: llmRequest,
-  processLLMResponse: llmResponse,
+  processLLMResponse: effectsOnly('processLLMResponse'),
   processOutputStream: outputStream,
-  processOutputStep: outputStep,
+  processOutputStep: effectsOnly('processOutputStep'),
   processToolResult: toolResult,
   processOutputResult: outputResult,
   processAPIError: apiError,
@@ -263,10 +282,11 @@ export function buildProcessor(spec) {
   return processor;
 }
 
-/** Every scripted processor a scenario declares (agent and call lanes), once per id. */
+/** Every scripted processor a scenario declares (agent and every call's lanes), once per id. */
 export function scenarioProcessors(scenario) {
   const specs = new Map();
-  const sources = [scenario.agent || {}, (scenario.call || {}).options || {}];
+  const calls = Array.isArray(scenario.calls) ? scenario.calls : [scenario.call || {}];
+  const sources = [scenario.agent || {}, ...calls.map((call) => call.options || {})];
   for (const source of sources) {
     for (const lane of ['inputProcessors', 'outputProcessors', 'errorProcessors']) {
       for (const spec of source[lane] || []) {

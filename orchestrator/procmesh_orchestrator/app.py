@@ -28,7 +28,10 @@ from procmesh_orchestrator.config import (
     WorkflowRef,
     workflow_refs,
 )
+from procmesh_orchestrator.config.schema import AgentMemoryConfig
 from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.memory.stores import open_store
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import (
     Conditional,
@@ -40,6 +43,7 @@ from procmesh_orchestrator.processors import (
 )
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.run import Agent, AgentSpec, Lanes
+from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.tools import StaticTool
 from procmesh_orchestrator.sidecar_process import SidecarProcess, supervise
 
@@ -120,6 +124,8 @@ class App:
         self.builtins: SidecarProcess | None = None
         self._builtins_dir: str | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self.store: MemoryStore | None = None
+        """The memory store, opened at start when an agent has memory (`Config.storage`)."""
 
     def _needs_builtins(self) -> bool:
         named = [
@@ -162,6 +168,8 @@ class App:
                 sidecar.address, credentials=credentials, server_name=tls.server_name if tls else None
             )
         await asyncio.gather(*(self._describe(name) for name in self.clients))
+        if any(a.memory is not None for a in self.config.agents.values()):
+            await self._open_store()
         for agent_id, agent in self.config.agents.items():
             spec = AgentSpec(
                 id=agent_id,
@@ -187,8 +195,22 @@ class App:
                         )
                     ),
                 ),
+                memory=self._memory(agent.memory),
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
+
+    async def _open_store(self) -> None:
+        """Open the configured store and apply its migrations (versioned, at start-up)."""
+        store = open_store(self.config.storage)
+        self.store = store  # closed by stop() even when start() fails half-way
+        await store.start()
+
+    def _memory(self, config: AgentMemoryConfig | None) -> AgentMemory | None:
+        if config is None:
+            return None
+        assert self.store is not None
+        name = str(getattr(self.store, "name", "") or f"{self.config.storage.backend} store")
+        return AgentMemory(self.store, config.last_messages, name)
 
     async def _describe(self, name: str) -> None:
         client = self.clients[name]
@@ -305,6 +327,8 @@ class App:
     async def stop(self) -> None:
         """Close every sidecar channel; stop the built-in sidecar if this App started it."""
         await asyncio.gather(*(c.close() for c in self.clients.values()), self.models.aclose())
+        if self.store is not None:
+            await self.store.close()
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -17,8 +17,10 @@ from typing import Any
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, ScenarioError
+from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError, ScenarioError
+from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
@@ -71,12 +73,36 @@ def scripted_sidecar(runtime: str, scenario_path: str, address: str, log_path: s
     return proc
 
 
+def scenario_calls(scenario: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scenario's calls, in order: its `calls`, or its one `call`."""
+    calls = scenario.get("calls")
+    return list(calls) if isinstance(calls, list) else [scenario["call"]]
+
+
 def _has_processors(scenario: dict[str, Any]) -> bool:
-    sources = [scenario.get("agent") or {}, (scenario.get("call") or {}).get("options") or {}]
+    sources = [scenario.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(scenario))]
     return any(src.get(lane) for src in sources for lane in _LANES)
 
 
-def _config(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
+def _silent(scenario: dict[str, Any]) -> set[str]:
+    """Ids of the processors declared with ``"onViolation": false``: no callback records theirs."""
+    sources = [scenario.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(scenario))]
+    return {
+        p["id"]
+        for src in sources
+        for lane in _LANES
+        for p in src.get(lane) or []
+        if p.get("onViolation") is False
+    }
+
+
+def _threads(scenario: dict[str, Any]) -> list[str]:
+    """Every thread a call names, in order of first use (the trace's memory keys)."""
+    named = [((c.get("options") or {}).get("memory") or {}).get("thread") for c in scenario_calls(scenario)]
+    return list(dict.fromkeys(t for t in named if t))
+
+
+def _config(scenario: dict[str, Any], address: str | None, store_path: str) -> dict[str, Any]:
     agent = scenario.get("agent") or {}
     tools = scenario.get("tools") or {}
     agent_cfg: dict[str, Any] = {
@@ -87,9 +113,13 @@ def _config(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
     for key in ("maxSteps", "maxProcessorRetries", "errorProcessorDefaults"):
         if key in agent:
             agent_cfg[key] = agent[key]
+    if "memory" in agent:
+        agent_cfg["memory"] = {"lastMessages": agent["memory"]["lastMessages"]}
     for lane in _LANES:
         agent_cfg[lane] = [f"scripted/{p['id']}" for p in agent.get(lane) or []]
     return {
+        # the scenario's store lives as long as its run: a SQLite file in the run's temp folder
+        "storage": {"backend": "sqlite", "path": store_path},
         "sidecars": {"scripted": {"address": address, "timeout": 30}} if address else {},
         "models": {"scripted": {"provider": "scripted", "responses": scenario.get("model") or []}},
         "tools": {
@@ -192,54 +222,78 @@ async def run_scenario(
         try:
             if sidecar is not None:
                 await sidecar.wait_ready()
-            return await _run(scenario, address)
+            config = parse_config(_config(scenario, address, os.path.join(tmp, "memory.db")), "scenario")
+            async with App(config) as app:
+                threads = _threads(scenario) if "memory" in (scenario.get("agent") or {}) else None
+                silent = _silent(scenario)
+                traces = [await _call(app, call, threads, silent) for call in scenario_calls(scenario)]
+                return {"calls": traces} if "calls" in scenario else traces[0]
         finally:
             if sidecar is not None:
                 sidecar.stop()
 
 
-async def _run(scenario: dict[str, Any], address: str | None) -> dict[str, Any]:
-    config = parse_config(_config(scenario, address), "scenario")
-    async with App(config) as app:
-        agent = app.agent("scenario")
-        call = scenario["call"]
-        opts = call.get("options") or {}
-        violations: list[dict[str, Any]] = []
-        options = CallOptions(
-            max_steps=opts.get("maxSteps"),
-            max_processor_retries=opts.get("maxProcessorRetries"),
-            request_context=opts.get("requestContext") or {},
-            on_violation=lambda v: violations.append(
-                {"processorId": v["processorId"], "message": v["message"]}
-            ),
-        )
-        for lane, attr in zip(
-            _LANES, ("input_processors", "output_processors", "error_processors"), strict=True
-        ):
-            if lane in opts:
-                setattr(
-                    options, attr, app.resolve([f"scripted/{p['id']}" for p in opts[lane]], f"call.{lane}")
-                )
-        trace: dict[str, Any] = {"chunks": [], "result": None, "violations": violations, "error": None}
-        if call.get("method", "generate") == "stream":
-            stream = agent.stream(call["input"], options)
-            chunks = [chunk async for chunk in stream]
-            result = await stream.result()
-            trace["chunks"] = trace_chunks(chunks)
-            trace["result"] = _result(result)
-            trace["error"] = result.error
-        else:
-            try:
-                trace["result"] = _result(await agent.generate(call["input"], options))
-            except (APICallError, ProcessorFailedError) as exc:
-                trace["error"] = str(exc)
-        model = agent.spec.model
-        assert isinstance(model, ScriptedModel)
-        trace["modelCalls"] = [
-            {"messages": [_prompt_message(m) for m in req.prompt], "toolChoice": req.tool_choice}
-            for req in model.requests
-        ]
-        return trace
+async def _call(
+    app: App, call: dict[str, Any], threads: list[str] | None, silent: set[str]
+) -> dict[str, Any]:
+    """One call of the scenario and its trace (only what this call produced); with memory, the
+    `threads` as they stand once the call has ended. Processors in `silent` have no onViolation."""
+    agent = app.agent("scenario")
+    model = agent.spec.model
+    assert isinstance(model, ScriptedModel)
+    first_request = len(model.requests)
+    opts = call.get("options") or {}
+    memory = opts.get("memory") or {}
+    violations: list[dict[str, Any]] = []
+
+    def on_violation(v: dict[str, Any]) -> None:
+        if v["processorId"] not in silent:
+            violations.append({"processorId": v["processorId"], "message": v["message"]})
+
+    options = CallOptions(
+        max_steps=opts.get("maxSteps"),
+        max_processor_retries=opts.get("maxProcessorRetries"),
+        request_context=opts.get("requestContext") or {},
+        on_violation=on_violation,
+        thread_id=memory.get("thread", ""),
+        resource_id=memory.get("resource", ""),
+    )
+    for lane, attr in zip(_LANES, ("input_processors", "output_processors", "error_processors"), strict=True):
+        if lane in opts:
+            setattr(options, attr, app.resolve([f"scripted/{p['id']}" for p in opts[lane]], f"call.{lane}"))
+    trace: dict[str, Any] = {"chunks": [], "result": None, "violations": violations, "error": None}
+    if call.get("method", "generate") == "stream":
+        stream = agent.stream(call["input"], options)
+        chunks = [chunk async for chunk in stream]
+        result = await stream.result()
+        trace["chunks"] = trace_chunks(chunks)
+        trace["result"] = _result(result)
+        trace["error"] = result.error
+    else:
+        try:
+            trace["result"] = _result(await agent.generate(call["input"], options))
+        except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
+            trace["error"] = str(exc)
+    trace["modelCalls"] = [
+        {"messages": [_prompt_message(m) for m in req.prompt], "toolChoice": req.tool_choice}
+        for req in model.requests[first_request:]
+    ]
+    if threads is not None:
+        assert app.store is not None
+        trace.update(await memory_trace(app.store, threads))
+    return trace
+
+
+async def memory_trace(store: MemoryStore, threads: list[str]) -> dict[str, Any]:
+    """The trace's ``memory`` (default recall: signals hidden) and ``memorySignals`` of `threads`."""
+    recall: dict[str, Any] = {}
+    signals: dict[str, Any] = {}
+    for thread in threads:
+        visible = await store.messages(thread, include_signals=False)
+        recall[thread] = [_prompt_message(m) for m in msgs.build_prompt([], visible, user_first=False)]
+        raw = await store.messages(thread, include_signals=True)
+        signals[thread] = [msgs.render_signal(m) for m in raw if m.get("role") == "signal"]
+    return {"memory": recall, "memorySignals": signals}
 
 
 def load(path: str) -> dict[str, Any]:
@@ -251,6 +305,6 @@ def load(path: str) -> dict[str, Any]:
         raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"scenario {path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or "call" not in data or "model" not in data:
-        raise ScenarioError(f"{path}: a scenario needs 'call' and 'model' keys")
+    if not isinstance(data, dict) or "model" not in data or ("call" in data) == ("calls" in data):
+        raise ScenarioError(f"{path}: a scenario needs a 'model' key and either 'call' or 'calls'")
     return data

@@ -274,6 +274,37 @@ class ToolConfig(_Model):
     """A ``data-*`` chunk the tool emits with its writer before returning."""
 
 
+class AgentMemoryConfig(_Model):
+    """An agent's message-history memory (a call with a thread loads and saves; see README)."""
+
+    last_messages: int = Field(default=10, ge=1)
+    """How many of the thread's most recent stored messages each call loads ahead of its input."""
+
+
+class StorageConfig(_Model):
+    """Where memory lives: an embedded SQLite file (the default) or PostgreSQL (several replicas)."""
+
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    data_dir: str = ".procmesh"
+    """SQLite: the folder of ``memory.db`` (created when missing; relative to the working directory)."""
+    path: str | None = None
+    """SQLite: the file itself, instead of ``<dataDir>/memory.db``."""
+    dsn_env: str | None = None
+    """PostgreSQL: the environment variable holding the DSN (the password stays out of the file)."""
+    dsn: str | None = None
+    """PostgreSQL: the DSN itself (prefer `dsnEnv` when it holds a password)."""
+    min_connections: int = Field(default=1, ge=1)
+    max_connections: int = Field(default=10, ge=1)
+    timeout: float = Field(default=5.0, gt=0)
+    """Seconds: SQLite's busy timeout; PostgreSQL's connect and pool-checkout timeout."""
+
+    @model_validator(mode="after")
+    def _postgres(self) -> StorageConfig:
+        if self.backend == "postgres" and not (self.dsn or self.dsn_env):
+            raise ValueError("the postgres backend needs dsnEnv (an environment variable) or dsn")
+        return self
+
+
 class AgentConfig(_Model):
     """An agent: instructions, model, tools, processor lanes and limits."""
 
@@ -286,6 +317,8 @@ class AgentConfig(_Model):
     input_processors: list[LaneEntry] = []
     output_processors: list[LaneEntry] = []
     error_processors: list[ProcessorRef] = []
+    memory: AgentMemoryConfig | None = None
+    """Message history in threads of the `storage` store (none: every call stands alone)."""
 
     @field_validator("input_processors", "output_processors", "error_processors", mode="before")
     @classmethod
@@ -304,6 +337,8 @@ class Config(_Model):
     workflows: dict[str, WorkflowConfig] = {}
     """Processor workflows, used in a lane as ``workflow:NAME``."""
     agents: dict[str, AgentConfig]
+    storage: StorageConfig = StorageConfig()
+    """The store agents' memory uses (opened only when an agent has memory)."""
 
     @field_validator("providers")
     @classmethod

@@ -38,6 +38,25 @@ class AgentCall:
     options: CallOptions
 
 
+class _ThreadRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+
+
+class _MemoryBody(BaseModel):
+    """The body's ``memory``: the thread as its id or ``{id, ...}``, and the resource."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    thread: str | _ThreadRef | None = None
+    resource: str | None = None
+
+    @property
+    def thread_id(self) -> str | None:
+        return self.thread.id if isinstance(self.thread, _ThreadRef) else self.thread
+
+
 class _Body(BaseModel):
     """The reference server's body for /generate and /stream (unknown keys are ignored)."""
 
@@ -50,6 +69,8 @@ class _Body(BaseModel):
     runtime_context: dict[str, Any] | None = Field(default=None, alias="runtimeContext")
     resource_id: str | None = Field(default=None, alias="resourceId")
     thread_id: str | None = Field(default=None, alias="threadId")
+    memory: _MemoryBody | None = None
+    """``{thread, resource}`` as @mastra/client-js sends it (``threadId``/``resourceId`` win)."""
 
     @field_validator("messages")
     @classmethod
@@ -110,8 +131,37 @@ def _untrusted(messages: list[dict[str, Any]]) -> None:
         message["id"] = msgs.new_id()
 
 
-def parse_body(data: Any, *, trust_request_context: bool, limits: InputLimits) -> AgentCall:
-    """Validate a decoded JSON body; the caller's request context counts only when trusted."""
+def memory_scope(
+    thread: str | None, resource: str | None, *, trusted: bool, bound_resource: str | None
+) -> tuple[str, str]:
+    """The (thread, resource) a call runs with; memory loads and saves only with both.
+
+    The resource scopes per-user data (memory threads, response-cache entries), so a caller's claim
+    counts only from a trusted layer: the caller's API key bound to a resource (that one, always;
+    claiming another is refused), or a server that trusts request context
+    (``PROCMESH_TRUST_REQUEST_CONTEXT``, behind an auth proxy that sets it). The thread is the
+    caller's to name, within that resource: the store refuses a thread of another resource, so
+    no caller reads another's history. Without a trusted resource, both are dropped (the call
+    runs without memory, as before memory existed).
+    """
+    if bound_resource:
+        if resource and resource != bound_resource:
+            raise BadRequestError("resourceId: this API key is bound to another resource")
+        resource = bound_resource
+    elif not trusted:
+        resource = None
+    if not resource:
+        return "", ""
+    return thread or "", resource
+
+
+def parse_body(
+    data: Any, *, trust_request_context: bool, limits: InputLimits, bound_resource: str | None = None
+) -> AgentCall:
+    """Validate a decoded JSON body; the caller's request context counts only when trusted.
+
+    `bound_resource` is the resource the caller's credentials are bound to, if any (`memory_scope`).
+    """
     if not isinstance(data, dict):
         raise BadRequestError("the body must be a JSON object with a 'messages' field")
     if isinstance(data.get("messages"), list):
@@ -131,24 +181,34 @@ def parse_body(data: Any, *, trust_request_context: bool, limits: InputLimits) -
         if not trust_request_context:
             _untrusted(agent_input)
     context = (body.request_context or body.runtime_context or {}) if trust_request_context else {}
-    # Who the run is for scopes per-user data (response-cache entries): like the request context,
-    # a caller's claim counts only when the server's auth layer is trusted to have set it.
+    memory = body.memory or _MemoryBody()
+    thread, resource = memory_scope(
+        body.thread_id or memory.thread_id,
+        body.resource_id or memory.resource,
+        trusted=trust_request_context,
+        bound_resource=bound_resource,
+    )
     return AgentCall(
         agent_input,
         CallOptions(
             max_steps=body.max_steps,
             max_processor_retries=body.max_processor_retries,
             request_context=context,
-            resource_id=(body.resource_id or "") if trust_request_context else "",
-            thread_id=(body.thread_id or "") if trust_request_context else "",
+            resource_id=resource,
+            thread_id=thread,
         ),
     )
 
 
 def parse_proto(
-    request: Any, *, trust_request_context: bool, timeout: float | None, limits: InputLimits
+    request: Any,
+    *,
+    trust_request_context: bool,
+    timeout: float | None,
+    limits: InputLimits,
+    bound_resource: str | None = None,
 ) -> AgentCall:
-    """Validate a GenerateRequest / StreamRequest (same fields)."""
+    """Validate a GenerateRequest / StreamRequest (same fields); thread and resource as `memory_scope`."""
     check_message_count(len(request.messages), limits)
     messages: list[dict[str, Any]] = []
     for i, proto in enumerate(request.messages):
@@ -176,10 +236,23 @@ def parse_proto(
         raise BadRequestError("max_processor_retries: must not be negative")
     context = convert.from_struct(request.request_context) if trust_request_context else {}
     check_input(context, limits, root=("request_context",))
+    check_input(request.thread_id, limits, root=("thread_id",))
+    check_input(request.resource_id, limits, root=("resource_id",))
+    thread, resource = memory_scope(
+        request.thread_id,
+        request.resource_id,
+        trusted=trust_request_context,
+        bound_resource=bound_resource,
+    )
     return AgentCall(
         messages,
         CallOptions(
-            max_steps=max_steps, max_processor_retries=retries, request_context=context, timeout=timeout
+            max_steps=max_steps,
+            max_processor_retries=retries,
+            request_context=context,
+            timeout=timeout,
+            resource_id=resource,
+            thread_id=thread,
         ),
     )
 

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
-from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
+from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
 from procmesh_orchestrator.run import Agent, RunResult
 from procmesh_orchestrator.service._calls import AgentCall, parse_proto
 from procmesh_orchestrator.service._errors import ServiceError
@@ -90,8 +90,8 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         try:
             try:
                 response = result_to_proto(await agent.generate(call.input, call.options))
-            except (APICallError, ProcessorFailedError) as exc:
-                response = _failed_proto(exc)
+            except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
+                response = _failed_proto(exc)  # a store error names the store
         finally:
             self._service.gate.leave()
         log.info(

@@ -34,6 +34,8 @@ class GenerateRequest(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     MAX_PROCESSOR_RETRIES_FIELD_NUMBER: _builtins.int
     REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -42,6 +44,14 @@ class GenerateRequest(_message.Message):
     """Per-call maxSteps (unset: the agent's)."""
     max_processor_retries: _builtins.int
     """Per-call maxProcessorRetries (unset: the agent's)."""
+    thread_id: _builtins.str
+    """Memory: the thread this call loads its history from and saves its turn to
+    (empty: neither). Kept only with a resource the server trusts (below).
+    """
+    resource_id: _builtins.str
+    """Who the thread belongs to (a user, an org). Counts only when the server trusts
+    caller request context or the caller's API key is bound to this resource.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation: role ("user", "assistant" or "system") and content parts."""
@@ -61,10 +71,12 @@ class GenerateRequest(_message.Message):
         max_steps: _builtins.int | None = ...,
         max_processor_retries: _builtins.int | None = ...,
         request_context: _struct_pb2.Struct | None = ...,
+        thread_id: _builtins.str = ...,
+        resource_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "agent_id", b"agent_id", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "agent_id", b"agent_id", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "resource_id", b"resource_id", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
@@ -138,10 +150,15 @@ class StreamRequest(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     MAX_PROCESSOR_RETRIES_FIELD_NUMBER: _builtins.int
     REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     text: _builtins.str
     max_steps: _builtins.int
     max_processor_retries: _builtins.int
+    thread_id: _builtins.str
+    """As in GenerateRequest."""
+    resource_id: _builtins.str
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
     @_builtins.property
@@ -155,10 +172,12 @@ class StreamRequest(_message.Message):
         max_steps: _builtins.int | None = ...,
         max_processor_retries: _builtins.int | None = ...,
         request_context: _struct_pb2.Struct | None = ...,
+        thread_id: _builtins.str = ...,
+        resource_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "agent_id", b"agent_id", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "agent_id", b"agent_id", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "resource_id", b"resource_id", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015

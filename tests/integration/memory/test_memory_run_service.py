@@ -1,0 +1,147 @@
+"""Memory through the orchestrator's APIs: real sidecar processes, the real stores (SQLite, PostgreSQL).
+
+A multi-turn conversation over HTTP (the body's ``memory: {thread, resource}`` as @mastra/client-js
+sends it) and over gRPC (``thread_id``/``resource_id``); an input guard's abort and an output
+filter's rewrite as the thread keeps them; the trust rule for who may name a resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import pytest_asyncio
+
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.run.messages import message_text
+from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.service._calls import parse_body
+from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service._limits import InputLimits
+from procmesh_orchestrator.settings import OrchestratorSettings
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.integration.memory.conftest import Backend
+
+pytestmark = pytest.mark.e2e
+
+LIMITS = InputLimits()
+
+
+def _config(guards: str, backend: Backend) -> dict[str, Any]:
+    storage = (
+        {"backend": "sqlite", "path": backend.location}
+        if backend.name == "sqlite"
+        else {"backend": "postgres", "dsn": backend.location}
+    )
+    return {
+        "storage": storage,
+        "sidecars": {"guards": {"address": guards}},
+        "models": {
+            "script": {
+                "provider": "scripted",
+                "responses": [{"text": "Nice to meet you, Ada."}, {"text": "Your darn name is Ada."}],
+            }
+        },
+        "agents": {
+            "assistant": {
+                "instructions": "You are helpful.",
+                "model": "script",
+                "errorProcessorDefaults": False,
+                "memory": {"lastMessages": 10},
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["darn"]}}],
+            }
+        },
+    }
+
+
+@pytest_asyncio.fixture
+async def service(start_sidecar: Callable[..., SidecarProcess], backend: Backend) -> AsyncIterator[Service]:
+    sidecar = start_sidecar("examples", name=f"memory-guards-{backend.name}")
+    await sidecar.wait_ready()
+    settings = OrchestratorSettings(http_port=0, grpc_port=0, trust_request_context=True)
+    async with Service(settings, parse_config(_config(sidecar.address, backend))) as svc:
+        yield svc
+
+
+def _store(service: Service) -> MemoryStore:
+    assert service.app.store is not None
+    return service.app.store
+
+
+async def _thread(service: Service, thread: str) -> list[tuple[str, str]]:
+    return [(m["role"], message_text(m)) for m in await _store(service).messages(thread)]
+
+
+async def test_a_conversation_over_http_remembers_and_keeps_what_the_processors_left(
+    service: Service,
+) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}", timeout=20) as http:
+        memory = {"thread": {"id": "t-ada"}, "resource": "user-ada"}
+        blocked = await http.post(
+            "/api/agents/assistant/generate", json={"messages": "a jailbreak please", "memory": memory}
+        )
+        assert blocked.json()["tripwire"]["processorId"] == "topic-guard"
+        first = await http.post(
+            "/api/agents/assistant/generate", json={"messages": "Hi, I am Ada.", "memory": memory}
+        )
+        assert first.json()["text"] == "Nice to meet you, Ada."
+        second = await http.post(
+            "/api/agents/assistant/generate", json={"messages": "Who am I?", "memory": memory}
+        )
+        assert second.status_code == 200, second.text
+    assert second.json()["text"] == "Your **** name is Ada."
+    # the guard's abort left nothing; the filter's rewrite is what was stored
+    assert await _thread(service, "t-ada") == [
+        ("user", "Hi, I am Ada."),
+        ("assistant", "Nice to meet you, Ada."),
+        ("user", "Who am I?"),
+        ("assistant", "Your **** name is Ada."),
+    ]
+    thread = await _store(service).get_thread("t-ada")
+    assert thread is not None
+    assert thread.resource_id == "user-ada"
+
+
+async def test_grpc_calls_name_their_thread_and_resource(service: Service) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = agrpc.AgentServiceStub(channel)
+        request = apb.GenerateRequest(agent_id="assistant", text="Hi.", thread_id="t-g", resource_id="u-g")
+        first = await stub.Generate(request, timeout=20)
+        stranger = apb.GenerateRequest(agent_id="assistant", text="Hi.", thread_id="t-g", resource_id="u-x")
+        refused = await stub.Generate(stranger, timeout=20)
+    assert first.text == "Nice to meet you, Ada."
+    # another resource never reads the thread: the run fails before the model is called
+    assert "is not a thread of resource 'u-x'" in refused.error
+    assert await _thread(service, "t-g") == [("user", "Hi."), ("assistant", "Nice to meet you, Ada.")]
+
+
+def test_the_body_names_the_thread_as_the_client_sends_it() -> None:
+    shapes = [
+        {"memory": {"thread": "t1", "resource": "u1"}},
+        {"memory": {"thread": {"id": "t1", "title": "x"}, "resource": "u1", "options": {}}},
+        {"threadId": "t1", "resourceId": "u1", "memory": {"thread": "other", "resource": "u1"}},
+    ]
+    for shape in shapes:
+        call = parse_body({"messages": "hi", **shape}, trust_request_context=True, limits=LIMITS)
+        assert (call.options.thread_id, call.options.resource_id) == ("t1", "u1"), shape
+
+
+def test_only_a_trusted_layer_names_the_resource() -> None:
+    body = {"messages": "hi", "memory": {"thread": "t1", "resource": "u1"}}
+    untrusted = parse_body(body, trust_request_context=False, limits=LIMITS)
+    assert (untrusted.options.thread_id, untrusted.options.resource_id) == ("", "")  # no memory
+    bound = parse_body(
+        {"messages": "hi", "threadId": "t1"}, trust_request_context=False, limits=LIMITS, bound_resource="u1"
+    )
+    assert (bound.options.thread_id, bound.options.resource_id) == ("t1", "u1")
+    with pytest.raises(BadRequestError, match="bound to another resource"):
+        parse_body(body, trust_request_context=True, limits=LIMITS, bound_resource="u2")
+    with pytest.raises(BadRequestError):
+        parse_body({"messages": "hi", "memory": {"thread": 5}}, trust_request_context=True, limits=LIMITS)

@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError, MemoryStoreError, StoreUnavailableError
 from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
 from procmesh_orchestrator.memory.sqlite import SqliteMemoryStore
@@ -205,3 +206,10 @@ def test_open_store_takes_an_object_with_the_fields() -> None:
 def test_open_store_configuration_errors(config: dict[str, str], pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         open_store(config)
+
+
+def test_open_store_takes_the_configuration_schemas_section(tmp_path: Path) -> None:
+    config = parse_config({"agents": {}, "storage": {"backend": "sqlite", "dataDir": str(tmp_path)}})
+    store = open_store(config.storage)
+    assert isinstance(store, SqliteMemoryStore)
+    assert store.path == tmp_path / "memory.db"

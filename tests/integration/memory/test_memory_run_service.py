@@ -123,7 +123,7 @@ async def test_grpc_calls_name_their_thread_and_resource(service: Service) -> No
 
 
 def test_the_body_names_the_thread_as_the_client_sends_it() -> None:
-    shapes = [
+    shapes: list[dict[str, Any]] = [
         {"memory": {"thread": "t1", "resource": "u1"}},
         {"memory": {"thread": {"id": "t1", "title": "x"}, "resource": "u1", "options": {}}},
         {"threadId": "t1", "resourceId": "u1", "memory": {"thread": "other", "resource": "u1"}},

@@ -26,7 +26,7 @@ from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.tools import StaticTool
-from tests.unit.orchestrator.run.fakes import FakeModel, FakeProcessor, abort, agent, reply
+from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, abort, agent, reply
 from tests.unit.orchestrator.run.memory_store import DictStore
 
 T1 = CallOptions(thread_id="t1", resource_id="u1")
@@ -62,7 +62,7 @@ async def test_a_call_without_a_thread_neither_loads_nor_saves() -> None:
 
 
 async def test_history_goes_ahead_of_the_input_and_process_input_sees_it() -> None:
-    store, log = DictStore(), []
+    store, log = DictStore(), list[Call]()
     seen: list[list[str]] = []
 
     def look(args: Any, info: Any) -> Any:
@@ -224,7 +224,7 @@ async def test_persistent_signals_are_saved_where_they_were_sent_transient_ones_
 
 
 async def test_per_call_lists_replace_yours_and_memory_keeps_running_around_them() -> None:
-    store, log = DictStore(), []
+    store, log = DictStore(), list[Call]()
     mine = FakeProcessor("mine", {"process_input": lambda a, i: reply(InputResult())})
     model = FakeModel({"text": "a"}, {"text": "b"})
     bot = remembering(model, store, log=log, input=(mine,))
@@ -252,7 +252,7 @@ async def test_a_failed_save_fails_the_run_and_nothing_is_half_saved() -> None:
     async def fail(*args: Any) -> None:
         raise OSError("disk full")
 
-    store.save_turn = fail  # type: ignore[method-assign]
+    store.save_turn = fail  # type: ignore[method-assign,assignment]
     with pytest.raises(MemoryStoreError, match=r"dict://test.*'t1'.*disk full"):
         await bot.generate("hi", T1)
     assert store.rows == {}
@@ -304,7 +304,7 @@ async def test_a_context_length_rejection_drops_the_oldest_loaded_history_and_re
 
 
 async def test_memory_recovery_stays_with_a_per_call_error_list_and_runs_after_it() -> None:
-    store, log = DictStore(), []
+    store, log = DictStore(), list[Call]()
     await seeded(store, 2)
     theirs = FakeProcessor("theirs", {"process_api_error": lambda a, i: reply(APIErrorResult())})
     model = TooLong(3, {"text": "fits"})

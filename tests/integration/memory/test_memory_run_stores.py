@@ -1,0 +1,81 @@
+"""The run on the real stores (SQLite and PostgreSQL): turns saved whole, failures that name the store.
+
+The processors here are fakes (the sidecar tiers are test_memory_run_service.py and
+test_memory_run_scenarios.py); what is real is the store: its transactions, its limits, its errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from procmesh_orchestrator.errors import MemoryStoreError, StoreUnavailableError, ThreadOwnershipError
+from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.run import Agent, CallOptions
+from procmesh_orchestrator.run.memory import AgentMemory
+from procmesh_orchestrator.run.messages import message_text
+from tests.integration.memory.conftest import Backend
+from tests.unit.orchestrator.run.fakes import FakeModel, agent
+
+pytestmark = pytest.mark.e2e
+
+
+def remembering(store: MemoryStore, *responses: dict[str, str]) -> Agent:
+    return agent(FakeModel(*responses), [], memory=AgentMemory(store, 10, str(getattr(store, "name", ""))))
+
+
+def on(thread: str, resource: str = "u1") -> CallOptions:
+    return CallOptions(thread_id=thread, resource_id=resource)
+
+
+async def test_concurrent_conversations_each_keep_their_turns_in_order(store: MemoryStore) -> None:
+    turns = 5
+    bot = agent(
+        FakeModel(*({"text": f"a{i}"} for i in range(turns * 4))), [], memory=AgentMemory(store, 100, "store")
+    )
+
+    async def talk(thread: str) -> None:
+        for i in range(turns):
+            await bot.generate(f"{thread}-q{i}", on(thread))
+
+    await asyncio.gather(*(talk(f"t{n}") for n in range(4)))
+    for n in range(4):
+        stored = await store.messages(f"t{n}")
+        questions = [message_text(m) for m in stored if m["role"] == "user"]
+        assert questions == [f"t{n}-q{i}" for i in range(turns)]
+        assert [m["role"] for m in stored] == ["user", "assistant"] * turns
+
+
+async def test_an_oversized_turn_fails_the_run_naming_the_store_and_nothing_of_it_is_saved(
+    backend: Backend,
+) -> None:
+    store = backend.open(max_message_bytes=2_000)
+    await store.start()
+    try:
+        bot = remembering(store, {"text": "short"}, {"text": "word " * 1_000})
+        await bot.generate("first", on("t1"))
+        with pytest.raises(MemoryStoreError, match=f"memory store {backend.name}"):
+            await bot.generate("second", on("t1"))
+        assert [message_text(m) for m in await store.messages("t1")] == ["first", "short "]
+    finally:
+        await store.close()
+
+
+async def test_a_store_that_is_down_fails_the_run_before_the_model_is_called(backend: Backend) -> None:
+    store = backend.open()
+    await store.start()
+    await store.close()
+    model = FakeModel({"text": "never"})
+    bot = agent(model, [], memory=AgentMemory(store, 10, str(getattr(store, "name", ""))))
+    with pytest.raises(StoreUnavailableError, match=f"memory store {backend.name}"):
+        await bot.generate("hi", on("t1"))
+    assert model.requests == []
+
+
+async def test_another_resource_never_reads_a_thread(store: MemoryStore) -> None:
+    bot = remembering(store, {"text": "mine"}, {"text": "never"})
+    await bot.generate("private", on("t1", "alice"))
+    with pytest.raises(ThreadOwnershipError):
+        await bot.generate("let me see", on("t1", "mallory"))
+    assert [message_text(m) for m in await store.messages("t1")] == ["private", "mine "]

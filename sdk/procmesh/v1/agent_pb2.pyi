@@ -26,6 +26,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class GenerateRequest(_message.Message):
+    """Runs agent `agent_id` on `messages` and/or `text` and waits for the result."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
@@ -91,6 +93,8 @@ Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
 @_typing.final
 class GenerateResponse(_message.Message):
+    """The finished run: its text, steps, usage, tripwire or error."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
@@ -102,6 +106,7 @@ class GenerateResponse(_message.Message):
     RESPONSE_MESSAGES_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    """The run's id, as processors see it in RunContext.run_id."""
     text: _builtins.str
     """Every step's text joined."""
     finish_reason: _builtins.str
@@ -109,9 +114,13 @@ class GenerateResponse(_message.Message):
     error: _builtins.str
     """Set when the run failed (a fail-closed processor or the model provider)."""
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """Every model step of the run, in order."""
+
     @_builtins.property
-    def usage(self) -> _types_pb2.Usage: ...
+    def usage(self) -> _types_pb2.Usage:
+        """Token usage summed over the run's steps."""
+
     @_builtins.property
     def tripwire(self) -> _types_pb2.Abort:
         """Present when a processor aborted the run; `processor_id` names it."""
@@ -142,6 +151,8 @@ Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
 
 @_typing.final
 class StreamRequest(_message.Message):
+    """Runs an agent like GenerateRequest, streaming its chunks as they are emitted."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
@@ -153,16 +164,25 @@ class StreamRequest(_message.Message):
     THREAD_ID_FIELD_NUMBER: _builtins.int
     RESOURCE_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
+    """A configured agent's id."""
     text: _builtins.str
+    """Shorthand for one user message with this text (appended after `messages`)."""
     max_steps: _builtins.int
+    """Per-call maxSteps (unset: the agent's)."""
     max_processor_retries: _builtins.int
+    """Per-call maxProcessorRetries (unset: the agent's)."""
     thread_id: _builtins.str
     """As in GenerateRequest."""
     resource_id: _builtins.str
+    """As in GenerateRequest."""
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The conversation, as in GenerateRequest."""
+
     @_builtins.property
-    def request_context(self) -> _struct_pb2.Struct: ...
+    def request_context(self) -> _struct_pb2.Struct:
+        """As in GenerateRequest: used only when the server trusts caller request context."""
+
     def __init__(
         self,
         *,
@@ -192,13 +212,18 @@ Global___StreamRequest: _TypeAlias = StreamRequest  # noqa: Y015
 
 @_typing.final
 class StreamResponse(_message.Message):
+    """One chunk of a streamed run."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    """The run's id, the same in every response of the stream."""
     @_builtins.property
-    def chunk(self) -> _types_pb2.Chunk: ...
+    def chunk(self) -> _types_pb2.Chunk:
+        """The chunk, in the reference chunk vocabulary (`start` ... `finish` or `tripwire`)."""
+
     def __init__(
         self,
         *,

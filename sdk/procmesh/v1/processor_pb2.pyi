@@ -32,34 +32,59 @@ class _Hook:
 class _HookEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Hook.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     HOOK_UNSPECIFIED: _Hook.ValueType  # 0
+    """Never sent; the proto3 zero value."""
     HOOK_PROCESS_INPUT: _Hook.ValueType  # 1
+    """ProcessInput."""
     HOOK_PROCESS_INPUT_STEP: _Hook.ValueType  # 2
+    """ProcessInputStep."""
     HOOK_PROCESS_LLM_REQUEST: _Hook.ValueType  # 3
+    """ProcessLLMRequest."""
     HOOK_PROCESS_LLM_RESPONSE: _Hook.ValueType  # 4
+    """ProcessLLMResponse."""
     HOOK_PROCESS_OUTPUT_STREAM: _Hook.ValueType  # 5
+    """ProcessOutputStream (the bidirectional stream)."""
     HOOK_PROCESS_OUTPUT_STEP: _Hook.ValueType  # 6
+    """ProcessOutputStep."""
     HOOK_PROCESS_TOOL_RESULT: _Hook.ValueType  # 7
+    """ProcessToolResult."""
     HOOK_PROCESS_OUTPUT_RESULT: _Hook.ValueType  # 8
+    """ProcessOutputResult."""
     HOOK_PROCESS_API_ERROR: _Hook.ValueType  # 9
+    """ProcessAPIError."""
     HOOK_EXECUTE_TOOL: _Hook.ValueType  # 10
+    """ExecuteTool."""
 
-class Hook(_Hook, metaclass=_HookEnumTypeWrapper): ...
+class Hook(_Hook, metaclass=_HookEnumTypeWrapper):
+    """A hook of the Processor interface; each value names one RPC of ProcessorService."""
 
 HOOK_UNSPECIFIED: Hook.ValueType  # 0
+"""Never sent; the proto3 zero value."""
 HOOK_PROCESS_INPUT: Hook.ValueType  # 1
+"""ProcessInput."""
 HOOK_PROCESS_INPUT_STEP: Hook.ValueType  # 2
+"""ProcessInputStep."""
 HOOK_PROCESS_LLM_REQUEST: Hook.ValueType  # 3
+"""ProcessLLMRequest."""
 HOOK_PROCESS_LLM_RESPONSE: Hook.ValueType  # 4
+"""ProcessLLMResponse."""
 HOOK_PROCESS_OUTPUT_STREAM: Hook.ValueType  # 5
+"""ProcessOutputStream (the bidirectional stream)."""
 HOOK_PROCESS_OUTPUT_STEP: Hook.ValueType  # 6
+"""ProcessOutputStep."""
 HOOK_PROCESS_TOOL_RESULT: Hook.ValueType  # 7
+"""ProcessToolResult."""
 HOOK_PROCESS_OUTPUT_RESULT: Hook.ValueType  # 8
+"""ProcessOutputResult."""
 HOOK_PROCESS_API_ERROR: Hook.ValueType  # 9
+"""ProcessAPIError."""
 HOOK_EXECUTE_TOOL: Hook.ValueType  # 10
+"""ExecuteTool."""
 Global___Hook: _TypeAlias = Hook  # noqa: Y015
 
 @_typing.final
 class DescribeRequest(_message.Message):
+    """Describe takes no arguments."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -75,6 +100,8 @@ Global___DescribeRequest: _TypeAlias = DescribeRequest  # noqa: Y015
 
 @_typing.final
 class DescribeResponse(_message.Message):
+    """What the sidecar hosts."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PROCESSORS_FIELD_NUMBER: _builtins.int
@@ -82,7 +109,9 @@ class DescribeResponse(_message.Message):
     sdk: _builtins.str
     """e.g. "procmesh-python/0.1.0"."""
     @_builtins.property
-    def processors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessorInfo]: ...
+    def processors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessorInfo]:
+        """One entry per hosted processor; ids are unique within the sidecar."""
+
     def __init__(
         self,
         *,
@@ -99,6 +128,8 @@ Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
 
 @_typing.final
 class ProcessorInfo(_message.Message):
+    """One hosted processor: its id, the hooks it implements and its options schema."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -108,14 +139,19 @@ class ProcessorInfo(_message.Message):
     PROCESS_DATA_PARTS_FIELD_NUMBER: _builtins.int
     OPTIONS_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """Referenced by configs as `sidecar/id` and carried in RunContext.processor_id; no `/`."""
     name: _builtins.str
+    """For people; the orchestrator does not use it."""
     description: _builtins.str
+    """For people; the orchestrator does not use it."""
     process_data_parts: _builtins.bool
     """processOutputStream also receives data-* chunks."""
     options_schema_json: _builtins.str
     """JSON schema of the options (empty: any options accepted)."""
     @_builtins.property
-    def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]: ...
+    def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
+        """The hooks implemented; the orchestrator calls only these for this processor."""
+
     def __init__(
         self,
         *,
@@ -136,6 +172,8 @@ Global___ProcessorInfo: _TypeAlias = ProcessorInfo  # noqa: Y015
 
 @_typing.final
 class ProcessInputRequest(_message.Message):
+    """processInput's arguments."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -143,7 +181,9 @@ class ProcessInputRequest(_message.Message):
     ALL_MESSAGES_FIELD_NUMBER: _builtins.int
     SYSTEM_MESSAGES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, with the processor's options and state."""
+
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """This request's new input only."""
@@ -153,7 +193,9 @@ class ProcessInputRequest(_message.Message):
         """The whole message list (memory history included), read-only view."""
 
     @_builtins.property
-    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The instructions and the caller's system messages."""
+
     def __init__(
         self,
         *,
@@ -172,6 +214,8 @@ Global___ProcessInputRequest: _TypeAlias = ProcessInputRequest  # noqa: Y015
 
 @_typing.final
 class ProcessInputResponse(_message.Message):
+    """processInput's result and effects."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
@@ -186,16 +230,25 @@ class ProcessInputResponse(_message.Message):
     removed, known ids are replaced in place, new ones are appended.
     """
     replace_system_messages: _builtins.bool
+    """When set, `system_messages` replaces the run's system messages."""
     replace_all_messages: _builtins.bool
     """When set (message_list edits), `all_messages` replaces the whole list first."""
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The replacement for the input messages, read when `replace_messages` is set."""
+
     @_builtins.property
-    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The replacement system messages, read when `replace_system_messages` is set."""
+
     @_builtins.property
-    def all_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def all_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The replacement for the whole list, read when `replace_all_messages` is set."""
+
     def __init__(
         self,
         *,
@@ -217,6 +270,8 @@ Global___ProcessInputResponse: _TypeAlias = ProcessInputResponse  # noqa: Y015
 
 @_typing.final
 class ProcessInputStepRequest(_message.Message):
+    """processInputStep's arguments: the step about to call the model."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -232,25 +287,41 @@ class ProcessInputStepRequest(_message.Message):
     model: _builtins.str
     """"provider/model-id"."""
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, for which step and retry, with options and state."""
+
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """Every message of the run so far (history, input, responses, signals)."""
 
     @_builtins.property
-    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The instructions and the caller's system messages."""
+
     @_builtins.property
-    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolSpec]: ...
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolSpec]:
+        """The tools offered to the model in this step."""
+
     @_builtins.property
-    def tool_choice(self) -> _types_pb2.ToolChoice: ...
+    def tool_choice(self) -> _types_pb2.ToolChoice:
+        """Mode `auto` when the agent has tools, otherwise unset."""
+
     @_builtins.property
-    def active_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def active_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The names of the tools the step may use (empty: all of `tools`)."""
+
     @_builtins.property
-    def provider_options(self) -> _struct_pb2.Struct: ...
+    def provider_options(self) -> _struct_pb2.Struct:
+        """Provider-specific options for the model call."""
+
     @_builtins.property
-    def model_settings(self) -> _struct_pb2.Struct: ...
+    def model_settings(self) -> _struct_pb2.Struct:
+        """Model settings (temperature, max tokens, ...) for the call."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """The run's completed steps."""
+
     def __init__(
         self,
         *,
@@ -275,6 +346,8 @@ Global___ProcessInputStepRequest: _TypeAlias = ProcessInputStepRequest  # noqa: 
 
 @_typing.final
 class ProcessInputStepResponse(_message.Message):
+    """processInputStep's result: message edits and this step's overrides."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
@@ -291,27 +364,47 @@ class ProcessInputStepResponse(_message.Message):
     PROVIDER_OPTIONS_FIELD_NUMBER: _builtins.int
     MODEL_SETTINGS_FIELD_NUMBER: _builtins.int
     replace_messages: _builtins.bool
+    """When set, `messages` edits the run's messages (the change persists)."""
     replace_system_messages: _builtins.bool
+    """When set, `system_messages` replaces the system messages for this step only."""
     model: _builtins.str
     """Step overrides; each applies to this step only when present."""
     replace_tools: _builtins.bool
+    """When set, `tools` replaces the offered tools for this step (empty: none)."""
     replace_active_tools: _builtins.bool
+    """When set, `active_tools` restricts the offered tools to these names."""
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort; abort with retry replays the step."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """Applied over the request's messages when `replace_messages` is set."""
+
     @_builtins.property
-    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """This step's system messages, read when `replace_system_messages` is set."""
+
     @_builtins.property
-    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolSpec]: ...
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolSpec]:
+        """This step's tools, read when `replace_tools` is set."""
+
     @_builtins.property
-    def tool_choice(self) -> _types_pb2.ToolChoice: ...
+    def tool_choice(self) -> _types_pb2.ToolChoice:
+        """This step's tool choice, applied when `mode` is set."""
+
     @_builtins.property
-    def active_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def active_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tool names this step may use, read when `replace_active_tools` is set."""
+
     @_builtins.property
-    def provider_options(self) -> _struct_pb2.Struct: ...
+    def provider_options(self) -> _struct_pb2.Struct:
+        """This step's provider options, applied when non-empty."""
+
     @_builtins.property
-    def model_settings(self) -> _struct_pb2.Struct: ...
+    def model_settings(self) -> _struct_pb2.Struct:
+        """This step's model settings, applied when non-empty."""
+
     def __init__(
         self,
         *,
@@ -341,6 +434,8 @@ Global___ProcessInputStepResponse: _TypeAlias = ProcessInputStepResponse  # noqa
 
 @_typing.final
 class ProcessLLMRequestRequest(_message.Message):
+    """processLLMRequest's arguments: the prompt about to be sent."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -348,12 +443,19 @@ class ProcessLLMRequestRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
+    """The step's model reference (a `models` key or "provider/model-id")."""
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, for which step, with options and state."""
+
     @_builtins.property
-    def prompt(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.PromptMessage]: ...
+    def prompt(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.PromptMessage]:
+        """The provider-shaped prompt of this call."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """The run's completed steps."""
+
     def __init__(
         self,
         *,
@@ -372,6 +474,8 @@ Global___ProcessLLMRequestRequest: _TypeAlias = ProcessLLMRequestRequest  # noqa
 
 @_typing.final
 class ProcessLLMRequestResponse(_message.Message):
+    """processLLMRequest's result: a transient prompt edit, or a cached response."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
@@ -385,11 +489,17 @@ class ProcessLLMRequestResponse(_message.Message):
     has_cached_response: _builtins.bool
     """When set, the model is not called: these chunks are replayed instead."""
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     @_builtins.property
-    def prompt(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.PromptMessage]: ...
+    def prompt(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.PromptMessage]:
+        """The replacement prompt, read when `replace_prompt` is set."""
+
     @_builtins.property
-    def cached_response(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]: ...
+    def cached_response(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]:
+        """The chunks replayed instead of the model call, read when `has_cached_response` is set."""
+
     @_builtins.property
     def cached_tool_results(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolResult]:
         """With a cached response: the results its tool calls had when it was recorded. A call listed
@@ -416,6 +526,8 @@ Global___ProcessLLMRequestResponse: _TypeAlias = ProcessLLMRequestResponse  # no
 
 @_typing.final
 class ProcessLLMResponseRequest(_message.Message):
+    """processLLMResponse's arguments: the step's completed provider stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -424,13 +536,21 @@ class ProcessLLMResponseRequest(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     FROM_CACHE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
+    """The step's model, after any ProcessInputStep override."""
     from_cache: _builtins.bool
+    """True when a ProcessLLMRequest cached response replaced the model call."""
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, for which step, with options and state."""
+
     @_builtins.property
-    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]: ...
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]:
+        """Every chunk of the step, the `finish` chunk included."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """The run's completed steps."""
+
     def __init__(
         self,
         *,
@@ -450,6 +570,8 @@ Global___ProcessLLMResponseRequest: _TypeAlias = ProcessLLMResponseRequest  # no
 
 @_typing.final
 class ProcessLLMResponseResponse(_message.Message):
+    """processLLMResponse's result: effects only, and a request to see the clean end."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
@@ -461,7 +583,9 @@ class ProcessLLMResponseResponse(_message.Message):
     holds a step back until then, so nothing a later processor rejects is ever replayed.
     """
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     def __init__(
         self,
         *,
@@ -478,6 +602,8 @@ Global___ProcessLLMResponseResponse: _TypeAlias = ProcessLLMResponseResponse  # 
 
 @_typing.final
 class ProcessOutputStreamRequest(_message.Message):
+    """One client message of ProcessOutputStream: a batch of parts."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -506,6 +632,8 @@ Global___ProcessOutputStreamRequest: _TypeAlias = ProcessOutputStreamRequest  # 
 
 @_typing.final
 class StreamPart(_message.Message):
+    """One chunk of the sequence and its sequence number."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
@@ -513,7 +641,9 @@ class StreamPart(_message.Message):
     seq: _builtins.int
     """Increasing within a stream; echoed in the result."""
     @_builtins.property
-    def part(self) -> _types_pb2.Chunk: ...
+    def part(self) -> _types_pb2.Chunk:
+        """The chunk to process."""
+
     def __init__(
         self,
         *,
@@ -530,6 +660,8 @@ Global___StreamPart: _TypeAlias = StreamPart  # noqa: Y015
 
 @_typing.final
 class ProcessOutputStreamResponse(_message.Message):
+    """One server message of ProcessOutputStream: results, and the end last."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
@@ -560,6 +692,8 @@ Global___ProcessOutputStreamResponse: _TypeAlias = ProcessOutputStreamResponse  
 
 @_typing.final
 class StreamPartResult(_message.Message):
+    """The answer to one StreamPart."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
@@ -567,6 +701,7 @@ class StreamPartResult(_message.Message):
     EFFECTS_FIELD_NUMBER: _builtins.int
     EXTRA_PARTS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    """The answered part's `seq`; results come in the parts' order."""
     @_builtins.property
     def part(self) -> _types_pb2.Chunk:
         """Absent: the part is dropped (the hook returned nothing)."""
@@ -599,11 +734,15 @@ Global___StreamPartResult: _TypeAlias = StreamPartResult  # noqa: Y015
 
 @_typing.final
 class StreamEnd(_message.Message):
+    """The last server message of a stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STATE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def state(self) -> _struct_pb2.Struct: ...
+    def state(self) -> _struct_pb2.Struct:
+        """The processor's complete state; replaces the stored state."""
+
     def __init__(
         self,
         *,
@@ -619,6 +758,8 @@ Global___StreamEnd: _TypeAlias = StreamEnd  # noqa: Y015
 
 @_typing.final
 class ProcessOutputStepRequest(_message.Message):
+    """processOutputStep's arguments: a finished model step, before its tools run."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -632,18 +773,31 @@ class ProcessOutputStepRequest(_message.Message):
     text: _builtins.str
     """This step's text (after processOutputStream)."""
     finish_reason: _builtins.str
+    """Why the step ended ("stop", "tool-calls", "length", ...)."""
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, for which step and retry, with options and state."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """Every message of the run; this step's assistant message is not added yet."""
+
     @_builtins.property
-    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def system_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The instructions and the caller's system messages."""
+
     @_builtins.property
-    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]: ...
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The tool calls the model made in this step."""
+
     @_builtins.property
-    def usage(self) -> _types_pb2.Usage: ...
+    def usage(self) -> _types_pb2.Usage:
+        """This step's token usage."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """The run's completed steps."""
+
     def __init__(
         self,
         *,
@@ -666,16 +820,23 @@ Global___ProcessOutputStepRequest: _TypeAlias = ProcessOutputStepRequest  # noqa
 
 @_typing.final
 class ProcessOutputStepResponse(_message.Message):
+    """processOutputStep's result: message edits; abort with retry replays the step."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
     REPLACE_MESSAGES_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     replace_messages: _builtins.bool
+    """When set, `messages` is applied over the request's messages."""
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The edited messages, read when `replace_messages` is set."""
+
     def __init__(
         self,
         *,
@@ -693,6 +854,8 @@ Global___ProcessOutputStepResponse: _TypeAlias = ProcessOutputStepResponse  # no
 
 @_typing.final
 class ProcessToolResultRequest(_message.Message):
+    """processToolResult's arguments: one tool result before it enters the message list."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -704,18 +867,31 @@ class ProcessToolResultRequest(_message.Message):
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
+    """The tool that ran."""
     tool_call_id: _builtins.str
+    """The model's id for the call."""
     provider_executed: _builtins.bool
+    """Whether the provider ran the tool itself; always false today."""
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling; step_number is the next step's, retry_count 0."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """Every message of the run so far."""
+
     @_builtins.property
-    def args(self) -> _struct_pb2.Value: ...
+    def args(self) -> _struct_pb2.Value:
+        """The call's arguments (JSON)."""
+
     @_builtins.property
-    def result(self) -> _struct_pb2.Value: ...
+    def result(self) -> _struct_pb2.Value:
+        """The tool's result (JSON)."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """The run's completed steps."""
+
     def __init__(
         self,
         *,
@@ -738,6 +914,8 @@ Global___ProcessToolResultRequest: _TypeAlias = ProcessToolResultRequest  # noqa
 
 @_typing.final
 class ProcessToolResultResponse(_message.Message):
+    """processToolResult's result: the tool result kept or replaced."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
@@ -746,9 +924,13 @@ class ProcessToolResultResponse(_message.Message):
     replace_result: _builtins.bool
     """When set, `result` replaces the tool's result (chunk and later prompts)."""
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     @_builtins.property
-    def result(self) -> _struct_pb2.Value: ...
+    def result(self) -> _struct_pb2.Value:
+        """The new result, read when `replace_result` is set."""
+
     def __init__(
         self,
         *,
@@ -766,19 +948,25 @@ Global___ProcessToolResultResponse: _TypeAlias = ProcessToolResultResponse  # no
 
 @_typing.final
 class ProcessOutputResultRequest(_message.Message):
+    """processOutputResult's arguments: the run's final output."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, with options and state."""
+
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The response messages of this run."""
 
     @_builtins.property
-    def result(self) -> _types_pb2.OutputResult: ...
+    def result(self) -> _types_pb2.OutputResult:
+        """The run's text, usage, finish reason and steps."""
+
     def __init__(
         self,
         *,
@@ -796,16 +984,23 @@ Global___ProcessOutputResultRequest: _TypeAlias = ProcessOutputResultRequest  # 
 
 @_typing.final
 class ProcessOutputResultResponse(_message.Message):
+    """processOutputResult's result: edits of the response messages."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
     REPLACE_MESSAGES_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     replace_messages: _builtins.bool
+    """When set, `messages` is applied over the response messages."""
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort; an abort blanks the run's text."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The edited response messages, read when `replace_messages` is set."""
+
     def __init__(
         self,
         *,
@@ -823,6 +1018,8 @@ Global___ProcessOutputResultResponse: _TypeAlias = ProcessOutputResultResponse  
 
 @_typing.final
 class ProcessAPIErrorRequest(_message.Message):
+    """processAPIError's arguments: a provider rejection."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -830,13 +1027,21 @@ class ProcessAPIErrorRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, for which step, with options and state."""
+
     @_builtins.property
-    def error(self) -> _types_pb2.APIError: ...
+    def error(self) -> _types_pb2.APIError:
+        """The provider's rejection."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """Every message of the run so far."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
+        """The run's completed steps."""
+
     def __init__(
         self,
         *,
@@ -855,6 +1060,8 @@ Global___ProcessAPIErrorRequest: _TypeAlias = ProcessAPIErrorRequest  # noqa: Y0
 
 @_typing.final
 class ProcessAPIErrorResponse(_message.Message):
+    """processAPIError's result: whether to call the provider again, and message edits."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
@@ -872,9 +1079,13 @@ class ProcessAPIErrorResponse(_message.Message):
     is bounded by the run's deadline, not by the hook's timeout.
     """
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
+        """The edited messages, read when `replace_messages` is set."""
+
     def __init__(
         self,
         *,
@@ -894,6 +1105,8 @@ Global___ProcessAPIErrorResponse: _TypeAlias = ProcessAPIErrorResponse  # noqa: 
 
 @_typing.final
 class ExecuteToolRequest(_message.Message):
+    """A call to a tool this processor added to the step."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_FIELD_NUMBER: _builtins.int
@@ -902,11 +1115,17 @@ class ExecuteToolRequest(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
+    """The tool to run (one this processor added through ProcessInputStep `tools`)."""
     tool_call_id: _builtins.str
+    """The model's id for the call."""
     @_builtins.property
-    def context(self) -> _types_pb2.RunContext: ...
+    def context(self) -> _types_pb2.RunContext:
+        """Who is calling, for which step, with options and state."""
+
     @_builtins.property
-    def args(self) -> _struct_pb2.Value: ...
+    def args(self) -> _struct_pb2.Value:
+        """The call's arguments (JSON)."""
+
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation so far."""
@@ -930,12 +1149,16 @@ Global___ExecuteToolRequest: _TypeAlias = ExecuteToolRequest  # noqa: Y015
 
 @_typing.final
 class ExecuteToolResponse(_message.Message):
+    """The tool's result."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def effects(self) -> _types_pb2.HookEffects: ...
+    def effects(self) -> _types_pb2.HookEffects:
+        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+
     @_builtins.property
     def result(self) -> _struct_pb2.Value:
         """The tool's result (any JSON); it then goes through processToolResult like any tool's."""

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class ProcessorServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """What a processor sidecar serves, next to grpc.health.v1 (contract: proto/README.md).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -92,7 +93,8 @@ class ProcessorServiceStub:
 
 
 class ProcessorServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """What a processor sidecar serves, next to grpc.health.v1 (contract: proto/README.md).
+    """
 
     def Describe(self, request, context):
         """The hosted processors, their hooks and option schemas.
@@ -240,7 +242,8 @@ def add_ProcessorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ProcessorService:
-    """Missing associated documentation comment in .proto file."""
+    """What a processor sidecar serves, next to grpc.health.v1 (contract: proto/README.md).
+    """
 
     @staticmethod
     def Describe(request,

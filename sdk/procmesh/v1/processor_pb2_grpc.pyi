@@ -31,6 +31,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ProcessorServiceStub:
+    """What a processor sidecar serves, next to grpc.health.v1 (contract: proto/README.md)."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -64,6 +66,8 @@ class ProcessorServiceStub:
 
 @_typing.type_check_only
 class ProcessorServiceAsyncStub(ProcessorServiceStub):
+    """What a processor sidecar serves, next to grpc.health.v1 (contract: proto/README.md)."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Describe: _aio.UnaryUnaryMultiCallable[_processor_pb2.DescribeRequest, _processor_pb2.DescribeResponse]  # type: ignore[assignment]
     """The hosted processors, their hooks and option schemas."""
@@ -93,6 +97,8 @@ class ProcessorServiceAsyncStub(ProcessorServiceStub):
     """
 
 class ProcessorServiceServicer(metaclass=_abc_1.ABCMeta):
+    """What a processor sidecar serves, next to grpc.health.v1 (contract: proto/README.md)."""
+
     @_abc_1.abstractmethod
     def Describe(
         self,

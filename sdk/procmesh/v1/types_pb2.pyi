@@ -35,16 +35,21 @@ class Message(_message.Message):
     RESOURCE_ID_FIELD_NUMBER: _builtins.int
     TYPE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """The message id, unique in the run; replacements match on it."""
     role: _builtins.str
     """"user" | "assistant" | "system" | "tool" | "signal"."""
     created_at: _builtins.str
     """RFC 3339 timestamp."""
     thread_id: _builtins.str
+    """The memory thread the message belongs to (empty without memory)."""
     resource_id: _builtins.str
+    """Who the thread belongs to (empty without memory)."""
     type: _builtins.str
     """Free-form message type; for signals the tag name."""
     @_builtins.property
-    def content(self) -> Global___MessageContent: ...
+    def content(self) -> Global___MessageContent:
+        """The parts and metadata."""
+
     def __init__(
         self,
         *,
@@ -66,6 +71,8 @@ Global___Message: _TypeAlias = Message  # noqa: Y015
 
 @_typing.final
 class MessageContent(_message.Message):
+    """A message's content in Mastra's format 2."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FORMAT_FIELD_NUMBER: _builtins.int
@@ -74,7 +81,9 @@ class MessageContent(_message.Message):
     format: _builtins.int
     """Always 2."""
     @_builtins.property
-    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Part]: ...
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Part]:
+        """The parts, in order."""
+
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct:
         """Arbitrary JSON metadata (message metadata, signal metadata under "signal")."""
@@ -107,17 +116,29 @@ class Part(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     STEP_START_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def text(self) -> Global___TextPart: ...
+    def text(self) -> Global___TextPart:
+        """Plain text."""
+
     @_builtins.property
-    def reasoning(self) -> Global___ReasoningPart: ...
+    def reasoning(self) -> Global___ReasoningPart:
+        """The model's reasoning text."""
+
     @_builtins.property
-    def tool_invocation(self) -> Global___ToolInvocationPart: ...
+    def tool_invocation(self) -> Global___ToolInvocationPart:
+        """A tool call and, once it ran, its result."""
+
     @_builtins.property
-    def file(self) -> Global___FilePart: ...
+    def file(self) -> Global___FilePart:
+        """A file, inline or by URL."""
+
     @_builtins.property
-    def data(self) -> Global___DataPart: ...
+    def data(self) -> Global___DataPart:
+        """A custom data-* part."""
+
     @_builtins.property
-    def step_start(self) -> Global___StepStartPart: ...
+    def step_start(self) -> Global___StepStartPart:
+        """Marks the start of a model step in an assistant message."""
+
     def __init__(
         self,
         *,
@@ -140,10 +161,13 @@ Global___Part: _TypeAlias = Part  # noqa: Y015
 
 @_typing.final
 class TextPart(_message.Message):
+    """A text part."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
     text: _builtins.str
+    """The text."""
     def __init__(
         self,
         *,
@@ -159,10 +183,13 @@ Global___TextPart: _TypeAlias = TextPart  # noqa: Y015
 
 @_typing.final
 class ReasoningPart(_message.Message):
+    """A reasoning part."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
     text: _builtins.str
+    """The reasoning text."""
     def __init__(
         self,
         *,
@@ -178,6 +205,8 @@ Global___ReasoningPart: _TypeAlias = ReasoningPart  # noqa: Y015
 
 @_typing.final
 class ToolInvocationPart(_message.Message):
+    """A tool call in an assistant message, with its result once it ran."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STATE_FIELD_NUMBER: _builtins.int
@@ -189,12 +218,19 @@ class ToolInvocationPart(_message.Message):
     state: _builtins.str
     """"call" | "result" | "output-error"."""
     tool_call_id: _builtins.str
+    """The model's id for the call."""
     tool_name: _builtins.str
+    """The tool called."""
     error_text: _builtins.str
+    """Why the tool failed, in state "output-error"."""
     @_builtins.property
-    def args(self) -> _struct_pb2.Value: ...
+    def args(self) -> _struct_pb2.Value:
+        """The call's arguments (JSON)."""
+
     @_builtins.property
-    def result(self) -> _struct_pb2.Value: ...
+    def result(self) -> _struct_pb2.Value:
+        """The tool's result (JSON), in state "result"."""
+
     def __init__(
         self,
         *,
@@ -215,6 +251,8 @@ Global___ToolInvocationPart: _TypeAlias = ToolInvocationPart  # noqa: Y015
 
 @_typing.final
 class FilePart(_message.Message):
+    """A file attached to a message."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEDIA_TYPE_FIELD_NUMBER: _builtins.int
@@ -222,10 +260,13 @@ class FilePart(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     FILENAME_FIELD_NUMBER: _builtins.int
     media_type: _builtins.str
+    """The IANA media type, e.g. "image/png"."""
     url: _builtins.str
     """A URL (https:, data:) or empty when inline bytes are given."""
     data: _builtins.bytes
+    """The file's bytes when inline (empty when `url` is given)."""
     filename: _builtins.str
+    """The original file name, if known."""
     def __init__(
         self,
         *,
@@ -244,6 +285,8 @@ Global___FilePart: _TypeAlias = FilePart  # noqa: Y015
 
 @_typing.final
 class DataPart(_message.Message):
+    """A custom data part."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TYPE_FIELD_NUMBER: _builtins.int
@@ -251,7 +294,9 @@ class DataPart(_message.Message):
     type: _builtins.str
     """Starts with "data-"."""
     @_builtins.property
-    def data(self) -> _struct_pb2.Value: ...
+    def data(self) -> _struct_pb2.Value:
+        """Any JSON."""
+
     def __init__(
         self,
         *,
@@ -268,6 +313,8 @@ Global___DataPart: _TypeAlias = DataPart  # noqa: Y015
 
 @_typing.final
 class StepStartPart(_message.Message):
+    """Marks where a model step starts; carries nothing."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -306,17 +353,29 @@ class Chunk(_message.Message):
     transient: _builtins.bool
     """data-* chunks only: streamed but never persisted."""
     @_builtins.property
-    def text_delta(self) -> Global___TextDelta: ...
+    def text_delta(self) -> Global___TextDelta:
+        """For "text-delta"."""
+
     @_builtins.property
-    def tool_call(self) -> Global___ToolCall: ...
+    def tool_call(self) -> Global___ToolCall:
+        """For "tool-call"."""
+
     @_builtins.property
-    def tool_result(self) -> Global___ToolResult: ...
+    def tool_result(self) -> Global___ToolResult:
+        """For "tool-result"."""
+
     @_builtins.property
-    def finish(self) -> Global___Finish: ...
+    def finish(self) -> Global___Finish:
+        """For "finish"."""
+
     @_builtins.property
-    def tripwire(self) -> Global___Abort: ...
+    def tripwire(self) -> Global___Abort:
+        """For "tripwire": the abort that ended the run."""
+
     @_builtins.property
-    def error(self) -> Global___ErrorInfo: ...
+    def error(self) -> Global___ErrorInfo:
+        """For "error"."""
+
     @_builtins.property
     def data(self) -> _struct_pb2.Value:
         """The `data` of a data-* chunk."""
@@ -351,12 +410,16 @@ Global___Chunk: _TypeAlias = Chunk  # noqa: Y015
 
 @_typing.final
 class TextDelta(_message.Message):
+    """The payload of a text-delta chunk."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """The text block the delta belongs to."""
     text: _builtins.str
+    """The new text."""
     def __init__(
         self,
         *,
@@ -373,15 +436,21 @@ Global___TextDelta: _TypeAlias = TextDelta  # noqa: Y015
 
 @_typing.final
 class ToolCall(_message.Message):
+    """A tool call the model made."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
+    """The model's id for the call."""
     tool_name: _builtins.str
+    """The tool to call."""
     @_builtins.property
-    def args(self) -> _struct_pb2.Value: ...
+    def args(self) -> _struct_pb2.Value:
+        """The call's arguments (JSON)."""
+
     def __init__(
         self,
         *,
@@ -399,6 +468,8 @@ Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
 
 @_typing.final
 class ToolResult(_message.Message):
+    """A tool's result, as streamed and recorded in steps."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
@@ -407,12 +478,19 @@ class ToolResult(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
+    """The call this result answers."""
     tool_name: _builtins.str
+    """The tool that ran."""
     provider_executed: _builtins.bool
+    """Whether the provider ran the tool itself."""
     @_builtins.property
-    def args(self) -> _struct_pb2.Value: ...
+    def args(self) -> _struct_pb2.Value:
+        """The call's arguments (JSON)."""
+
     @_builtins.property
-    def result(self) -> _struct_pb2.Value: ...
+    def result(self) -> _struct_pb2.Value:
+        """The tool's result (JSON)."""
+
     def __init__(
         self,
         *,
@@ -432,6 +510,8 @@ Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015
 
 @_typing.final
 class Finish(_message.Message):
+    """The payload of a finish chunk."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FINISH_REASON_FIELD_NUMBER: _builtins.int
@@ -440,7 +520,9 @@ class Finish(_message.Message):
     finish_reason: _builtins.str
     """"stop" | "tool-calls" | "length" | "error" | "other" | ..."""
     @_builtins.property
-    def usage(self) -> Global___Usage: ...
+    def usage(self) -> Global___Usage:
+        """The run's token usage."""
+
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct:
         """Assistant message metadata set by processOutputResult."""
@@ -462,10 +544,13 @@ Global___Finish: _TypeAlias = Finish  # noqa: Y015
 
 @_typing.final
 class ErrorInfo(_message.Message):
+    """The payload of an error chunk."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     message: _builtins.str
+    """What went wrong, for people."""
     def __init__(
         self,
         *,
@@ -481,14 +566,19 @@ Global___ErrorInfo: _TypeAlias = ErrorInfo  # noqa: Y015
 
 @_typing.final
 class Usage(_message.Message):
+    """Token counts."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
+    """Prompt tokens."""
     output_tokens: _builtins.int
+    """Completion tokens."""
     total_tokens: _builtins.int
+    """Input plus output tokens."""
     def __init__(
         self,
         *,
@@ -515,7 +605,9 @@ class Abort(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     PROCESSOR_ID_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
+    """Why; empty becomes "Tripwire triggered by <processor_id>"."""
     retry: _builtins.bool
+    """Replay the step with `reason` as feedback (ProcessInputStep, ProcessOutputStep only)."""
     processor_id: _builtins.str
     """Filled by the orchestrator on tripwire chunks; ignored in responses."""
     @_builtins.property
@@ -554,17 +646,21 @@ class Signal(_message.Message):
     type: _builtins.str
     """"reactive" | "user" | "notification" | "state"."""
     contents: _builtins.str
+    """The text the model sees inside the tag."""
     tag_name: _builtins.str
     """Empty means the type's default ("system-reminder" for reactive)."""
     transient: _builtins.bool
     """Reaches the current call only; never stored."""
     id: _builtins.str
+    """The signal message's id (empty: the orchestrator assigns one)."""
     @_builtins.property
     def attributes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SignalAttribute]:
         """Ordered: the model sees them in this order."""
 
     @_builtins.property
-    def metadata(self) -> _struct_pb2.Struct: ...
+    def metadata(self) -> _struct_pb2.Struct:
+        """Free-form JSON kept with the signal message."""
+
     def __init__(
         self,
         *,
@@ -586,13 +682,18 @@ Global___Signal: _TypeAlias = Signal  # noqa: Y015
 
 @_typing.final
 class SignalAttribute(_message.Message):
+    """One attribute of a signal's tag."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The attribute name."""
     @_builtins.property
-    def value(self) -> _struct_pb2.Value: ...
+    def value(self) -> _struct_pb2.Value:
+        """The attribute value (JSON)."""
+
     def __init__(
         self,
         *,
@@ -616,8 +717,11 @@ class Violation(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     message: _builtins.str
+    """What was violated, for people."""
     @_builtins.property
-    def detail(self) -> _struct_pb2.Value: ...
+    def detail(self) -> _struct_pb2.Value:
+        """Structured detail (any JSON)."""
+
     def __init__(
         self,
         *,
@@ -650,13 +754,17 @@ class HookEffects(_message.Message):
         """Present when the hook called abort()."""
 
     @_builtins.property
-    def signals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Signal]: ...
+    def signals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Signal]:
+        """sendSignal() calls, in order."""
+
     @_builtins.property
     def custom_chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Chunk]:
         """writer.custom(): each type must start with "data-"."""
 
     @_builtins.property
-    def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Violation]: ...
+    def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Violation]:
+        """reportViolation() calls, in order."""
+
     @_builtins.property
     def state(self) -> _struct_pb2.Struct:
         """The processor's state after the hook (replaces the stored state)."""
@@ -697,11 +805,17 @@ class RunContext(_message.Message):
     processor_id: _builtins.str
     """The hosted processor to run (Describe lists them)."""
     run_id: _builtins.str
+    """The run: one generate() or stream() call."""
     agent_id: _builtins.str
+    """The agent being run."""
     step_number: _builtins.int
+    """The model step, from 0."""
     retry_count: _builtins.int
+    """Consecutive retries of this step (0, 1, ...)."""
     thread_id: _builtins.str
+    """The run's memory thread (empty without memory)."""
     resource_id: _builtins.str
+    """Who the thread belongs to (empty without memory)."""
     @_builtins.property
     def options(self) -> _struct_pb2.Struct:
         """The processor's options from the orchestrator's configuration."""
@@ -746,7 +860,9 @@ class ToolSpec(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The tool's name, unique among the step's tools."""
     description: _builtins.str
+    """What the tool does, for the model."""
     @_builtins.property
     def input_schema(self) -> _struct_pb2.Struct:
         """JSON schema of the arguments."""
@@ -768,6 +884,8 @@ Global___ToolSpec: _TypeAlias = ToolSpec  # noqa: Y015
 
 @_typing.final
 class ToolChoice(_message.Message):
+    """Whether and which tool the model must call."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MODE_FIELD_NUMBER: _builtins.int
@@ -804,16 +922,27 @@ class StepResult(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     TRIPWIRE_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
+    """The step's number, from 0."""
     text: _builtins.str
+    """The step's text."""
     finish_reason: _builtins.str
+    """Why the step ended."""
     @_builtins.property
-    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]: ...
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """The tool calls the model made."""
+
     @_builtins.property
-    def tool_results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResult]: ...
+    def tool_results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResult]:
+        """The results of those calls."""
+
     @_builtins.property
-    def usage(self) -> Global___Usage: ...
+    def usage(self) -> Global___Usage:
+        """The step's token usage."""
+
     @_builtins.property
-    def tripwire(self) -> Global___Abort: ...
+    def tripwire(self) -> Global___Abort:
+        """Present when a processor aborted the step."""
+
     def __init__(
         self,
         *,
@@ -863,6 +992,8 @@ Global___PromptMessage: _TypeAlias = PromptMessage  # noqa: Y015
 
 @_typing.final
 class PromptPart(_message.Message):
+    """One part of a prompt message."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TYPE_FIELD_NUMBER: _builtins.int
@@ -877,17 +1008,25 @@ class PromptPart(_message.Message):
     type: _builtins.str
     """"text" | "file" | "reasoning" | "tool-call" | "tool-result"."""
     text: _builtins.str
+    """For text and reasoning parts."""
     tool_call_id: _builtins.str
+    """For tool-call and tool-result parts."""
     tool_name: _builtins.str
+    """For tool-call and tool-result parts."""
     media_type: _builtins.str
+    """file: the media type."""
     url: _builtins.str
+    """file: a URL, when the file is not inline."""
     data: _builtins.bytes
+    """file: the inline bytes."""
     @_builtins.property
     def input(self) -> _struct_pb2.Value:
         """tool-call: the arguments; tool-result: the output."""
 
     @_builtins.property
-    def output(self) -> _struct_pb2.Value: ...
+    def output(self) -> _struct_pb2.Value:
+        """tool-result: the tool's output."""
+
     def __init__(
         self,
         *,
@@ -922,13 +1061,19 @@ class APIError(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     DETAILS_FIELD_NUMBER: _builtins.int
     status: _builtins.int
+    """The provider's HTTP status (400, 422, ...)."""
     message: _builtins.str
+    """The provider's error message."""
     body: _builtins.str
+    """The response body, as received."""
     retryable: _builtins.bool
+    """Whether the provider marked the error retryable."""
     id: _builtins.str
     """e.g. "DOWNLOAD_ASSETS_FAILED" for MastraError-style failures."""
     @_builtins.property
-    def details(self) -> _struct_pb2.Struct: ...
+    def details(self) -> _struct_pb2.Struct:
+        """Other structured details (JSON)."""
+
     def __init__(
         self,
         *,
@@ -958,11 +1103,17 @@ class OutputResult(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
+    """Every step's text joined."""
     finish_reason: _builtins.str
+    """Why the run ended."""
     @_builtins.property
-    def usage(self) -> Global___Usage: ...
+    def usage(self) -> Global___Usage:
+        """The run's token usage."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepResult]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepResult]:
+        """Every step of the run."""
+
     def __init__(
         self,
         *,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
+from prometheus_client import disable_created_metrics
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
+from procmesh import __version__, configure_logging
 from procmesh_orchestrator.config import load_config
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.service import serve
@@ -22,6 +24,11 @@ def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSetting
 
     API keys come from ``PROCMESH_API_KEYS`` only: a flag would show them in ``ps``.
     """
+    return _parse(argv)[0]
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[OrchestratorSettings, str | None]:
+    """The serving settings, and the ``--log-format`` flag (None: ``PROCMESH_LOG_FORMAT`` decides)."""
     parser = argparse.ArgumentParser(
         prog="procmesh-orchestrator",
         description="Serve the configured agents over HTTP (reference-server routes) and gRPC.",
@@ -37,12 +44,20 @@ def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSetting
     parser.add_argument("--drain-grace-seconds", type=float, help="time in-flight runs get after SIGTERM")
     parser.add_argument("--log-level", help="logging level (default INFO)")
     parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text (default) or json: one JSON object per line, with run_id (or PROCMESH_LOG_FORMAT)",
+    )
+    parser.add_argument(
         "--allow-unauthenticated",
         action="store_true",
         default=None,
         help="serve without API keys on a non-loopback interface (open to anyone who reaches it)",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = parser.parse_args(argv)
+    log_format = args.log_format
+    del args.log_format  # not a serving setting: main() configures logging with it
     if "PROCMESH_CONFIG" in os.environ:
         # Renamed: silently ignoring a deployment's config path would start the wrong agents.
         parser.error(
@@ -55,14 +70,22 @@ def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSetting
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         parser.error(f"invalid settings: {problems}")
+    except SettingsError as exc:
+        parser.error(f"invalid settings: {exc}")
     if settings.config_file is None:
         parser.error("--config FILE (or PROCMESH_CONFIG_FILE) is required")
-    return settings
+    return settings, log_format
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = settings_from_args(argv)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings, log_format = _parse(argv)
+    try:
+        configure_logging(settings.log_level, log_format)
+    except ValueError as exc:  # PROCMESH_LOG_FORMAT or PROCMESH_LOG_LEVEL
+        print(f"procmesh-orchestrator: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    # No `_created` series: they double what is scraped for a timestamp no dashboard uses.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     try:
         asyncio.run(serve(settings, load_config(settings.config_file or "")))
     except (OrchestratorError, OSError) as exc:

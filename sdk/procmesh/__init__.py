@@ -6,15 +6,19 @@ serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop).
 
 from procmesh import check, convert, errors, hooks
 from procmesh._client import ProcessorClient, translate_rpc_error
+from procmesh._logging import RUN_ID, TRACE_ID, JsonFormatter, configure_logging
 from procmesh._message_list import MessageList
 from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
-from procmesh._run import ProcessorSettings, run, serve, settings_from_args
+from procmesh._run import ProcessorSettings, run, serve, settings_from_args, settings_parser
 from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
 from procmesh._version import __version__
 
 __all__ = [
     "HOOK_NAMES",
+    "RUN_ID",
     "SERVICE_NAME",
+    "TRACE_ID",
+    "JsonFormatter",
     "MessageList",
     "Processor",
     "ProcessorClient",
@@ -25,6 +29,7 @@ __all__ = [
     "__version__",
     "channel_credentials",
     "check",
+    "configure_logging",
     "convert",
     "errors",
     "hooks",
@@ -32,5 +37,6 @@ __all__ = [
     "serve",
     "server_credentials",
     "settings_from_args",
+    "settings_parser",
     "translate_rpc_error",
 ]

@@ -1,14 +1,25 @@
-"""Per-hook metrics the SDK records for every processor (authors add none)."""
+"""Metrics the SDK records for every processor (authors add none), and the process it runs in."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import platform
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector
+
+from procmesh._version import __version__
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class SidecarMetrics:
-    """Hook call counts by outcome and hook latency, on an injectable registry."""
+    """Hook call counts by outcome, hook latency, the process and the build, on an injectable registry.
+
+    The names are shared with the Node SDK (``lib/metrics.js``), so one dashboard reads sidecars
+    in either language: ``procmesh_sidecar_hook_calls_total{processor,hook,outcome}``,
+    ``procmesh_sidecar_hook_duration_seconds{processor,hook}``,
+    ``procmesh_sidecar_build_info{sdk,version,runtime}`` and the ``process_*`` series.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -24,4 +35,19 @@ class SidecarMetrics:
             ["processor", "hook"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
+        )
+        # CPU, memory, open fds, start time: what a pod's dashboard shows next to the hooks.
+        ProcessCollector(registry=registry)
+        self.build = Info(
+            "procmesh_sidecar_build",
+            "The SDK serving this sidecar: language, version, runtime.",
+            registry=registry,
+        )
+        self.build.info(
+            {
+                "sdk": "python",
+                "version": __version__,
+                "runtime": f"{platform.python_implementation()} {platform.python_version()}",
+                "grpc": grpc.__version__,
+            }
         )

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
+import socket
+import sys
 from collections.abc import Sequence
+from typing import Annotated, Any, NoReturn
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from prometheus_client import disable_created_metrics
+from pydantic import ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from procmesh._logging import LOG_FORMATS, LogFormat, configure_logging
 from procmesh._processor import Processor
 from procmesh._server import ProcessorServer, server_credentials
+from procmesh._version import __version__
+
+log = logging.getLogger(__name__)
+
+_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
 class ProcessorSettings(BaseSettings):
@@ -20,8 +32,9 @@ class ProcessorSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PROCMESH_", frozen=True, use_attribute_docstrings=True)
 
-    listen: list[str] = ["127.0.0.1:50051"]
-    """Addresses to serve on: ``host:port`` or ``unix:///path.sock`` (JSON list in the env)."""
+    listen: Annotated[list[str], NoDecode] = ["127.0.0.1:50051"]
+    """Addresses to serve on: ``host:port`` or ``unix:///path.sock`` (in the env: one address, or a
+    JSON list)."""
     metrics_port: int | None = None
     """Port of the Prometheus metrics endpoint (unset: no endpoint)."""
     metrics_host: str | None = None
@@ -32,6 +45,8 @@ class ProcessorSettings(BaseSettings):
     """How long in-flight calls may run after SIGTERM."""
     log_level: str = "INFO"
     """Logging level."""
+    log_format: LogFormat = "text"
+    """``text`` (default) or ``json``: one JSON object per line (time, level, logger, message)."""
     tls_cert: str | None = None
     """PEM certificate to serve TLS with (plaintext when unset)."""
     tls_key: str | None = None
@@ -41,22 +56,132 @@ class ProcessorSettings(BaseSettings):
     parent_pid: int | None = None
     """Exit when this process is no longer our parent (a sidecar started by an orchestrator)."""
 
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _one_or_list(cls, value: Any) -> Any:
+        # PROCMESH_LISTEN=127.0.0.1:50051 is what people write; a JSON list serves several.
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    raise ValueError(f"not a JSON list of addresses: {text[:80]!r}") from None
+            return [text]
+        return value
 
-def settings_from_args(argv: Sequence[str] | None = None) -> ProcessorSettings:
-    """Settings from the environment, overridden by flags (``--listen``, ``--metrics-port``, ...)."""
-    parser = argparse.ArgumentParser(description="Serve procmesh processors over gRPC.")
-    parser.add_argument("--listen", action="append", help="address (repeatable): host:port or unix:///path")
-    parser.add_argument("--metrics-port", type=int)
-    parser.add_argument("--metrics-host")
-    parser.add_argument("--grace-seconds", type=float)
-    parser.add_argument("--log-level")
-    parser.add_argument("--parent-pid", type=int)
-    parser.add_argument("--tls-cert")
-    parser.add_argument("--tls-key")
-    parser.add_argument("--tls-client-ca")
-    args, _ = parser.parse_known_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
-    return ProcessorSettings(**overrides)
+    @field_validator("listen")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one address is needed")
+        for address in value:
+            _check_address(address)
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in _LEVELS:
+            raise ValueError(f"must be one of {', '.join(_LEVELS)} (got {value!r})")
+        return value.upper()
+
+
+def _check_address(address: str) -> None:
+    """Raise ValueError unless `address` is ``unix:PATH`` or ``host:port`` with a port number."""
+    if address.startswith("unix:"):
+        if not _unix_path(address):
+            raise ValueError(f"{address!r}: a unix address needs a path, e.g. unix:///run/procmesh/p.sock")
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{address!r} is not host:port (e.g. 127.0.0.1:50051) or unix:///path.sock")
+
+
+def _unix_path(address: str) -> str:
+    return address[len("unix://") :] if address.startswith("unix://") else address[len("unix:") :]
+
+
+def settings_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
+    """The SDK's command line (``--listen``, ``--metrics-port``, ..., ``--version``) as a parser.
+
+    A program with flags of its own adds them to this parser, parses once (unknown flags are an
+    error, exit status 2) and hands the namespace to `settings_from_args`.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description or "Serve procmesh processors.")
+    parser.add_argument(
+        "--listen", action="append", help="address to serve on (repeatable): host:port or unix:///path.sock"
+    )
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-host", help="interface of the metrics port (default: where gRPC binds)")
+    parser.add_argument("--grace-seconds", type=float, help="time in-flight calls get after SIGTERM")
+    parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line"
+    )
+    parser.add_argument("--parent-pid", type=int, help="exit when this process is no longer the parent")
+    parser.add_argument("--tls-cert", help="PEM certificate: serve TLS")
+    parser.add_argument("--tls-key", help="PEM key of --tls-cert")
+    parser.add_argument("--tls-client-ca", help="PEM CA client certificates must chain to (mTLS)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def settings_from_args(argv: Sequence[str] | argparse.Namespace | None = None) -> ProcessorSettings:
+    """Settings from the environment, overridden by flags (``--listen``, ``--metrics-port``, ...).
+
+    Args:
+        argv: The arguments (``sys.argv[1:]`` when None), parsed strictly by `settings_parser`;
+            or a namespace a program's own parser (built on `settings_parser`) already returned.
+
+    Bad settings (an unknown flag, ``PROCMESH_LISTEN`` that does not parse, ...) print one line
+    and exit with status 2.
+    """
+    args = argv if isinstance(argv, argparse.Namespace) else settings_parser().parse_args(argv)
+    fields = ProcessorSettings.model_fields
+    overrides = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    try:
+        return ProcessorSettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        _fail(f"invalid settings: {problems}")
+    except SettingsError as exc:
+        _fail(f"invalid settings: {exc}")
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr, exit status 2: what argparse does for a bad flag, for any bad setting."""
+    print(f"{os.path.basename(sys.argv[0]) or 'procmesh'}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class _StartError(Exception):
+    """A setting that only fails when used (an address in use, an unreadable certificate)."""
+
+
+def _check_bindable(address: str) -> None:
+    """Fail with `_StartError` now if a TCP address cannot be bound.
+
+    gRPC's own failure is a RuntimeError plus a C-core log line; a test bind says which address
+    and why (in use, not an interface of this host) in one line.
+    """
+    if address.startswith("unix:"):
+        return
+    host, _, port = address.rpartition(":")
+    if int(port) == 0:
+        return
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise _StartError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is fine
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise _StartError(f"cannot listen on {address}: {exc.strerror or exc}") from None
 
 
 async def serve(processors: Sequence[Processor], settings: ProcessorSettings) -> None:
@@ -64,8 +189,11 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
     credentials = None
     if settings.tls_cert or settings.tls_key:
         if not (settings.tls_cert and settings.tls_key):
-            raise SystemExit("TLS needs both --tls-cert and --tls-key")
-        credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+            raise _StartError("TLS needs both --tls-cert and --tls-key")
+        try:
+            credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        except OSError as exc:
+            raise _StartError(f"cannot read a TLS file: {exc}") from None
     server = ProcessorServer(
         processors,
         settings.listen,
@@ -74,6 +202,10 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
         credentials=credentials,
         hook_threads=settings.hook_threads,
     )
+    for address in settings.listen:
+        _check_bindable(address)
+    if settings.metrics_port:
+        _check_bindable(f"{server.metrics_host}:{settings.metrics_port}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -92,12 +224,22 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
     """Stop when the parent is gone (it may have been killed without stopping us)."""
     while os.getppid() == parent_pid:  # noqa: ASYNC110 - no event exists for "parent died"; poll
         await asyncio.sleep(0.5)
-    logging.getLogger(__name__).warning("parent process %d is gone; stopping", parent_pid)
+    log.warning("parent process %d is gone; stopping", parent_pid)
     stop.set()
 
 
 def run(processors: Sequence[Processor], settings: ProcessorSettings | None = None) -> None:
-    """Serve processors in this process until SIGTERM/SIGINT (a sidecar's ``main()``)."""
+    """Serve processors in this process until SIGTERM/SIGINT (a sidecar's ``main()``).
+
+    A setting that fails at start (an address in use, a missing certificate) prints one line
+    and exits with status 2, like a bad flag.
+    """
     settings = settings or settings_from_args()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(processors, settings))
+    configure_logging(settings.log_level, settings.log_format)
+    # A `_created` series per counter and histogram doubles what is scraped and stored for a
+    # timestamp no dashboard uses; the switch is process-wide, so only programs flip it.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    try:
+        asyncio.run(serve(processors, settings))
+    except _StartError as exc:
+        _fail(str(exc))

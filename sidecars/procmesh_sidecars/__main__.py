@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Sequence
 
-from procmesh import Processor, run, settings_from_args
+from procmesh import Processor, run, settings_from_args, settings_parser
 
 
 def _examples(args: argparse.Namespace) -> list[Processor]:
@@ -74,17 +73,17 @@ SETS.update(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="procmesh-sidecar", description="Serve built-in processors over gRPC."
-    )
+    # One parser for the sets and the SDK's flags, parsed strictly: a misspelt flag is an error
+    # (exit 2), never a default silently served.
+    parser = settings_parser(prog="procmesh-sidecar", description="Serve built-in processors over gRPC.")
     parser.add_argument("names", nargs="+", choices=sorted(SETS), help="processor sets to serve")
     parser.add_argument("--scenario", help="scenario file (for 'scripted')")
-    args, _ = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
+    settings = settings_from_args(args)
     processors: list[Processor] = []
     for name in args.names:
         processors.extend(SETS[name](args))
-    run(processors, settings_from_args(argv))
+    run(processors, settings)
 
 
 if __name__ == "__main__":

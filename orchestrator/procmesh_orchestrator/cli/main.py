@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 
+from procmesh import __version__, configure_logging
 from procmesh_orchestrator.errors import OrchestratorError
 
 
@@ -21,15 +23,34 @@ def _scenario_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``--config``, else ``PROCMESH_CONFIG_FILE``: the orchestrator's rule, so one environment serves both
+    (``PROCMESH_CONFIG__<KEY>`` overrides apply to either, in `load_config`)."""
+    if "PROCMESH_CONFIG" in os.environ:
+        # Renamed: silently ignoring the old name would run the wrong agents.
+        parser.error(
+            "PROCMESH_CONFIG was renamed PROCMESH_CONFIG_FILE (PROCMESH_CONFIG__<KEY> variables override "
+            "keys of the file)"
+        )
+    path = args.config or os.environ.get("PROCMESH_CONFIG_FILE")
+    if not path:
+        parser.error(f"{args.command}: --config FILE (or PROCMESH_CONFIG_FILE) is required")
+    return path
+
+
 async def _call(args: argparse.Namespace) -> int:
     from procmesh_orchestrator.app import App
     from procmesh_orchestrator.config import load_config
+    from procmesh_orchestrator.service._calls import dumps, result_json, wire_chunk
 
     async with App(load_config(args.config)) as app:
         agent = app.agent(args.agent)
         if args.command == "generate":
             result = await agent.generate(args.text)
-            print(result.text)
+            if args.json:  # the body POST /api/agents/{id}/generate answers
+                print(dumps(result_json(result)))
+            else:
+                print(result.text)
             if result.tripwire:
                 print(
                     f"[tripwire] {result.tripwire['processorId']}: {result.tripwire['reason']}",
@@ -37,13 +58,19 @@ async def _call(args: argparse.Namespace) -> int:
                 )
             return 0
         stream = agent.stream(args.text)
+        run_id = ""
         async for chunk in stream:
-            if chunk["type"] == "text-delta":
+            if args.json:  # NDJSON: the chunks the HTTP stream sends as server-sent events
+                if chunk["type"] == "start":
+                    run_id = str((chunk.get("payload") or {}).get("runId", ""))
+                print(dumps(wire_chunk(chunk, run_id)), flush=True)
+            elif chunk["type"] == "text-delta":
                 print(chunk["payload"]["text"], end="", flush=True)
             elif chunk["type"] in ("tripwire", "error") or chunk["type"].startswith("data-"):
                 print(f"\n[{chunk['type']}] {json.dumps(chunk.get('payload', chunk.get('data')))}")
         result = await stream.result()
-        print()
+        if not args.json:
+            print()
         return 1 if result.error else 0
 
 
@@ -63,6 +90,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="procmesh", description="Run procmesh agents and scenarios.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text (default) or json: one JSON object per line (or PROCMESH_LOG_FORMAT)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     scen = sub.add_parser("scenario", help="conformance scenarios")
     scen_sub = scen.add_subparsers(dest="action", required=True)
@@ -77,9 +111,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.set_defaults(func=_scenario_run)
     for name in ("generate", "stream"):
         p = sub.add_parser(name, help=f"{name} with an agent from a config file")
-        p.add_argument("agent")
-        p.add_argument("text")
-        p.add_argument("--config", required=True)
+        p.add_argument("agent", help="the agent's id in the config")
+        p.add_argument("text", help="the user message")
+        p.add_argument("--config", help="YAML configuration file (default: PROCMESH_CONFIG_FILE)")
+        p.add_argument(
+            "--json",
+            action="store_true",
+            help="print the result as the HTTP API's JSON"
+            if name == "generate"
+            else "print every chunk as one JSON object per line (NDJSON)",
+        )
         p.set_defaults(func=lambda a: asyncio.run(_call(a)))
     # Listed for `procmesh --help` only: main() hands `check-sidecar ...` to the SDK's checker first.
     sub.add_parser(
@@ -114,6 +155,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(check_sidecar(words[1:], prog="procmesh check-sidecar"))
     args = parser.parse_args(argv)
+    if args.command in ("generate", "stream"):
+        args.config = _config_path(parser, args)
+    try:
+        configure_logging(args.log_level or "WARNING", args.log_format)
+    except ValueError as exc:  # PROCMESH_LOG_FORMAT
+        parser.error(str(exc))
     try:
         code = args.func(args)
     except OrchestratorError as exc:  # every expected failure is in the tree; anything else is a bug

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from procmesh import RUN_ID
 from procmesh_orchestrator.errors import (
     APICallError,
     MemoryStoreError,
@@ -50,6 +51,13 @@ class Run(RunCore):
 
     async def execute(self) -> tuple[RunResult, BaseException | None]:
         """Run to the end; the result, and the failure that ended it (None when it did not fail)."""
+        token = RUN_ID.set(self.run_id)  # every log line of the run names it (--log-format json)
+        try:
+            return await self._execute()
+        finally:
+            RUN_ID.reset(token)
+
+    async def _execute(self) -> tuple[RunResult, BaseException | None]:
         started = time.perf_counter()
         self.emit({"type": "start", "payload": {"runId": self.run_id}})
         tripwire: TripwireAbort | None = None

@@ -12,7 +12,10 @@ import procmesh
 
 EXPECTED_ALL = [
     "HOOK_NAMES",
+    "RUN_ID",
     "SERVICE_NAME",
+    "TRACE_ID",
+    "JsonFormatter",
     "MessageList",
     "Processor",
     "ProcessorClient",
@@ -23,6 +26,7 @@ EXPECTED_ALL = [
     "__version__",
     "channel_credentials",
     "check",
+    "configure_logging",
     "convert",
     "errors",
     "hooks",
@@ -30,6 +34,7 @@ EXPECTED_ALL = [
     "serve",
     "server_credentials",
     "settings_from_args",
+    "settings_parser",
     "translate_rpc_error",
 ]
 

@@ -20,7 +20,8 @@ The exit code is 0 when no check failed. It checks:
 
 The modules, by role: `requests` (the hooks as derived from `procmesh.hooks`, a valid request per
 hook), `wire` (bounded calls and stream exchanges), `problems` (what makes an answer malformed),
-`processor` (the per-processor checks), `checker` (the sidecar-wide checks and the run), `report`.
+`processor` (the per-processor checks), `checker` (the sidecar-wide checks and the run), `report`,
+`cli` (the flags, ``--options [ID=]JSON`` among them: options per processor).
 The public entry is `procmesh.check.check_sidecar`.
 
 No check waits for longer than ``--timeout`` seconds (plus a little slack), so a broken sidecar

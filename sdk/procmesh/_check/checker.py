@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -112,6 +112,9 @@ class SidecarChecker(ProcessorChecks):
             self.report.add(
                 "FAIL", "--processor", f"{self.only!r} is not hosted here (hosted: {sorted(seen)})"
             )
+        for pid in sorted(set(self.processor_options) - seen):
+            # Options meant for a processor that is not there: a typo would silently test defaults.
+            self.report.add("FAIL", "--options", f"{pid!r} is not hosted here (hosted: {sorted(seen)})")
         return selected
 
     async def check_malformed(self, described: Sequence[ppb.ProcessorInfo]) -> None:
@@ -166,14 +169,24 @@ async def check(
     *,
     processor: str | None = None,
     options: dict[str, Any] | None = None,
+    processor_options: Mapping[str, dict[str, Any]] | None = None,
     timeout: float = 5.0,
     wait: float = 10.0,
     out: TextIO = sys.stdout,
 ) -> Report:
-    """Run every check against the sidecar at `address`; the report's lines are printed to `out`."""
+    """Run every check against the sidecar at `address`; the report's lines are printed to `out`.
+
+    `options` go to every processor that `processor_options` (options by processor id) does not name.
+    """
     report = Report(out)
     checker = SidecarChecker(
-        address, report, processor=processor, options=options, timeout=timeout, wait=wait
+        address,
+        report,
+        processor=processor,
+        options=options,
+        processor_options=processor_options,
+        timeout=timeout,
+        wait=wait,
     )
     await checker.run()
     out.write(report.summary() + "\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ class Wire:
         *,
         processor: str | None = None,
         options: dict[str, Any] | None = None,
+        processor_options: Mapping[str, dict[str, Any]] | None = None,
         timeout: float = 5.0,
         wait: float = 10.0,
     ) -> None:
@@ -54,6 +55,9 @@ class Wire:
         self.report = report
         self.only = processor
         self.options = convert.to_struct(options or {})
+        """What every processor gets, unless `processor_options` names it."""
+        self.processor_options = {pid: convert.to_struct(o) for pid, o in (processor_options or {}).items()}
+        """Options by processor id: a sidecar's processors rarely share one options shape."""
         self.timeout = timeout
         self.wait = wait
         self.token = uuid.uuid4().hex[:12]
@@ -75,7 +79,7 @@ class Wire:
             retry_count=0,
             request_context=convert.to_struct({"checker": "procmesh check-sidecar"}),
         )
-        ctx.options.CopyFrom(self.options)
+        ctx.options.CopyFrom(self.processor_options.get(processor_id, self.options))
         ctx.state.CopyFrom(convert.to_struct(self.sent_state() if state is None else state))
         return ctx
 
@@ -125,8 +129,8 @@ class Wire:
     ) -> StreamOutcome:
         """Send `batches` (seq from 1) and read every response.
 
-        The first batch must be answered before the next one is sent (the orchestrator times
-        each part from when it was sent, so a sidecar must not wait for the half-close).
+        Each batch must be answered before the next one is sent (the orchestrator times each
+        part from when it was sent, so a sidecar must not wait for the half-close).
         """
         wait = self.timeout
         out = StreamOutcome()
@@ -163,7 +167,10 @@ class Wire:
                     seq += 1
                     req.parts.add(seq=seq, part=chunk)
                 await call.write(req)
-                if i == 0 and len(batches) > 1:
+                # Every batch but the last is answered before the next one is sent, so an abort is
+                # seen before writing on: a processor may end its call right after aborting, and a
+                # write to a call the server has finished fails locally (INTERNAL), losing what it sent.
+                if i < len(batches) - 1:
                     try:
                         while len(out.results) < seq and out.abort_at is None and out.end is None:
                             resp = await read_one()
@@ -172,8 +179,8 @@ class Wire:
                             take(resp)
                     except TimeoutError:
                         out.problems.append(
-                            f"the first batch ({seq} parts) got no answer within {wait:g}s: answer parts "
-                            "as they come, not after the half-close"
+                            f"batch {i + 1} ({seq} parts sent) got no answer within {wait:g}s: answer "
+                            "parts as they come, not after the half-close"
                         )
                         call.cancel()
                         out.code, out.details = Code.CANCELLED, "cancelled by the checker"

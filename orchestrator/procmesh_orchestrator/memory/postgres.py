@@ -11,7 +11,9 @@ same moment apply each migration once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -63,6 +65,10 @@ class PostgresMemoryStore:
         self._max_bytes = max_message_bytes
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._sizes = (min_connections, max_connections)
+        # Writes of this process to one thread take turns here first (FIFO), so they commit in the
+        # order they were made, even a write that outlives its cancelled caller (shielded); the
+        # row lock then orders them against other processes'. Unused locks go away by themselves.
+        self._thread_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def start(self) -> None:
         """Open the pool (waiting up to the timeout for a first connection) and migrate."""
@@ -122,7 +128,7 @@ class PostgresMemoryStore:
             self._check_owner(thread_id, row[1], resource_id)
             return _thread(row)
 
-        return await self._write(create, f"creating thread {thread_id!r}")
+        return await self._write(create, f"creating thread {thread_id!r}", thread_id)
 
     async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
         """The resource's threads, most recently updated first."""
@@ -161,7 +167,7 @@ class PostgresMemoryStore:
                 raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
             return _thread(row)
 
-        return await self._write(update, f"updating thread {thread_id!r}")
+        return await self._write(update, f"updating thread {thread_id!r}", thread_id)
 
     async def delete_thread(self, thread_id: str) -> None:
         """Delete the thread and (by the foreign key's cascade) its messages."""
@@ -170,7 +176,7 @@ class PostgresMemoryStore:
         async def delete(conn: Connection) -> None:
             await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
 
-        await self._write(delete, f"deleting thread {thread_id!r}")
+        await self._write(delete, f"deleting thread {thread_id!r}", thread_id)
 
     async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
         """Append (or replace by id) the turn's messages in one transaction, under the thread's lock."""
@@ -197,7 +203,7 @@ class PostgresMemoryStore:
                         [(thread_id, *row) for row in rows],
                     )
 
-        await self._write(save, f"saving a turn to thread {thread_id!r}")
+        await self._write(save, f"saving a turn to thread {thread_id!r}", thread_id)
 
     async def messages(
         self, thread_id: str, *, last: int | None = None, include_signals: bool = True
@@ -248,14 +254,20 @@ class PostgresMemoryStore:
                 "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
             )
 
-    async def _write(self, work: Callable[[Connection], Awaitable[T]], doing: str) -> T:
+    async def _write(
+        self, work: Callable[[Connection], Awaitable[T]], doing: str, thread_id: str | None = None
+    ) -> T:
         """`work` in one transaction on a pooled connection, committed or rolled back as a whole."""
         pool = self._connection_pool()
+        lock = (
+            asyncio.Lock() if thread_id is None else self._thread_locks.setdefault(thread_id, asyncio.Lock())
+        )
 
         async def transaction() -> T:
-            with self._errors(doing):
-                async with pool.connection() as conn, conn.transaction():
-                    return await work(conn)
+            async with lock:
+                with self._errors(doing):
+                    async with pool.connection() as conn, conn.transaction():
+                        return await work(conn)
 
         return await c.shielded(transaction())
 

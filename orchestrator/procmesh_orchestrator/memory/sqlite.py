@@ -73,10 +73,7 @@ class SqliteMemoryStore:
             db = await aiosqlite.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
             try:
                 await db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-                async with db.execute("PRAGMA journal_mode = WAL") as cursor:
-                    mode = await cursor.fetchone()
-                if mode is None or str(mode[0]).lower() != "wal":
-                    raise StoreUnavailableError(f"memory store {self.name}: WAL mode refused ({mode})")
+                await self._enable_wal(db)
                 await db.execute("PRAGMA foreign_keys = ON")
                 # FULL: a committed turn survives a power cut, not only a killed process.
                 await db.execute("PRAGMA synchronous = FULL")
@@ -86,6 +83,26 @@ class SqliteMemoryStore:
                 self._db = None
                 await db.close()
                 raise
+
+    async def _enable_wal(self, db: aiosqlite.Connection) -> None:
+        """Switch the file to WAL (persistent: later opens find it so).
+
+        The switch needs the file to itself, and SQLite answers SQLITE_BUSY at once, without its
+        busy handler, when another process is switching or migrating at the same moment (several
+        replicas starting together), so it is retried here within the busy timeout.
+        """
+        deadline = asyncio.get_running_loop().time() + self._busy_timeout
+        while True:
+            try:
+                async with db.execute("PRAGMA journal_mode = WAL") as cursor:
+                    mode = await cursor.fetchone()
+                break
+            except sqlite3.OperationalError as exc:
+                if not _unavailable(exc) or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                await asyncio.sleep(0.02)
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise StoreUnavailableError(f"memory store {self.name}: WAL mode refused ({mode})")
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""

@@ -297,6 +297,13 @@ async def test_concurrent_saves_in_one_process_keep_every_turn_whole(store: Memo
     assert total == 180
 
 
+async def test_concurrent_saves_to_one_thread_commit_in_call_order(store: MemoryStore) -> None:
+    await asyncio.gather(
+        *(store.save_turn("t1", "alice", [msg(f"{n}-u"), msg(f"{n}-a", "assistant")]) for n in range(30))
+    )
+    assert ids(await store.messages("t1")) == [f"{n}-{part}" for n in range(30) for part in ("u", "a")]
+
+
 async def test_concurrent_creates_of_one_thread_give_one_thread(store: MemoryStore) -> None:
     results = await asyncio.gather(
         *(store.create_thread(Thread("t1", "alice", title=f"#{i}")) for i in range(10)),

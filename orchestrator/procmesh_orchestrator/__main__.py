@@ -19,6 +19,15 @@ from procmesh_orchestrator.service import serve
 from procmesh_orchestrator.settings import OrchestratorSettings
 
 
+def _environment_help() -> str:
+    """Every setting's variable, so --help shows what the flags do not (API keys stay env-only)."""
+    lines = ["environment (flags win; PROCMESH_LOG_FORMAT: text or json):"]
+    for name, field in OrchestratorSettings.model_fields.items():
+        summary = " ".join((field.description or "").replace("``", "").split()).partition(". ")[0].rstrip(".")
+        lines.append(f"  PROCMESH_{name.upper():<26} {summary}")
+    return "\n".join(lines)
+
+
 def settings_from_args(argv: Sequence[str] | None = None) -> OrchestratorSettings:
     """Settings from the environment (``PROCMESH_*``), overridden by command-line flags.
 
@@ -32,6 +41,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[OrchestratorSettings, str | None
     parser = argparse.ArgumentParser(
         prog="procmesh-orchestrator",
         description="Serve the configured agents over HTTP (reference-server routes) and gRPC.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_environment_help(),
     )
     parser.add_argument(
         "--config", dest="config_file", help="YAML configuration file (or PROCMESH_CONFIG_FILE)"

@@ -108,12 +108,23 @@ def settings_parser(prog: str | None = None, description: str | None = None) -> 
     A program with flags of its own adds them to this parser, parses once (unknown flags are an
     error, exit status 2) and hands the namespace to `settings_from_args`.
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description or "Serve procmesh processors.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description or "Serve procmesh processors.",
+        epilog="Every flag has an environment variable: PROCMESH_ and the flag's name in capitals "
+        "(--metrics-port: PROCMESH_METRICS_PORT; PROCMESH_LISTEN takes one address or a JSON list). "
+        "Flags win.",
+    )
     parser.add_argument(
         "--listen", action="append", help="address to serve on (repeatable): host:port or unix:///path.sock"
     )
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", help="interface of the metrics port (default: where gRPC binds)")
+    parser.add_argument(
+        "--hook-threads",
+        action=argparse.BooleanOptionalAction,
+        help="run each processor's hooks on a thread of its own (default) or inline on the server loop",
+    )
     parser.add_argument("--grace-seconds", type=float, help="time in-flight calls get after SIGTERM")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     parser.add_argument(

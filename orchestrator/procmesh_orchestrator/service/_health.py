@@ -5,15 +5,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel
 
 from procmesh import ProcessorClient
 from procmesh.errors import ProcmeshError
+from procmesh_orchestrator.config import Config, ProcessorRef
 
 log = logging.getLogger(__name__)
 
 SERVING = "SERVING"
 UNREACHABLE = "UNREACHABLE"
+
+
+def _refs(value: Any) -> Iterator[ProcessorRef]:
+    """Every ProcessorRef anywhere in a config value (lanes, workflows, parallel and conditional steps)."""
+    if isinstance(value, ProcessorRef):
+        yield value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _refs(getattr(value, name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _refs(item)
+
+
+def fail_open_sidecars(config: Config) -> frozenset[str]:
+    """The sidecars whose failures never fail a run: readiness does not wait for them.
+
+    A sidecar is fail-open when its ``on_failure`` is and no enforcing processor reference to it
+    overrides that with ``fail-closed`` (a plain ``sidecar/id`` string inherits the sidecar's).
+    """
+    closed = {
+        ref.sidecar for ref in _refs(config) if ref.on_failure == "fail-closed" and ref.mode == "enforce"
+    }
+    sidecars = config.sidecars.items()
+    return frozenset(name for name, s in sidecars if s.on_failure == "fail-open" and name not in closed)
 
 
 class SidecarHealth:

@@ -35,6 +35,7 @@ from procmesh_orchestrator.service._errors import (
     TooLargeError,
     UnsupportedMediaTypeError,
 )
+from procmesh_orchestrator.service._health import fail_open_sidecars
 from procmesh_orchestrator.service._logs import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ class _Boundary:
             await self._app(scope, receive, send)
             return
         status: int | None = None
+        started = time.perf_counter()
 
         async def counting_send(message: Message) -> None:
             nonlocal status
@@ -194,9 +196,15 @@ class _Boundary:
                 with contextlib.suppress(Exception):
                     await error_response(500, "internal error")(scope, receive, counting_send)
         finally:
-            self._service.metrics.requests.labels(
-                "http", DISCONNECTED if status is None else str(status)
-            ).inc()
+            code = DISCONNECTED if status is None else str(status)
+            self._service.metrics.requests.labels("http", code).inc()
+            # Starlette's router leaves the matched route in the scope: its template bounds the
+            # label's values (an unknown path is "other", whatever was asked).
+            route = scope.get("route")
+            template = getattr(route, "path", None) if route is not None else None
+            self._service.metrics.http_latency.labels(template or "other", code).observe(
+                time.perf_counter() - started
+            )
 
 
 async def _read_json(request: Request, limit: int, timeout: float) -> Any:
@@ -234,6 +242,7 @@ async def _read_json(request: Request, limit: int, timeout: float) -> Any:
 def build_http_app(service: Service) -> ASGIApp:
     """The ASGI app of the HTTP API, bound to a running `Service`."""
     settings = service.settings
+    fail_open = fail_open_sidecars(service.app.config)
 
     def agent_info(agent_id: str) -> dict[str, Any]:
         spec = service.app.agents[agent_id].spec
@@ -299,13 +308,19 @@ def build_http_app(service: Service) -> ASGIApp:
         if service.gate.draining:
             return json_response({"status": "draining"}, 503)
         not_serving = service.health.not_serving
-        if not_serving:
-            names = ", ".join(f"{n} is {s}" for n, s in sorted(not_serving.items()))
+        # A fail-open sidecar that is down degrades runs, it does not fail them: the pod stays in
+        # its Service, and the response names it.
+        blocking = {n: s for n, s in not_serving.items() if n not in fail_open}
+        if blocking:
+            names = ", ".join(f"{n} is {s}" for n, s in sorted(blocking.items()))
             return json_response(
                 {"status": "not ready", "error": f"sidecars not serving: {names}", "notServing": not_serving},
                 503,
             )
-        return json_response({"status": "ready", "sidecars": service.health.statuses})
+        body: dict[str, Any] = {"status": "ready", "sidecars": service.health.statuses}
+        if not_serving:
+            body["degraded"] = not_serving
+        return json_response(body)
 
     async def on_service_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServiceError)

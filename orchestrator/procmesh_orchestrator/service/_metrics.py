@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from procmesh import __version__
+
+# From a health probe (~1 ms) to a long streamed run (minutes): the SSE stream counts until its end.
+_HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class _Forward(Collector):
@@ -55,6 +61,19 @@ class ServiceMetrics:
             ["api", "code"],
             registry=self.registry,
         )
+        self.http_latency = Histogram(
+            "procmesh_http_request_duration_seconds",
+            "HTTP API requests by route template (never the agent id's value) and status code, from "
+            "the request head to the last byte sent (a stream's whole run).",
+            ["route", "code"],
+            buckets=_HTTP_BUCKETS,
+            registry=self.registry,
+        )
+        runtime = f"{platform.python_implementation()} {platform.python_version()}"
+        build = Info(
+            "procmesh_orchestrator_build", "The orchestrator's version and runtime.", registry=self.registry
+        )
+        build.info({"version": __version__, "runtime": runtime})
         self.inflight = Gauge(
             "procmesh_inflight_runs", "Agent runs in flight (HTTP and gRPC).", registry=self.registry
         )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh import convert
+from procmesh_orchestrator.memory._common import MAX_ID_CHARS
 from procmesh_orchestrator.run import CallOptions, RunResult
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.service._errors import (
@@ -144,6 +145,10 @@ def memory_scope(
     no caller reads another's history. Without a trusted resource, both are dropped (the call
     runs without memory, as before memory existed).
     """
+    for name, value in (("threadId", thread), ("resourceId", resource)):
+        # refused here, as a 400, rather than by the store once the run has started
+        if value and (len(value) > MAX_ID_CHARS or not value.isprintable()):
+            raise BadRequestError(f"{name}: must be a printable id of at most {MAX_ID_CHARS} characters")
     if bound_resource:
         if resource and resource != bound_resource:
             raise BadRequestError("resourceId: this API key is bound to another resource")

@@ -145,3 +145,10 @@ def test_only_a_trusted_layer_names_the_resource() -> None:
         parse_body(body, trust_request_context=True, limits=LIMITS, bound_resource="u2")
     with pytest.raises(BadRequestError):
         parse_body({"messages": "hi", "memory": {"thread": 5}}, trust_request_context=True, limits=LIMITS)
+    for bad in ("t" * 257, "tab\there"):
+        with pytest.raises(BadRequestError, match="threadId: must be a printable id"):
+            parse_body(
+                {"messages": "hi", "threadId": bad, "resourceId": "u1"},
+                trust_request_context=True,
+                limits=LIMITS,
+            )

@@ -1,7 +1,8 @@
 """What the test suite needs beyond the Python packages, in one table: `make test` installs it first.
 
 Run as a script (standard library only, before any venv exists) it is the bootstrap behind
-`make deps`: every missing Debian program is installed with apt-get when we are root or have
+`make deps`: every missing Debian program (and library source: the Go example builds from Debian's
+Go packages) is installed with apt-get when we are root or have
 password-less sudo, and every npm lock newer than its install is re-installed with `npm ci`.
 Without the privileges it prints one message naming what is missing and the exact command, and
 exits 1, so `make test` stops there.
@@ -27,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 _POSTGRES_BIN = ("/usr/lib/postgresql/*/bin",)
+_GO_USE = "the Go example sidecar (examples/go, tests/e2e/go)"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,39 @@ PROGRAMS = (
         )
         for name in ("initdb", "pg_ctl", "postgres")
     ),
+    # The Go example sidecar (examples/go/build.sh): stubs generated from proto/, built offline.
+    Program("go", "golang-go", _GO_USE),
+    Program("protoc", "protobuf-compiler", _GO_USE),
+    Program("protoc-gen-go", "protoc-gen-go", _GO_USE),
+    Program("protoc-gen-go-grpc", "protoc-gen-go-grpc", _GO_USE),
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Library sources a build reads (Debian's Go packages install them), and their package."""
+
+    path: str
+    """A file that exists once the package is installed."""
+    package: str
+    used_by: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.package} ({self.path})"
+
+
+_GOCODE = "/usr/share/gocode/src"
+SOURCES = (
+    Source(f"{_GOCODE}/google.golang.org/grpc/server.go", "golang-google-grpc-dev", _GO_USE),
+    # grpc-dev depends on "golang-github-golang-protobuf-1-3-dev | ...-1-5-dev", and apt takes the
+    # first: the 1.3 runtime, which panics at the first RPC of stubs from today's protoc-gen-go.
+    # Naming 1-5 in the same apt-get command picks it; registry.go exists only from 1.4 on.
+    Source(
+        f"{_GOCODE}/github.com/golang/protobuf/proto/registry.go",
+        "golang-github-golang-protobuf-1-5-dev",
+        _GO_USE,
+    ),
 )
 
 # Directories holding an npm lock whose packages the tests load (`npm ci` there).
@@ -93,6 +128,24 @@ def _version_key(folder: str) -> tuple[int, ...]:
 def missing_programs() -> list[Program]:
     """The table's programs that are not on PATH."""
     return [p for p in PROGRAMS if which(p.name) is None]
+
+
+def missing_sources() -> list[Source]:
+    """The table's library sources that are not installed."""
+    return [s for s in SOURCES if not Path(s.path).exists()]
+
+
+def require_sources() -> None:
+    """Fail the calling test with the install hint when a library source of the table is missing."""
+    missing = missing_sources()
+    if missing:
+        import pytest
+
+        names = ", ".join(s.name for s in missing)
+        command = install_command(sorted({s.package for s in missing}))
+        pytest.fail(
+            f"not installed ({missing[0].used_by}): {names}: `{command}` -- or run `make deps`", pytrace=False
+        )
 
 
 def install_command(packages: list[str]) -> str:
@@ -166,10 +219,10 @@ def _apt_install(packages: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     check_only = "--check" in argv
-    missing = missing_programs()
+    missing: list[Program | Source] = [*missing_programs(), *missing_sources()]
     if missing:
         packages = sorted({p.package for p in missing if p.package})
-        manual = [p for p in missing if p.package is None]
+        manual = [p for p in missing if isinstance(p, Program) and p.package is None]
         if manual or check_only or not (_is_root() or _can_sudo()):
             print("make deps: the test suite needs programs that are not installed:", file=sys.stderr)
             for program in missing:
@@ -183,7 +236,7 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"make deps: apt-get install {' '.join(packages)}", flush=True)
         _apt_install(packages)
-        still = missing_programs()
+        still: list[Program | Source] = [*missing_programs(), *missing_sources()]
         if still:
             print(
                 f"make deps: still missing after apt-get: {', '.join(p.name for p in still)}", file=sys.stderr

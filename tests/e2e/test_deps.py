@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.deps import PROGRAMS, require
+from tests.deps import PROGRAMS, require, which
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ def folder() -> Iterator[Path]:
 def path_without(folder: Path, hidden: str) -> str:
     """A PATH of `folder`, linking every program of the table but `hidden`."""
     for name in [p.name for p in PROGRAMS if p.name != hidden]:
-        found = shutil.which(name)
+        found = which(name)
         assert found, f"{name} should be installed by `make deps` before this test runs"
         (folder / name).symlink_to(found)
     return str(folder)

@@ -418,6 +418,14 @@ export interface ServeOptions {
   /** Drain time after SIGTERM/SIGINT (default 10). */
   graceSeconds?: number;
   logLevel?: 'DEBUG' | 'INFO' | 'WARNING' | 'ERROR' | (string & {});
+  /** `text` (default) or `json`: one JSON object per line (time, level, logger, message, run_id). */
+  logFormat?: 'text' | 'json';
+  /** Serve Prometheus metrics (the Python SDK's names) on this port. */
+  metricsPort?: number;
+  /** Interface of the metrics port (default: where gRPC binds). */
+  metricsHost?: string;
+  /** The program's own flags (each takes a value): accepted on the command line, not an error. */
+  extraFlags?: string[];
   /** Stop when this process is no longer the parent. */
   parentPid?: number;
   credentials?: ServerCredentials;
@@ -431,7 +439,7 @@ export interface ServeOptions {
 }
 
 export class ProcessorServer {
-  constructor(processors: ProcessorLike[], options?: { address?: string; addresses?: string[]; credentials?: ServerCredentials; maxMessageBytes?: number; logLevel?: string });
+  constructor(processors: ProcessorLike[], options?: { address?: string; addresses?: string[]; credentials?: ServerCredentials; maxMessageBytes?: number; logLevel?: string; logFormat?: 'text' | 'json'; metricsPort?: number; metricsHost?: string });
   /** The bound addresses (ports resolved) once started. */
   readonly addresses: string[];
   readonly processorIds: string[];
@@ -441,9 +449,14 @@ export class ProcessorServer {
 
 /** Serve `processors` (with grpc.health.v1); resolves once SERVING. */
 export function serve(processors: ProcessorLike[], options?: ServeOptions): Promise<ProcessorServer>;
-/** `serve()` with every setting from the command line and environment; exits 1 if it cannot start. */
+/** `serve()` with every setting from the command line and environment; a bad setting exits 2, another failure 1. */
 export function run(processors: ProcessorLike[], overrides?: ServeOptions): Promise<ProcessorServer>;
-export function settingsFromArgs(argv?: string[], env?: Record<string, string | undefined>): ServeOptions & { addresses: string[] };
+/** Strict: an unknown flag or a value that does not parse throws (`run()` prints it and exits 2). */
+export function settingsFromArgs(
+  argv?: string[],
+  env?: Record<string, string | undefined>,
+  options?: { extraFlags?: string[] },
+): ServeOptions & { addresses: string[]; extra: Record<string, string>; action?: 'help' | 'version' };
 /** The directory procmesh/v1/*.proto is loaded from. */
 export function protoDir(): string;
 /** The loaded procmesh.v1 package for @grpc/grpc-js (`.ProcessorService.service`, clients). */

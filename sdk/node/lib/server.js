@@ -5,6 +5,7 @@
 // proto/README.md for the contract. What each RPC does lives in ./servicer (unary hooks, from
 // the hook table), ./stream (the output stream) and ./effects (encoding what a hook left).
 
+const { AsyncLocalStorage } = require('async_hooks');
 const fs = require('fs');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
@@ -13,18 +14,39 @@ const { HealthImplementation } = require('grpc-health-check');
 const { SERVICE_NAME, loadContract } = require('./contract');
 const { quote } = require('./effects');
 const { rawService } = require('./guard');
+const { SidecarMetrics, outcomeOf, serveMetrics } = require('./metrics');
+const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, settingsFromArgs, usage } = require('./settings');
 const { Hosted, Servicer } = require('./servicer');
+const { version } = require('../package.json');
 
 const DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 
 // -- logging -----------------------------------------------------------------------------------
 
-const LEVELS = { DEBUG: 10, INFO: 20, WARNING: 30, WARN: 30, ERROR: 40, CRITICAL: 50 };
+/** The run a hook call serves, so every line logged while it runs names it (as Python's RUN_ID). */
+const logContext = new AsyncLocalStorage();
 
-function makeLogger(level) {
+function logText(arg) {
+  if (arg instanceof Error) return arg.stack || String(arg);
+  return typeof arg === 'string' ? arg : JSON.stringify(arg);
+}
+
+/**
+ * A logger writing to stderr from `level` up: text lines, or (format 'json') one JSON object per
+ * line with the Python SDK's fields: time, level, logger, message, and run_id inside a hook call.
+ */
+function makeLogger(level, format = 'text') {
   const min = LEVELS[String(level || 'INFO').toUpperCase()] ?? 20;
   const emit = (name, args) => {
-    if (LEVELS[name] >= min) console.error(new Date().toISOString(), name, 'procmesh:', ...args);
+    if (LEVELS[name] < min) return;
+    if (format === 'json') {
+      const entry = { time: new Date().toISOString(), level: name, logger: 'procmesh', message: args.map(logText).join(' ') };
+      const ctx = logContext.getStore();
+      if (ctx && ctx.runId) entry.run_id = ctx.runId;
+      process.stderr.write(`${JSON.stringify(entry)}\n`);
+    } else {
+      console.error(new Date().toISOString(), name, 'procmesh:', ...args);
+    }
   };
   return {
     debug: (...a) => emit('DEBUG', a),
@@ -32,6 +54,29 @@ function makeLogger(level) {
     warn: (...a) => emit('WARNING', a),
     error: (...a) => emit('ERROR', a),
   };
+}
+
+/** The Servicer, timing and counting every hook call (the SDK instruments; authors don't). */
+class MeteredServicer extends Servicer {
+  constructor(hosted, log, metrics) {
+    super(hosted, log);
+    this.metrics = metrics;
+  }
+
+  async callHook(hosted, hook, args, effects) {
+    const started = process.hrtime.bigint();
+    let outcome = 'ok';
+    try {
+      const result = await logContext.run({ runId: args.runId }, () => super.callHook(hosted, hook, args, effects));
+      if (effects.abort) outcome = 'abort';
+      return result;
+    } catch (err) {
+      outcome = outcomeOf(err, args.abortSignal);
+      throw err;
+    } finally {
+      this.metrics.observe(hosted.id, hook, outcome, Number(process.hrtime.bigint() - started) / 1e9);
+    }
+  }
 }
 
 // -- the server ----------------------------------------------------------------------------------
@@ -66,10 +111,22 @@ class ProcessorServer {
     this._requested = options.addresses || (options.address ? [options.address] : ['127.0.0.1:0']);
     this._credentials = options.credentials || grpc.ServerCredentials.createInsecure();
     this._maxBytes = options.maxMessageBytes || DEFAULT_MAX_MESSAGE_BYTES;
-    this.log = options.logger || makeLogger(options.logLevel);
+    this.log = options.logger || makeLogger(options.logLevel, options.logFormat);
+    /** The SDK's metrics (`metrics.registry` is a prom-client Registry); served on `metricsPort`. */
+    this.metrics = new SidecarMetrics(options.registry);
+    this._metricsPort = options.metricsPort;
+    this._metricsHost = options.metricsHost;
+    this.metricsServer = null;
     this._server = null;
     this._health = new HealthImplementation({ '': 'NOT_SERVING', [SERVICE_NAME]: 'NOT_SERVING' });
     this.addresses = [];
+  }
+
+  /** Where the metrics listener binds: `metricsHost`, else where gRPC binds (loopback for unix sockets only). */
+  get metricsHost() {
+    if (this._metricsHost) return this._metricsHost;
+    const tcp = this._requested.find((a) => !a.startsWith('unix:'));
+    return tcp ? tcp.slice(0, tcp.lastIndexOf(':')).replace(/^\[|\]$/g, '') : '127.0.0.1';
   }
 
   /** The ids of the hosted processors. */
@@ -83,7 +140,7 @@ class ProcessorServer {
       'grpc.max_receive_message_length': this._maxBytes,
       'grpc.max_send_message_length': this._maxBytes,
     });
-    this._servicer = new Servicer(this._hosted, this.log);
+    this._servicer = new MeteredServicer(this._hosted, this.log, this.metrics);
     // Requests stay Buffers until the handlers decode them (./guard): undecodable is INVALID_ARGUMENT.
     const { service, decoders } = rawService(loadContract().ProcessorService.service);
     server.addService(service, this._servicer.handlers(decoders));
@@ -102,6 +159,11 @@ class ProcessorServer {
           const port = await bind(server, address, this._credentials);
           this.addresses.push(`${address.slice(0, address.lastIndexOf(':'))}:${port}`);
         }
+      }
+      if (this._metricsPort !== undefined && this._metricsPort !== null) {
+        const host = this.metricsHost;
+        this.metricsServer = await serveMetrics(this.metrics.registry, this._metricsPort, host);
+        this.log.info(`metrics on http://${host}:${this.metricsServer.address().port}/metrics`);
       }
       for (const entry of this._hosted.values()) {
         if (typeof entry.processor.setup === 'function') await entry.processor.setup();
@@ -122,6 +184,10 @@ class ProcessorServer {
     const server = this._server;
     if (server === null) return;
     this._server = null;
+    if (this.metricsServer) {
+      this.metricsServer.close();
+      this.metricsServer = null;
+    }
     this._health.setStatus('', 'NOT_SERVING');
     this._health.setStatus(SERVICE_NAME, 'NOT_SERVING');
     await new Promise((resolve) => {
@@ -150,50 +216,9 @@ class ProcessorServer {
 
 // -- serve / run -------------------------------------------------------------------------------------
 
-/**
- * Settings from the environment (PROCMESH_LISTEN, PROCMESH_GRACE_SECONDS, PROCMESH_LOG_LEVEL,
- * PROCMESH_PARENT_PID, PROCMESH_TLS_*), overridden by flags (--listen ADDR, repeatable;
- * --grace-seconds S; --log-level L; --parent-pid N; --tls-cert/--tls-key/--tls-client-ca).
- * Unknown flags are left alone.
- */
-function settingsFromArgs(argv = process.argv.slice(2), env = process.env) {
-  const settings = { addresses: ['127.0.0.1:50051'], graceSeconds: 10, logLevel: 'INFO' };
-  if (env.PROCMESH_LISTEN) {
-    const raw = env.PROCMESH_LISTEN.trim();
-    settings.addresses = raw.startsWith('[') ? JSON.parse(raw) : [raw];
-  }
-  if (env.PROCMESH_GRACE_SECONDS) settings.graceSeconds = Number(env.PROCMESH_GRACE_SECONDS);
-  if (env.PROCMESH_LOG_LEVEL) settings.logLevel = env.PROCMESH_LOG_LEVEL;
-  if (env.PROCMESH_PARENT_PID) settings.parentPid = Number(env.PROCMESH_PARENT_PID);
-  for (const [key, name] of [['tlsCert', 'PROCMESH_TLS_CERT'], ['tlsKey', 'PROCMESH_TLS_KEY'], ['tlsClientCa', 'PROCMESH_TLS_CLIENT_CA']]) {
-    if (env[name]) settings[key] = env[name];
-  }
-  const listen = [];
-  const flags = {
-    '--listen': (v) => listen.push(v),
-    '--grace-seconds': (v) => (settings.graceSeconds = Number(v)),
-    '--log-level': (v) => (settings.logLevel = v),
-    '--parent-pid': (v) => (settings.parentPid = Number(v)),
-    '--tls-cert': (v) => (settings.tlsCert = v),
-    '--tls-key': (v) => (settings.tlsKey = v),
-    '--tls-client-ca': (v) => (settings.tlsClientCa = v),
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    const eq = arg.indexOf('=');
-    const name = eq > 0 ? arg.slice(0, eq) : arg;
-    if (!(name in flags)) continue;
-    const value = eq > 0 ? arg.slice(eq + 1) : argv[++i];
-    if (value === undefined) throw new Error(`${name} needs a value`);
-    flags[name](value);
-  }
-  if (listen.length) settings.addresses = listen;
-  return settings;
-}
-
 function tlsCredentials({ tlsCert, tlsKey, tlsClientCa }) {
   if (!tlsCert && !tlsKey) return undefined;
-  if (!(tlsCert && tlsKey)) throw new Error('TLS needs both --tls-cert and --tls-key');
+  if (!(tlsCert && tlsKey)) throw new SettingsError('TLS needs both --tls-cert and --tls-key');
   const ca = tlsClientCa ? fs.readFileSync(tlsClientCa) : null;
   return grpc.ServerCredentials.createSsl(ca, [{ private_key: fs.readFileSync(tlsKey), cert_chain: fs.readFileSync(tlsCert) }], Boolean(ca));
 }
@@ -202,16 +227,29 @@ function tlsCredentials({ tlsCert, tlsKey, tlsClientCa }) {
  * Start a ProcessorServer for `processors` and return it once SERVING.
  *
  * Options: `address` or `addresses` (default: --listen / PROCMESH_LISTEN / 127.0.0.1:50051),
- * `graceSeconds`, `logLevel`, `parentPid` (stop when that parent is gone), `credentials`,
- * `maxMessageBytes`, `handleSignals` (default true: SIGTERM/SIGINT drain within the grace
- * period, then the process exits).
+ * `graceSeconds`, `logLevel`, `logFormat` ('text' or 'json'), `metricsPort`, `metricsHost`,
+ * `parentPid` (stop when that parent is gone), `credentials`, `maxMessageBytes`, `extraFlags`
+ * (the program's own flags, accepted on the command line), `handleSignals` (default true:
+ * SIGTERM/SIGINT drain within the grace period, then the process exits).
  */
 async function serve(processors, options = {}) {
-  const settings = settingsFromArgs();
+  const settings = settingsFromArgs(process.argv.slice(2), process.env, { extraFlags: options.extraFlags || [] });
+  if (settings.action === 'help') {
+    process.stdout.write(`${usage(path.basename(process.argv[1] || 'procmesh'), options.extraFlags)}\n`);
+    process.exit(0);
+  }
+  if (settings.action === 'version') {
+    process.stdout.write(`${path.basename(process.argv[1] || 'procmesh')} (@procmesh/sdk) ${version}\n`);
+    process.exit(0);
+  }
   const opts = { ...settings, ...options };
   if (options.address) opts.addresses = [options.address];
   if (!opts.credentials) opts.credentials = tlsCredentials(opts);
   const server = new ProcessorServer(processors, opts);
+  // grpc-js reports a failed bind with a log line of its own and a vague error: a test bind
+  // first says which address and why, on one line.
+  for (const address of opts.addresses) await checkBindable(address);
+  if (opts.metricsPort) await checkBindable(`${server.metricsHost}:${opts.metricsPort}`);
   await server.start();
   const grace = opts.graceSeconds ?? 10;
   let stopping = null;
@@ -238,12 +276,19 @@ async function serve(processors, options = {}) {
   return server;
 }
 
-/** Serve until SIGTERM/SIGINT with every setting from the command line and environment (procmesh.run). */
+/**
+ * Serve until SIGTERM/SIGINT with every setting from the command line and environment (procmesh.run).
+ * A bad flag or setting prints one line and exits with status 2; any other failure, its stack and 1.
+ */
 function run(processors, overrides = {}) {
   return serve(processors, overrides).catch((err) => {
+    if (err instanceof SettingsError) {
+      console.error(`${path.basename(process.argv[1] || 'procmesh')}: error: ${err.message}`);
+      process.exit(2);
+    }
     console.error('procmesh: error:', err && err.stack ? err.stack : err);
     process.exit(1);
   });
 }
 
-module.exports = { DEFAULT_MAX_MESSAGE_BYTES, ProcessorServer, run, serve, settingsFromArgs };
+module.exports = { DEFAULT_MAX_MESSAGE_BYTES, LOG_FORMATS, ProcessorServer, SettingsError, makeLogger, run, serve, settingsFromArgs, usage };

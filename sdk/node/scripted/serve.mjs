@@ -14,4 +14,4 @@ if (!file) {
   console.error('usage: node serve.mjs --scenario FILE --listen ADDR');
   process.exit(2);
 }
-await run(scenarioProcessors(JSON.parse(readFileSync(file, 'utf8'))));
+await run(scenarioProcessors(JSON.parse(readFileSync(file, 'utf8'))), { extraFlags: ['--scenario'] });

@@ -90,10 +90,18 @@ test('options are validated against the schema subset, with defaults', () => {
 test('settings come from the environment, and flags win', () => {
   const env = { PROCMESH_LISTEN: '["unix:///a.sock", "127.0.0.1:1"]', PROCMESH_GRACE_SECONDS: '3' };
   assert.deepEqual(settingsFromArgs([], env).addresses, ['unix:///a.sock', '127.0.0.1:1']);
-  const s = settingsFromArgs(['--listen', 'x:1', '--listen=y:2', '--grace-seconds', '1', '--other', 'z'], env);
+  const s = settingsFromArgs(['--listen', 'x:1', '--listen=y:2', '--grace-seconds', '1', '--other', 'z'], env, { extraFlags: ['--other'] });
   assert.deepEqual(s.addresses, ['x:1', 'y:2']);
   assert.equal(s.graceSeconds, 1);
+  assert.deepEqual(s.extra, { other: 'z' });
   assert.deepEqual(settingsFromArgs([], {}).addresses, ['127.0.0.1:50051']);
+  // Strict: a misspelt flag must not leave the sidecar on its defaults.
+  assert.throws(() => settingsFromArgs(['--listne', 'x:1'], {}), /unknown flag --listne/);
+  assert.throws(() => settingsFromArgs([], { PROCMESH_LISTEN: 'nope' }), /not host:port/);
+  assert.throws(() => settingsFromArgs([], { PROCMESH_LOG_FORMAT: 'xml' }), /log_format/);
+  assert.throws(() => settingsFromArgs(['--metrics-port', 'many'], {}), /metrics_port/);
+  assert.equal(settingsFromArgs([], { PROCMESH_LISTEN: '127.0.0.1:5' }).addresses[0], '127.0.0.1:5');
+  assert.equal(settingsFromArgs(['--version'], {}).action, 'version');
 });
 
 test('the message list records edits and reads like the reference engine', () => {

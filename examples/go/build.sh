@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build the Go example sidecar from proto/ alone, offline, with Debian's Go packages:
-#   examples/go/build.sh [OUTPUT]      (default: examples/go/build/procmesh-go-sidecar)
+#   examples/go/build.sh [OUTPUT]      (default: examples/go/build/go-sidecar)
 #
 # Needs protoc, protoc-gen-go, protoc-gen-go-grpc, go, and the gRPC and protobuf Go sources that
 # golang-google-grpc-dev and golang-github-golang-protobuf-1-5-dev install under /usr/share/gocode
@@ -10,7 +10,7 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-out=${1:-$here/build/procmesh-go-sidecar}
+out=${1:-$here/build/go-sidecar}
 work=$here/build
 pkg=procmesh.example/gen/procmeshv1
 

@@ -1,4 +1,4 @@
-// Command procmesh-go-sidecar is a procmesh processor sidecar written from proto/ alone: no
+// Command go-sidecar is a procmesh processor sidecar written from proto/ alone: no
 // procmesh SDK, only the stubs protoc generates from proto/procmesh/v1 and the standard gRPC
 // health and reflection services. It hosts two processors (processors.go):
 //
@@ -6,7 +6,7 @@
 //   - shout (ProcessOutputStream): upper-cases streamed text and counts the deltas in its state,
 //     and aborts the stream on a word of its `abortOn` option.
 //
-// Usage: procmesh-go-sidecar [--listen ADDR] [--grace-seconds S]. ADDR is host:port (port 0 picks
+// Usage: go-sidecar [--listen ADDR] [--grace-seconds S]. ADDR is host:port (port 0 picks
 // one) or unix:///path.sock; the default is $PROCMESH_LISTEN, else 127.0.0.1:50051.
 package main
 
@@ -46,15 +46,15 @@ func main() {
 	flag.Parse()
 	if flag.NArg() > 0 {
 		// A stray word is a typo, not something to ignore (the flag package stops at the first one).
-		fmt.Fprintf(os.Stderr, "procmesh-go-sidecar: unexpected argument %q\n", flag.Arg(0))
+		fmt.Fprintf(os.Stderr, "go-sidecar: unexpected argument %q\n", flag.Arg(0))
 		os.Exit(2)
 	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
-	log.SetPrefix("procmesh-go-sidecar ")
+	log.SetPrefix("go-sidecar ")
 
 	lis, cleanup, err := listenOn(*listen)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "procmesh-go-sidecar: cannot listen on %s: %v\n", *listen, err)
+		fmt.Fprintf(os.Stderr, "go-sidecar: cannot listen on %s: %v\n", *listen, err)
 		os.Exit(2)
 	}
 	defer cleanup()

@@ -24,7 +24,7 @@ BUILD = REPO / "examples" / "go" / "build.sh"
 
 
 def go_sidecar(binary: Path, address: str, log_path: Path, *args: str) -> SidecarProcess:
-    """`procmesh-go-sidecar --listen ADDRESS ARGS` as a SidecarProcess (started, not yet waited for)."""
+    """`go-sidecar --listen ADDRESS ARGS` as a SidecarProcess (started, not yet waited for)."""
     proc = SidecarProcess([], address, log_path=str(log_path))
     proc.args = [str(binary), "--listen", address, *args]
     proc.start()
@@ -45,7 +45,7 @@ def go_binary(socket_dir: Path) -> Path:
     for program in ("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc"):
         require(program)
     require_sources()
-    out = socket_dir / "procmesh-go-sidecar"
+    out = socket_dir / "go-sidecar"
     proc = subprocess.run(
         ["sh", str(BUILD), str(out)], capture_output=True, text=True, timeout=540, check=False, env=os.environ
     )

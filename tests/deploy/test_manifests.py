@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import shutil
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -18,12 +20,15 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no type info
 import pytest
 import yaml
 
+import procmesh
 from procmesh_orchestrator.app import DEFAULT_ERROR_PROCESSORS
+from procmesh_orchestrator.cli.pod.manifests import render
 from procmesh_orchestrator.config import BUILTINS, WorkflowRef, parse_config, workflow_refs
 from procmesh_sidecars.__main__ import SETS
 from tests.deploy.support import (
     DOCKERFILE,
     IMAGE,
+    K8S,
     OVERLAYS,
     Obj,
     console_scripts,
@@ -118,7 +123,9 @@ def _validate(obj: Obj) -> None:
 def test_every_object_validates_against_the_kubernetes_schemas(overlay: str) -> None:
     objects = rendered(overlay)
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "ConfigMap", "Service", "PodDisruptionBudget", "ServiceMonitor"} <= kinds
+    assert {"Deployment", "ConfigMap", "Service", "PodDisruptionBudget", "ServiceAccount"} <= kinds
+    # prod opts into the Prometheus Operator's ServiceMonitor; dev applies on a plain cluster.
+    assert ("ServiceMonitor" in kinds) == (overlay == "prod")
     for obj in objects:
         try:
             _validate(obj)
@@ -132,7 +139,7 @@ def test_the_validation_rejects_a_typo_and_an_unknown_field() -> None:
     deployment["spec"]["template"]["spec"]["initContainers"][0]["startupProbe"]["grpc"]["prot"] = 9101
     with pytest.raises(kubernetes_validate.ValidationError, match="prot"):
         _validate(deployment)
-    monitor = copy.deepcopy(one(rendered("dev"), "ServiceMonitor"))
+    monitor = copy.deepcopy(one(rendered("prod"), "ServiceMonitor"))
     monitor["spec"]["endpoints"][0]["intervall"] = "30s"
     with pytest.raises(jsonschema.ValidationError, match="intervall"):
         _validate(monitor)
@@ -298,17 +305,9 @@ def test_service_budget_autoscaler_and_network_policy_fit_the_pod(overlay: str) 
         assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_metrics_are_scraped_by_annotations_and_a_service_monitor(overlay: str) -> None:
-    objects = rendered(overlay)
-    deployment = one(objects, "Deployment")
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+def _check_service_monitor(objects: list[Obj]) -> None:
+    """The ServiceMonitor scrapes, through the Service, exactly the pod's metrics ports."""
     orchestrator = pod_spec(objects)["containers"][0]
-    assert annotations == {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": flag_values(orchestrator["args"], "--http-port")[0],
-        "prometheus.io/path": "/metrics",
-    }
     service = one(objects, "Service")
     monitor = one(objects, "ServiceMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -320,6 +319,73 @@ def test_metrics_are_scraped_by_annotations_and_a_service_monitor(overlay: str) 
         int(p) for s in sidecars(objects) for p in flag_values(s["args"], "--metrics-port")
     }
     assert {container_ports[by_name[p]["targetPort"]] for p in scraped} == metrics_ports
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_metrics_are_scraped_by_annotations_and_a_service_monitor(overlay: str) -> None:
+    objects = rendered(overlay)
+    deployment = one(objects, "Deployment")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    orchestrator = pod_spec(objects)["containers"][0]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": flag_values(orchestrator["args"], "--http-port")[0],
+        "prometheus.io/path": "/metrics",
+    }
+    if overlay == "prod":
+        _check_service_monitor(objects)
+
+
+def test_the_service_monitor_component_opts_the_dev_overlay_in(tmp_path: Path) -> None:
+    # What the dev overlay's closing comment (and docs/deploy.md) tells a cluster with the Operator.
+    shutil.copytree(K8S, tmp_path / "k8s")
+    dev = tmp_path / "k8s" / "overlays" / "dev" / "kustomization.yaml"
+    text = dev.read_text(encoding="utf-8")
+    component = "../../components/servicemonitor"
+    opted_in = text.replace(f"# components:\n#   - {component}", f"components:\n  - {component}")
+    assert opted_in != text, "the dev overlay no longer shows how to opt in"
+    dev.write_text(opted_in, encoding="utf-8")
+    objects = render(dev.parent)
+    _check_service_monitor(objects)
+    monitor = one(objects, "ServiceMonitor")
+    jsonschema.validate(monitor, SERVICE_MONITOR_SCHEMA)
+    assert monitor["metadata"]["namespace"] == "procmesh-dev"
+
+
+RECOMMENDED = ("name", "instance", "version", "part-of", "managed-by")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_carries_the_recommended_labels(overlay: str) -> None:
+    objects = rendered(overlay)
+    for obj in objects:
+        labels = obj["metadata"].get("labels", {})
+        missing = [k for k in RECOMMENDED if f"app.kubernetes.io/{k}" not in labels]
+        assert not missing, f"{obj['kind']} {obj['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/part-of"] == "procmesh"
+        assert labels["app.kubernetes.io/managed-by"] == "kustomize"
+    deployment = one(objects, "Deployment")
+    template = deployment["spec"]["template"]["metadata"]["labels"]
+    assert {f"app.kubernetes.io/{k}" for k in RECOMMENDED} <= template.keys()
+    assert template["app.kubernetes.io/component"] == "agent-server"
+    # Selectors hold only what never changes in place: name and instance.
+    assert set(deployment["spec"]["selector"]["matchLabels"]) == {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+    }
+    if overlay == "prod":  # the version label is the image's tag and the packages' version
+        image = pod_spec(objects)["containers"][0]["image"]
+        assert template["app.kubernetes.io/version"] == image.rpartition(":")[2] == procmesh.__version__
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pod_runs_as_its_own_service_account_without_a_token(overlay: str) -> None:
+    objects = rendered(overlay)
+    account = one(objects, "ServiceAccount")
+    spec = pod_spec(objects)
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

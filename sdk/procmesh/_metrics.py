@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from procmesh._version import __version__
 
@@ -38,16 +38,13 @@ class SidecarMetrics:
         )
         # CPU, memory, open fds, start time: what a pod's dashboard shows next to the hooks.
         ProcessCollector(registry=registry)
-        self.build = Info(
-            "procmesh_sidecar_build",
+        # A gauge at 1 rather than an Info: the same name and type as the Node SDK's (prom-client has
+        # no Info), so a query over sidecars of both languages needs no special case.
+        self.build = Gauge(
+            "procmesh_sidecar_build_info",
             "The SDK serving this sidecar: language, version, runtime.",
+            ["sdk", "version", "runtime", "grpc"],
             registry=registry,
         )
-        self.build.info(
-            {
-                "sdk": "python",
-                "version": __version__,
-                "runtime": f"{platform.python_implementation()} {platform.python_version()}",
-                "grpc": grpc.__version__,
-            }
-        )
+        runtime = f"{platform.python_implementation()} {platform.python_version()}"
+        self.build.labels("python", __version__, runtime, grpc.__version__).set(1)

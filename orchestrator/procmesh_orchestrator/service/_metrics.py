@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -70,10 +70,13 @@ class ServiceMetrics:
             registry=self.registry,
         )
         runtime = f"{platform.python_implementation()} {platform.python_version()}"
-        build = Info(
-            "procmesh_orchestrator_build", "The orchestrator's version and runtime.", registry=self.registry
+        build = Gauge(
+            "procmesh_orchestrator_build_info",
+            "The orchestrator's version and runtime (always 1).",
+            ["version", "runtime"],
+            registry=self.registry,
         )
-        build.info({"version": __version__, "runtime": runtime})
+        build.labels(__version__, runtime).set(1)
         self.inflight = Gauge(
             "procmesh_inflight_runs", "Agent runs in flight (HTTP and gRPC).", registry=self.registry
         )

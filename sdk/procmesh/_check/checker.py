@@ -33,8 +33,19 @@ from procmesh.v1 import types_pb2 as tpb
 class SidecarChecker(ProcessorChecks):
     """Runs every check against one sidecar address and fills a `Report`."""
 
+    credentials: grpc.ChannelCredentials | None = None
+    """TLS (and mTLS) to the sidecar; plaintext when None."""
+    server_name: str | None = None
+    """The name to verify in the sidecar's certificate (default: the address's host)."""
+
+    def channel(self) -> grpc.aio.Channel:
+        if self.credentials is None:
+            return grpc.aio.insecure_channel(self.address)
+        options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+        return grpc.aio.secure_channel(self.address, self.credentials, options=options)
+
     async def run(self) -> None:
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with self.channel() as channel:
             self.stub = pgrpc.ProcessorServiceStub(channel)
             self.health = health_pb2_grpc.HealthStub(channel)
             try:
@@ -172,11 +183,14 @@ async def check(
     processor_options: Mapping[str, dict[str, Any]] | None = None,
     timeout: float = 5.0,
     wait: float = 10.0,
+    credentials: grpc.ChannelCredentials | None = None,
+    server_name: str | None = None,
     out: TextIO = sys.stdout,
 ) -> Report:
     """Run every check against the sidecar at `address`; the report's lines are printed to `out`.
 
     `options` go to every processor that `processor_options` (options by processor id) does not name.
+    With `credentials` the checker connects over TLS, verifying `server_name` when given.
     """
     report = Report(out)
     checker = SidecarChecker(
@@ -188,6 +202,8 @@ async def check(
         timeout=timeout,
         wait=wait,
     )
+    checker.credentials = credentials
+    checker.server_name = server_name
     await checker.run()
     out.write(report.summary() + "\n")
     return report

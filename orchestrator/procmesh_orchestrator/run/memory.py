@@ -61,7 +61,7 @@ class AgentMemory:
     last_messages: int = 10
     """The window: how many of the thread's most recent stored messages a run loads."""
     store_name: str = "memory store"
-    """How errors name the store (``sqlite /var/lib/procmesh/memory.db``; never a password)."""
+    """How errors name the store (``sqlite:/var/lib/procmesh/memory.db``; never a password)."""
 
     def for_call(self, thread_id: str, resource_id: str) -> CallMemory | None:
         """The memory processors of one call; None without a thread (neither loads nor saves)."""

@@ -24,8 +24,6 @@ def _error_defaults(args: argparse.Namespace) -> list[Processor]:
 def _scripted(args: argparse.Namespace) -> list[Processor]:
     from procmesh_sidecars import scripted
 
-    if not args.scenario:
-        raise SystemExit("procmesh-sidecar scripted: --scenario FILE is required")
     with open(args.scenario, encoding="utf-8") as f:
         return scripted.scenario_processors(json.load(f))
 
@@ -79,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("names", nargs="+", choices=sorted(SETS), help="processor sets to serve")
     parser.add_argument("--scenario", help="scenario file (for 'scripted')")
     args = parser.parse_args(argv)
+    if "scripted" in args.names and not args.scenario:
+        parser.error("scripted: --scenario FILE is required")
     settings = settings_from_args(args)
     processors: list[Processor] = []
     for name in args.names:

@@ -62,8 +62,11 @@ class SidecarHealth:
         on_change: Callable[[bool], Awaitable[None]] | None = None,
         *,
         check_timeout: float = 1.0,
+        optional: frozenset[str] = frozenset(),
     ) -> None:
         self._clients = clients
+        self.optional = optional
+        """Sidecars that do not count for the verdict (`fail_open_sidecars`): down, they degrade runs."""
         self._interval = interval
         self._check_timeout = check_timeout
         self._on_change = on_change
@@ -77,9 +80,15 @@ class SidecarHealth:
         return {name: status for name, status in self.statuses.items() if status != SERVING}
 
     @property
+    def blocking(self) -> dict[str, str]:
+        """The sidecars not serving that take the orchestrator out of service (not `optional`)."""
+        return {name: status for name, status in self.not_serving.items() if name not in self.optional}
+
+    @property
     def serving(self) -> bool:
-        """True when every sidecar reported SERVING at the last poll."""
-        return not self.not_serving
+        """True when every sidecar that counts reported SERVING at the last poll (readiness and
+        the orchestrator's own grpc.health.v1 both follow this verdict)."""
+        return not self.blocking
 
     async def _check(self, name: str, client: ProcessorClient) -> str:
         try:
@@ -102,7 +111,7 @@ class SidecarHealth:
                     f"sidecar {n} ({self._clients[n].address}) is {s}" for n, s in sorted(after.items())
                 ),
             )
-        serving = not after
+        serving = self.serving
         if serving != self._serving:
             if serving and self._serving is not None:
                 log.info("every sidecar is SERVING again")

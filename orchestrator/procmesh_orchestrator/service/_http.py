@@ -35,7 +35,6 @@ from procmesh_orchestrator.service._errors import (
     TooLargeError,
     UnsupportedMediaTypeError,
 )
-from procmesh_orchestrator.service._health import fail_open_sidecars
 from procmesh_orchestrator.service._logs import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -242,7 +241,6 @@ async def _read_json(request: Request, limit: int, timeout: float) -> Any:
 def build_http_app(service: Service) -> ASGIApp:
     """The ASGI app of the HTTP API, bound to a running `Service`."""
     settings = service.settings
-    fail_open = fail_open_sidecars(service.app.config)
 
     def agent_info(agent_id: str) -> dict[str, Any]:
         spec = service.app.agents[agent_id].spec
@@ -310,7 +308,7 @@ def build_http_app(service: Service) -> ASGIApp:
         not_serving = service.health.not_serving
         # A fail-open sidecar that is down degrades runs, it does not fail them: the pod stays in
         # its Service, and the response names it.
-        blocking = {n: s for n, s in not_serving.items() if n not in fail_open}
+        blocking = service.health.blocking
         if blocking:
             names = ", ".join(f"{n} is {s}" for n, s in sorted(blocking.items()))
             return json_response(

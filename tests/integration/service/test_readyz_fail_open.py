@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
 from procmesh_orchestrator.config import parse_config
@@ -59,6 +61,11 @@ async def test_a_fail_open_sidecar_down_leaves_the_pod_ready(
         assert ready.status_code == 200
         assert ready.json()["status"] == "ready"
         assert ready.json()["degraded"] == {"optional": "UNREACHABLE"}
+        # The orchestrator's own grpc.health.v1 follows the same verdict as /readyz.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            status = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
         assert (await http.post("/api/agents/assistant/generate", json={"messages": "hi"})).status_code == 200
         assert (await http.get("/api/agents/nobody")).status_code == 404
 

@@ -1,7 +1,12 @@
 """`token-limiter`: keeps the prompt within a token budget; truncates or stops over-long output.
 
 Input lane (``processLLMRequest``): trims the provider prompt for this call only
-(stored history untouched). System messages are always kept; the rest is kept
+(stored history untouched). With ``trim_mode: memory-only`` it trims nothing there and
+instead, in ``processInput``, drops the oldest loaded memory history (whole tool-linked
+groups, never this call's input) until the messages fit ``limit - at_max_remove_tokens``.
+Loaded history is recognised by its ``threadId``: the store stamps it on every message it
+saves (store contract, ``save_turn``) and the run never sets it on a call's input, which
+comes after the history (SPEC §2). System messages are always kept; the rest is kept
 newest first, an assistant message travels with the tool message(s) answering
 its calls, and this run's tool calls and results are never dropped. When
 nothing fits, the run ends with a tripwire that says why.
@@ -43,9 +48,9 @@ class TokenLimiterOptions(BaseModel):
     """Output: count from the start of the stream, or each chunk on its own."""
     trim_mode: Literal["best-fit", "contiguous", "memory-only"] = "best-fit"
     """Prompt: `best-fit` keeps trying older messages after one does not fit, `contiguous` stops
-    at the first; `memory-only` trims remembered history only (procmesh has no memory yet: no-op)."""
+    at the first; `memory-only` trims loaded memory history only (in processInput, oldest first)."""
     at_max_remove_tokens: int | None = Field(default=None, ge=0)
-    """`memory-only`: tokens to free below the limit (default limit * 0.25). Accepted, unused."""
+    """`memory-only`: once over the limit, trim to this many tokens below it (default limit * 0.25)."""
     token_counter: CounterName = "tiktoken"
     """`tiktoken` counts real token ids; `estimate` is the reference's cheap heuristic."""
     encoding: EncodingName = "o200k_base"
@@ -74,6 +79,13 @@ class TokenLimiter(Processor):
         return self._counters[key]
 
     # -- prompt ---------------------------------------------------------------------------
+
+    async def process_input(
+        self, messages: list[Message], system_messages: list[Message], options: TokenLimiterOptions
+    ) -> list[Message] | None:
+        if options.trim_mode != "memory-only":
+            return None
+        return trim_memory(messages, system_messages, options, self.counter(options))
 
     async def process_llm_request(
         self, prompt: list[PromptMessage], options: TokenLimiterOptions, state: dict[str, Any], abort: Any
@@ -341,3 +353,65 @@ def trim_prompt(
         return None
     kept_indexes = {i for g in keep for i in groups[g]}
     return {"prompt": [m for i, m in enumerate(prompt) if m.get("role") == "system" or i in kept_indexes]}
+
+
+def _db_as_prompt(msg: Message) -> PromptMessage:
+    """A stored (format 2) message in the prompt's shape, so both lanes count tokens alike."""
+    content = msg.get("content") or {}
+    if isinstance(content, str) or msg.get("role") == "system":
+        return {"role": msg.get("role", ""), "content": _text_of(content)}
+    parts: list[dict[str, Any]] = []
+    for part in content.get("parts") or []:
+        if part.get("type") != "tool-invocation":
+            parts.append(part)
+            continue
+        inv = part.get("toolInvocation") or {}
+        ids = {"toolCallId": inv.get("toolCallId"), "toolName": inv.get("toolName")}
+        parts.append({"type": "tool-call", **ids, "input": inv.get("args")})
+        if inv.get("state") == "result":
+            parts.append({"type": "tool-result", **ids, "output": inv.get("result")})
+    return {"role": msg.get("role", ""), "content": parts}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(str(p.get("text", "")) for p in content.get("parts") or [] if p.get("type") == "text")
+
+
+def _loaded_count(messages: list[Message]) -> int:
+    """How many leading messages are loaded history: those the store stamped with a thread, up to
+    (never including) the last user message, which is this call's question."""
+    count = 0
+    while count < len(messages) and messages[count].get("threadId"):
+        count += 1
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
+    return min(count, last_user)
+
+
+def trim_memory(
+    messages: list[Message],
+    system_messages: list[Message],
+    options: TokenLimiterOptions,
+    counter: TokenCounter,
+) -> list[Message] | None:
+    """`memory-only`: the loaded history, oldest first in tool-linked groups, goes until the messages
+    fit ``limit - at_max_remove_tokens``; None when they already fit the limit (or nothing is loaded)."""
+    costs = _Costs(counter)
+    loaded = _loaded_count(messages)
+    cost = [costs.message(_db_as_prompt(m)) for m in messages]
+    total = costs.per_conversation + sum(cost) + sum(costs.message(_db_as_prompt(m)) for m in system_messages)
+    if total <= options.limit or loaded == 0:
+        return None
+    free = options.at_max_remove_tokens
+    target = options.limit - (options.limit * 0.25 if free is None else free)
+    drop = 0
+    while drop < loaded and total > target:
+        calls = _tool_call_ids([_db_as_prompt(messages[drop])])
+        total -= cost[drop]
+        drop += 1
+        # A message answering a dropped call goes with it: never half a tool pair.
+        while drop < loaded and calls & _tool_call_ids([_db_as_prompt(messages[drop])]):
+            total -= cost[drop]
+            drop += 1
+    return messages[drop:] if drop else None

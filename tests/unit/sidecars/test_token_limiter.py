@@ -124,3 +124,53 @@ async def test_output_result_truncates_text_parts() -> None:
     assert out is not None
     assert [p["text"] for p in out[0]["content"]["parts"]] == ["one two", " three"]
     assert await TokenLimiter().process_output_result(messages, TokenLimiterOptions(limit=50), abort) is None
+
+
+def _db(msg_id: str, role: str, text: str, *, stored: bool, tool: str = "") -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if tool:
+        inv = {"state": "result", "toolCallId": tool, "toolName": "t", "args": {}, "result": "ok"}
+        parts.append({"type": "tool-invocation", "toolInvocation": inv})
+    msg: dict[str, Any] = {"id": msg_id, "role": role, "content": {"format": 2, "parts": parts}}
+    if stored:  # what the store stamps on every message it saved
+        msg["threadId"], msg["resourceId"] = "t1", "u1"
+    return msg
+
+
+async def memory_only(messages: list[dict[str, Any]], **opts: Any) -> list[str] | None:
+    out = await TokenLimiter().process_input(
+        messages, [], TokenLimiterOptions(token_counter="estimate", trim_mode="memory-only", **opts)
+    )
+    return None if out is None else [m["id"] for m in out]
+
+
+async def test_memory_only_drops_oldest_loaded_history_and_never_the_input() -> None:
+    words = " ".join(["lorem"] * 40)
+    history = [_db(f"h{i}", "user" if i % 2 == 0 else "assistant", words, stored=True) for i in range(6)]
+    question = _db("q", "user", words, stored=False)
+    assert await memory_only([*history, question], limit=10_000) is None  # fits: untouched
+    kept = await memory_only([*history, question], limit=150)
+    assert kept is not None and kept[-1] == "q"
+    assert kept == [m["id"] for m in history[len(history) - len(kept) + 1 :]] + ["q"]  # a suffix: oldest go
+    # Even when nothing of the history fits, this call's input stays (memory-only trims memory only).
+    assert await memory_only([*history, question], limit=20) == ["q"]
+
+
+async def test_memory_only_keeps_tool_pairs_whole_and_frees_below_the_limit() -> None:
+    words = " ".join(["lorem"] * 40)
+    call_msg = _db("h0", "assistant", words, stored=True, tool="c1")
+    answer = {**_db("h1", "tool", words, stored=True, tool="c1")}
+    rest = [_db(f"h{i}", "user", words, stored=True) for i in range(2, 5)]
+    question = _db("q", "user", "hi", stored=False)
+    kept = await memory_only([call_msg, answer, *rest, question], limit=160, at_max_remove_tokens=0)
+    assert kept is not None and "h1" not in kept and "h0" not in kept  # the pair went together
+    more_room = await memory_only([call_msg, answer, *rest, question], limit=160, at_max_remove_tokens=100)
+    assert more_room is not None and len(more_room) < len(kept)
+
+
+async def test_other_modes_leave_process_input_alone() -> None:
+    history = [
+        _db("h0", "user", " ".join(["lorem"] * 400), stored=True),
+        _db("q", "user", "hi", stored=False),
+    ]
+    assert await TokenLimiter().process_input(history, [], TokenLimiterOptions(limit=10)) is None

@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
+from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
 from procmesh_orchestrator.run import RunStream
 from procmesh_orchestrator.service._calls import (
     dumps,
@@ -36,6 +36,7 @@ from procmesh_orchestrator.service._errors import (
     UnsupportedMediaTypeError,
 )
 from procmesh_orchestrator.service._logs import RateLimitedLog
+from procmesh_orchestrator.service._memory_api import memory_routes
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -182,10 +183,12 @@ class _Boundary:
                     if name == b"authorization":
                         authorization = value.decode("latin-1")
                 try:
-                    self._service.keys.check(authorization)
+                    bound = self._service.keys.check(authorization)
                 except ServiceError as exc:
                     await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
                     return
+                # the handlers read it as request.state.bound_resource (memory_scope, the memory API)
+                scope.setdefault("state", {})["bound_resource"] = bound
             await self._app(scope, receive, counting_send)
         except Exception as exc:
             # Starlette re-raises after its 500 handler ran (or the client left mid-stream): log
@@ -261,6 +264,7 @@ def build_http_app(service: Service) -> ASGIApp:
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             trust_request_context=settings.trust_request_context,
             limits=service.limits,
+            bound_resource=getattr(request.state, "bound_resource", None),
         )
         service.gate.enter()
         release = _releaser(service)
@@ -268,7 +272,11 @@ def build_http_app(service: Service) -> ASGIApp:
             started = time.perf_counter()
             try:
                 body = result_json(await agent.generate(call.input, call.options))
-            except (APICallError, ProcessorFailedError) as exc:
+            except (
+                APICallError,
+                ProcessorFailedError,
+                MemoryStoreError,
+            ) as exc:  # a store error names the store
                 body = failed_json(exc)
             log.info(
                 "generate agent=%s run=%s finish=%s %.3fs",
@@ -289,6 +297,7 @@ def build_http_app(service: Service) -> ASGIApp:
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             trust_request_context=settings.trust_request_context,
             limits=service.limits,
+            bound_resource=getattr(request.state, "bound_resource", None),
         )
         service.gate.enter()
         run = agent.stream(call.input, call.options)
@@ -331,6 +340,9 @@ def build_http_app(service: Service) -> ASGIApp:
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         return error_response(500, "internal error")  # _Boundary logs it
 
+    async def read_body(request: Request) -> Any:
+        return await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds)
+
     app = Starlette(
         routes=[
             Route("/api/agents", list_agents, methods=["GET"]),
@@ -340,6 +352,7 @@ def build_http_app(service: Service) -> ASGIApp:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
+            *memory_routes(service, read_body),
         ],
         exception_handlers={
             ServiceError: on_service_error,

@@ -27,6 +27,7 @@ from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.memory.conftest import Backend
+from tests.integration.service.support import stream_chunks
 
 pytestmark = pytest.mark.e2e
 
@@ -107,6 +108,22 @@ async def test_a_conversation_over_http_remembers_and_keeps_what_the_processors_
     thread = await _store(service).get_thread("t-ada")
     assert thread is not None
     assert thread.resource_id == "user-ada"
+
+
+async def test_a_store_that_went_down_fails_the_http_run_naming_the_store(service: Service) -> None:
+    await _store(service).close()  # the store goes away under a running service
+    memory = {"thread": {"id": "t-down"}, "resource": "user-ada"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}", timeout=20) as http:
+        response = await http.post(
+            "/api/agents/assistant/generate", json={"messages": "hi", "memory": memory}
+        )
+        assert response.status_code == 200, response.text  # a failed run, not a failed request
+        assert response.json()["finishReason"] == "error"
+        assert "memory store" in response.json()["error"]
+        chunks = await stream_chunks(http, "assistant", {"messages": "hi", "memory": memory})
+    errors = [c for c in chunks if isinstance(c, dict) and c["type"] == "error"]
+    assert len(errors) == 1
+    assert "memory store" in errors[0]["payload"]["message"]
 
 
 async def test_grpc_calls_name_their_thread_and_resource(service: Service) -> None:

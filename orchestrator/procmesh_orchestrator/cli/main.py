@@ -1,4 +1,4 @@
-"""The `procmesh` command: demo, generate, stream, scenario run, check-sidecar."""
+"""The `procmesh` command: demo, generate, stream, memory, scenario run, check-sidecar, pod."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from procmesh import __version__, configure_logging
+from procmesh_orchestrator.cli import memory
 from procmesh_orchestrator.errors import OrchestratorError
 
 
@@ -39,14 +40,17 @@ def _config_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
 
 
 async def _call(args: argparse.Namespace) -> int:
+    from procmesh_orchestrator import CallOptions
     from procmesh_orchestrator.app import App
     from procmesh_orchestrator.config import load_config
     from procmesh_orchestrator.service._calls import dumps, result_json, wire_chunk
 
+    # The command line is trusted as the Python API is: it names the thread and resource itself.
+    options = CallOptions(thread_id=args.thread or "", resource_id=args.resource or "")
     async with App(load_config(args.config)) as app:
         agent = app.agent(args.agent)
         if args.command == "generate":
-            result = await agent.generate(args.text)
+            result = await agent.generate(args.text, options)
             if args.json:  # the body POST /api/agents/{id}/generate answers
                 print(dumps(result_json(result)))
             else:
@@ -57,7 +61,7 @@ async def _call(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 0
-        stream = agent.stream(args.text)
+        stream = agent.stream(args.text, options)
         run_id = ""
         async for chunk in stream:
             if args.json:  # NDJSON: the chunks the HTTP stream sends as server-sent events
@@ -121,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             if name == "generate"
             else "print every chunk as one JSON object per line (NDJSON)",
         )
+        p.add_argument("--thread", help="the memory thread: load its history and save this turn to it")
+        p.add_argument("--resource", help="who the call is for (a user, an org); the thread belongs to it")
         p.set_defaults(func=lambda a: asyncio.run(_call(a)))
+    memory.add_parser(sub).set_defaults(func=lambda a: asyncio.run(memory.run(a)))
     # Listed for `procmesh --help` only: main() hands `check-sidecar ...` to the SDK's checker first.
     sub.add_parser(
         "check-sidecar",
@@ -155,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(check_sidecar(words[1:], prog="procmesh check-sidecar"))
     args = parser.parse_args(argv)
-    if args.command in ("generate", "stream"):
+    if args.command in ("generate", "stream", "memory"):
         args.config = _config_path(parser, args)
     try:
         configure_logging(args.log_level or "WARNING", args.log_format)

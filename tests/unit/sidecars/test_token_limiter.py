@@ -150,7 +150,8 @@ async def test_memory_only_drops_oldest_loaded_history_and_never_the_input() -> 
     question = _db("q", "user", words, stored=False)
     assert await memory_only([*history, question], limit=10_000) is None  # fits: untouched
     kept = await memory_only([*history, question], limit=150)
-    assert kept is not None and kept[-1] == "q"
+    assert kept is not None
+    assert kept[-1] == "q"
     assert kept == [m["id"] for m in history[len(history) - len(kept) + 1 :]] + ["q"]  # a suffix: oldest go
     # Even when nothing of the history fits, this call's input stays (memory-only trims memory only).
     assert await memory_only([*history, question], limit=20) == ["q"]
@@ -163,9 +164,12 @@ async def test_memory_only_keeps_tool_pairs_whole_and_frees_below_the_limit() ->
     rest = [_db(f"h{i}", "user", words, stored=True) for i in range(2, 5)]
     question = _db("q", "user", "hi", stored=False)
     kept = await memory_only([call_msg, answer, *rest, question], limit=160, at_max_remove_tokens=0)
-    assert kept is not None and "h1" not in kept and "h0" not in kept  # the pair went together
+    assert kept is not None
+    assert "h1" not in kept
+    assert "h0" not in kept
     more_room = await memory_only([call_msg, answer, *rest, question], limit=160, at_max_remove_tokens=100)
-    assert more_room is not None and len(more_room) < len(kept)
+    assert more_room is not None
+    assert len(more_room) < len(kept)
 
 
 async def test_other_modes_leave_process_input_alone() -> None:

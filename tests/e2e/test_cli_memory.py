@@ -1,0 +1,82 @@
+"""`procmesh generate|stream --thread --resource` and `procmesh memory` as real processes.
+
+Two calls on one thread through the command line, then the store read back with `procmesh memory`
+from the same config's `storage` section (SQLite under a data directory): both turns, in order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_cli import procmesh
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """\
+models:
+  demo:
+    provider: demo
+storage:
+  backend: sqlite
+  dataDir: {data_dir}
+agents:
+  chat:
+    model: demo
+    errorProcessorDefaults: false
+    memory: {{lastMessages: 10}}
+  forgetful:
+    model: demo
+    errorProcessorDefaults: false
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> str:
+    path = tmp_path / "procmesh.yaml"
+    path.write_text(CONFIG.format(data_dir=tmp_path / "data"), encoding="utf-8")
+    return str(path)
+
+
+def ok(*args: str) -> str:
+    proc = procmesh(*args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_two_calls_on_a_thread_are_stored_and_listed(config: str) -> None:
+    ok("generate", "chat", "first question", "--config", config, "--thread", "t1", "--resource", "alice")
+    ok("stream", "chat", "second question", "--config", config, "--thread", "t1", "--resource", "alice")
+    ok("generate", "chat", "no thread: not saved", "--config", config)
+
+    threads = [
+        json.loads(line)
+        for line in ok("memory", "threads", "--resource", "alice", "--config", config, "--json").splitlines()
+    ]
+    assert [(t["id"], t["resourceId"]) for t in threads] == [("t1", "alice")]
+    assert ok("memory", "threads", "--resource", "bob", "--config", config) == ""  # another's: nothing
+
+    lines = ok("memory", "messages", "t1", "--config", config, "--json").splitlines()
+    stored = [json.loads(line) for line in lines]
+    assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
+    texts = [p["text"] for m in stored for p in m["content"]["parts"] if p["type"] == "text"]
+    assert texts[0] == "first question"
+    assert texts[2] == "second question"
+    assert all(m["threadId"] == "t1" and m["resourceId"] == "alice" for m in stored)
+
+    text = ok("memory", "messages", "t1", "--last", "2", "--config", config)
+    assert [line.split("\t")[1] for line in text.splitlines()] == ["user", "assistant"]
+    assert "second question" in text
+    assert "first question" not in text
+
+
+def test_a_missing_thread_and_a_thread_without_resource_are_clear_errors(config: str) -> None:
+    proc = procmesh("memory", "messages", "nope", "--config", config)
+    assert proc.returncode == 1
+    assert "no thread 'nope'" in proc.stdout
+    proc = procmesh("generate", "chat", "hi", "--config", config, "--thread", "t1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "without a resource" in proc.stderr
+    assert "Traceback" not in proc.stderr

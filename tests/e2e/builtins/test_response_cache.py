@@ -17,6 +17,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.deps import require
@@ -149,6 +150,26 @@ async def test_scope_by_resource_id_explicit_scope_and_shared_null(address: str)
         assert (await call(app, "q", options=shared_alice)).result.text == "third answer"
         assert (await call(app, "q", options=shared_bob)).result.text == "third answer"
         assert len(model_requests(app)) == 3
+
+
+async def test_default_scope_is_the_memory_resource(address: str, tmp_path: Path) -> None:
+    # The resource a memory call names (CallOptions.resource_id, the HTTP body's memory.resource)
+    # scopes the cache with no option set: one user's cached answer never reaches another.
+    config = make_config(address, input_processors=[ref("response-cache")], responses=RESPONSES)
+    agent = config.agents["a"].model_copy(update={"memory": AgentMemoryConfig()})
+    config = config.model_copy(
+        update={"agents": {"a": agent}, "storage": StorageConfig(path=str(tmp_path / "memory.db"))}
+    )
+
+    def on(thread: str, resource: str) -> CallOptions:
+        return CallOptions(thread_id=thread, resource_id=resource)
+
+    # (the sidecar's cache lives as long as this module's sidecar: the names are this test's own)
+    async with App(config) as app:
+        assert (await call(app, "memory q", options=on("a1", "m-alice"))).result.text == "first answer"
+        assert (await call(app, "memory q", options=on("b1", "m-bob"))).result.text == "second answer"
+        assert (await call(app, "memory q", options=on("a2", "m-alice"))).result.text == "first answer"  # hit
+        assert len(model_requests(app)) == 2
 
 
 async def test_every_step_of_a_tool_loop_is_cached(address: str) -> None:

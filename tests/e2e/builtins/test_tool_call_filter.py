@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
+from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.builtins.harness import make_config, ref, run, start
+from tests.e2e.builtins.harness import call, make_config, ref, run, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -92,7 +97,7 @@ async def test_preserve_model_output_keeps_a_compact_result_never_args(address: 
 
 
 TOOLS = {"lookup": {"description": "Look something up.", "result": {"found": True}}}
-LOOP = [
+LOOP: list[dict[str, Any]] = [
     {"toolCalls": [{"name": "lookup", "args": {"q": "a"}}]},
     {"toolCalls": [{"name": "lookup", "args": {"q": "b"}}]},
     {"text": "done"},
@@ -124,3 +129,34 @@ async def test_filter_after_tool_steps(address: str, keep: int, expected: list[s
     )
     out = await run(cfg, "go")
     assert tool_ids(out.requests[2].prompt) == expected
+
+
+async def test_with_memory_the_prompt_is_filtered_and_the_stored_history_is_not(
+    address: str, tmp_path: Path
+) -> None:
+    responses: list[dict[str, Any]] = [LOOP[0], {"text": "first answer"}, {"text": "second answer"}]
+    cfg = make_config(address, input_processors=[ref("tool-call-filter")], responses=responses, tools=TOOLS)
+    agent = cfg.agents["a"].model_copy(update={"memory": AgentMemoryConfig(last_messages=20)})
+    cfg = cfg.model_copy(
+        update={"agents": {"a": agent}, "storage": StorageConfig(path=str(tmp_path / "memory.db"))}
+    )
+    on_thread = CallOptions(thread_id="t1", resource_id="alice")
+    async with App(cfg) as app:
+        first = await call(app, "look a up", options=on_thread)
+        assert first.result.text == "first answer"
+        second = await call(app, "and now?", options=on_thread)
+        assert app.store is not None
+        stored = await app.store.messages("t1")
+    # The second turn's prompt holds the loaded history, minus its tool call and result ...
+    prompt = second.requests[0].prompt
+    assert "look a up" in json.dumps(prompt)
+    assert tool_ids(prompt) == []
+    # ... while the store keeps the first turn whole: the call with its result.
+    invocations = [
+        (p["toolInvocation"]["toolName"], p["toolInvocation"]["state"])
+        for m in stored
+        for p in m["content"]["parts"]
+        if p["type"] == "tool-invocation"
+    ]
+    assert invocations == [("lookup", "result")]
+    assert stored[0]["role"] == "user"

@@ -1,0 +1,231 @@
+"""The memory HTTP API (/api/memory/*) on both real stores, as @mastra/client-js calls it.
+
+Keys are bound to resources (``PROCMESH_API_KEYS`` entries ``key=resource``): a caller sees its own
+resource's threads only, and another resource's thread answers 404 exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from pydantic import SecretStr
+
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.run.messages import message_text
+from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.service._auth import split_binding
+from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.memory.conftest import Backend, backend, postgres_dsn  # noqa: F401
+from tests.integration.service.support import demo_answer
+
+pytestmark = pytest.mark.asyncio
+
+ADA = {"Authorization": "Bearer key-ada"}
+BOB = {"Authorization": "Bearer key-bob"}
+UNBOUND = {"Authorization": "Bearer key-admin"}
+
+
+def _config(db: Backend) -> dict[str, Any]:
+    storage = (
+        {"backend": "sqlite", "path": db.location}
+        if db.name == "sqlite"
+        else {"backend": "postgres", "dsn": db.location}
+    )
+    return {
+        "storage": storage,
+        "models": {"demo": {"provider": "demo"}},
+        "agents": {
+            "assistant": {"model": "demo", "errorProcessorDefaults": False, "memory": {"lastMessages": 10}},
+            "plain": {"model": "demo", "errorProcessorDefaults": False},
+        },
+    }
+
+
+@pytest_asyncio.fixture
+async def service(backend: Backend) -> AsyncIterator[Service]:  # noqa: F811
+    keys = [SecretStr(k) for k in ("key-admin", "key-ada=user-ada", "key-bob=user-bob")]
+    settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=keys)
+    async with Service(settings, parse_config(_config(backend))) as svc:
+        yield svc
+
+
+@pytest_asyncio.fixture
+async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}", timeout=20) as client:
+        yield client
+
+
+async def _create(http: httpx.AsyncClient, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+    response = await http.post("/api/memory/threads?agentId=assistant", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+async def test_a_thread_lives_through_create_get_update_generate_list_and_delete(
+    http: httpx.AsyncClient,
+) -> None:
+    created = await _create(http, ADA, threadId="t-1", title="First", metadata={"topic": "names"})
+    assert created["id"] == "t-1"
+    assert created["resourceId"] == "user-ada"
+    assert created["title"] == "First"
+    assert created["createdAt"].endswith("Z")
+    got = await http.get("/api/memory/threads/t-1?agentId=assistant", headers=ADA)
+    assert got.json() == created
+    patched = await http.patch(
+        "/api/memory/threads/t-1?agentId=assistant", json={"title": "Renamed"}, headers=ADA
+    )
+    assert patched.json()["title"] == "Renamed"
+    assert patched.json()["metadata"] == {"topic": "names"}
+    for text in ("My name is Ada.", "What did I say?"):
+        run = await http.post(
+            "/api/agents/assistant/generate",
+            json={"messages": text, "memory": {"thread": "t-1"}},
+            headers=ADA,
+        )
+        assert run.json()["text"] == demo_answer(text)
+    listed = await http.get("/api/memory/threads/t-1/messages?agentId=assistant", headers=ADA)
+    body = listed.json()
+    assert [(m["role"], message_text(m)) for m in body["messages"]] == [
+        ("user", "My name is Ada."),
+        ("assistant", demo_answer("My name is Ada.")),
+        ("user", "What did I say?"),
+        ("assistant", demo_answer("What did I say?")),
+    ]
+    assert body["total"] == 4
+    assert body["hasMore"] is False
+    assert len(body["uiMessages"]) == 4
+    page = await http.get("/api/memory/threads/t-1/messages?perPage=3&page=1", headers=ADA)
+    assert [message_text(m) for m in page.json()["messages"]] == [demo_answer("What did I say?")]
+    threads = (await http.get("/api/memory/threads?agentId=assistant", headers=ADA)).json()
+    assert [t["id"] for t in threads["threads"]] == ["t-1"]
+    assert threads["total"] == 1
+    deleted = await http.delete("/api/memory/threads/t-1?agentId=assistant", headers=ADA)
+    assert deleted.json() == {"result": "Thread deleted"}
+    assert (await http.get("/api/memory/threads/t-1", headers=ADA)).status_code == 404
+
+
+async def test_another_resource_never_reads_lists_or_writes_a_thread(http: httpx.AsyncClient) -> None:
+    await _create(http, ADA, threadId="t-ada")
+    await http.post(
+        "/api/agents/assistant/generate", json={"messages": "secret", "threadId": "t-ada"}, headers=ADA
+    )
+    q = "?agentId=assistant"
+    attempts = [
+        await http.get(f"/api/memory/threads/t-ada{q}", headers=BOB),
+        await http.get(f"/api/memory/threads/t-ada/messages{q}", headers=BOB),
+        await http.patch(f"/api/memory/threads/t-ada{q}", json={"title": "mine"}, headers=BOB),
+        await http.delete(f"/api/memory/threads/t-ada{q}", headers=BOB),
+        await http.get(f"/api/memory/threads{q}&resourceId=user-ada", headers=BOB),
+        await http.post(f"/api/memory/threads{q}", json={"threadId": "t-ada"}, headers=BOB),
+        await http.post(
+            f"/api/memory/save-messages{q}",
+            json={"messages": [{"role": "user", "content": "x", "threadId": "t-ada"}]},
+            headers=BOB,
+        ),
+    ]
+    assert [a.status_code for a in attempts] == [404] * len(attempts), [a.text for a in attempts]
+    # the same answer as for a thread that does not exist
+    assert attempts[0].json() == {"error": "no thread 't-ada'"}
+    assert (await http.get("/api/memory/threads/missing", headers=BOB)).json() == {
+        "error": "no thread 'missing'"
+    }
+    assert (await http.get(f"/api/memory/threads{q}", headers=BOB)).json()["threads"] == []
+    # and Ada's thread is as she left it
+    messages = (await http.get(f"/api/memory/threads/t-ada/messages{q}", headers=ADA)).json()["messages"]
+    assert [message_text(m) for m in messages] == ["secret", demo_answer("secret")]
+    refused = await http.post(
+        "/api/agents/assistant/generate",
+        json={"messages": "hi", "memory": {"thread": "t-ada", "resource": "user-ada"}},
+        headers=BOB,
+    )
+    assert refused.status_code == 400
+
+
+async def test_saved_messages_are_listed_and_a_retried_save_does_not_duplicate(
+    http: httpx.AsyncClient,
+) -> None:
+    messages = [
+        {"id": "m-1", "role": "user", "content": "Hello", "threadId": "t-s"},
+        {
+            "id": "m-2",
+            "role": "assistant",
+            "content": {"format": 2, "parts": [{"type": "text", "text": "Hi!"}]},
+            "threadId": "t-s",
+        },
+    ]
+    for _ in range(2):
+        saved = await http.post(
+            "/api/memory/save-messages?agentId=assistant", json={"messages": messages}, headers=ADA
+        )
+        assert saved.status_code == 200, saved.text
+    assert [m["id"] for m in saved.json()["messages"]] == ["m-1", "m-2"]
+    listed = (await http.get("/api/memory/threads/t-s/messages", headers=ADA)).json()
+    assert [(m["id"], message_text(m)) for m in listed["messages"]] == [("m-1", "Hello"), ("m-2", "Hi!")]
+    thread = (await http.get("/api/memory/threads/t-s", headers=ADA)).json()
+    assert thread["resourceId"] == "user-ada"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/memory/threads/bad%01id",
+        "/api/memory/threads/" + "x" * 300,
+        "/api/memory/threads/t/messages?page=-1",
+        "/api/memory/threads?perPage=0",
+        "/api/memory/threads/t/messages?orderBy=notjson",
+    ],
+)
+async def test_malformed_ids_and_parameters_are_400(http: httpx.AsyncClient, path: str) -> None:
+    response = await http.get(path, headers=ADA)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]
+
+
+async def test_status_config_and_agents_without_memory(http: httpx.AsyncClient) -> None:
+    status = await http.get("/api/memory/status?agentId=assistant", headers=ADA)
+    assert status.json() == {"result": True, "memoryType": "local"}
+    assert (await http.get("/api/memory/status?agentId=plain", headers=ADA)).json()["result"] is False
+    config = await http.get("/api/memory/config?agentId=assistant", headers=ADA)
+    assert config.json()["config"] == {"lastMessages": 10}
+    assert (await http.get("/api/memory/threads?agentId=plain", headers=ADA)).status_code == 404
+    assert (await http.get("/api/memory/threads?agentId=nobody", headers=ADA)).status_code == 404
+    assert (await http.post("/api/memory/threads", json={}, headers=ADA)).status_code == 400
+
+
+async def test_a_caller_without_a_resource_sees_no_memory(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/api/memory/threads")).status_code == 401
+    unbound = await http.get("/api/memory/threads?resourceId=user-ada", headers=UNBOUND)
+    assert unbound.status_code == 403
+    assert "key=resource" in unbound.json()["error"]
+
+
+async def test_a_store_that_is_down_is_503(service: Service, http: httpx.AsyncClient) -> None:
+    assert service.app.store is not None
+    await service.app.store.close()
+    for response in (
+        await http.get("/api/memory/threads", headers=ADA),
+        await http.get("/api/memory/threads/t-1", headers=ADA),
+        await http.post("/api/memory/threads?agentId=assistant", json={"threadId": "t-9"}, headers=ADA),
+    ):
+        assert response.status_code == 503, response.text
+        assert "memory store" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "split"),
+    [
+        ("key-ada=user-ada", ("key-ada", "user-ada")),
+        ("plain-key", ("plain-key", None)),
+        ("c2VjcmV0==", ("c2VjcmV0==", None)),  # base64 padding is no binding
+        ("c2VjcmV0==user-1", ("c2VjcmV0=", "user-1")),
+    ],
+)
+async def test_a_key_entry_binds_a_resource_after_its_last_equals_sign(
+    entry: str, split: tuple[str, str | None]
+) -> None:
+    assert split_binding(entry) == split

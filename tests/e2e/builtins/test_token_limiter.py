@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError
+from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.builtins.harness import call, make_config, prompt_texts, ref, run, start
 
@@ -169,3 +173,25 @@ async def test_invalid_options_are_refused(address: str) -> None:
     with pytest.raises((ConfigError, ProcessorFailedError), match="token-limiter") as info:
         await run(cfg)
     assert "limit" in str(info.value)
+
+
+async def test_memory_only_trims_the_loaded_history_and_never_the_store(address: str, tmp_path: Path) -> None:
+    limiter = ref("token-limiter", limit=200, trim_mode="memory-only", token_counter="estimate")
+    responses: list[dict[str, Any]] = [{"text": f"answer {n} " + "lorem " * 30} for n in range(4)]
+    config = make_config(address, input_processors=[limiter], responses=responses)
+    agent = config.agents["a"].model_copy(update={"memory": AgentMemoryConfig(last_messages=20)})
+    config = config.model_copy(
+        update={"agents": {"a": agent}, "storage": StorageConfig(path=str(tmp_path / "memory.db"))}
+    )
+    on_thread = CallOptions(thread_id="t1", resource_id="alice")
+    async with App(config) as app:
+        for n in range(3):
+            await call(app, f"question {n} " + "ipsum " * 30, options=on_thread)
+        last = await call(app, "question 3, short", options=on_thread)
+        assert app.store is not None
+        stored = await app.store.messages("t1")
+    texts = prompt_texts(last.requests[0])
+    assert texts[-1] == "question 3, short"  # this call's input is never trimmed
+    assert not any(t.startswith("question 0") for t in texts)  # the oldest history went first
+    assert any(t.startswith("answer 2") for t in texts)  # the newest stayed
+    assert len(stored) == 8  # the store keeps everything: memory-only trims the prompt's copy

@@ -91,7 +91,10 @@ async def test_system_messages_alone_over_the_limit(address: str) -> None:
 
 async def test_this_runs_tool_calls_and_results_are_kept_as_pairs(address: str) -> None:
     tools = {"lookup": {"description": "Look up a fact.", "result": {"fact": "plums are purple " * 20}}}
-    responses = [{"toolCalls": [{"name": "lookup", "args": {"q": "plums"}}]}, {"text": "Purple."}]
+    responses: list[dict[str, Any]] = [
+        {"toolCalls": [{"name": "lookup", "args": {"q": "plums"}}]},
+        {"text": "Purple."},
+    ]
     cfg = make_config(
         address, input_processors=[ref("token-limiter", limit=230)], responses=responses, tools=tools
     )

@@ -10,6 +10,8 @@ exist (404), so a caller learns nothing about other resources' threads, not even
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import uuid
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 
+RESOURCE_ID_KEY = "mastra__resourceId"
+"""The request-context key a trusted layer sets to say whose memory a request is (the reference's)."""
 DEFAULT_MESSAGES_PER_PAGE = 40
 """The reference server's page of messages when the client names none."""
 DEFAULT_THREADS_PER_PAGE = 100
@@ -87,6 +91,20 @@ def _json_param(request: Request, name: str) -> Any:
         return json.loads(raw)
     except ValueError:
         raise BadRequestError(f"{name}: must be JSON") from None
+
+
+def _request_context(request: Request) -> dict[str, Any]:
+    """The ``requestContext`` query parameter as client-js sends it: base64 of its JSON."""
+    raw = request.query_params.get("requestContext")
+    if not raw:
+        return {}
+    try:
+        context = json.loads(base64.b64decode(raw, validate=True))
+    except (ValueError, binascii.Error):
+        raise BadRequestError("requestContext: must be base64 of a JSON object") from None
+    if not isinstance(context, dict):
+        raise BadRequestError("requestContext: must be base64 of a JSON object")
+    return context
 
 
 @contextlib.contextmanager
@@ -154,8 +172,15 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
                 raise MemoryNotFoundError(f"resource {label(claim)} is not this API key's")
             return store, bound
         if service.settings.trust_request_context:
+            # The reference server's reserved key, set by the trusted layer, wins over the request's claim.
+            context = _request_context(request).get(RESOURCE_ID_KEY)
+            if context is not None:
+                context = _check_id(f"requestContext.{RESOURCE_ID_KEY}", context)
+                if claim and claim != context:
+                    raise MemoryNotFoundError(f"resource {label(claim)} is not this caller's")
+                return store, context
             if not claim:
-                raise BadRequestError("resourceId: required (whose memory this is)")
+                raise BadRequestError(f"resourceId: required (or requestContext.{RESOURCE_ID_KEY})")
             return store, str(claim)
         raise MemoryForbiddenError(
             "the memory API needs the caller's resource: bind the API key to one (PROCMESH_API_KEYS entry "

@@ -6,6 +6,8 @@ resource's threads only, and another resource's thread answers 404 exactly like 
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -229,3 +231,39 @@ async def test_a_key_entry_binds_a_resource_after_its_last_equals_sign(
     entry: str, split: tuple[str, str | None]
 ) -> None:
     assert split_binding(entry) == split
+
+
+@pytest_asyncio.fixture
+async def trusting(backend: Backend) -> AsyncIterator[httpx.AsyncClient]:  # noqa: F811
+    """A server behind an authenticating proxy: it trusts the request's context and resource."""
+    settings = OrchestratorSettings(http_port=0, grpc_port=0, trust_request_context=True)
+    async with Service(settings, parse_config(_config(backend))) as svc:
+        url = f"http://127.0.0.1:{svc.http_port}"
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            yield client
+
+
+def _context(resource: str) -> str:
+    return base64.b64encode(json.dumps({"mastra__resourceId": resource}).encode()).decode()
+
+
+async def test_a_trusting_server_takes_the_resource_from_the_proxy_context(
+    trusting: httpx.AsyncClient,
+) -> None:
+    created = await trusting.post(
+        f"/api/memory/threads?agentId=assistant&requestContext={_context('user-ada')}",
+        json={"threadId": "t-p"},
+    )
+    assert created.json()["resourceId"] == "user-ada"
+    assert (
+        await trusting.get(f"/api/memory/threads/t-p?requestContext={_context('user-ada')}")
+    ).status_code == 200
+    assert (await trusting.get("/api/memory/threads/t-p?resourceId=user-ada")).status_code == 200
+    # the context wins over the request's claim, and another resource sees nothing
+    assert (
+        await trusting.get(f"/api/memory/threads/t-p?requestContext={_context('user-bob')}")
+    ).status_code == 404
+    claim = f"/api/memory/threads/t-p?resourceId=user-ada&requestContext={_context('user-bob')}"
+    assert (await trusting.get(claim)).status_code == 404
+    assert (await trusting.get("/api/memory/threads/t-p")).status_code == 400
+    assert (await trusting.get("/api/memory/threads/t-p?requestContext=%%%")).status_code == 400

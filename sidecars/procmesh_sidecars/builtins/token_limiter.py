@@ -24,7 +24,7 @@ import binascii
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from procmesh import Processor
 from procmesh_sidecars.builtins._common import Chunk, Message, PromptMessage, js_stringify, prompt_parts
@@ -55,6 +55,12 @@ class TokenLimiterOptions(BaseModel):
     """`tiktoken` counts real token ids; `estimate` is the reference's cheap heuristic."""
     encoding: EncodingName = "o200k_base"
     """The tiktoken encoding (`o200k_base` for GPT-4o and later, `cl100k_base` for GPT-4)."""
+
+    @model_validator(mode="after")
+    def _room(self) -> TokenLimiterOptions:
+        if self.at_max_remove_tokens is not None and self.at_max_remove_tokens > self.limit:
+            raise ValueError("at_max_remove_tokens cannot exceed limit (the reference refuses it too)")
+        return self
 
 
 class TokenLimiter(Processor):

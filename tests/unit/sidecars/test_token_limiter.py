@@ -61,7 +61,7 @@ async def test_assistant_and_tool_messages_are_dropped_together() -> None:
 
 
 async def test_this_runs_tool_calls_are_never_dropped() -> None:
-    state = {"historyToolCallIds": []}  # the first prompt had no tool calls: c1 is this run's
+    state: dict[str, Any] = {"historyToolCallIds": []}  # the first prompt had no tool calls: c1 is this run's
     prompt = [SYSTEM, user("old " * 30), user("ask"), call("c1", "lookup"), result("c1", "lookup", "z" * 300)]
     out = await request(prompt, state, limit=120)
     assert out is not None
@@ -178,3 +178,8 @@ async def test_other_modes_leave_process_input_alone() -> None:
         _db("q", "user", "hi", stored=False),
     ]
     assert await TokenLimiter().process_input(history, [], TokenLimiterOptions(limit=10)) is None
+
+
+def test_memory_only_room_cannot_exceed_the_limit() -> None:
+    with pytest.raises(ValueError, match="at_max_remove_tokens cannot exceed limit"):
+        TokenLimiterOptions(limit=10, trim_mode="memory-only", at_max_remove_tokens=11)

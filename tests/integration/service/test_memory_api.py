@@ -6,6 +6,7 @@ resource's threads only, and another resource's thread answers 404 exactly like 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -17,11 +18,13 @@ import pytest_asyncio
 from pydantic import SecretStr
 
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import split_binding
 from procmesh_orchestrator.settings import OrchestratorSettings
 from tests.integration.memory.conftest import Backend, backend, postgres_dsn  # noqa: F401
+from tests.integration.memory.pg import PostgresServer
 from tests.integration.service.support import demo_answer
 
 pytestmark = pytest.mark.asyncio
@@ -267,3 +270,30 @@ async def test_a_trusting_server_takes_the_resource_from_the_proxy_context(
     assert (await trusting.get(claim)).status_code == 404
     assert (await trusting.get("/api/memory/threads/t-p")).status_code == 400
     assert (await trusting.get("/api/memory/threads/t-p?requestContext=%%%")).status_code == 400
+
+
+async def test_a_postgres_server_that_stops_is_503_and_the_api_recovers_when_it_is_back() -> None:
+    server = PostgresServer()
+    await asyncio.to_thread(server.start)
+    try:
+        config = _config(Backend("postgres", PostgresMemoryStore, server.dsn))
+        config["storage"]["timeout"] = 1.0
+        settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=[SecretStr("key-ada=user-ada")])
+        async with Service(settings, parse_config(config)) as svc:
+            url = f"http://127.0.0.1:{svc.http_port}"
+            async with httpx.AsyncClient(base_url=url, timeout=20, headers=ADA) as http:
+                await _create(http, ADA, threadId="t-down")
+                await asyncio.to_thread(server.halt)
+                down = await http.get("/api/memory/threads/t-down")
+                assert down.status_code == 503, down.text
+                assert down.json()["error"].startswith("memory store postgres")
+                await asyncio.to_thread(server.run)
+                # the pool reconnects in the background, with backoff: no restart of the orchestrator
+                for _ in range(60):
+                    back = await http.get("/api/memory/threads/t-down")
+                    if back.status_code != 503:
+                        break
+                    await asyncio.sleep(0.5)
+                assert back.status_code == 200, back.text
+    finally:
+        await asyncio.to_thread(server.stop)

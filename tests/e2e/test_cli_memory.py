@@ -1,7 +1,8 @@
 """`procmesh generate|stream --thread --resource` and `procmesh memory` as real processes.
 
 Two calls on one thread through the command line, then the store read back with `procmesh memory`
-from the same config's `storage` section (SQLite under a data directory): both turns, in order.
+from the same config's `storage` section: both turns, in order. On SQLite (a data directory) and on
+PostgreSQL (the DSN in an environment variable, as `dsnEnv` keeps a password out of the file).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.memory.test_store_safety import postgres_dsn
 from tests.e2e.test_cli import procmesh
+from tests.integration.memory.pg import fresh_dsn
 
 pytestmark = pytest.mark.e2e
 
@@ -19,9 +22,7 @@ CONFIG = """\
 models:
   demo:
     provider: demo
-storage:
-  backend: sqlite
-  dataDir: {data_dir}
+storage: {storage}
 agents:
   chat:
     model: demo
@@ -33,10 +34,19 @@ agents:
 """
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> str:
+__all__ = ["postgres_dsn"]  # the fixture, shared with the store safety tests
+DSN_VARIABLE = "PROCMESH_TEST_CLI_MEMORY_DSN"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "sqlite":
+        storage = json.dumps({"backend": "sqlite", "dataDir": str(tmp_path / "data")})
+    else:  # the CLI processes inherit the variable
+        monkeypatch.setenv(DSN_VARIABLE, fresh_dsn(request.getfixturevalue("postgres_dsn")))
+        storage = json.dumps({"backend": "postgres", "dsnEnv": DSN_VARIABLE})
     path = tmp_path / "procmesh.yaml"
-    path.write_text(CONFIG.format(data_dir=tmp_path / "data"), encoding="utf-8")
+    path.write_text(CONFIG.format(storage=storage), encoding="utf-8")
     return str(path)
 
 

@@ -297,3 +297,30 @@ async def test_a_postgres_server_that_stops_is_503_and_the_api_recovers_when_it_
                 assert back.status_code == 200, back.text
     finally:
         await asyncio.to_thread(server.stop)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "no thread"}]},
+        {"messages": [{"role": "tool", "content": "x", "threadId": "t"}]},
+        {"messages": [{"role": "user", "content": "x", "threadId": "t\x00"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "x", "threadId": "t", "resourceId": "a"},
+                {"resourceId": "b"},
+            ]
+        },
+    ],
+)
+async def test_a_bad_save_is_400_and_saves_nothing(http: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    response = await http.post("/api/memory/save-messages?agentId=assistant", json=body, headers=ADA)
+    assert response.status_code == 400, response.text
+    assert (await http.get("/api/memory/threads", headers=ADA)).json()["threads"] == []
+
+
+async def test_a_thread_field_the_store_refuses_is_400(http: httpx.AsyncClient) -> None:
+    for body in ({"title": 7}, {"metadata": "not an object"}, {"title": "x" * 2000}):
+        response = await http.post("/api/memory/threads?agentId=assistant", json=body, headers=ADA)
+        assert response.status_code == 400, response.text

@@ -70,13 +70,14 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         metadata = {
             key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
         }
-        service.keys.check(metadata.get("authorization"))
+        bound = service.keys.check(metadata.get("authorization"))  # the resource the key is bound to
         agent = service.agent(request.agent_id)
         call = parse_proto(
             request,
             trust_request_context=service.settings.trust_request_context,
             timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
             limits=service.limits,
+            bound_resource=bound,
         )
         service.gate.enter()
         return agent, call

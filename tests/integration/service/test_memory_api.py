@@ -12,11 +12,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
 from pydantic import SecretStr
 
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
 from procmesh_orchestrator.run.messages import message_text
@@ -324,3 +327,21 @@ async def test_a_thread_field_the_store_refuses_is_400(http: httpx.AsyncClient) 
     for body in ({"title": 7}, {"metadata": "not an object"}, {"title": "x" * 2000}):
         response = await http.post("/api/memory/threads?agentId=assistant", json=body, headers=ADA)
         assert response.status_code == 400, response.text
+
+
+async def test_a_grpc_call_with_a_bound_key_uses_that_resource(service: Service) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = agrpc.AgentServiceStub(channel)
+        ada = (("authorization", "Bearer key-ada"),)
+        await stub.Generate(
+            apb.GenerateRequest(agent_id="assistant", text="hello", thread_id="t-grpc"), metadata=ada
+        )
+        claim = apb.GenerateRequest(agent_id="assistant", text="hi", thread_id="t-x", resource_id="user-bob")
+        with pytest.raises(grpc.aio.AioRpcError) as claimed:
+            await stub.Generate(claim, metadata=ada)
+        assert claimed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert service.app.store is not None
+    thread = await service.app.store.get_thread("t-grpc")
+    assert thread is not None
+    assert thread.resource_id == "user-ada"  # the key's resource, not one the caller named
+    assert await service.app.store.get_thread("t-x") is None

@@ -13,7 +13,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from procmesh_orchestrator.errors import InvalidMemoryInputError
+from procmesh_orchestrator.errors import InvalidMemoryInputError, ThreadOwnershipError
 from procmesh_orchestrator.memory.store import Message
 
 T = TypeVar("T")
@@ -144,3 +144,29 @@ async def shielded(work: Coroutine[Any, Any, T]) -> T:
     except asyncio.CancelledError:
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
         raise
+
+
+def check_owner(store: str, thread_id: str, owner: str, resource_id: str) -> None:
+    """Refuse a thread of another resource (the message does not say whose it is)."""
+    if owner != resource_id:
+        raise ThreadOwnershipError(
+            f"memory store {store}: thread {label(thread_id)} belongs to another resource"
+        )
+
+
+def messages_query(
+    store: str, thread_id: str, last: int | None, include_signals: bool, placeholder: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and arguments that read a thread's messages, oldest first (all, or the `last` N);
+    the backends differ only in their placeholder (``?`` or ``%s``)."""
+    p = placeholder
+    where = f"thread_id = {p}" if include_signals else f"thread_id = {p} AND role <> {p}"
+    args: tuple[Any, ...] = (thread_id,) if include_signals else (thread_id, SIGNAL_ROLE)
+    if last is None:
+        return f"SELECT body FROM messages WHERE {where} ORDER BY seq", args
+    args = (*args, check_count(store, "last", last, low=0, high=2**62))
+    sql = (
+        f"SELECT body FROM (SELECT seq, body FROM messages WHERE {where} "
+        f"ORDER BY seq DESC LIMIT {p}) AS window_ ORDER BY seq"
+    )
+    return sql, args

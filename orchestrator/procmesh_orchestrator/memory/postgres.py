@@ -26,7 +26,6 @@ from procmesh_orchestrator.errors import (
     MemoryStoreError,
     StoreUnavailableError,
     ThreadNotFoundError,
-    ThreadOwnershipError,
 )
 from procmesh_orchestrator.memory import _common as c
 from procmesh_orchestrator.memory.migrations import migrations
@@ -125,7 +124,7 @@ class PostgresMemoryStore:
             )
             row = await cursor.fetchone()
             assert row is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
-            self._check_owner(thread_id, row[1], resource_id)
+            c.check_owner(self.name, thread_id, row[1], resource_id)
             return _thread(row)
 
         return await self._write(create, f"creating thread {thread_id!r}", thread_id)
@@ -193,7 +192,7 @@ class PostgresMemoryStore:
             )
             owner = await cursor.fetchone()
             assert owner is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
-            self._check_owner(thread_id, owner[0], resource_id)
+            c.check_owner(self.name, thread_id, owner[0], resource_id)
             if rows:
                 async with conn.cursor() as many:
                     await many.executemany(
@@ -210,24 +209,9 @@ class PostgresMemoryStore:
     ) -> list[Message]:
         """Stored messages, oldest first: all, or the `last` N."""
         thread_id = c.check_id(self.name, "thread", thread_id)
-        where = "thread_id = %s" if include_signals else "thread_id = %s AND role <> %s"
-        args: tuple[Any, ...] = (thread_id,) if include_signals else (thread_id, c.SIGNAL_ROLE)
-        if last is None:
-            sql = f"SELECT body FROM messages WHERE {where} ORDER BY seq"
-        else:
-            args = (*args, c.check_count(self.name, "last", last, low=0, high=2**62))
-            sql = (
-                f"SELECT body FROM (SELECT seq, body FROM messages WHERE {where} "
-                "ORDER BY seq DESC LIMIT %s) AS window_ ORDER BY seq"
-            )
+        sql, args = c.messages_query(self.name, thread_id, last, include_signals, "%s")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
-
-    def _check_owner(self, thread_id: str, owner: str, resource_id: str) -> None:
-        if owner != resource_id:
-            raise ThreadOwnershipError(
-                f"memory store {self.name}: thread {c.label(thread_id)} belongs to another resource"
-            )
 
     async def _migrate(self, conn: Connection) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))

@@ -24,7 +24,6 @@ from procmesh_orchestrator.errors import (
     MemoryStoreError,
     StoreUnavailableError,
     ThreadNotFoundError,
-    ThreadOwnershipError,
 )
 from procmesh_orchestrator.memory import _common as c
 from procmesh_orchestrator.memory.migrations import migrations
@@ -131,7 +130,7 @@ class SqliteMemoryStore:
             found = await _fetch(db, f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?", (thread_id,))
             if found:
                 existing = _thread(found[0])
-                self._check_owner(thread_id, existing.resource_id, resource_id)
+                c.check_owner(self.name, thread_id, existing.resource_id, resource_id)
                 return existing
             now = c.now_text()
             await db.execute(
@@ -205,7 +204,7 @@ class SqliteMemoryStore:
             now = c.now_text()
             found = await _fetch(db, "SELECT resource_id FROM threads WHERE id = ?", (thread_id,))
             if found:
-                self._check_owner(thread_id, found[0][0], resource_id)
+                c.check_owner(self.name, thread_id, found[0][0], resource_id)
                 await db.execute("UPDATE threads SET updated_at = ? WHERE id = ?", (now, thread_id))
             else:
                 await db.execute(
@@ -226,24 +225,9 @@ class SqliteMemoryStore:
     ) -> list[Message]:
         """Stored messages, oldest first: all, or the `last` N."""
         thread_id = c.check_id(self.name, "thread", thread_id)
-        where = "thread_id = ?" if include_signals else "thread_id = ? AND role <> ?"
-        args: tuple[Any, ...] = (thread_id,) if include_signals else (thread_id, c.SIGNAL_ROLE)
-        if last is None:
-            sql = f"SELECT body FROM messages WHERE {where} ORDER BY seq"
-        else:
-            args = (*args, c.check_count(self.name, "last", last, low=0, high=2**62))
-            sql = (
-                f"SELECT body FROM (SELECT seq, body FROM messages WHERE {where} ORDER BY seq DESC LIMIT ?) "
-                "ORDER BY seq"
-            )
+        sql, args = c.messages_query(self.name, thread_id, last, include_signals, "?")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
-
-    def _check_owner(self, thread_id: str, owner: str, resource_id: str) -> None:
-        if owner != resource_id:
-            raise ThreadOwnershipError(
-                f"memory store {self.name}: thread {c.label(thread_id)} belongs to another resource"
-            )
 
     async def _migrate(self, db: aiosqlite.Connection) -> None:
         await db.execute(

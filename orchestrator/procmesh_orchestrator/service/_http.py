@@ -19,8 +19,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
-from procmesh_orchestrator.run import RunStream
+from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service._calls import (
+    AgentCall,
     dumps,
     failed_json,
     parse_body,
@@ -257,7 +258,8 @@ def build_http_app(service: Service) -> ASGIApp:
         service.agent(agent_id)
         return json_response(agent_info(agent_id))
 
-    async def generate(request: Request) -> Response:
+    async def admit(request: Request) -> tuple[str, Agent, AgentCall]:
+        """The agent and the validated call of a generate or stream request, with a run slot taken."""
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
         call = parse_body(
@@ -267,17 +269,17 @@ def build_http_app(service: Service) -> ASGIApp:
             bound_resource=getattr(request.state, "bound_resource", None),
         )
         service.gate.enter()
+        return agent_id, agent, call
+
+    async def generate(request: Request) -> Response:
+        agent_id, agent, call = await admit(request)
         release = _releaser(service)
         try:
             started = time.perf_counter()
             try:
                 body = result_json(await agent.generate(call.input, call.options))
-            except (
-                APICallError,
-                ProcessorFailedError,
-                MemoryStoreError,
-            ) as exc:  # a store error names the store
-                body = failed_json(exc)
+            except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
+                body = failed_json(exc)  # a failed run, not a failed request (a store error names the store)
             log.info(
                 "generate agent=%s run=%s finish=%s %.3fs",
                 agent_id,
@@ -291,15 +293,7 @@ def build_http_app(service: Service) -> ASGIApp:
         return _GatedResponse(body, release)
 
     async def stream(request: Request) -> Response:
-        agent_id = request.path_params["agent_id"]
-        agent = service.agent(agent_id)
-        call = parse_body(
-            await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
-            trust_request_context=settings.trust_request_context,
-            limits=service.limits,
-            bound_resource=getattr(request.state, "bound_resource", None),
-        )
-        service.gate.enter()
+        agent_id, agent, call = await admit(request)
         run = agent.stream(call.input, call.options)
         release = _releaser(service, run)
         return _EventStreamResponse(_events(run, agent_id), release)

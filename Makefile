@@ -1,6 +1,6 @@
 # One interface for humans and CI. `make demo` and `make test` bootstrap everything they need.
 .DEFAULT_GOAL := test
-.PHONY: install deps proto proto-check buf-lint buf-breaking go-example lint format typecheck test test-unit test-integration test-e2e test-llm conformance demo bench clean
+.PHONY: install deps proto proto-check buf-lint buf-breaking buf-baseline go-example lint format typecheck test test-unit test-integration test-e2e test-llm conformance demo bench clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -34,19 +34,21 @@ proto-check: $(STAMP)
 # buf guards the contract (proto/buf.yaml says which rules and why). The wheel buf-bin in the dev
 # group ships the binary, so `make install` brings it.
 BUF := $(BIN)/buf
-# What buf-breaking compares proto/ against: the contract of the previous release. No release is
-# tagged yet, so this is a commit of main, the last landed state before buf guarded proto/ (only
-# comments changed since). Move it at each release: to the commit (or tag) that was released.
-BUF_BASELINE := 4934d6aec614089f61cd79325717ed837fe9c81c
+# What buf-breaking compares proto/ against: the contract of the previous release, as a buf image
+# committed beside it (proto/baseline.binpb, built from the last landed main before this change,
+# 1c8fe74). An image, not a git ref: CI's clone may be shallow, and the check must never depend on
+# history being there. At each release: `make buf-baseline` and commit the new image.
+BUF_BASELINE := proto/baseline.binpb
 
 buf-lint: $(STAMP)
 	$(BUF) lint proto && echo "buf-lint: proto/ passes STANDARD and COMMENTS"
 
-# The baseline is read from this clone's history: a shallow clone (git clone --depth N) may lack it,
-# and then this fails saying so instead of skipping the check.
 buf-breaking: $(STAMP)
-	@git cat-file -e '$(BUF_BASELINE)^{commit}' 2>/dev/null || { 	  echo "buf-breaking: baseline commit $(BUF_BASELINE) is not in this clone (shallow?): run" 	    "\`git fetch --unshallow\` (or fetch that commit) and retry" >&2; exit 1; }
-	$(BUF) breaking proto --against '$(shell git rev-parse --git-common-dir)#ref=$(BUF_BASELINE),subdir=proto' 	  && echo "buf-breaking: proto/ is compatible with $(BUF_BASELINE) (FILE rules)"
+	$(BUF) breaking proto --against $(BUF_BASELINE) \
+	  && echo "buf-breaking: proto/ is compatible with the previous release (FILE rules)"
+
+buf-baseline: $(STAMP)
+	$(BUF) build proto -o $(BUF_BASELINE) && echo "buf-baseline: wrote $(BUF_BASELINE); commit it with the release"
 
 # The Go example sidecar, generated from proto/ and built offline from Debian's Go packages (make deps).
 go-example: deps

@@ -111,7 +111,9 @@ func (s *service) ProcessInput(_ context.Context, req *pb.ProcessInputRequest) (
 // ProcessOutputStream follows proto/README.md's stream protocol: the first request names the
 // processor and brings the state; every part gets one result, in order, echoing its seq, sent as
 // soon as its batch is done (each part's timeout runs from when it was sent); after the client
-// half-closes, or right after an abort, one last response carries StreamEnd{state}, then OK.
+// half-closes, or right after an abort, one last response carries StreamEnd{state}; the call then
+// ends with OK once the client half-closes (or cancels): ending it while the client still writes
+// can fail that write, and some clients then lose the abort they have not read yet.
 func (s *service) ProcessOutputStream(stream pb.ProcessorService_ProcessOutputStreamServer) error {
 	var (
 		proc    streamProcessor
@@ -157,7 +159,14 @@ func (s *service) ProcessOutputStream(stream pb.ProcessorService_ProcessOutputSt
 		// StreamEnd leaves the stored state as it is.
 		return nil
 	}
-	return stream.Send(&pb.ProcessOutputStreamResponse{End: &pb.StreamEnd{State: state}})
+	if err := stream.Send(&pb.ProcessOutputStreamResponse{End: &pb.StreamEnd{State: state}}); err != nil {
+		return err
+	}
+	for { // after an abort: drain until the half-close (io.EOF) or the cancel (an error)
+		if _, err := stream.Recv(); err != nil {
+			return nil
+		}
+	}
 }
 
 // checkMessages refuses what cannot be decoded: a part with none of its kinds set is the

@@ -84,6 +84,11 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                     break
             end = ppb.StreamEnd(state=convert.to_struct(kwargs.get("state")))
             yield ppb.ProcessOutputStreamResponse(end=end)
+            # After an abort the call stays open until the client half-closes or cancels:
+            # ending it first can fail a write the client has in flight, and grpc clients
+            # then report that failure instead of the abort they have not read yet.
+            async for _ in request_iterator:
+                pass
         except ProcmeshError as exc:
             await context.abort(exc.code, clip(str(exc)))
         except MALFORMED as exc:

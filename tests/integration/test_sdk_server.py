@@ -815,8 +815,15 @@ async def test_stream_abort_stops_the_stream_and_ends_with_the_state(client: Pro
         "metadata": {"at": 2},
     }
     assert not resp.results[0].effects.HasField("abort")
-    # The server ends the call after the abort without waiting for the client to half-close.
-    assert await finish(call) == {"calls": 12}
+    # StreamEnd comes at once, without the half-close; the call itself stays open until the
+    # client half-closes, so a write already on its way cannot fail and hide the abort.
+    end = await call.read()
+    assert end.HasField("end") and convert.from_struct(end.end.state) == {"calls": 12}
+    await call.write(stream_request([(4, delta("ignored after the abort"))]))
+    assert not call.done()
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
 
 
 async def test_stream_passes_data_parts_through_untouched(client: ProcessorClient) -> None:

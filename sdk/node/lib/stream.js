@@ -19,6 +19,8 @@ function outputStream(servicer, hook, call, decodeRequest) {
   let base = null;
   const streamParts = [];
   let finished = false;
+  let halfClosed = false;
+  let endSent = false;
   let chain = Promise.resolve();
 
   const fail = (err) => {
@@ -36,7 +38,11 @@ function outputStream(servicer, hook, call, decodeRequest) {
     }
     finished = true;
     call.write({ end: { state } });
-    call.end();
+    endSent = true;
+    // After an abort the call stays open until the client half-closes or cancels: ending it
+    // first can fail a write the client has in flight, and grpc clients then report that
+    // failure instead of the abort they have not read yet.
+    if (halfClosed) call.end();
   };
   const handle = async (buf) => {
     if (finished) return;
@@ -103,7 +109,8 @@ function outputStream(servicer, hook, call, decodeRequest) {
     chain = chain.then(() => handle(req)).catch(fail);
   });
   call.on('end', () => {
-    chain = chain.then(finish).catch(fail);
+    halfClosed = true;
+    chain = chain.then(() => (endSent ? call.end() : finish())).catch(fail);
   });
   call.on('cancelled', () => {
     finished = true;

@@ -168,8 +168,9 @@ class Wire:
                     req.parts.add(seq=seq, part=chunk)
                 await call.write(req)
                 # Every batch but the last is answered before the next one is sent, so an abort is
-                # seen before writing on: a processor may end its call right after aborting, and a
-                # write to a call the server has finished fails locally (INTERNAL), losing what it sent.
+                # seen before writing on: a processor that ends its call right after aborting (the
+                # contract asks it to wait for the half-close) would fail that write locally
+                # (INTERNAL), losing what it sent.
                 if i < len(batches) - 1:
                     try:
                         while len(out.results) < seq and out.abort_at is None and out.end is None:
@@ -187,7 +188,7 @@ class Wire:
                         return out
                 if out.abort_at is not None or out.end is not None:
                     break
-            if half_close and out.abort_at is None and out.end is None:
+            if half_close:  # after an abort too: the processor ends its call on the half-close
                 await call.done_writing()
             while True:
                 resp = await read_one()

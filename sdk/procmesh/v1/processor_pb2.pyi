@@ -672,7 +672,8 @@ class ProcessOutputStreamResponse(_message.Message):
 
     @_builtins.property
     def end(self) -> Global___StreamEnd:
-        """Sent last, after the client half-closed (or after an abort): the
+        """Sent last, after the client half-closed (or right after an abort; the
+        call then ends once the client half-closes or cancels): the
         processor's state at the end of this stream.
         """
 

@@ -3,7 +3,8 @@
 The checker runs as the SDK's console script, as a Go author's CI would run it, with options per
 processor (`--options ID=JSON`) so that both processors' aborts are provoked and their encoding
 checked: shout aborts inside the 3-batch stream and right after the first part of the deadline
-check, and ends its call at once, as the contract asks.
+check, sends StreamEnd at once and ends its call on the half-close, as the contract asks (the
+deadline check never half-closes, so its deadline ends that call).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_options_per_processor_provoke_both_aborts_and_an_early_stream_end_is_no
     go_address: str,
 ) -> None:
     # "weather" is the 4th word of the checker's text: shout aborts in the second batch and ends
-    # its call; "what" is in the deadline check's only part. Before the fix both were FAILs.
+    # its call on the half-close; "what" is in the deadline check's only part.
     for word in ("weather", "what"):
         outcome = check(
             go_address,
@@ -60,7 +61,8 @@ def test_options_per_processor_provoke_both_aborts_and_an_early_stream_end_is_no
             "PASS", f"shout: abort/retry encoding: ProcessOutputStream: reason 'shout will not say: {word}'"
         )
     assert outcome.has(
-        "PASS", "shout: deadline respected: a stream left open past its 0.3s deadline (aborted at seq 1): OK"
+        "PASS",
+        "shout: deadline respected: a stream left open past its 0.3s deadline (aborted at seq 1): DEADLINE_EXCEEDED",
     )
     assert outcome.has("PASS", "shout ProcessOutputStream: StreamEnd")
 

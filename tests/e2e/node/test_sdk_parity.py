@@ -610,9 +610,15 @@ async def stream_answers(
     stub: Any, requests: list[ppb.ProcessOutputStreamRequest]
 ) -> tuple[Any, list[dict[str, Any]]]:
     call = stub.ProcessOutputStream(timeout=5)
-    for req in requests:
-        await call.write(req)
-    await call.done_writing()
+    try:
+        for req in requests:
+            await call.write(req)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+        # A server that ends the stream early (an abort) may close it before our
+        # later writes land; the orchestrator drops such writes too
+        # (processors/stream.py), and the reads below report the stream's status.
+        pass
     out = []
     try:
         async for resp in call:

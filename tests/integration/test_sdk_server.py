@@ -818,7 +818,8 @@ async def test_stream_abort_stops_the_stream_and_ends_with_the_state(client: Pro
     # StreamEnd comes at once, without the half-close; the call itself stays open until the
     # client half-closes, so a write already on its way cannot fail and hide the abort.
     end = await call.read()
-    assert end.HasField("end") and convert.from_struct(end.end.state) == {"calls": 12}
+    assert end.HasField("end")
+    assert convert.from_struct(end.end.state) == {"calls": 12}
     await call.write(stream_request([(4, delta("ignored after the abort"))]))
     assert not call.done()
     await call.done_writing()

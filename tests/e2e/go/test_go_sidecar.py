@@ -62,7 +62,8 @@ def test_options_per_processor_provoke_both_aborts_and_an_early_stream_end_is_no
         )
     assert outcome.has(
         "PASS",
-        "shout: deadline respected: a stream left open past its 0.3s deadline (aborted at seq 1): DEADLINE_EXCEEDED",
+        "shout: deadline respected: a stream left open past its 0.3s deadline (aborted at seq 1): "
+        "DEADLINE_EXCEEDED",
     )
     assert outcome.has("PASS", "shout ProcessOutputStream: StreamEnd")
 

@@ -106,25 +106,67 @@ class DescribeResponse(_message.Message):
 
     PROCESSORS_FIELD_NUMBER: _builtins.int
     SDK_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     sdk: _builtins.str
     """e.g. "procmesh-python/0.1.0"."""
     @_builtins.property
     def processors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessorInfo]:
         """One entry per hosted processor; ids are unique within the sidecar."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostedTool]:
+        """The standalone tools this sidecar hosts, which agent configs name; names are unique within
+        the sidecar. ExecuteTool with an empty `context.processor_id` runs them.
+        """
+
     def __init__(
         self,
         *,
         processors: _abc.Iterable[Global___ProcessorInfo] | None = ...,
         sdk: _builtins.str = ...,
+        tools: _abc.Iterable[Global___HostedTool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["processors", b"processors", "sdk", b"sdk"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["processors", b"processors", "sdk", b"sdk", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class HostedTool(_message.Message):
+    """A standalone tool a sidecar hosts: what the model is offered, and what ExecuteTool runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The tool's name, as agent configs and the model's tool calls name it; unique per sidecar."""
+    description: _builtins.str
+    """What the tool does, for the model."""
+    @_builtins.property
+    def input_schema(self) -> _struct_pb2.Struct:
+        """JSON schema of the arguments: an object schema (`{"type": "object", ...}`). The orchestrator
+        validates the model's arguments against it; the SDKs do not.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        input_schema: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_schema", b"input_schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema", b"input_schema", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostedTool: _TypeAlias = HostedTool  # noqa: Y015
 
 @_typing.final
 class ProcessorInfo(_message.Message):
@@ -1106,7 +1148,7 @@ Global___ProcessAPIErrorResponse: _TypeAlias = ProcessAPIErrorResponse  # noqa: 
 
 @_typing.final
 class ExecuteToolRequest(_message.Message):
-    """A call to a tool this processor added to the step."""
+    """A call to a tool this processor added to the step, or to a tool the sidecar hosts."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1116,12 +1158,14 @@ class ExecuteToolRequest(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
-    """The tool to run (one this processor added through ProcessInputStep `tools`)."""
+    """The tool to run: one the processor added through ProcessInputStep `tools`, or a hosted tool."""
     tool_call_id: _builtins.str
     """The model's id for the call."""
     @_builtins.property
     def context(self) -> _types_pb2.RunContext:
-        """Who is calling, for which step, with options and state."""
+        """Who is calling, for which step, with options and state. `processor_id` names the processor
+        that added the tool; empty, the call is for the hosted tool `tool_name` (unknown: NOT_FOUND).
+        """
 
     @_builtins.property
     def args(self) -> _struct_pb2.Value:
@@ -1150,29 +1194,40 @@ Global___ExecuteToolRequest: _TypeAlias = ExecuteToolRequest  # noqa: Y015
 
 @_typing.final
 class ExecuteToolResponse(_message.Message):
-    """The tool's result."""
+    """The tool's result, or the error it raised."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     EFFECTS_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    error: _builtins.str
+    """Set when the tool raised: its message, clipped. The model sees it as the tool's error (a
+    `tool-error` chunk). A raising tool is data, not a failed call: a status other than OK means
+    the sidecar failed, and the processor's failure policy applies.
+    """
     @_builtins.property
     def effects(self) -> _types_pb2.HookEffects:
-        """State, signals, custom chunks, violations and abort (see HookEffects)."""
+        """State, signals, custom chunks, violations and abort (see HookEffects); a hosted tool's and a
+        raising tool's are empty.
+        """
 
     @_builtins.property
     def result(self) -> _struct_pb2.Value:
-        """The tool's result (any JSON); it then goes through processToolResult like any tool's."""
+        """The tool's result (any JSON); it then goes through processToolResult like any tool's. Unset
+        when `error` is set.
+        """
 
     def __init__(
         self,
         *,
         effects: _types_pb2.HookEffects | None = ...,
         result: _struct_pb2.Value | None = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "error", b"error", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -169,7 +169,8 @@ class ProcessorServiceServicer:
 
     def ExecuteTool(self, request, context):
         """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
-        does not have itself, e.g. tool-search's meta-tools.
+        does not have itself, e.g. tool-search's meta-tools; or, with an empty
+        `context.processor_id`, a standalone tool this sidecar hosts (DescribeResponse.tools).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -61,7 +61,8 @@ class ProcessorServiceStub:
     """A provider rejection (400, 422, ...); may ask for a retry."""
     ExecuteTool: _grpc.UnaryUnaryMultiCallable[_processor_pb2.ExecuteToolRequest, _processor_pb2.ExecuteToolResponse]
     """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
-    does not have itself, e.g. tool-search's meta-tools.
+    does not have itself, e.g. tool-search's meta-tools; or, with an empty
+    `context.processor_id`, a standalone tool this sidecar hosts (DescribeResponse.tools).
     """
 
 @_typing.type_check_only
@@ -93,7 +94,8 @@ class ProcessorServiceAsyncStub(ProcessorServiceStub):
     """A provider rejection (400, 422, ...); may ask for a retry."""
     ExecuteTool: _aio.UnaryUnaryMultiCallable[_processor_pb2.ExecuteToolRequest, _processor_pb2.ExecuteToolResponse]  # type: ignore[assignment]
     """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
-    does not have itself, e.g. tool-search's meta-tools.
+    does not have itself, e.g. tool-search's meta-tools; or, with an empty
+    `context.processor_id`, a standalone tool this sidecar hosts (DescribeResponse.tools).
     """
 
 class ProcessorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -188,7 +190,8 @@ class ProcessorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_processor_pb2.ExecuteToolResponse, _abc.Awaitable[_processor_pb2.ExecuteToolResponse]]:
         """Runs a tool this processor added to a step (processInputStep `tools`) that the agent
-        does not have itself, e.g. tool-search's meta-tools.
+        does not have itself, e.g. tool-search's meta-tools; or, with an empty
+        `context.processor_id`, a standalone tool this sidecar hosts (DescribeResponse.tools).
         """
 
 def add_ProcessorServiceServicer_to_server(servicer: ProcessorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

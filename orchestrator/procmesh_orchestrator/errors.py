@@ -129,3 +129,25 @@ class ThreadOwnershipError(MemoryStoreError):
 class InvalidMemoryInputError(MemoryStoreError):
     """The store refuses an argument before touching its data: an id that is empty, too long or not a
     string, a message that is not JSON or over the size limit (the HTTP API answers 400)."""
+
+
+class SuspendedRunNotFoundError(MemoryStoreError):
+    """No suspended run has this id, or the run awaits no tool call of this id (the API answers 404)."""
+
+
+class ResumeConflictError(MemoryStoreError):
+    """The suspended run is already being resumed: a second approval, or a concurrent one on another
+    replica (the API answers 409)."""
+
+
+class McpError(OrchestratorError):
+    """An MCP server failed: it could not start or connect, a call timed out, or the connection broke.
+
+    The message names the server and what failed. A tool that answers with isError is no
+    `McpError`: that result goes back to the model.
+    """
+
+    def __init__(self, server: str, cause: str) -> None:
+        super().__init__(f"MCP server {server!r}: {cause}")
+        self.server = server
+        self.cause = cause

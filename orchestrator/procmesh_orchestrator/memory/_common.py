@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
-from datetime import UTC, datetime
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from procmesh_orchestrator.errors import InvalidMemoryInputError, ThreadOwnershipError
-from procmesh_orchestrator.memory.store import Message
+from procmesh_orchestrator.errors import (
+    InvalidMemoryInputError,
+    ResumeConflictError,
+    SuspendedRunNotFoundError,
+    ThreadOwnershipError,
+)
+from procmesh_orchestrator.memory.store import RESUMING, SUSPENDED, Message, SuspendedRun
 
 T = TypeVar("T")
 
@@ -22,7 +28,11 @@ MAX_ID_CHARS = 256
 """Longest thread, resource or message id (UUIDs are 36; room for prefixed and composed ids)."""
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """Largest stored message, as JSON: the orchestrator's default request limit."""
+DEFAULT_MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
+"""Largest suspended-run snapshot, as JSON: a whole run's messages and state."""
 MAX_TITLE_CHARS = 1024
+MAX_TOOL_CALLS = 1024
+"""Most tool calls one suspended run may await."""
 MAX_PAGE = 10_000
 SIGNAL_ROLE = "signal"
 
@@ -116,14 +126,22 @@ def iso(moment: datetime) -> str:
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
+_TEXT_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def time_text(moment: datetime) -> str:
+    """A timestamp, UTC, to the microsecond, in a fixed-width form whose text order is time order."""
+    return moment.astimezone(UTC).strftime(_TEXT_TIME)
+
+
 def now_text() -> str:
-    """Now, UTC, to the microsecond, in a fixed-width form whose text order is time order."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Now, as `time_text` writes it."""
+    return time_text(datetime.now(UTC))
 
 
 def iso_from_text(text: str) -> str:
     """A stored `now_text` timestamp as `iso` renders it."""
-    return iso(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC))
+    return iso(datetime.strptime(text, _TEXT_TIME).replace(tzinfo=UTC))
 
 
 def decode(body: str) -> Any:
@@ -170,3 +188,229 @@ def messages_query(
         f"ORDER BY seq DESC LIMIT {p}) AS window_ ORDER BY seq"
     )
     return sql, args
+
+
+# --- suspended runs ------------------------------------------------------------------------------
+
+SUSPENDED_COLUMNS = "run_id, agent_id, thread_id, resource_id, tool_call_ids, snapshot, status, created_at"
+
+
+def check_optional_id(store: str, kind: str, value: object) -> str:
+    """An id that may be "" (none)."""
+    return "" if value == "" else check_id(store, kind, value)
+
+
+def encode_suspended(store: str, run: object, max_bytes: int) -> tuple[str, str, str, str, str, str]:
+    """A run to save as ``(run_id, agent_id, thread_id, resource_id, tool_call_ids, snapshot)``
+    (the last two as JSON text), every field checked before anything is written."""
+    if not isinstance(run, SuspendedRun):
+        raise InvalidMemoryInputError(
+            f"memory store {store}: a suspended run is a SuspendedRun, not {type(run).__name__}"
+        )
+    run_id = check_id(store, "run", run.run_id)
+    where = f"suspended run {label(run_id)}"
+    calls = run.tool_call_ids
+    if not isinstance(calls, tuple | list) or not 1 <= len(calls) <= MAX_TOOL_CALLS:
+        raise InvalidMemoryInputError(
+            f"memory store {store}: {where}: tool_call_ids must be a tuple of 1 to {MAX_TOOL_CALLS} ids"
+        )
+    checked = [check_id(store, f"{where}: tool call", call) for call in calls]
+    if not isinstance(run.snapshot, dict):
+        raise InvalidMemoryInputError(
+            f"memory store {store}: {where}: the snapshot must be an object, not "
+            f"{type(run.snapshot).__name__}"
+        )
+    return (
+        run_id,
+        check_id(store, f"{where}: agent", run.agent_id),
+        check_optional_id(store, f"{where}: thread", run.thread_id),
+        check_optional_id(store, f"{where}: resource", run.resource_id),
+        encode_json(store, f"{where}: tool_call_ids", checked, max_bytes),
+        encode_json(store, f"{where}: the snapshot", run.snapshot, max_bytes),
+    )
+
+
+def save_suspended_sql(p: str, created_at: str) -> str:
+    """Insert a run, or replace the one of its id (claimed or not) with a fresh suspension."""
+    return (
+        f"INSERT INTO suspended_runs ({SUSPENDED_COLUMNS}) "
+        f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, '{SUSPENDED}', {created_at}) "
+        "ON CONFLICT (run_id) DO UPDATE SET agent_id = excluded.agent_id, "
+        "thread_id = excluded.thread_id, resource_id = excluded.resource_id, "
+        "tool_call_ids = excluded.tool_call_ids, snapshot = excluded.snapshot, "
+        "status = excluded.status, created_at = excluded.created_at"
+    )
+
+
+def select_suspended_sql(p: str) -> str:
+    """Read one run by id."""
+    return f"SELECT {SUSPENDED_COLUMNS} FROM suspended_runs WHERE run_id = {p}"
+
+
+def set_status_sql(p: str, status: str) -> str:
+    """Move a run to `status` (a release only touches a claimed run)."""
+    only = f" AND status = '{RESUMING}'" if status == SUSPENDED else ""
+    return f"UPDATE suspended_runs SET status = '{status}' WHERE run_id = {p}{only}"
+
+
+def suspended_run(row: Any, when: Callable[[Any], str]) -> SuspendedRun:
+    """A stored row as a run; `when` renders the backend's ``created_at`` as ISO 8601."""
+    run_id, agent_id, thread_id, resource_id, tool_call_ids, snapshot, status, created_at = row
+    return SuspendedRun(
+        run_id=run_id,
+        agent_id=agent_id,
+        thread_id=thread_id,
+        resource_id=resource_id,
+        tool_call_ids=tuple(decode(tool_call_ids)),
+        snapshot=decode(snapshot),
+        created_at=when(created_at),
+        status=status,
+    )
+
+
+def claim(
+    store: str, run_id: str, tool_call_id: str, rows: list[Any], when: Callable[[Any], str]
+) -> SuspendedRun:
+    """The run a claim takes, from its row as read under the write lock: it must exist, await
+    `tool_call_id` and not be claimed already. The caller then marks it `RESUMING`."""
+    if not rows:
+        raise SuspendedRunNotFoundError(f"memory store {store}: no suspended run {label(run_id)}")
+    run = suspended_run(rows[0], when)
+    if tool_call_id not in run.tool_call_ids:
+        raise SuspendedRunNotFoundError(
+            f"memory store {store}: suspended run {label(run_id)} awaits no tool call {label(tool_call_id)}"
+        )
+    if run.status != SUSPENDED:
+        raise ResumeConflictError(
+            f"memory store {store}: suspended run {label(run_id)} is already being resumed"
+        )
+    return replace(run, status=RESUMING)
+
+
+def check_date(store: str, name: str, value: object) -> datetime | None:
+    """An ISO 8601 bound (None: no bound); without an offset it is UTC."""
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise TypeError(f"not {type(value).__name__}")
+        moment = datetime.fromisoformat(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMemoryInputError(
+            f"memory store {store}: {name} must be an ISO 8601 date or time, got {label(value)}"
+        ) from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def list_suspended_query(
+    store: str,
+    agent_id: object,
+    filters: Mapping[str, object],
+    page: object,
+    per_page: object,
+    placeholder: str,
+    moment: Callable[[datetime], Any],
+) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and arguments that read one page of an agent's runs, newest first, each row led by
+    the count of all that match (a page past the end gives one row: the count, then NULLs).
+
+    `filters` holds ``thread_id``, ``resource_id``, ``from_date`` and ``to_date``; `moment` turns a
+    bound into the backend's ``created_at`` parameter. The bounds apply to ``created_at`` as `iso`
+    reports it, to the millisecond: stored times run from the first microsecond of a whole
+    millisecond at or after `from_date` up to the end of `to_date`'s millisecond.
+    """
+    p = placeholder
+    where, args = [f"agent_id = {p}"], [check_id(store, "agent", agent_id)]
+    for kind in ("thread", "resource"):
+        value = filters.get(f"{kind}_id")
+        if value is not None:
+            where.append(f"{kind}_id = {p}")
+            args.append(check_optional_id(store, kind, value))
+    low, high = (
+        check_date(store, "from_date", filters.get("from_date")),
+        check_date(store, "to_date", filters.get("to_date")),
+    )
+    if low is not None:
+        floor = low.replace(microsecond=low.microsecond // 1000 * 1000)
+        where.append(f"created_at >= {p}")
+        args.append(moment(floor if floor == low else floor + timedelta(milliseconds=1)))
+    if high is not None:
+        where.append(f"created_at < {p}")
+        args.append(
+            moment(high.replace(microsecond=high.microsecond // 1000 * 1000) + timedelta(milliseconds=1))
+        )
+    size = check_count(store, "per_page", per_page, low=1, high=MAX_PAGE)
+    number = check_count(store, "page", page, low=0, high=2**62 // MAX_PAGE)
+    condition = " AND ".join(where)
+    sql = (
+        f"SELECT total.n, {', '.join('run.' + col for col in SUSPENDED_COLUMNS.split(', '))} "
+        f"FROM (SELECT count(*) AS n FROM suspended_runs WHERE {condition}) AS total "
+        f"LEFT JOIN (SELECT {SUSPENDED_COLUMNS} FROM suspended_runs WHERE {condition} "
+        f"ORDER BY created_at DESC, run_id DESC LIMIT {p} OFFSET {p}) AS run ON 1 = 1 "
+        "ORDER BY run.created_at DESC, run.run_id DESC"
+    )
+    return sql, (*args, *args, size, number * size)
+
+
+def suspended_page(rows: list[Any], when: Callable[[Any], str]) -> tuple[list[SuspendedRun], int]:
+    """The runs and the total from the rows of `list_suspended_query`."""
+    total = int(rows[0][0]) if rows else 0
+    return [suspended_run(row[1:], when) for row in rows if row[1] is not None], total
+
+
+class SuspendedRunMethods:
+    """The suspended-run methods that are the same SQL on both backends, given the backend's
+    placeholder, its one-statement read and write, and its ``created_at`` conversions."""
+
+    name: str
+    placeholder = "?"
+
+    async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
+        raise NotImplementedError
+
+    async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
+        raise NotImplementedError
+
+    def _created_at(self, stored: Any) -> str:
+        """A stored ``created_at`` as ISO 8601."""
+        raise NotImplementedError
+
+    def _time_arg(self, moment: datetime) -> Any:
+        """A time as a parameter compared with ``created_at``."""
+        raise NotImplementedError
+
+    async def release_suspended(self, run_id: str) -> None:
+        """Put a claimed run back to `SUSPENDED`."""
+        run_id = check_id(self.name, "run", run_id)
+        sql = set_status_sql(self.placeholder, SUSPENDED)
+        await self._execute(sql, (run_id,), f"releasing suspended run {run_id!r}")
+
+    async def delete_suspended(self, run_id: str) -> None:
+        """Forget the run."""
+        run_id = check_id(self.name, "run", run_id)
+        sql = f"DELETE FROM suspended_runs WHERE run_id = {self.placeholder}"
+        await self._execute(sql, (run_id,), f"deleting suspended run {run_id!r}")
+
+    async def list_suspended(
+        self,
+        agent_id: str,
+        *,
+        thread_id: str | None = None,
+        resource_id: str | None = None,
+        from_date: str | None = None,
+        to_date: str | None = None,
+        page: int = 0,
+        per_page: int = 20,
+    ) -> tuple[list[SuspendedRun], int]:
+        """One page of the agent's runs, newest first, and the count of all that match."""
+        filters = {
+            "thread_id": thread_id,
+            "resource_id": resource_id,
+            "from_date": from_date,
+            "to_date": to_date,
+        }
+        sql, args = list_suspended_query(
+            self.name, agent_id, filters, page, per_page, self.placeholder, self._time_arg
+        )
+        rows = await self._read(sql, args, f"listing the suspended runs of agent {agent_id!r}")
+        return suspended_page(rows, self._created_at)

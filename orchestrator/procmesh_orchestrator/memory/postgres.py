@@ -5,8 +5,9 @@ server costs a reconnect, not a failed run). Every write is one transaction. Con
 one thread, in any number of processes, are serialized by the thread row's lock: ``save_turn``
 starts with ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which inserts the thread or locks
 the existing row until commit, so the next writer's messages take their sequence numbers after
-this turn's. Migrations run under a transaction-scoped advisory lock, so replicas that start at the
-same moment apply each migration once.
+this turn's. A claim of a suspended run reads it ``FOR UPDATE``: concurrent claims queue on the row,
+and each after the first finds it claimed. Migrations run under a transaction-scoped advisory lock,
+so replicas that start at the same moment apply each migration once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -29,7 +31,7 @@ from procmesh_orchestrator.errors import (
 )
 from procmesh_orchestrator.memory import _common as c
 from procmesh_orchestrator.memory.migrations import migrations
-from procmesh_orchestrator.memory.store import Message, Thread
+from procmesh_orchestrator.memory.store import RESUMING, Message, SuspendedRun, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,8 +41,10 @@ MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock ke
 _THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
 
 
-class PostgresMemoryStore:
+class PostgresMemoryStore(c.SuspendedRunMethods):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
+
+    placeholder = "%s"
 
     def __init__(
         self,
@@ -50,6 +54,7 @@ class PostgresMemoryStore:
         max_connections: int = 10,
         timeout: float = 5.0,
         max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+        max_snapshot_bytes: int = c.DEFAULT_MAX_SNAPSHOT_BYTES,
     ) -> None:
         try:
             params = conninfo_to_dict(dsn)
@@ -62,6 +67,7 @@ class PostgresMemoryStore:
         self._secret = str(params.get("password") or "")
         self._timeout = timeout
         self._max_bytes = max_message_bytes
+        self._max_snapshot_bytes = max_snapshot_bytes
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._sizes = (min_connections, max_connections)
         # Writes of this process to one thread take turns here first (FIFO), so they commit in the
@@ -212,6 +218,42 @@ class PostgresMemoryStore:
         sql, args = c.messages_query(self.name, thread_id, last, include_signals, "%s")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
+
+    async def save_suspended(self, run: SuspendedRun) -> None:
+        """Save the run (replacing one of its id) as `SUSPENDED`."""
+        row = c.encode_suspended(self.name, run, self._max_snapshot_bytes)
+
+        async def save(conn: Connection) -> None:
+            await conn.execute(c.save_suspended_sql("%s", "now()"), row)
+
+        await self._write(save, f"saving suspended run {row[0]!r}")
+
+    async def claim_suspended(self, run_id: str, tool_call_id: str) -> SuspendedRun:
+        """Mark the run `RESUMING` and return it, holding its row lock from the read to the commit."""
+        run_id = c.check_id(self.name, "run", run_id)
+        tool_call_id = c.check_id(self.name, "tool call", tool_call_id)
+
+        async def claim(conn: Connection) -> SuspendedRun:
+            cursor = await conn.execute(c.select_suspended_sql("%s") + " FOR UPDATE", (run_id,))
+            run = c.claim(self.name, run_id, tool_call_id, await cursor.fetchall(), c.iso)
+            await conn.execute(c.set_status_sql("%s", RESUMING), (run_id,))
+            return run
+
+        return await self._write(claim, f"claiming suspended run {run_id!r}")
+
+    def _created_at(self, stored: Any) -> str:
+        return c.iso(stored)
+
+    def _time_arg(self, moment: datetime) -> Any:
+        return moment
+
+    async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
+        """One statement in one write transaction."""
+
+        async def execute(conn: Connection) -> None:
+            await conn.execute(sql, args)
+
+        await self._write(execute, doing)
 
     async def _migrate(self, conn: Connection) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))

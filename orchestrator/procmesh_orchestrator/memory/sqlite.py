@@ -15,6 +15,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from procmesh_orchestrator.errors import (
 )
 from procmesh_orchestrator.memory import _common as c
 from procmesh_orchestrator.memory.migrations import migrations
-from procmesh_orchestrator.memory.store import Message, Thread
+from procmesh_orchestrator.memory.store import RESUMING, Message, SuspendedRun, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +48,7 @@ _UNAVAILABLE = {
 _THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
 
 
-class SqliteMemoryStore:
+class SqliteMemoryStore(c.SuspendedRunMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     def __init__(
@@ -56,12 +57,14 @@ class SqliteMemoryStore:
         *,
         busy_timeout: float = 5.0,
         max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+        max_snapshot_bytes: int = c.DEFAULT_MAX_SNAPSHOT_BYTES,
     ) -> None:
         self.path = Path(path)
         self.name = f"sqlite:{self.path}"
         """How errors name this store."""
         self._busy_timeout = busy_timeout
         self._max_bytes = max_message_bytes
+        self._max_snapshot_bytes = max_snapshot_bytes
         self._db: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -228,6 +231,43 @@ class SqliteMemoryStore:
         sql, args = c.messages_query(self.name, thread_id, last, include_signals, "?")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
+
+    async def save_suspended(self, run: SuspendedRun) -> None:
+        """Save the run (replacing one of its id) as `SUSPENDED`."""
+        row = c.encode_suspended(self.name, run, self._max_snapshot_bytes)
+
+        async def save(db: aiosqlite.Connection) -> None:
+            await db.execute(c.save_suspended_sql("?", "?"), (*row, c.now_text()))
+
+        await self._write(save, f"saving suspended run {row[0]!r}")
+
+    async def claim_suspended(self, run_id: str, tool_call_id: str) -> SuspendedRun:
+        """Mark the run `RESUMING` and return it, in one BEGIN IMMEDIATE transaction."""
+        run_id = c.check_id(self.name, "run", run_id)
+        tool_call_id = c.check_id(self.name, "tool call", tool_call_id)
+
+        async def claim(db: aiosqlite.Connection) -> SuspendedRun:
+            # The write lock is held from BEGIN IMMEDIATE: no other claim reads between these two.
+            rows = await _fetch(db, c.select_suspended_sql("?"), (run_id,))
+            run = c.claim(self.name, run_id, tool_call_id, rows, c.iso_from_text)
+            await db.execute(c.set_status_sql("?", RESUMING), (run_id,))
+            return run
+
+        return await self._write(claim, f"claiming suspended run {run_id!r}")
+
+    def _created_at(self, stored: Any) -> str:
+        return c.iso_from_text(stored)
+
+    def _time_arg(self, moment: datetime) -> Any:
+        return c.time_text(moment)
+
+    async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
+        """One statement in one write transaction."""
+
+        async def execute(db: aiosqlite.Connection) -> None:
+            await db.execute(sql, args)
+
+        await self._write(execute, doing)
 
     async def _migrate(self, db: aiosqlite.Connection) -> None:
         await db.execute(

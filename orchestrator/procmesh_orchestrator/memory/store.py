@@ -5,6 +5,9 @@ PostgreSQL (several orchestrator replicas). `tests/integration/memory/test_store
 the same suite against both. Messages are the run's MastraDBMessage dicts (``id``, ``role``,
 ``content: {format: 2, parts, metadata}``, ``createdAt``); ``role: "signal"`` messages are the
 persisted signals, kept in raw history and hidden from default recall.
+
+A run waiting for tool-call approvals is kept as a `SuspendedRun`, so that any replica sharing the
+store can resume it; claiming one is atomic, so exactly one approval resumes it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,30 @@ class Thread:
     """ISO 8601, UTC, set by the store."""
     updated_at: str = ""
     """ISO 8601, UTC: the last save or update."""
+
+
+SUSPENDED = "suspended"
+RESUMING = "resuming"
+
+
+@dataclass(frozen=True)
+class SuspendedRun:
+    """A run waiting for a decision on some of its tool calls, saved so any replica can resume it."""
+
+    run_id: str
+    agent_id: str
+    thread_id: str
+    """The run's memory thread, "" when it has none."""
+    resource_id: str
+    """The run's resource, "" when it has none."""
+    tool_call_ids: tuple[str, ...]
+    """The tool calls awaiting a decision (at least one)."""
+    snapshot: dict[str, Any]
+    """Whatever the run needs to resume, as JSON; opaque to the store (it can be megabytes)."""
+    created_at: str = ""
+    """ISO 8601, UTC, set by the store when the run is saved (saved again: the new time)."""
+    status: str = SUSPENDED
+    """`SUSPENDED`, or `RESUMING` once claimed by `MemoryStore.claim_suspended`."""
 
 
 class MemoryStore(Protocol):
@@ -70,3 +97,36 @@ class MemoryStore(Protocol):
         """Stored messages, oldest first: all, or the `last` N (counting stored messages, signals
         included when `include_signals`). Default recall for people and the UI passes
         ``include_signals=False``; the run's history load passes True."""
+
+    async def save_suspended(self, run: SuspendedRun) -> None:
+        """Save a suspended run in one transaction, replacing one of the same `run_id` (whatever
+        its status: a resumed run that suspends anew is saved again). Its status is `SUSPENDED`."""
+
+    async def claim_suspended(self, run_id: str, tool_call_id: str) -> SuspendedRun:
+        """Take the run to resume it: atomically check that it exists, awaits `tool_call_id` and is
+        `SUSPENDED`, mark it `RESUMING` and return it. Of concurrent claims (in any process) exactly
+        one wins. `SuspendedRunNotFoundError` when there is no such run or it awaits no such call;
+        `ResumeConflictError` when it is already claimed."""
+
+    async def release_suspended(self, run_id: str) -> None:
+        """Give a claimed run back (`SUSPENDED` again): its resume failed before changing anything.
+        No error when the run is not claimed or does not exist."""
+
+    async def delete_suspended(self, run_id: str) -> None:
+        """Forget the run: it finished, or suspended anew (no error when it does not exist)."""
+
+    async def list_suspended(
+        self,
+        agent_id: str,
+        *,
+        thread_id: str | None = None,
+        resource_id: str | None = None,
+        from_date: str | None = None,
+        to_date: str | None = None,
+        page: int = 0,
+        per_page: int = 20,
+    ) -> tuple[list[SuspendedRun], int]:
+        """The agent's suspended and resuming runs, newest first, one page of them, and how many
+        match in all. A given `thread_id` or `resource_id` must match ("" selects runs without
+        one); `from_date` and `to_date` (ISO 8601, UTC when no offset is given) bound `created_at`
+        as the store reports it, both inclusive."""

@@ -1,7 +1,8 @@
 """procmesh: write LLM-agent processors in Python and serve them as gRPC sidecars.
 
 Subclass `Processor`, implement any of the seeds' hooks in snake_case, and
-serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop).
+serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop). Subclass `Tool`
+to host a standalone tool an agent config names: `run([...], tools=[MyTool()])`.
 """
 
 from procmesh import check, convert, errors, hooks
@@ -11,6 +12,7 @@ from procmesh._message_list import MessageList
 from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
 from procmesh._run import ProcessorSettings, run, serve, settings_from_args, settings_parser
 from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
+from procmesh._tool import Tool, ToolContext
 from procmesh._version import __version__
 
 __all__ = [
@@ -24,6 +26,8 @@ __all__ = [
     "ProcessorClient",
     "ProcessorServer",
     "ProcessorSettings",
+    "Tool",
+    "ToolContext",
     "TripWire",
     "Writer",
     "__version__",

@@ -18,6 +18,8 @@ class SidecarMetrics:
     The names are shared with the Node SDK (``lib/metrics.js``), so one dashboard reads sidecars
     in either language: ``procmesh_sidecar_hook_calls_total{processor,hook,outcome}``,
     ``procmesh_sidecar_hook_duration_seconds{processor,hook}``,
+    ``procmesh_sidecar_tool_calls_total{tool,outcome}``, ``procmesh_sidecar_tool_duration_seconds{tool}``
+    (hosted tools),
     ``procmesh_sidecar_build_info{sdk,version,runtime}`` and the ``process_*`` series.
     """
 
@@ -33,6 +35,19 @@ class SidecarMetrics:
             "procmesh_sidecar_hook_duration_seconds",
             "Time spent in a processor hook (per part for process_output_stream).",
             ["processor", "hook"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tool_calls = Counter(
+            "procmesh_sidecar_tool_calls_total",
+            "Hosted tool calls served, by tool and outcome (ok, tool_error, cancelled, error code).",
+            ["tool", "outcome"],
+            registry=registry,
+        )
+        self.tool_latency = Histogram(
+            "procmesh_sidecar_tool_duration_seconds",
+            "Time spent in a hosted tool's execute().",
+            ["tool"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from procmesh._logging import LOG_FORMATS, LogFormat, configure_logging
 from procmesh._processor import Processor
 from procmesh._server import ProcessorServer, server_credentials
+from procmesh._tool import Tool
 from procmesh._version import __version__
 
 log = logging.getLogger(__name__)
@@ -195,8 +196,10 @@ def _check_bindable(address: str) -> None:
             raise _StartError(f"cannot listen on {address}: {exc.strerror or exc}") from None
 
 
-async def serve(processors: Sequence[Processor], settings: ProcessorSettings) -> None:
-    """Serve until SIGTERM or SIGINT, then stop within the grace period."""
+async def serve(
+    processors: Sequence[Processor], settings: ProcessorSettings, *, tools: Sequence[Tool] = ()
+) -> None:
+    """Serve processors and `tools` until SIGTERM or SIGINT, then stop within the grace period."""
     credentials = None
     if settings.tls_cert or settings.tls_key:
         if not (settings.tls_cert and settings.tls_key):
@@ -212,6 +215,7 @@ async def serve(processors: Sequence[Processor], settings: ProcessorSettings) ->
         metrics_host=settings.metrics_host,
         credentials=credentials,
         hook_threads=settings.hook_threads,
+        tools=tools,
     )
     for address in settings.listen:
         _check_bindable(address)
@@ -239,8 +243,10 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
-def run(processors: Sequence[Processor], settings: ProcessorSettings | None = None) -> None:
-    """Serve processors in this process until SIGTERM/SIGINT (a sidecar's ``main()``).
+def run(
+    processors: Sequence[Processor], settings: ProcessorSettings | None = None, *, tools: Sequence[Tool] = ()
+) -> None:
+    """Serve processors (and hosted `tools`) until SIGTERM/SIGINT (a sidecar's ``main()``).
 
     A setting that fails at start (an address in use, a missing certificate) prints one line
     and exits with status 2, like a bad flag.
@@ -251,6 +257,6 @@ def run(processors: Sequence[Processor], settings: ProcessorSettings | None = No
     # timestamp no dashboard uses; the switch is process-wide, so only programs flip it.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     try:
-        asyncio.run(serve(processors, settings))
+        asyncio.run(serve(processors, settings, tools=tools))
     except _StartError as exc:
         _fail(str(exc))

@@ -24,6 +24,7 @@ from procmesh._hosted import Hosted
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import Processor
 from procmesh._servicer import SERVICE_NAME, Servicer
+from procmesh._tool import HostedTool, Tool
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -39,12 +40,14 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class ProcessorServer:
-    """A gRPC server hosting one or more processors, with health and reflection.
+    """A gRPC server hosting processors and tools, with health and reflection.
 
     Use it as an async context manager, or call `start()` and `stop()`.
 
     Args:
         processors: The processors to host (ids must be unique).
+        tools: The standalone tools to host (`Tool` instances, names unique); a sidecar may
+            host tools only.
         addresses: Where to listen: ``"host:port"`` (port 0 picks a free port)
             or ``"unix:///path.sock"``. Several may be given.
         metrics_port: Serve Prometheus metrics over HTTP on this port (None: off).
@@ -69,6 +72,7 @@ class ProcessorServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         credentials: grpc.ServerCredentials | None = None,
         hook_threads: bool = True,
+        tools: Sequence[Tool] = (),
     ) -> None:
         hosted: dict[str, Hosted] = {}
         for proc in processors:
@@ -78,9 +82,16 @@ class ProcessorServer:
             if not entry.hooks:
                 raise ValueError(f"processor {entry.id!r} implements no hook")
             hosted[entry.id] = entry
-        if not hosted:
-            raise ValueError("ProcessorServer needs at least one processor")
+        hosted_tools: dict[str, HostedTool] = {}
+        for tool in tools:
+            entry_tool = HostedTool(tool, threaded=hook_threads)
+            if entry_tool.name in hosted_tools:
+                raise ValueError(f"two tools share the name {entry_tool.name!r}")
+            hosted_tools[entry_tool.name] = entry_tool
+        if not hosted and not hosted_tools:
+            raise ValueError("ProcessorServer needs at least one processor or tool")
         self._hosted = hosted
+        self._tools = hosted_tools
         self._requested = list(addresses)
         self._credentials = credentials
         self._metrics_port = metrics_port
@@ -108,6 +119,11 @@ class ProcessorServer:
         """The ids of the hosted processors."""
         return list(self._hosted)
 
+    @property
+    def tool_names(self) -> list[str]:
+        """The names of the hosted tools."""
+        return list(self._tools)
+
     async def start(self) -> None:
         """Run every processor's setup, bind the addresses, then report SERVING."""
         options = [
@@ -116,7 +132,7 @@ class ProcessorServer:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
-        self._servicer = Servicer(self._hosted, self._metrics)
+        self._servicer = Servicer(self._hosted, self._metrics, self._tools)
         server.add_generic_rpc_handlers((self._servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -150,18 +166,28 @@ class ProcessorServer:
             host = self.metrics_host
             self.metrics_server, _ = start_http_server(self._metrics_port, addr=host, registry=self.registry)
             log.info("metrics on http://%s:%d/metrics", host, self.metrics_server.server_port)
-        for hosted in self._hosted.values():
-            hosted.loop.start()
+        for loop in self._loops():
+            loop.start()
         try:
             for hosted in self._hosted.values():
                 await hosted.loop.run(hosted.processor.setup)
+            for tool in self._tools.values():
+                await tool.loop.run(tool.tool.setup)
         except BaseException:
             await self.stop(grace=0)  # a failed setup leaves nothing bound
             raise
         self._servicer.ready = True
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving processors %s on %s", self.processor_ids, ", ".join(self.addresses))
+        log.info(
+            "serving processors %s and tools %s on %s",
+            self.processor_ids,
+            self.tool_names,
+            ", ".join(self.addresses),
+        )
+
+    def _loops(self) -> list[Any]:
+        return [h.loop for h in self._hosted.values()] + [t.loop for t in self._tools.values()]
 
     def _bind(self, server: grpc.aio.Server, address: str) -> int:
         if self._credentials is None:
@@ -181,6 +207,12 @@ class ProcessorServer:
             except Exception:
                 log.exception("teardown of %s failed", hosted.id)
             await hosted.loop.stop(timeout=max(grace, 1.0))
+        for tool in self._tools.values():
+            try:
+                await tool.loop.run(tool.tool.teardown)
+            except Exception:
+                log.exception("teardown of tool %s failed", tool.name)
+            await tool.loop.stop(timeout=max(grace, 1.0))
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()  # shutdown() only stops the loop; this closes the socket

@@ -7,6 +7,10 @@ aborted) and its effects. Requests arrive as bytes and are decoded here (`_guard
 request that does not decode is INVALID_ARGUMENT, not grpc.aio's UNKNOWN. Errors are translated
 here, once: a ``ProcmeshError`` aborts with its code, a malformed request with INVALID_ARGUMENT,
 anything else a hook raised with INTERNAL; every status detail is clipped (`_guard.clip`).
+
+``ExecuteTool`` is the exception to that last rule: a tool's exception is data, the tool's error
+(``ExecuteToolResponse.error``), whether the tool is a processor's (``execute_tool``) or one the
+sidecar hosts (a `Tool`, addressed by an empty ``processor_id``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from procmesh._hosted import Hosted
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import HookEffects, TripWire, Writer
 from procmesh._stream import output_stream_handler
+from procmesh._tool import HostedTool, ToolContext, error_text
 from procmesh._version import __version__
 from procmesh.errors import (
     InternalError,
@@ -35,7 +40,7 @@ from procmesh.errors import (
     ProcmeshError,
     UnimplementedError,
 )
-from procmesh.hooks import HOOKS, Hook
+from procmesh.hooks import BY_NAME, HOOKS, Hook
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 
@@ -43,13 +48,21 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "procmesh.v1.ProcessorService"
 Context = grpc.aio.ServicerContext[Any, Any]
+_EXECUTE_TOOL = BY_NAME["execute_tool"]
+
+
+class _ToolRaised(Exception):
+    """A tool raised an ordinary exception (its ``__cause__``): answered as the tool's error."""
 
 
 class Servicer:
     """Serves the hosted processors' hooks; `handler()` is what the gRPC server registers."""
 
-    def __init__(self, hosted: dict[str, Hosted], metrics: SidecarMetrics) -> None:
+    def __init__(
+        self, hosted: dict[str, Hosted], metrics: SidecarMetrics, tools: dict[str, HostedTool] | None = None
+    ) -> None:
         self._hosted = hosted
+        self._tools = tools or {}
         self._metrics = metrics
         self.rejects = RejectLog()
         """Refused requests: counted, and logged as one rate-limited WARNING."""
@@ -68,6 +81,10 @@ class Servicer:
                 handlers[hook.rpc] = grpc.stream_stream_rpc_method_handler(
                     output_stream_handler(self, hook), response_serializer=hook.response.SerializeToString
                 )
+            elif hook is _EXECUTE_TOOL:
+                handlers[hook.rpc] = grpc.unary_unary_rpc_method_handler(
+                    self._execute_tool(), response_serializer=hook.response.SerializeToString
+                )
             else:
                 handlers[hook.rpc] = grpc.unary_unary_rpc_method_handler(
                     self._unary(hook), response_serializer=hook.response.SerializeToString
@@ -75,7 +92,7 @@ class Servicer:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
     async def describe(self, raw: bytes, context: Context) -> ppb.DescribeResponse:
-        """Every hosted processor and the hooks it implements."""
+        """Every hosted processor and the hooks it implements, and every hosted tool."""
         try:
             decode(ppb.DescribeRequest, raw, "Describe", self.rejects)
         except ProcmeshError as exc:
@@ -83,6 +100,7 @@ class Servicer:
         return ppb.DescribeResponse(
             processors=[h.info() for h in self._hosted.values()],
             sdk=f"procmesh-python/{__version__}",
+            tools=[t.info() for t in self._tools.values()],
         )
 
     def lookup(self, ctx: tpb.RunContext, hook: str) -> Hosted:
@@ -138,6 +156,10 @@ class Servicer:
             outcome = "cancelled"  # the call was cancelled or its deadline passed
             raise
         except Exception as exc:
+            if hook == "execute_tool":  # a tool's exception is the tool's error, not a failed call
+                outcome = "tool_error"
+                log.warning("processor %s tool raised %s", hosted.id, type(exc).__name__, exc_info=True)
+                raise _ToolRaised() from exc
             outcome = "internal"
             log.exception("processor %s hook %s raised", hosted.id, hook)
             raise InternalError(
@@ -163,10 +185,79 @@ class Servicer:
         effects = HookEffects(hosted.id)
         kwargs = self.base_kwargs(hosted, request.context, effects)
         kwargs.update(hook.decode(request))
-        result = await self.invoke(hosted, hook.name, kwargs, effects)
+        try:
+            result = await self.invoke(hosted, hook.name, kwargs, effects)
+        except _ToolRaised as raised:  # only execute_tool; its effects and state are dropped
+            return ppb.ExecuteToolResponse(error=error_text(raised.__cause__ or raised))
         resp = hook.response() if effects.abort is not None else hook.encode(result, kwargs)
         fill_effects(resp.effects, effects, kwargs["state"])
         return resp
+
+    def lookup_tool(self, name: str) -> HostedTool:
+        """The hosted tool an ExecuteTool request with an empty processor_id names."""
+        if not self.ready:
+            raise NotReadyError("the sidecar is starting or draining; retry when health reports SERVING")
+        tool = self._tools.get(name)
+        if tool is None:
+            hosted = sorted(self._tools)
+            raise NotFoundError(f"tool {short(name)} is not hosted here (hosted tools: {hosted})")
+        return tool
+
+    async def call_tool(self, tool: HostedTool, request: ppb.ExecuteToolRequest) -> ppb.ExecuteToolResponse:
+        """One hosted tool call, on the tool's loop: its context, `execute`, the result or its error."""
+        ctx = request.context
+        context = ToolContext(
+            run_id=ctx.run_id,
+            agent_id=ctx.agent_id,
+            tool_call_id=request.tool_call_id,
+            thread_id=ctx.thread_id or None,
+            resource_id=ctx.resource_id or None,
+            request_context=convert.from_struct(ctx.request_context),
+            messages=[convert.message_from_proto(m) for m in request.messages],
+        )
+        args = convert.from_value(request.args) if request.HasField("args") else {}
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            result = await tool.tool.execute(args, context)
+            resp = ppb.ExecuteToolResponse()
+            try:
+                resp.result.CopyFrom(convert.to_value(result))
+            except TypeError as exc:
+                raise InternalError(f"tool {tool.name!r} returned a non-JSON result: {exc}") from exc
+            return resp
+        except ProcmeshError as exc:
+            outcome = exc.code.name.lower()
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as exc:
+            outcome = "tool_error"
+            log.warning("tool %s raised %s", tool.name, type(exc).__name__, exc_info=True)
+            return ppb.ExecuteToolResponse(error=error_text(exc))
+        finally:
+            self._metrics.tool_calls.labels(tool.name, outcome).inc()
+            self._metrics.tool_latency.labels(tool.name).observe(time.perf_counter() - started)
+
+    def _execute_tool(self) -> Callable[[bytes, Context], Awaitable[Any]]:
+        hook = _EXECUTE_TOOL
+
+        async def handle(raw: bytes, context: Context) -> Any:
+            try:
+                request = decode(hook.request, raw, hook.name, self.rejects)
+                if request.context.processor_id:  # a tool the processor added: as every hook
+                    hosted = self.lookup(request.context, hook.name)
+                    return await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+                tool = self.lookup_tool(request.tool_name)
+                return await tool.loop.run(lambda: self.call_tool(tool, request))
+            except ProcmeshError as exc:
+                await context.abort(exc.code, clip(str(exc)))
+            except MALFORMED as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, clip(self.malformed(hook.name, exc)))
+            raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
+
+        return handle
 
     def _unary(self, hook: Hook) -> Callable[[bytes, Context], Awaitable[Any]]:
         async def handle(raw: bytes, context: Context) -> Any:

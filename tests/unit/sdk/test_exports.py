@@ -21,6 +21,8 @@ EXPECTED_ALL = [
     "ProcessorClient",
     "ProcessorServer",
     "ProcessorSettings",
+    "Tool",
+    "ToolContext",
     "TripWire",
     "Writer",
     "__version__",

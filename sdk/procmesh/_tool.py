@@ -1,0 +1,120 @@
+"""Tool: a standalone tool a sidecar hosts, which agent configs name; and what serving one takes.
+
+A processor's ``execute_tool`` runs tools that processor added to a step; a `Tool` is the other
+kind: listed by ``Describe`` (``DescribeResponse.tools``) and called with ``ExecuteTool`` and an
+empty ``context.processor_id``. Each hosted tool runs on its own `HookLoop`, as each processor
+does, so a tool that computes cannot stall health checks or the other tools and processors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from procmesh import convert
+from procmesh._hookloop import HookLoop
+from procmesh.v1 import processor_pb2 as ppb
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""What every model provider accepts as a tool name (OpenAI's and Anthropic's rule)."""
+ERROR_CHARS = 2048
+"""A tool error longer than this is clipped: the model reads it, and it costs context."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool call is handed besides its arguments: the run it serves and the conversation.
+
+    Cancellation is asyncio's: when the orchestrator cancels the call (or its deadline passes),
+    the task running `Tool.execute` is cancelled, so the tool stops at its next ``await``.
+    """
+
+    run_id: str
+    """The run (one ``generate()``/``stream()`` call) that called the tool."""
+    agent_id: str
+    """The agent whose model called the tool."""
+    tool_call_id: str
+    """The model's id for this call."""
+    thread_id: str | None
+    """The run's memory thread (None without memory)."""
+    resource_id: str | None
+    """Who the thread belongs to (None without memory)."""
+    request_context: dict[str, Any]
+    """The caller's serializable request context."""
+    messages: list[dict[str, Any]]
+    """The conversation so far, as hooks see messages."""
+
+
+class Tool:
+    """Base class for a tool a sidecar hosts: set `name` (and a `description`), implement `execute`.
+
+    Serve it beside processors, ``run([...], tools=[Weather()])`` or
+    ``ProcessorServer([...], tools=[...])``; an agent config names it, and the orchestrator offers
+    it to the model and routes its calls here. The orchestrator validates the model's arguments
+    against `input_schema`; the SDK does not.
+
+    What `execute` returns (any JSON value) is the tool's result. What it raises is the tool's
+    error, shown to the model (``ExecuteToolResponse.error``, the message clipped), not a failed
+    call; a `procmesh.errors.ProcmeshError` instead fails the call with its status code.
+
+    Class attributes:
+        name: The tool's name, unique in the sidecar (letters, digits, ``_`` and ``-``; at most 64).
+        description: What the tool does, for the model.
+        input_schema: JSON schema of the arguments, an object schema (``{"type": "object", ...}``).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+
+    async def setup(self) -> None:
+        """Prepare resources (on the tool's own loop); the server reports SERVING only after it."""
+
+    async def teardown(self) -> None:
+        """Release resources when the server stops."""
+
+    async def execute(self, args: dict[str, Any], context: ToolContext) -> Any:
+        """Run one call: `args` as the model sent them; return the result (any JSON value)."""
+        raise NotImplementedError
+
+
+class HostedTool:
+    """One hosted tool, checked when the server is built, with its `HookLoop` and Describe entry."""
+
+    def __init__(self, tool: Tool, *, threaded: bool = True) -> None:
+        if not isinstance(tool, Tool):
+            raise TypeError(f"a tool must be a procmesh.Tool instance, got {type(tool).__name__}")
+        cls = type(tool).__name__
+        name = tool.name
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tool {cls} has no name")
+        if not _NAME.match(name):
+            raise ValueError(f"tool {cls}: name {name!r} must be 1-64 letters, digits, '_' or '-'")
+        if type(tool).execute is Tool.execute:
+            raise ValueError(f"tool {name!r} does not implement execute()")
+        schema = tool.input_schema
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise ValueError(
+                f"tool {name!r}: input_schema must be a JSON schema object ({{'type': 'object', ...}})"
+            )
+        try:
+            self.schema = convert.to_struct(schema)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tool {name!r}: input_schema is not JSON: {exc}") from exc
+        self.tool = tool
+        self.name = name
+        self.loop = HookLoop(f"procmesh-tool:{name[:32]}", threaded=threaded)
+        """Where this tool's setup, calls and teardown run (started by the server)."""
+
+    def info(self) -> ppb.HostedTool:
+        """This tool as ``Describe`` lists it."""
+        return ppb.HostedTool(name=self.name, description=self.tool.description, input_schema=self.schema)
+
+
+def error_text(exc: BaseException) -> str:
+    """What the model sees of a tool's exception: its message (else its type), clipped."""
+    text = str(exc) or type(exc).__name__
+    if len(text) <= ERROR_CHARS:
+        return text
+    return text[: ERROR_CHARS - 30] + f"... ({len(text)} characters)"

@@ -8,6 +8,7 @@ raises), a `ProcmeshError` keeps its status. One server per module hosts the too
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -17,9 +18,11 @@ import grpc
 import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 import procmesh
 from procmesh import SERVICE_NAME, Processor, ProcessorClient, ProcessorServer, Tool, ToolContext, convert
+from procmesh._check.checker import check
 from procmesh.errors import NotReadyError
 from procmesh.testing import serve_for_test
 from procmesh.v1 import processor_pb2 as ppb
@@ -383,3 +386,63 @@ async def test_a_sidecar_may_host_tools_only_and_serve_for_test_takes_them() -> 
 
 async def test_the_tool_api_is_public() -> None:
     assert {"Tool", "ToolContext"} <= set(procmesh.__all__)
+
+
+# -- procmesh-check-sidecar ------------------------------------------------------------------------
+
+
+async def test_the_checker_lists_the_hosted_tools(server: ProcessorServer) -> None:
+    out = io.StringIO()
+    report = await check(server.addresses[0], timeout=2.0, out=out)
+    lines = out.getvalue().splitlines()
+    assert "PASS  hosted tools: weather, broken, refusing, not-json, slow, busy" in lines
+    assert any(
+        line.startswith("PASS  malformed ExecuteTool: unknown hosted tool: NOT_FOUND") for line in lines
+    )
+    assert report.count("FAIL") == 0, out.getvalue()
+
+
+async def test_the_checker_passes_a_tools_only_sidecar() -> None:
+    async with ProcessorServer([], tools=[Weather()]) as srv:
+        out = io.StringIO()
+        report = await check(srv.addresses[0], timeout=2.0, out=out)
+    assert "PASS  hosted tools: weather" in out.getvalue().splitlines()
+    assert report.count("FAIL") == 0, out.getvalue()
+
+
+async def test_the_checker_fails_duplicate_names_and_a_non_object_schema() -> None:
+    described = ppb.DescribeResponse(sdk="bad/0")
+    for name, schema in (("a", {"type": "object"}), ("a", {"type": "object"}), ("b", {"type": "array"})):
+        described.tools.add(name=name, input_schema=convert.to_struct(schema))
+
+    async def describe(raw: bytes, context: Any) -> ppb.DescribeResponse:
+        return described
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE_NAME,
+                {
+                    "Describe": grpc.unary_unary_rpc_method_handler(
+                        describe, response_serializer=ppb.DescribeResponse.SerializeToString
+                    )
+                },
+            ),
+        )
+    )
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        for service in ("", SERVICE_NAME):
+            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        out = io.StringIO()
+        await check(f"127.0.0.1:{port}", timeout=2.0, wait=1.0, out=out)
+    finally:
+        await server.stop(0)
+    (line,) = [x for x in out.getvalue().splitlines() if "hosted tools" in x]
+    assert line.startswith("FAIL  hosted tools: ")
+    assert "tool 'a' is listed twice" in line
+    assert "tool 'b': input_schema is not an object schema" in line

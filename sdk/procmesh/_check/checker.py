@@ -1,4 +1,4 @@
-"""The sidecar-wide checks (health, Describe, malformed requests) and the run over every processor."""
+"""The sidecar-wide checks (health, Describe, hosted tools, malformed requests) and every processor's."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from procmesh._check.requests import (
     PLAIN_TEXT,
     STREAM,
     UNKNOWN_PROCESSOR,
+    UNKNOWN_TOOL,
     WITH_MESSAGES,
     build_request,
     text_delta,
@@ -37,6 +38,8 @@ class SidecarChecker(ProcessorChecks):
     """TLS (and mTLS) to the sidecar; plaintext when None."""
     server_name: str | None = None
     """The name to verify in the sidecar's certificate (default: the address's host)."""
+    tools: Sequence[ppb.HostedTool] = ()
+    """The standalone tools Describe listed."""
 
     def channel(self) -> grpc.aio.Channel:
         if self.credentials is None:
@@ -52,7 +55,7 @@ class SidecarChecker(ProcessorChecks):
                 if not await self.check_health():
                     return
                 described = await self.check_describe()
-                if not described:
+                if not described and not self.tools:
                     return
                 await self.check_malformed(described)
                 for info in described:
@@ -108,8 +111,8 @@ class SidecarChecker(ProcessorChecks):
                 else:
                     if not isinstance(schema, dict):
                         problems.append(f"{info.id!r} options_schema_json is not a JSON object")
-        if not resp.processors:
-            problems.append("no processor is hosted")
+        if not resp.processors and not resp.tools:
+            problems.append("no processor and no tool is hosted")
         listed = [
             f"{i.id} [{', '.join(HOOKS.get(h, str(h)) for h in i.hooks)}]"
             + (" +data parts" if i.process_data_parts else "")
@@ -117,6 +120,13 @@ class SidecarChecker(ProcessorChecks):
         ]
         self.report.check("Describe", problems, f"sdk {resp.sdk or '(not given)'}; " + "; ".join(listed))
         if problems:
+            return []
+        if resp.tools:
+            self.tools = list(resp.tools)
+            self.report.check(
+                "hosted tools", tool_problems(resp.tools), ", ".join(t.name for t in resp.tools)
+            )
+        if not resp.processors:
             return []
         selected = [i for i in resp.processors if self.only in (None, i.id)]
         if not selected:
@@ -133,6 +143,8 @@ class SidecarChecker(ProcessorChecks):
         for info in described:
             for value in info.hooks:
                 owner.setdefault(HOOKS[value], info.id)
+        if self.tools:
+            owner.setdefault(TOOL_RPC, "")
         for hook in HOOKS.values():
             if hook not in owner:
                 continue
@@ -140,7 +152,9 @@ class SidecarChecker(ProcessorChecks):
                 ("empty processor_id", self.context(""), False, Code.INVALID_ARGUMENT),
                 ("unknown processor", self.context(UNKNOWN_PROCESSOR), False, Code.NOT_FOUND),
             ]
-            if hook in WITH_MESSAGES:
+            if hook == TOOL_RPC:  # an empty processor_id names a hosted tool: an unknown one
+                cases[0] = ("unknown hosted tool", self.context(""), False, Code.NOT_FOUND)
+            if hook in WITH_MESSAGES and owner[hook]:
                 cases.append(
                     ("message part without kind", self.context(owner[hook]), True, Code.INVALID_ARGUMENT)
                 )
@@ -149,9 +163,10 @@ class SidecarChecker(ProcessorChecks):
                     outcome = await self.stream(ctx, [[text_delta(PLAIN_TEXT)]])
                     code, details = outcome.code or Code.OK, outcome.details
                 else:
-                    _, code, details = await self.unary(
-                        hook, build_request(hook, ctx, PLAIN_TEXT, kindless=kindless)
-                    )
+                    req = build_request(hook, ctx, PLAIN_TEXT, kindless=kindless)
+                    if hook == TOOL_RPC and not ctx.processor_id:
+                        req.tool_name = UNKNOWN_TOOL
+                    _, code, details = await self.unary(hook, req)
                 name = f"malformed {hook}: {what}"
                 if code == want:
                     self.report.check(name, [] if details else ["no details"], f"{code.name}: {details}")
@@ -163,6 +178,9 @@ class SidecarChecker(ProcessorChecks):
                     )
                     said = f": {details}" if details else ""
                     self.report.add("FAIL", name, f"expected {want.name}, got {code.name}{crash}{said}")
+        if not described:
+            await self.still_serving("still SERVING after malformed requests")
+            return
         first = described[0]
         first_hook = HOOKS[first.hooks[0]]
 
@@ -173,6 +191,27 @@ class SidecarChecker(ProcessorChecks):
             return await self.unary(first_hook, build_request(first_hook, self.context(first.id), PLAIN_TEXT))
 
         await self.still_serving("still SERVING after malformed requests", probe)
+
+
+TOOL_RPC = "ExecuteTool"
+
+
+def tool_problems(tools: Sequence[ppb.HostedTool]) -> list[str]:
+    """What is wrong with Describe's hosted tools: empty or duplicate names, a non-object schema."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for tool in tools:
+        if not tool.name:
+            problems.append("a hosted tool has an empty name")
+        elif tool.name in seen:
+            problems.append(f"tool {tool.name!r} is listed twice")
+        seen.add(tool.name)
+        kind = tool.input_schema.fields.get("type")
+        if kind is None or kind.string_value != "object":
+            problems.append(
+                f"tool {tool.name!r}: input_schema is not an object schema ({{'type': 'object'}})"
+            )
+    return problems
 
 
 async def check(

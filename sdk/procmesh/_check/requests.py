@@ -18,6 +18,7 @@ WITH_MESSAGES = {hook.rpc for hook in hooks.HOOKS if "messages" in hook.request.
 RETRYABLE = {hooks.BY_NAME["process_input_step"].rpc, hooks.BY_NAME["process_output_step"].rpc}
 """The hooks whose abort(retry=True) replays the step; elsewhere retry is only kept in the tripwire."""
 UNKNOWN_PROCESSOR = "procmesh-check-no-such-processor"
+UNKNOWN_TOOL = "procmesh-check-no-such-tool"
 STATE_KEY = "procmesh-check"
 
 PLAIN_TEXT = "What is the weather in Paris today?"

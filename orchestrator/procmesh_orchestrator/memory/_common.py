@@ -302,6 +302,14 @@ def check_date(store: str, name: str, value: object) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+_MS = timedelta(milliseconds=1)
+
+
+def _millisecond(moment: datetime) -> datetime:
+    """The start of `moment`'s millisecond."""
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
 def list_suspended_query(
     store: str,
     agent_id: object,
@@ -315,9 +323,9 @@ def list_suspended_query(
     the count of all that match (a page past the end gives one row: the count, then NULLs).
 
     `filters` holds ``thread_id``, ``resource_id``, ``from_date`` and ``to_date``; `moment` turns a
-    bound into the backend's ``created_at`` parameter. The bounds apply to ``created_at`` as `iso`
-    reports it, to the millisecond: stored times run from the first microsecond of a whole
-    millisecond at or after `from_date` up to the end of `to_date`'s millisecond.
+    bound into the backend's ``created_at`` parameter. Both bounds are inclusive of ``created_at``
+    as the store reports it (`iso`, to the millisecond, while it stores microseconds), so a run's
+    own ``created_at`` given as either bound selects it.
     """
     p = placeholder
     where, args = [f"agent_id = {p}"], [check_id(store, "agent", agent_id)]
@@ -330,15 +338,13 @@ def list_suspended_query(
         check_date(store, "from_date", filters.get("from_date")),
         check_date(store, "to_date", filters.get("to_date")),
     )
-    if low is not None:
-        floor = low.replace(microsecond=low.microsecond // 1000 * 1000)
+    if low is not None:  # reported >= low: stored from the first whole millisecond at or after low
+        first = _millisecond(low)
         where.append(f"created_at >= {p}")
-        args.append(moment(floor if floor == low else floor + timedelta(milliseconds=1)))
-    if high is not None:
+        args.append(moment(first if first == low else first + _MS))
+    if high is not None:  # reported <= high: stored before the end of high's millisecond
         where.append(f"created_at < {p}")
-        args.append(
-            moment(high.replace(microsecond=high.microsecond // 1000 * 1000) + timedelta(milliseconds=1))
-        )
+        args.append(moment(_millisecond(high) + _MS))
     size = check_count(store, "per_page", per_page, low=1, high=MAX_PAGE)
     number = check_count(store, "page", page, low=0, high=2**62 // MAX_PAGE)
     condition = " AND ".join(where)
@@ -363,7 +369,8 @@ class SuspendedRunMethods:
     placeholder, its one-statement read and write, and its ``created_at`` conversions."""
 
     name: str
-    placeholder = "?"
+    placeholder: str
+    """The driver's SQL parameter placeholder (``?``, ``%s``)."""
 
     async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
         raise NotImplementedError

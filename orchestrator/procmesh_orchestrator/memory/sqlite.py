@@ -51,6 +51,8 @@ _THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
 class SqliteMemoryStore(c.SuspendedRunMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
+    placeholder = "?"
+
     def __init__(
         self,
         path: str | Path,

@@ -17,6 +17,7 @@ import jsonschema
 from procmesh import ProcessorClient, channel_credentials, convert
 from procmesh.errors import ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh_orchestrator.agent_tools import ToolCatalog
 from procmesh_orchestrator.config import (
     BUILTINS,
     ConditionalStep,
@@ -42,9 +43,8 @@ from procmesh_orchestrator.processors import (
     hook_names,
 )
 from procmesh_orchestrator.providers import ModelRegistry
-from procmesh_orchestrator.run import Agent, AgentSpec, Lanes
+from procmesh_orchestrator.run import Agent, AgentSpec, Lanes, stop
 from procmesh_orchestrator.run.memory import AgentMemory
-from procmesh_orchestrator.run.tools import StaticTool
 from procmesh_orchestrator.sidecar_process import SidecarProcess, supervise
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,9 @@ class App:
         self.catalog: dict[str, dict[str, ppb.ProcessorInfo]] = {}
         self.models = ModelRegistry(config)
         """Models by reference: ``models`` keys, and ``provider/model-id`` created on first use."""
-        self.tools = {name: StaticTool.from_config(name, t) for name, t in config.tools.items()}
+        self.tools = ToolCatalog(config)
+        self.hosted_tools: dict[str, dict[str, ppb.HostedTool]] = {}
+        """Each sidecar's hosted tools (Describe), by name."""
         self.agents: dict[str, Agent] = {}
         self._connect_timeout = connect_timeout
         self.sidecars: dict[str, SidecarConfig] = dict(config.sidecars)
@@ -125,7 +127,9 @@ class App:
         self._builtins_dir: str | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self.store: MemoryStore | None = None
-        """The memory store, opened at start when an agent has memory (`Config.storage`)."""
+        """The store (`Config.storage`): opened at start when an agent has memory, else when a run
+        first suspends for a tool approval."""
+        self._store_lock = asyncio.Lock()
 
     def _needs_builtins(self) -> bool:
         named = [
@@ -170,6 +174,7 @@ class App:
         await asyncio.gather(*(self._describe(name) for name in self.clients))
         if any(a.memory is not None for a in self.config.agents.values()):
             await self._open_store()
+        await self.tools.start(self.clients, self.sidecars, self.hosted_tools)
         for agent_id, agent in self.config.agents.items():
             spec = AgentSpec(
                 id=agent_id,
@@ -177,8 +182,9 @@ class App:
                 hook_caller=GrpcHookCaller,
                 instructions=agent.instructions,
                 models=self.models,
-                tools={t: self.tools[t] for t in agent.tools},
+                tools=self.tools.for_agent(agent_id, agent),
                 max_steps=agent.max_steps,
+                stop_when=stop.parse(agent.stop_when),
                 max_processor_retries=agent.max_processor_retries,
                 lanes=Lanes(
                     input=tuple(
@@ -196,14 +202,23 @@ class App:
                     ),
                 ),
                 memory=self._memory(agent.memory),
+                store=self._suspended_runs_store,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
 
-    async def _open_store(self) -> None:
-        """Open the configured store and apply its migrations (versioned, at start-up)."""
-        store = open_store(self.config.storage)
-        self.store = store  # closed by stop() even when start() fails half-way
-        await store.start()
+    async def _open_store(self) -> MemoryStore:
+        """Open the configured store and apply its migrations (versioned)."""
+        async with self._store_lock:
+            if self.store is None:
+                store = open_store(self.config.storage)
+                self.store = store  # closed by stop() even when start() fails half-way
+                await store.start()
+            return self.store
+
+    async def _suspended_runs_store(self) -> MemoryStore:
+        """The store suspended runs are kept in: the configured one, opened on first use (an app
+        whose agents have no memory and never suspend writes nothing)."""
+        return await self._open_store()
 
     def _memory(self, config: AgentMemoryConfig | None) -> AgentMemory | None:
         if config is None:
@@ -227,6 +242,7 @@ class App:
                     ) from None
                 await asyncio.sleep(0.1)
         self.catalog[name] = {p.id: p for p in described.processors}
+        self.hosted_tools[name] = {t.name: t for t in described.tools}
 
     def _error_lane(self, refs: Sequence[ProcessorRef], defaults: bool, where: str) -> list[ProcessorHandle]:
         user = self.resolve(refs, where)
@@ -325,8 +341,10 @@ class App:
             raise ConfigError(f"unknown agent {agent_id!r} (configured: {sorted(self.agents)})") from None
 
     async def stop(self) -> None:
-        """Close every sidecar channel; stop the built-in sidecar if this App started it."""
-        await asyncio.gather(*(c.close() for c in self.clients.values()), self.models.aclose())
+        """Close every sidecar channel and MCP session; stop the built-in sidecar if this App started it."""
+        await asyncio.gather(
+            *(c.close() for c in self.clients.values()), self.models.aclose(), self.tools.close()
+        )
         if self.store is not None:
             await self.store.close()
         if self._supervisor is not None:

@@ -110,6 +110,10 @@ class MalformedResponseError(ProcessorCallError):
     """A sidecar's response breaks the contract (its failure policy decides, as for any failed call)."""
 
 
+class SuspendError(OrchestratorError):
+    """A tool call needs approval but the run cannot be kept (no store configured)."""
+
+
 class MemoryStoreError(OrchestratorError):
     """Memory could not be read or written; the message names the store and the thread."""
 

@@ -87,6 +87,12 @@ class OrchestratorMetrics:
             ["model", "direction"],
             registry=r,
         )
+        self.tool_calls = Counter(
+            "procmesh_tool_calls_total",
+            "Tool calls the run executed, by tool and outcome (ok, error).",
+            ["tool", "outcome"],
+            registry=r,
+        )
         self.chunks = Counter(
             "procmesh_stream_chunks_total",
             "Stream chunks emitted to callers by type family.",

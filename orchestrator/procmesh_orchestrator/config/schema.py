@@ -19,7 +19,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-FailurePolicy = Literal["fail-closed", "fail-open"]
+from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
+from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
+from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
+
 BUILTINS = "builtins"
 """The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""
 
@@ -264,16 +267,6 @@ DEFAULT_PROVIDERS: dict[str, ProviderConfig] = {
 """Providers usable without declaring them (a declared provider of the same name wins)."""
 
 
-class ToolConfig(_Model):
-    """A tool with a fixed result (real tools arrive with the tool sidecars)."""
-
-    description: str = ""
-    input_schema: dict[str, Any] = {}
-    result: Any = None
-    custom: dict[str, Any] | None = None
-    """A ``data-*`` chunk the tool emits with its writer before returning."""
-
-
 class AgentMemoryConfig(_Model):
     """An agent's message-history memory (a call with a thread loads and saves; see README)."""
 
@@ -311,7 +304,11 @@ class AgentConfig(_Model):
     instructions: str = ""
     model: str
     tools: list[str] = []
+    mcp_servers: list[str] = []
+    """MCP servers (`mcpServers` keys) whose every tool the agent takes, under the server's names."""
     max_steps: int = Field(default=5, ge=1)
+    stop_when: list[dict[str, Any]] = []
+    """End the loop after a step when any holds: ``{stepCountIs: n}``, ``{hasToolCall: name}``."""
     max_processor_retries: int | None = Field(default=None, ge=0)
     error_processor_defaults: bool = True
     input_processors: list[LaneEntry] = []
@@ -325,6 +322,15 @@ class AgentConfig(_Model):
     def _refs(cls, value: Any) -> Any:
         return _lane(value)
 
+    @field_validator("stop_when")
+    @classmethod
+    def _stop_when(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # imported here: the run package imports the config (models), not the other way round
+        from procmesh_orchestrator.run import stop
+
+        stop.parse(value)  # a clear error for what is not a condition
+        return value
+
 
 class Config(_Model):
     """The whole orchestrator configuration."""
@@ -334,6 +340,8 @@ class Config(_Model):
     """HTTP providers by name; ``openai`` and ``anthropic`` exist by default (see DEFAULT_PROVIDERS)."""
     models: dict[str, ModelConfig] = {"demo": ModelConfig(provider="demo")}
     tools: dict[str, ToolConfig] = {}
+    mcp_servers: dict[str, McpServerConfig] = {}
+    """MCP servers whose tools agents take (`tools.*.mcp`, `agents.*.mcpServers`)."""
     workflows: dict[str, WorkflowConfig] = {}
     """Processor workflows, used in a lane as ``workflow:NAME``."""
     agents: dict[str, AgentConfig]
@@ -376,6 +384,12 @@ class Config(_Model):
             for tool in agent.tools:
                 if tool not in self.tools:
                     raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")
+            for server in agent.mcp_servers:
+                if server not in self.mcp_servers:
+                    raise ValueError(
+                        f"agents.{agent_id}.mcpServers: unknown MCP server {server!r} "
+                        f"(declared: {sorted(self.mcp_servers)})"
+                    )
             for lane in ("input_processors", "output_processors", "error_processors"):
                 for i, ref in enumerate(getattr(agent, lane)):
                     if isinstance(ref, WorkflowRef):
@@ -386,6 +400,15 @@ class Config(_Model):
                             )
                         continue
                     self._check_sidecar(ref, f"agents.{agent_id}.{to_camel(lane)}.{i}")
+        for name, cfg in self.tools.items():
+            if cfg.sidecar and cfg.sidecar not in self.sidecars:
+                declared = sorted(self.sidecars)
+                raise ValueError(
+                    f"tools.{name}.sidecar: unknown sidecar {cfg.sidecar!r} (declared: {declared})"
+                )
+            if cfg.mcp and cfg.mcp not in self.mcp_servers:
+                declared = sorted(self.mcp_servers)
+                raise ValueError(f"tools.{name}.mcp: unknown MCP server {cfg.mcp!r} (declared: {declared})")
         for name, workflow in self.workflows.items():
             for i, step in enumerate(workflow.steps):
                 for ref in workflow_refs(step):

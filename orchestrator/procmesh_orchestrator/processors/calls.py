@@ -57,7 +57,7 @@ class GrpcHookCaller:
     def fill_context(self, ctx: tpb.RunContext, handle: ProcessorHandle) -> None:
         """Fill a request's RunContext for `handle`."""
         info = self.info
-        ctx.processor_id = handle.hosted_id or handle.processor_id
+        ctx.processor_id = "" if handle.tool_host else handle.hosted_id or handle.processor_id
         ctx.run_id = info.run_id
         ctx.agent_id = info.agent_id
         ctx.step_number = info.step_number
@@ -69,6 +69,19 @@ class GrpcHookCaller:
         ctx.request_context.CopyFrom(self.request_context)
         ctx.thread_id = info.thread_id
         ctx.resource_id = info.resource_id
+
+    def export_states(self) -> dict[str, Any]:
+        """Every processor's state as JSON (a suspended run's snapshot keeps it)."""
+        return {
+            pid: convert.from_struct(state)
+            for pid, state in self.info.states.items()
+            if isinstance(state, struct_pb2.Struct)
+        }
+
+    def import_states(self, states: dict[str, Any]) -> None:
+        """Put back states `export_states` gave (a resumed run)."""
+        for pid, state in states.items():
+            self.info.states[pid] = convert.to_struct(state)
 
     def timeout_for(self, handle: ProcessorHandle) -> float:
         """The call timeout: the processor's, capped by what is left of the run's deadline."""

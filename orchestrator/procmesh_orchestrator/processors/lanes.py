@@ -34,6 +34,8 @@ class ProcessorHandle:
     """Run and record the verdict, never enforce it (a shadow processor also always fails open)."""
     hosted_id: str = ""
     """The id the sidecar hosts it under, when the lane entry renamed it (several instances)."""
+    tool_host: bool = False
+    """The sidecar's hosted tools, not a processor: ExecuteTool goes with an empty processor id."""
 
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""

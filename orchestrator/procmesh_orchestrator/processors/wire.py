@@ -196,6 +196,8 @@ def _build_execute_tool(a: h.ExecuteToolArgs, req: Any) -> None:
 
 
 def _read_execute_tool(resp: Any) -> h.ExecuteToolResult:
+    if resp.error:
+        return h.ExecuteToolResult(error=resp.error)
     return h.ExecuteToolResult(result=convert.from_value(resp.result))
 
 

@@ -3,30 +3,48 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.errors import OrchestratorError, SuspendedRunNotFoundError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
+from procmesh_orchestrator.run.tool_calls import Decision
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult
 
+if TYPE_CHECKING:
+    from procmesh_orchestrator.memory.store import MemoryStore
+
 _STREAM_END = object()
+
+
+def _abortable(options: CallOptions | None) -> CallOptions:
+    """The options with an abort signal (the caller's, or a new one `RunStream.cancel` sets)."""
+    options = options or CallOptions()
+    return options if options.abort_signal is not None else replace(options, abort_signal=asyncio.Event())
 
 
 class RunStream:
     """A streamed run: iterate for chunks, then `await result()` (or await it directly)."""
 
-    def __init__(self, run: Run, queue: asyncio.Queue[Any]) -> None:
+    def __init__(self, run: Run, queue: asyncio.Queue[Any], *, store: MemoryStore | None = None) -> None:
         self._queue = queue
         self._run = run
+        self._store = store
+        """A resumed run's store: the suspended record goes once the run is done."""
         self._task = asyncio.create_task(self._drive())
 
     async def _drive(self) -> RunResult:
         try:
-            result, _ = await self._run.execute()
+            result, failure = await self._run.execute()
+            if self._store is not None and result.status != "suspended":
+                await self._store.delete_suspended(result.run_id)  # resumed, and done
+            if failure is not None and not self._run.streaming:
+                if isinstance(failure, OrchestratorError):
+                    failure.result = result
+                raise failure
             return result
         finally:
             self._queue.put_nowait(_STREAM_END)
@@ -45,11 +63,13 @@ class RunStream:
         """The run's result (consumes any chunks not yet read)."""
         return await self._task
 
-    async def cancel(self) -> None:
-        """Stop the run."""
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OrchestratorError):
-            await self._task
+    async def cancel(self) -> RunResult:
+        """Abort the run (its abort signal): in-flight calls are cancelled, the stream ends with an
+        ``abort`` chunk, and the result (returned) keeps the text and steps done so far."""
+        signal = self._run.options.abort_signal
+        assert signal is not None  # Agent.stream always gives one
+        signal.set()
+        return await self._task
 
 
 class Agent:
@@ -74,5 +94,66 @@ class Agent:
     def stream(self, input: str | list[dict[str, Any]], options: CallOptions | None = None) -> RunStream:
         """Start a streamed run; failures end the stream with an ``error`` chunk."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        run = Run(self.spec, input, options or CallOptions(), sink=queue.put_nowait, metrics=self.metrics)
+        run = Run(self.spec, input, _abortable(options), sink=queue.put_nowait, metrics=self.metrics)
         return RunStream(run, queue)
+
+    async def approve_tool_call(
+        self, run_id: str, tool_call_id: str, options: CallOptions | None = None
+    ) -> RunResult:
+        """Resume a run suspended for this call's approval: the tool runs, the loop goes on.
+
+        Works on any replica sharing the store. `ResumeConflictError` when the call was already
+        decided (or is being resumed elsewhere), `SuspendedRunNotFoundError` when no run waits.
+        """
+        resumed = await self._resume(run_id, tool_call_id, Decision(True), options, streaming=False)
+        return await resumed.result()
+
+    async def decline_tool_call(
+        self, run_id: str, tool_call_id: str, reason: str | None = None, options: CallOptions | None = None
+    ) -> RunResult:
+        """Resume a run suspended for this call's approval: the model is told it was declined."""
+        resumed = await self._resume(run_id, tool_call_id, Decision(False, reason), options, streaming=False)
+        return await resumed.result()
+
+    async def resume_stream(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        *,
+        approved: bool,
+        reason: str | None = None,
+        options: CallOptions | None = None,
+    ) -> RunStream:
+        """`approve_tool_call` / `decline_tool_call`, streamed."""
+        return await self._resume(run_id, tool_call_id, Decision(approved, reason), options, streaming=True)
+
+    async def _resume(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        decision: Decision,
+        options: CallOptions | None,
+        *,
+        streaming: bool,
+    ) -> RunStream:
+        if self.spec.store is None:
+            raise SuspendedRunNotFoundError(f"agent {self.spec.id!r} keeps no suspended runs (no store)")
+        store = await self.spec.store()
+        saved = await store.claim_suspended(run_id, tool_call_id)
+        if saved.agent_id != self.spec.id:
+            await store.release_suspended(run_id)
+            raise SuspendedRunNotFoundError(f"run {run_id!r} is not a run of agent {self.spec.id!r}")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        try:
+            run = Run.resume(
+                self.spec,
+                saved.snapshot,
+                decision,
+                _abortable(options),
+                sink=queue.put_nowait if streaming else None,
+                metrics=self.metrics,
+            )
+        except BaseException:
+            await store.release_suspended(run_id)  # nothing changed: it may be resumed again
+            raise
+        return RunStream(run, queue, store=store)

@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -25,7 +25,11 @@ from procmesh_orchestrator.run.hooks import (
 )
 from procmesh_orchestrator.run.messages import RunMessages
 from procmesh_orchestrator.run.models import ModelRequest
+from procmesh_orchestrator.run.tools import Tool
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run.tool_calls import Decision, PendingTools
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ class RunCore:
         *,
         sink: ChunkSink | None,
         metrics: OrchestratorMetrics,
+        run_id: str | None = None,
     ) -> None:
         self.agent = agent
         self.input = input
@@ -52,7 +57,7 @@ class RunCore:
         self.streaming = sink is not None
         self._sink = sink
         self.metrics = metrics
-        self.run_id = str(uuid.uuid4())
+        self.run_id = run_id or str(uuid.uuid4())
         self.violations: list[dict[str, Any]] = []
         self.info = RunInfo(
             run_id=self.run_id,
@@ -91,11 +96,29 @@ class RunCore:
             if options.max_processor_retries is not None
             else agent.max_processor_retries
         )
-        self.tool_owners: dict[str, Processor] = {}
-        """Tools processors added to a step and run themselves (ExecuteTool), by name."""
+        self.tools: dict[str, Tool] = {**agent.tools, **{t.name: t for t in options.client_tools}}
+        """The tools this run can call, by name: the agent's, the caller's client tools, and those
+        processors add to a step and run themselves (ExecuteTool)."""
+        self.awaiting_client = False
+        """A client tool was called: the run ends for the caller to run it and continue."""
+        self.partial_text = ""
+        """The text of the step being streamed (an aborted run keeps it)."""
+        self.stop_when = tuple(options.stop_when) if options.stop_when is not None else agent.stop_when
+        self.loop_system: list[dict[str, Any]] = []
+        """The system messages each step starts from (after processInput)."""
+        self.resume_from: tuple[PendingTools, Decision] | None = None
+        """A resumed run: the suspended step's calls left, and the decision for the first."""
+        self.pending_approvals: list[dict[str, Any]] = []
+        """A suspended run: the call awaiting a decision."""
         self.model_requests: list[ModelRequest] = []
         self.at_clean_end: list[Processor] = []
         """Processors whose processOutputResult waits for the run's clean end (`steps.output_result`)."""
+
+    def needs_approval(self, tool: Tool) -> bool:
+        """Whether a call of `tool` waits for approval (the call's setting overrides the tool's)."""
+        if self.options.require_tool_approval is not None:
+            return self.options.require_tool_approval
+        return tool.requires_approval
 
     # -- calls and their effects --------------------------------------------------------
 

@@ -266,6 +266,8 @@ class APIErrorArgs(HookArgs[APIErrorResult]):
 @dataclass
 class ExecuteToolResult:
     result: Any = None
+    error: str | None = None
+    """The tool raised: what the model is told instead of a result."""
 
 
 @dataclass
@@ -286,6 +288,14 @@ class HookCaller(Protocol):
 
     def fail(self, item: Processor, hook: str, cause: str) -> None:
         """Apply `item`'s failure policy to a failure the run found (raises when fail-closed)."""
+        ...
+
+    def export_states(self) -> dict[str, Any]:
+        """Every processor's state as JSON (a suspended run's snapshot keeps it)."""
+        ...
+
+    def import_states(self, states: dict[str, Any]) -> None:
+        """Put back states `export_states` gave (a resumed run)."""
         ...
 
     def stream(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from procmesh import RUN_ID
@@ -13,16 +14,20 @@ from procmesh_orchestrator.errors import (
     MemoryStoreError,
     ProcessorFailedError,
     RunTimeoutError,
+    SuspendError,
     TripwireAbort,
 )
+from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
-from procmesh_orchestrator.run import retries, steps
-from procmesh_orchestrator.run.base import RunCore
+from procmesh_orchestrator.run import retries, snapshot, steps
+from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
-from procmesh_orchestrator.run.tool_calls import run_tools
-from procmesh_orchestrator.run.types import RunResult, assistant_metadata
+from procmesh_orchestrator.run.stop import should_stop
+from procmesh_orchestrator.run.tool_calls import Decision, PendingTools, run_tools
+from procmesh_orchestrator.run.tools import spec as tool_spec
+from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
 
 RUN_DEADLINE_GRACE = 0.05
 
@@ -46,8 +51,37 @@ def normalize_input(value: str | list[dict[str, Any]]) -> tuple[list[dict[str, A
     return systems, convo
 
 
+class _Suspended(Exception):
+    """A tool call awaits approval: the run stops here and is kept in the store."""
+
+    def __init__(self, pending: PendingTools) -> None:
+        super().__init__(pending.calls[0]["toolCallId"])
+        self.pending = pending
+
+
 class Run(RunCore):
-    """One generate()/stream() call: `execute()` runs it to its result."""
+    """One generate()/stream() call, or the resumption of a suspended one: `execute()` runs it."""
+
+    @classmethod
+    def resume(
+        cls,
+        agent: AgentSpec,
+        saved: dict[str, Any],
+        decision: Decision,
+        options: CallOptions,
+        *,
+        sink: ChunkSink | None,
+        metrics: OrchestratorMetrics,
+    ) -> Run:
+        """A run rebuilt from its snapshot, to go on from the call that awaited `decision`.
+
+        processInput does not run again (the lifecycle seed): the messages, processor state,
+        retry counter and signals are the snapshot's.
+        """
+        options = snapshot.resumed_options(saved, options)
+        run = cls(agent, "", options, sink=sink, metrics=metrics, run_id=saved["runId"])
+        run.resume_from = (snapshot.restore(run, saved), decision)
+        return run
 
     async def execute(self) -> tuple[RunResult, BaseException | None]:
         """Run to the end; the result, and the failure that ended it (None when it did not fail)."""
@@ -63,18 +97,36 @@ class Run(RunCore):
         tripwire: TripwireAbort | None = None
         failure: BaseException | None = None
         finish_reason = "stop"
+        suspended: PendingTools | None = None
+        aborted = False
         try:
             # Processor calls are cut at the deadline itself and name the processor that was slow;
             # the run-wide timer fires just after, for whatever else still runs (the model, tools).
             timeout = self.options.timeout + RUN_DEADLINE_GRACE if self.options.timeout else None
             async with asyncio.timeout(timeout):
-                finish_reason = await self._prepare_and_loop()
+                reason = await self._until_aborted(self._prepare_and_loop())
+                if reason is None:
+                    aborted = True
+                else:
+                    finish_reason = reason
+        except _Suspended as suspension:
+            suspended = suspension.pending
         except TripwireAbort as abort:
             tripwire = abort
         except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
             failure = exc
         except TimeoutError:
             failure = RunTimeoutError(self.options.timeout or 0)
+        if aborted:
+            return self._stopped("aborted", started), None
+        if suspended is not None:
+            try:
+                await self._suspend(suspended)
+            except (MemoryStoreError, SuspendError) as exc:
+                failure = exc
+                self.emit({"type": "error", "payload": {"message": str(exc)}})
+                return self._stopped("failed", started, error=exc), exc
+            return self._stopped("suspended", started), None
         text = self.text()
         if tripwire is not None:
             finish_reason = "other"
@@ -100,7 +152,22 @@ class Run(RunCore):
                 if result_meta:
                     payload["metadata"] = result_meta
                 self.emit({"type": "finish", "payload": payload})
-        result = RunResult(
+        status = "tripwire" if tripwire else "failed" if failure else "success"
+        result = self._result(text, finish_reason, status, tripwire=tripwire, error=failure)
+        self.metrics.runs.labels(self.agent.id, finish_reason).inc()
+        self.metrics.run_duration.labels(self.agent.id).observe(time.perf_counter() - started)
+        return result, failure
+
+    def _result(
+        self,
+        text: str,
+        finish_reason: str,
+        status: str,
+        *,
+        tripwire: TripwireAbort | None = None,
+        error: BaseException | None = None,
+    ) -> RunResult:
+        return RunResult(
             run_id=self.run_id,
             text=text,
             finish_reason=finish_reason,
@@ -109,13 +176,75 @@ class Run(RunCore):
             usage=self.usage,
             response_messages=self.ml.view(msgs.RESPONSE),
             violations=self.violations,
-            error=str(failure) if failure else None,
+            error=str(error) if error else None,
+            status=status,
+            suspended=self.pending_approvals,
         )
+
+    def _stopped(self, status: str, started: float, error: BaseException | None = None) -> RunResult:
+        """The result of a run that stopped without finalization: aborted, suspended, or failed
+        while suspending (processOutputResult runs when the run really ends)."""
+        finish_reason = {"aborted": "abort", "suspended": "suspended"}.get(status, "error")
         self.metrics.runs.labels(self.agent.id, finish_reason).inc()
         self.metrics.run_duration.labels(self.agent.id).observe(time.perf_counter() - started)
-        return result, failure
+        return self._result(self.text(), finish_reason, status, error=error)
+
+    async def _until_aborted(self, work: Coroutine[Any, Any, str]) -> str | None:
+        """Run the loop until it ends or the caller's abort signal is set (then None).
+
+        Aborting cancels the loop's task: the model call, processor calls (a sidecar sees its call
+        cancelled) and tool calls in flight. The text streamed so far in the step is kept.
+        """
+        signal = self.options.abort_signal
+        if signal is None:
+            return await work
+        if signal.is_set():
+            work.close()
+            self._aborted()
+            return None
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(signal.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller itself was cancelled (a timeout): the loop goes too
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._aborted()
+            return None
+        return task.result()
+
+    def _aborted(self) -> None:
+        if self.partial_text:
+            self.ml.add(_assistant_message(self.partial_text, []), msgs.RESPONSE)
+        self.emit({"type": "abort", "payload": {}})
+
+    async def _suspend(self, pending: PendingTools) -> None:
+        """Keep the run in the store until a decision resumes it; memory gets the turn so far."""
+        if self.agent.store is None:
+            raise SuspendError(
+                f"agent {self.agent.id!r}: a tool call needs approval but the agent has no store "
+                "to keep the suspended run (configure `storage`)"
+            )
+        store = await self.agent.store()
+        call = pending.calls[0]
+        await store.save_suspended(snapshot.suspended_run(self, pending))
+        if self.memory is not None:
+            await self.memory.history.save(self, "suspended")
+        self.pending_approvals = [
+            {"toolCallId": call["toolCallId"], "toolName": call["toolName"], "args": call.get("args")}
+        ]
+        self.emit({"type": "finish", "payload": {"finishReason": "suspended", "usage": self.usage}})
 
     async def _prepare_and_loop(self) -> str:
+        if self.resume_from is not None:
+            pending, decision = self.resume_from
+            return await self._loop(pending, {pending.calls[0]["toolCallId"]: decision})
         systems, convo = normalize_input(self.input)
         if self.agent.instructions:
             self.system.append(msgs.text_message("system", self.agent.instructions))
@@ -123,18 +252,28 @@ class Run(RunCore):
         for m in convo:
             self.ml.add(m, msgs.INPUT)
         await steps.process_input(self)
+        self.loop_system = list(self.system)
         return await self._loop()
 
-    async def _loop(self) -> str:
-        loop_system = list(self.system)
+    async def _loop(
+        self, pending: PendingTools | None = None, decisions: dict[str, Decision] | None = None
+    ) -> str:
         step_number = 0
+        if pending is not None:  # a resumed run: the suspended step's calls first
+            assistant = self.ml.get(pending.assistant_id)
+            record = pending.step_record
+            number = pending.step_number
+            finish = await self._after_step(assistant, pending.calls, number, record, decisions=decisions)
+            if finish is not None:
+                return finish
+            step_number = pending.step_number + 1
         while True:
             self.info.step_number = step_number
-            self.system = list(loop_system)  # processInputStep system changes last one step
+            self.system = list(self.loop_system)  # processInputStep system changes last one step
             cfg = StepConfig(
                 model=self.agent.model,
-                tools=[t.spec() for t in self.agent.tools.values()],
-                tool_choice="auto" if self.agent.tools else None,
+                tools=[tool_spec(t) for t in self.tools.values()],
+                tool_choice="auto" if self.tools else None,
             )
             try:
                 await steps.input_step(self, cfg)
@@ -169,17 +308,36 @@ class Run(RunCore):
                 raise
             assistant = _assistant_message(outcome.text, outcome.tool_calls)
             self.ml.add(assistant, msgs.RESPONSE)
-            step_record = _step_record(step_number, outcome)
-            if outcome.tool_calls:
-                recorded = cached.tool_results if cached else []
-                step_record["toolResults"] = await run_tools(
-                    self, assistant, outcome.tool_calls, step_number, recorded
-                )
-            self.steps.append(step_record)
-            self.info.retry_count = 0
+            recorded = cached.tool_results if cached else []
+            record = _step_record(step_number, outcome)
+            finish = await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded)
+            if finish is not None:
+                return finish
             step_number += 1
-            if not outcome.tool_calls or step_number >= self.max_steps:
-                return outcome.finish_reason
+
+    async def _after_step(
+        self,
+        assistant: dict[str, Any],
+        calls: list[dict[str, Any]],
+        step_number: int,
+        record: dict[str, Any],
+        recorded: list[dict[str, Any]] | None = None,
+        decisions: dict[str, Decision] | None = None,
+    ) -> str | None:
+        """The step's tool work, then whether the loop ends: its finish reason, or None to go on."""
+        if calls:
+            results, left = await run_tools(self, assistant, calls, step_number, recorded or (), decisions)
+            record["toolResults"] = [*record["toolResults"], *results]
+            if left:
+                raise _Suspended(PendingTools(assistant["id"], left, step_number, record))
+        self.steps.append(record)
+        self.info.retry_count = 0
+        finish_reason = str(record["finishReason"])
+        if not calls or self.awaiting_client:
+            return finish_reason
+        if step_number + 1 >= self.max_steps or should_stop(self.stop_when, self.steps):
+            return finish_reason
+        return None
 
     def _add_usage(self, usage: dict[str, int]) -> None:
         for key in self.usage:
@@ -236,10 +394,13 @@ class Run(RunCore):
                 for direction, key in (("input", "inputTokens"), ("output", "outputTokens")):
                     metrics.model_tokens.labels(model_id, direction).inc(int(outcome.usage.get(key) or 0))
 
+        self.partial_text = ""
+
         def sink(chunk: Chunk) -> None:
             kind = chunk["type"]
             if kind == "text-delta":
                 outcome.text += chunk["payload"].get("text", "")
+                self.partial_text = outcome.text
             elif kind == "tool-call":
                 outcome.tool_calls.append(chunk["payload"])
             self.emit(chunk)

@@ -76,6 +76,14 @@ class RunMessages:
         self._by_id[msg_id] = msg  # an existing key keeps its position
         self.sources[msg_id] = source
 
+    def get(self, msg_id: str) -> Message:
+        """The message with this id (KeyError when there is none)."""
+        return self._by_id[msg_id]
+
+    def dump(self) -> list[tuple[Message, str]]:
+        """(message, source) in order: what a suspended run's snapshot keeps."""
+        return [(m, self.sources[i]) for i, m in self._by_id.items()]
+
     def prepend(self, messages: list[Message], source: str) -> None:
         """Put `messages` ahead of every message (loaded history goes before the call's input).
 

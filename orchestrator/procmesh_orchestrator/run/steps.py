@@ -22,6 +22,7 @@ from procmesh_orchestrator.run.hooks import (
     dedupe,
 )
 from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.run.tools import ProcessorTool
 
 
 @dataclass
@@ -125,11 +126,13 @@ def _step_overrides(
         else:
             cfg.model = model
     if result.tools is not None:
-        # tools the agent does not have are run by the processor that added them, if it can
+        # tools the run does not have are run by the processor that added them, if it can
         if item.has("execute_tool"):
             for tool in result.tools:
-                if tool["name"] not in run.agent.tools:
-                    run.tool_owners[tool["name"]] = item
+                if tool["name"] not in run.tools:
+                    run.tools[tool["name"]] = ProcessorTool(
+                        tool["name"], tool.get("description", ""), tool.get("inputSchema") or {}, item
+                    )
         cfg.tools = result.tools
     if result.tool_choice is not None:
         cfg.tool_choice = result.tool_choice

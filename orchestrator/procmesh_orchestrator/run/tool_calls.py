@@ -1,12 +1,47 @@
-"""A step's tool calls: the agent's tools or the processor that added one, then processToolResult."""
+"""A step's tool calls, in order: arguments checked, approval asked, the tool run, processToolResult.
+
+A call that needs approval and has no decision yet ends the step here: the approval chunk goes
+out and the run suspends (`run.suspension` holds what is left; `loop` saves it). A resumed run
+comes back with the decision and goes on from that call.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from procmesh_orchestrator.run.base import RunCore
-from procmesh_orchestrator.run.hooks import Chunk, ExecuteToolArgs, Processor, ToolResultArgs
+from procmesh_orchestrator.run.hooks import Chunk, ToolResultArgs
+from procmesh_orchestrator.run.tools import ToolCall, ToolOutcome, invalid_args
+
+DECLINED = "Tool call was not approved by the user"
+"""What the model is told of a declined call without a reason (the reference's words)."""
+
+APPROVAL_SCHEMA = (
+    '{"type":"object","properties":{"approved":{"type":"boolean","description":"Controls if the tool '
+    'call is approved or not, should be true when approved and false when declined"},"reason":'
+    '{"type":"string","description":"Optional explanation for the decision, surfaced to the model '
+    'when the tool call is declined"}},"required":["approved"],"additionalProperties":false}'
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An approval decision for one call."""
+
+    approved: bool
+    reason: str | None = None
+
+
+@dataclass
+class PendingTools:
+    """The calls of a step that have not run yet, when the run stopped for an approval."""
+
+    assistant_id: str
+    calls: list[dict[str, Any]]
+    step_number: int
+    step_record: dict[str, Any]
 
 
 async def run_tools(
@@ -15,15 +50,21 @@ async def run_tools(
     calls: list[dict[str, Any]],
     step_number: int,
     recorded: Sequence[dict[str, Any]] = (),
-) -> list[dict[str, Any]]:
+    decisions: dict[str, Decision] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Execute tool calls; each result goes through processToolResult, then out as a chunk.
+
+    Returns (results, calls left): the calls from the first one awaiting approval on (it got its
+    approval chunk), empty when every call ran. A client tool's call stays open for the caller.
 
     `recorded` are the results a cached step's calls had when it was recorded (processLLMRequest
     replayed it): such a call is replayed with its result, as processToolResult left it then,
     and neither the tool nor processToolResult runs again: a side effect would repeat, a
     transform would apply twice. A call without a recorded result runs as usual.
     """
+    decisions = decisions or {}
     results: list[dict[str, Any]] = []
+    left: list[dict[str, Any]] = []
     invocations = {
         p["toolInvocation"]["toolCallId"]: p["toolInvocation"]
         for p in assistant["content"]["parts"]
@@ -31,44 +72,70 @@ async def run_tools(
     }
     replayed = {(r.get("toolCallId"), r.get("toolName")): r.get("result") for r in recorded}
 
-    def settle(call_id: str, name: str, args: Any, value: Any) -> Chunk:
+    def settle(call: ToolCall, value: Any) -> Chunk:
         """A call's final result: into its invocation and the step's results, out as a chunk."""
-        invocations[call_id].update(state="result", result=value)
-        payload = {"toolCallId": call_id, "toolName": name, "args": args, "result": value}
+        invocations[call.call_id].update(state="result", result=value)
+        payload = {"toolCallId": call.call_id, "toolName": call.name, "args": call.args, "result": value}
         results.append(payload)
         return {"type": "tool-result", "payload": dict(payload)}
 
+    def failed(call: ToolCall, message: str) -> Chunk:
+        """The call failed: the model sees the error as the call's result."""
+        invocations[call.call_id].update(state="output-error", errorText=message)
+        payload = {"toolCallId": call.call_id, "toolName": call.name, "args": call.args, "error": message}
+        return {"type": "tool-error", "payload": payload}
+
     async def source() -> AsyncIterator[Chunk]:
-        for call in calls:
-            name, call_id, args = call["toolName"], call["toolCallId"], call.get("args")
-            if (call_id, name) in replayed:
-                yield settle(call_id, name, args, replayed[call_id, name])
+        for index, raw in enumerate(calls):
+            call = ToolCall(raw["toolCallId"], raw["toolName"], raw.get("args"))
+            if (call.call_id, call.name) in replayed:
+                yield settle(call, replayed[call.call_id, call.name])
                 continue
-            tool = run.agent.tools.get(name)
-            owner = run.tool_owners.get(name) if tool is None else None
-            executed = None if owner is None else await _execute_tool(run, owner, name, call_id, args)
-            if tool is None and executed is None:
-                message = f"tool {name!r} is not available to agent {run.agent.id!r}"
-                invocations[call_id].update(state="output-error", errorText=message)
-                yield {
-                    "type": "tool-error",
-                    "payload": {"toolCallId": call_id, "toolName": name, "args": args, "error": message},
-                }
+            tool = run.tools.get(call.name)
+            if tool is None:
+                yield failed(call, f"tool {call.name!r} is not available to agent {run.agent.id!r}")
                 continue
-            if tool is not None:
-                pending: list[Chunk] = []
+            problem = invalid_args(tool, call.args)
+            if problem is not None:
+                yield failed(call, problem)
+                continue
+            if run.needs_approval(tool):
+                decision = decisions.get(call.call_id)
+                if decision is None:
+                    left.extend(calls[index:])
+                    yield {
+                        "type": "tool-call-approval",
+                        "payload": {
+                            "toolCallId": call.call_id,
+                            "toolName": call.name,
+                            "args": call.args,
+                            "resumeSchema": APPROVAL_SCHEMA,
+                        },
+                    }
+                    return
+                if not decision.approved:
+                    yield settle(call, decision.reason or DECLINED)
+                    continue
+            pending: list[Chunk] = []
 
-                async def writer(chunk: Chunk, pending: list[Chunk] = pending) -> None:
-                    if not str(chunk.get("type", "")).startswith("data-"):
-                        raise ValueError("tool writer chunks must have a data-* type")
-                    pending.append(chunk)
+            async def writer(chunk: Chunk, pending: list[Chunk] = pending) -> None:
+                if not str(chunk.get("type", "")).startswith("data-"):
+                    raise ValueError("tool writer chunks must have a data-* type")
+                pending.append(chunk)
 
-                executed = (await tool.execute(args, writer),)
-                for chunk in pending:
-                    yield chunk
-            assert executed is not None
-            value = await _tool_result(run, name, call_id, args, executed[0], step_number + 1)
-            yield settle(call_id, name, args, value)
+            outcome: ToolOutcome | None = await tool.execute(run, call, writer)
+            for chunk in pending:
+                yield chunk
+            if outcome is None:  # the client runs it: the call stays open
+                run.awaiting_client = True
+                continue
+            if outcome.error is not None:
+                run.metrics.tool_calls.labels(call.name, "error").inc()
+                yield failed(call, outcome.error)
+                continue
+            run.metrics.tool_calls.labels(call.name, "ok").inc()
+            value = await _tool_result(run, call, outcome.result, step_number + 1)
+            yield settle(call, value)
 
     def sink(chunk: Chunk) -> None:
         if chunk["type"].startswith("data-") and not run.streaming:
@@ -78,28 +145,15 @@ async def run_tools(
     abort = await run.through_output(source(), sink)
     if abort is not None:
         raise run.aborted(abort)
-    return results
+    return results, left
 
 
-async def _execute_tool(
-    run: RunCore, owner: Processor, name: str, call_id: str, args: Any
-) -> tuple[Any] | None:
-    """Run a tool a processor added, on that processor; None when the call was let through."""
-    answer = await run.call(owner, ExecuteToolArgs(name, call_id, args, run.ml.view()))
-    if answer is None:
-        return None
-    result, effects = answer
-    await run.apply(effects)
-    return (result.result,)
-
-
-async def _tool_result(run: RunCore, name: str, call_id: str, args: Any, value: Any, step_number: int) -> Any:
+async def _tool_result(run: RunCore, call: ToolCall, value: Any, step_number: int) -> Any:
     for item in run.output_lane:
         if not item.has("process_tool_result"):
             continue
-        answer = await run.call_at(
-            item, ToolResultArgs(name, call_id, args, value, run.ml.view(), run.steps), step_number
-        )
+        args = ToolResultArgs(call.name, call.call_id, call.args, value, run.ml.view(), run.steps)
+        answer = await run.call_at(item, args, step_number)
         if answer is None:
             continue
         result, effects = answer

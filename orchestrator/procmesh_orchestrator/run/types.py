@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
 from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.models import ModelProvider
-from procmesh_orchestrator.run.tools import StaticTool
+from procmesh_orchestrator.run.stop import StopCondition
+from procmesh_orchestrator.run.tools import ClientTool, Tool
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from procmesh_orchestrator.memory.store import MemoryStore
 
 ViolationCallback = Callable[[dict[str, Any]], None]
 
@@ -33,13 +39,18 @@ class AgentSpec:
     """Builds each run's caller of the processors (`procmesh_orchestrator.processors.GrpcHookCaller`)."""
     instructions: str = ""
     models: dict[str, ModelProvider] = field(default_factory=dict)
-    tools: dict[str, StaticTool] = field(default_factory=dict)
+    tools: dict[str, Tool] = field(default_factory=dict)
     max_steps: int = 5
+    stop_when: tuple[StopCondition, ...] = ()
+    """End the loop after a step when any holds (`run.stop`); maxSteps still caps it."""
     max_processor_retries: int | None = None
     lanes: Lanes = field(default_factory=Lanes)
     """The resolved lanes; `error` already holds the default error processors (SPEC §5)."""
     memory: AgentMemory | None = None
     """Message-history memory; a call with a thread loads and saves through it."""
+    store: Callable[[], Awaitable[MemoryStore]] | None = None
+    """Opens (once) the store where a run suspended for a tool approval is kept until it resumes,
+    on any replica sharing it; the App opens its configured `storage` on first use."""
     warned_implicit_cap: bool = False
 
 
@@ -62,6 +73,14 @@ class CallOptions:
     thread_id: str = ""
     """The conversation the run belongs to: with agent memory, the run loads its history and
     saves its turn to it (none: neither)."""
+    stop_when: Sequence[StopCondition] | None = None
+    """Replaces the agent's stopWhen for this call."""
+    abort_signal: asyncio.Event | None = None
+    """Set it to abort the run: in-flight calls are cancelled, the result keeps what was done."""
+    require_tool_approval: bool | None = None
+    """True: every tool call waits for approval; False: none does; None: each tool's setting."""
+    client_tools: Sequence[ClientTool] = ()
+    """Tools the caller runs: the run ends at their call (finish reason ``tool-calls``)."""
 
 
 @dataclass
@@ -77,6 +96,12 @@ class RunResult:
     response_messages: list[dict[str, Any]]
     violations: list[dict[str, Any]]
     error: str | None = None
+    status: str = "success"
+    """``success``, ``failed``, ``tripwire``, ``aborted`` (the caller's abort signal: what was done
+    is kept) or ``suspended`` (a tool call awaits approval: see `suspended`)."""
+    suspended: list[dict[str, Any]] = field(default_factory=list)
+    """The tool calls awaiting a decision (``toolCallId``, ``toolName``, ``args``); approve or
+    decline one with `Agent.approve_tool_call` / `decline_tool_call` and this `run_id`."""
 
     @property
     def assistant_metadata(self) -> dict[str, Any]:

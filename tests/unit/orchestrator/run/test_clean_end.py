@@ -13,7 +13,7 @@ from procmesh_orchestrator.run.hooks import (
     MessagesResult,
     ToolResultResult,
 )
-from procmesh_orchestrator.run.tools import StaticTool
+from procmesh_orchestrator.run.tools import StaticTool, ToolCall, ToolOutcome
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, abort, agent, reply
 
 
@@ -108,9 +108,9 @@ RECORDED = [{"toolCallId": "c0", "toolName": "weather", "args": {}, "result": "s
 class CountingTool(StaticTool):
     runs: list[Any]
 
-    async def execute(self, args: Any, writer: Any) -> Any:
-        self.runs.append(args)
-        return await super().execute(args, writer)
+    async def execute(self, run: Any, call: ToolCall, writer: Any) -> ToolOutcome:
+        self.runs.append(call.args)
+        return await super().execute(run, call, writer)
 
 
 def counting_tool() -> CountingTool:

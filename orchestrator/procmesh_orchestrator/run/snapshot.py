@@ -1,0 +1,142 @@
+"""A suspended run as data: what it had done, and the calls left, to go on on any replica.
+
+The snapshot holds the messages with their sources, the step records, usage, violations, every
+processor's state, the retry counter, signals (they are messages), the serializable request
+context entries, the call's settings (maxSteps, maxProcessorRetries, stopWhen as data, tool
+approval, client tools) and the suspended step. Lanes are the agent's; processors are named by
+their lane key, so a resumed run finds the same ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from procmesh_orchestrator.errors import SuspendError
+from procmesh_orchestrator.memory.store import SuspendedRun
+from procmesh_orchestrator.run import stop
+from procmesh_orchestrator.run.tool_calls import PendingTools
+from procmesh_orchestrator.run.tools import ClientTool, ProcessorTool
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run.base import RunCore
+    from procmesh_orchestrator.run.types import CallOptions
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+
+
+def _serializable(context: dict[str, Any]) -> dict[str, Any]:
+    """The request context entries that survive a snapshot (the seed: functions, connections and
+    the like do not; rebuild them at the resume boundary)."""
+    kept: dict[str, Any] = {}
+    for key, value in context.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            log.debug("request context entry %r is not serializable: not kept in the snapshot", key)
+            continue
+        kept[key] = value
+    return kept
+
+
+def suspended_run(run: RunCore, pending: PendingTools) -> SuspendedRun:
+    """The store record of `run`, suspended at `pending`."""
+    lanes = (*run.input_lane, *run.output_lane, *run.error_lane)
+    keys = {id(item): item.key for item in lanes}
+    data = {
+        "version": VERSION,
+        "runId": run.run_id,
+        "agentId": run.agent.id,
+        "threadId": run.info.thread_id,
+        "resourceId": run.info.resource_id,
+        "requestContext": _serializable(run.info.request_context),
+        "messages": [{"message": m, "source": src} for m, src in run.ml.dump()],
+        "system": run.loop_system,
+        "steps": run.steps,
+        "usage": run.usage,
+        "violations": run.violations,
+        "states": run.caller.export_states(),
+        "retryCount": run.info.retry_count,
+        "maxSteps": run.max_steps,
+        "maxProcessorRetries": run.max_retries,
+        "stopWhen": stop.dump(run.stop_when),
+        "requireToolApproval": run.options.require_tool_approval,
+        "clientTools": [
+            {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+            for t in run.tools.values()
+            if isinstance(t, ClientTool)
+        ],
+        "processorTools": {
+            name: {"key": keys[id(t.host)], "description": t.description, "inputSchema": t.input_schema}
+            for name, t in run.tools.items()
+            if isinstance(t, ProcessorTool) and id(t.host) in keys and name not in run.agent.tools
+        },
+        "atCleanEnd": [item.key for item in run.at_clean_end],
+        "pending": {
+            "assistantId": pending.assistant_id,
+            "calls": pending.calls,
+            "stepNumber": pending.step_number,
+            "stepRecord": pending.step_record,
+        },
+    }
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError) as exc:
+        raise SuspendError(f"run {run.run_id}: its state cannot be kept for the approval: {exc}") from exc
+    return SuspendedRun(
+        run_id=run.run_id,
+        agent_id=run.agent.id,
+        thread_id=run.info.thread_id,
+        resource_id=run.info.resource_id,
+        tool_call_ids=(pending.calls[0]["toolCallId"],),
+        snapshot=data,
+    )
+
+
+def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
+    """The resuming call's options, with what the suspended call decided (ids, limits, tools)."""
+    return replace(
+        options,
+        thread_id=data["threadId"],
+        resource_id=data["resourceId"],
+        request_context={**data["requestContext"], **options.request_context},
+        max_steps=data["maxSteps"],
+        max_processor_retries=data["maxProcessorRetries"],
+        stop_when=options.stop_when if options.stop_when is not None else stop.parse(data["stopWhen"]),
+        require_tool_approval=data["requireToolApproval"],
+        client_tools=[ClientTool(t["name"], t["description"], t["inputSchema"]) for t in data["clientTools"]],
+        input_processors=None,
+        output_processors=None,
+        error_processors=None,
+    )
+
+
+def restore(run: RunCore, data: dict[str, Any]) -> PendingTools:
+    """Put the snapshot's state into a fresh run; the suspended step's calls left."""
+    if data.get("version") != VERSION:
+        version = data.get("version")
+        run_id = data.get("runId")
+        raise SuspendError(f"run {run_id}: snapshot version {version!r}, this build reads {VERSION}")
+    for entry in data["messages"]:
+        run.ml.add(entry["message"], entry["source"])
+    run.loop_system = list(data["system"])
+    run.system = list(data["system"])
+    run.steps = list(data["steps"])
+    run.usage = dict(data["usage"])
+    run.violations = list(data["violations"])
+    run.caller.import_states(data["states"])
+    run.info.retry_count = int(data["retryCount"])
+    by_key = {item.key: item for item in (*run.input_lane, *run.output_lane, *run.error_lane)}
+    for name, tool in data["processorTools"].items():
+        host = by_key.get(tool["key"])
+        if host is not None:
+            run.tools[name] = ProcessorTool(name, tool["description"], tool["inputSchema"], host)
+    run.at_clean_end = [by_key[key] for key in data["atCleanEnd"] if key in by_key]
+    pending = data["pending"]
+    return PendingTools(
+        pending["assistantId"], pending["calls"], pending["stepNumber"], pending["stepRecord"]
+    )

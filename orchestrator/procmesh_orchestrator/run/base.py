@@ -108,6 +108,8 @@ class RunCore:
         """The system messages each step starts from (after processInput)."""
         self.resume_from: tuple[PendingTools, Decision] | None = None
         """A resumed run: the suspended step's calls left, and the decision for the first."""
+        self.unsettled_results: list[dict[str, Any]] = []
+        """Client tool results in the input whose call is not (yet) in the conversation."""
         self.pending_approvals: list[dict[str, Any]] = []
         """A suspended run: the call awaiting a decision."""
         self.model_requests: list[ModelRequest] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -30,6 +31,7 @@ from procmesh_orchestrator.run.tools import spec as tool_spec
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
 
 RUN_DEADLINE_GRACE = 0.05
+log = logging.getLogger(__name__)
 
 
 def normalize_input(value: str | list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -249,9 +251,21 @@ class Run(RunCore):
         if self.agent.instructions:
             self.system.append(msgs.text_message("system", self.agent.instructions))
         self.system.extend(systems)
+        results: list[dict[str, Any]] = []
         for m in convo:
-            self.ml.add(m, msgs.INPUT)
+            if m["role"] == "tool":  # a client tool's result: it settles the call it answers
+                results += [p for p in m["content"].get("parts") or [] if p.get("type") == "tool-result"]
+            else:
+                self.ml.add(m, msgs.INPUT)
+        # the call may be in this input or, with a thread, in the history memory loads
+        self.unsettled_results = self.ml.settle_tool_calls(results, msgs.INPUT)
         await steps.process_input(self)
+        for result in self.unsettled_results:
+            log.warning(
+                "agent %s: a tool result for call %r matches no tool call of the conversation; ignored",
+                self.agent.id,
+                result.get("toolCallId"),
+            )
         self.loop_system = list(self.system)
         return await self._loop()
 

@@ -157,6 +157,7 @@ class MessageHistory(FrameworkProcessor):
             raise self._failed("loading", exc) from exc
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
+        run.unsettled_results = run.ml.settle_tool_calls(run.unsettled_results, msgs.INPUT)
 
     async def save(self, run: RunCore, finish_reason: str) -> None:
         """Save this call's input and response messages, in their final form, as one turn."""

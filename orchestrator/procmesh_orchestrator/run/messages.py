@@ -131,6 +131,30 @@ class RunMessages:
         """Replace the whole list (message_list edits); returns system-role messages."""
         return self.apply(self.items, returned, default_source)
 
+    def settle_tool_calls(self, results: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+        """Put tool results (a client tool's, sent back by the caller) into the assistant
+        message that made each call, newest first; the results that matched no call.
+
+        A settled message takes `source`, so a message loaded from memory is saved again (in
+        place, by id) with its result.
+        """
+        left = []
+        for result in results:
+            call_id = result.get("toolCallId")
+            for msg_id, msg in reversed(self._by_id.items()):
+                if msg.get("role") != "assistant":
+                    continue
+                parts = (msg.get("content") or {}).get("parts") or []
+                invocations = [p["toolInvocation"] for p in parts if p.get("type") == "tool-invocation"]
+                invocation = next((i for i in invocations if i.get("toolCallId") == call_id), None)
+                if invocation is not None:
+                    invocation.update(state="result", result=result.get("result"))
+                    self.sources[msg_id] = source
+                    break
+            else:
+                left.append(result)
+        return left
+
     def remove(self, msg_id: str) -> None:
         """Remove a message by id."""
         if msg_id in self.sources:
@@ -277,6 +301,16 @@ def build_prompt(
                                 "toolCallId": inv["toolCallId"],
                                 "toolName": inv["toolName"],
                                 "output": inv.get("result"),
+                            }
+                        )
+                    elif inv.get("state") == "output-error":  # the model sees why the call failed
+                        results.append(
+                            {
+                                "type": "tool-result",
+                                "toolCallId": inv["toolCallId"],
+                                "toolName": inv["toolName"],
+                                "output": inv.get("errorText", ""),
+                                "isError": True,
                             }
                         )
             if parts_out:

@@ -63,6 +63,12 @@ class FakeCaller:
         if item.fail_closed:
             raise ProcessorFailedError(item.key, hook, cause)
 
+    def export_states(self) -> dict[str, Any]:
+        return {pid: dict(state) for pid, state in self.info.states.items() if isinstance(state, dict)}
+
+    def import_states(self, states: dict[str, Any]) -> None:
+        self.info.states.update(states)
+
     async def stream(
         self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
     ) -> AsyncGenerator[StreamItem, None]:

@@ -20,7 +20,7 @@ from procmesh_orchestrator.errors import (
     SuspendedRunNotFoundError,
     ThreadOwnershipError,
 )
-from procmesh_orchestrator.memory.store import RESUMING, SUSPENDED, Message, SuspendedRun
+from procmesh_orchestrator.memory.store import RESUMED, RESUMING, SUSPENDED, Message, SuspendedRun
 
 T = TypeVar("T")
 
@@ -281,9 +281,8 @@ def claim(
             f"memory store {store}: suspended run {label(run_id)} awaits no tool call {label(tool_call_id)}"
         )
     if run.status != SUSPENDED:
-        raise ResumeConflictError(
-            f"memory store {store}: suspended run {label(run_id)} is already being resumed"
-        )
+        doing = "was already resumed" if run.status == RESUMED else "is already being resumed"
+        raise ResumeConflictError(f"memory store {store}: suspended run {label(run_id)} {doing}")
     return replace(run, status=RESUMING)
 
 
@@ -328,7 +327,7 @@ def list_suspended_query(
     own ``created_at`` given as either bound selects it.
     """
     p = placeholder
-    where, args = [f"agent_id = {p}"], [check_id(store, "agent", agent_id)]
+    where, args = [f"agent_id = {p}", f"status <> '{RESUMED}'"], [check_id(store, "agent", agent_id)]
     for kind in ("thread", "resource"):
         value = filters.get(f"{kind}_id")
         if value is not None:
@@ -391,6 +390,16 @@ class SuspendedRunMethods:
         run_id = check_id(self.name, "run", run_id)
         sql = set_status_sql(self.placeholder, SUSPENDED)
         await self._execute(sql, (run_id,), f"releasing suspended run {run_id!r}")
+
+    async def finish_suspended(self, run_id: str) -> None:
+        """The resumed run ended: drop its snapshot, keep its id as `RESUMED` (a late decision on
+        it is then a conflict, not a run that never was)."""
+        run_id = check_id(self.name, "run", run_id)
+        sql = (
+            f"UPDATE suspended_runs SET status = '{RESUMED}', snapshot = '{{}}' "
+            f"WHERE run_id = {self.placeholder}"
+        )
+        await self._execute(sql, (run_id,), f"finishing suspended run {run_id!r}")
 
     async def delete_suspended(self, run_id: str) -> None:
         """Forget the run."""

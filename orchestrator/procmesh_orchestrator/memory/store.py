@@ -34,6 +34,8 @@ class Thread:
 
 SUSPENDED = "suspended"
 RESUMING = "resuming"
+RESUMED = "resumed"
+"""A resumed run that ended: its snapshot is dropped, its id stays so a late decision is a conflict."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,12 @@ class MemoryStore(Protocol):
         """Give a claimed run back (`SUSPENDED` again): its resume failed before changing anything.
         No error when the run is not claimed or does not exist."""
 
+    async def finish_suspended(self, run_id: str) -> None:
+        """The resumed run ended: its snapshot goes, its id stays as `RESUMED`, so a late second
+        decision is a `ResumeConflictError` and the run is no longer listed."""
+
     async def delete_suspended(self, run_id: str) -> None:
-        """Forget the run: it finished, or suspended anew (no error when it does not exist)."""
+        """Forget the run entirely (no error when it does not exist)."""
 
     async def list_suspended(
         self,

@@ -40,7 +40,7 @@ class RunStream:
         try:
             result, failure = await self._run.execute()
             if self._store is not None and result.status != "suspended":
-                await self._store.delete_suspended(result.run_id)  # resumed, and done
+                await self._store.finish_suspended(result.run_id)  # resumed, and done
             if failure is not None and not self._run.streaming:
                 if isinstance(failure, OrchestratorError):
                     failure.result = result

@@ -72,6 +72,18 @@ async def test_a_second_claim_is_a_conflict_whichever_call_it_approves(store: Me
             await store.claim_suspended("r1", call)
 
 
+async def test_a_finished_run_keeps_its_id_so_a_late_decision_is_a_conflict(store: MemoryStore) -> None:
+    await store.save_suspended(run())
+    await store.claim_suspended("r1", "call-1")
+    await store.finish_suspended("r1")
+    with pytest.raises(ResumeConflictError, match="suspended run 'r1' was already resumed"):
+        await store.claim_suspended("r1", "call-1")
+    assert await listed(store) == ([], 0)  # no longer waiting, no longer listed
+    await store.release_suspended("r1")  # a release touches only a claimed run
+    with pytest.raises(ResumeConflictError):
+        await store.claim_suspended("r1", "call-1")
+
+
 async def test_an_unknown_run_or_tool_call_is_not_found(store: MemoryStore, backend: Backend) -> None:
     with pytest.raises(
         SuspendedRunNotFoundError, match=f"memory store {backend.name}.*no suspended run 'r1'"

@@ -197,7 +197,7 @@ async def test_a_call_needing_approval_suspends_and_resumes_elsewhere(store: Sql
     assert len(counted) == inputs_before  # processInput did not run again
     assert model.requests[-1].prompt[-1]["role"] == "tool"
 
-    with pytest.raises((ResumeConflictError, SuspendedRunNotFoundError)):
+    with pytest.raises(ResumeConflictError, match="already resumed"):
         await second.approve_tool_call(suspended.run_id, "c0")
 
 

@@ -8,7 +8,7 @@ CREATE TABLE suspended_runs (
     resource_id TEXT NOT NULL DEFAULT '',
     tool_call_ids TEXT NOT NULL,
     snapshot TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'suspended' CHECK (status IN ('suspended', 'resuming')),
+    status TEXT NOT NULL DEFAULT 'suspended' CHECK (status IN ('suspended', 'resuming', 'resumed')),
     created_at TEXT NOT NULL
 );
 

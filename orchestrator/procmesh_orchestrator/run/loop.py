@@ -322,6 +322,7 @@ class Run(RunCore):
                 raise
             assistant = _assistant_message(outcome.text, outcome.tool_calls)
             self.ml.add(assistant, msgs.RESPONSE)
+            self.partial_text = ""  # the step's text is in its message: an abort in its tools keeps it once
             recorded = cached.tool_results if cached else []
             record = _step_record(step_number, outcome)
             finish = await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded)

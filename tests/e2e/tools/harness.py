@@ -48,6 +48,13 @@ def prompts(app: App) -> list[list[dict[str, Any]]]:
     return [r.prompt for r in model.requests]
 
 
+def offered(app: App, index: int = 0) -> dict[str, dict[str, Any]]:
+    """The tools the model was offered in its `index`-th request, by name."""
+    model = app.models["m"]
+    assert isinstance(model, ScriptedModel)
+    return {t["name"]: t for t in model.requests[index].tools}
+
+
 def tool_outputs(prompt: list[dict[str, Any]]) -> dict[str, Any]:
     """The tool results a prompt shows the model, by call id."""
     return {

@@ -202,7 +202,7 @@ class App:
                     ),
                 ),
                 memory=self._memory(agent.memory),
-                store=self._suspended_runs_store,
+                store=self.suspended_runs_store,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
 
@@ -215,7 +215,7 @@ class App:
                 await store.start()
             return self.store
 
-    async def _suspended_runs_store(self) -> MemoryStore:
+    async def suspended_runs_store(self) -> MemoryStore:
         """The store suspended runs are kept in: the configured one, opened on first use (an app
         whose agents have no memory and never suspend writes nothing)."""
         return await self._open_store()

@@ -39,6 +39,10 @@ class OrchestratorSettings(BaseSettings):
     """Largest request body (HTTP) or message (gRPC) accepted; larger ones get 413 / RESOURCE_EXHAUSTED."""
     drain_grace_seconds: float = Field(default=30.0, ge=0)
     """After SIGTERM: how long in-flight runs may take to finish before they are cancelled."""
+    abort_on_disconnect: bool = True
+    """A streamed run whose client leaves is aborted (its result keeps what was done, as
+    ``RunStream.cancel``). False: it finishes in the background (memory saved) and only then
+    frees its run slot."""
     trust_request_context: bool = False
     """Pass the caller's ``requestContext`` to processors. Leave off unless an authenticating
     layer in front of this server sets it: otherwise any caller could forge it."""

@@ -13,12 +13,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh import convert
 from procmesh_orchestrator.memory._common import MAX_ID_CHARS
-from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     DrainingError,
@@ -72,6 +74,11 @@ class _Body(BaseModel):
     thread_id: str | None = Field(default=None, alias="threadId")
     memory: _MemoryBody | None = None
     """``{thread, resource}`` as @mastra/client-js sends it (``threadId``/``resourceId`` win)."""
+    client_tools: dict[str, Any] | None = Field(default=None, alias="clientTools")
+    """Tools the caller runs: name -> ``{id?, description, inputSchema | parameters}``."""
+    require_tool_approval: bool | None = Field(default=None, alias="requireToolApproval")
+    stop_when: Any = Field(default=None, alias="stopWhen")
+    """``[{stepCountIs: n}, {hasToolCall: name}]`` (one object is one condition)."""
 
     @field_validator("messages")
     @classmethod
@@ -116,6 +123,151 @@ def _message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
             raise BadRequestError(f"{where}.content: {exc}") from None
         return message
     raise BadRequestError(f"{where}.content: must be a string, a list of text parts or a message content")
+
+
+def _unwrap_output(output: Any) -> Any:
+    """An AI SDK tool-result ``output`` (``{type: "json" | "text" | ..., value}``) as its value."""
+    if isinstance(output, dict) and isinstance(output.get("type"), str) and "value" in output:
+        return output["value"]
+    return output
+
+
+def _tool_result(part: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id, name = part.get("toolCallId"), part.get("toolName")
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+        raise BadRequestError(f"{where}: a tool-result needs toolCallId and toolName strings")
+    result = part["result"] if "result" in part else _unwrap_output(part.get("output"))
+    return {"type": "tool-result", "toolCallId": call_id, "toolName": name, "result": result}
+
+
+def _invocation(call_id: Any, name: Any, args: Any, where: str, **extra: Any) -> dict[str, Any]:
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+        raise BadRequestError(f"{where}: a tool call needs toolCallId and toolName strings")
+    return {
+        "type": "tool-invocation",
+        "toolInvocation": {"state": "call", "toolCallId": call_id, "toolName": name, "args": args, **extra},
+    }
+
+
+def _format2(role: str, parts: list[dict[str, Any]], item: dict[str, Any]) -> dict[str, Any]:
+    message = msgs.text_message(role, "")
+    message["content"]["parts"] = parts
+    if isinstance(item.get("id"), str) and item["id"]:
+        message["id"] = item["id"]
+    return message
+
+
+_DROPPED_UI_PARTS = ("step-start", "reasoning", "source")
+"""UI parts that carry nothing the run reads back (the reference drops them from the prompt too)."""
+
+
+def _ui_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+    """A UI message ``{id, role, parts}`` (what the client keeps of a streamed answer)."""
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(item["parts"]):
+        at = f"{where}.parts.{i}"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict) or not isinstance(kind, str):
+            raise BadRequestError(f"{at}: must be an object with a type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif (
+            kind == "tool-invocation" and role == "assistant" and isinstance(part.get("toolInvocation"), dict)
+        ):
+            inv = part["toolInvocation"]
+            state = inv.get("state")
+            if state == "call":
+                parts.append(_invocation(inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at))
+            elif state == "result" and "result" in inv:
+                parts.append(
+                    _invocation(
+                        inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, result=inv["result"]
+                    )
+                )
+                parts[-1]["toolInvocation"]["state"] = "result"
+            else:
+                raise BadRequestError(
+                    f"{at}.toolInvocation.state: must be 'call' or 'result' (with a result)"
+                )
+        elif kind in _DROPPED_UI_PARTS:
+            continue
+        else:
+            raise BadRequestError(f"{at}: unsupported part {kind!r} (text, tool-invocation)")
+    return _format2(role, parts, item)
+
+
+def _model_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+    """An AI SDK model message with a list content: text, and for the assistant tool-call parts;
+    a ``tool`` message's tool-result parts."""
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(item["content"]):
+        at = f"{where}.content.{i}"
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if not isinstance(part, dict):
+            raise BadRequestError(f"{at}: unsupported part {kind!r}")
+        if role == "tool":
+            if kind != "tool-result":
+                raise BadRequestError(f"{at}: a tool message holds tool-result parts only, got {kind!r}")
+            parts.append(_tool_result(part, at))
+        elif kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "tool-call" and role == "assistant":
+            args = part["input"] if "input" in part else part.get("args")
+            parts.append(_invocation(part.get("toolCallId"), part.get("toolName"), args, at))
+        elif kind == "reasoning" and role == "assistant":
+            continue
+        else:
+            allowed = "text, tool-call" if role == "assistant" else "text parts {type, text}"
+            raise BadRequestError(f"{at}: unsupported part {kind!r} ({allowed} only)")
+    return _format2(role, parts, item)
+
+
+def _input_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
+    """One message of a generate / stream body: `_message`'s shapes, plus what the client sends to
+    go on after a client tool: AI SDK model messages (an assistant's tool-call parts, a ``tool``
+    message's tool-result parts) and UI messages (``parts`` with ``tool-invocation`` parts)."""
+    if isinstance(item, str):
+        return _message(item, where)
+    role = item.get("role", "user")
+    if isinstance(item.get("parts"), list) and not isinstance(item.get("content"), dict):
+        if role not in ("user", "assistant"):
+            raise BadRequestError(
+                f"{where}.role: a UI message is from the user or the assistant, got {role!r}"
+            )
+        return _ui_message(item, role, where)
+    if role == "tool":
+        if not isinstance(item.get("content"), list) or not item["content"]:
+            raise BadRequestError(f"{where}.content: a tool message holds a list of tool-result parts")
+        return _model_message(item, role, where)
+    if role in ("user", "assistant") and isinstance(item.get("content"), list):
+        return _model_message(item, role, where)
+    return _message(item, where)
+
+
+def _client_tools(tools: dict[str, Any], field: str = "clientTools") -> list[ClientTool]:
+    """``clientTools`` as ClientTools; a 400 naming the tool when one is malformed."""
+    out: list[ClientTool] = []
+    for name, tool in tools.items():
+        where = f"{field}.{name}"
+        if not name or len(name) > 128 or not name.isprintable():
+            raise BadRequestError(f"{field}: {name[:64]!r} is not a tool name (1-128 printable characters)")
+        if not isinstance(tool, dict):
+            raise BadRequestError(f"{where}: must be an object {{description, inputSchema}}")
+        description = tool.get("description", "")
+        if not isinstance(description, str):
+            raise BadRequestError(f"{where}.description: must be a string")
+        key = "inputSchema" if tool.get("inputSchema") is not None else "parameters"
+        schema = tool.get(key)
+        if schema is None:
+            schema = {"type": "object"}
+        if not isinstance(schema, dict):
+            raise BadRequestError(f"{where}.{key}: must be a JSON schema object")
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise BadRequestError(f"{where}.{key}: not a valid JSON schema: {exc.message}") from None
+        out.append(ClientTool(name, description, schema))
+    return out
 
 
 _CALLER_SET_IDS = ("threadId", "resourceId")
@@ -182,7 +334,7 @@ def parse_body(
     if isinstance(body.messages, str):
         agent_input: str | list[dict[str, Any]] = body.messages
     else:
-        agent_input = [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+        agent_input = [_input_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
         if not trust_request_context:
             _untrusted(agent_input)
     context = (body.request_context or body.runtime_context or {}) if trust_request_context else {}
@@ -193,6 +345,10 @@ def parse_body(
         trusted=trust_request_context,
         bound_resource=bound_resource,
     )
+    try:
+        stop_when = stop.parse(body.stop_when) if body.stop_when is not None else None
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
     return AgentCall(
         agent_input,
         CallOptions(
@@ -201,6 +357,9 @@ def parse_body(
             request_context=context,
             resource_id=resource,
             thread_id=thread,
+            stop_when=stop_when,
+            require_tool_approval=body.require_tool_approval,
+            client_tools=_client_tools(body.client_tools or {}),
         ),
     )
 
@@ -249,6 +408,27 @@ def parse_proto(
         trusted=trust_request_context,
         bound_resource=bound_resource,
     )
+    tools = {}
+    for i, tool in enumerate(request.client_tools):
+        if tool.name in tools:
+            raise BadRequestError(f"client_tools.{i}.name: {tool.name[:64]!r} is given twice")
+        schema = convert.from_struct(tool.input_schema) if tool.HasField("input_schema") else None
+        tools[tool.name] = {"description": tool.description, "inputSchema": schema}
+    check_input(tools, limits, root=("client_tools",))
+    conditions: list[dict[str, Any]] = []
+    for condition in request.stop_when:
+        kind = condition.WhichOneof("condition")
+        if kind == "step_count_is":
+            conditions.append({"stepCountIs": condition.step_count_is})
+        elif kind == "has_tool_call":
+            conditions.append({"hasToolCall": condition.has_tool_call})
+        else:
+            conditions.append({})
+    try:
+        stop_when = stop.parse(conditions, "stop_when") if conditions else None
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+    approval = request.require_tool_approval if request.HasField("require_tool_approval") else None
     return AgentCall(
         messages,
         CallOptions(
@@ -258,24 +438,126 @@ def parse_proto(
             timeout=timeout,
             resource_id=resource,
             thread_id=thread,
+            stop_when=stop_when,
+            require_tool_approval=approval,
+            client_tools=_client_tools(tools, "client_tools"),
         ),
     )
+
+
+@dataclass
+class Decision:
+    """A validated approve / decline request: which run, which call, and why (a decline)."""
+
+    run_id: str
+    tool_call_id: str
+    reason: str | None
+    request_context: dict[str, Any]
+
+
+class _DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
+    tool_call_id: str = Field(alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
+    reason: str | None = Field(default=None, max_length=4096)
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+
+
+def parse_decision(data: Any, *, trust_request_context: bool, limits: InputLimits) -> Decision:
+    """The body of approve-tool-call / decline-tool-call (and the -generate routes)."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
+    check_input(data, limits)
+    try:
+        body = _DecisionBody.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
+        )
+        raise BadRequestError(problems) from None
+    context = (body.request_context or {}) if trust_request_context else {}
+    return Decision(body.run_id, body.tool_call_id, body.reason, context)
 
 
 # -- results and chunks ------------------------------------------------------------------------
 
 
+def model_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Response messages as AI SDK model messages: the assistant's text and tool-call parts, and a
+    ``tool`` message with the results of the calls that have one (what the client sends back)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.get("role") != "assistant":
+            continue
+        content: list[dict[str, Any]] = []
+        results: list[dict[str, Any]] = []
+        for part in (message.get("content") or {}).get("parts") or []:
+            if part.get("type") == "text" and part.get("text"):
+                content.append({"type": "text", "text": part["text"]})
+            elif part.get("type") == "tool-invocation":
+                inv = part["toolInvocation"]
+                call = {"toolCallId": inv["toolCallId"], "toolName": inv["toolName"]}
+                content.append({"type": "tool-call", **call, "input": inv.get("args")})
+                if inv.get("state") == "result":
+                    output = {"type": "json", "value": inv.get("result")}
+                    results.append({"type": "tool-result", **call, "output": output})
+        if content:
+            out.append({"role": "assistant", "content": content})
+        if results:
+            out.append({"role": "tool", "content": results})
+    return out
+
+
+def _call_chunks(calls: list[dict[str, Any]], run_id: str) -> list[Chunk]:
+    """Tool calls as the reference's ``tool-call`` chunks (``response.toolCalls``)."""
+    return [
+        {
+            "type": "tool-call",
+            "runId": run_id,
+            "from": "AGENT",
+            "payload": {
+                "toolCallId": call.get("toolCallId"),
+                "toolName": call.get("toolName"),
+                "args": call.get("args"),
+            },
+        }
+        for call in calls
+    ]
+
+
 def result_json(result: RunResult) -> dict[str, Any]:
-    """The generate() result as the reference server returns it (camelCase)."""
+    """The generate() result as the reference server returns it (camelCase), with `status`.
+
+    ``toolCalls`` holds the calls the caller acts on, as ``tool-call`` chunks: a client tool's
+    (finish reason ``tool-calls``; ``response.messages`` are then AI SDK model messages, the
+    stored form in ``response.dbMessages``) or the one awaiting approval (finish reason
+    ``suspended``, also as ``suspendPayload``); otherwise it is empty.
+    """
+    response: dict[str, Any] = {"messages": result.response_messages}
+    calls: list[dict[str, Any]] = []
+    if result.status == "suspended":
+        calls = result.suspended
+    elif result.finish_reason == "tool-calls" and result.steps:
+        calls = result.steps[-1].get("toolCalls") or []
+        response = {
+            "messages": model_messages(result.response_messages),
+            "dbMessages": result.response_messages,
+        }
     out: dict[str, Any] = {
         "runId": result.run_id,
+        "status": result.status,
         "text": result.text,
         "finishReason": result.finish_reason,
         "steps": result.steps,
         "usage": result.usage,
         "tripwire": result.tripwire,
-        "response": {"messages": result.response_messages},
+        "toolCalls": _call_chunks(calls, result.run_id),
+        "response": response,
     }
+    if result.status == "suspended" and result.suspended:
+        first = result.suspended[0]
+        out["suspendPayload"] = {k: first.get(k) for k in ("toolCallId", "toolName", "args")}
     if result.error is not None:
         out["error"] = result.error
     return out
@@ -294,8 +576,10 @@ def failed_json(error: BaseException) -> dict[str, Any]:
             "steps": [],
             "usage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
             "tripwire": None,
+            "toolCalls": [],
             "response": {"messages": []},
         }
+    out["status"] = "failed"
     out["finishReason"] = "error"
     out["error"] = str(error)
     return out

@@ -6,7 +6,14 @@ from typing import ClassVar
 
 import grpc
 
-from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.errors import (
+    InvalidMemoryInputError,
+    MemoryStoreError,
+    OrchestratorError,
+    ResumeConflictError,
+    StoreUnavailableError,
+    SuspendedRunNotFoundError,
+)
 
 
 class ServiceError(OrchestratorError):
@@ -70,3 +77,47 @@ class DrainingError(ServiceError):
 
     http_status = 503
     grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class SuspendedRunGoneError(ServiceError):
+    """No run waits for this tool call here (none by this id, or not the caller's resource)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class RunNotActiveError(ServiceError):
+    """No run by this id is streaming on this replica (cancel)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class ResumeRefusedError(ServiceError):
+    """The tool call was already decided, or is being resumed (here or on another replica)."""
+
+    http_status = 409
+    grpc_code = grpc.StatusCode.ABORTED
+
+
+class StoreDownError(ServiceError):
+    """The store that keeps suspended runs is unreachable."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+def resume_error(exc: MemoryStoreError) -> ServiceError:
+    """A store error met while resuming or listing suspended runs, as the API answers it."""
+    for kind, answer in _RESUME_ERRORS:
+        if isinstance(exc, kind):
+            return answer(str(exc))
+    return ServiceError(str(exc))
+
+
+_RESUME_ERRORS: tuple[tuple[type[MemoryStoreError], type[ServiceError]], ...] = (
+    (SuspendedRunNotFoundError, SuspendedRunGoneError),
+    (ResumeConflictError, ResumeRefusedError),
+    (InvalidMemoryInputError, BadRequestError),
+    (StoreUnavailableError, StoreDownError),
+)

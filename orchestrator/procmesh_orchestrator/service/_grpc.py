@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -17,10 +19,11 @@ from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
-from procmesh_orchestrator.run import Agent, RunResult
-from procmesh_orchestrator.service._calls import AgentCall, parse_proto
-from procmesh_orchestrator.service._errors import ServiceError
+from procmesh_orchestrator.run import Agent, RunResult, RunStream
+from procmesh_orchestrator.service._calls import AgentCall, Decision, parse_proto
+from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
+from procmesh_orchestrator.service._runs import ActiveRun, resume_stream
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -36,8 +39,13 @@ Context = grpc.aio.ServicerContext[Any, Any]
 def result_to_proto(result: RunResult) -> apb.GenerateResponse:
     """A run result as a GenerateResponse."""
     out = apb.GenerateResponse(
-        run_id=result.run_id, text=result.text, finish_reason=result.finish_reason, error=result.error or ""
+        run_id=result.run_id,
+        text=result.text,
+        finish_reason=result.finish_reason,
+        error=result.error or "",
+        status=result.status,
     )
+    _suspended_to_proto(result, out.suspended)
     for step in result.steps:
         convert.step_to_proto(step, out.steps.add())
     convert.usage_to_proto(result.usage, out.usage)
@@ -48,12 +56,22 @@ def result_to_proto(result: RunResult) -> apb.GenerateResponse:
     return out
 
 
+def _suspended_to_proto(result: RunResult, out: Any) -> None:
+    for call in result.suspended:
+        item = out.add(tool_call_id=str(call.get("toolCallId", "")), tool_name=str(call.get("toolName", "")))
+        item.args.CopyFrom(convert.to_value(call.get("args")))
+
+
 def _failed_proto(error: BaseException) -> apb.GenerateResponse:
     partial = getattr(error, "result", None)
     out = result_to_proto(partial) if isinstance(partial, RunResult) else apb.GenerateResponse()
     out.finish_reason = "error"
     out.error = str(error)
+    out.status = "failed"
     return out
+
+
+StreamReply = type[apb.StreamResponse] | type[apb.ApproveToolCallResponse] | type[apb.DeclineToolCallResponse]
 
 
 class _AgentServicer(agrpc.AgentServiceServicer):
@@ -88,11 +106,21 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         except ServiceError as exc:
             await self._refuse(context, exc)
         started = time.perf_counter()
+        signal = asyncio.Event()
+        work = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
         try:
             try:
-                response = result_to_proto(await agent.generate(call.input, call.options))
+                response = result_to_proto(await asyncio.shield(work))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 response = _failed_proto(exc)  # a store error names the store
+            except asyncio.CancelledError:
+                # The client cancelled (or its deadline passed): abort the run, so its in-flight
+                # processor, model and tool calls are cancelled and the partial result is recorded.
+                signal.set()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await work
+                log.info("grpc generate agent=%s cancelled by the client", request.agent_id)
+                raise
         finally:
             self._service.gate.leave()
         log.info(
@@ -110,30 +138,84 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             agent, call = self._admit(request, context)
         except ServiceError as exc:
             await self._refuse(context, exc)
-        started = time.perf_counter()
         run = agent.stream(call.input, call.options)
+        async for reply in self._relay(
+            "stream", request.agent_id, run, call.options.resource_id, apb.StreamResponse
+        ):
+            yield reply
+
+    async def ApproveToolCall(
+        self, request: apb.ApproveToolCallRequest, context: Context
+    ) -> AsyncIterator[apb.ApproveToolCallResponse]:
+        run, owner = await self._resume(request, context, approved=True, reason=None)
+        async for reply in self._relay("approve", request.agent_id, run, owner, apb.ApproveToolCallResponse):
+            yield reply
+
+    async def DeclineToolCall(
+        self, request: apb.DeclineToolCallRequest, context: Context
+    ) -> AsyncIterator[apb.DeclineToolCallResponse]:
+        reason = request.reason or None
+        run, owner = await self._resume(request, context, approved=False, reason=reason)
+        async for reply in self._relay("decline", request.agent_id, run, owner, apb.DeclineToolCallResponse):
+            yield reply
+
+    async def _resume(
+        self, request: Any, context: Context, *, approved: bool, reason: str | None
+    ) -> tuple[RunStream, str]:
+        """Check the key, find the agent, claim the suspended run (NOT_FOUND, ABORTED) and take a slot."""
+        service = self._service
+        try:
+            metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            bound = service.keys.check(metadata.get("authorization"))
+            agent = service.agent(request.agent_id)
+            if not request.run_id or not request.tool_call_id:
+                raise BadRequestError("give run_id and tool_call_id")
+            decision = Decision(request.run_id, request.tool_call_id, reason, {})
+            service.gate.enter()
+            try:
+                run = await resume_stream(service, agent, decision, approved=approved, bound=bound)
+            except BaseException:
+                service.gate.leave()
+                raise
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        return run, bound or ""
+
+    async def _relay(
+        self, kind: str, agent_id: str, run: RunStream, owner: str, reply: StreamReply
+    ) -> AsyncIterator[Any]:
+        """Stream a run's chunks as `reply` messages, then one with its status; a client that
+        cancels aborts the run. The run slot is given back at the end."""
+        service = self._service
+        started = time.perf_counter()
         run_id = ""
         finished = False
         try:
             async for chunk in run:
                 if chunk.get("type") == "start":
                     run_id = str((chunk.get("payload") or {}).get("runId", ""))
-                yield apb.StreamResponse(run_id=run_id, chunk=convert.chunk_to_proto(chunk))
-            await run.result()
+                    service.runs.add(run_id, ActiveRun(agent_id, run, owner))
+                yield reply(run_id=run_id, chunk=convert.chunk_to_proto(chunk))
+            result = await run.result()
+            last = reply(run_id=run_id, status=result.status)
+            _suspended_to_proto(result, last.suspended)
             finished = True
+            yield last
         finally:
             if not finished:
                 with contextlib.suppress(Exception):
-                    await run.cancel()
-            self._service.gate.leave()
+                    await run.cancel()  # the client cancelled: abort the run (partial result)
+            service.runs.discard(run_id)
+            service.gate.leave()
             log.info(
-                "grpc stream agent=%s run=%s %s %.3fs",
-                request.agent_id,
+                "grpc %s agent=%s run=%s %s %.3fs",
+                kind,
+                agent_id,
                 run_id,
                 "done" if finished else "cancelled",
                 time.perf_counter() - started,
             )
-        self._service.metrics.requests.labels("grpc", "OK").inc()
+        service.metrics.requests.labels("grpc", "OK").inc()
 
 
 def _raw(handler: Any, decode: Any, check: Any) -> Any:

@@ -19,12 +19,15 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
+from procmesh_orchestrator.memory._common import MAX_PAGE
 from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service._calls import (
     AgentCall,
+    Decision,
     dumps,
     failed_json,
     parse_body,
+    parse_decision,
     result_json,
     wire_chunk,
 )
@@ -32,12 +35,20 @@ from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ClientGoneError,
     RequestTimeoutError,
+    RunNotActiveError,
     ServiceError,
     TooLargeError,
     UnsupportedMediaTypeError,
 )
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._memory_api import memory_routes
+from procmesh_orchestrator.service._runs import (
+    ActiveRun,
+    resume_generate,
+    resume_stream,
+    store_errors,
+    suspended_run_json,
+)
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -73,7 +84,7 @@ class _GatedResponse(Response):
 
 
 class _EventStreamResponse(StreamingResponse):
-    """Server-sent events of one run; the run is cancelled if the client leaves early."""
+    """Server-sent events of one run; `release` runs once it is sent or the client left."""
 
     def __init__(self, events: AsyncIterator[bytes], release: Release) -> None:
         super().__init__(
@@ -90,8 +101,24 @@ class _EventStreamResponse(StreamingResponse):
             await self._release()
 
 
-async def _events(run: RunStream, agent_id: str) -> AsyncIterator[bytes]:
+class _Streamed:
+    """A streamed run as the service tracks it: registered while active, so it can be cancelled."""
+
+    def __init__(self, service: Service, agent_id: str, run: RunStream, owner: str) -> None:
+        self.service = service
+        self.agent_id = agent_id
+        self.run = run
+        self.owner = owner
+        self.run_id = ""
+
+    def started(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.service.runs.add(run_id, ActiveRun(self.agent_id, self.run, self.owner))
+
+
+async def _events(streamed: _Streamed) -> AsyncIterator[bytes]:
     """``data: <chunk>`` per chunk (``runId`` and ``from`` added), then ``data: [DONE]``."""
+    run, agent_id = streamed.run, streamed.agent_id
     run_id = ""
     started = time.perf_counter()
     finish = "unknown"
@@ -99,10 +126,11 @@ async def _events(run: RunStream, agent_id: str) -> AsyncIterator[bytes]:
         kind = chunk.get("type")
         if kind == "start":
             run_id = str((chunk.get("payload") or {}).get("runId", ""))
+            streamed.started(run_id)
         elif kind == "finish":
             finish = str((chunk.get("payload") or {}).get("finishReason", finish))
-        elif kind == "tripwire":
-            finish = "tripwire"
+        elif kind in ("tripwire", "abort"):
+            finish = kind
         yield f"data: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
     try:
         await run.result()
@@ -294,9 +322,100 @@ def build_http_app(service: Service) -> ASGIApp:
 
     async def stream(request: Request) -> Response:
         agent_id, agent, call = await admit(request)
-        run = agent.stream(call.input, call.options)
-        release = _releaser(service, run)
-        return _EventStreamResponse(_events(run, agent_id), release)
+        try:
+            run = agent.stream(call.input, call.options)
+        except BaseException:
+            service.gate.leave()
+            raise
+        return _stream_response(service, _Streamed(service, agent_id, run, call.options.resource_id))
+
+    async def decision_of(request: Request) -> tuple[str, Agent, Decision, str | None]:
+        agent_id = request.path_params["agent_id"]
+        agent = service.agent(agent_id)
+        decision = parse_decision(
+            await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
+            trust_request_context=settings.trust_request_context,
+            limits=service.limits,
+        )
+        return agent_id, agent, decision, getattr(request.state, "bound_resource", None)
+
+    def resume_route(approved: bool) -> Callable[[Request], Awaitable[Response]]:
+        async def resume(request: Request) -> Response:
+            agent_id, agent, decision, bound = await decision_of(request)
+            service.gate.enter()
+            try:
+                run = await resume_stream(service, agent, decision, approved=approved, bound=bound)
+            except BaseException:
+                service.gate.leave()
+                raise
+            return _stream_response(service, _Streamed(service, agent_id, run, bound or ""))
+
+        return resume
+
+    def resume_generate_route(approved: bool) -> Callable[[Request], Awaitable[Response]]:
+        async def resume(request: Request) -> Response:
+            agent_id, agent, decision, bound = await decision_of(request)
+            service.gate.enter()
+            release = _releaser(service)
+            try:
+                try:
+                    body = result_json(
+                        await resume_generate(service, agent, decision, approved=approved, bound=bound)
+                    )
+                except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
+                    body = failed_json(exc)
+                log.info(
+                    "%s agent=%s run=%s finish=%s",
+                    "approve" if approved else "decline",
+                    agent_id,
+                    body["runId"],
+                    body["finishReason"],
+                )
+            except BaseException:
+                await release()
+                raise
+            return _GatedResponse(body, release)
+
+        return resume
+
+    async def suspended_runs(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        agent = service.agent(agent_id)
+        query = request.query_params
+        bound = getattr(request.state, "bound_resource", None)
+        resource = query.get("resourceId")
+        if bound:
+            if resource and resource != bound:
+                raise BadRequestError("resourceId: this API key is bound to another resource")
+            resource = bound
+        page = _query_int(query.get("page"), "page", 0, 0)
+        per_page = _query_int(query.get("perPage"), "perPage", 20, 1)
+        if agent.spec.store is None:
+            return json_response({"runs": [], "total": 0})
+        with store_errors():
+            store = await agent.spec.store()
+            runs, total = await store.list_suspended(
+                agent_id,
+                thread_id=query.get("threadId"),
+                resource_id=resource,
+                from_date=query.get("fromDate"),
+                to_date=query.get("toDate"),
+                page=page,
+                per_page=per_page,
+            )
+        return json_response({"runs": [suspended_run_json(r) for r in runs], "total": total})
+
+    async def cancel_run(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        service.agent(agent_id)
+        run_id = request.path_params["run_id"]
+        entry = service.runs.find(agent_id, run_id, getattr(request.state, "bound_resource", None))
+        if entry is None:
+            raise RunNotActiveError(
+                f"no run {run_id[:64]!r} of agent {agent_id!r} is streaming on this replica"
+            )
+        await entry.run.cancel()
+        return json_response({"cancelled": True})
 
     async def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
@@ -343,6 +462,20 @@ def build_http_app(service: Service) -> ASGIApp:
             Route("/api/agents/{agent_id}", get_agent, methods=["GET"]),
             Route("/api/agents/{agent_id}/generate", generate, methods=["POST"]),
             Route("/api/agents/{agent_id}/stream", stream, methods=["POST"]),
+            Route("/api/agents/{agent_id}/approve-tool-call", resume_route(True), methods=["POST"]),
+            Route("/api/agents/{agent_id}/decline-tool-call", resume_route(False), methods=["POST"]),
+            Route(
+                "/api/agents/{agent_id}/approve-tool-call-generate",
+                resume_generate_route(True),
+                methods=["POST"],
+            ),
+            Route(
+                "/api/agents/{agent_id}/decline-tool-call-generate",
+                resume_generate_route(False),
+                methods=["POST"],
+            ),
+            Route("/api/agents/{agent_id}/suspended-runs", suspended_runs, methods=["GET"]),
+            Route("/api/agents/{agent_id}/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
@@ -357,20 +490,46 @@ def build_http_app(service: Service) -> ASGIApp:
     return _Boundary(app, service)
 
 
-def _releaser(service: Service, run: RunStream | None = None) -> Release:
-    """Give the run slot back exactly once; cancel the streamed run if it is still going."""
+def _query_int(raw: str | None, name: str, default: int, low: int) -> int:
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) < low or int(raw) > MAX_PAGE:
+        raise BadRequestError(f"{name}: must be an integer from {low} to {MAX_PAGE}")
+    return int(raw)
+
+
+def _stream_response(service: Service, streamed: _Streamed) -> Response:
+    return _EventStreamResponse(_events(streamed), _releaser(service, streamed))
+
+
+def _releaser(service: Service, streamed: _Streamed | None = None) -> Release:
+    """Give the run slot back exactly once. A streamed run still going (its client left) is
+    aborted, or, with ``abort_on_disconnect`` off, finishes in the background first."""
     released = False
+
+    async def finish(streamed: _Streamed) -> None:
+        try:
+            with contextlib.suppress(Exception):
+                await streamed.run.result()
+        finally:
+            service.runs.discard(streamed.run_id)
+            service.gate.leave()
 
     async def release() -> None:
         nonlocal released
         if released:
             return
         released = True
+        if streamed is not None and not service.settings.abort_on_disconnect:
+            service.spawn(finish(streamed))
+            return
         try:
-            if run is not None:
+            if streamed is not None:
                 with contextlib.suppress(Exception):
-                    await run.cancel()  # a no-op for a finished run
+                    await streamed.run.cancel()  # a no-op for a finished run
         finally:
+            if streamed is not None:
+                service.runs.discard(streamed.run_id)
             service.gate.leave()
 
     return release

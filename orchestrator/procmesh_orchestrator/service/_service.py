@@ -6,6 +6,8 @@ import asyncio
 import ipaddress
 import logging
 import signal
+from collections.abc import Coroutine
+from typing import Any
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
@@ -20,6 +22,7 @@ from procmesh_orchestrator.service._http import build_http_app
 from procmesh_orchestrator.service._http_server import HttpServer
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._metrics import ServiceMetrics
+from procmesh_orchestrator.service._runs import ActiveRuns
 from procmesh_orchestrator.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,9 @@ class Service:
             max_string_chars=settings.max_input_string_chars,
         )
         self.gate = RunGate()
+        self.runs = ActiveRuns()
+        """The streamed runs in flight on this replica (the cancel route, gRPC cancellation)."""
+        self._background: set[asyncio.Task[None]] = set()
         self.health = SidecarHealth(
             self.app.clients,
             settings.health_poll_seconds,
@@ -83,6 +89,13 @@ class Service:
             shown = agent_id if len(agent_id) <= 64 else agent_id[:64] + "..."  # never echo a huge id
             raise AgentNotFoundError(f"unknown agent {shown!r} (configured: {sorted(self.app.agents)})")
         return agent
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background (a streamed run finishing after its client left); the
+        service keeps a reference until it is done."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _on_health(self, serving: bool) -> None:
         if self._grpc is not None and not self.gate.draining:

@@ -26,21 +26,33 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from procmesh.v1 import types_pb2 as procmesh_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17procmesh/v1/agent.proto\x12\x0bprocmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17procmesh/v1/types.proto\"\x97\x02\n\x0fGenerateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12&\n\x08messages\x18\x02 \x03(\x0b\x32\x14.procmesh.v1.Message\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\tmax_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\"\n\x15max_processor_retries\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x30\n\x0frequest_context\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tthread_id\x18\x07 \x01(\t\x12\x13\n\x0bresource_id\x18\x08 \x01(\tB\x0c\n\n_max_stepsB\x18\n\x16_max_processor_retries\"\xf8\x01\n\x10GenerateResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12&\n\x05steps\x18\x04 \x03(\x0b\x32\x17.procmesh.v1.StepResult\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.procmesh.v1.Usage\x12$\n\x08tripwire\x18\x06 \x01(\x0b\x32\x12.procmesh.v1.Abort\x12/\n\x11response_messages\x18\x07 \x03(\x0b\x32\x14.procmesh.v1.Message\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"\x95\x02\n\rStreamRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12&\n\x08messages\x18\x02 \x03(\x0b\x32\x14.procmesh.v1.Message\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\tmax_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\"\n\x15max_processor_retries\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x30\n\x0frequest_context\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tthread_id\x18\x07 \x01(\t\x12\x13\n\x0bresource_id\x18\x08 \x01(\tB\x0c\n\n_max_stepsB\x18\n\x16_max_processor_retries\"C\n\x0eStreamResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.procmesh.v1.Chunk2\x9c\x01\n\x0c\x41gentService\x12G\n\x08Generate\x12\x1c.procmesh.v1.GenerateRequest\x1a\x1d.procmesh.v1.GenerateResponse\x12\x43\n\x06Stream\x12\x1a.procmesh.v1.StreamRequest\x1a\x1b.procmesh.v1.StreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17procmesh/v1/agent.proto\x12\x0bprocmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17procmesh/v1/types.proto\"^\n\nClientTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12-\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"N\n\rStopCondition\x12\x17\n\rstep_count_is\x18\x01 \x01(\x05H\x00\x12\x17\n\rhas_tool_call\x18\x02 \x01(\tH\x00\x42\x0b\n\tcondition\"\xb3\x03\n\x0fGenerateRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12&\n\x08messages\x18\x02 \x03(\x0b\x32\x14.procmesh.v1.Message\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\tmax_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\"\n\x15max_processor_retries\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x30\n\x0frequest_context\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tthread_id\x18\x07 \x01(\t\x12\x13\n\x0bresource_id\x18\x08 \x01(\t\x12-\n\x0c\x63lient_tools\x18\t \x03(\x0b\x32\x17.procmesh.v1.ClientTool\x12\"\n\x15require_tool_approval\x18\n \x01(\x08H\x02\x88\x01\x01\x12-\n\tstop_when\x18\x0b \x03(\x0b\x32\x1a.procmesh.v1.StopConditionB\x0c\n\n_max_stepsB\x18\n\x16_max_processor_retriesB\x18\n\x16_require_tool_approval\"\xb2\x02\n\x10GenerateResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12&\n\x05steps\x18\x04 \x03(\x0b\x32\x17.procmesh.v1.StepResult\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.procmesh.v1.Usage\x12$\n\x08tripwire\x18\x06 \x01(\x0b\x32\x12.procmesh.v1.Abort\x12/\n\x11response_messages\x18\x07 \x03(\x0b\x32\x14.procmesh.v1.Message\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x0e\n\x06status\x18\t \x01(\t\x12(\n\tsuspended\x18\n \x03(\x0b\x32\x15.procmesh.v1.ToolCall\"\xb1\x03\n\rStreamRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12&\n\x08messages\x18\x02 \x03(\x0b\x32\x14.procmesh.v1.Message\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\tmax_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\"\n\x15max_processor_retries\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x30\n\x0frequest_context\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tthread_id\x18\x07 \x01(\t\x12\x13\n\x0bresource_id\x18\x08 \x01(\t\x12-\n\x0c\x63lient_tools\x18\t \x03(\x0b\x32\x17.procmesh.v1.ClientTool\x12\"\n\x15require_tool_approval\x18\n \x01(\x08H\x02\x88\x01\x01\x12-\n\tstop_when\x18\x0b \x03(\x0b\x32\x1a.procmesh.v1.StopConditionB\x0c\n\n_max_stepsB\x18\n\x16_max_processor_retriesB\x18\n\x16_require_tool_approval\"}\n\x0eStreamResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.procmesh.v1.Chunk\x12\x0e\n\x06status\x18\x03 \x01(\t\x12(\n\tsuspended\x18\x04 \x03(\x0b\x32\x15.procmesh.v1.ToolCall\"P\n\x16\x41pproveToolCallRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\"\x86\x01\n\x17\x41pproveToolCallResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.procmesh.v1.Chunk\x12\x0e\n\x06status\x18\x03 \x01(\t\x12(\n\tsuspended\x18\x04 \x03(\x0b\x32\x15.procmesh.v1.ToolCall\"`\n\x16\x44\x65\x63lineToolCallRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x86\x01\n\x17\x44\x65\x63lineToolCallResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.procmesh.v1.Chunk\x12\x0e\n\x06status\x18\x03 \x01(\t\x12(\n\tsuspended\x18\x04 \x03(\x0b\x32\x15.procmesh.v1.ToolCall2\xdc\x02\n\x0c\x41gentService\x12G\n\x08Generate\x12\x1c.procmesh.v1.GenerateRequest\x1a\x1d.procmesh.v1.GenerateResponse\x12\x43\n\x06Stream\x12\x1a.procmesh.v1.StreamRequest\x1a\x1b.procmesh.v1.StreamResponse0\x01\x12^\n\x0f\x41pproveToolCall\x12#.procmesh.v1.ApproveToolCallRequest\x1a$.procmesh.v1.ApproveToolCallResponse0\x01\x12^\n\x0f\x44\x65\x63lineToolCall\x12#.procmesh.v1.DeclineToolCallRequest\x1a$.procmesh.v1.DeclineToolCallResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'procmesh.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATEREQUEST']._serialized_start=96
-  _globals['_GENERATEREQUEST']._serialized_end=375
-  _globals['_GENERATERESPONSE']._serialized_start=378
-  _globals['_GENERATERESPONSE']._serialized_end=626
-  _globals['_STREAMREQUEST']._serialized_start=629
-  _globals['_STREAMREQUEST']._serialized_end=906
-  _globals['_STREAMRESPONSE']._serialized_start=908
-  _globals['_STREAMRESPONSE']._serialized_end=975
-  _globals['_AGENTSERVICE']._serialized_start=978
-  _globals['_AGENTSERVICE']._serialized_end=1134
+  _globals['_CLIENTTOOL']._serialized_start=95
+  _globals['_CLIENTTOOL']._serialized_end=189
+  _globals['_STOPCONDITION']._serialized_start=191
+  _globals['_STOPCONDITION']._serialized_end=269
+  _globals['_GENERATEREQUEST']._serialized_start=272
+  _globals['_GENERATEREQUEST']._serialized_end=707
+  _globals['_GENERATERESPONSE']._serialized_start=710
+  _globals['_GENERATERESPONSE']._serialized_end=1016
+  _globals['_STREAMREQUEST']._serialized_start=1019
+  _globals['_STREAMREQUEST']._serialized_end=1452
+  _globals['_STREAMRESPONSE']._serialized_start=1454
+  _globals['_STREAMRESPONSE']._serialized_end=1579
+  _globals['_APPROVETOOLCALLREQUEST']._serialized_start=1581
+  _globals['_APPROVETOOLCALLREQUEST']._serialized_end=1661
+  _globals['_APPROVETOOLCALLRESPONSE']._serialized_start=1664
+  _globals['_APPROVETOOLCALLRESPONSE']._serialized_end=1798
+  _globals['_DECLINETOOLCALLREQUEST']._serialized_start=1800
+  _globals['_DECLINETOOLCALLREQUEST']._serialized_end=1896
+  _globals['_DECLINETOOLCALLRESPONSE']._serialized_start=1899
+  _globals['_DECLINETOOLCALLRESPONSE']._serialized_end=2033
+  _globals['_AGENTSERVICE']._serialized_start=2036
+  _globals['_AGENTSERVICE']._serialized_end=2384
 # @@protoc_insertion_point(module_scope)

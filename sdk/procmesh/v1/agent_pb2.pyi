@@ -25,6 +25,68 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ClientTool(_message.Message):
+    """A tool the caller runs: the run ends at its call (finish reason "tool-calls"),
+    the caller runs it and calls again with the result in a "tool" message.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The name the model calls it by."""
+    description: _builtins.str
+    """What it does, for the model."""
+    @_builtins.property
+    def input_schema(self) -> _struct_pb2.Struct:
+        """JSON schema of its arguments (unset: any object)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        input_schema: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_schema", b"input_schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema", b"input_schema", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientTool: _TypeAlias = ClientTool  # noqa: Y015
+
+@_typing.final
+class StopCondition(_message.Message):
+    """One stopWhen condition: the loop ends after a step where any condition holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_COUNT_IS_FIELD_NUMBER: _builtins.int
+    HAS_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    step_count_is: _builtins.int
+    """Stop once this many steps have run."""
+    has_tool_call: _builtins.str
+    """Stop after a step in which the model called this tool."""
+    def __init__(
+        self,
+        *,
+        step_count_is: _builtins.int = ...,
+        has_tool_call: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "has_tool_call", b"has_tool_call", "step_count_is", b"step_count_is"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["condition", b"condition", "has_tool_call", b"has_tool_call", "step_count_is", b"step_count_is"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_condition: _TypeAlias = _typing.Literal["step_count_is", "has_tool_call"]  # noqa: Y015
+    _WhichOneofArgType_condition: _TypeAlias = _typing.Literal["condition", b"condition"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_condition) -> _WhichOneofReturnType_condition | None: ...
+
+Global___StopCondition: _TypeAlias = StopCondition  # noqa: Y015
+
+@_typing.final
 class GenerateRequest(_message.Message):
     """Runs agent `agent_id` on `messages` and/or `text` and waits for the result."""
 
@@ -38,6 +100,9 @@ class GenerateRequest(_message.Message):
     REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
     THREAD_ID_FIELD_NUMBER: _builtins.int
     RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    REQUIRE_TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
+    STOP_WHEN_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -54,6 +119,10 @@ class GenerateRequest(_message.Message):
     """Who the thread belongs to (a user, an org). Counts only when the server trusts
     caller request context or the caller's API key is bound to this resource.
     """
+    require_tool_approval: _builtins.bool
+    """true: every tool call waits for approval (the run suspends); false: none
+    does; unset: each tool's own setting.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation: role ("user", "assistant" or "system") and content parts."""
@@ -63,6 +132,14 @@ class GenerateRequest(_message.Message):
         """Passed to processors only when the server trusts caller request context
         (PROCMESH_TRUST_REQUEST_CONTEXT); ignored otherwise.
         """
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Tools the caller runs (see ClientTool)."""
+
+    @_builtins.property
+    def stop_when(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopCondition]:
+        """Replaces the agent's stopWhen for this call (maxSteps still caps it)."""
 
     def __init__(
         self,
@@ -75,19 +152,26 @@ class GenerateRequest(_message.Message):
         request_context: _struct_pb2.Struct | None = ...,
         thread_id: _builtins.str = ...,
         resource_id: _builtins.str = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        require_tool_approval: _builtins.bool | None = ...,
+        stop_when: _abc.Iterable[Global___StopCondition] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "agent_id", b"agent_id", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "resource_id", b"resource_id", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
     _WhichOneofReturnType__max_steps: _TypeAlias = _typing.Literal["max_steps"]  # noqa: Y015
     _WhichOneofArgType__max_steps: _TypeAlias = _typing.Literal["_max_steps", b"_max_steps"]  # noqa: Y015
+    _WhichOneofReturnType__require_tool_approval: _TypeAlias = _typing.Literal["require_tool_approval"]  # noqa: Y015
+    _WhichOneofArgType__require_tool_approval: _TypeAlias = _typing.Literal["_require_tool_approval", b"_require_tool_approval"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_processor_retries) -> _WhichOneofReturnType__max_processor_retries | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_steps) -> _WhichOneofReturnType__max_steps | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__require_tool_approval) -> _WhichOneofReturnType__require_tool_approval | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
@@ -105,6 +189,8 @@ class GenerateResponse(_message.Message):
     TRIPWIRE_FIELD_NUMBER: _builtins.int
     RESPONSE_MESSAGES_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, as processors see it in RunContext.run_id."""
     text: _builtins.str
@@ -113,6 +199,10 @@ class GenerateResponse(_message.Message):
     """"stop", "tool-calls", "length", "other" (tripwire), "error", ..."""
     error: _builtins.str
     """Set when the run failed (a fail-closed processor or the model provider)."""
+    status: _builtins.str
+    """"success", "failed", "tripwire", "aborted" (the caller cancelled: the text
+    and steps so far are kept) or "suspended" (a tool call awaits approval).
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
         """Every model step of the run, in order."""
@@ -129,6 +219,12 @@ class GenerateResponse(_message.Message):
     def response_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The messages the run added (assistant and tool messages)."""
 
+    @_builtins.property
+    def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The tool calls awaiting a decision when `status` is "suspended": approve or
+        decline one with ApproveToolCall / DeclineToolCall and `run_id`.
+        """
+
     def __init__(
         self,
         *,
@@ -140,10 +236,12 @@ class GenerateResponse(_message.Message):
         tripwire: _types_pb2.Abort | None = ...,
         response_messages: _abc.Iterable[_types_pb2.Message] | None = ...,
         error: _builtins.str = ...,
+        status: _builtins.str = ...,
+        suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "response_messages", b"response_messages", "run_id", b"run_id", "steps", b"steps", "text", b"text", "tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -163,6 +261,9 @@ class StreamRequest(_message.Message):
     REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
     THREAD_ID_FIELD_NUMBER: _builtins.int
     RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    REQUIRE_TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
+    STOP_WHEN_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -175,6 +276,8 @@ class StreamRequest(_message.Message):
     """As in GenerateRequest."""
     resource_id: _builtins.str
     """As in GenerateRequest."""
+    require_tool_approval: _builtins.bool
+    """As in GenerateRequest."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation, as in GenerateRequest."""
@@ -182,6 +285,14 @@ class StreamRequest(_message.Message):
     @_builtins.property
     def request_context(self) -> _struct_pb2.Struct:
         """As in GenerateRequest: used only when the server trusts caller request context."""
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """As in GenerateRequest."""
+
+    @_builtins.property
+    def stop_when(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopCondition]:
+        """As in GenerateRequest."""
 
     def __init__(
         self,
@@ -194,19 +305,26 @@ class StreamRequest(_message.Message):
         request_context: _struct_pb2.Struct | None = ...,
         thread_id: _builtins.str = ...,
         resource_id: _builtins.str = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        require_tool_approval: _builtins.bool | None = ...,
+        stop_when: _abc.Iterable[Global___StopCondition] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "agent_id", b"agent_id", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "resource_id", b"resource_id", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
     _WhichOneofReturnType__max_steps: _TypeAlias = _typing.Literal["max_steps"]  # noqa: Y015
     _WhichOneofArgType__max_steps: _TypeAlias = _typing.Literal["_max_steps", b"_max_steps"]  # noqa: Y015
+    _WhichOneofReturnType__require_tool_approval: _TypeAlias = _typing.Literal["require_tool_approval"]  # noqa: Y015
+    _WhichOneofArgType__require_tool_approval: _TypeAlias = _typing.Literal["_require_tool_approval", b"_require_tool_approval"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_processor_retries) -> _WhichOneofReturnType__max_processor_retries | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_steps) -> _WhichOneofReturnType__max_steps | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__require_tool_approval) -> _WhichOneofReturnType__require_tool_approval | None: ...
 
 Global___StreamRequest: _TypeAlias = StreamRequest  # noqa: Y015
 
@@ -218,22 +336,174 @@ class StreamResponse(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, the same in every response of the stream."""
+    status: _builtins.str
+    """Set on the stream's last message only, which has no chunk: the run's status
+    (as GenerateResponse.status).
+    """
     @_builtins.property
     def chunk(self) -> _types_pb2.Chunk:
         """The chunk, in the reference chunk vocabulary (`start` ... `finish` or `tripwire`)."""
+
+    @_builtins.property
+    def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The last message only: the calls awaiting a decision when `status` is "suspended"."""
 
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         chunk: _types_pb2.Chunk | None = ...,
+        status: _builtins.str = ...,
+        suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamResponse: _TypeAlias = StreamResponse  # noqa: Y015
+
+@_typing.final
+class ApproveToolCallRequest(_message.Message):
+    """Approves the tool call `tool_call_id` of the suspended run `run_id`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """The agent whose run it is."""
+    run_id: _builtins.str
+    """The suspended run (GenerateResponse.run_id)."""
+    tool_call_id: _builtins.str
+    """The call awaiting approval."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "run_id", b"run_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveToolCallRequest: _TypeAlias = ApproveToolCallRequest  # noqa: Y015
+
+@_typing.final
+class ApproveToolCallResponse(_message.Message):
+    """One message of a resumed run's stream, as StreamResponse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id (the suspended run's)."""
+    status: _builtins.str
+    """The last message only: the run's status."""
+    @_builtins.property
+    def chunk(self) -> _types_pb2.Chunk:
+        """The chunk; unset on the last message."""
+
+    @_builtins.property
+    def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The last message only: the calls awaiting a decision when suspended again."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        chunk: _types_pb2.Chunk | None = ...,
+        status: _builtins.str = ...,
+        suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveToolCallResponse: _TypeAlias = ApproveToolCallResponse  # noqa: Y015
+
+@_typing.final
+class DeclineToolCallRequest(_message.Message):
+    """Declines the tool call `tool_call_id` of the suspended run `run_id`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """The agent whose run it is."""
+    run_id: _builtins.str
+    """The suspended run (GenerateResponse.run_id)."""
+    tool_call_id: _builtins.str
+    """The call awaiting approval."""
+    reason: _builtins.str
+    """Why, for the model (optional)."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "reason", b"reason", "run_id", b"run_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeclineToolCallRequest: _TypeAlias = DeclineToolCallRequest  # noqa: Y015
+
+@_typing.final
+class DeclineToolCallResponse(_message.Message):
+    """One message of a resumed run's stream, as StreamResponse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id (the suspended run's)."""
+    status: _builtins.str
+    """The last message only: the run's status."""
+    @_builtins.property
+    def chunk(self) -> _types_pb2.Chunk:
+        """The chunk; unset on the last message."""
+
+    @_builtins.property
+    def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The last message only: the calls awaiting a decision when suspended again."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        chunk: _types_pb2.Chunk | None = ...,
+        status: _builtins.str = ...,
+        suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeclineToolCallResponse: _TypeAlias = DeclineToolCallResponse  # noqa: Y015

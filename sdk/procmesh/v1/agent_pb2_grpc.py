@@ -32,6 +32,8 @@ class AgentServiceStub:
     retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
+    Cancelling a Generate or Stream call aborts the run (its in-flight processor,
+    model and tool calls are cancelled).
     """
 
     def __init__(self, channel):
@@ -50,6 +52,16 @@ class AgentServiceStub:
                 request_serializer=procmesh_dot_v1_dot_agent__pb2.StreamRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_agent__pb2.StreamResponse.FromString,
                 _registered_method=True)
+        self.ApproveToolCall = channel.unary_stream(
+                '/procmesh.v1.AgentService/ApproveToolCall',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.ApproveToolCallRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.ApproveToolCallResponse.FromString,
+                _registered_method=True)
+        self.DeclineToolCall = channel.unary_stream(
+                '/procmesh.v1.AgentService/DeclineToolCall',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -59,6 +71,8 @@ class AgentServiceServicer:
     retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
+    Cancelling a Generate or Stream call aborts the run (its in-flight processor,
+    model and tool calls are cancelled).
     """
 
     def Generate(self, request, context):
@@ -69,7 +83,25 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stream(self, request, context):
-        """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`).
+        """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`),
+        then one last message without a chunk that carries the run's `status`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveToolCall(self, request, context):
+        """Resume a run suspended for a tool call's approval: the tool runs and the run
+        goes on, streamed like Stream. NOT_FOUND: no run waits for this call;
+        ABORTED: the call was already decided or is being resumed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeclineToolCall(self, request, context):
+        """Resume a suspended run declining the call (the model is told, with `reason`);
+        streamed and refused like ApproveToolCall.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,6 +120,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     request_deserializer=procmesh_dot_v1_dot_agent__pb2.StreamRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_agent__pb2.StreamResponse.SerializeToString,
             ),
+            'ApproveToolCall': grpc.unary_stream_rpc_method_handler(
+                    servicer.ApproveToolCall,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.ApproveToolCallRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.ApproveToolCallResponse.SerializeToString,
+            ),
+            'DeclineToolCall': grpc.unary_stream_rpc_method_handler(
+                    servicer.DeclineToolCall,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'procmesh.v1.AgentService', rpc_method_handlers)
@@ -103,6 +145,8 @@ class AgentService:
     retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
+    Cancelling a Generate or Stream call aborts the run (its in-flight processor,
+    model and tool calls are cancelled).
     """
 
     @staticmethod
@@ -149,6 +193,60 @@ class AgentService:
             '/procmesh.v1.AgentService/Stream',
             procmesh_dot_v1_dot_agent__pb2.StreamRequest.SerializeToString,
             procmesh_dot_v1_dot_agent__pb2.StreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveToolCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/procmesh.v1.AgentService/ApproveToolCall',
+            procmesh_dot_v1_dot_agent__pb2.ApproveToolCallRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.ApproveToolCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeclineToolCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/procmesh.v1.AgentService/DeclineToolCall',
+            procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.FromString,
             options,
             channel_credentials,
             insecure,

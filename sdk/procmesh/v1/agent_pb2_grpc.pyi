@@ -37,6 +37,8 @@ class AgentServiceStub:
     retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
+    Cancelling a Generate or Stream call aborts the run (its in-flight processor,
+    model and tool calls are cancelled).
     """
 
     @_typing.overload
@@ -46,7 +48,18 @@ class AgentServiceStub:
     Generate: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GenerateRequest, _agent_pb2.GenerateResponse]
     """Run the agent to completion and return its result."""
     Stream: _grpc.UnaryStreamMultiCallable[_agent_pb2.StreamRequest, _agent_pb2.StreamResponse]
-    """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`)."""
+    """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`),
+    then one last message without a chunk that carries the run's `status`.
+    """
+    ApproveToolCall: _grpc.UnaryStreamMultiCallable[_agent_pb2.ApproveToolCallRequest, _agent_pb2.ApproveToolCallResponse]
+    """Resume a run suspended for a tool call's approval: the tool runs and the run
+    goes on, streamed like Stream. NOT_FOUND: no run waits for this call;
+    ABORTED: the call was already decided or is being resumed.
+    """
+    DeclineToolCall: _grpc.UnaryStreamMultiCallable[_agent_pb2.DeclineToolCallRequest, _agent_pb2.DeclineToolCallResponse]
+    """Resume a suspended run declining the call (the model is told, with `reason`);
+    streamed and refused like ApproveToolCall.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -56,13 +69,26 @@ class AgentServiceAsyncStub(AgentServiceStub):
     retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
+    Cancelling a Generate or Stream call aborts the run (its in-flight processor,
+    model and tool calls are cancelled).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryUnaryMultiCallable[_agent_pb2.GenerateRequest, _agent_pb2.GenerateResponse]  # type: ignore[assignment]
     """Run the agent to completion and return its result."""
     Stream: _aio.UnaryStreamMultiCallable[_agent_pb2.StreamRequest, _agent_pb2.StreamResponse]  # type: ignore[assignment]
-    """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`)."""
+    """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`),
+    then one last message without a chunk that carries the run's `status`.
+    """
+    ApproveToolCall: _aio.UnaryStreamMultiCallable[_agent_pb2.ApproveToolCallRequest, _agent_pb2.ApproveToolCallResponse]  # type: ignore[assignment]
+    """Resume a run suspended for a tool call's approval: the tool runs and the run
+    goes on, streamed like Stream. NOT_FOUND: no run waits for this call;
+    ABORTED: the call was already decided or is being resumed.
+    """
+    DeclineToolCall: _aio.UnaryStreamMultiCallable[_agent_pb2.DeclineToolCallRequest, _agent_pb2.DeclineToolCallResponse]  # type: ignore[assignment]
+    """Resume a suspended run declining the call (the model is told, with `reason`);
+    streamed and refused like ApproveToolCall.
+    """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs agents. Send `authorization: Bearer <key>` metadata when the server has
@@ -71,6 +97,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
+    Cancelling a Generate or Stream call aborts the run (its in-flight processor,
+    model and tool calls are cancelled).
     """
 
     @_abc_1.abstractmethod
@@ -87,6 +115,29 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.StreamRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.StreamResponse], _abc.AsyncIterator[_agent_pb2.StreamResponse]]:
-        """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`)."""
+        """Run the agent and stream its chunks (`start` ... `finish` or `tripwire`),
+        then one last message without a chunk that carries the run's `status`.
+        """
+
+    @_abc_1.abstractmethod
+    def ApproveToolCall(
+        self,
+        request: _agent_pb2.ApproveToolCallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.ApproveToolCallResponse], _abc.AsyncIterator[_agent_pb2.ApproveToolCallResponse]]:
+        """Resume a run suspended for a tool call's approval: the tool runs and the run
+        goes on, streamed like Stream. NOT_FOUND: no run waits for this call;
+        ABORTED: the call was already decided or is being resumed.
+        """
+
+    @_abc_1.abstractmethod
+    def DeclineToolCall(
+        self,
+        request: _agent_pb2.DeclineToolCallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.DeclineToolCallResponse], _abc.AsyncIterator[_agent_pb2.DeclineToolCallResponse]]:
+        """Resume a suspended run declining the call (the model is told, with `reason`);
+        streamed and refused like ApproveToolCall.
+        """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

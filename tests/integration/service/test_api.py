@@ -176,7 +176,7 @@ async def test_unknown_agents_get_404_naming_the_configured_ones(http: httpx.Asy
         (b"[1, 2]", "must be a JSON object"),
         (b"{}", "messages: Field required"),
         (b'{"messages": []}', "messages: Value error, must hold at least one message"),
-        (b'{"messages": [{"role": "tool", "content": "x"}]}', "messages.0.role: must be one of"),
+        (b'{"messages": [{"role": "tool", "content": "x"}]}', "messages.0.content: a tool message holds"),
         (b'{"messages": [{"role": "user", "content": [{"type": "image"}]}]}', "unsupported part 'image'"),
         (b'{"messages": "hi", "maxSteps": 0}', "maxSteps: Input should be greater than or equal to 1"),
         (b'{"messages": "hi", "maxProcessorRetries": "many"}', "maxProcessorRetries: Input should be"),
@@ -349,7 +349,10 @@ async def test_grpc_stream_sends_proto_chunks(stub: agrpc.AgentServiceAsyncStub)
         r
         async for r in stub.Stream(apb.StreamRequest(agent_id="assistant", text="hello"), metadata=GRPC_AUTH)
     ]
-    chunks = [convert.chunk_from_proto(r.chunk) for r in responses]
+    *streamed, last = responses
+    assert not last.HasField("chunk")  # the last message carries the run's status only
+    assert last.status == "success"
+    chunks = [convert.chunk_from_proto(r.chunk) for r in streamed]
     assert chunks[0]["type"] == "start"
     run_id = chunks[0]["payload"]["runId"]
     assert {r.run_id for r in responses} == {run_id}
@@ -363,6 +366,7 @@ async def test_grpc_stream_sends_proto_chunks(stub: agrpc.AgentServiceAsyncStub)
         async for r in stub.Stream(
             apb.StreamRequest(agent_id="assistant", text="jailbreak"), metadata=GRPC_AUTH
         )
+        if r.HasField("chunk")
     ]
     assert guarded[-1]["type"] == "tripwire"
     assert guarded[-1]["payload"]["processorId"] == "topic-guard"

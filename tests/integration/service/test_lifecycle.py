@@ -198,7 +198,11 @@ async def test_drain_refuses_new_runs_and_lets_running_ones_finish(
 
     async def grpc_stream() -> list[dict[str, object]]:
         request = apb.StreamRequest(agent_id="slow", text="hello")
-        return [convert.chunk_from_proto(r.chunk) async for r in stub.Stream(request, metadata=GRPC_AUTH)]
+        return [
+            convert.chunk_from_proto(r.chunk)
+            async for r in stub.Stream(request, metadata=GRPC_AUTH)
+            if r.HasField("chunk")  # the last message carries only the run's status
+        ]
 
     running_http = asyncio.create_task(http_stream())
     running_grpc = asyncio.create_task(grpc_stream())

@@ -406,6 +406,41 @@ export namespace hooks {
   const BY_ENUM: Readonly<Record<number, Hook>>;
 }
 
+// -- hosted tools ------------------------------------------------------------------------------------
+
+/** What a hosted tool's execute() is handed besides its arguments. */
+export interface ToolContext {
+  runId: string;
+  agentId: string;
+  /** The model's id for this call. */
+  toolCallId: string;
+  /** The run's memory thread (undefined without memory). */
+  threadId?: string;
+  resourceId?: string;
+  requestContext: RequestContext;
+  /** The conversation so far. */
+  messages: MastraDBMessage[];
+  /** Fires when the call is cancelled or its deadline passes. */
+  abortSignal: AbortSignal;
+}
+
+/**
+ * A standalone tool the sidecar hosts, which agent configs name: `serve(processors, {tools: [...]})`.
+ * What execute() returns (JSON) is the result; what it throws is the tool's error, shown to the
+ * model (a ProcmeshError fails the call with its status instead). The SDK does not validate
+ * `args` against `inputSchema`; the orchestrator does.
+ */
+export interface Tool<A = any> {
+  /** Unique in the sidecar: 1-64 letters, digits, `_` or `-`. */
+  name: string;
+  description?: string;
+  /** JSON schema of the arguments, an object schema (default `{type: 'object'}`). */
+  inputSchema?: Record<string, any>;
+  execute(args: A, ctx: ToolContext): unknown | Promise<unknown>;
+  setup?(): void | Promise<void>;
+  teardown?(): void | Promise<void>;
+}
+
 // -- serving ---------------------------------------------------------------------------------------
 
 export const SERVICE_NAME: 'procmesh.v1.ProcessorService';
@@ -436,13 +471,16 @@ export interface ServeOptions {
   maxMessageBytes?: number;
   /** SIGTERM/SIGINT stop the server within the grace period, then exit (default true). */
   handleSignals?: boolean;
+  /** Standalone tools to host beside the processors (names unique). */
+  tools?: Tool[];
 }
 
 export class ProcessorServer {
-  constructor(processors: ProcessorLike[], options?: { address?: string; addresses?: string[]; credentials?: ServerCredentials; maxMessageBytes?: number; logLevel?: string; logFormat?: 'text' | 'json'; metricsPort?: number; metricsHost?: string });
+  constructor(processors: ProcessorLike[], options?: { address?: string; addresses?: string[]; credentials?: ServerCredentials; maxMessageBytes?: number; logLevel?: string; logFormat?: 'text' | 'json'; metricsPort?: number; metricsHost?: string; tools?: Tool[] });
   /** The bound addresses (ports resolved) once started. */
   readonly addresses: string[];
   readonly processorIds: string[];
+  readonly toolNames: string[];
   start(): Promise<this>;
   stop(graceSeconds?: number): Promise<void>;
 }

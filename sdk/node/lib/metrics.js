@@ -4,6 +4,8 @@
 //   procmesh_sidecar_hook_calls_total{processor,hook,outcome}   outcome: ok, abort, cancelled, or
 //                                                               the status code (internal, ...)
 //   procmesh_sidecar_hook_duration_seconds{processor,hook}      per part for process_output_stream
+//   procmesh_sidecar_tool_calls_total{tool,outcome}             hosted tools; outcome: ok, tool_error, ...
+//   procmesh_sidecar_tool_duration_seconds{tool}
 //   procmesh_sidecar_build_info{sdk,version,runtime,grpc}       1
 // plus prom-client's process_* (and nodejs_*) series. Hook label values are the proto enum's
 // snake_case names (process_input), as in Python, not the camelCase method names.
@@ -37,6 +39,19 @@ class SidecarMetrics {
       buckets: LATENCY_BUCKETS,
       registers: [registry],
     });
+    this.toolCalls = new client.Counter({
+      name: 'procmesh_sidecar_tool_calls_total',
+      help: 'Hosted tool calls served, by tool and outcome (ok, tool_error, cancelled, error code).',
+      labelNames: ['tool', 'outcome'],
+      registers: [registry],
+    });
+    this.toolLatency = new client.Histogram({
+      name: 'procmesh_sidecar_tool_duration_seconds',
+      help: "Time spent in a hosted tool's execute().",
+      labelNames: ['tool'],
+      buckets: LATENCY_BUCKETS,
+      registers: [registry],
+    });
     const build = new client.Gauge({
       name: 'procmesh_sidecar_build_info',
       help: 'The SDK serving this sidecar: language, version, runtime.',
@@ -53,11 +68,18 @@ class SidecarMetrics {
     this.hookCalls.inc({ processor, hook: name, outcome });
     this.hookLatency.observe({ processor, hook: name }, seconds);
   }
+
+  /** Count one hosted tool call and time it. */
+  observeTool(tool, outcome, seconds) {
+    this.toolCalls.inc({ tool, outcome });
+    this.toolLatency.observe({ tool }, seconds);
+  }
 }
 
 /** The outcome label of a hook that threw `err` (the status code it ends the call with). */
 function outcomeOf(err, signal) {
   if (signal && signal.aborted) return 'cancelled'; // the call was cancelled or its deadline passed
+  if (err && typeof err.outcome === 'string') return err.outcome; // a tool's error (./tools ToolRaised)
   const code = err && typeof err.code === 'number' ? err.code : status.INTERNAL;
   return CODE_NAMES.get(code) || 'internal';
 }

@@ -9,17 +9,43 @@ const { AsyncLocalStorage } = require('async_hooks');
 const fs = require('fs');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
-const { HealthImplementation } = require('grpc-health-check');
+const protoLoader = require('@grpc/proto-loader');
+const { ReflectionService } = require('@grpc/reflection');
+const { HealthImplementation, protoPath: healthProtoPath } = require('grpc-health-check');
 
-const { SERVICE_NAME, loadContract } = require('./contract');
+const { LOADER_OPTIONS, SERVICE_NAME, loadContract, protoDir } = require('./contract');
 const { quote } = require('./effects');
 const { rawService } = require('./guard');
 const { SidecarMetrics, outcomeOf, serveMetrics } = require('./metrics');
 const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, settingsFromArgs, usage } = require('./settings');
 const { Hosted, Servicer } = require('./servicer');
+const { HostedTool } = require('./tools');
 const { version } = require('../package.json');
 
 const DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
+
+// The Python SDK's server options (procmesh/_server.py): close each connection after about 5
+// minutes with a GOAWAY, so clients reconnect and re-resolve and autoscaled replicas get calls;
+// calls in flight get 10 minutes. Keepalive pings from clients (every 30 s) need no permit here:
+// grpc-js servers answer pings at any rate and never send GOAWAY "too_many_pings".
+const SERVER_OPTIONS = {
+  'grpc.max_connection_age_ms': 5 * 60_000,
+  'grpc.max_connection_age_grace_ms': 10 * 60_000,
+};
+
+// Reflection lists what the Python SDK's lists: the contract, health and reflection itself.
+const REFLECTED = [SERVICE_NAME, 'grpc.health.v1.Health', 'grpc.reflection.v1alpha.ServerReflection'];
+
+function reflectionService() {
+  const reflectionProtos = path.join(path.dirname(require.resolve('@grpc/reflection')), '..', 'proto');
+  const load = (file, dir) => protoLoader.loadSync(file, { ...LOADER_OPTIONS, includeDirs: [dir] });
+  const definitions = {
+    ...load('procmesh/v1/processor.proto', protoDir()),
+    ...load('health/v1/health.proto', path.resolve(path.dirname(healthProtoPath), '..', '..')),
+    ...load('grpc/reflection/v1alpha/reflection.proto', reflectionProtos),
+  };
+  return new ReflectionService(definitions, { services: REFLECTED });
+}
 
 // -- logging -----------------------------------------------------------------------------------
 
@@ -58,9 +84,22 @@ function makeLogger(level, format = 'text') {
 
 /** The Servicer, timing and counting every hook call (the SDK instruments; authors don't). */
 class MeteredServicer extends Servicer {
-  constructor(hosted, log, metrics) {
-    super(hosted, log);
+  constructor(hosted, log, metrics, tools) {
+    super(hosted, log, tools);
     this.metrics = metrics;
+  }
+
+  async runTool(tool, args, ctx) {
+    const started = process.hrtime.bigint();
+    let outcome = 'ok';
+    try {
+      return await logContext.run({ runId: ctx.runId }, () => super.runTool(tool, args, ctx));
+    } catch (err) {
+      outcome = outcomeOf(err, ctx.abortSignal);
+      throw err;
+    } finally {
+      this.metrics.observeTool(tool.name, outcome, Number(process.hrtime.bigint() - started) / 1e9);
+    }
   }
 
   async callHook(hosted, hook, args, effects) {
@@ -92,7 +131,7 @@ function bind(server, address, credentials) {
 }
 
 /**
- * A gRPC server hosting one or more processors, with grpc.health.v1.
+ * A gRPC server hosting processors and tools (`options.tools`, ./tools), with grpc.health.v1.
  *
  * `addresses`: `host:port` (port 0 picks a free port) or `unix:///path.sock`; `start()` fills
  * `this.addresses` with the bound ones.
@@ -106,8 +145,15 @@ class ProcessorServer {
       if (!entry.hooks.size) throw new TypeError(`processor ${quote(entry.id)} implements no hook`);
       hosted.set(entry.id, entry);
     }
-    if (!hosted.size) throw new TypeError('a ProcessorServer needs at least one processor');
+    const tools = new Map();
+    for (const tool of options.tools || []) {
+      const entry = new HostedTool(tool);
+      if (tools.has(entry.name)) throw new TypeError(`two tools share the name ${quote(entry.name)}`);
+      tools.set(entry.name, entry);
+    }
+    if (!hosted.size && !tools.size) throw new TypeError('a ProcessorServer needs at least one processor or tool');
     this._hosted = hosted;
+    this._tools = tools;
     this._requested = options.addresses || (options.address ? [options.address] : ['127.0.0.1:0']);
     this._credentials = options.credentials || grpc.ServerCredentials.createInsecure();
     this._maxBytes = options.maxMessageBytes || DEFAULT_MAX_MESSAGE_BYTES;
@@ -134,17 +180,24 @@ class ProcessorServer {
     return [...this._hosted.keys()];
   }
 
+  /** The names of the hosted tools. */
+  get toolNames() {
+    return [...this._tools.keys()];
+  }
+
   /** Bind the addresses (Describe answers at once), run every setup(), then report SERVING. */
   async start() {
     const server = new grpc.Server({
+      ...SERVER_OPTIONS,
       'grpc.max_receive_message_length': this._maxBytes,
       'grpc.max_send_message_length': this._maxBytes,
     });
-    this._servicer = new MeteredServicer(this._hosted, this.log, this.metrics);
+    this._servicer = new MeteredServicer(this._hosted, this.log, this.metrics, this._tools);
     // Requests stay Buffers until the handlers decode them (./guard): undecodable is INVALID_ARGUMENT.
     const { service, decoders } = rawService(loadContract().ProcessorService.service);
     server.addService(service, this._servicer.handlers(decoders));
     this._health.addToServer(server);
+    reflectionService().addToServer(server);
     this._server = server;
     try {
       for (const address of this._requested) {
@@ -168,6 +221,9 @@ class ProcessorServer {
       for (const entry of this._hosted.values()) {
         if (typeof entry.processor.setup === 'function') await entry.processor.setup();
       }
+      for (const entry of this._tools.values()) {
+        if (typeof entry.tool.setup === 'function') await entry.tool.setup();
+      }
     } catch (err) {
       await this.stop(0); // a failed start leaves nothing bound
       throw err;
@@ -175,7 +231,7 @@ class ProcessorServer {
     this._servicer.ready = true;
     this._health.setStatus('', 'SERVING');
     this._health.setStatus(SERVICE_NAME, 'SERVING');
-    this.log.info(`serving processors ${JSON.stringify(this.processorIds)} on ${this.addresses.join(', ')}`);
+    this.log.info(`serving processors ${JSON.stringify(this.processorIds)} and tools ${JSON.stringify(this.toolNames)} on ${this.addresses.join(', ')}`);
     return this;
   }
 
@@ -208,6 +264,13 @@ class ProcessorServer {
         this.log.error(`teardown of ${entry.id} failed`, err);
       }
     }
+    for (const entry of this._tools.values()) {
+      try {
+        if (typeof entry.tool.teardown === 'function') await entry.tool.teardown();
+      } catch (err) {
+        this.log.error(`teardown of tool ${entry.name} failed`, err);
+      }
+    }
     for (const address of this.addresses) {
       if (address.startsWith('unix:')) fs.rmSync(unixPath(address), { force: true });
     }
@@ -224,7 +287,7 @@ function tlsCredentials({ tlsCert, tlsKey, tlsClientCa }) {
 }
 
 /**
- * Start a ProcessorServer for `processors` and return it once SERVING.
+ * Start a ProcessorServer for `processors` (and `options.tools`) and return it once SERVING.
  *
  * Options: `address` or `addresses` (default: --listen / PROCMESH_LISTEN / 127.0.0.1:50051),
  * `graceSeconds`, `logLevel`, `logFormat` ('text' or 'json'), `metricsPort`, `metricsHost`,

@@ -1,7 +1,8 @@
 'use strict';
 // The servicer: the hosted processors, and one handler per ProcessorService RPC derived from the
 // hook table (./hooks): every unary hook shares one skeleton (look up, decode, call, encode) with
-// its codec (./codecs); the output stream has its own (./stream).
+// its codec (./codecs); the output stream has its own (./stream). ExecuteTool with an empty
+// processor_id runs a hosted tool (./tools); what a tool (or executeTool) throws is its error.
 
 const convert = require('./convert');
 const { CODECS } = require('./codecs');
@@ -12,6 +13,7 @@ const { RejectLog, decode, short } = require('./guard');
 const { validate } = require('./options');
 const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
 const { outputStream } = require('./stream');
+const { ToolRaised } = require('./tools');
 const { version } = require('../package.json');
 
 /** One hosted processor: its id, the hooks it implements, its options schema. */
@@ -65,8 +67,10 @@ function deadlineOf(call) {
 
 /** The RPC handlers' shared part: processor lookup, base arguments, calling a hook. */
 class Servicer {
-  constructor(hosted, log) {
+  constructor(hosted, log, tools = new Map()) {
     this.hosted = hosted;
+    /** The hosted tools by name (./tools HostedTool). */
+    this.tools = tools;
     this.log = log;
     /** Refused requests: counted, and logged as one rate-limited WARNING. */
     this.rejects = new RejectLog(log);
@@ -117,10 +121,72 @@ class Servicer {
         return undefined;
       }
       if (err instanceof ProcmeshError) throw err;
+      if (hook === 'executeTool') {
+        // a tool's error is data for the model, not a failed call (ExecuteToolResponse.error)
+        this.log.warn(`processor ${hosted.id} tool raised`, err && err.stack ? err.stack : err);
+        throw new ToolRaised(err);
+      }
       const kind = (err && err.name) || typeof err;
       const message = err && err.message !== undefined ? err.message : String(err);
       this.log.error(`processor ${hosted.id} hook ${hook} raised`, err && err.stack ? err.stack : err);
       throw new InternalError(`processor ${quote(hosted.id)} hook ${hook} raised ${kind}: ${message}`);
+    }
+  }
+
+  /** The hosted tool an ExecuteTool request with an empty processor_id names. */
+  lookupTool(name) {
+    if (!this.ready) throw new NotReadyError('the sidecar is starting or draining; retry when health reports SERVING');
+    const tool = this.tools.get(name || '');
+    if (!tool) {
+      throw new NotFoundError(`tool ${short(name || '')} is not hosted here (hosted tools: ${JSON.stringify([...this.tools.keys()].sort())})`);
+    }
+    return tool;
+  }
+
+  /** Run a hosted tool's execute(); an ordinary error becomes ToolRaised (a ProcmeshError stays). */
+  async runTool(tool, args, ctx) {
+    try {
+      return await tool.tool.execute(args, ctx);
+    } catch (err) {
+      if (err instanceof ProcmeshError) throw err;
+      this.log.warn(`tool ${tool.name} raised`, err && err.stack ? err.stack : err);
+      throw new ToolRaised(err);
+    }
+  }
+
+  /** A hosted tool call: its context, execute(), the result or the error it threw. */
+  async callTool(req, signal) {
+    const tool = this.lookupTool(req.tool_name);
+    const c = req.context || {};
+    let messages;
+    try {
+      messages = (req.messages || []).map(convert.messageFromProto);
+    } catch (err) {
+      this.rejects.note('executeTool', (err && err.name) || typeof err, err && err.message);
+      throw new InvalidInputError(`malformed executeTool request: ${err && err.message ? err.message : String(err)}`);
+    }
+    const ctx = {
+      runId: c.run_id || '',
+      agentId: c.agent_id || '',
+      toolCallId: req.tool_call_id || '',
+      threadId: c.thread_id || undefined,
+      resourceId: c.resource_id || undefined,
+      requestContext: new RequestContext(convert.fromStruct(c.request_context)),
+      messages,
+      abortSignal: signal,
+    };
+    const args = req.args === undefined || req.args === null ? {} : convert.fromValue(req.args);
+    let result;
+    try {
+      result = await this.runTool(tool, args, ctx);
+    } catch (err) {
+      if (err instanceof ToolRaised) return { error: err.message };
+      throw err;
+    }
+    try {
+      return { result: convert.toValue(result === undefined ? null : result) };
+    } catch (err) {
+      throw new InternalError(`tool ${quote(tool.name)} returned a non-JSON result: ${err.message}`);
     }
   }
 
@@ -136,6 +202,7 @@ class Servicer {
         : null;
       (async () => {
         const req = decode(decoder, call.request, hook, this.rejects, typeName);
+        if (hook === 'executeTool' && !(req.context && req.context.processor_id)) return this.callTool(req, controller.signal);
         const hosted = this.lookup(req.context, hook);
         const effects = new HookEffects(hosted.id);
         const args = this.baseArgs(hosted, req.context, effects, controller.signal);
@@ -147,7 +214,13 @@ class Servicer {
           throw new InvalidInputError(`malformed ${hook} request: ${err && err.message ? err.message : String(err)}`);
         }
         Object.assign(args, extra.args);
-        const result = await this.callHook(hosted, hook, args, effects);
+        let result;
+        try {
+          result = await this.callHook(hosted, hook, args, effects);
+        } catch (err) {
+          if (err instanceof ToolRaised) return { error: err.message }; // its effects and state are dropped
+          throw err;
+        }
         const resp = effects.abort ? {} : codec.encode(result, extra, args);
         resp.effects = fillEffects(effects, args.state);
         return resp;
@@ -175,7 +248,11 @@ class Servicer {
           callback(toStatus(err));
           return;
         }
-        callback(null, { processors: [...this.hosted.values()].map((x) => x.info()), sdk: `procmesh-node/${version}` });
+        callback(null, {
+          processors: [...this.hosted.values()].map((x) => x.info()),
+          sdk: `procmesh-node/${version}`,
+          tools: [...this.tools.values()].map((t) => t.info()),
+        });
       },
     };
     for (const hook of HOOKS) {

@@ -94,3 +94,43 @@ test('executeTool runs a tool the processor added and returns its result', async
   client.close();
   await server.stop(1);
 });
+
+test('hosted tools: Describe lists them, an empty processor_id runs one, a throw is its error', async () => {
+  const weather = {
+    name: 'weather',
+    description: 'Current weather for a city.',
+    inputSchema: { type: 'object', properties: { city: { type: 'string' } } },
+    async execute(args, ctx) {
+      if (args.city === 'nowhere') throw new Error(`no weather for ${args.city}`);
+      return { city: args.city, runId: ctx.runId, toolCallId: ctx.toolCallId, ids: ctx.messages.map((m) => m.id), signal: ctx.abortSignal instanceof AbortSignal };
+    },
+  };
+  const server = await new ProcessorServer([], { address: '127.0.0.1:0', logLevel: 'ERROR', tools: [weather] }).start();
+  const { ProcessorService } = loadContract();
+  const client = new ProcessorService(server.addresses[0], grpc.credentials.createInsecure());
+  const call = (method, request) =>
+    new Promise((resolve, reject) => client[method](request, (err, resp) => (err ? reject(err) : resolve(resp))));
+  const described = await call('Describe', {});
+  assert.deepEqual(described.processors, []);
+  assert.deepEqual(described.tools.map((t) => [t.name, t.description]), [['weather', 'Current weather for a city.']]);
+  const args = (city) => ({ structValue: { fields: { city: { stringValue: city } } } });
+  const ok = await call('ExecuteTool', { context: { run_id: 'r1' }, tool_name: 'weather', tool_call_id: 'c1', args: args('Paris') });
+  const fields = ok.result.structValue.fields;
+  assert.deepEqual([fields.city.stringValue, fields.runId.stringValue, fields.toolCallId.stringValue, fields.signal.boolValue], ['Paris', 'r1', 'c1', true]);
+  assert.ok(!ok.error);
+  const failed = await call('ExecuteTool', { context: {}, tool_name: 'weather', args: args('nowhere') });
+  assert.equal(failed.error, 'no weather for nowhere');
+  assert.ok(!failed.result);
+  await assert.rejects(call('ExecuteTool', { context: {}, tool_name: 'ghost' }), (err) => err.code === grpc.status.NOT_FOUND);
+  client.close();
+  await server.stop(1);
+});
+
+test('bad tools are refused when the server is built', () => {
+  const execute = async () => null;
+  assert.throws(() => new ProcessorServer([], { tools: [{ execute }] }), /a tool has no name/);
+  assert.throws(() => new ProcessorServer([], { tools: [{ name: 't', execute }, { name: 't', execute }] }), /two tools share the name 't'/);
+  assert.throws(() => new ProcessorServer([], { tools: [{ name: 't', inputSchema: { type: 'array' }, execute }] }), /inputSchema must be a JSON schema object/);
+  assert.throws(() => new ProcessorServer([], { tools: [{ name: 't' }] }), /has no execute\(\) function/);
+  assert.throws(() => new ProcessorServer([], { tools: [{ name: 'a b', execute }] }), /must be 1-64 letters/);
+});

@@ -90,9 +90,11 @@ def _is_transient_signal(msg: Message) -> bool:
     return msg.get("role") == "signal" and bool((meta.get("signal") or {}).get("transient"))
 
 
-def storable(messages: list[Message]) -> list[Message]:
+def storable(messages: list[Message], *, keep_calls: bool = False) -> list[Message]:
     """What of a turn's messages memory stores: no system messages, no transient signals, no
-    message left without parts (an empty step), and no tool call that never got its result."""
+    message left without parts (an empty step), and no tool call that never got its result,
+    unless `keep_calls` (a turn that ended for the client's tools to run: the client's next call
+    sends the results, which settle these calls in the loaded history)."""
     out: list[Message] = []
     for msg in messages:
         if msg.get("role") == "system" or _is_transient_signal(msg):
@@ -102,7 +104,8 @@ def storable(messages: list[Message]) -> list[Message]:
             parts = [
                 p
                 for p in content.get("parts") or []
-                if not (p.get("type") == "tool-invocation" and p["toolInvocation"].get("state") == "call")
+                if keep_calls
+                or not (p.get("type") == "tool-invocation" and p["toolInvocation"].get("state") == "call")
             ]
             if not parts:
                 continue
@@ -157,6 +160,7 @@ class MessageHistory(FrameworkProcessor):
             raise self._failed("loading", exc) from exc
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
+        run.ml.merge_resent_calls()
         run.unsettled_results = run.ml.settle_tool_calls(run.unsettled_results, msgs.INPUT)
 
     async def save(self, run: RunCore, finish_reason: str) -> None:
@@ -164,7 +168,7 @@ class MessageHistory(FrameworkProcessor):
         response = run.ml.view(msgs.RESPONSE)
         if finish_reason == "error" and not storable(response):
             return  # a turn that failed before any answer: its input would be an orphan question
-        turn = storable(run.ml.view(msgs.INPUT, msgs.RESPONSE))
+        turn = storable(run.ml.view(msgs.INPUT, msgs.RESPONSE), keep_calls=finish_reason == "tool-calls")
         if not turn:
             return
         try:

@@ -155,6 +155,27 @@ class RunMessages:
                 left.append(result)
         return left
 
+    def merge_resent_calls(self) -> None:
+        """Drop an input assistant message whose tool calls a loaded message already holds (a
+        client resending its model's answer, without ids, with a thread): its results settle the
+        loaded message instead, so the turn is stored once (the reference merges it likewise)."""
+        loaded: dict[str, tuple[str, dict[str, Any]]] = {}
+        for msg_id, msg in self._by_id.items():
+            if msg.get("role") == "assistant" and self.sources[msg_id] == MEMORY:
+                loaded.update((str(i.get("toolCallId")), (msg_id, i)) for i in _invocations(msg))
+        for msg_id, msg in list(self._by_id.items()):
+            invocations = _invocations(msg) if msg.get("role") == "assistant" else []
+            if self.sources[msg_id] != INPUT or not invocations:
+                continue
+            if any(str(i.get("toolCallId")) not in loaded for i in invocations):
+                continue
+            for invocation in invocations:
+                target_id, target = loaded[str(invocation.get("toolCallId"))]
+                if invocation.get("state") == "result":
+                    target.update(state="result", result=invocation.get("result"))
+                    self.sources[target_id] = INPUT
+            self.remove(msg_id)
+
     def remove(self, msg_id: str) -> None:
         """Remove a message by id."""
         if msg_id in self.sources:
@@ -199,6 +220,11 @@ class RunMessages:
         }
         self.add(msg, INPUT)
         return msg
+
+
+def _invocations(msg: Message) -> list[dict[str, Any]]:
+    parts = (msg.get("content") or {}).get("parts") or []
+    return [p["toolInvocation"] for p in parts if p.get("type") == "tool-invocation"]
 
 
 def signal_record(signal: dict[str, Any]) -> dict[str, Any]:

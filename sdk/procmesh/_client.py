@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -12,6 +14,68 @@ from procmesh.errors import ProcmeshError, error_for_status
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import processor_pb2_grpc as pgrpc
 
+# Keepalive: a sidecar outside the pod sits behind a Service, a NAT or a proxy that drops idle
+# connections silently; a ping every 30 s (even with no call in flight) keeps the connection
+# alive and finds a dead one within 10 s more, instead of on the next hook call's deadline.
+# ProcessorServer permits pings this often (its KEEPALIVE_MIN_PING_INTERVAL_MS is lower).
+KEEPALIVE_TIME_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+# Only unary RPCs may be retried: a retried ProcessOutputStream would replay parts mid-stream.
+# Every unary hook is safe to repeat, because a processor gets the run's state with each call
+# and returns its effects as data; nothing is applied until the orchestrator reads the answer.
+_UNARY_METHODS = sorted(
+    m.name
+    for m in ppb.DESCRIPTOR.services_by_name["ProcessorService"].methods
+    if not (m.client_streaming or m.server_streaming)
+)
+
+SERVICE_CONFIG: dict[str, Any] = {
+    # round_robin everywhere: over `ipv4:a,b,c` or `dns:///name:port` (a headless Service) it
+    # spreads calls over every replica and skips one that is down; over one address or a unix
+    # socket it is a single subchannel, so it behaves as pick_first would. pick_first on a
+    # name that resolves to several pods would pin every call to the first.
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "methodConfig": [
+        {
+            "name": [{"service": SERVICE_NAME, "method": m} for m in _UNARY_METHODS],
+            # UNAVAILABLE: unreachable, or a replica starting or draining (NotReadyError); the
+            # retry goes to the next replica. Attempts stay inside the call's one deadline.
+            "retryPolicy": {
+                "maxAttempts": 3,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "0.5s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ],
+}
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """The options of a channel to a sidecar: sizes, keepalive, balancing and retries, reconnects."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # keep pinging an idle connection
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+        # Ours is the config: a DNS TXT record cannot change balancing or retries.
+        ("grpc.service_config_disable_resolution", 1),
+        # A restarted sidecar is found again quickly, without hammering one that is down.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+    ]
+
+
+Metadata = Sequence[tuple[str, str]]
+"""gRPC metadata pairs sent with a call."""
+
 
 def translate_rpc_error(exc: grpc.aio.AioRpcError) -> ProcmeshError:
     """The procmesh error for a failed call (the one place grpc errors are mapped)."""
@@ -19,11 +83,18 @@ def translate_rpc_error(exc: grpc.aio.AioRpcError) -> ProcmeshError:
 
 
 class ProcessorClient:
-    """A client for one sidecar address (``host:port`` or ``unix:///path.sock``).
+    """A client for one sidecar address.
+
+    The address is any gRPC target: ``host:port``, ``unix:///path.sock``, ``dns:///name:port``
+    (every address the name resolves to) or ``ipv4:10.0.0.1:50051,10.0.0.2:50051`` (several
+    replicas). Calls are balanced round-robin over the replicas, and unary hooks that meet
+    UNAVAILABLE are retried (up to 3 attempts within the call's deadline; `SERVICE_CONFIG`).
 
     Args:
         address: The sidecar's address.
         max_message_bytes: Largest request or response accepted.
+        credentials: Channel TLS credentials (`channel_credentials()`); plaintext when None.
+        server_name: The name to verify in the sidecar's certificate, if not the address's host.
     """
 
     def __init__(
@@ -35,15 +106,7 @@ class ProcessorClient:
         server_name: str | None = None,
     ) -> None:
         self.address = address
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.enable_retries", 0),
-            # A restarted sidecar is found again quickly, without hammering one that is down.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
+        options = channel_options(max_message_bytes)
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         if credentials is None:
@@ -58,18 +121,20 @@ class ProcessorClient:
         response: ppb.DescribeResponse = await self.call("Describe", ppb.DescribeRequest(), timeout)
         return response
 
-    async def call(self, method: str, request: Any, timeout: float | None) -> Any:
-        """Call a unary RPC of ProcessorService by name, raising procmesh errors."""
+    async def call(self, method: str, request: Any, timeout: float | None, metadata: Metadata = ()) -> Any:
+        """Call a unary RPC of ProcessorService by name, raising procmesh errors; `metadata`
+        travels with it (the trace context: `procmesh.tracing.metadata`)."""
         try:
-            # Fail fast while a sidecar is down (the failure policy decides); the channel keeps
-            # reconnecting with backoff, so calls succeed again once it is back.
-            return await getattr(self.stub, method)(request, timeout=timeout)
+            # Fail fast while every replica is down (no wait_for_ready: the failure policy
+            # decides, after the retries); the channel keeps reconnecting with backoff, so calls
+            # succeed again once one is back.
+            return await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:
             raise translate_rpc_error(exc) from exc
 
-    def open_stream(self, timeout: float | None) -> Any:
+    def open_stream(self, timeout: float | None, metadata: Metadata = ()) -> Any:
         """Open a ProcessOutputStream call (the caller writes batches and reads results)."""
-        return self.stub.ProcessOutputStream(timeout=timeout)
+        return self.stub.ProcessOutputStream(timeout=timeout, metadata=metadata or None)
 
     async def health(self, timeout: float | None = 1.0) -> str:
         """The sidecar's health status name (``SERVING``, ``NOT_SERVING``, ...)."""

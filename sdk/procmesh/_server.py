@@ -38,6 +38,31 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
+# Clients ping every 30 s, with or without calls in flight (ProcessorClient's keepalive); gRPC's
+# server default (one ping per 5 min, none without calls) answers that with GOAWAY
+# "too_many_pings". Permit pings 10 s apart, idle connections included.
+KEEPALIVE_MIN_PING_INTERVAL_MS = 10_000
+
+# Close each connection after about 5 minutes (gRPC adds +-10% jitter) with a GOAWAY: clients
+# reconnect and re-resolve, so replicas added by an autoscaler get their share of calls instead
+# of none while old connections live forever. Calls in flight get 10 minutes to finish (a
+# ProcessOutputStream lasts as long as the model's answer); new ones go over the new connection.
+MAX_CONNECTION_AGE_MS = 5 * 60_000
+MAX_CONNECTION_AGE_GRACE_MS = 10 * 60_000
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """The options of a sidecar's gRPC server: sizes, keepalive permits, connection age."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MIN_PING_INTERVAL_MS),
+        ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
+        ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
+    ]
+
 
 class ProcessorServer:
     """A gRPC server hosting processors and tools, with health and reflection.
@@ -126,12 +151,7 @@ class ProcessorServer:
 
     async def start(self) -> None:
         """Run every processor's setup, bind the addresses, then report SERVING."""
-        options = [
-            ("grpc.max_receive_message_length", self._max_bytes),
-            ("grpc.max_send_message_length", self._max_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=server_options(self._max_bytes))
         self._servicer = Servicer(self._hosted, self._metrics, self._tools)
         server.add_generic_rpc_handlers((self._servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -198,6 +218,9 @@ class ProcessorServer:
         """Report NOT_SERVING, let in-flight calls finish within `grace`, then tear down."""
         if self._server is None:
             return
+        # Calls that arrive while draining answer UNAVAILABLE (NotReadyError), so clients retry
+        # them on another replica; the ones in flight finish within `grace`.
+        self._servicer.ready = False
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace)
         self._server = None

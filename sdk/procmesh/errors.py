@@ -48,12 +48,6 @@ class UnimplementedError(ProcmeshError):
     code = grpc.StatusCode.UNIMPLEMENTED
 
 
-class NotReadyError(ProcmeshError):
-    """The server is starting or draining (FAILED_PRECONDITION)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
 class ResourceExhaustedError(ProcmeshError):
     """A size or rate limit was exceeded (RESOURCE_EXHAUSTED)."""
 
@@ -67,9 +61,19 @@ class DeadlineExceededError(ProcmeshError):
 
 
 class UnavailableError(ProcmeshError):
-    """The sidecar could not be reached (UNAVAILABLE)."""
+    """The sidecar could not be reached, or is starting or draining (UNAVAILABLE)."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class NotReadyError(UnavailableError):
+    """The server is starting or draining (UNAVAILABLE).
+
+    UNAVAILABLE, not FAILED_PRECONDITION: it is the code gRPC clients retry and load balancing
+    steers around, so a call that reaches a replica still in setup or already draining goes to
+    another. On the wire it is indistinguishable from any other UNAVAILABLE, so the client
+    re-raises it as `UnavailableError` (its base class).
+    """
 
 
 class UnauthenticatedError(ProcmeshError):
@@ -90,7 +94,6 @@ _BY_CODE: dict[grpc.StatusCode, type[ProcmeshError]] = {
         InvalidInputError,
         NotFoundError,
         UnimplementedError,
-        NotReadyError,
         ResourceExhaustedError,
         DeadlineExceededError,
         UnavailableError,

@@ -238,7 +238,7 @@ async def test_a_tool_error_is_clipped_and_never_empty(stub: pgrpc.ProcessorServ
 
 async def test_a_tool_raising_a_procmesh_error_keeps_its_status(stub: pgrpc.ProcessorServiceStub) -> None:
     err = await rpc_error(stub.ExecuteTool(tool_request("refusing"), timeout=TIMEOUT))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
     assert err.details() == "the upstream API is down"
 
 
@@ -285,7 +285,7 @@ async def test_a_processors_execute_tool_raising_a_procmesh_error_keeps_its_stat
 ) -> None:
     req = tool_request("add", {"fail": "status"}, processor_id="adder")
     err = await rpc_error(stub.ExecuteTool(req, timeout=TIMEOUT))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_cancelling_the_call_cancels_the_tool(stub: pgrpc.ProcessorServiceStub) -> None:

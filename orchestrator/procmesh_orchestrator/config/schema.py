@@ -50,11 +50,38 @@ class TLSConfig(_Model):
         return self
 
 
+_ADDRESS_FORMS = "host:port, unix:///path.sock, dns:///name:port or ipv4:10.0.0.1:50051,10.0.0.2:50051"
+
+
+def _host_port(entry: str, value: str) -> None:
+    host, sep, port = entry.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{value!r}: {entry!r} is not host:port (address must be {_ADDRESS_FORMS})")
+
+
+def _check_target(value: str) -> None:
+    """Each host:port of a ``dns:`` or ``ipv4:``/``ipv6:`` target (gRPC's naming) has a port."""
+    scheme, _, rest = value.partition(":")
+    if scheme == "dns":
+        # dns:///name:port, dns://resolver:53/name:port (a chosen DNS server), or dns:name:port
+        if rest.startswith("//"):
+            rest = rest[2:].partition("/")[2]
+        _host_port(rest, value)
+        return
+    entries = rest.split(",")
+    for entry in entries:
+        _host_port(entry, value)
+        if scheme == "ipv6" and not entry.startswith("["):
+            raise ValueError(f"{value!r}: write an ipv6 address in brackets, e.g. ipv6:[::1]:50051")
+
+
 class SidecarConfig(_Model):
     """A sidecar process hosting processors."""
 
     address: str
-    """``host:port`` or ``unix:///path.sock``."""
+    """``host:port``, ``unix:///path.sock``, ``dns:///name:port`` (every address the name resolves
+    to, e.g. a headless Service) or ``ipv4:10.0.0.1:50051,10.0.0.2:50051`` (``ipv6:`` likewise):
+    calls are balanced round-robin over the replicas."""
     timeout: float = Field(default=5.0, gt=0)
     """Seconds per hook call (the run's remaining deadline caps it)."""
     on_failure: FailurePolicy = "fail-closed"
@@ -68,8 +95,10 @@ class SidecarConfig(_Model):
         if value.startswith("unix:"):
             if len(value) <= len("unix://"):
                 raise ValueError("unix address needs a path, e.g. unix:///run/procmesh/pii.sock")
+        elif value.startswith(("dns:", "ipv4:", "ipv6:")):
+            _check_target(value)
         elif ":" not in value:
-            raise ValueError("address must be host:port or unix:///path.sock")
+            raise ValueError(f"address must be {_ADDRESS_FORMS}")
         return value
 
 

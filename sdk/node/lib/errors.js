@@ -25,8 +25,11 @@ const InvalidInputError = define('InvalidInputError', status.INVALID_ARGUMENT);
 const NotFoundError = define('NotFoundError', status.NOT_FOUND);
 /** The processor does not implement the called hook (UNIMPLEMENTED). */
 const UnimplementedError = define('UnimplementedError', status.UNIMPLEMENTED);
-/** The server is starting or draining (FAILED_PRECONDITION). */
-const NotReadyError = define('NotReadyError', status.FAILED_PRECONDITION);
+/**
+ * The server is starting or draining (UNAVAILABLE): the code gRPC clients retry and load
+ * balancing steers around, so the call goes to a replica that is ready.
+ */
+const NotReadyError = define('NotReadyError', status.UNAVAILABLE);
 /** The hook threw, or returned a value of the wrong shape (INTERNAL). */
 const InternalError = define('InternalError', status.INTERNAL);
 

@@ -189,7 +189,7 @@ class Strict extends Processor {
   }
 }
 
-/** Ready only after a slow setup(): hooks answer FAILED_PRECONDITION and health NOT_SERVING until then. */
+/** Ready only after a slow setup(): hooks answer UNAVAILABLE and health NOT_SERVING until then. */
 class Slow extends Processor {
   id = 'slow';
   async setup() {

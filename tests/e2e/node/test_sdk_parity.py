@@ -665,7 +665,7 @@ async def test_describe_answers_at_once_but_hooks_and_health_wait_for_setup(
             assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ProcessInput(ppb.ProcessInputRequest(context=context("slow")), timeout=1)
-        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         await proc.wait_ready()
         assert time.monotonic() - started >= SETUP_DELAY
         await stub.ProcessInput(ppb.ProcessInputRequest(context=context("slow")), timeout=1)

@@ -978,6 +978,7 @@ async def test_hook_calls_are_counted_by_processor_hook_and_outcome(
         stream_request([(1, delta("a")), (2, delta("b")), (3, delta("stop"))], run_context("censor"))
     )
     await call.read()
+    await call.done_writing()  # after the abort the call ends on the half-close
     await finish(call)
 
     after = {key: hook_calls(server, *key) for key in watched}

@@ -12,7 +12,7 @@ from prometheus_client import disable_created_metrics
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from procmesh import __version__, configure_logging
+from procmesh import __version__, configure_logging, tracing
 from procmesh_orchestrator.config import load_config
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.service import serve
@@ -97,11 +97,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     # No `_created` series: they double what is scraped for a timestamp no dashboard uses.
     disable_created_metrics()  # type: ignore[no-untyped-call]
+    tracing.setup("procmesh-orchestrator")  # the OTEL_* variables decide; off by default
     try:
         asyncio.run(serve(settings, load_config(settings.config_file or "")))
     except (OrchestratorError, OSError) as exc:
         print(f"procmesh-orchestrator: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        tracing.shutdown()  # export what is buffered
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from prometheus_client import disable_created_metrics
 from pydantic import ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from procmesh import tracing
 from procmesh._logging import LOG_FORMATS, LogFormat, configure_logging
 from procmesh._processor import Processor
 from procmesh._server import ProcessorServer, server_credentials
@@ -256,7 +257,10 @@ def run(
     # A `_created` series per counter and histogram doubles what is scraped and stored for a
     # timestamp no dashboard uses; the switch is process-wide, so only programs flip it.
     disable_created_metrics()  # type: ignore[no-untyped-call]
+    tracing.setup(os.path.basename(sys.argv[0]) or "procmesh-sidecar")  # OTEL_* decide; off by default
     try:
         asyncio.run(serve(processors, settings, tools=tools))
     except _StartError as exc:
         _fail(str(exc))
+    finally:
+        tracing.shutdown()  # export what is buffered

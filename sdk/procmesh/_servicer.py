@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from procmesh import convert
+from procmesh import convert, tracing
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
 from procmesh._hosted import Hosted
@@ -248,9 +248,15 @@ class Servicer:
                 request = decode(hook.request, raw, hook.name, self.rejects)
                 if request.context.processor_id:  # a tool the processor added: as every hook
                     hosted = self.lookup(request.context, hook.name)
-                    return await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+                    with hook_span(hook.name, hosted.id, context) as span:
+                        resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+                        span.outcome(outcome_of(resp))
+                        return resp
                 tool = self.lookup_tool(request.tool_name)
-                return await tool.loop.run(lambda: self.call_tool(tool, request))
+                with hook_span(hook.name, "", context, tool=tool.name) as span:
+                    resp = await tool.loop.run(lambda: self.call_tool(tool, request))
+                    span.outcome("error" if resp.error else "ok")
+                    return resp
             except ProcmeshError as exc:
                 await context.abort(exc.code, clip(str(exc)))
             except MALFORMED as exc:
@@ -264,7 +270,10 @@ class Servicer:
             try:
                 request = decode(hook.request, raw, hook.name, self.rejects)
                 hosted = self.lookup(request.context, hook.name)
-                return await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+                with hook_span(hook.name, hosted.id, context) as span:
+                    resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+                    span.outcome(outcome_of(resp))
+                    return resp
             except ProcmeshError as exc:
                 await context.abort(exc.code, clip(str(exc)))
             except MALFORMED as exc:
@@ -272,3 +281,21 @@ class Servicer:
             raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
         return handle
+
+
+def hook_span(hook: str, processor_id: str, context: Context, *, tool: str = "") -> Any:
+    """The sidecar's span of one call, child of the caller's (the trace context in its metadata)."""
+    parent = context.invocation_metadata() if tracing.enabled() else None
+    attributes = {"procmesh.hook": hook, "procmesh.processor.id": processor_id or None}
+    if tool:
+        attributes["gen_ai.tool.name"] = tool
+    name = f"procmesh.hook {hook} {processor_id or tool}"
+    return tracing.span(name, kind="server", attributes=attributes, parent=parent)
+
+
+def outcome_of(response: Any) -> str:
+    """What a hook's answer did: abort, retry (an abort that replays), rewrite, or pass."""
+    effects = response.effects
+    if effects.HasField("abort"):
+        return "retry" if effects.abort.retry else "abort"
+    return "rewrite" if any(f.name != "effects" for f, _ in response.ListFields()) else "pass"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from procmesh import convert
+from procmesh import convert, tracing
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._processor import HookEffects, Writer
@@ -71,6 +71,8 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
         hosted: Hosted | None = None
         kwargs: dict[str, Any] = {}
         stream_parts: list[dict[str, Any]] = []
+        # One span for the session; not current: it lives across this generator's yields.
+        span = tracing.Span()
         try:
             async for raw in request_iterator:
                 req = decode(hook.request, raw, name, servicer.rejects)
@@ -78,9 +80,17 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                     hosted = servicer.lookup(req.context, name)
                     kwargs = servicer.base_kwargs(hosted, req.context, HookEffects(hosted.id))
                     kwargs["stream_parts"] = stream_parts
+                    span = tracing.start(
+                        f"procmesh.hook {name} {hosted.id}",
+                        kind="server",
+                        attributes={"procmesh.hook": name, "procmesh.processor.id": hosted.id},
+                        parent=context.invocation_metadata() if tracing.enabled() else None,
+                    )
+                    span.outcome("pass")
                 results, aborted = await hosted.loop.run(partial(batch, hosted, req, kwargs, stream_parts))
                 yield ppb.ProcessOutputStreamResponse(results=results)
                 if aborted:
+                    span.outcome("abort")
                     break
             end = ppb.StreamEnd(state=convert.to_struct(kwargs.get("state")))
             yield ppb.ProcessOutputStreamResponse(end=end)
@@ -90,8 +100,12 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
             async for _ in request_iterator:
                 pass
         except ProcmeshError as exc:
+            span.outcome("failure")
             await context.abort(exc.code, clip(str(exc)))
         except MALFORMED as exc:
+            span.outcome("failure")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, clip(servicer.malformed(name, exc)))
+        finally:
+            span.end()
 
     return handle

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import struct_pb2
 
-from procmesh import convert
+from procmesh import convert, tracing
 from procmesh.errors import ProcmeshError
 from procmesh.hooks import BY_NAME
 from procmesh.v1 import types_pb2 as tpb
@@ -32,6 +32,14 @@ def _copy(request: Any) -> Any:
     clone = type(request)()
     clone.CopyFrom(request)
     return clone
+
+
+def _outcome(response: Any, effects: Effects) -> str:
+    """A hook call's outcome for its span: abort, retry (an abort that replays), rewrite, pass."""
+    if effects.abort is not None:
+        return "retry" if effects.abort.retry else "abort"
+    changed = any(field.name != "effects" for field, _ in response.ListFields())
+    return "rewrite" if changed else "pass"
 
 
 def _as_lane_item(item: Processor) -> RunLaneItem:
@@ -152,10 +160,22 @@ class GrpcHookCaller:
         if isinstance(item, ParallelGroup):
             return await self._invoke_parallel(item, hook, request)
         self.fill_context(request.context, item)
+        attributes = {"procmesh.processor.id": item.processor_id, "procmesh.hook": hook}
+        with tracing.span(
+            f"procmesh.hook {hook} {item.processor_id}", kind="client", attributes=attributes
+        ) as span:
+            response, effects = await self._invoke_one(item, hook, request, span)
+        return response, effects
+
+    async def _invoke_one(
+        self, item: ProcessorHandle, hook: str, request: Any, span: tracing.Span
+    ) -> tuple[Any, Effects]:
         started = time.perf_counter()
         try:
             try:
-                response = await item.client.call(BY_NAME[hook].rpc, request, self.timeout_for(item))
+                response = await item.client.call(
+                    BY_NAME[hook].rpc, request, self.timeout_for(item), metadata=tracing.metadata()
+                )
             finally:
                 self.metrics.processor_call_duration.labels(item.processor_id, hook).observe(
                     time.perf_counter() - started
@@ -163,12 +183,16 @@ class GrpcHookCaller:
             effects = wire.read_effects(item.processor_id, hook, response.effects, self.info.states)
         except ProcmeshError as exc:
             refused = exc.code == grpc.StatusCode.INVALID_ARGUMENT
+            span.outcome("failure")
             self.fail(item, hook, f"{exc.code.name}: {exc}", input_refused=refused)
             return None, Effects()
         except MalformedResponseError as exc:
+            span.outcome("failure")
             self.fail(item, hook, f"malformed response: {exc}")
             return None, Effects()
+        span.outcome(_outcome(response, effects))
         if item.shadow:
+            span.set("procmesh.shadow", True)
             self.shadow_verdict(item, hook, effects.abort)
             return None, Effects(violations=effects.violations)
         self.metrics.processor_call(item.processor_id, hook, "abort" if effects.abort else "ok")

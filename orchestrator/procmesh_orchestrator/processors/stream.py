@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from procmesh import convert, translate_rpc_error
+from procmesh import convert, tracing, translate_rpc_error
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
@@ -110,6 +110,8 @@ class _Stage:
         self.pending: deque[tuple[str, Any, bool]] = deque()
         self.call: _StreamCall | None = None
         self.reader: asyncio.Task[None] | None = None
+        self.span = tracing.Span()
+        """The stream session's span (`_open` starts it, the reader ends it)."""
         self.failed_open = False
         self.broken: str | None = None
         """Why the stream failed, once it has (applied to the next part that needs an answer)."""
@@ -184,7 +186,15 @@ class _Stage:
                 return
 
     def _open(self) -> ppb.ProcessOutputStreamRequest:
-        self.call = _StreamCall(self.handle.client.open_stream(self.caller.stream_timeout()))
+        pid = self.handle.processor_id
+        # The session's span lives across the feeder and reader tasks: started, not made current.
+        self.span = tracing.start(
+            f"procmesh.hook {HOOK} {pid}",
+            kind="client",
+            attributes={"procmesh.processor.id": pid, "procmesh.hook": HOOK, "procmesh.outcome": "pass"},
+        )
+        raw = self.handle.client.open_stream(self.caller.stream_timeout(), metadata=self.span.metadata())
+        self.call = _StreamCall(raw)
         self.reader = asyncio.create_task(self._read(self.call))
         first = ppb.ProcessOutputStreamRequest()
         self.caller.fill_context(first.context, self.handle)
@@ -233,6 +243,7 @@ class _Stage:
             if read is not None:
                 read.cancel()
             self.stream_done = True
+            self.span.end()
             self._flush_head()
 
     def _apply(self, res: ppb.StreamPartResult) -> None:
@@ -268,6 +279,7 @@ class _Stage:
             for custom in res.effects.custom_chunks:  # validated by read_effects; protobuf stays protobuf
                 self.outq.put_nowait((_CHUNK, custom))
             if effects.abort is not None:
+                self.span.outcome("abort")
                 self.outq.put_nowait((_ABORT, effects.abort))
                 self.stopped = True
                 assert self.call is not None
@@ -288,6 +300,7 @@ class _Stage:
 
     def _failed(self, cause: str) -> None:
         """The stream failed: apply the failure policy now if parts await answers, else at the next one."""
+        self.span.outcome("failure")
         self.broken = cause
         if self._awaiting():
             self._apply_failure()

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from procmesh import RUN_ID
+from procmesh import RUN_ID, tracing
 from procmesh_orchestrator.errors import (
     APICallError,
     MemoryStoreError,
@@ -88,8 +88,21 @@ class Run(RunCore):
     async def execute(self) -> tuple[RunResult, BaseException | None]:
         """Run to the end; the result, and the failure that ended it (None when it did not fail)."""
         token = RUN_ID.set(self.run_id)  # every log line of the run names it (--log-format json)
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self.agent.id,
+            "procmesh.run.id": self.run_id,
+            "gen_ai.conversation.id": self.info.thread_id or None,
+        }
+        name = f"invoke_agent {self.agent.id}"
         try:
-            return await self._execute()
+            with tracing.span(name, parent=self.options.trace_parent, attributes=attributes) as span:
+                result, failure = await self._execute()
+                span.outcome(result.status)
+                span.set("gen_ai.response.finish_reasons", [result.finish_reason])
+                span.set("gen_ai.usage.input_tokens", result.usage.get("inputTokens"))
+                span.set("gen_ai.usage.output_tokens", result.usage.get("outputTokens"))
+                return result, failure
         finally:
             RUN_ID.reset(token)
 
@@ -282,53 +295,61 @@ class Run(RunCore):
                 return finish
             step_number = pending.step_number + 1
         while True:
-            self.info.step_number = step_number
-            self.system = list(self.loop_system)  # processInputStep system changes last one step
-            cfg = StepConfig(
-                model=self.agent.model,
-                tools=[tool_spec(t) for t in self.tools.values()],
-                tool_choice="auto" if self.tools else None,
-            )
-            try:
-                await steps.input_step(self, cfg)
-            except TripwireAbort as abort:
-                if abort.retry and retries.may_retry_step(self):
-                    retries.retry_with_feedback(self, abort.reason)
-                    continue
-                raise
-            prompt = msgs.build_prompt(self.system, self.ml.items)
-            prompt, cached = await steps.llm_request(self, prompt, cfg)
-            try:
-                outcome = await self._model_step(prompt, cfg, cached.chunks if cached else None)
-            except APICallError as err:
-                self.steps.append(_step_record(step_number, StepOutcome(finish_reason="error")))
-                if await retries.api_error(self, err):
-                    continue
-                raise
-            if outcome.abort is not None:
-                if outcome.text:
-                    self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
-                raise self.aborted(outcome.abort)
-            self._add_usage(outcome.usage)
-            await steps.llm_response(self, outcome, cfg.model.model_id)
-            try:
-                await steps.output_step(self, outcome)
-            except TripwireAbort as abort:
-                self.steps.append(_step_record(step_number, outcome, tripwire=abort))
-                if abort.retry and retries.may_retry_step(self):
-                    retries.retry_with_feedback(self, abort.reason)
-                    continue
-                self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
-                raise
-            assistant = _assistant_message(outcome.text, outcome.tool_calls)
-            self.ml.add(assistant, msgs.RESPONSE)
-            self.partial_text = ""  # the step's text is in its message: an abort in its tools keeps it once
-            recorded = cached.tool_results if cached else []
-            record = _step_record(step_number, outcome)
-            finish = await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded)
+            with tracing.span(f"step {step_number}", attributes={"procmesh.step": step_number}) as span:
+                finish, again = await self._step(step_number)
+                span.set("procmesh.retried", again)
             if finish is not None:
                 return finish
-            step_number += 1
+            if not again:
+                step_number += 1
+
+    async def _step(self, step_number: int) -> tuple[str | None, bool]:
+        """One model step and its tool work: (the finish reason when the loop ends, whether the
+        step is to run again: a retry)."""
+        self.info.step_number = step_number
+        self.system = list(self.loop_system)  # processInputStep system changes last one step
+        cfg = StepConfig(
+            model=self.agent.model,
+            tools=[tool_spec(t) for t in self.tools.values()],
+            tool_choice="auto" if self.tools else None,
+        )
+        try:
+            await steps.input_step(self, cfg)
+        except TripwireAbort as abort:
+            if abort.retry and retries.may_retry_step(self):
+                retries.retry_with_feedback(self, abort.reason)
+                return None, True
+            raise
+        prompt = msgs.build_prompt(self.system, self.ml.items)
+        prompt, cached = await steps.llm_request(self, prompt, cfg)
+        try:
+            outcome = await self._model_step(prompt, cfg, cached.chunks if cached else None)
+        except APICallError as err:
+            self.steps.append(_step_record(step_number, StepOutcome(finish_reason="error")))
+            if await retries.api_error(self, err):
+                return None, True
+            raise
+        if outcome.abort is not None:
+            if outcome.text:
+                self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
+            raise self.aborted(outcome.abort)
+        self._add_usage(outcome.usage)
+        await steps.llm_response(self, outcome, cfg.model.model_id)
+        try:
+            await steps.output_step(self, outcome)
+        except TripwireAbort as abort:
+            self.steps.append(_step_record(step_number, outcome, tripwire=abort))
+            if abort.retry and retries.may_retry_step(self):
+                retries.retry_with_feedback(self, abort.reason)
+                return None, True
+            self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
+            raise
+        assistant = _assistant_message(outcome.text, outcome.tool_calls)
+        self.ml.add(assistant, msgs.RESPONSE)
+        self.partial_text = ""  # the step's text is in its message: an abort in its tools keeps it once
+        recorded = cached.tool_results if cached else []
+        record = _step_record(step_number, outcome)
+        return await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded), False
 
     async def _after_step(
         self,
@@ -385,6 +406,17 @@ class Run(RunCore):
                 self.model_requests.append(request)
                 chunks = cfg.model.stream(request)
             started = time.perf_counter()
+            # Not a current span: the pipeline resumes this generator from its own tasks.
+            span = tracing.start(
+                f"chat {model_id}",
+                kind="client",
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": model_id,
+                    "procmesh.cached": cached is not None,
+                },
+            )
+            error: BaseException | None = None
             try:
                 async for chunk in chunks:
                     outcome.raw_chunks.append(chunk)
@@ -394,9 +426,15 @@ class Run(RunCore):
                         outcome.usage = payload.get("usage") or {}
                         continue
                     yield chunk
-            except APICallError:
+            except APICallError as exc:
+                error = exc
                 metrics.model_calls.labels(model_id, "error").inc()
                 raise
+            finally:
+                span.set("gen_ai.response.finish_reasons", [outcome.finish_reason])
+                span.set("gen_ai.usage.input_tokens", outcome.usage.get("inputTokens"))
+                span.set("gen_ai.usage.output_tokens", outcome.usage.get("outputTokens"))
+                span.end(error)
             # The step's end goes through the stream hooks too, so a processor holding parts back
             # (batching, carry-over) can let them go before the step is over.
             yield {

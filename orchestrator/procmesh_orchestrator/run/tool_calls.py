@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from procmesh import tracing
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import Chunk, ToolResultArgs
 from procmesh_orchestrator.run.tools import ToolCall, ToolOutcome, invalid_args
@@ -123,7 +124,14 @@ async def run_tools(
                     raise ValueError("tool writer chunks must have a data-* type")
                 pending.append(chunk)
 
-            outcome: ToolOutcome | None = await tool.execute(run, call, writer)
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.call_id,
+            }
+            with tracing.span(f"execute_tool {call.name}", attributes=attributes) as span:
+                outcome: ToolOutcome | None = await tool.execute(run, call, writer)
+                span.outcome("client" if outcome is None else "error" if outcome.error else "ok")
             for chunk in pending:
                 yield chunk
             if outcome is None:  # the client runs it: the call stays open

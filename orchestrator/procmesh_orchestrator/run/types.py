@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,8 @@ class CallOptions:
     require_tool_approval: bool | None = None
     """True: every tool call waits for approval; False: none does; None: each tool's setting."""
     client_tools: Sequence[ClientTool] = ()
+    trace_parent: Mapping[str, str] | None = None
+    """The caller's W3C trace context (``traceparent``, ``tracestate``): the run's span continues it."""
     """Tools the caller runs: the run ends at their call (finish reason ``tool-calls``)."""
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import jsonschema
@@ -39,6 +40,13 @@ class AgentCall:
 
     input: str | list[dict[str, Any]]
     options: CallOptions
+
+    def traced(self, headers: Mapping[str, str]) -> AgentCall:
+        """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""
+        found = {k: headers[k] for k in ("traceparent", "tracestate") if headers.get(k)}
+        if found:
+            self.options = replace(self.options, trace_parent=found)
+        return self
 
 
 class _ThreadRef(BaseModel):

@@ -96,7 +96,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
             limits=service.limits,
             bound_resource=bound,
-        )
+        ).traced(metadata)
         service.gate.enter()
         return agent, call
 
@@ -311,6 +311,15 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", service.settings.max_request_bytes),
                 ("grpc.so_reuseport", 0),
+                # A GOAWAY after about 5 minutes (gRPC adds jitter): clients reconnect through
+                # the Service, so pods an autoscaler adds get their share of calls. Runs in
+                # flight, streams included, get 10 minutes more on the old connection.
+                ("grpc.max_connection_age_ms", 5 * 60_000),
+                ("grpc.max_connection_age_grace_ms", 10 * 60_000),
+                # Clients that keep idle connections alive with pings (every 30 s and up) are
+                # answered, not sent GOAWAY "too_many_pings".
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ],
         )
         agrpc.add_AgentServiceServicer_to_server(_AgentServicer(service), self._server)

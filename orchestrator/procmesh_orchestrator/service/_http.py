@@ -295,7 +295,7 @@ def build_http_app(service: Service) -> ASGIApp:
             trust_request_context=settings.trust_request_context,
             limits=service.limits,
             bound_resource=getattr(request.state, "bound_resource", None),
-        )
+        ).traced(request.headers)
         service.gate.enter()
         return agent_id, agent, call
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from procmesh import RUN_ID, tracing
+from procmesh import RUN_ID, TRACE_ID, tracing
 from procmesh_orchestrator.errors import (
     APICallError,
     MemoryStoreError,
@@ -97,7 +97,11 @@ class Run(RunCore):
         name = f"invoke_agent {self.agent.id}"
         try:
             with tracing.span(name, parent=self.options.trace_parent, attributes=attributes) as span:
-                result, failure = await self._execute()
+                trace_token = TRACE_ID.set(span.trace_id())  # JSON log lines of the run carry it
+                try:
+                    result, failure = await self._execute()
+                finally:
+                    TRACE_ID.reset(trace_token)
                 span.outcome(result.status)
                 span.set("gen_ai.response.finish_reasons", [result.finish_reason])
                 span.set("gen_ai.usage.input_tokens", result.usage.get("inputTokens"))

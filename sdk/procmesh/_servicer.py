@@ -240,6 +240,13 @@ class Servicer:
             self._metrics.tool_calls.labels(tool.name, outcome).inc()
             self._metrics.tool_latency.labels(tool.name).observe(time.perf_counter() - started)
 
+    async def run_hook(self, hosted: Hosted, hook: Hook, request: Any, context: Context) -> Any:
+        """A unary hook call on the processor's hook loop, inside the sidecar's span of it."""
+        with hook_span(hook.name, hosted.id, context) as span:
+            resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+            span.outcome(outcome_of(resp))
+            return resp
+
     def _execute_tool(self) -> Callable[[bytes, Context], Awaitable[Any]]:
         hook = _EXECUTE_TOOL
 
@@ -248,10 +255,7 @@ class Servicer:
                 request = decode(hook.request, raw, hook.name, self.rejects)
                 if request.context.processor_id:  # a tool the processor added: as every hook
                     hosted = self.lookup(request.context, hook.name)
-                    with hook_span(hook.name, hosted.id, context) as span:
-                        resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
-                        span.outcome(outcome_of(resp))
-                        return resp
+                    return await self.run_hook(hosted, hook, request, context)
                 tool = self.lookup_tool(request.tool_name)
                 with hook_span(hook.name, "", context, tool=tool.name) as span:
                     resp = await tool.loop.run(lambda: self.call_tool(tool, request))
@@ -269,11 +273,7 @@ class Servicer:
         async def handle(raw: bytes, context: Context) -> Any:
             try:
                 request = decode(hook.request, raw, hook.name, self.rejects)
-                hosted = self.lookup(request.context, hook.name)
-                with hook_span(hook.name, hosted.id, context) as span:
-                    resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
-                    span.outcome(outcome_of(resp))
-                    return resp
+                return await self.run_hook(self.lookup(request.context, hook.name), hook, request, context)
             except ProcmeshError as exc:
                 await context.abort(exc.code, clip(str(exc)))
             except MALFORMED as exc:

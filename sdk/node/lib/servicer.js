@@ -14,6 +14,7 @@ const { validate } = require('./options');
 const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
 const { outputStream } = require('./stream');
 const { ToolRaised } = require('./tools');
+const tracing = require('./tracing');
 const { version } = require('../package.json');
 
 /** One hosted processor: its id, the hooks it implements, its options schema. */
@@ -63,6 +64,19 @@ class Hosted {
 function deadlineOf(call) {
   const deadline = call.getDeadline ? call.getDeadline() : Infinity;
   return deadline instanceof Date ? deadline.getTime() : Number(deadline);
+}
+
+/** `fn()` inside a hook span: its answer's outcome (`outcome(resp)`), or failure when it throws. */
+async function traced(span, fn, outcome) {
+  let resp;
+  try {
+    resp = await fn();
+  } catch (err) {
+    span.outcome('failure');
+    throw err;
+  }
+  span.outcome(outcome(resp));
+  return resp;
 }
 
 /** The RPC handlers' shared part: processor lookup, base arguments, calling a hook. */
@@ -154,9 +168,8 @@ class Servicer {
     }
   }
 
-  /** A hosted tool call: its context, execute(), the result or the error it threw. */
-  async callTool(req, signal) {
-    const tool = this.lookupTool(req.tool_name);
+  /** A hosted tool call (`tool` from lookupTool): its context, execute(), the result or the error it threw. */
+  async callTool(req, signal, tool = this.lookupTool(req.tool_name)) {
     const c = req.context || {};
     let messages;
     try {
@@ -202,28 +215,14 @@ class Servicer {
         : null;
       (async () => {
         const req = decode(decoder, call.request, hook, this.rejects, typeName);
-        if (hook === 'executeTool' && !(req.context && req.context.processor_id)) return this.callTool(req, controller.signal);
+        if (hook === 'executeTool' && !(req.context && req.context.processor_id)) {
+          const tool = this.lookupTool(req.tool_name);
+          const run = () => this.callTool(req, controller.signal, tool);
+          return tracing.hookSpan(hook, '', call.metadata, (span) => traced(span, run, (resp) => (resp.error ? 'error' : 'ok')), { tool: tool.name });
+        }
         const hosted = this.lookup(req.context, hook);
-        const effects = new HookEffects(hosted.id);
-        const args = this.baseArgs(hosted, req.context, effects, controller.signal);
-        let extra;
-        try {
-          extra = codec.decode(req, args);
-        } catch (err) {
-          this.rejects.note(hook, (err && err.name) || typeof err, err && err.message);
-          throw new InvalidInputError(`malformed ${hook} request: ${err && err.message ? err.message : String(err)}`);
-        }
-        Object.assign(args, extra.args);
-        let result;
-        try {
-          result = await this.callHook(hosted, hook, args, effects);
-        } catch (err) {
-          if (err instanceof ToolRaised) return { error: err.message }; // its effects and state are dropped
-          throw err;
-        }
-        const resp = effects.abort ? {} : codec.encode(result, extra, args);
-        resp.effects = fillEffects(effects, args.state);
-        return resp;
+        const run = () => this.serveHook(hosted, hook, codec, req, controller.signal);
+        return tracing.hookSpan(hook, hosted.id, call.metadata, (span) => traced(span, run, tracing.outcomeOf));
       })().then(
         (resp) => callback(null, resp),
         (err) => callback(toStatus(err)),
@@ -232,6 +231,30 @@ class Servicer {
         call.removeListener('cancelled', cancel);
       });
     };
+  }
+
+  /** One unary hook call of `hosted`: base arguments, the codec's decode, the hook, encode. */
+  async serveHook(hosted, hook, codec, req, signal) {
+    const effects = new HookEffects(hosted.id);
+    const args = this.baseArgs(hosted, req.context, effects, signal);
+    let extra;
+    try {
+      extra = codec.decode(req, args);
+    } catch (err) {
+      this.rejects.note(hook, (err && err.name) || typeof err, err && err.message);
+      throw new InvalidInputError(`malformed ${hook} request: ${err && err.message ? err.message : String(err)}`);
+    }
+    Object.assign(args, extra.args);
+    let result;
+    try {
+      result = await this.callHook(hosted, hook, args, effects);
+    } catch (err) {
+      if (err instanceof ToolRaised) return { error: err.message }; // its effects and state are dropped
+      throw err;
+    }
+    const resp = effects.abort ? {} : codec.encode(result, extra, args);
+    resp.effects = fillEffects(effects, args.state);
+    return resp;
   }
 
   /**

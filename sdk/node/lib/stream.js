@@ -6,6 +6,7 @@ const convert = require('./convert');
 const { fillEffects, plainObject, quote, toStatus } = require('./effects');
 const { InternalError, InvalidInputError } = require('./errors');
 const { HookEffects, Writer } = require('./processor');
+const tracing = require('./tracing');
 
 /**
  * Serve one ProcessOutputStream call for `servicer` (lookup, base arguments, hook calls): batches
@@ -22,10 +23,15 @@ function outputStream(servicer, hook, call, decodeRequest) {
   let halfClosed = false;
   let endSent = false;
   let chain = Promise.resolve();
+  // One span for the session (not current: it lives across many callbacks); a no-op until the
+  // first request names the processor, and when tracing is off.
+  let span = new tracing.Span();
 
   const fail = (err) => {
     if (finished) return;
     finished = true;
+    span.outcome('failure');
+    span.end(err);
     call.emit('error', toStatus(err));
   };
   const finish = () => {
@@ -39,6 +45,7 @@ function outputStream(servicer, hook, call, decodeRequest) {
     finished = true;
     call.write({ end: { state } });
     endSent = true;
+    span.end();
     // After an abort the call stays open until the client half-closes or cancels: ending it
     // first can fail a write the client has in flight, and grpc clients then report that
     // failure instead of the abort they have not read yet.
@@ -51,6 +58,13 @@ function outputStream(servicer, hook, call, decodeRequest) {
       hosted = servicer.lookup(req.context, hook);
       base = servicer.baseArgs(hosted, req.context, new HookEffects(hosted.id), controller.signal);
       base.streamParts = streamParts;
+      const wire = tracing.wireHook(hook);
+      span = tracing.start(`procmesh.hook ${wire} ${hosted.id}`, {
+        kind: 'server',
+        attributes: { 'procmesh.hook': wire, 'procmesh.processor.id': hosted.id },
+        parent: call.metadata,
+      });
+      span.outcome('pass');
     }
     const results = [];
     let aborted = false;
@@ -102,7 +116,10 @@ function outputStream(servicer, hook, call, decodeRequest) {
       }
     }
     if (!finished) call.write({ results });
-    if (aborted) finish();
+    if (aborted) {
+      span.outcome('abort');
+      finish();
+    }
   };
 
   call.on('data', (req) => {
@@ -114,6 +131,7 @@ function outputStream(servicer, hook, call, decodeRequest) {
   });
   call.on('cancelled', () => {
     finished = true;
+    span.end();
     controller.abort(new Error('the call was cancelled'));
   });
   call.on('error', () => {}); // the status is sent by grpc-js; nothing else to do

@@ -20,6 +20,7 @@ const { SidecarMetrics, outcomeOf, serveMetrics } = require('./metrics');
 const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, settingsFromArgs, usage } = require('./settings');
 const { Hosted, Servicer } = require('./servicer');
 const { HostedTool } = require('./tools');
+const tracing = require('./tracing');
 const { version } = require('../package.json');
 
 const DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
@@ -244,6 +245,9 @@ class ProcessorServer {
       this.metricsServer.close();
       this.metricsServer = null;
     }
+    // Calls that arrive while draining answer UNAVAILABLE (NotReadyError), so clients retry them
+    // on another replica; the ones in flight finish within the grace period.
+    if (this._servicer) this._servicer.ready = false;
     this._health.setStatus('', 'NOT_SERVING');
     this._health.setStatus(SERVICE_NAME, 'NOT_SERVING');
     await new Promise((resolve) => {
@@ -256,7 +260,6 @@ class ProcessorServer {
         resolve();
       });
     });
-    if (this._servicer) this._servicer.ready = false;
     for (const entry of this._hosted.values()) {
       try {
         if (typeof entry.processor.teardown === 'function') await entry.processor.teardown();
@@ -274,6 +277,7 @@ class ProcessorServer {
     for (const address of this.addresses) {
       if (address.startsWith('unix:')) fs.rmSync(unixPath(address), { force: true });
     }
+    await tracing.flush(); // export the spans of the calls that just drained (a no-op when off)
   }
 }
 
@@ -309,6 +313,7 @@ async function serve(processors, options = {}) {
   if (options.address) opts.addresses = [options.address];
   if (!opts.credentials) opts.credentials = tlsCredentials(opts);
   const server = new ProcessorServer(processors, opts);
+  tracing.setup('procmesh-node-sidecar', server.log); // OTEL_* decide; off by default
   // grpc-js reports a failed bind with a log line of its own and a vague error: a test bind
   // first says which address and why, on one line.
   for (const address of opts.addresses) await checkBindable(address);
@@ -319,7 +324,8 @@ async function serve(processors, options = {}) {
   const shutdown = (why) => {
     if (stopping) return stopping;
     server.log.info(`${why}; stopping (grace ${grace}s)`);
-    stopping = server.stop(grace).then(() => {
+    stopping = server.stop(grace).then(async () => {
+      await tracing.shutdown().catch((err) => server.log.warn('tracing shutdown failed', err));
       if (opts.handleSignals !== false) process.exit(0);
     });
     return stopping;

@@ -291,6 +291,10 @@ class Run(RunCore):
     ) -> str:
         step_number = 0
         if pending is not None:  # a resumed run: the suspended step's calls first
+            # The resumed stream starts with the calls it answers (a client rebuilding the message
+            # from this stream alone needs each tool-call before its result).
+            for call in pending.calls:
+                self.emit({"type": "tool-call", "payload": dict(call)})
             assistant = self.ml.get(pending.assistant_id)
             record = pending.step_record
             number = pending.step_number

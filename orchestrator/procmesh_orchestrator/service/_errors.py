@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 import grpc
@@ -109,10 +110,15 @@ class StoreDownError(ServiceError):
 
 def resume_error(exc: MemoryStoreError) -> ServiceError:
     """A store error met while resuming or listing suspended runs, as the API answers it."""
+    # The store's own messages name it (a file path, a host and port): clients get what happened.
+    message = _STORE_NAME.sub("", str(exc), count=1)
     for kind, answer in _RESUME_ERRORS:
         if isinstance(exc, kind):
-            return answer(str(exc))
-    return ServiceError(str(exc))
+            return answer(message)
+    return ServiceError(message)
+
+
+_STORE_NAME = re.compile(r"^memory store \S+: ")
 
 
 _RESUME_ERRORS: tuple[tuple[type[MemoryStoreError], type[ServiceError]], ...] = (

@@ -242,8 +242,9 @@ async def test_approve_tool_call_resumes_the_suspended_run(tools_output: dict[st
     ]
     resumed = flow["resumed"]
     assert {c["runId"] for c in resumed} == {flow["runId"]}
-    assert [c["type"] for c in resumed][:2] == ["start", "tool-result"]
-    assert resumed[1]["payload"]["result"] == {"forecast": "sunny"}
+    # the resumed stream repeats the call it answers before the result, as a client expects
+    assert [c["type"] for c in resumed][:3] == ["start", "tool-call", "tool-result"]
+    assert resumed[2]["payload"]["result"] == {"forecast": "sunny"}
     assert resumed[-1]["payload"]["finishReason"] == "stop"
     assert text_of(resumed) == tool_answer({"forecast": "sunny"})
     assert flow["runId"] not in [r["runId"] for r in flow["listedAfter"]]

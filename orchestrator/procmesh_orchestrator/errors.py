@@ -155,3 +155,18 @@ class McpError(OrchestratorError):
         super().__init__(f"MCP server {server!r}: {cause}")
         self.server = server
         self.cause = cause
+
+
+class EventLogError(OrchestratorError):
+    """The event log of durable runs refused or failed an operation; the message names the log and run.
+
+    A gap in a run's offsets, an event after the log was finished, or a chunk that is not JSON.
+    """
+
+
+class EventLogUnavailableError(EventLogError):
+    """The event log is down or unreachable (a run fails naming it; the HTTP API answers 503)."""
+
+
+class EventLogNotFoundError(EventLogError):
+    """The run has no event log: it never existed, or its retention expired (the API answers 404)."""

@@ -1,0 +1,148 @@
+"""The event log contract, and `open_event_log(config)` for the backend a configuration names.
+
+Every chunk a durable run streams is appended to its run's log at a monotonic offset (the 0-based
+index of the event) before it is sent. A client attaches by run id, on any replica, from an offset,
+and gets every later event exactly once and in order: live while the run streams, and after it
+ended until the log's retention expires. `tests/integration/test_event_log.py` runs one contract
+suite against both backends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Protocol
+
+from procmesh_orchestrator.errors import ConfigError, EventLogError
+
+DEFAULT_RETENTION_SECONDS = 86400.0
+"""How long a finished run's log stays readable unless the configuration says otherwise: a day."""
+
+
+class EventLog(Protocol):
+    """The events of durable runs, one append-only log per run id."""
+
+    name: str
+    """How errors name the log (``memory``, ``redis://host:6379/0``; never a password)."""
+
+    async def start(self) -> None:
+        """Connect; `EventLogUnavailableError` when the backend cannot be reached."""
+
+    async def close(self) -> None:
+        """Disconnect (idempotent)."""
+
+    async def ping(self) -> None:
+        """Health: return when the log answers, `EventLogUnavailableError` when it does not."""
+
+    async def append(self, run_id: str, offset: int, chunk: dict[str, Any]) -> bool:
+        """Store `chunk` as event `offset` of the run's log; False (and nothing written) when the log
+        already holds that offset.
+
+        A replica that took a run over re-publishes the interrupted step, so a duplicate is expected
+        and harmless. Offsets come in order: `offset` must be `next_offset(run_id)` (or below, for a
+        duplicate); a gap, or a new event after `finish`, is an `EventLogError`.
+        """
+
+    async def next_offset(self, run_id: str) -> int:
+        """How many events the run's log holds (0 for a run without one)."""
+
+    async def finish(self, run_id: str, retention_seconds: float) -> None:
+        """Mark the log complete (readers stop after its last event); it expires `retention_seconds`
+        later. Finishing again only restarts the retention."""
+
+    def read(
+        self, run_id: str, offset: int = 0, *, poll: float = 1.0
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Every event from `offset` on as ``(offset, chunk)``, in order, then the new ones as they
+        come, until the log is finished.
+
+        Waiting is a blocking read of at most `poll` seconds at a time. A run without a log (never
+        existed, or its retention expired) raises `EventLogNotFoundError` before anything is yielded.
+        """
+
+
+@dataclass(frozen=True)
+class EventLogConfig:
+    """The event log to open, as plain values (the configuration schema's section maps onto it)."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str | None = None
+    """Redis: ``redis://[:password@]host:port/db``, ``rediss://...`` or ``unix:///path.sock``."""
+    url_env: str | None = None
+    """Redis: the environment variable holding the URL (keeps a password out of the file)."""
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    """How long a finished run's log stays readable: what callers pass to `EventLog.finish`."""
+    key_prefix: str = "procmesh:run:"
+    """Redis: the keys' prefix (a run's stream is ``<prefix><run id>:events``)."""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> EventLogConfig:
+        """From a plain mapping, with camelCase keys (``urlEnv``) or snake_case ones."""
+        names = {f.name for f in fields(cls)}
+        known = {_snake(key): value for key, value in values.items()}
+        unknown = sorted(key for key in known if key not in names)
+        if unknown:
+            raise ConfigError(f"eventLog: unknown key(s) {', '.join(unknown)}")
+        return cls(**known)
+
+    def redis_url(self, environ: Mapping[str, str] | None = None) -> str:
+        """The URL, from `url` or the variable `url_env` names; a `ConfigError` when neither gives one."""
+        env = os.environ if environ is None else environ
+        if self.url_env:
+            value = env.get(self.url_env, "")
+            if not value:
+                raise ConfigError(f"eventLog.urlEnv: the environment variable {self.url_env} is not set")
+            return value
+        if not self.url:
+            raise ConfigError("eventLog: the redis backend needs `url` or `urlEnv`")
+        return self.url
+
+
+def open_event_log(
+    config: EventLogConfig | Mapping[str, Any] | Any, *, environ: Mapping[str, str] | None = None
+) -> EventLog:
+    """The log `config` names, not started yet (``await log.start()`` connects).
+
+    `config` is an `EventLogConfig`, a mapping of its fields, or any object with those attributes
+    (such as the configuration schema's section). Its `retention_seconds` is for the caller to pass
+    to `EventLog.finish`.
+    """
+    if not isinstance(config, EventLogConfig):
+        if not isinstance(config, Mapping):
+            names = {f.name for f in fields(EventLogConfig)}
+            config = {name: getattr(config, name) for name in names if hasattr(config, name)}
+        config = EventLogConfig.from_mapping(config)
+    if config.retention_seconds <= 0:
+        raise ConfigError("eventLog.retentionSeconds: must be positive")
+    if config.backend == "memory":
+        from procmesh_orchestrator.events.memory import MemoryEventLog
+
+        return MemoryEventLog()
+    if config.backend == "redis":
+        from procmesh_orchestrator.events.redis_streams import RedisEventLog
+
+        return RedisEventLog(config.redis_url(environ), key_prefix=config.key_prefix)
+    raise ConfigError(f"eventLog.backend: {config.backend!r} is not an event log (memory or redis)")
+
+
+def encode(name: str, run_id: str, offset: int, chunk: dict[str, Any]) -> str:
+    """The chunk as compact JSON, after checking the arguments every backend refuses alike."""
+    check(name, run_id, offset)
+    try:
+        return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise EventLogError(f"event log {name}: run {run_id!r}, event {offset}: not JSON: {exc}") from exc
+
+
+def check(name: str, run_id: str, offset: int) -> None:
+    """A run id must be a non-empty string, an offset a non-negative int."""
+    if not isinstance(run_id, str) or not run_id:
+        raise EventLogError(f"event log {name}: a run id must be a non-empty string, not {run_id!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise EventLogError(f"event log {name}: an offset must be an int >= 0, not {offset!r}")
+
+
+def _snake(key: str) -> str:
+    return "".join(f"_{ch.lower()}" if ch.isupper() else ch for ch in key)

@@ -144,6 +144,19 @@ class ResumeConflictError(MemoryStoreError):
     replica (the API answers 409)."""
 
 
+class LeaseLostError(MemoryStoreError):
+    """The caller no longer holds the durable run's lease: another replica claimed it, or the run
+    is no longer running (the API answers 409). The caller must stop working on the run."""
+
+
+class DurableRunNotFoundError(MemoryStoreError):
+    """No durable run has this id (the API answers 404)."""
+
+
+class DurableRunExistsError(MemoryStoreError):
+    """A durable run of this id exists already (the API answers 409)."""
+
+
 class McpError(OrchestratorError):
     """An MCP server failed: it could not start or connect, a call timed out, or the connection broke.
 

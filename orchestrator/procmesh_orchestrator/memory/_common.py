@@ -9,20 +9,41 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine, Mapping
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from procmesh_orchestrator.errors import (
+    DurableRunExistsError,
+    DurableRunNotFoundError,
     InvalidMemoryInputError,
+    LeaseLostError,
+    MemoryStoreError,
     ResumeConflictError,
     SuspendedRunNotFoundError,
     ThreadOwnershipError,
 )
-from procmesh_orchestrator.memory.store import RESUMED, RESUMING, SUSPENDED, Message, SuspendedRun
+from procmesh_orchestrator.memory.store import (
+    CANCELLED,
+    DONE,
+    DURABLE_STATUSES,
+    FAILED,
+    FINISHED,
+    RESUMED,
+    RESUMING,
+    RUNNING,
+    SUSPENDED,
+    DurableRun,
+    Message,
+    SuspendedRun,
+)
 
 T = TypeVar("T")
+R = TypeVar("R")
+Query = Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
+"""Runs one statement in the current transaction and returns its rows ([] when it has none)."""
 
 MAX_ID_CHARS = 256
 """Longest thread, resource or message id (UUIDs are 36; room for prefixed and composed ids)."""
@@ -215,19 +236,28 @@ def encode_suspended(store: str, run: object, max_bytes: int) -> tuple[str, str,
             f"memory store {store}: {where}: tool_call_ids must be a tuple of 1 to {MAX_TOOL_CALLS} ids"
         )
     checked = [check_id(store, f"{where}: tool call", call) for call in calls]
-    if not isinstance(run.snapshot, dict):
-        raise InvalidMemoryInputError(
-            f"memory store {store}: {where}: the snapshot must be an object, not "
-            f"{type(run.snapshot).__name__}"
-        )
+    agent_id, thread_id, resource_id = run_owners(store, where, run)
+    tool_call_ids = encode_json(store, f"{where}: tool_call_ids", checked, max_bytes)
+    snapshot = encode_snapshot(store, where, run.snapshot, max_bytes)
+    return run_id, agent_id, thread_id, resource_id, tool_call_ids, snapshot
+
+
+def run_owners(store: str, where: str, run: SuspendedRun | DurableRun) -> tuple[str, str, str]:
+    """A run's ``(agent_id, thread_id, resource_id)``, checked (the last two may be "")."""
     return (
-        run_id,
         check_id(store, f"{where}: agent", run.agent_id),
         check_optional_id(store, f"{where}: thread", run.thread_id),
         check_optional_id(store, f"{where}: resource", run.resource_id),
-        encode_json(store, f"{where}: tool_call_ids", checked, max_bytes),
-        encode_json(store, f"{where}: the snapshot", run.snapshot, max_bytes),
     )
+
+
+def encode_snapshot(store: str, where: str, snapshot: object, max_bytes: int) -> str:
+    """A run's snapshot (an object) as JSON text, refused when it is not JSON or too large."""
+    if not isinstance(snapshot, dict):
+        raise InvalidMemoryInputError(
+            f"memory store {store}: {where}: the snapshot must be an object, not {type(snapshot).__name__}"
+        )
+    return encode_json(store, f"{where}: the snapshot", snapshot, max_bytes)
 
 
 def save_suspended_sql(p: str, created_at: str) -> str:
@@ -346,26 +376,36 @@ def list_suspended_query(
         args.append(moment(_millisecond(high) + _MS))
     size = check_count(store, "per_page", per_page, low=1, high=MAX_PAGE)
     number = check_count(store, "page", page, low=0, high=2**62 // MAX_PAGE)
-    condition = " AND ".join(where)
-    sql = (
-        f"SELECT total.n, {', '.join('run.' + col for col in SUSPENDED_COLUMNS.split(', '))} "
-        f"FROM (SELECT count(*) AS n FROM suspended_runs WHERE {condition}) AS total "
-        f"LEFT JOIN (SELECT {SUSPENDED_COLUMNS} FROM suspended_runs WHERE {condition} "
-        f"ORDER BY created_at DESC, run_id DESC LIMIT {p} OFFSET {p}) AS run ON 1 = 1 "
-        "ORDER BY run.created_at DESC, run.run_id DESC"
-    )
+    sql = page_sql("suspended_runs", SUSPENDED_COLUMNS, " AND ".join(where), "created_at, run_id", p)
     return sql, (*args, *args, size, number * size)
 
 
-def suspended_page(rows: list[Any], when: Callable[[Any], str]) -> tuple[list[SuspendedRun], int]:
-    """The runs and the total from the rows of `list_suspended_query`."""
+def page_sql(table: str, columns: str, condition: str, newest: str, p: str) -> str:
+    """One page of `table`'s rows that meet `condition`, ordered by the `newest` columns descending,
+    each row led by the count of all that match (a page past the end gives one row: the count,
+    then NULLs). The arguments are the condition's twice, then LIMIT and OFFSET. A column may be
+    ``expression AS name``."""
+    names = [col.rsplit(" AS ", 1)[-1] for col in columns.split(", ")]
+    order = newest.split(", ")
+    selected = ", ".join([columns, *(col for col in order if col not in names)])
+    return (
+        f"SELECT total.n, {', '.join('run.' + name for name in names)} "
+        f"FROM (SELECT count(*) AS n FROM {table} WHERE {condition}) AS total "
+        f"LEFT JOIN (SELECT {selected} FROM {table} WHERE {condition} "
+        f"ORDER BY {', '.join(col + ' DESC' for col in order)} LIMIT {p} OFFSET {p}) AS run "
+        f"ON 1 = 1 ORDER BY {', '.join('run.' + col + ' DESC' for col in order)}"
+    )
+
+
+def page_of(rows: list[Any], make: Callable[[Any], R]) -> tuple[list[R], int]:
+    """The items and the total from the rows of a `page_sql` query."""
     total = int(rows[0][0]) if rows else 0
-    return [suspended_run(row[1:], when) for row in rows if row[1] is not None], total
+    return [make(row[1:]) for row in rows if row[1] is not None], total
 
 
-class SuspendedRunMethods:
-    """The suspended-run methods that are the same SQL on both backends, given the backend's
-    placeholder, its one-statement read and write, and its ``created_at`` conversions."""
+class StoreHooks:
+    """What the shared methods need of a backend: its name, its placeholder, and its reads and
+    writes (each one transaction)."""
 
     name: str
     placeholder: str
@@ -376,6 +416,15 @@ class SuspendedRunMethods:
 
     async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
         raise NotImplementedError
+
+    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
+        """`work` in one write transaction; it runs its statements through the `Query` it is given."""
+        raise NotImplementedError
+
+
+class SuspendedRunMethods(StoreHooks):
+    """The suspended-run methods that are the same SQL on both backends, given the backend's
+    placeholder, its one-statement read and write, and its ``created_at`` conversions."""
 
     def _created_at(self, stored: Any) -> str:
         """A stored ``created_at`` as ISO 8601."""
@@ -429,4 +478,267 @@ class SuspendedRunMethods:
             self.name, agent_id, filters, page, per_page, self.placeholder, self._time_arg
         )
         rows = await self._read(sql, args, f"listing the suspended runs of agent {agent_id!r}")
-        return suspended_page(rows, self._created_at)
+        return page_of(rows, lambda row: suspended_run(row, self._created_at))
+
+
+# --- durable runs --------------------------------------------------------------------------------
+
+DURABLE_COLUMNS = (
+    "run_id, agent_id, thread_id, resource_id, status, snapshot, owner, lease_expires_at, "
+    "cancel_requested, attempts, error, created_at, updated_at"
+)
+LISTED_COLUMNS = DURABLE_COLUMNS.replace("snapshot", "'{}' AS snapshot")
+"""The columns without the snapshot: what listings (and writes that already know it) return."""
+MAX_LEASE_SECONDS = 7 * 24 * 3600
+MAX_CLAIM = 1000
+"""Most runs one claim takes."""
+MAX_ERROR_CHARS = 16_384
+"""A failed run's error is cut to this many characters."""
+ENDINGS = (DONE, FAILED, CANCELLED, SUSPENDED)
+"""The statuses `finish_durable_run` accepts."""
+
+
+def check_lease(store: str, value: object) -> float:
+    """A lease duration in seconds: a finite number above 0 and at most `MAX_LEASE_SECONDS`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_LEASE_SECONDS
+    ):
+        raise InvalidMemoryInputError(
+            f"memory store {store}: lease_seconds must be a number above 0 and at most "
+            f"{MAX_LEASE_SECONDS}, got {label(value)}"
+        )
+    return float(value)
+
+
+def check_status(store: str, value: object, allowed: tuple[str, ...]) -> str:
+    """A durable run status among `allowed`."""
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidMemoryInputError(
+            f"memory store {store}: a durable run status is one of {', '.join(allowed)}, got {label(value)}"
+        )
+    return value
+
+
+def clean_error(store: str, value: object) -> str:
+    """A run's error as text both databases store: cut short, NUL and lone surrogates replaced."""
+    if not isinstance(value, str):
+        raise InvalidMemoryInputError(
+            f"memory store {store}: a durable run's error must be a string, not {type(value).__name__}"
+        )
+    text = value[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def encode_durable(store: str, run: object, max_bytes: int) -> tuple[str, str, str, str, str]:
+    """A run to create as ``(run_id, agent_id, thread_id, resource_id, snapshot)`` (the snapshot
+    as JSON text), every field checked before anything is written."""
+    if not isinstance(run, DurableRun):
+        raise InvalidMemoryInputError(
+            f"memory store {store}: a durable run is a DurableRun, not {type(run).__name__}"
+        )
+    run_id = check_id(store, "run", run.run_id)
+    where = f"durable run {label(run_id)}"
+    owners = run_owners(store, where, run)
+    return run_id, *owners, encode_snapshot(store, where, run.snapshot, max_bytes)
+
+
+def durable_run(row: Any, when: Callable[[Any], str]) -> DurableRun:
+    """A stored row (`DURABLE_COLUMNS`) as a run; `when` renders the backend's times as ISO 8601."""
+    (run_id, agent_id, thread_id, resource_id, status, snapshot, owner, lease, cancel) = row[:9]
+    attempts, error, created_at, updated_at = row[9:]
+    return DurableRun(
+        run_id=run_id,
+        agent_id=agent_id,
+        thread_id=thread_id,
+        resource_id=resource_id,
+        status=status,
+        snapshot=decode(snapshot),
+        owner=owner,
+        lease_expires_at="" if lease is None else when(lease),
+        cancel_requested=bool(cancel),
+        attempts=int(attempts),
+        error=error,
+        created_at=when(created_at),
+        updated_at=when(updated_at),
+    )
+
+
+def lease_lost(store: str, run_id: str, owner: str, found: list[Any]) -> MemoryStoreError:
+    """Why a write of `owner` to a run it should hold matched no row; `found` is the run's
+    ``(status, owner)`` as read in the same transaction."""
+    where = f"memory store {store}: durable run {label(run_id)}"
+    if not found:
+        return DurableRunNotFoundError(f"memory store {store}: no durable run {label(run_id)}")
+    status = found[0][0]
+    if status != RUNNING:
+        return LeaseLostError(f"{where} is {status}, no longer running")
+    return LeaseLostError(f"{where} is held by another owner than {label(owner)}: its lease was claimed")
+
+
+class DurableRunMethods(StoreHooks):
+    """The durable-run methods, the same SQL on both backends given the backend's clock: `_now`
+    (the database's time), `_lease` (the database's time plus the one parameter `_lease_arg`
+    makes of a duration), `_skip_locked` (how a claim passes rows another claim holds) and
+    `_moment` (a stored time as ISO 8601)."""
+
+    _now: str
+    _lease: str
+    _skip_locked: str
+    _max_snapshot_bytes: int
+
+    def _lease_arg(self, seconds: float) -> Any:
+        raise NotImplementedError
+
+    def _moment(self, stored: Any) -> str:
+        raise NotImplementedError
+
+    async def create_durable_run(self, run: DurableRun, *, owner: str, lease_seconds: float) -> DurableRun:
+        """Insert the run as `RUNNING`, held by `owner`; an existing id is `DurableRunExistsError`."""
+        row = encode_durable(self.name, run, self._max_snapshot_bytes)
+        lease = self._lease_arg(check_lease(self.name, lease_seconds))
+        owner = check_id(self.name, "owner", owner)
+        p, now = self.placeholder, self._now
+        sql = (
+            "INSERT INTO durable_runs (run_id, agent_id, thread_id, resource_id, snapshot, owner, "
+            f"lease_expires_at, created_at, updated_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, "
+            f"{self._lease}, {now}, {now}) ON CONFLICT (run_id) DO NOTHING RETURNING {LISTED_COLUMNS}"
+        )
+        rows = await self._transact(
+            lambda query: query(sql, (*row, owner, lease)), f"creating durable run {row[0]!r}"
+        )
+        if not rows:
+            raise DurableRunExistsError(
+                f"memory store {self.name}: a durable run {label(row[0])} exists already"
+            )
+        return replace(durable_run(rows[0], self._moment), snapshot=run.snapshot)
+
+    async def checkpoint_durable_run(
+        self, run_id: str, *, owner: str, snapshot: dict[str, Any], lease_seconds: float
+    ) -> None:
+        """Replace the snapshot and renew the lease if `owner` holds the running run."""
+        run_id = check_id(self.name, "run", run_id)
+        where = f"durable run {label(run_id)}"
+        body = encode_snapshot(self.name, where, snapshot, self._max_snapshot_bytes)
+        lease = self._lease_arg(check_lease(self.name, lease_seconds))
+        p = self.placeholder
+        changes = f"snapshot = {p}, lease_expires_at = {self._lease}, updated_at = {self._now}"
+        await self._while_held(run_id, owner, changes, (body, lease), "checkpointing")
+
+    async def renew_durable_lease(self, run_id: str, *, owner: str, lease_seconds: float) -> bool:
+        """Renew the lease if `owner` holds the running run; whether a cancel was requested."""
+        run_id = check_id(self.name, "run", run_id)
+        lease = self._lease_arg(check_lease(self.name, lease_seconds))
+        changes = f"lease_expires_at = {self._lease}"
+        rows = await self._while_held(run_id, owner, changes, (lease,), "renewing the lease of")
+        return bool(rows[0][0])
+
+    async def finish_durable_run(self, run_id: str, *, owner: str, status: str, error: str = "") -> None:
+        """End the run (releasing its lease); a finished one's snapshot goes, a suspended one's stays."""
+        run_id = check_id(self.name, "run", run_id)
+        status = check_status(self.name, status, ENDINGS)
+        p = self.placeholder
+        changes = (
+            f"status = {p}, error = {p}, owner = '', lease_expires_at = NULL, updated_at = {self._now}"
+            + (", snapshot = '{}'" if status in FINISHED else "")
+        )
+        await self._while_held(run_id, owner, changes, (status, clean_error(self.name, error)), "finishing")
+
+    async def _while_held(
+        self, run_id: str, owner: object, changes: str, args: tuple[Any, ...], doing: str
+    ) -> list[Any]:
+        """Apply `changes` in one UPDATE if `owner` holds the running run (its row's owner is the
+        truth, even past the lease's end); the rows it returns (``cancel_requested``)."""
+        owner = check_id(self.name, "owner", owner)
+        p = self.placeholder
+        sql = (
+            f"UPDATE durable_runs SET {changes} WHERE run_id = {p} AND owner = {p} "
+            f"AND status = '{RUNNING}' RETURNING cancel_requested"
+        )
+
+        async def write(query: Query) -> list[Any]:
+            rows = await query(sql, (*args, run_id, owner))
+            if not rows:
+                found = await query(f"SELECT status, owner FROM durable_runs WHERE run_id = {p}", (run_id,))
+                raise lease_lost(self.name, run_id, owner, found)
+            return rows
+
+        return await self._transact(write, f"{doing} durable run {run_id!r}")
+
+    async def claim_expired_durable_runs(
+        self, *, owner: str, lease_seconds: float, limit: int
+    ) -> list[DurableRun]:
+        """Take up to `limit` running runs whose lease expired, oldest lease first, for `owner`."""
+        owner = check_id(self.name, "owner", owner)
+        lease = self._lease_arg(check_lease(self.name, lease_seconds))
+        limit = check_count(self.name, "limit", limit, low=1, high=MAX_CLAIM)
+        p, now = self.placeholder, self._now
+        expired = (
+            f"SELECT run_id FROM durable_runs WHERE status = '{RUNNING}' AND lease_expires_at < {now} "
+            f"ORDER BY lease_expires_at, run_id LIMIT {p}{self._skip_locked}"
+        )
+
+        async def claim(query: Query) -> list[Any]:
+            run_ids = [row[0] for row in await query(expired, (limit,))]
+            if not run_ids:
+                return []
+            sql = (
+                f"UPDATE durable_runs SET owner = {p}, lease_expires_at = {self._lease}, "
+                f"attempts = attempts + 1, updated_at = {now} "
+                f"WHERE run_id IN ({', '.join([p] * len(run_ids))}) RETURNING {DURABLE_COLUMNS}"
+            )
+            order = {run_id: n for n, run_id in enumerate(run_ids)}
+            return sorted(await query(sql, (owner, lease, *run_ids)), key=lambda row: order[row[0]])
+
+        rows = await self._transact(claim, f"claiming expired durable runs for {owner!r}")
+        return [durable_run(row, self._moment) for row in rows]
+
+    async def request_durable_cancel(self, run_id: str) -> DurableRun:
+        """Flag a running or suspended run for cancellation; the run, without its snapshot."""
+        run_id = check_id(self.name, "run", run_id)
+        sql = (
+            "UPDATE durable_runs SET cancel_requested = cancel_requested OR status IN "
+            f"('{RUNNING}', '{SUSPENDED}') WHERE run_id = {self.placeholder} RETURNING {LISTED_COLUMNS}"
+        )
+        rows = await self._transact(
+            lambda query: query(sql, (run_id,)), f"requesting the cancel of durable run {run_id!r}"
+        )
+        if not rows:
+            raise DurableRunNotFoundError(f"memory store {self.name}: no durable run {label(run_id)}")
+        return durable_run(rows[0], self._moment)
+
+    async def get_durable_run(self, run_id: str) -> DurableRun | None:
+        """The run with its snapshot, or None."""
+        run_id = check_id(self.name, "run", run_id)
+        sql = f"SELECT {DURABLE_COLUMNS} FROM durable_runs WHERE run_id = {self.placeholder}"
+        rows = await self._read(sql, (run_id,), f"reading durable run {run_id!r}")
+        return durable_run(rows[0], self._moment) if rows else None
+
+    async def list_durable_runs(
+        self,
+        *,
+        resource_id: str | None = None,
+        agent_id: str | None = None,
+        status: str | None = None,
+        page: int = 0,
+        per_page: int = 20,
+    ) -> tuple[list[DurableRun], int]:
+        """One page of runs, newest first, without snapshots, and the count of all that match."""
+        p = self.placeholder
+        where, args = ["1 = 1"], []
+        if resource_id is not None:
+            where.append(f"resource_id = {p}")
+            args.append(check_optional_id(self.name, "resource", resource_id))
+        if agent_id is not None:
+            where.append(f"agent_id = {p}")
+            args.append(check_id(self.name, "agent", agent_id))
+        if status is not None:
+            where.append(f"status = {p}")
+            args.append(check_status(self.name, status, DURABLE_STATUSES))
+        size = check_count(self.name, "per_page", per_page, low=1, high=MAX_PAGE)
+        number = check_count(self.name, "page", page, low=0, high=2**62 // MAX_PAGE)
+        sql = page_sql("durable_runs", LISTED_COLUMNS, " AND ".join(where), "seq", p)
+        rows = await self._read(sql, (*args, *args, size, number * size), "listing durable runs")
+        return page_of(rows, lambda row: durable_run(row, self._moment))

@@ -6,8 +6,10 @@ one thread, in any number of processes, are serialized by the thread row's lock:
 starts with ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which inserts the thread or locks
 the existing row until commit, so the next writer's messages take their sequence numbers after
 this turn's. A claim of a suspended run reads it ``FOR UPDATE``: concurrent claims queue on the row,
-and each after the first finds it claimed. Migrations run under a transaction-scoped advisory lock,
-so replicas that start at the same moment apply each migration once.
+and each after the first finds it claimed. A claim of expired durable runs selects them ``FOR UPDATE
+SKIP LOCKED`` and updates them in the same transaction: concurrent claims take disjoint runs, and
+lease times are the server's ``now()``, whatever the replicas' clocks say. Migrations run under a
+transaction-scoped advisory lock, so replicas that start at the same moment apply each migration once.
 """
 
 from __future__ import annotations
@@ -41,10 +43,13 @@ MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock ke
 _THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
 
 
-class PostgresMemoryStore(c.SuspendedRunMethods):
+class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 
     placeholder = "%s"
+    _now = "now()"
+    _lease = "now() + make_interval(secs => %s)"
+    _skip_locked = " FOR UPDATE SKIP LOCKED"  # concurrent claims take disjoint runs, nobody waits
 
     def __init__(
         self,
@@ -247,6 +252,12 @@ class PostgresMemoryStore(c.SuspendedRunMethods):
     def _time_arg(self, moment: datetime) -> Any:
         return moment
 
+    def _lease_arg(self, seconds: float) -> Any:
+        return seconds
+
+    def _moment(self, stored: Any) -> str:
+        return c.iso(stored)
+
     async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
         """One statement in one write transaction."""
 
@@ -254,6 +265,18 @@ class PostgresMemoryStore(c.SuspendedRunMethods):
             await conn.execute(sql, args)
 
         await self._write(execute, doing)
+
+    async def _transact(self, work: Callable[[c.Query], Awaitable[T]], doing: str) -> T:
+        """`work`'s statements in one transaction on one pooled connection."""
+
+        async def transaction(conn: Connection) -> T:
+            async def query(sql: str, args: tuple[Any, ...]) -> list[Any]:
+                cursor = await conn.execute(sql, args)
+                return await cursor.fetchall() if cursor.description else []
+
+            return await work(query)
+
+        return await self._write(transaction, doing)
 
     async def _migrate(self, conn: Connection) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))

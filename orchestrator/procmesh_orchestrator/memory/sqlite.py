@@ -5,7 +5,9 @@ timeout makes a second writer process wait for the lock instead of failing; fore
 deleted thread take its messages along. Each write is one ``BEGIN IMMEDIATE`` transaction, which
 takes the write lock up front, so two processes never both read "no such thread" and then both
 insert. In one process, one connection serves every call, and a lock keeps the transactions of
-concurrent runs from interleaving on it.
+concurrent runs from interleaving on it. Durable runs' lease times are SQLite's clock
+(``strftime('%Y-%m-%dT%H:%M:%fZ', 'now')``), and a claim of expired leases reads and updates them in
+one BEGIN IMMEDIATE transaction, so two processes never claim the same run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,12 +49,17 @@ _UNAVAILABLE = {
     "SQLITE_NOTADB",
 }
 _THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
+_CLOCK = "%Y-%m-%dT%H:%M:%fZ"
+"""The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
 
-class SqliteMemoryStore(c.SuspendedRunMethods):
+class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     placeholder = "?"
+    _now = f"strftime('{_CLOCK}', 'now')"
+    _lease = f"strftime('{_CLOCK}', 'now', ?)"
+    _skip_locked = ""  # BEGIN IMMEDIATE: a claim holds the file's write lock from its first read
 
     def __init__(
         self,
@@ -263,6 +271,12 @@ class SqliteMemoryStore(c.SuspendedRunMethods):
     def _time_arg(self, moment: datetime) -> Any:
         return c.time_text(moment)
 
+    def _lease_arg(self, seconds: float) -> Any:
+        return f"+{seconds:.6f} seconds"  # a strftime modifier
+
+    def _moment(self, stored: Any) -> str:
+        return str(stored)  # stored as _CLOCK writes it, which is already the ISO 8601 we report
+
     async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
         """One statement in one write transaction."""
 
@@ -270,6 +284,10 @@ class SqliteMemoryStore(c.SuspendedRunMethods):
             await db.execute(sql, args)
 
         await self._write(execute, doing)
+
+    async def _transact(self, work: Callable[[c.Query], Awaitable[T]], doing: str) -> T:
+        """`work`'s statements in one BEGIN IMMEDIATE transaction."""
+        return await self._write(lambda db: work(partial(_fetch, db)), doing)
 
     async def _migrate(self, db: aiosqlite.Connection) -> None:
         await db.execute(

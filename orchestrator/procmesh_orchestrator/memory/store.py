@@ -8,6 +8,11 @@ persisted signals, kept in raw history and hidden from default recall.
 
 A run waiting for tool-call approvals is kept as a `SuspendedRun`, so that any replica sharing the
 store can resume it; claiming one is atomic, so exactly one approval resumes it.
+
+A durable run (`DurableRun`) is checkpointed at every step boundary and held by one replica through
+a lease it renews; when the lease expires, another replica claims the run and continues from its
+last snapshot. Lease times are the database's clock, never a replica's, so replicas whose clocks
+disagree still agree on who holds what.
 """
 
 from __future__ import annotations
@@ -56,6 +61,45 @@ class SuspendedRun:
     """ISO 8601, UTC, set by the store when the run is saved (saved again: the new time)."""
     status: str = SUSPENDED
     """`SUSPENDED`, or `RESUMING` once claimed by `MemoryStore.claim_suspended`."""
+
+
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+CANCELLED = "cancelled"
+DURABLE_STATUSES = (RUNNING, DONE, FAILED, CANCELLED, SUSPENDED)
+FINISHED = (DONE, FAILED, CANCELLED)
+"""The statuses a durable run ends in: its snapshot is dropped, its row stays for listing."""
+
+
+@dataclass(frozen=True)
+class DurableRun:
+    """A run checkpointed at every step boundary, held by one replica through a renewed lease."""
+
+    run_id: str
+    agent_id: str
+    thread_id: str = ""
+    """The run's memory thread, "" when it has none."""
+    resource_id: str = ""
+    """The run's resource, "" when it has none."""
+    status: str = RUNNING
+    """`RUNNING`, then one of `DONE`, `FAILED`, `CANCELLED` or `SUSPENDED`."""
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    """The last checkpoint, as JSON; opaque to the store (it can be megabytes). Listings leave it
+    empty, and so does a finished run (`DONE`, `FAILED`, `CANCELLED`)."""
+    owner: str = ""
+    """The replica holding the lease ("" when none: the run is not running)."""
+    lease_expires_at: str = ""
+    """ISO 8601, UTC, the database's clock ("" when nobody holds the run)."""
+    cancel_requested: bool = False
+    attempts: int = 1
+    """1 + how many times the run was claimed after its lease expired."""
+    error: str = ""
+    """Why the run failed ("" otherwise)."""
+    created_at: str = ""
+    """ISO 8601, UTC, set by the store."""
+    updated_at: str = ""
+    """ISO 8601, UTC: the last checkpoint, claim or finish."""
 
 
 class MemoryStore(Protocol):
@@ -136,3 +180,53 @@ class MemoryStore(Protocol):
         match in all. A given `thread_id` or `resource_id` must match ("" selects runs without
         one); `from_date` and `to_date` (ISO 8601, UTC when no offset is given) bound `created_at`
         as the store reports it, both inclusive."""
+
+    async def create_durable_run(self, run: DurableRun, *, owner: str, lease_seconds: float) -> DurableRun:
+        """Insert the run (its ids and snapshot; the store sets the rest) as `RUNNING`, held by
+        `owner` for `lease_seconds`, and return it as stored. `DurableRunExistsError` when a run of
+        its id exists (whatever its status)."""
+
+    async def checkpoint_durable_run(
+        self, run_id: str, *, owner: str, snapshot: dict[str, Any], lease_seconds: float
+    ) -> None:
+        """Replace the snapshot and renew the lease, in one statement, if `owner` still holds the
+        running run: an expired lease nobody claimed yet is still held. `LeaseLostError` when
+        another replica claimed it or it is no longer running (nothing is written);
+        `DurableRunNotFoundError` when there is no such run."""
+
+    async def renew_durable_lease(self, run_id: str, *, owner: str, lease_seconds: float) -> bool:
+        """Renew the lease on the same condition as a checkpoint; return whether a cancel was
+        requested (the runner polls for it with its renewals). Errors as for a checkpoint."""
+
+    async def claim_expired_durable_runs(
+        self, *, owner: str, lease_seconds: float, limit: int
+    ) -> list[DurableRun]:
+        """Take up to `limit` running runs whose lease expired, oldest lease first: each becomes
+        `owner`'s for `lease_seconds`, its attempts one more; return them with their snapshots.
+        Of replicas claiming at the same time, each run goes to exactly one."""
+
+    async def finish_durable_run(self, run_id: str, *, owner: str, status: str, error: str = "") -> None:
+        """End the run as `status` (`DONE`, `FAILED`, `CANCELLED` or `SUSPENDED`) and release its
+        lease. A finished run's snapshot is dropped (its row stays for listing); a suspended one
+        keeps it. `error` is cut to 16,384 characters. Errors as for a checkpoint."""
+
+    async def request_durable_cancel(self, run_id: str) -> DurableRun:
+        """Ask the run to stop: sets ``cancel_requested`` if it is running or suspended (a run
+        that ended stays as it ended). Returns the run without its snapshot.
+        `DurableRunNotFoundError` when there is no such run."""
+
+    async def get_durable_run(self, run_id: str) -> DurableRun | None:
+        """The run with its snapshot, or None."""
+
+    async def list_durable_runs(
+        self,
+        *,
+        resource_id: str | None = None,
+        agent_id: str | None = None,
+        status: str | None = None,
+        page: int = 0,
+        per_page: int = 20,
+    ) -> tuple[list[DurableRun], int]:
+        """Runs newest first, one page of them WITHOUT snapshots (listing stays cheap), and how
+        many match in all. A given `resource_id` ("" selects runs without one), `agent_id` or
+        `status` must match."""

@@ -7,6 +7,7 @@ is the one ``PROCMESH_TEST_POSTGRES_DSN`` names.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -70,3 +71,17 @@ async def store(backend: Backend) -> AsyncIterator[MemoryStore]:
     await opened.start()
     yield opened
     await opened.close()
+
+
+@pytest.fixture
+def schema_at(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Callable[[int | None], None]:
+    """`schema_at(n)`: stores of `backend` opened from now on know only the first n migrations
+    (an older build); `schema_at(None)`: all of them again (the upgrade)."""
+    module = importlib.import_module(f"procmesh_orchestrator.memory.{backend.name}")
+    current = module.migrations
+
+    def pin(version: int | None) -> None:
+        known = current if version is None else (lambda kind: list(current(kind))[:version])
+        monkeypatch.setattr(module, "migrations", known)
+
+    return pin

@@ -4,8 +4,8 @@ approval (in any process), released, deleted, listed; the schema upgrade that br
 from __future__ import annotations
 
 import asyncio
-import importlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,8 +15,6 @@ from procmesh_orchestrator.errors import (
     ResumeConflictError,
     SuspendedRunNotFoundError,
 )
-from procmesh_orchestrator.memory.migrations import Backend as MigrationBackend
-from procmesh_orchestrator.memory.migrations import Migration
 from procmesh_orchestrator.memory.store import MemoryStore, SuspendedRun
 from tests.integration.memory.conftest import Backend
 from tests.integration.memory.test_store_contract import ids, msg
@@ -300,26 +298,20 @@ async def test_of_concurrent_claims_from_two_stores_exactly_one_wins(backend: Ba
 
 
 async def test_a_version_1_database_upgrades_in_place(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, schema_at: Callable[[int | None], None]
 ) -> None:
-    module = importlib.import_module(f"procmesh_orchestrator.memory.{backend.name}")
-    current = module.migrations
-
-    def version_1(kind: MigrationBackend) -> list[Migration]:
-        return list(current(kind))[:1]
-
-    monkeypatch.setattr(module, "migrations", version_1)
+    schema_at(1)
     old = backend.open()
     await old.start()
     await old.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant")])
     await old.close()
     assert backend.schema_versions() == [1]
 
-    monkeypatch.setattr(module, "migrations", current)
+    schema_at(None)
     new = backend.open()
     await new.start()
     try:
-        assert backend.schema_versions() == [1, 2]
+        assert backend.schema_versions() == [1, 2, 3]
         assert ids(await new.messages("t1")) == ["u1", "a1"]  # the old data is still there
         await new.save_suspended(run())
         assert (await new.claim_suspended("r1", "call-1")).status == "resuming"

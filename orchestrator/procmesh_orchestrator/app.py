@@ -30,7 +30,9 @@ from procmesh_orchestrator.config import (
     workflow_refs,
 )
 from procmesh_orchestrator.config.schema import AgentMemoryConfig
+from procmesh_orchestrator.durable import DurableRuns, DurableSettings
 from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.events import EventLog, open_event_log
 from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.memory.stores import open_store
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -130,6 +132,10 @@ class App:
         """The store (`Config.storage`): opened at start when an agent has memory, else when a run
         first suspends for a tool approval."""
         self._store_lock = asyncio.Lock()
+        self.events: EventLog | None = None
+        """Durable runs' event log (`Config.durable.eventLog`), when an agent is durable."""
+        self.durable: DurableRuns | None = None
+        """Durable runs of this replica and the take-over of others' (`durable.py`)."""
 
     def _needs_builtins(self) -> bool:
         named = [
@@ -205,6 +211,27 @@ class App:
                 store=self.suspended_runs_store,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
+        if any(a.durable for a in self.config.agents.values()):
+            await self._start_durable()
+
+    async def _start_durable(self) -> DurableRuns:
+        """The event log and the durable-run manager (take-over included), started once."""
+        if self.durable is None:
+            events = open_event_log(self.config.durable.event_log)
+            self.events = events  # closed by stop() even when start() fails half-way
+            await events.start()
+            cfg = self.config.durable
+            settings = DurableSettings(
+                lease_seconds=cfg.lease_seconds,
+                claim_interval_seconds=cfg.claim_interval_seconds,
+                retention_seconds=cfg.event_log.retention_seconds,
+                max_runs=cfg.max_runs,
+            )
+            specs = {agent_id: agent.spec for agent_id, agent in self.agents.items()}
+            durable = DurableRuns(self.suspended_runs_store, events, specs, self.metrics, settings)
+            self.durable = durable
+            await durable.start()
+        return self.durable
 
     async def _open_store(self) -> MemoryStore:
         """Open the configured store and apply its migrations (versioned)."""
@@ -342,9 +369,13 @@ class App:
 
     async def stop(self) -> None:
         """Close every sidecar channel and MCP session; stop the built-in sidecar if this App started it."""
+        if self.durable is not None:
+            await self.durable.close()  # local runs stop unfinished: their leases move them
         await asyncio.gather(
             *(c.close() for c in self.clients.values()), self.models.aclose(), self.tools.close()
         )
+        if self.events is not None:
+            await self.events.close()
         if self.store is not None:
             await self.store.close()
         if self._supervisor is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -85,6 +85,21 @@ class OrchestratorMetrics:
             "procmesh_model_tokens_total",
             "Tokens reported by the provider.",
             ["model", "direction"],
+            registry=r,
+        )
+        self.runs_taken_over = Counter(
+            "procmesh_durable_runs_taken_over_total",
+            "Durable runs this replica took over after their lease expired.",
+            registry=r,
+        )
+        self.lease_renewals_failed = Counter(
+            "procmesh_durable_lease_renewals_failed_total",
+            "Lease renewals of durable runs that failed (the store was unreachable).",
+            registry=r,
+        )
+        self.event_log_lag = Gauge(
+            "procmesh_event_log_lag_chunks",
+            "Chunks of durable runs waiting to be appended to the event log.",
             registry=r,
         )
         self.tool_calls = Counter(

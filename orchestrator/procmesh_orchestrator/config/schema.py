@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from procmesh_orchestrator.config.durable import DurableConfig as DurableConfig
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
@@ -345,6 +346,8 @@ class AgentConfig(_Model):
     error_processors: list[ProcessorRef] = []
     memory: AgentMemoryConfig | None = None
     """Message history in threads of the `storage` store (none: every call stands alone)."""
+    durable: bool = False
+    """Every call is a durable run (checkpointed, taken over by another replica; see `durable`)."""
 
     @field_validator("input_processors", "output_processors", "error_processors", mode="before")
     @classmethod
@@ -375,7 +378,9 @@ class Config(_Model):
     """Processor workflows, used in a lane as ``workflow:NAME``."""
     agents: dict[str, AgentConfig]
     storage: StorageConfig = StorageConfig()
-    """The store agents' memory uses (opened only when an agent has memory)."""
+    """The store agents' memory, suspended runs and durable runs use (opened when needed)."""
+    durable: DurableConfig = DurableConfig()
+    """Durable runs' leases and event log (used when an agent or a call is durable)."""
 
     @field_validator("providers")
     @classmethod

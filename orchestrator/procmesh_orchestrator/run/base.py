@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procmesh_orchestrator.errors import TripwireAbort
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 ChunkSink = Callable[[Chunk], None]
+Checkpoint = Callable[["RunCore", int], Awaitable[None]]
 """Where a streamed run's chunks go (the `RunStream`'s queue); None for generate()."""
 
 
@@ -110,6 +111,11 @@ class RunCore:
         """A resumed run: the suspended step's calls left, and the decision for the first."""
         self.unsettled_results: list[dict[str, Any]] = []
         """Client tool results in the input whose call is not (yet) in the conversation."""
+        self.resume_step: int | None = None
+        """A durable run taken over at a step boundary: the step it goes on with."""
+        self.checkpoint: Checkpoint | None = None
+        """Called at each step boundary with the next step's number (a durable run saves its
+        snapshot there); None for a run that is not durable."""
         self.pending_approvals: list[dict[str, Any]] = []
         """A suspended run: the call awaiting a decision."""
         self.model_requests: list[ModelRequest] = []

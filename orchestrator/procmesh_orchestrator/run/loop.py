@@ -69,20 +69,26 @@ class Run(RunCore):
         cls,
         agent: AgentSpec,
         saved: dict[str, Any],
-        decision: Decision,
+        decision: Decision | None,
         options: CallOptions,
         *,
         sink: ChunkSink | None,
         metrics: OrchestratorMetrics,
     ) -> Run:
-        """A run rebuilt from its snapshot, to go on from the call that awaited `decision`.
+        """A run rebuilt from its snapshot: to go on from the call that awaited `decision`, or (a
+        step boundary's snapshot, no decision) from the step after it.
 
         processInput does not run again (the lifecycle seed): the messages, processor state,
         retry counter and signals are the snapshot's.
         """
         options = snapshot.resumed_options(saved, options)
         run = cls(agent, "", options, sink=sink, metrics=metrics, run_id=saved["runId"])
-        run.resume_from = (snapshot.restore(run, saved), decision)
+        pending = snapshot.restore(run, saved)
+        if pending is None:
+            run.resume_step = int(saved["nextStep"])
+        else:
+            assert decision is not None, "a snapshot at a tool call resumes with its decision"
+            run.resume_from = (pending, decision)
         return run
 
     async def execute(self) -> tuple[RunResult, BaseException | None]:
@@ -264,6 +270,8 @@ class Run(RunCore):
         if self.resume_from is not None:
             pending, decision = self.resume_from
             return await self._loop(pending, {pending.calls[0]["toolCallId"]: decision})
+        if self.resume_step is not None:  # a durable run taken over at a step boundary
+            return await self._loop(start=self.resume_step)
         systems, convo = normalize_input(self.input)
         if self.agent.instructions:
             self.system.append(msgs.text_message("system", self.agent.instructions))
@@ -284,12 +292,22 @@ class Run(RunCore):
                 result.get("toolCallId"),
             )
         self.loop_system = list(self.system)
+        await self._checkpoint(0)
         return await self._loop()
 
+    async def _checkpoint(self, next_step: int) -> None:
+        """A step boundary: a durable run keeps its snapshot here (`RunCore.checkpoint`)."""
+        if self.checkpoint is not None:
+            await self.checkpoint(self, next_step)
+
     async def _loop(
-        self, pending: PendingTools | None = None, decisions: dict[str, Decision] | None = None
+        self,
+        pending: PendingTools | None = None,
+        decisions: dict[str, Decision] | None = None,
+        *,
+        start: int = 0,
     ) -> str:
-        step_number = 0
+        step_number = start
         if pending is not None:  # a resumed run: the suspended step's calls first
             # The resumed stream starts with the calls it answers (a client rebuilding the message
             # from this stream alone needs each tool-call before its result).
@@ -310,6 +328,7 @@ class Run(RunCore):
                 return finish
             if not again:
                 step_number += 1
+                await self._checkpoint(step_number)
 
     async def _step(self, step_number: int) -> tuple[str | None, bool]:
         """One model step and its tool work: (the finish reason when the loop ends, whether the

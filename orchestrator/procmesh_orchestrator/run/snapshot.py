@@ -43,8 +43,9 @@ def _serializable(context: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def suspended_run(run: RunCore, pending: PendingTools) -> SuspendedRun:
-    """The store record of `run`, suspended at `pending`."""
+def capture(run: RunCore, *, pending: PendingTools | None = None, next_step: int = 0) -> dict[str, Any]:
+    """The run's state as JSON: suspended at `pending`'s calls, or at the boundary before
+    `next_step` (a durable run's checkpoint). SuspendError when something in it is not JSON."""
     lanes = (*run.input_lane, *run.output_lane, *run.error_lane)
     keys = {id(item): item.key for item in lanes}
     data = {
@@ -76,7 +77,10 @@ def suspended_run(run: RunCore, pending: PendingTools) -> SuspendedRun:
             if isinstance(t, ProcessorTool) and id(t.host) in keys and name not in run.agent.tools
         },
         "atCleanEnd": [item.key for item in run.at_clean_end],
-        "pending": {
+        "nextStep": next_step,
+        "pending": None
+        if pending is None
+        else {
             "assistantId": pending.assistant_id,
             "calls": pending.calls,
             "stepNumber": pending.step_number,
@@ -86,19 +90,50 @@ def suspended_run(run: RunCore, pending: PendingTools) -> SuspendedRun:
     try:
         json.dumps(data)
     except (TypeError, ValueError) as exc:
-        raise SuspendError(f"run {run.run_id}: its state cannot be kept for the approval: {exc}") from exc
+        raise SuspendError(f"run {run.run_id}: its state cannot be kept in the store: {exc}") from exc
+    return data
+
+
+def suspended_run(run: RunCore, pending: PendingTools) -> SuspendedRun:
+    """The store record of `run`, suspended at `pending`."""
     return SuspendedRun(
         run_id=run.run_id,
         agent_id=run.agent.id,
         thread_id=run.info.thread_id,
         resource_id=run.info.resource_id,
         tool_call_ids=(pending.calls[0]["toolCallId"],),
-        snapshot=data,
+        snapshot=capture(run, pending=pending),
     )
+
+
+def call_data(options: CallOptions) -> dict[str, Any]:
+    """A call's options as JSON, in the snapshot's keys (`resumed_options` reads them back): what a
+    durable run keeps before its first checkpoint. Per-call processor lists cannot be kept."""
+    if any(
+        x is not None for x in (options.input_processors, options.output_processors, options.error_processors)
+    ):
+        raise SuspendError("a durable run takes the agent's processor lanes: per-call lists cannot be kept")
+    return {
+        "threadId": options.thread_id,
+        "resourceId": options.resource_id,
+        "requestContext": _serializable(options.request_context),
+        "maxSteps": options.max_steps,
+        "maxProcessorRetries": options.max_processor_retries,
+        "stopWhen": None if options.stop_when is None else stop.dump(options.stop_when),
+        "requireToolApproval": options.require_tool_approval,
+        "clientTools": [
+            {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+            for t in options.client_tools
+        ],
+        "timeout": options.timeout,
+    }
 
 
 def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
     """The resuming call's options, with what the suspended call decided (ids, limits, tools)."""
+    stop_when = options.stop_when
+    if stop_when is None and data["stopWhen"] is not None:
+        stop_when = stop.parse(data["stopWhen"])
     return replace(
         options,
         thread_id=data["threadId"],
@@ -106,7 +141,7 @@ def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
         request_context={**data["requestContext"], **options.request_context},
         max_steps=data["maxSteps"],
         max_processor_retries=data["maxProcessorRetries"],
-        stop_when=options.stop_when if options.stop_when is not None else stop.parse(data["stopWhen"]),
+        stop_when=stop_when,
         require_tool_approval=data["requireToolApproval"],
         client_tools=[ClientTool(t["name"], t["description"], t["inputSchema"]) for t in data["clientTools"]],
         input_processors=None,
@@ -115,8 +150,9 @@ def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
     )
 
 
-def restore(run: RunCore, data: dict[str, Any]) -> PendingTools:
-    """Put the snapshot's state into a fresh run; the suspended step's calls left."""
+def restore(run: RunCore, data: dict[str, Any]) -> PendingTools | None:
+    """Put the snapshot's state into a fresh run; the suspended step's calls left (None: the
+    snapshot is a step boundary, the run goes on at ``data["nextStep"]``)."""
     if data.get("version") != VERSION:
         version = data.get("version")
         run_id = data.get("runId")
@@ -137,6 +173,8 @@ def restore(run: RunCore, data: dict[str, Any]) -> PendingTools:
             run.tools[name] = ProcessorTool(name, tool["description"], tool["inputSchema"], host)
     run.at_clean_end = [by_key[key] for key in data["atCleanEnd"] if key in by_key]
     pending = data["pending"]
+    if pending is None:
+        return None
     return PendingTools(
         pending["assistantId"], pending["calls"], pending["stepNumber"], pending["stepRecord"]
     )

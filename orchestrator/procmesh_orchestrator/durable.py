@@ -25,6 +25,7 @@ from typing import Any
 
 from procmesh_orchestrator.errors import (
     EventLogError,
+    EventLogUnavailableError,
     LeaseLostError,
     MemoryStoreError,
     OrchestratorError,
@@ -75,7 +76,9 @@ class _Publisher:
         self.next_offset = offset
         self.metrics = metrics
         self.dropped = False
-        """Set when the run lost its lease: nothing more may be published."""
+        """Set when the run lost its lease (or the log refused it): nothing more is published."""
+        self.failure: EventLogError | None = None
+        """Why the log refused a chunk, if it did (the run is then recorded as failed)."""
         self.opened = asyncio.Event()
         """Set once the log holds the run's first chunk: from then on a client can attach."""
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -93,16 +96,22 @@ class _Publisher:
                 if chunk is _END:
                     return
                 await self._append(chunk)
+            except EventLogError as exc:  # refused (not unreachable): a bug, never papered over
+                log.error("run %s: the event log refused a chunk: %s", self.run_id, exc)
+                self.failure = exc
+                self.dropped = True
             finally:
                 self._queue.task_done()
 
     async def _append(self, chunk: Chunk) -> None:
+        if self.dropped:
+            return
         outage = False
         while not self.dropped:
             try:
                 await self.events.append(self.run_id, self.next_offset, chunk)  # False: already there
                 break
-            except EventLogError as exc:
+            except EventLogUnavailableError as exc:
                 if not outage:
                     log.warning("run %s: event log unreachable, the run waits for it: %s", self.run_id, exc)
                     outage = True
@@ -251,9 +260,13 @@ class DurableRuns:
             data["phase"] = "step"
             data["eventOffset"] = publisher.next_offset
             store = await self._open_store()
-            await store.checkpoint_durable_run(
-                run.run_id, owner=self.replica, snapshot=data, lease_seconds=self.settings.lease_seconds
-            )
+            try:
+                await store.checkpoint_durable_run(
+                    run.run_id, owner=self.replica, snapshot=data, lease_seconds=self.settings.lease_seconds
+                )
+            except LeaseLostError:
+                publisher.drop()  # the replica that has it now publishes; not even our error chunk
+                raise
 
         return checkpoint
 
@@ -269,15 +282,21 @@ class DurableRuns:
                     await work
                 return None
             result, failure = work.result()
+            if publisher.dropped and publisher.failure is None:
+                return None  # a checkpoint found the lease gone: the run is another replica's
             await publisher.close()
+            status, error = _STATUS[result.status], str(failure or "")
+            if publisher.failure is not None:
+                status, error = FAILED, f"the event log refused a chunk: {publisher.failure}"
             store = await self._open_store()
             # The record first: a reader that sees the log end finds the run's final status.
-            await store.finish_durable_run(
-                run.run_id, owner=self.replica, status=_STATUS[result.status], error=str(failure or "")
-            )
+            await store.finish_durable_run(run.run_id, owner=self.replica, status=status, error=error)
             await self.events.finish(run.run_id, self.settings.retention_seconds)
             return result
-        except (LeaseLostError, asyncio.CancelledError):
+        except LeaseLostError:
+            publisher.drop()
+            return None
+        except asyncio.CancelledError:
             publisher.drop()
             raise
         except OrchestratorError as exc:  # the store or the log failed at the very end: the lease

@@ -1,0 +1,158 @@
+"""Durable runs in one process: a real SQLite store and the in-process event log, two replicas
+(`DurableRuns`) sharing both. The multi-process take-over on PostgreSQL and Redis is in
+tests/e2e/service/test_durable_takeover.py."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from procmesh_orchestrator import App, CallOptions
+from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.durable import DurableRuns
+from procmesh_orchestrator.memory.store import CANCELLED, DONE, RUNNING
+
+WORDS = "one two three four five six seven eight nine ten"
+
+
+STEP_0 = f'{{text: "{WORDS}", toolCalls: [{{name: lookup, args: {{}}}}]}}'
+STEP_1 = f'{{text: "{WORDS}"}}'
+
+
+def config(db: Path, *responses: str, delay_ms: float = 20) -> Config:
+    """A durable agent whose scripted model gives `responses` (default: a tool call, then text).
+
+    A scripted model's place in its script is per process: the replica that takes a run over
+    is given the responses left, so the run reads the same as one that was never interrupted.
+    """
+    script = "\n".join(f"      - {r}" for r in responses or (STEP_0, STEP_1))
+    text = f"""
+storage: {{backend: sqlite, path: {db}}}
+models:
+  slow:
+    provider: scripted
+    delayMs: {delay_ms}
+    responses:
+{script}
+tools: {{lookup: {{result: found}}}}
+agents:
+  d: {{model: slow, durable: true, errorProcessorDefaults: false, tools: [lookup], memory: {{}}}}
+durable: {{leaseSeconds: 0.6, claimIntervalSeconds: 0.1}}
+"""
+    return Config.model_validate(yaml.safe_load(text))
+
+
+@pytest.fixture
+async def apps(tmp_path: Path) -> AsyncIterator[tuple[App, App]]:
+    """Two replicas of one config on one SQLite file (each its own connection)."""
+    db = tmp_path / "runs.db"
+    async with App(config(db)) as a, App(config(db, STEP_1)) as b:
+        yield a, b
+
+
+async def read(
+    durable: DurableRuns, run_id: str, offset: int = 0, *, stop_after: int | None = None
+) -> list[Any]:
+    got: list[Any] = []
+    async with asyncio.timeout(20):
+        async for off, chunk in durable.attach(run_id, offset):
+            got.append((off, chunk))
+            if stop_after is not None and len(got) >= stop_after:
+                break
+    return got
+
+
+def texts(chunks: list[Any]) -> str:
+    return "".join(c["payload"]["text"] for _, c in chunks if c["type"] == "text-delta")
+
+
+async def test_a_durable_run_streams_through_its_log_and_is_recorded_done(apps: tuple[App, App]) -> None:
+    a, _ = apps
+    assert a.durable is not None
+    run_id = await a.durable.begin("d", "hi", CallOptions(thread_id="t1", resource_id="u1"))
+    got = await read(a.durable, run_id)
+    assert [off for off, _ in got] == list(range(len(got)))
+    assert got[0][1]["type"] == "start"
+    assert got[-1][1]["type"] == "finish"
+    assert texts(got).replace(" ", "") == (WORDS * 2).replace(" ", "")
+    store = await a.suspended_runs_store()
+    record = await store.get_durable_run(run_id)
+    assert record is not None
+    assert (record.status, record.attempts) == (DONE, 1)
+    assert await read(a.durable, run_id, 5) == got[5:]  # reattached after the end: the rest
+
+
+async def test_a_dead_replicas_run_is_taken_over_from_its_last_checkpoint(apps: tuple[App, App]) -> None:
+    a, b = apps
+    assert a.durable is not None
+    assert b.durable is not None
+    run_id = await a.durable.begin("d", "hi", CallOptions(thread_id="t2", resource_id="u1"))
+    # past step 0 (its tool ran, the checkpoint holds it) into step 1's text
+    seen = await read(a.durable, run_id, stop_after=20)
+    assert any(c["type"] == "tool-result" for _, c in seen)
+    await a.durable.close()  # replica A dies: nothing finished, the lease runs out
+    await b.durable.close()  # B's own manager has its own in-memory log: the taker below shares A's
+
+    # B reads the same log (in one process the in-memory log is shared by handing it over)
+    taker = DurableRuns(
+        b.suspended_runs_store, a.durable.events, b.durable.agents, b.metrics, b.durable.settings
+    )
+    await taker.start()
+    try:
+        rest = await read(taker, run_id, seen[-1][0] + 1)
+    finally:
+        await taker.close()
+    offsets = [off for off, _ in seen + rest]
+    assert offsets == list(range(len(offsets)))  # nothing lost, nothing twice
+    assert rest[-1][1]["type"] == "finish"
+    store = await b.suspended_runs_store()
+    record = await store.get_durable_run(run_id)
+    assert record is not None
+    assert (record.status, record.attempts) == (DONE, 2)
+    tool_results = [c for _, c in seen + rest if c["type"] == "tool-result"]
+    assert len(tool_results) == 1  # step 0's tool is not run again: it was checkpointed
+    # memory holds the turn once: the question and the answers of both steps, no duplicate ids
+    stored = await store.messages("t2")
+    assert stored[0]["role"] == "user"
+    assert len({m["id"] for m in stored}) == len(stored)
+
+
+async def test_cancel_stops_the_run_and_records_it_cancelled(apps: tuple[App, App]) -> None:
+    a, _ = apps
+    assert a.durable is not None
+    run_id = await a.durable.begin("d", "hi", CallOptions())
+    await read(a.durable, run_id, stop_after=4)
+    await a.durable.cancel(run_id)
+    got = await read(a.durable, run_id)
+    assert got[-1][1]["type"] == "abort"
+    store = await a.suspended_runs_store()
+    record = await store.get_durable_run(run_id)
+    assert record is not None
+    assert record.status == CANCELLED
+
+
+async def test_a_replica_whose_lease_was_taken_stops_publishing(
+    apps: tuple[App, App], tmp_path: Path
+) -> None:
+    a, _ = apps
+    assert a.durable is not None
+    run_id = await a.durable.begin("d", "hi", CallOptions())
+    await read(a.durable, run_id, stop_after=3)
+    # What the row looks like after another replica claimed it (A paused past its lease, say):
+    # written as that replica's claim writes it, on a connection of its own.
+    with sqlite3.connect(tmp_path / "runs.db") as db:
+        db.execute("UPDATE durable_runs SET owner = 'thief', attempts = 2 WHERE run_id = ?", (run_id,))
+    async with asyncio.timeout(10):  # A notices at its next renewal (or checkpoint) and stops
+        while run_id in a.durable.local:  # noqa: ASYNC110 - no event to wait for: poll
+            await asyncio.sleep(0.05)
+    store = await a.suspended_runs_store()
+    record = await store.get_durable_run(run_id)
+    assert record is not None
+    assert (record.status, record.owner) == (RUNNING, "thief")  # A finished nothing
+    assert a.metrics.registry.get_sample_value("procmesh_durable_runs_taken_over_total") == 0

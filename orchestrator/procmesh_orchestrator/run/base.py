@@ -25,7 +25,7 @@ from procmesh_orchestrator.run.hooks import (
 )
 from procmesh_orchestrator.run.messages import RunMessages
 from procmesh_orchestrator.run.models import ModelRequest
-from procmesh_orchestrator.run.tools import Tool
+from procmesh_orchestrator.run.tools import ClientTool, Tool
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions
 
 if TYPE_CHECKING:
@@ -121,6 +121,11 @@ class RunCore:
         self.model_requests: list[ModelRequest] = []
         self.at_clean_end: list[Processor] = []
         """Processors whose processOutputResult waits for the run's clean end (`steps.output_result`)."""
+
+    def offered_tools(self) -> list[Tool]:
+        """What each step starts by offering the model: the agent's tools and the caller's client
+        tools (a processor's processInputStep adds its own, every step, and runs them)."""
+        return [t for name, t in self.tools.items() if name in self.agent.tools or isinstance(t, ClientTool)]
 
     def needs_approval(self, tool: Tool) -> bool:
         """Whether a call of `tool` waits for approval (the call's setting overrides the tool's)."""

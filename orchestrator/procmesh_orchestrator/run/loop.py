@@ -337,8 +337,8 @@ class Run(RunCore):
         self.system = list(self.loop_system)  # processInputStep system changes last one step
         cfg = StepConfig(
             model=self.agent.model,
-            tools=[tool_spec(t) for t in self.tools.values()],
-            tool_choice="auto" if self.tools else None,
+            tools=[tool_spec(t) for t in self.offered_tools()],
+            tool_choice="auto" if self.offered_tools() else None,
         )
         try:
             await steps.input_step(self, cfg)

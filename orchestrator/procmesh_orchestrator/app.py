@@ -136,6 +136,7 @@ class App:
         """Durable runs' event log (`Config.durable.eventLog`), when an agent is durable."""
         self.durable: DurableRuns | None = None
         """Durable runs of this replica and the take-over of others' (`durable.py`)."""
+        self._durable_lock = asyncio.Lock()
 
     def _needs_builtins(self) -> bool:
         named = [
@@ -212,10 +213,19 @@ class App:
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
         if any(a.durable for a in self.config.agents.values()):
-            await self._start_durable()
+            await self.durable_runs()
 
-    async def _start_durable(self) -> DurableRuns:
-        """The event log and the durable-run manager (take-over included), started once."""
+    async def durable_runs(self) -> DurableRuns:
+        """The durable-run manager (`durable.py`) and its event log, started on first use: at
+        `start()` when an agent is durable, else by the first call that asks for a durable run.
+        Concurrent first calls share one manager."""
+        async with self._durable_lock:
+            if self.durable is None:
+                await self._start_durable()
+        assert self.durable is not None
+        return self.durable
+
+    async def _start_durable(self) -> None:
         if self.durable is None:
             events = open_event_log(self.config.durable.event_log)
             self.events = events  # closed by stop() even when start() fails half-way
@@ -231,7 +241,6 @@ class App:
             durable = DurableRuns(self.suspended_runs_store, events, specs, self.metrics, settings)
             self.durable = durable
             await durable.start()
-        return self.durable
 
     async def _open_store(self) -> MemoryStore:
         """Open the configured store and apply its migrations (versioned)."""

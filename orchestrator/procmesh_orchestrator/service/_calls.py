@@ -40,6 +40,8 @@ class AgentCall:
 
     input: str | list[dict[str, Any]]
     options: CallOptions
+    durable: bool = False
+    """The caller asked for a durable run (an agent configured ``durable: true`` always is one)."""
 
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""
@@ -87,6 +89,8 @@ class _Body(BaseModel):
     require_tool_approval: bool | None = Field(default=None, alias="requireToolApproval")
     stop_when: Any = Field(default=None, alias="stopWhen")
     """``[{stepCountIs: n}, {hasToolCall: name}]`` (one object is one condition)."""
+    durable: bool = Field(default=False, strict=True)
+    """Run durably: checkpointed, taken over by another replica, reattachable (``observe``)."""
 
     @field_validator("messages")
     @classmethod
@@ -369,6 +373,7 @@ def parse_body(
             require_tool_approval=body.require_tool_approval,
             client_tools=_client_tools(body.client_tools or {}),
         ),
+        durable=body.durable,
     )
 
 
@@ -450,6 +455,7 @@ def parse_proto(
             require_tool_approval=approval,
             client_tools=_client_tools(tools, "client_tools"),
         ),
+        durable=request.durable,
     )
 
 

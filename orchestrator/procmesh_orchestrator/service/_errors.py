@@ -94,6 +94,21 @@ class RunNotActiveError(ServiceError):
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
+class DurableRunGoneError(ServiceError):
+    """No durable run by this id for this caller (none, another resource's, another agent's), or
+    its events are no longer kept (the log's retention passed)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class DurableUnavailableError(ServiceError):
+    """The store or the event log of durable runs cannot be reached now; retrying later may work."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
 class ResumeRefusedError(ServiceError):
     """The tool call was already decided, or is being resumed (here or on another replica)."""
 

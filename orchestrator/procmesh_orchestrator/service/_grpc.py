@@ -18,10 +18,13 @@ from grpc_reflection.v1alpha import reflection
 from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
+from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
+from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
+from procmesh_orchestrator.service import _durable
 from procmesh_orchestrator.service._calls import AgentCall, Decision, parse_proto
-from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
+from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._runs import ActiveRun, resume_stream
 
@@ -72,6 +75,23 @@ def _failed_proto(error: BaseException) -> apb.GenerateResponse:
 
 
 StreamReply = type[apb.StreamResponse] | type[apb.ApproveToolCallResponse] | type[apb.DeclineToolCallResponse]
+DurableReply = type[apb.StreamResponse] | type[apb.ObserveResponse]
+
+
+def run_record_to_proto(record: DurableRun) -> apb.RunRecord:
+    """A durable run's record as a RunRecord."""
+    return apb.RunRecord(
+        run_id=record.run_id,
+        agent_id=record.agent_id,
+        thread_id=record.thread_id,
+        resource_id=record.resource_id,
+        status=record.status,
+        attempts=record.attempts,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        error=record.error,
+        cancel_requested=record.cancel_requested,
+    )
 
 
 class _AgentServicer(agrpc.AgentServiceServicer):
@@ -81,6 +101,11 @@ class _AgentServicer(agrpc.AgentServiceServicer):
     async def _refuse(self, context: Context, exc: ServiceError) -> NoReturn:
         self._service.metrics.requests.labels("grpc", exc.grpc_code.name).inc()
         await context.abort(exc.grpc_code, str(exc))
+
+    def _bound(self, context: Context) -> str | None:
+        """Check the key; the resource it is bound to, if any."""
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        return self._service.keys.check(metadata.get("authorization"))
 
     def _admit(self, request: Any, context: Context) -> tuple[Agent, AgentCall]:
         """Check the key, find the agent, validate the request and take a run slot."""
@@ -106,6 +131,8 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         except ServiceError as exc:
             await self._refuse(context, exc)
         started = time.perf_counter()
+        if _durable.is_durable(self._service, request.agent_id, call):
+            return await self._durable_generate(request.agent_id, call, context, started)
         signal = asyncio.Event()
         work = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
         try:
@@ -138,11 +165,149 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             agent, call = self._admit(request, context)
         except ServiceError as exc:
             await self._refuse(context, exc)
+        if _durable.is_durable(self._service, request.agent_id, call):
+            try:
+                try:
+                    durable, run_id = await _durable.begin(self._service, request.agent_id, call)
+                except ServiceError as exc:
+                    await self._refuse(context, exc)
+                async for reply in self._relay_durable(
+                    "stream", durable, run_id, durable.attach(run_id, 0), apb.StreamResponse, context
+                ):
+                    yield reply
+            finally:
+                self._service.gate.leave()
+            return
         run = agent.stream(call.input, call.options)
         async for reply in self._relay(
             "stream", request.agent_id, run, call.options.resource_id, apb.StreamResponse
         ):
             yield reply
+
+    async def _durable_generate(
+        self, agent_id: str, call: AgentCall, context: Context, started: float
+    ) -> apb.GenerateResponse:
+        """A durable run to its end; a client that cancels leaves it running (observe it)."""
+        try:
+            try:
+                durable, run_id = await _durable.begin(self._service, agent_id, call)
+            except ServiceError as exc:
+                await self._refuse(context, exc)
+            done = await durable.result(run_id)
+        finally:
+            self._service.gate.leave()
+        if done is None:
+            context.set_trailing_metadata((("procmesh-run-id", run_id),))
+            await self._refuse(
+                context,
+                DurableUnavailableError(
+                    f"durable run {run_id} goes on elsewhere: observe it with Observe(run_id)"
+                ),
+            )
+        log.info(
+            "grpc generate agent=%s durable run=%s finish=%s %.3fs",
+            agent_id,
+            run_id,
+            done.finish_reason,
+            time.perf_counter() - started,
+        )
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return result_to_proto(done)
+
+    async def _relay_durable(
+        self,
+        kind: str,
+        durable: DurableRuns,
+        run_id: str,
+        events: Any,
+        reply: DurableReply,
+        context: Context,
+    ) -> AsyncIterator[Any]:
+        """A durable run's events as `reply` messages with their offsets, then one with its status.
+        A client that cancels stops reading only: the run goes on."""
+        started = time.perf_counter()
+        saw_tripwire = False
+        sent = 0
+        finished = False
+        try:
+            try:
+                async for offset, chunk in events:
+                    saw_tripwire |= chunk.get("type") == "tripwire"
+                    sent += 1
+                    yield reply(run_id=run_id, chunk=convert.chunk_to_proto(chunk), offset=offset)
+            except Exception as exc:  # the log failed mid-way: the client observes again
+                log.warning("grpc %s run=%s: event log failed after %d events: %s", kind, run_id, sent, exc)
+                await self._refuse(context, DurableUnavailableError(_durable.LOG_CUT))
+            end = await _durable.ending(self._service, durable, run_id, saw_tripwire)
+            last = reply(run_id=run_id, status=end.status)
+            for call in end.suspended:
+                item = last.suspended.add(
+                    tool_call_id=str(call.get("toolCallId", "")), tool_name=str(call.get("toolName", ""))
+                )
+                item.args.CopyFrom(convert.to_value(call.get("args")))
+            finished = True
+            yield last
+        finally:
+            log.info(
+                "grpc %s durable run=%s events=%d %s %.3fs",
+                kind,
+                run_id,
+                sent,
+                "done" if finished else "left",
+                time.perf_counter() - started,
+            )
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+
+    async def Observe(
+        self, request: apb.ObserveRequest, context: Context
+    ) -> AsyncIterator[apb.ObserveResponse]:
+        service = self._service
+        try:
+            bound = self._bound(context)
+            if request.offset < 0:
+                raise BadRequestError("offset: must not be negative")
+            record = await _durable.visible_run(service, request.run_id, bound)
+            durable = await _durable.manager(service.app)
+            events = await _durable.attach(durable, record, request.offset)
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        async for reply in self._relay_durable(
+            "observe", durable, record.run_id, events, apb.ObserveResponse, context
+        ):
+            yield reply
+
+    async def ListRuns(self, request: apb.ListRunsRequest, context: Context) -> apb.ListRunsResponse:
+        try:
+            query = _durable.run_query(
+                resource_id=request.resource_id,
+                agent_id=request.agent_id,
+                status=request.status,
+                page=request.page,
+                per_page=request.per_page or _durable.DEFAULT_RUNS_PER_PAGE,
+                bound=self._bound(context),
+            )
+            runs, total = await _durable.list_runs(self._service, query)
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return apb.ListRunsResponse(runs=[run_record_to_proto(r) for r in runs], total=total)
+
+    async def GetRun(self, request: apb.GetRunRequest, context: Context) -> apb.GetRunResponse:
+        try:
+            record = await _durable.visible_run(self._service, request.run_id, self._bound(context))
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return apb.GetRunResponse(run=run_record_to_proto(record))
+
+    async def CancelRun(self, request: apb.CancelRunRequest, context: Context) -> apb.CancelRunResponse:
+        try:
+            record = await _durable.visible_run(self._service, request.run_id, self._bound(context))
+            cancelled, after = await _durable.cancel(self._service, record)
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return apb.CancelRunResponse(cancelled=cancelled, run=run_record_to_proto(after))
 
     async def ApproveToolCall(
         self, request: apb.ApproveToolCallRequest, context: Context

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from procmesh import ProcessorClient
 from procmesh.errors import ProcmeshError
 from procmesh_orchestrator.config import Config, ProcessorRef
+from procmesh_orchestrator.errors import OrchestratorError
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,13 @@ class SidecarHealth:
         *,
         check_timeout: float = 1.0,
         optional: frozenset[str] = frozenset(),
+        dependencies: Callable[[float], Awaitable[dict[str, str]]] | None = None,
     ) -> None:
         self._clients = clients
+        self._check_dependencies = dependencies
+        self.dependencies: dict[str, str] = {}
+        """What else a run needs that did not answer at the last poll (durable runs' ``store`` and
+        ``eventLog``), with its status: `DependencyCheck`."""
         self.optional = optional
         """Sidecars that do not count for the verdict (`fail_open_sidecars`): down, they degrade runs."""
         self._interval = interval
@@ -86,9 +92,10 @@ class SidecarHealth:
 
     @property
     def serving(self) -> bool:
-        """True when every sidecar that counts reported SERVING at the last poll (readiness and
-        the orchestrator's own grpc.health.v1 both follow this verdict)."""
-        return not self.blocking
+        """True when every sidecar that counts reported SERVING at the last poll and every
+        dependency answered (readiness and the orchestrator's own grpc.health.v1 both follow
+        this verdict)."""
+        return not self.blocking and not self.dependencies
 
     async def _check(self, name: str, client: ProcessorClient) -> str:
         try:
@@ -101,6 +108,8 @@ class SidecarHealth:
         """Check every sidecar once and update the verdict."""
         names = list(self._clients)
         results = await asyncio.gather(*(self._check(n, self._clients[n]) for n in names))
+        if self._check_dependencies is not None:
+            self.dependencies = await self._check_dependencies(self._check_timeout)
         before = self.not_serving
         self.statuses = dict(zip(names, results, strict=True))
         after = self.not_serving
@@ -114,7 +123,7 @@ class SidecarHealth:
         serving = self.serving
         if serving != self._serving:
             if serving and self._serving is not None:
-                log.info("every sidecar is SERVING again")
+                log.info("every sidecar is SERVING again, every dependency answers")
             self._serving = serving
             if self._on_change is not None:
                 await self._on_change(serving)
@@ -139,3 +148,48 @@ class SidecarHealth:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+class DependencyCheck:
+    """Readiness of durable runs' store and event log, once durable runs are in use.
+
+    Each poll pings the event log (`EventLog.ping`) and reads one row of the store by key (a
+    primary-key lookup of a run that does not exist: cheap on SQLite and PostgreSQL). The answer
+    names what is down (``{"eventLog": "UNREACHABLE"}``) and never how it is reached; the log line
+    written when that changes does.
+    """
+
+    PROBE_RUN_ID = "procmesh-readiness-probe"
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._down: dict[str, str] = {}
+
+    async def __call__(self, timeout: float) -> dict[str, str]:
+        durable = self._app.durable
+        if durable is None:  # no durable run yet: nothing of theirs to wait for
+            return {}
+        down: dict[str, str] = {}
+        errors: dict[str, str] = {}
+
+        async def store() -> None:
+            opened = await self._app.suspended_runs_store()
+            await opened.get_durable_run(self.PROBE_RUN_ID)
+
+        for name, check in (("store", store), ("eventLog", durable.events.ping)):
+            try:
+                async with asyncio.timeout(timeout):
+                    await check()
+            except TimeoutError:
+                down[name], errors[name] = UNREACHABLE, f"no answer within {timeout:g}s"
+            except OrchestratorError as exc:
+                down[name], errors[name] = UNREACHABLE, str(exc)
+        if down != self._down:
+            if down:
+                log.warning(
+                    "durable runs not ready: %s", "; ".join(f"{n}: {e}" for n, e in sorted(errors.items()))
+                )
+            else:
+                log.info("durable runs: the store and the event log answer again")
+            self._down = down
+        return down

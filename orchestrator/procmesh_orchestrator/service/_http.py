@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
 from procmesh_orchestrator.memory._common import MAX_PAGE
 from procmesh_orchestrator.run import Agent, RunStream
+from procmesh_orchestrator.service import _durable
 from procmesh_orchestrator.service._calls import (
     AgentCall,
     Decision,
@@ -34,6 +35,7 @@ from procmesh_orchestrator.service._calls import (
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ClientGoneError,
+    DurableRunGoneError,
     RequestTimeoutError,
     RunNotActiveError,
     ServiceError,
@@ -86,11 +88,13 @@ class _GatedResponse(Response):
 class _EventStreamResponse(StreamingResponse):
     """Server-sent events of one run; `release` runs once it is sent or the client left."""
 
-    def __init__(self, events: AsyncIterator[bytes], release: Release) -> None:
+    def __init__(
+        self, events: AsyncIterator[bytes], release: Release, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(
             events,
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
         )
         self._release = release
 
@@ -304,6 +308,24 @@ def build_http_app(service: Service) -> ASGIApp:
         release = _releaser(service)
         try:
             started = time.perf_counter()
+            if _durable.is_durable(service, agent_id, call):
+                durable, run_id = await _durable.begin(service, agent_id, call)
+                done = await durable.result(run_id)
+                if done is None:  # it stopped on this replica (drain, lost lease): observe it
+                    await release()
+                    log.info("generate agent=%s durable run=%s left this replica", agent_id, run_id)
+                    return error_response(
+                        503, "the durable run goes on elsewhere: observe it with its runId", runId=run_id
+                    )
+                body = result_json(done)
+                log.info(
+                    "generate agent=%s durable run=%s finish=%s %.3fs",
+                    agent_id,
+                    run_id,
+                    body["finishReason"],
+                    time.perf_counter() - started,
+                )
+                return _GatedResponse(body, release)
             try:
                 body = result_json(await agent.generate(call.input, call.options))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
@@ -322,6 +344,15 @@ def build_http_app(service: Service) -> ASGIApp:
 
     async def stream(request: Request) -> Response:
         agent_id, agent, call = await admit(request)
+        if _durable.is_durable(service, agent_id, call):
+            try:
+                durable, run_id = await _durable.begin(service, agent_id, call)
+            except BaseException:
+                service.gate.leave()
+                raise
+            # A client that leaves does not abort the run: it observes it again from its last id.
+            events = _durable.sse(run_id, durable.attach(run_id, 0), "stream")
+            return _EventStreamResponse(events, _releaser(service), {"X-Run-Id": run_id})
         try:
             run = agent.stream(call.input, call.options)
         except BaseException:
@@ -409,13 +440,64 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         service.agent(agent_id)
         run_id = request.path_params["run_id"]
-        entry = service.runs.find(agent_id, run_id, getattr(request.state, "bound_resource", None))
+        bound = getattr(request.state, "bound_resource", None)
+        entry = service.runs.find(agent_id, run_id, bound)
+        if entry is None and (service.app.durable is not None or service.app.store is not None):
+            # a durable run: on whichever replica runs it (its own stops it at its next renewal)
+            try:
+                record = await _durable.visible_run(service, run_id, bound)
+            except (DurableRunGoneError, BadRequestError):
+                record = None
+            if record is not None and record.agent_id == agent_id:
+                cancelled, _ = await _durable.cancel(service, record)
+                if cancelled:
+                    return json_response({"cancelled": True})
         if entry is None:
             raise RunNotActiveError(
                 f"no run {run_id[:64]!r} of agent {agent_id!r} is streaming on this replica"
             )
         await entry.run.cancel()
         return json_response({"cancelled": True})
+
+    async def observe(request: Request) -> Response:
+        agent_id = request.path_params["agent_id"]
+        service.agent(agent_id)
+        run_id, offset = _durable.parse_observe(
+            await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
+            request.headers.get("last-event-id"),
+        )
+        record = await _durable.visible_run(service, run_id, getattr(request.state, "bound_resource", None))
+        if record.agent_id != agent_id:
+            raise DurableRunGoneError(f"no durable run {run_id[:64]!r} of agent {agent_id!r}")
+        durable = await _durable.manager(service.app)
+        events = await _durable.attach(durable, record, offset)
+        return _EventStreamResponse(
+            _durable.sse(run_id, events, "observe"), _no_release, {"X-Run-Id": run_id}
+        )
+
+    async def list_runs(request: Request) -> Response:
+        query = request.query_params
+        listing = _durable.run_query(
+            resource_id=query.get("resourceId"),
+            agent_id=query.get("agentId"),
+            status=query.get("status"),
+            page=_query_int(query.get("page"), "page", 0, 0),
+            per_page=_query_int(query.get("perPage"), "perPage", _durable.DEFAULT_RUNS_PER_PAGE, 1),
+            bound=getattr(request.state, "bound_resource", None),
+        )
+        runs, total = await _durable.list_runs(service, listing)
+        return json_response({"runs": [_durable.run_json(r) for r in runs], "total": total})
+
+    async def get_run(request: Request) -> Response:
+        bound = getattr(request.state, "bound_resource", None)
+        record = await _durable.visible_run(service, request.path_params["run_id"], bound)
+        return json_response(_durable.run_json(record))
+
+    async def cancel_durable_run(request: Request) -> Response:
+        bound = getattr(request.state, "bound_resource", None)
+        record = await _durable.visible_run(service, request.path_params["run_id"], bound)
+        cancelled, after = await _durable.cancel(service, record)
+        return json_response({"cancelled": cancelled, "run": _durable.run_json(after)})
 
     async def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
@@ -431,12 +513,25 @@ def build_http_app(service: Service) -> ASGIApp:
         # A fail-open sidecar that is down degrades runs, it does not fail them: the pod stays in
         # its Service, and the response names it.
         blocking = service.health.blocking
-        if blocking:
-            names = ", ".join(f"{n} is {s}" for n, s in sorted(blocking.items()))
-            return json_response(
-                {"status": "not ready", "error": f"sidecars not serving: {names}", "notServing": not_serving},
-                503,
-            )
+        down = service.health.dependencies
+        if blocking or down:
+            problems = []
+            if blocking:
+                problems.append(
+                    "sidecars not serving: " + ", ".join(f"{n} is {s}" for n, s in sorted(blocking.items()))
+                )
+            if down:
+                problems.append(
+                    "durable runs: " + ", ".join(f"the {n} is {s}" for n, s in sorted(down.items()))
+                )
+            body_: dict[str, Any] = {
+                "status": "not ready",
+                "error": "; ".join(problems),
+                "notServing": not_serving,
+            }
+            if down:
+                body_["durable"] = down
+            return json_response(body_, 503)
         body: dict[str, Any] = {"status": "ready", "sidecars": service.health.statuses}
         if not_serving:
             body["degraded"] = not_serving
@@ -476,6 +571,10 @@ def build_http_app(service: Service) -> ASGIApp:
             ),
             Route("/api/agents/{agent_id}/suspended-runs", suspended_runs, methods=["GET"]),
             Route("/api/agents/{agent_id}/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
+            Route("/api/agents/{agent_id}/observe", observe, methods=["POST"]),
+            Route("/api/runs", list_runs, methods=["GET"]),
+            Route("/api/runs/{run_id}", get_run, methods=["GET"]),
+            Route("/api/runs/{run_id}/cancel", cancel_durable_run, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
@@ -496,6 +595,10 @@ def _query_int(raw: str | None, name: str, default: int, low: int) -> int:
     if not raw.isdigit() or int(raw) < low or int(raw) > MAX_PAGE:
         raise BadRequestError(f"{name}: must be an integer from {low} to {MAX_PAGE}")
     return int(raw)
+
+
+async def _no_release() -> None:
+    """Observing holds no run slot: the run goes on whether or not anyone watches."""
 
 
 def _stream_response(service: Service, streamed: _Streamed) -> Response:

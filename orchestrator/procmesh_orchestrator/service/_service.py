@@ -17,7 +17,7 @@ from procmesh_orchestrator.service._auth import ApiKeys
 from procmesh_orchestrator.service._calls import RunGate
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
-from procmesh_orchestrator.service._health import SidecarHealth, fail_open_sidecars
+from procmesh_orchestrator.service._health import DependencyCheck, SidecarHealth, fail_open_sidecars
 from procmesh_orchestrator.service._http import build_http_app
 from procmesh_orchestrator.service._http_server import HttpServer
 from procmesh_orchestrator.service._limits import InputLimits
@@ -62,6 +62,7 @@ class Service:
             settings.health_poll_seconds,
             self._on_health,
             optional=fail_open_sidecars(self.app.config),
+            dependencies=DependencyCheck(self.app),
         )
         self.metrics = ServiceMetrics(
             self.app.metrics.registry, lambda: self.gate.active, lambda: self.health.statuses

@@ -103,6 +103,7 @@ class GenerateRequest(_message.Message):
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     REQUIRE_TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
     STOP_WHEN_FIELD_NUMBER: _builtins.int
+    DURABLE_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -122,6 +123,11 @@ class GenerateRequest(_message.Message):
     require_tool_approval: _builtins.bool
     """true: every tool call waits for approval (the run suspends); false: none
     does; unset: each tool's own setting.
+    """
+    durable: _builtins.bool
+    """Run durably (as every call of an agent configured `durable: true` is):
+    checkpointed at each step, taken over by another replica if this one dies,
+    reattachable with Observe.
     """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
@@ -155,10 +161,11 @@ class GenerateRequest(_message.Message):
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         require_tool_approval: _builtins.bool | None = ...,
         stop_when: _abc.Iterable[Global___StopCondition] | None = ...,
+        durable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
@@ -264,6 +271,7 @@ class StreamRequest(_message.Message):
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     REQUIRE_TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
     STOP_WHEN_FIELD_NUMBER: _builtins.int
+    DURABLE_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -278,6 +286,10 @@ class StreamRequest(_message.Message):
     """As in GenerateRequest."""
     require_tool_approval: _builtins.bool
     """As in GenerateRequest."""
+    durable: _builtins.bool
+    """As in GenerateRequest. A durable run's stream carries each chunk's `offset`,
+    and cancelling the call does not cancel the run (CancelRun does).
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation, as in GenerateRequest."""
@@ -308,10 +320,11 @@ class StreamRequest(_message.Message):
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         require_tool_approval: _builtins.bool | None = ...,
         stop_when: _abc.Iterable[Global___StopCondition] | None = ...,
+        durable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
@@ -338,11 +351,17 @@ class StreamResponse(_message.Message):
     CHUNK_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, the same in every response of the stream."""
     status: _builtins.str
     """Set on the stream's last message only, which has no chunk: the run's status
     (as GenerateResponse.status).
+    """
+    offset: _builtins.int
+    """A durable run: the chunk's offset in the run's event log (0-based; Observe
+    from `offset + 1` to go on after it). Unset for other runs and on the last
+    message.
     """
     @_builtins.property
     def chunk(self) -> _types_pb2.Chunk:
@@ -359,12 +378,15 @@ class StreamResponse(_message.Message):
         chunk: _types_pb2.Chunk | None = ...,
         status: _builtins.str = ...,
         suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
 
 Global___StreamResponse: _TypeAlias = StreamResponse  # noqa: Y015
 
@@ -507,3 +529,297 @@ class DeclineToolCallResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeclineToolCallResponse: _TypeAlias = DeclineToolCallResponse  # noqa: Y015
+
+@_typing.final
+class ObserveRequest(_message.Message):
+    """Reattaches to the durable run `run_id` from event `offset`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The durable run (StreamResponse.run_id, GenerateResponse.run_id)."""
+    offset: _builtins.int
+    """The first event wanted, 0-based (0: the whole run from its `start`)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObserveRequest: _TypeAlias = ObserveRequest  # noqa: Y015
+
+@_typing.final
+class ObserveResponse(_message.Message):
+    """One message of an observed run's stream, as StreamResponse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    status: _builtins.str
+    """The last message only: the run's status ("running" when the log ended
+    without the run's end being recorded).
+    """
+    offset: _builtins.int
+    """The chunk's offset in the run's event log; unset on the last message."""
+    @_builtins.property
+    def chunk(self) -> _types_pb2.Chunk:
+        """The chunk; unset on the last message."""
+
+    @_builtins.property
+    def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The last message only: the calls awaiting a decision when suspended."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        chunk: _types_pb2.Chunk | None = ...,
+        status: _builtins.str = ...,
+        suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        offset: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
+
+Global___ObserveResponse: _TypeAlias = ObserveResponse  # noqa: Y015
+
+@_typing.final
+class RunRecord(_message.Message):
+    """A durable run as the store keeps it (no snapshot)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    agent_id: _builtins.str
+    """The agent it runs."""
+    thread_id: _builtins.str
+    """Its memory thread ("" when none)."""
+    resource_id: _builtins.str
+    """Its resource ("" when none)."""
+    status: _builtins.str
+    """"running", "done", "failed", "cancelled" or "suspended"."""
+    attempts: _builtins.int
+    """1 + how many times another replica took it over."""
+    created_at: _builtins.str
+    """ISO 8601, UTC."""
+    updated_at: _builtins.str
+    """ISO 8601, UTC: the last checkpoint, take-over or end."""
+    error: _builtins.str
+    """Why it failed ("" otherwise)."""
+    cancel_requested: _builtins.bool
+    """Whether a cancel was requested (the run stops at its replica's next renewal)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+        resource_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        created_at: _builtins.str = ...,
+        updated_at: _builtins.str = ...,
+        error: _builtins.str = ...,
+        cancel_requested: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "error", b"error", "resource_id", b"resource_id", "run_id", b"run_id", "status", b"status", "thread_id", b"thread_id", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRecord: _TypeAlias = RunRecord  # noqa: Y015
+
+@_typing.final
+class ListRunsRequest(_message.Message):
+    """Lists durable runs; every filter is optional."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    PER_PAGE_FIELD_NUMBER: _builtins.int
+    resource_id: _builtins.str
+    """Only this resource's runs (a bound key: its own resource, always)."""
+    agent_id: _builtins.str
+    """Only this agent's runs."""
+    status: _builtins.str
+    """Only runs in this status ("running", "done", "failed", "cancelled", "suspended")."""
+    page: _builtins.int
+    """The page, from 0."""
+    per_page: _builtins.int
+    """Runs per page (0: 20; at most the server's page limit)."""
+    def __init__(
+        self,
+        *,
+        resource_id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        page: _builtins.int = ...,
+        per_page: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "page", b"page", "per_page", b"per_page", "resource_id", b"resource_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListRunsResponse(_message.Message):
+    """One page of durable runs and how many match in all."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """How many runs match the filters."""
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunRecord]:
+        """The page's runs, newest first."""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___RunRecord] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class GetRunRequest(_message.Message):
+    """Reads one durable run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunRequest: _TypeAlias = GetRunRequest  # noqa: Y015
+
+@_typing.final
+class GetRunResponse(_message.Message):
+    """The durable run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___RunRecord:
+        """The run."""
+
+    def __init__(
+        self,
+        *,
+        run: Global___RunRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class CancelRunRequest(_message.Message):
+    """Asks one durable run to stop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelRunRequest: _TypeAlias = CancelRunRequest  # noqa: Y015
+
+@_typing.final
+class CancelRunResponse(_message.Message):
+    """The run after the request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    cancelled: _builtins.bool
+    """True when the run was running or suspended (it stops soon); false when it
+    had already ended (as `run.status` says).
+    """
+    @_builtins.property
+    def run(self) -> Global___RunRecord:
+        """The run."""
+
+    def __init__(
+        self,
+        *,
+        cancelled: _builtins.bool = ...,
+        run: Global___RunRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelRunResponse: _TypeAlias = CancelRunResponse  # noqa: Y015

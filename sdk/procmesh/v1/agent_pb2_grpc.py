@@ -62,6 +62,26 @@ class AgentServiceStub:
                 request_serializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.FromString,
                 _registered_method=True)
+        self.Observe = channel.unary_stream(
+                '/procmesh.v1.AgentService/Observe',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.ObserveRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.ObserveResponse.FromString,
+                _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/procmesh.v1.AgentService/ListRuns',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/procmesh.v1.AgentService/GetRun',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.GetRunResponse.FromString,
+                _registered_method=True)
+        self.CancelRun = channel.unary_unary(
+                '/procmesh.v1.AgentService/CancelRun',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.CancelRunRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.CancelRunResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -107,6 +127,40 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Observe(self, request, context):
+        """Reattach to a durable run, on any replica sharing its store and event log:
+        every chunk from `offset` on (live while it runs, or after it ended while the
+        log is retained), each with its offset, then one message without a chunk that
+        carries the run's status. NOT_FOUND: no such run for this caller, or its
+        events expired. Cancelling the call does not cancel the run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRuns(self, request, context):
+        """Durable runs, newest first, one page at a time (a key bound to a resource
+        sees only that resource's runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """One durable run. NOT_FOUND: no such run for this caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelRun(self, request, context):
+        """Ask a durable run to stop: at once on the replica running it, else at that
+        replica's next lease renewal. NOT_FOUND: no such run for this caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +183,26 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.DeclineToolCall,
                     request_deserializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.SerializeToString,
+            ),
+            'Observe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Observe,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.ObserveRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.ObserveResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.ListRunsRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.GetRunRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.GetRunResponse.SerializeToString,
+            ),
+            'CancelRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelRun,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.CancelRunRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.CancelRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -247,6 +321,114 @@ class AgentService:
             '/procmesh.v1.AgentService/DeclineToolCall',
             procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.SerializeToString,
             procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Observe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/procmesh.v1.AgentService/Observe',
+            procmesh_dot_v1_dot_agent__pb2.ObserveRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.ObserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.AgentService/ListRuns',
+            procmesh_dot_v1_dot_agent__pb2.ListRunsRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.AgentService/GetRun',
+            procmesh_dot_v1_dot_agent__pb2.GetRunRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.AgentService/CancelRun',
+            procmesh_dot_v1_dot_agent__pb2.CancelRunRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.CancelRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

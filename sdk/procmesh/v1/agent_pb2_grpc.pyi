@@ -60,6 +60,23 @@ class AgentServiceStub:
     """Resume a suspended run declining the call (the model is told, with `reason`);
     streamed and refused like ApproveToolCall.
     """
+    Observe: _grpc.UnaryStreamMultiCallable[_agent_pb2.ObserveRequest, _agent_pb2.ObserveResponse]
+    """Reattach to a durable run, on any replica sharing its store and event log:
+    every chunk from `offset` on (live while it runs, or after it ended while the
+    log is retained), each with its offset, then one message without a chunk that
+    carries the run's status. NOT_FOUND: no such run for this caller, or its
+    events expired. Cancelling the call does not cancel the run.
+    """
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ListRunsRequest, _agent_pb2.ListRunsResponse]
+    """Durable runs, newest first, one page at a time (a key bound to a resource
+    sees only that resource's runs).
+    """
+    GetRun: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetRunRequest, _agent_pb2.GetRunResponse]
+    """One durable run. NOT_FOUND: no such run for this caller."""
+    CancelRun: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CancelRunRequest, _agent_pb2.CancelRunResponse]
+    """Ask a durable run to stop: at once on the replica running it, else at that
+    replica's next lease renewal. NOT_FOUND: no such run for this caller.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -88,6 +105,23 @@ class AgentServiceAsyncStub(AgentServiceStub):
     DeclineToolCall: _aio.UnaryStreamMultiCallable[_agent_pb2.DeclineToolCallRequest, _agent_pb2.DeclineToolCallResponse]  # type: ignore[assignment]
     """Resume a suspended run declining the call (the model is told, with `reason`);
     streamed and refused like ApproveToolCall.
+    """
+    Observe: _aio.UnaryStreamMultiCallable[_agent_pb2.ObserveRequest, _agent_pb2.ObserveResponse]  # type: ignore[assignment]
+    """Reattach to a durable run, on any replica sharing its store and event log:
+    every chunk from `offset` on (live while it runs, or after it ended while the
+    log is retained), each with its offset, then one message without a chunk that
+    carries the run's status. NOT_FOUND: no such run for this caller, or its
+    events expired. Cancelling the call does not cancel the run.
+    """
+    ListRuns: _aio.UnaryUnaryMultiCallable[_agent_pb2.ListRunsRequest, _agent_pb2.ListRunsResponse]  # type: ignore[assignment]
+    """Durable runs, newest first, one page at a time (a key bound to a resource
+    sees only that resource's runs).
+    """
+    GetRun: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetRunRequest, _agent_pb2.GetRunResponse]  # type: ignore[assignment]
+    """One durable run. NOT_FOUND: no such run for this caller."""
+    CancelRun: _aio.UnaryUnaryMultiCallable[_agent_pb2.CancelRunRequest, _agent_pb2.CancelRunResponse]  # type: ignore[assignment]
+    """Ask a durable run to stop: at once on the replica running it, else at that
+    replica's next lease renewal. NOT_FOUND: no such run for this caller.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -138,6 +172,47 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.DeclineToolCallResponse], _abc.AsyncIterator[_agent_pb2.DeclineToolCallResponse]]:
         """Resume a suspended run declining the call (the model is told, with `reason`);
         streamed and refused like ApproveToolCall.
+        """
+
+    @_abc_1.abstractmethod
+    def Observe(
+        self,
+        request: _agent_pb2.ObserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.ObserveResponse], _abc.AsyncIterator[_agent_pb2.ObserveResponse]]:
+        """Reattach to a durable run, on any replica sharing its store and event log:
+        every chunk from `offset` on (live while it runs, or after it ended while the
+        log is retained), each with its offset, then one message without a chunk that
+        carries the run's status. NOT_FOUND: no such run for this caller, or its
+        events expired. Cancelling the call does not cancel the run.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRuns(
+        self,
+        request: _agent_pb2.ListRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ListRunsResponse, _abc.Awaitable[_agent_pb2.ListRunsResponse]]:
+        """Durable runs, newest first, one page at a time (a key bound to a resource
+        sees only that resource's runs).
+        """
+
+    @_abc_1.abstractmethod
+    def GetRun(
+        self,
+        request: _agent_pb2.GetRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.GetRunResponse, _abc.Awaitable[_agent_pb2.GetRunResponse]]:
+        """One durable run. NOT_FOUND: no such run for this caller."""
+
+    @_abc_1.abstractmethod
+    def CancelRun(
+        self,
+        request: _agent_pb2.CancelRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.CancelRunResponse, _abc.Awaitable[_agent_pb2.CancelRunResponse]]:
+        """Ask a durable run to stop: at once on the replica running it, else at that
+        replica's next lease renewal. NOT_FOUND: no such run for this caller.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -41,7 +41,6 @@ from procmesh_orchestrator.memory.store import (
     DurableRun,
     MemoryStore,
 )
-from procmesh_orchestrator.run import RunResult
 from procmesh_orchestrator.service._calls import AgentCall, Chunk, dumps, wire_chunk
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
@@ -111,12 +110,6 @@ async def begin(service: Service, agent_id: str, call: AgentCall) -> tuple[Durab
         await durable.events.ping()
         run_id = await durable.begin(agent_id, call.input, call.options)
     return durable, run_id
-
-
-async def result(durable: DurableRuns, run_id: str) -> RunResult | None:
-    """The run's result when this replica ran it to its end (None: it stopped here, or another
-    replica has it now: the client observes it)."""
-    return await durable.result(run_id)
 
 
 def check_run_id(value: Any, name: str = "runId") -> str:

@@ -314,16 +314,24 @@ class DurableRuns:
         while True:
             await asyncio.sleep(lease / 3)
             try:
-                store = await self._open_store()
-                cancel = await store.renew_durable_lease(run.run_id, owner=self.replica, lease_seconds=lease)
+                # A store that is down makes a renewal wait out the store's own timeout (its pool's,
+                # 5 s by default), which may be longer than the lease: give up in time to stop here
+                # before the lease expires.
+                async with asyncio.timeout(max(0.0, held_until - lease / 6 - time.monotonic())):
+                    store = await self._open_store()
+                    cancel = await store.renew_durable_lease(
+                        run.run_id, owner=self.replica, lease_seconds=lease
+                    )
             except LeaseLostError:
                 log.warning("run %s: its lease was taken over; stopping here", run.run_id)
                 return
-            except MemoryStoreError as exc:
+            except (MemoryStoreError, TimeoutError) as exc:
                 self.metrics.lease_renewals_failed.inc()
                 if time.monotonic() + lease / 3 >= held_until - lease / 6:
                     log.warning(
-                        "run %s: cannot renew its lease (%s); stopping before it expires", run.run_id, exc
+                        "run %s: cannot renew its lease (%s); stopping before it expires",
+                        run.run_id,
+                        exc or "no answer in time",
                     )
                     return
                 continue
@@ -373,6 +381,7 @@ class DurableRuns:
         else:
 
             def build(sink: ChunkSink) -> Run:
+                sink = _without_start(sink)  # the log's offset 0 is the run's start already
                 return Run.resume(spec, data, None, options, sink=sink, metrics=self.metrics)
 
             offset = int(data["eventOffset"])
@@ -381,6 +390,22 @@ class DurableRuns:
             "run %s taken over (attempt %d) at step %s", run_id, record.attempts, data.get("nextStep", 0)
         )
         self._launch(run_id, offset, build)
+
+
+def _without_start(sink: ChunkSink) -> ChunkSink:
+    """`sink` without the resumed run's own start chunk: published at the checkpoint's offset, it
+    would take the place of the step's first chunk and shift every later one by one (the log then
+    refuses the shifted chunks it holds and adds the rest a place too late: one twice, one late)."""
+    seen = False
+
+    def put(chunk: Chunk) -> None:
+        nonlocal seen
+        if not seen and chunk.get("type") == "start":
+            seen = True
+            return
+        sink(chunk)
+
+    return put
 
 
 _STATUS = {

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +42,7 @@ from procmesh_orchestrator.run.loop import Run
 log = logging.getLogger(__name__)
 
 _END = object()
+_KEEP_ENDED = 256
 _RETRY_PAUSE = 0.5
 """Seconds between attempts while the event log is unreachable (the run pauses at its next
 checkpoint until it is back)."""
@@ -162,6 +164,8 @@ class DurableRuns:
         self.settings = settings or DurableSettings()
         self.replica = replica or replica_id()
         self.local: dict[str, _Local] = {}
+        self._ended: OrderedDict[str, asyncio.Task[RunResult | None]] = OrderedDict()
+        """The last runs that ended here, for `result` (a run may end before its caller asks)."""
         self._claimer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -224,9 +228,13 @@ class DurableRuns:
         return self.events.read(run_id, offset)
 
     async def result(self, run_id: str) -> RunResult | None:
-        """The result of a run this replica runs (None when it stopped here without one)."""
+        """The result of a run this replica runs or lately ran (None when it stopped here without
+        one: another replica has it, or it ran here too long ago)."""
         local = self.local.get(run_id)
-        return None if local is None else await asyncio.shield(local.task)
+        if local is not None:
+            return await asyncio.shield(local.task)
+        ended = self._ended.get(run_id)
+        return None if ended is None or ended.cancelled() else ended.result()
 
     async def cancel(self, run_id: str) -> DurableRun:
         """Ask the run to stop: at once when it runs here, else at its replica's next renewal."""
@@ -250,8 +258,14 @@ class DurableRuns:
         run.checkpoint = self._checkpointer(publisher)
         task = asyncio.create_task(self._drive(run, publisher))
         local = self.local[run_id] = _Local(run, publisher, task)
-        task.add_done_callback(lambda _: self.local.pop(run_id, None))
+        task.add_done_callback(lambda done: self._forget(run_id, done))
         return local
+
+    def _forget(self, run_id: str, task: asyncio.Task[RunResult | None]) -> None:
+        self.local.pop(run_id, None)
+        self._ended[run_id] = task
+        while len(self._ended) > _KEEP_ENDED:
+            self._ended.popitem(last=False)
 
     def _checkpointer(self, publisher: _Publisher) -> Callable[[RunCore, int], Awaitable[None]]:
         async def checkpoint(run: RunCore, next_step: int) -> None:

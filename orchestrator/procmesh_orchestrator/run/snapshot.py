@@ -77,6 +77,7 @@ def capture(run: RunCore, *, pending: PendingTools | None = None, next_step: int
             if isinstance(t, ProcessorTool) and id(t.host) in keys and name not in run.agent.tools
         },
         "atCleanEnd": [item.key for item in run.at_clean_end],
+        "timeout": run.options.timeout,
         "nextStep": next_step,
         "pending": None
         if pending is None
@@ -141,6 +142,7 @@ def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
         request_context={**data["requestContext"], **options.request_context},
         max_steps=data["maxSteps"],
         max_processor_retries=data["maxProcessorRetries"],
+        timeout=options.timeout if options.timeout is not None else data.get("timeout"),
         stop_when=stop_when,
         require_tool_approval=data["requireToolApproval"],
         client_tools=[ClientTool(t["name"], t["description"], t["inputSchema"]) for t in data["clientTools"]],

@@ -32,6 +32,7 @@ from procmesh_orchestrator.service._calls import (
     result_json,
     wire_chunk,
 )
+from procmesh_orchestrator.service._catalog_api import catalog_routes, unsupported_routes
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ClientGoneError,
@@ -553,6 +554,7 @@ def build_http_app(service: Service) -> ASGIApp:
 
     app = Starlette(
         routes=[
+            *catalog_routes(service, read_body),  # first: /api/agents/providers, agent details
             Route("/api/agents", list_agents, methods=["GET"]),
             Route("/api/agents/{agent_id}", get_agent, methods=["GET"]),
             Route("/api/agents/{agent_id}/generate", generate, methods=["POST"]),
@@ -579,6 +581,7 @@ def build_http_app(service: Service) -> ASGIApp:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             *memory_routes(service, read_body),
+            *unsupported_routes(service),  # last: the 501s never shadow a route served above
         ],
         exception_handlers={
             ServiceError: on_service_error,

@@ -85,7 +85,8 @@ async def test_agents_are_listed_with_their_instructions(http: httpx.AsyncClient
     assert sorted(agents) == ["assistant", "concise", "slow"]
     assert agents["assistant"]["instructions"] == "You are helpful."
     one = await http.get("/api/agents/concise")
-    assert one.json() == {"id": "concise", "name": "concise", "instructions": "Be brief."}
+    assert one.json() == agents["concise"]  # all details: tests/e2e/service/test_clientjs_catalog.py
+    assert one.json()["instructions"] == "Be brief."
 
 
 async def test_generate_returns_the_reference_result_shape(http: httpx.AsyncClient) -> None:

@@ -38,9 +38,10 @@ PREFIXES = ("/agents", "/tools", "/processors", "/workflows", "/tool-providers",
 and processors)."""
 
 
-def catalog_config(guards: str) -> dict[str, Any]:
+def catalog_config(guards: str, data_dir: str) -> dict[str, Any]:
     agent = {"model": "demo", "errorProcessorDefaults": False}
     return {
+        "storage": {"backend": "sqlite", "dataDir": data_dir},  # suspended-runs opens it
         "sidecars": {"guards": {"address": guards}},
         "models": {"demo": {"provider": "demo"}},
         "tools": {
@@ -77,13 +78,17 @@ def catalog_config(guards: str) -> dict[str, Any]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
-    start_sidecar: Callable[..., SidecarProcess], start_orchestrator: Callable[..., OrchestratorProcess]
+    start_sidecar: Callable[..., SidecarProcess],
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> OrchestratorProcess:
     require_npm_packages(CLIENTJS)
     sidecar = start_sidecar("examples", name="catalog-guards")
     await sidecar.wait_ready()
     return await asyncio.to_thread(
-        start_orchestrator, catalog_config(sidecar.address), env={"PROCMESH_API_KEYS": API_KEY}
+        start_orchestrator,
+        catalog_config(sidecar.address, str(tmp_path_factory.mktemp("catalog-store"))),
+        env={"PROCMESH_API_KEYS": API_KEY},
     )
 
 

@@ -71,6 +71,9 @@ class OrchestratorSettings(BaseSettings):
     would exceed the sidecars' protobuf decoding limit."""
     max_input_string_chars: int = Field(default=1024 * 1024, gt=0)
     """Characters in one string of a request."""
+    sse_heartbeat_seconds: float = Field(default=15.0, ge=0)
+    """A streamed response sends a ``: ping`` comment line after this long without a chunk, so
+    proxies with an idle timeout keep the connection (0: never)."""
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

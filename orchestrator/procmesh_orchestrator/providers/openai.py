@@ -198,6 +198,12 @@ class OpenAIModel(HTTPModel):
             ]
             if request.tool_choice is not None:
                 body["tool_choice"] = convert_tool_choice(request.tool_choice)
+        if request.response_format is not None:
+            schema = request.response_format["schema"]
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": request.response_format.get("name") or "response", "schema": schema},
+            }
         body.update(request.provider_options.get(self.connection.config.kind) or {})
         return body
 

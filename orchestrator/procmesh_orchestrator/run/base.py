@@ -121,6 +121,10 @@ class RunCore:
         self.model_requests: list[ModelRequest] = []
         self.at_clean_end: list[Processor] = []
         """Processors whose processOutputResult waits for the run's clean end (`steps.output_result`)."""
+        self.object: Any = None
+        """The structured output's value (`CallOptions.structured_output`)."""
+        self.structured_error: str | None = None
+        """Why the answer did not match the structured output's schema (strict: the run failed)."""
 
     def offered_tools(self) -> list[Tool]:
         """What each step starts by offering the model: the agent's tools and the caller's client
@@ -155,6 +159,8 @@ class RunCore:
         entry = {"processorId": processor_id, "message": message, "detail": detail}
         self.violations.append(entry)
         self.metrics.violations.labels(processor_id).inc()
+        # remote callers have no onViolation: a stream tells them as it happens
+        self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
         if self.options.on_violation is not None:
             try:
                 self.options.on_violation(entry)

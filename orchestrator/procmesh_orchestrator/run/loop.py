@@ -20,7 +20,7 @@ from procmesh_orchestrator.errors import (
 )
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
-from procmesh_orchestrator.run import retries, snapshot, steps
+from procmesh_orchestrator.run import retries, snapshot, steps, structured
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.models import ModelRequest
@@ -108,6 +108,7 @@ class Run(RunCore):
                     result, failure = await self._execute()
                 finally:
                     TRACE_ID.reset(trace_token)
+                result.trace_id = span.trace_id() or None
                 span.outcome(result.status)
                 span.set("gen_ai.response.finish_reasons", [result.finish_reason])
                 span.set("gen_ai.usage.input_tokens", result.usage.get("inputTokens"))
@@ -172,13 +173,22 @@ class Run(RunCore):
                 finish_reason = "other"
                 self.emit({"type": "tripwire", "payload": tripwire.as_dict()})
             else:
+                if failure is None and self.options.structured_output is not None:
+                    self.object, mismatch = structured.parse(text, self.options.structured_output)
+                    if mismatch is not None:  # strict: the run fails (a result, not a raise)
+                        finish_reason, self.structured_error = "error", mismatch
+                        self.emit({"type": "error", "payload": {"message": mismatch}})
+                    else:
+                        self.emit({"type": "object-result", "object": self.object})
                 result_meta = assistant_metadata(self.ml.view(msgs.RESPONSE))
                 payload: dict[str, Any] = {"finishReason": finish_reason, "usage": self.usage}
                 if result_meta:
                     payload["metadata"] = result_meta
                 self.emit({"type": "finish", "payload": payload})
-        status = "tripwire" if tripwire else "failed" if failure else "success"
+        status = "tripwire" if tripwire else "failed" if failure or self.structured_error else "success"
         result = self._result(text, finish_reason, status, tripwire=tripwire, error=failure)
+        result.object = self.object
+        result.error = result.error or self.structured_error
         self.metrics.runs.labels(self.agent.id, finish_reason).inc()
         self.metrics.run_duration.labels(self.agent.id).observe(time.perf_counter() - started)
         return result, failure
@@ -273,9 +283,14 @@ class Run(RunCore):
         if self.resume_step is not None:  # a durable run taken over at a step boundary
             return await self._loop(start=self.resume_step)
         systems, convo = normalize_input(self.input)
-        if self.agent.instructions:
-            self.system.append(msgs.text_message("system", self.agent.instructions))
+        opts = self.options
+        instructions = opts.instructions if opts.instructions is not None else self.agent.instructions
+        for text in (instructions, *opts.system):
+            if text:
+                self.system.append(msgs.text_message("system", text))
         self.system.extend(systems)
+        if opts.structured_output is not None:
+            self.system.append(msgs.text_message("system", structured.instruction(opts.structured_output)))
         results: list[dict[str, Any]] = []
         for m in convo:
             if m["role"] == "tool":  # a client tool's result: it settles the call it answers
@@ -335,10 +350,14 @@ class Run(RunCore):
         step is to run again: a retry)."""
         self.info.step_number = step_number
         self.system = list(self.loop_system)  # processInputStep system changes last one step
+        opts = self.options
+        offered = [tool_spec(t) for t in self.offered_tools()]
         cfg = StepConfig(
             model=self.agent.model,
-            tools=[tool_spec(t) for t in self.offered_tools()],
-            tool_choice="auto" if self.offered_tools() else None,
+            tools=offered,
+            tool_choice=opts.tool_choice if opts.tool_choice is not None else "auto" if offered else None,
+            active_tools=list(opts.active_tools) if opts.active_tools is not None else None,
+            model_settings=dict(opts.model_settings or {}),
         )
         try:
             await steps.input_step(self, cfg)
@@ -421,6 +440,11 @@ class Run(RunCore):
             streaming=self.streaming,
             provider_options=cfg.provider_options,
             model_settings=cfg.model_settings,
+            response_format=(
+                structured.response_format(self.options.structured_output)
+                if self.options.structured_output is not None
+                else None
+            ),
         )
         self.emit({"type": "step-start", "payload": {"stepNumber": self.info.step_number}})
         model_id = cfg.model.model_id

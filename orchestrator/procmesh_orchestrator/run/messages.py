@@ -356,6 +356,6 @@ def _user_part(part: dict[str, Any]) -> dict[str, Any]:
         return {"type": "text", "text": part.get("text", "")}
     return {
         "type": "file",
-        "mediaType": part.get("mediaType", ""),
-        "data": part.get("data", part.get("url", "")),
+        "mediaType": part.get("mediaType") or part.get("mimeType", ""),
+        "data": part.get("data", part.get("url", part.get("image", ""))),
     }

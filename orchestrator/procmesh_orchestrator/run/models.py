@@ -24,6 +24,8 @@ class ModelRequest:
     streaming: bool = True
     provider_options: dict[str, Any] = field(default_factory=dict)
     model_settings: dict[str, Any] = field(default_factory=dict)
+    response_format: dict[str, Any] | None = None
+    """``{"type": "json", "schema", "name"}``: answer with JSON matching the schema (structured output)."""
 
 
 class ModelProvider(Protocol):

@@ -80,9 +80,35 @@ class CallOptions:
     require_tool_approval: bool | None = None
     """True: every tool call waits for approval; False: none does; None: each tool's setting."""
     client_tools: Sequence[ClientTool] = ()
+    """Tools the caller runs: the run ends at their call (finish reason ``tool-calls``)."""
     trace_parent: Mapping[str, str] | None = None
     """The caller's W3C trace context (``traceparent``, ``tracestate``): the run's span continues it."""
-    """Tools the caller runs: the run ends at their call (finish reason ``tool-calls``)."""
+    instructions: str | None = None
+    """Replaces the agent's instructions (its system message) for this call ("": none)."""
+    system: Sequence[str] = ()
+    """System messages added after the instructions for this call."""
+    model_settings: Mapping[str, Any] | None = None
+    """The model call's settings (``temperature``, ``maxOutputTokens``, ``topP``, ...) for every
+    step; a processor's processInputStep still sees and may change them."""
+    tool_choice: Any = None
+    """``auto``, ``none``, ``required`` or ``{"type": "tool", "toolName"}`` for every step (None:
+    ``auto`` when tools are offered)."""
+    active_tools: Sequence[str] | None = None
+    """The names of the offered tools the model may call (None: all)."""
+    structured_output: StructuredOutput | None = None
+    """Answer with a JSON value matching a schema: the result's `RunResult.object`."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A call's structured output: the JSON schema the answer follows, and what a mismatch does."""
+
+    schema: Mapping[str, Any]
+    error_strategy: str = "strict"
+    """``strict``: the run fails; ``warn``: logged, no object; ``fallback``: `fallback_value`."""
+    fallback_value: Any = None
+    instructions: str | None = None
+    """Replaces the default instruction that asks the model for the JSON value."""
 
 
 @dataclass
@@ -104,6 +130,10 @@ class RunResult:
     suspended: list[dict[str, Any]] = field(default_factory=list)
     """The tool calls awaiting a decision (``toolCallId``, ``toolName``, ``args``); approve or
     decline one with `Agent.approve_tool_call` / `decline_tool_call` and this `run_id`."""
+    trace_id: str | None = None
+    """The run's trace id (hex) when tracing is on."""
+    object: Any = None
+    """The parsed, validated answer of a call with `CallOptions.structured_output`."""
 
     @property
     def assistant_metadata(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from procmesh_orchestrator.memory._common import MAX_ID_CHARS
 from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.tools import ClientTool
+from procmesh_orchestrator.run.types import StructuredOutput
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     DrainingError,
@@ -70,6 +71,45 @@ class _MemoryBody(BaseModel):
         return self.thread.id if isinstance(self.thread, _ThreadRef) else self.thread
 
 
+class _ModelSettings(BaseModel):
+    """``modelSettings``: what the providers send (an unknown key is refused, never ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, ge=1, alias="maxOutputTokens")
+    top_p: float | None = Field(default=None, ge=0, le=1, alias="topP")
+    top_k: int | None = Field(default=None, ge=1, alias="topK")
+    presence_penalty: float | None = Field(default=None, alias="presencePenalty")
+    frequency_penalty: float | None = Field(default=None, alias="frequencyPenalty")
+    stop_sequences: list[str] | None = Field(default=None, alias="stopSequences")
+    seed: int | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The settings given, by their camelCase names (what `StepConfig.model_settings` holds)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class _ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tool"]
+    tool_name: str = Field(alias="toolName", min_length=1)
+
+
+class _StructuredOutputBody(BaseModel):
+    """``structuredOutput``: a JSON schema and what a mismatch does (no second model: 400)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_: dict[str, Any] = Field(alias="schema")
+    error_strategy: Literal["strict", "warn", "fallback"] = Field(default="strict", alias="errorStrategy")
+    fallback_value: Any = Field(default=None, alias="fallbackValue")
+    instructions: str | None = None
+    model: Any = None
+    json_prompt_injection: bool | None = Field(default=None, alias="jsonPromptInjection")
+
+
 class _Body(BaseModel):
     """The reference server's body for /generate and /stream (unknown keys are ignored)."""
 
@@ -91,6 +131,16 @@ class _Body(BaseModel):
     """``[{stepCountIs: n}, {hasToolCall: name}]`` (one object is one condition)."""
     durable: bool = Field(default=False, strict=True)
     """Run durably: checkpointed, taken over by another replica, reattachable (``observe``)."""
+    instructions: Any = None
+    """Replaces the agent's instructions: a string, a list of strings or system messages."""
+    system: Any = None
+    """System messages added after the instructions (the same forms)."""
+    model_settings: _ModelSettings | None = Field(default=None, alias="modelSettings")
+    tool_choice: Literal["auto", "none", "required"] | _ToolChoice | None = Field(
+        default=None, alias="toolChoice"
+    )
+    active_tools: list[str] | None = Field(default=None, alias="activeTools")
+    structured_output: _StructuredOutputBody | None = Field(default=None, alias="structuredOutput")
 
     @field_validator("messages")
     @classmethod
@@ -114,18 +164,19 @@ def _message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
     if isinstance(content, str):
         return msgs.text_message(role, content)
     if isinstance(content, list):
+        parts: list[dict[str, Any]] = []
         for i, part in enumerate(content):
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
+            at = f"{where}.content.{i}"
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif isinstance(part, dict) and part.get("type") in _FILE_PARTS and role == "user":
+                parts.append(_file_part(part, at))
+            else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequestError(
-                    f"{where}.content.{i}: unsupported part {kind!r} (text parts {{type, text}} only)"
-                )
+                allowed = "text, image, file" if role == "user" else "text parts {type, text}"
+                raise BadRequestError(f"{at}: unsupported part {kind!r} ({allowed} only)")
         message = msgs.text_message(role, "")
-        message["content"]["parts"] = [{"type": "text", "text": p["text"]} for p in content]
+        message["content"]["parts"] = parts
         return message
     if isinstance(content, dict):  # a MastraDBMessage (format 2)
         message = {**item, "role": role, "id": item.get("id") or msgs.new_id()}
@@ -135,6 +186,34 @@ def _message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
             raise BadRequestError(f"{where}.content: {exc}") from None
         return message
     raise BadRequestError(f"{where}.content: must be a string, a list of text parts or a message content")
+
+
+_FILE_PARTS = ("image", "file")
+_IMAGE_MAGIC = {"/9j/": "image/jpeg", "iVBOR": "image/png", "R0lGOD": "image/gif", "UklGR": "image/webp"}
+
+
+def _file_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image or file part (AI SDK model or UI message, either version) as the run's file part
+    ``{type: "file", mediaType, data, filename?}``; ``data`` is a URL, a data URL or base64."""
+    kind = part["type"]
+    keys = ("image", "url", "data") if kind == "image" else ("data", "url")
+    data = next((part[k] for k in keys if isinstance(part.get(k), str) and part[k]), None)
+    if data is None:
+        raise BadRequestError(f"{where}: a {kind} part needs {' or '.join(keys)} (a URL or base64)")
+    media = part.get("mediaType") or part.get("mimeType")
+    if not media and data.startswith("data:"):
+        media = data[5:].partition(";")[0].partition(",")[0]
+    if not media and kind == "image":
+        if data.startswith(("http://", "https://")):
+            media = "image/*"
+        else:
+            media = next((t for magic, t in _IMAGE_MAGIC.items() if data.startswith(magic)), None)
+    if not isinstance(media, str) or not media:
+        raise BadRequestError(f"{where}: a {kind} part needs its mediaType (mimeType)")
+    out = {"type": "file", "mediaType": media, "data": data}
+    if isinstance(part.get("filename"), str) and part["filename"]:
+        out["filename"] = part["filename"]
+    return out
 
 
 def _unwrap_output(output: Any) -> Any:
@@ -201,10 +280,12 @@ def _ui_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
                 raise BadRequestError(
                     f"{at}.toolInvocation.state: must be 'call' or 'result' (with a result)"
                 )
+        elif kind in _FILE_PARTS and role == "user":
+            parts.append(_file_part(part, at))
         elif kind in _DROPPED_UI_PARTS:
             continue
         else:
-            raise BadRequestError(f"{at}: unsupported part {kind!r} (text, tool-invocation)")
+            raise BadRequestError(f"{at}: unsupported part {kind!r} (text, file, tool-invocation)")
     return _format2(role, parts, item)
 
 
@@ -226,10 +307,12 @@ def _model_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any
         elif kind == "tool-call" and role == "assistant":
             args = part["input"] if "input" in part else part.get("args")
             parts.append(_invocation(part.get("toolCallId"), part.get("toolName"), args, at))
+        elif kind in _FILE_PARTS and role == "user":
+            parts.append(_file_part(part, at))
         elif kind == "reasoning" and role == "assistant":
             continue
         else:
-            allowed = "text, tool-call" if role == "assistant" else "text parts {type, text}"
+            allowed = "text, tool-call" if role == "assistant" else "text, image, file"
             raise BadRequestError(f"{at}: unsupported part {kind!r} ({allowed} only)")
     return _format2(role, parts, item)
 
@@ -361,6 +444,10 @@ def parse_body(
         stop_when = stop.parse(body.stop_when) if body.stop_when is not None else None
     except ValueError as exc:
         raise BadRequestError(str(exc)) from None
+    instructions = _system_texts(body.instructions, "instructions")
+    tool_choice: Any = body.tool_choice
+    if isinstance(tool_choice, _ToolChoice):
+        tool_choice = {"type": "tool", "toolName": tool_choice.tool_name}
     return AgentCall(
         agent_input,
         CallOptions(
@@ -372,9 +459,54 @@ def parse_body(
             stop_when=stop_when,
             require_tool_approval=body.require_tool_approval,
             client_tools=_client_tools(body.client_tools or {}),
+            instructions=None if instructions is None else "\n\n".join(instructions),
+            system=_system_texts(body.system, "system") or (),
+            model_settings=body.model_settings.wire() if body.model_settings else None,
+            tool_choice=tool_choice,
+            active_tools=body.active_tools,
+            structured_output=_structured_output(body.structured_output),
         ),
         durable=body.durable,
     )
+
+
+def _system_texts(value: Any, field: str) -> list[str] | None:
+    """``instructions`` / ``system`` as texts: a string, a system message ``{role, content}``
+    (content a string or text parts), or a list of those; None when not given."""
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    out: list[str] = []
+    for i, item in enumerate(items):
+        where = f"{field}.{i}" if isinstance(value, list) else field
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list) and all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+        ):
+            out.append("".join(p["text"] for p in content))
+        else:
+            raise BadRequestError(f"{where}: must be a string or a system message {{role, content}}")
+    return out
+
+
+def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput | None:
+    if body is None:
+        return None
+    if body.model is not None:
+        raise BadRequestError(
+            "structuredOutput.model: a second model for structuring is not supported "
+            "(leave it out: the agent's model answers in JSON)"
+        )
+    try:
+        jsonschema.validators.validator_for(body.schema_).check_schema(body.schema_)
+    except jsonschema.SchemaError as exc:
+        raise BadRequestError(f"structuredOutput.schema: not a valid JSON schema: {exc.message}") from None
+    return StructuredOutput(body.schema_, body.error_strategy, body.fallback_value, body.instructions)
 
 
 def parse_proto(
@@ -540,34 +672,51 @@ def _call_chunks(calls: list[dict[str, Any]], run_id: str) -> list[Chunk]:
     ]
 
 
+def _result_chunks(results: list[dict[str, Any]], run_id: str) -> list[Chunk]:
+    """Tool results as the reference's ``tool-result`` chunks."""
+    return [{"type": "tool-result", "runId": run_id, "from": "AGENT", "payload": dict(r)} for r in results]
+
+
+def _all_calls(result: RunResult) -> list[dict[str, Any]]:
+    """Every step's tool calls, then the suspended ones (their step is not recorded yet)."""
+    calls = [call for step in result.steps for call in step.get("toolCalls") or []]
+    seen = {call.get("toolCallId") for call in calls}
+    return calls + [call for call in result.suspended if call.get("toolCallId") not in seen]
+
+
 def result_json(result: RunResult) -> dict[str, Any]:
     """The generate() result as the reference server returns it (camelCase), with `status`.
 
-    ``toolCalls`` holds the calls the caller acts on, as ``tool-call`` chunks: a client tool's
-    (finish reason ``tool-calls``; ``response.messages`` are then AI SDK model messages, the
-    stored form in ``response.dbMessages``) or the one awaiting approval (finish reason
-    ``suspended``, also as ``suspendPayload``); otherwise it is empty.
+    ``toolCalls`` holds every step's calls as ``tool-call`` chunks (the client runs those of its
+    client tools at finish reason ``tool-calls``; ``response.messages`` are then AI SDK model
+    messages, the stored form in ``response.dbMessages``), the one awaiting approval last
+    (finish reason ``suspended``, also as ``suspendPayload``); ``toolResults`` their results as
+    ``tool-result`` chunks. Each step's ``toolCalls`` are chunks too.
     """
     response: dict[str, Any] = {"messages": result.response_messages}
-    calls: list[dict[str, Any]] = []
-    if result.status == "suspended":
-        calls = result.suspended
-    elif result.finish_reason == "tool-calls" and result.steps:
-        calls = result.steps[-1].get("toolCalls") or []
+    if result.finish_reason == "tool-calls" and result.steps and result.status != "suspended":
         response = {
             "messages": model_messages(result.response_messages),
             "dbMessages": result.response_messages,
         }
+    run_id = result.run_id
+    steps = [{**s, "toolCalls": _call_chunks(s.get("toolCalls") or [], run_id)} for s in result.steps]
     out: dict[str, Any] = {
-        "runId": result.run_id,
+        "runId": run_id,
         "status": result.status,
         "text": result.text,
         "finishReason": result.finish_reason,
-        "steps": result.steps,
+        "steps": steps,
         "usage": result.usage,
+        "totalUsage": result.usage,
         "tripwire": result.tripwire,
-        "toolCalls": _call_chunks(calls, result.run_id),
+        "toolCalls": _call_chunks(_all_calls(result), run_id),
+        "toolResults": _result_chunks([r for s in result.steps for r in s.get("toolResults") or []], run_id),
+        "messages": result.response_messages,
         "response": response,
+        "violations": result.violations,
+        "traceId": result.trace_id,
+        "object": result.object,
     }
     if result.status == "suspended" and result.suspended:
         first = result.suspended[0]
@@ -590,8 +739,14 @@ def failed_json(error: BaseException) -> dict[str, Any]:
             "steps": [],
             "usage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
             "tripwire": None,
+            "totalUsage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
             "toolCalls": [],
+            "toolResults": [],
+            "messages": [],
             "response": {"messages": []},
+            "violations": [],
+            "traceId": None,
+            "object": None,
         }
     out["status"] = "failed"
     out["finishReason"] = "error"

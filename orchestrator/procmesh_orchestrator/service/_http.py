@@ -24,6 +24,7 @@ from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service import _durable
 from procmesh_orchestrator.service._calls import (
     AgentCall,
+    Chunk,
     Decision,
     dumps,
     failed_json,
@@ -121,13 +122,54 @@ class _Streamed:
         self.service.runs.add(run_id, ActiveRun(self.agent_id, self.run, self.owner))
 
 
+HEARTBEAT = b": ping\n\n"
+
+
+async def _with_heartbeats(chunks: AsyncIterator[Chunk], every: float) -> AsyncIterator[Chunk | None]:
+    """The chunks in order, with None after every `every` seconds without one (0: never).
+
+    The pending read is waited on, never cancelled, so no chunk is lost or reordered; it is
+    cancelled only when the consumer goes away.
+    """
+    if every <= 0:
+        async for chunk in chunks:
+            yield chunk
+        return
+    pending: asyncio.Future[Chunk] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(chunks))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                pending = None
+                return
+            pending = None
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+
+
 async def _events(streamed: _Streamed) -> AsyncIterator[bytes]:
-    """``data: <chunk>`` per chunk (``runId`` and ``from`` added), then ``data: [DONE]``."""
+    """``data: <chunk>`` per chunk (``runId`` and ``from`` added), then ``data: [DONE]``; a
+    ``: ping`` comment line whenever nothing was sent for ``sse_heartbeat_seconds``."""
     run, agent_id = streamed.run, streamed.agent_id
     run_id = ""
     started = time.perf_counter()
     finish = "unknown"
-    async for chunk in run:
+    every = streamed.service.settings.sse_heartbeat_seconds
+    async for chunk in _with_heartbeats(aiter(run), every):
+        if chunk is None:
+            yield HEARTBEAT
+            continue
         kind = chunk.get("type")
         if kind == "start":
             run_id = str((chunk.get("payload") or {}).get("runId", ""))

@@ -178,7 +178,7 @@ async def test_unknown_agents_get_404_naming_the_configured_ones(http: httpx.Asy
         (b"{}", "messages: Field required"),
         (b'{"messages": []}', "messages: Value error, must hold at least one message"),
         (b'{"messages": [{"role": "tool", "content": "x"}]}', "messages.0.content: a tool message holds"),
-        (b'{"messages": [{"role": "user", "content": [{"type": "image"}]}]}', "unsupported part 'image'"),
+        (b'{"messages": [{"role": "user", "content": [{"type": "widget"}]}]}', "unsupported part 'widget'"),
         (b'{"messages": "hi", "maxSteps": 0}', "maxSteps: Input should be greater than or equal to 1"),
         (b'{"messages": "hi", "maxProcessorRetries": "many"}', "maxProcessorRetries: Input should be"),
     ],

@@ -178,7 +178,7 @@ async def test_ui_messages_with_tool_invocations_continue_a_streamed_run(http: h
         ),
         (
             {"messages": [{"role": "user", "parts": [{"type": "file"}]}]},
-            "messages.0.parts.0: unsupported part",
+            "messages.0.parts.0: a file part needs data or url",
         ),
     ],
 )

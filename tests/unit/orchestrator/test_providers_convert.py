@@ -6,8 +6,11 @@ from typing import Any
 
 import pytest
 
-from procmesh_orchestrator.providers import anthropic, openai
+from procmesh_orchestrator.config import ProviderConfig
+from procmesh_orchestrator.providers import AnthropicModel, OpenAIModel, ProviderConnection, anthropic, openai
 from procmesh_orchestrator.providers._base import FileData, file_data
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.models import ModelRequest
 
 
 def user(*parts: dict[str, Any]) -> dict[str, Any]:
@@ -139,3 +142,62 @@ def test_file_data_forms(part: dict[str, Any], expected: FileData) -> None:
 def test_data_url() -> None:
     assert FileData("image/png", base64="AA==").data_url == "data:image/png;base64,AA=="
     assert FileData("image/png", url="https://x.test/a").data_url == "https://x.test/a"
+
+
+# -- a call's options and image parts in the request bodies (issue 20) ---------------------------
+
+PNG = "iVBORw0KGgo="
+IMAGES = [  # the run's file parts, as the HTTP API builds them from image parts
+    {"type": "file", "mediaType": "image/png", "data": PNG},
+    {"type": "file", "mediaType": "image/*", "data": "https://x.test/a.jpg"},
+]
+
+
+def _request(**kw: Any) -> ModelRequest:
+    message = {"role": "user", "content": {"format": 2, "parts": [text("what is it?"), *IMAGES]}}
+    prompt = msgs.build_prompt([], [message])
+    tools = [{"name": "weather", "description": "W", "inputSchema": {"type": "object"}}]
+    return ModelRequest(prompt=prompt, tools=tools, **kw)
+
+
+def _body(kind: str, request: ModelRequest) -> dict[str, Any]:
+    connection = ProviderConnection("p", ProviderConfig(kind=kind, base_url="http://api.test/v1"))
+    model = OpenAIModel(connection, "m") if kind == "openai" else AnthropicModel(connection, "m")
+    return model.body(request)
+
+
+def test_openai_body_sends_images_settings_choice_and_response_format() -> None:
+    schema = {"type": "object"}
+    body = _body(
+        "openai",
+        _request(
+            model_settings={"temperature": 0.2, "maxOutputTokens": 64, "topP": 0.9},
+            tool_choice={"type": "tool", "toolName": "weather"},
+            response_format={"type": "json", "schema": schema, "name": "response"},
+        ),
+    )
+    assert body["messages"][0]["content"] == [
+        text("what is it?"),
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        {"type": "image_url", "image_url": {"url": "https://x.test/a.jpg"}},
+    ]
+    assert (body["temperature"], body["max_tokens"], body["top_p"]) == (0.2, 64, 0.9)
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": schema},
+    }
+
+
+def test_anthropic_body_sends_image_blocks_settings_and_choice() -> None:
+    body = _body(
+        "anthropic", _request(model_settings={"temperature": 0.2, "topK": 5}, tool_choice="required")
+    )
+    assert body["messages"][0]["content"] == [
+        text("what is it?"),
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+        {"type": "image", "source": {"type": "url", "url": "https://x.test/a.jpg"}},
+    ]
+    assert (body["temperature"], body["top_k"]) == (0.2, 5)
+    assert body["tool_choice"] == {"type": "any"}
+    assert "response_format" not in body  # no JSON mode: the structured output's instruction asks

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from procmesh import Processor, ProcessorServer
+from procmesh import Processor, ProcessorServer, tracing
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run.models import ModelRequest, ScriptedModel
 from procmesh_orchestrator.service import Service
@@ -257,6 +257,18 @@ async def test_the_result_has_the_references_tool_fields(http: httpx.AsyncClient
     assert body["traceId"] is None  # tracing is off in this process
     assert body["violations"] == []
     assert body["object"] is None
+
+
+async def test_trace_id_is_the_runs_trace_when_tracing_is_on(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    response = await http.post("/api/agents/plain/generate", json={"messages": "hi"}, headers=headers)
+    assert response.json()["traceId"] == trace_id
 
 
 async def test_violations_are_in_the_result_and_the_stream(http: httpx.AsyncClient) -> None:

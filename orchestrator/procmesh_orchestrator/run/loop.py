@@ -179,7 +179,9 @@ class Run(RunCore):
                         finish_reason, self.structured_error = "error", mismatch
                         self.emit({"type": "error", "payload": {"message": mismatch}})
                     else:
-                        self.emit({"type": "object-result", "object": self.object})
+                        # ``object`` where the reference has it; also as the payload (gRPC's `other`)
+                        obj = self.object
+                        self.emit({"type": "object-result", "object": obj, "payload": {"object": obj}})
                 result_meta = assistant_metadata(self.ml.view(msgs.RESPONSE))
                 payload: dict[str, Any] = {"finishReason": finish_reason, "usage": self.usage}
                 if result_meta:

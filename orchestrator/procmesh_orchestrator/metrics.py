@@ -87,6 +87,13 @@ class OrchestratorMetrics:
             ["model", "direction"],
             registry=r,
         )
+        self.gateway_calls = Counter(
+            "procmesh_gateway_calls_total",
+            "Model gateway calls (ModelService.Generate) by model, calling processor and outcome "
+            "(ok, invalid_output, not_found, invalid_argument, unauthenticated, api_error, deadline).",
+            ["model", "processor", "outcome"],
+            registry=r,
+        )
         self.runs_taken_over = Counter(
             "procmesh_durable_runs_taken_over_total",
             "Durable runs this replica took over after their lease expired.",

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Annotated, Any, NoReturn
 
 from prometheus_client import disable_created_metrics
-from pydantic import ValidationError, field_validator
+from pydantic import SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from procmesh import tracing
+from procmesh import _model, tracing
 from procmesh._logging import LOG_FORMATS, LogFormat, configure_logging
 from procmesh._processor import Processor
 from procmesh._server import ProcessorServer, server_credentials
@@ -57,6 +57,11 @@ class ProcessorSettings(BaseSettings):
     """PEM CA that client certificates must chain to (enables mTLS)."""
     parent_pid: int | None = None
     """Exit when this process is no longer our parent (a sidecar started by an orchestrator)."""
+    model_gateway: str | None = None
+    """The orchestrator's model gateway for hooks' ``model`` argument: its gRPC address,
+    ``host:port`` or ``unix:///path.sock`` (unset: hooks cannot call models)."""
+    model_gateway_key: SecretStr | None = None
+    """An API key of the orchestrator, sent to the gateway (environment only, never a flag)."""
 
     @field_validator("listen", mode="before")
     @classmethod
@@ -133,6 +138,9 @@ def settings_parser(prog: str | None = None, description: str | None = None) -> 
         "--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line"
     )
     parser.add_argument("--parent-pid", type=int, help="exit when this process is no longer the parent")
+    parser.add_argument(
+        "--model-gateway", help="the orchestrator's gRPC address for hooks' model calls (host:port)"
+    )
     parser.add_argument("--tls-cert", help="PEM certificate: serve TLS")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")
     parser.add_argument("--tls-client-ca", help="PEM CA client certificates must chain to (mTLS)")
@@ -209,6 +217,8 @@ async def serve(
             credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
         except OSError as exc:
             raise _StartError(f"cannot read a TLS file: {exc}") from None
+    key = settings.model_gateway_key.get_secret_value() if settings.model_gateway_key else None
+    _model.configure(settings.model_gateway, key)
     server = ProcessorServer(
         processors,
         settings.listen,

@@ -28,6 +28,7 @@ from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
 from procmesh._hosted import Hosted
 from procmesh._metrics import SidecarMetrics
+from procmesh._model import Models, hook_deadline
 from procmesh._processor import HookEffects, TripWire, Writer
 from procmesh._stream import output_stream_handler
 from procmesh._tool import HostedTool, ToolContext, error_text
@@ -135,6 +136,7 @@ class Servicer:
             "send_signal": effects.send_signal,
             "writer": Writer(effects),
             "report_violation": effects.report_violation,
+            "model": Models(ctx.processor_id, ctx.run_id),
         }
 
     async def invoke(self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects) -> Any:
@@ -243,6 +245,8 @@ class Servicer:
     async def run_hook(self, hosted: Hosted, hook: Hook, request: Any, context: Context) -> Any:
         """A unary hook call on the processor's hook loop, inside the sidecar's span of it."""
         with hook_span(hook.name, hosted.id, context) as span:
+            left = context.time_remaining()
+            hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
             resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
             span.outcome(outcome_of(resp))
             return resp

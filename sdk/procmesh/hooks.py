@@ -36,6 +36,7 @@ _BASE = (
     "send_signal",
     "writer",
     "report_violation",
+    "model",
 )
 _MESSAGES = ("messages", "message_list", "system_messages")
 

@@ -22,7 +22,7 @@ from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
 from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
-from procmesh_orchestrator.service import _durable
+from procmesh_orchestrator.service import _durable, _model_gateway
 from procmesh_orchestrator.service._calls import AgentCall, Decision, parse_proto
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
@@ -488,6 +488,7 @@ class GrpcServer:
             ],
         )
         agrpc.add_AgentServiceServicer_to_server(_AgentServicer(service), self._server)
+        _model_gateway.add_model_gateway(service, self._server)  # ModelService: models for processors
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             [

@@ -1,0 +1,282 @@
+"""The model gateway: procmesh.v1.ModelService, the App's models served to its processors.
+
+A guard that judges with a model (moderation, prompt injection, ...) calls the orchestrator,
+never a provider: provider keys stay in this process, and a judge call is authenticated with the
+orchestrator's API keys, bounded by its gRPC deadline (the calling hook's remaining time), traced
+as a child of the hook's span and counted in ``procmesh_gateway_calls_total{model,processor,
+outcome}`` (and in the model metrics every model call feeds).
+
+Structured output: with a schema, the model is asked for JSON (the request's response format,
+which providers with a JSON-schema mode use, and an instruction every model reads), the answer is
+parsed and validated with jsonschema, and an answer that does not match gets one retry (the model
+is told what was wrong); a second miss is FAILED_PRECONDITION naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+import jsonschema
+
+from procmesh import convert, tracing
+from procmesh.v1 import model_pb2 as mpb
+from procmesh.v1 import model_pb2_grpc as mgrpc
+from procmesh_orchestrator.errors import APICallError, ConfigError
+from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
+from procmesh_orchestrator.service._errors import ServiceError
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.service._service import Service
+
+log = logging.getLogger(__name__)
+
+MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
+"""``procmesh.v1.ModelService``."""
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_ROLES = ("system", "user", "assistant")
+_FENCE = re.compile(r"^\s*```(?:json)?\s*\n(?P<body>.*?)\n?```\s*$", re.DOTALL)
+_MAX_LABEL = 64  # a label value comes from the caller: never an unbounded string
+
+
+class _Refused(Exception):
+    """A call refused with `code` (the metric's outcome is `outcome`)."""
+
+    def __init__(self, code: grpc.StatusCode, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.outcome = outcome
+
+
+def add_model_gateway(service: Service, server: grpc.aio.Server) -> None:
+    """Serve ModelService on `server` (the orchestrator's gRPC server) for `service`'s App."""
+    mgrpc.add_ModelServiceServicer_to_server(_ModelServicer(service), server)
+
+
+def _label(value: str) -> str:
+    return value[:_MAX_LABEL] if value else "unknown"
+
+
+def instruction(schema: dict[str, Any]) -> str:
+    """The system message asking for JSON matching `schema` (inlined: every model reads it)."""
+    return (
+        "Answer with one JSON value that matches this JSON schema, and nothing else "
+        f"(no prose, no code fence):\n{json.dumps(schema, ensure_ascii=False)}"
+    )
+
+
+def parse_answer(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+    """The answer's JSON value and None, or None and what is wrong with it."""
+    fenced = _FENCE.match(text)
+    raw = fenced["body"] if fenced else text
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return None, f"the answer is not JSON ({exc})"
+    try:
+        jsonschema.validators.validator_for(schema)(schema).validate(value)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return None, f"the answer does not match the schema at {where}: {exc.message}"
+    return value, None
+
+
+def _prompt(request: mpb.ModelServiceGenerateRequest) -> list[dict[str, Any]]:
+    """The request's messages in the providers' prompt shape."""
+    if not request.messages:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", "messages: give at least one")
+    prompt: list[dict[str, Any]] = []
+    for i, message in enumerate(request.messages):
+        if message.role not in _ROLES:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "invalid_argument",
+                f"messages[{i}].role: {message.role[:32]!r} is not one of {', '.join(_ROLES)}",
+            )
+        if message.role == "system":
+            prompt.append({"role": "system", "content": message.text})
+        else:
+            prompt.append({"role": message.role, "content": [{"type": "text", "text": message.text}]})
+    return prompt
+
+
+def _schema(request: mpb.ModelServiceGenerateRequest) -> dict[str, Any] | None:
+    if not request.HasField("schema"):
+        return None
+    schema = convert.from_struct(request.schema)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise _Refused(
+            grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", f"schema: not a JSON schema: {exc.message}"
+        ) from None
+    return schema
+
+
+async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, str, dict[str, int]]:
+    """One model call, its stream collected: text, finish reason, usage."""
+    text: list[str] = []
+    finish = "stop"
+    usage: dict[str, int] = {}
+    async for chunk in model.stream(request):
+        payload = chunk.get("payload") or {}
+        if chunk.get("type") == "text-delta":
+            text.append(str(payload.get("text", "")))
+        elif chunk.get("type") == "finish":
+            finish = str(payload.get("finishReason") or "stop")
+            usage = {k: int(v or 0) for k, v in (payload.get("usage") or {}).items() if isinstance(v, int)}
+    return "".join(text), finish, usage
+
+
+class _ModelServicer(mgrpc.ModelServiceServicer):
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    async def Generate(
+        self, request: mpb.ModelServiceGenerateRequest, context: Context
+    ) -> mpb.ModelServiceGenerateResponse:
+        metrics = self._service.app.metrics
+        processor = _label(request.processor_id)
+        model_label = _label(request.model)
+        started = time.perf_counter()
+        metadata = list(context.invocation_metadata() or ())
+        attributes = {
+            "gen_ai.request.model": request.model[:_MAX_LABEL],
+            "procmesh.processor.id": processor,
+            "procmesh.run.id": request.run_id[:_MAX_LABEL] or None,
+        }
+        parent = metadata if tracing.enabled() else None
+        outcome = "ok"
+        try:
+            with tracing.span(
+                f"procmesh.model_gateway {model_label}", kind="server", attributes=attributes, parent=parent
+            ) as span:
+                try:
+                    response = await self._generate(request, context, metadata)
+                except _Refused as exc:
+                    outcome = exc.outcome
+                    span.outcome(outcome)
+                    await self._abort(context, exc)
+                span.outcome("ok")
+                return response
+        except asyncio.CancelledError:
+            outcome = "deadline" if (context.time_remaining() or 0) <= 0 else "cancelled"
+            raise
+        finally:
+            metrics.gateway_calls.labels(model_label, processor, outcome).inc()
+            log.info(
+                "model gateway model=%s processor=%s run=%s outcome=%s %.3fs",
+                model_label,
+                processor,
+                request.run_id[:_MAX_LABEL],
+                outcome,
+                time.perf_counter() - started,
+            )
+
+    async def _abort(self, context: Context, exc: _Refused) -> NoReturn:
+        await context.abort(exc.code, str(exc)[:1024])
+        raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
+
+    async def _generate(
+        self, request: mpb.ModelServiceGenerateRequest, context: Context, metadata: list[tuple[str, Any]]
+    ) -> mpb.ModelServiceGenerateResponse:
+        service = self._service
+        auth = {k: v for k, v in metadata if isinstance(v, str)}.get("authorization")
+        try:
+            service.keys.check(auth)
+        except ServiceError as exc:
+            raise _Refused(exc.grpc_code, "unauthenticated", str(exc)) from None
+        if not request.model:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", "model: give a reference")
+        try:
+            model = service.app.models.resolve(request.model, "model")
+        except ConfigError as exc:
+            raise _Refused(grpc.StatusCode.NOT_FOUND, "not_found", str(exc)) from None
+        prompt = _prompt(request)
+        schema = _schema(request)
+        settings: dict[str, Any] = {}
+        if request.HasField("temperature"):
+            settings["temperature"] = request.temperature
+        if request.HasField("max_output_tokens"):
+            settings["maxOutputTokens"] = request.max_output_tokens
+        if schema is not None:
+            prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
+        remaining = context.time_remaining()
+        try:
+            async with asyncio.timeout(remaining):
+                return await self._attempts(model, prompt, schema, settings)
+        except TimeoutError:
+            raise _Refused(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "deadline",
+                f"model {request.model!r} did not answer within the call's deadline ({remaining:.3f}s)",
+            ) from None
+
+    async def _attempts(
+        self,
+        model: ModelProvider,
+        prompt: list[dict[str, Any]],
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+    ) -> mpb.ModelServiceGenerateResponse:
+        """Call the model (twice when the first answer does not match the schema)."""
+        metrics = self._service.app.metrics
+        totals = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
+        problem = ""
+        for attempt in (1, 2):
+            request = ModelRequest(
+                prompt=prompt,
+                streaming=False,
+                model_settings=dict(settings),
+                response_format=None if schema is None else {"type": "json", "schema": schema},
+            )
+            started = time.perf_counter()
+            try:
+                text, finish, usage = await _collect(model, request)
+            except APICallError as exc:
+                metrics.model_calls.labels(model.model_id, "error").inc()
+                code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.FAILED_PRECONDITION
+                raise _Refused(code, "api_error", f"model {model.model_id!r} failed: {exc}") from None
+            metrics.model_calls.labels(model.model_id, "ok").inc()
+            metrics.model_call_duration.labels(model.model_id).observe(time.perf_counter() - started)
+            for key, direction in (("inputTokens", "input"), ("outputTokens", "output")):
+                metrics.model_tokens.labels(model.model_id, direction).inc(usage.get(key, 0))
+            for key in totals:
+                totals[key] += usage.get(key, 0)
+            out = mpb.ModelServiceGenerateResponse(
+                text=text, finish_reason=finish, model=model.model_id, attempts=attempt
+            )
+            convert.usage_to_proto(totals, out.usage)
+            if schema is None:
+                return out
+            value, problem_or_none = parse_answer(text, schema)
+            if problem_or_none is None:
+                out.object.CopyFrom(convert.to_value(value))
+                return out
+            problem = problem_or_none
+            log.warning("model gateway: %s off-schema (try %d): %s", model.model_id, attempt, problem)
+            prompt = [
+                *prompt,
+                {"role": "assistant", "content": [{"type": "text", "text": text}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": f"That answer is invalid: {problem}. Answer again with the JSON only.",
+                        }
+                    ],
+                },
+            ]
+        raise _Refused(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "invalid_output",
+            f"model {model.model_id!r} did not answer with JSON matching the schema in 2 attempts: {problem}",
+        )

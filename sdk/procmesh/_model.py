@@ -1,0 +1,219 @@
+"""The `model` hook argument: the orchestrator's models, reached through its model gateway.
+
+A hook that declares ``model`` gets a `Models`; ``await model("openai/gpt-5-nano").generate(
+messages, schema=...)`` calls ``procmesh.v1.ModelService.Generate`` on the orchestrator, which
+holds the provider keys, calls the model and (with a schema) parses and validates its JSON
+answer. The sidecar holds no provider key: only the gateway's address
+(``PROCMESH_MODEL_GATEWAY``: ``host:port`` or ``unix:///path.sock``) and, when the orchestrator
+has API keys, one of them (``PROCMESH_MODEL_GATEWAY_KEY``), sent as ``authorization: Bearer``.
+
+Each call carries the hook's remaining deadline (the orchestrator's deadline of the hook call;
+30 s where there is none, e.g. in the output stream) and the trace context of the hook's span.
+A gateway error is a `ModelError` (an `InternalError`): a hook that lets it escape fails its
+call, and the processor's failure policy in the orchestrator decides what the run does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from procmesh import convert, tracing
+from procmesh.errors import InternalError
+from procmesh.v1 import model_pb2 as mpb
+from procmesh.v1 import model_pb2_grpc as mgrpc
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds a gateway call may take when the hook has no deadline (and none is given)."""
+
+hook_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "procmesh_hook_deadline", default=None
+)
+"""The running hook call's deadline (``time.monotonic()``), set by the servicer around each call;
+it reaches the processor's hook loop with the call's context."""
+
+
+class ModelError(InternalError):
+    """The model gateway refused or failed a call; `status` is the gateway's gRPC status code."""
+
+    def __init__(self, message: str, status: grpc.StatusCode = grpc.StatusCode.UNKNOWN) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """A model's answer through the gateway."""
+
+    text: str
+    """The answer's text (with a schema: the JSON text that was accepted)."""
+    object: Any = None
+    """The parsed answer when a schema was given (it matches the schema), else None."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """``inputTokens``, ``outputTokens``, ``totalTokens`` over every attempt."""
+    finish_reason: str = ""
+    """Why the model stopped (``stop``, ``length``, ...)."""
+    model: str = ""
+    """The model that answered."""
+    attempts: int = 1
+    """Model calls made (2 when the first answer did not match the schema)."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Where the model gateway is and the API key to present."""
+
+    address: str
+    key: str | None = None
+
+
+_config: GatewayConfig | None = None
+
+
+def configure(address: str | None, key: str | None = None) -> None:
+    """Use the gateway at `address` (``run()``/``serve()`` call this from the sidecar's settings)."""
+    global _config
+    _config = GatewayConfig(address, key or None) if address else None
+
+
+def _current_config() -> GatewayConfig:
+    if _config is not None:
+        return _config
+    # A ProcessorServer started without run(): the same variables the settings read.
+    address = os.environ.get("PROCMESH_MODEL_GATEWAY", "").strip()
+    if not address:
+        raise ModelError(
+            "no model gateway: set PROCMESH_MODEL_GATEWAY (or --model-gateway) to the orchestrator's "
+            "gRPC address, host:port or unix:///path.sock",
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+    return GatewayConfig(address, os.environ.get("PROCMESH_MODEL_GATEWAY_KEY") or None)
+
+
+# grpc.aio channels belong to one event loop, and each processor's hooks run on a loop of its own.
+_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, grpc.aio.Channel]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _stub(address: str) -> Any:  # the generated stub types its calls as sync: Any, as _client does
+    loop = asyncio.get_running_loop()
+    cached = _channels.get(loop)
+    if cached is None or cached[0] != address:
+        cached = (address, grpc.aio.insecure_channel(address))  # gRPC reads unix:///path itself
+        _channels[loop] = cached
+    return mgrpc.ModelServiceStub(cached[1])
+
+
+Messages = str | Sequence[Mapping[str, Any]]
+"""A prompt: one user message's text, or messages ``{"role", "content"}`` (text, or text parts)."""
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content", message.get("text", ""))
+    if isinstance(content, str):
+        return content
+    parts = content.get("parts", []) if isinstance(content, Mapping) else content
+    return "".join(
+        str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and p.get("type", "text") == "text"
+    )
+
+
+def _messages(messages: Messages) -> list[mpb.ModelMessage]:
+    if isinstance(messages, str):
+        return [mpb.ModelMessage(role="user", text=messages)]
+    return [mpb.ModelMessage(role=str(m.get("role", "user")), text=_text(m)) for m in messages]
+
+
+class Model:
+    """One model of the orchestrator's, as a hook calls it (``model(ref)``)."""
+
+    def __init__(self, ref: str, processor_id: str, run_id: str) -> None:
+        self.ref = ref
+        self._processor_id = processor_id
+        self._run_id = run_id
+
+    async def generate(
+        self,
+        messages: Messages,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        timeout: float | None = None,
+    ) -> ModelResult:
+        """Ask the model; with `schema` (a JSON schema) the answer's parsed value is `object`.
+
+        Args:
+            messages: One user message's text, or ``{"role", "content"}`` messages (roles
+                ``system``, ``user``, ``assistant``).
+            schema: A JSON schema the answer must match (the gateway retries once, then fails).
+            temperature: Sampling temperature (None: the provider's default).
+            max_output_tokens: Upper bound on the answer's tokens.
+            timeout: Seconds (None: the hook's remaining deadline, else 30 s); capped by the
+                hook's deadline.
+
+        Raises:
+            ModelError: The gateway refused the call or the model failed (an `InternalError`).
+        """
+        config = _current_config()
+        request = mpb.ModelServiceGenerateRequest(
+            model=self.ref,
+            messages=_messages(messages),
+            processor_id=self._processor_id,
+            run_id=self._run_id,
+        )
+        if schema is not None:
+            request.schema.CopyFrom(convert.to_struct(dict(schema)))
+        if temperature is not None:
+            request.temperature = temperature
+        if max_output_tokens is not None:
+            request.max_output_tokens = max_output_tokens
+        deadline = hook_deadline.get()
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        bounds = [t for t in (timeout, left) if t is not None]
+        bound = min(bounds) if bounds else DEFAULT_TIMEOUT
+        metadata: list[tuple[str, str | bytes]] = list(tracing.metadata())
+        if config.key:
+            metadata.append(("authorization", f"Bearer {config.key}"))
+        try:
+            response = await _stub(config.address).Generate(request, timeout=bound, metadata=tuple(metadata))
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            raise ModelError(
+                f"model gateway: {self.ref!r} failed with {code.name}: {exc.details() or ''}", code
+            ) from None
+        usage = {
+            "inputTokens": response.usage.input_tokens,
+            "outputTokens": response.usage.output_tokens,
+            "totalTokens": response.usage.total_tokens,
+        }
+        return ModelResult(
+            text=response.text,
+            object=convert.from_value(response.object) if response.HasField("object") else None,
+            usage=usage,
+            finish_reason=response.finish_reason,
+            model=response.model,
+            attempts=response.attempts,
+        )
+
+
+class Models:
+    """The ``model`` hook argument: ``model(ref)`` is the orchestrator's model `ref` (a ``models``
+    key of its config or ``provider/model-id``)."""
+
+    def __init__(self, processor_id: str, run_id: str) -> None:
+        self._processor_id = processor_id
+        self._run_id = run_id
+
+    def __call__(self, ref: str) -> Model:
+        """The model `ref` names, called through the gateway."""
+        return Model(ref, self._processor_id, self._run_id)

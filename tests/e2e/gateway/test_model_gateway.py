@@ -1,0 +1,229 @@
+"""The model gateway end to end: an orchestrator process serving scripted judge models, and a
+Python sidecar process whose processInput asks the gateway for a verdict (`judge.py`).
+
+The sidecar is started with a controlled environment: the gateway's address and an orchestrator
+API key, no provider key (the orchestrator holds one, `JUDGE_KEY`). Runs go through the
+orchestrator's HTTP API; the gateway's counter is read from its /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.service.support import API_KEY, AUTH, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+PROVIDER_SECRET = "sk-provider-secret-never-in-a-sidecar"
+ALLOWED = '{"allowed": true}'
+
+JUDGES = {
+    "judge-ok": [{"text": ALLOWED}],
+    "judge-no": [{"text": '{"allowed": false}'}],
+    "judge-retry": [{"text": "Sure! It is allowed."}, {"text": ALLOWED}],
+    "judge-bad-closed": [{"text": "not json"}, {"text": '{"allowed": "yes"}'}],
+    "judge-bad-open": [{"text": "not json"}, {"text": "still not json"}],
+}
+
+
+def _agent(judge: str, on_failure: str = "fail-closed") -> dict[str, Any]:
+    return {
+        "model": "main",
+        "errorProcessorDefaults": False,
+        "inputProcessors": [{"processor": "j/judge", "options": {"model": judge}, "onFailure": on_failure}],
+    }
+
+
+def _config(sidecar: str) -> dict[str, Any]:
+    models: dict[str, Any] = {
+        "main": {"provider": "scripted", "responses": [{"text": "fine"}] * 20},
+        **{name: {"provider": "scripted", "responses": script} for name, script in JUDGES.items()},
+    }
+    return {
+        "sidecars": {"j": {"address": sidecar, "timeout": 10}},
+        # a provider whose key only the orchestrator holds (its models are never called here)
+        "providers": {"openai": {"kind": "openai", "apiKeyEnv": "JUDGE_KEY"}},
+        "models": models,
+        "agents": {
+            "ok": _agent("judge-ok"),
+            "no": _agent("judge-no"),
+            "retry": _agent("judge-retry"),
+            "closed": _agent("judge-bad-closed"),
+            "open": _agent("judge-bad-open", "fail-open"),
+            "missing": _agent("judge-missing"),
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def gateway_port() -> int:
+    return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
+
+
+@pytest.fixture(scope="module")
+def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
+    """``python -m tests.e2e.gateway.judge`` with an environment holding no provider key."""
+    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "OPENAI" not in k}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PROCMESH_MODEL_GATEWAY=f"127.0.0.1:{gateway_port}",
+        PROCMESH_MODEL_GATEWAY_KEY=API_KEY,
+    )
+    with open(sidecar_dir / "judge.log", "wb") as log:
+        proc.proc = subprocess.Popen(
+            proc.args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[3],
+        )
+    yield proc
+    proc.stop(grace=2.0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def orchestrator(
+    judge_sidecar: SidecarProcess,
+    gateway_port: int,
+    start_orchestrator: Callable[..., OrchestratorProcess],
+) -> OrchestratorProcess:
+    await judge_sidecar.wait_ready()
+    return await asyncio.to_thread(
+        start_orchestrator,
+        _config(judge_sidecar.address),
+        "--grpc-port",
+        str(gateway_port),
+        env={"PROCMESH_API_KEYS": API_KEY, "JUDGE_KEY": PROVIDER_SECRET},
+    )
+
+
+async def _generate(orchestrator: OrchestratorProcess, agent: str, text: str = "hello") -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=AUTH, timeout=30) as http:
+        response = await http.post(f"/api/agents/{agent}/generate", json={"messages": text})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _gateway_calls(orchestrator: OrchestratorProcess) -> dict[tuple[str, str, str], float]:
+    text = httpx.get(f"{orchestrator.http_url}/metrics", headers=AUTH).text
+    out: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "procmesh_gateway_calls":
+            for sample in family.samples:
+                if sample.name == "procmesh_gateway_calls_total":
+                    labels = sample.labels
+                    out[(labels["model"], labels["processor"], labels["outcome"])] = sample.value
+    return out
+
+
+def _model_calls(orchestrator: OrchestratorProcess, model: str) -> float:
+    text = httpx.get(f"{orchestrator.http_url}/metrics", headers=AUTH).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            wanted = {"model": model, "outcome": "ok"}
+            if sample.name == "procmesh_model_calls_total" and sample.labels == wanted:
+                return sample.value
+    return 0.0
+
+
+def _environ(pid: int) -> str:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+
+
+async def test_an_allowed_verdict_lets_the_run_through(orchestrator: OrchestratorProcess) -> None:
+    body = await _generate(orchestrator, "ok")
+    assert body["text"] == "fine"
+    assert not body.get("tripwire")
+
+
+async def test_a_refusing_verdict_aborts_the_run(orchestrator: OrchestratorProcess) -> None:
+    body = await _generate(orchestrator, "no", "something forbidden")
+    assert body["tripwire"]["reason"] == "judge: not allowed"
+    assert body["tripwire"]["processorId"] == "judge"
+    assert body["tripwire"]["metadata"] == {"attempts": 1, "model": "judge-no"}
+
+
+async def test_an_off_schema_answer_is_retried_once(orchestrator: OrchestratorProcess) -> None:
+    body = await _generate(orchestrator, "retry")
+    assert body["text"] == "fine"
+    assert _model_calls(orchestrator, "judge-retry") == 2
+
+
+async def test_malformed_twice_fails_the_run_under_fail_closed(orchestrator: OrchestratorProcess) -> None:
+    body = await _generate(orchestrator, "closed")
+    assert body["finishReason"] == "error", body
+    assert "judge" in body["error"]
+    assert _model_calls(orchestrator, "judge-bad-closed") == 2
+
+
+async def test_malformed_twice_lets_the_run_go_on_under_fail_open(orchestrator: OrchestratorProcess) -> None:
+    body = await _generate(orchestrator, "open")
+    assert body["text"] == "fine"
+    assert _model_calls(orchestrator, "judge-bad-open") == 2
+
+
+async def test_an_unknown_model_fails_the_call(orchestrator: OrchestratorProcess) -> None:
+    body = await _generate(orchestrator, "missing")
+    assert body["finishReason"] == "error", body
+    assert "judge" in body["error"]
+
+
+async def test_the_gateway_counts_calls_by_model_processor_and_outcome(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    for agent in ("ok", "no", "retry", "closed", "open", "missing"):
+        await _generate(orchestrator, agent)  # the scripts are exhausted: "(script exhausted)" is not JSON
+    calls = _gateway_calls(orchestrator)
+    assert calls[("judge-ok", "judge", "ok")] >= 1
+    assert calls[("judge-no", "judge", "ok")] >= 1
+    assert calls[("judge-retry", "judge", "ok")] >= 1
+    assert calls[("judge-bad-closed", "judge", "invalid_output")] >= 1
+    assert calls[("judge-bad-open", "judge", "invalid_output")] >= 1
+    assert calls[("judge-missing", "judge", "not_found")] >= 1
+
+
+async def test_the_sidecar_holds_no_provider_key(
+    orchestrator: OrchestratorProcess, judge_sidecar: SidecarProcess
+) -> None:
+    assert judge_sidecar.proc is not None
+    environ = await asyncio.to_thread(_environ, judge_sidecar.proc.pid)
+    assert PROVIDER_SECRET not in environ
+    assert "JUDGE_KEY" not in environ
+    orchestrator_env = await asyncio.to_thread(_environ, orchestrator.proc.pid)
+    assert PROVIDER_SECRET in orchestrator_env  # the check above is not vacuous
+
+
+async def test_a_caller_without_the_api_key_is_refused(orchestrator: OrchestratorProcess) -> None:
+    import grpc
+
+    from procmesh.v1 import model_pb2 as mpb
+    from procmesh.v1 import model_pb2_grpc as mgrpc
+
+    request = mpb.ModelServiceGenerateRequest(
+        model="judge-ok", messages=[mpb.ModelMessage(role="user", text="hi")], processor_id="x"
+    )
+    async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
+        stub = mgrpc.ModelServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Generate(request, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        answer = await stub.Generate(request, timeout=5, metadata=(("authorization", f"Bearer {API_KEY}"),))
+        assert answer.model == "judge-ok"
+        assert answer.attempts == 1
+        assert not answer.HasField("object")

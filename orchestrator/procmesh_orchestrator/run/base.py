@@ -159,8 +159,8 @@ class RunCore:
         entry = {"processorId": processor_id, "message": message, "detail": detail}
         self.violations.append(entry)
         self.metrics.violations.labels(processor_id).inc()
-        # remote callers have no onViolation: a stream tells them as it happens
-        self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
+        if self.options.announce_violations:  # a remote caller's stream tells it as it happens
+            self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
         if self.options.on_violation is not None:
             try:
                 self.options.on_violation(entry)

@@ -79,6 +79,9 @@ class CallOptions:
     """Set it to abort the run: in-flight calls are cancelled, the result keeps what was done."""
     require_tool_approval: bool | None = None
     """True: every tool call waits for approval; False: none does; None: each tool's setting."""
+    announce_violations: bool = False
+    """Also stream each violation as a transient ``data-procmesh-violation`` chunk when it is
+    recorded (the HTTP and gRPC APIs turn it on: remote callers have no `on_violation`)."""
     client_tools: Sequence[ClientTool] = ()
     """Tools the caller runs: the run ends at their call (finish reason ``tool-calls``)."""
     trace_parent: Mapping[str, str] | None = None

@@ -465,6 +465,7 @@ def parse_body(
             tool_choice=tool_choice,
             active_tools=body.active_tools,
             structured_output=_structured_output(body.structured_output),
+            announce_violations=True,  # a remote caller has no onViolation: its stream tells it
         ),
         durable=body.durable,
     )
@@ -586,6 +587,7 @@ def parse_proto(
             stop_when=stop_when,
             require_tool_approval=approval,
             client_tools=_client_tools(tools, "client_tools"),
+            announce_violations=True,
         ),
         durable=request.durable,
     )

@@ -19,6 +19,7 @@ from procmesh_orchestrator.memory.store import SuspendedRun
 from procmesh_orchestrator.run import stop
 from procmesh_orchestrator.run.tool_calls import PendingTools
 from procmesh_orchestrator.run.tools import ClientTool, ProcessorTool
+from procmesh_orchestrator.run.types import StructuredOutput
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
@@ -77,7 +78,7 @@ def capture(run: RunCore, *, pending: PendingTools | None = None, next_step: int
             if isinstance(t, ProcessorTool) and id(t.host) in keys and name not in run.agent.tools
         },
         "atCleanEnd": [item.key for item in run.at_clean_end],
-        "timeout": run.options.timeout,
+        **_step_options(run.options),
         "nextStep": next_step,
         "pending": None
         if pending is None
@@ -126,7 +127,28 @@ def call_data(options: CallOptions) -> dict[str, Any]:
             {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
             for t in options.client_tools
         ],
+        "callInstructions": options.instructions,
+        "callSystem": list(options.system),
+        **_step_options(options),
+    }
+
+
+def _step_options(options: CallOptions) -> dict[str, Any]:
+    """The call's settings every step applies (a resumed run applies them too)."""
+    structured = options.structured_output
+    return {
         "timeout": options.timeout,
+        "modelSettings": None if options.model_settings is None else dict(options.model_settings),
+        "toolChoice": options.tool_choice,
+        "activeTools": None if options.active_tools is None else list(options.active_tools),
+        "structuredOutput": None
+        if structured is None
+        else {
+            "schema": dict(structured.schema),
+            "errorStrategy": structured.error_strategy,
+            "fallbackValue": structured.fallback_value,
+            "instructions": structured.instructions,
+        },
     }
 
 
@@ -143,6 +165,14 @@ def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
         max_steps=data["maxSteps"],
         max_processor_retries=data["maxProcessorRetries"],
         timeout=options.timeout if options.timeout is not None else data.get("timeout"),
+        model_settings=data.get("modelSettings"),
+        tool_choice=data.get("toolChoice"),
+        active_tools=data.get("activeTools"),
+        structured_output=_structured(data.get("structuredOutput")),
+        # applied where the run starts (a durable run taken over before its first checkpoint);
+        # a resumed run's system messages are already in its snapshot
+        instructions=data.get("callInstructions"),
+        system=tuple(data.get("callSystem") or ()),
         stop_when=stop_when,
         require_tool_approval=data["requireToolApproval"],
         client_tools=[ClientTool(t["name"], t["description"], t["inputSchema"]) for t in data["clientTools"]],
@@ -179,4 +209,12 @@ def restore(run: RunCore, data: dict[str, Any]) -> PendingTools | None:
         return None
     return PendingTools(
         pending["assistantId"], pending["calls"], pending["stepNumber"], pending["stepRecord"]
+    )
+
+
+def _structured(data: dict[str, Any] | None) -> StructuredOutput | None:
+    if data is None:
+        return None
+    return StructuredOutput(
+        data["schema"], data["errorStrategy"], data["fallbackValue"], data["instructions"]
     )

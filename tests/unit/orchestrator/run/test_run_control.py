@@ -271,3 +271,14 @@ async def test_a_client_tool_ends_the_run_and_its_result_continues_the_conversat
     assert second.text == "you are home "
     tool_turn = next(p for p in model.requests[-1].prompt if p["role"] == "tool")
     assert tool_turn["content"][0]["output"] == "home"
+
+
+async def test_a_resumed_run_keeps_the_calls_step_settings(store: SqliteMemoryStore) -> None:
+    model = FakeModel({"tool_calls": ["pay"]}, {"text": "ok"})
+    spec: dict[str, Any] = {"tools": {"pay": tool("pay", approval=True)}, "store": opener(store)}
+    options = CallOptions(model_settings={"temperature": 0.1}, tool_choice="required")
+    suspended = await agent(model, [], **spec).generate("pay", options)
+    await agent(model, [], **spec).approve_tool_call(suspended.run_id, "c0")
+    first, resumed = model.requests
+    assert resumed.model_settings == first.model_settings == {"temperature": 0.1}
+    assert resumed.tool_choice == first.tool_choice == "required"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -155,22 +155,42 @@ def start(
     return Span(_tracer.start_span(name, context=context, kind=kind_value, attributes=attrs))
 
 
-@contextmanager
+class _Off:
+    """What `span` gives while tracing is off: one shared no-op (a hook call pays no generator)."""
+
+    _span = Span()
+
+    def __enter__(self) -> Span:
+        return self._span
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_OFF = _Off()
+
+
 def span(
     name: str,
     *,
     kind: str = "internal",
     attributes: Mapping[str, Any] | None = None,
     parent: Carrier | None = None,
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """A span around the block, current inside it; `parent` continues a remote trace context.
 
     An exception leaving the block marks the span as an error (its type only, never its message:
     messages may quote user content).
     """
     if _tracer is None:
-        yield Span()
-        return
+        return _OFF
+    return _recording(name, kind, attributes, parent)
+
+
+@contextmanager
+def _recording(
+    name: str, kind: str, attributes: Mapping[str, Any] | None, parent: Carrier | None
+) -> Iterator[Span]:
     from opentelemetry import trace
 
     assert kind in _KINDS, kind

@@ -89,8 +89,8 @@ class OrchestratorMetrics:
         )
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
-            "Model gateway calls (ModelService.Generate) by model, calling processor and outcome "
-            "(ok, invalid_output, not_found, invalid_argument, unauthenticated, api_error, deadline).",
+            "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "
+            "invalid_output, not_found, invalid_argument, unauthenticated, api_error, deadline, cancelled).",
             ["model", "processor", "outcome"],
             registry=r,
         )

@@ -186,6 +186,26 @@ export interface ProcessorContext<TOptions = any, TState extends Record<string, 
   reportViolation: (message: string, detail?: unknown) => void;
   /** Aborted when the call is cancelled or its deadline passes. */
   abortSignal: AbortSignal;
+  /** The orchestrator's model `ref` through its model gateway (PROCMESH_MODEL_GATEWAY). */
+  model: (ref: string) => GatewayModel;
+}
+
+export interface GatewayModelResult {
+  text: string;
+  /** The parsed answer when a schema was given. */
+  object?: unknown;
+  usage: { inputTokens: number; outputTokens: number; totalTokens: number };
+  finishReason: string;
+  model: string;
+  attempts: number;
+}
+
+export interface GatewayModel {
+  /** Ask the model (keys stay in the orchestrator); rejects with an InternalError on a gateway error. */
+  generate(
+    messages: string | Array<{ role: 'system' | 'user' | 'assistant'; content: string | MastraDBMessage['content'] }>,
+    options?: { schema?: Record<string, unknown>; temperature?: number; maxOutputTokens?: number; timeoutMs?: number },
+  ): Promise<GatewayModelResult>;
 }
 
 export interface ProcessInputArgs<O = any, S extends Record<string, any> = Record<string, any>> extends ProcessorContext<O, S> {

@@ -146,6 +146,8 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         processor = _label(request.processor_id)
         model_label = _label(request.model)
         started = time.perf_counter()
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
         metadata = list(context.invocation_metadata() or ())
         attributes = {
             "gen_ai.request.model": request.model[:_MAX_LABEL],
@@ -167,17 +169,20 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 span.outcome("ok")
                 return response
         except asyncio.CancelledError:
-            outcome = "deadline" if (context.time_remaining() or 0) <= 0 else "cancelled"
+            # gRPC cancels the handler when the deadline passes (a 50 ms slack for the clocks)
+            late = deadline is not None and time.monotonic() >= deadline - 0.05
+            outcome = "deadline" if late else "cancelled"
             raise
         finally:
             metrics.gateway_calls.labels(model_label, processor, outcome).inc()
             log.info(
-                "model gateway model=%s processor=%s run=%s outcome=%s %.3fs",
+                "model gateway model=%s processor=%s run=%s outcome=%s %.3fs (deadline %s)",
                 model_label,
                 processor,
                 request.run_id[:_MAX_LABEL],
                 outcome,
                 time.perf_counter() - started,
+                "none" if remaining is None else f"{remaining:.3f}s",
             )
 
     async def _abort(self, context: Context, exc: _Refused) -> NoReturn:

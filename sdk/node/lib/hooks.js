@@ -24,6 +24,7 @@ const BASE_ARGUMENTS = Object.freeze([
   'writer',
   'reportViolation',
   'abortSignal',
+  'model',
 ]);
 const MESSAGES = ['messages', 'messageList', 'systemMessages'];
 

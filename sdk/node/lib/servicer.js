@@ -10,6 +10,7 @@ const { fillEffects, quote, toStatus } = require('./effects');
 const { InternalError, InvalidInputError, NotFoundError, NotReadyError, ProcmeshError, UnimplementedError } = require('./errors');
 const { HOOKS, HOOK_NAMES } = require('./hooks');
 const { RejectLog, decode, short } = require('./guard');
+const { models, noteDeadline } = require('./model');
 const { validate } = require('./options');
 const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
 const { outputStream } = require('./stream');
@@ -122,6 +123,7 @@ class Servicer {
       writer: new Writer(effects),
       reportViolation: effects.reportViolation,
       abortSignal: signal,
+      model: models(ctx, signal),
     };
   }
 
@@ -210,6 +212,7 @@ class Servicer {
       const cancel = () => controller.abort(new Error('the call was cancelled'));
       call.on('cancelled', cancel);
       const deadline = deadlineOf(call);
+      noteDeadline(controller.signal, deadline); // the hook's `model` calls carry what is left
       const timer = Number.isFinite(deadline)
         ? setTimeout(() => controller.abort(new Error('the deadline passed')), Math.max(0, deadline - Date.now()))
         : null;

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.conftest import NODE_SDK
+from tests.deps import require, require_npm_packages
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, free_port
 
@@ -35,26 +39,32 @@ JUDGES = {
     "judge-retry": [{"text": "Sure! It is allowed."}, {"text": ALLOWED}],
     "judge-bad-closed": [{"text": "not json"}, {"text": '{"allowed": "yes"}'}],
     "judge-bad-open": [{"text": "not json"}, {"text": "still not json"}],
+    "node-ok": [{"text": ALLOWED}],
+    "node-no": [{"text": '{"allowed": false}'}],
+    "node-bad": [{"text": "not json"}, {"text": "still not json"}],
 }
 
 
-def _agent(judge: str, on_failure: str = "fail-closed") -> dict[str, Any]:
-    return {
-        "model": "main",
-        "errorProcessorDefaults": False,
-        "inputProcessors": [{"processor": "j/judge", "options": {"model": judge}, "onFailure": on_failure}],
-    }
+def _agent(judge: str, on_failure: str = "fail-closed", sidecar: str = "j", **extra: Any) -> dict[str, Any]:
+    ref = {"processor": f"{sidecar}/judge", "options": {"model": judge}, "onFailure": on_failure, **extra}
+    return {"model": "main", "errorProcessorDefaults": False, "inputProcessors": [ref]}
 
 
-def _config(sidecar: str) -> dict[str, Any]:
+def _config(sidecar: str, node: str, silent_port: int) -> dict[str, Any]:
     models: dict[str, Any] = {
         "main": {"provider": "scripted", "responses": [{"text": "fine"}] * 20},
         **{name: {"provider": "scripted", "responses": script} for name, script in JUDGES.items()},
     }
     return {
-        "sidecars": {"j": {"address": sidecar, "timeout": 10}},
-        # a provider whose key only the orchestrator holds (its models are never called here)
-        "providers": {"openai": {"kind": "openai", "apiKeyEnv": "JUDGE_KEY"}},
+        "sidecars": {"j": {"address": sidecar, "timeout": 10}, "jn": {"address": node, "timeout": 10}},
+        # a provider whose key only the orchestrator holds; its server never answers
+        "providers": {
+            "slow": {
+                "kind": "openai",
+                "baseUrl": f"http://127.0.0.1:{silent_port}/v1",
+                "apiKeyEnv": "JUDGE_KEY",
+            }
+        },
         "models": models,
         "agents": {
             "ok": _agent("judge-ok"),
@@ -63,8 +73,21 @@ def _config(sidecar: str) -> dict[str, Any]:
             "closed": _agent("judge-bad-closed"),
             "open": _agent("judge-bad-open", "fail-open"),
             "missing": _agent("judge-missing"),
+            "slow": _agent("slow/judge", timeout=1.0),
+            "node-ok": _agent("node-ok", sidecar="jn"),
+            "node-no": _agent("node-no", sidecar="jn"),
+            "node-bad": _agent("node-bad", sidecar="jn"),
         },
     }
+
+
+@pytest.fixture(scope="module")
+def silent_port() -> Iterator[int]:
+    """A port that takes connections (the kernel's backlog) and never answers: a hung provider."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +95,19 @@ def gateway_port() -> int:
     return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
 
 
-@pytest.fixture(scope="module")
-def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    """``python -m tests.e2e.gateway.judge`` with an environment holding no provider key."""
-    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
+def _sidecar_env(gateway_port: int) -> dict[str, str]:
+    """The sidecars' environment: the gateway and an orchestrator key, no provider key."""
     env = {k: v for k, v in os.environ.items() if "KEY" not in k and "OPENAI" not in k}
     env.update(
         PYTHONUNBUFFERED="1",
         PROCMESH_MODEL_GATEWAY=f"127.0.0.1:{gateway_port}",
         PROCMESH_MODEL_GATEWAY_KEY=API_KEY,
     )
-    with open(sidecar_dir / "judge.log", "wb") as log:
+    return env
+
+
+def _spawn(proc: SidecarProcess, env: dict[str, str], log_path: Path) -> None:
+    with open(log_path, "wb") as log:
         proc.proc = subprocess.Popen(
             proc.args,
             stdout=log,
@@ -92,6 +117,25 @@ def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProce
             env=env,
             cwd=Path(__file__).resolve().parents[3],
         )
+
+
+@pytest.fixture(scope="module")
+def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
+    """``python -m tests.e2e.gateway.judge`` with an environment holding no provider key."""
+    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
+    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "judge.log")
+    yield proc
+    proc.stop(grace=2.0)
+
+
+@pytest.fixture(scope="module")
+def node_judge(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
+    """``node tests/e2e/gateway/judge.mjs`` (the Node SDK's `model` argument), same environment."""
+    require("node")
+    require_npm_packages(NODE_SDK)
+    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge-node.sock'}")
+    proc.args = ["node", str(Path(__file__).with_name("judge.mjs")), "--listen", proc.address]
+    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "judge-node.log")
     yield proc
     proc.stop(grace=2.0)
 
@@ -99,13 +143,15 @@ def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProce
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
     judge_sidecar: SidecarProcess,
+    node_judge: SidecarProcess,
     gateway_port: int,
+    silent_port: int,
     start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> OrchestratorProcess:
-    await judge_sidecar.wait_ready()
+    await asyncio.gather(judge_sidecar.wait_ready(), node_judge.wait_ready())
     return await asyncio.to_thread(
         start_orchestrator,
-        _config(judge_sidecar.address),
+        _config(judge_sidecar.address, node_judge.address, silent_port),
         "--grpc-port",
         str(gateway_port),
         env={"PROCMESH_API_KEYS": API_KEY, "JUDGE_KEY": PROVIDER_SECRET},
@@ -227,3 +273,29 @@ async def test_a_caller_without_the_api_key_is_refused(orchestrator: Orchestrato
         assert answer.model == "judge-ok"
         assert answer.attempts == 1
         assert not answer.HasField("object")
+
+
+async def test_a_node_hook_calls_the_gateway_too(orchestrator: OrchestratorProcess) -> None:
+    assert (await _generate(orchestrator, "node-ok"))["text"] == "fine"
+    refused = await _generate(orchestrator, "node-no")
+    assert refused["tripwire"]["reason"] == "judge: not allowed"
+    assert refused["tripwire"]["metadata"] == {"attempts": 1, "model": "node-no"}
+    failed = await _generate(orchestrator, "node-bad")
+    assert failed["finishReason"] == "error", failed
+    assert _gateway_calls(orchestrator)[("node-bad", "judge", "invalid_output")] == 1
+
+
+async def test_the_gateway_call_carries_the_hooks_deadline(orchestrator: OrchestratorProcess) -> None:
+    # The processor's timeout is 1 s and the provider never answers: the sidecar's gateway call
+    # has what is left of the hook's 1 s (not the SDK's 30 s default), so the gateway itself sees
+    # its deadline pass.
+    started = time.monotonic()
+    body = await _generate(orchestrator, "slow")
+    assert body["finishReason"] == "error", body
+    assert time.monotonic() - started < 5
+    for _ in range(60):
+        calls = await asyncio.to_thread(_gateway_calls, orchestrator)
+        if calls.get(("slow/judge", "judge", "deadline")):
+            break
+        await asyncio.sleep(0.05)
+    assert calls.get(("slow/judge", "judge", "deadline")) == 1, calls

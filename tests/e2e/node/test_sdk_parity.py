@@ -56,7 +56,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_SKIP = {"abort", "send_signal", "writer", "report_violation", "message_list", "state"}
+_SKIP = {"abort", "send_signal", "writer", "report_violation", "message_list", "state", "model"}
 
 
 def _record(hook: str, kw: dict[str, Any]) -> None:

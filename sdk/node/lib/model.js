@@ -1,0 +1,129 @@
+'use strict';
+// The `model` hook argument (the twin of the Python SDK's procmesh._model): the orchestrator's
+// models through its model gateway, procmesh.v1.ModelService. `await args.model('openai/gpt-5-nano')
+// .generate(messages, { schema })` calls the orchestrator, which holds the provider keys. The
+// gateway is PROCMESH_MODEL_GATEWAY (host:port or unix:///path.sock) with the orchestrator API key
+// PROCMESH_MODEL_GATEWAY_KEY; each call carries the hook's remaining deadline (30 s without one),
+// is cancelled with the hook (its abortSignal), and carries the hook span's trace context. A
+// gateway error is a ModelError (an InternalError): the processor's failure policy applies.
+
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const convert = require('./convert');
+const { LOADER_OPTIONS, protoDir } = require('./contract');
+const { InternalError } = require('./errors');
+
+const DEFAULT_TIMEOUT_MS = 30_000;
+
+/** The gateway refused or failed a call; `status` is its gRPC status code. */
+class ModelError extends InternalError {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+const deadlines = new WeakMap();
+/** Record the deadline (epoch ms) of the hook call whose abort signal is `signal`. */
+function noteDeadline(signal, deadline) {
+  if (signal && Number.isFinite(deadline)) deadlines.set(signal, deadline);
+}
+
+let client = null;
+function gateway(env = process.env) {
+  const address = (env.PROCMESH_MODEL_GATEWAY || '').trim();
+  if (!address) {
+    throw new ModelError('no model gateway: set PROCMESH_MODEL_GATEWAY to the orchestrator\'s gRPC address (host:port)', grpc.status.FAILED_PRECONDITION);
+  }
+  if (client === null || client.address !== address) {
+    const def = protoLoader.loadSync('procmesh/v1/model.proto', { ...LOADER_OPTIONS, includeDirs: [protoDir()] });
+    const { ModelService } = grpc.loadPackageDefinition(def).procmesh.v1;
+    client = { address, stub: new ModelService(address, grpc.credentials.createInsecure()) };
+  }
+  return { stub: client.stub, key: env.PROCMESH_MODEL_GATEWAY_KEY || '' };
+}
+
+function traceMetadata(metadata) {
+  let api;
+  try {
+    api = require('@opentelemetry/api');
+  } catch {
+    return; // tracing is optional
+  }
+  const carrier = {};
+  api.propagation.inject(api.context.active(), carrier);
+  for (const [key, value] of Object.entries(carrier)) metadata.set(key, String(value));
+}
+
+function textOf(message) {
+  const content = message.content !== undefined ? message.content : message.text;
+  if (typeof content === 'string') return content;
+  const parts = Array.isArray(content) ? content : (content && content.parts) || [];
+  return parts.filter((p) => p && (p.type || 'text') === 'text').map((p) => p.text || '').join('');
+}
+
+/** One of the orchestrator's models, as a hook calls it: `model(ref)`. */
+class Model {
+  constructor(ref, processorId, runId, signal) {
+    this.ref = ref;
+    this._processorId = processorId;
+    this._runId = runId;
+    this._signal = signal;
+  }
+
+  /**
+   * Ask the model. `messages`: one user message's text, or `{role, content}` messages. Options:
+   * `schema` (a JSON schema: the result's `object` is the parsed answer), `temperature`,
+   * `maxOutputTokens`, `timeoutMs` (capped by the hook's deadline). Resolves to
+   * `{text, object, usage, finishReason, model, attempts}`; rejects with a ModelError.
+   */
+  generate(messages, { schema, temperature, maxOutputTokens, timeoutMs } = {}) {
+    const { stub, key } = gateway();
+    const list = typeof messages === 'string' ? [{ role: 'user', content: messages }] : messages;
+    const request = {
+      model: this.ref,
+      messages: list.map((m) => ({ role: m.role || 'user', text: textOf(m) })),
+      processor_id: this._processorId,
+      run_id: this._runId,
+    };
+    if (schema) request.schema = convert.toStruct(schema);
+    if (temperature !== undefined) request.temperature = temperature;
+    if (maxOutputTokens !== undefined) request.max_output_tokens = maxOutputTokens;
+    const hookDeadline = this._signal ? deadlines.get(this._signal) : undefined;
+    const bounds = [timeoutMs === undefined ? undefined : Date.now() + timeoutMs, hookDeadline].filter((d) => d !== undefined);
+    const deadline = new Date(bounds.length ? Math.min(...bounds) : Date.now() + DEFAULT_TIMEOUT_MS);
+    const metadata = new grpc.Metadata();
+    if (key) metadata.set('authorization', `Bearer ${key}`);
+    traceMetadata(metadata);
+    return new Promise((resolve, reject) => {
+      const call = stub.Generate(request, metadata, { deadline }, (err, resp) => {
+        if (this._signal) this._signal.removeEventListener('abort', cancel);
+        if (err) {
+          const name = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
+          reject(new ModelError(`model gateway: '${this.ref}' failed with ${name}: ${err.details || ''}`, err.code));
+          return;
+        }
+        const usage = resp.usage || {};
+        resolve({
+          text: resp.text || '',
+          object: resp.object ? convert.fromValue(resp.object) : undefined,
+          usage: { inputTokens: usage.input_tokens || 0, outputTokens: usage.output_tokens || 0, totalTokens: usage.total_tokens || 0 },
+          finishReason: resp.finish_reason || '',
+          model: resp.model || '',
+          attempts: resp.attempts || 1,
+        });
+      });
+      const cancel = () => call.cancel();
+      if (this._signal) this._signal.addEventListener('abort', cancel, { once: true });
+    });
+  }
+}
+
+/** The `model` hook argument: `model(ref)` is the orchestrator's model `ref`. */
+function models(ctx, signal) {
+  const processorId = (ctx && ctx.processor_id) || '';
+  const runId = (ctx && ctx.run_id) || '';
+  return (ref) => new Model(ref, processorId, runId, signal);
+}
+
+module.exports = { Model, ModelError, models, noteDeadline };

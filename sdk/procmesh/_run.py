@@ -61,7 +61,7 @@ class ProcessorSettings(BaseSettings):
     """The orchestrator's model gateway for hooks' ``model`` argument: its gRPC address,
     ``host:port`` or ``unix:///path.sock`` (unset: hooks cannot call models)."""
     model_gateway_key: SecretStr | None = None
-    """An API key of the orchestrator, sent to the gateway (environment only, never a flag)."""
+    """An API key of the orchestrator, sent to the gateway (best from the environment)."""
 
     @field_validator("listen", mode="before")
     @classmethod
@@ -140,6 +140,11 @@ def settings_parser(prog: str | None = None, description: str | None = None) -> 
     parser.add_argument("--parent-pid", type=int, help="exit when this process is no longer the parent")
     parser.add_argument(
         "--model-gateway", help="the orchestrator's gRPC address for hooks' model calls (host:port)"
+    )
+    parser.add_argument(
+        "--model-gateway-key",
+        help="an orchestrator API key for the model gateway (prefer PROCMESH_MODEL_GATEWAY_KEY: "
+        "a flag's value shows in the process list)",
     )
     parser.add_argument("--tls-cert", help="PEM certificate: serve TLS")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")

@@ -30,34 +30,47 @@ def needs_memory(name: str) -> bool:
 
 
 @cache
-def outcomes(runtime: str) -> tuple[dict[str, str], str]:
-    """compare.py over every public scenario: {name: PASS|FAIL}, and its output for messages."""
-    if runtime == "node":
-        require_node()
+def comparisons() -> dict[str, subprocess.Popen[str]]:
+    """compare.py over every public scenario, one process per runtime, started together: each
+    runs its scenarios one after the other, so the two runtimes share the machine's cores."""
+    require_node()
     if not SCENARIOS.is_dir():
         pytest.fail(f"conformance scenarios not found at {SCENARIOS} (set PROCMESH_SHARED)")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SHARED / "conformance" / "compare.py"),
-            "--dir",
-            str(SCENARIOS),
-            "--runner",
-            f"{BIN / 'procmesh'} scenario run --sidecar-runtime {runtime}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    return {
+        runtime: subprocess.Popen(
+            [
+                sys.executable,
+                str(SHARED / "conformance" / "compare.py"),
+                "--dir",
+                str(SCENARIOS),
+                "--runner",
+                f"{BIN / 'procmesh'} scenario run --sidecar-runtime {runtime}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for runtime in RUNTIMES
+    }
+
+
+@cache
+def outcomes(runtime: str) -> tuple[dict[str, str], str]:
+    """One runtime's comparison: {name: PASS|FAIL}, and its output for messages."""
+    proc = comparisons()[runtime]
+    try:
+        stdout, stderr = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     verdicts = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         word, _, name = line.partition(" ")
         if word in ("PASS", "FAIL") and name:
             verdicts[name.strip()] = word
     expected = {p.name.removesuffix(".expected.json") for p in SCENARIOS.glob("*.expected.json")}
-    assert set(verdicts) == expected, proc.stdout[-4000:] + proc.stderr[-2000:]
-    return verdicts, proc.stdout + proc.stderr
+    assert set(verdicts) == expected, stdout[-4000:] + stderr[-2000:]
+    return verdicts, stdout + stderr
 
 
 @pytest.mark.timeout(900)  # compare.py runs every scenario (~40) as its own processes

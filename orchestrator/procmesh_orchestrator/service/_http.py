@@ -321,18 +321,6 @@ def build_http_app(service: Service) -> ASGIApp:
     """The ASGI app of the HTTP API, bound to a running `Service`."""
     settings = service.settings
 
-    def agent_info(agent_id: str) -> dict[str, Any]:
-        spec = service.app.agents[agent_id].spec
-        return {"id": agent_id, "name": agent_id, "instructions": spec.instructions}
-
-    async def list_agents(request: Request) -> Response:
-        return json_response({agent_id: agent_info(agent_id) for agent_id in service.app.agents})
-
-    async def get_agent(request: Request) -> Response:
-        agent_id = request.path_params["agent_id"]
-        service.agent(agent_id)
-        return json_response(agent_info(agent_id))
-
     async def admit(request: Request) -> tuple[str, Agent, AgentCall]:
         """The agent and the validated call of a generate or stream request, with a run slot taken."""
         agent_id = request.path_params["agent_id"]
@@ -597,8 +585,6 @@ def build_http_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[
             *catalog_routes(service, read_body),  # first: /api/agents/providers, agent details
-            Route("/api/agents", list_agents, methods=["GET"]),
-            Route("/api/agents/{agent_id}", get_agent, methods=["GET"]),
             Route("/api/agents/{agent_id}/generate", generate, methods=["POST"]),
             Route("/api/agents/{agent_id}/stream", stream, methods=["POST"]),
             Route("/api/agents/{agent_id}/approve-tool-call", resume_route(True), methods=["POST"]),

@@ -180,6 +180,7 @@ class ProcessorInfo(_message.Message):
     HOOKS_FIELD_NUMBER: _builtins.int
     PROCESS_DATA_PARTS_FIELD_NUMBER: _builtins.int
     OPTIONS_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    SPECULATIVE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Referenced by configs as `sidecar/id` and carried in RunContext.processor_id; no `/`."""
     name: _builtins.str
@@ -190,6 +191,12 @@ class ProcessorInfo(_message.Message):
     """processOutputStream also receives data-* chunks."""
     options_schema_json: _builtins.str
     """JSON schema of the options (empty: any options accepted)."""
+    speculative: _builtins.bool
+    """Its results depend only on its input, options and state, and a call whose result is
+    thrown away has no effect outside the returned data. The orchestrator may then call it
+    before its input is final (alongside the processors before it) and discard the answer;
+    in ProcessOutputStream it may rewind it (ProcessOutputStreamRequest.rewind_to).
+    """
     @_builtins.property
     def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
         """The hooks implemented; the orchestrator calls only these for this processor."""
@@ -203,10 +210,11 @@ class ProcessorInfo(_message.Message):
         hooks: _abc.Iterable[Global___Hook.ValueType] | None = ...,
         process_data_parts: _builtins.bool = ...,
         options_schema_json: _builtins.str = ...,
+        speculative: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "hooks", b"hooks", "id", b"id", "name", b"name", "options_schema_json", b"options_schema_json", "process_data_parts", b"process_data_parts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "hooks", b"hooks", "id", b"id", "name", b"name", "options_schema_json", b"options_schema_json", "process_data_parts", b"process_data_parts", "speculative", b"speculative"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -650,6 +658,18 @@ class ProcessOutputStreamRequest(_message.Message):
 
     CONTEXT_FIELD_NUMBER: _builtins.int
     PARTS_FIELD_NUMBER: _builtins.int
+    REWIND_TO_FIELD_NUMBER: _builtins.int
+    COMMITTED_THROUGH_FIELD_NUMBER: _builtins.int
+    rewind_to: _builtins.int
+    """Speculative processors only. Non-zero: the parts from this seq on (results sent or not)
+    are withdrawn: the processor's state goes back to what it was before that part, and
+    results for withdrawn parts not yet sent are not sent. Applied before this message's
+    `parts`, which (with new, higher seqs) replace them. Never at or below `committed_through`.
+    """
+    committed_through: _builtins.int
+    """Speculative processors only: no rewind will reach parts up to this seq, so the processor
+    may forget what it kept to undo them.
+    """
     @_builtins.property
     def context(self) -> _types_pb2.RunContext:
         """Required in the first message of a stream, ignored afterwards."""
@@ -663,10 +683,12 @@ class ProcessOutputStreamRequest(_message.Message):
         *,
         context: _types_pb2.RunContext | None = ...,
         parts: _abc.Iterable[Global___StreamPart] | None = ...,
+        rewind_to: _builtins.int = ...,
+        committed_through: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "parts", b"parts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_through", b"committed_through", "context", b"context", "parts", b"parts", "rewind_to", b"rewind_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -782,18 +804,24 @@ class StreamEnd(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATE_FIELD_NUMBER: _builtins.int
+    FUSED_STATES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def state(self) -> _struct_pb2.Struct:
         """The processor's complete state; replaces the stored state."""
+
+    @_builtins.property
+    def fused_states(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
+        """A fused stream: each further processor's state, in RunContext.fused's order."""
 
     def __init__(
         self,
         *,
         state: _struct_pb2.Struct | None = ...,
+        fused_states: _abc.Iterable[_struct_pb2.Struct] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fused_states", b"fused_states", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

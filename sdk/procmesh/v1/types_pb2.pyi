@@ -749,6 +749,7 @@ class HookEffects(_message.Message):
     CUSTOM_CHUNKS_FIELD_NUMBER: _builtins.int
     VIOLATIONS_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    FUSED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def abort(self) -> Global___Abort:
         """Present when the hook called abort()."""
@@ -769,6 +770,12 @@ class HookEffects(_message.Message):
     def state(self) -> _struct_pb2.Struct:
         """The processor's state after the hook (replaces the stored state)."""
 
+    @_builtins.property
+    def fused(self) -> _containers.RepeatedCompositeFieldContainer[Global___FusedOutcome]:
+        """The answer to a fused request (RunContext.fused): what each further processor that ran
+        did, in order (fused[i] answers RunContext.fused[i]); those past the end did not run.
+        """
+
     def __init__(
         self,
         *,
@@ -777,14 +784,82 @@ class HookEffects(_message.Message):
         custom_chunks: _abc.Iterable[Global___Chunk] | None = ...,
         violations: _abc.Iterable[Global___Violation] | None = ...,
         state: _struct_pb2.Struct | None = ...,
+        fused: _abc.Iterable[Global___FusedOutcome] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "custom_chunks", b"custom_chunks", "signals", b"signals", "state", b"state", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "custom_chunks", b"custom_chunks", "fused", b"fused", "signals", b"signals", "state", b"state", "violations", b"violations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HookEffects: _TypeAlias = HookEffects  # noqa: Y015
+
+@_typing.final
+class FusedProcessor(_message.Message):
+    """A further processor of a fused request: the sidecar runs it after the one before, with
+    exactly the semantics of its own call (its own options, state and effects).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESSOR_ID_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    processor_id: _builtins.str
+    """The hosted processor (Describe lists it)."""
+    @_builtins.property
+    def options(self) -> _struct_pb2.Struct:
+        """Its options from the orchestrator's configuration."""
+
+    @_builtins.property
+    def state(self) -> _struct_pb2.Struct:
+        """Its state for this run."""
+
+    def __init__(
+        self,
+        *,
+        processor_id: _builtins.str = ...,
+        options: _struct_pb2.Struct | None = ...,
+        state: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "processor_id", b"processor_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FusedProcessor: _TypeAlias = FusedProcessor  # noqa: Y015
+
+@_typing.final
+class FusedOutcome(_message.Message):
+    """What one further processor of a fused request did."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EFFECTS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    error: _builtins.str
+    """Set when its hook failed: "<status code name>: <message>", as its own call would have
+    failed. In a unary call nothing after it ran; in ProcessOutputStream it passes the
+    stream's later parts through unchanged, as a failed-open stage would.
+    """
+    @_builtins.property
+    def effects(self) -> Global___HookEffects:
+        """Its effects, state included, as its own response's `effects` would carry them."""
+
+    def __init__(
+        self,
+        *,
+        effects: Global___HookEffects | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FusedOutcome: _TypeAlias = FusedOutcome  # noqa: Y015
 
 @_typing.final
 class RunContext(_message.Message):
@@ -802,6 +877,8 @@ class RunContext(_message.Message):
     REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
     THREAD_ID_FIELD_NUMBER: _builtins.int
     RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    FUSED_FIELD_NUMBER: _builtins.int
+    ANNOUNCE_SIGNALS_FIELD_NUMBER: _builtins.int
     processor_id: _builtins.str
     """The hosted processor to run (Describe lists them)."""
     run_id: _builtins.str
@@ -816,6 +893,10 @@ class RunContext(_message.Message):
     """The run's memory thread (empty without memory)."""
     resource_id: _builtins.str
     """Who the thread belongs to (empty without memory)."""
+    announce_signals: _builtins.bool
+    """ProcessOutputStream with `fused` only: a signal one processor sends also goes on to the
+    later ones as a data-signal part, as the orchestrator announces it between streams.
+    """
     @_builtins.property
     def options(self) -> _struct_pb2.Struct:
         """The processor's options from the orchestrator's configuration."""
@@ -827,6 +908,15 @@ class RunContext(_message.Message):
     @_builtins.property
     def request_context(self) -> _struct_pb2.Struct:
         """Serializable request context (trusted key/values set by the caller's server)."""
+
+    @_builtins.property
+    def fused(self) -> _containers.RepeatedCompositeFieldContainer[Global___FusedProcessor]:
+        """A fused request: after `processor_id`, run these processors of this sidecar in order, each
+        on the input the one before left (proto/README.md, "Fused processors"). In a unary hook
+        the sidecar goes on to the next only while each returns its input unchanged (no result
+        field set), sends no signal, does not abort and does not fail; the response's result
+        fields are the last one's that ran. In ProcessOutputStream each part goes through all.
+        """
 
     def __init__(
         self,
@@ -841,10 +931,12 @@ class RunContext(_message.Message):
         request_context: _struct_pb2.Struct | None = ...,
         thread_id: _builtins.str = ...,
         resource_id: _builtins.str = ...,
+        fused: _abc.Iterable[Global___FusedProcessor] | None = ...,
+        announce_signals: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "request_context", b"request_context", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "options", b"options", "processor_id", b"processor_id", "request_context", b"request_context", "resource_id", b"resource_id", "retry_count", b"retry_count", "run_id", b"run_id", "state", b"state", "step_number", b"step_number", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "announce_signals", b"announce_signals", "fused", b"fused", "options", b"options", "processor_id", b"processor_id", "request_context", b"request_context", "resource_id", b"resource_id", "retry_count", b"retry_count", "run_id", b"run_id", "state", b"state", "step_number", b"step_number", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

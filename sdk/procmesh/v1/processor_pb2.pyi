@@ -107,8 +107,13 @@ class DescribeResponse(_message.Message):
     PROCESSORS_FIELD_NUMBER: _builtins.int
     SDK_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    FUSES_FIELD_NUMBER: _builtins.int
     sdk: _builtins.str
     """e.g. "procmesh-python/0.1.0"."""
+    fuses: _builtins.bool
+    """The sidecar runs fused requests (RunContext.fused); without it the orchestrator calls
+    each of its processors on its own.
+    """
     @_builtins.property
     def processors(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessorInfo]:
         """One entry per hosted processor; ids are unique within the sidecar."""
@@ -125,10 +130,11 @@ class DescribeResponse(_message.Message):
         processors: _abc.Iterable[Global___ProcessorInfo] | None = ...,
         sdk: _builtins.str = ...,
         tools: _abc.Iterable[Global___HostedTool] | None = ...,
+        fuses: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["processors", b"processors", "sdk", b"sdk", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fuses", b"fuses", "processors", b"processors", "sdk", b"sdk", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

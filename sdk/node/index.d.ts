@@ -330,6 +330,11 @@ export interface ProcessorLike<O = any, S extends Record<string, any> = Record<s
   description?: string;
   /** processOutputStream also receives data-* chunks. */
   processDataParts?: boolean;
+  /**
+   * Its results depend only on its input, options and state, and a call whose answer is thrown
+   * away has no effect outside it: the orchestrator may call it before its input is final.
+   */
+  speculative?: boolean;
   /** JSON schema of the options: reported by Describe, checked (subset) on every call. */
   optionsSchema?: Record<string, any>;
   /** Turn the raw options into what hooks get; throwing fails the call with INVALID_ARGUMENT. */
@@ -345,6 +350,7 @@ export class Processor<O = any, S extends Record<string, any> = Record<string, a
   name?: string;
   description?: string;
   processDataParts?: boolean;
+  speculative?: boolean;
   optionsSchema?: Record<string, any>;
   parseOptions?(raw: Record<string, any>): O;
   setup(): Promise<void>;

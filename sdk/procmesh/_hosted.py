@@ -90,6 +90,7 @@ class Hosted:
             hooks=[BY_NAME[h].enum for h in self.hooks],  # type: ignore[misc]
             process_data_parts=proc.process_data_parts,
             options_schema_json=schema,
+            speculative=proc.speculative,
         )
 
 

@@ -54,6 +54,10 @@ class Processor:
         name: Display name (defaults to the id).
         description: One line for `Describe`.
         process_data_parts: `process_output_stream` also receives ``data-*`` chunks.
+        speculative: The hooks' results depend only on their input, options and state,
+            and a call whose answer is thrown away has no effect outside it, so the
+            orchestrator may call the processor before its input is final (and rewind
+            its output stream). Declare it only for hooks that do not act on the world.
         Options: A pydantic model validating the options from the orchestrator's
             config; the hook's ``options`` argument is then an instance of it.
     """
@@ -62,6 +66,7 @@ class Processor:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     process_data_parts: ClassVar[bool] = False
+    speculative: ClassVar[bool] = False
     Options: ClassVar[type[BaseModel] | None] = None
 
     async def setup(self) -> None:

@@ -102,6 +102,7 @@ class Servicer:
             processors=[h.info() for h in self._hosted.values()],
             sdk=f"procmesh-python/{__version__}",
             tools=[t.info() for t in self._tools.values()],
+            fuses=True,
         )
 
     def lookup(self, ctx: tpb.RunContext, hook: str) -> Hosted:

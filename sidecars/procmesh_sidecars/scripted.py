@@ -1,7 +1,8 @@
 """Scripted processors: the conformance scenarios' rule language, served like any processor.
 
-A scenario's PROCESSOR (``{"id", "processDataParts", "processInput": [RULE...], ...}``)
-becomes a `Processor` implementing exactly the hooks it lists. See
+A scenario's PROCESSOR (``{"id", "processDataParts", "speculative", "processInput": [RULE...],
+...}``) becomes a `Processor` implementing exactly the hooks it lists; ``"speculative": true``
+declares it speculative (its rules depend only on input and state, so it is). See
 ``../shared/conformance/FORMAT.md`` for the rules, conditions and actions.
 """
 
@@ -337,6 +338,7 @@ def build_processor(spec: dict[str, Any]) -> Processor:
     attrs: dict[str, Any] = {
         "id": spec["id"],
         "process_data_parts": bool(spec.get("processDataParts", False)),
+        "speculative": bool(spec.get("speculative", False)),
         "script": {},
     }
     for key, method in HOOKS.items():

@@ -44,6 +44,7 @@ class Hosted {
       hooks: HOOKS.filter((h) => this.hooks.has(h.name)).map((h) => h.enumName),
       process_data_parts: Boolean(p.processDataParts),
       options_schema_json: this.schema ? JSON.stringify(this.schema) : '',
+      speculative: Boolean(p.speculative),
     };
   }
 
@@ -278,6 +279,7 @@ class Servicer {
           processors: [...this.hosted.values()].map((x) => x.info()),
           sdk: `procmesh-node/${version}`,
           tools: [...this.tools.values()].map((t) => t.info()),
+          fuses: true,
         });
       },
     };

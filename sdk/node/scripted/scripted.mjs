@@ -1,7 +1,7 @@
 // Scripted processors: the conformance scenarios' rule language (../../../../shared/conformance/
 // FORMAT.md) as Node processors, the twin of sidecars/scripted.py. A scenario's PROCESSOR
-// ({id, processDataParts, processInput: [RULE...], ...}) becomes a processor implementing
-// exactly the hooks it lists.
+// ({id, processDataParts, speculative, processInput: [RULE...], ...}) becomes a processor
+// implementing exactly the hooks it lists; `speculative: true` declares it speculative.
 
 import { hooks } from '@procmesh/sdk';
 
@@ -272,7 +272,7 @@ if (unknown.length) throw new Error(`scripted implementations for hooks the SDK 
 
 /** A processor implementing exactly the hooks `spec` lists. */
 export function buildProcessor(spec) {
-  const processor = { id: spec.id, processDataParts: Boolean(spec.processDataParts), script: {} };
+  const processor = { id: spec.id, processDataParts: Boolean(spec.processDataParts), speculative: Boolean(spec.speculative), script: {} };
   for (const hook of HOOKS) {
     if (hook in spec) {
       processor.script[hook] = new Script(hook, spec[hook]);

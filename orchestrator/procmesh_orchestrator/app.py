@@ -122,6 +122,8 @@ class App:
         self.tools = ToolCatalog(config)
         self.hosted_tools: dict[str, dict[str, ppb.HostedTool]] = {}
         """Each sidecar's hosted tools (Describe), by name."""
+        self.fusing: set[str] = set()
+        """The sidecars whose Describe says they run fused requests."""
         self.agents: dict[str, Agent] = {}
         self._connect_timeout = connect_timeout
         self.sidecars: dict[str, SidecarConfig] = dict(config.sidecars)
@@ -210,6 +212,8 @@ class App:
                 ),
                 memory=self._memory(agent.memory),
                 store=self.suspended_runs_store,
+                fuse=self.config.fuse if agent.fuse is None else agent.fuse,
+                optimistic_first_step=agent.optimistic_first_step,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
         if any(a.durable for a in self.config.agents.values()):
@@ -279,6 +283,8 @@ class App:
                 await asyncio.sleep(0.1)
         self.catalog[name] = {p.id: p for p in described.processors}
         self.hosted_tools[name] = {t.name: t for t in described.tools}
+        if described.fuses:
+            self.fusing.add(name)
 
     def _error_lane(self, refs: Sequence[ProcessorRef], defaults: bool, where: str) -> list[ProcessorHandle]:
         user = self.resolve(refs, where)
@@ -313,6 +319,12 @@ class App:
                 f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
             )
         _check_options(ref, info, where)
+        if ref.speculative and not info.speculative:
+            raise ConfigError(
+                f"{where}.speculative: processor {ref.processor!r} does not declare itself "
+                "speculative in Describe (only a processor may say its calls can be thrown away)"
+            )
+        shadow = ref.mode == "shadow"
         return ProcessorHandle(
             key=ref.processor if ref.name is None else f"{ref.processor}#{ref.name}",
             processor_id=ref.instance,
@@ -322,8 +334,11 @@ class App:
             hooks=hook_names(info.hooks),
             process_data_parts=info.process_data_parts,
             timeout=ref.timeout or sidecar.timeout,
-            on_failure="fail-open" if ref.mode == "shadow" else ref.on_failure or sidecar.on_failure,
-            shadow=ref.mode == "shadow",
+            on_failure="fail-open" if shadow else ref.on_failure or sidecar.on_failure,
+            shadow=shadow,
+            speculative=info.speculative and ref.speculative is not False,
+            # a shadow processor's verdict is not the run's: it never shares a request
+            fuse_key=ref.sidecar if ref.sidecar in self.fusing and not shadow else "",
         )
 
     def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:

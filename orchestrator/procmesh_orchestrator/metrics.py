@@ -26,6 +26,13 @@ class OrchestratorMetrics:
             buckets=_BUCKETS,
             registry=r,
         )
+        self.speculative_calls = Counter(
+            "procmesh_speculative_calls_total",
+            "Hook calls sent before their input was final, by outcome: committed (the input held) "
+            "or discarded (an earlier processor changed it, or aborted).",
+            ["processor", "hook", "outcome"],
+            registry=r,
+        )
         self.shadow_verdicts = Counter(
             "procmesh_shadow_verdicts_total",
             "Verdicts of processors in shadow mode (recorded, not enforced), by verdict (allow, abort).",

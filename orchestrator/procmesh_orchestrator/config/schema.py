@@ -115,6 +115,9 @@ class ProcessorRef(_Model):
     with its own options, state and tripwire id, and the key a workflow's ``map`` picks."""
     mode: Literal["enforce", "shadow"] = "enforce"
     """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
+    speculative: bool | None = None
+    """``false`` turns speculation off for this entry (the default follows the processor's
+    Describe); ``true`` for a processor that does not declare it is a start-up error."""
 
     @field_validator("processor")
     @classmethod
@@ -348,6 +351,12 @@ class AgentConfig(_Model):
     """Message history in threads of the `storage` store (none: every call stands alone)."""
     durable: bool = False
     """Every call is a durable run (checkpointed, taken over by another replica; see `durable`)."""
+    fuse: bool | None = None
+    """Neighbouring processors of one sidecar go in one request (default: the top-level `fuse`)."""
+    optimistic_first_step: bool = False
+    """The first model call starts while the input processors still run; nothing of it reaches
+    the caller, and no tool runs, before they all committed (a block cancels it, a rewrite
+    restarts it on the committed input)."""
 
     @field_validator("input_processors", "output_processors", "error_processors", mode="before")
     @classmethod
@@ -381,6 +390,9 @@ class Config(_Model):
     """The store agents' memory, suspended runs and durable runs use (opened when needed)."""
     durable: DurableConfig = DurableConfig()
     """Durable runs' leases and event log (used when an agent or a call is durable)."""
+    fuse: bool = True
+    """Neighbouring processors of a sidecar whose Describe says ``fuses`` go in one request
+    (agents may override it)."""
 
     @field_validator("providers")
     @classmethod

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf import struct_pb2
@@ -20,7 +20,16 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import wire
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
 from procmesh_orchestrator.processors.stream import OutputPipeline
-from procmesh_orchestrator.run.hooks import Chunk, Effects, HookArgs, Processor, Reply, RunInfo, StreamItem
+from procmesh_orchestrator.run.hooks import (
+    Attempt,
+    Chunk,
+    Effects,
+    HookArgs,
+    Processor,
+    Reply,
+    RunInfo,
+    StreamItem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +51,82 @@ def _outcome(response: Any, effects: Effects) -> str:
     return "rewrite" if changed else "pass"
 
 
+def _as_handle(item: Processor) -> ProcessorHandle:
+    assert isinstance(item, ProcessorHandle), f"only a processor handle is sent on its own: {item!r}"
+    return item
+
+
 def _as_lane_item(item: Processor) -> RunLaneItem:
     # The run hands back only what this side gave it (lane entries are ours): anything else is a bug.
     assert isinstance(item, ProcessorHandle | ParallelGroup), f"not a processor of this caller: {item!r}"
     return item
+
+
+class HookAttempt(Generic[R]):
+    """One processor's answer to a sent hook, applied only when the run commits it.
+
+    Until then nothing of it exists for the run: its state, its metrics, its failure policy
+    (a fail-closed failure of a call whose input turned out stale raises nothing) all wait for
+    `commit`; `discard` drops it (a speculative call whose input changed).
+    """
+
+    def __init__(
+        self, caller: GrpcHookCaller, handle: ProcessorHandle, hook: str, speculative: bool, took: float
+    ) -> None:
+        self.caller = caller
+        self.handle = handle
+        self.hook = hook
+        self.speculative = speculative
+        self.took = took
+        self.response: Any = None
+        self.effects = Effects()
+        self.state: struct_pb2.Struct | None = None
+        self.failure = ""
+        self.refused = False
+
+    def failed(self, cause: str, *, refused: bool = False) -> HookAttempt[R]:
+        self.failure, self.refused = cause, refused
+        return self
+
+    def answered(self, response: Any, effects: tpb.HookEffects) -> None:
+        self.effects = wire.read_effects(self.handle.processor_id, self.hook, effects)
+        self.response = response
+        if effects.HasField("state"):
+            self.state = effects.state
+
+    def span_outcome(self) -> str:
+        return "failure" if self.failure else _outcome(self.response, self.effects)
+
+    def settle(self) -> tuple[Any, Effects]:
+        """Apply it: the state, the metrics, the failure policy (raises when fail-closed);
+        (response, effects), the response None when nothing of it applies."""
+        handle, hook, metrics = self.handle, self.hook, self.caller.metrics
+        pid = handle.processor_id
+        if self.speculative:
+            metrics.speculative_calls.labels(pid, hook, "committed").inc()
+        metrics.processor_call_duration.labels(pid, hook).observe(self.took)
+        if self.failure:
+            self.caller.fail(handle, hook, self.failure, input_refused=self.refused)
+            return None, Effects()
+        if handle.shadow:
+            self.caller.shadow_verdict(handle, hook, self.effects.abort)
+            return None, Effects(violations=self.effects.violations)
+        if self.state is not None:
+            self.caller.info.states[pid] = self.state
+        metrics.processor_call(pid, hook, "abort" if self.effects.abort else "ok")
+        return self.response, self.effects
+
+    def commit(self) -> Reply[R]:
+        """Apply it (`settle`) and read the hook's result."""
+        response, effects = self.settle()
+        return Reply(None if response is None else wire.read_result(self.hook, response), effects)
+
+    def discard(self) -> None:
+        """Drop it: nothing of it applies (counted when it was speculative)."""
+        if self.speculative:
+            self.caller.metrics.speculative_calls.labels(
+                self.handle.processor_id, self.hook, "discarded"
+            ).inc()
 
 
 class GrpcHookCaller:
@@ -147,60 +228,90 @@ class GrpcHookCaller:
 
     async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
         """Call a unary hook with the run's arguments; an empty reply when failed open."""
-        hook = args.hook
-        answer = await self.invoke(_as_lane_item(item), hook, wire.build_request(args))
-        response, effects = answer
-        if response is None:
-            return Reply(None, effects)
-        result: R = wire.read_result(hook, response)
-        return Reply(result, effects)
+        lane_item = _as_lane_item(item)
+        if isinstance(lane_item, ParallelGroup):
+            response, effects = await self._invoke_parallel(lane_item, args.hook, wire.build_request(args))
+            return Reply(None if response is None else wire.read_result(args.hook, response), effects)
+        (attempt,) = await self.send([lane_item], args)
+        return attempt.commit()
 
-    async def invoke(self, item: RunLaneItem, hook: str, request: Any) -> tuple[Any, Effects]:
-        """Call `hook` with a built request: (response, effects), response None when nothing applies."""
-        if isinstance(item, ParallelGroup):
-            return await self._invoke_parallel(item, hook, request)
-        self.fill_context(request.context, item)
-        attributes = {"procmesh.processor.id": item.processor_id, "procmesh.hook": hook}
+    def send(
+        self, group: Sequence[Processor], args: HookArgs[R], *, speculative: bool = False
+    ) -> asyncio.Task[list[Attempt[R]]]:
+        """Start a unary hook on `group`, one request, nothing applied until an attempt commits.
+
+        Several processors go as one fused request (`RunContext.fused`); the answer has an
+        attempt for each processor that ran, in order (the others did not run). The request's
+        contexts are filled now, so the run's counters at this moment are the ones sent.
+        """
+        handles = [_as_handle(item) for item in group]
+        request = wire.build_request(args)
+        first, rest = handles[0], handles[1:]
+        self.fill_context(request.context, first)
+        for handle in rest:
+            fused = request.context.fused.add(processor_id=handle.hosted_id or handle.processor_id)
+            fused.options.CopyFrom(handle.options)
+            state = self.info.states.get(handle.processor_id)
+            if isinstance(state, struct_pb2.Struct):
+                fused.state.CopyFrom(state)
+        timeout = self.timeout_for(min(handles, key=lambda h: h.timeout))
+        return asyncio.create_task(self._attempts(handles, args.hook, request, timeout, speculative))
+
+    async def _attempts(
+        self, handles: list[ProcessorHandle], hook: str, request: Any, timeout: float, speculative: bool
+    ) -> list[Attempt[R]]:
+        return list(await self._exchange(handles, hook, request, timeout, speculative))
+
+    async def _exchange(
+        self, handles: list[ProcessorHandle], hook: str, request: Any, timeout: float, speculative: bool
+    ) -> list[HookAttempt[Any]]:
+        first = handles[0]
+        attributes: dict[str, Any] = {"procmesh.processor.id": first.processor_id, "procmesh.hook": hook}
+        if len(handles) > 1:
+            attributes["procmesh.fused"] = [h.processor_id for h in handles[1:]]
         with tracing.span(
-            f"procmesh.hook {hook} {item.processor_id}", kind="client", attributes=attributes
+            f"procmesh.hook {hook} {first.processor_id}", kind="client", attributes=attributes
         ) as span:
-            response, effects = await self._invoke_one(item, hook, request, span)
-        return response, effects
-
-    async def _invoke_one(
-        self, item: ProcessorHandle, hook: str, request: Any, span: tracing.Span
-    ) -> tuple[Any, Effects]:
-        started = time.perf_counter()
-        try:
+            started = time.perf_counter()
             try:
-                response = await item.client.call(
-                    BY_NAME[hook].rpc, request, self.timeout_for(item), metadata=tracing.metadata()
+                response = await first.client.call(
+                    BY_NAME[hook].rpc, request, timeout, metadata=tracing.metadata()
                 )
-            finally:
-                self.metrics.processor_call_duration.labels(item.processor_id, hook).observe(
-                    time.perf_counter() - started
+            except ProcmeshError as exc:
+                span.outcome("failure")
+                refused = exc.code == grpc.StatusCode.INVALID_ARGUMENT
+                failed: HookAttempt[Any] = HookAttempt(
+                    self, first, hook, speculative, time.perf_counter() - started
                 )
-            effects = wire.read_effects(item.processor_id, hook, response.effects, self.info.states)
-        except ProcmeshError as exc:
-            refused = exc.code == grpc.StatusCode.INVALID_ARGUMENT
-            span.outcome("failure")
-            self.fail(item, hook, f"{exc.code.name}: {exc}", input_refused=refused)
-            return None, Effects()
-        except MalformedResponseError as exc:
-            span.outcome("failure")
-            self.fail(item, hook, f"malformed response: {exc}")
-            return None, Effects()
-        span.outcome(_outcome(response, effects))
-        if item.shadow:
-            span.set("procmesh.shadow", True)
-            self.shadow_verdict(item, hook, effects.abort)
-            return None, Effects(violations=effects.violations)
-        self.metrics.processor_call(item.processor_id, hook, "abort" if effects.abort else "ok")
-        return response, effects
+                return [failed.failed(f"{exc.code.name}: {exc}", refused=refused)]
+            took = time.perf_counter() - started
+            outcomes: list[tuple[ProcessorHandle, tpb.HookEffects, str]] = [(first, response.effects, "")]
+            for handle, fused in zip(handles[1:], response.effects.fused, strict=False):
+                outcomes.append((handle, fused.effects, fused.error))
+            attempts: list[HookAttempt[Any]] = []
+            last = len(outcomes) - 1
+            for i, (handle, effects_pb, error) in enumerate(outcomes):
+                attempt: HookAttempt[Any] = HookAttempt(self, handle, hook, speculative, took)
+                attempts.append(attempt)
+                if error:
+                    attempt.failed(error)
+                    break
+                # a fused request's result fields are the last processor's: the ones before it
+                # returned their input unchanged
+                answer = response if i == last else wire.empty_response(hook)
+                try:
+                    attempt.answered(answer, effects_pb)
+                except MalformedResponseError as exc:
+                    attempt.failed(f"malformed response: {exc}")
+                    break
+            span.outcome(attempts[0].span_outcome())
+            if first.shadow:
+                span.set("procmesh.shadow", True)
+            return attempts
 
     async def _invoke_parallel(self, group: ParallelGroup, hook: str, request: Any) -> tuple[Any, Effects]:
         branches = [b for b in group.branches if b.has(hook)]
-        answers = await asyncio.gather(*(self.invoke(b, hook, _copy(request)) for b in branches))
+        answers = await asyncio.gather(*(self._branch(b, hook, _copy(request)) for b in branches))
         merged = Effects()
         picked: Any = None
         for branch, (response, effects) in zip(branches, answers, strict=True):
@@ -213,6 +324,12 @@ class GrpcHookCaller:
             if branch is group.branches[group.pick]:
                 picked = response
         return (picked if picked is not None else wire.empty_response(hook), merged)
+
+    async def _branch(self, handle: ProcessorHandle, hook: str, request: Any) -> tuple[Any, Effects]:
+        """One parallel branch's call, applied at once (a group is never speculative)."""
+        self.fill_context(request.context, handle)
+        (attempt,) = await self._exchange([handle], hook, request, self.timeout_for(handle), False)
+        return attempt.settle()
 
     # -- the output stream ---------------------------------------------------------------------
 

@@ -36,6 +36,12 @@ class ProcessorHandle:
     """The id the sidecar hosts it under, when the lane entry renamed it (several instances)."""
     tool_host: bool = False
     """The sidecar's hosted tools, not a processor: ExecuteTool goes with an empty processor id."""
+    speculative: bool = False
+    """Describe declared it speculative and its lane entry left that on: it may be called before
+    its input is final (`run.speculation`)."""
+    fuse_key: str = ""
+    """Lane neighbours with the same non-empty key share one request (the sidecar's name when its
+    Describe says ``fuses``); empty: never fused (shadow processors, tool hosts)."""
 
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""
@@ -59,6 +65,9 @@ class ParallelGroup:
     processor_id: str
     branches: tuple[ProcessorHandle, ...]
     pick: int = 0
+    speculative = False
+    """A group runs its branches itself: it is never called speculatively, nor fused."""
+    fuse_key = ""
 
     def has(self, hook: str) -> bool:
         """Whether any branch implements `hook`."""

@@ -260,7 +260,7 @@ class _Stage:
         if self.handle.shadow:  # record the verdict; the part goes on as it came
             abort = None
             if res.HasField("effects") and res.effects.HasField("abort"):
-                effects = read_effects(pid, HOOK, res.effects, None, decode_chunks=False)
+                effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
                 if effects.violations:
                     self.outq.put_nowait((_EFFECTS, StreamEffects(violations=effects.violations)))
                 abort = effects.abort
@@ -268,7 +268,7 @@ class _Stage:
             self.outq.put_nowait((_CHUNK, original))
             return
         if res.HasField("effects"):
-            effects = read_effects(pid, HOOK, res.effects, None, decode_chunks=False)
+            effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
             records = [signal_record(signal) for signal in effects.signals]
             if records or effects.violations:
                 self.outq.put_nowait((_EFFECTS, StreamEffects(records, effects.violations)))

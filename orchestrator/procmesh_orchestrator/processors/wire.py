@@ -241,11 +241,10 @@ def read_effects(
     processor_id: str,
     hook: str,
     effects: tpb.HookEffects,
-    states: dict[str, object] | None,
     *,
     decode_chunks: bool = True,
 ) -> h.Effects:
-    """Validate and convert a response's effects; the new state goes into `states` (when given).
+    """Validate and convert a response's effects (its state is the caller's to store, at commit).
 
     With ``decode_chunks=False`` the custom chunks are only validated: the output stream
     forwards them as the protobuf they are.
@@ -260,8 +259,6 @@ def read_effects(
         if not signal.contents and not signal.type:
             raise MalformedResponseError("signal without type or contents")
         out.signals.append(convert.signal_from_proto(signal))
-    if states is not None and effects.HasField("state"):
-        states[processor_id] = effects.state
     for violation in effects.violations:
         detail = convert.from_value(violation.detail) if violation.HasField("detail") else None
         out.violations.append(h.Violation(processor_id, violation.message, detail))

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procmesh_orchestrator.errors import TripwireAbort
@@ -14,10 +14,12 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import (
+    Attempt,
     Chunk,
     Effects,
     HookArgs,
     Processor,
+    Reply,
     RunInfo,
     StreamEffects,
     Violation,
@@ -150,6 +152,12 @@ class RunCore:
             return None
         return reply.result, reply.effects
 
+    def commit(self, attempt: Attempt[R]) -> Reply[R]:
+        """Apply a sent hook's answer (`run.speculation`); its violations are recorded now."""
+        reply = attempt.commit()
+        self._record(reply.effects.violations)
+        return reply
+
     def _record(self, violations: list[Violation]) -> None:
         for v in violations:
             self.violation(v.processor_id, v.message, v.detail)
@@ -223,12 +231,13 @@ class RunCore:
         if effects.abort is not None:
             raise self.aborted(effects.abort)
 
-    async def call_at(self, item: Processor, args: HookArgs[R], step_number: int) -> tuple[R, Effects] | None:
-        """A call with the step number and retry count processToolResult is given."""
+    @contextlib.contextmanager
+    def at_step(self, step_number: int) -> Iterator[None]:
+        """Calls made inside carry this step number and retry count 0 (processToolResult's)."""
         saved = self.info.step_number, self.info.retry_count
         self.info.step_number, self.info.retry_count = step_number, 0
         try:
-            return await self.call(item, args)
+            yield
         finally:
             self.info.step_number, self.info.retry_count = saved
 

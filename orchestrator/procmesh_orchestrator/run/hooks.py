@@ -10,9 +10,10 @@ tests implement it with a fake.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -33,6 +34,29 @@ class Processor(Protocol):
 
     def has(self, hook: str) -> bool:
         """Whether it implements `hook` (the seeds' name in snake_case)."""
+        ...
+
+
+@runtime_checkable
+class Batchable(Protocol):
+    """A lane entry the run may send a hook early or together with its neighbours (`run.speculation`).
+
+    Entries without these (framework processors) are called one at a time, on final input.
+    """
+
+    @property
+    def processor_id(self) -> str:
+        """Its identity for state: a batch holds it once."""
+        ...
+
+    @property
+    def speculative(self) -> bool:
+        """It may be called before its input is final (Describe said so; its config left it on)."""
+        ...
+
+    @property
+    def fuse_key(self) -> str:
+        """Neighbours with the same non-empty key may go in one request (one sidecar)."""
         ...
 
 
@@ -279,11 +303,33 @@ class ExecuteToolArgs(HookArgs[ExecuteToolResult]):
     messages: list[Message]
 
 
+class Attempt(Protocol[R]):
+    """A sent hook's answer from one processor: nothing of it applies until `commit`."""
+
+    def commit(self) -> Reply[R]:
+        """Apply its state, metrics and failure policy (raises when fail-closed); its reply."""
+        ...
+
+    def discard(self) -> None:
+        """Drop it: its input changed before it could apply."""
+        ...
+
+
 class HookCaller(Protocol):
     """The run's processors, for one run (built by a `CallerFactory` from its `RunInfo`)."""
 
     async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
         """Call a unary hook; failures follow the processor's policy (raise, or an empty reply)."""
+        ...
+
+    def send(
+        self, group: Sequence[Processor], args: HookArgs[R], *, speculative: bool = False
+    ) -> asyncio.Task[list[Attempt[R]]]:
+        """Start a hook on `group` (several `Batchable` entries of one `fuse_key`: one request).
+
+        The attempts are those of the processors that ran, in order; `speculative` counts them
+        in the speculative-call metrics when they commit or are discarded.
+        """
         ...
 
     def fail(self, item: Processor, hook: str, cause: str) -> None:

@@ -9,7 +9,8 @@ import time
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.base import RunCore
-from procmesh_orchestrator.run.hooks import APIErrorArgs, dedupe
+from procmesh_orchestrator.run.hooks import APIErrorArgs, APIErrorResult, Effects, Processor, dedupe
+from procmesh_orchestrator.run.speculation import walk
 
 log = logging.getLogger(__name__)
 
@@ -57,39 +58,40 @@ def error_retry_cap(run: RunCore) -> int | None:
 
 async def api_error(run: RunCore, err: APICallError) -> bool:
     """Run processAPIError (every lane, once each, until one asks for a retry); True to retry."""
-    items = [
-        i for i in dedupe([*run.input_lane, *run.output_lane, *run.error_lane]) if i.has("process_api_error")
-    ]
-    for item in items:
-        before = run.ml.view()
-        args = APIErrorArgs(
+    retry = False
+
+    def build(item: Processor) -> APIErrorArgs:
+        return APIErrorArgs(
             status=err.status,
             message=err.message,
             body=err.body,
             retryable=err.retryable,
             error_id=err.error_id,
             details=err.details,
-            messages=before,
+            messages=run.ml.view(),
             steps=run.steps,
         )
-        answer = await run.call(item, args)
-        if answer is None:
-            continue
-        result, effects = answer
+
+    async def apply(item: Processor, args: APIErrorArgs, result: APIErrorResult, effects: Effects) -> bool:
+        nonlocal retry
         if effects.abort is None and result.messages is not None:
-            run.system.extend(run.ml.apply(before, result.messages, msgs.INPUT))
+            run.system.extend(run.ml.apply(args.messages, result.messages, msgs.INPUT))
         await run.apply(effects)
-        if result.retry:
-            cap = error_retry_cap(run)
-            if cap is None or run.info.retry_count >= cap:
-                run.metrics.retry_budget_exhausted.labels("api_error").inc()
-                return False
-            if not await _wait_before_retry(run, result.retry_delay_ms):
-                return False
+        if not result.retry:
+            return False
+        cap = error_retry_cap(run)
+        if cap is None or run.info.retry_count >= cap:
+            run.metrics.retry_budget_exhausted.labels("api_error").inc()
+            return True
+        if await _wait_before_retry(run, result.retry_delay_ms):
             run.info.retry_count += 1
             run.metrics.retries.labels("api_error").inc()
-            return True
-    return False
+            retry = True
+        return True
+
+    lanes = dedupe([*run.input_lane, *run.output_lane, *run.error_lane])
+    await walk(run, lanes, "process_api_error", build, apply)
+    return retry
 
 
 async def _wait_before_retry(run: RunCore, delay_ms: float) -> bool:

@@ -11,17 +11,23 @@ from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import (
     Chunk,
+    Effects,
     InputArgs,
+    InputResult,
     InputStepArgs,
     InputStepResult,
     LLMRequestArgs,
+    LLMRequestResult,
     LLMResponseArgs,
+    LLMResponseResult,
+    MessagesResult,
     OutputResultArgs,
     OutputStepArgs,
     Processor,
     dedupe,
 )
 from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.run.speculation import walk
 from procmesh_orchestrator.run.tools import ProcessorTool
 
 
@@ -61,16 +67,14 @@ class StepConfig:
 
 async def process_input(run: RunCore) -> None:
     """processInput, input lane in order (its chunks are not streamed: the stream has not begun)."""
-    for item in run.input_lane:
-        if not item.has("process_input"):
-            continue
+
+    def build(item: Processor) -> InputArgs:
         # With memory, processInput is given the loaded history followed by the new input (SPEC §2).
-        before = run.ml.view(msgs.MEMORY, msgs.INPUT)
-        answer = await run.call(item, InputArgs(before, run.ml.view(), list(run.system)))
-        if answer is None:
-            continue
-        result, effects = answer
+        return InputArgs(run.ml.view(msgs.MEMORY, msgs.INPUT), run.ml.view(), list(run.system))
+
+    async def apply(item: Processor, args: InputArgs, result: InputResult, effects: Effects) -> bool:
         if effects.abort is None:
+            before = args.messages
             if result.all_messages is not None:
                 run.system.extend(run.ml.replace_all(result.all_messages, msgs.INPUT))
                 before = run.ml.view(msgs.MEMORY, msgs.INPUT)
@@ -79,17 +83,18 @@ async def process_input(run: RunCore) -> None:
             if result.messages is not None:
                 run.system.extend(run.ml.apply(before, result.messages, msgs.INPUT))
         await run.apply(effects, can_stream=False)
+        return False
+
+    await walk(run, run.input_lane, "process_input", build, apply)
 
 
 async def input_step(run: RunCore, cfg: StepConfig) -> None:
     """processInputStep, input lane in order: it may change the step's messages, model and tools."""
-    for item in run.input_lane:
-        if not item.has("process_input_step"):
-            continue
-        before = run.ml.view()
-        args = InputStepArgs(
+
+    def build(item: Processor) -> InputStepArgs:
+        return InputStepArgs(
             model=cfg.model.model_id,
-            messages=before,
+            messages=run.ml.view(),
             system_messages=list(run.system),
             tools=cfg.tools,
             tool_choice=cfg.tool_choice,
@@ -98,13 +103,14 @@ async def input_step(run: RunCore, cfg: StepConfig) -> None:
             model_settings=cfg.model_settings,
             steps=run.steps,
         )
-        answer = await run.call(item, args)
-        if answer is None:
-            continue
-        result, effects = answer
+
+    async def apply(item: Processor, args: InputStepArgs, result: InputStepResult, effects: Effects) -> bool:
         if effects.abort is None:
-            _step_overrides(run, result, cfg, before, item)
+            _step_overrides(run, result, cfg, args.messages, item)
         await run.apply(effects)
+        return False
+
+    await walk(run, run.input_lane, "process_input_step", build, apply)
 
 
 def _step_overrides(
@@ -149,18 +155,23 @@ async def llm_request(
 ) -> tuple[list[dict[str, Any]], CachedStep | None]:
     """processLLMRequest: input lane, then error lane (once each); the first cached response wins."""
     cached: CachedStep | None = None
-    items = [i for i in dedupe([*run.input_lane, *run.error_lane]) if i.has("process_llm_request")]
-    for item in items:
-        answer = await run.call(item, LLMRequestArgs(cfg.model.model_id, prompt, run.steps))
-        if answer is None:
-            continue
-        result, effects = answer
+
+    def build(item: Processor) -> LLMRequestArgs:
+        return LLMRequestArgs(cfg.model.model_id, prompt, run.steps)
+
+    async def apply(
+        item: Processor, args: LLMRequestArgs, result: LLMRequestResult, effects: Effects
+    ) -> bool:
+        nonlocal prompt, cached
         if effects.abort is None:
             if result.prompt is not None:
                 prompt = result.prompt
             if result.cached_response is not None and cached is None:
                 cached = CachedStep(result.cached_response, result.cached_tool_results)
         await run.apply(effects)
+        return False
+
+    await walk(run, dedupe([*run.input_lane, *run.error_lane]), "process_llm_request", build, apply)
     return prompt, cached
 
 
@@ -170,42 +181,43 @@ async def llm_response(run: RunCore, outcome: StepOutcome, model_id: str) -> Non
     A processor may ask to see the run's final result (`LLMResponseResult.output_result_if_clean`);
     `output_result` calls it at the run's clean end.
     """
-    for item in run.input_lane:
-        if not item.has("process_llm_response"):
-            continue
-        args = LLMResponseArgs(model_id, outcome.from_cache, outcome.raw_chunks, run.steps)
-        answer = await run.call(item, args)
-        if answer is None:
-            continue
-        result, effects = answer
+
+    def build(item: Processor) -> LLMResponseArgs:
+        return LLMResponseArgs(model_id, outcome.from_cache, outcome.raw_chunks, run.steps)
+
+    async def apply(
+        item: Processor, args: LLMResponseArgs, result: LLMResponseResult, effects: Effects
+    ) -> bool:
         waiting = {i.key for i in run.at_clean_end}
         if effects.abort is None and result.output_result_if_clean and item.key not in waiting:
             run.at_clean_end.append(item)
         await run.apply(effects)
+        return False
+
+    await walk(run, run.input_lane, "process_llm_response", build, apply)
 
 
 async def output_step(run: RunCore, outcome: StepOutcome) -> None:
     """processOutputStep, output lane in order: the step's messages may be replaced."""
-    for item in run.output_lane:
-        if not item.has("process_output_step"):
-            continue
-        before = run.ml.view()
-        args = OutputStepArgs(
+
+    def build(item: Processor) -> OutputStepArgs:
+        return OutputStepArgs(
             text=outcome.text,
             finish_reason=outcome.finish_reason,
-            messages=before,
+            messages=run.ml.view(),
             system_messages=list(run.system),
             tool_calls=outcome.tool_calls,
             usage=outcome.usage,
             steps=run.steps,
         )
-        answer = await run.call(item, args)
-        if answer is None:
-            continue
-        result, effects = answer
+
+    async def apply(item: Processor, args: OutputStepArgs, result: MessagesResult, effects: Effects) -> bool:
         if effects.abort is None and result.messages is not None:
-            run.system.extend(run.ml.apply(before, result.messages, msgs.RESPONSE))
+            run.system.extend(run.ml.apply(args.messages, result.messages, msgs.RESPONSE))
         await run.apply(effects)
+        return False
+
+    await walk(run, run.output_lane, "process_output_step", build, apply)
 
 
 async def output_result(
@@ -229,19 +241,21 @@ async def output_result(
 async def _output_result(
     run: RunCore, lane: Sequence[Processor], text: str, finish_reason: str
 ) -> tuple[str, TripwireAbort | None]:
-    for item in lane:
-        if not item.has("process_output_result"):
-            continue
-        before = run.ml.view(msgs.RESPONSE)
-        answer = await run.call(item, OutputResultArgs(before, text, finish_reason, run.usage, run.steps))
-        if answer is None:
-            continue
-        result, effects = answer
+    def build(item: Processor) -> OutputResultArgs:
+        return OutputResultArgs(run.ml.view(msgs.RESPONSE), text, finish_reason, run.usage, run.steps)
+
+    async def apply(
+        item: Processor, args: OutputResultArgs, result: MessagesResult, effects: Effects
+    ) -> bool:
+        nonlocal text
         if effects.abort is None and result.messages is not None:
-            run.ml.apply(before, result.messages, msgs.RESPONSE)
+            run.ml.apply(args.messages, result.messages, msgs.RESPONSE)
             text = run.text()
-        try:
-            await run.apply(effects)
-        except TripwireAbort as abort:
-            return "", abort
+        await run.apply(effects)
+        return False
+
+    try:
+        await walk(run, lane, "process_output_result", build, apply)
+    except TripwireAbort as abort:
+        return "", abort
     return text, None

@@ -13,7 +13,8 @@ from typing import Any
 
 from procmesh import tracing
 from procmesh_orchestrator.run.base import RunCore
-from procmesh_orchestrator.run.hooks import Chunk, ToolResultArgs
+from procmesh_orchestrator.run.hooks import Chunk, Effects, Processor, ToolResultArgs, ToolResultResult
+from procmesh_orchestrator.run.speculation import walk
 from procmesh_orchestrator.run.tools import ToolCall, ToolOutcome, invalid_args
 
 DECLINED = "Tool call was not approved by the user"
@@ -157,15 +158,17 @@ async def run_tools(
 
 
 async def _tool_result(run: RunCore, call: ToolCall, value: Any, step_number: int) -> Any:
-    for item in run.output_lane:
-        if not item.has("process_tool_result"):
-            continue
-        args = ToolResultArgs(call.name, call.call_id, call.args, value, run.ml.view(), run.steps)
-        answer = await run.call_at(item, args, step_number)
-        if answer is None:
-            continue
-        result, effects = answer
+    def build(item: Processor) -> ToolResultArgs:
+        return ToolResultArgs(call.name, call.call_id, call.args, value, run.ml.view(), run.steps)
+
+    async def apply(
+        item: Processor, args: ToolResultArgs, result: ToolResultResult, effects: Effects
+    ) -> bool:
+        nonlocal value
         if effects.abort is None and result.replaced:
             value = result.result
         await run.apply(effects)
+        return False
+
+    await walk(run, run.output_lane, "process_tool_result", build, apply, step_number=step_number)
     return value

@@ -51,6 +51,10 @@ class AgentSpec:
     store: Callable[[], Awaitable[MemoryStore]] | None = None
     """Opens (once) the store where a run suspended for a tool approval is kept until it resumes,
     on any replica sharing it; the App opens its configured `storage` on first use."""
+    fuse: bool = True
+    """Neighbouring processors of one sidecar that runs fused requests go in one request."""
+    optimistic_first_step: bool = False
+    """The first model call starts while the input processors still run (`run.optimistic`)."""
     warned_implicit_cap: bool = False
 
 

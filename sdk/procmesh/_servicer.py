@@ -25,6 +25,7 @@ import grpc
 
 from procmesh import convert, tracing
 from procmesh._encode import fill_effects
+from procmesh._fused import run_fused
 from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
 from procmesh._hosted import Hosted
 from procmesh._metrics import SidecarMetrics
@@ -105,7 +106,7 @@ class Servicer:
             fuses=True,
         )
 
-    def lookup(self, ctx: tpb.RunContext, hook: str) -> Hosted:
+    def lookup(self, ctx: tpb.RunContext | tpb.FusedProcessor, hook: str) -> Hosted:
         """The processor a request names, once the server is ready and if it implements `hook`."""
         if not self.ready:
             raise NotReadyError("the sidecar is starting or draining; retry when health reports SERVING")
@@ -120,13 +121,24 @@ class Servicer:
             raise UnimplementedError(f"processor {hosted.id!r} does not implement {hook}")
         return hosted
 
+    def lookup_fused(self, ctx: tpb.RunContext, hook: str) -> list[Hosted]:
+        """The further processors a fused request names (``context.fused``), each as `lookup` finds it."""
+        return [self.lookup(member, hook) for member in ctx.fused]
+
     @staticmethod
-    def base_kwargs(hosted: Hosted, ctx: tpb.RunContext, effects: HookEffects) -> dict[str, Any]:
-        """The arguments every hook may declare, from the request's RunContext."""
+    def base_kwargs(
+        hosted: Hosted, ctx: tpb.RunContext, effects: HookEffects, member: tpb.FusedProcessor | None = None
+    ) -> dict[str, Any]:
+        """The arguments every hook may declare, from the request's RunContext.
+
+        For a further processor of a fused request, `member` (its ``context.fused`` entry) gives
+        its own options and state; the rest of the context is the request's.
+        """
+        own = ctx if member is None else member
         return {
             "abort": effects.abort_hook,
-            "state": convert.from_struct(ctx.state),
-            "options": hosted.options(ctx.options),
+            "state": convert.from_struct(own.state),
+            "options": hosted.options(own.options),
             "retry_count": ctx.retry_count,
             "step_number": ctx.step_number,
             "run_id": ctx.run_id,
@@ -137,13 +149,25 @@ class Servicer:
             "send_signal": effects.send_signal,
             "writer": Writer(effects),
             "report_violation": effects.report_violation,
-            "model": Models(ctx.processor_id, ctx.run_id),
+            "model": Models(hosted.id, ctx.run_id),
         }
 
-    async def invoke(self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects) -> Any:
-        """Run one hook with the arguments it declares (on the hook loop); a TripWire becomes the abort."""
+    async def invoke(
+        self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects, *, quiet: bool = False
+    ) -> Any:
+        """Run one hook with the arguments it declares (on the hook loop); a TripWire becomes the abort.
+
+        `quiet`: a replay that rebuilds state after a rewind (`_rewind`), neither timed nor counted:
+        the call it repeats already was.
+        """
         params = hosted.params[hook]
         args = kwargs if params is None else {k: kwargs[k] for k in params}
+        if quiet:
+            try:
+                return await hosted.hooks[hook](**args)
+            except TripWire as trip:
+                effects.abort = trip
+                return None
         started = time.perf_counter()
         outcome = "ok"
         try:
@@ -178,7 +202,9 @@ class Servicer:
             return f"malformed {rpc} request: nested too deeply"
         return f"malformed {rpc} request: {exc}"
 
-    async def serve_call(self, hosted: Hosted, hook: Hook, request: Any) -> Any:
+    async def serve_call(
+        self, hosted: Hosted, hook: Hook, request: Any, member: tpb.FusedProcessor | None = None
+    ) -> Any:
         """One unary call's work, on the processor's hook loop: arguments, the hook, the response.
 
         Converting a large request to dicts and its answer back (a 1 MB message with 90,000
@@ -186,7 +212,7 @@ class Servicer:
         checks waiting for seconds, so all of it runs where the hook runs.
         """
         effects = HookEffects(hosted.id)
-        kwargs = self.base_kwargs(hosted, request.context, effects)
+        kwargs = self.base_kwargs(hosted, request.context, effects, member)
         kwargs.update(hook.decode(request))
         try:
             result = await self.invoke(hosted, hook.name, kwargs, effects)
@@ -243,12 +269,19 @@ class Servicer:
             self._metrics.tool_calls.labels(tool.name, outcome).inc()
             self._metrics.tool_latency.labels(tool.name).observe(time.perf_counter() - started)
 
-    async def run_hook(self, hosted: Hosted, hook: Hook, request: Any, context: Context) -> Any:
+    async def run_hook(
+        self,
+        hosted: Hosted,
+        hook: Hook,
+        request: Any,
+        context: Context,
+        member: tpb.FusedProcessor | None = None,
+    ) -> Any:
         """A unary hook call on the processor's hook loop, inside the sidecar's span of it."""
         with hook_span(hook.name, hosted.id, context) as span:
             left = context.time_remaining()
             hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
-            resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request))
+            resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
             span.outcome(outcome_of(resp))
             return resp
 
@@ -258,6 +291,8 @@ class Servicer:
         async def handle(raw: bytes, context: Context) -> Any:
             try:
                 request = decode(hook.request, raw, hook.name, self.rejects)
+                if request.context.fused:
+                    raise InvalidInputError("ExecuteTool runs one tool: context.fused must be empty")
                 if request.context.processor_id:  # a tool the processor added: as every hook
                     hosted = self.lookup(request.context, hook.name)
                     return await self.run_hook(hosted, hook, request, context)
@@ -278,7 +313,10 @@ class Servicer:
         async def handle(raw: bytes, context: Context) -> Any:
             try:
                 request = decode(hook.request, raw, hook.name, self.rejects)
-                return await self.run_hook(self.lookup(request.context, hook.name), hook, request, context)
+                hosted = self.lookup(request.context, hook.name)
+                if request.context.fused:
+                    return await run_fused(self, hosted, hook, request, context)
+                return await self.run_hook(hosted, hook, request, context)
             except ProcmeshError as exc:
                 await context.abort(exc.code, clip(str(exc)))
             except MALFORMED as exc:

@@ -5,23 +5,29 @@ once from the first request's context, ``state`` and ``stream_parts`` live for t
 stream, and each part gets fresh effects (its abort, signals, custom chunks, violations).
 A whole batch is handled in one trip to the processor's hook loop (`HookLoop`), not one per
 part: the orchestrator batches whatever is queued, so the thread hop is paid once per batch.
+
+A fused stream (``context.fused``) runs each part through every processor it names (`_chain`).
+A stream whose processors are all speculative keeps what undoes its uncommitted batches
+(`_rewind`), so ``rewind_to`` can withdraw parts; any other stream refuses it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from procmesh import convert, tracing
+from procmesh._chain import through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._processor import HookEffects, Writer
-from procmesh.errors import ProcmeshError
+from procmesh._rewind import History
+from procmesh.errors import FailedPreconditionError, ProcmeshError
 from procmesh.hooks import Hook
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
 
 if TYPE_CHECKING:
     from procmesh._hosted import Hosted
@@ -30,34 +36,71 @@ if TYPE_CHECKING:
 StreamHandler = Callable[[AsyncIterator[bytes], "Context"], AsyncIterator[ppb.ProcessOutputStreamResponse]]
 
 
-def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
-    """The stream-stream handler for `hook` (an async generator function, as grpc.aio expects)."""
-    name = hook.name
+class Stage:
+    """One processor of a stream session: its arguments for the whole stream and what it has seen."""
 
-    async def batch(
-        hosted: Hosted, req: ppb.ProcessOutputStreamRequest, kwargs: dict[str, Any], stream_parts: list[Any]
-    ) -> tuple[list[ppb.StreamPartResult], bool]:
-        """One request's parts through the hook (runs on the hook loop); True when one aborted."""
+    __slots__ = ("data_parts", "error", "hosted", "kwargs", "stream_parts")
+
+    def __init__(self, servicer: Servicer, hosted: Hosted, ctx: tpb.RunContext, member: Any = None) -> None:
+        self.hosted = hosted
+        self.kwargs = servicer.base_kwargs(hosted, ctx, HookEffects(hosted.id), member)
+        self.stream_parts: list[Any] = []
+        self.kwargs["stream_parts"] = self.stream_parts
+        self.data_parts = hosted.processor.process_data_parts
+        self.error = ""
+        """Why its hook failed (a fused stream's further processor then passes parts through)."""
+
+    def takes(self, kind: str) -> bool:
+        """Whether a chunk of this type goes to its hook."""
+        return not self.error and (self.data_parts or not kind.startswith("data-"))
+
+
+class _Session:
+    """One ProcessOutputStream call's processors, their hook calls, and its rewind history."""
+
+    def __init__(self, servicer: Servicer, hook: Hook, ctx: tpb.RunContext) -> None:
+        self.servicer = servicer
+        self.hook = hook
+        first = servicer.lookup(ctx, hook.name)
+        fused = servicer.lookup_fused(ctx, hook.name)
+        self.stages = [Stage(servicer, first, ctx)]
+        self.stages += [Stage(servicer, h, ctx, m) for h, m in zip(fused, ctx.fused, strict=True)]
+        self.announce = ctx.announce_signals
+        speculative = all(s.hosted.processor.speculative for s in self.stages)
+        self.history = History(self.stages) if speculative else None
+
+    async def call(self, stage: Stage, part: dict[str, Any], effects: HookEffects, quiet: bool) -> Any:
+        """One part through one processor's hook (on its hook loop)."""
+        stage.stream_parts.append(part)
+        kwargs = stage.kwargs
+        kwargs["part"] = part
+        kwargs["abort"] = effects.abort_hook
+        kwargs["send_signal"] = effects.send_signal
+        kwargs["writer"] = Writer(effects)
+        kwargs["report_violation"] = effects.report_violation
+        return await self.servicer.invoke(stage.hosted, self.hook.name, kwargs, effects, quiet=quiet)
+
+    async def batch(self, items: Any, *, quiet: bool = False) -> tuple[list[ppb.StreamPartResult], bool]:
+        """One request's parts through the processors; True when one aborted (the stream ends)."""
+        if len(self.stages) > 1:
+            return await through_all(
+                self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
+            )
+        stage = self.stages[0]
+        return await stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
+
+    async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
+        """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
         results = []
-        for item in req.parts:
-            decoded = hook.decode(item)
-            part = decoded["part"]
-            if part["type"].startswith("data-") and not hosted.processor.process_data_parts:
+        for item in items:
+            if not stage.takes(item.part.type):
                 passed = ppb.StreamPartResult(seq=item.seq)
                 passed.part.CopyFrom(item.part)
                 results.append(passed)
                 continue
-            stream_parts.append(part)
-            effects = HookEffects(hosted.id)
-            kwargs.update(
-                decoded,
-                abort=effects.abort_hook,
-                send_signal=effects.send_signal,
-                writer=Writer(effects),
-                report_violation=effects.report_violation,
-            )
-            out = await servicer.invoke(hosted, name, kwargs, effects)
-            res = ppb.StreamPartResult() if effects.abort is not None else hook.encode(out, kwargs)
+            effects = HookEffects(stage.hosted.id)
+            out = await self.call(stage, convert.chunk_from_proto(item.part), effects, quiet)
+            res = ppb.StreamPartResult() if effects.abort is not None else self.hook.encode(out, stage.kwargs)
             res.seq = item.seq
             fill_effects(res.effects, effects, None)
             results.append(res)
@@ -65,34 +108,61 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                 return results, True
         return results, False
 
+    async def answer(self, req: ppb.ProcessOutputStreamRequest) -> tuple[list[ppb.StreamPartResult], bool]:
+        """A request: its rewind, its commit, then its parts."""
+        if req.rewind_to or req.committed_through:
+            if self.history is None:
+                field = "rewind_to" if req.rewind_to else "committed_through"
+                raise FailedPreconditionError(
+                    f"{field} is only for speculative processors; not speculative: "
+                    f"{[s.hosted.id for s in self.stages if not s.hosted.processor.speculative]}"
+                )
+            if req.rewind_to:
+                await self.history.rewind(req.rewind_to, lambda kept: self.batch(kept, quiet=True))
+            if req.committed_through:
+                self.history.commit(req.committed_through)
+        if self.history is not None:
+            self.history.keep(req.parts)
+        return await self.batch(req.parts)
+
+    def end(self) -> ppb.StreamEnd:
+        """The StreamEnd: every processor's state (the further ones' in ``fused_states``)."""
+        first, *others = self.stages
+        end = ppb.StreamEnd(state=convert.to_struct(first.kwargs.get("state")))
+        for stage in others:
+            end.fused_states.add().CopyFrom(convert.to_struct(stage.kwargs.get("state")))
+        return end
+
+
+def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
+    """The stream-stream handler for `hook` (an async generator function, as grpc.aio expects)."""
+    name = hook.name
+
     async def handle(
         request_iterator: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[ppb.ProcessOutputStreamResponse]:
-        hosted: Hosted | None = None
-        kwargs: dict[str, Any] = {}
-        stream_parts: list[dict[str, Any]] = []
+        session: _Session | None = None
         # One span for the session; not current: it lives across this generator's yields.
         span = tracing.Span()
         try:
             async for raw in request_iterator:
                 req = decode(hook.request, raw, name, servicer.rejects)
-                if hosted is None:
-                    hosted = servicer.lookup(req.context, name)
-                    kwargs = servicer.base_kwargs(hosted, req.context, HookEffects(hosted.id))
-                    kwargs["stream_parts"] = stream_parts
+                if session is None:
+                    session = _Session(servicer, hook, req.context)
+                    pid = session.stages[0].hosted.id
                     span = tracing.start(
-                        f"procmesh.hook {name} {hosted.id}",
+                        f"procmesh.hook {name} {pid}",
                         kind="server",
-                        attributes={"procmesh.hook": name, "procmesh.processor.id": hosted.id},
+                        attributes={"procmesh.hook": name, "procmesh.processor.id": pid},
                         parent=context.invocation_metadata() if tracing.enabled() else None,
                     )
                     span.outcome("pass")
-                results, aborted = await hosted.loop.run(partial(batch, hosted, req, kwargs, stream_parts))
+                results, aborted = await session.answer(req)
                 yield ppb.ProcessOutputStreamResponse(results=results)
                 if aborted:
                     span.outcome("abort")
                     break
-            end = ppb.StreamEnd(state=convert.to_struct(kwargs.get("state")))
+            end = session.end() if session is not None else ppb.StreamEnd()
             yield ppb.ProcessOutputStreamResponse(end=end)
             # After an abort the call stays open until the client half-closes or cancels:
             # ending it first can fail a write the client has in flight, and grpc clients

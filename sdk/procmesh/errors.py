@@ -82,6 +82,13 @@ class UnauthenticatedError(ProcmeshError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class FailedPreconditionError(ProcmeshError):
+    """The request asks for what this processor did not declare, e.g. a rewind of one that is
+    not speculative (FAILED_PRECONDITION): resending it will not help."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class InternalError(ProcmeshError):
     """The processor raised an unexpected exception (INTERNAL)."""
 
@@ -98,6 +105,7 @@ _BY_CODE: dict[grpc.StatusCode, type[ProcmeshError]] = {
         DeadlineExceededError,
         UnavailableError,
         UnauthenticatedError,
+        FailedPreconditionError,
         InternalError,
     )
 }

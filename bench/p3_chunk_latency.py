@@ -1,8 +1,11 @@
-"""P3: added latency per chunk at 50 chunks/s through 3 sidecars, against a raw gRPC floor."""
+"""P3: added latency per chunk at 50 chunks/s through 3 speculative sidecars, and through the same
+3 processors fused in one sidecar, against ONE raw grpc.aio bidi echo hop measured in the same
+rounds (and, for the record, 3 raw hops in a row)."""
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,14 +13,17 @@ from typing import Any
 import grpc
 
 from bench.echo_server import STREAM_METHOD
-from bench.harness import agent_with, pct
+from bench.harness import agent, figure, pct, rounds
 from procmesh import convert
 from procmesh.v1 import processor_pb2 as ppb
-from procmesh_orchestrator import ModelRequest, ProcessorHandle, ScriptedModel
+from procmesh_orchestrator import App, ModelRequest, ScriptedModel
+
+INTERVAL = 0.02
+"""50 chunks/s."""
 
 
 class TimedModel(ScriptedModel):
-    """Streams numbered deltas at a fixed rate, recording when each left the model (P3)."""
+    """Streams numbered deltas at a fixed rate, recording when each left the model."""
 
     def __init__(self, n: int, interval_s: float) -> None:
         super().__init__([])
@@ -34,21 +40,23 @@ class TimedModel(ScriptedModel):
         yield {"type": "finish", "payload": {"finishReason": "stop", "usage": {}}}
 
 
-async def chunk_latencies(output: list[ProcessorHandle], n: int) -> list[float]:
-    model = TimedModel(n, 0.02)
-    agent = agent_with(model, output)
-    stream = agent.stream("go")
+async def chunk_latencies(app: App, agent_id: str, n: int) -> list[float]:
+    """Milliseconds from the model's yield to the caller's read, per text delta."""
+    model = TimedModel(n, INTERVAL)
+    stream = agent(app, agent_id, model).stream("go")
     lat = []
     async for chunk in stream:
         if chunk["type"] == "text-delta":
             i = int(chunk["payload"]["text"])
             lat.append((time.perf_counter() - model.sent[i]) * 1000)
-    await stream.result()
+    result = await stream.result()
+    if result.error or len(lat) != n:
+        raise RuntimeError(f"bench run failed: {result.error} ({len(lat)}/{n} deltas)")
     return lat
 
 
-async def raw_chain_latencies(address: str, n: int) -> list[float]:
-    """The floor under P3: one chunk-sized message through 3 raw gRPC bidi echo hops in a row, 50/s."""
+async def raw_hops(channel: grpc.aio.Channel, hops: int, n: int) -> list[float]:
+    """One chunk-sized message through `hops` raw bidi echo streams in a row, at the same rate."""
     payload = ppb.ProcessOutputStreamRequest(
         parts=[
             ppb.StreamPart(
@@ -56,12 +64,11 @@ async def raw_chain_latencies(address: str, n: int) -> list[float]:
             )
         ]
     ).SerializeToString()
-    channel = grpc.aio.insecure_channel(address)
-    calls = [channel.stream_stream(STREAM_METHOD)() for _ in range(3)]
+    calls = [channel.stream_stream(STREAM_METHOD)() for _ in range(hops)]
     lat = []
     for i in range(n):
         if i:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(INTERVAL)
         t0 = time.perf_counter()
         for call in calls:
             await call.write(payload)
@@ -69,22 +76,54 @@ async def raw_chain_latencies(address: str, n: int) -> list[float]:
         lat.append((time.perf_counter() - t0) * 1000)
     for call in calls:
         call.cancel()
-    await channel.close()
     return lat
 
 
-async def measure(side: list[ProcessorHandle], echo_address: str, n: int) -> dict[str, float]:
-    """Per-chunk latency with no processors, through the sidecars, and through raw echo hops."""
-    base = await chunk_latencies([], n)
-    lat = await chunk_latencies(side, n)
-    raw = await raw_chain_latencies(echo_address, n)
+async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
+    """Per round: no processors, 3 sidecars, 3 fused, one raw hop, 3 raw hops; the figures are the
+    median over rounds of (that round's p99 through the processors - its no-processor p50) / that
+    round's one-hop p99."""
+    channel = grpc.aio.insecure_channel(echo_address)
+    got = await rounds(
+        {
+            "base": lambda: chunk_latencies(app, "none", n),
+            "sidecars": lambda: chunk_latencies(app, "sidecars-3", n),
+            "fused": lambda: chunk_latencies(app, "fused-3", n),
+            "one_hop": lambda: raw_hops(channel, 1, n),
+            "three_hops": lambda: raw_hops(channel, 3, n),
+        }
+    )
+    await channel.close()
+
+    def added_p99(kind: str) -> list[float]:
+        return [pct(lat, 0.99) - pct(base, 0.5) for lat, base in zip(got[kind], got["base"], strict=True)]
+
+    hop_p99 = [pct(lat, 0.99) for lat in got["one_hop"]]
+    side_ratio, side_spread = figure([a / h for a, h in zip(added_p99("sidecars"), hop_p99, strict=True)])
+    fused_ratio, fused_spread = figure([a / h for a, h in zip(added_p99("fused"), hop_p99, strict=True)])
+    floor_ratio = figure(
+        [pct(lat, 0.99) / pct(raw, 0.99) for lat, raw in zip(got["sidecars"], got["three_hops"], strict=True)]
+    )[0]
+
+    def pooled(kind: str, q: float) -> float:
+        return pct([x for run in got[kind] for x in run], q)
+
     return {
-        "p3_p50_ms": pct(lat, 0.5),
-        "p3_p99_ms": pct(lat, 0.99),
-        "p3_baseline_p50_ms": pct(base, 0.5),
-        "p3_baseline_p99_ms": pct(base, 0.99),
-        "p3_raw_grpc_floor_p50_ms": pct(raw, 0.5),
-        "p3_raw_grpc_floor_p99_ms": pct(raw, 0.99),
-        "p3_ratio_p99_vs_raw_floor": pct(lat, 0.99) / pct(raw, 0.99),
-        "p3_added_p99_ms": pct(lat, 0.99) - pct(base, 0.5),
+        "p3_p50_ms": pooled("sidecars", 0.5),
+        "p3_p99_ms": pooled("sidecars", 0.99),
+        "p3_fused_p50_ms": pooled("fused", 0.5),
+        "p3_fused_p99_ms": pooled("fused", 0.99),
+        "p3_baseline_p50_ms": pooled("base", 0.5),
+        "p3_baseline_p99_ms": pooled("base", 0.99),
+        "p3_one_hop_p50_ms": pooled("one_hop", 0.5),
+        "p3_one_hop_p99_ms": pooled("one_hop", 0.99),
+        "p3_raw_grpc_floor_p50_ms": pooled("three_hops", 0.5),
+        "p3_raw_grpc_floor_p99_ms": pooled("three_hops", 0.99),
+        "p3_ratio_p99_vs_raw_floor": floor_ratio,
+        "p3_added_p99_ms": statistics.median(added_p99("sidecars")),
+        "p3_fused_added_p99_ms": statistics.median(added_p99("fused")),
+        "p3_ratio_p99_vs_one_hop": side_ratio,
+        "p3_ratio_p99_vs_one_hop_spread": side_spread,
+        "p3_ratio_p99_fused_vs_one_hop": fused_ratio,
+        "p3_ratio_p99_fused_vs_one_hop_spread": fused_spread,
     }

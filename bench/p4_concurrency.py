@@ -6,13 +6,13 @@ import asyncio
 import time
 from typing import Any
 
-from bench.harness import agent_with, deltas, peak_rss_mb, stream_run
-from procmesh_orchestrator import ProcessorHandle, ScriptedModel, SidecarProcess
+from bench.harness import agent, deltas, peak_rss_mb, stream_run
+from procmesh_orchestrator import App, ScriptedModel, SidecarProcess
 
 
-async def concurrent_runs(output: list[ProcessorHandle], runs: int, n_deltas: int) -> tuple[int, float]:
+async def concurrent_runs(app: App, agent_id: str, runs: int, n_deltas: int) -> tuple[int, float]:
     async def one() -> bool:
-        count, error = await stream_run(agent_with(ScriptedModel(deltas(n_deltas)), output))
+        count, error = await stream_run(agent(app, agent_id, ScriptedModel(deltas(n_deltas))))
         return error is None and count == n_deltas
 
     t0 = time.perf_counter()
@@ -22,11 +22,9 @@ async def concurrent_runs(output: list[ProcessorHandle], runs: int, n_deltas: in
     return errors, runs / elapsed
 
 
-async def measure(
-    side: list[ProcessorHandle], inproc: list[ProcessorHandle], sidecars: list[SidecarProcess], runs: int
-) -> dict[str, Any]:
+async def measure(app: App, sidecars: list[SidecarProcess], runs: int) -> dict[str, Any]:
     """Runs/s and errors each way; peak RSS is read right after the sidecar runs, before in-process."""
-    errors, rps = await concurrent_runs(side, runs, 50)
+    errors, rps = await concurrent_runs(app, "sidecars-3", runs, 50)
     results: dict[str, Any] = {
         "p4_runs": runs,
         "p4_errors": errors,
@@ -34,6 +32,6 @@ async def measure(
         "p4_peak_rss_mb_orchestrator": peak_rss_mb(),
         "p4_peak_rss_mb_sidecars": [round(peak_rss_mb(p.proc.pid), 1) for p in sidecars if p.proc],
     }
-    errors_in, rps_in = await concurrent_runs(inproc, runs, 50)
+    errors_in, rps_in = await concurrent_runs(app, "inprocess-3", runs, 50)
     results.update(p4_errors_inprocess=errors_in, p4_runs_per_s_inprocess=rps_in)
     return results

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import time
 
-from bench.harness import agent_with, pct
-from procmesh_orchestrator import CallOptions, ProcessorHandle, ScriptedModel
+from bench.harness import agent, pct
+from procmesh_orchestrator import App, CallOptions, ScriptedModel
 
 
-async def measure(slow: ProcessorHandle, rounds: int, deadline: float = 0.2) -> dict[str, float]:
+async def measure(app: App, rounds: int, deadline: float = 0.2) -> dict[str, float]:
     """The overshoot past `deadline` (ms) of runs whose input processor outlasts it."""
     overshoot = []
     for _ in range(rounds):
-        agent = agent_with(ScriptedModel([{"text": "x"}]), [], inputs=[slow])
         t0 = time.perf_counter()
-        stream = agent.stream("go", CallOptions(timeout=deadline))
+        stream = agent(app, "slow-input", ScriptedModel([{"text": "x"}])).stream(
+            "go", CallOptions(timeout=deadline)
+        )
         async for _chunk in stream:
             pass
         result = await stream.result()

@@ -1,13 +1,18 @@
-"""Processors the benchmarks serve: no-op and pass-through, so only the hop is measured."""
+"""Processors the benchmarks serve: no-op, pass-through and fixed-time guards, so only the hop and
+the orchestrator's scheduling are measured."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
 
 from procmesh import Processor, ProcessorSettings, run
+
+PASS_THROUGH = 10
+"""pass-1 ... pass-10: enough for P7's longest lane."""
+GUARDS = 3
+GUARD_SECONDS = 0.05
 
 
 class Noop(Processor):
@@ -29,10 +34,11 @@ class Slow(Processor):
 
 
 def passthrough(pid: str) -> Processor:
-    """A processOutputStream that returns every part unchanged (P2-P4)."""
+    """A speculative processOutputStream that returns every part unchanged (P2-P4, P7)."""
 
     class PassThrough(Processor):
         id = pid
+        speculative = True
 
         async def process_output_stream(self, part: dict[str, Any]) -> dict[str, Any]:
             return part
@@ -40,9 +46,28 @@ def passthrough(pid: str) -> Processor:
     return PassThrough()
 
 
+def guard(pid: str) -> Processor:
+    """A speculative processInput that takes 50 ms and lets the input through (P6): a check
+    against a model or a service, whose verdict depends only on the input."""
+
+    class Guard(Processor):
+        id = pid
+        speculative = True
+
+        async def process_input(self) -> None:
+            await asyncio.sleep(GUARD_SECONDS)
+
+    return Guard()
+
+
 def processors() -> list[Processor]:
     """Everything a bench sidecar hosts."""
-    return [Noop(), Slow(), passthrough("pass-1"), passthrough("pass-2"), passthrough("pass-3")]
+    return [
+        Noop(),
+        Slow(),
+        *(passthrough(f"pass-{i}") for i in range(1, PASS_THROUGH + 1)),
+        *(guard(f"guard-{i}") for i in range(1, GUARDS + 1)),
+    ]
 
 
 def main() -> None:
@@ -53,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,57 +1,107 @@
-"""The table `make bench` prints: each measure's figures next to its goal."""
+"""The table `make bench` prints: each measure's figures next to its goal, with the spread of the
+rounds' ratios (min-max) where the figure is a median of them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def table(r: dict[str, Any]) -> str:
-    def f(v: Any, digits: int = 2) -> str:
-        return "n/a" if v is None else f"{v:.{digits}f}"
+def f(v: Any, digits: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
 
-    rows = [
+
+def spread(s: dict[str, float] | None, digits: int = 2) -> str:
+    if not s:
+        return "no rounds"
+    return f"rounds {s['rounds']:.0f}, {f(s['min'], digits)}-{f(s['max'], digits)}"
+
+
+def verdict(v: float | None, goal: float) -> str:
+    return "" if v is None else ("met" if v <= goal else "MISSED")
+
+
+def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for transport, name in (("uds", "unix socket"), ("tcp", "TCP")):
+        p1 = r[f"p1_{transport}"]
+        ratio = r[f"p1_ratio_{transport}"]
+        out.append(
+            (
+                f"P1 unary hook, {name}",
+                f"sdk p50 {f(p1['sdk_p50_us'], 0)} us / p99 {f(p1['sdk_p99_us'], 0)} us; "
+                f"raw echo p50 {f(p1['raw_p50_us'], 0)} us / p99 {f(p1['raw_p99_us'], 0)} us",
+                f"{f(ratio)}x ({spread(r[f'p1_ratio_{transport}_spread'])}; goal <= 1.25x) "
+                f"{verdict(ratio, 1.25)}",
+            )
+        )
+    out += [
         (
-            "P1 unary hook, unix socket",
-            f"sdk p50 {f(r['p1_uds']['sdk_p50_us'], 0)} us / p99 "
-            f"{f(r['p1_uds']['sdk_p99_us'], 0)} us; raw echo p50 {f(r['p1_uds']['raw_p50_us'], 0)} us / p99 "
-            f"{f(r['p1_uds']['raw_p99_us'], 0)} us",
-            f"{f(r['p1_ratio_uds'])}x (goal <= 1.25x)",
+            "P2 1,000 deltas, 3 speculative sidecars",
+            f"{f(r['p2_ms_sidecars'], 1)} ms; reference {f(r['p2_ms_reference'], 1)} ms; "
+            f"none {f(r['p2_ms_no_processors'], 1)} ms; in-process {f(r['p2_ms_inprocess'], 1)} ms",
+            f"{f(r['p2_ratio_vs_reference'])}x reference ({spread(r['p2_ratio_vs_reference_spread'])};"
+            f" goal <= 0.5x) {verdict(r['p2_ratio_vs_reference'], 0.5)}",
         ),
         (
-            "P1 unary hook, TCP",
-            f"sdk p50 {f(r['p1_tcp']['sdk_p50_us'], 0)} us / p99 "
-            f"{f(r['p1_tcp']['sdk_p99_us'], 0)} us; raw echo p50 {f(r['p1_tcp']['raw_p50_us'], 0)} us / p99 "
-            f"{f(r['p1_tcp']['raw_p99_us'], 0)} us",
-            f"{f(r['p1_ratio_tcp'])}x (goal <= 1.25x)",
+            "P3 50 chunks/s, 3 speculative sidecars",
+            f"added p99 {f(r['p3_added_p99_ms'], 3)} ms (p50 {f(r['p3_p50_ms'], 3)}, p99 "
+            f"{f(r['p3_p99_ms'], 3)} ms; no processors p50 {f(r['p3_baseline_p50_ms'], 3)} ms); "
+            f"one raw bidi hop p50 {f(r['p3_one_hop_p50_ms'], 3)} / p99 {f(r['p3_one_hop_p99_ms'], 3)} ms",
+            f"{f(r['p3_ratio_p99_vs_one_hop'])}x one hop ({spread(r['p3_ratio_p99_vs_one_hop_spread'])};"
+            f" goal <= 1.25x) {verdict(r['p3_ratio_p99_vs_one_hop'], 1.25)}",
         ),
         (
-            "P2 1,000 deltas, 3 sidecars",
-            f"{f(r['p2_ms_sidecars'], 1)} ms; none {f(r['p2_ms_no_processors'], 1)} ms;"
-            f" in-process {f(r['p2_ms_inprocess'], 1)} ms; reference {f(r['p2_ms_reference'], 1)} ms",
-            f"{f(r['p2_ratio_vs_reference'])}x reference (goal <= 1.0x)",
+            "P3 50 chunks/s, the 3 fused in one sidecar",
+            f"added p99 {f(r['p3_fused_added_p99_ms'], 3)} ms (p50 {f(r['p3_fused_p50_ms'], 3)}, p99 "
+            f"{f(r['p3_fused_p99_ms'], 3)} ms); 3 raw hops in a row p99 "
+            f"{f(r['p3_raw_grpc_floor_p99_ms'], 3)} ms",
+            f"{f(r['p3_ratio_p99_fused_vs_one_hop'])}x one hop "
+            f"({spread(r['p3_ratio_p99_fused_vs_one_hop_spread'])}; reported)",
         ),
         (
-            "P3 50 chunks/s, 3 sidecars",
-            f"per-chunk latency p50 {f(r['p3_p50_ms'], 3)} ms, p99 {f(r['p3_p99_ms'], 3)} ms"
-            f" (no processors p50 {f(r['p3_baseline_p50_ms'], 3)} ms); 3 raw gRPC bidi echo hops "
-            f"p50 {f(r['p3_raw_grpc_floor_p50_ms'], 3)} ms, "
-            f"p99 {f(r['p3_raw_grpc_floor_p99_ms'], 3)} ms",
-            f"p99 {f(r['p3_p99_ms'], 3)} ms (goal <= 2 ms); "
-            f"{f(r['p3_ratio_p99_vs_raw_floor'])}x the raw floor",
+            f"P4 {r['p4_runs']} concurrent runs",
+            f"{f(r['p4_runs_per_s'], 1)} runs/s vs in-process {f(r['p4_runs_per_s_inprocess'], 1)} runs/s;"
+            f" peak RSS orchestrator {f(r['p4_peak_rss_mb_orchestrator'], 0)} MiB, sidecars "
+            f"{r['p4_peak_rss_mb_sidecars']} MiB",
+            f"errors {r['p4_errors']} (goal 0) {'met' if r['p4_errors'] == 0 else 'MISSED'}",
         ),
         (
             "P5 slow sidecar vs a 200 ms run deadline",
             f"run ends {f(r['p5_deadline_overshoot_ms_p50'], 1)} ms past it (p50), "
             f"{f(r['p5_deadline_overshoot_ms_max'], 1)} ms at most",
-            f"max {f(r['p5_deadline_overshoot_ms_max'], 1)} ms (goal <= 50 ms)",
+            f"max {f(r['p5_deadline_overshoot_ms_max'], 1)} ms (goal <= 50 ms) "
+            f"{verdict(r['p5_deadline_overshoot_ms_max'], 50)}",
         ),
         (
-            f"P4 {r['p4_runs']} concurrent runs",
-            f"{f(r['p4_runs_per_s'], 1)} runs/s vs in-process "
-            f"{f(r['p4_runs_per_s_inprocess'], 1)} runs/s; peak RSS orchestrator "
-            f"{f(r['p4_peak_rss_mb_orchestrator'], 0)} MiB, sidecars {r['p4_peak_rss_mb_sidecars']} MiB",
-            f"errors {r['p4_errors']} (goal 0)",
+            "P6 three 50 ms speculative input guards",
+            f"add {f(r['p6_added_ms_speculative'], 1)} ms; sequential here "
+            f"{f(r['p6_added_ms_sequential'], 1)} ms; reference {f(r['p6_added_ms_reference'], 1)} ms",
+            f"{f(r['p6_ratio_vs_reference'])}x reference ({spread(r['p6_ratio_vs_reference_spread'])};"
+            f" goal <= 0.45x) {verdict(r['p6_ratio_vs_reference'], 0.45)}",
+        ),
+        (
+            "P6 first chunk, 100 ms model, optimistic",
+            f"{f(r['p6_first_chunk_ms_optimistic'], 1)} ms; speculative guards "
+            f"{f(r['p6_first_chunk_ms_speculative'], 1)} ms; sequential "
+            f"{f(r['p6_first_chunk_ms_sequential'], 1)} ms",
+            f"{f(r['p6_first_chunk_ratio_optimistic'])}x sequential "
+            f"({spread(r['p6_first_chunk_ratio_optimistic_spread'])}; goal <= 0.5x) "
+            f"{verdict(r['p6_first_chunk_ratio_optimistic'], 0.5)}",
         ),
     ]
-    width = max(len(a) for a, _, _ in rows)
-    return "\n".join(f"{a:<{width}}  {b}\n{'':<{width}}  -> {c}" for a, b, c in rows)
+    costs = r["p7_us_per_chunk_per_processor"]
+    out.append(
+        (
+            "P7 us per chunk per processor",
+            ", ".join(f"{k}: {f(c, 1)}" for k, c in zip(r["p7_lanes"], costs, strict=True)),
+            f"at 10 {f(costs[-1], 1)} vs at 1 {f(costs[0], 1)} (goal: no higher) "
+            f"{verdict(costs[-1], costs[0])}",
+        )
+    )
+    return out
+
+
+def table(r: dict[str, Any]) -> str:
+    lines = rows(r)
+    width = max(len(a) for a, _, _ in lines)
+    return "\n".join(f"{a:<{width}}  {b}\n{'':<{width}}  -> {c}" for a, b, c in lines)

@@ -57,6 +57,7 @@ SETS.update(
             "background-work-signals",
             "batch-parts",
             "ensure-final-response",
+            "guards",
             "regex-filter",
             "response-cache",
             "steering-reminder",

@@ -79,6 +79,12 @@ def _steering_reminder() -> list[Processor]:
     return [SteeringReminder()]
 
 
+def _guards() -> list[Processor]:
+    from procmesh_sidecars.builtins import guards
+
+    return guards.processors()
+
+
 SETS: dict[str, Callable[[], list[Processor]]] = {
     "unicode-normalizer": _unicode,
     "token-limiter": _token_limiter,
@@ -91,8 +97,10 @@ SETS: dict[str, Callable[[], list[Processor]]] = {
     "background-work-signals": _background_work,
     "ensure-final-response": _ensure_final_response,
     "steering-reminder": _steering_reminder,
+    "guards": _guards,
 }
-"""One ``procmesh-sidecar`` set per built-in, named by its processor id."""
+"""One ``procmesh-sidecar`` set per built-in, named by its processor id (``guards``: the five
+LLM-judged guards)."""
 
 
 def processors() -> list[Processor]:

@@ -1,0 +1,293 @@
+"""What the LLM-judged guards share: the judge call, verdicts, and applying them to messages and streams.
+
+A guard asks a judge model (one of the orchestrator's models, reached through its model gateway
+with the hook's ``model`` argument; the sidecar holds no provider key) for a verdict as JSON
+matching a schema, and turns it into a `Verdict`: pass, warn, block, drop or replace. The same
+verdict is applied to an input message (``processInput``) or to a window of the streamed answer
+(``processOutputStream``).
+
+Failures: a judge that times out or does not answer with JSON matching the schema (the gateway
+retries once) raises `procmesh.ModelError` out of the hook, so the processor's failure policy in
+the orchestrator decides (``onFailure: fail-open`` lets the run go on, ``fail-closed`` ends it).
+The reference's ``errorStrategy`` option is that policy here.
+
+Streams are judged per window (`_windows`), pipelined: a closed window's judge call runs as a task
+while later parts keep arriving (each answered at once: held, or let go when nothing is held);
+verdicts leave in window order, and the step's end waits for every one. A verdict task is kept
+per window id (a bounded map), so a window the SDK's rewind puts back finds its verdict, and a
+window whose task is gone is judged again from the text its state kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from procmesh import Processor
+from procmesh_sidecars.builtins._common import Chunk, Message, message_text
+from procmesh_sidecars.builtins.guards import _windows
+from procmesh_sidecars.builtins.guards._windows import WindowOptions
+
+log = logging.getLogger(__name__)
+
+Action = Literal["pass", "warn", "block", "drop", "replace"]
+Phase = Literal["input", "output"]
+
+_MAX_TASKS = 4096
+"""Verdict tasks kept per processor (windows of streams in flight, plus recent ones for rewinds)."""
+
+
+class GuardOptions(WindowOptions):
+    """Options every judged guard has (the reference's names in snake_case)."""
+
+    model: str
+    """The judge: a ``models`` key of the orchestrator's config or ``provider/model-id``."""
+    instructions: str | None = None
+    """The judge's system prompt (default: one written for the guard's categories or types)."""
+    last_message_only: bool = False
+    """Judge only the newest input message (the others pass unjudged)."""
+    judge_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a judge call may take (default: what is left of the hook call's deadline; 30 s in
+    the stream, which has no per-call deadline)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a guard decided about one text (a message's or a window's).
+
+    ``pass`` leaves it; ``warn`` leaves it and reports a violation; ``block`` aborts (the abort
+    reaches onViolation); ``drop`` removes it; ``replace`` puts `text` in its place. Every action
+    but ``pass`` reports `message` with `detail` as a violation, unless `message` is empty (a
+    translation is no violation).
+    """
+
+    action: Action
+    message: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None
+    """The replacement (``replace`` only)."""
+    metadata: dict[str, Any] | None = None
+    """Merged into an input message's ``content.metadata`` (language detection)."""
+
+
+PASS = Verdict("pass")
+
+
+async def ask(
+    model: Any,
+    options: GuardOptions,
+    system: str,
+    prompt: str,
+    schema: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The judge's answer: a JSON object matching `schema` (temperature 0, as the reference asks)."""
+    result = await model(options.model).generate(
+        [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+        schema=schema,
+        temperature=0,
+        timeout=options.judge_timeout,
+    )
+    answer = result.object
+    return answer if isinstance(answer, dict) else {}
+
+
+def quoted(text: str, phase: Phase) -> str:
+    """The content line of a judge prompt; a window of a streamed answer says what it is."""
+    where = (
+        "This is one part of an answer being streamed; judge it as it stands.\n" if phase == "output" else ""
+    )
+    return f'{where}Content: "{text}"'
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` or null (the reference's ``.nullable()``)."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def verdict_object(properties: dict[str, Any]) -> dict[str, Any]:
+    """A closed JSON object schema requiring every one of `properties`."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def with_text(message: Message, text: str) -> Message:
+    """`message` with its text parts replaced by one part holding `text` (other parts are kept)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": text}
+    content = dict(content or {})
+    parts = list(content.get("parts") or [])
+    first = next((i for i, p in enumerate(parts) if p.get("type") == "text"), None)
+    others = [p for p in parts if p.get("type") != "text"]
+    text_part = {"type": "text", "text": text}
+    if first is None:
+        content["parts"] = [text_part, *others]
+    else:
+        kept = [p for i, p in enumerate(parts) if p.get("type") != "text" or i == first]
+        content["parts"] = [text_part if p.get("type") == "text" else p for p in kept]
+    if isinstance(content.get("content"), str):
+        content["content"] = text
+    return {**message, "content": content}
+
+
+def with_metadata(message: Message, metadata: dict[str, Any]) -> Message:
+    """`message` with `metadata` merged into its ``content.metadata``."""
+    content = message.get("content")
+    if not isinstance(content, dict):
+        return message
+    merged = {**(content.get("metadata") or {}), **metadata}
+    return {**message, "content": {**content, "metadata": merged}}
+
+
+class JudgedGuard(Processor):
+    """Base of the five guards: input messages judged one call each, streams judged per window.
+
+    A subclass sets `id`, `Options` and implements `verdict`; `holds` says whether a
+    strategy changes or stops text (then a window's parts wait for its verdict) or only reports.
+    """
+
+    speculative: ClassVar[bool] = True
+    """A judge call is a read: its answer is data, and the guard's stream windows live in its
+    state, so a discarded or rewound call changes nothing."""
+
+    def __init__(self) -> None:
+        self._tasks: OrderedDict[str, asyncio.Task[Verdict]] = OrderedDict()
+
+    async def verdict(self, text: str, options: Any, model: Any, phase: Phase) -> Verdict:
+        """Judge `text` (an input message's, or a window of the answer) under `options`."""
+        raise NotImplementedError
+
+    def holds(self, options: Any) -> bool:
+        """Whether streamed text waits for its verdict (every strategy but warn)."""
+        return bool(options.strategy != "warn")
+
+    def min_length(self, options: Any) -> int:
+        """Texts shorter than this are not judged (empty ones never are)."""
+        return 1
+
+    # -- input messages ---------------------------------------------------------------------
+
+    async def judge_messages(
+        self, messages: list[Message], options: Any, model: Any, abort: Any, report: Any
+    ) -> list[Message] | None:
+        """Judge each selected message (concurrently) and apply the verdicts in order."""
+        selected = messages[-1:] if options.last_message_only else messages
+        chosen = {id(m) for m in selected}
+        texts = [message_text(m).strip() if id(m) in chosen else "" for m in messages]
+        judged = [bool(t) and len(t) >= self.min_length(options) for t in texts]
+        verdicts = await asyncio.gather(
+            *(self.verdict(t, options, model, "input") for t, j in zip(texts, judged, strict=True) if j)
+        )
+        out: list[Message] = []
+        changed = False
+        pending = iter(verdicts)
+        for message, j in zip(messages, judged, strict=True):
+            if not j:
+                out.append(message)
+                continue
+            verdict = next(pending)
+            result = _apply_to_message(message, verdict, abort, report)
+            changed = changed or result is not message
+            if result is not None:
+                out.append(result)
+        return out if changed else None
+
+    # -- the stream -------------------------------------------------------------------------
+
+    async def judge_stream(
+        self, part: Chunk, options: Any, state: dict[str, Any], model: Any, abort: Any, report: Any
+    ) -> Chunk | list[Chunk] | None:
+        """One streamed part: held, let go, or (at the step's end) everything judged and let go."""
+        kind = str(part.get("type", ""))
+        hold = self.holds(options)
+        if kind == "text-delta":
+            closed = _windows.add_text(state, part, options, hold=hold)
+            if closed is not None:
+                self._judge(closed, options, model)
+            out = await self._release(state, options, model, abort, report, wait=False)
+            return out if hold else [*out, part]
+        closed = _windows.close_open(state)
+        if closed is not None:
+            self._judge(closed, options, model)
+        if kind in _windows.STEP_ENDS:
+            out = await self._release(state, options, model, abort, report, wait=True)
+            return [*out, part]
+        held = _windows.hold_behind(state, part)
+        out = await self._release(state, options, model, abort, report, wait=False)
+        return out if held else [*out, part]
+
+    def _judge(self, window: _windows.Window, options: Any, model: Any) -> asyncio.Task[Verdict]:
+        """The window's verdict task (started now unless it runs already)."""
+        task = self._tasks.get(window["id"])
+        if task is None:
+            task = asyncio.create_task(self.verdict(window["text"], options, model, "output"))
+            task.add_done_callback(_retrieve)
+            self._tasks[window["id"]] = task
+            while len(self._tasks) > _MAX_TASKS:
+                _, old = self._tasks.popitem(last=False)
+                old.cancel()
+        return task
+
+    async def _release(
+        self, state: dict[str, Any], options: Any, model: Any, abort: Any, report: Any, *, wait: bool
+    ) -> list[Chunk]:
+        """The parts of every judged window at the head, in order (all of them when `wait`)."""
+        out: list[Chunk] = []
+        while (window := _windows.head(state)) is not None:
+            if not window["text"]:
+                _windows.pop_head(state)
+                out += window["parts"]
+                continue
+            task = self._judge(window, options, model)
+            if not task.done() and not wait:
+                break
+            verdict = await task  # a failed judge raises here: the failure policy decides
+            _windows.pop_head(state)
+            self._tasks.pop(window["id"], None)
+            out += _apply_to_window(window, verdict, abort, report)
+        return out
+
+
+def _retrieve(task: asyncio.Task[Verdict]) -> None:
+    """Read a finished task's exception, so one never awaited (a rewound window) logs nothing."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("judge call failed: %s", task.exception())
+
+
+def _apply_to_message(message: Message, verdict: Verdict, abort: Any, report: Any) -> Message | None:
+    if verdict.action == "block":
+        abort(verdict.message, metadata=verdict.detail)
+    if verdict.action != "pass" and verdict.message:
+        report(verdict.message, verdict.detail)
+    if verdict.action == "drop":
+        return None
+    result = message
+    if verdict.action == "replace" and verdict.text is not None:
+        result = with_text(result, verdict.text)
+    if verdict.metadata:
+        result = with_metadata(result, verdict.metadata)
+    return result
+
+
+def _apply_to_window(window: _windows.Window, verdict: Verdict, abort: Any, report: Any) -> list[Chunk]:
+    if verdict.action == "block":
+        abort(verdict.message, metadata=verdict.detail)
+    if verdict.action == "pass":
+        return list(window["parts"])
+    if verdict.message:
+        report(verdict.message, verdict.detail)
+    if verdict.action == "drop":
+        return _windows.other_parts(window)
+    if verdict.action == "replace" and verdict.text is not None:
+        return _windows.replaced(window, verdict.text)
+    return list(window["parts"])

@@ -534,6 +534,8 @@ export namespace errors {
   class NotFoundError extends ProcmeshError {}
   class UnimplementedError extends ProcmeshError {}
   class NotReadyError extends ProcmeshError {}
+  /** A rewind (or commit) of a stream whose processor is not speculative. */
+  class FailedPreconditionError extends ProcmeshError {}
   class InternalError extends ProcmeshError {}
 }
 

@@ -167,5 +167,6 @@ def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:
     fill_effects(res.effects, part.did[0], None)
     for did, error in zip(part.did[1:], part.errors[1:], strict=True):
         outcome = res.effects.fused.add(error=error)
+        outcome.effects.SetInParent()  # present even when empty, as a unary outcome's
         fill_effects(outcome.effects, did, None)
     return res

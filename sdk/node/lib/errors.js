@@ -30,7 +30,12 @@ const UnimplementedError = define('UnimplementedError', status.UNIMPLEMENTED);
  * balancing steers around, so the call goes to a replica that is ready.
  */
 const NotReadyError = define('NotReadyError', status.UNAVAILABLE);
+/**
+ * The request asks for what this processor did not declare, e.g. a rewind of one that is not
+ * speculative (FAILED_PRECONDITION): resending it will not help.
+ */
+const FailedPreconditionError = define('FailedPreconditionError', status.FAILED_PRECONDITION);
 /** The hook threw, or returned a value of the wrong shape (INTERNAL). */
 const InternalError = define('InternalError', status.INTERNAL);
 
-module.exports = { InternalError, InvalidInputError, NotFoundError, NotReadyError, ProcmeshError, UnimplementedError };
+module.exports = { FailedPreconditionError, InternalError, InvalidInputError, NotFoundError, NotReadyError, ProcmeshError, UnimplementedError };

@@ -14,6 +14,7 @@ const { models, noteDeadline } = require('./model');
 const { validate } = require('./options');
 const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
 const { outputStream } = require('./stream');
+const { runFused } = require('./fused');
 const { ToolRaised } = require('./tools');
 const tracing = require('./tracing');
 const { version } = require('../package.json');
@@ -107,12 +108,22 @@ class Servicer {
     return hosted;
   }
 
-  /** The arguments every hook receives (hooks.BASE_ARGUMENTS), from the request's context. */
-  baseArgs(hosted, ctx, effects, signal) {
+  /** The further processors a fused request names (`context.fused`), each as lookup() finds it. */
+  lookupFused(ctx, hook) {
+    return ((ctx && ctx.fused) || []).map((member) => this.lookup(member, hook));
+  }
+
+  /**
+   * The arguments every hook receives (hooks.BASE_ARGUMENTS), from the request's context. For a
+   * further processor of a fused request, `member` (its `context.fused` entry) gives its own
+   * options and state; the rest of the context is the request's.
+   */
+  baseArgs(hosted, ctx, effects, signal, member = null) {
+    const own = member || ctx;
     return {
       abort: effects.abortHook,
-      state: convert.fromStruct(ctx.state),
-      options: hosted.options(ctx.options),
+      state: convert.fromStruct(own.state),
+      options: hosted.options(own.options),
       retryCount: ctx.retry_count || 0,
       stepNumber: ctx.step_number || 0,
       runId: ctx.run_id || '',
@@ -124,12 +135,15 @@ class Servicer {
       writer: new Writer(effects),
       reportViolation: effects.reportViolation,
       abortSignal: signal,
-      model: models(ctx, signal),
+      model: models({ ...ctx, processor_id: hosted.id }, signal),
     };
   }
 
-  /** Run one hook; a TripWire becomes the abort effect, anything else it throws is INTERNAL. */
-  async callHook(hosted, hook, args, effects) {
+  /**
+   * Run one hook; a TripWire becomes the abort effect, anything else it throws is INTERNAL.
+   * `quiet`: a replay that rebuilds state after a rewind (./rewind), neither timed nor counted.
+   */
+  async callHook(hosted, hook, args, effects, quiet = false) {
     try {
       return await hosted.processor[hook](args);
     } catch (err) {
@@ -219,14 +233,20 @@ class Servicer {
         : null;
       (async () => {
         const req = decode(decoder, call.request, hook, this.rejects, typeName);
+        const fused = (req.context && req.context.fused) || [];
+        if (fused.length && hook === 'executeTool') throw new InvalidInputError('ExecuteTool runs one tool: context.fused must be empty');
         if (hook === 'executeTool' && !(req.context && req.context.processor_id)) {
           const tool = this.lookupTool(req.tool_name);
           const run = () => this.callTool(req, controller.signal, tool);
           return tracing.hookSpan(hook, '', call.metadata, (span) => traced(span, run, (resp) => (resp.error ? 'error' : 'ok')), { tool: tool.name });
         }
         const hosted = this.lookup(req.context, hook);
-        const run = () => this.serveHook(hosted, hook, codec, req, controller.signal);
-        return tracing.hookSpan(hook, hosted.id, call.metadata, (span) => traced(span, run, tracing.outcomeOf));
+        const one = (h, member = null) => {
+          const run = () => this.serveHook(h, hook, codec, req, controller.signal, member);
+          return tracing.hookSpan(hook, h.id, call.metadata, (span) => traced(span, run, tracing.outcomeOf));
+        };
+        if (fused.length) return runFused(one, hosted, this.lookupFused(req.context, hook), fused);
+        return one(hosted);
       })().then(
         (resp) => callback(null, resp),
         (err) => callback(toStatus(err)),
@@ -238,9 +258,9 @@ class Servicer {
   }
 
   /** One unary hook call of `hosted`: base arguments, the codec's decode, the hook, encode. */
-  async serveHook(hosted, hook, codec, req, signal) {
+  async serveHook(hosted, hook, codec, req, signal, member = null) {
     const effects = new HookEffects(hosted.id);
-    const args = this.baseArgs(hosted, req.context, effects, signal);
+    const args = this.baseArgs(hosted, req.context, effects, signal, member);
     let extra;
     try {
       extra = codec.decode(req, args);

@@ -1,12 +1,137 @@
 'use strict';
-// ProcessOutputStream, the one bidirectional RPC: one processor's view of a streamed response,
-// part by part, with the state carried across the whole stream.
+// ProcessOutputStream, the one bidirectional RPC: the processors' view of a streamed response,
+// part by part, with the state carried across the whole stream. A fused stream (context.fused)
+// runs each part through every processor it names (./chain); a stream whose processors are all
+// speculative keeps what undoes its uncommitted batches (./rewind), so rewind_to can withdraw
+// parts; any other stream refuses it (FAILED_PRECONDITION).
 
 const convert = require('./convert');
-const { fillEffects, plainObject, quote, toStatus } = require('./effects');
-const { InternalError, InvalidInputError } = require('./errors');
+const { fillEffects, quote, toStatus } = require('./effects');
+const { FailedPreconditionError, InternalError, InvalidInputError } = require('./errors');
+const { throughAll } = require('./chain');
 const { HookEffects, Writer } = require('./processor');
+const { History } = require('./rewind');
 const tracing = require('./tracing');
+
+/** One processor of a stream session: its arguments for the whole stream and what it has seen. */
+class Stage {
+  constructor(servicer, hosted, ctx, signal, member = null) {
+    this.hosted = hosted;
+    this.args = servicer.baseArgs(hosted, ctx, new HookEffects(hosted.id), signal, member);
+    this.streamParts = [];
+    this.args.streamParts = this.streamParts;
+    this.dataParts = Boolean(hosted.processor.processDataParts);
+    /** Why its hook failed (a fused stream's further processor then passes parts through). */
+    this.error = '';
+  }
+
+  /** Whether a chunk of this type goes to its hook. */
+  takes(kind) {
+    return !this.error && (this.dataParts || !kind.startsWith('data-'));
+  }
+}
+
+/** The encoded result of what a lone processor's hook returned for one part. */
+function encodeReturn(hook, out, result) {
+  if (out === undefined || out === null) return;
+  // an array turns one part into several (empty: dropped)
+  const parts = Array.isArray(out) ? out : [out];
+  parts.forEach((chunk, i) => {
+    if (!chunk || typeof chunk !== 'object' || Array.isArray(chunk) || typeof chunk.type !== 'string') {
+      throw new InternalError(`${hook} returned ${convert.describe(chunk)}; expected a chunk object, an array of them, or nothing`);
+    }
+    let encoded;
+    try {
+      encoded = convert.chunkToProto(chunk);
+    } catch (err) {
+      throw new InternalError(`${hook} returned a malformed chunk: ${err.message}`);
+    }
+    if (i === 0) result.part = encoded;
+    else (result.extra_parts = result.extra_parts || []).push(encoded);
+  });
+}
+
+/** One ProcessOutputStream call's processors, their hook calls, and its rewind history. */
+class Session {
+  constructor(servicer, hook, ctx, signal) {
+    this.servicer = servicer;
+    this.hook = hook;
+    const first = servicer.lookup(ctx, hook);
+    const fused = servicer.lookupFused(ctx, hook);
+    this.stages = [new Stage(servicer, first, ctx, signal), ...fused.map((h, i) => new Stage(servicer, h, ctx, signal, ctx.fused[i]))];
+    this.announce = Boolean(ctx.announce_signals);
+    this.history = this.stages.every((s) => s.hosted.processor.speculative) ? new History(this.stages) : null;
+    this.call = (stage, part, effects, quiet) => {
+      stage.streamParts.push(part);
+      const args = {
+        ...stage.args,
+        part,
+        abort: effects.abortHook,
+        sendSignal: effects.sendSignal,
+        writer: new Writer(effects),
+        reportViolation: effects.reportViolation,
+      };
+      return this.servicer.callHook(stage.hosted, this.hook, args, effects, quiet);
+    };
+  }
+
+  /** One batch's parts through the processors: [results, whether one aborted]. */
+  async batch(items, quiet = false) {
+    for (const item of items) {
+      if (!item.part || !item.part.type) throw new InvalidInputError(`malformed ${this.hook} request: stream part ${item.seq || 0} has no chunk type`);
+    }
+    if (this.stages.length > 1) return throughAll(this.stages, items, this.call, { hook: this.hook, announce: this.announce, quiet });
+    const stage = this.stages[0];
+    const results = [];
+    for (const item of items) {
+      const result = { seq: item.seq || 0 };
+      if (!stage.takes(item.part.type)) {
+        result.part = item.part; // passed through untouched
+        results.push(result);
+        continue;
+      }
+      const effects = new HookEffects(stage.hosted.id);
+      const out = await this.call(stage, convert.chunkFromProto(item.part), effects, quiet);
+      if (!effects.abort) encodeReturn(this.hook, out, result);
+      const fx = fillEffects(effects, undefined);
+      if (fx.abort || fx.signals.length || fx.custom_chunks.length || fx.violations.length) result.effects = fx;
+      results.push(result);
+      if (effects.abort) return [results, true];
+    }
+    return [results, false];
+  }
+
+  /** A request: its rewind, its commit, then its parts. */
+  async answer(req) {
+    if (req.rewind_to || req.committed_through) {
+      if (this.history === null) {
+        const field = req.rewind_to ? 'rewind_to' : 'committed_through';
+        const not = this.stages.filter((s) => !s.hosted.processor.speculative).map((s) => s.hosted.id);
+        throw new FailedPreconditionError(`${field} is only for speculative processors; not speculative: ${JSON.stringify(not)}`);
+      }
+      if (req.rewind_to) await this.history.rewind(req.rewind_to, (kept) => this.batch(kept, true));
+      if (req.committed_through) this.history.commit(req.committed_through);
+    }
+    const parts = req.parts || [];
+    if (this.history !== null) this.history.keep(parts);
+    return this.batch(parts);
+  }
+
+  /** The StreamEnd: every processor's state (the further ones' in fused_states). */
+  end() {
+    const [first, ...others] = this.stages;
+    const state = (stage) => {
+      try {
+        return convert.toStruct(stage.args.state);
+      } catch (err) {
+        throw new InternalError(`processor ${quote(stage.hosted.id)} left a state that cannot be sent: ${err.message}`);
+      }
+    };
+    const end = { state: state(first) };
+    if (others.length) end.fused_states = others.map(state);
+    return end;
+  }
+}
 
 /**
  * Serve one ProcessOutputStream call for `servicer` (lookup, base arguments, hook calls): batches
@@ -16,9 +141,7 @@ const tracing = require('./tracing');
  */
 function outputStream(servicer, hook, call, decodeRequest) {
   const controller = new AbortController();
-  let hosted = null;
-  let base = null;
-  const streamParts = [];
+  let session = null;
   let finished = false;
   let halfClosed = false;
   let endSent = false;
@@ -36,14 +159,9 @@ function outputStream(servicer, hook, call, decodeRequest) {
   };
   const finish = () => {
     if (finished) return;
-    let state;
-    try {
-      state = convert.toStruct(base ? base.state : undefined);
-    } catch (err) {
-      throw new InternalError(`processor ${quote(hosted.id)} left a state that cannot be sent: ${err.message}`);
-    }
+    const end = session ? session.end() : { state: convert.toStruct(undefined) };
     finished = true;
-    call.write({ end: { state } });
+    call.write({ end });
     endSent = true;
     span.end();
     // After an abort the call stays open until the client half-closes or cancels: ending it
@@ -54,68 +172,20 @@ function outputStream(servicer, hook, call, decodeRequest) {
   const handle = async (buf) => {
     if (finished) return;
     const req = decodeRequest(buf);
-    if (hosted === null) {
-      hosted = servicer.lookup(req.context, hook);
-      base = servicer.baseArgs(hosted, req.context, new HookEffects(hosted.id), controller.signal);
-      base.streamParts = streamParts;
+    if (session === null) {
+      session = new Session(servicer, hook, req.context, controller.signal);
+      const id = session.stages[0].hosted.id;
       const wire = tracing.wireHook(hook);
-      span = tracing.start(`procmesh.hook ${wire} ${hosted.id}`, {
+      span = tracing.start(`procmesh.hook ${wire} ${id}`, {
         kind: 'server',
-        attributes: { 'procmesh.hook': wire, 'procmesh.processor.id': hosted.id },
+        attributes: { 'procmesh.hook': wire, 'procmesh.processor.id': id },
         parent: call.metadata,
       });
       span.outcome('pass');
     }
-    const results = [];
-    let aborted = false;
-    for (const item of req.parts || []) {
-      const seq = item.seq || 0;
-      if (!item.part || !item.part.type) throw new InvalidInputError(`malformed ${hook} request: stream part ${seq} has no chunk type`);
-      const result = { seq };
-      const part = convert.chunkFromProto(item.part);
-      if (part.type.startsWith('data-') && !hosted.processor.processDataParts) {
-        result.part = item.part; // passed through untouched
-        results.push(result);
-        continue;
-      }
-      streamParts.push(part);
-      const effects = new HookEffects(hosted.id);
-      const args = {
-        ...base,
-        part,
-        abort: effects.abortHook,
-        sendSignal: effects.sendSignal,
-        writer: new Writer(effects),
-        reportViolation: effects.reportViolation,
-      };
-      const out = await servicer.callHook(hosted, hook, args, effects);
-      if (finished) return; // cancelled meanwhile
-      if (!effects.abort && out !== undefined && out !== null) {
-        // an array turns one part into several (empty: dropped)
-        const parts = Array.isArray(out) ? out : [out];
-        parts.forEach((chunk, i) => {
-          if (!plainObject(chunk) || typeof chunk.type !== 'string') {
-            throw new InternalError(`${hook} returned ${convert.describe(chunk)}; expected a chunk object, an array of them, or nothing`);
-          }
-          let encoded;
-          try {
-            encoded = convert.chunkToProto(chunk);
-          } catch (err) {
-            throw new InternalError(`${hook} returned a malformed chunk: ${err.message}`);
-          }
-          if (i === 0) result.part = encoded;
-          else (result.extra_parts = result.extra_parts || []).push(encoded);
-        });
-      }
-      const fx = fillEffects(effects, undefined);
-      if (fx.abort || fx.signals.length || fx.custom_chunks.length || fx.violations.length) result.effects = fx;
-      results.push(result);
-      if (effects.abort) {
-        aborted = true;
-        break;
-      }
-    }
-    if (!finished) call.write({ results });
+    const [results, aborted] = await session.answer(req);
+    if (finished) return; // cancelled meanwhile
+    call.write({ results });
     if (aborted) {
       span.outcome('abort');
       finish();

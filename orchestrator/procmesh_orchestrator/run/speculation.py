@@ -121,8 +121,8 @@ async def _batch(
                     return p  # its input changed: it and the rest go again
                 if m >= len(attempts):
                     return p  # the fused request stopped before it
+                committed += 1  # before: a commit that raises (fail-closed) is not discarded too
                 reply = run.commit(attempts[m])
-                committed += 1
                 p += 1
                 if reply.result is not None and await apply(item, args, reply.result, reply.effects):
                     return len(lane)

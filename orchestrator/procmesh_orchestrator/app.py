@@ -29,7 +29,8 @@ from procmesh_orchestrator.config import (
     WorkflowRef,
     workflow_refs,
 )
-from procmesh_orchestrator.config.schema import AgentMemoryConfig
+from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
+from procmesh_orchestrator.cost import CostControl
 from procmesh_orchestrator.durable import DurableRuns, DurableSettings
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.events import EventLog, open_event_log
@@ -45,8 +46,10 @@ from procmesh_orchestrator.processors import (
     hook_names,
 )
 from procmesh_orchestrator.providers import ModelRegistry
+from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, Lanes, stop
 from procmesh_orchestrator.run.memory import AgentMemory
+from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.sidecar_process import SidecarProcess, supervise
 
 log = logging.getLogger(__name__)
@@ -185,9 +188,12 @@ class App:
             await self._open_store()
         await self.tools.start(self.clients, self.sidecars, self.hosted_tools)
         for agent_id, agent in self.config.agents.items():
+            chain = self._model_chain(agent, f"agents.{agent_id}.model")
             spec = AgentSpec(
                 id=agent_id,
-                model=self.models.resolve(agent.model, f"agents.{agent_id}.model"),
+                model=chain[0],
+                fallbacks=tuple(chain[1:]),
+                cost=self._cost_control(agent_id, agent),
                 hook_caller=GrpcHookCaller,
                 instructions=agent.instructions,
                 models=self.models,
@@ -218,6 +224,21 @@ class App:
             self.agents[agent_id] = Agent(spec, self.metrics)
         if any(a.durable for a in self.config.agents.values()):
             await self.durable_runs()
+
+    def _model_chain(self, agent: AgentConfig, where: str) -> list[ModelProvider]:
+        """The agent's enabled models in order, each with its own retries."""
+        chain: list[ModelProvider] = []
+        for choice in agent.models:
+            model = self.models.resolve(choice.model, where)
+            chain.append(RetryingModel(model, choice.max_retries) if choice.max_retries else model)
+        return chain
+
+    def _cost_control(self, agent_id: str, agent: AgentConfig) -> CostControl | None:
+        if agent.cost_control is None:
+            return None
+        return CostControl(
+            agent_id, agent.cost_control, self.config.prices, self.suspended_runs_store, self.metrics
+        )
 
     async def durable_runs(self) -> DurableRuns:
         """The durable-run manager (`durable.py`) and its event log, started on first use: at

@@ -101,6 +101,26 @@ class OrchestratorMetrics:
             ["model", "processor", "outcome"],
             registry=r,
         )
+        self.model_fallbacks = Counter(
+            "procmesh_model_fallbacks_total",
+            "Model calls handed to the agent's next model (the error processors did not recover the "
+            "call), by agent, the model that failed and the one that takes over.",
+            ["agent", "failed", "next"],
+            registry=r,
+        )
+        self.cost_admissions = Counter(
+            "procmesh_cost_admissions_total",
+            "Cost control checks before a model call, by agent and outcome (admitted, refused, warned, "
+            "unlimited: no scope or no price, store_error: let through uncounted).",
+            ["agent", "outcome"],
+            registry=r,
+        )
+        self.cost_spent = Counter(
+            "procmesh_cost_spent_total",
+            "What settled model calls cost under cost control, in the currency of `prices`.",
+            ["agent", "model"],
+            registry=r,
+        )
         self.runs_taken_over = Counter(
             "procmesh_durable_runs_taken_over_total",
             "Durable runs this replica took over after their lease expired.",

@@ -5,6 +5,7 @@ Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...)
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,6 +24,7 @@ from procmesh_orchestrator.config.durable import DurableConfig as DurableConfig
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
+from procmesh_orchestrator.memory._common import MAX_COST_WINDOW_SECONDS
 
 BUILTINS = "builtins"
 """The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""
@@ -331,11 +333,76 @@ class StorageConfig(_Model):
         return self
 
 
+class PriceConfig(_Model):
+    """What a model costs, per million tokens (any currency: `costControl.maxCost` is in the same)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
+_WINDOW = re.compile(r"^(?P<n>[1-9]\d*)(?P<unit>[smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class CostControlConfig(_Model):
+    """An agent's spending limit (the reference's ``TokenCostControl``), checked before each model
+    call and updated after it, in the store every replica shares (`cost` package)."""
+
+    max_cost: float = Field(gt=0)
+    """The limit, in the currency of `prices`: a call is refused once the scope spent this much."""
+    scope: Literal["resource", "thread", "agent", "global"] = "resource"
+    """Whose spending counts: the call's resource (a user, an org), its thread, the agent, or all
+    agents together. A call without a resource (thread) is not limited by that scope."""
+    window: str = "7d"
+    """How far back spending counts: ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (at most 366 days)."""
+    strategy: Literal["block", "warn"] = "block"
+    """``block``: a tripwire ends the run; ``warn``: a violation is recorded and the call goes on."""
+    message: str = "Cost control: estimated cost limit exceeded ({usage}/{limit})"
+    """The tripwire's reason; ``{usage}`` and ``{limit}`` are filled in."""
+    warn_at_percent: float | None = Field(default=None, gt=0, lt=100)
+    """Also record a (soft) violation, once per call, when spending reaches this share of the limit."""
+    reserve_output_tokens: int = Field(default=1024, ge=0)
+    """Output tokens a call holds against the limit while it runs (its ``maxOutputTokens`` setting
+    wins); the actual usage replaces the estimate when the call ends."""
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        match = _WINDOW.match(value)
+        if match is None:
+            raise ValueError(f"window must be <n>s, <n>m, <n>h or <n>d (e.g. 30d), got {value!r}")
+        if int(match["n"]) * _UNIT_SECONDS[match["unit"]] > MAX_COST_WINDOW_SECONDS:
+            raise ValueError(f"window {value!r} is longer than 366 days")
+        return value
+
+    @property
+    def window_seconds(self) -> int:
+        """The window as seconds."""
+        match = _WINDOW.match(self.window)
+        assert match is not None  # validated
+        return int(match["n"]) * _UNIT_SECONDS[match["unit"]]
+
+
+class ModelChoice(_Model):
+    """One model of an agent's ordered list (the reference's ``model: [{model, maxRetries, enabled}]``)."""
+
+    model: str
+    max_retries: int = Field(default=0, ge=0)
+    """Retries of this model's retryable failures before any chunk arrived, before the next model."""
+    enabled: bool = True
+
+
 class AgentConfig(_Model):
     """An agent: instructions, model, tools, processor lanes and limits."""
 
     instructions: str = ""
     model: str
+    """The model: a reference, or (from a list in the file) the first enabled one of `model_list`."""
+    model_list: list[ModelChoice] = Field(default=[], exclude=True)
+    """The models in order, when the file gives ``model`` as a list: when a call fails and the error
+    processors do not recover it, the next enabled model gets its turn."""
+    cost_control: CostControlConfig | None = None
+    """A spending limit for this agent's model calls (judge calls of its processors included)."""
     tools: list[str] = []
     mcp_servers: list[str] = []
     """MCP servers (`mcpServers` keys) whose every tool the agent takes, under the server's names."""
@@ -358,10 +425,29 @@ class AgentConfig(_Model):
     the caller, and no tool runs, before they all committed (a block cancels it, a rewrite
     restarts it on the committed input)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_list(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("model"), list):
+            return data
+        entries = data["model"]
+        if not entries:
+            raise ValueError("model: give a model, or a non-empty list of {model, maxRetries, enabled}")
+        choices = [ModelChoice.model_validate(e) for e in entries]
+        enabled = [c for c in choices if c.enabled]
+        if not enabled:
+            raise ValueError("model: every model of the list is disabled (enable at least one)")
+        return {**data, "model": enabled[0].model, "model_list": enabled}
+
     @field_validator("input_processors", "output_processors", "error_processors", mode="before")
     @classmethod
     def _refs(cls, value: Any) -> Any:
         return _lane(value)
+
+    @property
+    def models(self) -> list[ModelChoice]:
+        """The enabled models in order (the one `model` when no list was given)."""
+        return list(self.model_list) or [ModelChoice(model=self.model)]
 
     @field_validator("stop_when")
     @classmethod
@@ -387,7 +473,9 @@ class Config(_Model):
     """Processor workflows, used in a lane as ``workflow:NAME``."""
     agents: dict[str, AgentConfig]
     storage: StorageConfig = StorageConfig()
-    """The store agents' memory, suspended runs and durable runs use (opened when needed)."""
+    """The store agents' memory, suspended runs, durable runs and cost usage use (opened when needed)."""
+    prices: dict[str, PriceConfig] = {}
+    """Model prices by model reference (a `models` key or ``provider/model-id``), for `costControl`."""
     durable: DurableConfig = DurableConfig()
     """Durable runs' leases and event log (used when an agent or a call is durable)."""
     fuse: bool = True
@@ -424,9 +512,15 @@ class Config(_Model):
     @model_validator(mode="after")
     def _references(self) -> Config:
         for agent_id, agent in self.agents.items():
-            problem = self.model_problem(agent.model)
-            if problem is not None:
-                raise ValueError(f"agents.{agent_id}.model: {problem}")
+            for choice in agent.models:
+                problem = self.model_problem(choice.model)
+                if problem is not None:
+                    raise ValueError(f"agents.{agent_id}.model: {problem}")
+                if agent.cost_control is not None and choice.model not in self.prices:
+                    raise ValueError(
+                        f"agents.{agent_id}.costControl: model {choice.model!r} has no price "
+                        f"(add prices.{choice.model}: {{input, output}} per million tokens)"
+                    )
             for tool in agent.tools:
                 if tool not in self.tools:
                     raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")

@@ -43,13 +43,15 @@ MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock ke
 _THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
 
 
-class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods):
+class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethods):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 
     placeholder = "%s"
     _now = "now()"
     _lease = "now() + make_interval(secs => %s)"
     _skip_locked = " FOR UPDATE SKIP LOCKED"  # concurrent claims take disjoint runs, nobody waits
+    _ago = "now() - make_interval(secs => %s)"
+    _for_update = " FOR UPDATE"  # concurrent admissions of one scope queue on its row
 
     def __init__(
         self,
@@ -253,6 +255,9 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods):
         return moment
 
     def _lease_arg(self, seconds: float) -> Any:
+        return seconds
+
+    def _ago_arg(self, seconds: float) -> Any:
         return seconds
 
     def _moment(self, stored: Any) -> str:

@@ -53,13 +53,15 @@ _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 """The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
 
-class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods):
+class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     placeholder = "?"
     _now = f"strftime('{_CLOCK}', 'now')"
     _lease = f"strftime('{_CLOCK}', 'now', ?)"
     _skip_locked = ""  # BEGIN IMMEDIATE: a claim holds the file's write lock from its first read
+    _ago = f"strftime('{_CLOCK}', 'now', ?)"
+    _for_update = ""  # BEGIN IMMEDIATE: an admission holds the file's write lock from its first read
 
     def __init__(
         self,
@@ -273,6 +275,9 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods):
 
     def _lease_arg(self, seconds: float) -> Any:
         return f"+{seconds:.6f} seconds"  # a strftime modifier
+
+    def _ago_arg(self, seconds: float) -> Any:
+        return f"-{seconds:.6f} seconds"  # a strftime modifier
 
     def _moment(self, stored: Any) -> str:
         return str(stored)  # stored as _CLOCK writes it, which is already the ISO 8601 we report

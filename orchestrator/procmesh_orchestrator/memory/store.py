@@ -13,6 +13,9 @@ A durable run (`DurableRun`) is checkpointed at every step boundary and held by 
 a lease it renews; when the lease expires, another replica claims the run and continues from its
 last snapshot. Lease times are the database's clock, never a replica's, so replicas whose clocks
 disagree still agree on who holds what.
+
+Cost control keeps a ledger of model calls' costs per scope (`MemoryStore.reserve_cost`): a call
+reserves its estimate atomically against the scope's limit, then settles to its actual cost.
 """
 
 from __future__ import annotations
@@ -100,6 +103,16 @@ class DurableRun:
     """ISO 8601, UTC, set by the store."""
     updated_at: str = ""
     """ISO 8601, UTC: the last checkpoint, claim or finish."""
+
+
+@dataclass(frozen=True)
+class CostAdmission:
+    """A cost reservation's answer (`MemoryStore.reserve_cost`): may the call run, and what had the
+    scope spent."""
+
+    admitted: bool
+    spent: int
+    """Nano-units spent in the window before this reservation (unsettled ones at their estimate)."""
 
 
 class MemoryStore(Protocol):
@@ -230,3 +243,27 @@ class MemoryStore(Protocol):
         """Runs newest first, one page of them WITHOUT snapshots (listing stays cheap), and how
         many match in all. A given `resource_id` ("" selects runs without one), `agent_id` or
         `status` must match."""
+
+    async def reserve_cost(
+        self,
+        scope_key: str,
+        reservation_id: str,
+        amount: int,
+        *,
+        limit: int,
+        window_seconds: float,
+        enforce: bool = True,
+    ) -> CostAdmission:
+        """In one transaction: sum what `scope_key` spent in the last `window_seconds` (database
+        clock; unsettled reservations at their estimate) and, if it is below `limit` (or not
+        `enforce`), hold `amount` nano-units under `reservation_id`. Of concurrent reservations of
+        one scope, in any process, each sums the ones committed before it."""
+
+    async def settle_cost(self, reservation_id: str, amount: int) -> None:
+        """Replace the reservation's estimate with the call's actual cost (no error when none)."""
+
+    async def release_cost(self, reservation_id: str) -> None:
+        """Drop an unsettled reservation: its call did not run or failed (no error when none)."""
+
+    async def spent_cost(self, scope_key: str, *, window_seconds: float) -> int:
+        """What the scope spent in the last `window_seconds`, in nano-units."""

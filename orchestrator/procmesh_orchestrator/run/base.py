@@ -89,6 +89,11 @@ class RunCore:
             self.input_lane = (self.memory.history, *self.input_lane)
             self.output_lane = (*self.output_lane, self.memory.history)
             self.error_lane = (*self.error_lane, self.memory.recovery)
+        # Cost control checks the model calls your input processors prepared (`cost` package).
+        self.cost = agent.cost.for_call(self) if agent.cost is not None else None
+        if self.cost is not None:
+            self.input_lane = (*self.input_lane, self.cost)
+            self.output_lane = (*self.output_lane, self.cost)
         self.ml = RunMessages()
         self.system: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []

@@ -64,6 +64,12 @@ class _Suspended(Exception):
 class Run(RunCore):
     """One generate()/stream() call, or the resumption of a suspended one: `execute()` runs it."""
 
+    model_index = 0
+    """Which of the agent's models the steps call (`AgentSpec.fallbacks`): a call the error
+    processors did not recover moves it on, for the rest of the run."""
+    answered_by: str | None = None
+    """The model that answered the last model call (`RunResult.model_id`)."""
+
     @classmethod
     def resume(
         cls,
@@ -216,6 +222,7 @@ class Run(RunCore):
             error=str(error) if error else None,
             status=status,
             suspended=self.pending_approvals,
+            model_id=self.answered_by,
         )
 
     def _stopped(self, status: str, started: float, error: BaseException | None = None) -> RunResult:
@@ -355,7 +362,7 @@ class Run(RunCore):
         opts = self.options
         offered = [tool_spec(t) for t in self.offered_tools()]
         cfg = StepConfig(
-            model=self.agent.model,
+            model=self.agent.model if self.model_index == 0 else self.agent.fallbacks[self.model_index - 1],
             tools=offered,
             tool_choice=opts.tool_choice if opts.tool_choice is not None else "auto" if offered else None,
             active_tools=list(opts.active_tools) if opts.active_tools is not None else None,
@@ -374,9 +381,10 @@ class Run(RunCore):
             outcome = await self._model_step(prompt, cfg, cached.chunks if cached else None)
         except APICallError as err:
             self.steps.append(_step_record(step_number, StepOutcome(finish_reason="error")))
-            if await retries.api_error(self, err):
+            if await retries.api_error(self, err) or self._fall_back(cfg.model.model_id, err):
                 return None, True
             raise
+        self.answered_by = cfg.model.model_id
         if outcome.abort is not None:
             if outcome.text:
                 self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
@@ -422,6 +430,20 @@ class Run(RunCore):
         if step_number + 1 >= self.max_steps or should_stop(self.stop_when, self.steps):
             return finish_reason
         return None
+
+    def _fall_back(self, failed: str, err: APICallError) -> bool:
+        """The error processors did not recover the call: the next model gets its turn (the
+        seeds, end of the API-error section), with its own retries and error-processor budget."""
+        if self.model_index >= len(self.agent.fallbacks):
+            return False
+        self.model_index += 1
+        following = self.agent.fallbacks[self.model_index - 1].model_id
+        self.info.retry_count = 0
+        self.metrics.model_fallbacks.labels(self.agent.id, failed, following).inc()
+        log.warning(
+            "agent %s: model %s failed (%s); falling back to %s", self.agent.id, failed, err, following
+        )
+        return True
 
     def _add_usage(self, usage: dict[str, int]) -> None:
         for key in self.usage:

@@ -15,6 +15,7 @@ from procmesh_orchestrator.run.tools import ClientTool, Tool
 if TYPE_CHECKING:
     import asyncio
 
+    from procmesh_orchestrator.cost import CostControl
     from procmesh_orchestrator.memory.store import MemoryStore
 
 ViolationCallback = Callable[[dict[str, Any]], None]
@@ -55,6 +56,11 @@ class AgentSpec:
     """Neighbouring processors of one sidecar that runs fused requests go in one request."""
     optimistic_first_step: bool = False
     """The first model call starts while the input processors still run (`run.optimistic`)."""
+    fallbacks: tuple[ModelProvider, ...] = ()
+    """The models after `model`, in order: when a call fails and the error processors do not
+    recover it, the next one gets its turn (each with its own retries, `ModelChoice.max_retries`)."""
+    cost: CostControl | None = None
+    """The agent's spending limit (`costControl`): checked before each model call, updated after."""
     warned_implicit_cap: bool = False
 
 
@@ -115,7 +121,11 @@ class StructuredOutput:
     """``strict``: the run fails; ``warn``: logged, no object; ``fallback``: `fallback_value`."""
     fallback_value: Any = None
     instructions: str | None = None
-    """Replaces the default instruction that asks the model for the JSON value."""
+    """Replaces the default instruction that asks the model for the JSON value (with `model`: the
+    structuring model's instructions)."""
+    model: str | None = None
+    """A second model that turns the agent's answer into the schema (the agent's model then
+    answers freely); None: the agent's model answers in JSON itself."""
 
 
 @dataclass
@@ -141,6 +151,8 @@ class RunResult:
     """The run's trace id (hex) when tracing is on."""
     object: Any = None
     """The parsed, validated answer of a call with `CallOptions.structured_output`."""
+    model_id: str | None = None
+    """The model that answered the run's last model call (a fallback when the first ones failed)."""
 
     @property
     def assistant_metadata(self) -> dict[str, Any]:

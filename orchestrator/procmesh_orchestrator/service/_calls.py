@@ -701,6 +701,7 @@ def result_json(result: RunResult) -> dict[str, Any]:
             "messages": model_messages(result.response_messages),
             "dbMessages": result.response_messages,
         }
+    response["modelId"] = result.model_id  # the model that answered (a fallback, when one did)
     run_id = result.run_id
     steps = [{**s, "toolCalls": _call_chunks(s.get("toolCalls") or [], run_id)} for s in result.steps]
     out: dict[str, Any] = {

@@ -4,7 +4,9 @@ A guard that judges with a model (moderation, prompt injection, ...) calls the o
 never a provider: provider keys stay in this process, and a judge call is authenticated with the
 orchestrator's API keys, bounded by its gRPC deadline (the calling hook's remaining time), traced
 as a child of the hook's span and counted in ``procmesh_gateway_calls_total{model,processor,
-outcome}`` (and in the model metrics every model call feeds).
+outcome}`` (and in the model metrics every model call feeds). A judge call of a run whose agent
+has a ``costControl`` counts against its limit (reserved before, settled after; refused with
+RESOURCE_EXHAUSTED, outcome ``cost_limit``, once the scope spent it).
 
 Structured output: with a schema, the model is asked for JSON (the request's response format,
 which providers with a JSON-schema mode use, and an instruction every model reads), the answer is
@@ -27,6 +29,7 @@ import jsonschema
 from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
+from procmesh_orchestrator.cost import CostLimitError, RunCost
 from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.service._errors import ServiceError
@@ -214,9 +217,10 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         if schema is not None:
             prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
         remaining = context.time_remaining()
+        cost = self._run_cost(request.run_id)
         try:
             async with asyncio.timeout(remaining):
-                return await self._attempts(model, prompt, schema, settings)
+                return await self._attempts(model, prompt, schema, settings, cost)
         except TimeoutError:
             raise _Refused(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -224,12 +228,22 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 f"model {request.model!r} did not answer within the call's deadline ({remaining:.3f}s)",
             ) from None
 
+    def _run_cost(self, run_id: str) -> RunCost | None:
+        """The calling run's cost control, while the run lives here (its judge calls count)."""
+        for agent in self._service.app.agents.values():
+            control = agent.spec.cost
+            found = control.of_run(run_id) if control is not None and run_id else None
+            if found is not None:
+                return found
+        return None
+
     async def _attempts(
         self,
         model: ModelProvider,
         prompt: list[dict[str, Any]],
         schema: dict[str, Any] | None,
         settings: dict[str, Any],
+        cost: RunCost | None,
     ) -> mpb.ModelServiceGenerateResponse:
         """Call the model (twice when the first answer does not match the schema)."""
         metrics = self._service.app.metrics
@@ -243,12 +257,24 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 response_format=None if schema is None else {"type": "json", "schema": schema},
             )
             started = time.perf_counter()
+            reservation = None
+            if cost is not None:
+                try:
+                    max_output = settings.get("maxOutputTokens")
+                    reservation = await cost.reserve(model.model_id, prompt, max_output)
+                except CostLimitError as exc:
+                    raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "cost_limit", str(exc)) from None
             try:
                 text, finish, usage = await _collect(model, request)
             except APICallError as exc:
+                # a refused call cost nothing; a cancelled one may have: its estimate stays
+                if reservation is not None and cost is not None:
+                    await cost.release(reservation)
                 metrics.model_calls.labels(model.model_id, "error").inc()
                 code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.FAILED_PRECONDITION
                 raise _Refused(code, "api_error", f"model {model.model_id!r} failed: {exc}") from None
+            if reservation is not None and cost is not None:
+                await cost.settle(reservation, usage)
             metrics.model_calls.labels(model.model_id, "ok").inc()
             metrics.model_call_duration.labels(model.model_id).observe(time.perf_counter() - started)
             for key, direction in (("inputTokens", "input"), ("outputTokens", "output")):

@@ -337,7 +337,7 @@ async def test_migrations_apply_once(backend: Backend) -> None:
         await store.start()
         await store.save_turn("t1", "alice", [msg("u1")])
         await store.close()
-    assert backend.schema_versions() == [1, 2, 3]
+    assert backend.schema_versions() == [1, 2, 3, 4]
 
 
 async def test_concurrent_start_ups_migrate_once(backend: Backend) -> None:
@@ -347,7 +347,7 @@ async def test_concurrent_start_ups_migrate_once(backend: Backend) -> None:
     assert len(await stores[0].messages("t1")) == 4
     for s in stores:
         await s.close()
-    assert backend.schema_versions() == [1, 2, 3]
+    assert backend.schema_versions() == [1, 2, 3, 4]
 
 
 async def test_two_stores_on_one_database_see_each_others_turns(backend: Backend) -> None:

@@ -1,0 +1,274 @@
+"""`CostControl` (an agent's limit) and `RunCost` (its framework processor in one run)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from procmesh_orchestrator.config.schema import CostControlConfig, PriceConfig
+from procmesh_orchestrator.errors import MemoryStoreError, OrchestratorError, TripwireAbort
+from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run.framework import FrameworkProcessor
+from procmesh_orchestrator.run.hooks import (
+    APIErrorArgs,
+    HookArgs,
+    LLMRequestArgs,
+    LLMResponseArgs,
+    OutputResultArgs,
+)
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run.base import RunCore
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+PROCESSOR_ID = "token-cost-control"
+"""The id its tripwires and violations carry (the reference's)."""
+NANOS = 1_000_000_000
+"""Costs are kept as integers, in billionths of the prices' currency: sums stay exact."""
+_CHARS_PER_TOKEN = 4
+"""How a prompt's size becomes an input-token estimate before the provider counts it."""
+
+
+class CostLimitError(OrchestratorError):
+    """A model call refused because its scope spent its limit (a gateway judge call: RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, message: str, metadata: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.metadata = metadata
+
+
+def cost_nanos(price: PriceConfig, input_tokens: int, output_tokens: int) -> int:
+    """What the tokens cost at `price` (per million tokens), in nano-units."""
+    # price per million tokens * 1e9 nanos / 1e6 tokens = price * 1000 nanos per token
+    return round((input_tokens * price.input + output_tokens * price.output) * 1000)
+
+
+def _units(nanos: int) -> float:
+    return nanos / NANOS
+
+
+def _number(value: float) -> str:
+    """A cost as the reference prints it: no float noise (0.30000000000000004 is 0.3)."""
+    return str(float(f"{value:.6f}")).removesuffix(".0")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A model call's hold on its scope's limit, until it settles or is released."""
+
+    id: str
+    model_id: str
+
+
+class CostControl:
+    """An agent's limit, with the prices and the store: `for_call` gives each run its `RunCost`."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        config: CostControlConfig,
+        prices: Mapping[str, PriceConfig],
+        store: Callable[[], Awaitable[MemoryStore]],
+        metrics: OrchestratorMetrics,
+    ) -> None:
+        self.agent_id = agent_id
+        self.config = config
+        self.prices = dict(prices)
+        self.store = store
+        self.metrics = metrics
+        self.limit = round(config.max_cost * NANOS)
+        self._runs: weakref.WeakValueDictionary[str, RunCost] = weakref.WeakValueDictionary()
+        self._unpriced: set[str] = set()
+
+    def for_call(self, run: RunCore) -> RunCost:
+        """The run's processor; the gateway finds it by run id while the run lives."""
+        cost = RunCost(self, run, self._scope_key(run))
+        self._runs[run.run_id] = cost
+        return cost
+
+    def of_run(self, run_id: str) -> RunCost | None:
+        """The live run's processor (a judge call of that run counts against its limit)."""
+        return self._runs.get(run_id)
+
+    def _scope_key(self, run: RunCore) -> str | None:
+        scope = self.config.scope
+        if scope == "global":
+            return "global"
+        if scope == "agent":
+            return f"agent:{self.agent_id}"
+        value = run.info.resource_id if scope == "resource" else run.info.thread_id
+        return f"{scope}:{value}" if value else None
+
+    def price(self, model_id: str) -> PriceConfig | None:
+        """The model's price; an unpriced model (a judge or a processor's override) is logged once."""
+        price = self.prices.get(model_id)
+        if price is None and model_id not in self._unpriced:
+            self._unpriced.add(model_id)
+            log.warning(
+                "agent %s: costControl: model %r has no price in `prices`; its calls are not counted",
+                self.agent_id,
+                model_id,
+            )
+        return price
+
+
+class RunCost(FrameworkProcessor):
+    """One run's cost check: reserves before each model call (processLLMRequest, after your
+    processors changed the prompt), settles after it (processLLMResponse), releases what a failed
+    or cached call held (processAPIError, and processOutputResult for a run that ended between)."""
+
+    processor_id = PROCESSOR_ID
+    hooks = frozenset(
+        {"process_llm_request", "process_llm_response", "process_api_error", "process_output_result"}
+    )
+    key = f"cost:{PROCESSOR_ID}"
+
+    def __init__(self, control: CostControl, run: RunCore, scope_key: str | None) -> None:
+        self.control = control
+        self.run = run
+        self.scope_key = scope_key
+        self.open: Reservation | None = None
+        """The step's reservation, until its call settles or fails."""
+        self._warned: set[str] = set()
+
+    async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
+        if isinstance(args, LLMRequestArgs):
+            await self._release_open()  # a retried step's call that never settled
+            settings = run.options.model_settings or {}
+            try:
+                self.open = await self.reserve(args.model, args.prompt, settings.get("maxOutputTokens"))
+            except CostLimitError as exc:
+                raise run.aborted(
+                    TripwireAbort(PROCESSOR_ID, str(exc), False, exc.metadata, args.hook)
+                ) from None
+        elif isinstance(args, LLMResponseArgs):
+            opened, self.open = self.open, None
+            if opened is not None:
+                if args.from_cache:
+                    await self.release(opened)
+                else:
+                    await self.settle(opened, _usage(args.chunks))
+        elif isinstance(args, APIErrorArgs | OutputResultArgs):
+            await self._release_open()
+        return None
+
+    async def _release_open(self) -> None:
+        opened, self.open = self.open, None
+        if opened is not None:
+            await self.release(opened)
+
+    async def reserve(self, model_id: str, prompt: Any, max_output_tokens: Any = None) -> Reservation | None:
+        """Hold the call's estimated cost against the limit; `CostLimitError` when the scope spent
+        it (``block``), a violation when it did (``warn``). None: the call is not counted (no scope
+        key for this run, an unpriced model, or the store failed: the reference fails open)."""
+        control, cfg = self.control, self.control.config
+        price = control.price(model_id)
+        if self.scope_key is None or price is None:
+            control.metrics.cost_admissions.labels(control.agent_id, "unlimited").inc()
+            return None
+        output = max_output_tokens if isinstance(max_output_tokens, int) else cfg.reserve_output_tokens
+        estimate = cost_nanos(
+            price, math.ceil(len(json.dumps(prompt, default=str)) / _CHARS_PER_TOKEN), output
+        )
+        reservation = Reservation(str(uuid.uuid4()), model_id)
+        try:
+            store = await control.store()
+            admission = await store.reserve_cost(
+                self.scope_key,
+                reservation.id,
+                estimate,
+                limit=control.limit,
+                window_seconds=cfg.window_seconds,
+                enforce=cfg.strategy == "block",
+            )
+        except MemoryStoreError as exc:
+            control.metrics.cost_admissions.labels(control.agent_id, "store_error").inc()
+            log.warning(
+                "agent %s: costControl: the store failed; the call goes on uncounted: %s",
+                control.agent_id,
+                exc,
+            )
+            return None
+        spent = admission.spent
+        if spent >= control.limit:
+            message = cfg.message.replace("{usage}", _number(_units(spent))).replace(
+                "{limit}", _number(cfg.max_cost)
+            )
+            if cfg.strategy == "block":
+                control.metrics.cost_admissions.labels(control.agent_id, "refused").inc()
+                raise CostLimitError(message, self._metadata(spent))
+            control.metrics.cost_admissions.labels(control.agent_id, "warned").inc()
+            self._warn("hard", message, spent)
+            return reservation
+        control.metrics.cost_admissions.labels(control.agent_id, "admitted").inc()
+        if cfg.warn_at_percent is not None and spent >= control.limit * cfg.warn_at_percent / 100:
+            message = (
+                f"Cost control: estimated cost reached {_number(cfg.warn_at_percent)}% of the limit "
+                f"({_number(_units(spent))}/{_number(cfg.max_cost)})"
+            )
+            self._warn("soft", message, spent)
+        return reservation
+
+    async def settle(self, reservation: Reservation, usage: Mapping[str, Any]) -> None:
+        """Replace the estimate with the call's actual cost (a store failure keeps the estimate)."""
+        price = self.control.price(reservation.model_id)
+        assert price is not None  # only priced calls reserve
+        actual = cost_nanos(price, int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0))
+        self.control.metrics.cost_spent.labels(self.control.agent_id, reservation.model_id).inc(
+            _units(actual)
+        )
+        try:
+            await (await self.control.store()).settle_cost(reservation.id, actual)
+        except MemoryStoreError as exc:
+            log.warning("costControl: settling %s failed (its estimate stays): %s", reservation.id, exc)
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give the estimate back: the call did not cost anything (a store failure keeps it)."""
+        try:
+            await (await self.control.store()).release_cost(reservation.id)
+        except MemoryStoreError as exc:
+            log.warning("costControl: releasing %s failed (its estimate stays): %s", reservation.id, exc)
+
+    def _metadata(self, spent: int) -> dict[str, Any]:
+        """The tripwire's metadata, as the reference's."""
+        return {
+            "processorId": PROCESSOR_ID,
+            "usage": {"estimatedCost": _units(spent), "costUnit": None},
+            "maxCost": self.control.config.max_cost,
+            "scope": self.control.config.scope,
+            "scopeKey": self.scope_key,
+            "threshold": "hard",
+        }
+
+    def _warn(self, threshold: str, message: str, spent: int) -> None:
+        """A violation, at most once per run and threshold (the reference's per-request dedup)."""
+        if threshold in self._warned:
+            return
+        self._warned.add(threshold)
+        detail = {
+            "usage": _units(spent),
+            "limit": self.control.config.max_cost,
+            "totalUsage": {"estimatedCost": _units(spent), "costUnit": None},
+            "scope": self.control.config.scope,
+            "scopeKey": self.scope_key,
+            "threshold": threshold,
+        }
+        log.warning("agent %s: %s", self.control.agent_id, message)
+        self.run.violation(PROCESSOR_ID, message, detail)
+
+
+def _usage(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    for chunk in reversed(chunks):
+        if chunk.get("type") == "finish":
+            return cast(dict[str, Any], (chunk.get("payload") or {}).get("usage") or {})
+    return {}

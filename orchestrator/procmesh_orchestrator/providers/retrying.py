@@ -1,0 +1,27 @@
+"""`RetryingModel`: an agent's model with its own retries (``model: [{model, maxRetries}]``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from procmesh_orchestrator.providers._http import RetryPolicy, with_retries
+from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest
+
+
+class RetryingModel:
+    """`model`, its retryable failures before the first chunk retried `max_retries` times (the
+    provider's backoff and Retry-After rules), before the error processors and the next model."""
+
+    def __init__(self, model: ModelProvider, max_retries: int, *, backoff_ms: float = 500.0) -> None:
+        self.model = model
+        self.model_id = model.model_id
+        self._policy = RetryPolicy(max_retries=max_retries, backoff_ms=backoff_ms)
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """Stream the model's answer, retried as the policy allows."""
+        return with_retries(lambda: _generator(self.model, request), self._policy, what=self.model_id)
+
+
+async def _generator(model: ModelProvider, request: ModelRequest) -> AsyncGenerator[Chunk, None]:
+    async for chunk in model.stream(request):
+        yield chunk

@@ -252,8 +252,7 @@ class JudgedGuard(Processor):
             if not task.done() and not wait:
                 break
             verdict = await task  # a failed judge raises here: the failure policy decides
-            _windows.pop_head(state)
-            self._tasks.pop(window["id"], None)
+            _windows.pop_head(state)  # its task stays (bounded): a rewind that puts it back reuses it
             out += _apply_to_window(window, verdict, abort, report)
         return out
 

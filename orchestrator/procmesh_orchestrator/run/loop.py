@@ -180,7 +180,9 @@ class Run(RunCore):
                 self.emit({"type": "tripwire", "payload": tripwire.as_dict()})
             else:
                 if failure is None and self.options.structured_output is not None:
-                    self.object, mismatch = structured.parse(text, self.options.structured_output)
+                    self.object, mismatch = await structured.answer(
+                        self, text, self.options.structured_output
+                    )
                     if mismatch is not None:  # strict: the run fails (a result, not a raise)
                         finish_reason, self.structured_error = "error", mismatch
                         self.emit({"type": "error", "payload": {"message": mismatch}})
@@ -298,8 +300,9 @@ class Run(RunCore):
             if text:
                 self.system.append(msgs.text_message("system", text))
         self.system.extend(systems)
-        if opts.structured_output is not None:
-            self.system.append(msgs.text_message("system", structured.instruction(opts.structured_output)))
+        answered = structured.for_agent(opts.structured_output)  # not with a structuring model
+        if answered is not None:
+            self.system.append(msgs.text_message("system", structured.instruction(answered)))
         results: list[dict[str, Any]] = []
         for m in convo:
             if m["role"] == "tool":  # a client tool's result: it settles the call it answers
@@ -465,8 +468,8 @@ class Run(RunCore):
             provider_options=cfg.provider_options,
             model_settings=cfg.model_settings,
             response_format=(
-                structured.response_format(self.options.structured_output)
-                if self.options.structured_output is not None
+                structured.response_format(answered)
+                if (answered := structured.for_agent(self.options.structured_output)) is not None
                 else None
             ),
         )

@@ -148,6 +148,7 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
             "errorStrategy": structured.error_strategy,
             "fallbackValue": structured.fallback_value,
             "instructions": structured.instructions,
+            "model": structured.model,
         },
     }
 
@@ -216,5 +217,5 @@ def _structured(data: dict[str, Any] | None) -> StructuredOutput | None:
     if data is None:
         return None
     return StructuredOutput(
-        data["schema"], data["errorStrategy"], data["fallbackValue"], data["instructions"]
+        data["schema"], data["errorStrategy"], data["fallbackValue"], data["instructions"], data.get("model")
     )

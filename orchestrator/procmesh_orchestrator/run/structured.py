@@ -1,20 +1,46 @@
 """Structured output: the instruction and response format a call's schema adds, and the answer's
-parsing and validation (`CallOptions.structured_output`)."""
+parsing and validation (`CallOptions.structured_output`).
+
+With a structuring `StructuredOutput.model`, the agent's model answers freely and a second call,
+after the run's last step, turns the answer (its text, tool calls and results) into the schema, as
+the reference's structured-output processor does: that call's partial JSON streams as ``object``
+chunks, then the validated value as ``object-result``, before the run's ``finish``.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import pydantic_core
 
+from procmesh import tracing
+from procmesh_orchestrator.cost import CostLimitError
+from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.types import StructuredOutput
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run.base import RunCore
 
 log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(?P<body>.*?)\n?```\s*$", re.DOTALL)
+_OPENING_FENCE = re.compile(r"^\s*```(?:json)?\s*")
+_STRUCTURING_ASK = (
+    "Extract and structure the key information from the following text according to the specified "
+    "schema. Keep the original meaning and details. Rely on the provided text and conversation "
+    "history.\n\n"
+)
+_FROM = {"from": "structured-output"}
+
+
+def for_agent(so: StructuredOutput | None) -> StructuredOutput | None:
+    """The structured output the agent's own model answers (none when a structuring model does)."""
+    return so if so is not None and so.model is None else None
 
 
 def instruction(so: StructuredOutput) -> str:
@@ -50,9 +76,128 @@ def parse(text: str, so: StructuredOutput) -> tuple[Any, str | None]:
             error = f"structured output: the answer does not match the schema at {where}: {exc.message}"
     if error is None:
         return value, None
+    return parse_failure(error, so)
+
+
+def structuring_instructions(so: StructuredOutput) -> str:
+    """The structuring model's system message (the reference's, with the schema inlined)."""
+    if so.instructions:
+        return so.instructions
+    schema = json.dumps(dict(so.schema), indent=2, ensure_ascii=False)
+    return (
+        "You are a data structuring specialist. Your job is to convert unstructured text into a "
+        "specific JSON format.\n\nTASK: Convert the provided unstructured text into valid JSON that "
+        f"matches the following schema:\n{schema}\n\nREQUIREMENTS:\n"
+        "- Return ONLY valid JSON, no additional text or explanation\n"
+        "- Extract relevant information from the input text\n"
+        "- If information is missing, use reasonable defaults or null values\n"
+        "- Maintain data types as specified in the schema\n"
+        "- Be consistent and accurate in your conversions\n\n"
+        "The input text may be in any format (sentences, bullet points, paragraphs, etc.). Extract "
+        "the relevant data and structure it according to the schema."
+    )
+
+
+def structuring_input(steps: list[dict[str, Any]], text: str) -> str:
+    """What the structuring model reads: the run's tool calls, their results and its answer, in
+    the reference's sections."""
+    calls = [c for step in steps for c in step.get("toolCalls") or []]
+    results = [r for step in steps for r in step.get("toolResults") or []]
+    sections: list[str] = []
+    if calls:
+        body = "\n".join(
+            f"## {c.get('toolName')}\n### Input: {json.dumps(c.get('args'), ensure_ascii=False)}"
+            "\n### Output: "
+            for c in calls
+        )
+        sections.append(f"# Tool Calls\n{body}")
+    if results:
+        body = "\n".join(
+            f"{r.get('toolName')}: {json.dumps(r.get('result'), indent=2, ensure_ascii=False)}"
+            for r in results
+        )
+        sections.append(f"# Tool Results\n{body}")
+    if text:
+        sections.append(f"# Assistant Response\n{text}")
+    return "\n\n".join(sections)
+
+
+async def answer(run: RunCore, text: str, so: StructuredOutput) -> tuple[Any, str | None]:
+    """The run's object: its answer parsed, or (with `StructuredOutput.model`) structured by a
+    second model call whose partial objects stream as ``object`` chunks. Errors as `parse`."""
+    if so.model is None:
+        return parse(text, so)
+    structured, problem = await _structure(run, text, so)
+    if problem is None:
+        return parse(structured, so)
+    return parse_failure(problem, so)
+
+
+def parse_failure(error: str, so: StructuredOutput) -> tuple[Any, str | None]:
+    """What a structuring failure gives under the error strategy (as a mismatch in `parse`)."""
     if so.error_strategy == "fallback":
         return so.fallback_value, None
     if so.error_strategy == "warn":
         log.warning("%s", error)
         return None, None
     return None, error
+
+
+async def _structure(run: RunCore, text: str, so: StructuredOutput) -> tuple[str, str | None]:
+    """Call the structuring model; its text, or why there is none."""
+    assert so.model is not None
+    model = run.agent.models.get(so.model)
+    if model is None:
+        return "", f"structured output: unknown structuring model {so.model!r}"
+    prompt: list[dict[str, Any]] = [
+        {"role": "system", "content": structuring_instructions(so)},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": _STRUCTURING_ASK + structuring_input(run.steps, text)}],
+        },
+    ]
+    request = ModelRequest(prompt=prompt, streaming=run.streaming, response_format=response_format(so))
+    reservation = None
+    if run.cost is not None:
+        try:
+            reservation = await run.cost.reserve(model.model_id, prompt)
+        except CostLimitError as exc:
+            return "", f"structured output: {exc}"
+    metrics = run.metrics
+    received: list[str] = []
+    usage: dict[str, Any] = {}
+    last: Any = None
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model.model_id}
+    with tracing.span(f"chat {model.model_id}", kind="client", attributes=attributes):
+        try:
+            async for chunk in model.stream(request):
+                payload = chunk.get("payload") or {}
+                if chunk["type"] == "finish":
+                    usage = payload.get("usage") or {}
+                elif chunk["type"] == "text-delta":
+                    received.append(str(payload.get("text", "")))
+                    partial = _partial("".join(received))
+                    if partial is not None and partial != last:
+                        last = partial
+                        run.emit({"type": "object", "object": partial, "metadata": dict(_FROM)})
+        except APICallError as exc:
+            metrics.model_calls.labels(model.model_id, "error").inc()
+            if reservation is not None and run.cost is not None:
+                await run.cost.release(reservation)
+            return "", f"structured output: the structuring model {model.model_id!r} failed: {exc}"
+    metrics.model_calls.labels(model.model_id, "ok").inc()
+    for direction, key in (("input", "inputTokens"), ("output", "outputTokens")):
+        metrics.model_tokens.labels(model.model_id, direction).inc(int(usage.get(key) or 0))
+    if reservation is not None and run.cost is not None:
+        await run.cost.settle(reservation, usage)
+    return "".join(received), None
+
+
+def _partial(text: str) -> Any:
+    """The value a partial JSON answer holds so far (None: nothing parseable yet)."""
+    try:
+        return pydantic_core.from_json(
+            _OPENING_FENCE.sub("", text, count=1), allow_partial="trailing-strings"
+        )
+    except ValueError:
+        return None

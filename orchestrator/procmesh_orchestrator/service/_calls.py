@@ -98,7 +98,7 @@ class _ToolChoice(BaseModel):
 
 
 class _StructuredOutputBody(BaseModel):
-    """``structuredOutput``: a JSON schema and what a mismatch does (no second model: 400)."""
+    """``structuredOutput``: a JSON schema, what a mismatch does, and an optional structuring model."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -498,16 +498,18 @@ def _system_texts(value: Any, field: str) -> list[str] | None:
 def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput | None:
     if body is None:
         return None
-    if body.model is not None:
+    if body.model is not None and not (isinstance(body.model, str) and body.model):
         raise BadRequestError(
-            "structuredOutput.model: a second model for structuring is not supported "
-            "(leave it out: the agent's model answers in JSON)"
+            "structuredOutput.model: give the structuring model as a reference, a `models` key or "
+            "'provider/model-id' (or leave it out: the agent's model answers in JSON)"
         )
     try:
         jsonschema.validators.validator_for(body.schema_).check_schema(body.schema_)
     except jsonschema.SchemaError as exc:
         raise BadRequestError(f"structuredOutput.schema: not a valid JSON schema: {exc.message}") from None
-    return StructuredOutput(body.schema_, body.error_strategy, body.fallback_value, body.instructions)
+    return StructuredOutput(
+        body.schema_, body.error_strategy, body.fallback_value, body.instructions, body.model
+    )
 
 
 def parse_proto(

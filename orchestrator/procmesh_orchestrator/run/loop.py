@@ -20,14 +20,12 @@ from procmesh_orchestrator.errors import (
 )
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
-from procmesh_orchestrator.run import retries, snapshot, steps, structured
+from procmesh_orchestrator.run import optimistic, retries, snapshot, steps, structured
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.hooks import Chunk
-from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
 from procmesh_orchestrator.run.stop import should_stop
 from procmesh_orchestrator.run.tool_calls import Decision, PendingTools, run_tools
-from procmesh_orchestrator.run.tools import spec as tool_spec
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
 
 RUN_DEADLINE_GRACE = 0.05
@@ -63,6 +61,9 @@ class _Suspended(Exception):
 
 class Run(RunCore):
     """One generate()/stream() call, or the resumption of a suspended one: `execute()` runs it."""
+
+    first_call: optimistic.EarlyCall | None = None
+    """Step 0's model call, started before the input processors committed (`run.optimistic`)."""
 
     model_index = 0
     """Which of the agent's models the steps call (`AgentSpec.fallbacks`): a call the error
@@ -311,16 +312,21 @@ class Run(RunCore):
                 self.ml.add(m, msgs.INPUT)
         # the call may be in this input or, with a thread, in the history memory loads
         self.unsettled_results = self.ml.settle_tool_calls(results, msgs.INPUT)
-        await steps.process_input(self)
-        for result in self.unsettled_results:
-            log.warning(
-                "agent %s: a tool result for call %r matches no tool call of the conversation; ignored",
-                self.agent.id,
-                result.get("toolCallId"),
-            )
-        self.loop_system = list(self.system)
-        await self._checkpoint(0)
-        return await self._loop()
+        self.first_call = optimistic.start(self)
+        try:
+            await steps.process_input(self)
+            for result in self.unsettled_results:
+                log.warning(
+                    "agent %s: a tool result for call %r matches no tool call of the conversation; ignored",
+                    self.agent.id,
+                    result.get("toolCallId"),
+                )
+            self.loop_system = list(self.system)
+            await self._checkpoint(0)
+            return await self._loop()
+        finally:  # a block before step 0's model call: the early call goes
+            if self.first_call is not None:
+                await self.first_call.cancel()
 
     async def _checkpoint(self, next_step: int) -> None:
         """A step boundary: a durable run keeps its snapshot here (`RunCore.checkpoint`)."""
@@ -362,14 +368,8 @@ class Run(RunCore):
         step is to run again: a retry)."""
         self.info.step_number = step_number
         self.system = list(self.loop_system)  # processInputStep system changes last one step
-        opts = self.options
-        offered = [tool_spec(t) for t in self.offered_tools()]
-        cfg = StepConfig(
-            model=self.agent.model if self.model_index == 0 else self.agent.fallbacks[self.model_index - 1],
-            tools=offered,
-            tool_choice=opts.tool_choice if opts.tool_choice is not None else "auto" if offered else None,
-            active_tools=list(opts.active_tools) if opts.active_tools is not None else None,
-            model_settings=dict(opts.model_settings or {}),
+        cfg = steps.step_config(
+            self, self.agent.model if self.model_index == 0 else self.agent.fallbacks[self.model_index - 1]
         )
         try:
             await steps.input_step(self, cfg)
@@ -457,32 +457,20 @@ class Run(RunCore):
     ) -> StepOutcome:
         """One model call (or a cached response replayed), streamed through the output processors."""
         outcome = StepOutcome(from_cache=cached is not None)
-        tools = cfg.tools
-        if cfg.active_tools is not None:
-            tools = [t for t in tools if t["name"] in cfg.active_tools]
-        request = ModelRequest(
-            prompt=prompt,
-            tools=tools,
-            tool_choice=cfg.tool_choice if tools else None,
-            streaming=self.streaming,
-            provider_options=cfg.provider_options,
-            model_settings=cfg.model_settings,
-            response_format=(
-                structured.response_format(answered)
-                if (answered := structured.for_agent(self.options.structured_output)) is not None
-                else None
-            ),
-        )
+        request = steps.model_request(self, prompt, cfg)
+        early, self.first_call = self.first_call, None  # only step 0's call may have started early
         self.emit({"type": "step-start", "payload": {"stepNumber": self.info.step_number}})
         model_id = cfg.model.model_id
         metrics = self.metrics
 
         async def source() -> AsyncIterator[Chunk]:
             if cached is not None:
+                if early is not None:
+                    await early.cancel()
                 chunks: AsyncIterator[Chunk] = _replay(cached)
             else:
                 self.model_requests.append(request)
-                chunks = cfg.model.stream(request)
+                chunks = optimistic.stream(early, cfg.model, request)
             started = time.perf_counter()
             # Not a current span: the pipeline resumes this generator from its own tasks.
             span = tracing.start(

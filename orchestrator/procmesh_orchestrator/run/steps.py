@@ -8,6 +8,7 @@ from typing import Any
 
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run import structured
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import (
     Chunk,
@@ -26,9 +27,10 @@ from procmesh_orchestrator.run.hooks import (
     Processor,
     dedupe,
 )
-from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.run.speculation import walk
 from procmesh_orchestrator.run.tools import ProcessorTool
+from procmesh_orchestrator.run.tools import spec as tool_spec
 
 
 @dataclass
@@ -63,6 +65,39 @@ class StepConfig:
     active_tools: list[str] | None = None
     provider_options: dict[str, Any] = field(default_factory=dict)
     model_settings: dict[str, Any] = field(default_factory=dict)
+
+
+def step_config(run: RunCore, model: ModelProvider) -> StepConfig:
+    """A step's settings before processInputStep: the call's options, the run's offered tools."""
+    opts = run.options
+    offered = [tool_spec(t) for t in run.offered_tools()]
+    return StepConfig(
+        model=model,
+        tools=offered,
+        tool_choice=opts.tool_choice if opts.tool_choice is not None else "auto" if offered else None,
+        active_tools=list(opts.active_tools) if opts.active_tools is not None else None,
+        model_settings=dict(opts.model_settings or {}),
+    )
+
+
+def model_request(run: RunCore, prompt: list[dict[str, Any]], cfg: StepConfig) -> ModelRequest:
+    """The provider call of a step with this prompt and these settings."""
+    tools = cfg.tools
+    if cfg.active_tools is not None:
+        tools = [t for t in tools if t["name"] in cfg.active_tools]
+    return ModelRequest(
+        prompt=prompt,
+        tools=tools,
+        tool_choice=cfg.tool_choice if tools else None,
+        streaming=run.streaming,
+        provider_options=cfg.provider_options,
+        model_settings=cfg.model_settings,
+        response_format=(
+            structured.response_format(answered)
+            if (answered := structured.for_agent(run.options.structured_output)) is not None
+            else None
+        ),
+    )
 
 
 async def process_input(run: RunCore) -> None:

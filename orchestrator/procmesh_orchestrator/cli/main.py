@@ -18,7 +18,11 @@ def _scenario_run(args: argparse.Namespace) -> int:
     from procmesh_orchestrator.cli.scenario import load, run_scenario
 
     data = load(args.file)
-    trace = asyncio.run(run_scenario(data, args.file, sidecar_runtime=args.sidecar_runtime))
+    trace = asyncio.run(
+        run_scenario(
+            data, args.file, sidecar_runtime=args.sidecar_runtime, speculate=args.speculate, fuse=args.fuse
+        )
+    )
     json.dump(trace, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
@@ -111,6 +115,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         choices=["python", "node"],
         default="python",
         help="SDK serving the scripted processors: python (procmesh-sidecar) or node (sdk/node)",
+    )
+    run.add_argument(
+        "--speculate",
+        action="store_true",
+        help="every scripted processor declares itself speculative (the trace must not change)",
+    )
+    run.add_argument(
+        "--fuse",
+        action="store_true",
+        help="fuse the processors the scripted sidecar serves into one request (the trace must not change)",
     )
     run.set_defaults(func=_scenario_run)
     for name in ("generate", "stream"):

@@ -4,10 +4,18 @@ The scenario's scripted processors are served by a separate sidecar process reac
 unix socket, as a user's would be: ``procmesh-sidecar scripted`` (Python, the default) or,
 with ``--sidecar-runtime node``, ``node $PROCMESH_NODE_SDK/scripted/serve.mjs`` (the Node SDK,
 found by configuration: an installed orchestrator has no checkout beside it).
+
+Two flags run the same scenario another way, and its trace must not change: ``--speculate``
+makes every scripted processor declare itself speculative (the ``speculative`` script key), so
+the orchestrator calls consecutive ones at once and commits in order; ``--fuse`` lets the
+orchestrator fuse the processors, which one sidecar serves, into one request per hook (without
+it the config turns fusing off, so the default run calls each processor on its own).
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import os
 import shutil
@@ -102,7 +110,17 @@ def _threads(scenario: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(t for t in named if t))
 
 
-def _config(scenario: dict[str, Any], address: str | None, store_path: str) -> dict[str, Any]:
+def speculative_copy(scenario: dict[str, Any]) -> dict[str, Any]:
+    """The scenario with every scripted processor declaring ``"speculative": true``."""
+    out: dict[str, Any] = copy.deepcopy(scenario)
+    for source in [out.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(out))]:
+        for lane in _LANES:
+            for spec in source.get(lane) or []:
+                spec["speculative"] = True
+    return out
+
+
+def _config(scenario: dict[str, Any], address: str | None, store_path: str, fuse: bool) -> dict[str, Any]:
     agent = scenario.get("agent") or {}
     tools = scenario.get("tools") or {}
     agent_cfg: dict[str, Any] = {
@@ -131,6 +149,7 @@ def _config(scenario: dict[str, Any], address: str | None, store_path: str) -> d
             for name, t in tools.items()
         },
         "agents": {"scenario": agent_cfg},
+        "fuse": fuse,
     }
 
 
@@ -204,17 +223,28 @@ def _result(result: RunResult) -> dict[str, Any]:
 
 
 async def run_scenario(
-    scenario: dict[str, Any], scenario_path: str, *, sidecar_runtime: str = "python"
+    scenario: dict[str, Any],
+    scenario_path: str,
+    *,
+    sidecar_runtime: str = "python",
+    speculate: bool = False,
+    fuse: bool = False,
 ) -> dict[str, Any]:
     """Run one scenario end to end and return its trace.
 
-    `sidecar_runtime` picks the SDK serving the scripted processors (`SIDECAR_RUNTIMES`).
+    `sidecar_runtime` picks the SDK serving the scripted processors (`SIDECAR_RUNTIMES`);
+    `speculate` and `fuse` are the command's ``--speculate`` and ``--fuse`` (module docstring).
     """
     with tempfile.TemporaryDirectory(prefix="procmesh-scenario-") as tmp:
         sidecar = None
         address = None
         if _has_processors(scenario):
             address = f"unix://{os.path.join(tmp, 'scripted.sock')}"
+            if speculate:
+                # the sidecar reads its script from a file: give it the speculative copy
+                scenario_path = os.path.join(tmp, "speculative.json")
+                text = json.dumps(speculative_copy(scenario))
+                await asyncio.to_thread(Path(scenario_path).write_text, text, "utf-8")
             sidecar = scripted_sidecar(
                 sidecar_runtime, scenario_path, address, log_path=os.path.join(tmp, "sidecar.log")
             )
@@ -222,7 +252,9 @@ async def run_scenario(
         try:
             if sidecar is not None:
                 await sidecar.wait_ready()
-            config = parse_config(_config(scenario, address, os.path.join(tmp, "memory.db")), "scenario")
+            config = parse_config(
+                _config(scenario, address, os.path.join(tmp, "memory.db"), fuse), "scenario"
+            )
             async with App(config) as app:
                 threads = _threads(scenario) if "memory" in (scenario.get("agent") or {}) else None
                 silent = _silent(scenario)

@@ -32,6 +32,10 @@ class OrchestratorSettings(BaseSettings):
     """Interface of the gRPC AgentService and grpc.health.v1."""
     grpc_port: int = Field(default=50050, ge=0, le=65535)
     """Port of the gRPC API (0: any free port, logged at start)."""
+    grpc_socket: str | None = None
+    """Also serve the gRPC API on this unix socket path (``/run/procmesh/orchestrator.sock``): the
+    pod's sidecars reach the model gateway there (``PROCMESH_MODEL_GATEWAY=unix:///run/...``)
+    without a TCP port. A stale socket file left by a crash is replaced."""
     api_keys: Annotated[list[SecretStr], NoDecode] = []
     """Bearer keys accepted on /api/* and AgentService; empty: no authentication.
     ``PROCMESH_API_KEYS`` holds a comma-separated list or a JSON array."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -441,9 +443,14 @@ class _Guard(grpc.aio.ServerInterceptor):
         method = details.method or ""
         if method.startswith(f"/{reflection.SERVICE_NAME}/"):
             return self._reflection(handler)
-        if not method.startswith(f"/{AGENT_SERVICE}/") or handler.request_deserializer is None:
+        if handler.request_deserializer is None:
             return handler
-        return _raw(handler, handler.request_deserializer, self._check_key)
+        if method.startswith(f"/{AGENT_SERVICE}/"):
+            return _raw(handler, handler.request_deserializer, self._check_key)
+        if method.startswith(f"/{_model_gateway.MODEL_SERVICE}/"):
+            # the gateway checks the key itself, so its refusals are counted with the caller's label
+            return _raw(handler, handler.request_deserializer, _no_check)
+        return handler
 
     def _reflection(self, handler: Any) -> Any:
         if not self._service.settings.api_keys or handler.stream_stream is None:
@@ -463,13 +470,18 @@ class _Guard(grpc.aio.ServerInterceptor):
         )
 
 
+async def _no_check(context: Context) -> None:
+    return None
+
+
 _malformed = RateLimitedLog(log, "malformed gRPC request refused")
 
 
 class GrpcServer:
-    """The orchestrator's gRPC server: AgentService, grpc.health.v1 and reflection."""
+    """The orchestrator's gRPC server: AgentService, ModelService, grpc.health.v1 and reflection,
+    on ``host:port`` and, given a `socket` path, on that unix socket too (the pod's sidecars)."""
 
-    def __init__(self, service: Service, host: str, port: int) -> None:
+    def __init__(self, service: Service, host: str, port: int, *, socket: str | None = None) -> None:
         self.health = health_aio.HealthServicer()
         self._server = grpc.aio.server(
             interceptors=[_Guard(service)],
@@ -493,6 +505,7 @@ class GrpcServer:
         reflection.enable_server_reflection(
             [
                 AGENT_SERVICE,
+                _model_gateway.MODEL_SERVICE,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ],
@@ -505,6 +518,8 @@ class GrpcServer:
             raise OSError(f"cannot bind the gRPC API to {host}:{port}: {exc}") from None
         if self.port == 0:
             raise OSError(f"cannot bind the gRPC API to {host}:{port}")
+        if socket is not None:
+            _bind_unix(self._server, socket)
 
     async def set_serving(self, serving: bool) -> None:
         """Report SERVING or NOT_SERVING for the server ("") and AgentService."""
@@ -526,3 +541,17 @@ class GrpcServer:
     async def stop(self, grace: float) -> None:
         """Stop; RPCs still running after `grace` seconds are cancelled."""
         await self._server.stop(grace)
+
+
+def _bind_unix(server: grpc.aio.Server, path: str) -> None:
+    """Listen on the unix socket `path` as well; a stale socket file (a crashed process's) goes."""
+    if os.path.exists(path):
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise OSError(f"cannot bind the gRPC API to unix:{path}: the path exists and is not a socket")
+        os.unlink(path)
+    try:
+        bound = server.add_insecure_port(f"unix:{path}")
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind the gRPC API to unix:{path}: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC API to unix:{path}")

@@ -108,7 +108,9 @@ class Service:
         try:
             await self.app.start()
             await self.health.poll_once()
-            self._grpc = GrpcServer(self, self.settings.grpc_host, self.settings.grpc_port)
+            self._grpc = GrpcServer(
+                self, self.settings.grpc_host, self.settings.grpc_port, socket=self.settings.grpc_socket
+            )
             await self._grpc.start()
             await self._grpc.set_serving(self.health.serving)
             self._http = HttpServer(
@@ -125,11 +127,12 @@ class Service:
             raise
         log.info(
             "procmesh-orchestrator serving: HTTP http://%s:%d (/api/agents, /metrics, /healthz, /readyz), "
-            "gRPC %s:%d (procmesh.v1.AgentService, grpc.health.v1); agents %s",
+            "gRPC %s:%d%s (procmesh.v1.AgentService, procmesh.v1.ModelService, grpc.health.v1); agents %s",
             self._http.host,
             self._http.port,
             self._grpc.host,
             self._grpc.port,
+            f" and unix:{self.settings.grpc_socket}" if self.settings.grpc_socket else "",
             sorted(self.app.agents),
         )
 

@@ -159,6 +159,15 @@ class GrpcHookCaller:
         ctx.thread_id = info.thread_id
         ctx.resource_id = info.resource_id
 
+    def fill_fused(self, ctx: tpb.RunContext, handles: Sequence[ProcessorHandle]) -> None:
+        """Name the further processors of a fused request, each with its options and state."""
+        for handle in handles:
+            fused = ctx.fused.add(processor_id=handle.hosted_id or handle.processor_id)
+            fused.options.CopyFrom(handle.options)
+            state = self.info.states.get(handle.processor_id)
+            if isinstance(state, struct_pb2.Struct):
+                fused.state.CopyFrom(state)
+
     def export_states(self) -> dict[str, Any]:
         """Every processor's state as JSON (a suspended run's snapshot keeps it)."""
         return {
@@ -246,14 +255,8 @@ class GrpcHookCaller:
         """
         handles = [_as_handle(item) for item in group]
         request = wire.build_request(args)
-        first, rest = handles[0], handles[1:]
-        self.fill_context(request.context, first)
-        for handle in rest:
-            fused = request.context.fused.add(processor_id=handle.hosted_id or handle.processor_id)
-            fused.options.CopyFrom(handle.options)
-            state = self.info.states.get(handle.processor_id)
-            if isinstance(state, struct_pb2.Struct):
-                fused.state.CopyFrom(state)
+        self.fill_context(request.context, handles[0])
+        self.fill_fused(request.context, handles[1:])
         timeout = self.timeout_for(min(handles, key=lambda h: h.timeout))
         return asyncio.create_task(self._attempts(handles, args.hook, request, timeout, speculative))
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -23,7 +23,7 @@ from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
 from procmesh_orchestrator.processors.wire import read_effects
-from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem
+from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem, Violation
 from procmesh_orchestrator.run.messages import signal_data, signal_record
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class _Stage:
     def __init__(
         self,
         pipeline: OutputPipeline,
-        handle: ProcessorHandle,
+        members: Sequence[ProcessorHandle],
         inq: asyncio.Queue[Item],
         outq: asyncio.Queue[Item],
         *,
@@ -101,7 +101,11 @@ class _Stage:
     ) -> None:
         self.caller = pipeline.caller
         self.announce_signals = pipeline.announce_signals
-        self.handle = handle
+        self.handle = members[0]
+        self.members = tuple(members)
+        """The processors of the session: one, or several of one sidecar fused (`context.fused`)."""
+        self.data_parts = any(m.process_data_parts for m in members)
+        self.timeout = min(m.timeout for m in members)
         self.side = side
         """A parallel branch whose output is not picked: its effects apply, the part goes on as it came."""
         self.inq = inq
@@ -125,7 +129,9 @@ class _Stage:
         """(seq, when it was queued) of each part awaiting its result; timeouts count from then."""
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
-        return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
+        # a fused session gets data parts when one of its processors takes them (the sidecar
+        # passes them by the others)
+        return not self.failed_open and (self.data_parts or not chunk.type.startswith("data-"))
 
     def _flush_head(self) -> None:
         """Hand on every head item that needs no result (pass-throughs, effects, end and error markers)."""
@@ -198,6 +204,10 @@ class _Stage:
         self.reader = asyncio.create_task(self._read(self.call))
         first = ppb.ProcessOutputStreamRequest()
         self.caller.fill_context(first.context, self.handle)
+        if len(self.members) > 1:
+            self.caller.fill_fused(first.context, self.members[1:])
+            first.context.announce_signals = self.announce_signals
+            self.span.set("procmesh.fused", [m.processor_id for m in self.members[1:]])
         return first
 
     def _awaiting(self) -> bool:
@@ -212,7 +222,7 @@ class _Stage:
                 if read is None:
                     read = asyncio.ensure_future(call.read())
                 if self.sent:  # the oldest unanswered part's time limit counts from when it was sent
-                    limit = handle.timeout
+                    limit = self.timeout
                     sent_at = self.sent[0][1]
                     if info.deadline is not None:
                         limit = min(limit, info.deadline - sent_at)
@@ -235,6 +245,8 @@ class _Stage:
                         return
                 if resp.HasField("end"):
                     info.states[handle.processor_id] = resp.end.state
+                    for member, state in zip(self.members[1:], resp.end.fused_states, strict=False):
+                        info.states[member.processor_id] = state
                 self._flush_head()
         except ProcessorCallError as exc:  # the gRPC status (translated by _StreamCall) or a broken contract
             self.input_refused = exc.input_refused
@@ -256,6 +268,9 @@ class _Stage:
         seq, _ = self.sent.popleft()
         if res.seq != seq:
             raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
+        if len(self.members) > 1:
+            self._apply_fused(res)
+            return
         pid = self.handle.processor_id
         if self.handle.shadow:  # record the verdict; the part goes on as it came
             abort = None
@@ -292,6 +307,45 @@ class _Stage:
             for extra in res.extra_parts:
                 self.outq.put_nowait((_CHUNK, extra))
 
+    def _apply_fused(self, res: ppb.StreamPartResult) -> None:
+        """A fused session's result: the part as the last processor left it, with every chunk
+        the processors emitted already in it (their order in the sidecar is the pipeline's);
+        each processor's signals, violations, abort and failure from ``effects.fused``."""
+        outcomes = [(self.handle, res.effects, "")]
+        outcomes += [
+            (m, o.effects, o.error) for m, o in zip(self.members[1:], res.effects.fused, strict=False)
+        ]
+        records: list[dict[str, Any]] = []
+        violations: list[Violation] = []
+        abort = None
+        for handle, effects_pb, error in outcomes:
+            if error:  # its hook failed (once): its own policy; the sidecar passes its later parts by
+                failure = self.caller.policy(handle, HOOK, error)
+                if failure is not None:
+                    self._stop(_ERROR, failure)
+                    return
+                continue
+            effects = read_effects(handle.processor_id, HOOK, effects_pb, decode_chunks=False)
+            records += [signal_record(signal) for signal in effects.signals]
+            violations += effects.violations
+            abort = effects.abort or abort  # the one that ends the stream is the last one's
+        if records or violations:
+            self.outq.put_nowait((_EFFECTS, StreamEffects(records, violations)))
+        if res.HasField("part"):
+            self.outq.put_nowait((_CHUNK, res.part))
+        for extra in res.extra_parts:
+            self.outq.put_nowait((_CHUNK, extra))
+        if abort is not None:
+            self.span.outcome("abort")
+            self._stop(_ABORT, abort)
+
+    def _stop(self, kind: str, value: Any) -> None:
+        """End the stream here with an abort or an error; the session is cancelled."""
+        self.outq.put_nowait((kind, value))
+        self.stopped = True
+        assert self.call is not None
+        self.call.cancel()
+
     def _flush_one(self) -> None:
         kind, value, _ = self.pending.popleft()
         self.outq.put_nowait((kind, value))
@@ -310,9 +364,12 @@ class _Stage:
             return
         assert self.call is not None
         self.call.cancel()
-        error = self.caller.policy(
-            self.handle, HOOK, self.broken or "stream failed", input_refused=self.input_refused
-        )
+        # a fused session failed for all its processors: each one's policy, the first error wins
+        errors = [
+            self.caller.policy(m, HOOK, self.broken or "stream failed", input_refused=self.input_refused)
+            for m in self.members
+        ]
+        error = next((e for e in errors if e is not None), None)
         if error is not None:  # fail-closed: the error goes on in the part's place, and ends the stream
             self.outq.put_nowait((_ERROR, error))
             self.stopped = True
@@ -344,7 +401,22 @@ class OutputPipeline:
                 stages.append((picked, False))
             else:
                 stages.append((item, False))
-        self.stages = [(h, side) for h, side in stages if h.has(HOOK)]
+        stages = [(h, side) for h, side in stages if h.has(HOOK)]
+        # neighbours of one sidecar that runs fused requests share a session
+        self.stages: list[tuple[list[ProcessorHandle], bool]] = []
+        for handle, side in stages:
+            last = self.stages[-1] if self.stages else None
+            if (
+                caller.info.fuse
+                and last is not None
+                and not side
+                and not last[1]
+                and handle.fuse_key
+                and handle.fuse_key == last[0][-1].fuse_key
+            ):
+                last[0].append(handle)
+            else:
+                self.stages.append(([handle], side))
 
     async def run(self, source: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[StreamItem, None]:
         """Feed `source` through the stages; yield chunks and effects, and the abort that ends it."""
@@ -354,7 +426,8 @@ class OutputPipeline:
             return
         queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.stages) + 1)]
         stages = [
-            _Stage(self, h, queues[i], queues[i + 1], side=side) for i, (h, side) in enumerate(self.stages)
+            _Stage(self, members, queues[i], queues[i + 1], side=side)
+            for i, (members, side) in enumerate(self.stages)
         ]
 
         async def produce() -> None:

@@ -69,6 +69,7 @@ class RunCore:
             deadline=time.monotonic() + options.timeout if options.timeout else None,
             thread_id=options.thread_id,
             resource_id=options.resource_id,
+            fuse=agent.fuse,
         )
         self.caller = agent.hook_caller(self.info, metrics)
         rc = options.request_context
@@ -156,6 +157,12 @@ class RunCore:
         if reply.result is None:
             return None
         return reply.result, reply.effects
+
+    def commit(self, attempt: Attempt[R]) -> Reply[R]:
+        """Apply a sent hook's answer (`run.speculation`); its violations are recorded now."""
+        reply = attempt.commit()
+        self._record(reply.effects.violations)
+        return reply
 
     def commit(self, attempt: Attempt[R]) -> Reply[R]:
         """Apply a sent hook's answer (`run.speculation`); its violations are recorded now."""

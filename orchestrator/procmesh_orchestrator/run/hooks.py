@@ -99,6 +99,8 @@ class RunInfo:
     retry_count: int = 0
     states: dict[str, object] = field(default_factory=dict)
     """Each processor's state (opaque to the run), by processor id; the caller reads and writes it."""
+    fuse: bool = True
+    """Neighbouring processors of one sidecar may share a request or a stream (`AgentSpec.fuse`)."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ async def walk(
 ) -> None:
     """Call `hook` on every item of the lane that has it, in order, committing each answer."""
     lane = [item for item in items if item.has(hook)]
-    fuse = run.agent.fuse
+    fuse = run.info.fuse
     if not any(isinstance(i, Batchable) and (i.speculative or (fuse and i.fuse_key)) for i in lane):
         for item in lane:  # nothing to batch: the plain sequential loop
             args = build(item)
@@ -102,7 +102,7 @@ async def _batch(
     step_number: int | None,
 ) -> int:
     """Send one batch and commit what stands; the position to go on from (len(lane): the end)."""
-    units = plan(lane, pos, fuse=run.agent.fuse)
+    units = plan(lane, pos, fuse=run.info.fuse)
     args = build(lane[pos])
     if not isinstance(lane[pos], Batchable):
         with _at_step(run, step_number):

@@ -1,0 +1,178 @@
+"""The output stream with speculative and fused processors, through real sidecar processes.
+
+Three scripted sidecar processes serve the same processors (all speculative): a lane naming one
+processor from each is speculative across sidecars; a lane naming them all from one sidecar is
+fused. Each case's trace (every chunk, the result, the violations, what the non-speculative
+recorder was given) must be the sequential one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.speculation.test_unary import _plain, take_log
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+RECORDER = "tests.e2e.speculation.recorder"
+DELTAS = ["the ", "secret ", "apple ", "is ", "red ", "and ", "sweet"]
+
+
+def rule(when: dict[str, Any] | None, *do: dict[str, Any]) -> dict[str, Any]:
+    return {"when": when or {}, "do": list(do)}
+
+
+PROCESSORS: list[dict[str, Any]] = [
+    {"id": "pass", "speculative": True, "processOutputStream": [rule(None, {"count": "parts"})]},
+    {
+        "id": "rw",
+        "speculative": True,
+        "processOutputStream": [
+            rule({"textContains": "apple"}, {"replaceText": {"pattern": "apple", "with": "pear"}})
+        ],
+    },
+    {
+        "id": "drop",
+        "speculative": True,
+        "processOutputStream": [rule({"textContains": "secret"}, {"drop": True})],
+    },
+    {
+        "id": "cnt",
+        "speculative": True,
+        "processOutputStream": [
+            rule(
+                {"partType": "text-delta"},
+                {"count": "n"},
+                {"custom": {"type": "data-count", "dataFromState": "n"}},
+            )
+        ],
+    },
+    {
+        "id": "gate",
+        "speculative": True,
+        "processOutputStream": [rule({"textContains": "pear"}, {"abort": {"reason": "no pears"}})],
+    },
+    {
+        "id": "late",
+        "speculative": True,
+        "processOutputStream": [rule({"textContains": "sweet"}, {"abort": {"reason": "too sweet"}})],
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def sidecars(start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path) -> dict[str, SidecarProcess]:
+    scenario = sidecar_dir / "stream.json"
+    scenario.write_text(json.dumps({"agent": {"outputProcessors": PROCESSORS}}))
+    procs = {
+        f"s{i}": start_sidecar("scripted", "--scenario", str(scenario), name=f"scr{i}") for i in range(3)
+    }
+    procs["rec"] = start_sidecar(name="recorder", module=RECORDER)
+    return procs
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def ready(sidecars: dict[str, SidecarProcess]) -> dict[str, SidecarProcess]:
+    for proc in sidecars.values():
+        await proc.wait_ready()
+    return sidecars
+
+
+def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode: str) -> Any:
+    """`lane`: processor ids; sequential and speculative modes put each on its own sidecar."""
+
+    def ref(i: int, pid: str) -> dict[str, Any]:
+        if pid == "recorder":
+            return {"processor": "rec/recorder", "options": {"log": str(log)}}
+        sidecar = "s0" if mode == "fused" else f"s{i % 3}"
+        entry: dict[str, Any] = {"processor": f"{sidecar}/{pid}"}
+        if mode == "sequential":
+            entry["speculative"] = False
+        return entry
+
+    return parse_config(
+        {
+            "sidecars": {name: {"address": proc.address} for name, proc in sidecars.items()},
+            "models": {"scripted": {"provider": "scripted", "responses": [{"deltas": DELTAS}]}},
+            "fuse": mode == "fused",
+            "agents": {
+                "a": {
+                    "model": "scripted",
+                    "errorProcessorDefaults": False,
+                    "outputProcessors": [ref(i, p) for i, p in enumerate(lane)],
+                }
+            },
+        },
+        "test config",
+    )
+
+
+async def trace(app: App, log: Path) -> dict[str, Any]:
+    stream = app.agent("a").stream("hi")
+    chunks = [c async for c in stream if c["type"] != "start"]
+    result = await stream.result()
+    return {
+        "chunks": _plain(chunks),
+        "text": result.text,
+        "tripwire": result.tripwire,
+        "violations": result.violations,
+        "recorder": take_log(log),
+    }
+
+
+class Sessions:
+    """Every output-stream session the App opens on one sidecar (on its real client)."""
+
+    def __init__(self, app: App, sidecar: str) -> None:
+        self.count = 0
+        client = app.clients[sidecar]
+        open_stream = client.open_stream
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return open_stream(*args, **kwargs)
+
+        client.open_stream = counted  # type: ignore[method-assign]
+
+
+CASES = {
+    "pass": ["pass", "cnt", "pass", "recorder"],
+    "rewrite": ["rw", "cnt", "recorder"],
+    "drop": ["drop", "cnt", "rw", "recorder"],
+    "rewrite-then-abort": ["cnt", "rw", "gate", "recorder"],
+    "late-abort": ["pass", "late", "cnt", "recorder"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_stream_traces_equal_sequential(
+    ready: dict[str, SidecarProcess], tmp_path: Path, case: str
+) -> None:
+    log = tmp_path / "rec.jsonl"
+    traces = {}
+    for mode in ("sequential", "speculative", "fused"):
+        async with App(config(ready, log, CASES[case], mode)) as app:
+            traces[mode] = await trace(app, log)
+    assert traces["speculative"] == traces["sequential"]
+    assert traces["fused"] == traces["sequential"]
+    assert traces["sequential"]["recorder"] or traces["sequential"]["tripwire"]
+
+
+async def test_a_fused_stream_is_one_session(ready: dict[str, SidecarProcess], tmp_path: Path) -> None:
+    log = tmp_path / "rec.jsonl"
+    async with App(config(ready, log, ["pass", "rw", "cnt", "recorder"], "fused")) as app:
+        sessions = Sessions(app, "s0")
+        result = await trace(app, log)
+    assert sessions.count == 1  # one stream for the three processors of the step
+    counts = [c["data"] for c in result["chunks"] if c["type"] == "data-count"]
+    assert counts == [{"n": n} for n in range(1, len(DELTAS) + 1)]  # cnt's own state, attributed right
+    assert "pear" in result["text"]

@@ -164,12 +164,6 @@ class RunCore:
         self._record(reply.effects.violations)
         return reply
 
-    def commit(self, attempt: Attempt[R]) -> Reply[R]:
-        """Apply a sent hook's answer (`run.speculation`); its violations are recorded now."""
-        reply = attempt.commit()
-        self._record(reply.effects.violations)
-        return reply
-
     def _record(self, violations: list[Violation]) -> None:
         for v in violations:
             self.violation(v.processor_id, v.message, v.detail)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,11 +20,12 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.test_model_gateway import _gateway_calls, _sidecar_env, _spawn
-from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
-from tests.integration.service.support import API_KEY, AUTH, free_port
+from tests.e2e.gateway.test_model_gateway import _gateway_calls
+from tests.e2e.guards.conftest import gateway_port, guards_sidecar, start_orchestrator
+from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.service.support import API_KEY, AUTH
 
-__all__ = ["start_orchestrator"]  # the fixture, imported for this module
+__all__ = ["gateway_port", "guards_sidecar", "start_orchestrator"]  # fixtures, imported for this module
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -73,27 +73,14 @@ def _config(sidecar: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def gateway_port() -> int:
-    if not BASE_URL:
-        pytest.fail("PROCMESH_LLM_BASE_URL is not set: run `make test-llm`, which starts the model server")
-    return free_port()
-
-
-@pytest.fixture(scope="module")
-def guards_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    proc = SidecarProcess(["guards"], f"unix://{sidecar_dir / 'guards-llm.sock'}")
-    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "guards-llm.log")
-    yield proc
-    proc.stop(grace=2.0)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
     guards_sidecar: SidecarProcess,
     gateway_port: int,
     start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> OrchestratorProcess:
+    if not BASE_URL:
+        pytest.fail("PROCMESH_LLM_BASE_URL is not set: run `make test-llm`, which starts the model server")
     await guards_sidecar.wait_ready()
     return await asyncio.to_thread(
         start_orchestrator,

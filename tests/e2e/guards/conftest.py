@@ -1,5 +1,30 @@
-"""The guard tests reuse the service tests' `start_orchestrator` fixture."""
+"""The guards' sidecar (`procmesh-sidecar guards`, no provider key in its environment) and the
+gateway port it is told about; the service tests' `start_orchestrator` starts the orchestrator."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.gateway.test_model_gateway import _sidecar_env, _spawn
 from tests.e2e.service.conftest import start_orchestrator
+from tests.integration.service.support import free_port
 
-__all__ = ["start_orchestrator"]
+__all__ = ["gateway_port", "guards_sidecar", "start_orchestrator"]
+
+
+@pytest.fixture(scope="module")
+def gateway_port() -> int:
+    return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
+
+
+@pytest.fixture(scope="module")
+def guards_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
+    """``procmesh-sidecar guards``, its environment holding the gateway and no provider key."""
+    proc = SidecarProcess(["guards"], f"unix://{sidecar_dir / 'guards.sock'}")
+    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "guards.log")
+    yield proc
+    proc.stop(grace=2.0)

@@ -20,10 +20,10 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.test_model_gateway import _environ, _sidecar_env, _spawn
+from tests.e2e.gateway.test_model_gateway import _environ
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, free_port, sse_events
+from tests.integration.service.support import API_KEY, AUTH, sse_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -31,13 +31,13 @@ PROVIDER_SECRET = "sk-judge-provider-secret-only-the-orchestrator-has"
 MEMORY_KEY = "memory-key-0123456789"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "moderation.yaml"
 
-NO_SCORES = {"category_scores": [], "reason": None}
+NO_SCORES: dict[str, Any] = {"category_scores": [], "reason": None}
 HATE = {
     "category_scores": [{"category": "hate", "score": 0.9}, {"category": "violence", "score": 0.2}],
     "reason": "hateful",
 }
 MILD = {"category_scores": [{"category": "harassment", "score": 0.6}], "reason": "rude"}
-NO_ATTACK = {"categories": [], "reason": None}
+NO_ATTACK: dict[str, Any] = {"categories": [], "reason": None}
 ATTACK = {"categories": [{"type": "injection", "score": 0.95}], "reason": "overrides instructions"}
 SUBTLE = {"categories": [{"type": "role-manipulation", "score": 0.6}], "reason": "persona play"}
 EMAIL, PHONE = "jane@example.com", "555-123-4567"
@@ -222,7 +222,7 @@ AGENTS: dict[str, dict[str, Any]] = {
 
 
 def _config(sidecar: str, judges_url: str, store: Path) -> dict[str, Any]:
-    scripted = {
+    scripted: dict[str, dict[str, Any]] = {
         name: {"provider": "scripted", "responses": [{"text": text}] * 40} for name, text in ANSWERS.items()
     }
     scripted["thousand"] = {"provider": "scripted", "responses": [{"deltas": numbered(1000)}] * 4}
@@ -253,24 +253,11 @@ def _example(judges_url: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def judge_server() -> Iterator[JudgeServer]:
-    server = JudgeServer(api_key=PROVIDER_SECRET).start()
+    server = JudgeServer(api_key=PROVIDER_SECRET)
+    server.start()
     _judges(server)
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def gateway_port() -> int:
-    return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
-
-
-@pytest.fixture(scope="module")
-def guards_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    """``procmesh-sidecar guards``, its environment holding the gateway and no provider key."""
-    proc = SidecarProcess(["guards"], f"unix://{sidecar_dir / 'guards.sock'}")
-    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "guards.log")
-    yield proc
-    proc.stop(grace=2.0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -345,6 +332,41 @@ def only_violation(result: dict[str, Any]) -> dict[str, Any]:
     assert len(violations) == 1, violations
     found: dict[str, Any] = violations[0]
     return found
+
+
+# -- what the sidecar declares and what the judge is asked ----------------------------------
+
+
+async def test_the_guards_sidecar_describes_five_speculative_guards(guards_sidecar: SidecarProcess) -> None:
+    from procmesh import ProcessorClient
+    from procmesh.v1 import processor_pb2 as ppb
+
+    await guards_sidecar.wait_ready()
+    async with ProcessorClient(guards_sidecar.address) as client:
+        described = {p.id: p for p in (await client.describe(timeout=5)).processors}
+    stream_and_input = [ppb.HOOK_PROCESS_INPUT, ppb.HOOK_PROCESS_OUTPUT_STREAM]
+    assert {pid: sorted(p.hooks) for pid, p in described.items()} == {
+        "moderation": stream_and_input,
+        "pii-detector": stream_and_input,
+        "prompt-injection-detector": [ppb.HOOK_PROCESS_INPUT],
+        "language-detector": [ppb.HOOK_PROCESS_INPUT],
+        "system-prompt-scrubber": [ppb.HOOK_PROCESS_OUTPUT_STREAM],
+    }
+    assert all(p.speculative for p in described.values())
+    options = json.loads(described["moderation"].options_schema_json)
+    assert "model" in options["required"]
+
+
+async def test_the_judge_is_asked_for_json_matching_the_verdict_schema(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    await generate(orchestrator, "mod-block", "a question")
+    body = judge_server.calls("mod")[-1].body
+    schema = body["response_format"]["json_schema"]["schema"]
+    item = schema["properties"]["category_scores"]["anyOf"][0]["items"]
+    assert item["properties"]["category"]["enum"] == ["hate", "harassment", "violence"]  # the configured ones
+    assert body["temperature"] == 0
+    assert body["messages"][0]["role"] == "system"  # the gateway's JSON instruction comes first
 
 
 # -- moderation -------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_window_options_are_validated() -> None:
     with pytest.raises(ValidationError):
         WindowOptions(window_size=0)
     with pytest.raises(ValidationError):
-        WindowOptions(window_boundary="words")  # type: ignore[arg-type]
+        WindowOptions(window_boundary="words")
 
 
 # -- hold-back bookkeeping --------------------------------------------------------------------

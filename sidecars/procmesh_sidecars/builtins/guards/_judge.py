@@ -97,6 +97,24 @@ async def ask(
     return answer if isinstance(answer, dict) else {}
 
 
+def scored(
+    items: list[dict[str, Any]] | None, key: str, threshold: float
+) -> tuple[dict[str, float], list[str]]:
+    """A judge's ``[{<key>, score}]`` as ``{name: score}`` and the names at or over `threshold`."""
+    scores = {str(item[key]): float(item["score"]) for item in items or []}
+    return scores, [name for name, score in scores.items() if score >= threshold]
+
+
+def flag_message(heading: str, names: list[str], reason: Any, scores: dict[str, float] | None) -> str:
+    """The reference's message: ``<heading>: a, b. Reason: ...`` (``. Scores: a: 0.9, ...``)."""
+    message = f"{heading}: {', '.join(names)}"
+    if reason:
+        message += f". Reason: {reason}"
+    if scores is not None:
+        message += ". Scores: " + ", ".join(f"{name}: {score}" for name, score in scores.items())
+    return message
+
+
 def quoted(text: str, phase: Phase) -> str:
     """The content line of a judge prompt; a window of a streamed answer says what it is."""
     where = (
@@ -154,6 +172,8 @@ class JudgedGuard(Processor):
 
     A subclass sets `id`, `Options` and implements `verdict`; `holds` says whether a
     strategy changes or stops text (then a window's parts wait for its verdict) or only reports.
+    It takes its hooks from `InputHook` and `StreamHook` (a processor declares the hooks it has,
+    so each guard mixes in only the lanes the reference gives it).
     """
 
     speculative: ClassVar[bool] = True
@@ -170,6 +190,10 @@ class JudgedGuard(Processor):
     def holds(self, options: Any) -> bool:
         """Whether streamed text waits for its verdict (every strategy but warn)."""
         return bool(options.strategy != "warn")
+
+    def detail(self, options: Any, phase: Phase, **found: Any) -> dict[str, Any]:
+        """A violation's detail: who, where, the strategy, and what the guard found."""
+        return {"processorId": self.id, "phase": phase, "strategy": options.strategy, **found}
 
     def min_length(self, options: Any) -> int:
         """Texts shorter than this are not judged (empty ones never are)."""
@@ -290,3 +314,21 @@ def _apply_to_window(window: _windows.Window, verdict: Verdict, abort: Any, repo
     if verdict.action == "replace" and verdict.text is not None:
         return _windows.replaced(window, verdict.text)
     return list(window["parts"])
+
+
+class InputHook(JudgedGuard):
+    """``processInput``: each input message judged (`JudgedGuard.judge_messages`)."""
+
+    async def process_input(
+        self, messages: list[Message], options: Any, model: Any, abort: Any, report_violation: Any
+    ) -> list[Message] | None:
+        return await self.judge_messages(messages, options, model, abort, report_violation)
+
+
+class StreamHook(JudgedGuard):
+    """``processOutputStream``: the answer judged per window (`JudgedGuard.judge_stream`)."""
+
+    async def process_output_stream(
+        self, part: Chunk, options: Any, state: dict[str, Any], model: Any, abort: Any, report_violation: Any
+    ) -> Chunk | list[Chunk] | None:
+        return await self.judge_stream(part, options, state, model, abort, report_violation)

@@ -15,10 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from procmesh_sidecars.builtins._common import Message
 from procmesh_sidecars.builtins.guards._judge import (
     GuardOptions,
-    JudgedGuard,
+    InputHook,
     Phase,
     Verdict,
     ask,
@@ -125,7 +124,7 @@ def _schema(translate: bool) -> dict[str, Any]:
     return verdict_object(properties)
 
 
-class LanguageDetector(JudgedGuard):
+class LanguageDetector(InputHook):
     """Detects the input's language and records, translates, blocks or warns."""
 
     id = "language-detector"
@@ -168,15 +167,14 @@ class LanguageDetector(JudgedGuard):
             target_code = code_of(target)
             return Verdict("pass", metadata=self._record(options, target_code, 0.95))
         message = f"Language detected: {name_of(code)} ({code}) with confidence {float(confidence or 0):.2f}"
-        detail = {
-            "processorId": self.id,
-            "phase": phase,
-            "strategy": options.strategy,
-            "detectedLanguage": name_of(code),
-            "isoCode": code,
-            "confidence": confidence,
-            "targetLanguages": options.target_languages,
-        }
+        detail = self.detail(
+            options,
+            phase,
+            detectedLanguage=name_of(code),
+            isoCode=code,
+            confidence=confidence,
+            targetLanguages=options.target_languages,
+        )
         if options.strategy == "block":
             return Verdict("block", f"Non-target language detected: {message}", detail)
         if options.strategy == "translate" and translated:
@@ -200,8 +198,3 @@ class LanguageDetector(JudgedGuard):
             )
             return Verdict("warn", shown, detail, metadata=metadata)
         return Verdict("pass", metadata=metadata)  # detect (or translate without a translation)
-
-    async def process_input(
-        self, messages: list[Message], options: LanguageOptions, model: Any, abort: Any, report_violation: Any
-    ) -> list[Message] | None:
-        return await self.judge_messages(messages, options, model, abort, report_violation)

@@ -13,17 +13,19 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from procmesh_sidecars.builtins._common import Chunk, Message
 from procmesh_sidecars.builtins.guards._judge import (
     PASS,
     Action,
     GuardOptions,
-    JudgedGuard,
+    InputHook,
     Phase,
+    StreamHook,
     Verdict,
     ask,
+    flag_message,
     nullable,
     quoted,
+    scored,
     verdict_object,
 )
 
@@ -80,7 +82,7 @@ def _schema(categories: list[str]) -> dict[str, Any]:
 _ACTIONS: dict[str, Action] = {"block": "block", "warn": "warn", "filter": "drop"}
 
 
-class Moderation(JudgedGuard):
+class Moderation(InputHook, StreamHook):
     """Judges input messages and the streamed answer against moderation categories."""
 
     id = "moderation"
@@ -97,43 +99,11 @@ class Moderation(JudgedGuard):
             f"Judge this content for moderation.\n{quoted(text, phase)}",
             _schema(options.categories),
         )
-        scores = {str(s["category"]): float(s["score"]) for s in answer.get("category_scores") or []}
-        hits = [c for c, s in scores.items() if s >= options.threshold]
+        scores, hits = scored(answer.get("category_scores"), "category", options.threshold)
         if not hits:
             return PASS
         reason = answer.get("reason")
-        message = f"Content flagged for moderation. Categories: {', '.join(hits)}"
-        if reason:
-            message += f". Reason: {reason}"
-        if options.include_scores:
-            message += ". Scores: " + ", ".join(f"{c}: {s}" for c, s in scores.items())
-        detail = {
-            "processorId": self.id,
-            "phase": phase,
-            "strategy": options.strategy,
-            "categories": hits,
-            "scores": scores,
-            "reason": reason,
-        }
+        shown = scores if options.include_scores else None
+        message = flag_message("Content flagged for moderation. Categories", hits, reason, shown)
+        detail = self.detail(options, phase, categories=hits, scores=scores, reason=reason)
         return Verdict(_ACTIONS[options.strategy], message, detail)
-
-    async def process_input(
-        self,
-        messages: list[Message],
-        options: ModerationOptions,
-        model: Any,
-        abort: Any,
-        report_violation: Any,
-    ) -> list[Message] | None:
-        return await self.judge_messages(messages, options, model, abort, report_violation)
-
-    async def process_output_stream(
-        self,
-        part: Chunk,
-        options: ModerationOptions,
-        state: dict[str, Any],
-        model: Any,
-        abort: Any,
-        report_violation: Any,
-    ) -> Chunk | list[Chunk] | None:
-        return await self.judge_stream(part, options, state, model, abort, report_violation)

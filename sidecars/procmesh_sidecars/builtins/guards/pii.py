@@ -17,17 +17,18 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from procmesh_sidecars.builtins._common import Chunk, Message
 from procmesh_sidecars.builtins.guards._judge import (
     PASS,
     Action,
     GuardOptions,
-    JudgedGuard,
+    InputHook,
     Phase,
+    StreamHook,
     Verdict,
     ask,
     nullable,
     quoted,
+    scored,
     verdict_object,
 )
 
@@ -165,7 +166,7 @@ def redact(text: str, detections: list[tuple[str, str]], options: PIIOptions) ->
 _ACTIONS: dict[str, Action] = {"block": "block", "warn": "warn", "filter": "drop", "redact": "replace"}
 
 
-class PIIDetector(JudgedGuard):
+class PIIDetector(InputHook, StreamHook):
     """Finds PII in input messages and the streamed answer."""
 
     id = "pii-detector"
@@ -183,27 +184,22 @@ class PIIDetector(JudgedGuard):
             _schema(options.detection_types),
         )
         found = [d for d in answer.get("detections") or [] if float(d["confidence"]) >= options.threshold]
-        scores = {str(c["type"]): float(c["score"]) for c in answer.get("categories") or []}
-        if answer.get("detections"):
-            hit = bool(found)
-        else:
-            hit = any(s >= options.threshold for s in scores.values())
-        if not hit:
+        scores, over = scored(answer.get("categories"), "type", options.threshold)
+        # detections decide when there are any, else the type scores (as in the reference)
+        if not (found if answer.get("detections") else over):
             return PASS
-        scored = [t for t, s in scores.items() if s >= options.threshold]
-        types = list(dict.fromkeys([*(str(d["type"]) for d in found), *scored]))
+        types = list(dict.fromkeys([*(str(d["type"]) for d in found), *over]))
         message = f"PII detected. Types: {', '.join(types)}"
         if options.include_detections:
             message += f". Detections: {len(found)} items"
-        detail = {
-            "processorId": self.id,
-            "phase": phase,
-            "strategy": options.strategy,
-            "types": types,
+        detail = self.detail(
+            options,
+            phase,
+            types=types,
             # the values themselves never leave in a violation: they are what is being protected
-            "detections": [{"type": d["type"], "confidence": d["confidence"]} for d in found],
-            "scores": scores,
-        }
+            detections=[{"type": d["type"], "confidence": d["confidence"]} for d in found],
+            scores=scores,
+        )
         if options.strategy != "redact":
             return Verdict(_ACTIONS[options.strategy], message, detail)
         redacted = redact(text, [(str(d["type"]), str(d["value"])) for d in found], options)
@@ -212,19 +208,3 @@ class PIIDetector(JudgedGuard):
         if phase == "input":
             return Verdict("warn", message + ". No redaction available: kept as it was", detail)
         return Verdict("drop", message + ". No redaction available: the text is removed", detail)
-
-    async def process_input(
-        self, messages: list[Message], options: PIIOptions, model: Any, abort: Any, report_violation: Any
-    ) -> list[Message] | None:
-        return await self.judge_messages(messages, options, model, abort, report_violation)
-
-    async def process_output_stream(
-        self,
-        part: Chunk,
-        options: PIIOptions,
-        state: dict[str, Any],
-        model: Any,
-        abort: Any,
-        report_violation: Any,
-    ) -> Chunk | list[Chunk] | None:
-        return await self.judge_stream(part, options, state, model, abort, report_violation)

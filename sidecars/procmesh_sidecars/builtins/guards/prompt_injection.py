@@ -12,17 +12,18 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from procmesh_sidecars.builtins._common import Message
 from procmesh_sidecars.builtins.guards._judge import (
     PASS,
     Action,
     GuardOptions,
-    JudgedGuard,
+    InputHook,
     Phase,
     Verdict,
     ask,
+    flag_message,
     nullable,
     quoted,
+    scored,
     verdict_object,
 )
 
@@ -72,7 +73,7 @@ def _schema(types: list[str], rewrite: bool) -> dict[str, Any]:
 _ACTIONS: dict[str, Action] = {"block": "block", "warn": "warn", "filter": "drop", "rewrite": "replace"}
 
 
-class PromptInjectionDetector(JudgedGuard):
+class PromptInjectionDetector(InputHook):
     """Judges input messages for injection and jailbreak attempts."""
 
     id = "prompt-injection-detector"
@@ -97,35 +98,14 @@ class PromptInjectionDetector(JudgedGuard):
             prompt,
             _schema(options.detection_types, rewrite),
         )
-        scores = {str(c["type"]): float(c["score"]) for c in answer.get("categories") or []}
-        hits = [t for t, s in scores.items() if s >= options.threshold]
+        scores, hits = scored(answer.get("categories"), "type", options.threshold)
         if not hits:
             return PASS
         reason = answer.get("reason")
-        message = f"Prompt injection detected. Types: {', '.join(hits)}"
-        if reason:
-            message += f". Reason: {reason}"
-        if options.include_scores:
-            message += ". Scores: " + ", ".join(f"{t}: {s}" for t, s in scores.items())
-        detail = {
-            "processorId": self.id,
-            "phase": phase,
-            "strategy": options.strategy,
-            "types": hits,
-            "scores": scores,
-            "reason": reason,
-        }
+        shown = scores if options.include_scores else None
+        message = flag_message("Prompt injection detected. Types", hits, reason, shown)
+        detail = self.detail(options, phase, types=hits, scores=scores, reason=reason)
         rewritten = answer.get("rewritten_content")
         if rewrite and not rewritten:
             return Verdict("drop", message + ". No rewrite available: the message is removed", detail)
         return Verdict(_ACTIONS[options.strategy], message, detail, text=rewritten if rewrite else None)
-
-    async def process_input(
-        self,
-        messages: list[Message],
-        options: PromptInjectionOptions,
-        model: Any,
-        abort: Any,
-        report_violation: Any,
-    ) -> list[Message] | None:
-        return await self.judge_messages(messages, options, model, abort, report_violation)

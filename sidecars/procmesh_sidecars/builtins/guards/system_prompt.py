@@ -15,14 +15,13 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from procmesh_sidecars.builtins._common import Chunk
 from procmesh_sidecars.builtins._linear_re import Pattern, PatternError, compile_pattern
 from procmesh_sidecars.builtins.guards._judge import (
     PASS,
     Action,
     GuardOptions,
-    JudgedGuard,
     Phase,
+    StreamHook,
     Verdict,
     ask,
     nullable,
@@ -133,7 +132,7 @@ def scrub(text: str, found: list[_Found], options: SystemPromptOptions) -> str:
 _ACTIONS: dict[str, Action] = {"block": "block", "warn": "warn", "filter": "drop", "redact": "replace"}
 
 
-class SystemPromptScrubber(JudgedGuard):
+class SystemPromptScrubber(StreamHook):
     """Finds leaked system prompts and internals in the streamed answer."""
 
     id = "system-prompt-scrubber"
@@ -163,24 +162,6 @@ class SystemPromptScrubber(JudgedGuard):
         message = f"System prompt detected: {', '.join(types)}"
         if options.include_detections:
             message += f". Detections: {len(found)} items"
-        detail = {
-            "processorId": self.id,
-            "phase": phase,
-            "strategy": options.strategy,
-            "types": types,
-            "detections": len(found),
-            "reason": answer.get("reason"),
-        }
+        detail = self.detail(options, phase, types=types, detections=len(found), reason=answer.get("reason"))
         text_out = scrub(text, found, options) if options.strategy == "redact" else None
         return Verdict(_ACTIONS[options.strategy], message, detail, text=text_out)
-
-    async def process_output_stream(
-        self,
-        part: Chunk,
-        options: SystemPromptOptions,
-        state: dict[str, Any],
-        model: Any,
-        abort: Any,
-        report_violation: Any,
-    ) -> Chunk | list[Chunk] | None:
-        return await self.judge_stream(part, options, state, model, abort, report_violation)

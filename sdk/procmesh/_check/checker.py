@@ -40,6 +40,8 @@ class SidecarChecker(ProcessorChecks):
     """The name to verify in the sidecar's certificate (default: the address's host)."""
     tools: Sequence[ppb.HostedTool] = ()
     """The standalone tools Describe listed."""
+    fuses = False
+    """Describe says the sidecar runs fused requests."""
 
     def channel(self) -> grpc.aio.Channel:
         if self.credentials is None:
@@ -60,6 +62,10 @@ class SidecarChecker(ProcessorChecks):
                 await self.check_malformed(described)
                 for info in described:
                     await self.check_processor(info)
+                if described and self.fuses:
+                    await self.check_fused(described)
+                elif described:
+                    self.report.add("SKIP", "fused requests", "Describe does not say fuses")
                 await self.still_serving("sidecar still SERVING at the end")
             except Unreachable as exc:
                 self.report.add("FAIL", "sidecar reachable", f"{exc}; the remaining checks did not run")
@@ -116,9 +122,14 @@ class SidecarChecker(ProcessorChecks):
         listed = [
             f"{i.id} [{', '.join(HOOKS.get(h, str(h)) for h in i.hooks)}]"
             + (" +data parts" if i.process_data_parts else "")
+            + (" +speculative" if i.speculative else "")
             for i in resp.processors
         ]
-        self.report.check("Describe", problems, f"sdk {resp.sdk or '(not given)'}; " + "; ".join(listed))
+        fuses = "; fuses" if resp.fuses else ""
+        self.report.check(
+            "Describe", problems, f"sdk {resp.sdk or '(not given)'}{fuses}; " + "; ".join(listed)
+        )
+        self.fuses = resp.fuses
         if problems:
             return []
         if resp.tools:

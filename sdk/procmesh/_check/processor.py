@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from procmesh import convert
+from procmesh._check.fusion import FusionChecks
 from procmesh._check.problems import abort_problems, effects_problems, response_problems
 from procmesh._check.requests import (
     HOOKS,
@@ -16,7 +17,7 @@ from procmesh._check.requests import (
     build_request,
     text_delta,
 )
-from procmesh._check.wire import Code, Wire
+from procmesh._check.wire import Code
 from procmesh.v1 import processor_pb2 as ppb
 
 
@@ -24,7 +25,7 @@ def _state(struct: Any) -> dict[str, Any]:
     return convert.from_struct(struct)
 
 
-class ProcessorChecks(Wire):
+class ProcessorChecks(FusionChecks):
     """Checks one processor at a time; `SidecarChecker` adds the sidecar-wide checks around them."""
 
     async def check_processor(self, info: ppb.ProcessorInfo) -> None:
@@ -34,6 +35,7 @@ class ProcessorChecks(Wire):
         for hook in declared:
             if hook == STREAM:
                 await self.check_stream(info, states)
+                await self.check_rewind(info)
                 continue
             problems: list[str] = []
             calls = 0

@@ -4,11 +4,15 @@ The checker runs as the SDK's installed console script, as CI would run it (the 
 `procmesh check-sidecar` alias is checked to give the same report); the sidecars are the
 package's Node and Python example processes, and two processes of
 tests/fixtures/broken_sidecar.py (a raw servicer that answers stream parts out of order, never
-sends StreamEnd and skips request validation; one variant also dies on malformed input).
+sends StreamEnd and skips request validation; one variant also dies on malformed input). The
+fused-request and rewind checks run against tests/e2e/node/fusion_twins.{py,mjs} in both SDKs:
+speculative processors that keep the contract, and `leaky`, which counts outside its state.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +21,7 @@ import pytest
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
-from tests.e2e.node.conftest import Sidecars, wait_all
+from tests.e2e.node.conftest import HERE, Sidecars, node_sidecar, wait_all
 
 pytestmark = pytest.mark.e2e
 
@@ -78,6 +82,40 @@ def broken(sidecars: Sidecars) -> Iterator[tuple[str, str]]:
         yield procs[0].address, procs[1].address
     finally:
         for proc in procs:
+            proc.stop(grace=1.0)
+
+
+@contextlib.contextmanager
+def fusion_set(kind: str) -> Iterator[None]:
+    """Processes started inside serve this set of fusion_twins (FUSION_SET)."""
+    os.environ["FUSION_SET"] = kind
+    try:
+        yield
+    finally:
+        del os.environ["FUSION_SET"]
+
+
+@pytest.fixture(scope="module")
+def fusion(sidecars: Sidecars) -> Iterator[dict[tuple[str, str], str]]:
+    """Addresses by (sdk, set): the fusion twins ("good") and the leaky one, in each SDK."""
+    procs: dict[tuple[str, str], SidecarProcess] = {}
+    for kind in ("good", "leaky"):
+        with fusion_set(kind):
+            py = SidecarProcess(
+                [], f"unix://{sidecars.dir / f'py-{kind}.sock'}", module="tests.e2e.node.fusion_twins"
+            )
+            py.start()
+            procs[("python", kind)] = py
+            procs[("node", kind)] = node_sidecar(
+                HERE / "fusion_twins.mjs",
+                f"unix://{sidecars.dir / f'node-{kind}.sock'}",
+                sidecars.dir / "n.log",
+            )
+    try:
+        wait_all(list(procs.values()))
+        yield {key: proc.address for key, proc in procs.items()}
+    finally:
+        for proc in procs.values():
             proc.stop(grace=1.0)
 
 
@@ -170,3 +208,34 @@ def test_a_sidecar_that_dies_on_malformed_input_fails_without_hanging(broken: tu
     assert outcome.has("FAIL", "message part without kind: expected INVALID_ARGUMENT, got UNAVAILABLE")
     assert outcome.has("FAIL", "still SERVING after malformed requests")
     assert outcome.has("FAIL", "sidecar reachable")
+
+
+@pytest.mark.parametrize("sdk", ["python", "node"])
+def test_speculative_processors_pass_the_fused_and_rewind_checks(
+    fusion: dict[tuple[str, str], str], sdk: str
+) -> None:
+    outcome = check(fusion[(sdk, "good")])
+    assert_all_pass(outcome, ["tally", "shout", "plain"])
+    assert outcome.has("PASS", "Describe: sdk procmesh-"), outcome.stdout
+    assert outcome.has("PASS", "; fuses; tally [ProcessInput, ProcessOutputStream] +data parts +speculative")
+    for pid in ("tally", "shout"):
+        assert outcome.has("PASS", f"{pid} ProcessOutputStream: rewinds restore the state"), outcome.stdout
+    assert outcome.has("SKIP", "plain ProcessOutputStream: rewinds restore the state: not speculative")
+    assert outcome.has(
+        "PASS", "fused ProcessInput [tally, shout]: answers what the plain calls answer (both ran)"
+    )
+    assert outcome.has("PASS", "fused ProcessOutputStream [tally, shout]"), outcome.stdout
+    assert outcome.has("PASS", "fused ProcessInput naming an unknown processor: NOT_FOUND")
+
+
+@pytest.mark.parametrize("sdk", ["python", "node"])
+def test_a_speculative_processor_that_a_rewind_cannot_undo_fails_the_rewind_check(
+    fusion: dict[tuple[str, str], str], sdk: str
+) -> None:
+    outcome = check(fusion[(sdk, "leaky")])
+    assert outcome.code == 1, outcome.stdout
+    failed = outcome.lines("FAIL")
+    rewind = [line for line in failed if "leaky ProcessOutputStream: rewinds restore the state" in line]
+    assert rewind, outcome.stdout
+    assert "after rewind_to 4, seq 5 answered" in rewind[0]
+    assert "the final state" in rewind[0]

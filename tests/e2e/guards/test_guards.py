@@ -214,6 +214,16 @@ AGENTS: dict[str, dict[str, Any]] = {
     "slow-open": _in("moderation", "slow", "fail-open", judge_timeout=0.5),
     "out-bad-closed": _out("moderation", "bad", "hateful", "fail-closed"),
     "out-bad-open": _out("moderation", "bad", "hateful", "fail-open"),
+    # speculation: the moderation stage gets each part with the PII stage (another sidecar name)
+    # and is rewound whenever the PII stage holds back or redacts one
+    "spec-out": {
+        "model": "named",
+        "errorProcessorDefaults": False,
+        "outputProcessors": [
+            guard("pii-detector", "pii"),
+            {**guard("moderation", "mod"), "processor": "g2/moderation"},
+        ],
+    },
     # windows
     "win": _out("moderation", "win", "thousand"),
     "pipe": _out("moderation", "pipe", "hundred"),
@@ -272,6 +282,7 @@ async def orchestrator(
     config = _config(guards_sidecar.address, judge_server.base_url, tmp_path_factory.mktemp("store") / "m.db")
     # The example's sidecar is named `guards`: the same process serves it.
     config["sidecars"]["guards"] = {"address": guards_sidecar.address, "timeout": 10}
+    config["sidecars"]["g2"] = {"address": guards_sidecar.address, "timeout": 10}
     return await asyncio.to_thread(
         start_orchestrator,
         config,
@@ -754,6 +765,21 @@ async def test_block_holds_back_every_part_until_its_window_is_judged(
     assert "w0042" not in text  # the flagged window (w0041..w0050) and all after it were held
     assert "w0041" not in text
     assert "w0051" not in text
+
+
+async def test_a_speculative_guard_judges_the_final_text_after_rewinds(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    before = len(judge_server.calls("mod"))
+    chunks = await stream(orchestrator, "spec-out")
+    assert streamed_text(chunks) == "Contact A*********h today. Thanks."
+    assert not any(c["type"] in ("tripwire", "error") for c in chunks), chunks
+    judged = judge_server.judged("mod")[before:]
+    stream_note = "This is one part of an answer being streamed; judge it as it stands."
+    # whatever it was asked speculatively, moderation also judged the text the client got
+    assert (
+        f'Judge this content for moderation.\n{stream_note}\nContent: "Contact A*********h today."' in judged
+    )
 
 
 # -- the seeds' moderation workflow (examples/moderation.yaml) --------------------------------

@@ -14,8 +14,8 @@ The reference's ``errorStrategy`` option is that policy here.
 Streams are judged per window (`_windows`), pipelined: a closed window's judge call runs as a task
 while later parts keep arriving (each answered at once: held, or let go when nothing is held);
 verdicts leave in window order, and the step's end waits for every one. A verdict task is kept
-per window id (a bounded map), so a window the SDK's rewind puts back finds its verdict, and a
-window whose task is gone is judged again from the text its state kept.
+per window id and text (a bounded map), so a window the SDK's rewind puts back finds its verdict,
+and a window whose task is gone is judged again from the text its state kept.
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ class JudgedGuard(Processor):
     state, so a discarded or rewound call changes nothing."""
 
     def __init__(self) -> None:
-        self._tasks: OrderedDict[str, asyncio.Task[Verdict]] = OrderedDict()
+        # keyed by window id and text: a rewind into an open window gives it other text to close on
+        self._tasks: OrderedDict[tuple[str, str], asyncio.Task[Verdict]] = OrderedDict()
 
     async def verdict(self, text: str, options: Any, model: Any, phase: Phase) -> Verdict:
         """Judge `text` (an input message's, or a window of the answer) under `options`."""
@@ -252,11 +253,12 @@ class JudgedGuard(Processor):
 
     def _judge(self, window: _windows.Window, options: Any, model: Any) -> asyncio.Task[Verdict]:
         """The window's verdict task (started now unless it runs already)."""
-        task = self._tasks.get(window["id"])
+        key = (str(window["id"]), str(window["text"]))
+        task = self._tasks.get(key)
         if task is None:
             task = asyncio.create_task(self.verdict(window["text"], options, model, "output"))
             task.add_done_callback(_retrieve)
-            self._tasks[window["id"]] = task
+            self._tasks[key] = task
             while len(self._tasks) > _MAX_TASKS:
                 _, old = self._tasks.popitem(last=False)
                 old.cancel()

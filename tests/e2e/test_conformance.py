@@ -2,9 +2,12 @@
 
 With ``--sidecar-runtime node`` the scripted processors are served by the Node SDK
 (``sdk/node/scripted/serve.mjs``) instead of ``procmesh-sidecar scripted``: the result must be
-the same. Scenarios that need memory (several ``calls`` on one thread, or ``agent.memory``) run on
-a SQLite store in the scenario's temp folder; they are counted apart so a regression says which
-side it is on.
+the same. Two more modes run every scenario with the Python SDK again and must give the same
+traces: ``--speculate`` (every scripted processor declares itself speculative, so consecutive ones
+are called at once and committed in order) and ``--fuse`` (the processors the scripted sidecar
+serves go in one request per hook). Scenarios that need memory (several ``calls`` on one
+thread, or ``agent.memory``) run on a SQLite store in the scenario's temp folder; they are
+counted apart so a regression says which side it is on.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from tests.e2e.node.conftest import require_node
 
 pytestmark = pytest.mark.e2e
 
-RUNTIMES = ["python", "node"]
+MODES = {
+    "python": "--sidecar-runtime python",
+    "node": "--sidecar-runtime node",
+    "python-speculate": "--sidecar-runtime python --speculate",
+    "python-fuse": "--sidecar-runtime python --fuse",
+}
+"""How `procmesh scenario run` runs the scenarios, by mode: each mode's traces must all match."""
 
 
 def needs_memory(name: str) -> bool:
@@ -31,33 +40,33 @@ def needs_memory(name: str) -> bool:
 
 @cache
 def comparisons() -> dict[str, subprocess.Popen[str]]:
-    """compare.py over every public scenario, one process per runtime, started together: each
-    runs its scenarios one after the other, so the two runtimes share the machine's cores."""
+    """compare.py over every public scenario, one process per mode, started together: each runs
+    its scenarios one after the other, so the modes share the machine's cores."""
     require_node()
     if not SCENARIOS.is_dir():
         pytest.fail(f"conformance scenarios not found at {SCENARIOS} (set PROCMESH_SHARED)")
     return {
-        runtime: subprocess.Popen(
+        mode: subprocess.Popen(
             [
                 sys.executable,
                 str(SHARED / "conformance" / "compare.py"),
                 "--dir",
                 str(SCENARIOS),
                 "--runner",
-                f"{BIN / 'procmesh'} scenario run --sidecar-runtime {runtime}",
+                f"{BIN / 'procmesh'} scenario run {flags}",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for runtime in RUNTIMES
+        for mode, flags in MODES.items()
     }
 
 
 @cache
-def outcomes(runtime: str) -> tuple[dict[str, str], str]:
-    """One runtime's comparison: {name: PASS|FAIL}, and its output for messages."""
-    proc = comparisons()[runtime]
+def outcomes(mode: str) -> tuple[dict[str, str], str]:
+    """One mode's comparison: {name: PASS|FAIL}, and its output for messages."""
+    proc = comparisons()[mode]
     try:
         stdout, stderr = proc.communicate(timeout=900)
     except subprocess.TimeoutExpired:
@@ -74,9 +83,9 @@ def outcomes(runtime: str) -> tuple[dict[str, str], str]:
 
 
 @pytest.mark.timeout(900)  # compare.py runs every scenario (~40) as its own processes
-@pytest.mark.parametrize("runtime", RUNTIMES)
-def test_every_scenario_without_memory_matches_its_expected_trace(runtime: str) -> None:
-    verdicts, output = outcomes(runtime)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_scenario_without_memory_matches_its_expected_trace(mode: str) -> None:
+    verdicts, output = outcomes(mode)
     ours = {name: word for name, word in verdicts.items() if not needs_memory(name)}
     assert len(ours) >= 28
     failed = sorted(name for name, word in ours.items() if word != "PASS")
@@ -84,9 +93,9 @@ def test_every_scenario_without_memory_matches_its_expected_trace(runtime: str) 
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("runtime", RUNTIMES)
-def test_every_memory_scenario_matches_its_expected_trace(runtime: str) -> None:
-    verdicts, output = outcomes(runtime)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_memory_scenario_matches_its_expected_trace(mode: str) -> None:
+    verdicts, output = outcomes(mode)
     memory = {name: word for name, word in verdicts.items() if needs_memory(name)}
     assert len(memory) >= 11
     failed = sorted(name for name, word in memory.items() if word != "PASS")

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.test_model_gateway import _gateway_calls
+from tests.e2e.gateway.support import gateway_calls
 from tests.e2e.guards.conftest import gateway_port, guards_sidecar, start_orchestrator
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH
@@ -101,7 +101,7 @@ async def test_every_guard_judges_once_with_the_local_model(orchestrator: Orches
             print(f"  tripwire: {body.get('tripwire')}")
             print(f"  violations: {body.get('violations')}")
             print(f"  text: {body.get('text')!r} finishReason={body.get('finishReason')}")
-    calls = await asyncio.to_thread(_gateway_calls, orchestrator)
+    calls = await asyncio.to_thread(gateway_calls, orchestrator)
     for agent, (pid, _, _) in CASES.items():
         outcomes = {outcome: n for (model, processor, outcome), n in calls.items() if processor == pid}
         print(f"[{pid}] judge calls by outcome: {outcomes}")

@@ -20,7 +20,6 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.test_model_gateway import _environ
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, sse_events
@@ -707,7 +706,8 @@ async def test_the_guard_sidecar_holds_no_provider_key(
     orchestrator: OrchestratorProcess, guards_sidecar: SidecarProcess, judge_server: JudgeServer
 ) -> None:
     assert guards_sidecar.proc is not None
-    environ = await asyncio.to_thread(_environ, guards_sidecar.proc.pid)
+    raw = await asyncio.to_thread(Path(f"/proc/{guards_sidecar.proc.pid}/environ").read_bytes)
+    environ = raw.decode(errors="replace")
     assert PROVIDER_SECRET not in environ
     assert "JUDGE_KEY" not in environ
     await generate(orchestrator, "mod-block", "hello")

@@ -109,6 +109,7 @@ def _judges(server: JudgeServer) -> None:
     server.judge("bad", "not JSON, twice")
     server.judge("slow", NO_SCORES, delay=3.0)
     server.judge("win", NO_SCORES)
+    server.judge("win-chars", NO_SCORES)
     server.judge("pipe", NO_SCORES, delay=0.2)
     server.judge("hold", NO_SCORES, Rule((" w0042",), HATE), delay=0.02)
     # the example's judge (examples/moderation.yaml): one model, three guards' prompts
@@ -225,6 +226,7 @@ AGENTS: dict[str, dict[str, Any]] = {
     },
     # windows
     "win": _out("moderation", "win", "thousand"),
+    "win-chars": _out("moderation", "win-chars", "thousand", window_boundary="chars"),
     "pipe": _out("moderation", "pipe", "hundred"),
     "hold": _out("moderation", "hold", "hundred"),
 }
@@ -736,6 +738,19 @@ async def test_a_thousand_delta_answer_costs_one_judge_call_per_window(
         for i in range(0, 1000, 10)
     ]
     assert sorted(judge_server.judged("win")[before:]) == sorted(expected)
+
+
+async def test_size_only_windows_cut_a_thousand_deltas_every_200_characters(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    chunks = await stream(orchestrator, "win-chars")
+    text = "".join(numbered(1000))
+    assert streamed_text(chunks) == text
+    judged = [c.rsplit('Content: "', 1)[1][:-1] for c in judge_server.judged("win-chars")]
+    print(f"\njudge calls per 1,000-delta answer, size-only windows: {len(judged)} ({len(text)} characters)")
+    assert "".join(sorted(judged, key=text.index)) == text  # every character judged, once
+    assert all(len(w) >= 200 for w in sorted(judged, key=text.index)[:-1])  # only the last is short
+    assert len(judged) <= len(text) // 200 + 1
 
 
 async def test_judging_is_pipelined_with_the_stream(

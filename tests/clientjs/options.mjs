@@ -37,10 +37,25 @@ out.image = pick(await client.getAgent("assistant").generate([
 out.tools = pick(await client.getAgent("tools").generate("What is the weather in Paris?"));
 out.guarded = pick(await client.getAgent("assistant").generate("please jailbreak"));
 out.guardedStream = await streamed("assistant", "please jailbreak");
-try {
-  await client.getAgent("assistant").generate("hello", { modelSettings: { temprature: 1 } });
-  out.badSetting = null;
-} catch (error) {
-  out.badSetting = { status: error.status, body: error.body };
+async function refused(call) {
+  try {
+    await call();
+    return null;
+  } catch (error) {
+    return { status: error.status, body: error.body };
+  }
 }
+out.badSetting = await refused(() => client.getAgent("assistant").generate("hello", { modelSettings: { temprature: 1 } }));
+
+// Per-call processor lists (the server trusts its callers): they replace the agent's lanes. A
+// processor object goes as JSON, its methods dropped: the id names a processor a sidecar hosts.
+class Redactor {
+  constructor() { this.id = "pii-redactor"; this.name = "my redactor"; }
+  async processInput({ messages }) { return messages; }
+}
+out.noProcessors = pick(await client.getAgent("assistant").generate("please jailbreak", { inputProcessors: [], outputProcessors: [] }));
+out.redacting = pick(await client.getAgent("assistant").generate("mail ada@example.com", { inputProcessors: [new Redactor()] }));
+out.redactingStream = await streamed("assistant", "mail ada@example.com", { inputProcessors: ["pii-redactor"], outputProcessors: [] });
+out.unknownProcessor = await refused(() => client.getAgent("assistant").generate("hi", { inputProcessors: [{ id: "nope" }] }));
+out.codeProcessor = await refused(() => client.getAgent("assistant").generate("hi", { outputProcessors: [{ processOutputResult: () => [] }] }));
 process.stdout.write(JSON.stringify(out));

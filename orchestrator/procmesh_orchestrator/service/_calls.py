@@ -11,10 +11,11 @@ import asyncio
 import base64
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeVar
 
 import jsonschema
+from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh import convert
@@ -26,6 +27,7 @@ from procmesh_orchestrator.run.types import StructuredOutput
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     DrainingError,
+    NotSupportedError,
 )
 from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
 
@@ -43,6 +45,9 @@ class AgentCall:
     options: CallOptions
     durable: bool = False
     """The caller asked for a durable run (an agent configured ``durable: true`` always is one)."""
+    lanes: dict[str, list[str]] = field(default_factory=dict)
+    """Per-call processor lists by lane (``input``, ``output``, ``error``): the ids the caller named,
+    bound to processors by `_catalog_api.bind_lanes` (which needs the App)."""
 
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""
@@ -110,10 +115,31 @@ class _StructuredOutputBody(BaseModel):
     json_prompt_injection: bool | None = Field(default=None, alias="jsonPromptInjection")
 
 
-class _Body(BaseModel):
-    """The reference server's body for /generate and /stream (unknown keys are ignored)."""
+class _StepOptions(BaseModel):
+    """The options both APIs take by the reference's names: the HTTP body's keys, and the gRPC
+    request's option fields as JSON (`_proto_options`), so they are validated and turned into
+    `CallOptions` in one place (`_step_kwargs`, `_lane_ids`)."""
 
     model_config = ConfigDict(extra="ignore")
+
+    instructions: Any = None
+    """Replaces the agent's instructions: a string, a list of strings or system messages."""
+    system: Any = None
+    """System messages added after the instructions (the same forms)."""
+    model_settings: _ModelSettings | None = Field(default=None, alias="modelSettings")
+    tool_choice: Literal["auto", "none", "required"] | _ToolChoice | None = Field(
+        default=None, alias="toolChoice"
+    )
+    active_tools: list[str] | None = Field(default=None, alias="activeTools")
+    structured_output: _StructuredOutputBody | None = Field(default=None, alias="structuredOutput")
+    input_processors: list[Any] | None = Field(default=None, alias="inputProcessors")
+    """Replaces the agent's lanes for this call: processor ids (`Lanes`)."""
+    output_processors: list[Any] | None = Field(default=None, alias="outputProcessors")
+    error_processors: list[Any] | None = Field(default=None, alias="errorProcessors")
+
+
+class _Body(_StepOptions):
+    """The reference server's body for /generate and /stream (unknown keys are ignored)."""
 
     messages: str | list[str | dict[str, Any]]
     max_steps: int | None = Field(default=None, ge=1, alias="maxSteps")
@@ -131,16 +157,6 @@ class _Body(BaseModel):
     """``[{stepCountIs: n}, {hasToolCall: name}]`` (one object is one condition)."""
     durable: bool = Field(default=False, strict=True)
     """Run durably: checkpointed, taken over by another replica, reattachable (``observe``)."""
-    instructions: Any = None
-    """Replaces the agent's instructions: a string, a list of strings or system messages."""
-    system: Any = None
-    """System messages added after the instructions (the same forms)."""
-    model_settings: _ModelSettings | None = Field(default=None, alias="modelSettings")
-    tool_choice: Literal["auto", "none", "required"] | _ToolChoice | None = Field(
-        default=None, alias="toolChoice"
-    )
-    active_tools: list[str] | None = Field(default=None, alias="activeTools")
-    structured_output: _StructuredOutputBody | None = Field(default=None, alias="structuredOutput")
 
     @field_validator("messages")
     @classmethod
@@ -419,13 +435,7 @@ def parse_body(
     if isinstance(data.get("messages"), list):
         check_message_count(len(data["messages"]), limits)
     check_input(data, limits)
-    try:
-        body = _Body.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
-        )
-        raise BadRequestError(problems) from None
+    body = _validated(_Body, data)
     if isinstance(body.messages, str):
         agent_input: str | list[dict[str, Any]] = body.messages
     else:
@@ -444,10 +454,6 @@ def parse_body(
         stop_when = stop.parse(body.stop_when) if body.stop_when is not None else None
     except ValueError as exc:
         raise BadRequestError(str(exc)) from None
-    instructions = _system_texts(body.instructions, "instructions")
-    tool_choice: Any = body.tool_choice
-    if isinstance(tool_choice, _ToolChoice):
-        tool_choice = {"type": "tool", "toolName": tool_choice.tool_name}
     return AgentCall(
         agent_input,
         CallOptions(
@@ -459,16 +465,116 @@ def parse_body(
             stop_when=stop_when,
             require_tool_approval=body.require_tool_approval,
             client_tools=_client_tools(body.client_tools or {}),
-            instructions=None if instructions is None else "\n\n".join(instructions),
-            system=_system_texts(body.system, "system") or (),
-            model_settings=body.model_settings.wire() if body.model_settings else None,
-            tool_choice=tool_choice,
-            active_tools=body.active_tools,
-            structured_output=_structured_output(body.structured_output),
             announce_violations=True,  # a remote caller has no onViolation: its stream tells it
+            **_step_kwargs(body),
         ),
         durable=body.durable,
+        lanes=_lane_ids(body),
     )
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validated(model: type[_M], data: Any) -> _M:
+    """`data` as `model`; a 400 naming every problem by its field (the reference's names)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
+        )
+        raise BadRequestError(problems) from None
+
+
+def _step_kwargs(body: _StepOptions) -> dict[str, Any]:
+    """The `CallOptions` fields of the options both APIs share."""
+    instructions = _system_texts(body.instructions, "instructions")
+    tool_choice: Any = body.tool_choice
+    if isinstance(tool_choice, _ToolChoice):
+        tool_choice = {"type": "tool", "toolName": tool_choice.tool_name}
+    return {
+        "instructions": None if instructions is None else "\n\n".join(instructions),
+        "system": _system_texts(body.system, "system") or (),
+        "model_settings": body.model_settings.wire() if body.model_settings else None,
+        "tool_choice": tool_choice,
+        "active_tools": body.active_tools,
+        "structured_output": _structured_output(body.structured_output),
+    }
+
+
+LANES = ("input", "output", "error")
+_MAX_PROCESSOR_ID = 256
+
+
+def _lane_ids(body: _StepOptions) -> dict[str, list[str]]:
+    """The per-call processor lists as ids, by lane; a lane not given is absent (the agent's)."""
+    out: dict[str, list[str]] = {}
+    for kind in LANES:
+        entries = getattr(body, f"{kind}_processors")
+        if entries is not None:
+            out[kind] = [_processor_id(e, f"{kind}Processors.{i}") for i, e in enumerate(entries)]
+    return out
+
+
+def _processor_id(entry: Any, where: str) -> str:
+    """A lane entry as the id it names: a string, or what @mastra/client-js sends for a processor
+    object (JSON drops its functions: ``{id, name?, ...}``, of which the id counts)."""
+    value = entry.get("id") if isinstance(entry, dict) else entry
+    if isinstance(entry, dict) and value is None:
+        raise NotSupportedError(
+            f"{where}: processors defined in the caller's code are not supported by procmesh: "
+            "their code cannot travel; name a processor the orchestrator's sidecars host by its id"
+        )
+    if not isinstance(value, str) or not value or len(value) > _MAX_PROCESSOR_ID or not value.isprintable():
+        raise BadRequestError(f"{where}: must be a processor id (a string) or an object with an 'id'")
+    return value
+
+
+def _proto_options(request: Any) -> dict[str, Any]:
+    """A GenerateRequest's / StreamRequest's option fields under the HTTP body's names, so that one
+    `_StepOptions` validates both (an error names the field as the HTTP body does)."""
+    out: dict[str, Any] = {}
+    if request.HasField("instructions"):
+        out["instructions"] = request.instructions
+    if request.system:
+        out["system"] = list(request.system)
+    if request.HasField("model_settings"):
+        out["modelSettings"] = json_format.MessageToDict(request.model_settings)
+    if request.HasField("tool_choice"):
+        choice = request.tool_choice
+        out["toolChoice"] = (
+            {"type": "tool", "toolName": choice.tool_name} if choice.mode == "tool" else choice.mode
+        )
+    if request.HasField("active_tools"):
+        out["activeTools"] = list(request.active_tools.names)
+    if request.HasField("structured_output"):
+        so = request.structured_output
+        structured: dict[str, Any] = {"errorStrategy": so.error_strategy or "strict"}
+        if so.HasField("schema"):
+            structured["schema"] = convert.from_struct(so.schema)
+        if so.HasField("fallback_value"):
+            structured["fallbackValue"] = convert.from_value(so.fallback_value)
+        if so.HasField("instructions"):
+            structured["instructions"] = so.instructions
+        if so.HasField("model"):
+            structured["model"] = so.model
+        out["structuredOutput"] = structured
+    for kind in LANES:
+        if request.HasField(f"{kind}_processors"):
+            out[f"{kind}Processors"] = list(getattr(request, f"{kind}_processors").ids)
+    return out
+
+
+def _check_files(message: dict[str, Any], where: str) -> None:
+    """A gRPC message's file parts carry what a provider needs: a media type and data or a URL."""
+    for i, part in enumerate((message.get("content") or {}).get("parts") or []):
+        if part.get("type") != "file":
+            continue
+        if not part.get("mediaType"):
+            raise BadRequestError(f"{where}.content.parts.{i}.file.media_type: a file part needs one")
+        if not part.get("data"):
+            raise BadRequestError(f"{where}.content.parts.{i}.file: give its url or its data")
 
 
 def _system_texts(value: Any, field: str) -> list[str] | None:
@@ -531,6 +637,7 @@ def parse_proto(
         check_input(message, limits, root=("messages", i))
         if message["role"] not in _ROLES:
             raise BadRequestError(f"messages.{i}.role: must be one of {', '.join(_ROLES)}")
+        _check_files(message, f"messages.{i}")
         message["id"] = message["id"] or msgs.new_id()
         messages.append(message)
     if not trust_request_context:
@@ -577,6 +684,9 @@ def parse_proto(
     except ValueError as exc:
         raise BadRequestError(str(exc)) from None
     approval = request.require_tool_approval if request.HasField("require_tool_approval") else None
+    options = _proto_options(request)
+    check_input(options, limits, root=("options",))
+    step = _validated(_StepOptions, options)
     return AgentCall(
         messages,
         CallOptions(
@@ -590,8 +700,10 @@ def parse_proto(
             require_tool_approval=approval,
             client_tools=_client_tools(tools, "client_tools"),
             announce_violations=True,
+            **_step_kwargs(step),
         ),
         durable=request.durable,
+        lanes=_lane_ids(step),
     )
 
 
@@ -619,13 +731,7 @@ def parse_decision(data: Any, *, trust_request_context: bool, limits: InputLimit
     if not isinstance(data, dict):
         raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
     check_input(data, limits)
-    try:
-        body = _DecisionBody.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
-        )
-        raise BadRequestError(problems) from None
+    body = _validated(_DecisionBody, data)
     context = (body.request_context or {}) if trust_request_context else {}
     return Decision(body.run_id, body.tool_call_id, body.reason, context)
 
@@ -681,11 +787,16 @@ def _result_chunks(results: list[dict[str, Any]], run_id: str) -> list[Chunk]:
     return [{"type": "tool-result", "runId": run_id, "from": "AGENT", "payload": dict(r)} for r in results]
 
 
-def _all_calls(result: RunResult) -> list[dict[str, Any]]:
+def all_calls(result: RunResult) -> list[dict[str, Any]]:
     """Every step's tool calls, then the suspended ones (their step is not recorded yet)."""
     calls = [call for step in result.steps for call in step.get("toolCalls") or []]
     seen = {call.get("toolCallId") for call in calls}
     return calls + [call for call in result.suspended if call.get("toolCallId") not in seen]
+
+
+def all_results(result: RunResult) -> list[dict[str, Any]]:
+    """Every step's tool results."""
+    return [r for step in result.steps for r in step.get("toolResults") or []]
 
 
 def result_json(result: RunResult) -> dict[str, Any]:
@@ -715,8 +826,8 @@ def result_json(result: RunResult) -> dict[str, Any]:
         "usage": result.usage,
         "totalUsage": result.usage,
         "tripwire": result.tripwire,
-        "toolCalls": _call_chunks(_all_calls(result), run_id),
-        "toolResults": _result_chunks([r for s in result.steps for r in s.get("toolResults") or []], run_id),
+        "toolCalls": _call_chunks(all_calls(result), run_id),
+        "toolResults": _result_chunks(all_results(result), run_id),
         "messages": result.response_messages,
         "response": response,
         "violations": result.violations,

@@ -15,11 +15,12 @@ which the client's ``parseSuperJsonString`` unwraps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -33,7 +34,7 @@ from procmesh_orchestrator.config.schema import (
     ProcessorRef,
     WorkflowRef,
 )
-from procmesh_orchestrator.errors import ProcessorFailedError, TripwireAbort
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.memory._common import label
 from procmesh_orchestrator.processors import GrpcHookCaller
 from procmesh_orchestrator.processors.lanes import ProcessorHandle, hook_names
@@ -46,11 +47,17 @@ from procmesh_orchestrator.run.hooks import (
     OutputResultArgs,
     OutputStepArgs,
     RunInfo,
+    ToolResultArgs,
 )
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.run.tools import Tool, ToolCall, invalid_args
-from procmesh_orchestrator.service._calls import _message, dumps
-from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
+from procmesh_orchestrator.service._calls import AgentCall, _message, dumps
+from procmesh_orchestrator.service._errors import (
+    BadRequestError,
+    ForbiddenError,
+    NotSupportedError,
+    ServiceError,
+)
 from procmesh_orchestrator.service._limits import check_input
 
 if TYPE_CHECKING:
@@ -68,8 +75,6 @@ PHASES = {
     "process_tool_result": "toolResult",
 }
 """The reference's processor phases, by procmesh hook (the LLM and API-error hooks have none)."""
-EXECUTABLE_PHASES = ("input", "inputStep", "outputResult", "outputStep")
-"""The phases ``POST /processors/{id}/execute`` runs on the given messages."""
 BUILTIN_MODEL_PROVIDERS = ("demo", "scripted")
 
 
@@ -77,12 +82,6 @@ class CatalogNotFoundError(ServiceError):
     """No such tool, processor or workflow."""
 
     http_status = 404
-
-
-class NotSupportedError(ServiceError):
-    """A route of the reference's API that procmesh does not support (the message says why)."""
-
-    http_status = 501
 
 
 class ToolRefusedError(ServiceError):
@@ -215,12 +214,17 @@ def hosted_processors(service: Service) -> dict[str, _Hosted]:
     return out
 
 
-def _find_processor(service: Service, processor_id: str) -> _Hosted:
-    hosted = hosted_processors(service)
+def _hosted(hosted: dict[str, _Hosted], processor_id: str) -> _Hosted | None:
     found = hosted.get(processor_id)
     if found is None:  # ``sidecar:id`` always names one
         sidecar, _, pid = processor_id.partition(":")
         found = next((h for h in hosted.values() if h.sidecar == sidecar and h.processor_id == pid), None)
+    return found
+
+
+def _find_processor(service: Service, processor_id: str) -> _Hosted:
+    hosted = hosted_processors(service)
+    found = _hosted(hosted, processor_id)
     if found is None:
         raise CatalogNotFoundError(f"no processor {label(processor_id)} (hosted: {sorted(hosted)})")
     return found
@@ -292,6 +296,131 @@ def _handle(service: Service, hosted: _Hosted, agent_id: str | None) -> Processo
             ):
                 return item
     return service.app.resolve([f"{hosted.sidecar}/{hosted.processor_id}"], "processors")[0]
+
+
+def bind_lanes(service: Service, agent_id: str, call: AgentCall) -> AgentCall:
+    """The call with its per-call processor lists bound: each id names a processor a configured
+    sidecar hosts (the ids `listProcessors` gives; bound with the options `agent_id`'s lanes give
+    it, else none) or, in the input and output lanes, a configured processor workflow.
+
+    Replacing an agent's processors drops its guards for the call, so only a caller the server
+    trusts may (``PROCMESH_TRUST_REQUEST_CONTEXT``, the setting that trusts its request context).
+    """
+    if not call.lanes:
+        return call
+    fields = ", ".join(f"{kind}Processors" for kind in call.lanes)
+    if not service.settings.trust_request_context:
+        raise ForbiddenError(
+            f"{fields}: replacing an agent's processors needs a trusted caller "
+            "(the server's PROCMESH_TRUST_REQUEST_CONTEXT, behind a layer that authenticates callers)"
+        )
+    hosted = hosted_processors(service)
+    workflows = service.app.config.workflows
+    bound: dict[str, list[Any]] = {}
+    for kind, ids in call.lanes.items():
+        entries: list[Any] = []
+        for i, pid in enumerate(ids):
+            where = f"{kind}Processors.{i}"
+            found = _hosted(hosted, pid)
+            workflow = pid.removeprefix("workflow:")
+            try:
+                if found is not None:
+                    entries.append(_handle(service, found, agent_id))
+                elif workflow in workflows and kind != "error":
+                    entries.extend(service.app.resolve_lane([f"workflow:{workflow}"], where))
+                else:
+                    known = sorted(hosted) + (sorted(workflows) if kind != "error" else [])
+                    raise BadRequestError(
+                        f"{where}: unknown processor {label(pid)} (known: {', '.join(known)})"
+                    )
+            except ConfigError as exc:  # the processor needs options the agent does not give it
+                raise BadRequestError(str(exc)) from None
+        bound[kind] = entries
+    call.options = replace(
+        call.options,
+        input_processors=bound.get("input"),
+        output_processors=bound.get("output"),
+        error_processors=bound.get("error"),
+    )
+    return call
+
+
+Outcome = tuple[list[dict[str, Any]], TripwireAbort | None]
+"""What executing a phase gave: the messages after it, or the abort that stopped it."""
+
+
+async def _run_stream(
+    caller: GrpcHookCaller, handle: ProcessorHandle, messages: list[dict[str, Any]]
+) -> Outcome:
+    """``outputStream``: each text part of the assistant messages as one ``text-delta`` chunk
+    (then ``finish``), through the processor's ProcessOutputStream session; each part's text
+    becomes what came out of the session for it."""
+    shown = [json.loads(dumps(m)) for m in messages]  # a copy the texts are written into
+    parts = {
+        f"m{i}.{j}": part
+        for i, message in enumerate(shown)
+        if message.get("role") == "assistant"
+        for j, part in enumerate((message.get("content") or {}).get("parts") or [])
+        if part.get("type") == "text"
+    }
+    if not parts:
+        raise BadRequestError("messages: outputStream streams the assistant messages' text: give one")
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        for key, part in parts.items():
+            yield {"type": "text-delta", "payload": {"id": key, "text": part["text"]}}
+        yield {"type": "finish", "payload": {"finishReason": "stop", "usage": _NO_USAGE}}
+
+    out = dict.fromkeys(parts, "")
+    async with contextlib.aclosing(caller.stream([handle], source(), announce_signals=False)) as items:
+        async for item in items:
+            if isinstance(item, TripwireAbort):
+                return messages, item
+            if isinstance(item, dict) and item.get("type") == "text-delta":
+                payload = item.get("payload") or {}
+                key = str(payload.get("id", ""))
+                if key in out:
+                    out[key] += str(payload.get("text", ""))
+    for key, part in parts.items():
+        part["text"] = out[key]
+    return shown, None
+
+
+async def _run_tool_results(
+    caller: GrpcHookCaller, handle: ProcessorHandle, messages: list[dict[str, Any]]
+) -> Outcome:
+    """``toolResult``: ProcessToolResult on each tool result in the messages (a ``tool-invocation``
+    part in state ``result``), in order; a replaced result goes into its part."""
+    shown = [json.loads(dumps(m)) for m in messages]  # a copy the results are written into
+    found = False
+    for message in shown:
+        for part in (message.get("content") or {}).get("parts") or []:
+            inv = part.get("toolInvocation") if part.get("type") == "tool-invocation" else None
+            if not isinstance(inv, dict) or inv.get("state") != "result":
+                continue
+            found = True
+            args = ToolResultArgs(
+                str(inv.get("toolName", "")),
+                str(inv.get("toolCallId", "")),
+                inv.get("args"),
+                inv.get("result"),
+                messages,
+                [],
+            )
+            reply = await caller.call(handle, args)
+            if reply.effects.abort is not None:
+                return messages, reply.effects.abort
+            if reply.result is not None and reply.result.replaced:
+                inv["result"] = reply.result.result
+    if not found:
+        raise BadRequestError(
+            "messages: toolResult runs on tool results: give an assistant message with a "
+            "tool-invocation part in state 'result'"
+        )
+    return shown, None
+
+
+_NO_USAGE = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
 
 
 def _hook_args(phase: str, messages: list[dict[str, Any]], model: str) -> HookArgs[Any]:
@@ -515,12 +644,6 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
         phase = body.get("phase")
         if phase not in PHASES.values():
             raise BadRequestError(f"phase: must be one of {', '.join(PHASES.values())}")
-        if phase not in EXECUTABLE_PHASES:
-            raise NotSupportedError(
-                f"executing the {phase} phase is not supported by procmesh: it takes "
-                f"{'stream chunks' if phase == 'outputStream' else 'one tool result'}, not messages "
-                f"(executable: {', '.join(EXECUTABLE_PHASES)})"
-            )
         if phase not in hosted.phases:
             raise BadRequestError(f"processor {hosted.id!r} has no {phase} phase (it has {hosted.phases})")
         raw = body.get("messages")
@@ -541,12 +664,22 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
             resource_id=getattr(request.state, "bound_resource", None) or "",
         )
         caller = GrpcHookCaller(info, service.app.metrics)
-        answer: dict[str, Any] = {"success": True, "phase": phase}
         try:
-            reply = await caller.call(handle, _hook_args(phase, messages, model))
+            if phase == "outputStream":
+                shown, abort = await _run_stream(caller, handle, messages)
+            elif phase == "toolResult":
+                shown, abort = await _run_tool_results(caller, handle, messages)
+            else:
+                reply = await caller.call(handle, _hook_args(phase, messages, model))
+                abort = reply.effects.abort
+                if abort is None and reply.result is None:
+                    return _json(
+                        {"success": False, "phase": phase, "error": "the processor failed (fail-open)"}
+                    )
+                out = getattr(reply.result, "messages", None)
+                shown = messages if out is None else out
         except ProcessorFailedError as exc:
             return _json({"success": False, "phase": phase, "error": str(exc)})
-        abort = reply.effects.abort
         if abort is not None:
             return _json(
                 {
@@ -561,12 +694,7 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
                     },
                 }
             )
-        if reply.result is None:
-            return _json({"success": False, "phase": phase, "error": "the processor failed (fail-open)"})
-        out = getattr(reply.result, "messages", None)
-        shown = messages if out is None else out
-        answer.update({"messages": shown, "messageList": {"messages": shown}})
-        return _json(answer)
+        return _json({"success": True, "phase": phase, "messages": shown, "messageList": {"messages": shown}})
 
     async def list_workflows(request: Request) -> Response:
         return _json({name: workflow_json(service, name) for name in service.app.config.workflows})
@@ -641,6 +769,14 @@ UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
     ("POST", "/agents/{agent_id}/models/reorder", "model lists", _MODEL),
     ("POST", "/agents/{agent_id}/models/{model_config_id}", "model lists", _MODEL),
     ("POST", "/agents/{agent_id}/clone", "cloning an agent", _EDITOR),
+    # the Agent resource's version methods (listVersions, ...) call the stored-agents routes
+    ("GET", "/stored/agents/{agent_id}/versions", "agent versions", _EDITOR),
+    ("POST", "/stored/agents/{agent_id}/versions", "agent versions", _EDITOR),
+    ("GET", "/stored/agents/{agent_id}/versions/compare", "agent versions", _EDITOR),
+    ("GET", "/stored/agents/{agent_id}/versions/{version_id}", "agent versions", _EDITOR),
+    ("DELETE", "/stored/agents/{agent_id}/versions/{version_id}", "agent versions", _EDITOR),
+    ("POST", "/stored/agents/{agent_id}/versions/{version_id}/activate", "agent versions", _EDITOR),
+    ("POST", "/stored/agents/{agent_id}/versions/{version_id}/restore", "agent versions", _EDITOR),
     ("POST", "/agents/{agent_id}/instructions/enhance", "enhancing instructions", _EDITOR),
     ("GET", "/agents/{agent_id}/plans/file", "agent plans", "procmesh agents have no workspace"),
     ("GET", "/agents/{agent_id}/skills/{skill_name}", "agent skills", "procmesh agents have no workspace"),

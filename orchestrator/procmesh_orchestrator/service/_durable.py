@@ -48,6 +48,7 @@ from procmesh_orchestrator.service._errors import (
     DurableUnavailableError,
     ServiceError,
 )
+from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.app import App
@@ -216,16 +217,29 @@ async def _chain(
 LOG_CUT = "the run's event log is unreachable: observe again from the last event id + 1"
 
 
-async def sse(run_id: str, events: AsyncIterator[tuple[int, Chunk]], what: str) -> AsyncIterator[bytes]:
-    """Server-sent events of a durable run: ``id: <offset>`` and ``data: <chunk>`` per event, then
-    ``data: [DONE]``. A log that fails mid-way ends the stream with an ``error`` chunk and no
-    ``[DONE]``: the run goes on, the client reattaches (``Last-Event-ID``)."""
+async def sse(
+    run_id: str, events: AsyncIterator[tuple[int, Chunk]], what: str, heartbeat: float
+) -> AsyncIterator[bytes]:
+    """Server-sent events of a durable run: per event an ``id: <offset>`` event, then its
+    ``data: <chunk>`` event, then ``data: [DONE]``, with a ``: ping`` comment line after every
+    `heartbeat` seconds without one (as any stream of the API: `with_heartbeats`). A log that
+    fails mid-way ends the stream with an ``error`` chunk and no ``[DONE]``: the run goes on, the
+    client reattaches (``Last-Event-ID``).
+
+    The id goes in an event of its own, written with its chunk: @mastra/client-js reads only
+    events that are one ``data:`` line (an id line in them hides the chunk), while an
+    ``EventSource`` takes the id of an event without data as the last event id, which the chunk's
+    event then carries (and a reconnect sends as ``Last-Event-ID``)."""
     started = asyncio.get_running_loop().time()
     sent = 0
     try:
-        async for offset, chunk in events:
+        async for event in with_heartbeats(events, heartbeat):
+            if event is None:
+                yield HEARTBEAT
+                continue
+            offset, chunk = event
             sent += 1
-            yield f"id: {offset}\ndata: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
+            yield f"id: {offset}\n\ndata: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
     except (EventLogError, OrchestratorError) as exc:
         log.warning("%s run=%s: event log failed after %d events: %s", what, run_id, sent, exc)
         error = {"type": "error", "payload": {"message": LOG_CUT}}

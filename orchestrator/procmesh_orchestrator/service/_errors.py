@@ -38,6 +38,20 @@ class AuthenticationError(ServiceError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class ForbiddenError(ServiceError):
+    """The caller may not do this on this server (the message names the setting that allows it)."""
+
+    http_status = 403
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class NotSupportedError(ServiceError):
+    """A feature of the reference's API that procmesh does not support (the message says why)."""
+
+    http_status = 501
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+
+
 class AgentNotFoundError(ServiceError):
     """No agent has this id."""
 

@@ -25,7 +25,8 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.service import _durable, _model_gateway
-from procmesh_orchestrator.service._calls import AgentCall, Decision, parse_proto
+from procmesh_orchestrator.service._calls import AgentCall, Decision, all_calls, all_results, parse_proto
+from procmesh_orchestrator.service._catalog_api import bind_lanes
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._runs import ActiveRun, resume_stream
@@ -58,13 +59,37 @@ def result_to_proto(result: RunResult) -> apb.GenerateResponse:
         convert.abort_to_proto(result.tripwire, out.tripwire)
     for message in result.response_messages:
         convert.message_to_proto(message, out.response_messages.add())
+    # the reference's result fields, as the HTTP result has them (`result_json`)
+    _calls_to_proto(all_calls(result), out.tool_calls)
+    for res in all_results(result):
+        item = out.tool_results.add(
+            tool_call_id=str(res.get("toolCallId", "")),
+            tool_name=str(res.get("toolName", "")),
+            provider_executed=bool(res.get("providerExecuted", False)),
+        )
+        item.args.CopyFrom(convert.to_value(res.get("args")))
+        item.result.CopyFrom(convert.to_value(res.get("result")))
+    convert.usage_to_proto(result.usage, out.total_usage)
+    out.trace_id = result.trace_id or ""
+    if result.object is not None:
+        out.object.CopyFrom(convert.to_value(result.object))
+    for violation in result.violations:
+        entry = out.violations.add(
+            processor_id=str(violation.get("processorId", "")), message=str(violation.get("message", ""))
+        )
+        if violation.get("detail") is not None:
+            entry.detail.CopyFrom(convert.to_value(violation["detail"]))
     return out
 
 
-def _suspended_to_proto(result: RunResult, out: Any) -> None:
-    for call in result.suspended:
+def _calls_to_proto(calls: list[dict[str, Any]], out: Any) -> None:
+    for call in calls:
         item = out.add(tool_call_id=str(call.get("toolCallId", "")), tool_name=str(call.get("toolName", "")))
         item.args.CopyFrom(convert.to_value(call.get("args")))
+
+
+def _suspended_to_proto(result: RunResult, out: Any) -> None:
+    _calls_to_proto(result.suspended, out)
 
 
 def _failed_proto(error: BaseException) -> apb.GenerateResponse:
@@ -124,6 +149,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             limits=service.limits,
             bound_resource=bound,
         ).traced(metadata)
+        bind_lanes(service, request.agent_id, call)
         service.gate.enter()
         return agent, call
 
@@ -242,11 +268,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
                 await self._refuse(context, DurableUnavailableError(_durable.LOG_CUT))
             end = await _durable.ending(self._service, durable, run_id, saw_tripwire)
             last = reply(run_id=run_id, status=end.status)
-            for call in end.suspended:
-                item = last.suspended.add(
-                    tool_call_id=str(call.get("toolCallId", "")), tool_name=str(call.get("toolName", ""))
-                )
-                item.args.CopyFrom(convert.to_value(call.get("args")))
+            _calls_to_proto(end.suspended, last.suspended)
             finished = True
             yield last
         finally:

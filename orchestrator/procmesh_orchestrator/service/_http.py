@@ -24,7 +24,6 @@ from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service import _durable
 from procmesh_orchestrator.service._calls import (
     AgentCall,
-    Chunk,
     Decision,
     dumps,
     failed_json,
@@ -33,7 +32,7 @@ from procmesh_orchestrator.service._calls import (
     result_json,
     wire_chunk,
 )
-from procmesh_orchestrator.service._catalog_api import catalog_routes, unsupported_routes
+from procmesh_orchestrator.service._catalog_api import bind_lanes, catalog_routes, unsupported_routes
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ClientGoneError,
@@ -53,6 +52,7 @@ from procmesh_orchestrator.service._runs import (
     store_errors,
     suspended_run_json,
 )
+from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -122,42 +122,6 @@ class _Streamed:
         self.service.runs.add(run_id, ActiveRun(self.agent_id, self.run, self.owner))
 
 
-HEARTBEAT = b": ping\n\n"
-
-
-async def _with_heartbeats(chunks: AsyncIterator[Chunk], every: float) -> AsyncIterator[Chunk | None]:
-    """The chunks in order, with None after every `every` seconds without one (0: never).
-
-    The pending read is waited on, never cancelled, so no chunk is lost or reordered; it is
-    cancelled only when the consumer goes away.
-    """
-    if every <= 0:
-        async for chunk in chunks:
-            yield chunk
-        return
-    pending: asyncio.Future[Chunk] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(chunks))
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield None
-                continue
-            try:
-                chunk = pending.result()
-            except StopAsyncIteration:
-                pending = None
-                return
-            pending = None
-            yield chunk
-    finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await pending
-
-
 async def _events(streamed: _Streamed) -> AsyncIterator[bytes]:
     """``data: <chunk>`` per chunk (``runId`` and ``from`` added), then ``data: [DONE]``; a
     ``: ping`` comment line whenever nothing was sent for ``sse_heartbeat_seconds``."""
@@ -166,7 +130,7 @@ async def _events(streamed: _Streamed) -> AsyncIterator[bytes]:
     started = time.perf_counter()
     finish = "unknown"
     every = streamed.service.settings.sse_heartbeat_seconds
-    async for chunk in _with_heartbeats(aiter(run), every):
+    async for chunk in with_heartbeats(aiter(run), every):
         if chunk is None:
             yield HEARTBEAT
             continue
@@ -331,6 +295,7 @@ def build_http_app(service: Service) -> ASGIApp:
             limits=service.limits,
             bound_resource=getattr(request.state, "bound_resource", None),
         ).traced(request.headers)
+        bind_lanes(service, agent_id, call)
         service.gate.enter()
         return agent_id, agent, call
 
@@ -382,7 +347,7 @@ def build_http_app(service: Service) -> ASGIApp:
                 service.gate.leave()
                 raise
             # A client that leaves does not abort the run: it observes it again from its last id.
-            events = _durable.sse(run_id, durable.attach(run_id, 0), "stream")
+            events = _durable.sse(run_id, durable.attach(run_id, 0), "stream", settings.sse_heartbeat_seconds)
             return _EventStreamResponse(events, _releaser(service), {"X-Run-Id": run_id})
         try:
             run = agent.stream(call.input, call.options)
@@ -503,7 +468,9 @@ def build_http_app(service: Service) -> ASGIApp:
         durable = await _durable.manager(service.app)
         events = await _durable.attach(durable, record, offset)
         return _EventStreamResponse(
-            _durable.sse(run_id, events, "observe"), _no_release, {"X-Run-Id": run_id}
+            _durable.sse(run_id, events, "observe", settings.sse_heartbeat_seconds),
+            _no_release,
+            {"X-Run-Id": run_id},
         )
 
     async def list_runs(request: Request) -> Response:

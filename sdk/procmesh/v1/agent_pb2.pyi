@@ -87,6 +87,230 @@ class StopCondition(_message.Message):
 Global___StopCondition: _TypeAlias = StopCondition  # noqa: Y015
 
 @_typing.final
+class ModelSettings(_message.Message):
+    """The model call's settings for every step of a call (unset: the provider's
+    default); a processor's ProcessInputStep still sees and may change them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    STOP_SEQUENCES_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    temperature: _builtins.float
+    """Sampling temperature (0 and up)."""
+    max_output_tokens: _builtins.int
+    """The most tokens one model call may answer with (1 and up)."""
+    top_p: _builtins.float
+    """Nucleus sampling (0 to 1)."""
+    top_k: _builtins.int
+    """Top-k sampling (1 and up)."""
+    presence_penalty: _builtins.float
+    """Presence penalty."""
+    frequency_penalty: _builtins.float
+    """Frequency penalty."""
+    seed: _builtins.int
+    """Seed for deterministic sampling, where the provider supports one."""
+    @_builtins.property
+    def stop_sequences(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The model stops at any of these."""
+
+    def __init__(
+        self,
+        *,
+        temperature: _builtins.float | None = ...,
+        max_output_tokens: _builtins.int | None = ...,
+        top_p: _builtins.float | None = ...,
+        top_k: _builtins.int | None = ...,
+        presence_penalty: _builtins.float | None = ...,
+        frequency_penalty: _builtins.float | None = ...,
+        stop_sequences: _abc.Iterable[_builtins.str] | None = ...,
+        seed: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_output_tokens", b"_max_output_tokens", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "max_output_tokens", b"max_output_tokens", "presence_penalty", b"presence_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_output_tokens", b"_max_output_tokens", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "max_output_tokens", b"max_output_tokens", "presence_penalty", b"presence_penalty", "seed", b"seed", "stop_sequences", b"stop_sequences", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__frequency_penalty: _TypeAlias = _typing.Literal["frequency_penalty"]  # noqa: Y015
+    _WhichOneofArgType__frequency_penalty: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty"]  # noqa: Y015
+    _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__presence_penalty: _TypeAlias = _typing.Literal["presence_penalty"]  # noqa: Y015
+    _WhichOneofArgType__presence_penalty: _TypeAlias = _typing.Literal["_presence_penalty", b"_presence_penalty"]  # noqa: Y015
+    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
+    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
+    _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frequency_penalty) -> _WhichOneofReturnType__frequency_penalty | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__presence_penalty) -> _WhichOneofReturnType__presence_penalty | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+
+Global___ModelSettings: _TypeAlias = ModelSettings  # noqa: Y015
+
+@_typing.final
+class ToolNames(_message.Message):
+    """A set of tool names (a message so that "none" differs from "unset")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The names."""
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolNames: _TypeAlias = ToolNames  # noqa: Y015
+
+@_typing.final
+class StructuredOutput(_message.Message):
+    """Answer with a JSON value matching `schema` (the result's `object`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    ERROR_STRATEGY_FIELD_NUMBER: _builtins.int
+    FALLBACK_VALUE_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    error_strategy: _builtins.str
+    """What a mismatch does: "strict" (default: the run fails), "warn" (no
+    object, logged) or "fallback" (`fallback_value`).
+    """
+    instructions: _builtins.str
+    """Replaces the default instruction that asks the model for the JSON value
+    (with `model`: the structuring model's instructions).
+    """
+    model: _builtins.str
+    """A second model that turns the agent's answer into the schema (a `models`
+    key or "provider/model-id"); unset: the agent's model answers in JSON.
+    """
+    @_builtins.property
+    def schema(self) -> _struct_pb2.Struct:
+        """The JSON schema the answer follows."""
+
+    @_builtins.property
+    def fallback_value(self) -> _struct_pb2.Value:
+        """The object when the answer does not match and the strategy is "fallback"."""
+
+    def __init__(
+        self,
+        *,
+        schema: _struct_pb2.Struct | None = ...,
+        error_strategy: _builtins.str = ...,
+        fallback_value: _struct_pb2.Value | None = ...,
+        instructions: _builtins.str | None = ...,
+        model: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_model", b"_model", "fallback_value", b"fallback_value", "instructions", b"instructions", "model", b"model", "schema", b"schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_model", b"_model", "error_strategy", b"error_strategy", "fallback_value", b"fallback_value", "instructions", b"instructions", "model", b"model", "schema", b"schema"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
+    _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015
+    _WhichOneofReturnType__model: _TypeAlias = _typing.Literal["model"]  # noqa: Y015
+    _WhichOneofArgType__model: _TypeAlias = _typing.Literal["_model", b"_model"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__instructions) -> _WhichOneofReturnType__instructions | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__model) -> _WhichOneofReturnType__model | None: ...
+
+Global___StructuredOutput: _TypeAlias = StructuredOutput  # noqa: Y015
+
+@_typing.final
+class ProcessorList(_message.Message):
+    """A processor lane for one call: it replaces the agent's (empty: none runs).
+    Each entry names a processor a configured sidecar hosts, by the id
+    GET /api/processors lists ("id", or "sidecar:id" when two host one id), or a
+    configured processor workflow by its name (input and output lanes only).
+    Honoured only when the server trusts its callers (PERMISSION_DENIED else).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The processors, in order."""
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessorList: _TypeAlias = ProcessorList  # noqa: Y015
+
+@_typing.final
+class RunViolation(_message.Message):
+    """A violation a processor reported (report_violation) or an abort, as
+    onViolation sees it; the stream also carries each one as a transient
+    "data-procmesh-violation" chunk when it is recorded.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESSOR_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    processor_id: _builtins.str
+    """The processor that reported it."""
+    message: _builtins.str
+    """What was violated, for people."""
+    @_builtins.property
+    def detail(self) -> _struct_pb2.Value:
+        """Structured detail (any JSON; unset when none)."""
+
+    def __init__(
+        self,
+        *,
+        processor_id: _builtins.str = ...,
+        message: _builtins.str = ...,
+        detail: _struct_pb2.Value | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "message", b"message", "processor_id", b"processor_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunViolation: _TypeAlias = RunViolation  # noqa: Y015
+
+@_typing.final
 class GenerateRequest(_message.Message):
     """Runs agent `agent_id` on `messages` and/or `text` and waits for the result."""
 
@@ -104,6 +328,15 @@ class GenerateRequest(_message.Message):
     REQUIRE_TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
     STOP_WHEN_FIELD_NUMBER: _builtins.int
     DURABLE_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    SYSTEM_FIELD_NUMBER: _builtins.int
+    MODEL_SETTINGS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    ACTIVE_TOOLS_FIELD_NUMBER: _builtins.int
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _builtins.int
+    INPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
+    OUTPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
+    ERROR_PROCESSORS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -129,6 +362,8 @@ class GenerateRequest(_message.Message):
     checkpointed at each step, taken over by another replica if this one dies,
     reattachable with Observe.
     """
+    instructions: _builtins.str
+    """Replaces the agent's instructions (its system message) for this call ("": none)."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation: role ("user", "assistant" or "system") and content parts."""
@@ -147,6 +382,38 @@ class GenerateRequest(_message.Message):
     def stop_when(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopCondition]:
         """Replaces the agent's stopWhen for this call (maxSteps still caps it)."""
 
+    @_builtins.property
+    def system(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """System messages added after the instructions for this call."""
+
+    @_builtins.property
+    def model_settings(self) -> Global___ModelSettings:
+        """The model call's settings for every step."""
+
+    @_builtins.property
+    def tool_choice(self) -> _types_pb2.ToolChoice:
+        """Whether and which tool the model must call at every step (unset: "auto")."""
+
+    @_builtins.property
+    def active_tools(self) -> Global___ToolNames:
+        """The offered tools the model may call (unset: all)."""
+
+    @_builtins.property
+    def structured_output(self) -> Global___StructuredOutput:
+        """Answer with a JSON value matching a schema (GenerateResponse.object)."""
+
+    @_builtins.property
+    def input_processors(self) -> Global___ProcessorList:
+        """Replaces the agent's input processors for this call (see ProcessorList)."""
+
+    @_builtins.property
+    def output_processors(self) -> Global___ProcessorList:
+        """Replaces the agent's output processors for this call."""
+
+    @_builtins.property
+    def error_processors(self) -> Global___ProcessorList:
+        """Replaces the agent's error processors for this call (processors only)."""
+
     def __init__(
         self,
         *,
@@ -162,17 +429,30 @@ class GenerateRequest(_message.Message):
         require_tool_approval: _builtins.bool | None = ...,
         stop_when: _abc.Iterable[Global___StopCondition] | None = ...,
         durable: _builtins.bool = ...,
+        instructions: _builtins.str | None = ...,
+        system: _abc.Iterable[_builtins.str] | None = ...,
+        model_settings: Global___ModelSettings | None = ...,
+        tool_choice: _types_pb2.ToolChoice | None = ...,
+        active_tools: Global___ToolNames | None = ...,
+        structured_output: Global___StructuredOutput | None = ...,
+        input_processors: Global___ProcessorList | None = ...,
+        output_processors: Global___ProcessorList | None = ...,
+        error_processors: Global___ProcessorList | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
+    _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
     _WhichOneofReturnType__max_steps: _TypeAlias = _typing.Literal["max_steps"]  # noqa: Y015
     _WhichOneofArgType__max_steps: _TypeAlias = _typing.Literal["_max_steps", b"_max_steps"]  # noqa: Y015
     _WhichOneofReturnType__require_tool_approval: _TypeAlias = _typing.Literal["require_tool_approval"]  # noqa: Y015
     _WhichOneofArgType__require_tool_approval: _TypeAlias = _typing.Literal["_require_tool_approval", b"_require_tool_approval"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__instructions) -> _WhichOneofReturnType__instructions | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_processor_retries) -> _WhichOneofReturnType__max_processor_retries | None: ...
     @_typing.overload
@@ -198,6 +478,12 @@ class GenerateResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_RESULTS_FIELD_NUMBER: _builtins.int
+    TOTAL_USAGE_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    OBJECT_FIELD_NUMBER: _builtins.int
+    VIOLATIONS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, as processors see it in RunContext.run_id."""
     text: _builtins.str
@@ -210,6 +496,8 @@ class GenerateResponse(_message.Message):
     """"success", "failed", "tripwire", "aborted" (the caller cancelled: the text
     and steps so far are kept) or "suspended" (a tool call awaits approval).
     """
+    trace_id: _builtins.str
+    """The run's trace id (hex) when tracing is on ("" otherwise)."""
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
         """Every model step of the run, in order."""
@@ -232,6 +520,30 @@ class GenerateResponse(_message.Message):
         decline one with ApproveToolCall / DeclineToolCall and `run_id`.
         """
 
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """Every step's tool calls, then the ones awaiting a decision."""
+
+    @_builtins.property
+    def tool_results(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolResult]:
+        """Every step's tool results."""
+
+    @_builtins.property
+    def total_usage(self) -> _types_pb2.Usage:
+        """Token usage summed over the run (the same as `usage`, under the
+        reference's name).
+        """
+
+    @_builtins.property
+    def object(self) -> _struct_pb2.Value:
+        """The parsed, validated answer of a call with `structured_output` (unset
+        without one, or when the answer did not match under "warn").
+        """
+
+    @_builtins.property
+    def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunViolation]:
+        """What processors reported during the run, and every abort."""
+
     def __init__(
         self,
         *,
@@ -245,10 +557,16 @@ class GenerateResponse(_message.Message):
         error: _builtins.str = ...,
         status: _builtins.str = ...,
         suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        tool_calls: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        tool_results: _abc.Iterable[_types_pb2.ToolResult] | None = ...,
+        total_usage: _types_pb2.Usage | None = ...,
+        trace_id: _builtins.str = ...,
+        object: _struct_pb2.Value | None = ...,
+        violations: _abc.Iterable[Global___RunViolation] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["object", b"object", "total_usage", b"total_usage", "tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "object", b"object", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tool_calls", b"tool_calls", "tool_results", b"tool_results", "total_usage", b"total_usage", "trace_id", b"trace_id", "tripwire", b"tripwire", "usage", b"usage", "violations", b"violations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -272,6 +590,15 @@ class StreamRequest(_message.Message):
     REQUIRE_TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
     STOP_WHEN_FIELD_NUMBER: _builtins.int
     DURABLE_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    SYSTEM_FIELD_NUMBER: _builtins.int
+    MODEL_SETTINGS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    ACTIVE_TOOLS_FIELD_NUMBER: _builtins.int
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _builtins.int
+    INPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
+    OUTPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
+    ERROR_PROCESSORS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -290,6 +617,8 @@ class StreamRequest(_message.Message):
     """As in GenerateRequest. A durable run's stream carries each chunk's `offset`,
     and cancelling the call does not cancel the run (CancelRun does).
     """
+    instructions: _builtins.str
+    """As in GenerateRequest."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation, as in GenerateRequest."""
@@ -306,6 +635,38 @@ class StreamRequest(_message.Message):
     def stop_when(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopCondition]:
         """As in GenerateRequest."""
 
+    @_builtins.property
+    def system(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """System messages added after the instructions for this call."""
+
+    @_builtins.property
+    def model_settings(self) -> Global___ModelSettings:
+        """The model call's settings for every step."""
+
+    @_builtins.property
+    def tool_choice(self) -> _types_pb2.ToolChoice:
+        """Whether and which tool the model must call at every step (unset: "auto")."""
+
+    @_builtins.property
+    def active_tools(self) -> Global___ToolNames:
+        """The offered tools the model may call (unset: all)."""
+
+    @_builtins.property
+    def structured_output(self) -> Global___StructuredOutput:
+        """Answer with a JSON value matching a schema (GenerateResponse.object)."""
+
+    @_builtins.property
+    def input_processors(self) -> Global___ProcessorList:
+        """Replaces the agent's input processors for this call (see ProcessorList)."""
+
+    @_builtins.property
+    def output_processors(self) -> Global___ProcessorList:
+        """Replaces the agent's output processors for this call."""
+
+    @_builtins.property
+    def error_processors(self) -> Global___ProcessorList:
+        """Replaces the agent's error processors for this call (processors only)."""
+
     def __init__(
         self,
         *,
@@ -321,17 +682,30 @@ class StreamRequest(_message.Message):
         require_tool_approval: _builtins.bool | None = ...,
         stop_when: _abc.Iterable[Global___StopCondition] | None = ...,
         durable: _builtins.bool = ...,
+        instructions: _builtins.str | None = ...,
+        system: _abc.Iterable[_builtins.str] | None = ...,
+        model_settings: Global___ModelSettings | None = ...,
+        tool_choice: _types_pb2.ToolChoice | None = ...,
+        active_tools: Global___ToolNames | None = ...,
+        structured_output: Global___StructuredOutput | None = ...,
+        input_processors: Global___ProcessorList | None = ...,
+        output_processors: Global___ProcessorList | None = ...,
+        error_processors: Global___ProcessorList | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
+    _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015
     _WhichOneofReturnType__max_processor_retries: _TypeAlias = _typing.Literal["max_processor_retries"]  # noqa: Y015
     _WhichOneofArgType__max_processor_retries: _TypeAlias = _typing.Literal["_max_processor_retries", b"_max_processor_retries"]  # noqa: Y015
     _WhichOneofReturnType__max_steps: _TypeAlias = _typing.Literal["max_steps"]  # noqa: Y015
     _WhichOneofArgType__max_steps: _TypeAlias = _typing.Literal["_max_steps", b"_max_steps"]  # noqa: Y015
     _WhichOneofReturnType__require_tool_approval: _TypeAlias = _typing.Literal["require_tool_approval"]  # noqa: Y015
     _WhichOneofArgType__require_tool_approval: _TypeAlias = _typing.Literal["_require_tool_approval", b"_require_tool_approval"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__instructions) -> _WhichOneofReturnType__instructions | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_processor_retries) -> _WhichOneofReturnType__max_processor_retries | None: ...
     @_typing.overload

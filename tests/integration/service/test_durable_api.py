@@ -90,6 +90,7 @@ class Sse:
     def __init__(self, response: httpx.Response) -> None:
         self._text = response.aiter_text()
         self._buffer = ""
+        self._event_id: int | None = None
 
     async def read(self, stop_after: int | None = None) -> list[Event]:
         out: list[Event] = []
@@ -100,14 +101,15 @@ class Sse:
                 except StopAsyncIteration:
                     return out
             raw, self._buffer = self._buffer.split("\n\n", 1)
-            event_id: int | None = None
             data = ""
             for line in raw.splitlines():
-                if line.startswith("id: "):
-                    event_id = int(line[4:])
+                if line.startswith("id: "):  # an event of its own, just before its chunk's
+                    self._event_id = int(line[4:])
                 elif line.startswith("data: "):
                     data = line[6:]
-            out.append((event_id, data if data == "[DONE]" else json.loads(data)))
+            if data:
+                out.append((self._event_id, data if data == "[DONE]" else json.loads(data)))
+                self._event_id = None
         return out
 
 

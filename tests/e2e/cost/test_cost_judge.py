@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.test_model_gateway import _gateway_calls, _sidecar_env, _spawn
+from tests.e2e.gateway.support import gateway_calls, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, free_port
 
@@ -56,8 +56,7 @@ def gateway_port() -> int:
 
 @pytest.fixture(scope="module")
 def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
-    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "judge.log")
+    proc = start_judge(sidecar_dir, f"127.0.0.1:{gateway_port}")
     yield proc
     proc.stop(grace=2.0)
 
@@ -91,9 +90,9 @@ async def test_a_judge_call_spends_the_runs_budget(orchestrator: OrchestratorPro
     assert tripwire["processorId"] == "token-cost-control"
     assert tripwire["metadata"]["usage"]["estimatedCost"] == pytest.approx(JUDGE_COST)
     assert tripwire["metadata"]["scopeKey"] == "agent:guarded"
-    assert _gateway_calls(orchestrator)[("judge-ok", "judge", "ok")] == 1
+    assert gateway_calls(orchestrator)[("judge-ok", "judge", "ok")] == 1
 
     second = await _generate(orchestrator)
     assert second["status"] == "failed"
     assert "Cost control: estimated cost limit exceeded (0.005/0.005)" in second["error"]
-    assert _gateway_calls(orchestrator)[("judge-ok", "judge", "cost_limit")] == 1
+    assert gateway_calls(orchestrator)[("judge-ok", "judge", "cost_limit")] == 1

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
-from tests.e2e.gateway.test_model_gateway import _gateway_calls, _sidecar_env, _spawn
+from tests.e2e.gateway.support import gateway_calls, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, GRPC_AUTH
 
@@ -61,10 +61,7 @@ def gateway_socket(sidecar_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def judge_sidecar(sidecar_dir: Path, gateway_socket: Path) -> Iterator[SidecarProcess]:
-    env = _sidecar_env(0)
-    env["PROCMESH_MODEL_GATEWAY"] = f"unix://{gateway_socket}"  # the pod's socket, no TCP address
-    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
-    _spawn(proc, env, sidecar_dir / "judge.log")
+    proc = start_judge(sidecar_dir, f"unix://{gateway_socket}")  # the pod's socket, no TCP address
     yield proc
     proc.stop(grace=2.0)
 
@@ -93,7 +90,7 @@ async def test_a_judge_reaches_the_gateway_over_the_unix_socket(
     body = response.json()
     assert body["status"] == "success", body
     assert body["text"] == "fine"
-    assert _gateway_calls(orchestrator)[("judge-ok", "judge", "ok")] == 1
+    assert gateway_calls(orchestrator)[("judge-ok", "judge", "ok")] == 1
     assert (
         f"and unix:{gateway_socket} (procmesh.v1.AgentService, procmesh.v1.ModelService" in orchestrator.log()
     )
@@ -114,7 +111,7 @@ async def test_a_model_request_that_does_not_decode_is_invalid_argument(
     orchestrator: OrchestratorProcess, gateway_socket: Path
 ) -> None:
     async with grpc.aio.insecure_channel(f"unix://{gateway_socket}") as channel:
-        call = channel.unary_unary("/procmesh.v1.ModelService/Generate")
+        call: Any = channel.unary_unary("/procmesh.v1.ModelService/Generate")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call(b"\xff\xff\xff", metadata=GRPC_AUTH, timeout=5)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

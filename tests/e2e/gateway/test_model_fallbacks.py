@@ -27,7 +27,9 @@ UNAVAILABLE = {**error(503, "The server is overloaded.", kind="server_error"), "
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[FakeOpenAI, FakeOpenAI]]:
-    primary, backup = FakeOpenAI().start(), FakeOpenAI().start()
+    primary, backup = FakeOpenAI(), FakeOpenAI()
+    primary.start()
+    backup.start()
     primary.script("big", UNAVAILABLE)
     backup.script("small", {"text": "from the fallback", "usage": [7, 3]})
     backup.script("broken", {**error(500, "Internal error.", kind="server_error"), "status": 500})

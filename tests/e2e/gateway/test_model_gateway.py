@@ -9,9 +9,7 @@ orchestrator's HTTP API; the gateway's counter is read from its /metrics.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import NODE_SDK
 from tests.deps import require, require_npm_packages
+from tests.e2e.gateway.support import gateway_calls, sidecar_env, spawn, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, free_port
 
@@ -95,35 +94,10 @@ def gateway_port() -> int:
     return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
 
 
-def _sidecar_env(gateway_port: int) -> dict[str, str]:
-    """The sidecars' environment: the gateway and an orchestrator key, no provider key."""
-    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "OPENAI" not in k}
-    env.update(
-        PYTHONUNBUFFERED="1",
-        PROCMESH_MODEL_GATEWAY=f"127.0.0.1:{gateway_port}",
-        PROCMESH_MODEL_GATEWAY_KEY=API_KEY,
-    )
-    return env
-
-
-def _spawn(proc: SidecarProcess, env: dict[str, str], log_path: Path) -> None:
-    with open(log_path, "wb") as log:
-        proc.proc = subprocess.Popen(
-            proc.args,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-            cwd=Path(__file__).resolve().parents[3],
-        )
-
-
 @pytest.fixture(scope="module")
 def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
     """``python -m tests.e2e.gateway.judge`` with an environment holding no provider key."""
-    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
-    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "judge.log")
+    proc = start_judge(sidecar_dir, f"127.0.0.1:{gateway_port}")
     yield proc
     proc.stop(grace=2.0)
 
@@ -135,7 +109,7 @@ def node_judge(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]
     require_npm_packages(NODE_SDK)
     proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge-node.sock'}")
     proc.args = ["node", str(Path(__file__).with_name("judge.mjs")), "--listen", proc.address]
-    _spawn(proc, _sidecar_env(gateway_port), sidecar_dir / "judge-node.log")
+    spawn(proc, sidecar_env(f"127.0.0.1:{gateway_port}"), sidecar_dir / "judge-node.log")
     yield proc
     proc.stop(grace=2.0)
 
@@ -164,18 +138,6 @@ async def _generate(orchestrator: OrchestratorProcess, agent: str, text: str = "
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def _gateway_calls(orchestrator: OrchestratorProcess) -> dict[tuple[str, str, str], float]:
-    text = httpx.get(f"{orchestrator.http_url}/metrics", headers=AUTH).text
-    out: dict[tuple[str, str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name == "procmesh_gateway_calls":
-            for sample in family.samples:
-                if sample.name == "procmesh_gateway_calls_total":
-                    labels = sample.labels
-                    out[(labels["model"], labels["processor"], labels["outcome"])] = sample.value
-    return out
 
 
 def _model_calls(orchestrator: OrchestratorProcess, model: str) -> float:
@@ -235,7 +197,7 @@ async def test_the_gateway_counts_calls_by_model_processor_and_outcome(
 ) -> None:
     for agent in ("ok", "no", "retry", "closed", "open", "missing"):
         await _generate(orchestrator, agent)  # the scripts are exhausted: "(script exhausted)" is not JSON
-    calls = _gateway_calls(orchestrator)
+    calls = gateway_calls(orchestrator)
     assert calls[("judge-ok", "judge", "ok")] >= 1
     assert calls[("judge-no", "judge", "ok")] >= 1
     assert calls[("judge-retry", "judge", "ok")] >= 1
@@ -282,7 +244,7 @@ async def test_a_node_hook_calls_the_gateway_too(orchestrator: OrchestratorProce
     assert refused["tripwire"]["metadata"] == {"attempts": 1, "model": "node-no"}
     failed = await _generate(orchestrator, "node-bad")
     assert failed["finishReason"] == "error", failed
-    assert _gateway_calls(orchestrator)[("node-bad", "judge", "invalid_output")] == 1
+    assert gateway_calls(orchestrator)[("node-bad", "judge", "invalid_output")] == 1
 
 
 async def test_the_gateway_call_carries_the_hooks_deadline(orchestrator: OrchestratorProcess) -> None:
@@ -294,7 +256,7 @@ async def test_the_gateway_call_carries_the_hooks_deadline(orchestrator: Orchest
     assert body["finishReason"] == "error", body
     assert time.monotonic() - started < 5
     for _ in range(60):
-        calls = await asyncio.to_thread(_gateway_calls, orchestrator)
+        calls = await asyncio.to_thread(gateway_calls, orchestrator)
         if calls.get(("slow/judge", "judge", "deadline")):
             break
         await asyncio.sleep(0.05)

@@ -1,0 +1,55 @@
+"""What the gateway tests share: judge sidecars started with no provider key, and the gateway's
+counter read from /metrics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.service.support import API_KEY, AUTH
+
+
+def sidecar_env(gateway: str) -> dict[str, str]:
+    """A sidecar's environment: the gateway's address and an orchestrator key, no provider key."""
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "OPENAI" not in k}
+    env.update(PYTHONUNBUFFERED="1", PROCMESH_MODEL_GATEWAY=gateway, PROCMESH_MODEL_GATEWAY_KEY=API_KEY)
+    return env
+
+
+def spawn(proc: SidecarProcess, env: dict[str, str], log_path: Path) -> None:
+    """Start `proc` with exactly `env` (SidecarProcess.start would pass this process's own)."""
+    with open(log_path, "wb") as log:
+        proc.proc = subprocess.Popen(
+            proc.args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[3],
+        )
+
+
+def start_judge(sidecar_dir: Path, gateway: str) -> SidecarProcess:
+    """``python -m tests.e2e.gateway.judge`` on a unix socket, asking the gateway at `gateway`."""
+    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
+    spawn(proc, sidecar_env(gateway), sidecar_dir / "judge.log")
+    return proc
+
+
+def gateway_calls(orchestrator: OrchestratorProcess) -> dict[tuple[str, str, str], float]:
+    """procmesh_gateway_calls_total by (model, processor, outcome)."""
+    text = httpx.get(f"{orchestrator.http_url}/metrics", headers=AUTH).text
+    out: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "procmesh_gateway_calls_total":
+                labels = sample.labels
+                out[(labels["model"], labels["processor"], labels["outcome"])] = sample.value
+    return out

@@ -86,6 +86,7 @@ def _judges(server: JudgeServer) -> None:
         {"iso_code": "en", "confidence": 0.99},
         Rule(("Bonjour",), {"iso_code": "fr", "confidence": 0.98}),
         Rule(("Hallo",), {"iso_code": "de", "confidence": 0.5}),
+        Rule(("Salut",), {"iso_code": "fr", "confidence": None}),
     )
     server.judge(
         "lang-tr",
@@ -192,6 +193,7 @@ AGENTS: dict[str, dict[str, Any]] = {
     },
     "lang-block": _in("language-detector", "lang", strategy="block"),
     "lang-warn": _in("language-detector", "lang", strategy="warn"),
+    "lang-warn-details": _in("language-detector", "lang", strategy="warn", include_detection_details=True),
     "lang-targets": _in("language-detector", "lang", strategy="block", target_languages=["French", "en"]),
     # system-prompt scrubber
     "sys-mask": _out("system-prompt-scrubber", "sys", "leaky"),
@@ -623,6 +625,12 @@ async def test_language_block_warn_threshold_length_and_targets(
     warned = await generate(orchestrator, "lang-warn", "Bonjour tout le monde")
     assert echoed(warned) == "Bonjour tout le monde"
     assert only_violation(warned)["message"] == "Non-target language: French"
+    detailed = await generate(orchestrator, "lang-warn-details", "Bonjour tout le monde")
+    assert only_violation(detailed)["message"] == (
+        "Non-target language: Language detected: French (fr) with confidence 0.98"
+    )
+    # a language named without a confidence: the target is assumed, as in the reference
+    assert not (await generate(orchestrator, "lang-block", "Salut tout le monde"))["tripwire"]
     # German at 0.5 is under the threshold 0.7: passes even under block
     assert (
         echoed(await generate(orchestrator, "lang-block", "Hallo zusammen, wie geht es"))

@@ -163,10 +163,11 @@ class LanguageDetector(InputHook):
             confidence = 0.95  # a translation is a confident detection (as the reference assumes)
         if confidence is not None and confidence < options.threshold:
             return Verdict("pass")
-        if not code or is_target(code, options.target_languages):
+        if not code or not confidence or is_target(code, options.target_languages):
+            # no language, or one named without confidence: the target is assumed (the reference's rule)
             target_code = code_of(target)
             return Verdict("pass", metadata=self._record(options, target_code, 0.95))
-        message = f"Language detected: {name_of(code)} ({code}) with confidence {float(confidence or 0):.2f}"
+        message = f"Language detected: {name_of(code)} ({code}) with confidence {float(confidence):.2f}"
         detail = self.detail(
             options,
             phase,
@@ -191,10 +192,7 @@ class LanguageDetector(InputHook):
             return Verdict("replace", "", detail, text=translated, metadata=metadata)
         metadata = self._record(options, code, confidence)
         if options.strategy == "warn":
-            shown = (
-                f"Non-target language: {message}"
-                if options.include_detection_details
-                else (f"Non-target language: {name_of(code)}")
-            )
+            shown = message if options.include_detection_details else name_of(code)
+            shown = f"Non-target language: {shown}"
             return Verdict("warn", shown, detail, metadata=metadata)
         return Verdict("pass", metadata=metadata)  # detect (or translate without a translation)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import shutil
 import socket
@@ -53,8 +54,9 @@ def free_port() -> int:
 
 
 def pct(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile: the p99 of 100 samples is the 99th, not the largest."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 # -- interleaved rounds ----------------------------------------------------------------

@@ -16,13 +16,7 @@ from procmesh_orchestrator.errors import MemoryStoreError, OrchestratorError, Tr
 from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
-from procmesh_orchestrator.run.hooks import (
-    APIErrorArgs,
-    HookArgs,
-    LLMRequestArgs,
-    LLMResponseArgs,
-    OutputResultArgs,
-)
+from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
@@ -124,13 +118,12 @@ class CostControl:
 
 class RunCost(FrameworkProcessor):
     """One run's cost check: reserves before each model call (processLLMRequest, after your
-    processors changed the prompt), settles after it (processLLMResponse), releases what a failed
-    or cached call held (processAPIError, and processOutputResult for a run that ended between)."""
+    processors changed the prompt), settles after it (processLLMResponse), releases what a
+    rejected or cached call held (processAPIError, processLLMResponse). A call that never settled
+    (cut off mid-stream, or stopped by a later processor) keeps its estimate: it may have cost."""
 
     processor_id = PROCESSOR_ID
-    hooks = frozenset(
-        {"process_llm_request", "process_llm_response", "process_api_error", "process_output_result"}
-    )
+    hooks = frozenset({"process_llm_request", "process_llm_response", "process_api_error"})
     key = f"cost:{PROCESSOR_ID}"
 
     def __init__(self, control: CostControl, run: RunCore, scope_key: str | None) -> None:
@@ -143,7 +136,7 @@ class RunCost(FrameworkProcessor):
 
     async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
         if isinstance(args, LLMRequestArgs):
-            await self._release_open()  # a retried step's call that never settled
+            await self._release_open()  # a retried step's rejected call (processAPIError did not reach us)
             settings = run.options.model_settings or {}
             try:
                 self.open = await self.reserve(args.model, args.prompt, settings.get("maxOutputTokens"))
@@ -158,7 +151,7 @@ class RunCost(FrameworkProcessor):
                     await self.release(opened)
                 else:
                     await self.settle(opened, _usage(args.chunks))
-        elif isinstance(args, APIErrorArgs | OutputResultArgs):
+        elif isinstance(args, APIErrorArgs):
             await self._release_open()
         return None
 

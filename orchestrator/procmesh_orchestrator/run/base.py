@@ -94,7 +94,6 @@ class RunCore:
         self.cost = agent.cost.for_call(self) if agent.cost is not None else None
         if self.cost is not None:
             self.input_lane = (*self.input_lane, self.cost)
-            self.output_lane = (*self.output_lane, self.cost)
         self.ml = RunMessages()
         self.system: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []

@@ -38,6 +38,13 @@ class AuthenticationError(ServiceError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class CatalogNotFoundError(ServiceError):
+    """No such tool, processor or workflow (the catalog API)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
 class ForbiddenError(ServiceError):
     """The caller may not do this on this server (the message names the setting that allows it)."""
 

@@ -26,9 +26,9 @@ from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.service import _durable, _model_gateway
 from procmesh_orchestrator.service._calls import AgentCall, Decision, all_calls, all_results, parse_proto
-from procmesh_orchestrator.service._catalog_api import bind_lanes
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
+from procmesh_orchestrator.service._processors_api import bind_lanes
 from procmesh_orchestrator.service._runs import ActiveRun, resume_stream
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from procmesh_orchestrator.service._calls import (
     result_json,
     wire_chunk,
 )
-from procmesh_orchestrator.service._catalog_api import bind_lanes, catalog_routes, unsupported_routes
+from procmesh_orchestrator.service._catalog_api import catalog_routes, unsupported_routes
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ClientGoneError,
@@ -45,6 +45,7 @@ from procmesh_orchestrator.service._errors import (
 )
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._memory_api import memory_routes
+from procmesh_orchestrator.service._processors_api import bind_lanes
 from procmesh_orchestrator.service._runs import (
     ActiveRun,
     resume_generate,

@@ -1,0 +1,380 @@
+"""The processors the sidecars host, as the HTTP API lists and runs them, and per-call lanes.
+
+``listProcessors``/``getProcessor(id).details()`` show each processor a sidecar's ``Describe``
+lists (and each processor workflow); ``getProcessor(id).execute()`` runs one phase of one on the
+messages given, through the run's own `GrpcHookCaller`; `bind_lanes` binds a call's per-call
+processor lists (``inputProcessors``, ...: ids of these processors) for both APIs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from procmesh_orchestrator.config.schema import ConditionalStep, ParallelStep, ProcessorRef, WorkflowRef
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, TripwireAbort
+from procmesh_orchestrator.memory._common import label
+from procmesh_orchestrator.processors import GrpcHookCaller
+from procmesh_orchestrator.processors.lanes import ProcessorHandle, hook_names
+from procmesh_orchestrator.run.hooks import (
+    HookArgs,
+    InputArgs,
+    InputStepArgs,
+    OutputResultArgs,
+    OutputStepArgs,
+    RunInfo,
+    ToolResultArgs,
+)
+from procmesh_orchestrator.run.messages import message_text
+from procmesh_orchestrator.service._calls import AgentCall, _message, dumps
+from procmesh_orchestrator.service._errors import (
+    BadRequestError,
+    CatalogNotFoundError,
+    ForbiddenError,
+    NotSupportedError,
+)
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.config.schema import Config
+    from procmesh_orchestrator.service._service import Service
+
+PHASES = {
+    "process_input": "input",
+    "process_input_step": "inputStep",
+    "process_output_stream": "outputStream",
+    "process_output_result": "outputResult",
+    "process_output_step": "outputStep",
+    "process_tool_result": "toolResult",
+}
+"""The reference's processor phases, by procmesh hook (the LLM and API-error hooks have none)."""
+
+
+@dataclass(frozen=True)
+class _Hosted:
+    """A processor a sidecar hosts, under its catalog id."""
+
+    id: str
+    sidecar: str
+    processor_id: str
+    name: str
+    description: str
+    phases: list[str]
+
+
+def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | None, str | None]]:
+    """The processor references of a lane, workflows' steps included: (ref, None) or (None, workflow)."""
+    for entry in entries:
+        if isinstance(entry, ProcessorRef):
+            yield entry, None
+        elif isinstance(entry, WorkflowRef):
+            yield None, entry.workflow
+            workflow = config.workflows.get(entry.workflow)
+            for step in workflow.steps if workflow else []:
+                if isinstance(step, ParallelStep):
+                    yield from ((r, None) for r in step.parallel)
+                elif isinstance(step, ConditionalStep):
+                    yield from ((r, None) for r in (*step.then, *step.otherwise))
+                else:
+                    yield step, None
+
+
+def hosted_processors(service: Service) -> dict[str, _Hosted]:
+    """Every processor the sidecars host (``Describe``), by id (``sidecar:id`` when two share an id)."""
+    catalog = service.app.catalog
+    counts: dict[str, int] = {}
+    for infos in catalog.values():
+        for pid in infos:
+            counts[pid] = counts.get(pid, 0) + 1
+    out: dict[str, _Hosted] = {}
+    for sidecar, infos in sorted(catalog.items()):
+        for pid, info in infos.items():
+            key = pid if counts[pid] == 1 else f"{sidecar}:{pid}"
+            hooks = [PHASES[h] for h in PHASES if h in hook_names(info.hooks)]
+            out[key] = _Hosted(key, sidecar, pid, info.name or pid, info.description, hooks)
+    return out
+
+
+def _hosted(hosted: dict[str, _Hosted], processor_id: str) -> _Hosted | None:
+    found = hosted.get(processor_id)
+    if found is None:  # ``sidecar:id`` always names one
+        sidecar, _, pid = processor_id.partition(":")
+        found = next((h for h in hosted.values() if h.sidecar == sidecar and h.processor_id == pid), None)
+    return found
+
+
+def find_processor(service: Service, processor_id: str) -> _Hosted:
+    hosted = hosted_processors(service)
+    found = _hosted(hosted, processor_id)
+    if found is None:
+        raise CatalogNotFoundError(f"no processor {label(processor_id)} (hosted: {sorted(hosted)})")
+    return found
+
+
+def _configurations(service: Service, hosted: _Hosted) -> list[dict[str, Any]]:
+    config = service.app.config
+    out = []
+    for agent_id, agent in config.agents.items():
+        for kind, lane in (("input", agent.input_processors), ("output", agent.output_processors)):
+            refs = [r for r, _ in _refs(list(lane), config) if r is not None]
+            if any(r.sidecar == hosted.sidecar and r.processor_id == hosted.processor_id for r in refs):
+                out.append({"agentId": agent_id, "agentName": agent_id, "type": kind})
+    return out
+
+
+def _workflow_configurations(service: Service, workflow: str) -> list[dict[str, Any]]:
+    config = service.app.config
+    out = []
+    for agent_id, agent in config.agents.items():
+        for kind, lane in (("input", agent.input_processors), ("output", agent.output_processors)):
+            if any(w == workflow for _, w in _refs(list(lane), config)):
+                out.append({"agentId": agent_id, "agentName": agent_id, "type": kind})
+    return out
+
+
+def processor_json(service: Service, hosted: _Hosted, *, listing: bool) -> dict[str, Any]:
+    """A processor as ``GET /processors`` (`listing`) or ``GET /processors/:id`` returns it."""
+    configurations = _configurations(service, hosted)
+    body: dict[str, Any] = {
+        "id": hosted.id,
+        "name": hosted.name,
+        "description": hosted.description,
+        "phases": hosted.phases,
+        "configurations": configurations,
+        "isWorkflow": False,
+    }
+    if listing:
+        body["agentIds"] = sorted({c["agentId"] for c in configurations})
+        body["configurations"] = [{"agentId": c["agentId"], "type": c["type"]} for c in configurations]
+    return body
+
+
+def workflow_processor_json(service: Service, name: str, *, listing: bool) -> dict[str, Any]:
+    configurations = _workflow_configurations(service, name)
+    body: dict[str, Any] = {
+        "id": name,
+        "name": f"workflow:{name}",
+        "description": f"processor workflow {name!r}",
+        "phases": ["input", "outputResult"],
+        "configurations": configurations,
+        "isWorkflow": True,
+    }
+    if listing:
+        body["agentIds"] = sorted({c["agentId"] for c in configurations})
+        body["configurations"] = [{"agentId": c["agentId"], "type": c["type"]} for c in configurations]
+    return body
+
+
+def _handle(service: Service, hosted: _Hosted, agent_id: str | None) -> ProcessorHandle:
+    """The processor bound as `agent_id` has it (its options), else with no options."""
+    if agent_id:
+        spec = service.agent(agent_id).spec
+        for item in (*spec.lanes.input, *spec.lanes.output):
+            if (
+                isinstance(item, ProcessorHandle)
+                and item.client is service.app.clients.get(hosted.sidecar)
+                and (item.hosted_id or item.processor_id) == hosted.processor_id
+            ):
+                return item
+    return service.app.resolve([f"{hosted.sidecar}/{hosted.processor_id}"], "processors")[0]
+
+
+def bind_lanes(service: Service, agent_id: str, call: AgentCall) -> AgentCall:
+    """The call with its per-call processor lists bound: each id names a processor a configured
+    sidecar hosts (the ids `listProcessors` gives; bound with the options `agent_id`'s lanes give
+    it, else none) or, in the input and output lanes, a configured processor workflow.
+
+    Replacing an agent's processors drops its guards for the call, so only a caller the server
+    trusts may (``PROCMESH_TRUST_REQUEST_CONTEXT``, the setting that trusts its request context).
+    """
+    if not call.lanes:
+        return call
+    fields = ", ".join(f"{kind}Processors" for kind in call.lanes)
+    if not service.settings.trust_request_context:
+        raise ForbiddenError(
+            f"{fields}: replacing an agent's processors needs a trusted caller "
+            "(the server's PROCMESH_TRUST_REQUEST_CONTEXT, behind a layer that authenticates callers)"
+        )
+    hosted = hosted_processors(service)
+    workflows = service.app.config.workflows
+    bound: dict[str, list[Any]] = {}
+    for kind, ids in call.lanes.items():
+        entries: list[Any] = []
+        for i, pid in enumerate(ids):
+            where = f"{kind}Processors.{i}"
+            found = _hosted(hosted, pid)
+            workflow = pid.removeprefix("workflow:")
+            try:
+                if found is not None:
+                    entries.append(_handle(service, found, agent_id))
+                elif workflow in workflows and kind != "error":
+                    entries.extend(service.app.resolve_lane([f"workflow:{workflow}"], where))
+                else:
+                    known = sorted(hosted) + (sorted(workflows) if kind != "error" else [])
+                    raise BadRequestError(
+                        f"{where}: unknown processor {label(pid)} (known: {', '.join(known)})"
+                    )
+            except ConfigError as exc:  # the processor needs options the agent does not give it
+                raise BadRequestError(str(exc)) from None
+        bound[kind] = entries
+    call.options = replace(
+        call.options,
+        input_processors=bound.get("input"),
+        output_processors=bound.get("output"),
+        error_processors=bound.get("error"),
+    )
+    return call
+
+
+Outcome = tuple[list[dict[str, Any]], TripwireAbort | None]
+"""What executing a phase gave: the messages after it, or the abort that stopped it."""
+
+
+async def _run_stream(
+    caller: GrpcHookCaller, handle: ProcessorHandle, messages: list[dict[str, Any]]
+) -> Outcome:
+    """``outputStream``: each text part of the assistant messages as one ``text-delta`` chunk
+    (then ``finish``), through the processor's ProcessOutputStream session; each part's text
+    becomes what came out of the session for it."""
+    shown = [json.loads(dumps(m)) for m in messages]  # a copy the texts are written into
+    parts = {
+        f"m{i}.{j}": part
+        for i, message in enumerate(shown)
+        if message.get("role") == "assistant"
+        for j, part in enumerate((message.get("content") or {}).get("parts") or [])
+        if part.get("type") == "text"
+    }
+    if not parts:
+        raise BadRequestError("messages: outputStream streams the assistant messages' text: give one")
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        for key, part in parts.items():
+            yield {"type": "text-delta", "payload": {"id": key, "text": part["text"]}}
+        yield {"type": "finish", "payload": {"finishReason": "stop", "usage": _NO_USAGE}}
+
+    out = dict.fromkeys(parts, "")
+    async with contextlib.aclosing(caller.stream([handle], source(), announce_signals=False)) as items:
+        async for item in items:
+            if isinstance(item, TripwireAbort):
+                return messages, item
+            if isinstance(item, dict) and item.get("type") == "text-delta":
+                payload = item.get("payload") or {}
+                key = str(payload.get("id", ""))
+                if key in out:
+                    out[key] += str(payload.get("text", ""))
+    for key, part in parts.items():
+        part["text"] = out[key]
+    return shown, None
+
+
+async def _run_tool_results(
+    caller: GrpcHookCaller, handle: ProcessorHandle, messages: list[dict[str, Any]]
+) -> Outcome:
+    """``toolResult``: ProcessToolResult on each tool result in the messages (a ``tool-invocation``
+    part in state ``result``), in order; a replaced result goes into its part."""
+    shown = [json.loads(dumps(m)) for m in messages]  # a copy the results are written into
+    found = False
+    for message in shown:
+        for part in (message.get("content") or {}).get("parts") or []:
+            inv = part.get("toolInvocation") if part.get("type") == "tool-invocation" else None
+            if not isinstance(inv, dict) or inv.get("state") != "result":
+                continue
+            found = True
+            args = ToolResultArgs(
+                str(inv.get("toolName", "")),
+                str(inv.get("toolCallId", "")),
+                inv.get("args"),
+                inv.get("result"),
+                messages,
+                [],
+            )
+            reply = await caller.call(handle, args)
+            if reply.effects.abort is not None:
+                return messages, reply.effects.abort
+            if reply.result is not None and reply.result.replaced:
+                inv["result"] = reply.result.result
+    if not found:
+        raise BadRequestError(
+            "messages: toolResult runs on tool results: give an assistant message with a "
+            "tool-invocation part in state 'result'"
+        )
+    return shown, None
+
+
+_NO_USAGE = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
+
+
+def _hook_args(phase: str, messages: list[dict[str, Any]], model: str) -> HookArgs[Any]:
+    text = message_text(messages[-1]) if messages and messages[-1].get("role") == "assistant" else ""
+    usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
+    if phase == "input":
+        return InputArgs(messages, messages, [])
+    if phase == "inputStep":
+        return InputStepArgs(model, messages, [], [], "auto", None, {}, {}, [])
+    if phase == "outputStep":
+        return OutputStepArgs(text, "stop", messages, [], [], usage, [])
+    return OutputResultArgs(messages, text, "stop", usage, [])
+
+
+async def execute_phase(
+    service: Service, processor_id: str, body: dict[str, Any], context: dict[str, Any], resource: str
+) -> dict[str, Any]:
+    """``POST /processors/{id}/execute``: one phase of the processor on the body's messages, with
+    the options ``agentId``'s lanes give it (else none), a fresh run context and the caller's
+    resource; the reference's answer (`success`, `messages`, `tripwire` or `error`)."""
+    if processor_id in service.app.config.workflows and processor_id not in hosted_processors(service):
+        raise NotSupportedError(
+            "executing a processor workflow is not supported by procmesh: "
+            "procmesh runs processor workflows inside agents only"
+        )
+    hosted = find_processor(service, processor_id)
+    phase = body.get("phase")
+    if phase not in PHASES.values():
+        raise BadRequestError(f"phase: must be one of {', '.join(PHASES.values())}")
+    if phase not in hosted.phases:
+        raise BadRequestError(f"processor {hosted.id!r} has no {phase} phase (it has {hosted.phases})")
+    raw = body.get("messages")
+    if not isinstance(raw, list):
+        raise BadRequestError("messages: must be a list of messages")
+    if len(raw) > service.limits.max_messages:
+        raise BadRequestError(f"messages: at most {service.limits.max_messages}")
+    messages = [_message(m, f"messages.{i}") for i, m in enumerate(raw)]
+    agent_id = body.get("agentId")
+    if agent_id is not None and not isinstance(agent_id, str):
+        raise BadRequestError("agentId: must be a string")
+    handle = _handle(service, hosted, agent_id)
+    model = service.app.config.agents[agent_id].model if agent_id else ""
+    info = RunInfo(
+        run_id=str(uuid.uuid4()), agent_id=agent_id or "", request_context=context, resource_id=resource
+    )
+    caller = GrpcHookCaller(info, service.app.metrics)
+    try:
+        if phase == "outputStream":
+            shown, abort = await _run_stream(caller, handle, messages)
+        elif phase == "toolResult":
+            shown, abort = await _run_tool_results(caller, handle, messages)
+        else:
+            reply = await caller.call(handle, _hook_args(phase, messages, model))
+            abort = reply.effects.abort
+            if abort is None and reply.result is None:
+                return {"success": False, "phase": phase, "error": "the processor failed (fail-open)"}
+            out = getattr(reply.result, "messages", None)
+            shown = messages if out is None else out
+    except ProcessorFailedError as exc:
+        return {"success": False, "phase": phase, "error": str(exc)}
+    if abort is not None:
+        return {
+            "success": False,
+            "phase": phase,
+            "messages": messages,
+            "messageList": {"messages": messages},
+            "tripwire": {
+                "triggered": True,
+                "reason": abort.reason,
+                "metadata": {**abort.as_dict(), "retry": abort.retry},
+            },
+        }
+    return {"success": True, "phase": phase, "messages": shown, "messageList": {"messages": shown}}

@@ -29,7 +29,9 @@ class AgentServiceStub:
     """Runs agents. Send `authorization: Bearer <key>` metadata when the server has
     API keys configured (else UNAUTHENTICATED). Status codes: NOT_FOUND (unknown
     agent), INVALID_ARGUMENT (bad input), UNAVAILABLE (the server is draining:
-    retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
+    retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit),
+    PERMISSION_DENIED (per-call processor lists from a caller the server does not
+    trust), UNIMPLEMENTED (an option procmesh cannot support; the message names it).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
     Cancelling a Generate or Stream call aborts the run (its in-flight processor,
@@ -88,7 +90,9 @@ class AgentServiceServicer:
     """Runs agents. Send `authorization: Bearer <key>` metadata when the server has
     API keys configured (else UNAUTHENTICATED). Status codes: NOT_FOUND (unknown
     agent), INVALID_ARGUMENT (bad input), UNAVAILABLE (the server is draining:
-    retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
+    retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit),
+    PERMISSION_DENIED (per-call processor lists from a caller the server does not
+    trust), UNIMPLEMENTED (an option procmesh cannot support; the message names it).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
     Cancelling a Generate or Stream call aborts the run (its in-flight processor,
@@ -216,7 +220,9 @@ class AgentService:
     """Runs agents. Send `authorization: Bearer <key>` metadata when the server has
     API keys configured (else UNAUTHENTICATED). Status codes: NOT_FOUND (unknown
     agent), INVALID_ARGUMENT (bad input), UNAVAILABLE (the server is draining:
-    retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit).
+    retry elsewhere), RESOURCE_EXHAUSTED (request larger than the server's limit),
+    PERMISSION_DENIED (per-call processor lists from a caller the server does not
+    trust), UNIMPLEMENTED (an option procmesh cannot support; the message names it).
     A run that fails after it started is not an RPC error: Generate returns its
     `error`, Stream ends with an `error` chunk and a `finish` chunk.
     Cancelling a Generate or Stream call aborts the run (its in-flight processor,

@@ -2,8 +2,9 @@
 
 tests/clientjs/options.mjs calls a `procmesh-orchestrator` process with ``structuredOutput`` (a zod
 schema, as users write it: the client converts it to JSON schema), ``modelSettings``,
-``toolChoice``, ``activeTools``, ``instructions``, an image part, a server tool and a guarded
-agent, and prints the results and chunks it got. (What reaches the model request is asserted in
+``toolChoice``, ``activeTools``, ``instructions``, an image part, a server tool, a guarded
+agent and per-call processor lists (the orchestrator trusts its callers, so it honours them), and
+prints the results and chunks it got. (What reaches the model request is asserted in
 tests/integration/service/test_body_options.py, where the scripted model's requests are visible.)
 """
 

@@ -56,6 +56,8 @@ class Redactor {
 out.noProcessors = pick(await client.getAgent("assistant").generate("please jailbreak", { inputProcessors: [], outputProcessors: [] }));
 out.redacting = pick(await client.getAgent("assistant").generate("mail ada@example.com", { inputProcessors: [new Redactor()] }));
 out.redactingStream = await streamed("assistant", "mail ada@example.com", { inputProcessors: ["pii-redactor"], outputProcessors: [] });
+out.workflowLane = pick(await client.getAgent("assistant").generate("mail ada@example.com", { inputProcessors: ["redact"], outputProcessors: [] }));
+out.workflowErrorLane = await refused(() => client.getAgent("assistant").generate("hi", { errorProcessors: ["workflow:redact"] }));
 out.unknownProcessor = await refused(() => client.getAgent("assistant").generate("hi", { inputProcessors: [{ id: "nope" }] }));
 out.codeProcessor = await refused(() => client.getAgent("assistant").generate("hi", { outputProcessors: [{ processOutputResult: () => [] }] }));
 process.stdout.write(JSON.stringify(out));

@@ -210,7 +210,11 @@ def bind_lanes(service: Service, agent_id: str, call: AgentCall) -> AgentCall:
             try:
                 if found is not None:
                     entries.append(_handle(service, found, agent_id))
-                elif workflow in workflows and kind != "error":
+                elif workflow in workflows and kind == "error":
+                    raise BadRequestError(
+                        f"{where}: the error lane takes processors, not the workflow {label(pid)}"
+                    )
+                elif workflow in workflows:
                     entries.extend(service.app.resolve_lane([f"workflow:{workflow}"], where))
                 else:
                     known = sorted(hosted) + (sorted(workflows) if kind != "error" else [])

@@ -37,6 +37,7 @@ def _config(address: str) -> dict[str, Any]:
             "result": {"forecast": "sunny"},
         }
     }
+    config["workflows"] = {"redact": {"steps": ["guards/pii-redactor"]}}
     config["agents"] |= {
         "json": {"model": "json", **plain},
         "prose": {"model": "prose", **plain},
@@ -107,6 +108,13 @@ async def test_per_call_processor_lists_replace_the_agents_lanes(out: dict[str, 
     chunks = out["redactingStream"]
     text = "".join(c["payload"]["text"] for c in chunks if c["type"] == "text-delta")
     assert text == demo_answer("mail [email]")
+    # a processor workflow by its name, in an input lane; the error lane takes processors only
+    assert out["workflowLane"]["text"] == demo_answer("mail [email]")
+    refused = out["workflowErrorLane"]
+    assert (refused["status"], refused["body"]["error"]) == (
+        400,
+        "errorProcessors.0: the error lane takes processors, not the workflow 'workflow:redact'",
+    )
 
 
 async def test_a_processor_the_orchestrator_cannot_name_is_refused(out: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from procmesh_orchestrator.providers._base import HTTPModel
 from procmesh_orchestrator.providers._http import RetryPolicy, with_retries
 from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest
 
@@ -12,10 +13,12 @@ class RetryingModel:
     """`model`, its retryable failures before the first chunk retried `max_retries` times (the
     provider's backoff and Retry-After rules), before the error processors and the next model."""
 
-    def __init__(self, model: ModelProvider, max_retries: int, *, backoff_ms: float = 500.0) -> None:
+    def __init__(self, model: ModelProvider, max_retries: int) -> None:
         self.model = model
         self.model_id = model.model_id
-        self._policy = RetryPolicy(max_retries=max_retries, backoff_ms=backoff_ms)
+        # an HTTP model's provider sets the first backoff (retryBackoffMs); built-in models: 500 ms
+        backoff = model.connection.config.retry_backoff_ms if isinstance(model, HTTPModel) else 500.0
+        self._policy = RetryPolicy(max_retries=max_retries, backoff_ms=backoff)
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Stream the model's answer, retried as the policy allows."""

@@ -45,7 +45,8 @@ def orchestrator(
     primary, backup = servers
     config: dict[str, Any] = {
         "providers": {
-            "primary": {"kind": "openai", "baseUrl": primary.base_url},
+            # the model entry's own retries wait the provider's backoff
+            "primary": {"kind": "openai", "baseUrl": primary.base_url, "retryBackoffMs": 10},
             "backup": {"kind": "openai", "baseUrl": backup.base_url},
         },
         "agents": {

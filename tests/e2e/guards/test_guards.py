@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -707,6 +708,29 @@ async def test_a_failed_judge_in_the_stream_follows_the_failure_policy(
     assert not any(c["type"] == "error" for c in opened), opened
     # fail-open: the run goes on; the parts held when the judge failed are not resent (docs/builtins.md)
     assert next(c for c in opened if c["type"] == "finish")["payload"]["finishReason"] == "stop"
+
+
+async def test_guard_options_are_checked_when_the_orchestrator_starts(
+    guards_sidecar: SidecarProcess, start_orchestrator: Callable[..., OrchestratorProcess]
+) -> None:
+    await guards_sidecar.wait_ready()
+    for options, problem in (
+        ({"model": "judges/mod", "strategy": "explode"}, "options.strategy: 'explode' is not one of"),
+        ({"strategy": "block"}, "'model' is a required property"),
+    ):
+        config = {
+            "sidecars": {"g": {"address": guards_sidecar.address}},
+            "models": {"echo": {"provider": "demo"}},
+            "agents": {
+                "a": {
+                    "model": "echo",
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": [{"processor": "g/moderation", "options": options}],
+                }
+            },
+        }
+        with pytest.raises(RuntimeError, match=re.escape(problem)):
+            await asyncio.to_thread(start_orchestrator, config)
 
 
 # -- keys ---------------------------------------------------------------------------------------

@@ -65,6 +65,9 @@ def make_config(
         {
             "sidecars": sidecars,
             "models": {"scripted": {"provider": "scripted", "responses": responses or [{"text": ANSWER}]}},
+            # each processor on its own call: a fused session's timeout would fail its neighbours too
+            # (tests/e2e/speculation covers a fused member's failure)
+            "fuse": False,
             "agents": {
                 "a": {
                     "model": "scripted",

@@ -2,82 +2,43 @@
 
 Parts stay protobuf from the first stage to the last; what a stage's processor did besides its
 part (signals, violations) travels down in stream order as data (`StreamEffects`), and a
-processor's abort as the last item. Raw gRPC errors of a stream are translated once, in
-`_StreamCall`, into the orchestrator's errors.
+processor's abort as the last item. Consecutive speculative processors on different sidecars
+run as one `SpeculativeGroup` (every part goes to all of them at once).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from procmesh import convert, tracing, translate_rpc_error
+from procmesh import convert, tracing
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
+from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
+from procmesh_orchestrator.processors.stream_call import (
+    ABORT,
+    CHUNK,
+    EFFECTS,
+    END,
+    ERROR,
+    FLOWING,
+    HOOK,
+    MAX_BATCH,
+    Item,
+    StreamCall,
+    answer_items,
+)
 from procmesh_orchestrator.processors.wire import read_effects
 from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem, Violation
-from procmesh_orchestrator.run.messages import signal_data, signal_record
+from procmesh_orchestrator.run.messages import signal_record
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.processors.calls import GrpcHookCaller
-
-HOOK = "process_output_stream"
-
-_END = "end"
-_CHUNK = "chunk"
-_EFFECTS = "effects"
-_ABORT = "abort"
-_ERROR = "error"
-_FLOWING = (_CHUNK, _EFFECTS)
-"""Kinds a stage hands on and keeps going; any other ends the stream (end, abort, error)."""
-_MAX_BATCH = 256
-_WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
-
-Item = tuple[str, Any]
-
-
-class _StreamCall:
-    """A ProcessOutputStream call whose gRPC errors come out translated: the stream's one boundary.
-
-    A failed write is dropped here: the read that follows reports the stream's status,
-    and the failure policy applies there, once.
-    """
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-
-    async def write(self, request: ppb.ProcessOutputStreamRequest) -> None:
-        with contextlib.suppress(*_WRITE_ERRORS):
-            await self._raw.write(request)
-
-    async def done_writing(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
-            await self._raw.done_writing()
-
-    async def read(self) -> ppb.ProcessOutputStreamResponse | None:
-        """The next response; None at the stream's end."""
-        try:
-            resp = await self._raw.read()
-        except grpc.aio.AioRpcError as exc:
-            err = translate_rpc_error(exc)
-            raise ProcessorCallError(
-                f"{err.code.name}: {err}", input_refused=err.code == grpc.StatusCode.INVALID_ARGUMENT
-            ) from exc
-        return None if resp is grpc.aio.EOF else resp
-
-    def cancel(self) -> None:
-        self._raw.cancel()
-
-    def done(self) -> bool:
-        return bool(self._raw.done())
 
 
 class _Stage:
@@ -112,7 +73,7 @@ class _Stage:
         self.outq = outq
         # (kind, value, awaits_result) in arrival order; the head leaves first.
         self.pending: deque[tuple[str, Any, bool]] = deque()
-        self.call: _StreamCall | None = None
+        self.call: StreamCall | None = None
         self.reader: asyncio.Task[None] | None = None
         self.span = tracing.Span()
         """The stream session's span (`_open` starts it, the reader ends it)."""
@@ -142,27 +103,27 @@ class _Stage:
                 if not self.failed_open:
                     return
                 pending.popleft()
-                self.outq.put_nowait((_CHUNK, value))  # failed open: the part goes on unchanged
+                self.outq.put_nowait((CHUNK, value))  # failed open: the part goes on unchanged
                 continue
-            if kind == _END and self.call is not None and not self.stream_done:
+            if kind == END and self.call is not None and not self.stream_done:
                 return  # the state arrives with the stream's end
             pending.popleft()
             self.outq.put_nowait((kind, value))
-            if kind not in _FLOWING:
+            if kind not in FLOWING:
                 self.stopped = True
 
     async def feed(self) -> None:
         while not self.stopped:
             batch: list[Item] = [await self.inq.get()]
-            while len(batch) < _MAX_BATCH and not self.inq.empty():
+            while len(batch) < MAX_BATCH and not self.inq.empty():
                 batch.append(self.inq.get_nowait())
             request: ppb.ProcessOutputStreamRequest | None = None
             finished = False
             for kind, value in batch:
-                if kind == _EFFECTS:  # an earlier stage's: it goes on in its place
+                if kind == EFFECTS:  # an earlier stage's: it goes on in its place
                     self.pending.append((kind, value, False))
                     continue
-                if kind != _CHUNK:  # end, upstream abort or error: nothing follows it
+                if kind != CHUNK:  # end, upstream abort or error: nothing follows it
                     self.pending.append((kind, value, False))
                     self.end_queued = finished = True
                     break
@@ -171,7 +132,7 @@ class _Stage:
                     if self.stopped:
                         return
                 if not self._eligible(value):
-                    self.pending.append((_CHUNK, value, False))
+                    self.pending.append((CHUNK, value, False))
                     continue
                 if self.call is None:
                     request = self._open()
@@ -181,7 +142,7 @@ class _Stage:
                 part = request.parts.add()
                 part.seq = self.seq
                 part.part.CopyFrom(value)
-                self.pending.append((_CHUNK, value, True))
+                self.pending.append((CHUNK, value, True))
                 self.sent.append((self.seq, time.monotonic()))
             self._flush_head()
             if request is not None and not self.failed_open and self.call is not None:
@@ -200,7 +161,7 @@ class _Stage:
             attributes={"procmesh.processor.id": pid, "procmesh.hook": HOOK, "procmesh.outcome": "pass"},
         )
         raw = self.handle.client.open_stream(self.caller.stream_timeout(), metadata=self.span.metadata())
-        self.call = _StreamCall(raw)
+        self.call = StreamCall(raw)
         self.reader = asyncio.create_task(self._read(self.call))
         first = ppb.ProcessOutputStreamRequest()
         self.caller.fill_context(first.context, self.handle)
@@ -210,10 +171,16 @@ class _Stage:
             self.span.set("procmesh.fused", [m.processor_id for m in self.members[1:]])
         return first
 
+    def shutdown(self) -> list[asyncio.Task[None]]:
+        """Cancel the session; the tasks to await."""
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
+        return [self.reader] if self.reader is not None else []
+
     def _awaiting(self) -> bool:
         return any(awaits for _, _, awaits in self.pending)
 
-    async def _read(self, call: _StreamCall) -> None:
+    async def _read(self, call: StreamCall) -> None:
         info, handle = self.caller.info, self.handle
         # One read stays outstanding across timeouts: cancelling a read cancels the whole call.
         read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
@@ -248,7 +215,7 @@ class _Stage:
                     for member, state in zip(self.members[1:], resp.end.fused_states, strict=False):
                         info.states[member.processor_id] = state
                 self._flush_head()
-        except ProcessorCallError as exc:  # the gRPC status (translated by _StreamCall) or a broken contract
+        except ProcessorCallError as exc:  # the gRPC status (translated by StreamCall) or a broken contract
             self.input_refused = exc.input_refused
             self._failed(str(exc))
         finally:
@@ -277,35 +244,21 @@ class _Stage:
             if res.HasField("effects") and res.effects.HasField("abort"):
                 effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
                 if effects.violations:
-                    self.outq.put_nowait((_EFFECTS, StreamEffects(violations=effects.violations)))
+                    self.outq.put_nowait((EFFECTS, StreamEffects(violations=effects.violations)))
                 abort = effects.abort
             self.caller.shadow_verdict(self.handle, HOOK, abort)
-            self.outq.put_nowait((_CHUNK, original))
+            self.outq.put_nowait((CHUNK, original))
             return
-        if res.HasField("effects"):
-            effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
-            records = [signal_record(signal) for signal in effects.signals]
-            if records or effects.violations:
-                self.outq.put_nowait((_EFFECTS, StreamEffects(records, effects.violations)))
-            if self.announce_signals:
-                for record in records:
-                    chunk = {"type": "data-signal", "data": signal_data(record), "transient": True}
-                    self.outq.put_nowait((_CHUNK, convert.chunk_to_proto(chunk)))
-            for custom in res.effects.custom_chunks:  # validated by read_effects; protobuf stays protobuf
-                self.outq.put_nowait((_CHUNK, custom))
-            if effects.abort is not None:
+        # a parallel branch whose output is not picked: its effects apply, the part goes on as it came
+        items = answer_items(pid, res, announce_signals=self.announce_signals, parts=not self.side)
+        for kind, value in items:
+            if kind == ABORT:
                 self.span.outcome("abort")
-                self.outq.put_nowait((_ABORT, effects.abort))
-                self.stopped = True
-                assert self.call is not None
-                self.call.cancel()
+                self._stop(ABORT, value)
                 return
+            self.outq.put_nowait((kind, value))
         if self.side:
-            self.outq.put_nowait((_CHUNK, original))
-        elif res.HasField("part"):
-            self.outq.put_nowait((_CHUNK, res.part))
-            for extra in res.extra_parts:
-                self.outq.put_nowait((_CHUNK, extra))
+            self.outq.put_nowait((CHUNK, original))
 
     def _apply_fused(self, res: ppb.StreamPartResult) -> None:
         """A fused session's result: the part as the last processor left it, with every chunk
@@ -322,7 +275,7 @@ class _Stage:
             if error:  # its hook failed (once): its own policy; the sidecar passes its later parts by
                 failure = self.caller.policy(handle, HOOK, error)
                 if failure is not None:
-                    self._stop(_ERROR, failure)
+                    self._stop(ERROR, failure)
                     return
                 continue
             effects = read_effects(handle.processor_id, HOOK, effects_pb, decode_chunks=False)
@@ -330,14 +283,14 @@ class _Stage:
             violations += effects.violations
             abort = effects.abort or abort  # the one that ends the stream is the last one's
         if records or violations:
-            self.outq.put_nowait((_EFFECTS, StreamEffects(records, violations)))
+            self.outq.put_nowait((EFFECTS, StreamEffects(records, violations)))
         if res.HasField("part"):
-            self.outq.put_nowait((_CHUNK, res.part))
+            self.outq.put_nowait((CHUNK, res.part))
         for extra in res.extra_parts:
-            self.outq.put_nowait((_CHUNK, extra))
+            self.outq.put_nowait((CHUNK, extra))
         if abort is not None:
             self.span.outcome("abort")
-            self._stop(_ABORT, abort)
+            self._stop(ABORT, abort)
 
     def _stop(self, kind: str, value: Any) -> None:
         """End the stream here with an abort or an error; the session is cancelled."""
@@ -349,7 +302,7 @@ class _Stage:
     def _flush_one(self) -> None:
         kind, value, _ = self.pending.popleft()
         self.outq.put_nowait((kind, value))
-        if kind not in _FLOWING:
+        if kind not in FLOWING:
             self.stopped = True
 
     def _failed(self, cause: str) -> None:
@@ -371,11 +324,43 @@ class _Stage:
         ]
         error = next((e for e in errors if e is not None), None)
         if error is not None:  # fail-closed: the error goes on in the part's place, and ends the stream
-            self.outq.put_nowait((_ERROR, error))
+            self.outq.put_nowait((ERROR, error))
             self.stopped = True
             return
         self.failed_open = True
         self._flush_head()
+
+
+def _speculative_groups(
+    stages: list[tuple[list[ProcessorHandle], bool | None]],
+) -> list[tuple[list[ProcessorHandle], bool | None]]:
+    """Join runs of two or more speculative sessions of one processor each (side None: a group).
+
+    Shadow processors and parallel branches keep their own session, and a processor id joins a
+    group once (a group's members each hold their own state)."""
+    out: list[tuple[list[ProcessorHandle], bool | None]] = []
+    run: list[ProcessorHandle] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            out.append((list(run), None))
+        else:
+            out.extend(([h], False) for h in run)
+        run.clear()
+
+    for members, side in stages:
+        handle = members[0]
+        joins = len(members) == 1 and not side and handle.speculative and not handle.shadow
+        if joins and all(h.processor_id != handle.processor_id for h in run):
+            run.append(handle)
+            continue
+        close_run()
+        if joins:
+            run.append(handle)
+        else:
+            out.append((members, side))
+    close_run()
+    return out
 
 
 class OutputPipeline:
@@ -403,7 +388,7 @@ class OutputPipeline:
                 stages.append((item, False))
         stages = [(h, side) for h, side in stages if h.has(HOOK)]
         # neighbours of one sidecar that runs fused requests share a session
-        self.stages: list[tuple[list[ProcessorHandle], bool]] = []
+        self.stages: list[tuple[list[ProcessorHandle], bool | None]] = []
         for handle, side in stages:
             last = self.stages[-1] if self.stages else None
             if (
@@ -417,6 +402,7 @@ class OutputPipeline:
                 last[0].append(handle)
             else:
                 self.stages.append(([handle], side))
+        self.stages = _speculative_groups(self.stages)
 
     async def run(self, source: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[StreamItem, None]:
         """Feed `source` through the stages; yield chunks and effects, and the abort that ends it."""
@@ -425,19 +411,24 @@ class OutputPipeline:
                 yield chunk
             return
         queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.stages) + 1)]
-        stages = [
-            _Stage(self, members, queues[i], queues[i + 1], side=side)
-            for i, (members, side) in enumerate(self.stages)
-        ]
+        stages: list[_Stage | SpeculativeGroup] = []
+        for i, (members, side) in enumerate(self.stages):
+            inq, outq = queues[i], queues[i + 1]
+            if side is None:  # consecutive speculative processors, one per sidecar
+                stages.append(
+                    SpeculativeGroup(self.caller, members, inq, outq, announce_signals=self.announce_signals)
+                )
+            else:
+                stages.append(_Stage(self, members, inq, outq, side=side))
 
         async def produce() -> None:
             try:
                 async for chunk in source:
-                    await queues[0].put((_CHUNK, convert.chunk_to_proto(chunk)))
+                    await queues[0].put((CHUNK, convert.chunk_to_proto(chunk)))
             except Exception as exc:  # the source's failure travels behind the chunks before it
-                await queues[0].put((_ERROR, exc))
+                await queues[0].put((ERROR, exc))
                 return
-            await queues[0].put((_END, None))
+            await queues[0].put((END, None))
 
         async def guard(coro: Awaitable[None]) -> None:
             try:
@@ -445,29 +436,27 @@ class OutputPipeline:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # a stage's own bug ends the stream instead of hanging it
-                await queues[-1].put((_ERROR, exc))
+                await queues[-1].put((ERROR, exc))
 
         tasks = [asyncio.create_task(guard(produce()))]
         tasks += [asyncio.create_task(guard(stage.feed())) for stage in stages]
         try:
             while True:
                 kind, value = await queues[-1].get()
-                if kind == _CHUNK:
+                if kind == CHUNK:
                     yield convert.chunk_from_proto(value)
-                elif kind == _EFFECTS:
+                elif kind == EFFECTS:
                     yield value
-                elif kind == _END:
+                elif kind == END:
                     return
-                elif kind == _ABORT:
+                elif kind == ABORT:
                     yield value
                     return
                 else:
                     raise value
         finally:
-            tasks += [stage.reader for stage in stages if stage.reader is not None]
+            for stage in stages:
+                tasks += stage.shutdown()
             for task in tasks:
                 task.cancel()
-            for stage in stages:
-                if stage.call is not None and not stage.call.done():
-                    stage.call.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

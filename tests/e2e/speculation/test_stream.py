@@ -19,7 +19,7 @@ import pytest_asyncio
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.speculation.test_unary import _plain, take_log
+from tests.e2e.speculation.test_unary import _plain, speculative_calls, take_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -176,3 +176,13 @@ async def test_a_fused_stream_is_one_session(ready: dict[str, SidecarProcess], t
     counts = [c["data"] for c in result["chunks"] if c["type"] == "data-count"]
     assert counts == [{"n": n} for n in range(1, len(DELTAS) + 1)]  # cnt's own state, attributed right
     assert "pear" in result["text"]
+async def test_speculative_stream_counts_commits_and_discards(
+    ready: dict[str, SidecarProcess], tmp_path: Path
+) -> None:
+    log = tmp_path / "rec.jsonl"
+    async with App(config(ready, log, ["rw", "cnt", "pass"], "speculative")) as app:
+        result = await trace(app, log)
+        calls = speculative_calls(app)
+    assert "pear" in result["text"]
+    assert calls["committed"] > 0
+    assert calls["discarded"] > 0  # rw rewrote the apple part: the later stages' answers were withdrawn

@@ -1,0 +1,418 @@
+"""Consecutive speculative output processors: every part goes to all of them at once.
+
+Sequentially, processor j receives what processor j-1 handed on. Here processor j also receives
+each part as it entered the group, *speculatively*, at the same time as the processors before it.
+Results commit strictly in lane order: processor j's answer to a part it got speculatively stands
+when what processor j-1 committed for that part is exactly that part (it passed it on unchanged).
+Otherwise (j-1 rewrote, dropped or added to it) processor j is rewound (``rewind_to``: its answers
+from that part on are withdrawn and its state goes back) and given the committed parts, followed
+again by the later parts it had been given speculatively. An abort or a fail-closed failure ends
+the group there; later answers are never applied. Each answer applies only when it commits, so
+a withdrawn answer's effects (signals, chunks, violations, abort) never show: the output is the
+sequential pipeline's. ``committed_through`` tells each processor, in batches, what it can forget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from procmesh import tracing
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
+from procmesh_orchestrator.processors.lanes import ProcessorHandle
+from procmesh_orchestrator.processors.stream_call import (
+    ABORT,
+    CHUNK,
+    END,
+    ERROR,
+    FLOWING,
+    HOOK,
+    MAX_BATCH,
+    Item,
+    StreamCall,
+    answer_items,
+)
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.processors.calls import GrpcHookCaller
+
+COMMIT_BATCH = 64
+"""Commits a processor is told about at once (``committed_through``), when nothing else goes out."""
+
+_CLOSE = object()
+"""The writer's sign to half-close the call."""
+_MARK = "mark"
+"""An inbox item: every committed item for its group input came before it."""
+
+
+@dataclass
+class _Fed:
+    """A part a processor was given and has not committed: its seq, and what it stands for."""
+
+    seq: int
+    part: tpb.Chunk
+    origin: int | None
+    """The group input it was given speculatively in place of (None: committed input)."""
+    sent_at: float
+
+
+class _Member:
+    """One speculative processor's session: what it was fed, its answers, its committed input."""
+
+    def __init__(self, group: SpeculativeGroup, handle: ProcessorHandle) -> None:
+        self.group = group
+        self.handle = handle
+        self.fed: deque[_Fed] = deque()
+        self.answers: dict[int, ppb.StreamPartResult] = {}
+        self.inbox: deque[tuple[str, Any, int]] = deque()
+        """Its committed input, in order: (kind, value, the group input it came from)."""
+        self.seq = 0
+        self.committed = 0
+        self.told = 0
+        """The highest seq sent as ``committed_through``."""
+        self.rewind = 0
+        self.out: ppb.ProcessOutputStreamRequest | None = None
+        """The request being built this round (sent by `flush`)."""
+        self.call: StreamCall | None = None
+        self.writes: asyncio.Queue[Any] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.span = tracing.Span()
+        self.broken: str | None = None
+        self.input_refused = False
+        self.failed_open = False
+        self.ended = False
+        self.closing = False
+
+    def takes(self, chunk: tpb.Chunk) -> bool:
+        return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
+
+    # -- feeding --------------------------------------------------------------------------------
+
+    def feed(self, part: tpb.Chunk, origin: int | None) -> None:
+        """Give it `part` in this round's request."""
+        if self.call is None:
+            self._open()
+        if self.out is None:
+            self.out = ppb.ProcessOutputStreamRequest()
+        self.seq += 1
+        item = self.out.parts.add()
+        item.seq = self.seq
+        item.part.CopyFrom(part)
+        self.fed.append(_Fed(self.seq, part, origin, time.monotonic()))
+
+    def withdraw(self, at: int) -> list[_Fed]:
+        """Withdraw its answers from fed position `at` on; the withdrawn entries.
+
+        Parts still in this round's request are simply not sent; parts already sent are
+        withdrawn with ``rewind_to`` (the request always holds the newest seqs, so either the
+        first withdrawn part was sent or none was).
+        """
+        withdrawn = [self.fed.pop() for _ in range(len(self.fed) - at)][::-1]
+        if not withdrawn:
+            return []
+        first = withdrawn[0].seq
+        for entry in withdrawn:
+            self.answers.pop(entry.seq, None)
+        self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
+        unsent = {p.seq for p in self.out.parts} if self.out is not None else set()
+        if self.out is not None and unsent:
+            keep = [p for p in self.out.parts if p.seq < first]
+            del self.out.parts[:]
+            self.out.parts.extend(keep)
+        if first not in unsent:
+            self.rewind = min(self.rewind, first) if self.rewind else first
+        return withdrawn
+
+    def flush(self) -> None:
+        """Send this round's request: the rewind, the commit mark, the parts."""
+        out = self.out
+        self.out = None
+        if self.call is None or self.failed_open or self.closing:
+            return
+        tell = self.committed > self.told and (out is not None or self.committed - self.told >= COMMIT_BATCH)
+        if out is None and not self.rewind and not tell:
+            return
+        out = out or ppb.ProcessOutputStreamRequest()
+        if self.rewind:
+            out.rewind_to, self.rewind = self.rewind, 0
+        if tell:
+            out.committed_through = self.told = self.committed
+        self.writes.put_nowait(out)
+
+    def _open(self) -> None:
+        pid = self.handle.processor_id
+        self.span = tracing.start(
+            f"procmesh.hook {HOOK} {pid}",
+            kind="client",
+            attributes={"procmesh.processor.id": pid, "procmesh.hook": HOOK, "procmesh.outcome": "pass"},
+        )
+        caller = self.group.caller
+        self.call = StreamCall(
+            self.handle.client.open_stream(caller.stream_timeout(), metadata=self.span.metadata())
+        )
+        self.out = ppb.ProcessOutputStreamRequest()
+        caller.fill_context(self.out.context, self.handle)
+        self.tasks = [asyncio.create_task(self._write(self.call)), asyncio.create_task(self._read(self.call))]
+
+    async def _write(self, call: StreamCall) -> None:
+        while True:
+            request = await self.writes.get()
+            if request is _CLOSE:
+                await call.done_writing()
+                return
+            await call.write(request)
+
+    def close(self) -> None:
+        """Half-close: everything it will get has been sent."""
+        if self.call is not None and not self.closing and not self.failed_open:
+            self.flush()
+            self.closing = True
+            self.writes.put_nowait(_CLOSE)
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    async def _read(self, call: StreamCall) -> None:
+        read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
+        try:
+            while True:
+                if read is None:
+                    read = asyncio.ensure_future(call.read())
+                waiting = [e for e in self.fed if e.seq not in self.answers]
+                wait = self.group.caller.timeout_for(self.handle)
+                if waiting:  # the oldest unanswered part's time limit counts from when it was sent
+                    limit = self.handle.timeout
+                    deadline = self.group.caller.info.deadline
+                    if deadline is not None:
+                        limit = min(limit, deadline - waiting[0].sent_at)
+                    wait = waiting[0].sent_at + limit - time.monotonic()
+                    if wait <= 0:
+                        raise MalformedResponseError(f"timed out after {limit:.3g}s")
+                done, _ = await asyncio.wait({read}, timeout=wait)
+                if not done:
+                    continue
+                resp, read = read.result(), None
+                if resp is None:
+                    if not self.closing:
+                        raise MalformedResponseError("stream ended before every part was answered")
+                    break
+                for res in resp.results:
+                    if res.seq > self.seq:
+                        raise MalformedResponseError(f"result for part {res.seq}, never sent")
+                    self.answers[res.seq] = res  # a withdrawn part's answer is never looked up
+                if resp.HasField("end"):
+                    self.group.caller.info.states[self.handle.processor_id] = resp.end.state
+                    self.ended = True
+                self.group.advance()
+        except ProcessorCallError as exc:  # the gRPC status (translated by StreamCall) or a broken contract
+            self.span.outcome("failure")
+            self.input_refused = exc.input_refused
+            self.broken = str(exc)
+            self.group.advance()
+        finally:
+            if read is not None:
+                read.cancel()
+            self.ended = True
+            self.span.end()
+
+    def cancel(self) -> None:
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
+        for task in self.tasks:
+            task.cancel()
+
+
+def kind_ends(kind: str) -> bool:
+    """An abort or an error: the stream ends there (an end marker ends it by running out)."""
+    return kind in (ABORT, ERROR)
+
+
+class SpeculativeGroup:
+    """A run of speculative output processors on different sidecars, fed at once (module doc)."""
+
+    def __init__(
+        self,
+        caller: GrpcHookCaller,
+        handles: Sequence[ProcessorHandle],
+        inq: asyncio.Queue[Item],
+        outq: asyncio.Queue[Item],
+        *,
+        announce_signals: bool,
+    ) -> None:
+        self.caller = caller
+        self.announce_signals = announce_signals
+        self.members = [_Member(self, h) for h in handles]
+        self.inq = inq
+        self.outq = outq
+        self.inputs: list[tpb.Chunk | None] = []
+        """The group's input parts by index (None: not a part); later members are fed these."""
+        self.done = False
+        """The group handed on its last item (an end, an abort or an error)."""
+        self.cut_at: int | None = None
+        """The member that handed on an abort or an error: nothing is fed any more, and the
+        members up to it stop (what they would commit can never apply)."""
+
+    def count(self, member: _Member, outcome: str, n: int = 1) -> None:
+        if n:
+            labels = (member.handle.processor_id, HOOK, outcome)
+            self.caller.metrics.speculative_calls.labels(*labels).inc(n)
+
+    async def feed(self) -> None:
+        """Take the upstream items, feed them, commit what can be (the readers commit the rest)."""
+        last = False
+        while not last and self.cut_at is None:
+            batch: list[Item] = [await self.inq.get()]
+            while len(batch) < MAX_BATCH and not self.inq.empty():
+                batch.append(self.inq.get_nowait())
+            for kind, value in batch:
+                self._take(kind, value)
+                if kind not in FLOWING:  # an end, an abort or an error: nothing follows it
+                    last = True
+                    break
+            self.advance()
+
+    def _take(self, kind: str, value: Any) -> None:
+        origin = len(self.inputs)
+        self.inputs.append(value if kind == CHUNK else None)
+        self.members[0].inbox.append((kind, value, origin))
+        if kind != CHUNK:
+            return
+        self.members[0].inbox.append((_MARK, None, origin))
+        for j, member in enumerate(self.members):
+            if member.takes(value):
+                member.feed(value, None if j == 0 else origin)
+
+    def advance(self) -> None:
+        """Commit, member by member in lane order, every answer that can commit now; then send."""
+        progress = True
+        while progress and not self.done:
+            progress = False
+            for j in range(len(self.members)):
+                if self.cut_at is not None and j <= self.cut_at:
+                    continue
+                while self._step(j):
+                    progress = True
+                if self.done:
+                    break
+        for member in self.members:
+            member.flush()
+
+    def _step(self, j: int) -> bool:
+        """Commit the head of member j's committed input, if it can be; whether it did."""
+        member = self.members[j]
+        if not member.inbox:
+            return False
+        kind, value, origin = member.inbox[0]
+        if kind == END:
+            if (
+                member.call is not None
+                and not member.failed_open
+                and member.broken is None
+                and not member.ended
+            ):
+                member.close()
+                return False  # its state comes with its stream's end
+            member.inbox.popleft()
+            self._hand_on(j, [(kind, value)], origin)
+            return True
+        if kind != CHUNK or not member.takes(value):  # effects, marks, parts it does not take
+            member.inbox.popleft()
+            self._hand_on(j, [(kind, value)], origin)
+            return True
+        head = member.fed[0]  # a committed part it takes was fed to it as committed (_reconcile)
+        assert head.origin is None, "a committed part is fed as committed"
+        answer = member.answers.pop(head.seq, None)
+        if answer is None:
+            if member.broken is None:
+                return False
+            return self._failure(j)
+        member.inbox.popleft()
+        member.fed.popleft()
+        member.committed = head.seq
+        try:
+            items = answer_items(member.handle.processor_id, answer, announce_signals=self.announce_signals)
+        except MalformedResponseError as exc:
+            member.broken = str(exc)
+            member.inbox.appendleft((kind, value, origin))
+            return self._failure(j)
+        if items and items[-1][0] == ABORT:
+            member.span.outcome("abort")
+        self._hand_on(j, items, origin)
+        return True
+
+    def _failure(self, j: int) -> bool:
+        """Member j broke where an answer was needed: its failure policy."""
+        member = self.members[j]
+        member.cancel()
+        error = self.caller.policy(
+            member.handle, HOOK, member.broken or "stream failed", input_refused=member.input_refused
+        )
+        if error is not None:  # fail-closed: the error goes on in the part's place and ends the stream
+            member.inbox.clear()
+            self._hand_on(j, [(ERROR, error)], len(self.inputs))
+            return True
+        member.failed_open = True  # from here on its input passes by unchanged
+        member.fed.clear()
+        member.answers.clear()
+        return True
+
+    def _hand_on(self, j: int, items: list[Item], origin: int) -> None:
+        """What member j committed for group input `origin`: to the next member, or downstream."""
+        if items and kind_ends(items[-1][0]):
+            self.cut_at = j if self.cut_at is None else min(self.cut_at, j)
+            self.members[j].inbox.clear()
+        if j + 1 == len(self.members):
+            for item in items:
+                if item[0] == _MARK:
+                    continue
+                self.outq.put_nowait(item)
+                if item[0] in (END, ABORT, ERROR):
+                    self.done = True
+            return
+        following = self.members[j + 1]
+        for kind, value in items:
+            if kind == _MARK or (kind == CHUNK and following.takes(value)):
+                self._reconcile(following, origin, value if kind == CHUNK else None)
+            following.inbox.append((kind, value, origin))
+
+    def _reconcile(self, member: _Member, origin: int, part: tpb.Chunk | None) -> None:
+        """Make what `member` was fed agree with its committed input, one committed part (or the
+        mark that group input `origin` is done) at a time, in order.
+
+        The first committed part of an origin that equals what the member was given for it in
+        advance confirms that guess (its answer stands). Any other committed part goes in before
+        the guesses for later origins, which are withdrawn and given again after it; an origin
+        done without confirming its guess withdraws the guess (and the later ones, given again).
+        """
+        if member.failed_open or self.cut_at is not None:
+            return
+        fed = member.fed
+        at = next((i for i, e in enumerate(fed) if e.origin is not None and e.origin >= origin), len(fed))
+        guess = fed[at] if at < len(fed) and fed[at].origin == origin else None
+        if guess is not None and part is not None and part == guess.part:
+            guess.origin = None
+            self.count(member, "committed")
+            return
+        if guess is None and part is None:
+            return  # the origin is done and nothing was guessed for it
+        withdrawn = member.withdraw(at)
+        if part is not None:
+            member.feed(part, None)
+        for entry in withdrawn:
+            if entry.origin is not None and entry.origin > origin:
+                member.feed(entry.part, entry.origin)  # again, still speculative
+
+    def shutdown(self) -> list[asyncio.Task[None]]:
+        """Cancel every session; the tasks to await. Answers not committed are discarded."""
+        tasks: list[asyncio.Task[None]] = []
+        for member in self.members:
+            self.count(member, "discarded", sum(1 for e in member.fed if e.origin is not None))
+            member.fed.clear()
+            member.cancel()
+            tasks += member.tasks
+        return tasks

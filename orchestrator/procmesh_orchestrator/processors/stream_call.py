@@ -1,0 +1,97 @@
+"""What every output-stream session shares: the item kinds, the translated call, a result's items.
+
+Raw gRPC errors of a stream are translated once, in `StreamCall`, into the orchestrator's errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+
+from procmesh import convert, translate_rpc_error
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh_orchestrator.errors import ProcessorCallError
+from procmesh_orchestrator.processors.wire import read_effects
+from procmesh_orchestrator.run.hooks import StreamEffects
+from procmesh_orchestrator.run.messages import signal_data, signal_record
+
+HOOK = "process_output_stream"
+
+END = "end"
+CHUNK = "chunk"
+EFFECTS = "effects"
+ABORT = "abort"
+ERROR = "error"
+FLOWING = (CHUNK, EFFECTS)
+"""Kinds a stage hands on and keeps going; any other ends the stream (end, abort, error)."""
+MAX_BATCH = 256
+_WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
+
+Item = tuple[str, Any]
+
+
+class StreamCall:
+    """A ProcessOutputStream call whose gRPC errors come out translated: the stream's one boundary.
+
+    A failed write is dropped here: the read that follows reports the stream's status,
+    and the failure policy applies there, once.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    async def write(self, request: ppb.ProcessOutputStreamRequest) -> None:
+        with contextlib.suppress(*_WRITE_ERRORS):
+            await self._raw.write(request)
+
+    async def done_writing(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            await self._raw.done_writing()
+
+    async def read(self) -> ppb.ProcessOutputStreamResponse | None:
+        """The next response; None at the stream's end."""
+        try:
+            resp = await self._raw.read()
+        except grpc.aio.AioRpcError as exc:
+            err = translate_rpc_error(exc)
+            raise ProcessorCallError(
+                f"{err.code.name}: {err}", input_refused=err.code == grpc.StatusCode.INVALID_ARGUMENT
+            ) from exc
+        return None if resp is grpc.aio.EOF else resp
+
+    def cancel(self) -> None:
+        self._raw.cancel()
+
+    def done(self) -> bool:
+        return bool(self._raw.done())
+
+
+def answer_items(
+    pid: str, res: ppb.StreamPartResult, *, announce_signals: bool, parts: bool = True
+) -> list[Item]:
+    """What one processor's result for a part hands on, in order: its effects, the data-signal
+    chunks announcing its signals, its custom chunks, then its part(s) (unless not `parts`), or
+    its abort last."""
+    items: list[Item] = []
+    if res.HasField("effects"):
+        effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
+        records = [signal_record(signal) for signal in effects.signals]
+        if records or effects.violations:
+            items.append((EFFECTS, StreamEffects(records, effects.violations)))
+        if announce_signals:
+            for record in records:
+                chunk = {"type": "data-signal", "data": signal_data(record), "transient": True}
+                items.append((CHUNK, convert.chunk_to_proto(chunk)))
+        # validated by read_effects; protobuf stays protobuf
+        items += [(CHUNK, custom) for custom in res.effects.custom_chunks]
+        if effects.abort is not None:
+            items.append((ABORT, effects.abort))
+            return items
+    if parts:
+        if res.HasField("part"):
+            items.append((CHUNK, res.part))
+        items += [(CHUNK, extra) for extra in res.extra_parts]
+    return items

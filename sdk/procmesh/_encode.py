@@ -37,6 +37,16 @@ _STEP_OVERRIDES = frozenset(
 )
 
 
+_UNREAD = MessageList([])
+"""The message list of a hook that did not declare it: never edited."""
+
+
+def _message_list(kwargs: Kwargs) -> MessageList:
+    """The hook's message list, or an unedited one when it did not take it (its request was not decoded)."""
+    found: MessageList = kwargs.get("message_list", _UNREAD)
+    return found
+
+
 def fill_messages(field: Any, messages: Any, hook: str) -> None:
     """Append `messages` (a list of message dicts or a MessageList) to a repeated Message field."""
     if isinstance(messages, MessageList):
@@ -90,7 +100,7 @@ def _fill_effects_unchecked(out: tpb.HookEffects, effects: HookEffects, state: d
 def process_input(result: Any, kwargs: Kwargs) -> ppb.ProcessInputResponse:
     """A list (new messages), a dict with messages/system_messages, the message_list, or None."""
     hook = "process_input"
-    message_list: MessageList = kwargs["message_list"]
+    message_list: MessageList = _message_list(kwargs)
     resp = ppb.ProcessInputResponse()
     if message_list.modified:
         resp.replace_all_messages = True
@@ -116,7 +126,7 @@ def process_input(result: Any, kwargs: Kwargs) -> ppb.ProcessInputResponse:
 def process_input_step(result: Any, kwargs: Kwargs) -> ppb.ProcessInputStepResponse:
     """A dict of step overrides, a list of messages, the message_list, or None."""
     hook = "process_input_step"
-    message_list: MessageList = kwargs["message_list"]
+    message_list: MessageList = _message_list(kwargs)
     resp = ppb.ProcessInputStepResponse()
     if message_list.modified:
         resp.replace_messages = True
@@ -251,7 +261,7 @@ def _replacement(resp: _Replaced, result: Any, message_list: MessageList, hook: 
 def process_output_step(result: Any, kwargs: Kwargs) -> ppb.ProcessOutputStepResponse:
     """A list of messages (replaces the step's), the message_list, or None."""
     resp = ppb.ProcessOutputStepResponse()
-    return _replacement(resp, result, kwargs["message_list"], "process_output_step")
+    return _replacement(resp, result, _message_list(kwargs), "process_output_step")
 
 
 def process_tool_result(result: Any, kwargs: Kwargs) -> ppb.ProcessToolResultResponse:
@@ -269,7 +279,7 @@ def process_tool_result(result: Any, kwargs: Kwargs) -> ppb.ProcessToolResultRes
 def process_output_result(result: Any, kwargs: Kwargs) -> ppb.ProcessOutputResultResponse:
     """A list of messages (replaces the run's), the message_list, or None."""
     resp = ppb.ProcessOutputResultResponse()
-    return _replacement(resp, result, kwargs["message_list"], "process_output_result")
+    return _replacement(resp, result, _message_list(kwargs), "process_output_result")
 
 
 def process_api_error(result: Any, kwargs: Kwargs) -> ppb.ProcessAPIErrorResponse:
@@ -278,7 +288,7 @@ def process_api_error(result: Any, kwargs: Kwargs) -> ppb.ProcessAPIErrorRespons
     ``delay_ms`` asks the orchestrator to wait before the retry (a Retry-After): the hook returns
     at once instead of sleeping, so the wait is bounded by the run's deadline, not the hook's timeout.
     """
-    message_list: MessageList = kwargs["message_list"]
+    message_list: MessageList = _message_list(kwargs)
     resp = ppb.ProcessAPIErrorResponse()
     if message_list.modified:
         resp.replace_messages = True

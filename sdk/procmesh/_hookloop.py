@@ -72,15 +72,39 @@ class HookLoop:
         """
         if not self._threaded:
             return await fn()
-        if self._loop is None:
+        loop = self._loop
+        if loop is None:
             raise RuntimeError(f"{self._name} is not running (ProcessorServer.start() starts it)")
+        # One wake-up each way and nothing else: run_coroutine_threadsafe + wrap_future cost a
+        # concurrent Future (with its lock) and two chained callbacks per call on top of that.
+        caller = asyncio.get_running_loop()
+        done: asyncio.Future[T] = caller.create_future()
+        task: asyncio.Task[T] | None = None
 
-        async def call() -> T:
-            return await fn()
+        def settle(finished: asyncio.Task[T]) -> None:  # on the caller's loop
+            if done.cancelled():
+                return
+            if finished.cancelled():
+                done.cancel()
+            elif (exc := finished.exception()) is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(finished.result())
 
-        future = asyncio.run_coroutine_threadsafe(call(), self._loop)
-        # wrap_future chains cancellation back: the concurrent future cancels the task on its loop.
-        return await asyncio.wrap_future(future)
+        def begin() -> None:  # on this loop
+            nonlocal task
+            if done.cancelled():
+                return
+            task = loop.create_task(_awaited(fn))
+            task.add_done_callback(lambda t: caller.call_soon_threadsafe(settle, t))
+
+        loop.call_soon_threadsafe(begin)
+        try:
+            return await done
+        except asyncio.CancelledError:
+            # The caller was cancelled (or its deadline passed): so is the hook, at its next await.
+            loop.call_soon_threadsafe(lambda: task is not None and task.cancel())
+            raise
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Cancel what is left, stop the loop and wait up to `timeout` s for the thread to end."""
@@ -91,3 +115,7 @@ class HookLoop:
         with contextlib.suppress(RuntimeError):  # already closed
             loop.call_soon_threadsafe(loop.stop)
         await asyncio.to_thread(thread.join, timeout)
+
+
+async def _awaited(fn: Callable[[], Awaitable[T]]) -> T:
+    return await fn()

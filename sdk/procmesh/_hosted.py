@@ -12,7 +12,7 @@ from procmesh._hookloop import HookLoop
 from procmesh._metrics import SidecarMetrics
 from procmesh._processor import HOOK_ARGUMENTS, Processor, hook_parameters
 from procmesh.errors import InvalidInputError
-from procmesh.hooks import BY_NAME
+from procmesh.hooks import BASE_ARGUMENTS, BY_NAME
 from procmesh.v1 import processor_pb2 as ppb
 
 _OPTIONS_CACHE_SIZE = 256
@@ -36,6 +36,11 @@ class Hosted:
                     f"{type(processor).__name__}.{name} declares unknown arguments {unknown}; "
                     f"available: {sorted(HOOK_ARGUMENTS[name])}"
                 )
+        self.decodes = {
+            name: params is None or bool(params & (HOOK_ARGUMENTS[name] - BASE_ARGUMENTS))
+            for name, params in self.params.items()
+        }
+        """Per hook: whether it reads anything of its request beyond the context (else it is not decoded)."""
         self._calls: dict[tuple[str, str], Any] = {}
         self._latency: dict[str, Any] = {}
         self.options_cache: dict[bytes, Any] = {}

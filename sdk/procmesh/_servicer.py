@@ -127,30 +127,42 @@ class Servicer:
 
     @staticmethod
     def base_kwargs(
-        hosted: Hosted, ctx: tpb.RunContext, effects: HookEffects, member: tpb.FusedProcessor | None = None
+        hosted: Hosted,
+        ctx: tpb.RunContext,
+        effects: HookEffects,
+        member: tpb.FusedProcessor | None = None,
+        wanted: frozenset[str] | None = None,
     ) -> dict[str, Any]:
         """The arguments every hook may declare, from the request's RunContext.
 
         For a further processor of a fused request, `member` (its ``context.fused`` entry) gives
-        its own options and state; the rest of the context is the request's.
+        its own options and state; the rest of the context is the request's. With `wanted` (the
+        arguments the hook declares) the ones that cost a conversion are made only if declared;
+        options with an ``Options`` model are validated either way.
         """
         own = ctx if member is None else member
-        return {
+        kwargs: dict[str, Any] = {
             "abort": effects.abort_hook,
-            "state": convert.from_struct(own.state),
-            "options": hosted.options(own.options),
             "retry_count": ctx.retry_count,
             "step_number": ctx.step_number,
             "run_id": ctx.run_id,
             "agent_id": ctx.agent_id,
             "thread_id": ctx.thread_id or None,
             "resource_id": ctx.resource_id or None,
-            "request_context": convert.from_struct(ctx.request_context),
             "send_signal": effects.send_signal,
-            "writer": Writer(effects),
             "report_violation": effects.report_violation,
-            "model": Models(hosted.id, ctx.run_id),
         }
+        if wanted is None or "state" in wanted:
+            kwargs["state"] = convert.from_struct(own.state)
+        if wanted is None or "options" in wanted or hosted.processor.Options is not None:
+            kwargs["options"] = hosted.options(own.options)
+        if wanted is None or "request_context" in wanted:
+            kwargs["request_context"] = convert.from_struct(ctx.request_context)
+        if wanted is None or "writer" in wanted:
+            kwargs["writer"] = Writer(effects)
+        if wanted is None or "model" in wanted:
+            kwargs["model"] = Models(hosted.id, ctx.run_id)
+        return kwargs
 
     async def invoke(
         self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects, *, quiet: bool = False
@@ -212,14 +224,18 @@ class Servicer:
         checks waiting for seconds, so all of it runs where the hook runs.
         """
         effects = HookEffects(hosted.id)
-        kwargs = self.base_kwargs(hosted, request.context, effects, member)
-        kwargs.update(hook.decode(request))
+        kwargs = self.base_kwargs(hosted, request.context, effects, member, hosted.params[hook.name])
+        if hosted.decodes[hook.name]:  # a hook that reads none of its request's fields skips decoding them
+            kwargs.update(hook.decode(request))
         try:
             result = await self.invoke(hosted, hook.name, kwargs, effects)
         except _ToolRaised as raised:  # only execute_tool; its effects and state are dropped
             return ppb.ExecuteToolResponse(error=error_text(raised.__cause__ or raised))
         resp = hook.response() if effects.abort is not None else hook.encode(result, kwargs)
-        fill_effects(resp.effects, effects, kwargs["state"])
+        state = kwargs.get("state")
+        fill_effects(resp.effects, effects, state)
+        if state is None:  # the hook did not take its state: it goes back as it came
+            resp.effects.state.CopyFrom((request.context if member is None else member).state)
         return resp
 
     def lookup_tool(self, name: str) -> HostedTool:

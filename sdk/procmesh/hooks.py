@@ -39,6 +39,8 @@ _BASE = (
     "model",
 )
 _MESSAGES = ("messages", "message_list", "system_messages")
+BASE_ARGUMENTS: frozenset[str] = frozenset(_BASE)
+"""The arguments every hook may declare (from the request's ``RunContext`` and the call's effects)."""
 
 
 @dataclass(frozen=True)

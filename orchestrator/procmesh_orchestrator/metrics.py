@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -148,6 +150,15 @@ class OrchestratorMetrics:
             ["kind"],
             registry=r,
         )
+        self._chunk_counters: dict[str, Any] = {}
+
+    def chunk_emitted(self, kind: str) -> None:
+        """Count a chunk sent to a caller (once per chunk: the labelled child is kept)."""
+        counter = self._chunk_counters.get(kind)
+        if counter is None:
+            family = "data" if kind.startswith("data-") else kind
+            counter = self._chunk_counters[kind] = self.chunks.labels(family)
+        counter.inc()
 
     def processor_call(self, processor: str, hook: str, outcome: str) -> None:
         """Count one processor call."""

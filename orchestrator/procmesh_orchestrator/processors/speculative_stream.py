@@ -69,6 +69,10 @@ class _Member:
         self.group = group
         self.handle = handle
         self.fed: deque[_Fed] = deque()
+        """Committed input first (`firm` of them), then the parts given in advance, by origin."""
+        self.firm = 0
+        self.unanswered: deque[tuple[int, float]] = deque()
+        """(seq, sent at) of the parts sent and not answered, oldest first (answers come in order)."""
         self.answers: dict[int, ppb.StreamPartResult] = {}
         self.inbox: deque[tuple[str, Any, int]] = deque()
         """Its committed input, in order: (kind, value, the group input it came from)."""
@@ -88,6 +92,8 @@ class _Member:
         self.failed_open = False
         self.ended = False
         self.closing = False
+        self.counts: dict[str, int] = {}
+        """Parts given in advance, by outcome (committed, discarded)."""
 
     def takes(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
@@ -104,7 +110,11 @@ class _Member:
         item = self.out.parts.add()
         item.seq = self.seq
         item.part.CopyFrom(part)
-        self.fed.append(_Fed(self.seq, part, origin, time.monotonic()))
+        now = time.monotonic()
+        self.fed.append(_Fed(self.seq, part, origin, now))
+        self.unanswered.append((self.seq, now))
+        if origin is None:
+            self.firm += 1
 
     def withdraw(self, at: int) -> list[_Fed]:
         """Withdraw its answers from fed position `at` on; the withdrawn entries.
@@ -117,6 +127,9 @@ class _Member:
         if not withdrawn:
             return []
         first = withdrawn[0].seq
+        self.firm -= sum(1 for e in withdrawn if e.origin is None)
+        while self.unanswered and self.unanswered[-1][0] >= first:
+            self.unanswered.pop()
         for entry in withdrawn:
             self.answers.pop(entry.seq, None)
         self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
@@ -183,14 +196,14 @@ class _Member:
             while True:
                 if read is None:
                     read = asyncio.ensure_future(call.read())
-                waiting = [e for e in self.fed if e.seq not in self.answers]
                 wait = self.group.caller.timeout_for(self.handle)
-                if waiting:  # the oldest unanswered part's time limit counts from when it was sent
+                if self.unanswered:  # the oldest unanswered part's time limit counts from when it was sent
+                    sent_at = self.unanswered[0][1]
                     limit = self.handle.timeout
                     deadline = self.group.caller.info.deadline
                     if deadline is not None:
-                        limit = min(limit, deadline - waiting[0].sent_at)
-                    wait = waiting[0].sent_at + limit - time.monotonic()
+                        limit = min(limit, deadline - sent_at)
+                    wait = sent_at + limit - time.monotonic()
                     if wait <= 0:
                         raise MalformedResponseError(f"timed out after {limit:.3g}s")
                 done, _ = await asyncio.wait({read}, timeout=wait)
@@ -205,6 +218,8 @@ class _Member:
                     if res.seq > self.seq:
                         raise MalformedResponseError(f"result for part {res.seq}, never sent")
                     self.answers[res.seq] = res  # a withdrawn part's answer is never looked up
+                    while self.unanswered and self.unanswered[0][0] <= res.seq:
+                        self.unanswered.popleft()
                 if resp.HasField("end"):
                     self.group.caller.info.states[self.handle.processor_id] = resp.end.state
                     self.ended = True
@@ -249,8 +264,8 @@ class SpeculativeGroup:
         self.members = [_Member(self, h) for h in handles]
         self.inq = inq
         self.outq = outq
-        self.inputs: list[tpb.Chunk | None] = []
-        """The group's input parts by index (None: not a part); later members are fed these."""
+        self.taken = 0
+        """Group inputs so far: each one's index is its origin."""
         self.done = False
         """The group handed on its last item (an end, an abort or an error)."""
         self.cut_at: int | None = None
@@ -258,9 +273,8 @@ class SpeculativeGroup:
         members up to it stop (what they would commit can never apply)."""
 
     def count(self, member: _Member, outcome: str, n: int = 1) -> None:
-        if n:
-            labels = (member.handle.processor_id, HOOK, outcome)
-            self.caller.metrics.speculative_calls.labels(*labels).inc(n)
+        """Count parts given in advance (the metric is updated once, at `shutdown`)."""
+        member.counts[outcome] = member.counts.get(outcome, 0) + n
 
     async def feed(self) -> None:
         """Take the upstream items, feed them, commit what can be (the readers commit the rest)."""
@@ -277,8 +291,8 @@ class SpeculativeGroup:
             self.advance()
 
     def _take(self, kind: str, value: Any) -> None:
-        origin = len(self.inputs)
-        self.inputs.append(value if kind == CHUNK else None)
+        origin = self.taken
+        self.taken += 1
         self.members[0].inbox.append((kind, value, origin))
         if kind != CHUNK:
             return
@@ -333,6 +347,7 @@ class SpeculativeGroup:
             return self._failure(j)
         member.inbox.popleft()
         member.fed.popleft()
+        member.firm -= 1
         member.committed = head.seq
         try:
             items = answer_items(member.handle.processor_id, answer, announce_signals=self.announce_signals)
@@ -354,10 +369,11 @@ class SpeculativeGroup:
         )
         if error is not None:  # fail-closed: the error goes on in the part's place and ends the stream
             member.inbox.clear()
-            self._hand_on(j, [(ERROR, error)], len(self.inputs))
+            self._hand_on(j, [(ERROR, error)], self.taken)
             return True
         member.failed_open = True  # from here on its input passes by unchanged
         member.fed.clear()
+        member.firm = 0
         member.answers.clear()
         return True
 
@@ -392,10 +408,12 @@ class SpeculativeGroup:
         if member.failed_open or self.cut_at is not None:
             return
         fed = member.fed
-        at = next((i for i, e in enumerate(fed) if e.origin is not None and e.origin >= origin), len(fed))
+        # the guesses of earlier origins are all settled (each origin's mark came before this)
+        at = member.firm
         guess = fed[at] if at < len(fed) and fed[at].origin == origin else None
         if guess is not None and part is not None and part == guess.part:
             guess.origin = None
+            member.firm += 1
             self.count(member, "committed")
             return
         if guess is None and part is None:
@@ -415,4 +433,8 @@ class SpeculativeGroup:
             member.fed.clear()
             member.cancel()
             tasks += member.tasks
+            for outcome, n in member.counts.items():
+                if n:
+                    labels = (member.handle.processor_id, HOOK, outcome)
+                    self.caller.metrics.speculative_calls.labels(*labels).inc(n)
         return tasks

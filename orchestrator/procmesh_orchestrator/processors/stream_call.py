@@ -75,6 +75,11 @@ def answer_items(
     """What one processor's result for a part hands on, in order: its effects, the data-signal
     chunks announcing its signals, its custom chunks, then its part(s) (unless not `parts`), or
     its abort last."""
+    if not res.HasField("effects"):  # the common case, a part passed or replaced: no lists to build
+        if not parts or not res.HasField("part"):
+            return []
+        if not res.extra_parts:
+            return [(CHUNK, res.part)]
     items: list[Item] = []
     if res.HasField("effects"):
         effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)

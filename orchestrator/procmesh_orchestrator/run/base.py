@@ -189,8 +189,7 @@ class RunCore:
     def emit(self, chunk: Chunk) -> None:
         """Send a chunk to the caller (stream only)."""
         if self._sink is not None:
-            kind = chunk["type"]
-            self.metrics.chunks.labels("data" if kind.startswith("data-") else kind).inc()
+            self.metrics.chunk_emitted(chunk["type"])
             self._sink(chunk)
 
     async def through_output(

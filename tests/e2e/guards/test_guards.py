@@ -186,6 +186,7 @@ AGENTS: dict[str, dict[str, Any]] = {
     "pii-warn": _in("pii-detector", "pii", strategy="warn"),
     "pii-filter": _in("pii-detector", "pii", strategy="filter"),
     "pii-out": _out("pii-detector", "pii", "named"),
+    "pii-split": _out("pii-detector", "pii", "split-mail"),
     # language
     "lang-detect": {**_in("language-detector", "lang"), "memory": {"lastMessages": 10}},
     "lang-translate": {
@@ -238,6 +239,11 @@ AGENTS: dict[str, dict[str, Any]] = {
 def _config(sidecar: str, judges_url: str, store: Path) -> dict[str, Any]:
     scripted: dict[str, dict[str, Any]] = {
         name: {"provider": "scripted", "responses": [{"text": text}] * 40} for name, text in ANSWERS.items()
+    }
+    # a provider's tokens cut an address anywhere: "jane@example." then "com"
+    scripted["split-mail"] = {
+        "provider": "scripted",
+        "responses": [{"deltas": ["Mail jane@example.", "com", " today.", " Bye."]}] * 4,
     }
     scripted["thousand"] = {"provider": "scripted", "responses": [{"deltas": numbered(1000)}] * 4}
     scripted["hundred"] = {"provider": "scripted", "responses": [{"deltas": numbered(100)}] * 4, "delayMs": 2}
@@ -563,6 +569,11 @@ async def test_pii_redacts_the_streamed_answer(orchestrator: OrchestratorProcess
     chunks = await stream(orchestrator, "pii-out")
     assert streamed_text(chunks) == "Contact A*********h today. Thanks."
     assert "Alice" not in json.dumps(chunks)
+
+
+async def test_a_window_never_ends_inside_an_address_a_token_cut(orchestrator: OrchestratorProcess) -> None:
+    chunks = await stream(orchestrator, "pii-split")
+    assert streamed_text(chunks) == "Mail j**e@*******.com today. Bye."
 
 
 # -- language ---------------------------------------------------------------------------------

@@ -34,18 +34,47 @@ TOOL = {"type": "tool-call", "payload": {"toolCallId": "c1", "toolName": "f", "a
 @pytest.mark.parametrize(
     ("text", "ends"),
     [
-        ("Hello there.", True),
-        ("Really?  ", True),
-        ('He said "stop!"', True),
+        ("Hello there. ", True),
+        ("Really?\n", True),
+        ('He said "stop!" ', True),
         ("好的。", True),
-        ("Wait for it…", True),
+        ("Wait for it… ", True),
+        ("Hello there.", False),  # the next delta decides: "jane@example." may go on ".com"
         ("mid sentence", False),
         ("3.14 is pi", False),
         ("   ", False),
     ],
 )
-def test_a_sentence_end_closes_a_window(text: str, ends: bool) -> None:
+def test_a_window_is_complete_at_a_sentence_end_nothing_can_extend(text: str, ends: bool) -> None:
     assert _windows.ends_window(text, WindowOptions()) is ends
+
+
+@pytest.mark.parametrize(
+    ("text", "following", "ends"),
+    [
+        ("Hello there.", " Next", True),
+        ("Done!", "\nNext", True),
+        ("mail jane@example.", "com", False),
+        ("pi is 3.", "14", False),
+        ("no stop", " here", False),
+    ],
+)
+def test_a_stop_ending_a_delta_ends_the_window_when_whitespace_follows(
+    text: str, following: str, ends: bool
+) -> None:
+    assert _windows.ends_before(text, following, WindowOptions()) is ends
+    assert not _windows.ends_before(text, following, WindowOptions(window_boundary="chars"))
+
+
+def test_a_split_email_stays_in_one_window() -> None:
+    state: dict[str, Any] = {}
+    options = WindowOptions()
+    closed = [
+        w
+        for d in ("Mail jane@example.", "com", " now.", " Bye")
+        for w in _windows.add_text(state, delta(d), options, hold=True)
+    ]
+    assert [w["text"] for w in closed] == ["Mail jane@example.com now."]
 
 
 def test_size_closes_a_window_and_chars_mode_ignores_sentences() -> None:
@@ -69,11 +98,11 @@ def test_window_options_are_validated() -> None:
 def test_held_deltas_close_windows_in_order() -> None:
     state: dict[str, Any] = {}
     options = WindowOptions()
-    assert _windows.add_text(state, delta("Hello"), options, hold=True) is None
-    first = _windows.add_text(state, delta(" there."), options, hold=True)
-    assert first is not None
+    assert _windows.add_text(state, delta("Hello"), options, hold=True) == []
+    assert _windows.add_text(state, delta(" there."), options, hold=True) == []
+    [first] = _windows.add_text(state, delta(" More"), options, hold=True)  # whitespace: the sentence ended
     assert first["text"] == "Hello there."
-    assert _windows.add_text(state, delta(" More"), options, hold=True) is None
+    assert first["parts"] == [delta("Hello"), delta(" there.")]
     held = _windows.windows(state)
     assert [w["closed"] for w in held] == [True, False]
     assert _windows.pop_head(state) is first
@@ -81,10 +110,17 @@ def test_held_deltas_close_windows_in_order() -> None:
     assert _windows.close_open(state)["text"] == " More"  # type: ignore[index]
 
 
+def test_one_delta_can_close_two_windows() -> None:
+    state: dict[str, Any] = {}
+    options = WindowOptions(window_size=10)
+    _windows.add_text(state, delta("Short."), options, hold=True)
+    closed = _windows.add_text(state, delta(" and a long delta"), options, hold=True)
+    assert [w["text"] for w in closed] == ["Short.", " and a long delta"]
+
+
 def test_without_hold_a_window_keeps_only_its_text() -> None:
     state: dict[str, Any] = {}
-    closed = _windows.add_text(state, delta("Done."), WindowOptions(), hold=False)
-    assert closed is not None
+    [closed] = _windows.add_text(state, delta("Done. "), WindowOptions(), hold=False)
     assert closed["parts"] == []
     assert not _windows.hold_behind(state, TOOL)  # nothing held: the part may go at once
 

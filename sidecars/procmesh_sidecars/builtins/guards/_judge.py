@@ -236,9 +236,8 @@ class JudgedGuard(Processor):
         kind = str(part.get("type", ""))
         hold = self.holds(options)
         if kind == "text-delta":
-            closed = _windows.add_text(state, part, options, hold=hold)
-            if closed is not None:
-                self._judge(closed, options, model)
+            for window in _windows.add_text(state, part, options, hold=hold):
+                self._judge(window, options, model)
             out = await self._release(state, options, model, abort, report, wait=False)
             return out if hold else [*out, part]
         closed = _windows.close_open(state)

@@ -3,7 +3,8 @@
 Pure bookkeeping (no I/O, no model): a guard judges a streamed answer per window, never per
 chunk. A window is the text of consecutive ``text-delta`` parts, closed at a sentence's end or
 once it holds `window_size` characters, whichever comes first (``window_boundary: chars`` closes
-on size only); a non-text part or the step's end closes it too. A guard that must judge text
+on size only); a non-text part or the step's end closes it too. Windows are cut between deltas,
+never inside one. A guard that must judge text
 before the client sees it (block, filter, redact, rewrite) holds the window's parts back; every
 part arriving behind a held window is held too, so the client's order is kept.
 
@@ -24,9 +25,14 @@ from pydantic import BaseModel, Field
 Chunk = dict[str, Any]
 Window = dict[str, Any]
 
-_SENTENCE_END = re.compile("[.!?\u3002\uff01\uff1f\u2026][\"'\u201d\u2019)\\]]*\\s*$")
-"""Sentence-final punctuation (also the CJK full stop, exclamation and question marks and the
-ellipsis; closing quotes or brackets may follow), then only whitespace."""
+_CLOSERS = "[\"'\u201d\u2019)\\]]*"
+"""Closing quotes or brackets that may follow a sentence's final punctuation."""
+_WIDE_STOP = re.compile(f"[\u3002\uff01\uff1f]{_CLOSERS}\\s*$")
+"""The CJK full stop, exclamation and question marks: nothing follows them but the next sentence."""
+_STOP = re.compile(f"[.!?\u2026]{_CLOSERS}$")
+_STOP_SPACE = re.compile(f"[.!?\u2026]{_CLOSERS}\\s+$")
+"""``.``, ``!``, ``?`` and ``…`` end a sentence only when whitespace follows: streamed tokens cut
+``jane@example.com`` or ``3.14`` anywhere, and a window closed inside one would judge half of it."""
 
 STEP_ENDS = ("step-finish", "finish")
 """A step's end: every window is judged and everything held is let go before it."""
@@ -43,10 +49,17 @@ class WindowOptions(BaseModel):
 
 
 def ends_window(text: str, options: WindowOptions) -> bool:
-    """Whether a window holding `text` is complete."""
+    """Whether a window holding `text` is complete whatever comes next (its size, or a sentence end)."""
     if len(text) >= options.window_size:
         return True
-    return options.window_boundary == "sentence" and bool(text.strip()) and bool(_SENTENCE_END.search(text))
+    if options.window_boundary != "sentence" or not text.strip():
+        return False
+    return bool(_WIDE_STOP.search(text) or _STOP_SPACE.search(text))
+
+
+def ends_before(text: str, following: str, options: WindowOptions) -> bool:
+    """Whether a window holding `text` ended a sentence that `following` (the next delta) does not go on."""
+    return options.window_boundary == "sentence" and bool(_STOP.search(text)) and following[:1].isspace()
 
 
 def windows(state: dict[str, Any]) -> list[Window]:
@@ -59,23 +72,30 @@ def _new_window() -> Window:
     return {"id": uuid.uuid4().hex, "text": "", "parts": [], "closed": False}
 
 
-def add_text(state: dict[str, Any], part: Chunk, options: WindowOptions, *, hold: bool) -> Window | None:
-    """Add a text delta to the open window; the window, when this delta closed it.
+def add_text(state: dict[str, Any], part: Chunk, options: WindowOptions, *, hold: bool) -> list[Window]:
+    """Add a text delta to the open window; the windows this delta closed (oldest first).
 
-    With `hold`, the part is kept in the window (and leaves with its verdict); without, the
+    A sentence whose final stop ends a delta closes when the next delta starts with whitespace
+    (the window before that delta); a window reaching `window_size` closes with its last delta.
+    With `hold`, the part is kept in its window (and leaves with its verdict); without, the
     caller lets it go at once and the window keeps only its text.
     """
     held = windows(state)
+    text = str((part.get("payload") or {}).get("text", ""))
+    closed: list[Window] = []
+    if held and not held[-1]["closed"] and ends_before(held[-1]["text"], text, options):
+        held[-1]["closed"] = True
+        closed.append(held[-1])
     if not held or held[-1]["closed"]:
         held.append(_new_window())
     window = held[-1]
-    window["text"] += str((part.get("payload") or {}).get("text", ""))
+    window["text"] += text
     if hold:
         window["parts"].append(part)
     if ends_window(window["text"], options):
         window["closed"] = True
-        return window
-    return None
+        closed.append(window)
+    return closed
 
 
 def close_open(state: dict[str, Any]) -> Window | None:

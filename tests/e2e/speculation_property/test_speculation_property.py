@@ -112,7 +112,8 @@ def app(start_sidecar: Callable[..., SidecarProcess], runner: asyncio.Runner) ->
         runner.run(proc.wait_ready())
     config = parse_config(
         {
-            "sidecars": {name: {"address": p.address, "timeout": 30} for name, p in procs.items()},
+            # a hang fails the example in 10 s (a part's timeout), not the module's budget
+            "sidecars": {name: {"address": p.address, "timeout": 10} for name, p in procs.items()},
             "models": {"scripted": {"provider": "scripted", "responses": []}},
             "agents": {
                 name: {"model": "scripted", "errorProcessorDefaults": False, "fuse": name == "fused"}

@@ -331,6 +331,16 @@ class _Stage:
         self._flush_head()
 
 
+def _may_follow(session: Sequence[ProcessorHandle], handle: ProcessorHandle) -> bool:
+    """Whether `handle` may join a fused session after `session`'s processors.
+
+    A fused processor whose hook fails passes later parts by inside the sidecar, so the ones
+    after it see those parts even when its policy (fail-closed) ends the run: only a speculative
+    processor may get parts that could still be withdrawn, unless every one before it fails open.
+    """
+    return handle.speculative or all(m.on_failure == "fail-open" for m in session)
+
+
 def _speculative_groups(
     stages: list[tuple[list[ProcessorHandle], bool | None]],
 ) -> list[tuple[list[ProcessorHandle], bool | None]]:
@@ -398,6 +408,7 @@ class OutputPipeline:
                 and not last[1]
                 and handle.fuse_key
                 and handle.fuse_key == last[0][-1].fuse_key
+                and _may_follow(last[0], handle)
             ):
                 last[0].append(handle)
             else:

@@ -4,6 +4,8 @@
 
 - ``recorder`` (not speculative): appends one JSON line per hook call to ``options.log``: the
   hook and the text it was given. The speculation tests check it only ever sees final input.
+- ``flaky`` (speculative): raises in ``process_input`` and, on a text delta containing
+  ``options.word``, in ``process_output_stream``; otherwise passes its input on unchanged.
 - ``slow`` (speculative): waits ``options.delay`` seconds in its unary hooks, then returns its
   input unchanged; while it waits it counts itself in flight in ``options.log``'s directory, so a
   test can see two calls overlap without timing anything.
@@ -97,12 +99,27 @@ class Slow(Processor):
         await self._wait(options, "process_llm_request")
 
 
+class Flaky(Processor):
+    """A speculative processor whose hook fails: its failure policy must apply to it alone."""
+
+    id: ClassVar[str] = "flaky"
+    speculative: ClassVar[bool] = True
+
+    async def process_input(self) -> None:
+        raise RuntimeError("flaky failed in process_input")
+
+    async def process_output_stream(self, part: dict[str, Any], options: Any) -> dict[str, Any]:
+        if part["type"] == "text-delta" and options.get("word", "") in part["payload"].get("text", ""):
+            raise RuntimeError("flaky failed on a part")
+        return part
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve the recorder and slow processors (what `procmesh.run` does)."""
+    """Serve the recorder, slow and flaky processors (what `procmesh.run` does)."""
     parser = settings_parser(prog="python -m tests.e2e.speculation.recorder")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    run([Recorder(), Slow()], settings_from_args(args))
+    run([Recorder(), Slow(), Flaky()], settings_from_args(args))
 
 
 if __name__ == "__main__":

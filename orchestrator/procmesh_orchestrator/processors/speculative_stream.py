@@ -94,6 +94,16 @@ class _Member:
         self.closing = False
         self.counts: dict[str, int] = {}
         """Parts given in advance, by outcome (committed, discarded)."""
+        self.live: set[int] = set()
+        """The seqs of `fed`: an answer for another one is a withdrawn part's."""
+        self.replay: list[tpb.Chunk] = []
+        """Every part it committed, in order: what a new session is given again (`restart`)."""
+        self.skip: set[int] = set()
+        """Seqs of parts given again in a new session: their answers are committed already."""
+        self.lost = False
+        """Its session ended at an abort that was then withdrawn: it needs a new one (`restart`)."""
+        self.end_state: Any = None
+        """The state its stream's end carried (stored for the run when its end commits)."""
 
     def takes(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
@@ -112,6 +122,7 @@ class _Member:
         item.part.CopyFrom(part)
         now = time.monotonic()
         self.fed.append(_Fed(self.seq, part, origin, now))
+        self.live.add(self.seq)
         self.unanswered.append((self.seq, now))
         if origin is None:
             self.firm += 1
@@ -131,7 +142,10 @@ class _Member:
         while self.unanswered and self.unanswered[-1][0] >= first:
             self.unanswered.pop()
         for entry in withdrawn:
-            self.answers.pop(entry.seq, None)
+            self.live.discard(entry.seq)
+            answer = self.answers.pop(entry.seq, None)
+            if answer is not None and _aborts(answer):
+                self.lost = True  # the SDK ended the session at that abort
         self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
         unsent = {p.seq for p in self.out.parts} if self.out is not None else set()
         if self.out is not None and unsent:
@@ -190,6 +204,31 @@ class _Member:
 
     # -- answers ---------------------------------------------------------------------------------
 
+    def restart(self) -> None:
+        """A new session in place of one that ended at a withdrawn abort: it is given again every
+        part it committed (their answers are known, so skipped) and then what it holds now."""
+        self.cancel()
+        self.span.end()
+        self.call, self.tasks, self.writes = None, [], asyncio.Queue()
+        self.lost = self.ended = False
+        self.rewind = self.told = 0
+        self.answers.clear()
+        self.unanswered.clear()
+        self.out = None
+        held = list(self.fed)
+        self.fed.clear()
+        self.live.clear()
+        self.firm = 0
+        self._open()
+        assert self.out is not None
+        for part in self.replay:
+            self.seq += 1
+            self.out.parts.add(seq=self.seq).part.CopyFrom(part)
+            self.skip.add(self.seq)
+        self.committed = self.seq
+        for entry in held:
+            self.feed(entry.part, entry.origin)
+
     async def _read(self, call: StreamCall) -> None:
         read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
         try:
@@ -210,36 +249,49 @@ class _Member:
                 if not done:
                     continue
                 resp, read = read.result(), None
+                if call is not self.call:
+                    return  # a session given up for a new one (`restart`)
                 if resp is None:
-                    if not self.closing:
+                    if not self.closing and not self.ended:
                         raise MalformedResponseError("stream ended before every part was answered")
                     break
                 for res in resp.results:
                     if res.seq > self.seq:
                         raise MalformedResponseError(f"result for part {res.seq}, never sent")
-                    self.answers[res.seq] = res  # a withdrawn part's answer is never looked up
                     while self.unanswered and self.unanswered[0][0] <= res.seq:
                         self.unanswered.popleft()
+                    if res.seq in self.skip:
+                        self.skip.discard(res.seq)
+                    elif res.seq in self.live:
+                        self.answers[res.seq] = res
+                    elif _aborts(res):
+                        self.lost = True  # a withdrawn part's abort ended the session
                 if resp.HasField("end"):
-                    self.group.caller.info.states[self.handle.processor_id] = resp.end.state
+                    self.end_state = resp.end.state
                     self.ended = True
                 self.group.advance()
         except ProcessorCallError as exc:  # the gRPC status (translated by StreamCall) or a broken contract
-            self.span.outcome("failure")
-            self.input_refused = exc.input_refused
-            self.broken = str(exc)
-            self.group.advance()
+            if call is self.call:
+                self.span.outcome("failure")
+                self.input_refused = exc.input_refused
+                self.broken = str(exc)
+                self.group.advance()
         finally:
             if read is not None:
                 read.cancel()
-            self.ended = True
-            self.span.end()
+            if call is self.call:
+                self.ended = True
+                self.span.end()
 
     def cancel(self) -> None:
         if self.call is not None and not self.call.done():
             self.call.cancel()
         for task in self.tasks:
             task.cancel()
+
+
+def _aborts(res: ppb.StreamPartResult) -> bool:
+    return res.HasField("effects") and res.effects.HasField("abort")
 
 
 def kind_ends(kind: str) -> bool:
@@ -314,6 +366,8 @@ class SpeculativeGroup:
                 if self.done:
                     break
         for member in self.members:
+            if member.lost and not self.done:
+                member.restart()
             member.flush()
 
     def _step(self, j: int) -> bool:
@@ -347,6 +401,8 @@ class SpeculativeGroup:
             return self._failure(j)
         member.inbox.popleft()
         member.fed.popleft()
+        member.live.discard(head.seq)
+        member.replay.append(head.part)
         member.firm -= 1
         member.committed = head.seq
         try:

@@ -61,6 +61,11 @@ PROCESSORS: list[dict[str, Any]] = [
         "speculative": True,
         "processOutputStream": [rule({"textContains": "pear"}, {"abort": {"reason": "no pears"}})],
     },
+    {  # aborts on what rw rewrites: given "apple" in advance, its abort is withdrawn
+        "id": "applegate",
+        "speculative": True,
+        "processOutputStream": [rule({"textContains": "apple"}, {"abort": {"reason": "apples"}})],
+    },
     {
         "id": "late",
         "speculative": True,
@@ -150,6 +155,9 @@ CASES = {
     "drop": ["drop", "cnt", "rw", "recorder"],
     "rewrite-then-abort": ["cnt", "rw", "gate", "recorder"],
     "late-abort": ["pass", "late", "cnt", "recorder"],
+    # applegate's session ends at its abort on "apple"; rw's "pear" withdraws it: a new session
+    # is given the parts applegate committed again, then the rest
+    "withdrawn-abort": ["cnt", "rw", "applegate", "pass", "recorder"],
 }
 
 
@@ -176,6 +184,8 @@ async def test_a_fused_stream_is_one_session(ready: dict[str, SidecarProcess], t
     counts = [c["data"] for c in result["chunks"] if c["type"] == "data-count"]
     assert counts == [{"n": n} for n in range(1, len(DELTAS) + 1)]  # cnt's own state, attributed right
     assert "pear" in result["text"]
+
+
 async def test_speculative_stream_counts_commits_and_discards(
     ready: dict[str, SidecarProcess], tmp_path: Path
 ) -> None:

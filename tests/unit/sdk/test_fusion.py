@@ -12,6 +12,7 @@ import pytest
 
 from procmesh import convert
 from procmesh._chain import announced
+from procmesh._check.fusion import _difference
 from procmesh._fused import passes
 from procmesh._rewind import History
 from procmesh.errors import InvalidInputError
@@ -134,3 +135,12 @@ def test_a_response_passes_only_when_it_sets_nothing_but_effects_without_signals
     aborted.effects.abort.reason = "no"
     assert not passes(aborted)
     assert not passes(ppb.ProcessLLMResponseResponse(output_result_if_clean=True))
+
+
+def test_the_checker_names_where_a_fused_answer_differs_from_the_plain_calls() -> None:
+    same = {"effects": {"fused": [{"effects": {"state": {"n": 1}}}]}}
+    assert _difference(same, copy.deepcopy(same)) == ""
+    other = {"effects": {"fused": [{"effects": {"state": {"n": 2}}}]}}
+    assert _difference(other, same) == ".effects.fused[0].effects.state.n: 2 where the plain calls give 1"
+    assert _difference({"messages": []}, {}) == ".messages only in the fused answer"
+    assert _difference({}, {"messages": []}) == ".messages only in the plain answer"

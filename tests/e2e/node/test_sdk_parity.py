@@ -36,7 +36,9 @@ from tests.e2e.node.conftest import HERE, NODE_SDK, Sidecars, node_sidecar, wait
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 Message = dict[str, Any]
-SETUP_DELAY = 2.0
+SETUP_DELAY = 5.0
+"""How long contract.mjs's slow setup() takes: long enough that a Node process started on a busy
+2-core machine (1-3 s to load its modules) still answers Describe before it ends."""
 
 # -- the Python twins of contract.mjs -------------------------------------------------------------
 
@@ -658,7 +660,8 @@ async def test_describe_answers_at_once_but_hooks_and_health_wait_for_setup(
             except grpc.aio.AioRpcError:
                 assert time.monotonic() - started < 10, "the Node sidecar never answered Describe"
                 await asyncio.sleep(0.02)
-        assert time.monotonic() - started < SETUP_DELAY, "Describe should answer before setup() finished"
+        # Health still NOT_SERVING (below) is what shows that Describe answered before setup()
+        # finished; the clock is not asserted (it depends on the machine's load).
         assert described.sdk.startswith("procmesh-node/")
         for service in ("", SERVICE_NAME):
             status = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)

@@ -29,7 +29,7 @@ from procmesh_orchestrator.config import (
     WorkflowRef,
     workflow_refs,
 )
-from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
+from procmesh_orchestrator.config.schema import DEFAULT_PROVIDERS, AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.cost import CostControl
 from procmesh_orchestrator.durable import DurableRuns, DurableSettings
 from procmesh_orchestrator.errors import ConfigError
@@ -50,7 +50,12 @@ from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, Lanes, stop
 from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.models import ModelProvider
-from procmesh_orchestrator.sidecar_process import SidecarProcess, supervise
+from procmesh_orchestrator.sidecar_process import (
+    ModelGateway,
+    SidecarProcess,
+    sidecar_environment,
+    supervise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,16 @@ def merge_error_defaults(
         out.insert(pos, handle)
         present.add(handle.processor_id)
     return out
+
+
+def secret_variables(config: Config) -> set[str]:
+    """The variables the orchestrator reads a secret from: each provider's `apiKeyEnv` (the
+    built-in providers' included), the store's `dsnEnv`, the event log's `urlEnv`, and its own API
+    keys (``PROCMESH_API_KEYS``). A sidecar it starts gets none of them (`sidecar_environment`)."""
+    providers = {**DEFAULT_PROVIDERS, **config.providers}
+    names = {p.api_key_env for p in providers.values()}
+    names |= {config.storage.dsn_env, config.durable.event_log.url_env, "PROCMESH_API_KEYS"}
+    return {name for name in names if name}
 
 
 def _check_options(ref: ProcessorRef, info: ppb.ProcessorInfo, where: str) -> None:
@@ -155,8 +170,9 @@ class App:
             r.sidecar == BUILTINS for r in named
         )
 
-    async def _start_builtins(self) -> None:
-        """Start and supervise the built-in sidecar on a private unix socket (none was configured)."""
+    async def _start_builtins(self, gateway: ModelGateway | None) -> None:
+        """Start and supervise the built-in sidecar on a private unix socket (none was configured),
+        without the provider keys and pointed at the model gateway (its guards judge through it)."""
         self._builtins_dir = tempfile.mkdtemp(prefix="procmesh-builtins-")
         os.chmod(self._builtins_dir, 0o700)
         address = f"unix://{os.path.join(self._builtins_dir, 'builtins.sock')}"
@@ -164,6 +180,7 @@ class App:
             ["builtins", "--parent-pid", str(os.getpid())],
             address,
             log_path=os.path.join(self._builtins_dir, "builtins.log"),
+            env=sidecar_environment(os.environ, secret_variables(self.config), gateway),
         )
         self.builtins.start()
         await self.builtins.wait_ready(self._connect_timeout)
@@ -173,10 +190,14 @@ class App:
             supervise(self.builtins, connect_timeout=self._connect_timeout)
         )
 
-    async def start(self) -> None:
-        """Connect to the sidecars (waiting up to the connect timeout) and build the agents."""
+    async def start(self, *, gateway: ModelGateway | None = None) -> None:
+        """Connect to the sidecars (waiting up to the connect timeout) and build the agents.
+
+        `gateway` is where a built-in sidecar this App starts reaches the model gateway (the
+        Service's gRPC server; None: no gateway, its guards then fail to judge).
+        """
         if BUILTINS not in self.sidecars and self._needs_builtins():
-            await self._start_builtins()
+            await self._start_builtins(gateway)
         for name, sidecar in self.sidecars.items():
             tls = sidecar.tls
             credentials = channel_credentials(tls.ca, tls.cert, tls.key) if tls else None

@@ -8,20 +8,61 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from procmesh import ProcessorClient
 from procmesh.errors import ProcmeshError
+from procmesh_orchestrator.config.loading import ENV_PREFIX
 from procmesh_orchestrator.errors import SidecarStartError
 
 log = logging.getLogger(__name__)
+
+SECRET_SUFFIX = "_API_KEY"
+"""A variable whose name ends so is a provider key wherever it came from: never given to a sidecar."""
+
+
+@dataclass(frozen=True)
+class ModelGateway:
+    """Where a sidecar the orchestrator starts reaches its model gateway, and the key it presents."""
+
+    address: str
+    """``unix:///path.sock`` or ``host:port`` (the SDK's ``PROCMESH_MODEL_GATEWAY``)."""
+    key: str | None = field(default=None, repr=False)
+    """One of the orchestrator's own API keys (None: it has none); never a provider key."""
+
+
+def sidecar_environment(
+    environ: Mapping[str, str], secrets: Collection[str], gateway: ModelGateway | None
+) -> dict[str, str]:
+    """The environment of a sidecar the orchestrator starts: `environ` without the provider keys.
+
+    Dropped: every variable in `secrets` (those the orchestrator reads a secret from), every
+    ``*_API_KEY`` and every ``PROCMESH_CONFIG__*``. A sidecar that needs a model asks the
+    gateway, so given one it gets ``PROCMESH_MODEL_GATEWAY`` and, when the orchestrator has API
+    keys, ``PROCMESH_MODEL_GATEWAY_KEY``.
+    """
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k not in secrets
+        and not k.endswith(SECRET_SUFFIX)
+        and not k.startswith(ENV_PREFIX)  # the config's overrides: a DSN, say
+    }
+    if gateway is not None:
+        env["PROCMESH_MODEL_GATEWAY"] = gateway.address
+        env.pop("PROCMESH_MODEL_GATEWAY_KEY", None)  # an inherited key is not this gateway's
+        if gateway.key:
+            env["PROCMESH_MODEL_GATEWAY_KEY"] = gateway.key
+    return env
 
 
 class SidecarProcess:
     """A ``procmesh-sidecar`` child process serving on `address`, in its own session.
 
     `module` is the module run with ``python -m`` (default: the built-in sidecars;
-    tests serve their own processors the same way).
+    tests serve their own processors the same way); `env` is its environment (default: this
+    process's own; the orchestrator gives its built-ins `sidecar_environment`).
     """
 
     def __init__(
@@ -31,8 +72,10 @@ class SidecarProcess:
         *,
         log_path: str | None = None,
         module: str = "procmesh_sidecars",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.address = address
+        self.env = env
         self.args = [sys.executable, "-m", module, *args, "--listen", address]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -40,7 +83,7 @@ class SidecarProcess:
     def start(self) -> None:
         """Spawn the process (before this process creates any gRPC object, per gRPC's fork rules)."""
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**(os.environ if self.env is None else self.env), "PYTHONUNBUFFERED": "1"}
         try:
             self.proc = subprocess.Popen(
                 self.args,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 from collections.abc import Coroutine
 from typing import Any
@@ -13,7 +14,7 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
-from procmesh_orchestrator.service._auth import ApiKeys
+from procmesh_orchestrator.service._auth import ApiKeys, split_binding
 from procmesh_orchestrator.service._calls import RunGate
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
@@ -24,6 +25,7 @@ from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.service._runs import ActiveRuns
 from procmesh_orchestrator.settings import OrchestratorSettings
+from procmesh_orchestrator.sidecar_process import ModelGateway
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +108,13 @@ class Service:
         """Connect to the sidecars, then serve both APIs (stops what started if anything fails)."""
         check_exposure(self.settings)
         try:
-            await self.app.start()
-            await self.health.poll_once()
+            # Bound first: the built-in sidecar the App may start is told the gateway's address
+            # (it calls the gateway only during runs, once the server serves).
             self._grpc = GrpcServer(
                 self, self.settings.grpc_host, self.settings.grpc_port, socket=self.settings.grpc_socket
             )
+            await self.app.start(gateway=sidecar_gateway(self.settings, self._grpc.port))
+            await self.health.poll_once()
             await self._grpc.start()
             await self._grpc.set_serving(self.health.serving)
             self._http = HttpServer(
@@ -201,6 +205,22 @@ def check_exposure(settings: OrchestratorSettings) -> None:
         "no API keys (PROCMESH_API_KEYS): every client that reaches %s can run the agents",
         "this host" if not exposed else ", ".join(sorted(set(exposed))),
     )
+
+
+def sidecar_gateway(settings: OrchestratorSettings, port: int) -> ModelGateway:
+    """The model gateway as a sidecar this orchestrator starts reaches it: the unix socket when
+    one is served (no TCP hop), else the gRPC port (an any-address bind on loopback), with one of
+    the API keys (an unbound one first: the built-ins judge for every resource)."""
+    if settings.grpc_socket:
+        address = f"unix://{os.path.abspath(settings.grpc_socket)}"
+    else:
+        host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "[::]": "[::1]"}.get(
+            settings.grpc_host, settings.grpc_host
+        )
+        address = f"{host}:{port}"
+    keys = [split_binding(entry.get_secret_value()) for entry in settings.api_keys]
+    ranked = [key for key, resource in keys if resource is None] + [key for key, _ in keys]
+    return ModelGateway(address, ranked[0] if ranked else None)
 
 
 async def serve(settings: OrchestratorSettings, config: Config) -> None:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from procmesh import convert
 from procmesh._encode import fill_effects
 from procmesh._guard import clip
+from procmesh._hookloop import relay
 from procmesh._processor import HookEffects
 from procmesh.errors import InternalError, ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
@@ -105,45 +107,47 @@ async def through_all(
     """The batch's results (up to the part whose abort ends the stream) and whether one aborted."""
     parts = [_Part(item.seq, [convert.chunk_from_proto(item.part)]) for item in items]
     aborts: dict[int, int] = {}  # stage -> the part it aborted on
-    for index, stage in enumerate(stages):
 
-        async def one_stage(stage: Stage = stage, index: int = index) -> None:
-            for at, part in enumerate(parts):
-                did = HookEffects(stage.hosted.id)
-                part.did.append(did)
-                part.errors.append("")
-                out: list[Chunk] = []
-                for position, chunk in enumerate(part.flow):
-                    if not stage.takes(chunk["type"]):
-                        out.append(chunk)
-                        continue
-                    effects = HookEffects(stage.hosted.id)
-                    try:
-                        chunks = returned_chunks(await call(stage, chunk, effects, quiet), hook)
-                    except ProcmeshError as exc:
-                        if index == 0:
-                            raise  # the first processor's failure fails the stream, as its own would
-                        stage.error = part.errors[index] = f"{exc.code.name}: {clip(str(exc))}"
-                        out.extend(part.flow[position:])  # failed open: from here on, unchanged
-                        break
-                    did.signals += effects.signals
-                    did.custom_chunks += effects.custom_chunks
-                    did.violations += effects.violations
-                    if announce:
-                        out += [announced(signal) for signal in effects.signals]
-                    out += effects.custom_chunks
-                    if effects.abort is not None:
-                        did.abort = effects.abort
-                        break
-                    out += chunks
-                part.flow = out
-                if did.abort is not None:
-                    aborts[index] = at
-                    return
-
-        await stage.hosted.loop.run(one_stage)
+    async def one_stage(index: int) -> None:  # on the stage's hook loop
+        nonlocal parts
+        stage = stages[index]
+        for at, part in enumerate(parts):
+            did = HookEffects(stage.hosted.id)
+            part.did.append(did)
+            part.errors.append("")
+            out: list[Chunk] = []
+            for position, chunk in enumerate(part.flow):
+                if not stage.takes(chunk["type"]):
+                    out.append(chunk)
+                    continue
+                effects = HookEffects(stage.hosted.id)
+                try:
+                    chunks = returned_chunks(await call(stage, chunk, effects, quiet), hook)
+                except ProcmeshError as exc:
+                    if index == 0:
+                        raise  # the first processor's failure fails the stream, as its own would
+                    stage.error = part.errors[index] = f"{exc.code.name}: {clip(str(exc))}"
+                    out.extend(part.flow[position:])  # failed open: from here on, unchanged
+                    break
+                did.signals += effects.signals
+                did.custom_chunks += effects.custom_chunks
+                did.violations += effects.violations
+                if announce:
+                    out += [announced(signal) for signal in effects.signals]
+                out += effects.custom_chunks
+                if effects.abort is not None:
+                    did.abort = effects.abort
+                    break
+                out += chunks
+            part.flow = out
+            if did.abort is not None:
+                aborts[index] = at
+                break
         if aborts:
-            del parts[min(aborts.values()) + 1 :]  # the parts after an abort are never answered
+            parts = parts[: min(aborts.values()) + 1]  # the parts after an abort are never answered
+
+    # Each processor's loop hands the batch on to the next one's directly (`relay`).
+    await relay([(stage.hosted.loop, partial(one_stage, i)) for i, stage in enumerate(stages)])
     if aborts:
         # The abort that ends the stream is the last processor's that aborted on the last part
         # kept: an earlier processor's abort on that part came behind chunks a later one aborted on.

@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -72,39 +72,15 @@ class HookLoop:
         """
         if not self._threaded:
             return await fn()
-        loop = self._loop
-        if loop is None:
+        result: T = await relay([(self, fn)])
+        return result
+
+    def _target(self, caller: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+        if not self._threaded:
+            return caller
+        if self._loop is None:
             raise RuntimeError(f"{self._name} is not running (ProcessorServer.start() starts it)")
-        # One wake-up each way and nothing else: run_coroutine_threadsafe + wrap_future cost a
-        # concurrent Future (with its lock) and two chained callbacks per call on top of that.
-        caller = asyncio.get_running_loop()
-        done: asyncio.Future[T] = caller.create_future()
-        task: asyncio.Task[T] | None = None
-
-        def settle(finished: asyncio.Task[T]) -> None:  # on the caller's loop
-            if done.cancelled():
-                return
-            if finished.cancelled():
-                done.cancel()
-            elif (exc := finished.exception()) is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(finished.result())
-
-        def begin() -> None:  # on this loop
-            nonlocal task
-            if done.cancelled():
-                return
-            task = loop.create_task(_awaited(fn))
-            task.add_done_callback(lambda t: caller.call_soon_threadsafe(settle, t))
-
-        loop.call_soon_threadsafe(begin)
-        try:
-            return await done
-        except asyncio.CancelledError:
-            # The caller was cancelled (or its deadline passed): so is the hook, at its next await.
-            loop.call_soon_threadsafe(lambda: task is not None and task.cancel())
-            raise
+        return self._loop
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Cancel what is left, stop the loop and wait up to `timeout` s for the thread to end."""
@@ -115,6 +91,55 @@ class HookLoop:
         with contextlib.suppress(RuntimeError):  # already closed
             loop.call_soon_threadsafe(loop.stop)
         await asyncio.to_thread(thread.join, timeout)
+
+
+async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) -> Any:
+    """Await each step's ``fn()`` on its loop in turn; the last one's result.
+
+    Each loop hands on to the next directly, so n steps cost n + 1 thread wake-ups, not 2n (a
+    fused stream's processors, each on its own loop); one step costs one wake-up each way and
+    nothing else (run_coroutine_threadsafe + wrap_future add a concurrent Future, with its lock,
+    and two chained callbacks). Cancelling the caller cancels the step running, at its next await.
+    """
+    caller = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = caller.create_future()
+    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+
+    def settle(task: asyncio.Task[Any]) -> None:  # on the caller's loop
+        if done.done():
+            return
+        if task.cancelled():
+            done.cancel()
+        elif (exc := task.exception()) is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(task.result())
+
+    def begin(at: int, loop: asyncio.AbstractEventLoop) -> None:  # on step `at`'s loop
+        if done.cancelled():
+            return
+        task = loop.create_task(_awaited(steps[at][1]))
+        running[:] = [(loop, task)]
+        task.add_done_callback(lambda t: after(at, t))
+
+    def after(at: int, task: asyncio.Task[Any]) -> None:  # on step `at`'s loop, when it is done
+        if at + 1 < len(steps) and not task.cancelled() and task.exception() is None:
+            hand(at + 1)
+        else:
+            caller.call_soon_threadsafe(settle, task)
+
+    def hand(at: int) -> None:
+        loop = steps[at][0]._target(caller)
+        loop.call_soon_threadsafe(begin, at, loop)
+
+    hand(0)
+    try:
+        return await done
+    except asyncio.CancelledError:
+        if running:  # the caller was cancelled (or its deadline passed): so is the step running
+            loop, task = running[0]
+            loop.call_soon_threadsafe(task.cancel)
+        raise
 
 
 async def _awaited(fn: Callable[[], Awaitable[T]]) -> T:

@@ -50,6 +50,7 @@ def result_to_proto(result: RunResult) -> apb.GenerateResponse:
         finish_reason=result.finish_reason,
         error=result.error or "",
         status=result.status,
+        model_id=result.model_id or "",  # the model that answered (a fallback, when one did)
     )
     _suspended_to_proto(result, out.suspended)
     for step in result.steps:

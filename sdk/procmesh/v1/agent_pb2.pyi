@@ -484,6 +484,7 @@ class GenerateResponse(_message.Message):
     TRACE_ID_FIELD_NUMBER: _builtins.int
     OBJECT_FIELD_NUMBER: _builtins.int
     VIOLATIONS_FIELD_NUMBER: _builtins.int
+    MODEL_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, as processors see it in RunContext.run_id."""
     text: _builtins.str
@@ -498,6 +499,11 @@ class GenerateResponse(_message.Message):
     """
     trace_id: _builtins.str
     """The run's trace id (hex) when tracing is on ("" otherwise)."""
+    model_id: _builtins.str
+    """The model that answered the run's last model call: the agent's own, or
+    the fallback that took over when it failed (as the HTTP result's
+    `response.modelId`; "" when no model was called).
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.StepResult]:
         """Every model step of the run, in order."""
@@ -563,10 +569,11 @@ class GenerateResponse(_message.Message):
         trace_id: _builtins.str = ...,
         object: _struct_pb2.Value | None = ...,
         violations: _abc.Iterable[Global___RunViolation] | None = ...,
+        model_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["object", b"object", "total_usage", b"total_usage", "tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "object", b"object", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tool_calls", b"tool_calls", "tool_results", b"tool_results", "total_usage", b"total_usage", "trace_id", b"trace_id", "tripwire", b"tripwire", "usage", b"usage", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "model_id", b"model_id", "object", b"object", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tool_calls", b"tool_calls", "tool_results", b"tool_results", "total_usage", b"total_usage", "trace_id", b"trace_id", "tripwire", b"tripwire", "usage", b"usage", "violations", b"violations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,7 +3,7 @@ real HTTP servers speaking the OpenAI chat-completions API (`tests/integration/p
 
 The primary answers 503 every time. It has its own retry (``maxRetries: 1``), and the default
 error processors (stream-error-retry-processor) get their turn; when none of them recovered the
-call, the fallback answers. The result and the metrics say which model did.
+call, the fallback answers. The result (HTTP and gRPC) and the metrics say which model did.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import FakeOpenAI, error
 from tests.integration.service.support import API_KEY, AUTH
@@ -117,3 +120,15 @@ def test_when_every_model_fails_the_run_fails_with_the_last_models_error(
     assert body["status"] == "failed"
     assert "Internal error." in body["error"]
     assert _fallbacks(orchestrator)[("doomed", "primary/big", "backup/broken")] == 1
+
+
+def test_the_grpc_result_names_the_fallback_that_answered(orchestrator: OrchestratorProcess) -> None:
+    with grpc.insecure_channel(orchestrator.grpc_address) as channel:
+        response = agrpc.AgentServiceStub(channel).Generate(
+            apb.GenerateRequest(agent_id="resilient", text="hi"),
+            metadata=(("authorization", f"Bearer {API_KEY}"),),
+            timeout=30,
+        )
+    assert response.status == "success", response.error
+    assert response.text == "from the fallback"
+    assert response.model_id == "backup/small"

@@ -163,6 +163,12 @@ async def alike(twins: Twins, call: Any, *args: Any) -> Answer:
     return py
 
 
+async def drain(call: Any) -> None:
+    """Read a stream to its end (its status raises)."""
+    while await call.read() is not grpc.aio.EOF:
+        pass
+
+
 def texts(results: list[dict[str, Any]]) -> list[list[str]]:
     """Each result's chunks as short strings: a text delta's text, or a data chunk's type."""
     out = []
@@ -371,8 +377,7 @@ async def test_a_stream_that_is_not_all_speculative_refuses_rewinds_naming_the_f
         for req in requests:
             await call.write(req)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            while await call.read() is not grpc.aio.EOF:
-                pass
+            await drain(call)
         details = info.value.details() or ""
         assert field in details
         assert "plain" in details

@@ -10,6 +10,8 @@ again by the later parts it had been given speculatively. An abort or a fail-clo
 the group there; later answers are never applied. Each answer applies only when it commits, so
 a withdrawn answer's effects (signals, chunks, violations, abort) never show: the output is the
 sequential pipeline's. ``committed_through`` tells each processor, in batches, what it can forget.
+A session ends at an abort (the SDKs' rule), so a processor whose abort on a part it got in
+advance is withdrawn gets a new session, given again the parts it committed (`_Member.restart`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from procmesh_orchestrator.processors.stream_call import (
     Item,
     StreamCall,
     answer_items,
+    fused_items,
+    session_policy,
 )
 
 if TYPE_CHECKING:
@@ -65,9 +69,13 @@ class _Fed:
 class _Member:
     """One speculative processor's session: what it was fed, its answers, its committed input."""
 
-    def __init__(self, group: SpeculativeGroup, handle: ProcessorHandle) -> None:
+    def __init__(self, group: SpeculativeGroup, handles: Sequence[ProcessorHandle]) -> None:
         self.group = group
-        self.handle = handle
+        self.handle = handles[0]
+        self.handles = tuple(handles)
+        """One processor, or several of one sidecar fused in this session (`context.fused`)."""
+        self.data_parts = any(h.process_data_parts for h in handles)
+        self.timeout = min(h.timeout for h in handles)
         self.fed: deque[_Fed] = deque()
         """Committed input first (`firm` of them), then the parts given in advance, by origin."""
         self.firm = 0
@@ -102,11 +110,17 @@ class _Member:
         """Seqs of parts given again in a new session: their answers are committed already."""
         self.lost = False
         """Its session ended at an abort that was then withdrawn: it needs a new one (`restart`)."""
-        self.end_state: Any = None
-        """The state its stream's end carried (stored for the run when its end commits)."""
+        self.end_state: ppb.StreamEnd | None = None
+        """Its stream's end, with the states (stored for the run when its end commits)."""
 
     def takes(self, chunk: tpb.Chunk) -> bool:
-        return not self.failed_open and (self.handle.process_data_parts or not chunk.type.startswith("data-"))
+        return not self.failed_open and (self.data_parts or not chunk.type.startswith("data-"))
+
+    def items(self, res: ppb.StreamPartResult, announce_signals: bool) -> list[Item]:
+        """What its answer to a part hands on (`answer_items`, or `fused_items` for a fused one)."""
+        if len(self.handles) > 1:
+            return fused_items(self.group.caller, self.handles, res)
+        return answer_items(self.handle.processor_id, res, announce_signals=announce_signals)
 
     # -- feeding --------------------------------------------------------------------------------
 
@@ -185,6 +199,10 @@ class _Member:
         )
         self.out = ppb.ProcessOutputStreamRequest()
         caller.fill_context(self.out.context, self.handle)
+        if len(self.handles) > 1:
+            caller.fill_fused(self.out.context, self.handles[1:])
+            self.out.context.announce_signals = self.group.announce_signals
+            self.span.set("procmesh.fused", [h.processor_id for h in self.handles[1:]])
         self.tasks = [asyncio.create_task(self._write(self.call)), asyncio.create_task(self._read(self.call))]
 
     async def _write(self, call: StreamCall) -> None:
@@ -238,7 +256,7 @@ class _Member:
                 wait = self.group.caller.timeout_for(self.handle)
                 if self.unanswered:  # the oldest unanswered part's time limit counts from when it was sent
                     sent_at = self.unanswered[0][1]
-                    limit = self.handle.timeout
+                    limit = self.timeout
                     deadline = self.group.caller.info.deadline
                     if deadline is not None:
                         limit = min(limit, deadline - sent_at)
@@ -267,7 +285,7 @@ class _Member:
                     elif _aborts(res):
                         self.lost = True  # a withdrawn part's abort ended the session
                 if resp.HasField("end"):
-                    self.end_state = resp.end.state
+                    self.end_state = resp.end
                     self.ended = True
                 self.group.advance()
         except ProcessorCallError as exc:  # the gRPC status (translated by StreamCall) or a broken contract
@@ -291,7 +309,10 @@ class _Member:
 
 
 def _aborts(res: ppb.StreamPartResult) -> bool:
-    return res.HasField("effects") and res.effects.HasField("abort")
+    """Whether the answer aborts (a fused session's: any of its processors)."""
+    if not res.HasField("effects"):
+        return False
+    return res.effects.HasField("abort") or any(o.effects.HasField("abort") for o in res.effects.fused)
 
 
 def kind_ends(kind: str) -> bool:
@@ -300,12 +321,13 @@ def kind_ends(kind: str) -> bool:
 
 
 class SpeculativeGroup:
-    """A run of speculative output processors on different sidecars, fed at once (module doc)."""
+    """A run of speculative output sessions (one processor each, or several of one sidecar
+    fused), fed at once (module doc)."""
 
     def __init__(
         self,
         caller: GrpcHookCaller,
-        handles: Sequence[ProcessorHandle],
+        sessions: Sequence[Sequence[ProcessorHandle]],
         inq: asyncio.Queue[Item],
         outq: asyncio.Queue[Item],
         *,
@@ -313,7 +335,7 @@ class SpeculativeGroup:
     ) -> None:
         self.caller = caller
         self.announce_signals = announce_signals
-        self.members = [_Member(self, h) for h in handles]
+        self.members = [_Member(self, session) for session in sessions]
         self.inq = inq
         self.outq = outq
         self.taken = 0
@@ -406,7 +428,7 @@ class SpeculativeGroup:
         member.firm -= 1
         member.committed = head.seq
         try:
-            items = answer_items(member.handle.processor_id, answer, announce_signals=self.announce_signals)
+            items = member.items(answer, self.announce_signals)
         except MalformedResponseError as exc:
             member.broken = str(exc)
             member.inbox.appendleft((kind, value, origin))
@@ -420,9 +442,8 @@ class SpeculativeGroup:
         """Member j broke where an answer was needed: its failure policy."""
         member = self.members[j]
         member.cancel()
-        error = self.caller.policy(
-            member.handle, HOOK, member.broken or "stream failed", input_refused=member.input_refused
-        )
+        cause = member.broken or "stream failed"
+        error = session_policy(self.caller, member.handles, cause, input_refused=member.input_refused)
         if error is not None:  # fail-closed: the error goes on in the part's place and ends the stream
             member.inbox.clear()
             self._hand_on(j, [(ERROR, error)], self.taken)

@@ -32,10 +32,11 @@ from procmesh_orchestrator.processors.stream_call import (
     Item,
     StreamCall,
     answer_items,
+    fused_items,
+    session_policy,
 )
 from procmesh_orchestrator.processors.wire import read_effects
-from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem, Violation
-from procmesh_orchestrator.run.messages import signal_record
+from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.processors.calls import GrpcHookCaller
@@ -261,36 +262,13 @@ class _Stage:
             self.outq.put_nowait((CHUNK, original))
 
     def _apply_fused(self, res: ppb.StreamPartResult) -> None:
-        """A fused session's result: the part as the last processor left it, with every chunk
-        the processors emitted already in it (their order in the sidecar is the pipeline's);
-        each processor's signals, violations, abort and failure from ``effects.fused``."""
-        outcomes = [(self.handle, res.effects, "")]
-        outcomes += [
-            (m, o.effects, o.error) for m, o in zip(self.members[1:], res.effects.fused, strict=False)
-        ]
-        records: list[dict[str, Any]] = []
-        violations: list[Violation] = []
-        abort = None
-        for handle, effects_pb, error in outcomes:
-            if error:  # its hook failed (once): its own policy; the sidecar passes its later parts by
-                failure = self.caller.policy(handle, HOOK, error)
-                if failure is not None:
-                    self._stop(ERROR, failure)
-                    return
-                continue
-            effects = read_effects(handle.processor_id, HOOK, effects_pb, decode_chunks=False)
-            records += [signal_record(signal) for signal in effects.signals]
-            violations += effects.violations
-            abort = effects.abort or abort  # the one that ends the stream is the last one's
-        if records or violations:
-            self.outq.put_nowait((EFFECTS, StreamEffects(records, violations)))
-        if res.HasField("part"):
-            self.outq.put_nowait((CHUNK, res.part))
-        for extra in res.extra_parts:
-            self.outq.put_nowait((CHUNK, extra))
-        if abort is not None:
-            self.span.outcome("abort")
-            self._stop(ABORT, abort)
+        for kind, value in fused_items(self.caller, self.members, res):
+            if kind in (ABORT, ERROR):
+                if kind == ABORT:
+                    self.span.outcome("abort")
+                self._stop(kind, value)
+                return
+            self.outq.put_nowait((kind, value))
 
     def _stop(self, kind: str, value: Any) -> None:
         """End the stream here with an abort or an error; the session is cancelled."""
@@ -317,12 +295,8 @@ class _Stage:
             return
         assert self.call is not None
         self.call.cancel()
-        # a fused session failed for all its processors: each one's policy, the first error wins
-        errors = [
-            self.caller.policy(m, HOOK, self.broken or "stream failed", input_refused=self.input_refused)
-            for m in self.members
-        ]
-        error = next((e for e in errors if e is not None), None)
+        cause = self.broken or "stream failed"
+        error = session_policy(self.caller, self.members, cause, input_refused=self.input_refused)
         if error is not None:  # fail-closed: the error goes on in the part's place, and ends the stream
             self.outq.put_nowait((ERROR, error))
             self.stopped = True
@@ -341,34 +315,37 @@ def _may_follow(session: Sequence[ProcessorHandle], handle: ProcessorHandle) -> 
     return handle.speculative or all(m.on_failure == "fail-open" for m in session)
 
 
-def _speculative_groups(
-    stages: list[tuple[list[ProcessorHandle], bool | None]],
-) -> list[tuple[list[ProcessorHandle], bool | None]]:
-    """Join runs of two or more speculative sessions of one processor each (side None: a group).
+Plan = tuple[list[list[ProcessorHandle]], bool | None]
+"""A planned stage: its sessions (each one processor, or several fused) and whether it is a
+parallel branch whose output is not picked; None: a speculative group of those sessions."""
+
+
+def _speculative_groups(sessions: list[tuple[list[ProcessorHandle], bool]]) -> list[Plan]:
+    """Join runs of two or more sessions whose processors are all speculative into groups.
 
     Shadow processors and parallel branches keep their own session, and a processor id joins a
     group once (a group's members each hold their own state)."""
-    out: list[tuple[list[ProcessorHandle], bool | None]] = []
-    run: list[ProcessorHandle] = []
+    out: list[tuple[list[list[ProcessorHandle]], bool | None]] = []
+    run: list[list[ProcessorHandle]] = []
 
     def close_run() -> None:
         if len(run) > 1:
             out.append((list(run), None))
         else:
-            out.extend(([h], False) for h in run)
+            out.extend(([session], False) for session in run)
         run.clear()
 
-    for members, side in stages:
-        handle = members[0]
-        joins = len(members) == 1 and not side and handle.speculative and not handle.shadow
-        if joins and all(h.processor_id != handle.processor_id for h in run):
-            run.append(handle)
+    for members, side in sessions:
+        joins = not side and all(h.speculative and not h.shadow for h in members)
+        taken = {h.processor_id for session in run for h in session}
+        if joins and not taken & {h.processor_id for h in members}:
+            run.append(members)
             continue
         close_run()
         if joins:
-            run.append(handle)
+            run.append(members)
         else:
-            out.append((members, side))
+            out.append(([members], side))
     close_run()
     return out
 
@@ -398,9 +375,9 @@ class OutputPipeline:
                 stages.append((item, False))
         stages = [(h, side) for h, side in stages if h.has(HOOK)]
         # neighbours of one sidecar that runs fused requests share a session
-        self.stages: list[tuple[list[ProcessorHandle], bool | None]] = []
+        sessions: list[tuple[list[ProcessorHandle], bool]] = []
         for handle, side in stages:
-            last = self.stages[-1] if self.stages else None
+            last = sessions[-1] if sessions else None
             if (
                 caller.info.fuse
                 and last is not None
@@ -412,8 +389,8 @@ class OutputPipeline:
             ):
                 last[0].append(handle)
             else:
-                self.stages.append(([handle], side))
-        self.stages = _speculative_groups(self.stages)
+                sessions.append(([handle], side))
+        self.stages = _speculative_groups(sessions)
 
     async def run(self, source: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[StreamItem, None]:
         """Feed `source` through the stages; yield chunks and effects, and the abort that ends it."""
@@ -423,14 +400,14 @@ class OutputPipeline:
             return
         queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.stages) + 1)]
         stages: list[_Stage | SpeculativeGroup] = []
-        for i, (members, side) in enumerate(self.stages):
+        for i, (planned, side) in enumerate(self.stages):
             inq, outq = queues[i], queues[i + 1]
-            if side is None:  # consecutive speculative processors, one per sidecar
+            if side is None:  # consecutive speculative sessions
                 stages.append(
-                    SpeculativeGroup(self.caller, members, inq, outq, announce_signals=self.announce_signals)
+                    SpeculativeGroup(self.caller, planned, inq, outq, announce_signals=self.announce_signals)
                 )
             else:
-                stages.append(_Stage(self, members, inq, outq, side=side))
+                stages.append(_Stage(self, planned[0], inq, outq, side=side))
 
         async def produce() -> None:
             try:

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from procmesh import convert, translate_rpc_error
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator.errors import ProcessorCallError
+from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.processors.wire import read_effects
-from procmesh_orchestrator.run.hooks import StreamEffects
+from procmesh_orchestrator.run.hooks import StreamEffects, Violation
 from procmesh_orchestrator.run.messages import signal_data, signal_record
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.processors.calls import GrpcHookCaller
 
 HOOK = "process_output_stream"
 
@@ -100,3 +105,45 @@ def answer_items(
             items.append((CHUNK, res.part))
         items += [(CHUNK, extra) for extra in res.extra_parts]
     return items
+
+
+def fused_items(
+    caller: GrpcHookCaller, members: Sequence[ProcessorHandle], res: ppb.StreamPartResult
+) -> list[Item]:
+    """A fused session's result: every processor's signals and violations, then the part as the
+    last processor left it (the chunks they emitted are in it already, in the pipeline's order,
+    as the sidecar ran them), then the abort; a processor's failure (its outcome's `error`, once)
+    goes through its own policy: fail-closed, its error ends the items there."""
+    outcomes = [(members[0], res.effects, "")]
+    outcomes += [(m, o.effects, o.error) for m, o in zip(members[1:], res.effects.fused, strict=False)]
+    records: list[dict[str, Any]] = []
+    violations: list[Violation] = []
+    abort = None
+    for handle, effects_pb, error in outcomes:
+        if error:  # the sidecar passes its later parts by
+            failure = caller.policy(handle, HOOK, error)
+            if failure is not None:
+                return [(ERROR, failure)]
+            continue
+        effects = read_effects(handle.processor_id, HOOK, effects_pb, decode_chunks=False)
+        records += [signal_record(signal) for signal in effects.signals]
+        violations += effects.violations
+        abort = effects.abort or abort  # the one that ends the stream is the last one's
+    items: list[Item] = []
+    if records or violations:
+        items.append((EFFECTS, StreamEffects(records, violations)))
+    if res.HasField("part"):
+        items.append((CHUNK, res.part))
+    items += [(CHUNK, extra) for extra in res.extra_parts]
+    if abort is not None:
+        items.append((ABORT, abort))
+    return items
+
+
+def session_policy(
+    caller: GrpcHookCaller, members: Sequence[ProcessorHandle], cause: str, *, input_refused: bool
+) -> Exception | None:
+    """A session that failed as a whole fails for each of its processors: each one's policy,
+    the first error wins (the orchestrator cannot tell which fused processor was slow)."""
+    errors = [caller.policy(m, HOOK, cause, input_refused=input_refused) for m in members]
+    return next((e for e in errors if e is not None), None)

@@ -98,7 +98,8 @@ def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode
     def ref(i: int, pid: str) -> dict[str, Any]:
         if pid == "recorder":
             return {"processor": "rec/recorder", "options": {"log": str(log)}}
-        sidecar = "s0" if mode == "fused" else f"s{i % 3}"
+        # fused: all on one sidecar; both: blocks of two per sidecar, fused, the blocks speculative
+        sidecar = {"fused": "s0", "both": f"s{i // 2 % 3}"}.get(mode, f"s{i % 3}")
         entry: dict[str, Any] = {"processor": f"{sidecar}/{pid}"}
         if mode == "sequential":
             entry["speculative"] = False
@@ -108,7 +109,7 @@ def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode
         {
             "sidecars": {name: {"address": proc.address} for name, proc in sidecars.items()},
             "models": {"scripted": {"provider": "scripted", "responses": [{"deltas": DELTAS}]}},
-            "fuse": mode == "fused",
+            "fuse": mode in ("fused", "both"),
             "agents": {
                 "a": {
                     "model": "scripted",
@@ -167,11 +168,12 @@ async def test_stream_traces_equal_sequential(
 ) -> None:
     log = tmp_path / "rec.jsonl"
     traces = {}
-    for mode in ("sequential", "speculative", "fused"):
+    for mode in ("sequential", "speculative", "fused", "both"):
         async with App(config(ready, log, CASES[case], mode)) as app:
             traces[mode] = await trace(app, log)
     assert traces["speculative"] == traces["sequential"]
     assert traces["fused"] == traces["sequential"]
+    assert traces["both"] == traces["sequential"]
     assert traces["sequential"]["recorder"] or traces["sequential"]["tripwire"]
 
 

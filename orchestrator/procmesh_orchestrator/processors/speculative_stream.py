@@ -131,9 +131,7 @@ class _Member:
         if self.out is None:
             self.out = ppb.ProcessOutputStreamRequest()
         self.seq += 1
-        item = self.out.parts.add()
-        item.seq = self.seq
-        item.part.CopyFrom(part)
+        self.out.parts.add(seq=self.seq, part=part)
         now = time.monotonic()
         self.fed.append(_Fed(self.seq, part, origin, now))
         self.live.add(self.seq)

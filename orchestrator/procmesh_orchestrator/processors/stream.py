@@ -119,6 +119,7 @@ class _Stage:
             while len(batch) < MAX_BATCH and not self.inq.empty():
                 batch.append(self.inq.get_nowait())
             request: ppb.ProcessOutputStreamRequest | None = None
+            now = time.monotonic()
             finished = False
             for kind, value in batch:
                 if kind == EFFECTS:  # an earlier stage's: it goes on in its place
@@ -139,12 +140,11 @@ class _Stage:
                     request = self._open()
                 elif request is None:
                     request = ppb.ProcessOutputStreamRequest()
+                    now = time.monotonic()  # the batch's parts are sent together: one clock read
                 self.seq += 1
-                part = request.parts.add()
-                part.seq = self.seq
-                part.part.CopyFrom(value)
+                request.parts.add(seq=self.seq, part=value)
                 self.pending.append((CHUNK, value, True))
-                self.sent.append((self.seq, time.monotonic()))
+                self.sent.append((self.seq, now))
             self._flush_head()
             if request is not None and not self.failed_open and self.call is not None:
                 await self.call.write(request)

@@ -178,6 +178,8 @@ export interface ProcessorContext<TOptions = any, TState extends Record<string, 
   agentId: string;
   threadId?: string;
   resourceId?: string;
+  /** This processor's failure policy as the orchestrator applies it (undefined if it does not say). */
+  onFailure?: 'fail-open' | 'fail-closed';
   /** The caller's request context (`requestContext.get(key)`). */
   requestContext: RequestContext;
   sendSignal: (signal: Signal) => Promise<void>;

@@ -149,6 +149,7 @@ class Servicer:
             "agent_id": ctx.agent_id,
             "thread_id": ctx.thread_id or None,
             "resource_id": ctx.resource_id or None,
+            "on_failure": own.on_failure or None,
             "send_signal": effects.send_signal,
             "report_violation": effects.report_violation,
         }

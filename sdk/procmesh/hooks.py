@@ -32,6 +32,7 @@ _BASE = (
     "agent_id",
     "thread_id",
     "resource_id",
+    "on_failure",
     "request_context",
     "send_signal",
     "writer",

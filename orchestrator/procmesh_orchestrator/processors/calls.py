@@ -158,11 +158,14 @@ class GrpcHookCaller:
         ctx.request_context.CopyFrom(self.request_context)
         ctx.thread_id = info.thread_id
         ctx.resource_id = info.resource_id
+        ctx.on_failure = handle.on_failure
 
     def fill_fused(self, ctx: tpb.RunContext, handles: Sequence[ProcessorHandle]) -> None:
         """Name the further processors of a fused request, each with its options and state."""
         for handle in handles:
-            fused = ctx.fused.add(processor_id=handle.hosted_id or handle.processor_id)
+            fused = ctx.fused.add(
+                processor_id=handle.hosted_id or handle.processor_id, on_failure=handle.on_failure
+            )
             fused.options.CopyFrom(handle.options)
             state = self.info.states.get(handle.processor_id)
             if isinstance(state, struct_pb2.Struct):

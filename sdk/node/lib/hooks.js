@@ -19,6 +19,7 @@ const BASE_ARGUMENTS = Object.freeze([
   'agentId',
   'threadId',
   'resourceId',
+  'onFailure',
   'requestContext',
   'sendSignal',
   'writer',

@@ -130,6 +130,7 @@ class Servicer {
       agentId: ctx.agent_id || '',
       threadId: ctx.thread_id || undefined,
       resourceId: ctx.resource_id || undefined,
+      onFailure: own.on_failure || undefined,
       requestContext: new RequestContext(convert.fromStruct(ctx.request_context)),
       sendSignal: effects.sendSignal,
       writer: new Writer(effects),

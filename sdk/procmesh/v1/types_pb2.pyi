@@ -805,8 +805,11 @@ class FusedProcessor(_message.Message):
     PROCESSOR_ID_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    ON_FAILURE_FIELD_NUMBER: _builtins.int
     processor_id: _builtins.str
     """The hosted processor (Describe lists it)."""
+    on_failure: _builtins.str
+    """Its failure policy, as RunContext.on_failure gives the first one's."""
     @_builtins.property
     def options(self) -> _struct_pb2.Struct:
         """Its options from the orchestrator's configuration."""
@@ -821,10 +824,11 @@ class FusedProcessor(_message.Message):
         processor_id: _builtins.str = ...,
         options: _struct_pb2.Struct | None = ...,
         state: _struct_pb2.Struct | None = ...,
+        on_failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "processor_id", b"processor_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["on_failure", b"on_failure", "options", b"options", "processor_id", b"processor_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -879,6 +883,7 @@ class RunContext(_message.Message):
     RESOURCE_ID_FIELD_NUMBER: _builtins.int
     FUSED_FIELD_NUMBER: _builtins.int
     ANNOUNCE_SIGNALS_FIELD_NUMBER: _builtins.int
+    ON_FAILURE_FIELD_NUMBER: _builtins.int
     processor_id: _builtins.str
     """The hosted processor to run (Describe lists them)."""
     run_id: _builtins.str
@@ -896,6 +901,13 @@ class RunContext(_message.Message):
     announce_signals: _builtins.bool
     """ProcessOutputStream with `fused` only: a signal one processor sends also goes on to the
     later ones as a data-signal part, as the orchestrator announces it between streams.
+    """
+    on_failure: _builtins.str
+    """The processor's failure policy as the orchestrator applies it: "fail-open" or
+    "fail-closed" (a shadow processor always fails open); empty from an orchestrator that does
+    not say. A processor that holds parts back (answered as dropped, to be sent later) can let
+    them go itself when its own dependency fails under fail-open, since a failed call's answer
+    cannot hand them back.
     """
     @_builtins.property
     def options(self) -> _struct_pb2.Struct:
@@ -933,10 +945,11 @@ class RunContext(_message.Message):
         resource_id: _builtins.str = ...,
         fused: _abc.Iterable[Global___FusedProcessor] | None = ...,
         announce_signals: _builtins.bool = ...,
+        on_failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "request_context", b"request_context", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "announce_signals", b"announce_signals", "fused", b"fused", "options", b"options", "processor_id", b"processor_id", "request_context", b"request_context", "resource_id", b"resource_id", "retry_count", b"retry_count", "run_id", b"run_id", "state", b"state", "step_number", b"step_number", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "announce_signals", b"announce_signals", "fused", b"fused", "on_failure", b"on_failure", "options", b"options", "processor_id", b"processor_id", "request_context", b"request_context", "resource_id", b"resource_id", "retry_count", b"retry_count", "run_id", b"run_id", "state", b"state", "step_number", b"step_number", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -434,6 +434,7 @@ def context(
         request_context=convert.to_struct({"tenant": "t1", "n": 3, "flags": [True]}),
         thread_id="th-1",
         resource_id="rs-1",
+        on_failure="fail-open",
         **kw,
     )
 
@@ -945,11 +946,15 @@ async def test_stream_failures_get_the_same_status_codes(
 
 async def test_the_stream_hook_is_handed_the_documented_arguments(servers: Pair) -> None:
     _, node = await stream_answers(servers.node, [stream_request("echo", "x")])
+    _, py = await stream_answers(servers.python, [stream_request("echo", "x")])
     state = node[-1]["end"]["state"]
     (seen,) = state["seen"]["processOutputStream"]
+    (py_seen,) = py[-1]["end"]["state"]["seen"]["processOutputStream"]
+    assert seen["onFailure"] == py_seen["onFailure"] == "fail-open"  # RunContext.on_failure
     assert sorted(seen) == sorted(
         [
             "agentId",
+            "onFailure",
             "options",
             "part",
             "requestContext",

@@ -114,6 +114,8 @@ def _judges(server: JudgeServer) -> None:
     server.judge("win-chars", NO_SCORES)
     server.judge("pipe", NO_SCORES, delay=0.2)
     server.judge("hold", NO_SCORES, Rule((" w0042",), HATE), delay=0.02)
+    # the fifth window (w0041..w0050) gets a malformed answer: the judge fails mid-stream
+    server.judge("flaky", NO_SCORES, Rule((" w0042",), "not JSON, twice"), delay=0.02)
     # the example's judge (examples/moderation.yaml): one model, three guards' prompts
     server.judge(
         "gpt-5-nano",
@@ -233,6 +235,14 @@ AGENTS: dict[str, dict[str, Any]] = {
     "win-chars": _out("moderation", "win-chars", "thousand", window_boundary="chars"),
     "pipe": _out("moderation", "pipe", "hundred"),
     "hold": _out("moderation", "hold", "hundred"),
+    "flaky-open": _out("moderation", "flaky", "hundred", "fail-open"),
+    "flaky-closed": _out("moderation", "flaky", "hundred", "fail-closed"),
+    # one sidecar serves both: one fused session, moderation's policy in context.fused
+    "flaky-fused": {
+        "model": "hundred",
+        "errorProcessorDefaults": False,
+        "outputProcessors": [guard("pii-detector", "pii"), guard("moderation", "flaky", "fail-open")],
+    },
 }
 
 
@@ -246,7 +256,8 @@ def _config(sidecar: str, judges_url: str, store: Path) -> dict[str, Any]:
         "responses": [{"deltas": ["Mail jane@example.", "com", " today.", " Bye."]}] * 4,
     }
     scripted["thousand"] = {"provider": "scripted", "responses": [{"deltas": numbered(1000)}] * 4}
-    scripted["hundred"] = {"provider": "scripted", "responses": [{"deltas": numbered(100)}] * 4, "delayMs": 2}
+    # one answer per run on it: pipe, hold, and the three judge-failure runs
+    scripted["hundred"] = {"provider": "scripted", "responses": [{"deltas": numbered(100)}] * 5, "delayMs": 2}
     example = _example(judges_url)
     return {
         "sidecars": {"g": {"address": sidecar, "timeout": 10}, **example["sidecars"]},
@@ -344,8 +355,17 @@ def echoed(result: dict[str, Any]) -> str:
     return text[len('You said: "') : text.index('" Darn')]
 
 
+def deltas_of(chunks: list[dict[str, Any]]) -> list[str]:
+    return [c["payload"]["text"] for c in chunks if c["type"] == "text-delta"]
+
+
 def streamed_text(chunks: list[dict[str, Any]]) -> str:
-    return "".join(c["payload"]["text"] for c in chunks if c["type"] == "text-delta")
+    return "".join(deltas_of(chunks))
+
+
+def violations_of(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The violations a streamed run announced (``data-procmesh-violation`` parts)."""
+    return [c["data"] for c in chunks if c["type"] == "data-procmesh-violation"]
 
 
 def only_violation(result: dict[str, Any]) -> dict[str, Any]:
@@ -717,8 +737,59 @@ async def test_a_failed_judge_in_the_stream_follows_the_failure_policy(
     assert streamed_text(closed) == ""  # nothing unjudged reached the client
     opened = await stream(orchestrator, "out-bad-open")
     assert not any(c["type"] == "error" for c in opened), opened
-    # fail-open: the run goes on; the parts held when the judge failed are not resent (docs/builtins.md)
+    # fail-open: the first window's judge failed; the guard let its held parts go, then the rest
+    assert streamed_text(opened) == ANSWERS["hateful"]
     assert next(c for c in opened if c["type"] == "finish")["payload"]["finishReason"] == "stop"
+    (violation,) = violations_of(opened)
+    assert violation["processorId"] == "moderation"
+    assert violation["message"].startswith("Judge failed")
+
+
+async def test_a_judge_failing_mid_stream_under_fail_open_loses_no_held_part(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer, sidecar_dir: Path
+) -> None:
+    before = len(judge_server.calls("flaky"))
+    chunks = await stream(orchestrator, "flaky-open")
+    assert not any(c["type"] in ("error", "tripwire") for c in chunks), chunks
+    # every delta the scripted model sent, exactly once, in order: the parts held behind the
+    # failed window (and it) are let go by the guard, then the rest of the step passes unjudged
+    assert deltas_of(chunks) == numbered(100)
+    assert next(c for c in chunks if c["type"] == "finish")["payload"]["finishReason"] == "stop"
+    (violation,) = violations_of(chunks)
+    assert violation["processorId"] == "moderation"
+    assert violation["message"].startswith("Judge failed; the rest of the answer's step passes unjudged")
+    assert "model gateway" in violation["message"]  # names the judge's failure
+    assert violation["detail"]["phase"] == "output"
+    assert violation["detail"]["released"] >= 1  # held parts went out with the failure's answer
+    judged = judge_server.judged("flaky")[before:]
+    assert any(" w0001" in j for j in judged)  # windows before the failure were judged
+    assert any(" w0042" in j for j in judged)  # the failure was mid-stream
+    log = (sidecar_dir / "guards.log").read_text(encoding="utf-8", errors="replace")
+    assert "WARNING" in log
+    assert "Judge failed; the rest of the answer's step passes unjudged (fail-open)" in log
+
+
+async def test_a_fused_guard_gets_its_own_failure_policy(orchestrator: OrchestratorProcess) -> None:
+    # moderation runs second in pii-detector's fused request: it fails open on its own policy
+    chunks = await stream(orchestrator, "flaky-fused")
+    assert not any(c["type"] in ("error", "tripwire") for c in chunks), chunks
+    assert deltas_of(chunks) == numbered(100)
+    (violation,) = violations_of(chunks)
+    assert violation["processorId"] == "moderation"
+    assert violation["message"].startswith("Judge failed")
+
+
+async def test_a_judge_failing_mid_stream_under_fail_closed_fails_the_run(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    chunks = await stream(orchestrator, "flaky-closed")
+    error = next(c for c in chunks if c["type"] == "error")
+    assert "moderation" in json.dumps(error)
+    # nothing unjudged went out: at most the four windows judged before the failed one
+    sent = deltas_of(chunks)
+    assert sent == numbered(len(sent))
+    assert len(sent) <= 40
+    assert violations_of(chunks) == []
 
 
 async def test_guard_options_are_checked_when_the_orchestrator_starts(

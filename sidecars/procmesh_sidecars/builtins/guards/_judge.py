@@ -7,9 +7,13 @@ verdict is applied to an input message (``processInput``) or to a window of the 
 (``processOutputStream``).
 
 Failures: a judge that times out or does not answer with JSON matching the schema (the gateway
-retries once) raises `procmesh.ModelError` out of the hook, so the processor's failure policy in
-the orchestrator decides (``onFailure: fail-open`` lets the run go on, ``fail-closed`` ends it).
-The reference's ``errorStrategy`` option is that policy here.
+retries once) fails the call, and the processor's failure policy decides (``onFailure:
+fail-open`` lets the run go on, ``fail-closed`` ends it); the reference's ``errorStrategy``
+option is that policy here. An input hook raises the error, and the orchestrator applies the
+policy. The stream hook raises it under fail-closed only: under fail-open it lets every held
+part go itself, unjudged and in order (a hook that raises cannot hand back parts it already
+answered as dropped), reports the failure as a violation, and passes the rest of the step's
+stream unjudged, as the orchestrator does with a stage that failed open.
 
 Streams are judged per window (`_windows`), pipelined: a closed window's judge call runs as a task
 while later parts keep arriving (each answered at once: held, or let go when nothing is held);
@@ -30,6 +34,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from procmesh import Processor
+from procmesh.errors import ProcmeshError
 from procmesh_sidecars.builtins._common import Chunk, Message, message_text
 from procmesh_sidecars.builtins.guards import _windows
 from procmesh_sidecars.builtins.guards._windows import WindowOptions
@@ -41,6 +46,8 @@ Phase = Literal["input", "output"]
 
 _MAX_TASKS = 4096
 """Verdict tasks kept per processor (windows of streams in flight, plus recent ones for rewinds)."""
+_FAILED_OPEN = "judge_failed_open"
+"""Set in the run state when a judge failed under fail-open: the step's stream passes unjudged."""
 
 
 class GuardOptions(WindowOptions):
@@ -230,24 +237,41 @@ class JudgedGuard(Processor):
     # -- the stream -------------------------------------------------------------------------
 
     async def judge_stream(
-        self, part: Chunk, options: Any, state: dict[str, Any], model: Any, abort: Any, report: Any
+        self,
+        part: Chunk,
+        options: Any,
+        state: dict[str, Any],
+        model: Any,
+        abort: Any,
+        report: Any,
+        on_failure: str | None,
     ) -> Chunk | list[Chunk] | None:
-        """One streamed part: held, let go, or (at the step's end) everything judged and let go."""
+        """One streamed part: held, let go, or (at the step's end) everything judged and let go.
+
+        `on_failure` is the processor's failure policy: under ``fail-open`` a failed judge call
+        lets everything go unjudged (`_fail_open`) instead of failing the hook.
+        """
         kind = str(part.get("type", ""))
+        if state.get(_FAILED_OPEN):
+            if kind in _windows.STEP_ENDS:
+                del state[_FAILED_OPEN]  # the next step is judged again, as a failed-open stage's is
+            return part
+        fail_open = on_failure == "fail-open"
         hold = self.holds(options)
         if kind == "text-delta":
             for window in _windows.add_text(state, part, options, hold=hold):
                 self._judge(window, options, model)
-            out = await self._release(state, options, model, abort, report, wait=False)
+            out = await self._release(state, options, model, abort, report, wait=False, fail_open=fail_open)
             return out if hold else [*out, part]
         closed = _windows.close_open(state)
         if closed is not None:
             self._judge(closed, options, model)
         if kind in _windows.STEP_ENDS:
-            out = await self._release(state, options, model, abort, report, wait=True)
+            out = await self._release(state, options, model, abort, report, wait=True, fail_open=fail_open)
+            state.pop(_FAILED_OPEN, None)  # failed at the step's end: the step is over
             return [*out, part]
         held = _windows.hold_behind(state, part)
-        out = await self._release(state, options, model, abort, report, wait=False)
+        out = await self._release(state, options, model, abort, report, wait=False, fail_open=fail_open)
         return out if held else [*out, part]
 
     def _judge(self, window: _windows.Window, options: Any, model: Any) -> asyncio.Task[Verdict]:
@@ -264,7 +288,15 @@ class JudgedGuard(Processor):
         return task
 
     async def _release(
-        self, state: dict[str, Any], options: Any, model: Any, abort: Any, report: Any, *, wait: bool
+        self,
+        state: dict[str, Any],
+        options: Any,
+        model: Any,
+        abort: Any,
+        report: Any,
+        *,
+        wait: bool,
+        fail_open: bool,
     ) -> list[Chunk]:
         """The parts of every judged window at the head, in order (all of them when `wait`)."""
         out: list[Chunk] = []
@@ -276,10 +308,30 @@ class JudgedGuard(Processor):
             task = self._judge(window, options, model)
             if not task.done() and not wait:
                 break
-            verdict = await task  # a failed judge raises here: the failure policy decides
+            try:
+                verdict = await task
+            except ProcmeshError as exc:  # the judge call failed (the model gateway's error)
+                if not fail_open:
+                    raise  # fail-closed: the orchestrator ends the run
+                return out + self._fail_open(state, options, report, exc)
             _windows.pop_head(state)  # its task stays (bounded): a rewind that puts it back reuses it
             out += _apply_to_window(window, verdict, abort, report)
         return out
+
+    def _fail_open(self, state: dict[str, Any], options: Any, report: Any, exc: ProcmeshError) -> list[Chunk]:
+        """A judge failed under fail-open: every held part, unjudged, in order; the step passes.
+
+        Raising would lose the held parts: the orchestrator's failed-open stage passes on only
+        the parts still awaiting an answer, and these were answered (as dropped) when held.
+        """
+        held = _windows.windows(state)
+        parts = [p for window in held for p in window["parts"]]
+        held.clear()
+        state[_FAILED_OPEN] = True
+        message = f"Judge failed; the rest of the answer's step passes unjudged (fail-open): {exc}"
+        log.warning("%s: %s", self.id, message)
+        report(message, self.detail(options, "output", error=str(exc), released=len(parts)))
+        return parts
 
 
 def _retrieve(task: asyncio.Task[Verdict]) -> None:
@@ -330,6 +382,13 @@ class StreamHook(JudgedGuard):
     """``processOutputStream``: the answer judged per window (`JudgedGuard.judge_stream`)."""
 
     async def process_output_stream(
-        self, part: Chunk, options: Any, state: dict[str, Any], model: Any, abort: Any, report_violation: Any
+        self,
+        part: Chunk,
+        options: Any,
+        state: dict[str, Any],
+        model: Any,
+        abort: Any,
+        report_violation: Any,
+        on_failure: str | None,
     ) -> Chunk | list[Chunk] | None:
-        return await self.judge_stream(part, options, state, model, abort, report_violation)
+        return await self.judge_stream(part, options, state, model, abort, report_violation, on_failure)

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
+from procmesh_orchestrator.memory.migrations import migrations
 from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
 from procmesh_orchestrator.memory.sqlite import SqliteMemoryStore
 from procmesh_orchestrator.memory.store import MemoryStore
@@ -53,6 +54,10 @@ class Backend:
                 return [row[0] for row in conn.execute("SELECT version FROM schema_version ORDER BY version")]
         with psycopg.connect(self.location) as pg:
             return [row[0] for row in pg.execute("SELECT version FROM schema_version ORDER BY version")]
+
+    def latest_versions(self) -> list[int]:
+        """Every migration this build knows, as `schema_versions` lists them after an upgrade."""
+        return [m.version for m in migrations(self.name)]  # type: ignore[arg-type]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -443,7 +443,7 @@ async def test_a_version_2_database_upgrades_in_place(
     new = backend.open()
     await new.start()
     try:
-        assert backend.schema_versions() == [1, 2, 3]
+        assert backend.schema_versions() == backend.latest_versions()
         assert ids(await new.messages("t1")) == ["u1"]  # the old data is still there
         assert (await new.claim_suspended("r1", "call-1")).snapshot == suspended().snapshot
         created = await create(new)

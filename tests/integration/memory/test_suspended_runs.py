@@ -311,7 +311,7 @@ async def test_a_version_1_database_upgrades_in_place(
     new = backend.open()
     await new.start()
     try:
-        assert backend.schema_versions() == [1, 2, 3]
+        assert backend.schema_versions() == backend.latest_versions()
         assert ids(await new.messages("t1")) == ["u1", "a1"]  # the old data is still there
         await new.save_suspended(run())
         assert (await new.claim_suspended("r1", "call-1")).status == "resuming"

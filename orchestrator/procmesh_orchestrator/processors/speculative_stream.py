@@ -35,8 +35,8 @@ from procmesh_orchestrator.processors.stream_call import (
     ERROR,
     FLOWING,
     HOOK,
-    MAX_BATCH,
     Item,
+    Pipe,
     StreamCall,
     answer_items,
     fused_items,
@@ -326,8 +326,8 @@ class SpeculativeGroup:
         self,
         caller: GrpcHookCaller,
         sessions: Sequence[Sequence[ProcessorHandle]],
-        inq: asyncio.Queue[Item],
-        outq: asyncio.Queue[Item],
+        inq: Pipe,
+        outq: Pipe,
         *,
         announce_signals: bool,
     ) -> None:
@@ -352,9 +352,7 @@ class SpeculativeGroup:
         """Take the upstream items, feed them, commit what can be (the readers commit the rest)."""
         last = False
         while not last and self.cut_at is None:
-            batch: list[Item] = [await self.inq.get()]
-            while len(batch) < MAX_BATCH and not self.inq.empty():
-                batch.append(self.inq.get_nowait())
+            batch = await self.inq.get()
             for kind, value in batch:
                 self._take(kind, value)
                 if kind not in FLOWING:  # an end, an abort or an error: nothing follows it

@@ -28,8 +28,7 @@ from procmesh_orchestrator.processors.stream_call import (
     ERROR,
     FLOWING,
     HOOK,
-    MAX_BATCH,
-    Item,
+    Pipe,
     StreamCall,
     answer_items,
     fused_items,
@@ -56,8 +55,8 @@ class _Stage:
         self,
         pipeline: OutputPipeline,
         members: Sequence[ProcessorHandle],
-        inq: asyncio.Queue[Item],
-        outq: asyncio.Queue[Item],
+        inq: Pipe,
+        outq: Pipe,
         *,
         side: bool = False,
     ) -> None:
@@ -115,9 +114,7 @@ class _Stage:
 
     async def feed(self) -> None:
         while not self.stopped:
-            batch: list[Item] = [await self.inq.get()]
-            while len(batch) < MAX_BATCH and not self.inq.empty():
-                batch.append(self.inq.get_nowait())
+            batch = await self.inq.get()
             request: ppb.ProcessOutputStreamRequest | None = None
             now = time.monotonic()
             finished = False
@@ -398,7 +395,7 @@ class OutputPipeline:
             async for chunk in source:
                 yield chunk
             return
-        queues: list[asyncio.Queue[Item]] = [asyncio.Queue() for _ in range(len(self.stages) + 1)]
+        queues = [Pipe() for _ in range(len(self.stages) + 1)]
         stages: list[_Stage | SpeculativeGroup] = []
         for i, (planned, side) in enumerate(self.stages):
             inq, outq = queues[i], queues[i + 1]
@@ -412,11 +409,11 @@ class OutputPipeline:
         async def produce() -> None:
             try:
                 async for chunk in source:
-                    await queues[0].put((CHUNK, convert.chunk_to_proto(chunk)))
+                    queues[0].put_nowait((CHUNK, convert.chunk_to_proto(chunk)))
             except Exception as exc:  # the source's failure travels behind the chunks before it
-                await queues[0].put((ERROR, exc))
+                queues[0].put_nowait((ERROR, exc))
                 return
-            await queues[0].put((END, None))
+            queues[0].put_nowait((END, None))
 
         async def guard(coro: Awaitable[None]) -> None:
             try:
@@ -424,24 +421,24 @@ class OutputPipeline:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # a stage's own bug ends the stream instead of hanging it
-                await queues[-1].put((ERROR, exc))
+                queues[-1].put_nowait((ERROR, exc))
 
         tasks = [asyncio.create_task(guard(produce()))]
         tasks += [asyncio.create_task(guard(stage.feed())) for stage in stages]
         try:
             while True:
-                kind, value = await queues[-1].get()
-                if kind == CHUNK:
-                    yield convert.chunk_from_proto(value)
-                elif kind == EFFECTS:
-                    yield value
-                elif kind == END:
-                    return
-                elif kind == ABORT:
-                    yield value
-                    return
-                else:
-                    raise value
+                for kind, value in await queues[-1].get():
+                    if kind == CHUNK:
+                        yield convert.chunk_from_proto(value)
+                    elif kind == EFFECTS:
+                        yield value
+                    elif kind == END:
+                        return
+                    elif kind == ABORT:
+                        yield value
+                        return
+                    else:
+                        raise value
         finally:
             for stage in stages:
                 tasks += stage.shutdown()

@@ -38,6 +38,31 @@ _WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidState
 Item = tuple[str, Any]
 
 
+class Pipe:
+    """The items from one stage to the next, handed over in bulk: what a stage puts while it runs
+    goes over as one list at the event loop's next turn (one wake-up per batch, not per part)."""
+
+    def __init__(self) -> None:
+        self._lists: asyncio.Queue[list[Item]] = asyncio.Queue()
+        self._pending: list[Item] = []
+
+    def put_nowait(self, item: Item) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(item)
+
+    def _flush(self) -> None:
+        items, self._pending = self._pending, []
+        self._lists.put_nowait(items)
+
+    async def get(self) -> list[Item]:
+        """Everything handed over so far (at least one item), in order."""
+        items = await self._lists.get()
+        while not self._lists.empty() and len(items) < MAX_BATCH:
+            items += self._lists.get_nowait()
+        return items
+
+
 class StreamCall:
     """A ProcessOutputStream call whose gRPC errors come out translated: the stream's one boundary.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import jsonschema
 from procmesh import ProcessorClient, channel_credentials, convert
 from procmesh.errors import ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh_orchestrator import call_lanes
 from procmesh_orchestrator.agent_tools import ToolCatalog
 from procmesh_orchestrator.config import (
     BUILTINS,
@@ -241,6 +243,7 @@ class App:
                 store=self.suspended_runs_store,
                 fuse=self.config.fuse if agent.fuse is None else agent.fuse,
                 optimistic_first_step=agent.optimistic_first_step,
+                bind_lanes=functools.partial(call_lanes.bind, self, agent_id),
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
         if any(a.durable for a in self.config.agents.values()):

@@ -30,6 +30,7 @@ from procmesh_orchestrator.errors import (
     LeaseLostError,
     MemoryStoreError,
     OrchestratorError,
+    SuspendError,
 )
 from procmesh_orchestrator.events import EventLog
 from procmesh_orchestrator.memory.store import CANCELLED, DONE, FAILED, SUSPENDED, DurableRun, MemoryStore
@@ -372,6 +373,11 @@ class DurableRuns:
             for record in claimed:
                 try:
                     self._take_over(record)
+                except SuspendError as exc:  # a processor list naming what this replica lacks
+                    log.warning("run %s could not be taken over: %s", record.run_id, exc)
+                    await store.finish_durable_run(
+                        record.run_id, owner=self.replica, status=FAILED, error=f"could not be resumed: {exc}"
+                    )
                 except Exception:  # a run this replica cannot run (an unknown agent, a bad snapshot)
                     log.exception("run %s could not be taken over", record.run_id)
                     await store.finish_durable_run(
@@ -386,7 +392,7 @@ class DurableRuns:
         build: Callable[[ChunkSink], Run]
         if data.get("phase") == "start":  # it died before its first checkpoint: from the start
             call = data["call"]
-            options = snapshot.resumed_options(call, replace(options, timeout=call["timeout"]))
+            options = snapshot.resumed_options(call, replace(options, timeout=call["timeout"]), spec)
 
             def build(sink: ChunkSink) -> Run:
                 return Run(spec, data["input"], options, sink=sink, metrics=self.metrics, run_id=run_id)

@@ -88,7 +88,7 @@ class Run(RunCore):
         processInput does not run again (the lifecycle seed): the messages, processor state,
         retry counter and signals are the snapshot's.
         """
-        options = snapshot.resumed_options(saved, options)
+        options = snapshot.resumed_options(saved, options, agent)
         run = cls(agent, "", options, sink=sink, metrics=metrics, run_id=saved["runId"])
         pending = snapshot.restore(run, saved)
         if pending is None:

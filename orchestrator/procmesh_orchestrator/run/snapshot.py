@@ -3,8 +3,9 @@
 The snapshot holds the messages with their sources, the step records, usage, violations, every
 processor's state, the retry counter, signals (they are messages), the serializable request
 context entries, the call's settings (maxSteps, maxProcessorRetries, stopWhen as data, tool
-approval, client tools) and the suspended step. Lanes are the agent's; processors are named by
-their lane key, so a resumed run finds the same ones.
+approval, client tools, per-call processor lists by the names the caller gave) and the suspended
+step. Processors are named by their lane key, so a resumed run finds the same ones: the agent's,
+or the call's lists bound again by the resuming orchestrator (`AgentSpec.bind_lanes`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator.errors import SuspendError
+from procmesh_orchestrator.errors import ConfigError, SuspendError
 from procmesh_orchestrator.memory.store import SuspendedRun
 from procmesh_orchestrator.run import stop
 from procmesh_orchestrator.run.tool_calls import PendingTools
@@ -23,7 +24,7 @@ from procmesh_orchestrator.run.types import StructuredOutput
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
-    from procmesh_orchestrator.run.types import CallOptions
+    from procmesh_orchestrator.run.types import AgentSpec, CallOptions
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,7 @@ def suspended_run(run: RunCore, pending: PendingTools) -> SuspendedRun:
 
 def call_data(options: CallOptions) -> dict[str, Any]:
     """A call's options as JSON, in the snapshot's keys (`resumed_options` reads them back): what a
-    durable run keeps before its first checkpoint. Per-call processor lists cannot be kept."""
-    if any(
-        x is not None for x in (options.input_processors, options.output_processors, options.error_processors)
-    ):
-        raise SuspendError("a durable run takes the agent's processor lanes: per-call lists cannot be kept")
+    durable run keeps before its first checkpoint."""
     return {
         "threadId": options.thread_id,
         "resourceId": options.resource_id,
@@ -137,6 +134,7 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
     """The call's settings every step applies (a resumed run applies them too)."""
     structured = options.structured_output
     return {
+        "processorLists": _processor_lists(options),
         "timeout": options.timeout,
         "modelSettings": None if options.model_settings is None else dict(options.model_settings),
         "toolChoice": options.tool_choice,
@@ -153,8 +151,29 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
     }
 
 
-def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
-    """The resuming call's options, with what the suspended call decided (ids, limits, tools)."""
+def _processor_lists(options: CallOptions) -> dict[str, list[str]]:
+    """The call's processor lists by name; SuspendError for a list given bound but unnamed (the
+    resumed run could not bind it again, and would run without the guards the caller chose)."""
+    given = {
+        "input": options.input_processors,
+        "output": options.output_processors,
+        "error": options.error_processors,
+    }
+    unnamed = [kind for kind, lane in given.items() if lane is not None and kind not in options.processor_names]
+    if unnamed:
+        raise SuspendError(
+            f"the call's {', '.join(unnamed)} processor list is not named (CallOptions.processor_names): "
+            "a resumed run could not bind it again"
+        )
+    return {kind: list(names) for kind, names in options.processor_names.items()}
+
+
+def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec) -> CallOptions:
+    """The resuming call's options, with what the suspended call decided (ids, limits, tools, its
+    processor lists bound again by `agent`). SuspendError naming a list entry this orchestrator
+    cannot bind (a processor its sidecars no longer host, a workflow no longer configured)."""
+    names: dict[str, list[str]] = data.get("processorLists") or {}
+    lists = _bound_lists(data, names, agent)
     stop_when = options.stop_when
     if stop_when is None and data["stopWhen"] is not None:
         stop_when = stop.parse(data["stopWhen"])
@@ -177,10 +196,23 @@ def resumed_options(data: dict[str, Any], options: CallOptions) -> CallOptions:
         stop_when=stop_when,
         require_tool_approval=data["requireToolApproval"],
         client_tools=[ClientTool(t["name"], t["description"], t["inputSchema"]) for t in data["clientTools"]],
-        input_processors=None,
-        output_processors=None,
-        error_processors=None,
+        input_processors=lists.get("input"),
+        output_processors=lists.get("output"),
+        error_processors=lists.get("error"),
+        processor_names=names,
     )
+
+
+def _bound_lists(data: dict[str, Any], names: dict[str, list[str]], agent: AgentSpec) -> dict[str, Any]:
+    if not names:
+        return {}
+    run = f"run {data['runId']}" if data.get("runId") else "the run"
+    if agent.bind_lanes is None:
+        raise SuspendError(f"{run}: agent {agent.id!r} cannot bind the call's processor lists here")
+    try:
+        return agent.bind_lanes(names)
+    except ConfigError as exc:
+        raise SuspendError(f"{run} cannot resume with the call's processor lists: {exc}") from None
 
 
 def restore(run: RunCore, data: dict[str, Any]) -> PendingTools | None:

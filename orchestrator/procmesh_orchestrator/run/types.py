@@ -61,6 +61,9 @@ class AgentSpec:
     recover it, the next one gets its turn (each with its own retries, `ModelChoice.max_retries`)."""
     cost: CostControl | None = None
     """The agent's spending limit (`costControl`): checked before each model call, updated after."""
+    bind_lanes: Callable[[Mapping[str, Sequence[str]]], dict[str, list[LaneEntry]]] | None = None
+    """Binds per-call processor lists by name (`call_lanes.bind`): a resumed run's snapshot keeps
+    the names; ConfigError naming an entry this orchestrator cannot bind."""
     warned_implicit_cap: bool = False
 
 
@@ -73,6 +76,9 @@ class CallOptions:
     input_processors: Sequence[LaneEntry] | None = None
     output_processors: Sequence[LaneEntry] | None = None
     error_processors: Sequence[LaneEntry] | None = None
+    processor_names: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """The per-call lists as the caller named them, by lane (``input``, ``output``, ``error``): a
+    snapshot keeps these, and the orchestrator that resumes the run binds them again."""
     request_context: dict[str, Any] = field(default_factory=dict)
     on_violation: ViolationCallback | None = None
     timeout: float | None = None

@@ -12,14 +12,16 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from procmesh_orchestrator import call_lanes
+from procmesh_orchestrator.call_lanes import Hosted
 from procmesh_orchestrator.config.schema import ConditionalStep, ParallelStep, ProcessorRef, WorkflowRef
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.memory._common import label
 from procmesh_orchestrator.processors import GrpcHookCaller
-from procmesh_orchestrator.processors.lanes import ProcessorHandle, hook_names
+from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.run.hooks import (
     HookArgs,
     InputArgs,
@@ -42,28 +44,6 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import Config
     from procmesh_orchestrator.service._service import Service
 
-PHASES = {
-    "process_input": "input",
-    "process_input_step": "inputStep",
-    "process_output_stream": "outputStream",
-    "process_output_result": "outputResult",
-    "process_output_step": "outputStep",
-    "process_tool_result": "toolResult",
-}
-"""The reference's processor phases, by procmesh hook (the LLM and API-error hooks have none)."""
-
-
-@dataclass(frozen=True)
-class _Hosted:
-    """A processor a sidecar hosts, under its catalog id."""
-
-    id: str
-    sidecar: str
-    processor_id: str
-    name: str
-    description: str
-    phases: list[str]
-
 
 def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | None, str | None]]:
     """The processor references of a lane, workflows' steps included: (ref, None) or (None, workflow)."""
@@ -82,39 +62,20 @@ def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | N
                     yield step, None
 
 
-def hosted_processors(service: Service) -> dict[str, _Hosted]:
-    """Every processor the sidecars host (``Describe``), by id (``sidecar:id`` when two share an id)."""
-    catalog = service.app.catalog
-    counts: dict[str, int] = {}
-    for infos in catalog.values():
-        for pid in infos:
-            counts[pid] = counts.get(pid, 0) + 1
-    out: dict[str, _Hosted] = {}
-    for sidecar, infos in sorted(catalog.items()):
-        for pid, info in infos.items():
-            key = pid if counts[pid] == 1 else f"{sidecar}:{pid}"
-            hooks = [PHASES[h] for h in PHASES if h in hook_names(info.hooks)]
-            out[key] = _Hosted(key, sidecar, pid, info.name or pid, info.description, hooks)
-    return out
+def hosted_processors(service: Service) -> dict[str, Hosted]:
+    """Every processor the sidecars host, by id (`call_lanes.hosted_processors`)."""
+    return call_lanes.hosted_processors(service.app)
 
 
-def _hosted(hosted: dict[str, _Hosted], processor_id: str) -> _Hosted | None:
-    found = hosted.get(processor_id)
-    if found is None:  # ``sidecar:id`` always names one
-        sidecar, _, pid = processor_id.partition(":")
-        found = next((h for h in hosted.values() if h.sidecar == sidecar and h.processor_id == pid), None)
-    return found
-
-
-def find_processor(service: Service, processor_id: str) -> _Hosted:
+def find_processor(service: Service, processor_id: str) -> Hosted:
     hosted = hosted_processors(service)
-    found = _hosted(hosted, processor_id)
+    found = call_lanes.find_hosted(hosted, processor_id)
     if found is None:
         raise CatalogNotFoundError(f"no processor {label(processor_id)} (hosted: {sorted(hosted)})")
     return found
 
 
-def _configurations(service: Service, hosted: _Hosted) -> list[dict[str, Any]]:
+def _configurations(service: Service, hosted: Hosted) -> list[dict[str, Any]]:
     config = service.app.config
     out = []
     for agent_id, agent in config.agents.items():
@@ -135,7 +96,7 @@ def _workflow_configurations(service: Service, workflow: str) -> list[dict[str, 
     return out
 
 
-def processor_json(service: Service, hosted: _Hosted, *, listing: bool) -> dict[str, Any]:
+def processor_json(service: Service, hosted: Hosted, *, listing: bool) -> dict[str, Any]:
     """A processor as ``GET /processors`` (`listing`) or ``GET /processors/:id`` returns it."""
     configurations = _configurations(service, hosted)
     body: dict[str, Any] = {
@@ -168,67 +129,31 @@ def workflow_processor_json(service: Service, name: str, *, listing: bool) -> di
     return body
 
 
-def _handle(service: Service, hosted: _Hosted, agent_id: str | None) -> ProcessorHandle:
-    """The processor bound as `agent_id` has it (its options), else with no options."""
-    if agent_id:
-        spec = service.agent(agent_id).spec
-        for item in (*spec.lanes.input, *spec.lanes.output):
-            if (
-                isinstance(item, ProcessorHandle)
-                and item.client is service.app.clients.get(hosted.sidecar)
-                and (item.hosted_id or item.processor_id) == hosted.processor_id
-            ):
-                return item
-    return service.app.resolve([f"{hosted.sidecar}/{hosted.processor_id}"], "processors")[0]
-
-
 def bind_lanes(service: Service, agent_id: str, call: AgentCall) -> AgentCall:
-    """The call with its per-call processor lists bound: each id names a processor a configured
-    sidecar hosts (the ids `listProcessors` gives; bound with the options `agent_id`'s lanes give
-    it, else none) or, in the input and output lanes, a configured processor workflow.
+    """The call with its per-call processor lists bound (`call_lanes.bind`), their names kept for
+    a snapshot (`CallOptions.processor_names`: a resumed run binds them again).
 
     Replacing an agent's processors drops its guards for the call, so only a caller the server
     trusts may (``PROCMESH_TRUST_REQUEST_CONTEXT``, the setting that trusts its request context).
     """
     if not call.lanes:
         return call
-    fields = ", ".join(f"{kind}Processors" for kind in call.lanes)
+    fields = ", ".join(call_lanes.LANE_FIELDS[kind] for kind in call.lanes)
     if not service.settings.trust_request_context:
         raise ForbiddenError(
             f"{fields}: replacing an agent's processors needs a trusted caller "
             "(the server's PROCMESH_TRUST_REQUEST_CONTEXT, behind a layer that authenticates callers)"
         )
-    hosted = hosted_processors(service)
-    workflows = service.app.config.workflows
-    bound: dict[str, list[Any]] = {}
-    for kind, ids in call.lanes.items():
-        entries: list[Any] = []
-        for i, pid in enumerate(ids):
-            where = f"{kind}Processors.{i}"
-            found = _hosted(hosted, pid)
-            workflow = pid.removeprefix("workflow:")
-            try:
-                if found is not None:
-                    entries.append(_handle(service, found, agent_id))
-                elif workflow in workflows and kind == "error":
-                    raise BadRequestError(
-                        f"{where}: the error lane takes processors, not the workflow {label(pid)}"
-                    )
-                elif workflow in workflows:
-                    entries.extend(service.app.resolve_lane([f"workflow:{workflow}"], where))
-                else:
-                    known = sorted(hosted) + (sorted(workflows) if kind != "error" else [])
-                    raise BadRequestError(
-                        f"{where}: unknown processor {label(pid)} (known: {', '.join(known)})"
-                    )
-            except ConfigError as exc:  # the processor needs options the agent does not give it
-                raise BadRequestError(str(exc)) from None
-        bound[kind] = entries
+    try:
+        bound = call_lanes.bind(service.app, agent_id, call.lanes)
+    except ConfigError as exc:  # names nothing here, or needs options the agent does not give it
+        raise BadRequestError(str(exc)) from None
     call.options = replace(
         call.options,
         input_processors=bound.get("input"),
         output_processors=bound.get("output"),
         error_processors=bound.get("error"),
+        processor_names={kind: list(ids) for kind, ids in call.lanes.items()},
     )
     return call
 
@@ -336,8 +261,8 @@ async def execute_phase(
         )
     hosted = find_processor(service, processor_id)
     phase = body.get("phase")
-    if phase not in PHASES.values():
-        raise BadRequestError(f"phase: must be one of {', '.join(PHASES.values())}")
+    if phase not in call_lanes.PHASES.values():
+        raise BadRequestError(f"phase: must be one of {', '.join(call_lanes.PHASES.values())}")
     if phase not in hosted.phases:
         raise BadRequestError(f"processor {hosted.id!r} has no {phase} phase (it has {hosted.phases})")
     raw = body.get("messages")
@@ -349,7 +274,7 @@ async def execute_phase(
     agent_id = body.get("agentId")
     if agent_id is not None and not isinstance(agent_id, str):
         raise BadRequestError("agentId: must be a string")
-    handle = _handle(service, hosted, agent_id)
+    handle = call_lanes.handle(service.app, hosted, agent_id)
     model = service.app.config.agents[agent_id].model if agent_id else ""
     info = RunInfo(
         run_id=str(uuid.uuid4()), agent_id=agent_id or "", request_context=context, resource_id=resource

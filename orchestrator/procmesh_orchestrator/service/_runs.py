@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator.errors import MemoryStoreError
+from procmesh_orchestrator.errors import MemoryStoreError, SuspendError
 from procmesh_orchestrator.memory.store import SUSPENDED, SuspendedRun
 from procmesh_orchestrator.run import Agent, CallOptions, RunResult, RunStream
 from procmesh_orchestrator.service._calls import Decision
-from procmesh_orchestrator.service._errors import SuspendedRunGoneError, resume_error
+from procmesh_orchestrator.service._errors import ResumeRefusedError, SuspendedRunGoneError, resume_error
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -59,11 +59,15 @@ class ActiveRuns:
 
 @contextlib.contextmanager
 def store_errors() -> Iterator[None]:
-    """Store errors of resuming and listing as the APIs' answers (404, 409, 400, 503)."""
+    """Store errors of resuming and listing as the APIs' answers (404, 409, 400, 503); a snapshot
+    this orchestrator cannot resume (a processor list naming what it lacks) is a 409, the run
+    still suspended."""
     try:
         yield
     except MemoryStoreError as exc:
         raise resume_error(exc) from None
+    except SuspendError as exc:
+        raise ResumeRefusedError(str(exc)) from None
 
 
 async def check_owner(service: Service, agent: Agent, decision: Decision, bound: str | None) -> None:
@@ -111,10 +115,11 @@ async def resume_generate(
         if approved:
             return await agent.approve_tool_call(decision.run_id, decision.tool_call_id, options)
         return await agent.decline_tool_call(decision.run_id, decision.tool_call_id, decision.reason, options)
-    except MemoryStoreError as exc:
+    except (MemoryStoreError, SuspendError) as exc:
         if getattr(exc, "result", None) is not None:
             raise  # the run started and failed on its store: a failed run, not a refused request
-        raise resume_error(exc) from None
+        with store_errors():
+            raise
 
 
 def suspended_run_json(saved: SuspendedRun) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.memory.test_store_safety import postgres_dsn
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.memory.pg import fresh_dsn
@@ -169,3 +170,52 @@ def test_a_run_suspended_on_a_is_approved_and_finished_on_b(
     assert again.status_code == 409
     assert again.json()["error"].endswith(f"suspended run {run_id!r} was already resumed")
     assert "memory store" not in again.json()["error"]  # no path, host or port of the store
+
+
+def guarded_config(sidecar: str | None) -> dict[str, Any]:
+    """`replica_config` with the examples sidecar: the agent's output lane masks "sunny" (the
+    word filter); without `sidecar`, a replica that hosts no processor at all."""
+    config = replica_config()
+    if sidecar is not None:
+        config["sidecars"] = {"guards": {"address": sidecar}}
+        masked = {"processor": "guards/word-filter", "options": {"words": ["sunny"]}}
+        config["agents"]["teller"]["outputProcessors"] = [masked]
+    return config
+
+
+def test_a_per_call_output_list_runs_after_an_approval_on_another_replica(
+    postgres_dsn: str,
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    start_sidecar: Callable[..., SidecarProcess],
+) -> None:
+    sidecar = start_sidecar("examples", name="replicas-guards")
+    asyncio.run(sidecar.wait_ready())
+    # trusted callers may replace an agent's lanes (behind a layer that authenticates them)
+    env = {"PROCMESH_API_KEYS": KEYS, DSN_ENV: fresh_dsn(postgres_dsn)}
+    env["PROCMESH_TRUST_REQUEST_CONTEXT"] = "true"
+    a = start_orchestrator(guarded_config(sidecar.address), env=env)
+    bare = start_orchestrator(guarded_config(None), env=env)
+    b = start_orchestrator(guarded_config(sidecar.address), env=env)
+    body = {"messages": ASK, "memory": {"resource": "user-ada", "thread": "th-3"}}
+
+    # the agent's own lane masks the forecast
+    plain = sse(a.http_url, "/api/agents/teller/stream", {**body, "requireToolApproval": False})
+    assert "'forecast': '*****'" in text(plain)
+
+    suspended = sse(a.http_url, "/api/agents/teller/stream", {**body, "outputProcessors": ["word-counter"]})
+    (asked,) = [c for c in suspended if c["type"] == "tool-call-approval"]
+    decision = {"runId": asked["runId"], "toolCallId": asked["payload"]["toolCallId"]}
+
+    # a replica that cannot bind the list refuses the approval, naming the entry; the run waits on
+    refused = httpx.post(f"{bare.http_url}/api/agents/teller/approve-tool-call", json=decision, headers=AUTH)
+    assert refused.status_code == 409, refused.text
+    assert "outputProcessors.0: unknown processor 'word-counter'" in refused.json()["error"]
+    listed = httpx.get(f"{b.http_url}/api/agents/teller/suspended-runs", headers=AUTH).json()
+    assert [(r["runId"], r["status"]) for r in listed["runs"]] == [(decision["runId"], "suspended")]
+
+    resumed = sse(b.http_url, "/api/agents/teller/approve-tool-call", decision)
+    # the call's list ran (the counter's chunk), the agent's word filter did not (the forecast unmasked)
+    assert text(resumed) == "The tool says: {'celsius': 21, 'forecast': 'sunny'}. That should answer it."
+    (counted,) = [c for c in resumed if c["type"] == "data-word-count"]
+    assert counted["data"]["words"] > 0  # counted per streamed chunk, split words and all
+    assert f"run={decision['runId']} finish=stop" in b.log()

@@ -159,7 +159,9 @@ def _processor_lists(options: CallOptions) -> dict[str, list[str]]:
         "output": options.output_processors,
         "error": options.error_processors,
     }
-    unnamed = [kind for kind, lane in given.items() if lane is not None and kind not in options.processor_names]
+    unnamed = [
+        kind for kind, lane in given.items() if lane is not None and kind not in options.processor_names
+    ]
     if unnamed:
         raise SuspendError(
             f"the call's {', '.join(unnamed)} processor list is not named (CallOptions.processor_names): "

@@ -87,7 +87,11 @@ class RedisServer:
 
 
 def replica_config(
-    *, delay_ms: float = 120.0, lease_seconds: float = 1.5, claim_interval_seconds: float = 0.3
+    *,
+    delay_ms: float = 120.0,
+    lease_seconds: float = 1.5,
+    claim_interval_seconds: float = 0.3,
+    guards: str | None = None,
 ) -> dict[str, Any]:
     """Replicas' shared config: PostgreSQL (dsnEnv), the Redis event log (urlEnv), one durable
     agent with memory on the demo model (paced by `delay_ms` between deltas).
@@ -96,8 +100,11 @@ def replica_config(
     so the replica that takes a run over would answer it from the script's start. The demo model
     answers from the prompt alone: it calls ``weather`` for a weather question (step 0), then
     answers from the tool's result (step 1), the same on every replica.
+
+    `guards`: the address of an examples sidecar; the agent's output lane then masks "sunny" (the
+    word filter), so a run that runs the agent's lane shows it.
     """
-    return {
+    config: dict[str, Any] = {
         "storage": {"backend": "postgres", "dsnEnv": DSN_ENV},
         "durable": {
             "leaseSeconds": lease_seconds,
@@ -122,6 +129,11 @@ def replica_config(
             }
         },
     }
+    if guards is not None:
+        config["sidecars"] = {"guards": {"address": guards}}
+        masked = {"processor": "guards/word-filter", "options": {"words": ["sunny"]}}
+        config["agents"][AGENT]["outputProcessors"] = [masked]
+    return config
 
 
 @dataclass

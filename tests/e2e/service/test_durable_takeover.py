@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.e2e.service.durable_harness import (
     AGENT,
@@ -349,3 +350,39 @@ def test_postgres_going_away_stops_the_run_which_is_taken_over_when_it_is_back(
     assert (record["status"], record["attempts"]) == ("done", 2), record
     assert takeovers_of(got.run_id, a, b) == 1
     assert turn_of(b.http_url, "th-postgres") == EXPECTED_TURN
+
+
+def test_a_per_call_output_list_is_kept_by_the_replica_that_takes_the_run_over(
+    start_orchestrator: Start,
+    start_sidecar: Callable[..., SidecarProcess],
+    postgres: PostgresServer,
+    redis_server: RedisServer,
+) -> None:
+    sidecar = start_sidecar("examples", name="durable-guards")
+    asyncio.run(sidecar.wait_ready())
+    # trusted callers may replace an agent's lanes (behind a layer that authenticates them)
+    env = {**env_for(fresh_dsn(postgres.dsn), redis_server.url), "PROCMESH_TRUST_REQUEST_CONTEXT": "true"}
+    config = replica_config(delay_ms=250, guards=sidecar.address)
+    a = start_orchestrator(config, "--log-format", "json", env=env)
+    b = start_orchestrator(config, "--log-format", "json", env=env)
+    body = {**stream_body("th-lists"), "outputProcessors": ["word-counter"]}
+    got = Received()
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(timeout=WAIT) as client:
+            async with client.stream(
+                "POST", f"{a.http_url}/api/agents/{AGENT}/stream", json=body, headers=AUTH
+            ) as response:
+                await read_stream(response, got, stop_after=IN_STEP_1)
+            await asyncio.to_thread(kill, a)  # mid-answer, after the first step's checkpoint
+            async with asyncio.timeout(WAIT * 2):
+                await observe(client, b.http_url, got)
+
+    asyncio.run(scenario())
+    assert got.done
+    assert takeovers_of(got.run_id, b) == 1
+    # the call's list ran on B (the counter's chunk), the agent's word filter did not (unmasked)
+    assert text(got.chunks) == "Let me check." + ANSWER
+    (counted,) = [c for c in got.chunks if c["type"] == "data-word-count"]
+    assert counted["data"]["words"] > 0
+    assert run_record(b.http_url, got.run_id)["status"] == "done"

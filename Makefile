@@ -73,8 +73,12 @@ test-e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e -q
 
 # Everything CI checks: lint, types, proto drift and compatibility, every test tier (conformance included).
+# The unit, integration and deploy tiers run on two workers (pytest-xdist): they hold no timing
+# assumptions and start their own servers on free ports. The e2e tier runs alone: its processes
+# already keep both cores busy, and a second worker would only make their start-ups wait.
 test: deps lint typecheck proto-check buf-lint buf-breaking go-example
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --ignore=tests/e2e
+	$(BIN)/pytest -q tests/e2e
 
 # Opt-in, NOT part of `make test`: tests/llm against a real local model (Gemma 3 270M, Q4_K_M) behind
 # llama.cpp's OpenAI-compatible server. The first run compiles llama-cpp-python (several minutes).

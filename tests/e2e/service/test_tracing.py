@@ -95,15 +95,19 @@ def traced(
         node.stop(grace=5.0)
 
 
-def spans_of(receiver: str, services: set[str]) -> list[dict[str, Any]]:
-    """The trace's spans once every service has exported some (bounded: the receiver is local)."""
+def spans_of(receiver: str, services: set[str], root: tuple[str, str]) -> list[dict[str, Any]]:
+    """The trace's spans once every service has exported some and the `root` (service, name) span
+    is among them: it ends last, after the stream's last chunk, so it may come in a later export
+    batch than its children (bounded: the receiver is local)."""
+    spans: list[dict[str, Any]] = []
     for _ in range(200):
         lines = httpx.get(f"{receiver}/spans").text.splitlines()
         spans = [s for s in map(json.loads, lines) if s["traceId"] == TRACE_ID]
-        if services <= {s["service"] for s in spans}:
+        exported = {s["service"] for s in spans}
+        if services <= exported and any((s["service"], s["name"]) == root for s in spans):
             return spans
         time.sleep(0.05)
-    raise AssertionError(f"not every service exported spans of the trace; got {spans}")
+    raise AssertionError(f"not every service exported spans of the trace, or no {root}; got {spans}")
 
 
 def one(spans: list[dict[str, Any]], service: str, name: str) -> dict[str, Any]:
@@ -123,7 +127,9 @@ def test_a_run_is_one_trace_across_the_orchestrator_and_both_sidecars(
         assert response.status_code == 200
         assert "[DONE]" in "".join(response.iter_text())
 
-    spans = spans_of(receiver, {"orchestrator", "py-sidecar", "node-sidecar"})
+    spans = spans_of(
+        receiver, {"orchestrator", "py-sidecar", "node-sidecar"}, ("orchestrator", "invoke_agent traced")
+    )
     run = one(spans, "orchestrator", "invoke_agent traced")
     assert run["parentSpanId"] == CALLER_SPAN
     assert run["attributes"]["gen_ai.operation.name"] == "invoke_agent"

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
@@ -34,13 +33,6 @@ def sidecars(start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path) ->
     procs = {f"s{i}": start_sidecar("scripted", "--scenario", str(scenario), name=f"f{i}") for i in range(2)}
     procs["rec"] = start_sidecar(name="frec", module=RECORDER)
     return procs
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def ready(sidecars: dict[str, SidecarProcess]) -> dict[str, SidecarProcess]:
-    for proc in sidecars.values():
-        await proc.wait_ready()
-    return sidecars
 
 
 def config(

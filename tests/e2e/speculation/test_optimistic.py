@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
@@ -48,13 +47,6 @@ def sidecars(start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path) ->
         "s": start_sidecar("scripted", "--scenario", str(scenario), name="scripted"),
         "rec": start_sidecar(name="recorder", module=RECORDER),
     }
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def ready(sidecars: dict[str, SidecarProcess]) -> dict[str, SidecarProcess]:
-    for proc in sidecars.values():
-        await proc.wait_ready()
-    return sidecars
 
 
 def last_user_text(request: ModelRequest) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
@@ -83,13 +82,6 @@ def sidecars(start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path) ->
     }
     procs["rec"] = start_sidecar(name="recorder", module=RECORDER)
     return procs
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def ready(sidecars: dict[str, SidecarProcess]) -> dict[str, SidecarProcess]:
-    for proc in sidecars.values():
-        await proc.wait_ready()
-    return sidecars
 
 
 def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode: str) -> Any:

@@ -4,7 +4,6 @@ counter read from /metrics."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -22,24 +21,16 @@ def sidecar_env(gateway: str) -> dict[str, str]:
     return env
 
 
-def spawn(proc: SidecarProcess, env: dict[str, str], log_path: Path) -> None:
-    """Start `proc` with exactly `env` (SidecarProcess.start would pass this process's own)."""
-    with open(log_path, "wb") as log:
-        proc.proc = subprocess.Popen(
-            proc.args,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-            cwd=Path(__file__).resolve().parents[3],
-        )
-
-
 def start_judge(sidecar_dir: Path, gateway: str) -> SidecarProcess:
     """``python -m tests.e2e.gateway.judge`` on a unix socket, asking the gateway at `gateway`."""
-    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge.sock'}", module="tests.e2e.gateway.judge")
-    spawn(proc, sidecar_env(gateway), sidecar_dir / "judge.log")
+    proc = SidecarProcess(
+        [],
+        f"unix://{sidecar_dir / 'judge.sock'}",
+        module="tests.e2e.gateway.judge",
+        env=sidecar_env(gateway),
+        log_path=str(sidecar_dir / "judge.log"),
+    )
+    proc.start()
     return proc
 
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import NODE_SDK
 from tests.deps import require, require_npm_packages
-from tests.e2e.gateway.support import gateway_calls, sidecar_env, spawn, start_judge
+from tests.e2e.gateway.support import gateway_calls, sidecar_env, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, free_port
 
@@ -107,9 +107,14 @@ def node_judge(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]
     """``node tests/e2e/gateway/judge.mjs`` (the Node SDK's `model` argument), same environment."""
     require("node")
     require_npm_packages(NODE_SDK)
-    proc = SidecarProcess([], f"unix://{sidecar_dir / 'judge-node.sock'}")
+    proc = SidecarProcess(
+        [],
+        f"unix://{sidecar_dir / 'judge-node.sock'}",
+        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
+        log_path=str(sidecar_dir / "judge-node.log"),
+    )
     proc.args = ["node", str(Path(__file__).with_name("judge.mjs")), "--listen", proc.address]
-    spawn(proc, sidecar_env(f"127.0.0.1:{gateway_port}"), sidecar_dir / "judge-node.log")
+    proc.start()
     yield proc
     proc.stop(grace=2.0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import sidecar_env, spawn
+from tests.e2e.gateway.support import sidecar_env
 from tests.e2e.service.conftest import start_orchestrator
 from tests.integration.service.support import free_port
 
@@ -24,7 +24,12 @@ def gateway_port() -> int:
 @pytest.fixture(scope="module")
 def guards_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
     """``procmesh-sidecar guards``, its environment holding the gateway and no provider key."""
-    proc = SidecarProcess(["guards"], f"unix://{sidecar_dir / 'guards.sock'}")
-    spawn(proc, sidecar_env(f"127.0.0.1:{gateway_port}"), sidecar_dir / "guards.log")
+    proc = SidecarProcess(
+        ["guards"],
+        f"unix://{sidecar_dir / 'guards.sock'}",
+        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
+        log_path=str(sidecar_dir / "guards.log"),
+    )
+    proc.start()
     yield proc
     proc.stop(grace=2.0)

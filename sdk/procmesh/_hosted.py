@@ -87,7 +87,7 @@ class Hosted:
         proc = self.processor
         schema = ""
         if proc.Options is not None and issubclass(proc.Options, BaseModel):
-            schema = json.dumps(proc.Options.model_json_schema(), sort_keys=True)
+            schema = json.dumps(published_schema(proc.Options), sort_keys=True)
         return ppb.ProcessorInfo(
             id=self.id,
             name=proc.name or self.id,
@@ -97,6 +97,16 @@ class Hosted:
             options_schema_json=schema,
             speculative=proc.speculative,
         )
+
+
+def published_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The Options model's JSON schema as ``Describe`` publishes it: closed to unknown top-level
+    keys exactly when `options` refuses them, so the orchestrator's start-up check refuses the
+    same configs the first request would (pydantic leaves ``additionalProperties`` open)."""
+    schema = model.model_json_schema()
+    if _option_names(model) is not None:
+        schema["additionalProperties"] = False
+    return schema
 
 
 def _option_names(model: type[BaseModel]) -> set[str] | None:

@@ -439,7 +439,8 @@ async def test_describe_lists_processors_hooks_and_options(
     assert info["planner"].name == "planner"  # name defaults to the id
     assert [p.id for p in resp.processors if p.process_data_parts] == ["data-censor"]
     schema = json.loads(info["shouter"].options_schema_json)
-    assert schema == ShoutOptions.model_json_schema()
+    # closed to unknown keys, as the hook's own check is: the orchestrator refuses them at start-up
+    assert schema == {**ShoutOptions.model_json_schema(), "additionalProperties": False}
     assert schema["properties"]["mode"]["enum"] == ["list", "dict", "none"]
     assert all(p.options_schema_json == "" for p in resp.processors if p.id != "shouter")
 

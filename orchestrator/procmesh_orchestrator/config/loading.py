@@ -27,6 +27,32 @@ def parse_config(data: Any, source: str = "config") -> Config:
         raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last one
+    without a word, so two agents of one name would leave only the second (and the first one's
+    guards would silently vanish)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                first = seen[key]
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML as the config is read: safe types only, and no key given twice in a mapping."""
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe types only
+
+
 ENV_PREFIX = "PROCMESH_CONFIG__"
 """``PROCMESH_CONFIG__SIDECARS__GUARDS__ADDRESS=unix:///run/g.sock`` sets ``sidecars.guards.address``."""
 
@@ -59,7 +85,7 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> lis
             path.append(key)
             if i == len(segments) - 1:
                 try:
-                    node[key] = yaml.safe_load(environ[name])
+                    node[key] = load_yaml(environ[name])
                 except yaml.YAMLError as exc:
                     raise ConfigError(f"{name}: not a YAML value: {exc}") from None
             else:
@@ -80,7 +106,7 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):

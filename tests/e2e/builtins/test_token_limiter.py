@@ -198,3 +198,13 @@ async def test_memory_only_trims_the_loaded_history_and_never_the_store(address:
     assert not any(t.startswith("question 0") for t in texts)  # the oldest history went first
     assert any(t.startswith("answer 2") for t in texts)  # the newest stayed
     assert len(stored) == 8  # the store keeps everything: memory-only trims the prompt's copy
+
+
+async def test_an_unknown_option_key_is_refused_at_start_up(address: str) -> None:
+    # the published schema is closed to unknown keys, so a typo fails the start-up naming the
+    # entry and the key, instead of passing /readyz and then failing every run
+    cfg = make_config(address, input_processors=[ref("token-limiter", limit=100, limt=5)])
+    with pytest.raises(ConfigError, match="token-limiter") as info:
+        await run(cfg)
+    assert "inputProcessors.0.options" in str(info.value)
+    assert "'limt' was unexpected" in str(info.value)

@@ -238,3 +238,22 @@ def test_env_override_errors_are_named(tmp_path: Path) -> None:
         load_config(path, environ={"PROCMESH_CONFIG__AGENTS__A__MODEL__X": "1"})
     with pytest.raises(ConfigError, match=r"agents\.a\.maxSteps"):
         load_config(path, environ={"PROCMESH_CONFIG__AGENTS__A__MAX_STEPS": "0"})
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path: Path) -> None:
+    # PyYAML keeps the last of two equal keys: two agents of one name would silently leave one
+    path = tmp_path / "twice.yaml"
+    path.write_text(
+        "agents:\n  a:\n    model: demo\n    inputProcessors: [guards/ban]\n  a:\n    model: demo\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="duplicate key 'a' \\(first given on line 2\\)") as info:
+        load_config(path)
+    assert "line 5" in str(info.value)
+
+
+def test_an_env_override_value_with_a_key_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("agents:\n  a:\n    model: demo\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="duplicate key 'x'"):
+        load_config(path, {"PROCMESH_CONFIG__AGENTS__A__METADATA": "{x: 1, x: 2}"})

@@ -131,6 +131,16 @@ def test_broken_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_a_scenario_with_a_key_twice_exits_2_naming_it(tmp_path: Path) -> None:
+    # json keeps the last of two equal keys: the first would be ignored without a word
+    path = tmp_path / "twice.json"
+    path.write_text('{"model": {"responses": []}, "call": {}, "call": {"input": "hi"}}', encoding="utf-8")
+    proc = procmesh("scenario", "run", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"scenario {path}: duplicate key 'call' in one JSON object" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -328,15 +328,27 @@ async def memory_trace(store: MemoryStore, threads: list[str]) -> dict[str, Any]
     return {"memory": recall, "memorySignals": signals}
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json keeps the last one without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ScenarioError(f"duplicate key {key!r} in one JSON object")
+        out[key] = value
+    return out
+
+
 def load(path: str) -> dict[str, Any]:
     """Read a scenario file."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = json.load(f, object_pairs_hook=_no_duplicate_keys)
     except OSError as exc:
         raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"scenario {path} is not valid JSON: {exc}") from None
+    except ScenarioError as exc:
+        raise ScenarioError(f"scenario {path}: {exc}") from None
     if not isinstance(data, dict) or "model" not in data or ("call" in data) == ("calls" in data):
         raise ScenarioError(f"{path}: a scenario needs a 'model' key and either 'call' or 'calls'")
     return data

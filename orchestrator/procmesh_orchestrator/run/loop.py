@@ -174,7 +174,11 @@ class Run(RunCore):
                         self, text, finish_reason, clean=failure is None
                     )
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
-                failure = failure or exc
+                # a stream must say why it failed here too (a turn too large to save, a store
+                # gone): the client would otherwise see `finish` and lose the turn unaware
+                if failure is None:
+                    failure = exc
+                    self.emit({"type": "error", "payload": {"message": str(exc)}})
                 finish_reason = "error"
             if tripwire is not None:
                 finish_reason = "other"

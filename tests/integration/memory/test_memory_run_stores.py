@@ -62,6 +62,27 @@ async def test_an_oversized_turn_fails_the_run_naming_the_store_and_nothing_of_i
         await store.close()
 
 
+async def test_a_streamed_turn_too_large_to_save_ends_with_an_error_chunk_naming_why(
+    backend: Backend,
+) -> None:
+    # as generate raises: the stream must not end in a bare `finish` with the turn silently lost
+    store = backend.open(max_message_bytes=2_000)
+    await store.start()
+    try:
+        handle = remembering(store, {"text": "word " * 1_000}).stream("hi", on("t1"))
+        chunks = [c async for c in handle]
+        result = await handle.result()
+        errors = [c for c in chunks if c["type"] == "error"]
+        assert len(errors) == 1, chunks
+        assert "more than the 2000 allowed" in errors[0]["payload"]["message"]
+        assert [c["type"] for c in chunks][-2:] == ["error", "finish"]
+        assert chunks[-1]["payload"]["finishReason"] == "error"
+        assert (result.status, result.finish_reason) == ("failed", "error")
+        assert await store.messages("t1") == []
+    finally:
+        await store.close()
+
+
 async def test_a_store_that_is_down_fails_the_run_before_the_model_is_called(backend: Backend) -> None:
     store = backend.open()
     await store.start()

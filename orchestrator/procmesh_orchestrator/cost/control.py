@@ -94,13 +94,22 @@ class CostControl:
         """The live run's processor (a judge call of that run counts against its limit)."""
         return self._runs.get(run_id)
 
+    def for_gateway(self, resource_id: str | None) -> RunCost:
+        """The limit as a model gateway call outside any run of this replica meets it: its scope
+        key from what the call has (the resource its key is bound to; never a thread)."""
+        return RunCost(self, None, self.scope_key(resource_id, None))
+
     def _scope_key(self, run: RunCore) -> str | None:
+        return self.scope_key(run.info.resource_id, run.info.thread_id)
+
+    def scope_key(self, resource_id: str | None, thread_id: str | None) -> str | None:
+        """The ledger key a call of this resource and thread counts under (None: not limited)."""
         scope = self.config.scope
         if scope == "global":
             return "global"
         if scope == "agent":
             return f"agent:{self.agent_id}"
-        value = run.info.resource_id if scope == "resource" else run.info.thread_id
+        value = resource_id if scope == "resource" else thread_id
         return f"{scope}:{value}" if value else None
 
     def price(self, model_id: str) -> PriceConfig | None:
@@ -126,7 +135,7 @@ class RunCost(FrameworkProcessor):
     hooks = frozenset({"process_llm_request", "process_llm_response", "process_api_error"})
     key = f"cost:{PROCESSOR_ID}"
 
-    def __init__(self, control: CostControl, run: RunCore, scope_key: str | None) -> None:
+    def __init__(self, control: CostControl, run: RunCore | None, scope_key: str | None) -> None:
         self.control = control
         self.run = run
         self.scope_key = scope_key
@@ -257,7 +266,8 @@ class RunCost(FrameworkProcessor):
             "threshold": threshold,
         }
         log.warning("agent %s: %s", self.control.agent_id, message)
-        self.run.violation(PROCESSOR_ID, message, detail)
+        if self.run is not None:  # a gateway call outside a run has no result to record it in
+            self.run.violation(PROCESSOR_ID, message, detail)
 
 
 def _usage(chunks: list[dict[str, Any]]) -> dict[str, Any]:

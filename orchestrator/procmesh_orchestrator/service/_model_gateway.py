@@ -1,12 +1,20 @@
 """The model gateway: procmesh.v1.ModelService, the App's models served to its processors.
 
 A guard that judges with a model (moderation, prompt injection, ...) calls the orchestrator,
-never a provider: provider keys stay in this process, and a judge call is authenticated with the
-orchestrator's API keys, bounded by its gRPC deadline (the calling hook's remaining time), traced
+never a provider: provider keys stay in this process. The gateway is for sidecars only and serves
+only the models the config names (`_gateway_policy`: a caller on the unix socket, or a key with the
+``gateway`` or ``operator`` role; PERMISSION_DENIED otherwise, and NOT_FOUND for a model the config
+does not name). A call is bounded by its gRPC deadline (the calling hook's remaining time), traced
 as a child of the hook's span and counted in ``procmesh_gateway_calls_total{model,processor,
-outcome}`` (and in the model metrics every model call feeds). A judge call of a run whose agent
-has a ``costControl`` counts against its limit (reserved before, settled after; refused with
-RESOURCE_EXHAUSTED, outcome ``cost_limit``, once the scope spent it).
+outcome}`` (labels only from the config's names) and in the model metrics every model call feeds.
+
+Cost control meters every call (reserved before, settled after; refused with RESOURCE_EXHAUSTED,
+outcome ``cost_limit``, once the scope spent its limit): a call whose ``run_id`` names a run live on
+this replica whose agent has a ``costControl`` counts against that run's limit and scope key; any
+other call (no run, or a run not live here) counts against the limit of every agent whose config
+names the model, under the scope key a call outside a run has (``global``, ``agent:<id>``, or
+``resource:<id>`` of the resource the caller's key is bound to; none for a thread), the strictest
+limit where two agents share a key.
 
 Structured output: with a schema, the model is asked for JSON (the request's response format,
 which providers with a JSON-schema mode use, and an instruction every model reads), the answer is
@@ -29,10 +37,14 @@ import jsonschema
 from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
-from procmesh_orchestrator.cost import CostLimitError, RunCost
+from procmesh_orchestrator.cost import CostLimitError, Reservation, RunCost
 from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.service._errors import ServiceError
+from procmesh_orchestrator.service._gateway_policy import (
+    GatewayModels,
+    shown,
+)
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -46,7 +58,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 _ROLES = ("system", "user", "assistant")
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(?P<body>.*?)\n?```\s*$", re.DOTALL)
-_MAX_LABEL = 64  # a label value comes from the caller: never an unbounded string
+_MAX_ATTRIBUTE = 64  # a span attribute from the caller: never an unbounded string
 
 
 class _Refused(Exception):
@@ -63,8 +75,13 @@ def add_model_gateway(service: Service, server: grpc.aio.Server) -> None:
     mgrpc.add_ModelServiceServicer_to_server(_ModelServicer(service), server)
 
 
-def _label(value: str) -> str:
-    return value[:_MAX_LABEL] if value else "unknown"
+def _caller_resource(service: Service, context: Context) -> str | None:
+    """Check the caller's key (`_Refused` otherwise); the resource it is bound to, if any."""
+    metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+    try:
+        return service.keys.check(metadata.get("authorization"))
+    except ServiceError as exc:
+        raise _Refused(exc.grpc_code, "unauthenticated", str(exc)) from None
 
 
 def instruction(schema: dict[str, Any]) -> str:
@@ -141,21 +158,22 @@ async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, st
 class _ModelServicer(mgrpc.ModelServiceServicer):
     def __init__(self, service: Service) -> None:
         self._service = service
+        self._models = GatewayModels.of(service.app.config)
 
     async def Generate(
         self, request: mpb.ModelServiceGenerateRequest, context: Context
     ) -> mpb.ModelServiceGenerateResponse:
         metrics = self._service.app.metrics
-        processor = _label(request.processor_id)
-        model_label = _label(request.model)
+        processor = self._models.processor_label(request.processor_id)
+        model_label = self._models.model_label(request.model)
         started = time.perf_counter()
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         metadata = list(context.invocation_metadata() or ())
         attributes = {
-            "gen_ai.request.model": request.model[:_MAX_LABEL],
+            "gen_ai.request.model": request.model[:_MAX_ATTRIBUTE],
             "procmesh.processor.id": processor,
-            "procmesh.run.id": request.run_id[:_MAX_LABEL] or None,
+            "procmesh.run.id": request.run_id[:_MAX_ATTRIBUTE] or None,
         }
         parent = metadata if tracing.enabled() else None
         outcome = "ok"
@@ -164,7 +182,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 f"procmesh.model_gateway {model_label}", kind="server", attributes=attributes, parent=parent
             ) as span:
                 try:
-                    response = await self._generate(request, context, metadata)
+                    response = await self._generate(request, context)
                 except _Refused as exc:
                     outcome = exc.outcome
                     span.outcome(outcome)
@@ -178,11 +196,11 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
             raise
         finally:
             metrics.gateway_calls.labels(model_label, processor, outcome).inc()
-            log.info(
+            log.info(  # the caller's text escaped: a newline in it cannot forge a line
                 "model gateway model=%s processor=%s run=%s outcome=%s %.3fs (deadline %s)",
-                model_label,
-                processor,
-                request.run_id[:_MAX_LABEL],
+                shown(request.model),
+                shown(request.processor_id),
+                shown(request.run_id),
                 outcome,
                 time.perf_counter() - started,
                 "none" if remaining is None else f"{remaining:.3f}s",
@@ -193,16 +211,20 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
     async def _generate(
-        self, request: mpb.ModelServiceGenerateRequest, context: Context, metadata: list[tuple[str, Any]]
+        self, request: mpb.ModelServiceGenerateRequest, context: Context
     ) -> mpb.ModelServiceGenerateResponse:
         service = self._service
-        auth = {k: v for k, v in metadata if isinstance(v, str)}.get("authorization")
-        try:
-            service.keys.check(auth)
-        except ServiceError as exc:
-            raise _Refused(exc.grpc_code, "unauthenticated", str(exc)) from None
+        resource = _caller_resource(service, context)
         if not request.model:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", "model: give a reference")
+        if not self._models.knows(request.model):
+            raise _Refused(
+                grpc.StatusCode.NOT_FOUND,
+                "not_in_config",
+                f"model {shown(request.model)} is not in the orchestrator's config: the gateway serves "
+                "only the models the config names (an agent's models, a processor option naming a "
+                "model, a `models` or `prices` key)",
+            )
         try:
             model = service.app.models.resolve(request.model, "model")
         except ConfigError as exc:
@@ -217,25 +239,54 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         if schema is not None:
             prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
         remaining = context.time_remaining()
-        cost = self._run_cost(request.run_id)
+        costs = self._costs(request.run_id, request.model, resource)
         try:
             async with asyncio.timeout(remaining):
-                return await self._attempts(model, prompt, schema, settings, cost)
+                return await self._attempts(model, prompt, schema, settings, costs)
         except TimeoutError:
             raise _Refused(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "deadline",
-                f"model {request.model!r} did not answer within the call's deadline ({remaining:.3f}s)",
+                f"model {shown(request.model)} did not answer within the call's deadline ({remaining:.3f}s)",
             ) from None
 
-    def _run_cost(self, run_id: str) -> RunCost | None:
-        """The calling run's cost control, while the run lives here (its judge calls count)."""
-        for agent in self._service.app.agents.values():
+    def _costs(self, run_id: str, model: str, resource: str | None) -> list[RunCost]:
+        """The limits the call counts against: its run's, while the run lives here; else those of
+        the agents naming `model`, one per scope key (the strictest where agents share one)."""
+        agents = self._service.app.agents
+        for agent in agents.values():
             control = agent.spec.cost
             found = control.of_run(run_id) if control is not None and run_id else None
             if found is not None:
-                return found
-        return None
+                return [found]
+        by_key: dict[str, RunCost] = {}
+        for agent_id in self._models.agents_of.get(model, ()):
+            control = agents[agent_id].spec.cost if agent_id in agents else None
+            if control is None:
+                continue
+            cost = control.for_gateway(resource)
+            key = cost.scope_key or f"unlimited:{agent_id}"  # reserve() counts it as unlimited
+            held = by_key.get(key)
+            if held is None or control.limit < held.control.limit:
+                by_key[key] = cost
+        return list(by_key.values())
+
+    @staticmethod
+    async def _reserve(
+        costs: list[RunCost], model_id: str, prompt: Any, max_output: Any
+    ) -> list[tuple[RunCost, Reservation]]:
+        """Hold the call's estimate against each limit; the first refusal releases the others."""
+        held: list[tuple[RunCost, Reservation]] = []
+        try:
+            for cost in costs:
+                reservation = await cost.reserve(model_id, prompt, max_output)
+                if reservation is not None:
+                    held.append((cost, reservation))
+        except CostLimitError as exc:
+            for cost, reservation in held:
+                await cost.release(reservation)
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "cost_limit", str(exc)) from None
+        return held
 
     async def _attempts(
         self,
@@ -243,7 +294,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         prompt: list[dict[str, Any]],
         schema: dict[str, Any] | None,
         settings: dict[str, Any],
-        cost: RunCost | None,
+        costs: list[RunCost],
     ) -> mpb.ModelServiceGenerateResponse:
         """Call the model (twice when the first answer does not match the schema)."""
         metrics = self._service.app.metrics
@@ -257,23 +308,17 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 response_format=None if schema is None else {"type": "json", "schema": schema},
             )
             started = time.perf_counter()
-            reservation = None
-            if cost is not None:
-                try:
-                    max_output = settings.get("maxOutputTokens")
-                    reservation = await cost.reserve(model.model_id, prompt, max_output)
-                except CostLimitError as exc:
-                    raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "cost_limit", str(exc)) from None
+            held = await self._reserve(costs, model.model_id, prompt, settings.get("maxOutputTokens"))
             try:
                 text, finish, usage = await _collect(model, request)
             except APICallError as exc:
                 # a refused call cost nothing; a cancelled one may have: its estimate stays
-                if reservation is not None and cost is not None:
+                for cost, reservation in held:
                     await cost.release(reservation)
                 metrics.model_calls.labels(model.model_id, "error").inc()
                 code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.FAILED_PRECONDITION
                 raise _Refused(code, "api_error", f"model {model.model_id!r} failed: {exc}") from None
-            if reservation is not None and cost is not None:
+            for cost, reservation in held:
                 await cost.settle(reservation, usage)
             metrics.model_calls.labels(model.model_id, "ok").inc()
             metrics.model_call_duration.labels(model.model_id).observe(time.perf_counter() - started)
@@ -292,7 +337,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 out.object.CopyFrom(convert.to_value(value))
                 return out
             problem = problem_or_none
-            log.warning("model gateway: %s off-schema (try %d): %s", model.model_id, attempt, problem)
+            log.warning("model gateway: %s off-schema (try %d): %r", model.model_id, attempt, problem)
             prompt = [
                 *prompt,
                 {"role": "assistant", "content": [{"type": "text", "text": text}]},

@@ -99,7 +99,9 @@ class OrchestratorMetrics:
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
             "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "
-            "invalid_output, not_found, invalid_argument, unauthenticated, api_error, deadline, cancelled).",
+            "invalid_output, not_found, not_in_config, invalid_argument, unauthenticated, "
+            "permission_denied, api_error, deadline, cancelled, cost_limit); a model or processor the "
+            "config does not name is 'other', none 'unknown'.",
             ["model", "processor", "outcome"],
             registry=r,
         )

@@ -31,7 +31,12 @@ from procmesh_orchestrator.config import (
     WorkflowRef,
     workflow_refs,
 )
-from procmesh_orchestrator.config.schema import DEFAULT_PROVIDERS, AgentConfig, AgentMemoryConfig
+from procmesh_orchestrator.config.schema import (
+    DEFAULT_PROVIDERS,
+    AgentConfig,
+    AgentMemoryConfig,
+    LaneByContext,
+)
 from procmesh_orchestrator.cost import CostControl
 from procmesh_orchestrator.durable import DurableRuns, DurableSettings
 from procmesh_orchestrator.errors import ConfigError
@@ -52,6 +57,7 @@ from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, Lanes, stop
 from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.run.types import ContextLane
 from procmesh_orchestrator.sidecar_process import (
     ModelGateway,
     SidecarProcess,
@@ -164,7 +170,8 @@ class App:
         named = [
             r
             for a in self.config.agents.values()
-            for r in (*a.input_processors, *a.output_processors, *a.error_processors)
+            for _, lane in a.named_lanes()
+            for r in lane
             if isinstance(r, ProcessorRef)
         ]
         named += [r for w in self.config.workflows.values() for step in w.steps for r in workflow_refs(step)]
@@ -237,6 +244,12 @@ class App:
                             agent.error_processor_defaults,
                             f"agents.{agent_id}.errorProcessors",
                         )
+                    ),
+                    input_by_context=self._context_lane(
+                        agent.input_processors_by_context, f"agents.{agent_id}.inputProcessorsByContext"
+                    ),
+                    output_by_context=self._context_lane(
+                        agent.output_processors_by_context, f"agents.{agent_id}.outputProcessorsByContext"
                     ),
                 ),
                 memory=self._memory(agent.memory),
@@ -387,6 +400,19 @@ class App:
         )
 
     def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
+    def _context_lane(self, chosen: LaneByContext | None, where: str) -> ContextLane | None:
+        """Bind every case and the default of a lane chosen from the request context."""
+        if chosen is None:
+            return None
+        return ContextLane(
+            key=chosen.key,
+            cases={
+                name: tuple(self.resolve_lane(lane, f"{where}.cases.{name}"))
+                for name, lane in chosen.cases.items()
+            },
+            default=tuple(self.resolve_lane(chosen.default, f"{where}.default")),
+        )
+
         """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
         items: list[LaneItem] = []
         for i, raw in enumerate(entries):

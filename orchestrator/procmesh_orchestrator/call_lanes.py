@@ -76,7 +76,7 @@ def handle(app: App, hosted: Hosted, agent_id: str | None) -> ProcessorHandle:
     """The processor bound as `agent_id` has it (its options), else with no options."""
     if agent_id:
         spec = app.agent(agent_id).spec
-        for item in (*spec.lanes.input, *spec.lanes.output):
+        for item in spec.lanes.every():
             if (
                 isinstance(item, ProcessorHandle)
                 and item.client is app.clients.get(hosted.sidecar)

@@ -356,9 +356,23 @@ def scenario_processors(scenario: dict[str, Any]) -> list[Processor]:
     calls: list[dict[str, Any]] = scenario.get("calls") or [scenario.get("call") or {}]
     sources = [scenario.get("agent") or {}, *((c.get("options") or {}) for c in calls)]
     for source in sources:
-        for lane in ("inputProcessors", "outputProcessors", "errorProcessors"):
-            for spec in source.get(lane) or []:
-                if spec["id"] in specs and specs[spec["id"]] != spec:
-                    raise ValueError(f"two different scripted processors share the id {spec['id']!r}")
-                specs[spec["id"]] = spec
+        for spec in _lane_specs(source):
+            if spec["id"] in specs and specs[spec["id"]] != spec:
+                raise ValueError(f"two different scripted processors share the id {spec['id']!r}")
+            specs[spec["id"]] = spec
     return [build_processor(s) for s in specs.values()]
+
+
+def _lane_specs(source: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processor specs of an agent's or a call's lanes, those of every case and default of a
+    lane chosen from the request context (``inputProcessorsByContext``) included."""
+    out = [
+        spec
+        for lane in ("inputProcessors", "outputProcessors", "errorProcessors")
+        for spec in source.get(lane) or []
+    ]
+    for lane in ("inputProcessorsByContext", "outputProcessorsByContext"):
+        chosen = source.get(lane) or {}
+        for specs in (*(chosen.get("cases") or {}).values(), chosen.get("default") or []):
+            out.extend(specs)
+    return out

@@ -24,15 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from procmesh_orchestrator.app import App
+from procmesh_orchestrator.cli import scenario_keys
+from procmesh_orchestrator.cli.scenario_keys import LANES as _LANES
+from procmesh_orchestrator.cli.scenario_keys import lane_specs
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError, ScenarioError
 from procmesh_orchestrator.memory.store import MemoryStore
-from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
-_LANES = ("inputProcessors", "outputProcessors", "errorProcessors")
 _KEPT_SIGNAL_KEYS = ("type", "tagName", "contents", "attributes", "transient")
 
 SIDECAR_RUNTIMES = ("python", "node")
@@ -87,21 +89,18 @@ def scenario_calls(scenario: dict[str, Any]) -> list[dict[str, Any]]:
     return list(calls) if isinstance(calls, list) else [scenario["call"]]
 
 
+def _sources(scenario: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects that hold lanes: the agent, then each call's options."""
+    return [scenario.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(scenario))]
+
+
 def _has_processors(scenario: dict[str, Any]) -> bool:
-    sources = [scenario.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(scenario))]
-    return any(src.get(lane) for src in sources for lane in _LANES)
+    return any(lane_specs(src) for src in _sources(scenario))
 
 
 def _silent(scenario: dict[str, Any]) -> set[str]:
     """Ids of the processors declared with ``"onViolation": false``: no callback records theirs."""
-    sources = [scenario.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(scenario))]
-    return {
-        p["id"]
-        for src in sources
-        for lane in _LANES
-        for p in src.get(lane) or []
-        if p.get("onViolation") is False
-    }
+    return {p["id"] for src in _sources(scenario) for p in lane_specs(src) if p.get("onViolation") is False}
 
 
 def _threads(scenario: dict[str, Any]) -> list[str]:
@@ -113,10 +112,9 @@ def _threads(scenario: dict[str, Any]) -> list[str]:
 def speculative_copy(scenario: dict[str, Any]) -> dict[str, Any]:
     """The scenario with every scripted processor declaring ``"speculative": true``."""
     out: dict[str, Any] = copy.deepcopy(scenario)
-    for source in [out.get("agent") or {}, *((c.get("options") or {}) for c in scenario_calls(out))]:
-        for lane in _LANES:
-            for spec in source.get(lane) or []:
-                spec["speculative"] = True
+    for source in _sources(out):
+        for spec in lane_specs(source):
+            spec["speculative"] = True
     return out
 
 
@@ -128,7 +126,7 @@ def _config(scenario: dict[str, Any], address: str | None, store_path: str, fuse
         "model": "scripted",
         "tools": list(tools),
     }
-    for key in ("maxSteps", "maxProcessorRetries", "errorProcessorDefaults"):
+    for key in ("maxSteps", "maxProcessorRetries", "errorProcessorDefaults", "stopWhen"):
         if key in agent:
             agent_cfg[key] = agent[key]
     if "memory" in agent:
@@ -136,6 +134,18 @@ def _config(scenario: dict[str, Any], address: str | None, store_path: str, fuse
     for lane in _LANES:
         agent_cfg[lane] = [f"scripted/{p['id']}" for p in agent.get(lane) or []]
     return {
+    for lane in scenario_keys.CONTEXT_LANES:
+        if lane in agent:
+            chosen = agent[lane]
+            agent_cfg[lane.removesuffix("ByContext")] = []
+            agent_cfg[lane] = {
+                "key": chosen["key"],
+                "cases": {
+                    value: [f"scripted/{p['id']}" for p in specs]
+                    for value, specs in (chosen.get("cases") or {}).items()
+                },
+                "default": [f"scripted/{p['id']}" for p in chosen.get("default") or []],
+            }
         # the scenario's store lives as long as its run: a SQLite file in the run's temp folder
         "storage": {"backend": "sqlite", "path": store_path},
         "sidecars": {"scripted": {"address": address, "timeout": 30}} if address else {},
@@ -286,6 +296,7 @@ async def _call(
         max_steps=opts.get("maxSteps"),
         max_processor_retries=opts.get("maxProcessorRetries"),
         request_context=opts.get("requestContext") or {},
+        stop_when=stop.parse(opts["stopWhen"], "call.options.stopWhen") if "stopWhen" in opts else None,
         on_violation=on_violation,
         thread_id=memory.get("thread", ""),
         resource_id=memory.get("resource", ""),
@@ -352,3 +363,7 @@ def load(path: str) -> dict[str, Any]:
     if not isinstance(data, dict) or "model" not in data or ("call" in data) == ("calls" in data):
         raise ScenarioError(f"{path}: a scenario needs a 'model' key and either 'call' or 'calls'")
     return data
+    try:
+        scenario_keys.check(data)
+    except ScenarioError as exc:
+        raise ScenarioError(f"scenario {path}: {exc}") from None

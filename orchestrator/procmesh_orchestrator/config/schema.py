@@ -398,6 +398,31 @@ class AgentConfig(_Model):
     instructions: str = ""
     model: str
     """The model: a reference, or (from a list in the file) the first enabled one of `model_list`."""
+class LaneByContext(_Model):
+    """A lane chosen per call from the request context (the seeds' ``inputProcessors:
+    ({ requestContext }) => [...]``): ``cases[V]`` for ``requestContext[key] == V``, else `default`."""
+
+    key: str = Field(min_length=1)
+    """The request-context key whose value picks the case."""
+    cases: dict[str, list[LaneEntry]]
+    default: list[LaneEntry] = []
+    """The lane when the key is missing, not a string, or names no case."""
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _case_refs(cls, value: Any) -> Any:
+        return {k: _lane(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _default_refs(cls, value: Any) -> Any:
+        return _lane(value)
+
+    def lanes(self) -> list[tuple[str, list[LaneEntry]]]:
+        """Every list it may choose, with its place in the config (``cases.acme``, ``default``)."""
+        return [*((f"cases.{name}", lane) for name, lane in self.cases.items()), ("default", self.default)]
+
+
     model_list: list[ModelChoice] = Field(default=[], exclude=True)
     """The models in order, when the file gives ``model`` as a list: when a call fails and the error
     processors do not recover it, the next enabled model gets its turn."""
@@ -420,6 +445,10 @@ class AgentConfig(_Model):
     """Every call is a durable run (checkpointed, taken over by another replica; see `durable`)."""
     fuse: bool | None = None
     """Neighbouring processors of one sidecar go in one request (default: the top-level `fuse`)."""
+    input_processors_by_context: LaneByContext | None = None
+    """The input lane chosen per call from the request context, instead of `input_processors`."""
+    output_processors_by_context: LaneByContext | None = None
+    """The output lane chosen per call from the request context, instead of `output_processors`."""
     optimistic_first_step: bool = False
     """The first model call starts while the input processors still run; nothing of it reaches
     the caller, and no tool runs, before they all committed (a block cancels it, a rewrite
@@ -450,6 +479,37 @@ class AgentConfig(_Model):
         return list(self.model_list) or [ModelChoice(model=self.model)]
 
     @field_validator("stop_when")
+    @model_validator(mode="after")
+    def _one_kind_of_lane(self) -> AgentConfig:
+        for lane in ("input_processors", "output_processors"):
+            if getattr(self, lane) and getattr(self, f"{lane}_by_context") is not None:
+                raise ValueError(
+                    f"give {to_camel(lane)} or {to_camel(lane)}ByContext, not both "
+                    "(the lane chosen from the request context replaces the static one)"
+                )
+        return self
+
+    def possible_entries(self, lane: Literal["input", "output"]) -> list[LaneEntry]:
+        """The entries a call of this lane may get: the static list, or every entry of each case
+        and the default of the lane chosen from the request context (listings, catalogs)."""
+        chosen: LaneByContext | None = getattr(self, f"{lane}_processors_by_context")
+        if chosen is None:
+            return list(getattr(self, f"{lane}_processors"))
+        return [entry for _, entries in chosen.lanes() for entry in entries]
+
+    def named_lanes(self) -> list[tuple[str, list[LaneEntry]]]:
+        """Every lane list of the agent with its place in the config: the static lanes and each
+        case and default of a lane chosen from the request context."""
+        out: list[tuple[str, list[LaneEntry]]] = [
+            (to_camel(lane), list(getattr(self, lane)))
+            for lane in ("input_processors", "output_processors", "error_processors")
+        ]
+        for lane in ("input_processors_by_context", "output_processors_by_context"):
+            chosen: LaneByContext | None = getattr(self, lane)
+            if chosen is not None:
+                out += [(f"{to_camel(lane)}.{where}", entries) for where, entries in chosen.lanes()]
+        return out
+
     @classmethod
     def _stop_when(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # imported here: the run package imports the config (models), not the other way round
@@ -530,16 +590,16 @@ class Config(_Model):
                         f"agents.{agent_id}.mcpServers: unknown MCP server {server!r} "
                         f"(declared: {sorted(self.mcp_servers)})"
                     )
-            for lane in ("input_processors", "output_processors", "error_processors"):
-                for i, ref in enumerate(getattr(agent, lane)):
+            for lane, entries in agent.named_lanes():
+                for i, ref in enumerate(entries):
                     if isinstance(ref, WorkflowRef):
                         if ref.workflow not in self.workflows:
                             raise ValueError(
-                                f"agents.{agent_id}.{to_camel(lane)}.{i}: unknown workflow {ref.workflow!r} "
+                                f"agents.{agent_id}.{lane}.{i}: unknown workflow {ref.workflow!r} "
                                 f"(declared: {sorted(self.workflows)})"
                             )
                         continue
-                    self._check_sidecar(ref, f"agents.{agent_id}.{to_camel(lane)}.{i}")
+                    self._check_sidecar(ref, f"agents.{agent_id}.{lane}.{i}")
         for name, cfg in self.tools.items():
             if cfg.sidecar and cfg.sidecar not in self.sidecars:
                 declared = sorted(self.sidecars)

@@ -73,13 +73,15 @@ class RunCore:
         )
         self.caller = agent.hook_caller(self.info, metrics)
         rc = options.request_context
-        # per-call lists replace the agent's; workflow conditions are decided once, from the request context
+        # per-call lists replace the agent's (static or chosen from the request context);
+        # workflow conditions are decided once, from the request context
         lanes = agent.lanes
+        agent_input, agent_output = lanes.for_call(rc)
         self.input_lane = expand_lane(
-            options.input_processors if options.input_processors is not None else lanes.input, rc
+            options.input_processors if options.input_processors is not None else agent_input, rc
         )
         self.output_lane = expand_lane(
-            options.output_processors if options.output_processors is not None else lanes.output, rc
+            options.output_processors if options.output_processors is not None else agent_output, rc
         )
         self.error_lane = expand_lane(
             options.error_processors if options.error_processors is not None else lanes.error, rc

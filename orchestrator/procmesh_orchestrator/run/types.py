@@ -22,12 +22,51 @@ ViolationCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
+class ContextLane:
+    """A lane chosen per call from the request context (the seeds' ``inputProcessors:
+    ({ requestContext }) => [...]``): ``cases[V]`` when ``requestContext[key]`` is the string V,
+    else `default`."""
+
+    key: str
+    cases: Mapping[str, tuple[LaneEntry, ...]]
+    default: tuple[LaneEntry, ...] = ()
+
+    def choose(self, request_context: Mapping[str, Any]) -> tuple[LaneEntry, ...]:
+        value = request_context.get(self.key)
+        return self.cases.get(value, self.default) if isinstance(value, str) else self.default
+
+    def every(self) -> tuple[LaneEntry, ...]:
+        """Every entry it may choose, cases first, then the default."""
+        return tuple(e for lane in (*self.cases.values(), self.default) for e in lane)
+
+
+@dataclass(frozen=True)
 class Lanes:
     """The resolved processor lanes of a call."""
 
     input: tuple[LaneEntry, ...] = ()
     output: tuple[LaneEntry, ...] = ()
     error: tuple[LaneEntry, ...] = ()
+    input_by_context: ContextLane | None = None
+    """Chosen per call instead of `input` (the config's ``inputProcessorsByContext``)."""
+    output_by_context: ContextLane | None = None
+    """Chosen per call instead of `output` (the config's ``outputProcessorsByContext``)."""
+
+    def for_call(
+        self, request_context: Mapping[str, Any]
+    ) -> tuple[tuple[LaneEntry, ...], tuple[LaneEntry, ...]]:
+        """The input and output lanes of a call with this request context."""
+        chosen_in, chosen_out = self.input_by_context, self.output_by_context
+        return (
+            self.input if chosen_in is None else chosen_in.choose(request_context),
+            self.output if chosen_out is None else chosen_out.choose(request_context),
+        )
+
+    def every(self) -> tuple[LaneEntry, ...]:
+        """Every input and output entry any call may get (each case of a lane chosen by context)."""
+        ins = self.input if self.input_by_context is None else self.input_by_context.every()
+        outs = self.output if self.output_by_context is None else self.output_by_context.every()
+        return (*ins, *outs)
 
 
 @dataclass

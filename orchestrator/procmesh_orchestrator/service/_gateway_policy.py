@@ -53,7 +53,7 @@ def _option_models(options: Any, key: str = "") -> Iterator[str]:
 
 
 def _agent_refs(config: Config, agent: AgentConfig) -> Iterator[ProcessorRef]:
-    for lane in (agent.input_processors, agent.output_processors, agent.error_processors):
+    for _, lane in agent.named_lanes():
         for entry in lane:
             if isinstance(entry, WorkflowRef):
                 workflow = config.workflows.get(entry.workflow)

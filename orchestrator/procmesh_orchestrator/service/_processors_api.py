@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator import call_lanes
 from procmesh_orchestrator.call_lanes import Hosted
-from procmesh_orchestrator.config.schema import ConditionalStep, ParallelStep, ProcessorRef, WorkflowRef
+from procmesh_orchestrator.config.schema import (
+    ConditionalStep,
+    ParallelStep,
+    ProcessorRef,
+    WorkflowRef,
+)
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.memory._common import label
 from procmesh_orchestrator.processors import GrpcHookCaller
@@ -79,7 +84,7 @@ def _configurations(service: Service, hosted: Hosted) -> list[dict[str, Any]]:
     config = service.app.config
     out = []
     for agent_id, agent in config.agents.items():
-        for kind, lane in (("input", agent.input_processors), ("output", agent.output_processors)):
+        for kind, lane in ((k, agent.possible_entries(k)) for k in ("input", "output")):
             refs = [r for r, _ in _refs(list(lane), config) if r is not None]
             if any(r.sidecar == hosted.sidecar and r.processor_id == hosted.processor_id for r in refs):
                 out.append({"agentId": agent_id, "agentName": agent_id, "type": kind})
@@ -90,7 +95,7 @@ def _workflow_configurations(service: Service, workflow: str) -> list[dict[str, 
     config = service.app.config
     out = []
     for agent_id, agent in config.agents.items():
-        for kind, lane in (("input", agent.input_processors), ("output", agent.output_processors)):
+        for kind, lane in ((k, agent.possible_entries(k)) for k in ("input", "output")):
             if any(w == workflow for _, w in _refs(list(lane), config)):
                 out.append({"agentId": agent_id, "agentName": agent_id, "type": kind})
     return out

@@ -288,14 +288,24 @@ export function scenarioProcessors(scenario) {
   const calls = Array.isArray(scenario.calls) ? scenario.calls : [scenario.call || {}];
   const sources = [scenario.agent || {}, ...calls.map((call) => call.options || {})];
   for (const source of sources) {
-    for (const lane of ['inputProcessors', 'outputProcessors', 'errorProcessors']) {
-      for (const spec of source[lane] || []) {
-        if (specs.has(spec.id) && JSON.stringify(specs.get(spec.id)) !== JSON.stringify(spec)) {
-          throw new Error(`two different scripted processors share the id ${JSON.stringify(spec.id)}`);
-        }
-        specs.set(spec.id, spec);
+    for (const spec of laneSpecs(source)) {
+      if (specs.has(spec.id) && JSON.stringify(specs.get(spec.id)) !== JSON.stringify(spec)) {
+        throw new Error(`two different scripted processors share the id ${JSON.stringify(spec.id)}`);
       }
+      specs.set(spec.id, spec);
     }
   }
   return [...specs.values()].map(buildProcessor);
+}
+
+/** The processor specs of an agent's or a call's lanes, those of every case and default of a
+ * lane chosen from the request context (`inputProcessorsByContext`) included. */
+function laneSpecs(source) {
+  const out = [];
+  for (const lane of ['inputProcessors', 'outputProcessors', 'errorProcessors']) out.push(...(source[lane] || []));
+  for (const lane of ['inputProcessorsByContext', 'outputProcessorsByContext']) {
+    const chosen = source[lane] || {};
+    for (const specs of [...Object.values(chosen.cases || {}), chosen.default || []]) out.push(...specs);
+  }
+  return out;
 }

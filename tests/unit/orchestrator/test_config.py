@@ -257,3 +257,45 @@ def test_an_env_override_value_with_a_key_twice_is_refused(tmp_path: Path) -> No
     path.write_text("agents:\n  a:\n    model: demo\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="duplicate key 'x'"):
         load_config(path, {"PROCMESH_CONFIG__AGENTS__A__METADATA": "{x: 1, x: 2}"})
+
+
+def test_a_lane_chosen_from_the_request_context_loads_with_every_case() -> None:
+    by_tenant = {"key": "tenant", "cases": {"acme": ["s/strict", "s/pii"]}, "default": ["s/basic"]}
+    config = parse_config(base(inputProcessorsByContext=by_tenant), "test config")
+    agent = config.agents["a"]
+    assert agent.input_processors == []
+    assert [r.processor for r in agent.possible_entries("input")] == ["s/strict", "s/pii", "s/basic"]
+    assert [lane for lane, _ in agent.named_lanes()][-2:] == [
+        "inputProcessorsByContext.cases.acme",
+        "inputProcessorsByContext.default",
+    ]
+
+
+def test_a_static_lane_and_one_chosen_from_the_context_are_refused_together() -> None:
+    by_tenant = {"key": "tenant", "cases": {}}
+    message = error_of(base(outputProcessors=["s/a"], outputProcessorsByContext=by_tenant))
+    assert "give outputProcessors or outputProcessorsByContext, not both" in message
+
+
+@pytest.mark.parametrize(
+    ("by_context", "where"),
+    [
+        ({"key": "tenant", "cases": {"acme": ["ghost/x"]}}, "inputProcessorsByContext.cases.acme.0"),
+        ({"key": "tenant", "cases": {}, "default": ["s/ok", "ghost/x"]}, "inputProcessorsByContext.default.1"),
+    ],
+)
+def test_an_unknown_sidecar_in_a_case_is_named_with_its_case(by_context: dict[str, Any], where: str) -> None:
+    message = error_of(base(inputProcessorsByContext=by_context))
+    assert f"agents.a.{where}: unknown sidecar 'ghost'" in message
+
+
+@pytest.mark.parametrize(
+    ("by_context", "where"),
+    [
+        ({"key": "", "cases": {}}, "inputProcessorsByContext.key"),
+        ({"key": "tenant", "cases": {}, "otherwise": []}, "inputProcessorsByContext.otherwise"),
+        ({"cases": {}}, "inputProcessorsByContext.key"),
+    ],
+)
+def test_a_malformed_context_lane_is_named(by_context: dict[str, Any], where: str) -> None:
+    assert f"agents.a.{where}" in error_of(base(inputProcessorsByContext=by_context))

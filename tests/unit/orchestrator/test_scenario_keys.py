@@ -1,0 +1,111 @@
+"""The scenario runner refuses what FORMAT.md does not define, naming its path (an ignored key
+would run the scenario as if it were absent: a wrong trace, exit 0)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from procmesh_orchestrator.cli import scenario_keys
+from procmesh_orchestrator.errors import ScenarioError
+
+CHECKER = {"id": "checker", "processInput": [{"do": [{"count": "n"}]}], "onViolation": False}
+VALID: dict[str, Any] = {
+    "name": "every-key",
+    "description": "free text",
+    "divergesFromReference": "why",
+    "agent": {
+        "instructions": "Be brief.",
+        "maxSteps": 3,
+        "maxProcessorRetries": 1,
+        "errorProcessorDefaults": False,
+        "stopWhen": [{"stepCountIs": 2}, {"hasToolCall": "weather"}],
+        "memory": {"lastMessages": 4},
+        "inputProcessorsByContext": {"key": "tenant", "cases": {"acme": [CHECKER]}, "default": []},
+        "outputProcessors": [{"id": "out", "processOutputStream": []}],
+        "errorProcessors": [{"id": "err", "processAPIError": []}],
+    },
+    "model": [{"text": "hi"}],
+    "tools": {"weather": {"description": "d", "result": {"t": 1}, "custom": {"type": "data-x", "data": {}}}},
+    "calls": [
+        {
+            "method": "stream",
+            "input": "hello",
+            "options": {
+                "maxSteps": 2,
+                "maxProcessorRetries": 0,
+                "stopWhen": [{"stepCountIs": 1}],
+                "requestContext": {"tenant": "acme"},
+                "memory": {"thread": "t1", "resource": "u1"},
+                "inputProcessors": [CHECKER],
+            },
+        }
+    ],
+}
+
+
+def with_change(path: list[str | int], value: Any) -> dict[str, Any]:
+    scenario = copy.deepcopy(VALID)
+    node: Any = scenario
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return scenario
+
+
+def test_every_key_the_format_defines_is_accepted() -> None:
+    scenario_keys.check(VALID)
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        (["stopWhen"], "unknown key stopWhen"),
+        (["agent", "stopWhenn"], "unknown key agent.stopWhenn"),
+        (["agent", "memory", "last"], "unknown key agent.memory.last"),
+        (["agent", "outputProcessors", 0, "procesOutputStream"], "agent.outputProcessors.0.procesOutputStream"),
+        (["agent", "inputProcessorsByContext", "otherwise"], "agent.inputProcessorsByContext.otherwise"),
+        (
+            ["agent", "inputProcessorsByContext", "cases", "acme", 0, "when"],
+            "agent.inputProcessorsByContext.cases.acme.0.when",
+        ),
+        (["tools", "weather", "args"], "unknown key tools.weather.args"),
+        (["calls", 0, "stream"], "unknown key calls.0.stream"),
+        (["calls", 0, "options", "inputProcessorsByContext"], "calls.0.options.inputProcessorsByContext"),
+        (["calls", 0, "options", "memory", "user"], "calls.0.options.memory.user"),
+    ],
+)
+def test_an_unknown_key_is_refused_naming_its_path(path: list[str | int], named: str) -> None:
+    with pytest.raises(ScenarioError, match="unknown key") as info:
+        scenario_keys.check(with_change(path, 1))
+    assert named in str(info.value)
+
+
+def test_a_static_lane_beside_one_chosen_by_context_is_refused() -> None:
+    with pytest.raises(ScenarioError, match="give inputProcessors or inputProcessorsByContext, not both"):
+        scenario_keys.check(with_change(["agent", "inputProcessors"], []))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (["agent", "stopWhen"], [{"stepCountIs": 0}], "agent.stopWhen[0]"),
+        (["calls", 0, "options", "stopWhen"], "soon", "calls.0.options.stopWhen must be a list"),
+        (["agent", "inputProcessorsByContext", "key"], "", "agent.inputProcessorsByContext.key"),
+        (["agent", "outputProcessors"], {"id": "x"}, "agent.outputProcessors: expected a list"),
+    ],
+)
+def test_a_malformed_value_is_refused_naming_its_path(path: list[str | int], value: Any, named: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario_keys.check(with_change(path, value))
+    assert named in str(info.value)
+
+
+def test_lane_specs_include_every_case_and_the_default() -> None:
+    source = {
+        "inputProcessors": [{"id": "a"}],
+        "outputProcessorsByContext": {"key": "k", "cases": {"x": [{"id": "b"}]}, "default": [{"id": "c"}]},
+    }
+    assert [s["id"] for s in scenario_keys.lane_specs(source)] == ["a", "b", "c"]

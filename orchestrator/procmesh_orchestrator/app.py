@@ -399,7 +399,6 @@ class App:
             fuse_key=ref.sidecar if ref.sidecar in self.fusing and not shadow else "",
         )
 
-    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
     def _context_lane(self, chosen: LaneByContext | None, where: str) -> ContextLane | None:
         """Bind every case and the default of a lane chosen from the request context."""
         if chosen is None:
@@ -413,6 +412,7 @@ class App:
             default=tuple(self.resolve_lane(chosen.default, f"{where}.default")),
         )
 
+    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
         """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
         items: list[LaneItem] = []
         for i, raw in enumerate(entries):

@@ -133,7 +133,6 @@ def _config(scenario: dict[str, Any], address: str | None, store_path: str, fuse
         agent_cfg["memory"] = {"lastMessages": agent["memory"]["lastMessages"]}
     for lane in _LANES:
         agent_cfg[lane] = [f"scripted/{p['id']}" for p in agent.get(lane) or []]
-    return {
     for lane in scenario_keys.CONTEXT_LANES:
         if lane in agent:
             chosen = agent[lane]
@@ -146,6 +145,7 @@ def _config(scenario: dict[str, Any], address: str | None, store_path: str, fuse
                 },
                 "default": [f"scripted/{p['id']}" for p in chosen.get("default") or []],
             }
+    return {
         # the scenario's store lives as long as its run: a SQLite file in the run's temp folder
         "storage": {"backend": "sqlite", "path": store_path},
         "sidecars": {"scripted": {"address": address, "timeout": 30}} if address else {},
@@ -295,8 +295,8 @@ async def _call(
     options = CallOptions(
         max_steps=opts.get("maxSteps"),
         max_processor_retries=opts.get("maxProcessorRetries"),
-        request_context=opts.get("requestContext") or {},
         stop_when=stop.parse(opts["stopWhen"], "call.options.stopWhen") if "stopWhen" in opts else None,
+        request_context=opts.get("requestContext") or {},
         on_violation=on_violation,
         thread_id=memory.get("thread", ""),
         resource_id=memory.get("resource", ""),
@@ -362,8 +362,8 @@ def load(path: str) -> dict[str, Any]:
         raise ScenarioError(f"scenario {path}: {exc}") from None
     if not isinstance(data, dict) or "model" not in data or ("call" in data) == ("calls" in data):
         raise ScenarioError(f"{path}: a scenario needs a 'model' key and either 'call' or 'calls'")
-    return data
     try:
         scenario_keys.check(data)
     except ScenarioError as exc:
         raise ScenarioError(f"scenario {path}: {exc}") from None
+    return data

@@ -392,12 +392,6 @@ class ModelChoice(_Model):
     enabled: bool = True
 
 
-class AgentConfig(_Model):
-    """An agent: instructions, model, tools, processor lanes and limits."""
-
-    instructions: str = ""
-    model: str
-    """The model: a reference, or (from a list in the file) the first enabled one of `model_list`."""
 class LaneByContext(_Model):
     """A lane chosen per call from the request context (the seeds' ``inputProcessors:
     ({ requestContext }) => [...]``): ``cases[V]`` for ``requestContext[key] == V``, else `default`."""
@@ -423,6 +417,12 @@ class LaneByContext(_Model):
         return [*((f"cases.{name}", lane) for name, lane in self.cases.items()), ("default", self.default)]
 
 
+class AgentConfig(_Model):
+    """An agent: instructions, model, tools, processor lanes and limits."""
+
+    instructions: str = ""
+    model: str
+    """The model: a reference, or (from a list in the file) the first enabled one of `model_list`."""
     model_list: list[ModelChoice] = Field(default=[], exclude=True)
     """The models in order, when the file gives ``model`` as a list: when a call fails and the error
     processors do not recover it, the next enabled model gets its turn."""
@@ -439,16 +439,16 @@ class LaneByContext(_Model):
     input_processors: list[LaneEntry] = []
     output_processors: list[LaneEntry] = []
     error_processors: list[ProcessorRef] = []
+    input_processors_by_context: LaneByContext | None = None
+    """The input lane chosen per call from the request context, instead of `input_processors`."""
+    output_processors_by_context: LaneByContext | None = None
+    """The output lane chosen per call from the request context, instead of `output_processors`."""
     memory: AgentMemoryConfig | None = None
     """Message history in threads of the `storage` store (none: every call stands alone)."""
     durable: bool = False
     """Every call is a durable run (checkpointed, taken over by another replica; see `durable`)."""
     fuse: bool | None = None
     """Neighbouring processors of one sidecar go in one request (default: the top-level `fuse`)."""
-    input_processors_by_context: LaneByContext | None = None
-    """The input lane chosen per call from the request context, instead of `input_processors`."""
-    output_processors_by_context: LaneByContext | None = None
-    """The output lane chosen per call from the request context, instead of `output_processors`."""
     optimistic_first_step: bool = False
     """The first model call starts while the input processors still run; nothing of it reaches
     the caller, and no tool runs, before they all committed (a block cancels it, a rewrite
@@ -473,12 +473,6 @@ class LaneByContext(_Model):
     def _refs(cls, value: Any) -> Any:
         return _lane(value)
 
-    @property
-    def models(self) -> list[ModelChoice]:
-        """The enabled models in order (the one `model` when no list was given)."""
-        return list(self.model_list) or [ModelChoice(model=self.model)]
-
-    @field_validator("stop_when")
     @model_validator(mode="after")
     def _one_kind_of_lane(self) -> AgentConfig:
         for lane in ("input_processors", "output_processors"):
@@ -510,6 +504,12 @@ class LaneByContext(_Model):
                 out += [(f"{to_camel(lane)}.{where}", entries) for where, entries in chosen.lanes()]
         return out
 
+    @property
+    def models(self) -> list[ModelChoice]:
+        """The enabled models in order (the one `model` when no list was given)."""
+        return list(self.model_list) or [ModelChoice(model=self.model)]
+
+    @field_validator("stop_when")
     @classmethod
     def _stop_when(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # imported here: the run package imports the config (models), not the other way round

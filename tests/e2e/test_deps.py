@@ -43,8 +43,15 @@ def path_without(folder: Path, hidden: str) -> str:
 
 
 def run_bootstrap(path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The bootstrap as a user without sudo. As root, `nobody` runs a copy of it in the PATH
+    folder with the base interpreter: a checkout cloned where only root can read (a home
+    directory) keeps `nobody` out of both the script and the venv's python."""
     command = [sys.executable, str(SCRIPT), *args]
     if os.geteuid() == 0:
+        script = Path(path) / SCRIPT.name
+        shutil.copyfile(SCRIPT, script)
+        script.chmod(0o644)
+        command = [os.path.realpath(sys.executable), str(script), *args]
         setpriv = shutil.which("setpriv")
         assert setpriv, "setpriv (util-linux) runs the bootstrap unprivileged"
         command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]

@@ -6,8 +6,9 @@
   as the rest of the API is.
 - **Which models**: only those the config names (`GatewayModels`): a ``models`` key, a ``prices``
   key, an agent's model (its fallbacks included), and a processor option naming a model (``model``,
-  or a key ending in ``_model`` or ``Model``, at any depth of ``options``), in an agent's lanes or a
-  workflow. Any other reference is refused before any provider is asked.
+  or a key ending in ``_model`` or ``Model``, at any depth of ``options``), in an agent's lanes
+  (those chosen from the request context included) or a workflow. Any other reference is refused
+  before any provider is asked.
 - **Labels**: a metric label is never caller text: a model or processor the config does not name
   is counted as ``other``, an absent processor id as ``unknown``.
 """

@@ -50,7 +50,14 @@ CONFIG: dict[str, Any] = {
                 },
             ],
         },
-        "two": {"model": "openai/judge"},
+        "two": {
+            "model": "openai/judge",
+            "outputProcessorsByContext": {
+                "key": "tier",
+                "cases": {"pro": [{"processor": "g/judge", "options": {"model": "openai/pro-case"}}]},
+                "default": [{"processor": "g/judge", "options": {"model": "openai/default-case"}}],
+            },
+        },
     },
 }
 
@@ -66,6 +73,8 @@ def test_every_model_the_config_names_is_known_with_the_agents_naming_it() -> No
         "openai/fallback": ("one",),
         "openai/judge": ("one", "two"),
         "anthropic/nested": ("one",),
+        "openai/pro-case": ("two",),
+        "openai/default-case": ("two",),
     }
     assert not models.knows("openai/off")  # a disabled fallback is no model of the agent
     assert not models.knows("openai/not-a-model")  # an option value under a key naming no model

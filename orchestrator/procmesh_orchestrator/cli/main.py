@@ -8,10 +8,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from procmesh import __version__, configure_logging
 from procmesh_orchestrator.cli import memory
 from procmesh_orchestrator.errors import OrchestratorError
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run import RunResult
 
 
 def _scenario_run(args: argparse.Namespace) -> int:
@@ -43,6 +47,24 @@ def _config_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
     return path
 
 
+EXIT_FAILED = 1
+"""The run failed (its error is on stderr)."""
+EXIT_TRIPWIRE = 3
+"""A processor tripped the run: a refusal, not a failure (2 is a usage or configuration error)."""
+
+
+def _outcome(result: RunResult) -> int:
+    """Print what `generate` and `stream` both report on stderr, the same way, and the exit code:
+    0 success, 1 the run failed, 3 a tripwire."""
+    if result.tripwire:
+        print(f"[tripwire] {result.tripwire['processorId']}: {result.tripwire['reason']}", file=sys.stderr)
+        return EXIT_TRIPWIRE
+    if result.error:
+        print(f"[error] {result.error}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
 async def _call(args: argparse.Namespace) -> int:
     from procmesh_orchestrator import CallOptions
     from procmesh_orchestrator.app import App
@@ -59,12 +81,7 @@ async def _call(args: argparse.Namespace) -> int:
                 print(dumps(result_json(result)))
             else:
                 print(result.text)
-            if result.tripwire:
-                print(
-                    f"[tripwire] {result.tripwire['processorId']}: {result.tripwire['reason']}",
-                    file=sys.stderr,
-                )
-            return 0
+            return _outcome(result)
         stream = agent.stream(args.text, options)
         run_id = ""
         async for chunk in stream:
@@ -74,12 +91,12 @@ async def _call(args: argparse.Namespace) -> int:
                 print(dumps(wire_chunk(chunk, run_id)), flush=True)
             elif chunk["type"] == "text-delta":
                 print(chunk["payload"]["text"], end="", flush=True)
-            elif chunk["type"] in ("tripwire", "error") or chunk["type"].startswith("data-"):
-                print(f"\n[{chunk['type']}] {json.dumps(chunk.get('payload', chunk.get('data')))}")
+            elif chunk["type"].startswith("data-"):
+                print(f"\n[{chunk['type']}] {json.dumps(chunk.get('data'))}", flush=True)
         result = await stream.result()
         if not args.json:
             print()
-        return 1 if result.error else 0
+        return _outcome(result)
 
 
 def _pod(args: argparse.Namespace) -> int:

@@ -281,7 +281,10 @@ def test_a_static_lane_and_one_chosen_from_the_context_are_refused_together() ->
     ("by_context", "where"),
     [
         ({"key": "tenant", "cases": {"acme": ["ghost/x"]}}, "inputProcessorsByContext.cases.acme.0"),
-        ({"key": "tenant", "cases": {}, "default": ["s/ok", "ghost/x"]}, "inputProcessorsByContext.default.1"),
+        (
+            {"key": "tenant", "cases": {}, "default": ["s/ok", "ghost/x"]},
+            "inputProcessorsByContext.default.1",
+        ),
     ],
 )
 def test_an_unknown_sidecar_in_a_case_is_named_with_its_case(by_context: dict[str, Any], where: str) -> None:

@@ -65,7 +65,10 @@ def test_every_key_the_format_defines_is_accepted() -> None:
         (["stopWhen"], "unknown key stopWhen"),
         (["agent", "stopWhenn"], "unknown key agent.stopWhenn"),
         (["agent", "memory", "last"], "unknown key agent.memory.last"),
-        (["agent", "outputProcessors", 0, "procesOutputStream"], "agent.outputProcessors.0.procesOutputStream"),
+        (
+            ["agent", "outputProcessors", 0, "procesOutputStream"],
+            "agent.outputProcessors.0.procesOutputStream",
+        ),
         (["agent", "inputProcessorsByContext", "otherwise"], "agent.inputProcessorsByContext.otherwise"),
         (
             ["agent", "inputProcessorsByContext", "cases", "acme", 0, "when"],

@@ -37,6 +37,7 @@ from procmesh_orchestrator.memory._common import label
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.tools import Tool, ToolCall, invalid_args
+from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service._calls import dumps
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
@@ -278,7 +279,7 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
             raise BadRequestError(problem)
         options = CallOptions(
             request_context=request_context(body),
-            resource_id=getattr(request.state, "bound_resource", None) or "",
+            resource_id=caller_of(request).resource or "",
         )
         # The run's one tool path: a run with no input, so a sidecar's tool gets its usual context.
         run = RunCore(service.agent(agent_id).spec, [], options, sink=None, metrics=service.app.metrics)
@@ -343,7 +344,7 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
 
     async def execute_processor(request: Request) -> Response:
         body = await body_of(request)
-        resource = getattr(request.state, "bound_resource", None) or ""
+        resource = caller_of(request).resource or ""
         answer = await execute_phase(
             service, request.path_params["processor_id"], body, request_context(body), resource
         )

@@ -25,6 +25,7 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.service import _durable, _model_gateway
+from procmesh_orchestrator.service._auth import grpc_caller
 from procmesh_orchestrator.service._calls import AgentCall, Decision, all_calls, all_results, parse_proto
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
@@ -132,8 +133,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
 
     def _bound(self, context: Context) -> str | None:
         """Check the key; the resource it is bound to, if any."""
-        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        return self._service.keys.check(metadata.get("authorization"))
+        return grpc_caller(self._service.keys, context).resource
 
     def _admit(self, request: Any, context: Context) -> tuple[Agent, AgentCall]:
         """Check the key, find the agent, validate the request and take a run slot."""
@@ -141,7 +141,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         metadata = {
             key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
         }
-        bound = service.keys.check(metadata.get("authorization"))  # the resource the key is bound to
+        bound = grpc_caller(service.keys, context).resource  # the resource the key is bound to
         agent = service.agent(request.agent_id)
         call = parse_proto(
             request,
@@ -355,8 +355,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         """Check the key, find the agent, claim the suspended run (NOT_FOUND, ABORTED) and take a slot."""
         service = self._service
         try:
-            metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-            bound = service.keys.check(metadata.get("authorization"))
+            bound = grpc_caller(service.keys, context).resource
             agent = service.agent(request.agent_id)
             if not request.run_id or not request.tool_call_id:
                 raise BadRequestError("give run_id and tool_call_id")
@@ -453,9 +452,8 @@ class _Guard(grpc.aio.ServerInterceptor):
         self._service = service
 
     async def _check_key(self, context: Context) -> None:
-        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         try:
-            self._service.keys.check(metadata.get("authorization"))
+            grpc_caller(self._service.keys, context)
         except ServiceError as exc:
             await context.abort(exc.grpc_code, str(exc))
 

@@ -22,6 +22,7 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.memory._common import MAX_PAGE
 from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service import _durable
+from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service._calls import (
     AgentCall,
     Decision,
@@ -219,17 +220,17 @@ class _Boundary:
                 )
                 return
             if scope["path"].startswith("/api/") or scope["path"] == "/api":
-                authorization = None
-                for name, value in scope["headers"]:
-                    if name == b"authorization":
-                        authorization = value.decode("latin-1")
+                # every value: a header given twice is refused, never last-wins
+                given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
                 try:
-                    bound = self._service.keys.check(authorization)
+                    caller = self._service.keys.identify(given)
                 except ServiceError as exc:
                     await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
                     return
-                # the handlers read it as request.state.bound_resource (memory_scope, the memory API)
-                scope.setdefault("state", {})["bound_resource"] = bound
+                # the handlers read it as request.state.caller (caller_of)
+                state = scope.setdefault("state", {})
+                state["caller"] = caller
+                state["bound_resource"] = caller.resource  # FIXME: the memory API's, until it reads caller_of
             await self._app(scope, receive, counting_send)
         except Exception as exc:
             # Starlette re-raises after its 500 handler ran (or the client left mid-stream): log
@@ -294,7 +295,7 @@ def build_http_app(service: Service) -> ASGIApp:
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             trust_request_context=settings.trust_request_context,
             limits=service.limits,
-            bound_resource=getattr(request.state, "bound_resource", None),
+            bound_resource=caller_of(request).resource,
         ).traced(request.headers)
         bind_lanes(service, agent_id, call)
         service.gate.enter()
@@ -365,7 +366,7 @@ def build_http_app(service: Service) -> ASGIApp:
             trust_request_context=settings.trust_request_context,
             limits=service.limits,
         )
-        return agent_id, agent, decision, getattr(request.state, "bound_resource", None)
+        return agent_id, agent, decision, caller_of(request).resource
 
     def resume_route(approved: bool) -> Callable[[Request], Awaitable[Response]]:
         async def resume(request: Request) -> Response:
@@ -410,7 +411,7 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
         query = request.query_params
-        bound = getattr(request.state, "bound_resource", None)
+        bound = caller_of(request).resource
         resource = query.get("resourceId")
         if bound:
             if resource and resource != bound:
@@ -437,7 +438,7 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         service.agent(agent_id)
         run_id = request.path_params["run_id"]
-        bound = getattr(request.state, "bound_resource", None)
+        bound = caller_of(request).resource
         entry = service.runs.find(agent_id, run_id, bound)
         if entry is None and (service.app.durable is not None or service.app.store is not None):
             # a durable run: on whichever replica runs it (its own stops it at its next renewal)
@@ -463,7 +464,7 @@ def build_http_app(service: Service) -> ASGIApp:
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             request.headers.get("last-event-id"),
         )
-        record = await _durable.visible_run(service, run_id, getattr(request.state, "bound_resource", None))
+        record = await _durable.visible_run(service, run_id, caller_of(request).resource)
         if record.agent_id != agent_id:
             raise DurableRunGoneError(f"no durable run {run_id[:64]!r} of agent {agent_id!r}")
         durable = await _durable.manager(service.app)
@@ -482,18 +483,18 @@ def build_http_app(service: Service) -> ASGIApp:
             status=query.get("status"),
             page=_query_int(query.get("page"), "page", 0, 0),
             per_page=_query_int(query.get("perPage"), "perPage", _durable.DEFAULT_RUNS_PER_PAGE, 1),
-            bound=getattr(request.state, "bound_resource", None),
+            bound=caller_of(request).resource,
         )
         runs, total = await _durable.list_runs(service, listing)
         return json_response({"runs": [_durable.run_json(r) for r in runs], "total": total})
 
     async def get_run(request: Request) -> Response:
-        bound = getattr(request.state, "bound_resource", None)
+        bound = caller_of(request).resource
         record = await _durable.visible_run(service, request.path_params["run_id"], bound)
         return json_response(_durable.run_json(record))
 
     async def cancel_durable_run(request: Request) -> Response:
-        bound = getattr(request.state, "bound_resource", None)
+        bound = caller_of(request).resource
         record = await _durable.visible_run(service, request.path_params["run_id"], bound)
         cancelled, after = await _durable.cancel(service, record)
         return json_response({"cancelled": cancelled, "run": _durable.run_json(after)})

@@ -40,6 +40,7 @@ from procmesh.v1 import model_pb2_grpc as mgrpc
 from procmesh_orchestrator.cost import CostLimitError, Reservation, RunCost
 from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
+from procmesh_orchestrator.service._auth import grpc_caller
 from procmesh_orchestrator.service._errors import ServiceError
 from procmesh_orchestrator.service._gateway_policy import (
     GatewayModels,
@@ -77,9 +78,8 @@ def add_model_gateway(service: Service, server: grpc.aio.Server) -> None:
 
 def _caller_resource(service: Service, context: Context) -> str | None:
     """Check the caller's key (`_Refused` otherwise); the resource it is bound to, if any."""
-    metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
     try:
-        return service.keys.check(metadata.get("authorization"))
+        return grpc_caller(service.keys, context).resource
     except ServiceError as exc:
         raise _Refused(exc.grpc_code, "unauthenticated", str(exc)) from None
 

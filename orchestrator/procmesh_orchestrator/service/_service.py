@@ -14,7 +14,7 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
-from procmesh_orchestrator.service._auth import ApiKeys, split_binding
+from procmesh_orchestrator.service._auth import GATEWAY, ApiKeys
 from procmesh_orchestrator.service._calls import RunGate
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
@@ -113,7 +113,7 @@ class Service:
             self._grpc = GrpcServer(
                 self, self.settings.grpc_host, self.settings.grpc_port, socket=self.settings.grpc_socket
             )
-            await self.app.start(gateway=sidecar_gateway(self.settings, self._grpc.port))
+            await self.app.start(gateway=sidecar_gateway(self.settings, self._grpc.port, self.keys))
             await self.health.poll_once()
             await self._grpc.start()
             await self._grpc.set_serving(self.health.serving)
@@ -207,10 +207,10 @@ def check_exposure(settings: OrchestratorSettings) -> None:
     )
 
 
-def sidecar_gateway(settings: OrchestratorSettings, port: int) -> ModelGateway:
+def sidecar_gateway(settings: OrchestratorSettings, port: int, keys: ApiKeys) -> ModelGateway:
     """The model gateway as a sidecar this orchestrator starts reaches it: the unix socket when
-    one is served (no TCP hop), else the gRPC port (an any-address bind on loopback), with one of
-    the API keys (an unbound one first: the built-ins judge for every resource)."""
+    one is served (no TCP hop), else the gRPC port (an any-address bind on loopback), with the first
+    key that has the ``gateway`` role (the built-ins judge for every resource)."""
     if settings.grpc_socket:
         address = f"unix://{os.path.abspath(settings.grpc_socket)}"
     else:
@@ -218,9 +218,7 @@ def sidecar_gateway(settings: OrchestratorSettings, port: int) -> ModelGateway:
             settings.grpc_host, settings.grpc_host
         )
         address = f"{host}:{port}"
-    keys = [split_binding(entry.get_secret_value()) for entry in settings.api_keys]
-    ranked = [key for key, resource in keys if resource is None] + [key for key, _ in keys]
-    return ModelGateway(address, ranked[0] if ranked else None)
+    return ModelGateway(address, keys.key_with(GATEWAY))
 
 
 async def serve(settings: OrchestratorSettings, config: Config) -> None:

@@ -20,10 +20,10 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import gateway_calls
+from tests.e2e.gateway.support import KEYS, gateway_calls
 from tests.e2e.guards.conftest import gateway_port, guards_sidecar, start_orchestrator
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH
+from tests.integration.service.support import AUTH
 
 __all__ = ["gateway_port", "guards_sidecar", "start_orchestrator"]  # fixtures, imported for this module
 
@@ -87,7 +87,7 @@ async def orchestrator(
         _config(guards_sidecar.address),
         "--grpc-port",
         str(gateway_port),
-        env={"PROCMESH_API_KEYS": API_KEY},
+        env={"PROCMESH_API_KEYS": KEYS},
     )
 
 

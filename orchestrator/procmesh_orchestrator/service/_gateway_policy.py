@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from procmesh_orchestrator.config import AgentConfig, Config, ProcessorRef, WorkflowRef, workflow_refs
+from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR
 
 OTHER = "other"
 """The label of every model or processor name the config does not know."""
 UNKNOWN = "unknown"
 """The processor label of a call that names no processor."""
-GATEWAY_ROLES = frozenset({"gateway", "operator"})
+GATEWAY_ROLES = frozenset({GATEWAY, OPERATOR})
 """A key with one of these roles may call the gateway over TCP."""
 MAX_SHOWN = 64
 """Characters of a caller's text kept where a log line or an error names it (escaped with repr)."""

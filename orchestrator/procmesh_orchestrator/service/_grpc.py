@@ -450,6 +450,7 @@ class _Guard(grpc.aio.ServerInterceptor):
 
     def __init__(self, service: Service) -> None:
         self._service = service
+        self._gateway_check = _model_gateway.access_check(service)
 
     async def _check_key(self, context: Context) -> None:
         try:
@@ -469,8 +470,8 @@ class _Guard(grpc.aio.ServerInterceptor):
         if method.startswith(f"/{AGENT_SERVICE}/"):
             return _raw(handler, handler.request_deserializer, self._check_key)
         if method.startswith(f"/{_model_gateway.MODEL_SERVICE}/"):
-            # the gateway checks the key itself, so its refusals are counted with the caller's label
-            return _raw(handler, handler.request_deserializer, _no_check)
+            # the gateway's own access rule (the unix socket, or a key with the gateway role)
+            return _raw(handler, handler.request_deserializer, self._gateway_check)
         return handler
 
     def _reflection(self, handler: Any) -> Any:
@@ -489,10 +490,6 @@ class _Guard(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-
-
-async def _no_check(context: Context) -> None:
-    return None
 
 
 _malformed = RateLimitedLog(log, "malformed gRPC request refused")

@@ -29,6 +29,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -43,7 +44,10 @@ from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.service._auth import grpc_caller
 from procmesh_orchestrator.service._errors import ServiceError
 from procmesh_orchestrator.service._gateway_policy import (
+    GATEWAY_ROLES,
+    UNKNOWN,
     GatewayModels,
+    on_local_socket,
     shown,
 )
 
@@ -77,11 +81,45 @@ def add_model_gateway(service: Service, server: grpc.aio.Server) -> None:
 
 
 def _caller_resource(service: Service, context: Context) -> str | None:
-    """Check the caller's key (`_Refused` otherwise); the resource it is bound to, if any."""
+    """Let the caller in (`_Refused` otherwise); the resource its key is bound to, if any.
+
+    On the unix socket any caller is served (a key it sends is still checked); on the TCP port a
+    key with the ``gateway`` or ``operator`` role; with no keys configured, every caller."""
+    keys = service.keys
+    if not keys.enabled:
+        return None
+    local = on_local_socket(context.peer() or "")
+    if local and not any(k == "authorization" for k, _ in context.invocation_metadata() or ()):
+        return None
     try:
-        return grpc_caller(service.keys, context).resource
+        caller = grpc_caller(keys, context)
     except ServiceError as exc:
         raise _Refused(exc.grpc_code, "unauthenticated", str(exc)) from None
+    if not local and not caller.roles & GATEWAY_ROLES:
+        raise _Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "permission_denied",
+            "the model gateway serves sidecars only: on the gRPC port it needs a key with the 'gateway' "
+            "role (an entry KEY=@gateway in PROCMESH_API_KEYS) or the 'operator' role; a sidecar in the "
+            "pod may call it over the orchestrator's unix socket (--grpc-socket) instead",
+        )
+    return caller.resource
+
+
+def access_check(service: Service) -> Callable[[Context], Awaitable[None]]:
+    """The check the gRPC server runs before it decodes a ModelService request, so a caller the
+    gateway refuses learns nothing about decoding; counted with the labels ``unknown`` (the
+    request is not read) and logged in one line."""
+
+    async def check(context: Context) -> None:
+        try:
+            _caller_resource(service, context)
+        except _Refused as exc:
+            service.app.metrics.gateway_calls.labels(UNKNOWN, UNKNOWN, exc.outcome).inc()
+            log.info("model gateway refused a caller at %s: %s", shown(context.peer() or ""), exc.outcome)
+            await context.abort(exc.code, str(exc))
+
+    return check
 
 
 def instruction(schema: dict[str, Any]) -> str:

@@ -4,8 +4,10 @@ isort:skip_file
 The model gateway: the orchestrator's configured models, served to its
 processors. A guard that needs a model (an LLM judge) calls ModelService on
 the orchestrator instead of a provider: provider API keys stay in the
-orchestrator, and the call is counted, traced and bounded like the agent's own.
-Served by `procmesh-orchestrator` on its gRPC port, next to AgentService.
+orchestrator, and the call is counted, traced, metered and bounded like the
+agent's own. Served by `procmesh-orchestrator` next to AgentService, to
+sidecars only: on its unix socket (--grpc-socket) to any caller, on its gRPC
+port to a key with the `gateway` or `operator` role.
 """
 
 from collections import abc as _abc
@@ -65,8 +67,9 @@ class ModelServiceGenerateRequest(_message.Message):
     PROCESSOR_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     model: _builtins.str
-    """The model: a key of the orchestrator's `models` config (e.g. `scripted`)
-    or `provider/model-id` (e.g. `openai/gpt-5-nano`).
+    """The model: one the orchestrator's config names (a `models` or `prices`
+    key, an agent's model, a processor option naming one), e.g. `scripted` or
+    `openai/gpt-5-nano`.
     """
     temperature: _builtins.float
     """Sampling temperature (unset: the provider's default)."""
@@ -74,10 +77,13 @@ class ModelServiceGenerateRequest(_message.Message):
     """Upper bound on the answer's tokens (unset: the provider's default)."""
     processor_id: _builtins.str
     """The processor making the call (its id as the orchestrator's config names
-    it, e.g. `guards/moderation`): a label of the gateway's metrics and logs.
+    it, e.g. `guards/moderation`): a label of the gateway's metrics (`other`
+    when the config does not name it) and logs.
     """
     run_id: _builtins.str
-    """The run the calling hook serves (RunContext.run_id), for logs."""
+    """The run the calling hook serves (RunContext.run_id), for logs; a run live
+    on the orchestrator meters the call against its agent's cost control.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelMessage]:
         """The prompt, in order."""

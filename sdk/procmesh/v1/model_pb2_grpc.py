@@ -26,11 +26,13 @@ if _version_not_supported:
 
 
 class ModelServiceStub:
-    """Calls a configured model once, non-streaming. Send `authorization: Bearer
-    <key>` metadata (one of the orchestrator's API keys) when it has API keys
-    configured (else UNAUTHENTICATED), and the W3C trace context (`traceparent`)
-    of the hook making the call. The call's deadline bounds the model call.
-    Status codes: NOT_FOUND (the model reference resolves to no model),
+    """Calls a configured model once, non-streaming. Over TCP send `authorization:
+    Bearer <key>` metadata (a key with the `gateway` role) when the orchestrator
+    has API keys configured (else UNAUTHENTICATED; PERMISSION_DENIED for a key
+    without the role), and the W3C trace context (`traceparent`) of the hook
+    making the call. The call's deadline bounds the model call.
+    Status codes: NOT_FOUND (a model the config does not name, or one that
+    resolves to no model), RESOURCE_EXHAUSTED (cost control's limit is spent),
     INVALID_ARGUMENT (no messages, an unknown role, a schema that is not a JSON
     schema), FAILED_PRECONDITION (a schema was given and the model's answer was
     not JSON matching it, twice), UNAVAILABLE (the provider failed or is
@@ -51,11 +53,13 @@ class ModelServiceStub:
 
 
 class ModelServiceServicer:
-    """Calls a configured model once, non-streaming. Send `authorization: Bearer
-    <key>` metadata (one of the orchestrator's API keys) when it has API keys
-    configured (else UNAUTHENTICATED), and the W3C trace context (`traceparent`)
-    of the hook making the call. The call's deadline bounds the model call.
-    Status codes: NOT_FOUND (the model reference resolves to no model),
+    """Calls a configured model once, non-streaming. Over TCP send `authorization:
+    Bearer <key>` metadata (a key with the `gateway` role) when the orchestrator
+    has API keys configured (else UNAUTHENTICATED; PERMISSION_DENIED for a key
+    without the role), and the W3C trace context (`traceparent`) of the hook
+    making the call. The call's deadline bounds the model call.
+    Status codes: NOT_FOUND (a model the config does not name, or one that
+    resolves to no model), RESOURCE_EXHAUSTED (cost control's limit is spent),
     INVALID_ARGUMENT (no messages, an unknown role, a schema that is not a JSON
     schema), FAILED_PRECONDITION (a schema was given and the model's answer was
     not JSON matching it, twice), UNAVAILABLE (the provider failed or is
@@ -86,11 +90,13 @@ def add_ModelServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ModelService:
-    """Calls a configured model once, non-streaming. Send `authorization: Bearer
-    <key>` metadata (one of the orchestrator's API keys) when it has API keys
-    configured (else UNAUTHENTICATED), and the W3C trace context (`traceparent`)
-    of the hook making the call. The call's deadline bounds the model call.
-    Status codes: NOT_FOUND (the model reference resolves to no model),
+    """Calls a configured model once, non-streaming. Over TCP send `authorization:
+    Bearer <key>` metadata (a key with the `gateway` role) when the orchestrator
+    has API keys configured (else UNAUTHENTICATED; PERMISSION_DENIED for a key
+    without the role), and the W3C trace context (`traceparent`) of the hook
+    making the call. The call's deadline bounds the model call.
+    Status codes: NOT_FOUND (a model the config does not name, or one that
+    resolves to no model), RESOURCE_EXHAUSTED (cost control's limit is spent),
     INVALID_ARGUMENT (no messages, an unknown role, a schema that is not a JSON
     schema), FAILED_PRECONDITION (a schema was given and the model's answer was
     not JSON matching it, twice), UNAVAILABLE (the provider failed or is

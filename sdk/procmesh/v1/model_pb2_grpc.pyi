@@ -4,8 +4,10 @@ isort:skip_file
 The model gateway: the orchestrator's configured models, served to its
 processors. A guard that needs a model (an LLM judge) calls ModelService on
 the orchestrator instead of a provider: provider API keys stay in the
-orchestrator, and the call is counted, traced and bounded like the agent's own.
-Served by `procmesh-orchestrator` on its gRPC port, next to AgentService.
+orchestrator, and the call is counted, traced, metered and bounded like the
+agent's own. Served by `procmesh-orchestrator` next to AgentService, to
+sidecars only: on its unix socket (--grpc-socket) to any caller, on its gRPC
+port to a key with the `gateway` or `operator` role.
 """
 
 from collections import abc as _abc
@@ -32,11 +34,13 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ModelServiceStub:
-    """Calls a configured model once, non-streaming. Send `authorization: Bearer
-    <key>` metadata (one of the orchestrator's API keys) when it has API keys
-    configured (else UNAUTHENTICATED), and the W3C trace context (`traceparent`)
-    of the hook making the call. The call's deadline bounds the model call.
-    Status codes: NOT_FOUND (the model reference resolves to no model),
+    """Calls a configured model once, non-streaming. Over TCP send `authorization:
+    Bearer <key>` metadata (a key with the `gateway` role) when the orchestrator
+    has API keys configured (else UNAUTHENTICATED; PERMISSION_DENIED for a key
+    without the role), and the W3C trace context (`traceparent`) of the hook
+    making the call. The call's deadline bounds the model call.
+    Status codes: NOT_FOUND (a model the config does not name, or one that
+    resolves to no model), RESOURCE_EXHAUSTED (cost control's limit is spent),
     INVALID_ARGUMENT (no messages, an unknown role, a schema that is not a JSON
     schema), FAILED_PRECONDITION (a schema was given and the model's answer was
     not JSON matching it, twice), UNAVAILABLE (the provider failed or is
@@ -52,11 +56,13 @@ class ModelServiceStub:
 
 @_typing.type_check_only
 class ModelServiceAsyncStub(ModelServiceStub):
-    """Calls a configured model once, non-streaming. Send `authorization: Bearer
-    <key>` metadata (one of the orchestrator's API keys) when it has API keys
-    configured (else UNAUTHENTICATED), and the W3C trace context (`traceparent`)
-    of the hook making the call. The call's deadline bounds the model call.
-    Status codes: NOT_FOUND (the model reference resolves to no model),
+    """Calls a configured model once, non-streaming. Over TCP send `authorization:
+    Bearer <key>` metadata (a key with the `gateway` role) when the orchestrator
+    has API keys configured (else UNAUTHENTICATED; PERMISSION_DENIED for a key
+    without the role), and the W3C trace context (`traceparent`) of the hook
+    making the call. The call's deadline bounds the model call.
+    Status codes: NOT_FOUND (a model the config does not name, or one that
+    resolves to no model), RESOURCE_EXHAUSTED (cost control's limit is spent),
     INVALID_ARGUMENT (no messages, an unknown role, a schema that is not a JSON
     schema), FAILED_PRECONDITION (a schema was given and the model's answer was
     not JSON matching it, twice), UNAVAILABLE (the provider failed or is
@@ -68,11 +74,13 @@ class ModelServiceAsyncStub(ModelServiceStub):
     """Send `messages` to the model `model` and return its whole answer."""
 
 class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Calls a configured model once, non-streaming. Send `authorization: Bearer
-    <key>` metadata (one of the orchestrator's API keys) when it has API keys
-    configured (else UNAUTHENTICATED), and the W3C trace context (`traceparent`)
-    of the hook making the call. The call's deadline bounds the model call.
-    Status codes: NOT_FOUND (the model reference resolves to no model),
+    """Calls a configured model once, non-streaming. Over TCP send `authorization:
+    Bearer <key>` metadata (a key with the `gateway` role) when the orchestrator
+    has API keys configured (else UNAUTHENTICATED; PERMISSION_DENIED for a key
+    without the role), and the W3C trace context (`traceparent`) of the hook
+    making the call. The call's deadline bounds the model call.
+    Status codes: NOT_FOUND (a model the config does not name, or one that
+    resolves to no model), RESOURCE_EXHAUSTED (cost control's limit is spent),
     INVALID_ARGUMENT (no messages, an unknown role, a schema that is not a JSON
     schema), FAILED_PRECONDITION (a schema was given and the model's answer was
     not JSON matching it, twice), UNAVAILABLE (the provider failed or is

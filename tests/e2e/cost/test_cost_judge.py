@@ -19,9 +19,9 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import gateway_calls, start_judge
+from tests.e2e.gateway.support import KEYS, gateway_calls, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, free_port
+from tests.integration.service.support import AUTH, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -72,7 +72,7 @@ async def orchestrator(
     cfg = _config(judge_sidecar.address)
     cfg["storage"] = {"path": str(tmp_path_factory.mktemp("cost") / "memory.db")}
     return await asyncio.to_thread(
-        start_orchestrator, cfg, "--grpc-port", str(gateway_port), env={"PROCMESH_API_KEYS": API_KEY}
+        start_orchestrator, cfg, "--grpc-port", str(gateway_port), env={"PROCMESH_API_KEYS": KEYS}
     )
 
 

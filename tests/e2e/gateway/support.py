@@ -1,5 +1,5 @@
-"""What the gateway tests share: judge sidecars started with no provider key, and the gateway's
-counter read from /metrics."""
+"""What the gateway tests share: the keys, judge sidecars started with no provider key, and the
+gateway's counter read from /metrics."""
 
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH
 
+GATEWAY_KEY = "gateway-key-0123456789"
+"""A key with the gateway role: the one a sidecar presents to the gateway on the gRPC port."""
+KEYS = f"{API_KEY}=@operator,{GATEWAY_KEY}=@gateway"
+"""PROCMESH_API_KEYS of the gateway tests: the operator key the tests call with, and the sidecars'."""
+
 
 def sidecar_env(gateway: str) -> dict[str, str]:
-    """A sidecar's environment: the gateway's address and an orchestrator key, no provider key."""
+    """A sidecar's environment: the gateway's address and a gateway key, no provider key."""
     env = {k: v for k, v in os.environ.items() if "KEY" not in k and "OPENAI" not in k}
-    env.update(PYTHONUNBUFFERED="1", PROCMESH_MODEL_GATEWAY=gateway, PROCMESH_MODEL_GATEWAY_KEY=API_KEY)
+    env.update(PYTHONUNBUFFERED="1", PROCMESH_MODEL_GATEWAY=gateway, PROCMESH_MODEL_GATEWAY_KEY=GATEWAY_KEY)
     return env
 
 

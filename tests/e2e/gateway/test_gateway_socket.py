@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
-from tests.e2e.gateway.support import gateway_calls, start_judge
+from tests.e2e.gateway.support import KEYS, gateway_calls, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, GRPC_AUTH
 
@@ -78,7 +78,7 @@ async def orchestrator(
         _config(judge_sidecar.address),
         "--grpc-socket",
         str(gateway_socket),
-        env={"PROCMESH_API_KEYS": API_KEY},
+        env={"PROCMESH_API_KEYS": KEYS},
     )
 
 

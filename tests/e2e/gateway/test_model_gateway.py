@@ -1,8 +1,8 @@
 """The model gateway end to end: an orchestrator process serving scripted judge models, and a
 Python sidecar process whose processInput asks the gateway for a verdict (`judge.py`).
 
-The sidecar is started with a controlled environment: the gateway's address and an orchestrator
-API key, no provider key (the orchestrator holds one, `JUDGE_KEY`). Runs go through the
+The sidecar is started with a controlled environment: the gateway's address and a key with the
+gateway role, no provider key (the orchestrator holds one, `JUDGE_KEY`). Runs go through the
 orchestrator's HTTP API; the gateway's counter is read from its /metrics.
 """
 
@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import NODE_SDK
 from tests.deps import require, require_npm_packages
-from tests.e2e.gateway.support import gateway_calls, sidecar_env, start_judge
+from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, sidecar_env, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, free_port
+from tests.integration.service.support import AUTH, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -133,7 +133,7 @@ async def orchestrator(
         _config(judge_sidecar.address, node_judge.address, silent_port),
         "--grpc-port",
         str(gateway_port),
-        env={"PROCMESH_API_KEYS": API_KEY, "JUDGE_KEY": PROVIDER_SECRET},
+        env={"PROCMESH_API_KEYS": KEYS, "JUDGE_KEY": PROVIDER_SECRET},
     )
 
 
@@ -236,7 +236,9 @@ async def test_a_caller_without_the_api_key_is_refused(orchestrator: Orchestrato
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Generate(request, timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        answer = await stub.Generate(request, timeout=5, metadata=(("authorization", f"Bearer {API_KEY}"),))
+        answer = await stub.Generate(
+            request, timeout=5, metadata=(("authorization", f"Bearer {GATEWAY_KEY}"),)
+        )
         assert answer.model == "judge-ok"
         assert answer.attempts == 1
         assert not answer.HasField("object")

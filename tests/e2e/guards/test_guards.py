@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.gateway.support import GATEWAY_KEY
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH, sse_events
@@ -310,7 +311,7 @@ async def orchestrator(
         "--grpc-port",
         str(gateway_port),
         env={
-            "PROCMESH_API_KEYS": f"{API_KEY},{MEMORY_KEY}=user-1",
+            "PROCMESH_API_KEYS": f"{API_KEY},{MEMORY_KEY}=user-1,{GATEWAY_KEY}=@gateway",
             "JUDGE_KEY": PROVIDER_SECRET,
             "OPENAI_API_KEY": PROVIDER_SECRET,
         },

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
-from tests.e2e.gateway.support import GATEWAY_KEY, KEYS
+from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import FakeOpenAI
 from tests.integration.service.support import API_KEY, AUTH
@@ -124,6 +124,15 @@ async def test_a_tenant_key_is_refused_on_the_grpc_port(
     assert provider.calls("judge") == []
     unauthenticated = await _call(orchestrator.grpc_address, _request("fake/judge"), None)
     assert unauthenticated.code() == grpc.StatusCode.UNAUTHENTICATED
+    # refused before the request is read: a body that does not decode gets the same answer
+    async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
+        raw: Any = channel.unary_unary("/procmesh.v1.ModelService/Generate")
+        with pytest.raises(grpc.aio.AioRpcError) as undecodable:
+            await raw(b"\xff\xff\xff", metadata=(("authorization", f"Bearer {TENANT_KEY}"),), timeout=5)
+    assert undecodable.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    calls = await asyncio.to_thread(gateway_calls, orchestrator)
+    assert calls[("unknown", "unknown", "permission_denied")] == 2
+    assert calls[("unknown", "unknown", "unauthenticated")] == 1
 
 
 async def test_a_gateway_key_and_an_operator_key_are_served(

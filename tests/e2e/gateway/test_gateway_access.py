@@ -39,7 +39,7 @@ CALL_COST = 0.005
 def provider() -> Iterator[FakeOpenAI]:
     fake = FakeOpenAI(api_key=PROVIDER_SECRET)
     fake.start()
-    for model in ("judge", "metered"):
+    for model in ("judge", "metered", "shared", "tenanted"):
         fake.script(model, ANSWER)
     yield fake
     fake.stop()
@@ -54,7 +54,10 @@ def _config(provider: FakeOpenAI) -> dict[str, Any]:
     return {
         "providers": {"fake": {"kind": "openai", "baseUrl": provider.base_url, "apiKeyEnv": "FAKE_KEY"}},
         "models": {"main": {"provider": "scripted", "responses": [{"text": "fine"}] * 5}},
-        "prices": {"main": {"input": 0, "output": 0}, "fake/metered": {"input": 0, "output": 1000}},
+        "prices": {
+            "main": {"input": 0, "output": 0},
+            **{f"fake/{m}": {"input": 0, "output": 1000} for m in ("metered", "shared", "tenanted")},
+        },
         "agents": {
             # fake/judge is named as a fallback model; fake/metered by the capped agent, whose
             # limit fits two calls (each reserves 5 output tokens)
@@ -63,6 +66,24 @@ def _config(provider: FakeOpenAI) -> dict[str, Any]:
                 "model": [{"model": "main"}, {"model": "fake/metered"}],
                 "errorProcessorDefaults": False,
                 "costControl": {"maxCost": 2 * CALL_COST, "scope": "agent", "reserveOutputTokens": 5},
+            },
+            # one global ledger, two limits: the strictest holds a call outside a run
+            **{
+                name: {
+                    "model": [{"model": "main"}, {"model": "fake/shared"}],
+                    "errorProcessorDefaults": False,
+                    "costControl": {
+                        "maxCost": calls * CALL_COST,
+                        "scope": "global",
+                        "reserveOutputTokens": 5,
+                    },
+                }
+                for name, calls in (("strict", 1), ("loose", 10))
+            },
+            "per-tenant": {
+                "model": [{"model": "main"}, {"model": "fake/tenanted"}],
+                "errorProcessorDefaults": False,
+                "costControl": {"maxCost": CALL_COST, "scope": "resource", "reserveOutputTokens": 5},
             },
         },
     }
@@ -227,3 +248,31 @@ async def test_cost_control_caps_direct_gateway_calls(
     async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=tenant, timeout=30) as http:
         body = (await http.post("/api/agents/capped/generate", json={"messages": "hello"})).json()
     assert body["tripwire"]["processorId"] == "token-cost-control", body
+
+
+async def test_agents_sharing_a_ledger_hold_a_direct_call_to_the_strictest_limit(
+    orchestrator: OrchestratorProcess, provider: FakeOpenAI
+) -> None:
+    outcomes = [
+        await _call(orchestrator.grpc_address, _request("fake/shared"), GATEWAY_KEY) for _ in range(3)
+    ]
+    codes = [o.code() if isinstance(o, grpc.aio.AioRpcError) else "ok" for o in outcomes]
+    assert codes == ["ok", grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert len(provider.calls("shared")) == 1
+
+
+async def test_a_resource_scope_limits_a_direct_call_by_the_resource_of_its_key(
+    orchestrator: OrchestratorProcess, provider: FakeOpenAI, gateway_socket: Path
+) -> None:
+    socket = f"unix://{gateway_socket}"
+    as_tenant = [await _call(socket, _request("fake/tenanted"), TENANT_KEY) for _ in range(2)]
+    assert isinstance(as_tenant[0], mpb.ModelServiceGenerateResponse), as_tenant
+    assert as_tenant[1].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # no resource: as for a run without one, a resource scope does not limit the call (counted
+    # as unlimited in procmesh_cost_admissions_total)
+    for target, key in ((socket, None), (orchestrator.grpc_address, GATEWAY_KEY)):
+        answer = await _call(target, _request("fake/tenanted"), key)
+        assert isinstance(answer, mpb.ModelServiceGenerateResponse), answer
+    assert len(provider.calls("tenanted")) == 3
+    text = await asyncio.to_thread(_metrics, orchestrator)
+    assert 'procmesh_cost_admissions_total{agent="per-tenant",outcome="unlimited"} 2.0' in text

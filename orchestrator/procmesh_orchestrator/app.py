@@ -392,6 +392,7 @@ class App:
             hooks=hook_names(info.hooks),
             process_data_parts=info.process_data_parts,
             timeout=ref.timeout or sidecar.timeout,
+            stream_timeout=ref.stream_timeout or sidecar.stream_timeout,
             on_failure="fail-open" if shadow else ref.on_failure or sidecar.on_failure,
             shadow=shadow,
             speculative=info.speculative and ref.speculative is not False,

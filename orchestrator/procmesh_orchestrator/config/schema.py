@@ -86,7 +86,11 @@ class SidecarConfig(_Model):
     to, e.g. a headless Service) or ``ipv4:10.0.0.1:50051,10.0.0.2:50051`` (``ipv6:`` likewise):
     calls are balanced round-robin over the replicas."""
     timeout: float = Field(default=5.0, gt=0)
-    """Seconds per hook call (the run's remaining deadline caps it)."""
+    """Seconds per hook call (the run's remaining deadline caps it); in an output stream, per
+    part's answer and for the stream's end after the last part."""
+    stream_timeout: float = Field(default=600.0, gt=0)
+    """Seconds one output-stream session may stay open (the run's remaining deadline caps it);
+    a session still open then is cut and the failure policy applies."""
     on_failure: FailurePolicy = "fail-closed"
     """What a failed call does to the run (processors may override)."""
     tls: TLSConfig | None = None
@@ -111,6 +115,8 @@ class ProcessorRef(_Model):
     processor: str
     options: dict[str, Any] = {}
     timeout: float | None = Field(default=None, gt=0)
+    stream_timeout: float | None = Field(default=None, gt=0)
+    """The sidecar's ``streamTimeout`` for this entry (seconds an output-stream session may stay open)."""
     on_failure: FailurePolicy | None = None
     name: str | None = None
     """This instance's name (default: the processor id): several instances of one processor, each

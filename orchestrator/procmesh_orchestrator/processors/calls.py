@@ -190,9 +190,12 @@ class GrpcHookCaller:
             return handle.timeout
         return max(0.001, min(handle.timeout, self.info.deadline - time.monotonic()))
 
-    def stream_timeout(self) -> float | None:
-        """A stream lives as long as the run may."""
-        return None if self.info.deadline is None else max(0.001, self.info.deadline - time.monotonic())
+    def stream_timeout(self, bound: float) -> float:
+        """A stream session's gRPC deadline: its `bound` (``streamTimeout``), capped by what is
+        left of the run's deadline."""
+        if self.info.deadline is None:
+            return bound
+        return max(0.001, min(bound, self.info.deadline - time.monotonic()))
 
     # -- the failure policy -----------------------------------------------------------------
 

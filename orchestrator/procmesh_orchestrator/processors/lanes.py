@@ -42,6 +42,9 @@ class ProcessorHandle:
     fuse_key: str = ""
     """Lane neighbours with the same non-empty key share one request (the sidecar's name when its
     Describe says ``fuses``); empty: never fused (shadow processors, tool hosts)."""
+    stream_timeout: float = 600.0
+    """Seconds one ProcessOutputStream session may stay open (``streamTimeout``; the run's remaining
+    deadline caps it); `timeout` bounds each part's answer and the stream's end."""
 
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""

@@ -37,6 +37,7 @@ from procmesh_orchestrator.processors.stream_call import (
     HOOK,
     Item,
     Pipe,
+    SessionClock,
     StreamCall,
     answer_items,
     fused_items,
@@ -76,6 +77,9 @@ class _Member:
         """One processor, or several of one sidecar fused in this session (`context.fused`)."""
         self.data_parts = any(h.process_data_parts for h in handles)
         self.timeout = min(h.timeout for h in handles)
+        self.stream_timeout = min(h.stream_timeout for h in handles)
+        self.clock: SessionClock | None = None
+        """Its session's time limits (`_open` starts one per session)."""
         self.fed: deque[_Fed] = deque()
         """Committed input first (`firm` of them), then the parts given in advance, by origin."""
         self.firm = 0
@@ -192,8 +196,9 @@ class _Member:
             attributes={"procmesh.processor.id": pid, "procmesh.hook": HOOK, "procmesh.outcome": "pass"},
         )
         caller = self.group.caller
+        self.clock = SessionClock(caller, self.timeout, self.stream_timeout)
         self.call = StreamCall(
-            self.handle.client.open_stream(caller.stream_timeout(), metadata=self.span.metadata())
+            self.handle.client.open_stream(self.clock.grpc_timeout(caller), metadata=self.span.metadata())
         )
         self.out = ppb.ProcessOutputStreamRequest()
         caller.fill_context(self.out.context, self.handle)
@@ -201,7 +206,10 @@ class _Member:
             caller.fill_fused(self.out.context, self.handles[1:])
             self.out.context.announce_signals = self.group.announce_signals
             self.span.set("procmesh.fused", [h.processor_id for h in self.handles[1:]])
-        self.tasks = [asyncio.create_task(self._write(self.call)), asyncio.create_task(self._read(self.call))]
+        self.tasks = [
+            asyncio.create_task(self._write(self.call)),
+            asyncio.create_task(self._read(self.call, self.clock)),
+        ]
 
     async def _write(self, call: StreamCall) -> None:
         while True:
@@ -216,6 +224,8 @@ class _Member:
         if self.call is not None and not self.closing and not self.failed_open:
             self.flush()
             self.closing = True
+            assert self.clock is not None
+            self.clock.close()  # the end is due from now, even if the half-close waits
             self.writes.put_nowait(_CLOSE)
 
     # -- answers ---------------------------------------------------------------------------------
@@ -245,22 +255,14 @@ class _Member:
         for entry in held:
             self.feed(entry.part, entry.origin)
 
-    async def _read(self, call: StreamCall) -> None:
+    async def _read(self, call: StreamCall, clock: SessionClock) -> None:
         read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
         try:
             while True:
                 if read is None:
                     read = asyncio.ensure_future(call.read())
-                wait = self.group.caller.timeout_for(self.handle)
-                if self.unanswered:  # the oldest unanswered part's time limit counts from when it was sent
-                    sent_at = self.unanswered[0][1]
-                    limit = self.timeout
-                    deadline = self.group.caller.info.deadline
-                    if deadline is not None:
-                        limit = min(limit, deadline - sent_at)
-                    wait = sent_at + limit - time.monotonic()
-                    if wait <= 0:
-                        raise MalformedResponseError(f"timed out after {limit:.3g}s")
+                # the oldest unanswered part's time limit counts from when it was sent
+                wait = clock.wait(self.unanswered[0][1] if self.unanswered else None)
                 done, _ = await asyncio.wait({read}, timeout=wait)
                 if not done:
                     continue
@@ -291,6 +293,7 @@ class _Member:
                 self.span.outcome("failure")
                 self.input_refused = exc.input_refused
                 self.broken = str(exc)
+                call.cancel()  # torn down at once: a timed-out session stays in flight no longer
                 self.group.advance()
         finally:
             if read is not None:
@@ -395,14 +398,13 @@ class SpeculativeGroup:
             return False
         kind, value, origin = member.inbox[0]
         if kind == END:
-            if (
-                member.call is not None
-                and not member.failed_open
-                and member.broken is None
-                and not member.ended
-            ):
-                member.close()
-                return False  # its state comes with its stream's end
+            if member.call is not None and not member.failed_open:
+                if member.broken is not None:
+                    return self._failure(j)  # its end (the states) never came
+                if not member.ended:
+                    member.close()
+                    return False  # its state comes with its stream's end
+                self._store_states(member)
             member.inbox.popleft()
             self._hand_on(j, [(kind, value)], origin)
             return True
@@ -433,6 +435,16 @@ class SpeculativeGroup:
             member.span.outcome("abort")
         self._hand_on(j, items, origin)
         return True
+
+    def _store_states(self, member: _Member) -> None:
+        """Its stream's end committed: the states it carries are the run's now."""
+        end = member.end_state
+        if end is None:
+            return
+        states = self.caller.info.states
+        states[member.handle.processor_id] = end.state
+        for handle, state in zip(member.handles[1:], end.fused_states, strict=False):
+            states[handle.processor_id] = state
 
     def _failure(self, j: int) -> bool:
         """Member j broke where an answer was needed: its failure policy."""

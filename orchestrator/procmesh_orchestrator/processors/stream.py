@@ -29,6 +29,7 @@ from procmesh_orchestrator.processors.stream_call import (
     FLOWING,
     HOOK,
     Pipe,
+    SessionClock,
     StreamCall,
     answer_items,
     fused_items,
@@ -67,6 +68,9 @@ class _Stage:
         """The processors of the session: one, or several of one sidecar fused (`context.fused`)."""
         self.data_parts = any(m.process_data_parts for m in members)
         self.timeout = min(m.timeout for m in members)
+        self.stream_timeout = min(m.stream_timeout for m in members)
+        self.clock: SessionClock | None = None
+        """The session's time limits (`_open` starts it)."""
         self.side = side
         """A parallel branch whose output is not picked: its effects apply, the part goes on as it came."""
         self.inq = inq
@@ -125,6 +129,8 @@ class _Stage:
                 if kind != CHUNK:  # end, upstream abort or error: nothing follows it
                     self.pending.append((kind, value, False))
                     self.end_queued = finished = True
+                    if kind == END and self.broken is not None:
+                        self._apply_failure()  # the session broke while idle: its end never comes
                     break
                 if self.broken is not None and self._eligible(value):
                     self._apply_failure()  # the stream died while idle: this part finds out
@@ -146,7 +152,9 @@ class _Stage:
             if request is not None and not self.failed_open and self.call is not None:
                 await self.call.write(request)
             if finished:
-                if self.call is not None and not self.failed_open:
+                if self.call is not None and not self.failed_open and not self.stopped:
+                    assert self.clock is not None
+                    self.clock.close()  # the end is due from now, even if the half-close waits
                     await self.call.done_writing()
                 return
 
@@ -158,7 +166,10 @@ class _Stage:
             kind="client",
             attributes={"procmesh.processor.id": pid, "procmesh.hook": HOOK, "procmesh.outcome": "pass"},
         )
-        raw = self.handle.client.open_stream(self.caller.stream_timeout(), metadata=self.span.metadata())
+        self.clock = SessionClock(self.caller, self.timeout, self.stream_timeout)
+        raw = self.handle.client.open_stream(
+            self.clock.grpc_timeout(self.caller), metadata=self.span.metadata()
+        )
         self.call = StreamCall(raw)
         self.reader = asyncio.create_task(self._read(self.call))
         first = ppb.ProcessOutputStreamRequest()
@@ -179,23 +190,16 @@ class _Stage:
         return any(awaits for _, _, awaits in self.pending)
 
     async def _read(self, call: StreamCall) -> None:
-        info, handle = self.caller.info, self.handle
+        info, handle, clock = self.caller.info, self.handle, self.clock
+        assert clock is not None
         # One read stays outstanding across timeouts: cancelling a read cancels the whole call.
         read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
         try:
             while True:
                 if read is None:
                     read = asyncio.ensure_future(call.read())
-                if self.sent:  # the oldest unanswered part's time limit counts from when it was sent
-                    limit = self.timeout
-                    sent_at = self.sent[0][1]
-                    if info.deadline is not None:
-                        limit = min(limit, info.deadline - sent_at)
-                    wait = sent_at + limit - time.monotonic()
-                    if wait <= 0:
-                        raise MalformedResponseError(f"timed out after {limit:.3g}s")
-                else:  # idle: wake up to start the clock of parts sent meanwhile
-                    wait = self.caller.timeout_for(handle)
+                # the oldest unanswered part's time limit counts from when it was sent
+                wait = clock.wait(self.sent[0][1] if self.sent else None)
                 done, _ = await asyncio.wait({read}, timeout=wait)
                 if not done:
                     continue
@@ -281,10 +285,13 @@ class _Stage:
             self.stopped = True
 
     def _failed(self, cause: str) -> None:
-        """The stream failed: apply the failure policy now if parts await answers, else at the next one."""
+        """The stream failed: the session is torn down at once; the failure policy applies now if
+        parts (or the stream's end) await answers, else at the next part it would need."""
         self.span.outcome("failure")
         self.broken = cause
-        if self._awaiting():
+        if self.call is not None:
+            self.call.cancel()  # a timed-out session stays in flight no longer
+        if self._awaiting() or (self.pending and self.pending[0][0] == END):
             self._apply_failure()
 
     def _apply_failure(self) -> None:

@@ -6,7 +6,7 @@ Raw gRPC errors of a stream are translated once, in `StreamCall`, into the orche
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,28 +63,54 @@ class Pipe:
         return items
 
 
+def _own_cancel() -> bool:
+    """Whether the running task itself is being cancelled (not merely the call under it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class StreamCall:
     """A ProcessOutputStream call whose gRPC errors come out translated: the stream's one boundary.
 
     A failed write is dropped here: the read that follows reports the stream's status,
-    and the failure policy applies there, once.
+    and the failure policy applies there, once. A call this side cancelled (a timeout, an abort,
+    a fail-open cut) makes grpc raise `asyncio.CancelledError` in every write, half-close and
+    read still waiting on it; that is not the task's own cancellation, so it comes out as a
+    dropped write or a `ProcessorCallError` and the task that was waiting goes on (it used to
+    end the task, and with it every part still to pass that stage: the run hung).
     """
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
+        self._cut = False
+        """This side cancelled the call (`cancel`)."""
 
     async def write(self, request: ppb.ProcessOutputStreamRequest) -> None:
-        with contextlib.suppress(*_WRITE_ERRORS):
+        try:
             await self._raw.write(request)
+        except _WRITE_ERRORS:
+            return
+        except asyncio.CancelledError:
+            if _own_cancel() or not self._cut:
+                raise
 
     async def done_writing(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+        try:
             await self._raw.done_writing()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            return
+        except asyncio.CancelledError:
+            if _own_cancel() or not self._cut:
+                raise
 
     async def read(self) -> ppb.ProcessOutputStreamResponse | None:
         """The next response; None at the stream's end."""
         try:
             resp = await self._raw.read()
+        except asyncio.CancelledError:
+            if _own_cancel() or not self._cut:
+                raise
+            raise ProcessorCallError("CANCELLED: the session was cut") from None
         except grpc.aio.AioRpcError as exc:
             err = translate_rpc_error(exc)
             raise ProcessorCallError(
@@ -93,10 +119,65 @@ class StreamCall:
         return None if resp is grpc.aio.EOF else resp
 
     def cancel(self) -> None:
+        self._cut = True
         self._raw.cancel()
 
     def done(self) -> bool:
         return bool(self._raw.done())
+
+
+GRPC_SLACK = 1.0
+"""Seconds the gRPC deadline of a session allows past its ``streamTimeout``: the session's own
+clock cuts it first, naming the limit; gRPC's deadline (also capped by the run's) is the backstop."""
+
+
+class SessionClock:
+    """The time limits of one stream session, checked by its reader.
+
+    Each part's answer must come within the processor's `timeout` of when the part was queued
+    (a write the sidecar does not take, because it stopped reading, counts against it too);
+    once the orchestrator half-closed, the stream's end (which carries the states) must come
+    within `timeout` of that; the whole session within `stream_timeout` (``streamTimeout``) of
+    its opening. The run's deadline caps the first two.
+    """
+
+    def __init__(self, caller: GrpcHookCaller, timeout: float, stream_timeout: float) -> None:
+        self.info = caller.info
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        self.ends = time.monotonic() + stream_timeout
+        self.closed_at: float | None = None
+        """When the orchestrator half-closed (everything was sent): the end's clock starts."""
+
+    def grpc_timeout(self, caller: GrpcHookCaller) -> float:
+        """The session's gRPC deadline (the backstop)."""
+        return caller.stream_timeout(self.stream_timeout + GRPC_SLACK)
+
+    def close(self) -> None:
+        """Everything was sent (half-close queued): the stream's end is due from now."""
+        if self.closed_at is None:
+            self.closed_at = time.monotonic()
+
+    def wait(self, oldest_sent: float | None) -> float:
+        """Seconds the reader may wait for the next response, given when the oldest unanswered
+        part was queued (None: none awaits); raises `ProcessorCallError` naming the limit
+        once one has passed."""
+        now = time.monotonic()
+        if now >= self.ends:
+            raise ProcessorCallError(f"stream session open longer than {self.stream_timeout:.3g}s")
+        wait = min(self.timeout, self.ends - now)  # idle: wake up to start the clock of parts sent meanwhile
+        since = oldest_sent if oldest_sent is not None else self.closed_at
+        if since is None:
+            return wait
+        limit = self.timeout
+        if self.info.deadline is not None:
+            limit = min(limit, self.info.deadline - since)
+        left = since + limit - now
+        if left <= 0:
+            if oldest_sent is not None:
+                raise ProcessorCallError(f"timed out after {limit:.3g}s")
+            raise ProcessorCallError(f"no stream end {limit:.3g}s after the last part")
+        return min(wait, left)
 
 
 def answer_items(

@@ -70,6 +70,12 @@ PROCESSORS: list[dict[str, Any]] = [
         "speculative": True,
         "processOutputStream": [rule({"textContains": "sweet"}, {"abort": {"reason": "too sweet"}})],
     },
+    {  # counts in its state; processOutputResult reads the state its stream ended with
+        "id": "total",
+        "speculative": True,
+        "processOutputStream": [rule({"partType": "text-delta"}, {"count": "n"})],
+        "processOutputResult": [rule(None, {"custom": {"type": "data-total", "dataFromState": "n"}})],
+    },
 ]
 
 
@@ -178,6 +184,20 @@ async def test_a_fused_stream_is_one_session(ready: dict[str, SidecarProcess], t
     counts = [c["data"] for c in result["chunks"] if c["type"] == "data-count"]
     assert counts == [{"n": n} for n in range(1, len(DELTAS) + 1)]  # cnt's own state, attributed right
     assert "pear" in result["text"]
+
+
+async def test_the_states_a_speculative_stream_ends_with_are_the_runs(
+    ready: dict[str, SidecarProcess], tmp_path: Path
+) -> None:
+    """processOutputResult gets the state each processor's stream ended with, in every mode (a
+    speculative group read its members' end states and dropped them: `total` reported 0)."""
+    log = tmp_path / "rec.jsonl"
+    totals = {}
+    for mode in ("sequential", "speculative", "fused", "both"):
+        async with App(config(ready, log, ["rw", "total", "pass", "recorder"], mode)) as app:
+            result = await trace(app, log)
+        totals[mode] = [c["data"] for c in result["chunks"] if c["type"] == "data-total"]
+    assert totals == {mode: [{"n": len(DELTAS)}] for mode in totals}
 
 
 async def test_speculative_stream_counts_commits_and_discards(

@@ -1,0 +1,300 @@
+"""One member of a speculative group (`speculative_stream`): a processor's session (one
+processor, or several of one sidecar fused), what it was fed and its answers, its time limits.
+
+The group decides what is committed, withdrawn and handed on; a member keeps the books of its
+own session: the parts it was given (committed first, then those given in advance), the
+answers that came back, the requests going out (parts, ``rewind_to``, ``committed_through``),
+and a new session in place of one that ended at a withdrawn abort (`Member.restart`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from procmesh import tracing
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
+from procmesh_orchestrator.processors.lanes import ProcessorHandle
+from procmesh_orchestrator.processors.stream_call import (
+    HOOK,
+    Item,
+    SessionClock,
+    StreamCall,
+    answer_items,
+    fused_items,
+)
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
+
+COMMIT_BATCH = 64
+"""Commits a processor is told about at once (``committed_through``), when nothing else goes out."""
+
+_CLOSE = object()
+"""The writer's sign to half-close the call."""
+
+
+@dataclass
+class _Fed:
+    """A part a processor was given and has not committed: its seq, and what it stands for."""
+
+    seq: int
+    part: tpb.Chunk
+    origin: int | None
+    """The group input it was given speculatively in place of (None: committed input)."""
+    sent_at: float
+
+
+class Member:
+    """One speculative processor's session: what it was fed, its answers, its committed input."""
+
+    def __init__(self, group: SpeculativeGroup, handles: Sequence[ProcessorHandle]) -> None:
+        self.group = group
+        self.handle = handles[0]
+        self.handles = tuple(handles)
+        """One processor, or several of one sidecar fused in this session (`context.fused`)."""
+        self.data_parts = any(h.process_data_parts for h in handles)
+        self.timeout = min(h.timeout for h in handles)
+        self.stream_timeout = min(h.stream_timeout for h in handles)
+        self.clock: SessionClock | None = None
+        """Its session's time limits (`_open` starts one per session)."""
+        self.fed: deque[_Fed] = deque()
+        """Committed input first (`firm` of them), then the parts given in advance, by origin."""
+        self.firm = 0
+        self.unanswered: deque[tuple[int, float]] = deque()
+        """(seq, sent at) of the parts sent and not answered, oldest first (answers come in order)."""
+        self.answers: dict[int, ppb.StreamPartResult] = {}
+        self.inbox: deque[tuple[str, Any, int]] = deque()
+        """Its committed input, in order: (kind, value, the group input it came from)."""
+        self.seq = 0
+        self.committed = 0
+        self.told = 0
+        """The highest seq sent as ``committed_through``."""
+        self.rewind = 0
+        self.out: ppb.ProcessOutputStreamRequest | None = None
+        """The request being built this round (sent by `flush`)."""
+        self.call: StreamCall | None = None
+        self.writes: asyncio.Queue[Any] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.span = tracing.Span()
+        self.broken: str | None = None
+        self.input_refused = False
+        self.failed_open = False
+        self.ended = False
+        self.closing = False
+        self.counts: dict[str, int] = {}
+        """Parts given in advance, by outcome (committed, discarded)."""
+        self.live: set[int] = set()
+        """The seqs of `fed`: an answer for another one is a withdrawn part's."""
+        self.replay: list[tpb.Chunk] = []
+        """Every part it committed, in order: what a new session is given again (`restart`)."""
+        self.skip: set[int] = set()
+        """Seqs of parts given again in a new session: their answers are committed already."""
+        self.lost = False
+        """Its session ended at an abort that was then withdrawn: it needs a new one (`restart`)."""
+        self.end_state: ppb.StreamEnd | None = None
+        """Its stream's end, with the states (stored for the run when its end commits)."""
+
+    def takes(self, chunk: tpb.Chunk) -> bool:
+        return not self.failed_open and (self.data_parts or not chunk.type.startswith("data-"))
+
+    def items(self, res: ppb.StreamPartResult, announce_signals: bool) -> list[Item]:
+        """What its answer to a part hands on (`answer_items`, or `fused_items` for a fused one)."""
+        if len(self.handles) > 1:
+            return fused_items(self.group.caller, self.handles, res)
+        return answer_items(self.handle.processor_id, res, announce_signals=announce_signals)
+
+    # -- feeding --------------------------------------------------------------------------------
+
+    def feed(self, part: tpb.Chunk, origin: int | None) -> None:
+        """Give it `part` in this round's request."""
+        if self.call is None:
+            self._open()
+        if self.out is None:
+            self.out = ppb.ProcessOutputStreamRequest()
+        self.seq += 1
+        self.out.parts.add(seq=self.seq, part=part)
+        now = time.monotonic()
+        self.fed.append(_Fed(self.seq, part, origin, now))
+        self.live.add(self.seq)
+        self.unanswered.append((self.seq, now))
+        if origin is None:
+            self.firm += 1
+
+    def withdraw(self, at: int) -> list[_Fed]:
+        """Withdraw its answers from fed position `at` on; the withdrawn entries.
+
+        Parts still in this round's request are simply not sent; parts already sent are
+        withdrawn with ``rewind_to`` (the request always holds the newest seqs, so either the
+        first withdrawn part was sent or none was).
+        """
+        withdrawn = [self.fed.pop() for _ in range(len(self.fed) - at)][::-1]
+        if not withdrawn:
+            return []
+        first = withdrawn[0].seq
+        self.firm -= sum(1 for e in withdrawn if e.origin is None)
+        while self.unanswered and self.unanswered[-1][0] >= first:
+            self.unanswered.pop()
+        for entry in withdrawn:
+            self.live.discard(entry.seq)
+            answer = self.answers.pop(entry.seq, None)
+            if answer is not None and aborts(answer):
+                self.lost = True  # the SDK ended the session at that abort
+        self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
+        unsent = {p.seq for p in self.out.parts} if self.out is not None else set()
+        if self.out is not None and unsent:
+            keep = [p for p in self.out.parts if p.seq < first]
+            del self.out.parts[:]
+            self.out.parts.extend(keep)
+        if first not in unsent:
+            self.rewind = min(self.rewind, first) if self.rewind else first
+        return withdrawn
+
+    def flush(self) -> None:
+        """Send this round's request: the rewind, the commit mark, the parts."""
+        out = self.out
+        self.out = None
+        if self.call is None or self.failed_open or self.closing:
+            return
+        tell = self.committed > self.told and (out is not None or self.committed - self.told >= COMMIT_BATCH)
+        if out is None and not self.rewind and not tell:
+            return
+        out = out or ppb.ProcessOutputStreamRequest()
+        if self.rewind:
+            out.rewind_to, self.rewind = self.rewind, 0
+        if tell:
+            out.committed_through = self.told = self.committed
+        self.writes.put_nowait(out)
+
+    def _open(self) -> None:
+        pid = self.handle.processor_id
+        self.span = tracing.start(
+            f"procmesh.hook {HOOK} {pid}",
+            kind="client",
+            attributes={"procmesh.processor.id": pid, "procmesh.hook": HOOK, "procmesh.outcome": "pass"},
+        )
+        caller = self.group.caller
+        self.clock = SessionClock(caller, self.timeout, self.stream_timeout)
+        self.call = StreamCall(
+            self.handle.client.open_stream(self.clock.grpc_timeout(caller), metadata=self.span.metadata())
+        )
+        self.out = ppb.ProcessOutputStreamRequest()
+        caller.fill_context(self.out.context, self.handle)
+        if len(self.handles) > 1:
+            caller.fill_fused(self.out.context, self.handles[1:])
+            self.out.context.announce_signals = self.group.announce_signals
+            self.span.set("procmesh.fused", [h.processor_id for h in self.handles[1:]])
+        self.tasks = [
+            asyncio.create_task(self._write(self.call)),
+            asyncio.create_task(self._read(self.call, self.clock)),
+        ]
+
+    async def _write(self, call: StreamCall) -> None:
+        while True:
+            request = await self.writes.get()
+            if request is _CLOSE:
+                await call.done_writing()
+                return
+            await call.write(request)
+
+    def close(self) -> None:
+        """Half-close: everything it will get has been sent."""
+        if self.call is not None and not self.closing and not self.failed_open:
+            self.flush()
+            self.closing = True
+            assert self.clock is not None
+            self.clock.close()  # the end is due from now, even if the half-close waits
+            self.writes.put_nowait(_CLOSE)
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def restart(self) -> None:
+        """A new session in place of one that ended at a withdrawn abort: it is given again every
+        part it committed (their answers are known, so skipped) and then what it holds now."""
+        self.cancel()
+        self.span.end()
+        self.call, self.tasks, self.writes = None, [], asyncio.Queue()
+        self.lost = self.ended = False
+        self.rewind = self.told = 0
+        self.answers.clear()
+        self.unanswered.clear()
+        self.out = None
+        held = list(self.fed)
+        self.fed.clear()
+        self.live.clear()
+        self.firm = 0
+        self._open()
+        assert self.out is not None
+        for part in self.replay:
+            self.seq += 1
+            self.out.parts.add(seq=self.seq).part.CopyFrom(part)
+            self.skip.add(self.seq)
+        self.committed = self.seq
+        for entry in held:
+            self.feed(entry.part, entry.origin)
+
+    async def _read(self, call: StreamCall, clock: SessionClock) -> None:
+        read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
+        try:
+            while True:
+                if read is None:
+                    read = asyncio.ensure_future(call.read())
+                # the oldest unanswered part's time limit counts from when it was sent
+                wait = clock.wait(self.unanswered[0][1] if self.unanswered else None)
+                done, _ = await asyncio.wait({read}, timeout=wait)
+                if not done:
+                    continue
+                resp, read = read.result(), None
+                if call is not self.call:
+                    return  # a session given up for a new one (`restart`)
+                if resp is None:
+                    if not self.closing and not self.ended:
+                        raise MalformedResponseError("stream ended before every part was answered")
+                    break
+                for res in resp.results:
+                    if res.seq > self.seq:
+                        raise MalformedResponseError(f"result for part {res.seq}, never sent")
+                    while self.unanswered and self.unanswered[0][0] <= res.seq:
+                        self.unanswered.popleft()
+                    if res.seq in self.skip:
+                        self.skip.discard(res.seq)
+                    elif res.seq in self.live:
+                        self.answers[res.seq] = res
+                    elif aborts(res):
+                        self.lost = True  # a withdrawn part's abort ended the session
+                if resp.HasField("end"):
+                    self.end_state = resp.end
+                    self.ended = True
+                self.group.advance()
+        except ProcessorCallError as exc:  # the gRPC status (translated by StreamCall) or a broken contract
+            if call is self.call:
+                self.span.outcome("failure")
+                self.input_refused = exc.input_refused
+                self.broken = str(exc)
+                call.cancel()  # torn down at once: a timed-out session stays in flight no longer
+                self.group.advance()
+        finally:
+            if read is not None:
+                read.cancel()
+            if call is self.call:
+                self.ended = True
+                self.span.end()
+
+    def cancel(self) -> None:
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
+        for task in self.tasks:
+            task.cancel()
+
+
+def aborts(res: ppb.StreamPartResult) -> bool:
+    """Whether the answer aborts (a fused session's: any of its processors)."""
+    if not res.HasField("effects"):
+        return False
+    return res.effects.HasField("abort") or any(o.effects.HasField("abort") for o in res.effects.fused)

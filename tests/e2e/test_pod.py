@@ -16,9 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from procmesh.v1 import model_pb2 as mpb
+from procmesh.v1 import model_pb2_grpc as mgrpc
 from procmesh_orchestrator.cli.pod.manifests import render
 from tests.conftest import BIN, REPO
 from tests.deps import require
@@ -99,6 +102,24 @@ def test_a_request_through_the_pod_runs_its_processors(pod: Pod) -> None:
         assert re.search(rf'procmesh_sidecar_hook_calls_total\{{[^}}]*processor="{processor}"', metrics), (
             processor
         )
+
+
+def test_the_pods_sidecars_reach_the_model_gateway_on_its_unix_socket(pod: Pod) -> None:
+    # The orchestrator serves --grpc-socket in the sockets volume, which the builtins container's
+    # PROCMESH_MODEL_GATEWAY names: any caller there is served without a key (a model the config
+    # does not name is then NOT_FOUND), while the gRPC port wants a key.
+    found = re.search(r"and unix:(\S+) \(procmesh\.v1\.AgentService", pod.log())
+    assert found, pod.log()
+    request = mpb.ModelServiceGenerateRequest(
+        model="x/not-configured", messages=[mpb.ModelMessage(role="user")]
+    )
+    for target, code in (
+        (f"unix://{found[1]}", grpc.StatusCode.NOT_FOUND),
+        (f"127.0.0.1:{pod.ports['orchestrator/grpc']}", grpc.StatusCode.UNAUTHENTICATED),
+    ):
+        with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as refused:
+            mgrpc.ModelServiceStub(channel).Generate(request, timeout=10)
+        assert refused.value.code() == code, (target, refused.value)
 
 
 def test_sigterm_stops_the_orchestrator_first_then_the_sidecars_in_reverse(pod: Pod) -> None:

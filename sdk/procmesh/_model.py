@@ -4,8 +4,9 @@ A hook that declares ``model`` gets a `Models`; ``await model("openai/gpt-5-nano
 messages, schema=...)`` calls ``procmesh.v1.ModelService.Generate`` on the orchestrator, which
 holds the provider keys, calls the model and (with a schema) parses and validates its JSON
 answer. The sidecar holds no provider key: only the gateway's address
-(``PROCMESH_MODEL_GATEWAY``: ``host:port`` or ``unix:///path.sock``) and, when the orchestrator
-has API keys, one of them (``PROCMESH_MODEL_GATEWAY_KEY``), sent as ``authorization: Bearer``.
+(``PROCMESH_MODEL_GATEWAY``: the orchestrator's ``unix:///path.sock``, where no key is needed, or
+its ``host:port``) and, over TCP when the orchestrator has API keys, a key with the ``gateway``
+role (``PROCMESH_MODEL_GATEWAY_KEY``), sent as ``authorization: Bearer``.
 
 Each call carries the hook's remaining deadline (the orchestrator's deadline of the hook call;
 30 s where there is none, e.g. in the output stream) and the trace context of the hook's span.

@@ -143,8 +143,8 @@ def settings_parser(prog: str | None = None, description: str | None = None) -> 
     )
     parser.add_argument(
         "--model-gateway-key",
-        help="an orchestrator API key for the model gateway (prefer PROCMESH_MODEL_GATEWAY_KEY: "
-        "a flag's value shows in the process list)",
+        help="an orchestrator API key with the gateway role, for its gRPC port (none on its unix "
+        "socket; prefer PROCMESH_MODEL_GATEWAY_KEY: a flag's value shows in the process list)",
     )
     parser.add_argument("--tls-cert", help="PEM certificate: serve TLS")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")

@@ -2,8 +2,8 @@
 // The `model` hook argument (the twin of the Python SDK's procmesh._model): the orchestrator's
 // models through its model gateway, procmesh.v1.ModelService. `await args.model('openai/gpt-5-nano')
 // .generate(messages, { schema })` calls the orchestrator, which holds the provider keys. The
-// gateway is PROCMESH_MODEL_GATEWAY (host:port or unix:///path.sock) with the orchestrator API key
-// PROCMESH_MODEL_GATEWAY_KEY; each call carries the hook's remaining deadline (30 s without one),
+// gateway is PROCMESH_MODEL_GATEWAY (the orchestrator's unix:///path.sock, no key needed, or its
+// host:port with PROCMESH_MODEL_GATEWAY_KEY, a key with the gateway role); each call carries the hook's remaining deadline (30 s without one),
 // is cancelled with the hook (its abortSignal), and carries the hook span's trace context. A
 // gateway error is a ModelError (an InternalError): the processor's failure policy applies.
 

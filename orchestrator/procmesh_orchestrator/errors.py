@@ -115,19 +115,17 @@ class SuspendError(OrchestratorError):
 
 
 class MemoryStoreError(OrchestratorError):
-    """Memory could not be read or written; the message names the store and the thread."""
+    """Memory could not be read or written. The store's own errors name it (for the log); what a
+    client reads of them is `memory._common.client_message`, without the store's address."""
 
 
 class StoreUnavailableError(MemoryStoreError):
-    """The store is down or unreachable (a run fails naming it; the HTTP API answers 503)."""
+    """The store is down or unreachable (a run fails saying so; the HTTP API answers 503)."""
 
 
 class ThreadNotFoundError(MemoryStoreError):
-    """No thread has this id (or none the caller's resource may see: the API answers 404)."""
-
-
-class ThreadOwnershipError(MemoryStoreError):
-    """The thread belongs to another resource."""
+    """The resource has no thread of this id (thread ids are scoped by resource: another's thread
+    of the same id is another thread; the API answers 404)."""
 
 
 class InvalidMemoryInputError(MemoryStoreError):

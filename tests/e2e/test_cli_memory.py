@@ -68,7 +68,7 @@ def test_two_calls_on_a_thread_are_stored_and_listed(config: str) -> None:
     assert [(t["id"], t["resourceId"]) for t in threads] == [("t1", "alice")]
     assert ok("memory", "threads", "--resource", "bob", "--config", config) == ""  # another's: nothing
 
-    lines = ok("memory", "messages", "t1", "--config", config, "--json").splitlines()
+    lines = ok("memory", "messages", "t1", "--resource", "alice", "--config", config, "--json").splitlines()
     stored = [json.loads(line) for line in lines]
     assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
     texts = [p["text"] for m in stored for p in m["content"]["parts"] if p["type"] == "text"]
@@ -76,16 +76,16 @@ def test_two_calls_on_a_thread_are_stored_and_listed(config: str) -> None:
     assert texts[2] == "second question"
     assert all(m["threadId"] == "t1" and m["resourceId"] == "alice" for m in stored)
 
-    text = ok("memory", "messages", "t1", "--last", "2", "--config", config)
+    text = ok("memory", "messages", "t1", "--resource", "alice", "--last", "2", "--config", config)
     assert [line.split("\t")[1] for line in text.splitlines()] == ["user", "assistant"]
     assert "second question" in text
     assert "first question" not in text
 
 
 def test_a_missing_thread_and_a_thread_without_resource_are_clear_errors(config: str) -> None:
-    proc = procmesh("memory", "messages", "nope", "--config", config)
+    proc = procmesh("memory", "messages", "nope", "--resource", "alice", "--config", config)
     assert proc.returncode == 1
-    assert "no thread 'nope'" in proc.stdout
+    assert "no thread 'nope' of resource 'alice'" in proc.stdout
     proc = procmesh("generate", "chat", "hi", "--config", config, "--thread", "t1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "without a resource" in proc.stderr

@@ -118,7 +118,7 @@ async def test_a_dead_replicas_run_is_taken_over_from_its_last_checkpoint(apps: 
     tool_results = [c for _, c in seen + rest if c["type"] == "tool-result"]
     assert len(tool_results) == 1  # step 0's tool is not run again: it was checkpointed
     # memory holds the turn once: the question and the answers of both steps, no duplicate ids
-    stored = await store.messages("t2")
+    stored = await store.messages("t2", "u1")
     assert stored[0]["role"] == "user"
     assert len({m["id"] for m in stored}) == len(stored)
 

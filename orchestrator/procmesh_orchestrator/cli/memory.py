@@ -1,7 +1,8 @@
 """`procmesh memory threads|messages`: what a store holds, read with the config's `storage` section.
 
 The same store the orchestrator uses (SQLite by default, PostgreSQL for replicas), opened read-only
-in effect: listing never writes. Threads are listed per resource, as the store keeps them.
+in effect: listing never writes. Threads are listed per resource, as the store keeps them, and a
+thread's messages are read with its resource (thread ids are scoped by resource).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     threads.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     messages = actions.add_parser("messages", help="a thread's stored messages, oldest first")
     messages.add_argument("thread", help="the thread id")
+    messages.add_argument(
+        "--resource", required=True, help="whose thread (thread ids are scoped by resource)"
+    )
     messages.add_argument("--last", type=int, help="only the last N messages")
     messages.add_argument(
         "--signals", action="store_true", help="include persisted signals (hidden from default recall)"
@@ -77,10 +81,15 @@ async def run(args: argparse.Namespace) -> int:
                 else:
                     print(f"{thread.id}\t{thread.updated_at}\t{thread.title}")
             return 0
-        if await store.get_thread(args.thread) is None:
-            print(f"procmesh memory: no thread {args.thread!r} in the store", flush=True)
+        if await store.get_thread(args.thread, args.resource) is None:
+            print(
+                f"procmesh memory: no thread {args.thread!r} of resource {args.resource!r} in the store",
+                flush=True,
+            )
             return 1
-        for msg in await store.messages(args.thread, last=args.last, include_signals=args.signals):
+        for msg in await store.messages(
+            args.thread, args.resource, last=args.last, include_signals=args.signals
+        ):
             if args.json:
                 print(json.dumps(msg, ensure_ascii=False))
             else:

@@ -103,10 +103,11 @@ def _silent(scenario: dict[str, Any]) -> set[str]:
     return {p["id"] for src in _sources(scenario) for p in lane_specs(src) if p.get("onViolation") is False}
 
 
-def _threads(scenario: dict[str, Any]) -> list[str]:
-    """Every thread a call names, in order of first use (the trace's memory keys)."""
-    named = [((c.get("options") or {}).get("memory") or {}).get("thread") for c in scenario_calls(scenario)]
-    return list(dict.fromkeys(t for t in named if t))
+def _threads(scenario: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every thread a call names, as ``(thread, resource)`` (thread ids are scoped by resource), in
+    order of first use."""
+    named = [(c.get("options") or {}).get("memory") or {} for c in scenario_calls(scenario)]
+    return list(dict.fromkeys((m["thread"], m.get("resource", "")) for m in named if m.get("thread")))
 
 
 def speculative_copy(scenario: dict[str, Any]) -> dict[str, Any]:
@@ -276,7 +277,7 @@ async def run_scenario(
 
 
 async def _call(
-    app: App, call: dict[str, Any], threads: list[str] | None, silent: set[str]
+    app: App, call: dict[str, Any], threads: list[tuple[str, str]] | None, silent: set[str]
 ) -> dict[str, Any]:
     """One call of the scenario and its trace (only what this call produced); with memory, the
     `threads` as they stand once the call has ended. Processors in `silent` have no onViolation."""
@@ -327,15 +328,19 @@ async def _call(
     return trace
 
 
-async def memory_trace(store: MemoryStore, threads: list[str]) -> dict[str, Any]:
-    """The trace's ``memory`` (default recall: signals hidden) and ``memorySignals`` of `threads`."""
+async def memory_trace(store: MemoryStore, threads: list[tuple[str, str]]) -> dict[str, Any]:
+    """The trace's ``memory`` (default recall: signals hidden) and ``memorySignals`` of `threads`
+    (``(thread, resource)`` pairs), keyed by thread id, or by ``resource/thread`` for a thread id
+    that several resources use (each has its own thread of that id)."""
     recall: dict[str, Any] = {}
     signals: dict[str, Any] = {}
-    for thread in threads:
-        visible = await store.messages(thread, include_signals=False)
-        recall[thread] = [_prompt_message(m) for m in msgs.build_prompt([], visible, user_first=False)]
-        raw = await store.messages(thread, include_signals=True)
-        signals[thread] = [msgs.render_signal(m) for m in raw if m.get("role") == "signal"]
+    shared = {t for t, _ in threads if sum(1 for other, _ in threads if other == t) > 1}
+    for thread, resource in threads:
+        key = f"{resource}/{thread}" if thread in shared else thread
+        visible = await store.messages(thread, resource, include_signals=False)
+        recall[key] = [_prompt_message(m) for m in msgs.build_prompt([], visible, user_first=False)]
+        raw = await store.messages(thread, resource, include_signals=True)
+        signals[key] = [msgs.render_signal(m) for m in raw if m.get("role") == "signal"]
     return {"memory": recall, "memorySignals": signals}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -22,8 +23,9 @@ from procmesh_orchestrator.errors import (
     LeaseLostError,
     MemoryStoreError,
     ResumeConflictError,
+    StoreUnavailableError,
     SuspendedRunNotFoundError,
-    ThreadOwnershipError,
+    ThreadNotFoundError,
 )
 from procmesh_orchestrator.memory.store import (
     CANCELLED,
@@ -80,6 +82,13 @@ def check_id(store: str, kind: str, value: object) -> str:
         raise InvalidMemoryInputError(f"memory store {store}: {kind} id {label(value)} {problem}")
     assert isinstance(value, str)
     return value
+
+
+def thread_key(store: str, thread_id: object, resource_id: object) -> tuple[str, str]:
+    """A thread's key, ``(resource_id, thread_id)``: thread ids are scoped by resource. Both ids
+    are checked (the thread's first)."""
+    thread = check_id(store, "thread", thread_id)
+    return check_id(store, "resource", resource_id), thread
 
 
 def check_count(store: str, name: str, value: object, *, low: int, high: int) -> int:
@@ -186,22 +195,17 @@ async def shielded(work: Coroutine[Any, Any, T]) -> T:
         raise
 
 
-def check_owner(store: str, thread_id: str, owner: str, resource_id: str) -> None:
-    """Refuse a thread of another resource (the message does not say whose it is)."""
-    if owner != resource_id:
-        raise ThreadOwnershipError(
-            f"memory store {store}: thread {label(thread_id)} belongs to another resource"
-        )
-
-
 def messages_query(
-    store: str, thread_id: str, last: int | None, include_signals: bool, placeholder: str
+    store: str, thread_id: str, resource_id: str, last: int | None, include_signals: bool, placeholder: str
 ) -> tuple[str, tuple[Any, ...]]:
-    """The SQL and arguments that read a thread's messages, oldest first (all, or the `last` N);
-    the backends differ only in their placeholder (``?`` or ``%s``)."""
+    """The SQL and arguments that read a resource's thread's messages, oldest first (all, or the
+    `last` N), in one statement filtered on the resource: another resource's thread of the same id
+    is never read. The backends differ only in their placeholder (``?`` or ``%s``)."""
     p = placeholder
-    where = f"thread_id = {p}" if include_signals else f"thread_id = {p} AND role <> {p}"
-    args: tuple[Any, ...] = (thread_id,) if include_signals else (thread_id, SIGNAL_ROLE)
+    where = f"resource_id = {p} AND thread_id = {p}"
+    args: tuple[Any, ...] = (resource_id, thread_id)
+    if not include_signals:
+        where, args = f"{where} AND role <> {p}", (*args, SIGNAL_ROLE)
     if last is None:
         return f"SELECT body FROM messages WHERE {where} ORDER BY seq", args
     args = (*args, check_count(store, "last", last, low=0, high=2**62))
@@ -210,6 +214,39 @@ def messages_query(
         f"ORDER BY seq DESC LIMIT {p}) AS window_ ORDER BY seq"
     )
     return sql, args
+
+
+_SHOWN = (
+    InvalidMemoryInputError,
+    ThreadNotFoundError,
+    SuspendedRunNotFoundError,
+    ResumeConflictError,
+    DurableRunNotFoundError,
+    DurableRunExistsError,
+)
+"""Store errors whose text is about the caller's own request (its ids, its sizes), never about the
+deployment: a client may read them, without the store's name."""
+_STORE_PREFIX = re.compile(r"^memory store \S+: ")
+
+
+def client_message(exc: MemoryStoreError, store: str | None = None) -> str:
+    """What a client may read of a store error: never the store's address (a file path, a host,
+    port and database), nor the driver's text (which can quote them). A refused request (a bad id,
+    a message over the limit, an unknown run) keeps its own words without the store's name; the
+    store being down or failing is said in general terms. `store` is the store's name as its
+    errors start with it; without it, a name without spaces is recognized. The caller logs the
+    full error: this is only what goes out."""
+    if isinstance(exc, _SHOWN):
+        text = str(exc)
+        prefix = f"memory store {store}: "
+        if store and text.startswith(prefix):
+            return text[len(prefix) :]
+        stripped = _STORE_PREFIX.sub("", text, count=1)
+        if stripped != text:
+            return stripped
+    if isinstance(exc, StoreUnavailableError):
+        return "the memory store is unavailable"
+    return "the memory store failed"
 
 
 # --- suspended runs ------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock key of start-up migrations
-_THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
+_THREAD_COLUMNS = "thread_id, resource_id, title, metadata, created_at, updated_at"
 
 
 class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethods):
@@ -80,7 +80,9 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         # Writes of this process to one thread take turns here first (FIFO), so they commit in the
         # order they were made, even a write that outlives its cancelled caller (shielded); the
         # row lock then orders them against other processes'. Unused locks go away by themselves.
-        self._thread_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._thread_locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     async def start(self) -> None:
         """Open the pool (waiting up to the timeout for a first connection) and migrate."""
@@ -110,37 +112,35 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         if pool is not None:
             await pool.close()
 
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        """The thread, or None."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
+    async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
+        """The resource's thread of this id, or None."""
+        key = c.thread_key(self.name, thread_id, resource_id)
         rows = await self._read(
-            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = %s",
-            (thread_id,),
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s AND thread_id = %s",
+            key,
             f"reading thread {thread_id!r}",
         )
         return _thread(rows[0]) if rows else None
 
     async def create_thread(self, thread: Thread) -> Thread:
         """Create it; the same id of the same resource is returned as stored."""
-        thread_id = c.check_id(self.name, "thread", thread.id)
-        resource_id = c.check_id(self.name, "resource", thread.resource_id)
+        key = c.thread_key(self.name, thread.id, thread.resource_id)
         title, metadata = c.check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
 
         async def create(conn: Connection) -> Thread:
-            # One statement inserts the thread or, on an existing id, locks and returns it unchanged
-            # (a no-op update): no window in which a concurrent delete leaves neither.
+            # One statement inserts the thread or, on an existing id of this resource, locks and
+            # returns it unchanged (a no-op update): no window in which a concurrent delete leaves neither.
             cursor = await conn.execute(
-                "INSERT INTO threads (id, resource_id, title, metadata) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (id) DO UPDATE SET resource_id = threads.resource_id "
+                "INSERT INTO threads (resource_id, thread_id, title, metadata) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (resource_id, thread_id) DO UPDATE SET title = threads.title "
                 f"RETURNING {_THREAD_COLUMNS}",
-                (thread_id, resource_id, title, metadata),
+                (*key, title, metadata),
             )
             row = await cursor.fetchone()
             assert row is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
-            c.check_owner(self.name, thread_id, row[1], resource_id)
             return _thread(row)
 
-        return await self._write(create, f"creating thread {thread_id!r}", thread_id)
+        return await self._write(create, f"creating thread {key[1]!r}", key)
 
     async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
         """The resource's threads, most recently updated first."""
@@ -149,17 +149,22 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         offset = c.check_count(self.name, "offset", offset, low=0, high=2**62)
         rows = await self._read(
             f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s "
-            "ORDER BY updated_at DESC, id LIMIT %s OFFSET %s",
+            "ORDER BY updated_at DESC, thread_id LIMIT %s OFFSET %s",
             (resource_id, limit, offset),
             f"listing the threads of resource {resource_id!r}",
         )
         return [_thread(row) for row in rows]
 
     async def update_thread(
-        self, thread_id: str, *, title: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        thread_id: str,
+        resource_id: str,
+        *,
+        title: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Thread:
-        """Change title and/or metadata (`ThreadNotFoundError` when there is no such thread)."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
+        """Change title and/or metadata (`ThreadNotFoundError` when the resource has no such thread)."""
+        key = c.thread_key(self.name, thread_id, resource_id)
         new_title, new_metadata = c.check_thread_fields(
             self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
         )
@@ -167,11 +172,12 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         async def update(conn: Connection) -> Thread:
             cursor = await conn.execute(
                 "UPDATE threads SET title = COALESCE(%s, title), metadata = COALESCE(%s, metadata), "
-                f"updated_at = now() WHERE id = %s RETURNING {_THREAD_COLUMNS}",
+                "updated_at = now() WHERE resource_id = %s AND thread_id = %s "
+                f"RETURNING {_THREAD_COLUMNS}",
                 (
                     None if title is None else new_title,
                     None if metadata is None else new_metadata,
-                    thread_id,
+                    *key,
                 ),
             )
             row = await cursor.fetchone()
@@ -179,50 +185,48 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
                 raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
             return _thread(row)
 
-        return await self._write(update, f"updating thread {thread_id!r}", thread_id)
+        return await self._write(update, f"updating thread {thread_id!r}", key)
 
-    async def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread and (by the foreign key's cascade) its messages."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
+    async def delete_thread(self, thread_id: str, resource_id: str) -> None:
+        """Delete the resource's thread and (by the foreign key's cascade) its messages."""
+        key = c.thread_key(self.name, thread_id, resource_id)
 
         async def delete(conn: Connection) -> None:
-            await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
+            await conn.execute("DELETE FROM threads WHERE resource_id = %s AND thread_id = %s", key)
 
-        await self._write(delete, f"deleting thread {thread_id!r}", thread_id)
+        await self._write(delete, f"deleting thread {thread_id!r}", key)
 
     async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
-        """Append (or replace by id) the turn's messages in one transaction, under the thread's lock."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
-        resource_id = c.check_id(self.name, "resource", resource_id)
+        """Append (or replace by id) the turn's messages to the resource's thread, in one
+        transaction, under the thread's lock."""
+        key = c.thread_key(self.name, thread_id, resource_id)
         rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
 
         async def save(conn: Connection) -> None:
-            # Insert the thread, or lock the existing row until commit: the per-thread lock.
-            cursor = await conn.execute(
-                "INSERT INTO threads (id, resource_id) VALUES (%s, %s) "
-                "ON CONFLICT (id) DO UPDATE SET updated_at = now() RETURNING resource_id",
-                (thread_id, resource_id),
+            # Insert the resource's thread, or lock its existing row until commit: the per-thread
+            # lock. Another resource's thread of this id is another row, untouched.
+            await conn.execute(
+                "INSERT INTO threads (resource_id, thread_id) VALUES (%s, %s) "
+                "ON CONFLICT (resource_id, thread_id) DO UPDATE SET updated_at = now()",
+                key,
             )
-            owner = await cursor.fetchone()
-            assert owner is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
-            c.check_owner(self.name, thread_id, owner[0], resource_id)
             if rows:
                 async with conn.cursor() as many:
                     await many.executemany(
-                        "INSERT INTO messages (thread_id, id, role, body) VALUES (%s, %s, %s, %s) "
-                        "ON CONFLICT (thread_id, id) "
+                        "INSERT INTO messages (resource_id, thread_id, id, role, body) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (resource_id, thread_id, id) "
                         "DO UPDATE SET role = EXCLUDED.role, body = EXCLUDED.body",
-                        [(thread_id, *row) for row in rows],
+                        [(*key, *row) for row in rows],
                     )
 
-        await self._write(save, f"saving a turn to thread {thread_id!r}", thread_id)
+        await self._write(save, f"saving a turn to thread {thread_id!r}", key)
 
     async def messages(
-        self, thread_id: str, *, last: int | None = None, include_signals: bool = True
+        self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
     ) -> list[Message]:
-        """Stored messages, oldest first: all, or the `last` N."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
-        sql, args = c.messages_query(self.name, thread_id, last, include_signals, "%s")
+        """The resource's thread's stored messages, oldest first: all, or the `last` N."""
+        resource_id, thread_id = c.thread_key(self.name, thread_id, resource_id)
+        sql, args = c.messages_query(self.name, thread_id, resource_id, last, include_signals, "%s")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
 
@@ -309,13 +313,15 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
             )
 
     async def _write(
-        self, work: Callable[[Connection], Awaitable[T]], doing: str, thread_id: str | None = None
+        self,
+        work: Callable[[Connection], Awaitable[T]],
+        doing: str,
+        thread: tuple[str, str] | None = None,
     ) -> T:
-        """`work` in one transaction on a pooled connection, committed or rolled back as a whole."""
+        """`work` in one transaction on a pooled connection, committed or rolled back as a whole;
+        with a `thread` key (``(resource_id, thread_id)``), after this process's earlier writes to it."""
         pool = self._connection_pool()
-        lock = (
-            asyncio.Lock() if thread_id is None else self._thread_locks.setdefault(thread_id, asyncio.Lock())
-        )
+        lock = asyncio.Lock() if thread is None else self._thread_locks.setdefault(thread, asyncio.Lock())
 
         async def transaction() -> T:
             async with lock:

@@ -48,7 +48,7 @@ _UNAVAILABLE = {
     "SQLITE_CORRUPT",
     "SQLITE_NOTADB",
 }
-_THREAD_COLUMNS = "id, resource_id, title, metadata, created_at, updated_at"
+_THREAD_COLUMNS = "thread_id, resource_id, title, metadata, created_at, updated_at"
 _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 """The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
@@ -125,35 +125,35 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethod
             async with self._lock:
                 await db.close()
 
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        """The thread, or None."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
+    async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
+        """The resource's thread of this id, or None."""
+        key = self._key(thread_id, resource_id)
         rows = await self._read(
-            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?",
-            (thread_id,),
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? AND thread_id = ?",
+            key,
             f"reading thread {thread_id!r}",
         )
         return _thread(rows[0]) if rows else None
 
     async def create_thread(self, thread: Thread) -> Thread:
         """Create it; the same id of the same resource is returned as stored."""
-        thread_id = c.check_id(self.name, "thread", thread.id)
-        resource_id = c.check_id(self.name, "resource", thread.resource_id)
+        resource_id, thread_id = self._key(thread.id, thread.resource_id)
         title, metadata = c.check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
 
         async def create(db: aiosqlite.Connection) -> Thread:
-            found = await _fetch(db, f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?", (thread_id,))
-            if found:
-                existing = _thread(found[0])
-                c.check_owner(self.name, thread_id, existing.resource_id, resource_id)
-                return existing
             now = c.now_text()
+            # The write lock is held from BEGIN IMMEDIATE: the insert and the read see one state.
             await db.execute(
-                "INSERT INTO threads (id, resource_id, title, metadata, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (thread_id, resource_id, title, metadata, now, now),
+                "INSERT INTO threads (resource_id, thread_id, title, metadata, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (resource_id, thread_id) DO NOTHING",
+                (resource_id, thread_id, title, metadata, now, now),
             )
-            return _thread((thread_id, resource_id, title, metadata, now, now))
+            found = await _fetch(
+                db,
+                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? AND thread_id = ?",
+                (resource_id, thread_id),
+            )
+            return _thread(found[0])
 
         return await self._write(create, f"creating thread {thread_id!r}")
 
@@ -171,78 +171,82 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethod
         return [_thread(row) for row in rows]
 
     async def update_thread(
-        self, thread_id: str, *, title: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        thread_id: str,
+        resource_id: str,
+        *,
+        title: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Thread:
-        """Change title and/or metadata (`ThreadNotFoundError` when there is no such thread)."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
+        """Change title and/or metadata (`ThreadNotFoundError` when the resource has no such thread)."""
+        key = self._key(thread_id, resource_id)
         new_title, new_metadata = c.check_thread_fields(
             self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
         )
 
         async def update(db: aiosqlite.Connection) -> Thread:
-            found = await _fetch(db, f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?", (thread_id,))
-            if not found:
+            rows = await _fetch(
+                db,
+                "UPDATE threads SET title = COALESCE(?, title), metadata = COALESCE(?, metadata), "
+                "updated_at = ? WHERE resource_id = ? AND thread_id = ? "
+                f"RETURNING {_THREAD_COLUMNS}",
+                (
+                    None if title is None else new_title,
+                    None if metadata is None else new_metadata,
+                    c.now_text(),
+                    *key,
+                ),
+            )
+            if not rows:
                 raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
-            _, resource_id, old_title, old_metadata, created_at, _ = found[0]
-            row = (
-                thread_id,
-                resource_id,
-                old_title if title is None else new_title,
-                old_metadata if metadata is None else new_metadata,
-                created_at,
-                c.now_text(),
-            )
-            await db.execute(
-                "UPDATE threads SET title = ?, metadata = ?, updated_at = ? WHERE id = ?",
-                (row[2], row[3], row[5], thread_id),
-            )
-            return _thread(row)
+            return _thread(rows[0])
 
         return await self._write(update, f"updating thread {thread_id!r}")
 
-    async def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread and (by the foreign key's cascade) its messages."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
+    async def delete_thread(self, thread_id: str, resource_id: str) -> None:
+        """Delete the resource's thread and (by the foreign key's cascade) its messages."""
+        key = self._key(thread_id, resource_id)
 
         async def delete(db: aiosqlite.Connection) -> None:
-            await db.execute("DELETE FROM threads WHERE id = ?", (thread_id,))
+            await db.execute("DELETE FROM threads WHERE resource_id = ? AND thread_id = ?", key)
 
         await self._write(delete, f"deleting thread {thread_id!r}")
 
     async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
-        """Append (or replace by id) the turn's messages in one transaction."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
-        resource_id = c.check_id(self.name, "resource", resource_id)
+        """Append (or replace by id) the turn's messages to the resource's thread, in one transaction."""
+        key = self._key(thread_id, resource_id)
         rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
 
         async def save(db: aiosqlite.Connection) -> None:
             now = c.now_text()
-            found = await _fetch(db, "SELECT resource_id FROM threads WHERE id = ?", (thread_id,))
-            if found:
-                c.check_owner(self.name, thread_id, found[0][0], resource_id)
-                await db.execute("UPDATE threads SET updated_at = ? WHERE id = ?", (now, thread_id))
-            else:
-                await db.execute(
-                    "INSERT INTO threads (id, resource_id, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                    (thread_id, resource_id, now, now),
-                )
+            # The resource's thread, created or touched: another resource's of this id is another row.
+            await db.execute(
+                "INSERT INTO threads (resource_id, thread_id, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (resource_id, thread_id) DO UPDATE SET updated_at = excluded.updated_at",
+                (*key, now, now),
+            )
             # An id already in the thread keeps its place (its seq) and takes the new body.
             await db.executemany(
-                "INSERT INTO messages (thread_id, id, role, body) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (thread_id, id) DO UPDATE SET role = excluded.role, body = excluded.body",
-                [(thread_id, *row) for row in rows],
+                "INSERT INTO messages (resource_id, thread_id, id, role, body) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (resource_id, thread_id, id) "
+                "DO UPDATE SET role = excluded.role, body = excluded.body",
+                [(*key, *row) for row in rows],
             )
 
         await self._write(save, f"saving a turn to thread {thread_id!r}")
 
     async def messages(
-        self, thread_id: str, *, last: int | None = None, include_signals: bool = True
+        self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
     ) -> list[Message]:
-        """Stored messages, oldest first: all, or the `last` N."""
-        thread_id = c.check_id(self.name, "thread", thread_id)
-        sql, args = c.messages_query(self.name, thread_id, last, include_signals, "?")
+        """The resource's thread's stored messages, oldest first: all, or the `last` N."""
+        resource_id, thread_id = self._key(thread_id, resource_id)
+        sql, args = c.messages_query(self.name, thread_id, resource_id, last, include_signals, "?")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
+
+    def _key(self, thread_id: object, resource_id: object) -> tuple[str, str]:
+        """A thread's key, ``(resource_id, thread_id)``, both ids checked."""
+        return c.thread_key(self.name, thread_id, resource_id)
 
     async def save_suspended(self, run: SuspendedRun) -> None:
         """Save the run (replacing one of its id) as `SUSPENDED`."""

@@ -1,5 +1,11 @@
 """The memory store contract: threads that belong to a resource, and their messages in order.
 
+A thread is named by its resource AND its id: thread ids are scoped by resource, so two resources
+using one thread id have two separate threads, and no resource can read, squat or block another's.
+Every method that takes a thread id takes the caller's resource with it, and checks it in the same
+statement (or transaction) that reads or writes, so there is no window between an ownership check
+and the read it guards.
+
 One contract, two backends: an embedded SQLite file (the default: nothing to install) and
 PostgreSQL (several orchestrator replicas). `tests/integration/memory/test_store_contract.py` runs
 the same suite against both. Messages are the run's MastraDBMessage dicts (``id``, ``role``,
@@ -124,37 +130,45 @@ class MemoryStore(Protocol):
     async def close(self) -> None:
         """Close connections."""
 
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        """The thread, or None."""
+    async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
+        """The resource's thread of this id, or None (another resource's is no concern of it)."""
 
     async def create_thread(self, thread: Thread) -> Thread:
-        """Create it (returns it with its timestamps). An existing id of the same resource is returned
-        as it is; of another resource, `ThreadOwnershipError`."""
+        """Create the thread of `thread.resource_id` (returns it with its timestamps); one of that
+        resource with this id already is returned as it is."""
 
     async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
         """The resource's threads, most recently updated first."""
 
     async def update_thread(
-        self, thread_id: str, *, title: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        thread_id: str,
+        resource_id: str,
+        *,
+        title: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Thread:
-        """Change title and/or metadata; raises `ThreadNotFoundError` when there is no such thread."""
+        """Change title and/or metadata; `ThreadNotFoundError` when the resource has no such thread."""
 
-    async def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread and its messages (no error when it does not exist)."""
+    async def delete_thread(self, thread_id: str, resource_id: str) -> None:
+        """Delete the resource's thread and its messages (no error when it does not exist)."""
 
     async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
-        """Append one turn's messages, in order, in ONE transaction: all of them or none.
+        """Append one turn's messages to the resource's thread, in order, in ONE transaction: all of
+        them or none.
 
-        Creates the thread for `resource_id` when missing (`ThreadOwnershipError` when it belongs
-        to another). A message id already stored in the thread replaces that message in place
-        (so a retried save never duplicates). Sets each message's ``threadId``/``resourceId``.
+        Creates the thread when the resource has none of this id (another resource's thread of
+        the same id is another thread, untouched). A message id already stored in the thread
+        replaces that message in place (so a retried save never duplicates). Sets each message's
+        ``threadId``/``resourceId``.
         """
 
     async def messages(
-        self, thread_id: str, *, last: int | None = None, include_signals: bool = True
+        self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
     ) -> list[Message]:
-        """Stored messages, oldest first: all, or the `last` N (counting stored messages, signals
-        included when `include_signals`). Default recall for people and the UI passes
+        """The resource's thread's stored messages, oldest first ([] when it has no such thread):
+        all, or the `last` N (counting stored messages, signals included when `include_signals`).
+        One statement, filtered on the resource. Default recall for people and the UI passes
         ``include_signals=False``; the run's history load passes True."""
 
     async def save_suspended(self, run: SuspendedRun) -> None:

@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from procmesh_orchestrator.errors import MemoryStoreError, ThreadOwnershipError
+from procmesh_orchestrator.errors import InvalidMemoryInputError, MemoryStoreError
+from procmesh_orchestrator.memory._common import client_message
 from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
@@ -61,7 +62,8 @@ class AgentMemory:
     last_messages: int = 10
     """The window: how many of the thread's most recent stored messages a run loads."""
     store_name: str = "memory store"
-    """How errors name the store (``sqlite:/var/lib/procmesh/memory.db``; never a password)."""
+    """How the store names itself in its errors (``sqlite:/var/lib/procmesh/memory.db``; never a
+    password): logged, and cut from what a client reads."""
 
     def for_call(self, thread_id: str, resource_id: str) -> CallMemory | None:
         """The memory processors of one call; None without a thread (neither loads nor saves)."""
@@ -69,7 +71,7 @@ class AgentMemory:
             return None
         if not resource_id:
             raise MemoryStoreError(
-                f"memory ({self.store_name}): thread {thread_id!r} was given without a resource; "
+                f"memory: thread {thread_id!r} was given without a resource; "
                 "a thread belongs to one resource (a user, an org): pass both"
             )
         history = MessageHistory(self, thread_id, resource_id)
@@ -134,30 +136,42 @@ class MessageHistory(FrameworkProcessor):
             await self.save(run, args.finish_reason)
         return None
 
-    def _failed(self, doing: str, exc: Exception) -> MemoryStoreError:
-        if isinstance(exc, MemoryStoreError) and self.memory.store_name in str(exc):
-            return exc
-        cls = type(exc) if isinstance(exc, MemoryStoreError) else MemoryStoreError
-        return cls(f"memory ({self.memory.store_name}): {doing} thread {self.thread_id!r} failed: {exc}")
+    def _failed(self, run: RunCore, doing: str, exc: Exception) -> MemoryStoreError:
+        """The error the run fails with: what a client may read (never the store's address or the
+        driver's text); the whole error goes to the log."""
+        kind = type(exc) if isinstance(exc, MemoryStoreError) else MemoryStoreError
+        level = logging.WARNING if isinstance(exc, InvalidMemoryInputError) else logging.ERROR
+        log.log(
+            level,
+            "run %s: memory (%s): %s thread %r of resource %r failed: %s",
+            run.run_id,
+            self.memory.store_name,
+            doing,
+            self.thread_id,
+            self.resource_id,
+            exc,
+            exc_info=not isinstance(exc, MemoryStoreError),
+        )
+        reason = (
+            client_message(exc, self.memory.store_name)
+            if isinstance(exc, MemoryStoreError)
+            else "the memory store failed"
+        )
+        return kind(f"memory: {doing} thread {self.thread_id!r} failed: {reason}")
 
     async def load(self, run: RunCore) -> None:
         """Put the window of stored messages, oldest first, ahead of the call's input.
 
-        Only from a thread of this call's resource: another resource's thread is refused before
-        anything of it is read (the save would refuse it too, but too late for the history).
+        One read, filtered on this call's resource in the same statement: thread ids are scoped by
+        resource, so another resource's thread of the same id is another thread, never read here
+        (and a thread this resource has not saved to yet loads as empty, whoever else uses the id).
         """
         try:
-            thread = await self.memory.store.get_thread(self.thread_id)
-            if thread is not None and thread.resource_id != self.resource_id:
-                raise ThreadOwnershipError(
-                    f"memory store {self.memory.store_name}: thread {self.thread_id!r} is not a thread "
-                    f"of resource {self.resource_id!r}"
-                )
             stored = await self.memory.store.messages(
-                self.thread_id, last=self.memory.last_messages, include_signals=True
+                self.thread_id, self.resource_id, last=self.memory.last_messages, include_signals=True
             )
         except Exception as exc:
-            raise self._failed("loading", exc) from exc
+            raise self._failed(run, "loading", exc) from exc
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
         run.ml.merge_resent_calls()
@@ -174,7 +188,7 @@ class MessageHistory(FrameworkProcessor):
         try:
             await self.memory.store.save_turn(self.thread_id, self.resource_id, turn)
         except Exception as exc:
-            raise self._failed("saving a turn to", exc) from exc
+            raise self._failed(run, "saving a turn to", exc) from exc
 
 
 def _turns(loaded: list[Message]) -> list[list[Message]]:

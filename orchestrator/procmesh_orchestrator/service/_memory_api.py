@@ -4,8 +4,11 @@ Routes and shapes follow the client (``MastraClient.listMemoryThreads``, ``creat
 ``getMemoryThread(...).get/update/delete/listMessages``, ``getMemoryStatus``, ``getMemoryConfig``,
 ``saveMessageToMemory``). Every route acts for ONE resource, the caller's (`_Scope.resource`):
 the resource its API key is bound to, or, only on a server that trusts request context, the one
-the request names. Another resource's thread is answered exactly like a thread that does not
-exist (404), so a caller learns nothing about other resources' threads, not even that they exist.
+the request names (``resourceId``, required then: thread ids are scoped by resource, so a thread
+id alone names no thread). Another resource's thread of the same id is another thread, so it is
+answered exactly like a thread that does not exist (404): a caller learns nothing about other
+resources' threads, not even that they exist. A store error reaches the client without the
+store's address or the driver's text (`client_message`); the log has the whole error.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import base64
 import binascii
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -27,9 +31,8 @@ from procmesh_orchestrator.errors import (
     MemoryStoreError,
     StoreUnavailableError,
     ThreadNotFoundError,
-    ThreadOwnershipError,
 )
-from procmesh_orchestrator.memory._common import MAX_ID_CHARS, MAX_PAGE, label
+from procmesh_orchestrator.memory._common import MAX_ID_CHARS, MAX_PAGE, client_message, label
 from procmesh_orchestrator.memory.store import MemoryStore, Thread
 from procmesh_orchestrator.service._calls import _message, dumps
 from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
@@ -37,6 +40,7 @@ from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
 
+log = logging.getLogger(__name__)
 ReadJson = Callable[[Request], Awaitable[Any]]
 
 RESOURCE_ID_KEY = "mastra__resourceId"
@@ -108,19 +112,25 @@ def _request_context(request: Request) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _store_errors() -> Iterator[None]:
-    """The store's errors as HTTP answers: 400 for refused input, 404 for an unknown or foreign
-    thread, 503 for a store that is down."""
+def _store_errors(store: MemoryStore, doing: str, thread_id: str = "") -> Iterator[None]:
+    """The store's errors as HTTP answers: 400 for refused input, 404 for a thread the caller's
+    resource does not have, 503 for a store that is down, 500 for any other failure; what the
+    client reads names the operation, never the store's address (that goes to the log)."""
     try:
         yield
     except InvalidMemoryInputError as exc:
-        raise BadRequestError(str(exc)) from None
-    except (ThreadNotFoundError, ThreadOwnershipError):
-        raise MemoryNotFoundError("no such thread") from None
-    except StoreUnavailableError as exc:
-        raise MemoryStoreDownError(str(exc)) from None
+        raise BadRequestError(client_message(exc, _name(store))) from None
+    except ThreadNotFoundError:
+        raise MemoryNotFoundError(f"no thread {label(thread_id)}") from None
     except MemoryStoreError as exc:
-        raise ServiceError(str(exc)) from None
+        log.error("memory API: %s failed: %s", doing, exc)
+        kind = MemoryStoreDownError if isinstance(exc, StoreUnavailableError) else ServiceError
+        raise kind(f"{doing}: {client_message(exc, _name(store))}") from None
+
+
+def _name(store: MemoryStore) -> str:
+    """How the store names itself in its errors."""
+    return str(getattr(store, "name", "") or "")
 
 
 def thread_json(thread: Thread) -> dict[str, Any]:
@@ -188,9 +198,11 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
         )
 
     async def owned(store: MemoryStore, thread_id: str, resource: str) -> Thread:
-        with _store_errors():
-            thread = await store.get_thread(_check_id("threadId", thread_id))
-        if thread is None or thread.resource_id != resource:
+        """The caller's resource's thread of this id (404 when it has none, whoever else has one)."""
+        thread_id = _check_id("threadId", thread_id)
+        with _store_errors(store, "reading the thread", thread_id):
+            thread = await store.get_thread(thread_id, resource)
+        if thread is None:
             raise MemoryNotFoundError(f"no thread {label(thread_id)}")
         return thread
 
@@ -227,7 +239,7 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
         metadata = _json_param(request, "metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequestError("metadata: must be a JSON object")
-        with _store_errors():
+        with _store_errors(store, "listing threads"):
             # A resource's threads, at most MAX_PAGE of them, are ordered and paged here: the store's
             # contract pages by recency only, and the reference server also filters by metadata.
             threads = await store.list_threads(resource, limit=MAX_PAGE)
@@ -251,7 +263,7 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
         store, resource = scope(request, claimed=body.get("resourceId"), agent_required=True)
         thread_id = body.get("threadId") or str(uuid.uuid4())
         title, metadata = body.get("title") or "", body.get("metadata") or {}
-        with _store_errors():
+        with _store_errors(store, "creating the thread"):
             thread = await store.create_thread(
                 Thread(
                     id=_check_id("threadId", thread_id), resource_id=resource, title=title, metadata=metadata
@@ -266,18 +278,19 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
     async def update_thread(request: Request) -> Response:
         body = await body_of(request)
         store, resource = scope(request, claimed=body.get("resourceId"), agent_required=True)
-        thread = await owned(store, request.path_params["thread_id"], resource)
-        with _store_errors():
+        thread_id = _check_id("threadId", request.path_params["thread_id"])
+        with _store_errors(store, "updating the thread", thread_id):
+            # One statement, on the caller's resource's thread only (none: 404).
             updated = await store.update_thread(
-                thread.id, title=body.get("title"), metadata=body.get("metadata")
+                thread_id, resource, title=body.get("title"), metadata=body.get("metadata")
             )
         return _json(thread_json(updated))
 
     async def delete_thread(request: Request) -> Response:
         store, resource = scope(request, agent_required=True)
         thread = await owned(store, request.path_params["thread_id"], resource)
-        with _store_errors():
-            await store.delete_thread(thread.id)
+        with _store_errors(store, "deleting the thread", thread.id):
+            await store.delete_thread(thread.id, resource)
         return _json({"result": "Thread deleted"})
 
     async def list_messages(request: Request) -> Response:
@@ -305,8 +318,8 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
         # Persisted signals stay hidden from default recall, as in the run's UI messages.
         signals = query.get("includeSystemReminders") == "true"
         thread = await owned(store, request.path_params["thread_id"], resource)
-        with _store_errors():
-            messages = await store.messages(thread.id, include_signals=signals)
+        with _store_errors(store, "reading the messages", thread.id):
+            messages = await store.messages(thread.id, resource, include_signals=signals)
         if roles:
             messages = [m for m in messages if m.get("role") in roles]
         if direction == "DESC":
@@ -347,7 +360,7 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
         saved: list[dict[str, Any]] = []
         for thread_id, messages in turns.items():
             # one transaction per thread: all of a thread's messages or none of them
-            with _store_errors():
+            with _store_errors(store, "saving the messages", thread_id):
                 await store.save_turn(thread_id, resource, messages)
             saved += [{**m, "threadId": thread_id, "resourceId": resource} for m in messages]
         return _json({"messages": saved})

@@ -192,7 +192,7 @@ async def test_memory_only_trims_the_loaded_history_and_never_the_store(address:
             await call(app, f"question {n} " + "ipsum " * 30, options=on_thread)
         last = await call(app, "question 3, short", options=on_thread)
         assert app.store is not None
-        stored = await app.store.messages("t1")
+        stored = await app.store.messages("t1", "alice")
     texts = prompt_texts(last.requests[0])
     assert texts[-1] == "question 3, short"  # this call's input is never trimmed
     assert not any(t.startswith("question 0") for t in texts)  # the oldest history went first

@@ -146,7 +146,7 @@ async def test_with_memory_the_prompt_is_filtered_and_the_stored_history_is_not(
         assert first.result.text == "first answer"
         second = await call(app, "and now?", options=on_thread)
         assert app.store is not None
-        stored = await app.store.messages("t1")
+        stored = await app.store.messages("t1", "alice")
     # The second turn's prompt holds the loaded history, minus its tool call and result ...
     prompt = second.requests[0].prompt
     assert "look a up" in json.dumps(prompt)

@@ -80,7 +80,7 @@ def stored(storage: StoreConfig, threads: list[str]) -> dict[str, list[dict[str,
         store = open_store(storage)
         await store.start()
         try:
-            return {t: await store.messages(t) for t in threads}
+            return {t: await store.messages(t, "user-1") for t in threads}
         finally:
             await store.close()
 

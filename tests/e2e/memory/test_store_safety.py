@@ -107,7 +107,9 @@ def read_store(backend: str, location: str) -> dict[int, list[str]]:
         store = open_store(config)
         await store.start()
         try:
-            return {t: [m["id"] for m in await store.messages(f"thread-{t}")] for t in range(THREADS)}
+            return {
+                t: [m["id"] for m in await store.messages(f"thread-{t}", "resource")] for t in range(THREADS)
+            }
         finally:
             await store.close()
 

@@ -93,7 +93,7 @@ def turn(stored: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 async def thread(app: App, thread_id: str) -> list[dict[str, Any]]:
     assert app.store is not None
-    return await app.store.messages(thread_id)
+    return await app.store.messages(thread_id, "u-1")
 
 
 async def transfers(py_tools: str) -> int:

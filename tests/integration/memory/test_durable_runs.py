@@ -23,6 +23,7 @@ from tests.integration.memory.conftest import Backend
 from tests.integration.memory.test_store_contract import ids, msg
 from tests.integration.memory.test_suspended_runs import AWKWARD, NotJson
 from tests.integration.memory.test_suspended_runs import run as suspended
+from tests.integration.memory.test_thread_scoping import save_unscoped
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 LONG = 60.0
@@ -434,7 +435,7 @@ async def test_a_version_2_database_upgrades_in_place(
     schema_at(2)
     old = backend.open()
     await old.start()
-    await old.save_turn("t1", "alice", [msg("u1")])
+    save_unscoped(backend, "t1", "alice", [msg("u1")])  # as version 2 did
     await old.save_suspended(suspended())
     await old.close()
     assert backend.schema_versions() == [1, 2]
@@ -444,7 +445,7 @@ async def test_a_version_2_database_upgrades_in_place(
     await new.start()
     try:
         assert backend.schema_versions() == backend.latest_versions()
-        assert ids(await new.messages("t1")) == ["u1"]  # the old data is still there
+        assert ids(await new.messages("t1", "alice")) == ["u1"]  # the old data is still there
         assert (await new.claim_suspended("r1", "call-1")).snapshot == suspended().snapshot
         created = await create(new)
         assert await stored(new) == created

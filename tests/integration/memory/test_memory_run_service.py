@@ -76,8 +76,8 @@ def _store(service: Service) -> MemoryStore:
     return service.app.store
 
 
-async def _thread(service: Service, thread: str) -> list[tuple[str, str]]:
-    return [(m["role"], message_text(m)) for m in await _store(service).messages(thread)]
+async def _thread(service: Service, thread: str, resource: str) -> list[tuple[str, str]]:
+    return [(m["role"], message_text(m)) for m in await _store(service).messages(thread, resource)]
 
 
 async def test_a_conversation_over_http_remembers_and_keeps_what_the_processors_left(
@@ -99,18 +99,20 @@ async def test_a_conversation_over_http_remembers_and_keeps_what_the_processors_
         assert second.status_code == 200, second.text
     assert second.json()["text"] == "Your **** name is Ada."
     # the guard's abort left nothing; the filter's rewrite is what was stored
-    assert await _thread(service, "t-ada") == [
+    assert await _thread(service, "t-ada", "user-ada") == [
         ("user", "Hi, I am Ada."),
         ("assistant", "Nice to meet you, Ada."),
         ("user", "Who am I?"),
         ("assistant", "Your **** name is Ada."),
     ]
-    thread = await _store(service).get_thread("t-ada")
+    thread = await _store(service).get_thread("t-ada", "user-ada")
     assert thread is not None
     assert thread.resource_id == "user-ada"
 
 
-async def test_a_store_that_went_down_fails_the_http_run_naming_the_store(service: Service) -> None:
+async def test_a_store_that_went_down_fails_the_http_run_saying_so_without_its_address(
+    service: Service,
+) -> None:
     await _store(service).close()  # the store goes away under a running service
     memory = {"thread": {"id": "t-down"}, "resource": "user-ada"}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}", timeout=20) as http:
@@ -119,11 +121,11 @@ async def test_a_store_that_went_down_fails_the_http_run_naming_the_store(servic
         )
         assert response.status_code == 200, response.text  # a failed run, not a failed request
         assert response.json()["finishReason"] == "error"
-        assert "memory store" in response.json()["error"]
+        said = "memory: loading thread 't-down' failed: the memory store is unavailable"
+        assert response.json()["error"] == said
         chunks = await stream_chunks(http, "assistant", {"messages": "hi", "memory": memory})
     errors = [c for c in chunks if isinstance(c, dict) and c["type"] == "error"]
-    assert len(errors) == 1
-    assert "memory store" in errors[0]["payload"]["message"]
+    assert [e["payload"]["message"] for e in errors] == [said]
 
 
 async def test_grpc_calls_name_their_thread_and_resource(service: Service) -> None:
@@ -132,11 +134,12 @@ async def test_grpc_calls_name_their_thread_and_resource(service: Service) -> No
         request = apb.GenerateRequest(agent_id="assistant", text="Hi.", thread_id="t-g", resource_id="u-g")
         first = await stub.Generate(request, timeout=20)
         stranger = apb.GenerateRequest(agent_id="assistant", text="Hi.", thread_id="t-g", resource_id="u-x")
-        refused = await stub.Generate(stranger, timeout=20)
+        other = await stub.Generate(stranger, timeout=20)
     assert first.text == "Nice to meet you, Ada."
-    # another resource never reads the thread: the run fails before the model is called
-    assert "is not a thread of resource 'u-x'" in refused.error
-    assert await _thread(service, "t-g") == [("user", "Hi."), ("assistant", "Nice to meet you, Ada.")]
+    # another resource using the thread id runs on a thread of its own, as on an unused id
+    assert (other.error, other.finish_reason) == ("", "stop")
+    assert await _thread(service, "t-g", "u-g") == [("user", "Hi."), ("assistant", "Nice to meet you, Ada.")]
+    assert await _thread(service, "t-g", "u-x") == [("user", "Hi."), ("assistant", "Your **** name is Ada.")]
 
 
 def test_the_body_names_the_thread_as_the_client_sends_it() -> None:

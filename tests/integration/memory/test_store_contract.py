@@ -12,7 +12,6 @@ from procmesh_orchestrator.errors import (
     InvalidMemoryInputError,
     MemoryStoreError,
     ThreadNotFoundError,
-    ThreadOwnershipError,
 )
 from procmesh_orchestrator.memory.store import MemoryStore, Message, Thread
 from tests.integration.memory.conftest import Backend
@@ -47,8 +46,8 @@ async def test_create_and_get_a_thread(store: MemoryStore) -> None:
     )
     assert ISO.match(created.created_at)
     assert ISO.match(created.updated_at)
-    assert await store.get_thread("t1") == created
-    assert await store.get_thread("nope") is None
+    assert await store.get_thread("t1", "alice") == created
+    assert await store.get_thread("nope", "alice") is None
 
 
 async def test_creating_an_existing_thread_returns_it_as_stored(store: MemoryStore) -> None:
@@ -57,13 +56,42 @@ async def test_creating_an_existing_thread_returns_it_as_stored(store: MemorySto
     assert again == first
 
 
-async def test_another_resources_thread_cannot_be_created_over(store: MemoryStore) -> None:
-    await store.create_thread(Thread("t1", "alice"))
-    with pytest.raises(ThreadOwnershipError, match="belongs to another resource"):
-        await store.create_thread(Thread("t1", "mallory"))
-    thread = await store.get_thread("t1")
+async def test_thread_ids_are_scoped_by_resource(store: MemoryStore) -> None:
+    # whichever resource uses an id first, the other gets its own thread of that id
+    alice = await store.create_thread(Thread("t1", "alice", title="alice's"))
+    mallory = await store.create_thread(Thread("t1", "mallory", title="mallory's"))
+    assert (mallory.id, mallory.resource_id, mallory.title) == ("t1", "mallory", "mallory's")
+    assert await store.get_thread("t1", "alice") == alice
+    assert await store.get_thread("t1", "mallory") == mallory
+    assert await store.get_thread("t1", "nobody") is None
+    await store.save_turn("t2", "mallory", [msg("squat")])  # first on t2: no claim on alice's t2
+    await store.save_turn("t2", "alice", [msg("u1")])
+    await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant")])
+    await store.save_turn("t1", "mallory", [msg("u1", text="evil"), msg("m2")])  # same message id
+    assert ids(await store.messages("t1", "alice")) == ["u1", "a1"]
+    assert (await store.messages("t1", "alice"))[0]["content"]["parts"][0]["text"] == "text of u1"
+    assert ids(await store.messages("t1", "mallory")) == ["u1", "m2"]
+    assert ids(await store.messages("t2", "alice")) == ["u1"]
+    assert ids(await store.messages("t2", "mallory")) == ["squat"]
+    assert await store.messages("t1", "nobody") == []
+    assert ids(await store.messages("t1", "alice", last=1, include_signals=False)) == ["a1"]
+
+
+async def test_another_resource_updates_and_deletes_only_its_own_thread(store: MemoryStore) -> None:
+    await store.save_turn("t1", "alice", [msg("u1")])
+    with pytest.raises(ThreadNotFoundError, match="no thread 't1'"):
+        await store.update_thread("t1", "mallory", title="mine now")
+    await store.delete_thread("t1", "mallory")  # no such thread of mallory's: nothing happens
+    thread = await store.get_thread("t1", "alice")
     assert thread is not None
-    assert thread.resource_id == "alice"
+    assert thread.title == ""
+    assert ids(await store.messages("t1", "alice")) == ["u1"]
+    await store.save_turn("t1", "mallory", [msg("m1")])
+    await store.delete_thread("t1", "mallory")
+    assert ids(await store.messages("t1", "alice")) == ["u1"]
+    assert await store.get_thread("t1", "mallory") is None
+    assert [t.id for t in await store.list_threads("alice")] == ["t1"]
+    assert await store.list_threads("mallory") == []
 
 
 async def test_list_threads_by_resource_most_recently_updated_first(store: MemoryStore) -> None:
@@ -81,30 +109,30 @@ async def test_list_threads_by_resource_most_recently_updated_first(store: Memor
 
 async def test_update_thread_changes_only_what_is_given(store: MemoryStore) -> None:
     created = await store.create_thread(Thread("t1", "alice", title="old", metadata={"a": 1}))
-    titled = await store.update_thread("t1", title="new")
+    titled = await store.update_thread("t1", "alice", title="new")
     assert (titled.title, titled.metadata) == ("new", {"a": 1})
     assert titled.created_at == created.created_at
     assert titled.updated_at >= created.updated_at
-    tagged = await store.update_thread("t1", metadata={"b": 2})
+    tagged = await store.update_thread("t1", "alice", metadata={"b": 2})
     assert (tagged.title, tagged.metadata) == ("new", {"b": 2})
-    assert await store.get_thread("t1") == tagged
+    assert await store.get_thread("t1", "alice") == tagged
 
 
 async def test_updating_a_missing_thread_is_not_found(store: MemoryStore) -> None:
     with pytest.raises(ThreadNotFoundError, match="no thread 'ghost'"):
-        await store.update_thread("ghost", title="x")
+        await store.update_thread("ghost", "alice", title="x")
 
 
 async def test_delete_thread_takes_its_messages(store: MemoryStore) -> None:
     await store.save_turn("t1", "alice", [msg("m1"), msg("m2", "assistant")])
     await store.save_turn("t2", "alice", [msg("m1")])
-    await store.delete_thread("t1")
-    assert await store.get_thread("t1") is None
-    assert await store.messages("t1") == []
-    assert ids(await store.messages("t2")) == ["m1"]  # the other thread's same id is untouched
-    await store.delete_thread("t1")  # deleting again is no error
-    await store.save_turn("t1", "bob", [msg("m9")])  # the id is free again, for anyone
-    assert ids(await store.messages("t1")) == ["m9"]
+    await store.delete_thread("t1", "alice")
+    assert await store.get_thread("t1", "alice") is None
+    assert await store.messages("t1", "alice") == []
+    assert ids(await store.messages("t2", "alice")) == ["m1"]  # the other thread's same id is untouched
+    await store.delete_thread("t1", "alice")  # deleting again is no error
+    await store.save_turn("t1", "alice", [msg("m9")])  # the id is free again
+    assert ids(await store.messages("t1", "alice")) == ["m9"]
 
 
 # --- turns ---------------------------------------------------------------------------------------
@@ -113,19 +141,21 @@ async def test_delete_thread_takes_its_messages(store: MemoryStore) -> None:
 async def test_save_turn_creates_the_thread_and_keeps_order(store: MemoryStore) -> None:
     await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant")])
     await store.save_turn("t1", "alice", [msg("u2"), msg("a2", "assistant")])
-    thread = await store.get_thread("t1")
+    thread = await store.get_thread("t1", "alice")
     assert thread is not None
     assert thread.resource_id == "alice"
-    stored = await store.messages("t1")
+    stored = await store.messages("t1", "alice")
     assert ids(stored) == ["u1", "a1", "u2", "a2"]
     assert stored[0] == {**msg("u1"), "threadId": "t1", "resourceId": "alice"}
 
 
-async def test_save_turn_to_another_resources_thread_writes_nothing(store: MemoryStore) -> None:
+async def test_save_turn_of_another_resource_writes_only_its_own_thread(store: MemoryStore) -> None:
     await store.save_turn("t1", "alice", [msg("u1")])
-    with pytest.raises(ThreadOwnershipError):
-        await store.save_turn("t1", "mallory", [msg("evil")])
-    assert ids(await store.messages("t1")) == ["u1"]
+    await store.save_turn("t1", "mallory", [msg("evil")])
+    assert ids(await store.messages("t1", "alice")) == ["u1"]
+    assert ids(await store.messages("t1", "mallory")) == ["evil"]
+    stored = (await store.messages("t1", "mallory"))[0]
+    assert (stored["threadId"], stored["resourceId"]) == ("t1", "mallory")
 
 
 async def test_a_retried_save_never_duplicates(store: MemoryStore) -> None:
@@ -133,22 +163,22 @@ async def test_a_retried_save_never_duplicates(store: MemoryStore) -> None:
     await store.save_turn("t1", "alice", turn)
     await store.save_turn("t1", "alice", [msg("u2")])
     await store.save_turn("t1", "alice", turn)  # the first turn again, e.g. after a lost reply
-    assert ids(await store.messages("t1")) == ["u1", "a1", "u2"]
+    assert ids(await store.messages("t1", "alice")) == ["u1", "a1", "u2"]
 
 
 async def test_a_stored_id_is_replaced_in_place(store: MemoryStore) -> None:
     await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant", "draft")])
     await store.save_turn("t1", "alice", [msg("u2")])
     await store.save_turn("t1", "alice", [msg("a1", "assistant", "final")])
-    stored = await store.messages("t1")
+    stored = await store.messages("t1", "alice")
     assert ids(stored) == ["u1", "a1", "u2"]
     assert stored[1]["content"]["parts"][0]["text"] == "final"
 
 
 async def test_an_empty_turn_only_creates_the_thread(store: MemoryStore) -> None:
     await store.save_turn("t1", "alice", [])
-    assert await store.get_thread("t1") is not None
-    assert await store.messages("t1") == []
+    assert await store.get_thread("t1", "alice") is not None
+    assert await store.messages("t1", "alice") == []
 
 
 async def test_content_round_trips_byte_for_byte(store: MemoryStore) -> None:
@@ -163,7 +193,7 @@ async def test_content_round_trips_byte_for_byte(store: MemoryStore) -> None:
         },
     }
     await store.save_turn("t1", "alice", [message])
-    assert (await store.messages("t1"))[0] == {**message, "threadId": "t1", "resourceId": "alice"}
+    assert (await store.messages("t1", "alice"))[0] == {**message, "threadId": "t1", "resourceId": "alice"}
 
 
 # --- recall windows ------------------------------------------------------------------------------
@@ -176,22 +206,22 @@ async def _history_with_signals(store: MemoryStore) -> None:
 
 async def test_last_n_counts_signals_when_they_are_included(store: MemoryStore) -> None:
     await _history_with_signals(store)
-    assert ids(await store.messages("t1")) == ["u1", "s1", "a1", "u2", "a2", "s2"]
-    assert ids(await store.messages("t1", last=3)) == ["u2", "a2", "s2"]
-    assert ids(await store.messages("t1", last=1)) == ["s2"]
+    assert ids(await store.messages("t1", "alice")) == ["u1", "s1", "a1", "u2", "a2", "s2"]
+    assert ids(await store.messages("t1", "alice", last=3)) == ["u2", "a2", "s2"]
+    assert ids(await store.messages("t1", "alice", last=1)) == ["s2"]
 
 
 async def test_default_recall_hides_signals_and_counts_without_them(store: MemoryStore) -> None:
     await _history_with_signals(store)
-    assert ids(await store.messages("t1", include_signals=False)) == ["u1", "a1", "u2", "a2"]
-    assert ids(await store.messages("t1", last=3, include_signals=False)) == ["a1", "u2", "a2"]
+    assert ids(await store.messages("t1", "alice", include_signals=False)) == ["u1", "a1", "u2", "a2"]
+    assert ids(await store.messages("t1", "alice", last=3, include_signals=False)) == ["a1", "u2", "a2"]
 
 
 async def test_window_edges(store: MemoryStore) -> None:
     await _history_with_signals(store)
-    assert await store.messages("t1", last=0) == []
-    assert len(await store.messages("t1", last=1000)) == 6
-    assert await store.messages("no-such-thread", last=5) == []
+    assert await store.messages("t1", "alice", last=0) == []
+    assert len(await store.messages("t1", "alice", last=1000)) == 6
+    assert await store.messages("no-such-thread", "alice", last=5) == []
 
 
 # --- malformed input -----------------------------------------------------------------------------
@@ -204,16 +234,20 @@ BAD_IDS: list[Any] = ["", "x" * 10_000, 42, None, b"bytes", "a\x00b", "line\nbre
 )
 async def test_malformed_ids_are_refused_clearly(store: MemoryStore, backend: Backend, bad: Any) -> None:
     calls = [
-        store.get_thread(bad),
+        store.get_thread(bad, "alice"),
         store.create_thread(Thread(bad, "alice")),
         store.create_thread(Thread("t1", bad)),
-        store.update_thread(bad, title="x"),
-        store.delete_thread(bad),
+        store.update_thread(bad, "alice", title="x"),
+        store.delete_thread(bad, "alice"),
         store.save_turn(bad, "alice", [msg("m1")]),
         store.save_turn("t1", bad, [msg("m1")]),
         store.save_turn("t1", "alice", [msg("ok"), {**msg("m1"), "id": bad}]),
-        store.messages(bad),
+        store.messages(bad, "alice"),
         store.list_threads(bad),
+        store.get_thread("t1", bad),
+        store.update_thread("t1", bad, title="x"),
+        store.delete_thread("t1", bad),
+        store.messages("t1", bad),
     ]
     for call in calls:
         with pytest.raises(InvalidMemoryInputError) as caught:
@@ -222,8 +256,8 @@ async def test_malformed_ids_are_refused_clearly(store: MemoryStore, backend: Ba
         assert "memory store " + backend.name in text
         assert " id " in text
         assert len(text) < 300  # a huge id is cut short, not echoed
-    assert await store.messages("t1") == []  # the turn with one bad id wrote nothing
-    assert await store.get_thread("t1") is None
+    assert await store.messages("t1", "alice") == []  # the turn with one bad id wrote nothing
+    assert await store.get_thread("t1", "alice") is None
 
 
 async def test_an_oversized_message_fails_the_whole_turn(backend: Backend) -> None:
@@ -234,9 +268,9 @@ async def test_an_oversized_message_fails_the_whole_turn(backend: Backend) -> No
             InvalidMemoryInputError, match=r"message 1 is \d+ bytes as JSON, more than the 10000"
         ):
             await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant", "x" * 20_000)])
-        assert await store.messages("t1") == []
+        assert await store.messages("t1", "alice") == []
         await store.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant", "x" * 9_000)])
-        assert ids(await store.messages("t1")) == ["u1", "a1"]
+        assert ids(await store.messages("t1", "alice")) == ["u1", "a1"]
     finally:
         await store.close()
 
@@ -256,19 +290,19 @@ async def test_an_oversized_message_fails_the_whole_turn(backend: Backend) -> No
 async def test_malformed_messages_are_refused(store: MemoryStore, bad: Any) -> None:
     with pytest.raises(InvalidMemoryInputError, match="thread 't1': message 1"):
         await store.save_turn("t1", "alice", [msg("u1"), bad])
-    assert await store.get_thread("t1") is None
+    assert await store.get_thread("t1", "alice") is None
 
 
 @pytest.mark.parametrize(
     ("call", "pattern"),
     [
-        (lambda s: s.messages("t1", last=-1), "last must be an integer from 0"),
-        (lambda s: s.messages("t1", last=True), "last must be an integer"),
+        (lambda s: s.messages("t1", "alice", last=-1), "last must be an integer from 0"),
+        (lambda s: s.messages("t1", "alice", last=True), "last must be an integer"),
         (lambda s: s.list_threads("alice", limit=0), "limit must be an integer from 1"),
         (lambda s: s.list_threads("alice", offset=-5), "offset must be an integer from 0"),
         (lambda s: s.save_turn("t1", "alice", "not a list"), "a turn is a list of messages"),
         (lambda s: s.create_thread(Thread("t1", "alice", title=7)), "title must be a string"),  # type: ignore[arg-type]
-        (lambda s: s.update_thread("t1", metadata=["x"]), "metadata must be an object"),
+        (lambda s: s.update_thread("t1", "alice", metadata=["x"]), "metadata must be an object"),
     ],
 )
 async def test_malformed_arguments_are_refused(store: MemoryStore, call: Any, pattern: str) -> None:
@@ -289,7 +323,7 @@ async def test_concurrent_saves_in_one_process_keep_every_turn_whole(store: Memo
     await asyncio.gather(*(turn(n) for n in range(60)))
     total = 0
     for t in range(5):
-        stored = ids(await store.messages(f"t{t}"))
+        stored = ids(await store.messages(f"t{t}", "alice"))
         total += len(stored)
         for i in range(0, len(stored), 3):  # each turn's three messages stay together, in order
             n = stored[i].split("-")[0]
@@ -301,7 +335,9 @@ async def test_concurrent_saves_to_one_thread_commit_in_call_order(store: Memory
     await asyncio.gather(
         *(store.save_turn("t1", "alice", [msg(f"{n}-u"), msg(f"{n}-a", "assistant")]) for n in range(30))
     )
-    assert ids(await store.messages("t1")) == [f"{n}-{part}" for n in range(30) for part in ("u", "a")]
+    assert ids(await store.messages("t1", "alice")) == [
+        f"{n}-{part}" for n in range(30) for part in ("u", "a")
+    ]
 
 
 async def test_concurrent_creates_of_one_thread_give_one_thread(store: MemoryStore) -> None:
@@ -324,7 +360,7 @@ async def test_a_cancelled_save_is_whole_or_absent_and_the_store_goes_on(store: 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     await store.save_turn("t1", "alice", [msg("last")])
-    stored = ids(await store.messages("t1"))
+    stored = ids(await store.messages("t1", "alice"))
     assert stored[-1] == "last"
     pairs = stored[:-1]
     assert len(pairs) % 2 == 0
@@ -337,17 +373,17 @@ async def test_migrations_apply_once(backend: Backend) -> None:
         await store.start()
         await store.save_turn("t1", "alice", [msg("u1")])
         await store.close()
-    assert backend.schema_versions() == [1, 2, 3, 4]
+    assert backend.schema_versions() == backend.latest_versions()
 
 
 async def test_concurrent_start_ups_migrate_once(backend: Backend) -> None:
     stores = [backend.open() for _ in range(4)]
     await asyncio.gather(*(s.start() for s in stores))
     await asyncio.gather(*(s.save_turn("t1", "alice", [msg(f"m{i}")]) for i, s in enumerate(stores)))
-    assert len(await stores[0].messages("t1")) == 4
+    assert len(await stores[0].messages("t1", "alice")) == 4
     for s in stores:
         await s.close()
-    assert backend.schema_versions() == [1, 2, 3, 4]
+    assert backend.schema_versions() == backend.latest_versions()
 
 
 async def test_two_stores_on_one_database_see_each_others_turns(backend: Backend) -> None:
@@ -362,7 +398,7 @@ async def test_two_stores_on_one_database_see_each_others_turns(backend: Backend
                 for i, s in enumerate((first, second))
             )
         )
-        assert len(await first.messages("t1")) == len(await second.messages("t1")) == 40
+        assert len(await first.messages("t1", "alice")) == len(await second.messages("t1", "alice")) == 40
     finally:
         await first.close()
         await second.close()
@@ -371,7 +407,7 @@ async def test_two_stores_on_one_database_see_each_others_turns(backend: Backend
 async def test_a_closed_store_says_so(backend: Backend) -> None:
     store = backend.open()
     with pytest.raises(MemoryStoreError, match="is not started"):
-        await store.messages("t1")
+        await store.messages("t1", "alice")
     await store.start()
     await store.close()
     await store.close()  # idempotent

@@ -52,7 +52,7 @@ async def test_sqlite_locked_past_the_busy_timeout_is_unavailable_and_writes_not
             other.execute("ROLLBACK")
             other.close()
         await store.save_turn("t1", "alice", [msg("u3")])
-        assert ids(await store.messages("t1")) == ["u1", "u3"]
+        assert ids(await store.messages("t1", "alice")) == ["u1", "u3"]
     finally:
         await store.close()
 
@@ -68,7 +68,7 @@ async def test_sqlite_waits_for_a_short_lock_instead_of_failing(tmp_path: Path) 
         assert not saving.done()  # waiting on the busy timeout
         other.execute("ROLLBACK")
         await saving
-        assert ids(await store.messages("t1")) == ["u1"]
+        assert ids(await store.messages("t1", "alice")) == ["u1"]
     finally:
         other.close()
         await store.close()
@@ -123,7 +123,7 @@ async def test_postgres_going_down_and_coming_back(own_server: PostgresServer) -
         ):
             await store.save_turn("t1", "alice", [msg("u2")])
         with pytest.raises(StoreUnavailableError):
-            await store.messages("t1")
+            await store.messages("t1", "alice")
         await asyncio.to_thread(own_server.run)
         # The pool reconnects by itself (with its backoff): the first saves may still find it down.
         for _ in range(100):
@@ -132,7 +132,7 @@ async def test_postgres_going_down_and_coming_back(own_server: PostgresServer) -
                 break
             except StoreUnavailableError:
                 await asyncio.sleep(0.2)
-        assert ids(await store.messages("t1")) == ["u1", "u3"]
+        assert ids(await store.messages("t1", "alice")) == ["u1", "u3"]
     finally:
         await store.close()
 
@@ -148,7 +148,7 @@ async def test_postgres_connections_killed_under_the_store_are_replaced(postgres
                 "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
             )
         await store.save_turn("t1", "alice", [msg("u2")])  # checked on checkout, reconnected
-        assert ids(await store.messages("t1")) == ["u1", "u2"]
+        assert ids(await store.messages("t1", "alice")) == ["u1", "u2"]
     finally:
         await store.close()
 
@@ -177,7 +177,7 @@ async def test_open_store_postgres_from_an_environment_variable(
     assert isinstance(store, PostgresMemoryStore)
     await store.start()
     await store.save_turn("t1", "alice", [msg("u1")])
-    assert ids(await store.messages("t1")) == ["u1"]
+    assert ids(await store.messages("t1", "alice")) == ["u1"]
     await store.close()
 
 

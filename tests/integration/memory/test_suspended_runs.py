@@ -18,6 +18,7 @@ from procmesh_orchestrator.errors import (
 from procmesh_orchestrator.memory.store import MemoryStore, SuspendedRun
 from tests.integration.memory.conftest import Backend
 from tests.integration.memory.test_store_contract import ids, msg
+from tests.integration.memory.test_thread_scoping import save_unscoped
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 # What a run's messages may hold (NUL, a lone surrogate): the reason snapshots are not jsonb.
@@ -303,7 +304,7 @@ async def test_a_version_1_database_upgrades_in_place(
     schema_at(1)
     old = backend.open()
     await old.start()
-    await old.save_turn("t1", "alice", [msg("u1"), msg("a1", "assistant")])
+    save_unscoped(backend, "t1", "alice", [msg("u1"), msg("a1", "assistant")])  # as version 1 did
     await old.close()
     assert backend.schema_versions() == [1]
 
@@ -312,7 +313,7 @@ async def test_a_version_1_database_upgrades_in_place(
     await new.start()
     try:
         assert backend.schema_versions() == backend.latest_versions()
-        assert ids(await new.messages("t1")) == ["u1", "a1"]  # the old data is still there
+        assert ids(await new.messages("t1", "alice")) == ["u1", "a1"]  # the old data is still there
         await new.save_suspended(run())
         assert (await new.claim_suspended("r1", "call-1")).status == "resuming"
     finally:

@@ -1,7 +1,8 @@
 """The memory HTTP API (/api/memory/*) on both real stores, as @mastra/client-js calls it.
 
 Keys are bound to resources (``PROCMESH_API_KEYS`` entries ``key=resource``): a caller sees its own
-resource's threads only, and another resource's thread answers 404 exactly like a missing one.
+resource's threads only. Thread ids are scoped by resource: another resource's thread id answers
+exactly as an unknown one (same status, same body), and using it gives the caller its own thread.
 """
 
 from __future__ import annotations
@@ -117,38 +118,87 @@ async def test_a_thread_lives_through_create_get_update_generate_list_and_delete
     assert (await http.get("/api/memory/threads/t-1", headers=ADA)).status_code == 404
 
 
-async def test_another_resource_never_reads_lists_or_writes_a_thread(http: httpx.AsyncClient) -> None:
-    await _create(http, ADA, threadId="t-ada")
+async def _bobs_answers(http: httpx.AsyncClient, thread: str) -> list[tuple[int, Any]]:
+    """What Bob's key gets from every route that takes a thread id, on `thread`, changing nothing."""
+    q = "?agentId=assistant"
+    answers = [
+        await http.get(f"/api/memory/threads/{thread}{q}", headers=BOB),
+        await http.get(f"/api/memory/threads/{thread}/messages{q}", headers=BOB),
+        await http.get(f"/api/memory/threads/{thread}/messages{q}&perPage=false", headers=BOB),
+        await http.patch(f"/api/memory/threads/{thread}{q}", json={"title": "mine"}, headers=BOB),
+        await http.delete(f"/api/memory/threads/{thread}{q}", headers=BOB),
+        await http.get(f"/api/memory/threads{q}", headers=BOB),
+        await http.get(f"/api/memory/threads{q}&resourceId=user-ada", headers=BOB),
+    ]
+    return [(a.status_code, a.json()) for a in answers]
+
+
+async def test_another_resources_thread_id_answers_exactly_as_an_unknown_one(
+    http: httpx.AsyncClient,
+) -> None:
+    unknown = await _bobs_answers(http, "t-ada")  # before Ada has it: an unknown id
+    assert [status for status, _ in unknown] == [404, 404, 404, 404, 404, 200, 404], unknown
+    assert unknown[0][1] == {"error": "no thread 't-ada'"}
+    await _create(http, ADA, threadId="t-ada", title="Ada's")
     await http.post(
         "/api/agents/assistant/generate", json={"messages": "secret", "threadId": "t-ada"}, headers=ADA
     )
-    q = "?agentId=assistant"
-    attempts = [
-        await http.get(f"/api/memory/threads/t-ada{q}", headers=BOB),
-        await http.get(f"/api/memory/threads/t-ada/messages{q}", headers=BOB),
-        await http.patch(f"/api/memory/threads/t-ada{q}", json={"title": "mine"}, headers=BOB),
-        await http.delete(f"/api/memory/threads/t-ada{q}", headers=BOB),
-        await http.get(f"/api/memory/threads{q}&resourceId=user-ada", headers=BOB),
-        await http.post(f"/api/memory/threads{q}", json={"threadId": "t-ada"}, headers=BOB),
-        await http.post(
-            f"/api/memory/save-messages{q}",
-            json={"messages": [{"role": "user", "content": "x", "threadId": "t-ada"}]},
-            headers=BOB,
-        ),
-    ]
-    assert [a.status_code for a in attempts] == [404] * len(attempts), [a.text for a in attempts]
-    # the same answer as for a thread that does not exist
-    assert attempts[0].json() == {"error": "no thread 't-ada'"}
-    assert (await http.get("/api/memory/threads/missing", headers=BOB)).json() == {
-        "error": "no thread 'missing'"
-    }
-    assert (await http.get(f"/api/memory/threads{q}", headers=BOB)).json()["threads"] == []
+    assert await _bobs_answers(http, "t-ada") == unknown  # Ada's now: the same status, the same body
     # and Ada's thread is as she left it
+    q = "?agentId=assistant"
     messages = (await http.get(f"/api/memory/threads/t-ada/messages{q}", headers=ADA)).json()["messages"]
     assert [message_text(m) for m in messages] == ["secret", demo_answer("secret")]
+    assert (await http.get(f"/api/memory/threads/t-ada{q}", headers=ADA)).json()["title"] == "Ada's"
+
+
+async def test_thread_ids_are_scoped_by_resource_so_nobody_squats_another_s(
+    http: httpx.AsyncClient,
+) -> None:
+    q = "?agentId=assistant"
+    # Bob takes the id first: a thread of his, which blocks nothing of Ada's
+    mine = await _create(http, BOB, threadId="t-1", title="Bob's")
+    assert (mine["id"], mine["resourceId"]) == ("t-1", "user-bob")
+    saved = await http.post(
+        f"/api/memory/save-messages{q}",
+        json={"messages": [{"id": "m-1", "role": "user", "content": "bob's note", "threadId": "t-1"}]},
+        headers=BOB,
+    )
+    assert saved.status_code == 200, saved.text
+    ada = await _create(http, ADA, threadId="t-1", title="Ada's")
+    assert (ada["id"], ada["resourceId"], ada["title"]) == ("t-1", "user-ada", "Ada's")
+    for text in ("My name is Ada.", "What did I say?"):
+        run = await http.post(
+            "/api/agents/assistant/generate", json={"messages": text, "threadId": "t-1"}, headers=ADA
+        )
+        assert run.json()["text"] == demo_answer(text)
+    bob_run = await http.post(
+        "/api/agents/assistant/generate", json={"messages": "and me?", "threadId": "t-1"}, headers=BOB
+    )
+    assert bob_run.status_code == 200, bob_run.text
+    assert "Ada" not in json.dumps(bob_run.json())  # his run never loaded her turns
+    listed = {
+        name: [
+            message_text(m)
+            for m in (await http.get(f"/api/memory/threads/t-1/messages{q}", headers=key)).json()["messages"]
+        ]
+        for name, key in (("ada", ADA), ("bob", BOB))
+    }
+    assert listed == {
+        "ada": [
+            "My name is Ada.",
+            demo_answer("My name is Ada."),
+            "What did I say?",
+            demo_answer("What did I say?"),
+        ],
+        "bob": ["bob's note", "and me?", demo_answer("and me?")],
+    }
+    # deleting his deletes only his
+    assert (await http.delete(f"/api/memory/threads/t-1{q}", headers=BOB)).status_code == 200
+    assert (await http.get(f"/api/memory/threads/t-1{q}", headers=BOB)).status_code == 404
+    assert (await http.get(f"/api/memory/threads/t-1{q}", headers=ADA)).json()["title"] == "Ada's"
     refused = await http.post(
         "/api/agents/assistant/generate",
-        json={"messages": "hi", "memory": {"thread": "t-ada", "resource": "user-ada"}},
+        json={"messages": "hi", "memory": {"thread": "t-1", "resource": "user-ada"}},
         headers=BOB,
     )
     assert refused.status_code == 400
@@ -221,7 +271,10 @@ async def test_a_store_that_is_down_is_503(service: Service, http: httpx.AsyncCl
         await http.post("/api/memory/threads?agentId=assistant", json={"threadId": "t-9"}, headers=ADA),
     ):
         assert response.status_code == 503, response.text
-        assert "memory store" in response.json()["error"]
+        error = response.json()["error"]
+        assert error.endswith(": the memory store is unavailable"), error
+        assert "sqlite:" not in error
+        assert "postgres:" not in error
 
 
 @pytest.mark.parametrize(
@@ -271,7 +324,10 @@ async def test_a_trusting_server_takes_the_resource_from_the_proxy_context(
     ).status_code == 404
     claim = f"/api/memory/threads/t-p?resourceId=user-ada&requestContext={_context('user-bob')}"
     assert (await trusting.get(claim)).status_code == 404
-    assert (await trusting.get("/api/memory/threads/t-p")).status_code == 400
+    # thread ids are scoped by resource: without one, a thread id names no thread
+    unnamed = await trusting.get("/api/memory/threads/t-p")
+    assert unnamed.status_code == 400
+    assert unnamed.json()["error"].startswith("resourceId: required")
     assert (await trusting.get("/api/memory/threads/t-p?requestContext=%%%")).status_code == 400
 
 
@@ -289,7 +345,8 @@ async def test_a_postgres_server_that_stops_is_503_and_the_api_recovers_when_it_
                 await asyncio.to_thread(server.halt)
                 down = await http.get("/api/memory/threads/t-down")
                 assert down.status_code == 503, down.text
-                assert down.json()["error"].startswith("memory store postgres")
+                # the client learns what failed, never where the store is (that is in the log)
+                assert down.json() == {"error": "reading the thread: the memory store is unavailable"}
                 await asyncio.to_thread(server.run)
                 # the pool reconnects in the background, with backoff: no restart of the orchestrator
                 for _ in range(60):
@@ -341,7 +398,8 @@ async def test_a_grpc_call_with_a_bound_key_uses_that_resource(service: Service)
             await stub.Generate(claim, metadata=ada)
         assert claimed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert service.app.store is not None
-    thread = await service.app.store.get_thread("t-grpc")
+    thread = await service.app.store.get_thread("t-grpc", "user-ada")  # the key's resource
     assert thread is not None
-    assert thread.resource_id == "user-ada"  # the key's resource, not one the caller named
-    assert await service.app.store.get_thread("t-x") is None
+    assert thread.resource_id == "user-ada"
+    assert await service.app.store.get_thread("t-x", "user-ada") is None
+    assert await service.app.store.get_thread("t-x", "user-bob") is None

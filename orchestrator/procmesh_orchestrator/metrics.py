@@ -100,8 +100,8 @@ class OrchestratorMetrics:
             "procmesh_gateway_calls_total",
             "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "
             "invalid_output, not_found, not_in_config, invalid_argument, unauthenticated, "
-            "permission_denied, api_error, deadline, cancelled, cost_limit); a model or processor the "
-            "config does not name is 'other', none 'unknown'.",
+            "permission_denied, api_error, deadline, cancelled, cost_limit, lease_lost); a model or "
+            "processor the config does not name is 'other', none 'unknown'.",
             ["model", "processor", "outcome"],
             registry=r,
         )

@@ -39,7 +39,7 @@ from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
 from procmesh_orchestrator.cost import CostLimitError, Reservation, RunCost
-from procmesh_orchestrator.errors import APICallError, ConfigError
+from procmesh_orchestrator.errors import APICallError, ConfigError, LeaseLostError
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.service._auth import grpc_caller
 from procmesh_orchestrator.service._errors import ServiceError
@@ -286,6 +286,14 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "deadline",
                 f"model {shown(request.model)} did not answer within the call's deadline ({remaining:.3f}s)",
+            ) from None
+        except LeaseLostError:
+            # the calling durable run's ledger write was fenced: another replica holds the run now
+            raise _Refused(
+                grpc.StatusCode.ABORTED,
+                "lease_lost",
+                "the calling run is no longer held by this replica (another one took it over): "
+                "its cost cannot be counted here, so the call is refused",
             ) from None
 
     def _costs(self, run_id: str, model: str, resource: str | None) -> list[RunCost]:

@@ -27,6 +27,7 @@ from procmesh_orchestrator.processors.stream_call import (
     SessionClock,
     StreamCall,
     answer_items,
+    drop_read,
     fused_items,
 )
 
@@ -281,7 +282,7 @@ class Member:
                 self.group.advance()
         finally:
             if read is not None:
-                read.cancel()
+                drop_read(read)
             if call is self.call:
                 self.ended = True
                 self.span.end()

@@ -32,6 +32,7 @@ from procmesh_orchestrator.processors.stream_call import (
     SessionClock,
     StreamCall,
     answer_items,
+    drop_read,
     fused_items,
     session_policy,
 )
@@ -222,7 +223,7 @@ class _Stage:
             self._failed(str(exc))
         finally:
             if read is not None:
-                read.cancel()
+                drop_read(read)
             self.stream_done = True
             self.span.end()
             self._flush_head()

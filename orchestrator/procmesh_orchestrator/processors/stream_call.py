@@ -126,6 +126,15 @@ class StreamCall:
         return bool(self._raw.done())
 
 
+def drop_read(read: asyncio.Future[Any]) -> None:
+    """Let go of a reader's outstanding read: cancelled if it still waits; if it already failed
+    (its call was cut), its error is taken so that asyncio does not log it as never retrieved."""
+    if not read.done():
+        read.cancel()
+    elif not read.cancelled():
+        read.exception()
+
+
 GRPC_SLACK = 1.0
 """Seconds the gRPC deadline of a session allows past its ``streamTimeout``: the session's own
 clock cuts it first, naming the limit; gRPC's deadline (also capped by the run's) is the backstop."""

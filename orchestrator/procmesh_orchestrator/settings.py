@@ -37,8 +37,10 @@ class OrchestratorSettings(BaseSettings):
     pod's sidecars reach the model gateway there (``PROCMESH_MODEL_GATEWAY=unix:///run/...``)
     without a TCP port. A stale socket file left by a crash is replaced."""
     api_keys: Annotated[list[SecretStr], NoDecode] = []
-    """Bearer keys accepted on /api/* and AgentService; empty: no authentication.
-    ``PROCMESH_API_KEYS`` holds a comma-separated list or a JSON array."""
+    """Bearer keys accepted on /api/* and AgentService; empty: no authentication (development).
+    ``PROCMESH_API_KEYS`` holds a comma-separated list or a JSON array of entries, each bound to a
+    resource (``key=tenant-a``) or given a role (``key=@operator``, ``key=@gateway``); anything else
+    is a start-up error naming the entry by its position."""
     max_request_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     """Largest request body (HTTP) or message (gRPC) accepted; larger ones get 413 / RESOURCE_EXHAUSTED."""
     drain_grace_seconds: float = Field(default=30.0, ge=0)
@@ -47,9 +49,14 @@ class OrchestratorSettings(BaseSettings):
     """A streamed run whose client leaves is aborted (its result keeps what was done, as
     ``RunStream.cancel``). False: it finishes in the background (memory saved) and only then
     frees its run slot."""
+    trusted_context: dict[str, list[str]] = {}
+    """Which callers may send which ``requestContext`` keys: a JSON object from a tenant's resource,
+    ``@operator`` or ``*`` (every caller) to key names (``*``: every key). Keys that select a
+    thread, a resource or a cache scope are reserved and never come from a caller; a key the caller
+    is not trusted for is a 400 naming it. Empty: no caller sends request context."""
     trust_request_context: bool = False
-    """Pass the caller's ``requestContext`` to processors. Leave off unless an authenticating
-    layer in front of this server sets it: otherwise any caller could forge it."""
+    """Deprecated: the same as ``PROCMESH_TRUSTED_CONTEXT={"*": ["*"]}`` (every caller may send
+    every key that is not reserved); said so at start-up."""
     health_poll_seconds: float = Field(default=1.0, gt=0)
     """How often the sidecars' grpc.health.v1 status is polled for readiness."""
     log_level: str = "INFO"
@@ -93,13 +100,7 @@ class OrchestratorSettings(BaseSettings):
             text = value.strip()
             if text.startswith("["):
                 return json.loads(text)
-            return [key.strip() for key in text.split(",") if key.strip()]
-        return value
-
-    @field_validator("api_keys")
-    @classmethod
-    def _non_empty(cls, value: list[SecretStr]) -> list[SecretStr]:
-        for key in value:
-            if not key.get_secret_value():
-                raise ValueError("API keys must not be empty")
+            # Empty entries are kept: the key list refuses them by position (`_auth.parse_keys`),
+            # as it refuses an entry holding whitespace or ';' (two keys that were meant as two).
+            return [key.strip() for key in text.split(",")] if text else []
         return value

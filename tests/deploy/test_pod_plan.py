@@ -34,7 +34,7 @@ def test_the_dev_pod_runs_sidecars_in_order_then_the_orchestrator(tmp_path: Path
     config = load_config(config_path)
     assert config.sidecars["guards"].address == f"unix://{sockets}/guards.sock"
     assert config.sidecars["builtins"].address == f"unix://{sockets}/builtins.sock"
-    assert orchestrator.env["PROCMESH_API_KEYS"] == "dev-key-change-me"  # from the Secret
+    assert orchestrator.env["PROCMESH_API_KEYS"] == "dev-key-change-me=@operator"  # from the Secret
     assert "PROCMESH_API_KEYS" not in builtins.env
     assert flag_values(orchestrator.argv, "--http-host") == ["127.0.0.1"]
     assert orchestrator.readiness is not None

@@ -79,7 +79,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
 
 def test_a_request_through_the_pod_runs_its_processors(pod: Pod) -> None:
     secret = next(o for o in render(DEV) if o["kind"] == "Secret")
-    key = secret["stringData"]["PROCMESH_API_KEYS"]
+    key = secret["stringData"]["PROCMESH_API_KEYS"].rpartition("=")[0]  # KEY=@operator
     base = f"http://127.0.0.1:{pod.ports['orchestrator/http']}"
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
         assert http.get("/readyz").status_code == 200  # every sidecar SERVING, seen by the orchestrator

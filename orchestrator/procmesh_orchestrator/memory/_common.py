@@ -337,13 +337,19 @@ def suspended_run(row: Any, when: Callable[[Any], str]) -> SuspendedRun:
 
 
 def claim(
-    store: str, run_id: str, tool_call_id: str, rows: list[Any], when: Callable[[Any], str]
+    store: str,
+    run_id: str,
+    tool_call_id: str,
+    rows: list[Any],
+    when: Callable[[Any], str],
+    resource_id: str | None = None,
 ) -> SuspendedRun:
-    """The run a claim takes, from its row as read under the write lock: it must exist, await
+    """The run a claim takes, from its row as read under the write lock: it must exist (and be
+    `resource_id`'s, when given: another resource's is missing, whatever its state), await
     `tool_call_id` and not be claimed already. The caller then marks it `RESUMING`."""
-    if not rows:
+    run = suspended_run(rows[0], when) if rows else None
+    if run is None or (resource_id is not None and run.resource_id != resource_id):
         raise SuspendedRunNotFoundError(f"memory store {store}: no suspended run {label(run_id)}")
-    run = suspended_run(rows[0], when)
     if tool_call_id not in run.tool_call_ids:
         raise SuspendedRunNotFoundError(
             f"memory store {store}: suspended run {label(run_id)} awaits no tool call {label(tool_call_id)}"

@@ -239,14 +239,16 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
 
         await self._write(save, f"saving suspended run {row[0]!r}")
 
-    async def claim_suspended(self, run_id: str, tool_call_id: str) -> SuspendedRun:
+    async def claim_suspended(
+        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
+    ) -> SuspendedRun:
         """Mark the run `RESUMING` and return it, holding its row lock from the read to the commit."""
         run_id = c.check_id(self.name, "run", run_id)
         tool_call_id = c.check_id(self.name, "tool call", tool_call_id)
 
         async def claim(conn: Connection) -> SuspendedRun:
             cursor = await conn.execute(c.select_suspended_sql("%s") + " FOR UPDATE", (run_id,))
-            run = c.claim(self.name, run_id, tool_call_id, await cursor.fetchall(), c.iso)
+            run = c.claim(self.name, run_id, tool_call_id, await cursor.fetchall(), c.iso, resource_id)
             await conn.execute(c.set_status_sql("%s", RESUMING), (run_id,))
             return run
 

@@ -257,7 +257,9 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethod
 
         await self._write(save, f"saving suspended run {row[0]!r}")
 
-    async def claim_suspended(self, run_id: str, tool_call_id: str) -> SuspendedRun:
+    async def claim_suspended(
+        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
+    ) -> SuspendedRun:
         """Mark the run `RESUMING` and return it, in one BEGIN IMMEDIATE transaction."""
         run_id = c.check_id(self.name, "run", run_id)
         tool_call_id = c.check_id(self.name, "tool call", tool_call_id)
@@ -265,7 +267,7 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethod
         async def claim(db: aiosqlite.Connection) -> SuspendedRun:
             # The write lock is held from BEGIN IMMEDIATE: no other claim reads between these two.
             rows = await _fetch(db, c.select_suspended_sql("?"), (run_id,))
-            run = c.claim(self.name, run_id, tool_call_id, rows, c.iso_from_text)
+            run = c.claim(self.name, run_id, tool_call_id, rows, c.iso_from_text, resource_id)
             await db.execute(c.set_status_sql("?", RESUMING), (run_id,))
             return run
 

@@ -175,11 +175,14 @@ class MemoryStore(Protocol):
         """Save a suspended run in one transaction, replacing one of the same `run_id` (whatever
         its status: a resumed run that suspends anew is saved again). Its status is `SUSPENDED`."""
 
-    async def claim_suspended(self, run_id: str, tool_call_id: str) -> SuspendedRun:
+    async def claim_suspended(
+        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
+    ) -> SuspendedRun:
         """Take the run to resume it: atomically check that it exists, awaits `tool_call_id` and is
         `SUSPENDED`, mark it `RESUMING` and return it. Of concurrent claims (in any process) exactly
         one wins. `SuspendedRunNotFoundError` when there is no such run or it awaits no such call;
-        `ResumeConflictError` when it is already claimed."""
+        `ResumeConflictError` when it is already claimed. With `resource_id`, a run of another
+        resource is not found, whatever its state, in the same words as a missing one."""
 
     async def release_suspended(self, run_id: str) -> None:
         """Give a claimed run back (`SUSPENDED` again): its resume failed before changing anything.

@@ -36,6 +36,11 @@ class RunStream:
         """A resumed run's store: the suspended record goes once the run is done."""
         self._task = asyncio.create_task(self._drive())
 
+    @property
+    def resource_id(self) -> str:
+        """The resource the run is for ("" when none; a resumed run's is its snapshot's)."""
+        return self._run.info.resource_id
+
     async def _drive(self) -> RunResult:
         try:
             result, failure = await self._run.execute()
@@ -98,21 +103,37 @@ class Agent:
         return RunStream(run, queue)
 
     async def approve_tool_call(
-        self, run_id: str, tool_call_id: str, options: CallOptions | None = None
+        self,
+        run_id: str,
+        tool_call_id: str,
+        options: CallOptions | None = None,
+        *,
+        resource_id: str | None = None,
     ) -> RunResult:
         """Resume a run suspended for this call's approval: the tool runs, the loop goes on.
 
         Works on any replica sharing the store. `ResumeConflictError` when the call was already
-        decided (or is being resumed elsewhere), `SuspendedRunNotFoundError` when no run waits.
+        decided (or is being resumed elsewhere), `SuspendedRunNotFoundError` when no run waits (or,
+        given `resource_id`, the run is another resource's: answered as a missing one).
         """
-        resumed = await self._resume(run_id, tool_call_id, Decision(True), options, streaming=False)
+        resumed = await self._resume(
+            run_id, tool_call_id, Decision(True), options, streaming=False, resource_id=resource_id
+        )
         return await resumed.result()
 
     async def decline_tool_call(
-        self, run_id: str, tool_call_id: str, reason: str | None = None, options: CallOptions | None = None
+        self,
+        run_id: str,
+        tool_call_id: str,
+        reason: str | None = None,
+        options: CallOptions | None = None,
+        *,
+        resource_id: str | None = None,
     ) -> RunResult:
         """Resume a run suspended for this call's approval: the model is told it was declined."""
-        resumed = await self._resume(run_id, tool_call_id, Decision(False, reason), options, streaming=False)
+        resumed = await self._resume(
+            run_id, tool_call_id, Decision(False, reason), options, streaming=False, resource_id=resource_id
+        )
         return await resumed.result()
 
     async def resume_stream(
@@ -123,9 +144,12 @@ class Agent:
         approved: bool,
         reason: str | None = None,
         options: CallOptions | None = None,
+        resource_id: str | None = None,
     ) -> RunStream:
         """`approve_tool_call` / `decline_tool_call`, streamed."""
-        return await self._resume(run_id, tool_call_id, Decision(approved, reason), options, streaming=True)
+        return await self._resume(
+            run_id, tool_call_id, Decision(approved, reason), options, streaming=True, resource_id=resource_id
+        )
 
     async def _resume(
         self,
@@ -135,11 +159,12 @@ class Agent:
         options: CallOptions | None,
         *,
         streaming: bool,
+        resource_id: str | None = None,
     ) -> RunStream:
         if self.spec.store is None:
             raise SuspendedRunNotFoundError(f"agent {self.spec.id!r} keeps no suspended runs (no store)")
         store = await self.spec.store()
-        saved = await store.claim_suspended(run_id, tool_call_id)
+        saved = await store.claim_suspended(run_id, tool_call_id, resource_id=resource_id)
         if saved.agent_id != self.spec.id:
             await store.release_suspended(run_id)
             raise SuspendedRunNotFoundError(f"run {run_id!r} is not a run of agent {self.spec.id!r}")

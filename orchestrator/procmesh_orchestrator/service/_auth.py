@@ -18,6 +18,7 @@ is `ANONYMOUS`, which may do what an operator key may.
 from __future__ import annotations
 
 import hmac
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from pydantic import SecretStr
 
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.memory._common import MAX_ID_CHARS
-from procmesh_orchestrator.service._errors import AuthenticationError
+from procmesh_orchestrator.service._errors import AuthenticationError, ForbiddenError
 
 OPERATOR = "operator"
 """The role that acts on every resource's runs, approvals, durable output and threads."""
@@ -52,6 +53,14 @@ class Caller:
         """True when the caller acts on every resource's runs and data."""
         return OPERATOR in self.roles
 
+    def check_runs_agents(self) -> None:
+        """ForbiddenError for a key that may call the model gateway only (the @gateway role)."""
+        if self.resource is None and not self.operator:
+            raise ForbiddenError(
+                "this API key has the gateway role: it may call the model gateway only, not run agents "
+                "or read runs and memory"
+            )
+
     def may_see(self, resource: str | None) -> bool:
         """Whether the caller may see and act on a run, approval or thread of `resource`."""
         if self.operator:
@@ -61,6 +70,10 @@ class Caller:
 
 ANONYMOUS = Caller("anonymous", None, frozenset(ROLES))
 """Every caller when no key is configured (open development mode)."""
+
+
+SIDECAR = Caller("sidecar", None, frozenset({GATEWAY}))
+"""The built-in sidecar this process starts (`ApiKeys.sidecar_key`)."""
 
 
 class KeyListError(ServiceStartError):
@@ -111,9 +124,9 @@ def parse_keys(entries: Sequence[str]) -> tuple[KeyEntry, ...]:
                 "('k1=tenant-a,k2=@gateway') or given as a JSON array"
             )
         key, resource = split_binding(entry)
-        if resource is None:  # FIXME(next commit): a start-up error
-            caller = Caller(f"key-{number}", None, frozenset(ROLES))
-        elif resource.startswith("@"):
+        if resource is None:
+            raise KeyListError(f"{where} is bound to nothing: {_HOW}")
+        if resource.startswith("@"):
             role = resource[1:]
             if role not in ROLES:
                 raise KeyListError(
@@ -142,6 +155,7 @@ class ApiKeys:
 
     def __init__(self, keys: Sequence[SecretStr]) -> None:
         self._keys = [(e.key.encode(), e.caller) for e in parse_keys([k.get_secret_value() for k in keys])]
+        self._sidecar: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -150,14 +164,18 @@ class ApiKeys:
 
     def callers(self) -> list[Caller]:
         """The caller of every configured key, in entry order."""
-        return [caller for _, caller in self._keys]
+        return [caller for _, caller in self._keys if caller is not SIDECAR]
 
-    def key_with(self, role: str) -> str | None:
-        """The first key with `role` (the built-in sidecar this process starts uses it), if any."""
-        for key, caller in self._keys:
-            if role in caller.roles:
-                return key.decode()
-        return None
+    def sidecar_key(self) -> str | None:
+        """The key a sidecar this process starts calls the model gateway with: one made for this
+        process (random, never shown, the gateway role only: no configured key leaves the process);
+        None when no key is configured (the gateway is open then)."""
+        if not self._keys:
+            return None
+        if self._sidecar is None:
+            self._sidecar = secrets.token_urlsafe(32)
+            self._keys.append((self._sidecar.encode(), SIDECAR))
+        return self._sidecar
 
     def identify(self, authorization: str | list[str] | None) -> Caller:
         """The caller of an ``Authorization`` value of ``Bearer <key>``; AuthenticationError when

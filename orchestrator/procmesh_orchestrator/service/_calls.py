@@ -24,12 +24,14 @@ from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.run.types import StructuredOutput
+from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     DrainingError,
     NotSupportedError,
 )
 from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
+from procmesh_orchestrator.service._trust import ContextTrust
 
 Chunk = dict[str, Any]
 
@@ -384,52 +386,48 @@ def _client_tools(tools: dict[str, Any], field: str = "clientTools") -> list[Cli
 _CALLER_SET_IDS = ("threadId", "resourceId")
 
 
-def _untrusted(messages: list[dict[str, Any]]) -> None:
-    """Drop what only a trusted layer may set on a message: its thread, resource and id.
+def _own_ids(messages: list[dict[str, Any]], caller: Caller) -> None:
+    """Set what the server decides on an input message: its thread and resource are the run's
+    (a message's own are dropped, for every caller), and its id is a new one unless the caller is an
+    operator (a trusted layer that keeps its ids).
 
     Like the run-level ids, these scope per-user data (memory, cache entries) that processors see.
     """
     for message in messages:
         for key in _CALLER_SET_IDS:
             message.pop(key, None)
-        message["id"] = msgs.new_id()
+        if not caller.operator or not message.get("id"):
+            message["id"] = msgs.new_id()
 
 
-def memory_scope(
-    thread: str | None, resource: str | None, *, trusted: bool, bound_resource: str | None
-) -> tuple[str, str]:
+def memory_scope(thread: str | None, resource: str | None, *, caller: Caller) -> tuple[str, str]:
     """The (thread, resource) a call runs with; memory loads and saves only with both.
 
-    The resource scopes per-user data (memory threads, response-cache entries), so a caller's claim
-    counts only from a trusted layer: the caller's API key bound to a resource (that one, always;
-    claiming another is refused), or a server that trusts request context
-    (``PROCMESH_TRUST_REQUEST_CONTEXT``, behind an auth proxy that sets it). The thread is the
-    caller's to name, within that resource: the store refuses a thread of another resource, so
-    no caller reads another's history. Without a trusted resource, both are dropped (the call
-    runs without memory, as before memory existed).
+    The resource scopes per-user data (memory threads, response-cache entries), so it is the
+    caller's API key's: a key bound to a resource runs as that one (claiming another is refused);
+    an operator key (or any caller when no key is configured) names the resource it acts for, or
+    none. The thread is the caller's to name, within that resource: the store scopes threads by
+    resource, so no caller reads another's history. Without a resource, both are dropped (the
+    call runs without memory, as before memory existed).
     """
     for name, value in (("threadId", thread), ("resourceId", resource)):
         # refused here, as a 400, rather than by the store once the run has started
         if value and (len(value) > MAX_ID_CHARS or not value.isprintable()):
             raise BadRequestError(f"{name}: must be a printable id of at most {MAX_ID_CHARS} characters")
-    if bound_resource:
-        if resource and resource != bound_resource:
+    if caller.resource is not None:
+        if resource and resource != caller.resource:
             raise BadRequestError("resourceId: this API key is bound to another resource")
-        resource = bound_resource
-    elif not trusted:
+        resource = caller.resource
+    elif not caller.operator:
         resource = None
     if not resource:
         return "", ""
     return thread or "", resource
 
 
-def parse_body(
-    data: Any, *, trust_request_context: bool, limits: InputLimits, bound_resource: str | None = None
-) -> AgentCall:
-    """Validate a decoded JSON body; the caller's request context counts only when trusted.
-
-    `bound_resource` is the resource the caller's credentials are bound to, if any (`memory_scope`).
-    """
+def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> AgentCall:
+    """Validate a decoded JSON body from `caller`: its request context as `trust` allows (a 400
+    naming the keys it may not send), its thread and resource as `memory_scope`."""
     if not isinstance(data, dict):
         raise BadRequestError("the body must be a JSON object with a 'messages' field")
     if isinstance(data.get("messages"), list):
@@ -440,15 +438,12 @@ def parse_body(
         agent_input: str | list[dict[str, Any]] = body.messages
     else:
         agent_input = [_input_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
-        if not trust_request_context:
-            _untrusted(agent_input)
-    context = (body.request_context or body.runtime_context or {}) if trust_request_context else {}
+        _own_ids(agent_input, caller)
+    named = "requestContext" if body.request_context else "runtimeContext"
+    context = trust.check(caller, body.request_context or body.runtime_context or {}, named)
     memory = body.memory or _MemoryBody()
     thread, resource = memory_scope(
-        body.thread_id or memory.thread_id,
-        body.resource_id or memory.resource,
-        trusted=trust_request_context,
-        bound_resource=bound_resource,
+        body.thread_id or memory.thread_id, body.resource_id or memory.resource, caller=caller
     )
     try:
         stop_when = stop.parse(body.stop_when) if body.stop_when is not None else None
@@ -621,10 +616,10 @@ def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput |
 def parse_proto(
     request: Any,
     *,
-    trust_request_context: bool,
+    caller: Caller,
+    trust: ContextTrust,
     timeout: float | None,
     limits: InputLimits,
-    bound_resource: str | None = None,
 ) -> AgentCall:
     """Validate a GenerateRequest / StreamRequest (same fields); thread and resource as `memory_scope`."""
     check_message_count(len(request.messages), limits)
@@ -640,8 +635,7 @@ def parse_proto(
         _check_files(message, f"messages.{i}")
         message["id"] = message["id"] or msgs.new_id()
         messages.append(message)
-    if not trust_request_context:
-        _untrusted(messages)
+    _own_ids(messages, caller)
     check_input(request.text, limits, root=("text",))
     if request.text:
         messages.append(msgs.text_message("user", request.text))
@@ -653,16 +647,12 @@ def parse_proto(
         raise BadRequestError("max_steps: must be at least 1")
     if retries is not None and retries < 0:
         raise BadRequestError("max_processor_retries: must not be negative")
-    context = convert.from_struct(request.request_context) if trust_request_context else {}
+    context = convert.from_struct(request.request_context)
     check_input(context, limits, root=("request_context",))
+    context = trust.check(caller, context, "request_context")
     check_input(request.thread_id, limits, root=("thread_id",))
     check_input(request.resource_id, limits, root=("resource_id",))
-    thread, resource = memory_scope(
-        request.thread_id,
-        request.resource_id,
-        trusted=trust_request_context,
-        bound_resource=bound_resource,
-    )
+    thread, resource = memory_scope(request.thread_id, request.resource_id, caller=caller)
     tools = {}
     for i, tool in enumerate(request.client_tools):
         if tool.name in tools:
@@ -726,13 +716,14 @@ class _DecisionBody(BaseModel):
     request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
 
 
-def parse_decision(data: Any, *, trust_request_context: bool, limits: InputLimits) -> Decision:
-    """The body of approve-tool-call / decline-tool-call (and the -generate routes)."""
+def parse_decision(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> Decision:
+    """The body of approve-tool-call / decline-tool-call (and the -generate routes); its request
+    context as `trust` allows `caller`."""
     if not isinstance(data, dict):
         raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
     check_input(data, limits)
     body = _validated(_DecisionBody, data)
-    context = (body.request_context or {}) if trust_request_context else {}
+    context = trust.check(caller, body.request_context or {})
     return Decision(body.run_id, body.tool_call_id, body.reason, context)
 
 

@@ -240,12 +240,10 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
         check_input(body, service.limits)
         return body
 
-    def request_context(body: dict[str, Any]) -> dict[str, Any]:
-        """The body's requestContext, honoured only on a server that trusts it (as generate does)."""
-        context = body.get("requestContext") if service.settings.trust_request_context else None
-        if context is not None and not isinstance(context, dict):
-            raise BadRequestError("requestContext: must be a JSON object")
-        return context or {}
+    def request_context(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        """The body's requestContext, as far as the caller is trusted for it (as generate: a 400
+        naming the keys it may not send)."""
+        return service.trust.check(caller_of(request), body.get("requestContext"))
 
     def all_tools() -> dict[str, tuple[str, Tool]]:
         """Every agent's tools by name, with the first agent that has each (runs it)."""
@@ -278,7 +276,7 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
         if problem is not None:
             raise BadRequestError(problem)
         options = CallOptions(
-            request_context=request_context(body),
+            request_context=request_context(request, body),
             resource_id=caller_of(request).resource or "",
         )
         # The run's one tool path: a run with no input, so a sidecar's tool gets its usual context.
@@ -346,7 +344,7 @@ def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
         body = await body_of(request)
         resource = caller_of(request).resource or ""
         answer = await execute_phase(
-            service, request.path_params["processor_id"], body, request_context(body), resource
+            service, request.path_params["processor_id"], body, request_context(request, body), resource
         )
         return _json(answer)
 

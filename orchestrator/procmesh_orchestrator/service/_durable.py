@@ -4,7 +4,8 @@ A durable run is not tied to the request that started it: its chunks go to the e
 offsets (`DurableRuns.attach` reads them on any replica), so a client that disconnects does not
 abort it and can come back (``observe``, ``Last-Event-ID``). Only a cancel (`cancel`) stops it.
 Every route acts within the caller's resource as the memory API does: a key bound to a resource
-sees that resource's runs only, and another's is answered exactly like a run that does not exist.
+sees that resource's runs only, and another's is answered exactly like a run that does not exist;
+an operator key (or any caller when no key is configured) sees every resource's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from procmesh_orchestrator.memory.store import (
     DurableRun,
     MemoryStore,
 )
+from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._calls import AgentCall, Chunk, dumps, wire_chunk
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
@@ -126,13 +128,13 @@ async def store_of(app: App) -> MemoryStore:
         return await app.suspended_runs_store()
 
 
-async def visible_run(service: Service, run_id: str, bound: str | None) -> DurableRun:
+async def visible_run(service: Service, run_id: str, caller: Caller) -> DurableRun:
     """The durable run, when the caller may see it: a 404 for none and for another resource's."""
     run_id = check_run_id(run_id)
     store = await store_of(service.app)
     with durable_errors():
         record = await store.get_durable_run(run_id)
-    if record is None or (bound and record.resource_id != bound):
+    if record is None or not caller.may_see(record.resource_id):
         raise DurableRunGoneError(f"no durable run {run_id[:64]!r}")
     return record
 
@@ -304,9 +306,10 @@ def run_query(
     status: str | None,
     page: int,
     per_page: int,
-    bound: str | None,
+    caller: Caller,
 ) -> RunQuery:
-    """Check a listing's filters; a bound key lists its own resource (naming another: 404)."""
+    """Check a listing's filters; a tenant key lists its own resource (naming another: 404, as
+    a resource without runs would be for an operator)."""
     if resource_id:
         check_run_id(resource_id, "resourceId")
     if agent_id:
@@ -317,10 +320,10 @@ def run_query(
         raise BadRequestError("page: must be an integer from 0")
     if not 1 <= per_page <= MAX_PAGE:
         raise BadRequestError(f"perPage: must be an integer from 1 to {MAX_PAGE}")
-    if bound:
-        if resource_id and resource_id != bound:
+    if not caller.operator:
+        if caller.resource is None or (resource_id and resource_id != caller.resource):
             raise DurableRunGoneError("no durable runs of that resource for this API key")
-        resource_id = bound
+        resource_id = caller.resource
     return RunQuery(resource_id or None, agent_id or None, status or None, page, per_page)
 
 

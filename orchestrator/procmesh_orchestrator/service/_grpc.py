@@ -25,12 +25,12 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.service import _durable, _model_gateway
-from procmesh_orchestrator.service._auth import grpc_caller
+from procmesh_orchestrator.service._auth import Caller, grpc_caller
 from procmesh_orchestrator.service._calls import AgentCall, Decision, all_calls, all_results, parse_proto
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._processors_api import bind_lanes
-from procmesh_orchestrator.service._runs import ActiveRun, resume_stream
+from procmesh_orchestrator.service._runs import ActiveRun, resume_stream, run_owner
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -131,9 +131,11 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         self._service.metrics.requests.labels("grpc", exc.grpc_code.name).inc()
         await context.abort(exc.grpc_code, str(exc))
 
-    def _bound(self, context: Context) -> str | None:
-        """Check the key; the resource it is bound to, if any."""
-        return grpc_caller(self._service.keys, context).resource
+    def _caller(self, context: Context) -> Caller:
+        """Check the key; who calls (a @gateway key is refused: the model gateway only)."""
+        caller = grpc_caller(self._service.keys, context)
+        caller.check_runs_agents()
+        return caller
 
     def _admit(self, request: Any, context: Context) -> tuple[Agent, AgentCall]:
         """Check the key, find the agent, validate the request and take a run slot."""
@@ -141,16 +143,16 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         metadata = {
             key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)
         }
-        bound = grpc_caller(service.keys, context).resource  # the resource the key is bound to
+        caller = self._caller(context)
         agent = service.agent(request.agent_id)
         call = parse_proto(
             request,
-            trust_request_context=service.settings.trust_request_context,
+            caller=caller,
+            trust=service.trust,
             timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
             limits=service.limits,
-            bound_resource=bound,
         ).traced(metadata)
-        bind_lanes(service, request.agent_id, call)
+        bind_lanes(service, request.agent_id, call, caller)
         service.gate.enter()
         return agent, call
 
@@ -288,10 +290,10 @@ class _AgentServicer(agrpc.AgentServiceServicer):
     ) -> AsyncIterator[apb.ObserveResponse]:
         service = self._service
         try:
-            bound = self._bound(context)
+            caller = self._caller(context)
             if request.offset < 0:
                 raise BadRequestError("offset: must not be negative")
-            record = await _durable.visible_run(service, request.run_id, bound)
+            record = await _durable.visible_run(service, request.run_id, caller)
             durable = await _durable.manager(service.app)
             events = await _durable.attach(durable, record, request.offset)
         except ServiceError as exc:
@@ -309,7 +311,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
                 status=request.status,
                 page=request.page,
                 per_page=request.per_page or _durable.DEFAULT_RUNS_PER_PAGE,
-                bound=self._bound(context),
+                caller=self._caller(context),
             )
             runs, total = await _durable.list_runs(self._service, query)
         except ServiceError as exc:
@@ -319,7 +321,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
 
     async def GetRun(self, request: apb.GetRunRequest, context: Context) -> apb.GetRunResponse:
         try:
-            record = await _durable.visible_run(self._service, request.run_id, self._bound(context))
+            record = await _durable.visible_run(self._service, request.run_id, self._caller(context))
         except ServiceError as exc:
             await self._refuse(context, exc)
         self._service.metrics.requests.labels("grpc", "OK").inc()
@@ -327,7 +329,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
 
     async def CancelRun(self, request: apb.CancelRunRequest, context: Context) -> apb.CancelRunResponse:
         try:
-            record = await _durable.visible_run(self._service, request.run_id, self._bound(context))
+            record = await _durable.visible_run(self._service, request.run_id, self._caller(context))
             cancelled, after = await _durable.cancel(self._service, record)
         except ServiceError as exc:
             await self._refuse(context, exc)
@@ -355,20 +357,20 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         """Check the key, find the agent, claim the suspended run (NOT_FOUND, ABORTED) and take a slot."""
         service = self._service
         try:
-            bound = grpc_caller(service.keys, context).resource
+            caller = self._caller(context)
             agent = service.agent(request.agent_id)
             if not request.run_id or not request.tool_call_id:
                 raise BadRequestError("give run_id and tool_call_id")
             decision = Decision(request.run_id, request.tool_call_id, reason, {})
             service.gate.enter()
             try:
-                run = await resume_stream(service, agent, decision, approved=approved, bound=bound)
+                run = await resume_stream(service, agent, decision, approved=approved, caller=caller)
             except BaseException:
                 service.gate.leave()
                 raise
         except ServiceError as exc:
             await self._refuse(context, exc)
-        return run, bound or ""
+        return run, run_owner(run, caller)
 
     async def _relay(
         self, kind: str, agent_id: str, run: RunStream, owner: str, reply: StreamReply
@@ -395,6 +397,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
                 with contextlib.suppress(Exception):
                     await run.cancel()  # the client cancelled: abort the run (partial result)
             service.runs.discard(run_id)
+            service.trim.soon()
             service.gate.leave()
             log.info(
                 "grpc %s agent=%s run=%s %s %.3fs",
@@ -458,6 +461,13 @@ class _Guard(grpc.aio.ServerInterceptor):
         except ServiceError as exc:
             await context.abort(exc.grpc_code, str(exc))
 
+    async def _check_agent_key(self, context: Context) -> None:
+        """The key check of AgentService: a @gateway key may call the model gateway only."""
+        try:
+            grpc_caller(self._service.keys, context).check_runs_agents()
+        except ServiceError as exc:
+            await context.abort(exc.grpc_code, str(exc))
+
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
         if handler is None:
@@ -468,7 +478,7 @@ class _Guard(grpc.aio.ServerInterceptor):
         if handler.request_deserializer is None:
             return handler
         if method.startswith(f"/{AGENT_SERVICE}/"):
-            return _raw(handler, handler.request_deserializer, self._check_key)
+            return _raw(handler, handler.request_deserializer, self._check_agent_key)
         if method.startswith(f"/{_model_gateway.MODEL_SERVICE}/"):
             # the gateway's own access rule (the unix socket, or a key with the gateway role)
             return _raw(handler, handler.request_deserializer, self._gateway_check)

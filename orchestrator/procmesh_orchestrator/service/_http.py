@@ -22,7 +22,7 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.memory._common import MAX_PAGE
 from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service import _durable
-from procmesh_orchestrator.service._auth import caller_of
+from procmesh_orchestrator.service._auth import Caller, caller_of
 from procmesh_orchestrator.service._calls import (
     AgentCall,
     Decision,
@@ -51,6 +51,7 @@ from procmesh_orchestrator.service._runs import (
     ActiveRun,
     resume_generate,
     resume_stream,
+    run_owner,
     store_errors,
     suspended_run_json,
 )
@@ -224,13 +225,11 @@ class _Boundary:
                 given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
                 try:
                     caller = self._service.keys.identify(given)
+                    caller.check_runs_agents()  # a @gateway key: the model gateway only
                 except ServiceError as exc:
                     await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
                     return
-                # the handlers read it as request.state.caller (caller_of)
-                state = scope.setdefault("state", {})
-                state["caller"] = caller
-                state["bound_resource"] = caller.resource  # FIXME: the memory API's, until it reads caller_of
+                scope.setdefault("state", {})["caller"] = caller  # the handlers' caller_of(request)
             await self._app(scope, receive, counting_send)
         except Exception as exc:
             # Starlette re-raises after its 500 handler ran (or the client left mid-stream): log
@@ -291,13 +290,14 @@ def build_http_app(service: Service) -> ASGIApp:
         """The agent and the validated call of a generate or stream request, with a run slot taken."""
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
+        caller = caller_of(request)
         call = parse_body(
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
-            trust_request_context=settings.trust_request_context,
+            caller=caller,
+            trust=service.trust,
             limits=service.limits,
-            bound_resource=caller_of(request).resource,
         ).traced(request.headers)
-        bind_lanes(service, agent_id, call)
+        bind_lanes(service, agent_id, call, caller)
         service.gate.enter()
         return agent_id, agent, call
 
@@ -358,38 +358,40 @@ def build_http_app(service: Service) -> ASGIApp:
             raise
         return _stream_response(service, _Streamed(service, agent_id, run, call.options.resource_id))
 
-    async def decision_of(request: Request) -> tuple[str, Agent, Decision, str | None]:
+    async def decision_of(request: Request) -> tuple[str, Agent, Decision, Caller]:
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
+        caller = caller_of(request)
         decision = parse_decision(
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
-            trust_request_context=settings.trust_request_context,
+            caller=caller,
+            trust=service.trust,
             limits=service.limits,
         )
-        return agent_id, agent, decision, caller_of(request).resource
+        return agent_id, agent, decision, caller
 
     def resume_route(approved: bool) -> Callable[[Request], Awaitable[Response]]:
         async def resume(request: Request) -> Response:
-            agent_id, agent, decision, bound = await decision_of(request)
+            agent_id, agent, decision, caller = await decision_of(request)
             service.gate.enter()
             try:
-                run = await resume_stream(service, agent, decision, approved=approved, bound=bound)
+                run = await resume_stream(service, agent, decision, approved=approved, caller=caller)
             except BaseException:
                 service.gate.leave()
                 raise
-            return _stream_response(service, _Streamed(service, agent_id, run, bound or ""))
+            return _stream_response(service, _Streamed(service, agent_id, run, run_owner(run, caller)))
 
         return resume
 
     def resume_generate_route(approved: bool) -> Callable[[Request], Awaitable[Response]]:
         async def resume(request: Request) -> Response:
-            agent_id, agent, decision, bound = await decision_of(request)
+            agent_id, agent, decision, caller = await decision_of(request)
             service.gate.enter()
             release = _releaser(service)
             try:
                 try:
                     body = result_json(
-                        await resume_generate(service, agent, decision, approved=approved, bound=bound)
+                        await resume_generate(service, agent, decision, approved=approved, caller=caller)
                     )
                 except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                     body = failed_json(exc)
@@ -411,12 +413,12 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
         query = request.query_params
-        bound = caller_of(request).resource
+        caller = caller_of(request)
         resource = query.get("resourceId")
-        if bound:
-            if resource and resource != bound:
+        if not caller.operator:
+            if resource and resource != caller.resource:
                 raise BadRequestError("resourceId: this API key is bound to another resource")
-            resource = bound
+            resource = caller.resource or ""
         page = _query_int(query.get("page"), "page", 0, 0)
         per_page = _query_int(query.get("perPage"), "perPage", 20, 1)
         if agent.spec.store is None:
@@ -438,12 +440,12 @@ def build_http_app(service: Service) -> ASGIApp:
         agent_id = request.path_params["agent_id"]
         service.agent(agent_id)
         run_id = request.path_params["run_id"]
-        bound = caller_of(request).resource
-        entry = service.runs.find(agent_id, run_id, bound)
+        caller = caller_of(request)
+        entry = service.runs.find(agent_id, run_id, caller)
         if entry is None and (service.app.durable is not None or service.app.store is not None):
             # a durable run: on whichever replica runs it (its own stops it at its next renewal)
             try:
-                record = await _durable.visible_run(service, run_id, bound)
+                record = await _durable.visible_run(service, run_id, caller)
             except (DurableRunGoneError, BadRequestError):
                 record = None
             if record is not None and record.agent_id == agent_id:
@@ -464,7 +466,7 @@ def build_http_app(service: Service) -> ASGIApp:
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             request.headers.get("last-event-id"),
         )
-        record = await _durable.visible_run(service, run_id, caller_of(request).resource)
+        record = await _durable.visible_run(service, run_id, caller_of(request))
         if record.agent_id != agent_id:
             raise DurableRunGoneError(f"no durable run {run_id[:64]!r} of agent {agent_id!r}")
         durable = await _durable.manager(service.app)
@@ -483,19 +485,17 @@ def build_http_app(service: Service) -> ASGIApp:
             status=query.get("status"),
             page=_query_int(query.get("page"), "page", 0, 0),
             per_page=_query_int(query.get("perPage"), "perPage", _durable.DEFAULT_RUNS_PER_PAGE, 1),
-            bound=caller_of(request).resource,
+            caller=caller_of(request),
         )
         runs, total = await _durable.list_runs(service, listing)
         return json_response({"runs": [_durable.run_json(r) for r in runs], "total": total})
 
     async def get_run(request: Request) -> Response:
-        bound = caller_of(request).resource
-        record = await _durable.visible_run(service, request.path_params["run_id"], bound)
+        record = await _durable.visible_run(service, request.path_params["run_id"], caller_of(request))
         return json_response(_durable.run_json(record))
 
     async def cancel_durable_run(request: Request) -> Response:
-        bound = caller_of(request).resource
-        record = await _durable.visible_run(service, request.path_params["run_id"], bound)
+        record = await _durable.visible_run(service, request.path_params["run_id"], caller_of(request))
         cancelled, after = await _durable.cancel(service, record)
         return json_response({"cancelled": cancelled, "run": _durable.run_json(after)})
 
@@ -616,6 +616,7 @@ def _releaser(service: Service, streamed: _Streamed | None = None) -> Release:
                 await streamed.run.result()
         finally:
             service.runs.discard(streamed.run_id)
+            service.trim.soon()
             service.gate.leave()
 
     async def release() -> None:
@@ -633,6 +634,7 @@ def _releaser(service: Service, streamed: _Streamed | None = None) -> Release:
         finally:
             if streamed is not None:
                 service.runs.discard(streamed.run_id)
+                service.trim.soon()
             service.gate.leave()
 
     return release

@@ -34,6 +34,7 @@ from procmesh_orchestrator.errors import (
 )
 from procmesh_orchestrator.memory._common import MAX_ID_CHARS, MAX_PAGE, client_message, label
 from procmesh_orchestrator.memory.store import MemoryStore, Thread
+from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service._calls import _message, dumps
 from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
 
@@ -176,26 +177,18 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
         claim = claimed if claimed is not None else request.query_params.get("resourceId")
         if claim is not None and claim != "":
             claim = _check_id("resourceId", claim)
-        bound = getattr(request.state, "bound_resource", None)
-        if bound:
-            if claim and claim != bound:
+        caller = caller_of(request)
+        if caller.resource is not None:
+            if claim and claim != caller.resource:
                 raise MemoryNotFoundError(f"resource {label(claim)} is not this API key's")
-            return store, bound
-        if service.settings.trust_request_context:
-            # The reference server's reserved key, set by the trusted layer, wins over the request's claim.
-            context = _request_context(request).get(RESOURCE_ID_KEY)
-            if context is not None:
-                context = _check_id(f"requestContext.{RESOURCE_ID_KEY}", context)
-                if claim and claim != context:
-                    raise MemoryNotFoundError(f"resource {label(claim)} is not this caller's")
-                return store, context
-            if not claim:
-                raise BadRequestError(f"resourceId: required (or requestContext.{RESOURCE_ID_KEY})")
-            return store, str(claim)
-        raise MemoryForbiddenError(
-            "the memory API needs the caller's resource: bind the API key to one (PROCMESH_API_KEYS entry "
-            "'key=resource'), or set PROCMESH_TRUST_REQUEST_CONTEXT behind an authenticating proxy"
-        )
+            return store, caller.resource
+        if not caller.operator:  # a @gateway key never gets here (the HTTP boundary refuses it)
+            raise MemoryForbiddenError("the memory API needs a key bound to a resource, or an operator key")
+        # A reserved key (RESOURCE_ID_KEY among them) never comes from a caller: 400 naming it.
+        service.trust.check(caller, _request_context(request))
+        if not claim:
+            raise BadRequestError("resourceId: required (an operator key names the resource it acts for)")
+        return store, str(claim)
 
     async def owned(store: MemoryStore, thread_id: str, resource: str) -> Thread:
         """The caller's resource's thread of this id (404 when it has none, whoever else has one)."""

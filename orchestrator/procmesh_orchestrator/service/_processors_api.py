@@ -37,6 +37,7 @@ from procmesh_orchestrator.run.hooks import (
     ToolResultArgs,
 )
 from procmesh_orchestrator.run.messages import message_text
+from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._calls import AgentCall, _message, dumps
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
@@ -134,20 +135,20 @@ def workflow_processor_json(service: Service, name: str, *, listing: bool) -> di
     return body
 
 
-def bind_lanes(service: Service, agent_id: str, call: AgentCall) -> AgentCall:
+def bind_lanes(service: Service, agent_id: str, call: AgentCall, caller: Caller) -> AgentCall:
     """The call with its per-call processor lists bound (`call_lanes.bind`), their names kept for
     a snapshot (`CallOptions.processor_names`: a resumed run binds them again).
 
-    Replacing an agent's processors drops its guards for the call, so only a caller the server
-    trusts may (``PROCMESH_TRUST_REQUEST_CONTEXT``, the setting that trusts its request context).
+    Replacing an agent's processors drops its guards for the call, so only an operator key may
+    (or any caller when no key is configured): a tenant key gets a 403.
     """
     if not call.lanes:
         return call
     fields = ", ".join(call_lanes.LANE_FIELDS[kind] for kind in call.lanes)
-    if not service.settings.trust_request_context:
+    if not caller.operator:
         raise ForbiddenError(
-            f"{fields}: replacing an agent's processors needs a trusted caller "
-            "(the server's PROCMESH_TRUST_REQUEST_CONTEXT, behind a layer that authenticates callers)"
+            f"{fields}: replacing an agent's processors needs an operator key (a PROCMESH_API_KEYS "
+            "entry 'key=@operator'): it drops the agent's guards for the call"
         )
     try:
         bound = call_lanes.bind(service.app, agent_id, call.lanes)

@@ -1,5 +1,10 @@
 """Run control both APIs share: the runs streaming on this replica (cancel), resuming a suspended
-run for its approval, and listing suspended runs, each within the caller's resource."""
+run for its approval, and listing suspended runs, each within the caller's resource.
+
+A tenant key (bound to a resource) sees and acts on that resource's runs only, and another's run is
+answered exactly as one that does not exist (same status, same words); an operator key (or any
+caller when no key is configured) on every resource's. A conflict on the caller's own run (already
+decided, being resumed) stays a 409."""
 
 from __future__ import annotations
 
@@ -12,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from procmesh_orchestrator.errors import MemoryStoreError, SuspendError
 from procmesh_orchestrator.memory.store import SUSPENDED, SuspendedRun
 from procmesh_orchestrator.run import Agent, CallOptions, RunResult, RunStream
+from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._calls import Decision
-from procmesh_orchestrator.service._errors import ResumeRefusedError, SuspendedRunGoneError, resume_error
+from procmesh_orchestrator.service._errors import ResumeRefusedError, resume_error
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -26,7 +32,7 @@ class ActiveRun:
     agent_id: str
     run: RunStream
     owner: str
-    """The resource the run is for ("" when none): a key bound to another cannot cancel it."""
+    """The resource the run is for ("" when none): only its tenant's keys and operators cancel it."""
 
 
 class ActiveRuns:
@@ -44,12 +50,10 @@ class ActiveRuns:
         """Forget a run that ended (no error when it is unknown)."""
         self._runs.pop(run_id, None)
 
-    def find(self, agent_id: str, run_id: str, bound_resource: str | None) -> ActiveRun | None:
-        """The agent's run by this id, when the caller may act on it."""
+    def find(self, agent_id: str, run_id: str, caller: Caller) -> ActiveRun | None:
+        """The agent's run by this id, when the caller may act on it (None otherwise, as for none)."""
         entry = self._runs.get(run_id)
-        if entry is None or entry.agent_id != agent_id:
-            return None
-        if bound_resource and entry.owner != bound_resource:
+        if entry is None or entry.agent_id != agent_id or not caller.may_see(entry.owner):
             return None
         return entry
 
@@ -70,30 +74,27 @@ def store_errors() -> Iterator[None]:
         raise ResumeRefusedError(str(exc)) from None
 
 
-async def check_owner(service: Service, agent: Agent, decision: Decision, bound: str | None) -> None:
-    """A key bound to a resource resumes only that resource's runs: another's is answered as
-    missing (404). The store has no read of one run, so this claims and releases it; a concurrent
-    resume in that instant sees a conflict, as it would a moment later."""
-    if not bound or agent.spec.store is None:
-        return
-    with store_errors():
-        store = await agent.spec.store()
-        saved = await store.claim_suspended(decision.run_id, decision.tool_call_id)
-        await store.release_suspended(decision.run_id)
-    if saved.resource_id != bound or saved.agent_id != agent.spec.id:
-        raise SuspendedRunGoneError(f"no suspended run {decision.run_id!r} awaits this tool call")
-
-
 def resume_options(decision: Decision) -> CallOptions:
     """The resuming call's options: its request context (the rest is the snapshot's)."""
     return CallOptions(request_context=decision.request_context, abort_signal=asyncio.Event())
 
 
+def run_owner(run: RunStream, caller: Caller) -> str:
+    """Whose a resumed streamed run is (its cancel route's check): the snapshot's resource, which a
+    tenant's claim already matched to its key's."""
+    return run.resource_id if not caller.resource else caller.resource
+
+
+def claim_scope(caller: Caller) -> str | None:
+    """The resource a resume's claim is limited to: a tenant key's (the store answers another's
+    run as a missing one, in the statement that claims it); None for an operator."""
+    return None if caller.operator else (caller.resource or "")
+
+
 async def resume_stream(
-    service: Service, agent: Agent, decision: Decision, *, approved: bool, bound: str | None
+    service: Service, agent: Agent, decision: Decision, *, approved: bool, caller: Caller
 ) -> RunStream:
     """Claim the suspended run and go on, streamed (404 / 409 as `store_errors`)."""
-    await check_owner(service, agent, decision, bound)
     with store_errors():
         return await agent.resume_stream(
             decision.run_id,
@@ -101,20 +102,25 @@ async def resume_stream(
             approved=approved,
             reason=decision.reason,
             options=resume_options(decision),
+            resource_id=claim_scope(caller),
         )
 
 
 async def resume_generate(
-    service: Service, agent: Agent, decision: Decision, *, approved: bool, bound: str | None
+    service: Service, agent: Agent, decision: Decision, *, approved: bool, caller: Caller
 ) -> RunResult:
     """Claim the suspended run and run it to its end (404 / 409 before it starts; a failed run
     raises as `Agent.generate` does)."""
-    await check_owner(service, agent, decision, bound)
     options = CallOptions(request_context=decision.request_context)
+    scope = claim_scope(caller)
     try:
         if approved:
-            return await agent.approve_tool_call(decision.run_id, decision.tool_call_id, options)
-        return await agent.decline_tool_call(decision.run_id, decision.tool_call_id, decision.reason, options)
+            return await agent.approve_tool_call(
+                decision.run_id, decision.tool_call_id, options, resource_id=scope
+            )
+        return await agent.decline_tool_call(
+            decision.run_id, decision.tool_call_id, decision.reason, options, resource_id=scope
+        )
     except (MemoryStoreError, SuspendError) as exc:
         if getattr(exc, "result", None) is not None:
             raise  # the run started and failed on its store: a failed run, not a refused request

@@ -14,7 +14,7 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
-from procmesh_orchestrator.service._auth import GATEWAY, ApiKeys
+from procmesh_orchestrator.service._auth import ApiKeys
 from procmesh_orchestrator.service._calls import RunGate
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
@@ -24,6 +24,8 @@ from procmesh_orchestrator.service._http_server import HttpServer
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.service._runs import ActiveRuns
+from procmesh_orchestrator.service._trim import MemoryTrim
+from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import ModelGateway
 
@@ -49,12 +51,18 @@ class Service:
     def __init__(self, settings: OrchestratorSettings, config: Config, *, app: App | None = None) -> None:
         self.settings = settings
         self.app = app or App(config)
-        self.keys = ApiKeys(settings.api_keys)
+        self.keys = ApiKeys(settings.api_keys)  # KeyListError naming a bad entry
+        self.trust = ContextTrust.of(
+            settings.trusted_context, self.keys.callers(), legacy=settings.trust_request_context
+        )
+        """Which caller may send which request-context keys (PROCMESH_TRUSTED_CONTEXT)."""
         self.limits = InputLimits(
             max_messages=settings.max_input_messages,
             max_depth=settings.max_input_depth,
             max_string_chars=settings.max_input_string_chars,
         )
+        self.trim = MemoryTrim()
+        """Gives a finished stream's memory back to the system (`trim.soon()` at each stream's end)."""
         self.gate = RunGate()
         self.runs = ActiveRuns()
         """The streamed runs in flight on this replica (the cancel route, gRPC cancellation)."""
@@ -170,6 +178,7 @@ class Service:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.health.stop()
+        self.trim.cancel()
         await self.app.stop()
 
     async def __aenter__(self) -> Service:
@@ -209,8 +218,8 @@ def check_exposure(settings: OrchestratorSettings) -> None:
 
 def sidecar_gateway(settings: OrchestratorSettings, port: int, keys: ApiKeys) -> ModelGateway:
     """The model gateway as a sidecar this orchestrator starts reaches it: the unix socket when
-    one is served (no TCP hop), else the gRPC port (an any-address bind on loopback), with the first
-    key that has the ``gateway`` role (the built-ins judge for every resource)."""
+    one is served (no TCP hop), else the gRPC port (an any-address bind on loopback), with a key made
+    for it (the gateway role only: no configured key reaches a child process)."""
     if settings.grpc_socket:
         address = f"unix://{os.path.abspath(settings.grpc_socket)}"
     else:
@@ -218,7 +227,7 @@ def sidecar_gateway(settings: OrchestratorSettings, port: int, keys: ApiKeys) ->
             settings.grpc_host, settings.grpc_host
         )
         address = f"{host}:{port}"
-    return ModelGateway(address, keys.key_with(GATEWAY))
+    return ModelGateway(address, keys.sidecar_key())
 
 
 async def serve(settings: OrchestratorSettings, config: Config) -> None:

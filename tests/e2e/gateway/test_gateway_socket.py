@@ -27,7 +27,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
 from tests.e2e.gateway.support import KEYS, gateway_calls, start_judge
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, GRPC_AUTH
+from tests.integration.service.support import API_KEYS, AUTH, GRPC_AUTH
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -139,7 +139,7 @@ async def test_a_socket_path_that_is_not_a_socket_stops_the_start(tmp_path: Path
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PROCMESH_API_KEYS": API_KEY},
+        env={**os.environ, "PROCMESH_API_KEYS": API_KEYS},
     )
     assert done.returncode == 2
     assert f"cannot bind the gRPC API to unix:{occupied}: the path exists and is not a socket" in done.stderr

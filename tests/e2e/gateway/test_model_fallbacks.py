@@ -21,7 +21,7 @@ from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import FakeOpenAI, error
-from tests.integration.service.support import API_KEY, AUTH
+from tests.integration.service.support import API_KEY, API_KEYS, AUTH
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +63,7 @@ def orchestrator(
             "doomed": {"model": [{"model": "primary/big"}, {"model": "backup/broken"}]},
         },
     }
-    return start_orchestrator(config, env={"PROCMESH_API_KEYS": API_KEY})
+    return start_orchestrator(config, env={"PROCMESH_API_KEYS": API_KEYS})
 
 
 def _fallbacks(orchestrator: OrchestratorProcess) -> dict[tuple[str, str, str], float]:

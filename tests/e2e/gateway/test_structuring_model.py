@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH
+from tests.integration.service.support import API_KEYS, AUTH
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ def orchestrator(start_orchestrator: Callable[..., OrchestratorProcess]) -> Orch
         },
         "agents": {"weather": {"model": "main", "errorProcessorDefaults": False}},
     }
-    return start_orchestrator(config, env={"PROCMESH_API_KEYS": API_KEY})
+    return start_orchestrator(config, env={"PROCMESH_API_KEYS": API_KEYS})
 
 
 def _call(orchestrator: OrchestratorProcess, route: str, **structured: Any) -> httpx.Response:

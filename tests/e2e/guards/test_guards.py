@@ -24,7 +24,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.gateway.support import GATEWAY_KEY
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, sse_events
+from tests.integration.service.support import API_KEYS, AUTH, sse_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -311,7 +311,7 @@ async def orchestrator(
         "--grpc-port",
         str(gateway_port),
         env={
-            "PROCMESH_API_KEYS": f"{API_KEY},{MEMORY_KEY}=user-1,{GATEWAY_KEY}=@gateway",
+            "PROCMESH_API_KEYS": f"{API_KEYS},{MEMORY_KEY}=user-1,{GATEWAY_KEY}=@gateway",
             "JUDGE_KEY": PROVIDER_SECRET,
             "OPENAI_API_KEY": PROVIDER_SECRET,
         },

@@ -60,7 +60,7 @@ def _start(start: Callable[..., OrchestratorProcess], judge: JudgeServer, *args:
         _config(),
         *args,
         env={
-            "PROCMESH_API_KEYS": f"{BOUND_KEY}=user-1,{API_KEY}",  # the unbound one goes to the child
+            "PROCMESH_API_KEYS": f"{BOUND_KEY}=user-1,{API_KEY}=@operator",
             "PROCMESH_CONFIG__PROVIDERS__JUDGES__BASE_URL": judge.base_url,
             "JUDGE_KEY": JUDGE_SECRET,
             "OPENAI_API_KEY": OPENAI_SECRET,
@@ -107,10 +107,15 @@ def test_the_started_builtins_sidecar_holds_no_provider_key(orchestrator: Orches
     for name in ("JUDGE_KEY", "OPENAI_API_KEY", "VENDOR_API_KEY", "PROCMESH_API_KEYS"):
         assert name not in environ
     assert not [k for k in environ if k.startswith("PROCMESH_CONFIG__")]
-    # what it gets instead: the gateway on loopback and the orchestrator's unbound API key
+    # what it gets instead: the gateway on loopback and a key made for it (the gateway role only),
+    # none of the configured ones
     port = orchestrator.grpc_address.rsplit(":", 1)[1]
     assert environ["PROCMESH_MODEL_GATEWAY"] == f"127.0.0.1:{port}"
-    assert environ["PROCMESH_MODEL_GATEWAY_KEY"] == API_KEY
+    made = environ["PROCMESH_MODEL_GATEWAY_KEY"]
+    assert len(made) >= 32
+    assert made not in (API_KEY, BOUND_KEY)
+    refused = httpx.get(f"{orchestrator.http_url}/api/agents", headers={"Authorization": f"Bearer {made}"})
+    assert refused.status_code == 403  # the gateway only: no agent, no data
 
 
 def test_a_builtin_guard_judges_through_the_gateway(

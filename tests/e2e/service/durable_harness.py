@@ -28,8 +28,10 @@ from tests.deps import require
 WAIT = 20.0
 """The bound on every wait for something to happen (never an assertion on how long it took)."""
 AGENT = "durable-teller"
-KEYS = "key-ada=user-ada"
+KEYS = "key-ada=user-ada,key-op=@operator"
 AUTH = {"Authorization": "Bearer key-ada"}
+OPERATOR_AUTH = {"Authorization": "Bearer key-op"}
+"""An operator key: it may replace an agent's processors for a call (a tenant key may not)."""
 ASK = "What is the weather like?"
 DSN_ENV = "PROCMESH_DURABLE_DSN"
 REDIS_ENV = "PROCMESH_DURABLE_REDIS"

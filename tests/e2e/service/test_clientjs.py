@@ -26,7 +26,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
-from tests.integration.service.support import API_KEY, demo_answer, service_config
+from tests.integration.service.support import API_KEY, API_KEYS, demo_answer, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -38,7 +38,7 @@ async def clientjs_output(
     sidecar = start_sidecar("examples", name="js-guards")
     await sidecar.wait_ready()
     orchestrator = await asyncio.to_thread(
-        start_orchestrator, service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEY}
+        start_orchestrator, service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEYS}
     )
     output: dict[str, Any] = await asyncio.to_thread(run_clientjs, "agents.mjs", orchestrator, API_KEY)
     return output

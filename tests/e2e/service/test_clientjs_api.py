@@ -25,7 +25,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import CLIENTJS, OrchestratorProcess, run_clientjs
-from tests.integration.service.support import API_KEY, demo_answer
+from tests.integration.service.support import API_KEY, API_KEYS, demo_answer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -99,7 +99,7 @@ async def orchestrator(
     await asyncio.gather(guards.wait_ready(), redactor.wait_ready())
     config = api_config(guards.address, redactor.address, str(tmp_path_factory.mktemp("api-store")))
     # heartbeats every 50 ms: the slow agent's 150 ms between deltas get some (the client skips them)
-    env = {"PROCMESH_API_KEYS": API_KEY, "PROCMESH_SSE_HEARTBEAT_SECONDS": "0.05"}
+    env = {"PROCMESH_API_KEYS": API_KEYS, "PROCMESH_SSE_HEARTBEAT_SECONDS": "0.05"}
     return await asyncio.to_thread(start_orchestrator, config, env=env)
 
 

@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
-from tests.integration.service.support import API_KEY, demo_answer, service_config
+from tests.integration.service.support import API_KEY, API_KEYS, demo_answer, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -52,8 +52,8 @@ async def out(
 ) -> dict[str, Any]:
     sidecar = start_sidecar("examples", name="js-options-guards")
     await sidecar.wait_ready()
-    # trusted callers (behind an auth proxy): they may replace an agent's processor lanes
-    env = {"PROCMESH_API_KEYS": API_KEY, "PROCMESH_TRUST_REQUEST_CONTEXT": "true"}
+    # an operator key (an auth proxy's): it may replace an agent's processor lanes
+    env = {"PROCMESH_API_KEYS": API_KEYS}
     orchestrator = await asyncio.to_thread(start_orchestrator, _config(sidecar.address), env=env)
     output: dict[str, Any] = await asyncio.to_thread(run_clientjs, "options.mjs", orchestrator, API_KEY)
     return output

@@ -35,6 +35,7 @@ from tests.e2e.service.durable_harness import (
     ANSWER,
     ASK,
     AUTH,
+    OPERATOR_AUTH,
     WAIT,
     Received,
     RedisServer,
@@ -360,8 +361,8 @@ def test_a_per_call_output_list_is_kept_by_the_replica_that_takes_the_run_over(
 ) -> None:
     sidecar = start_sidecar("examples", name="durable-guards")
     asyncio.run(sidecar.wait_ready())
-    # trusted callers may replace an agent's lanes (behind a layer that authenticates them)
-    env = {**env_for(fresh_dsn(postgres.dsn), redis_server.url), "PROCMESH_TRUST_REQUEST_CONTEXT": "true"}
+    # an operator key may replace an agent's lanes (a tenant key may not)
+    env = env_for(fresh_dsn(postgres.dsn), redis_server.url)
     config = replica_config(delay_ms=250, guards=sidecar.address)
     a = start_orchestrator(config, "--log-format", "json", env=env)
     b = start_orchestrator(config, "--log-format", "json", env=env)
@@ -371,7 +372,7 @@ def test_a_per_call_output_list_is_kept_by_the_replica_that_takes_the_run_over(
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=WAIT) as client:
             async with client.stream(
-                "POST", f"{a.http_url}/api/agents/{AGENT}/stream", json=body, headers=AUTH
+                "POST", f"{a.http_url}/api/agents/{AGENT}/stream", json=body, headers=OPERATOR_AUTH
             ) as response:
                 await read_stream(response, got, stop_after=IN_STEP_1)
             await asyncio.to_thread(kill, a)  # mid-answer, after the first step's checkpoint

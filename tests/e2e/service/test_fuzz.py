@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from procmesh.v1 import agent_pb2 as apb
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, GRPC_AUTH, service_config
+from tests.integration.service.support import API_KEYS, AUTH, GRPC_AUTH, service_config
 
 pytestmark = pytest.mark.e2e
 
@@ -107,7 +107,8 @@ def orchestrator(
     import asyncio
 
     asyncio.run(sidecar.wait_ready())
-    proc = start_orchestrator(service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEY})
+    config = service_config({"guards": sidecar.address})
+    proc = start_orchestrator(config, env={"PROCMESH_API_KEYS": API_KEYS})
     yield proc
     print(f"\nfuzz cases by outcome: {dict(sorted(seen.items()))}")
 

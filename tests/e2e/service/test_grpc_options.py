@@ -22,7 +22,7 @@ from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, demo_answer, service_config
+from tests.integration.service.support import API_KEY, API_KEYS, demo_answer, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -58,11 +58,10 @@ async def orchestrators(
     sidecar = start_sidecar("examples", name="grpc-options-guards")
     await sidecar.wait_ready()
     config = _config(sidecar.address)
-    keys = {"PROCMESH_API_KEYS": API_KEY}
-    trusted = await asyncio.to_thread(
-        start_orchestrator, config, env={**keys, "PROCMESH_TRUST_REQUEST_CONTEXT": "true"}
-    )
-    untrusted = await asyncio.to_thread(start_orchestrator, config, env=keys)
+    # the same key: an operator key on the first (it may replace lanes), a tenant's on the second
+    trusted = await asyncio.to_thread(start_orchestrator, config, env={"PROCMESH_API_KEYS": API_KEYS})
+    tenant = {"PROCMESH_API_KEYS": f"{API_KEY}=tenant-a"}
+    untrusted = await asyncio.to_thread(start_orchestrator, config, env=tenant)
     return trusted, untrusted
 
 
@@ -233,6 +232,6 @@ async def test_an_untrusted_caller_may_not_replace_the_lanes(
             await _generate(stub, agent_id="assistant", text="hi", input_processors=apb.ProcessorList())
         code, details = _refused(error)
         assert code == grpc.StatusCode.PERMISSION_DENIED
-        assert details.startswith("inputProcessors: replacing an agent's processors needs a trusted caller")
+        assert details.startswith("inputProcessors: replacing an agent's processors needs an operator key")
         # the same call without the list runs, with the agent's guard
         assert (await _generate(stub, agent_id="assistant", text="please jailbreak")).status == "tripwire"

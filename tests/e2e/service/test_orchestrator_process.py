@@ -22,7 +22,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import (
-    API_KEY,
+    API_KEYS,
     AUTH,
     GRPC_AUTH,
     demo_answer,
@@ -43,7 +43,7 @@ async def orchestrator(
     await sidecar.wait_ready()
     config = service_config({"guards": sidecar.address}, delay_ms=DELAY_MS)
     return await asyncio.to_thread(
-        start_orchestrator, config, "--drain-grace-seconds", "20", env={"PROCMESH_API_KEYS": API_KEY}
+        start_orchestrator, config, "--drain-grace-seconds", "20", env={"PROCMESH_API_KEYS": API_KEYS}
     )
 
 

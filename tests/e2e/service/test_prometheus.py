@@ -24,7 +24,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import REPO
 from tests.deps import require
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEY, AUTH, SECRET, free_port, service_config
+from tests.integration.service.support import API_KEYS, AUTH, SECRET, free_port, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -106,7 +106,7 @@ async def prometheus(
     sidecar = start_sidecar("examples", "--metrics-port", str(metrics_port), name="prom-guards")
     await sidecar.wait_ready()
     orchestrator = await asyncio.to_thread(
-        start_orchestrator, service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEY}
+        start_orchestrator, service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEYS}
     )
     async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=AUTH, timeout=30) as http:
         calls = [

@@ -33,8 +33,10 @@ pytestmark = pytest.mark.e2e
 __all__ = ["postgres_dsn"]  # the module's PostgreSQL server (tests/e2e/memory)
 
 DSN_ENV = "PROCMESH_REPLICAS_DSN"
-KEYS = "key-ada=user-ada"
+KEYS = "key-ada=user-ada,key-op=@operator"
 AUTH = {"Authorization": "Bearer key-ada"}
+OPERATOR_AUTH = {"Authorization": "Bearer key-op"}
+"""An operator key: it may replace an agent's processors for a call (a tenant key may not)."""
 ASK = "What is the weather like?"
 SUSPENSION = ("tool-call-approval", "suspended")
 
@@ -62,12 +64,12 @@ def replica_config() -> dict[str, Any]:
     }
 
 
-def sse(base_url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+def sse(base_url: str, path: str, body: dict[str, Any], auth: dict[str, str] = AUTH) -> list[dict[str, Any]]:
     """POST an SSE route and return its chunks (``[DONE]`` checked and dropped)."""
 
     async def read() -> list[Any]:
         async with (
-            httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=30) as client,
+            httpx.AsyncClient(base_url=base_url, headers=auth, timeout=30) as client,
             client.stream("POST", path, json=body) as response,
         ):
             assert response.status_code == 200, await response.aread()
@@ -190,9 +192,8 @@ def test_a_per_call_output_list_runs_after_an_approval_on_another_replica(
 ) -> None:
     sidecar = start_sidecar("examples", name="replicas-guards")
     asyncio.run(sidecar.wait_ready())
-    # trusted callers may replace an agent's lanes (behind a layer that authenticates them)
+    # an operator key may replace an agent's lanes (a tenant key may not)
     env = {"PROCMESH_API_KEYS": KEYS, DSN_ENV: fresh_dsn(postgres_dsn)}
-    env["PROCMESH_TRUST_REQUEST_CONTEXT"] = "true"
     a = start_orchestrator(guarded_config(sidecar.address), env=env)
     bare = start_orchestrator(guarded_config(None), env=env)
     b = start_orchestrator(guarded_config(sidecar.address), env=env)
@@ -202,7 +203,9 @@ def test_a_per_call_output_list_runs_after_an_approval_on_another_replica(
     plain = sse(a.http_url, "/api/agents/teller/stream", {**body, "requireToolApproval": False})
     assert "'forecast': '*****'" in text(plain)
 
-    suspended = sse(a.http_url, "/api/agents/teller/stream", {**body, "outputProcessors": ["word-counter"]})
+    suspended = sse(
+        a.http_url, "/api/agents/teller/stream", {**body, "outputProcessors": ["word-counter"]}, OPERATOR_AUTH
+    )
     (asked,) = [c for c in suspended if c["type"] == "tool-call-approval"]
     decision = {"runId": asked["runId"], "toolCallId": asked["payload"]["toolCallId"]}
 

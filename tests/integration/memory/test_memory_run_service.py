@@ -21,9 +21,11 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.service._auth import ANONYMOUS, Caller
 from procmesh_orchestrator.service._calls import parse_body
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits
+from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.memory.conftest import Backend
@@ -32,6 +34,7 @@ from tests.integration.service.support import stream_chunks
 pytestmark = pytest.mark.e2e
 
 LIMITS = InputLimits()
+TRUST = ContextTrust.of({}, [], legacy=False)
 
 
 def _config(guards: str, backend: Backend) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def _config(guards: str, backend: Backend) -> dict[str, Any]:
 async def service(start_sidecar: Callable[..., SidecarProcess], backend: Backend) -> AsyncIterator[Service]:
     sidecar = start_sidecar("examples", name=f"memory-guards-{backend.name}")
     await sidecar.wait_ready()
-    settings = OrchestratorSettings(http_port=0, grpc_port=0, trust_request_context=True)
+    settings = OrchestratorSettings(http_port=0, grpc_port=0)  # no key: the caller names the resource
     async with Service(settings, parse_config(_config(sidecar.address, backend))) as svc:
         yield svc
 
@@ -149,26 +152,28 @@ def test_the_body_names_the_thread_as_the_client_sends_it() -> None:
         {"threadId": "t1", "resourceId": "u1", "memory": {"thread": "other", "resource": "u1"}},
     ]
     for shape in shapes:
-        call = parse_body({"messages": "hi", **shape}, trust_request_context=True, limits=LIMITS)
+        call = parse_body({"messages": "hi", **shape}, caller=ANONYMOUS, trust=TRUST, limits=LIMITS)
         assert (call.options.thread_id, call.options.resource_id) == ("t1", "u1"), shape
 
 
-def test_only_a_trusted_layer_names_the_resource() -> None:
+def test_only_the_key_or_an_operator_names_the_resource() -> None:
     body = {"messages": "hi", "memory": {"thread": "t1", "resource": "u1"}}
-    untrusted = parse_body(body, trust_request_context=False, limits=LIMITS)
+    gateway = Caller("key-2", None, frozenset({"gateway"}))
+    untrusted = parse_body(body, caller=gateway, trust=TRUST, limits=LIMITS)
     assert (untrusted.options.thread_id, untrusted.options.resource_id) == ("", "")  # no memory
-    bound = parse_body(
-        {"messages": "hi", "threadId": "t1"}, trust_request_context=False, limits=LIMITS, bound_resource="u1"
-    )
+    tenant = Caller("key-1", "u1", frozenset())
+    bound = parse_body({"messages": "hi", "threadId": "t1"}, caller=tenant, trust=TRUST, limits=LIMITS)
     assert (bound.options.thread_id, bound.options.resource_id) == ("t1", "u1")
+    other = Caller("key-3", "u2", frozenset())
     with pytest.raises(BadRequestError, match="bound to another resource"):
-        parse_body(body, trust_request_context=True, limits=LIMITS, bound_resource="u2")
+        parse_body(body, caller=other, trust=TRUST, limits=LIMITS)
     with pytest.raises(BadRequestError):
-        parse_body({"messages": "hi", "memory": {"thread": 5}}, trust_request_context=True, limits=LIMITS)
+        parse_body({"messages": "hi", "memory": {"thread": 5}}, caller=ANONYMOUS, trust=TRUST, limits=LIMITS)
     for bad in ("t" * 257, "tab\there"):
         with pytest.raises(BadRequestError, match="threadId: must be a printable id"):
             parse_body(
                 {"messages": "hi", "threadId": bad, "resourceId": "u1"},
-                trust_request_context=True,
+                caller=ANONYMOUS,
+                trust=TRUST,
                 limits=LIMITS,
             )

@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 
 API_KEY = "test-key-0123456789"
+API_KEYS = f"{API_KEY}=@operator"
+"""``PROCMESH_API_KEYS`` for `API_KEY`: an operator key (a key is bound to a resource or has a role)."""
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 GRPC_AUTH = (("authorization", f"Bearer {API_KEY}"),)
 SECRET = "zebra-quartz-4711"

@@ -24,12 +24,16 @@ from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._calls import parse_body
+from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits
+from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.service.support import (
     API_KEY,
+    API_KEYS,
     AUTH,
     GRPC_AUTH,
     SECRET,
@@ -43,6 +47,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 MAX_BYTES = 16 * 1024
 JSON = {"content-type": "application/json"}
 LIMITS = InputLimits()
+OPERATOR = Caller("key-1", None, frozenset({"operator"}))
 MASKED = demo_answer("hello").replace("Darn", "****")
 
 
@@ -53,7 +58,7 @@ async def service(start_sidecar: Callable[..., SidecarProcess]) -> AsyncIterator
     settings = OrchestratorSettings(
         http_port=0,
         grpc_port=0,
-        api_keys=[SecretStr(API_KEY), SecretStr("second-key")],
+        api_keys=[SecretStr(API_KEYS), SecretStr("second-key=@operator")],
         max_request_bytes=MAX_BYTES,
         health_poll_seconds=0.2,
     )
@@ -258,7 +263,7 @@ async def test_any_configured_key_works_and_probes_and_metrics_need_none(service
         assert (await client.get("/metrics")).status_code == 200
 
 
-async def test_caller_request_context_is_ignored_unless_trusted(
+async def test_request_context_the_caller_is_not_trusted_for_is_refused_naming_the_keys(
     http: httpx.AsyncClient, service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent = service.app.agents["assistant"]
@@ -274,13 +279,20 @@ async def test_caller_request_context_is_ignored_unless_trusted(
     forged = {"userId": "admin", "tier": "enterprise"}
     for key in ("requestContext", "runtimeContext"):
         response = await http.post("/api/agents/assistant/generate", json={"messages": "hello", key: forged})
-        assert response.status_code == 200
-    assert [options.request_context for options in seen] == [{}, {}]
-    # With PROCMESH_TRUST_REQUEST_CONTEXT (an authenticating layer sets it), it is passed on.
-    trusted = parse_body(
-        {"messages": "hi", "requestContext": forged}, trust_request_context=True, limits=LIMITS
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == (
+            f"{key}: this API key may not send 'tier', 'userId' (PROCMESH_TRUSTED_CONTEXT says which keys "
+            "each caller may send)"
+        )
+    empty = await http.post("/api/agents/assistant/generate", json={"messages": "hi", "requestContext": {}})
+    assert empty.status_code == 200
+    assert [options.request_context for options in seen] == [{}]
+    # Trusted for them (PROCMESH_TRUSTED_CONTEXT), the caller's keys are passed on.
+    trust = ContextTrust.of({"@operator": ["userId", "tier"]}, [], legacy=False)
+    call = parse_body(
+        {"messages": "hi", "requestContext": forged}, caller=OPERATOR, trust=trust, limits=LIMITS
     )
-    assert trusted.options.request_context == forged
+    assert call.options.request_context == forged
 
 
 async def test_metrics_expose_runs_and_process_series_without_user_content(
@@ -439,15 +451,22 @@ async def test_grpc_health_is_serving_and_needs_no_key(service: Service) -> None
             assert response.status == health_pb2.HealthCheckResponse.SERVING, name
 
 
-async def test_resource_and_thread_ids_count_only_from_a_trusted_caller() -> None:
+async def test_the_resource_is_the_keys_and_an_operator_names_the_one_it_acts_for() -> None:
     body = {"messages": "hi", "resourceId": "org-7", "threadId": "t-1"}
-    untrusted = parse_body(body, trust_request_context=False, limits=LIMITS)
-    assert (untrusted.options.resource_id, untrusted.options.thread_id) == ("", "")
-    trusted = parse_body(body, trust_request_context=True, limits=LIMITS)
-    assert (trusted.options.resource_id, trusted.options.thread_id) == ("org-7", "t-1")
+    trust = ContextTrust.of({}, [], legacy=False)
+    gateway = Caller("key-3", None, frozenset({"gateway"}))
+    nothing = parse_body(body, caller=gateway, trust=trust, limits=LIMITS)
+    assert (nothing.options.resource_id, nothing.options.thread_id) == ("", "")
+    acting = parse_body(body, caller=OPERATOR, trust=trust, limits=LIMITS)
+    assert (acting.options.resource_id, acting.options.thread_id) == ("org-7", "t-1")
+    tenant = Caller("key-2", "org-7", frozenset())
+    own = parse_body({"messages": "hi", "threadId": "t-1"}, caller=tenant, trust=trust, limits=LIMITS)
+    assert (own.options.resource_id, own.options.thread_id) == ("org-7", "t-1")
+    with pytest.raises(BadRequestError, match="bound to another resource"):
+        parse_body({**body, "resourceId": "org-8"}, caller=tenant, trust=trust, limits=LIMITS)
 
 
-async def test_message_ids_threads_and_resources_count_only_from_a_trusted_caller() -> None:
+async def test_a_message_never_names_its_thread_or_resource_and_only_an_operator_keeps_its_id() -> None:
     message = {
         "id": "forged-id",
         "role": "user",
@@ -455,17 +474,17 @@ async def test_message_ids_threads_and_resources_count_only_from_a_trusted_calle
         "resourceId": "someone-else",
         "content": {"format": 2, "parts": [{"type": "text", "text": "hi"}]},
     }
-    untrusted = parse_body({"messages": [message]}, trust_request_context=False, limits=LIMITS)
+    trust = ContextTrust.of({}, [], legacy=False)
+    tenant = Caller("key-2", "org-7", frozenset())
+    untrusted = parse_body({"messages": [message]}, caller=tenant, trust=trust, limits=LIMITS)
     (seen,) = untrusted.input
     assert isinstance(seen, dict)
     assert seen["id"] != "forged-id"
     assert "threadId" not in seen
     assert "resourceId" not in seen
-    trusted = parse_body({"messages": [message]}, trust_request_context=True, limits=LIMITS)
+    trusted = parse_body({"messages": [message]}, caller=OPERATOR, trust=trust, limits=LIMITS)
     (kept,) = trusted.input
     assert isinstance(kept, dict)
-    assert (kept["id"], kept["threadId"], kept["resourceId"]) == (
-        "forged-id",
-        "someone-elses-thread",
-        "someone-else",
-    )
+    assert kept["id"] == "forged-id"
+    assert "threadId" not in kept
+    assert "resourceId" not in kept

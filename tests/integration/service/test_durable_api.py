@@ -2,7 +2,7 @@
 readiness of the store and the event log.
 
 One in-process `Service` per module (scripted models with ``delayMs``, SQLite store, the in-memory
-event log); keys: ``key-admin`` (unbound), ``key-ada`` bound to ``ada``, ``key-bob`` to ``bob``.
+event log); keys: ``key-admin`` (an operator key), ``key-ada`` bound to ``ada``, ``key-bob`` to ``bob``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _config(db: Path) -> dict[str, Any]:
 
 
 def _settings() -> OrchestratorSettings:
-    keys = [SecretStr("key-admin"), SecretStr("key-ada=ada"), SecretStr("key-bob=bob")]
+    keys = [SecretStr("key-admin=@operator"), SecretStr("key-ada=ada"), SecretStr("key-bob=bob")]
     return OrchestratorSettings(http_port=0, grpc_port=0, api_keys=keys, health_poll_seconds=0.1)
 
 

@@ -29,7 +29,7 @@ from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.integration.service.support import API_KEY, AUTH, GRPC_AUTH, service_config
+from tests.integration.service.support import API_KEY, API_KEYS, AUTH, GRPC_AUTH, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -53,7 +53,7 @@ async def sidecar(start_sidecar: Callable[..., SidecarProcess]) -> SidecarProces
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def keyed(sidecar: SidecarProcess) -> AsyncIterator[Service]:
     settings = OrchestratorSettings(
-        http_port=0, grpc_port=0, api_keys=[SecretStr(API_KEY)], health_poll_seconds=0.2
+        http_port=0, grpc_port=0, api_keys=[SecretStr(API_KEYS)], health_poll_seconds=0.2
     )
     async with Service(settings, parse_config(config(sidecar.address))) as svc:
         yield svc

@@ -27,7 +27,7 @@ from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.service.support import (
-    API_KEY,
+    API_KEYS,
     AUTH,
     GRPC_AUTH,
     demo_answer,
@@ -69,7 +69,7 @@ async def service(sidecars: dict[str, SidecarProcess]) -> AsyncIterator[Service]
     settings = OrchestratorSettings(
         http_port=0,
         grpc_port=0,
-        api_keys=[SecretStr(API_KEY)],
+        api_keys=[SecretStr(API_KEYS)],
         health_poll_seconds=0.1,
         drain_grace_seconds=10,
     )

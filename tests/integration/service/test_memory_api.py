@@ -56,7 +56,7 @@ def _config(db: Backend) -> dict[str, Any]:
 
 @pytest_asyncio.fixture
 async def service(backend: Backend) -> AsyncIterator[Service]:  # noqa: F811
-    keys = [SecretStr(k) for k in ("key-admin", "key-ada=user-ada", "key-bob=user-bob")]
+    keys = [SecretStr(k) for k in ("key-admin=@operator", "key-ada=user-ada", "key-bob=user-bob")]
     settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=keys)
     async with Service(settings, parse_config(_config(backend))) as svc:
         yield svc
@@ -255,11 +255,15 @@ async def test_status_config_and_agents_without_memory(http: httpx.AsyncClient) 
     assert (await http.post("/api/memory/threads", json={}, headers=ADA)).status_code == 400
 
 
-async def test_a_caller_without_a_resource_sees_no_memory(http: httpx.AsyncClient) -> None:
+async def test_an_operator_key_names_the_resource_it_acts_for(http: httpx.AsyncClient) -> None:
     assert (await http.get("/api/memory/threads")).status_code == 401
-    unbound = await http.get("/api/memory/threads?resourceId=user-ada", headers=UNBOUND)
-    assert unbound.status_code == 403
-    assert "key=resource" in unbound.json()["error"]
+    await _create(http, ADA, threadId="t-op")
+    listed = await http.get("/api/memory/threads?resourceId=user-ada", headers=UNBOUND)
+    assert listed.status_code == 200, listed.text
+    assert [t["id"] for t in listed.json()["threads"]] == ["t-op"]
+    unnamed = await http.get("/api/memory/threads", headers=UNBOUND)
+    assert unnamed.status_code == 400
+    assert unnamed.json()["error"].startswith("resourceId: required")
 
 
 async def test_a_store_that_is_down_is_503(service: Service, http: httpx.AsyncClient) -> None:
@@ -306,24 +310,24 @@ def _context(resource: str) -> str:
     return base64.b64encode(json.dumps({"mastra__resourceId": resource}).encode()).decode()
 
 
-async def test_a_trusting_server_takes_the_resource_from_the_proxy_context(
+async def test_the_resource_never_comes_from_the_request_context(
     trusting: httpx.AsyncClient,
 ) -> None:
-    created = await trusting.post(
-        f"/api/memory/threads?agentId=assistant&requestContext={_context('user-ada')}",
+    # mastra__resourceId is reserved: even a server that trusts every caller's context (the
+    # deprecated PROCMESH_TRUST_REQUEST_CONTEXT) refuses it, naming it
+    forged = await trusting.post(
+        f"/api/memory/threads?agentId=assistant&resourceId=user-ada&requestContext={_context('user-ada')}",
         json={"threadId": "t-p"},
     )
+    assert forged.status_code == 400
+    assert forged.json()["error"].startswith("requestContext: 'mastra__resourceId' reserved")
+    # with no key configured, the caller acts as an operator: it names the resource
+    created = await trusting.post(
+        "/api/memory/threads?agentId=assistant&resourceId=user-ada", json={"threadId": "t-p"}
+    )
     assert created.json()["resourceId"] == "user-ada"
-    assert (
-        await trusting.get(f"/api/memory/threads/t-p?requestContext={_context('user-ada')}")
-    ).status_code == 200
     assert (await trusting.get("/api/memory/threads/t-p?resourceId=user-ada")).status_code == 200
-    # the context wins over the request's claim, and another resource sees nothing
-    assert (
-        await trusting.get(f"/api/memory/threads/t-p?requestContext={_context('user-bob')}")
-    ).status_code == 404
-    claim = f"/api/memory/threads/t-p?resourceId=user-ada&requestContext={_context('user-bob')}"
-    assert (await trusting.get(claim)).status_code == 404
+    assert (await trusting.get("/api/memory/threads/t-p?resourceId=user-bob")).status_code == 404
     # thread ids are scoped by resource: without one, a thread id names no thread
     unnamed = await trusting.get("/api/memory/threads/t-p")
     assert unnamed.status_code == 400

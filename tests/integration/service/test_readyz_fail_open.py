@@ -21,7 +21,7 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.integration.service.support import API_KEY, AUTH, service_config
+from tests.integration.service.support import API_KEYS, AUTH, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -37,7 +37,7 @@ async def sidecars(start_sidecar: Callable[..., SidecarProcess]) -> dict[str, Si
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(sidecars: dict[str, SidecarProcess]) -> AsyncIterator[Service]:
     settings = OrchestratorSettings(
-        http_port=0, grpc_port=0, api_keys=[SecretStr(API_KEY)], health_poll_seconds=0.1
+        http_port=0, grpc_port=0, api_keys=[SecretStr(API_KEYS)], health_poll_seconds=0.1
     )
     config = service_config({name: proc.address for name, proc in sidecars.items()})
     config["sidecars"]["optional"]["on_failure"] = "fail-open"

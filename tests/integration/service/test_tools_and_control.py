@@ -1,7 +1,7 @@
 """Client tools, tool approval, stopWhen and run control over the HTTP and gRPC APIs.
 
 One in-process `Service` per module (demo model, a fixed-result ``weather`` tool, SQLite store);
-keys: ``key-admin`` (unbound), ``key-ada`` bound to resource ``ada``.
+keys: ``key-admin`` (an operator key), ``key-ada`` bound to resource ``ada``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _config(db: Path) -> dict[str, Any]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
-    keys = [SecretStr("key-admin"), SecretStr("key-ada=ada")]
+    keys = [SecretStr("key-admin=@operator"), SecretStr("key-ada=ada")]
     settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=keys)
     db = tmp_path_factory.mktemp("tools") / "memory.db"
     async with Service(settings, parse_config(_config(db))) as svc:

@@ -9,11 +9,15 @@ from google.protobuf import struct_pb2
 
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._calls import parse_body, parse_proto
 from procmesh_orchestrator.service._errors import BadRequestError, NotSupportedError
 from procmesh_orchestrator.service._limits import InputLimits
+from procmesh_orchestrator.service._trust import ContextTrust
 
 LIMITS = InputLimits()
+CALLER = Caller("key-1", "user-1", frozenset())
+TRUST = ContextTrust.of({}, [CALLER], legacy=False)
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 
 
@@ -62,8 +66,8 @@ STEP_FIELDS = ("instructions", "system", "model_settings", "tool_choice", "activ
 
 
 def test_both_apis_give_the_same_options() -> None:
-    http = parse_body(BODY, trust_request_context=False, limits=LIMITS)
-    grpc = parse_proto(REQUEST, trust_request_context=False, timeout=None, limits=LIMITS)
+    http = parse_body(BODY, caller=CALLER, trust=TRUST, limits=LIMITS)
+    grpc = parse_proto(REQUEST, caller=CALLER, trust=TRUST, timeout=None, limits=LIMITS)
     for name in STEP_FIELDS:
         assert getattr(http.options, name) == getattr(grpc.options, name), name
     assert http.options.model_settings == {
@@ -78,9 +82,9 @@ def test_both_apis_give_the_same_options() -> None:
 
 
 def test_unset_options_are_the_agents() -> None:
-    http = parse_body({"messages": "hi"}, trust_request_context=False, limits=LIMITS)
+    http = parse_body({"messages": "hi"}, caller=CALLER, trust=TRUST, limits=LIMITS)
     grpc = parse_proto(
-        apb.GenerateRequest(agent_id="a", text="hi"), trust_request_context=False, timeout=None, limits=LIMITS
+        apb.GenerateRequest(agent_id="a", text="hi"), caller=CALLER, trust=TRUST, timeout=None, limits=LIMITS
     )
     for call in (http, grpc):
         assert [getattr(call.options, n) for n in STEP_FIELDS] == [None, (), None, None, None, None]
@@ -107,4 +111,4 @@ def test_a_lane_entry_that_names_no_processor_is_refused(
     body: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        parse_body({"messages": "hi", **body}, trust_request_context=False, limits=LIMITS)
+        parse_body({"messages": "hi", **body}, caller=CALLER, trust=TRUST, limits=LIMITS)

@@ -1,0 +1,125 @@
+"""Which caller may send which request-context keys (``PROCMESH_TRUSTED_CONTEXT``), per key.
+
+A request's ``requestContext`` reaches processors, so a key in it is a claim only some callers may
+make: the setting maps a tenant's resource (the keys bound to it), ``@operator`` (keys with that
+role, and every caller when no key is configured) or ``*`` (every caller) to the context keys they
+may send (``*``: every key that is not reserved). A caller gets the union of its entries.
+
+Reserved keys select whose data a run touches: a thread, a resource, a response-cache scope or
+entry (``threadId``, ``resourceId``, ``mastra__threadId``, ``mastra__resourceId``,
+``responseCache``, ``mastra__response_cache_context``). They never come from a caller, whatever
+its trust: the server sets the thread and the resource (the key's binding), and the response
+cache scopes its entries by that resource. A request that sends a reserved key, or a key its
+caller is not trusted for, is refused (400) naming them: nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR, ROLES, Caller, KeyListError
+from procmesh_orchestrator.service._errors import BadRequestError
+
+log = logging.getLogger(__name__)
+
+ANY = "*"
+"""As an entry: every caller; in an entry's list: every key that is not reserved."""
+RESERVED = frozenset(
+    {
+        "threadId",
+        "resourceId",
+        "mastra__threadId",
+        "mastra__resourceId",
+        "responseCache",
+        "mastra__response_cache_context",
+    }
+)
+"""Context keys that select a thread, a resource or a cache scope: never a caller's."""
+_SHOWN = 8
+
+
+class TrustedContextError(KeyListError):
+    """``PROCMESH_TRUSTED_CONTEXT`` cannot be used as it is (the message names the entry)."""
+
+
+def _names(keys: Iterable[str]) -> str:
+    ordered = sorted(keys)
+    shown = ", ".join(repr(k[:64]) for k in ordered[:_SHOWN])
+    return shown + (f" and {len(ordered) - _SHOWN} more" if len(ordered) > _SHOWN else "")
+
+
+@dataclass(frozen=True)
+class ContextTrust:
+    """The parsed setting: per entry (a resource, ``@operator`` or ``*``), the keys it may send."""
+
+    entries: Mapping[str, frozenset[str]]
+
+    @classmethod
+    def of(cls, setting: Mapping[str, list[str]], callers: Iterable[Caller], *, legacy: bool) -> ContextTrust:
+        """Check the setting against the configured keys (`TrustedContextError` naming the entry);
+        `legacy` is the deprecated ``PROCMESH_TRUST_REQUEST_CONTEXT=true``: ``{"*": ["*"]}``."""
+        resources = {c.resource for c in callers if c.resource is not None}
+        entries: dict[str, frozenset[str]] = {}
+        for who, names in setting.items():
+            where = f"PROCMESH_TRUSTED_CONTEXT entry {who[:64]!r}"
+            if who.startswith("@"):
+                if who[1:] not in ROLES:
+                    raise TrustedContextError(f"{where}: unknown role (trust @{OPERATOR}, a resource or '*')")
+                if who[1:] == GATEWAY:
+                    raise TrustedContextError(f"{where}: a @{GATEWAY} key runs no agent, so sends no context")
+            elif who != ANY and who not in resources:
+                raise TrustedContextError(f"{where}: no key of PROCMESH_API_KEYS is bound to that resource")
+            reserved = RESERVED.intersection(names)
+            if reserved:
+                raise TrustedContextError(
+                    f"{where}: {_names(reserved)} reserved: a thread, a resource or a cache scope never "
+                    "comes from a caller"
+                )
+            if any(not name for name in names):
+                raise TrustedContextError(f"{where}: an empty key name")
+            entries[who] = frozenset(names)
+        if legacy:
+            log.warning(
+                "PROCMESH_TRUST_REQUEST_CONTEXT is deprecated: it trusts every caller for every "
+                "request-context key that is not reserved; say so with "
+                'PROCMESH_TRUSTED_CONTEXT={"*": ["*"]}, or trust per key'
+            )
+            entries[ANY] = frozenset({ANY})
+        return cls(entries)
+
+    def allowed(self, caller: Caller) -> frozenset[str]:
+        """The keys `caller` may send (`ANY` among them: every key that is not reserved)."""
+        out: set[str] = set(self.entries.get(ANY, ()))
+        if caller.resource is not None:
+            out |= self.entries.get(caller.resource, frozenset())
+        for role in caller.roles:
+            out |= self.entries.get(f"@{role}", frozenset())
+        return frozenset(out)
+
+    def check(self, caller: Caller, context: Any, where: str = "requestContext") -> dict[str, Any]:
+        """`context` when `caller` may send every key in it; a 400 naming the keys otherwise."""
+        if context is None:
+            return {}
+        if not isinstance(context, dict):
+            raise BadRequestError(f"{where}: must be an object")
+        if not context:
+            return context
+        reserved = RESERVED.intersection(context)
+        if reserved:
+            raise BadRequestError(
+                f"{where}: {_names(reserved)} reserved: the server sets the thread, the resource and the "
+                "cache scope (the API key's resource), never the caller"
+            )
+        allowed = self.allowed(caller)
+        if ANY in allowed:
+            return context
+        refused = set(context) - allowed
+        if refused:
+            raise BadRequestError(
+                f"{where}: this API key may not send {_names(refused)} (PROCMESH_TRUSTED_CONTEXT says which "
+                "keys each caller may send)"
+            )
+        return context

@@ -5,6 +5,11 @@ table, each once and in one transaction with its version row, under a lock that 
 concurrent start-ups (SQLite's write lock, a PostgreSQL advisory lock). Migrations are additive
 (new tables, columns with defaults, indexes), so a replica not yet upgraded keeps running on a
 schema one version ahead of it during a rolling deploy: it logs that, and does not refuse.
+
+One is not: 0005 scopes thread ids by resource, rekeying threads and messages (and renaming the
+thread's ``id`` column to ``thread_id``). A replica of an older build fails every memory read and
+write on that schema, by design, rather than read another resource's thread by its unscoped id
+(docs/deploy.md says how to roll across it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import logging
 from typing import ClassVar
 
 import grpc
@@ -15,6 +15,9 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     SuspendedRunNotFoundError,
 )
+from procmesh_orchestrator.memory._common import client_message
+
+log = logging.getLogger(__name__)
 
 
 class ServiceError(OrchestratorError):
@@ -145,16 +148,15 @@ class StoreDownError(ServiceError):
 
 
 def resume_error(exc: MemoryStoreError) -> ServiceError:
-    """A store error met while resuming or listing suspended runs, as the API answers it."""
-    # The store's own messages name it (a file path, a host and port): clients get what happened.
-    message = _STORE_NAME.sub("", str(exc), count=1)
+    """A store error met while resuming or listing suspended runs, as the API answers it: what
+    happened, never the store's address or the driver's text (`client_message`; the log has it)."""
+    message = client_message(exc)
+    if message != str(exc):
+        log.warning("suspended runs: the store failed: %s", exc)
     for kind, answer in _RESUME_ERRORS:
         if isinstance(exc, kind):
             return answer(message)
     return ServiceError(message)
-
-
-_STORE_NAME = re.compile(r"^memory store \S+: ")
 
 
 _RESUME_ERRORS: tuple[tuple[type[MemoryStoreError], type[ServiceError]], ...] = (

@@ -68,6 +68,11 @@ class APICallError(OrchestratorError):
         self.details = details or {}
 
 
+class RequestContextError(OrchestratorError):
+    """A run's request context gives a processor an option its published schema refuses (the
+    APIs answer 400 / INVALID_ARGUMENT): nothing of the run was called."""
+
+
 class TripwireAbort(OrchestratorError):
     """A processor aborted; carries the tripwire fields the result and chunk expose."""
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf import struct_pb2
 
-from procmesh import ProcessorClient
+from procmesh import ProcessorClient, convert
 from procmesh.hooks import BY_ENUM
+from procmesh_orchestrator.processors import context_options
+from procmesh_orchestrator.processors.context_options import ContextOption
 
 
 def hook_names(enums: Iterable[int]) -> frozenset[str]:
@@ -46,13 +48,27 @@ class ProcessorHandle:
     """Seconds one ProcessOutputStream session may stay open (``streamTimeout``; the run's remaining
     deadline caps it); `timeout` bounds each part's answer and the stream's end."""
 
+    fixed_options: Mapping[str, Any] | None = None
+    """The options that are the same for every run, when some come from the request context."""
+    context_options: tuple[ContextOption, ...] = ()
+    """Options each run takes from its request context (`context_options`)."""
+    options_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+    """Checks a run's options against the published schema: the failing path and message, or None."""
+
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""
         return hook in self.hooks
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[ProcessorHandle, ...]:
-        """Itself: a processor is in every run of its lane."""
-        return (self,)
+        """Itself, with this run's options when some come from the request context (checked
+        against the published schema: RequestContextError before any hook is called)."""
+        if not self.context_options:
+            return (self,)
+        options = context_options.resolve(self.fixed_options or {}, self.context_options, request_context)
+        context_options.check_run_options(
+            self.processor_id, self.context_options, options, self.options_problem
+        )
+        return (replace(self, options=convert.to_struct(options)),)
 
 
 @dataclass(frozen=True)
@@ -77,8 +93,9 @@ class ParallelGroup:
         return any(b.has(hook) for b in self.branches)
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[ParallelGroup, ...]:
-        """Itself: the group runs as one lane entry."""
-        return (self,)
+        """Itself, its branches with this run's options: the group runs as one lane entry."""
+        branches = tuple(p for b in self.branches for p in b.expand(request_context))
+        return (self if branches == self.branches else replace(self, branches=branches),)
 
 
 @dataclass(frozen=True)
@@ -92,7 +109,7 @@ class Conditional:
     def expand(self, request_context: Mapping[str, Any]) -> tuple[ProcessorHandle, ...]:
         """The branch this run takes (decided once per run)."""
         ok = all(request_context.get(k) == v for k, v in self.when.items())
-        return self.then if ok else self.otherwise
+        return tuple(p for h in (self.then if ok else self.otherwise) for p in h.expand(request_context))
 
 
 LaneItem = ProcessorHandle | ParallelGroup | Conditional

@@ -11,10 +11,10 @@ import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
-from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.builtins.harness import call, make_config, prompt_texts, ref, run, start
+from tests.e2e.builtins.harness import call, make_config, model_requests, prompt_texts, ref, run, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -208,3 +208,63 @@ async def test_an_unknown_option_key_is_refused_at_start_up(address: str) -> Non
         await run(cfg)
     assert "inputProcessors.0.options" in str(info.value)
     assert "'limt' was unexpected" in str(info.value)
+
+
+def per_tenant_limit(default: int = 100_000) -> dict[str, Any]:
+    return ref("token-limiter", limit={"fromContext": "tokenLimit", "default": default})
+
+
+async def test_an_option_from_the_request_context_differs_per_run(address: str) -> None:
+    # the seeds' new TokenLimiter(requestContext.get('tokenLimit') ?? 4000), on one App
+    async with App(make_config(address, input_processors=[per_tenant_limit()])) as app:
+        small = await call(app, HISTORY, options=CallOptions(request_context={"tokenLimit": 140}))
+        default = await call(app, HISTORY)
+        big = await call(app, HISTORY, options=CallOptions(request_context={"tokenLimit": 100_000}))
+    assert not any("apples" in t for t in prompt_texts(small.requests[0]))  # trimmed to 140 tokens
+    for whole in (default, big):
+        assert len(whole.requests[0].prompt) == 1 + len(HISTORY)
+
+
+async def test_a_bad_value_from_the_context_fails_the_run_before_any_hook_naming_option_and_key(
+    address: str,
+) -> None:
+    async with App(make_config(address, input_processors=[per_tenant_limit()])) as app:
+        with pytest.raises(RequestContextError) as info:
+            await call(app, HISTORY, options=CallOptions(request_context={"tokenLimit": "lots"}))
+        assert model_requests(app) == []  # nothing of the run was called
+    message = str(info.value)
+    assert "processor 'token-limiter': option limit (request-context key 'tokenLimit')" in message
+    assert "'lots'" in message
+
+
+async def test_a_context_option_without_a_default_is_left_out_when_the_run_has_none(address: str) -> None:
+    counter = ref("token-limiter", limit=100_000, token_counter={"fromContext": "counter"})
+    async with App(make_config(address, input_processors=[counter])) as app:
+        assert (await call(app, HISTORY)).result.status == "success"  # the limiter's own counter
+        chosen = CallOptions(request_context={"counter": "estimate"})
+        assert (await call(app, HISTORY, options=chosen)).result.status == "success"
+        with pytest.raises(
+            RequestContextError, match="option token_counter \\(request-context key 'counter'\\)"
+        ):
+            await call(app, HISTORY, options=CallOptions(request_context={"counter": "bogus"}))
+
+
+async def test_a_required_option_from_the_context_needs_a_default(address: str) -> None:
+    entry = ref("token-limiter", limit={"fromContext": "tokenLimit"})
+    with pytest.raises(ConfigError, match="'limit' is a required property"):
+        await run(make_config(address, input_processors=[entry]))
+
+
+@pytest.mark.parametrize(
+    ("limit", "named"),
+    [
+        ({"fromContext": "tokenLimit", "default": 0}, "inputProcessors.0.options.limit"),
+        ({"fromContext": "", "default": 5}, "inputProcessors.0.options.limit: an option from the request"),
+        ({"fromContext": "k", "fallback": 5}, "unknown keys ['fallback']"),
+    ],
+)
+async def test_a_bad_context_option_is_refused_at_start_up(address: str, limit: Any, named: str) -> None:
+    entry = ref("token-limiter", limit=limit)
+    with pytest.raises(ConfigError) as info:
+        await run(make_config(address, input_processors=[entry]))
+    assert named in str(info.value)

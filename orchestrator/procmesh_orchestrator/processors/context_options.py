@@ -1,0 +1,96 @@
+"""Processor options taken from the request context, per run (the seeds'
+``new TokenLimiter(requestContext.get('tokenLimit') ?? 4000)``).
+
+A lane entry's option may be ``{fromContext: KEY, default: VALUE}`` instead of a value: each run
+gives the processor the request context's ``KEY`` when the run has it, else ``default``; with no
+default and no value the option is left out (the processor's own default applies). The options a
+run resolves are validated against the schema the processor's ``Describe`` published, before any
+hook of the run is called, so a tenant's bad value fails its run with a message naming the
+processor, the option and the context key — never a sidecar's INVALID_ARGUMENT half-way.
+
+Only top-level options may come from the context; a value that is an object with other keys than
+``fromContext`` and ``default`` is an ordinary option value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from procmesh_orchestrator.errors import ConfigError, RequestContextError
+
+FROM_CONTEXT = "fromContext"
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class ContextOption:
+    """One option a run takes from its request context."""
+
+    option: str
+    key: str
+    default: Any = _MISSING
+
+    def value(self, request_context: Mapping[str, Any]) -> Any:
+        """The run's value, or `_MISSING` (leave the option out)."""
+        return request_context.get(self.key, self.default)
+
+
+def split(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple[ContextOption, ...]]:
+    """A lane entry's options as (fixed options, options from the context); ConfigError naming
+    ``where.options.NAME`` for a malformed ``fromContext``."""
+    fixed: dict[str, Any] = {}
+    taken: list[ContextOption] = []
+    for name, value in options.items():
+        if not (isinstance(value, Mapping) and FROM_CONTEXT in value):
+            fixed[name] = value
+            continue
+        extra = sorted(set(value) - {FROM_CONTEXT, "default"})
+        key = value[FROM_CONTEXT]
+        if extra or not isinstance(key, str) or not key:
+            raise ConfigError(
+                f"{where}.options.{name}: an option from the request context is "
+                f"{{fromContext: KEY, default: VALUE}} with KEY a non-empty string"
+                + (f" (unknown keys {extra})" if extra else "")
+            )
+        taken.append(ContextOption(name, key, value.get("default", _MISSING)))
+    return fixed, tuple(taken)
+
+
+def with_defaults(fixed: Mapping[str, Any], taken: tuple[ContextOption, ...]) -> dict[str, Any]:
+    """The options of a run whose request context has none of the keys (what start-up checks)."""
+    return resolve(fixed, taken, {})
+
+
+def resolve(
+    fixed: Mapping[str, Any], taken: tuple[ContextOption, ...], request_context: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The options one run gives the processor."""
+    out = dict(fixed)
+    for option in taken:
+        value = option.value(request_context)
+        if value is not _MISSING:
+            out[option.option] = value
+    return out
+
+
+def check_run_options(
+    processor: str,
+    taken: tuple[ContextOption, ...],
+    options: Mapping[str, Any],
+    problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None,
+) -> None:
+    """RequestContextError naming the processor, the option and its context key when the
+    published schema refuses the run's options (`problem` gives the failing option's path and the
+    schema's message)."""
+    if problem is None:
+        return
+    found = problem(options)
+    if found is None:
+        return
+    path, message = found
+    top = path.split(".", 1)[0]
+    source = next((o for o in taken if o.option == top), None)
+    origin = f" (request-context key {source.key!r})" if source is not None else ""
+    raise RequestContextError(f"processor {processor!r}: option {path or '(options)'}{origin}: {message}")

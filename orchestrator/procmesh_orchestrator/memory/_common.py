@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -23,9 +22,7 @@ from procmesh_orchestrator.errors import (
     LeaseLostError,
     MemoryStoreError,
     ResumeConflictError,
-    StoreUnavailableError,
     SuspendedRunNotFoundError,
-    ThreadNotFoundError,
 )
 from procmesh_orchestrator.memory.store import (
     CANCELLED,
@@ -214,39 +211,6 @@ def messages_query(
         f"ORDER BY seq DESC LIMIT {p}) AS window_ ORDER BY seq"
     )
     return sql, args
-
-
-_SHOWN = (
-    InvalidMemoryInputError,
-    ThreadNotFoundError,
-    SuspendedRunNotFoundError,
-    ResumeConflictError,
-    DurableRunNotFoundError,
-    DurableRunExistsError,
-)
-"""Store errors whose text is about the caller's own request (its ids, its sizes), never about the
-deployment: a client may read them, without the store's name."""
-_STORE_PREFIX = re.compile(r"^memory store \S+: ")
-
-
-def client_message(exc: MemoryStoreError, store: str | None = None) -> str:
-    """What a client may read of a store error: never the store's address (a file path, a host,
-    port and database), nor the driver's text (which can quote them). A refused request (a bad id,
-    a message over the limit, an unknown run) keeps its own words without the store's name; the
-    store being down or failing is said in general terms. `store` is the store's name as its
-    errors start with it; without it, a name without spaces is recognized. The caller logs the
-    full error: this is only what goes out."""
-    if isinstance(exc, _SHOWN):
-        text = str(exc)
-        prefix = f"memory store {store}: "
-        if store and text.startswith(prefix):
-            return text[len(prefix) :]
-        stripped = _STORE_PREFIX.sub("", text, count=1)
-        if stripped != text:
-            return stripped
-    if isinstance(exc, StoreUnavailableError):
-        return "the memory store is unavailable"
-    return "the memory store failed"
 
 
 # --- suspended runs ------------------------------------------------------------------------------

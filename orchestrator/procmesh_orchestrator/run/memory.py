@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from procmesh_orchestrator.errors import InvalidMemoryInputError, MemoryStoreError
-from procmesh_orchestrator.memory._common import client_message
+from procmesh_orchestrator.memory._redact import client_message
 from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from procmesh_orchestrator.errors import (
     MemoryStoreError,
@@ -98,13 +98,30 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         )
         try:
             with self._errors("connecting"):
-                await pool.open(wait=True, timeout=self._timeout)
+                try:
+                    await pool.open(wait=True, timeout=self._timeout)
+                except PoolTimeout:  # says only "pool initialization incomplete": ask once why
+                    raise await self._why_no_connection() from None
             self._pool = pool
             await self._write(self._migrate, "applying migrations")
         except BaseException:
             self._pool = None
             await pool.close()
             raise
+
+    async def _why_no_connection(self) -> StoreUnavailableError:
+        """Why the pool got no connection at start, from one direct attempt: a wrong password,
+        user, database, host or port each says which (never the password itself)."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True, connect_timeout=max(1, round(self._timeout))
+            )
+        except psycopg.Error as exc:
+            reason = connect_failure(self._scrub(exc), str(exc))
+        else:
+            await conn.close()
+            reason = f"no connection within {self._timeout:g}s (the pool's timeout)"
+        return StoreUnavailableError(f"memory store {self.name} is unavailable: connecting: {reason}")
 
     async def close(self) -> None:
         """Close the pool (idempotent)."""
@@ -363,6 +380,27 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         """The driver's message, first line only, with the password masked should libpq ever echo it."""
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return text.replace(self._secret, "***") if self._secret else text
+
+
+_CONNECT_FAILURES = (
+    ("password authentication failed", "the server refused the password of the DSN's user"),
+    ("role ", "the DSN's user does not exist on the server"),
+    ("no pg_hba.conf entry", "the server's pg_hba.conf lets this user or host in with no method"),
+    ("database ", "the DSN's database does not exist on the server"),
+    ("Connection refused", "connection refused: nothing listens at that host and port"),
+    ("No such file or directory", "no server socket at that path and port"),
+    ("failed to resolve host", "the host name does not resolve"),
+    ("timeout expired", "no answer from that host and port within the timeout"),
+)
+
+
+def connect_failure(first_line: str, text: str) -> str:
+    """What a failed connection attempt says, in words naming the setting to fix (then the driver's
+    first line, password masked)."""
+    for marker, reason in _CONNECT_FAILURES:
+        if marker in text and (marker not in ("role ", "database ") or "does not exist" in text):
+            return f"{reason} ({first_line})"
+    return first_line
 
 
 def _describe(params: dict[str, Any]) -> str:

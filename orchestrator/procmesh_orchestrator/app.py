@@ -38,7 +38,7 @@ from procmesh_orchestrator.config.schema import (
     LaneByContext,
 )
 from procmesh_orchestrator.cost import CostControl
-from procmesh_orchestrator.durable import DurableRuns, DurableSettings
+from procmesh_orchestrator.durable import DurableRuns, DurableSettings, config_version
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.events import EventLog, open_event_log
 from procmesh_orchestrator.memory.store import MemoryStore
@@ -186,7 +186,7 @@ class App:
         self.events: EventLog | None = None
         """Durable runs' event log (`Config.durable.eventLog`), when an agent is durable."""
         self.durable: DurableRuns | None = None
-        """Durable runs of this replica and the take-over of others' (`durable.py`)."""
+        """Durable runs of this replica and the take-over of others' (`durable` package)."""
         self._durable_lock = asyncio.Lock()
 
     def _needs_builtins(self) -> bool:
@@ -301,7 +301,7 @@ class App:
         )
 
     async def durable_runs(self) -> DurableRuns:
-        """The durable-run manager (`durable.py`) and its event log, started on first use: at
+        """The durable-run manager (`durable` package) and its event log, started on first use: at
         `start()` when an agent is durable, else by the first call that asks for a durable run.
         Concurrent first calls share one manager."""
         async with self._durable_lock:
@@ -323,7 +323,14 @@ class App:
                 max_runs=cfg.max_runs,
             )
             specs = {agent_id: agent.spec for agent_id, agent in self.agents.items()}
-            durable = DurableRuns(self.suspended_runs_store, events, specs, self.metrics, settings)
+            versions = {
+                agent_id: config_version(self.config.agents[agent_id])
+                for agent_id in specs
+                if agent_id in self.config.agents
+            }
+            durable = DurableRuns(
+                self.suspended_runs_store, events, specs, self.metrics, settings, versions=versions
+            )
             self.durable = durable
             await durable.start()
 

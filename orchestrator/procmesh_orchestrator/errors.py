@@ -152,6 +152,18 @@ class LeaseLostError(MemoryStoreError):
     is no longer running (the API answers 409). The caller must stop working on the run."""
 
 
+class FencedWriteError(LeaseLostError):
+    """A write of a durable run's holder under an epoch (fencing token) that is no longer the run's:
+    another replica claimed the run since (however long this one slept). Nothing was written; the
+    writer must stop working on the run. `epoch` is the writer's, `current` the run's (None when
+    the run is gone)."""
+
+    def __init__(self, message: str, epoch: int | None = None, current: int | None = None) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.current = current
+
+
 class DurableRunNotFoundError(MemoryStoreError):
     """No durable run has this id (the API answers 404)."""
 
@@ -186,3 +198,14 @@ class EventLogUnavailableError(EventLogError):
 
 class EventLogNotFoundError(EventLogError):
     """The run has no event log: it never existed, or its retention expired (the API answers 404)."""
+
+
+class EventLogFencedError(EventLogError):
+    """The log refused a durable run's write under an epoch (fencing token) below the run's current
+    one: another replica claimed the run since. Nothing was written. `epoch` is the writer's,
+    `current` the log's."""
+
+    def __init__(self, message: str, epoch: int | None = None, current: int | None = None) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.current = current

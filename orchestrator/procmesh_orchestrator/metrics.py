@@ -130,6 +130,28 @@ class OrchestratorMetrics:
             "Durable runs this replica took over after their lease expired.",
             registry=r,
         )
+        self.fenced_writes = Counter(
+            "procmesh_durable_fenced_writes_total",
+            "Writes of a durable run refused because its epoch (fencing token) moved on: another "
+            "replica took the run over while this one held an older lease (it stops the run at the "
+            "first). By write: checkpoint, renewal, finish, release, event, memory, suspension, cost.",
+            ["write"],
+            registry=r,
+        )
+        self.runs_left = Counter(
+            "procmesh_durable_runs_left_total",
+            "Durable runs whose lease expired that this replica left for another (each run once): "
+            "reason 'agent' (its config has not the run's agent) or 'resume' (it could not resume "
+            "the run's snapshot, e.g. a processor the run names is missing here).",
+            ["reason"],
+            registry=r,
+        )
+        self.takeovers_other_config = Counter(
+            "procmesh_durable_takeovers_other_config_total",
+            "Durable runs this replica took over that were started under another version of their "
+            "agent's config (a rolling deploy).",
+            registry=r,
+        )
         self.lease_renewals_failed = Counter(
             "procmesh_durable_lease_renewals_failed_total",
             "Lease renewals of durable runs that failed (the store was unreachable).",

@@ -21,6 +21,7 @@ import redis
 from procmesh_orchestrator.errors import (
     ConfigError,
     EventLogError,
+    EventLogFencedError,
     EventLogNotFoundError,
     EventLogUnavailableError,
 )
@@ -399,3 +400,39 @@ def test_open_event_log_refuses_bad_values() -> None:
         open_event_log({"backend": "kafka"})
     with pytest.raises(ConfigError, match="must be positive"):
         open_event_log({"retentionSeconds": 0})
+
+
+# --- the fence: a writer of an older epoch adds nothing --------------------------------------------
+
+
+async def test_a_write_under_an_epoch_below_the_fence_is_refused_and_writes_nothing(log: EventLog) -> None:
+    assert await log.append("r", 0, chunk(0), epoch=1) is True  # the creator's epoch sets the fence
+    assert await log.append("r", 1, chunk(1), epoch=1) is True
+    assert await log.fence("r", 2) == 2  # a claimant raises it before its claim commits
+    with pytest.raises(
+        EventLogFencedError, match="event 2 under epoch 1 refused: the run is at epoch 2"
+    ) as no:
+        await log.append("r", 2, chunk(2), epoch=1)
+    assert (no.value.epoch, no.value.current) == (1, 2)
+    with pytest.raises(EventLogFencedError):  # even an offset it holds: not a quiet duplicate
+        await log.append("r", 0, chunk(0), epoch=1)
+    with pytest.raises(EventLogFencedError, match="finishing the log under epoch 1 refused"):
+        await log.finish("r", 60, epoch=1)
+    assert await log.next_offset("r") == 2
+    assert await log.append("r", 2, {"by": "b"}, epoch=2) is True  # the claimant writes on
+    await log.finish("r", 60, epoch=2)
+    assert [c for _, c in await read_all(log, "r")] == [chunk(0), chunk(1), {"by": "b"}]
+
+
+async def test_the_fence_never_goes_down_and_a_higher_epoch_raises_it(log: EventLog) -> None:
+    assert await log.fence("r", 3) == 3
+    assert await log.fence("r", 2) == 3
+    assert await log.append("r", 0, chunk(0), epoch=4) is True  # a later claim's writer
+    assert await log.fence("r", 3) == 4
+    with pytest.raises(EventLogFencedError):
+        await log.append("r", 1, chunk(1), epoch=3)
+    assert await log.append("r", 1, chunk(1)) is True  # an unfenced write (not a durable run's)
+    for bad in (0, -1, True, "2"):
+        with pytest.raises(EventLogError, match="an epoch must be an int >= 1"):
+            await log.append("r", 2, chunk(2), epoch=bad)  # type: ignore[arg-type]
+    assert await log.next_offset("r") == 2

@@ -6,7 +6,9 @@ estimated cost atomically against the scope's limit, so replicas admitting calls
 at the same moment never both see room for the last one; when the call ends, its actual cost
 (the provider's usage, priced from the config's ``prices``) replaces the estimate, and a call
 that did not happen (an API error, a cached response) releases it. Judge calls a processor makes
-through the model gateway for a run count against the same limit.
+through the model gateway for a run count against the same limit. A durable run's reservations
+carry its fence (`RunFence`): once another replica took the run over, the store refuses them and
+the stale replica stops the run before its model call.
 """
 
 from procmesh_orchestrator.cost.control import (

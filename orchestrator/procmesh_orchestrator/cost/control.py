@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from procmesh_orchestrator.config.schema import CostControlConfig, PriceConfig
-from procmesh_orchestrator.errors import MemoryStoreError, OrchestratorError, TripwireAbort
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.errors import FencedWriteError, MemoryStoreError, OrchestratorError, TripwireAbort
+from procmesh_orchestrator.memory.store import MemoryStore, RunFence
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs
@@ -192,7 +192,11 @@ class RunCost(FrameworkProcessor):
                 limit=control.limit,
                 window_seconds=cfg.window_seconds,
                 enforce=cfg.strategy == "block",
+                fence=self._fence(),
             )
+        except FencedWriteError as exc:  # a durable run another replica holds now: no call here
+            self._fenced(exc)
+            raise
         except MemoryStoreError as exc:
             control.metrics.cost_admissions.labels(control.agent_id, "store_error").inc()
             log.warning(
@@ -230,16 +234,30 @@ class RunCost(FrameworkProcessor):
             _units(actual)
         )
         try:
-            await (await self.control.store()).settle_cost(reservation.id, actual)
+            await (await self.control.store()).settle_cost(reservation.id, actual, fence=self._fence())
+        except FencedWriteError as exc:
+            self._fenced(exc)
+            raise
         except MemoryStoreError as exc:
             log.warning("costControl: settling %s failed (its estimate stays): %s", reservation.id, exc)
 
     async def release(self, reservation: Reservation) -> None:
         """Give the estimate back: the call did not cost anything (a store failure keeps it)."""
         try:
-            await (await self.control.store()).release_cost(reservation.id)
+            await (await self.control.store()).release_cost(reservation.id, fence=self._fence())
+        except FencedWriteError as exc:
+            self._fenced(exc)
+            raise
         except MemoryStoreError as exc:
             log.warning("costControl: releasing %s failed (its estimate stays): %s", reservation.id, exc)
+
+    def _fence(self) -> RunFence | None:
+        """The durable run's fence: its ledger writes are refused once another replica holds it."""
+        return None if self.run is None else self.run.fence
+
+    def _fenced(self, exc: FencedWriteError) -> None:
+        if self.run is not None:
+            self.run.fenced("cost", exc)
 
     def _metadata(self, spent: int) -> dict[str, Any]:
         """The tripwire's metadata, as the reference's."""

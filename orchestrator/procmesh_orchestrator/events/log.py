@@ -5,6 +5,11 @@ index of the event) before it is sent. A client attaches by run id, on any repli
 and gets every later event exactly once and in order: live while the run streams, and after it
 ended until the log's retention expires. `tests/integration/test_event_log.py` runs one contract
 suite against both backends.
+
+Each run's log has a fence: the highest epoch (the durable run's fencing token, one more at every
+claim) that wrote to it or was raised by a claim (`EventLog.fence`). An append or finish that names
+an epoch below it is refused (`EventLogFencedError`), checked in the same step that writes, so a
+replica that lost the run's lease adds nothing to its log, however long it slept.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Protocol
 
-from procmesh_orchestrator.errors import ConfigError, EventLogError
+from procmesh_orchestrator.errors import ConfigError, EventLogError, EventLogFencedError
 
 DEFAULT_RETENTION_SECONDS = 86400.0
 """How long a finished run's log stays readable unless the configuration says otherwise: a day."""
@@ -36,9 +41,15 @@ class EventLog(Protocol):
     async def ping(self) -> None:
         """Health: return when the log answers, `EventLogUnavailableError` when it does not."""
 
-    async def append(self, run_id: str, offset: int, chunk: dict[str, Any]) -> bool:
+    async def append(
+        self, run_id: str, offset: int, chunk: dict[str, Any], *, epoch: int | None = None
+    ) -> bool:
         """Store `chunk` as event `offset` of the run's log; False (and nothing written) when the log
         already holds that offset.
+
+        With an `epoch` (the writer's fencing token), the append is refused (`EventLogFencedError`,
+        nothing written) when the run's fence is above it, and raises the fence to it otherwise, in
+        the same atomic step.
 
         A replica that took a run over re-publishes the interrupted step, so a duplicate is expected
         and harmless. Offsets come in order: `offset` must be `next_offset(run_id)` (or below, for a
@@ -48,9 +59,14 @@ class EventLog(Protocol):
     async def next_offset(self, run_id: str) -> int:
         """How many events the run's log holds (0 for a run without one)."""
 
-    async def finish(self, run_id: str, retention_seconds: float) -> None:
+    async def finish(self, run_id: str, retention_seconds: float, *, epoch: int | None = None) -> None:
         """Mark the log complete (readers stop after its last event); it expires `retention_seconds`
-        later. Finishing again only restarts the retention."""
+        later (its fence with it). Finishing again only restarts the retention. Fenced as `append`."""
+
+    async def fence(self, run_id: str, epoch: int) -> int:
+        """Raise the run's fence to `epoch` (never lower it): from now on a write naming a lower
+        epoch is refused. The fence as it now is. A replica claiming a run raises it before its
+        claim commits."""
 
     def read(
         self, run_id: str, offset: int = 0, *, poll: float = 1.0
@@ -134,6 +150,22 @@ def encode(name: str, run_id: str, offset: int, chunk: dict[str, Any]) -> str:
         return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise EventLogError(f"event log {name}: run {run_id!r}, event {offset}: not JSON: {exc}") from exc
+
+
+def check_epoch(name: str, run_id: str, epoch: int | None) -> None:
+    """An epoch is None (not fenced) or an int >= 1."""
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1):
+        raise EventLogError(f"event log {name}: run {run_id!r}: an epoch must be an int >= 1, not {epoch!r}")
+
+
+def fenced(name: str, run_id: str, epoch: int, current: int, doing: str) -> EventLogFencedError:
+    """The refusal of a write under `epoch` to a run whose fence is `current`."""
+    return EventLogFencedError(
+        f"event log {name}: run {run_id!r}: {doing} under epoch {epoch} refused: the run is at epoch "
+        f"{current} (another replica claimed it)",
+        epoch,
+        current,
+    )
 
 
 def check(name: str, run_id: str, offset: int) -> None:

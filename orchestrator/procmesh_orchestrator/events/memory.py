@@ -1,8 +1,8 @@
 """The event log in this process's memory: the embedded default (one orchestrator, SQLite).
 
-Per run, a list of JSON-encoded chunks (so readers get fresh dicts and a chunk that is not JSON fails
-here as it would on Redis) and an `asyncio.Condition` that wakes live readers; retention is a
-`loop.call_later` that drops the run.
+Per run, its fence (the highest epoch that wrote), a list of JSON-encoded chunks (so readers get
+fresh dicts and a chunk that is not JSON fails here as it would on Redis) and an
+`asyncio.Condition` that wakes live readers; retention is a `loop.call_later` that drops the run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from procmesh_orchestrator.errors import EventLogError, EventLogNotFoundError, EventLogUnavailableError
-from procmesh_orchestrator.events.log import check, encode
+from procmesh_orchestrator.events.log import check, check_epoch, encode, fenced
 
 
 @dataclass(eq=False)
@@ -23,6 +23,8 @@ class _Run:
     finished: bool = False
     gone: bool = False
     """Expired (or the log closed): readers stop with `EventLogNotFoundError`."""
+    epoch: int = 0
+    """The fence: the highest epoch that wrote or was raised (`EventLog.fence`)."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     expiry: asyncio.TimerHandle | None = None
 
@@ -60,13 +62,17 @@ class MemoryEventLog:
         """Answer while open."""
         self._opened()
 
-    async def append(self, run_id: str, offset: int, chunk: dict[str, Any]) -> bool:
+    async def append(
+        self, run_id: str, offset: int, chunk: dict[str, Any], *, epoch: int | None = None
+    ) -> bool:
         """Store `chunk` as event `offset`; False for an offset already in the log (see `EventLog`)."""
         data = encode(self.name, run_id, offset, chunk)
+        check_epoch(self.name, run_id, epoch)
         self._opened()
         run = self._runs.get(run_id)
         if run is None:
             run = self._runs[run_id] = _Run()
+        self._pass_fence(run_id, run, epoch, f"event {offset}")
         if offset < len(run.events):
             return False
         if offset > len(run.events):
@@ -88,13 +94,15 @@ class MemoryEventLog:
         run = self._runs.get(run_id)
         return 0 if run is None else len(run.events)
 
-    async def finish(self, run_id: str, retention_seconds: float) -> None:
+    async def finish(self, run_id: str, retention_seconds: float, *, epoch: int | None = None) -> None:
         """Mark the log complete and drop it `retention_seconds` from now (again: restart the timer)."""
         check(self.name, run_id, 0)
+        check_epoch(self.name, run_id, epoch)
         self._opened()
         run = self._runs.get(run_id)
         if run is None:
             run = self._runs[run_id] = _Run()
+        self._pass_fence(run_id, run, epoch, "finishing the log")
         run.finished = True
         if run.expiry is not None:
             run.expiry.cancel()
@@ -102,6 +110,25 @@ class MemoryEventLog:
         run.expiry = loop.call_later(max(0.0, retention_seconds), self._expire, run_id, run)
         async with run.changed:
             run.changed.notify_all()
+
+    async def fence(self, run_id: str, epoch: int) -> int:
+        """Raise the run's fence to `epoch` (never lower); the fence now."""
+        check(self.name, run_id, 0)
+        check_epoch(self.name, run_id, epoch)
+        self._opened()
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = _Run()
+        run.epoch = max(run.epoch, epoch)
+        return run.epoch
+
+    def _pass_fence(self, run_id: str, run: _Run, epoch: int | None, doing: str) -> None:
+        """Refuse a write under an epoch below the run's fence; raise the fence to a higher one."""
+        if epoch is None:
+            return
+        if epoch < run.epoch:
+            raise fenced(self.name, run_id, epoch, run.epoch, doing)
+        run.epoch = epoch
 
     async def read(
         self, run_id: str, offset: int = 0, *, poll: float = 1.0

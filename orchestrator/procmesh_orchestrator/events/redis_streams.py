@@ -7,6 +7,11 @@ come between them (a replica taking a run over re-publishes the interrupted step
 ends with the entry ``18446744073709551615-0``, the largest ID Redis takes: a live XREAD wakes on
 it, and no later event can be added. Retention is the stream key's expiration (PEXPIRE at finish).
 Readers XREAD BLOCK from ``{offset}-0``; chunks are JSON in the field ``chunk``.
+
+A run's fence (the highest epoch that wrote to its log, or that a claiming replica raised) is the
+key ``<prefix><run id>:epoch``, read and raised by the same scripts that append and finish, so a
+write under a lower epoch is refused atomically with the write it would have been; it expires with
+the stream.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from procmesh_orchestrator.errors import EventLogError, EventLogNotFoundError, EventLogUnavailableError
-from procmesh_orchestrator.events.log import check, encode
+from procmesh_orchestrator.events.log import check, check_epoch, encode, fenced
 
 FINISHED_ID = "18446744073709551615-0"
 """The last entry of a finished log (Redis's largest millisecond part)."""
@@ -34,9 +39,26 @@ _FIELD = "chunk"
 _BATCH = 256
 """Entries per XREAD."""
 
-# KEYS[1] the run's stream; ARGV: offset, entry id, chunk JSON, FINISHED_ID.
-# Returns {1, n} appended, {0, n} already there, {-1, n} a gap, {-2, n} finished; n = events before.
-_APPEND = """
+# The fence check both writing scripts start with: KEYS[2] the run's fence, `mine` the writer's
+# epoch ('' for an unfenced write). Refused: {-3, fence}; else the fence is raised to `mine`.
+_FENCE_CHECK = """
+local function fence_refuses(mine)
+  if mine == '' then return nil end
+  local held = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if tonumber(mine) < held then return {-3, held} end
+  if tonumber(mine) > held then redis.call('SET', KEYS[2], mine) end
+  return nil
+end
+"""
+
+# KEYS[1] the run's stream, KEYS[2] its fence; ARGV: offset, entry id, chunk JSON, FINISHED_ID, epoch.
+# Returns {1, n} appended, {0, n} already there, {-1, n} a gap, {-2, n} finished, {-3, fence}
+# refused by the fence; n = events before.
+_APPEND = (
+    _FENCE_CHECK
+    + """
+local refused = fence_refuses(ARGV[5])
+if refused then return refused end
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 2)
 local n, finished = 0, false
 for _, entry in ipairs(top) do
@@ -54,15 +76,32 @@ if finished then return {-2, n} end
 redis.call('XADD', KEYS[1], ARGV[2], 'chunk', ARGV[3])
 return {1, n}
 """
+)
 
-# KEYS[1] the run's stream; ARGV: FINISHED_ID, retention in ms.
-_FINISH = """
+# KEYS[1] the run's stream, KEYS[2] its fence; ARGV: FINISHED_ID, retention in ms, epoch.
+_FINISH = (
+    _FENCE_CHECK
+    + """
+local refused = fence_refuses(ARGV[3])
+if refused then return refused end
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #top == 0 or top[1][1] ~= ARGV[1] then
   redis.call('XADD', KEYS[1], ARGV[1], 'finished', '1')
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return {1, 0}
+"""
+)
+
+# KEYS[1] the run's fence; ARGV: epoch. Raises the fence (never lowers it); returns it.
+_RAISE = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > held then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return tonumber(ARGV[1])
+end
+return held
 """
 
 
@@ -110,6 +149,7 @@ class RedisEventLog:
         self._client = client
         self._append = client.register_script(_APPEND)
         self._finish = client.register_script(_FINISH)
+        self._raise = client.register_script(_RAISE)
 
     async def close(self) -> None:
         """Close the connections (idempotent)."""
@@ -123,14 +163,21 @@ class RedisEventLog:
         with self._errors("ping"):
             await client.ping()
 
-    async def append(self, run_id: str, offset: int, chunk: dict[str, Any]) -> bool:
+    async def append(
+        self, run_id: str, offset: int, chunk: dict[str, Any], *, epoch: int | None = None
+    ) -> bool:
         """Store `chunk` as event `offset`; False for an offset already in the log (see `EventLog`)."""
         data = encode(self.name, run_id, offset, chunk)
+        check_epoch(self.name, run_id, epoch)
         self._connected()
         with self._errors(f"appending event {offset} of run {run_id!r}"):
             code, held = await self._append(
-                keys=[self._key(run_id)], args=[offset, f"{offset + 1}-0", data, FINISHED_ID]
+                keys=[self._key(run_id), self._fence_key(run_id)],
+                args=[offset, f"{offset + 1}-0", data, FINISHED_ID, "" if epoch is None else epoch],
             )
+        if code == -3:
+            assert epoch is not None
+            raise fenced(self.name, run_id, epoch, int(held), f"event {offset}")
         if code == 1:
             return True
         if code == 0:
@@ -153,14 +200,28 @@ class RedisEventLog:
                 return _index(str(entry_id)) + 1
         return 0
 
-    async def finish(self, run_id: str, retention_seconds: float) -> None:
-        """Add the finished mark (once) and expire the stream `retention_seconds` from now."""
+    async def finish(self, run_id: str, retention_seconds: float, *, epoch: int | None = None) -> None:
+        """Add the finished mark (once) and expire the stream (and its fence) `retention_seconds`
+        from now."""
         check(self.name, run_id, 0)
+        check_epoch(self.name, run_id, epoch)
         self._connected()
         with self._errors(f"finishing run {run_id!r}"):
-            await self._finish(
-                keys=[self._key(run_id)], args=[FINISHED_ID, max(1, round(retention_seconds * 1000))]
+            code, held = await self._finish(
+                keys=[self._key(run_id), self._fence_key(run_id)],
+                args=[FINISHED_ID, max(1, round(retention_seconds * 1000)), "" if epoch is None else epoch],
             )
+        if code == -3:
+            assert epoch is not None
+            raise fenced(self.name, run_id, epoch, int(held), "finishing the log")
+
+    async def fence(self, run_id: str, epoch: int) -> int:
+        """Raise the run's fence to `epoch` (never lower); the fence now."""
+        check(self.name, run_id, 0)
+        check_epoch(self.name, run_id, epoch)
+        self._connected()
+        with self._errors(f"fencing run {run_id!r} at epoch {epoch}"):
+            return int(await self._raise(keys=[self._fence_key(run_id)], args=[epoch]))
 
     async def read(
         self, run_id: str, offset: int = 0, *, poll: float = 1.0
@@ -194,6 +255,9 @@ class RedisEventLog:
 
     def _key(self, run_id: str) -> str:
         return f"{self._prefix}{run_id}:events"
+
+    def _fence_key(self, run_id: str) -> str:
+        return f"{self._prefix}{run_id}:epoch"
 
     def _connected(self) -> aioredis.Redis:
         if self._client is None:

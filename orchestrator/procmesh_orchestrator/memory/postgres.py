@@ -32,8 +32,10 @@ from procmesh_orchestrator.errors import (
     ThreadNotFoundError,
 )
 from procmesh_orchestrator.memory import _common as c
+from procmesh_orchestrator.memory._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
+from procmesh_orchestrator.memory._ledger import CostMethods
 from procmesh_orchestrator.memory.migrations import migrations
-from procmesh_orchestrator.memory.store import RESUMING, Message, SuspendedRun, Thread
+from procmesh_orchestrator.memory.store import RESUMING, Message, RunFence, SuspendedRun, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,7 +45,7 @@ MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock ke
 _THREAD_COLUMNS = "thread_id, resource_id, title, metadata, created_at, updated_at"
 
 
-class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethods):
+class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 
     placeholder = "%s"
@@ -60,6 +62,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         min_connections: int = 1,
         max_connections: int = 10,
         timeout: float = 5.0,
+        idle_transaction_timeout: float = 5.0,
         max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
         max_snapshot_bytes: int = c.DEFAULT_MAX_SNAPSHOT_BYTES,
     ) -> None:
@@ -73,6 +76,10 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         self._dsn = dsn
         self._secret = str(params.get("password") or "")
         self._timeout = timeout
+        self._idle_ms = max(1, round(idle_transaction_timeout * 1000))
+        """The server ends a session idle inside a transaction for this long: a replica frozen in
+        the middle of one (SIGSTOP, a long pause) holds its row locks, and a durable run whose row
+        it locked could not be taken over until it woke."""
         self._max_bytes = max_message_bytes
         self._max_snapshot_bytes = max_snapshot_bytes
         self._pool: AsyncConnectionPool[Connection] | None = None
@@ -93,6 +100,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
             timeout=self._timeout,
             open=False,
             check=AsyncConnectionPool.check_connection,
+            configure=self._configure,
             kwargs={"autocommit": True, "connect_timeout": max(1, round(self._timeout))},
             name=self.name,
         )
@@ -122,6 +130,11 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
             await conn.close()
             reason = f"no connection within {self._timeout:g}s (the pool's timeout)"
         return StoreUnavailableError(f"memory store {self.name} is unavailable: connecting: {reason}")
+
+    async def _configure(self, conn: Connection) -> None:
+        """Each new connection: the server ends it when it sits idle inside a transaction longer
+        than `idle_transaction_timeout` (every transaction here is a tight run of statements)."""
+        await conn.execute(f"SET idle_in_transaction_session_timeout = {int(self._idle_ms)}")
 
     async def close(self) -> None:
         """Close the pool (idempotent)."""
@@ -213,13 +226,19 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
 
         await self._write(delete, f"deleting thread {thread_id!r}", key)
 
-    async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
+    async def save_turn(
+        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
+    ) -> None:
         """Append (or replace by id) the turn's messages to the resource's thread, in one
-        transaction, under the thread's lock."""
+        transaction, under the thread's lock; a durable run's (`fence`) only at its epoch, once per
+        run (`hold_turn`, which locks the run's row first)."""
         key = c.thread_key(self.name, thread_id, resource_id)
         rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+        held = None if fence is None else check_fence(self.name, fence)
 
         async def save(conn: Connection) -> None:
+            if held is not None:
+                await hold_turn(self.name, _query(conn), held, "%s", " FOR UPDATE", key, [r[0] for r in rows])
             # Insert the resource's thread, or lock its existing row until commit: the per-thread
             # lock. Another resource's thread of this id is another row, untouched.
             await conn.execute(
@@ -247,11 +266,14 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [c.decode(row[0]) for row in rows]
 
-    async def save_suspended(self, run: SuspendedRun) -> None:
-        """Save the run (replacing one of its id) as `SUSPENDED`."""
+    async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
+        """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
         row = c.encode_suspended(self.name, run, self._max_snapshot_bytes)
+        held = None if fence is None else check_fence(self.name, fence)
 
         async def save(conn: Connection) -> None:
+            if held is not None:
+                await hold_fence(self.name, _query(conn), held, "%s", " FOR UPDATE", "suspending")
             await conn.execute(c.save_suspended_sql("%s", "now()"), row)
 
         await self._write(save, f"saving suspended run {row[0]!r}")
@@ -298,11 +320,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         """`work`'s statements in one transaction on one pooled connection."""
 
         async def transaction(conn: Connection) -> T:
-            async def query(sql: str, args: tuple[Any, ...]) -> list[Any]:
-                cursor = await conn.execute(sql, args)
-                return await cursor.fetchall() if cursor.description else []
-
-            return await work(query)
+            return await work(_query(conn))
 
         return await self._write(transaction, doing)
 
@@ -380,6 +398,16 @@ class PostgresMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMeth
         """The driver's message, first line only, with the password masked should libpq ever echo it."""
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return text.replace(self._secret, "***") if self._secret else text
+
+
+def _query(conn: Connection) -> c.Query:
+    """Statements on `conn` (in its transaction), each returning its rows ([] when it has none)."""
+
+    async def query(sql: str, args: tuple[Any, ...]) -> list[Any]:
+        cursor = await conn.execute(sql, args)
+        return await cursor.fetchall() if cursor.description else []
+
+    return query
 
 
 _CONNECT_FAILURES = (

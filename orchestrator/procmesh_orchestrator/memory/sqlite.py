@@ -30,8 +30,10 @@ from procmesh_orchestrator.errors import (
     ThreadNotFoundError,
 )
 from procmesh_orchestrator.memory import _common as c
+from procmesh_orchestrator.memory._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
+from procmesh_orchestrator.memory._ledger import CostMethods
 from procmesh_orchestrator.memory.migrations import migrations
-from procmesh_orchestrator.memory.store import RESUMING, Message, SuspendedRun, Thread
+from procmesh_orchestrator.memory.store import RESUMING, Message, RunFence, SuspendedRun, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +55,7 @@ _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 """The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
 
-class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethods):
+class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     placeholder = "?"
@@ -212,12 +214,18 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethod
 
         await self._write(delete, f"deleting thread {thread_id!r}")
 
-    async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
-        """Append (or replace by id) the turn's messages to the resource's thread, in one transaction."""
+    async def save_turn(
+        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
+    ) -> None:
+        """Append (or replace by id) the turn's messages to the resource's thread, in one
+        transaction; a durable run's (`fence`) only at its epoch, once per run (`hold_turn`)."""
         key = self._key(thread_id, resource_id)
         rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+        held = None if fence is None else check_fence(self.name, fence)
 
         async def save(db: aiosqlite.Connection) -> None:
+            if held is not None:  # first: the write lock is held from BEGIN IMMEDIATE on
+                await hold_turn(self.name, partial(_fetch, db), held, "?", "", key, [r[0] for r in rows])
             now = c.now_text()
             # The resource's thread, created or touched: another resource's of this id is another row.
             await db.execute(
@@ -248,11 +256,14 @@ class SqliteMemoryStore(c.SuspendedRunMethods, c.DurableRunMethods, c.CostMethod
         """A thread's key, ``(resource_id, thread_id)``, both ids checked."""
         return c.thread_key(self.name, thread_id, resource_id)
 
-    async def save_suspended(self, run: SuspendedRun) -> None:
-        """Save the run (replacing one of its id) as `SUSPENDED`."""
+    async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
+        """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
         row = c.encode_suspended(self.name, run, self._max_snapshot_bytes)
+        held = None if fence is None else check_fence(self.name, fence)
 
         async def save(db: aiosqlite.Connection) -> None:
+            if held is not None:
+                await hold_fence(self.name, partial(_fetch, db), held, "?", "", "suspending")
             await db.execute(c.save_suspended_sql("?", "?"), (*row, c.now_text()))
 
         await self._write(save, f"saving suspended run {row[0]!r}")

@@ -18,7 +18,11 @@ store can resume it; claiming one is atomic, so exactly one approval resumes it.
 A durable run (`DurableRun`) is checkpointed at every step boundary and held by one replica through
 a lease it renews; when the lease expires, another replica claims the run and continues from its
 last snapshot. Lease times are the database's clock, never a replica's, so replicas whose clocks
-disagree still agree on who holds what.
+disagree still agree on who holds what. Every claim raises the run's epoch (its fencing token: 1 at
+creation); every write the run makes (checkpoint, renewal, finish, its memory save, its suspension,
+its cost reservations) names the epoch it holds (`RunFence`) and is refused in the same transaction
+when the run's epoch moved on (`FencedWriteError`), so a replica that lost its lease writes nothing,
+however long it slept.
 
 Cost control keeps a ledger of model calls' costs per scope (`MemoryStore.reserve_cost`): a call
 reserves its estimate atomically against the scope's limit, then settles to its actual cost.
@@ -26,6 +30,7 @@ reserves its estimate atomically against the scope's limit, then settles to its 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +87,16 @@ FINISHED = (DONE, FAILED, CANCELLED)
 
 
 @dataclass(frozen=True)
+class RunFence:
+    """A durable run's claim on a write: the run, and the epoch (fencing token) its holder has. A
+    write given one is made only if the run is still running at that epoch, checked in the same
+    transaction (`FencedWriteError` otherwise, nothing written)."""
+
+    run_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class DurableRun:
     """A run checkpointed at every step boundary, held by one replica through a renewed lease."""
 
@@ -103,6 +118,12 @@ class DurableRun:
     cancel_requested: bool = False
     attempts: int = 1
     """1 + how many times the run was claimed after its lease expired."""
+    epoch: int = 1
+    """The fencing token: 1 at creation, one more at every claim. A write under an older epoch is
+    refused (`RunFence`)."""
+    config_version: str = ""
+    """The fingerprint of the agent's configuration on the replica that created the run ("" when
+    it gave none): a replica taking the run over with another one says so."""
     error: str = ""
     """Why the run failed ("" otherwise)."""
     created_at: str = ""
@@ -153,7 +174,9 @@ class MemoryStore(Protocol):
     async def delete_thread(self, thread_id: str, resource_id: str) -> None:
         """Delete the resource's thread and its messages (no error when it does not exist)."""
 
-    async def save_turn(self, thread_id: str, resource_id: str, messages: list[Message]) -> None:
+    async def save_turn(
+        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
+    ) -> None:
         """Append one turn's messages to the resource's thread, in order, in ONE transaction: all of
         them or none.
 
@@ -161,6 +184,12 @@ class MemoryStore(Protocol):
         the same id is another thread, untouched). A message id already stored in the thread
         replaces that message in place (so a retried save never duplicates). Sets each message's
         ``threadId``/``resourceId``.
+
+        With a `fence` (a durable run's turn), the save is made only while the run is running at
+        the fence's epoch, checked in the same transaction (`FencedWriteError`, nothing written),
+        and it is the run's turn, idempotent by the run's id: the messages an earlier save of the
+        run put in the thread (a save repeated after a take-over, with new message ids) are
+        replaced, so the thread holds the run's turn once.
         """
 
     async def messages(
@@ -171,9 +200,10 @@ class MemoryStore(Protocol):
         One statement, filtered on the resource. Default recall for people and the UI passes
         ``include_signals=False``; the run's history load passes True."""
 
-    async def save_suspended(self, run: SuspendedRun) -> None:
+    async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
         """Save a suspended run in one transaction, replacing one of the same `run_id` (whatever
-        its status: a resumed run that suspends anew is saved again). Its status is `SUSPENDED`."""
+        its status: a resumed run that suspends anew is saved again). Its status is `SUSPENDED`.
+        With a `fence`, only while the durable run holds that epoch (`FencedWriteError`)."""
 
     async def claim_suspended(
         self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
@@ -217,25 +247,50 @@ class MemoryStore(Protocol):
         its id exists (whatever its status)."""
 
     async def checkpoint_durable_run(
-        self, run_id: str, *, owner: str, snapshot: dict[str, Any], lease_seconds: float
+        self, run_id: str, *, owner: str, epoch: int, snapshot: dict[str, Any], lease_seconds: float
     ) -> None:
         """Replace the snapshot and renew the lease, in one statement, if `owner` still holds the
-        running run: an expired lease nobody claimed yet is still held. `LeaseLostError` when
-        another replica claimed it or it is no longer running (nothing is written);
+        running run at `epoch`: an expired lease nobody claimed yet is still held.
+        `FencedWriteError` when another replica claimed it since (the epoch moved on),
+        `LeaseLostError` when it is no longer running (nothing is written);
         `DurableRunNotFoundError` when there is no such run."""
 
-    async def renew_durable_lease(self, run_id: str, *, owner: str, lease_seconds: float) -> bool:
+    async def renew_durable_lease(self, run_id: str, *, owner: str, epoch: int, lease_seconds: float) -> bool:
         """Renew the lease on the same condition as a checkpoint; return whether a cancel was
         requested (the runner polls for it with its renewals). Errors as for a checkpoint."""
 
     async def claim_expired_durable_runs(
-        self, *, owner: str, lease_seconds: float, limit: int
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        agents: Collection[str] | None = None,
+        exclude: Collection[str] = (),
+        before_commit: Callable[[list[DurableRun]], Awaitable[None]] | None = None,
     ) -> list[DurableRun]:
         """Take up to `limit` running runs whose lease expired, oldest lease first: each becomes
-        `owner`'s for `lease_seconds`, its attempts one more; return them with their snapshots.
-        Of replicas claiming at the same time, each run goes to exactly one."""
+        `owner`'s for `lease_seconds`, its attempts and its epoch one more; return them with their
+        snapshots. Of replicas claiming at the same time, each run goes to exactly one.
 
-    async def finish_durable_run(self, run_id: str, *, owner: str, status: str, error: str = "") -> None:
+        `agents`: only runs of these agents are taken (in the claim's own statement; None: any), so
+        a replica never takes a run it has no agent for; `exclude`: run ids not to take (runs this
+        replica found it cannot resume). `before_commit` is awaited with the
+        claimed runs before the claim commits (their rows locked): the event log's fence is raised
+        there, so no writer of the old epoch is heard from once the claim is visible; if it
+        raises, nothing is claimed."""
+
+    async def unclaimable_durable_runs(self, *, agents: Collection[str], limit: int) -> list[DurableRun]:
+        """Up to `limit` running runs whose lease expired and whose agent is none of `agents`, oldest
+        lease first, without snapshots: what a replica with these agents leaves to others."""
+
+    async def release_durable_run(self, run_id: str, *, owner: str, epoch: int) -> None:
+        """Give a claimed run up at once, still running, for another replica to claim (this one
+        cannot resume it). Errors as for a checkpoint."""
+
+    async def finish_durable_run(
+        self, run_id: str, *, owner: str, epoch: int, status: str, error: str = ""
+    ) -> None:
         """End the run as `status` (`DONE`, `FAILED`, `CANCELLED` or `SUSPENDED`) and release its
         lease. A finished run's snapshot is dropped (its row stays for listing); a suspended one
         keeps it. `error` is cut to 16,384 characters. Errors as for a checkpoint."""
@@ -270,16 +325,18 @@ class MemoryStore(Protocol):
         limit: int,
         window_seconds: float,
         enforce: bool = True,
+        fence: RunFence | None = None,
     ) -> CostAdmission:
         """In one transaction: sum what `scope_key` spent in the last `window_seconds` (database
         clock; unsettled reservations at their estimate) and, if it is below `limit` (or not
         `enforce`), hold `amount` nano-units under `reservation_id`. Of concurrent reservations of
-        one scope, in any process, each sums the ones committed before it."""
+        one scope, in any process, each sums the ones committed before it. With a `fence` (a
+        durable run's call), only while the run holds that epoch (`FencedWriteError`)."""
 
-    async def settle_cost(self, reservation_id: str, amount: int) -> None:
+    async def settle_cost(self, reservation_id: str, amount: int, *, fence: RunFence | None = None) -> None:
         """Replace the reservation's estimate with the call's actual cost (no error when none)."""
 
-    async def release_cost(self, reservation_id: str) -> None:
+    async def release_cost(self, reservation_id: str, *, fence: RunFence | None = None) -> None:
         """Drop an unsettled reservation: its call did not run or failed (no error when none)."""
 
     async def spent_cost(self, scope_key: str, *, window_seconds: float) -> int:

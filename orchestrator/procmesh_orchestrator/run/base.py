@@ -31,6 +31,7 @@ from procmesh_orchestrator.run.tools import ClientTool, Tool
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions
 
 if TYPE_CHECKING:
+    from procmesh_orchestrator.memory.store import RunFence
     from procmesh_orchestrator.run.tool_calls import Decision, PendingTools
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,12 @@ class RunCore:
         self.checkpoint: Checkpoint | None = None
         """Called at each step boundary with the next step's number (a durable run saves its
         snapshot there); None for a run that is not durable."""
+        self.fence: RunFence | None = None
+        """A durable run's claim on its writes (its id and the epoch this replica holds): its memory
+        save, suspension and cost reservations pass it to the store, which refuses them once
+        another replica claimed the run. None for a run that is not durable."""
+        self.on_fenced: Callable[[str, BaseException], None] | None = None
+        """Told of a write the store refused for the fence (`fenced`): the durable runner stops the run."""
         self.pending_approvals: list[dict[str, Any]] = []
         """A suspended run: the call awaiting a decision."""
         self.model_requests: list[ModelRequest] = []
@@ -181,6 +188,12 @@ class RunCore:
                 self.options.on_violation(entry)
             except Exception:
                 log.exception("onViolation callback raised (ignored)")
+
+    def fenced(self, write: str, exc: BaseException) -> None:
+        """A write of this run (``memory``, ``suspension``, ``cost``) was refused for its fence:
+        another replica holds the run now; this replica stops it (`on_fenced`)."""
+        if self.on_fenced is not None:
+            self.on_fenced(write, exc)
 
     def aborted(self, abort: TripwireAbort) -> TripwireAbort:
         """Record an abort (onViolation fires for every abort) and return it to raise."""

@@ -12,6 +12,8 @@ from typing import Any
 from procmesh import RUN_ID, TRACE_ID, tracing
 from procmesh_orchestrator.errors import (
     APICallError,
+    FencedWriteError,
+    LeaseLostError,
     MemoryStoreError,
     ProcessorFailedError,
     RunTimeoutError,
@@ -152,6 +154,8 @@ class Run(RunCore):
             failure = RunTimeoutError(self.options.timeout or 0)
         if aborted:
             return self._stopped("aborted", started), None
+        if isinstance(failure, LeaseLostError):  # another replica has the run: nothing more here
+            return self._stopped("failed", started, error=failure), failure
         if suspended is not None:
             try:
                 await self._suspend(suspended)
@@ -284,7 +288,11 @@ class Run(RunCore):
             )
         store = await self.agent.store()
         call = pending.calls[0]
-        await store.save_suspended(snapshot.suspended_run(self, pending))
+        try:
+            await store.save_suspended(snapshot.suspended_run(self, pending), fence=self.fence)
+        except FencedWriteError as exc:
+            self.fenced("suspension", exc)
+            raise
         if self.memory is not None:
             await self.memory.history.save(self, "suspended")
         self.pending_approvals = [

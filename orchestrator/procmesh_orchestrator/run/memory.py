@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from procmesh_orchestrator.errors import InvalidMemoryInputError, MemoryStoreError
+from procmesh_orchestrator.errors import FencedWriteError, InvalidMemoryInputError, MemoryStoreError
 from procmesh_orchestrator.memory._redact import client_message
 from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.run import messages as msgs
@@ -186,8 +186,10 @@ class MessageHistory(FrameworkProcessor):
         if not turn:
             return
         try:
-            await self.memory.store.save_turn(self.thread_id, self.resource_id, turn)
+            await self.memory.store.save_turn(self.thread_id, self.resource_id, turn, fence=run.fence)
         except Exception as exc:
+            if isinstance(exc, FencedWriteError):  # a durable run another replica holds now
+                run.fenced("memory", exc)
             raise self._failed(run, "saving a turn to", exc) from exc
 
 

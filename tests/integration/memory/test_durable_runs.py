@@ -15,6 +15,7 @@ import pytest
 from procmesh_orchestrator.errors import (
     DurableRunExistsError,
     DurableRunNotFoundError,
+    FencedWriteError,
     InvalidMemoryInputError,
     LeaseLostError,
 )
@@ -94,9 +95,9 @@ async def test_an_existing_run_id_is_refused(store: MemoryStore) -> None:
 async def test_checkpoints_replace_the_snapshot_and_renew_the_lease(store: MemoryStore) -> None:
     created = await create(store)
     await asyncio.sleep(0.003)
-    await store.checkpoint_durable_run("r1", owner="a", snapshot={"step": 1}, lease_seconds=LONG)
+    await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot={"step": 1}, lease_seconds=LONG)
     await store.checkpoint_durable_run(
-        "r1", owner="a", snapshot={"step": 2, "x": AWKWARD}, lease_seconds=LONG
+        "r1", owner="a", epoch=1, snapshot={"step": 2, "x": AWKWARD}, lease_seconds=LONG
     )
     run = await stored(store)
     assert run.snapshot == {"step": 2, "x": AWKWARD}
@@ -108,7 +109,7 @@ async def test_checkpoints_replace_the_snapshot_and_renew_the_lease(store: Memor
 async def test_a_renewal_extends_the_lease_and_reports_no_cancel(store: MemoryStore) -> None:
     created = await create(store)
     await asyncio.sleep(0.003)
-    assert await store.renew_durable_lease("r1", owner="a", lease_seconds=LONG) is False
+    assert await store.renew_durable_lease("r1", owner="a", epoch=1, lease_seconds=LONG) is False
     run = await stored(store)
     assert run.lease_expires_at > created.lease_expires_at
     assert run.snapshot == created.snapshot
@@ -117,23 +118,25 @@ async def test_a_renewal_extends_the_lease_and_reports_no_cancel(store: MemorySt
 @pytest.mark.parametrize("status", ["done", "failed", "cancelled"])
 async def test_a_finished_run_drops_its_snapshot_and_keeps_its_row(store: MemoryStore, status: str) -> None:
     await create(store)
-    await store.finish_durable_run("r1", owner="a", status=status, error="boom" if status == "failed" else "")
+    await store.finish_durable_run(
+        "r1", owner="a", epoch=1, status=status, error="boom" if status == "failed" else ""
+    )
     run = await stored(store)
     assert (run.status, run.snapshot, run.owner, run.lease_expires_at) == (status, {}, "", "")
     assert run.error == ("boom" if status == "failed" else "")
     with pytest.raises(LeaseLostError, match=f"durable run 'r1' is {status}, no longer running"):
-        await store.checkpoint_durable_run("r1", owner="a", snapshot={"late": 1}, lease_seconds=LONG)
+        await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot={"late": 1}, lease_seconds=LONG)
     with pytest.raises(LeaseLostError):
-        await store.renew_durable_lease("r1", owner="a", lease_seconds=LONG)
+        await store.renew_durable_lease("r1", owner="a", epoch=1, lease_seconds=LONG)
     with pytest.raises(LeaseLostError):
-        await store.finish_durable_run("r1", owner="a", status="done")
+        await store.finish_durable_run("r1", owner="a", epoch=1, status="done")
     assert (await stored(store)).snapshot == {}
 
 
 async def test_a_suspended_run_keeps_its_snapshot(store: MemoryStore) -> None:
     await create(store)
-    await store.checkpoint_durable_run("r1", owner="a", snapshot={"step": 5}, lease_seconds=LONG)
-    await store.finish_durable_run("r1", owner="a", status="suspended")
+    await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot={"step": 5}, lease_seconds=LONG)
+    await store.finish_durable_run("r1", owner="a", epoch=1, status="suspended")
     run = await stored(store)
     assert (run.status, run.snapshot, run.owner) == ("suspended", {"step": 5}, "")
     assert await store.claim_expired_durable_runs(owner="b", lease_seconds=LONG, limit=10) == []
@@ -141,7 +144,9 @@ async def test_a_suspended_run_keeps_its_snapshot(store: MemoryStore) -> None:
 
 async def test_a_failed_runs_error_is_cut_short_and_made_storable(store: MemoryStore) -> None:
     await create(store)
-    await store.finish_durable_run("r1", owner="a", status="failed", error="\x00\ud800" + "e" * 100_000)
+    await store.finish_durable_run(
+        "r1", owner="a", epoch=1, status="failed", error="\x00\ud800" + "e" * 100_000
+    )
     error = (await stored(store)).error
     assert len(error) == 16_384
     assert error.startswith("\ufffd?e")
@@ -153,21 +158,21 @@ async def test_a_failed_runs_error_is_cut_short_and_made_storable(store: MemoryS
 async def test_a_non_owner_writes_nothing(store: MemoryStore) -> None:
     created = await create(store)
     with pytest.raises(LeaseLostError, match="durable run 'r1' is held by another owner than 'b'"):
-        await store.checkpoint_durable_run("r1", owner="b", snapshot={"evil": 1}, lease_seconds=LONG)
+        await store.checkpoint_durable_run("r1", owner="b", epoch=1, snapshot={"evil": 1}, lease_seconds=LONG)
     with pytest.raises(LeaseLostError):
-        await store.renew_durable_lease("r1", owner="b", lease_seconds=LONG)
+        await store.renew_durable_lease("r1", owner="b", epoch=1, lease_seconds=LONG)
     with pytest.raises(LeaseLostError):
-        await store.finish_durable_run("r1", owner="b", status="done")
+        await store.finish_durable_run("r1", owner="b", epoch=1, status="done")
     assert await stored(store) == created
 
 
 async def test_writes_to_an_unknown_run_are_not_found(store: MemoryStore) -> None:
     with pytest.raises(DurableRunNotFoundError, match="no durable run 'ghost'"):
-        await store.checkpoint_durable_run("ghost", owner="a", snapshot={}, lease_seconds=LONG)
+        await store.checkpoint_durable_run("ghost", owner="a", epoch=1, snapshot={}, lease_seconds=LONG)
     with pytest.raises(DurableRunNotFoundError):
-        await store.renew_durable_lease("ghost", owner="a", lease_seconds=LONG)
+        await store.renew_durable_lease("ghost", owner="a", epoch=1, lease_seconds=LONG)
     with pytest.raises(DurableRunNotFoundError):
-        await store.finish_durable_run("ghost", owner="a", status="done")
+        await store.finish_durable_run("ghost", owner="a", epoch=1, status="done")
     with pytest.raises(DurableRunNotFoundError):
         await store.request_durable_cancel("ghost")
 
@@ -176,21 +181,25 @@ async def test_an_expired_lease_is_claimed_by_another_owner_who_then_holds_the_r
     store: MemoryStore,
 ) -> None:
     await store.create_durable_run(durable(), owner="a", lease_seconds=TINY)
-    await store.checkpoint_durable_run("r1", owner="a", snapshot={"step": 1}, lease_seconds=TINY)
+    await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot={"step": 1}, lease_seconds=TINY)
     await create(store, "r2", owner="a")  # a long lease: never claimed here
     [claimed] = await claim_eventually(store, "b")
     assert (claimed.run_id, claimed.owner, claimed.attempts, claimed.status) == ("r1", "b", 2, "running")
+    assert claimed.epoch == 2  # one more at each claim: the fencing token
     assert claimed.snapshot == {"step": 1}  # the last checkpoint, to continue from
     assert await store.claim_expired_durable_runs(owner="c", lease_seconds=LONG, limit=10) == []
 
-    await store.checkpoint_durable_run("r1", owner="b", snapshot={"step": 2}, lease_seconds=LONG)
-    with pytest.raises(LeaseLostError, match="held by another owner than 'a'"):
-        await store.checkpoint_durable_run("r1", owner="a", snapshot={"step": 99}, lease_seconds=LONG)
+    await store.checkpoint_durable_run("r1", owner="b", epoch=2, snapshot={"step": 2}, lease_seconds=LONG)
+    with pytest.raises(FencedWriteError, match="under epoch 1 refused: the run is at epoch 2") as refused:
+        await store.checkpoint_durable_run(
+            "r1", owner="a", epoch=1, snapshot={"step": 99}, lease_seconds=LONG
+        )
+    assert (refused.value.epoch, refused.value.current) == (1, 2)
     with pytest.raises(LeaseLostError):
-        await store.renew_durable_lease("r1", owner="a", lease_seconds=LONG)
-    assert await store.renew_durable_lease("r1", owner="b", lease_seconds=LONG) is False
+        await store.renew_durable_lease("r1", owner="a", epoch=1, lease_seconds=LONG)
+    assert await store.renew_durable_lease("r1", owner="b", epoch=2, lease_seconds=LONG) is False
     assert (await stored(store)).snapshot == {"step": 2}
-    await store.finish_durable_run("r1", owner="b", status="done")
+    await store.finish_durable_run("r1", owner="b", epoch=2, status="done")
     assert ((await stored(store)).status, (await stored(store, "r2")).owner) == ("done", "a")
 
 
@@ -198,13 +207,13 @@ async def test_an_expired_lease_nobody_claimed_is_still_held(store: MemoryStore)
     short = await store.create_durable_run(durable(), owner="a", lease_seconds=TINY)
     await create(store, "clock")
     for _ in range(400):  # until the database's clock is past r1's lease
-        await store.checkpoint_durable_run("clock", owner="a", snapshot={}, lease_seconds=LONG)
+        await store.checkpoint_durable_run("clock", owner="a", epoch=1, snapshot={}, lease_seconds=LONG)
         if (await stored(store, "clock")).updated_at > short.lease_expires_at:
             break
         await asyncio.sleep(0.01)
     else:
         raise AssertionError("the lease did not expire")
-    await store.checkpoint_durable_run("r1", owner="a", snapshot={"step": 1}, lease_seconds=LONG)
+    await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot={"step": 1}, lease_seconds=LONG)
     run = await stored(store)
     assert (run.owner, run.snapshot, run.attempts) == ("a", {"step": 1}, 1)
     assert await store.claim_expired_durable_runs(owner="b", lease_seconds=LONG, limit=10) == []
@@ -270,19 +279,19 @@ async def test_a_cancel_request_is_seen_by_the_next_renewal(store: MemoryStore) 
     await create(store)
     cancelled = await store.request_durable_cancel("r1")
     assert (cancelled.cancel_requested, cancelled.status, cancelled.snapshot) == (True, "running", {})
-    assert await store.renew_durable_lease("r1", owner="a", lease_seconds=LONG) is True
-    await store.checkpoint_durable_run("r1", owner="a", snapshot={"step": 1}, lease_seconds=LONG)
+    assert await store.renew_durable_lease("r1", owner="a", epoch=1, lease_seconds=LONG) is True
+    await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot={"step": 1}, lease_seconds=LONG)
     assert (await stored(store)).cancel_requested is True  # stays until the run ends
-    await store.finish_durable_run("r1", owner="a", status="cancelled")
+    await store.finish_durable_run("r1", owner="a", epoch=1, status="cancelled")
     assert (await stored(store)).status == "cancelled"
 
 
 async def test_a_cancel_request_leaves_an_ended_run_as_it_ended(store: MemoryStore) -> None:
     await create(store)
-    await store.finish_durable_run("r1", owner="a", status="done")
+    await store.finish_durable_run("r1", owner="a", epoch=1, status="done")
     assert (await store.request_durable_cancel("r1")).cancel_requested is False
     await create(store, "r2")
-    await store.finish_durable_run("r2", owner="a", status="suspended")
+    await store.finish_durable_run("r2", owner="a", epoch=1, status="suspended")
     assert (await store.request_durable_cancel("r2")).cancel_requested is True
 
 
@@ -297,7 +306,7 @@ async def test_list_filters_newest_first_without_snapshots(store: MemoryStore) -
     await create(store, "b", resource_id="bob", agent_id="agent-2")
     await create(store, "c", resource_id="")
     await create(store, "d", resource_id="alice")
-    await store.finish_durable_run("d", owner="a", status="failed", error="x")
+    await store.finish_durable_run("d", owner="a", epoch=1, status="failed", error="x")
     assert await listed(store) == (["d", "c", "b", "a"], 4)
     assert await listed(store, resource_id="alice") == (["d", "a"], 2)
     assert await listed(store, resource_id="") == (["c"], 1)
@@ -323,7 +332,7 @@ async def test_list_pages_count_everything_that_matches(store: MemoryStore) -> N
 async def test_a_snapshot_of_megabytes_round_trips(store: MemoryStore) -> None:
     big = {"messages": [msg(f"m{i}", text="x" * 10_000 + AWKWARD) for i in range(600)]}  # ~6 MB
     await create(store)
-    await store.checkpoint_durable_run("r1", owner="a", snapshot=big, lease_seconds=LONG)
+    await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot=big, lease_seconds=LONG)
     assert (await stored(store)).snapshot == big
 
 
@@ -343,7 +352,7 @@ async def test_a_snapshot_that_is_not_json_is_refused_and_writes_nothing(
     assert await store.get_durable_run("r1") is None
     created = await create(store)
     with pytest.raises(InvalidMemoryInputError, match="durable run 'r1': the snapshot"):
-        await store.checkpoint_durable_run("r1", owner="a", snapshot=snapshot, lease_seconds=LONG)
+        await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot=snapshot, lease_seconds=LONG)
     assert await stored(store) == created
 
 
@@ -357,7 +366,7 @@ async def test_an_oversized_snapshot_is_refused(backend: Backend) -> None:
             await store.create_durable_run(durable(snapshot=big), owner="a", lease_seconds=LONG)
         created = await create(store)
         with pytest.raises(InvalidMemoryInputError, match=pattern):
-            await store.checkpoint_durable_run("r1", owner="a", snapshot=big, lease_seconds=LONG)
+            await store.checkpoint_durable_run("r1", owner="a", epoch=1, snapshot=big, lease_seconds=LONG)
         assert await stored(store) == created
     finally:
         await store.close()
@@ -389,17 +398,33 @@ async def test_malformed_runs_are_refused(store: MemoryStore, bad: dict[str, Any
         (lambda s: s.create_durable_run(durable("r2"), owner="", lease_seconds=1), "owner id '' must not"),
         (lambda s: s.create_durable_run(durable("r2"), owner="a", lease_seconds=0), "lease_seconds must"),
         (
-            lambda s: s.checkpoint_durable_run("r1", owner="a", snapshot={}, lease_seconds=float("inf")),
+            lambda s: s.checkpoint_durable_run(
+                "r1", owner="a", epoch=1, snapshot={}, lease_seconds=float("inf")
+            ),
             "lease_seconds must be a number above 0",
         ),
-        (lambda s: s.renew_durable_lease("r1", owner="a", lease_seconds=True), "lease_seconds must"),
-        (lambda s: s.renew_durable_lease("r1", owner="a", lease_seconds="5"), "lease_seconds must"),
-        (lambda s: s.renew_durable_lease("r1", owner=None, lease_seconds=1), "owner id None must be"),
-        (lambda s: s.checkpoint_durable_run("", owner="a", snapshot={}, lease_seconds=1), "run id ''"),
-        (lambda s: s.finish_durable_run("r1", owner="a", status="running"), "status is one of done"),
-        (lambda s: s.finish_durable_run("r1", owner="a", status="DONE"), "status is one of done"),
-        (lambda s: s.finish_durable_run("r1", owner="a", status="failed", error=3), "error must be"),
-        (lambda s: s.finish_durable_run("r1", owner="a\x00", status="done"), "owner id .* contains"),
+        (lambda s: s.renew_durable_lease("r1", owner="a", epoch=1, lease_seconds=True), "lease_seconds must"),
+        (lambda s: s.renew_durable_lease("r1", owner="a", epoch=1, lease_seconds="5"), "lease_seconds must"),
+        (
+            lambda s: s.renew_durable_lease("r1", owner="a", epoch=0, lease_seconds=1),
+            "epoch must be an integer",
+        ),
+        (
+            lambda s: s.finish_durable_run("r1", owner="a", epoch=True, status="done"),
+            "epoch must be an integer",
+        ),
+        (
+            lambda s: s.renew_durable_lease("r1", owner=None, epoch=1, lease_seconds=1),
+            "owner id None must be",
+        ),
+        (
+            lambda s: s.checkpoint_durable_run("", owner="a", epoch=1, snapshot={}, lease_seconds=1),
+            "run id ''",
+        ),
+        (lambda s: s.finish_durable_run("r1", owner="a", epoch=1, status="running"), "status is one of done"),
+        (lambda s: s.finish_durable_run("r1", owner="a", epoch=1, status="DONE"), "status is one of done"),
+        (lambda s: s.finish_durable_run("r1", owner="a", epoch=1, status="failed", error=3), "error must be"),
+        (lambda s: s.finish_durable_run("r1", owner="a\x00", epoch=1, status="done"), "owner id .* contains"),
         (lambda s: s.request_durable_cancel(5), "run id 5 must be a string"),
         (lambda s: s.get_durable_run("a\tb"), "run id .* contains control"),
         (

@@ -1,52 +1,49 @@
-"""Durable runs: checkpointed at every step boundary, leased to one replica, taken over when it dies.
-
-A durable run's row in the store holds its snapshot and a lease (the replica that runs it, until
-when); its chunks go to an event log with offsets before any client sees them. The replica
-renews the lease while the run goes on and stops the run itself before a lease it could not
-renew expires, so no two replicas ever run it at once. Every replica claims runs whose lease
-expired (the database's locking decides who) and continues each from its last snapshot:
-processInput does not run again; the interrupted step's model call (and tools) may. Chunks the
-dead replica already published are not published again (the log refuses an offset it holds), and
-memory is saved once, at the run's end.
-"""
+"""`DurableRuns`: this replica's durable runs, each checkpointed, leased and fenced by its epoch."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
 import os
 import socket
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from procmesh_orchestrator.durable.publisher import Publisher
+from procmesh_orchestrator.durable.takeover import TakeOver
 from procmesh_orchestrator.errors import (
-    EventLogError,
-    EventLogUnavailableError,
+    EventLogFencedError,
+    FencedWriteError,
     LeaseLostError,
     MemoryStoreError,
     OrchestratorError,
-    SuspendError,
 )
 from procmesh_orchestrator.events import EventLog
-from procmesh_orchestrator.memory.store import CANCELLED, DONE, FAILED, SUSPENDED, DurableRun, MemoryStore
+from procmesh_orchestrator.memory.store import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    SUSPENDED,
+    DurableRun,
+    MemoryStore,
+    RunFence,
+)
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, RunResult, snapshot
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("procmesh_orchestrator.durable")
 
-_END = object()
 _KEEP_ENDED = 256
-_RETRY_PAUSE = 0.5
-"""Seconds between attempts while the event log is unreachable (the run pauses at its next
-checkpoint until it is back)."""
 
 
 @dataclass(frozen=True)
@@ -65,88 +62,28 @@ def replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-class _Publisher:
-    """A run's chunks into its event log, in order, each appended before any client can read it.
-
-    The run's sink is synchronous; a task appends what it queues. While the log is unreachable
-    the task retries (logged once per outage), so the run pauses at its next checkpoint, which
-    waits for the queue to drain.
-    """
-
-    def __init__(self, events: EventLog, run_id: str, offset: int, metrics: OrchestratorMetrics) -> None:
-        self.events = events
-        self.run_id = run_id
-        self.next_offset = offset
-        self.metrics = metrics
-        self.dropped = False
-        """Set when the run lost its lease (or the log refused it): nothing more is published."""
-        self.failure: EventLogError | None = None
-        """Why the log refused a chunk, if it did (the run is then recorded as failed)."""
-        self.opened = asyncio.Event()
-        """Set once the log holds the run's first chunk: from then on a client can attach."""
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._task = asyncio.create_task(self._pump())
-
-    def put(self, chunk: Chunk) -> None:
-        if not self.dropped:
-            self.metrics.event_log_lag.inc()
-            self._queue.put_nowait(chunk)
-
-    async def _pump(self) -> None:
-        while True:
-            chunk = await self._queue.get()
-            try:
-                if chunk is _END:
-                    return
-                await self._append(chunk)
-            except EventLogError as exc:  # refused (not unreachable): a bug, never papered over
-                log.error("run %s: the event log refused a chunk: %s", self.run_id, exc)
-                self.failure = exc
-                self.dropped = True
-            finally:
-                self._queue.task_done()
-
-    async def _append(self, chunk: Chunk) -> None:
-        if self.dropped:
-            return
-        outage = False
-        while not self.dropped:
-            try:
-                await self.events.append(self.run_id, self.next_offset, chunk)  # False: already there
-                break
-            except EventLogUnavailableError as exc:
-                if not outage:
-                    log.warning("run %s: event log unreachable, the run waits for it: %s", self.run_id, exc)
-                    outage = True
-                await asyncio.sleep(_RETRY_PAUSE)
-        self.next_offset += 1
-        self.opened.set()
-        self.metrics.event_log_lag.dec()
-
-    async def flush(self) -> None:
-        """Wait until everything queued is in the log."""
-        await self._queue.join()
-
-    async def close(self) -> None:
-        self._queue.put_nowait(_END)
-        await self._task
-
-    def drop(self) -> None:
-        """The lease is gone: stop publishing at once (the replica that has the run publishes)."""
-        self.dropped = True
-        self._task.cancel()
+def config_version(agent_config: Any) -> str:
+    """The fingerprint of an agent's configuration (a pydantic model, or any JSON-able value): the
+    first 16 hex digits of the SHA-256 of its canonical JSON. Runs carry the one they started
+    under; a replica taking one over under another says so."""
+    dump = getattr(agent_config, "model_dump_json", None)
+    text = dump(by_alias=True) if dump is not None else repr(agent_config)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass
 class _Local:
-    """A durable run this replica runs."""
+    """A durable run this replica runs, at the epoch its claim (or creation) gave it."""
 
     run: Run
-    publisher: _Publisher
-    task: asyncio.Task[RunResult | None]
+    publisher: Publisher
+    epoch: int
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set at the first write refused for the epoch: the run stops here at once."""
+    task: asyncio.Task[RunResult | None] | None = None
 
 
-class DurableRuns:
+class DurableRuns(TakeOver):
     """This replica's durable runs, and the take-over of others' whose lease expired."""
 
     def __init__(
@@ -157,16 +94,24 @@ class DurableRuns:
         metrics: OrchestratorMetrics,
         settings: DurableSettings | None = None,
         replica: str | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> None:
         self._open_store = store
         self.events = events
         self.agents = agents
+        """The agents this replica runs: it claims runs of these only."""
+        self.versions = dict(versions or {})
+        """Each agent's config fingerprint (`config_version`), kept in the runs it starts."""
         self.metrics = metrics
         self.settings = settings or DurableSettings()
         self.replica = replica or replica_id()
         self.local: dict[str, _Local] = {}
         self._ended: OrderedDict[str, asyncio.Task[RunResult | None]] = OrderedDict()
         """The last runs that ended here, for `result` (a run may end before its caller asks)."""
+        self._left: OrderedDict[str, str] = OrderedDict()
+        """Runs left to other replicas (run id: why), each counted once; those it could not resume
+        (``resume``) are not claimed again here."""
+        self._left_logged = -math.inf
         self._claimer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -183,10 +128,12 @@ class DurableRuns:
                 await self._claimer
         for local in list(self.local.values()):
             local.publisher.drop()
-            local.task.cancel()
+            if local.task is not None:
+                local.task.cancel()
         for local in list(self.local.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await local.task
+                if local.task is not None:
+                    await local.task
 
     # -- starting, attaching, cancelling -----------------------------------------------------
 
@@ -198,13 +145,14 @@ class DurableRuns:
         data = {"phase": "start", "input": input, "call": snapshot.call_data(options)}
         run_id = str(uuid.uuid4())
         store = await self._open_store()
-        await store.create_durable_run(
+        created = await store.create_durable_run(
             DurableRun(
                 run_id=run_id,
                 agent_id=agent_id,
                 thread_id=options.thread_id,
                 resource_id=options.resource_id,
                 snapshot=data,
+                config_version=self.versions.get(agent_id, ""),
             ),
             owner=self.replica,
             lease_seconds=self.settings.lease_seconds,
@@ -214,11 +162,14 @@ class DurableRuns:
             return Run(spec, input, options, sink=sink, metrics=self.metrics, run_id=run_id)
 
         try:
-            local = self._launch(run_id, 0, build)
+            local = self._launch(run_id, 0, created.epoch, build)
         except BaseException as exc:
-            await store.finish_durable_run(run_id, owner=self.replica, status=FAILED, error=str(exc))
+            await store.finish_durable_run(
+                run_id, owner=self.replica, epoch=created.epoch, status=FAILED, error=str(exc)
+            )
             raise
         # A client attaches as soon as this returns: the log must exist by then (its `start`).
+        assert local.task is not None
         opened = asyncio.ensure_future(local.publisher.opened.wait())
         await asyncio.wait({opened, local.task}, return_when=asyncio.FIRST_COMPLETED)
         opened.cancel()
@@ -232,7 +183,7 @@ class DurableRuns:
         """The result of a run this replica runs or lately ran (None when it stopped here without
         one: another replica has it, or it ran here too long ago)."""
         local = self.local.get(run_id)
-        if local is not None:
+        if local is not None and local.task is not None:
             return await asyncio.shield(local.task)
         ended = self._ended.get(run_id)
         return None if ended is None or ended.cancelled() else ended.result()
@@ -248,17 +199,22 @@ class DurableRuns:
 
     # -- running -----------------------------------------------------------------------------
 
-    def _launch(self, run_id: str, offset: int, build: Callable[[ChunkSink], Run]) -> _Local:
-        """Run it here: its chunks go to the log from `offset` on, its checkpoints to the store."""
-        publisher = _Publisher(self.events, run_id, offset, self.metrics)
+    def _launch(self, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]) -> _Local:
+        """Run it here at `epoch`: its chunks go to the log from `offset` on, its checkpoints to
+        the store, each write under the epoch."""
+        publisher = Publisher(self.events, run_id, offset, epoch, self.metrics)
         try:
             run = build(publisher.put)
         except BaseException:
             publisher.drop()
             raise
-        run.checkpoint = self._checkpointer(publisher)
-        task = asyncio.create_task(self._drive(run, publisher))
-        local = self.local[run_id] = _Local(run, publisher, task)
+        local = _Local(run, publisher, epoch)
+        run.fence = RunFence(run_id, epoch)
+        run.on_fenced = lambda write, exc: self._fenced(local, write, exc)
+        publisher.on_fenced = lambda exc: self._fenced(local, "event", exc)
+        run.checkpoint = self._checkpointer(local)
+        task = local.task = asyncio.create_task(self._drive(local))
+        self.local[run_id] = local
         task.add_done_callback(lambda done: self._forget(run_id, done))
         return local
 
@@ -268,28 +224,59 @@ class DurableRuns:
         while len(self._ended) > _KEEP_ENDED:
             self._ended.popitem(last=False)
 
-    def _checkpointer(self, publisher: _Publisher) -> Callable[[RunCore, int], Awaitable[None]]:
+    def _fenced(self, local: _Local, write: str, exc: BaseException) -> None:
+        """A write of the run under its epoch was refused: another replica claimed the run since.
+        Counted; the first is logged and stops the run here (nothing more is published)."""
+        self.metrics.fenced_writes.labels(write).inc()
+        if local.stop.is_set():
+            return
+        local.stop.set()
+        local.publisher.drop()
+        current = getattr(exc, "current", None)
+        log.warning(
+            "run %s: its %s under epoch %d was refused: the run is at epoch %s, another replica "
+            "took it over while this one held an expired lease; stopping it here",
+            local.run.run_id,
+            write,
+            local.epoch,
+            "a later one" if current is None else current,
+        )
+
+    def _checkpointer(self, local: _Local) -> Callable[[RunCore, int], Awaitable[None]]:
+        publisher = local.publisher
+
         async def checkpoint(run: RunCore, next_step: int) -> None:
             await publisher.flush()  # the snapshot's offset never runs ahead of the log
+            if local.stop.is_set():
+                raise FencedWriteError(f"durable run {run.run_id!r}: epoch {local.epoch} was fenced off")
             data = snapshot.capture(run, next_step=next_step)
             data["phase"] = "step"
             data["eventOffset"] = publisher.next_offset
             store = await self._open_store()
             try:
                 await store.checkpoint_durable_run(
-                    run.run_id, owner=self.replica, snapshot=data, lease_seconds=self.settings.lease_seconds
+                    run.run_id,
+                    owner=self.replica,
+                    epoch=local.epoch,
+                    snapshot=data,
+                    lease_seconds=self.settings.lease_seconds,
                 )
+            except FencedWriteError as exc:
+                self._fenced(local, "checkpoint", exc)
+                raise
             except LeaseLostError:
                 publisher.drop()  # the replica that has it now publishes; not even our error chunk
                 raise
 
         return checkpoint
 
-    async def _drive(self, run: Run, publisher: _Publisher) -> RunResult | None:
-        keeper = asyncio.create_task(self._keep_lease(run))
+    async def _drive(self, local: _Local) -> RunResult | None:
+        run, publisher = local.run, local.publisher
+        keeper = asyncio.create_task(self._keep_lease(local))
+        stopped = asyncio.create_task(local.stop.wait())
         try:
             work = asyncio.create_task(run.execute())
-            done, _ = await asyncio.wait({work, keeper}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({work, keeper, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:  # the lease is lost: another replica has (or will have) the run
                 publisher.drop()
                 work.cancel()
@@ -297,16 +284,31 @@ class DurableRuns:
                     await work
                 return None
             result, failure = work.result()
+            if local.stop.is_set() or isinstance(failure, LeaseLostError):
+                publisher.drop()
+                return None  # a write found the run another replica's
             if publisher.dropped and publisher.failure is None:
                 return None  # a checkpoint found the lease gone: the run is another replica's
             await publisher.close()
+            if local.stop.is_set():
+                return None  # the log refused a chunk for the epoch
             status, error = _STATUS[result.status], str(failure or "")
             if publisher.failure is not None:
                 status, error = FAILED, f"the event log refused a chunk: {publisher.failure}"
             store = await self._open_store()
             # The record first: a reader that sees the log end finds the run's final status.
-            await store.finish_durable_run(run.run_id, owner=self.replica, status=status, error=error)
-            await self.events.finish(run.run_id, self.settings.retention_seconds)
+            try:
+                await store.finish_durable_run(
+                    run.run_id, owner=self.replica, epoch=local.epoch, status=status, error=error
+                )
+            except FencedWriteError as exc:
+                self._fenced(local, "finish", exc)
+                return None
+            try:
+                await self.events.finish(run.run_id, self.settings.retention_seconds, epoch=local.epoch)
+            except EventLogFencedError as exc:
+                self._fenced(local, "event", exc)
+                return None
             return result
         except LeaseLostError:
             publisher.drop()
@@ -320,10 +322,12 @@ class DurableRuns:
             return None
         finally:
             keeper.cancel()
+            stopped.cancel()
 
-    async def _keep_lease(self, run: Run) -> None:
+    async def _keep_lease(self, local: _Local) -> None:
         """Renew the lease until the run ends; return (the run must stop) when it is lost, or when
         renewals failed so long that it would expire before the next try."""
+        run = local.run
         lease = self.settings.lease_seconds
         held_until = time.monotonic() + lease
         while True:
@@ -335,8 +339,11 @@ class DurableRuns:
                 async with asyncio.timeout(max(0.0, held_until - lease / 6 - time.monotonic())):
                     store = await self._open_store()
                     cancel = await store.renew_durable_lease(
-                        run.run_id, owner=self.replica, lease_seconds=lease
+                        run.run_id, owner=self.replica, epoch=local.epoch, lease_seconds=lease
                     )
+            except FencedWriteError as exc:
+                self._fenced(local, "renewal", exc)
+                return
             except LeaseLostError:
                 log.warning("run %s: its lease was taken over; stopping here", run.run_id)
                 return
@@ -353,79 +360,6 @@ class DurableRuns:
             held_until = time.monotonic() + lease
             if cancel and run.options.abort_signal is not None:
                 run.options.abort_signal.set()
-
-    # -- taking over -------------------------------------------------------------------------
-
-    async def _claim_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.claim_interval_seconds)
-            room = self.settings.max_runs - len(self.local)
-            if room <= 0:
-                continue
-            try:
-                store = await self._open_store()
-                claimed = await store.claim_expired_durable_runs(
-                    owner=self.replica, lease_seconds=self.settings.lease_seconds, limit=room
-                )
-            except MemoryStoreError as exc:
-                log.warning("cannot look for durable runs to take over: %s", exc)
-                continue
-            for record in claimed:
-                try:
-                    self._take_over(record)
-                except SuspendError as exc:  # a processor list naming what this replica lacks
-                    log.warning("run %s could not be taken over: %s", record.run_id, exc)
-                    await store.finish_durable_run(
-                        record.run_id, owner=self.replica, status=FAILED, error=f"could not be resumed: {exc}"
-                    )
-                except Exception:  # a run this replica cannot run (an unknown agent, a bad snapshot)
-                    log.exception("run %s could not be taken over", record.run_id)
-                    await store.finish_durable_run(
-                        record.run_id, owner=self.replica, status=FAILED, error="could not be resumed"
-                    )
-
-    def _take_over(self, record: DurableRun) -> None:
-        spec = self.agents[record.agent_id]
-        data = record.snapshot
-        options = CallOptions(abort_signal=asyncio.Event())
-        run_id = record.run_id
-        build: Callable[[ChunkSink], Run]
-        if data.get("phase") == "start":  # it died before its first checkpoint: from the start
-            call = data["call"]
-            options = snapshot.resumed_options(call, replace(options, timeout=call["timeout"]), spec)
-
-            def build(sink: ChunkSink) -> Run:
-                return Run(spec, data["input"], options, sink=sink, metrics=self.metrics, run_id=run_id)
-
-            offset = 0
-        else:
-
-            def build(sink: ChunkSink) -> Run:
-                sink = _without_start(sink)  # the log's offset 0 is the run's start already
-                return Run.resume(spec, data, None, options, sink=sink, metrics=self.metrics)
-
-            offset = int(data["eventOffset"])
-        self.metrics.runs_taken_over.inc()
-        log.info(
-            "run %s taken over (attempt %d) at step %s", run_id, record.attempts, data.get("nextStep", 0)
-        )
-        self._launch(run_id, offset, build)
-
-
-def _without_start(sink: ChunkSink) -> ChunkSink:
-    """`sink` without the resumed run's own start chunk: published at the checkpoint's offset, it
-    would take the place of the step's first chunk and shift every later one by one (the log then
-    refuses the shifted chunks it holds and adds the rest a place too late: one twice, one late)."""
-    seen = False
-
-    def put(chunk: Chunk) -> None:
-        nonlocal seen
-        if not seen and chunk.get("type") == "start":
-            seen = True
-            return
-        sink(chunk)
-
-    return put
 
 
 _STATUS = {

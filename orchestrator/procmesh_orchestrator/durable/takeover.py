@@ -1,0 +1,179 @@
+"""Taking over durable runs whose lease expired: claimed only for the agents this replica has,
+their log fenced before the claim commits, and left (counted, never failed) to another replica
+when this one cannot resume them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from procmesh_orchestrator.durable.publisher import without_start
+from procmesh_orchestrator.errors import EventLogError, MemoryStoreError, SuspendError
+from procmesh_orchestrator.events import EventLog
+from procmesh_orchestrator.memory.store import FAILED, DurableRun, MemoryStore
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
+from procmesh_orchestrator.run.base import ChunkSink
+from procmesh_orchestrator.run.loop import Run
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.durable.runs import DurableSettings
+
+log = logging.getLogger("procmesh_orchestrator.durable")
+
+_KEEP_LEFT = 1024
+"""Run ids remembered as left to other replicas (each counted once)."""
+_LEFT_LOG_EVERY = 60.0
+"""Seconds between two log lines about runs left to other replicas."""
+
+
+class CannotResume(Exception):
+    """This replica lacks what the run needs (its agent): another replica may resume it."""
+
+
+class TakeOver:
+    """`DurableRuns`' take-over of other replicas' runs (what it needs of `DurableRuns` is
+    declared here)."""
+
+    _open_store: Callable[[], Awaitable[MemoryStore]]
+    events: EventLog
+    agents: Mapping[str, AgentSpec]
+    versions: dict[str, str]
+    metrics: OrchestratorMetrics
+    settings: DurableSettings
+    replica: str
+    local: dict[str, Any]
+    _left: OrderedDict[str, str]
+    _left_logged: float
+
+    def _launch(self, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]) -> Any:
+        raise NotImplementedError
+
+    async def _claim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.claim_interval_seconds)
+            room = self.settings.max_runs - len(self.local)
+            if room <= 0:
+                continue
+            try:
+                store = await self._open_store()
+                claimed = await store.claim_expired_durable_runs(
+                    owner=self.replica,
+                    lease_seconds=self.settings.lease_seconds,
+                    limit=room,
+                    agents=list(self.agents),
+                    exclude=[run_id for run_id, why in self._left.items() if why == "resume"],
+                    before_commit=self._raise_fences,
+                )
+            except (MemoryStoreError, EventLogError) as exc:
+                log.warning("cannot look for durable runs to take over: %s", exc)
+                continue
+            except Exception:  # a bug: logged, and the loop goes on (it must never die silently)
+                log.exception("looking for durable runs to take over failed")
+                continue
+            for record in claimed:
+                await self._try_take_over(store, record)
+            try:
+                await self._note_unclaimable(store)
+            except MemoryStoreError as exc:
+                log.warning("cannot look for durable runs left to other replicas: %s", exc)
+            except Exception:
+                log.exception("looking for durable runs left to other replicas failed")
+
+    async def _raise_fences(self, claimed: list[DurableRun]) -> None:
+        """Raise the event log's fence of each claimed run to its new epoch, before the claim
+        commits: from then on its former holder's chunks are refused."""
+        for record in claimed:
+            await self.events.fence(record.run_id, record.epoch)
+
+    async def _note_unclaimable(self, store: MemoryStore) -> None:
+        """Count (once per run) and log (at most once a minute) the expired runs of agents this
+        replica has not: they are left for a replica that has them, never failed here."""
+        others = await store.unclaimable_durable_runs(agents=list(self.agents), limit=100)
+        new = [r for r in others if r.run_id not in self._left]
+        for record in new:
+            self._leave(record.run_id, "agent")
+        now = time.monotonic()
+        if new and now - self._left_logged >= _LEFT_LOG_EVERY:
+            self._left_logged = now
+            agents = sorted({r.agent_id for r in others})
+            log.warning(
+                "%d expired durable run(s) of agent(s) this replica's config lacks (%s) are left for a "
+                "replica that has them",
+                len(others),
+                ", ".join(repr(a) for a in agents[:10]),
+            )
+
+    def _leave(self, run_id: str, why: str) -> None:
+        self._left[run_id] = why
+        self.metrics.runs_left.labels(why).inc()
+        while len(self._left) > _KEEP_LEFT:
+            self._left.popitem(last=False)
+
+    async def _try_take_over(self, store: MemoryStore, record: DurableRun) -> None:
+        try:
+            self._take_over(record)
+        except (SuspendError, CannotResume) as exc:  # what this replica lacks: another may have it
+            log.warning("run %s could not be resumed here (%s); left for another replica", record.run_id, exc)
+            self._leave(record.run_id, "resume")
+            with contextlib.suppress(MemoryStoreError):
+                await store.release_durable_run(record.run_id, owner=self.replica, epoch=record.epoch)
+        except Exception:  # a run nobody can run (a bad snapshot)
+            log.exception("run %s could not be taken over", record.run_id)
+            with contextlib.suppress(MemoryStoreError):
+                await store.finish_durable_run(
+                    record.run_id,
+                    owner=self.replica,
+                    epoch=record.epoch,
+                    status=FAILED,
+                    error="could not be resumed",
+                )
+
+    def _take_over(self, record: DurableRun) -> None:
+        spec = self.agents.get(record.agent_id)
+        if spec is None:
+            raise CannotResume(f"this replica has no agent {record.agent_id!r}")
+        data = record.snapshot
+        options = CallOptions(abort_signal=asyncio.Event())
+        run_id = record.run_id
+        build: Callable[[ChunkSink], Run]
+        if data.get("phase") == "start":  # it died before its first checkpoint: from the start
+            call = data["call"]
+            options = snapshot.resumed_options(call, replace(options, timeout=call["timeout"]), spec)
+
+            def build(sink: ChunkSink) -> Run:
+                return Run(spec, data["input"], options, sink=sink, metrics=self.metrics, run_id=run_id)
+
+            offset = 0
+        else:
+
+            def build(sink: ChunkSink) -> Run:
+                sink = without_start(sink)  # the log's offset 0 is the run's start already
+                return Run.resume(spec, data, None, options, sink=sink, metrics=self.metrics)
+
+            offset = int(data["eventOffset"])
+        mine = self.versions.get(record.agent_id, "")
+        if record.config_version and mine and record.config_version != mine:
+            self.metrics.takeovers_other_config.inc()
+            log.info(
+                "run %s was started under config version %s of agent %r; this replica has %s",
+                run_id,
+                record.config_version,
+                record.agent_id,
+                mine,
+            )
+        self._launch(run_id, offset, record.epoch, build)
+        self.metrics.runs_taken_over.inc()
+        log.info(
+            "run %s taken over (attempt %d, epoch %d) at step %s",
+            run_id,
+            record.attempts,
+            record.epoch,
+            data.get("nextStep", 0),
+        )

@@ -433,6 +433,17 @@ async def test_a_tenant_lists_only_its_own_runs(env: Env) -> None:
         assert (env.durable_run in {r.run_id for r in listed[1].runs}) is sees, kind
 
 
+async def test_only_an_operator_key_replaces_an_agents_processors_for_a_call(env: Env) -> None:
+    body = {"messages": "hi", "inputProcessors": [], "outputProcessors": []}
+    for kind, status in (("A", 403), ("operator", 200)):
+        answer = await _send(env, "POST", "/api/agents/tools/generate", kind, body)
+        assert answer[0] == str(status), answer
+    refused = await _send(env, "POST", "/api/agents/tools/generate", "A", body)
+    assert refused[1]["error"].startswith(
+        "inputProcessors, outputProcessors: replacing an agent's processors needs an operator key"
+    )
+
+
 async def test_two_authorization_headers_are_refused_never_last_wins(env: Env) -> None:
     headers = [("Authorization", "Bearer key-b"), ("Authorization", "Bearer key-a")]
     response = await env.http.get(f"/api/runs/{env.durable_run}", headers=headers)

@@ -3,12 +3,13 @@
 Routes and shapes follow the client (``MastraClient.listMemoryThreads``, ``createMemoryThread``,
 ``getMemoryThread(...).get/update/delete/listMessages``, ``getMemoryStatus``, ``getMemoryConfig``,
 ``saveMessageToMemory``). Every route acts for ONE resource, the caller's (`_Scope.resource`):
-the resource its API key is bound to, or, only on a server that trusts request context, the one
-the request names (``resourceId``, required then: thread ids are scoped by resource, so a thread
-id alone names no thread). Another resource's thread of the same id is another thread, so it is
-answered exactly like a thread that does not exist (404): a caller learns nothing about other
-resources' threads, not even that they exist. A store error reaches the client without the
-store's address or the driver's text (`client_message`); the log has the whole error.
+the resource its API key is bound to, or, for an operator key (or any caller when no key is
+configured), the one the request names (``resourceId``, required then: thread ids are scoped by
+resource, so a thread id alone names no thread); never the request context. Another resource's
+thread of the same id is another thread, so it is answered exactly like a thread that does not
+exist (404): a caller learns nothing about other resources' threads, not even that they exist. A
+store error reaches the client without the store's address or the driver's text
+(`client_message`); the log has the whole error.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 ReadJson = Callable[[Request], Awaitable[Any]]
 
 RESOURCE_ID_KEY = "mastra__resourceId"
-"""The request-context key a trusted layer sets to say whose memory a request is (the reference's)."""
+"""The reference's request-context key for whose memory a request is: reserved, never a caller's
+(`_trust.RESERVED`: a request sending it is a 400)."""
 DEFAULT_MESSAGES_PER_PAGE = 40
 """The reference server's page of messages when the client names none."""
 DEFAULT_THREADS_PER_PAGE = 100

@@ -16,7 +16,8 @@ import yaml
 from procmesh_orchestrator import App, CallOptions
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.durable import DurableRuns
-from procmesh_orchestrator.memory.store import CANCELLED, DONE, RUNNING
+from procmesh_orchestrator.memory.store import CANCELLED, DONE, RUNNING, DurableRun
+from procmesh_orchestrator.run import snapshot
 
 WORDS = "one two three four five six seven eight nine ten"
 
@@ -145,14 +146,53 @@ async def test_a_replica_whose_lease_was_taken_stops_publishing(
     run_id = await a.durable.begin("d", "hi", CallOptions())
     await read(a.durable, run_id, stop_after=3)
     # What the row looks like after another replica claimed it (A paused past its lease, say):
-    # written as that replica's claim writes it, on a connection of its own.
+    # written as that replica's claim writes it (the next epoch), on a connection of its own.
     with sqlite3.connect(tmp_path / "runs.db") as db:
-        db.execute("UPDATE durable_runs SET owner = 'thief', attempts = 2 WHERE run_id = ?", (run_id,))
+        db.execute(
+            "UPDATE durable_runs SET owner = 'thief', attempts = 2, epoch = 2 WHERE run_id = ?", (run_id,)
+        )
     async with asyncio.timeout(10):  # A notices at its next renewal (or checkpoint) and stops
         while run_id in a.durable.local:  # noqa: ASYNC110 - no event to wait for: poll
             await asyncio.sleep(0.05)
     store = await a.suspended_runs_store()
     record = await store.get_durable_run(run_id)
     assert record is not None
-    assert (record.status, record.owner) == (RUNNING, "thief")  # A finished nothing
+    assert (record.status, record.owner, record.epoch) == (RUNNING, "thief", 2)  # A finished nothing
     assert a.metrics.registry.get_sample_value("procmesh_durable_runs_taken_over_total") == 0
+    refused = [
+        a.metrics.registry.get_sample_value("procmesh_durable_fenced_writes_total", {"write": write})
+        for write in ("renewal", "checkpoint", "event", "memory", "finish")
+    ]
+    assert sum(n or 0 for n in refused) >= 1  # its first write under epoch 1 was refused
+
+
+async def test_a_run_this_replica_cannot_resume_is_left_for_another_never_failed(
+    apps: tuple[App, App],
+) -> None:
+    """A per-call processor list naming a processor this replica cannot bind: the run is given back
+    at once, still running, counted as left (reason ``resume``), and not claimed again here."""
+    a, b = apps
+    assert a.durable is not None
+    assert b.durable is not None
+    call = {**snapshot.call_data(CallOptions()), "processorLists": {"output": ["nowhere/gone"]}}
+    store = await a.suspended_runs_store()
+    await store.create_durable_run(
+        DurableRun("stray", "d", snapshot={"phase": "start", "input": "hi", "call": call}),
+        owner="dead",
+        lease_seconds=0.05,
+    )
+    left = "procmesh_durable_runs_left_total"
+
+    def left_by(app: App) -> float:
+        return app.metrics.registry.get_sample_value(left, {"reason": "resume"}) or 0.0
+
+    async with asyncio.timeout(10):
+        while left_by(a) + left_by(b) < 2:  # noqa: ASYNC110 - two replicas' claim loops: poll
+            await asyncio.sleep(0.05)
+    record = await store.get_durable_run("stray")
+    assert record is not None
+    # each replica claimed it once (epochs 2 and 3), gave it back and will not claim it again
+    assert (record.status, record.error, record.epoch, record.owner) == (RUNNING, "", 3, "")
+    assert (left_by(a), left_by(b)) == (1.0, 1.0)
+    await asyncio.sleep(0.5)  # several claim intervals
+    assert (await store.get_durable_run("stray")) == record

@@ -3,6 +3,8 @@ at start-up naming the entry by its position (never the key)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from pydantic import SecretStr
 
@@ -124,7 +126,9 @@ TENANTS = [Caller("key-1", "tenant-a", frozenset()), Caller("key-2", "tenant-b",
 OPERATOR = Caller("key-3", None, frozenset({"operator"}))
 
 
-def test_trust_is_per_key_and_reserved_keys_never_come_from_a_caller() -> None:
+def test_trust_is_per_key_and_reserved_keys_never_come_from_a_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     trust = ContextTrust.of({"tenant-a": ["tier"], "@operator": ["*"]}, [*TENANTS, OPERATOR], legacy=False)
     a, b = TENANTS
     assert trust.check(a, {"tier": "gold"}) == {"tier": "gold"}
@@ -137,7 +141,9 @@ def test_trust_is_per_key_and_reserved_keys_never_come_from_a_caller() -> None:
                 trust.check(caller, {reserved: {"scope": "tenant-a"}})
     assert trust.check(b, {}) == {}
     assert trust.check(b, None) == {}
-    legacy = ContextTrust.of({}, TENANTS, legacy=True)
+    with caplog.at_level(logging.WARNING, logger="procmesh_orchestrator.service._trust"):
+        legacy = ContextTrust.of({}, TENANTS, legacy=True)
+    assert "PROCMESH_TRUST_REQUEST_CONTEXT is deprecated" in caplog.text
     assert legacy.check(b, {"anything": 1}) == {"anything": 1}
     with pytest.raises(BadRequestError, match="'responseCache' reserved"):
         legacy.check(b, {"responseCache": {"scope": "tenant-a"}})

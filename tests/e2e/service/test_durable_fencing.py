@@ -157,15 +157,12 @@ def test_a_replica_woken_after_its_run_was_taken_over_writes_nothing(
             serving, other = replicas[n % 2], replicas[(n + 1) % 2]  # each replica frozen in turn
             try:
                 trials.append(one_trial(n, serving, other, witness, reference, total))
-            except AssertionError:
-                for name, r in (("SERVING", serving), ("OTHER", other)):
-                    print("DEBUG", name, "\n".join(line[:300] for line in r.log().splitlines()[-25:]))
-                print(
-                    "DEBUG ROW",
-                    witness.db.execute(
-                        "SELECT run_id, status, owner, epoch, lease_expires_at, now() FROM durable_runs ORDER BY seq DESC LIMIT 2"
-                    ).fetchall(),
-                )
+            except AssertionError:  # the replicas' last words say why
+                for name, replica in (("frozen", serving), ("other", other)):
+                    print(
+                        f"--- the {name} replica's log, last lines:\n"
+                        + "\n".join(replica.log().splitlines()[-20:])
+                    )
                 raise
     finally:
         for replica in replicas:
@@ -209,7 +206,8 @@ def one_trial(
     from_end = FROM_END[n % len(FROM_END)]
     got = Received()
     asyncio.run(stream_until(serving.http_url, thread, got, stop_after=total - from_end))
-    assert not got.done and got.run_id
+    assert not got.done
+    assert got.run_id
     run_id = got.run_id
     signal_group(serving, signal.SIGSTOP)
     try:

@@ -331,7 +331,18 @@ class DurableRuns(TakeOver):
         lease = self.settings.lease_seconds
         held_until = time.monotonic() + lease
         while True:
+            slept = time.monotonic()
             await asyncio.sleep(lease / 3)
+            now = time.monotonic()
+            if now >= held_until - lease / 6:  # paused (SIGSTOP, a starved loop) past a safe renewal
+                log.warning(
+                    "run %s: cannot renew its lease in time: this replica was paused or starved for "
+                    "%.1f s and its lease (epoch %d) has run out or is about to; stopping here",
+                    run.run_id,
+                    now - slept,
+                    local.epoch,
+                )
+                return
             try:
                 # A store that is down makes a renewal wait out the store's own timeout (its pool's,
                 # 5 s by default), which may be longer than the lease: give up in time to stop here
@@ -353,7 +364,7 @@ class DurableRuns(TakeOver):
                     log.warning(
                         "run %s: cannot renew its lease (%s); stopping before it expires",
                         run.run_id,
-                        exc or "no answer in time",
+                        str(exc) or "no answer in time",
                     )
                     return
                 continue

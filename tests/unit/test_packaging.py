@@ -99,7 +99,10 @@ def test_the_sdk_readme_is_a_package_page() -> None:
         "## License",
     ):
         assert heading in readme
-    assert "pip install procmesh-sdk" in readme
+    # not on PyPI (yet): the page says how to install from a checkout, and clones the real repository
+    assert "pip install procmesh-sdk" not in readme
+    assert "pip install ./sdk" in readme
+    assert f"git clone {pyproject('sdk')['project']['urls']['Repository']}" in readme
 
 
 async def test_the_sdk_readme_examples_run() -> None:

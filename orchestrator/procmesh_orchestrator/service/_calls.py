@@ -407,8 +407,9 @@ def memory_scope(thread: str | None, resource: str | None, *, caller: Caller) ->
     caller's API key's: a key bound to a resource runs as that one (claiming another is refused);
     an operator key (or any caller when no key is configured) names the resource it acts for, or
     none. The thread is the caller's to name, within that resource: the store scopes threads by
-    resource, so no caller reads another's history. Without a resource, both are dropped (the
-    call runs without memory, as before memory existed).
+    resource, so no caller reads another's history. A thread without a resource is refused (a
+    400 naming resourceId): the run could neither load nor save it, and doing it silently would
+    lose the turn.
     """
     for name, value in (("threadId", thread), ("resourceId", resource)):
         # refused here, as a 400, rather than by the store once the run has started
@@ -421,6 +422,11 @@ def memory_scope(thread: str | None, resource: str | None, *, caller: Caller) ->
     elif not caller.operator:
         resource = None
     if not resource:
+        if thread:
+            raise BadRequestError(
+                "threadId: a thread belongs to a resource (a user, an org); name it with resourceId, "
+                "or call with an API key bound to one (PROCMESH_API_KEYS key=resource)"
+            )
         return "", ""
     return thread or "", resource
 

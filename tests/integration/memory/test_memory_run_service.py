@@ -159,8 +159,8 @@ def test_the_body_names_the_thread_as_the_client_sends_it() -> None:
 def test_only_the_key_or_an_operator_names_the_resource() -> None:
     body = {"messages": "hi", "memory": {"thread": "t1", "resource": "u1"}}
     gateway = Caller("key-2", None, frozenset({"gateway"}))
-    untrusted = parse_body(body, caller=gateway, trust=TRUST, limits=LIMITS)
-    assert (untrusted.options.thread_id, untrusted.options.resource_id) == ("", "")  # no memory
+    with pytest.raises(BadRequestError, match="threadId: a thread belongs to a resource"):
+        parse_body(body, caller=gateway, trust=TRUST, limits=LIMITS)  # refused, never run without memory
     tenant = Caller("key-1", "u1", frozenset())
     bound = parse_body({"messages": "hi", "threadId": "t1"}, caller=tenant, trust=TRUST, limits=LIMITS)
     assert (bound.options.thread_id, bound.options.resource_id) == ("t1", "u1")

@@ -118,7 +118,6 @@ async def test_generate_takes_message_lists_and_call_options(http: httpx.AsyncCl
         ],
         "maxSteps": 1,
         "maxProcessorRetries": 0,
-        "threadId": "ignored-by-procmesh",
     }
     response = await http.post("/api/agents/assistant/generate", json=body)
     assert response.status_code == 200, response.text
@@ -455,7 +454,12 @@ async def test_the_resource_is_the_keys_and_an_operator_names_the_one_it_acts_fo
     body = {"messages": "hi", "resourceId": "org-7", "threadId": "t-1"}
     trust = ContextTrust.of({}, [], legacy=False)
     gateway = Caller("key-3", None, frozenset({"gateway"}))
-    nothing = parse_body(body, caller=gateway, trust=trust, limits=LIMITS)
+    # a key with no resource of its own cannot name one: its thread is refused, never dropped
+    with pytest.raises(BadRequestError, match="threadId: a thread belongs to a resource"):
+        parse_body(body, caller=gateway, trust=trust, limits=LIMITS)
+    nothing = parse_body(
+        {"messages": "hi", "resourceId": "org-7"}, caller=gateway, trust=trust, limits=LIMITS
+    )
     assert (nothing.options.resource_id, nothing.options.thread_id) == ("", "")
     acting = parse_body(body, caller=OPERATOR, trust=trust, limits=LIMITS)
     assert (acting.options.resource_id, acting.options.thread_id) == ("org-7", "t-1")

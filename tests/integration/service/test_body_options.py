@@ -128,6 +128,22 @@ async def test_an_unknown_model_setting_is_a_400_naming_it(http: httpx.AsyncClie
 
 
 @pytest.mark.parametrize(
+    "body",
+    [{"threadId": "t1"}, {"memory": {"thread": "t1"}}, {"memory": {"thread": {"id": "t1"}}}],
+    ids=["threadId", "memory.thread", "memory.thread.id"],
+)
+async def test_a_thread_without_a_resource_is_a_400_naming_resource_id(
+    http: httpx.AsyncClient, body: dict[str, Any]
+) -> None:
+    # the run could neither load nor save the thread: it used to run without memory, silently
+    for route in ("generate", "stream"):
+        response = await http.post(f"/api/agents/plain/{route}", json={"messages": "hi", **body})
+        assert response.status_code == 400, response.text
+        assert "threadId: a thread belongs to a resource" in response.json()["error"]
+        assert "resourceId" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
     "choice", ["none", "required", {"type": "tool", "toolName": "weather"}], ids=["none", "required", "tool"]
 )
 async def test_tool_choice_reaches_the_model_request(

@@ -8,6 +8,8 @@ have, and leaves those of the agent its config lacks (counted in
 ``procmesh_durable_runs_left_total{reason="agent"}``, logged, never failed: they stay
 ``running``) until a replica that has the agent starts and finishes them. Every run ends
 ``done``, taken over by a replica whose config has its agent, and its thread holds the turn once.
+The agent both have changed between the configs too: the runs started under its old version are
+resumed by the new replica, which counts them (``procmesh_durable_takeovers_other_config_total``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ OLD_ONLY = "old-teller"
 NEW_ONLY = "new-teller"
 RUNS_PER_AGENT = 3
 LEFT = re.compile(r'^procmesh_durable_runs_left_total\{reason="agent"\} (\S+)$', re.MULTILINE)
+OTHER_CONFIG = re.compile(r"^procmesh_durable_takeovers_other_config_total (\S+)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,7 @@ def config_with(*agents: str) -> dict[str, Any]:
 
 OLD = config_with(AGENT, OLD_ONLY)
 NEW = config_with(AGENT, NEW_ONLY)
+NEW["agents"][AGENT]["memory"]["lastMessages"] = 30  # the agent both have changed too: another version
 
 
 async def begin(base_url: str, agent: str, thread: str) -> Received:
@@ -106,9 +110,13 @@ def kill(process: OrchestratorProcess) -> None:
     process.proc.wait(timeout=WAIT)
 
 
-def left_count(process: OrchestratorProcess) -> float:
-    found = LEFT.search(httpx.get(f"{process.http_url}/metrics", timeout=WAIT).text)
+def sample(process: OrchestratorProcess, pattern: re.Pattern[str]) -> float:
+    found = pattern.search(httpx.get(f"{process.http_url}/metrics", timeout=WAIT).text)
     return float(found[1]) if found else 0.0
+
+
+def left_count(process: OrchestratorProcess) -> float:
+    return sample(process, LEFT)
 
 
 def wait_done(witness: Witness, run_ids: list[str], what: str) -> None:
@@ -137,6 +145,9 @@ def test_every_run_finishes_on_a_replica_that_has_its_agent(
             until(lambda: left_count(new) >= len(old_only), "the new replica counts the runs it leaves")
         )
         assert "left for a replica that has them" in new.log()
+        # the runs of the agent both have were started under the old version of its config
+        assert sample(new, OTHER_CONFIG) == len(shared)
+        assert new.log().count("was started under config version") == len(shared)
         for run_id in old_only:  # left, never failed, never claimed by the replica without the agent
             status, owner, epoch = (witness.row(run_id) or ())[:3]
             assert (status, epoch) == ("running", 1), (run_id, status, owner, epoch)

@@ -109,8 +109,12 @@ class CostControl:
             return "global"
         if scope == "agent":
             return f"agent:{self.agent_id}"
-        value = resource_id if scope == "resource" else thread_id
-        return f"{scope}:{value}" if value else None
+        if scope == "resource":
+            return f"resource:{resource_id}" if resource_id else None
+        # thread ids are scoped by resource (two tenants may each have a "t1"): the key holds both,
+        # the resource's length first so no pair of ids can spell another pair's key
+        resource = resource_id or ""
+        return f"thread:{len(resource)}:{resource}/{thread_id}" if thread_id else None
 
     def price(self, model_id: str) -> PriceConfig | None:
         """The model's price; an unpriced model (a judge or a processor's override) is logged once."""

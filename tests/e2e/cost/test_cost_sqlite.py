@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -72,6 +73,27 @@ def test_spending_older_than_the_window_no_longer_counts(
     assert refused["tripwire"]["metadata"]["scopeKey"] == "agent:spender"
     time.sleep(2.2)  # the window passes the first call
     assert outcomes(asyncio.run(generate_all([proc.http_url], BOB))) == {"let through": 1}
+
+
+def test_the_thread_scope_is_each_resources_own_thread(
+    tmp_path: Path, start_orchestrator: Callable[..., OrchestratorProcess]
+) -> None:
+    # thread ids are scoped by resource: Bob's "t1" is not Ada's, and neither spends the other's budget
+    proc = start_orchestrator(
+        config(_sqlite(tmp_path), maxCost=PER_CALL, scope="thread"), env={"PROCMESH_API_KEYS": KEYS}
+    )
+
+    def on_t1(headers: dict[str, str]) -> dict[str, Any]:
+        body = {"messages": "hi", "threadId": "t1"}
+        response = httpx.post(f"{proc.http_url}/api/agents/spender/generate", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        out: dict[str, Any] = response.json()
+        return out
+
+    ada = [on_t1(ADA), on_t1(ADA)]
+    assert outcomes(ada) == {"let through": 1, "refused": 1}
+    assert ada[1]["tripwire"]["metadata"]["scopeKey"] == "thread:8:user-ada/t1"
+    assert outcomes([on_t1(BOB)]) == {"let through": 1}
 
 
 @pytest.mark.parametrize(

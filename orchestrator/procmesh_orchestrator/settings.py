@@ -85,6 +85,20 @@ class OrchestratorSettings(BaseSettings):
     sse_heartbeat_seconds: float = Field(default=15.0, ge=0)
     """A streamed response sends a ``: ping`` comment line after this long without a chunk, so
     proxies with an idle timeout keep the connection (0: never)."""
+    slow_client_seconds: float = Field(default=30.0, ge=0)
+    """A client that leaves a response unread this long (the server's send buffer full the whole
+    time) is cut and its run handled as a disconnect (``abort_on_disconnect``); until then its
+    streamed run is paused, never buffered without bound (0: never cut)."""
+    max_inflight_per_key: int | None = Field(default=None, gt=0)
+    """Requests and streams in flight at once per API key, HTTP and gRPC together; past it: 429 /
+    RESOURCE_EXHAUSTED naming this limit. Default: a quarter of ``max_connections``, so one key
+    cannot take every connection from the others. Without API keys (development) only
+    ``max_connections`` applies."""
+
+    @property
+    def inflight_per_key(self) -> int:
+        """`max_inflight_per_key`, or its default from `max_connections`."""
+        return self.max_inflight_per_key or max(1, self.max_connections // 4)
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

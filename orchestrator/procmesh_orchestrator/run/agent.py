@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import OrchestratorError, SuspendedRunNotFoundError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.run.tool_calls import Decision
@@ -29,9 +30,10 @@ def _abortable(options: CallOptions | None) -> CallOptions:
 class RunStream:
     """A streamed run: iterate for chunks, then `await result()` (or await it directly)."""
 
-    def __init__(self, run: Run, queue: asyncio.Queue[Any], *, store: MemoryStore | None = None) -> None:
+    def __init__(self, run: Run, queue: ChunkBuffer, *, store: MemoryStore | None = None) -> None:
         self._queue = queue
         self._run = run
+        run.room = queue.room  # the run pauses while its reader is far behind
         self._store = store
         """A resumed run's store: the suspended record goes once the run is done."""
         self._task = asyncio.create_task(self._drive())
@@ -66,7 +68,13 @@ class RunStream:
 
     async def result(self) -> RunResult:
         """The run's result (consumes any chunks not yet read)."""
+        self._queue.discard()
         return await self._task
+
+    def detach(self) -> None:
+        """The reader is gone: the chunks not read are dropped and the run no longer pauses for
+        them (a streamed run waits while `chunk_buffer.DEFAULT_LIMIT` chunks are unread)."""
+        self._queue.discard()
 
     async def cancel(self) -> RunResult:
         """Abort the run (its abort signal): in-flight calls are cancelled, the stream ends with an
@@ -98,7 +106,7 @@ class Agent:
 
     def stream(self, input: str | list[dict[str, Any]], options: CallOptions | None = None) -> RunStream:
         """Start a streamed run; failures end the stream with an ``error`` chunk."""
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = ChunkBuffer()
         run = Run(self.spec, input, _abortable(options), sink=queue.put_nowait, metrics=self.metrics)
         return RunStream(run, queue)
 
@@ -168,7 +176,7 @@ class Agent:
         if saved.agent_id != self.spec.id:
             await store.release_suspended(run_id)
             raise SuspendedRunNotFoundError(f"run {run_id!r} is not a run of agent {self.spec.id!r}")
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = ChunkBuffer()
         try:
             run = Run.resume(
                 self.spec,

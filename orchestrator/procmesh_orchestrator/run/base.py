@@ -60,6 +60,9 @@ class RunCore:
         self.options = options
         self.streaming = sink is not None
         self._sink = sink
+        self.room: Callable[[], Awaitable[None]] | None = None
+        """Awaited after each chunk of the output stream: returns once the reader has room (a
+        `RunStream`'s bounded buffer), so a reader that does not read pauses the model stream."""
         self.metrics = metrics
         self.run_id = run_id or str(uuid.uuid4())
         self.violations: list[dict[str, Any]] = []
@@ -217,6 +220,8 @@ class RunCore:
             async for item in items:
                 if isinstance(item, dict):
                     on_chunk(item)
+                    if self.room is not None:
+                        await self.room()
                 elif isinstance(item, StreamEffects):
                     for record in item.signals:
                         self.ml.add_signal_record(record)

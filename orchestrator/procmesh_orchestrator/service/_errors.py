@@ -97,6 +97,13 @@ class TooLargeError(ServiceError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class TooManyRequestsError(ServiceError):
+    """The caller's API key has as many requests in flight as it may (the message names the limit)."""
+
+    http_status = 429
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class DrainingError(ServiceError):
     """The server is shutting down and takes no new runs."""
 

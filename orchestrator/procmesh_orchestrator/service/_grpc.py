@@ -8,7 +8,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -394,6 +394,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             yield last
         finally:
             if not finished:
+                run.detach()  # no reader any more: the run must not wait for one
                 with contextlib.suppress(Exception):
                     await run.cancel()  # the client cancelled: abort the run (partial result)
             service.runs.discard(run_id)
@@ -410,12 +411,13 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         service.metrics.requests.labels("grpc", "OK").inc()
 
 
-def _raw(handler: Any, decode: Any, check: Any) -> Any:
+def _raw(handler: Any, decode: Any, check: Any, take: Any = None) -> Any:
     """`handler` taking raw bytes: a request that does not decode is INVALID_ARGUMENT, not UNKNOWN.
 
     grpc decodes before any handler runs and reports a failure as UNKNOWN with an ERROR traceback
     per request; decoding here makes it the contract's INVALID_ARGUMENT and one rate-limited line.
     `check` runs first (the API key), so an unauthenticated caller learns nothing about decoding.
+    `take` (AgentService) then takes one of the key's slots (`KeyLimits`), given back at the end.
     """
 
     async def parse(raw: bytes, context: Context) -> Any:
@@ -430,7 +432,12 @@ def _raw(handler: Any, decode: Any, check: Any) -> Any:
         unary: Any = handler.unary_unary
 
         async def unary_unary(raw: bytes, context: Context) -> Any:
-            return await unary(await parse(raw, context), context)
+            request = await parse(raw, context)
+            give_back = await take(context) if take is not None else _nothing
+            try:
+                return await unary(request, context)
+            finally:
+                give_back()
 
         return grpc.unary_unary_rpc_method_handler(
             unary_unary, response_serializer=handler.response_serializer
@@ -439,13 +446,22 @@ def _raw(handler: Any, decode: Any, check: Any) -> Any:
         streaming: Any = handler.unary_stream
 
         async def unary_stream(raw: bytes, context: Context) -> AsyncIterator[Any]:
-            async for item in streaming(await parse(raw, context), context):
-                yield item
+            request = await parse(raw, context)
+            give_back = await take(context) if take is not None else _nothing
+            try:
+                async for item in streaming(request, context):
+                    yield item
+            finally:
+                give_back()
 
         return grpc.unary_stream_rpc_method_handler(
             unary_stream, response_serializer=handler.response_serializer
         )
     return handler  # reflection's bidirectional stream: decoded by grpc, guarded by the key check
+
+
+def _nothing() -> None:
+    """No slot to give back."""
 
 
 class _Guard(grpc.aio.ServerInterceptor):
@@ -468,6 +484,14 @@ class _Guard(grpc.aio.ServerInterceptor):
         except ServiceError as exc:
             await context.abort(exc.grpc_code, str(exc))
 
+    async def _take_slot(self, context: Context) -> Callable[[], None]:
+        """One of the key's in-flight slots (RESOURCE_EXHAUSTED naming the limit when none is free)."""
+        try:
+            return self._service.key_limits.take(grpc_caller(self._service.keys, context))
+        except ServiceError as exc:
+            self._service.metrics.requests.labels("grpc", exc.grpc_code.name).inc()
+            await context.abort(exc.grpc_code, str(exc))
+
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
         if handler is None:
@@ -478,7 +502,7 @@ class _Guard(grpc.aio.ServerInterceptor):
         if handler.request_deserializer is None:
             return handler
         if method.startswith(f"/{AGENT_SERVICE}/"):
-            return _raw(handler, handler.request_deserializer, self._check_agent_key)
+            return _raw(handler, handler.request_deserializer, self._check_agent_key, self._take_slot)
         if method.startswith(f"/{_model_gateway.MODEL_SERVICE}/"):
             # the gateway's own access rule (the unix socket, or a key with the gateway role)
             return _raw(handler, handler.request_deserializer, self._gateway_check)

@@ -230,6 +230,16 @@ class _Boundary:
                     await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
                     return
                 scope.setdefault("state", {})["caller"] = caller  # the handlers' caller_of(request)
+                try:
+                    give_back = self._service.key_limits.take(caller)
+                except ServiceError as exc:  # this key's requests in flight: 429 naming the limit
+                    await error_response(exc.http_status, str(exc))(scope, receive, counting_send)
+                    return
+                try:
+                    await self._app(scope, receive, counting_send)
+                finally:
+                    give_back()
+                return
             await self._app(scope, receive, counting_send)
         except Exception as exc:
             # Starlette re-raises after its 500 handler ran (or the client left mid-stream): log
@@ -629,6 +639,7 @@ def _releaser(service: Service, streamed: _Streamed | None = None) -> Release:
             return
         try:
             if streamed is not None:
+                streamed.run.detach()  # no reader any more: the run must not wait for one
                 with contextlib.suppress(Exception):
                     await streamed.run.cancel()  # a no-op for a finished run
         finally:

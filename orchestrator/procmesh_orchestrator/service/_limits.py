@@ -1,4 +1,5 @@
-"""Limits on what a caller may send, checked once at the API boundary, in linear time.
+"""Limits on what a caller may send and hold: input checked once at the API boundary, in linear time;
+requests in flight per API key (`KeyLimits`).
 
 Everything a caller sends ends up in protobuf messages to the sidecars, whose decoders refuse
 nesting past 100 message levels (about 34 levels of JSON in a Struct) and strings that are not
@@ -10,10 +11,13 @@ that names the limit.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service._auth import ANONYMOUS, Caller
+from procmesh_orchestrator.service._errors import BadRequestError, TooManyRequestsError
 
 
 @dataclass(frozen=True)
@@ -81,3 +85,63 @@ def _check_string(text: str, limits: InputLimits, path: tuple[str | int, ...]) -
         except UnicodeEncodeError:
             # JSON's \ud800 escapes decode to lone surrogates, which UTF-8 (and protobuf) refuse.
             raise BadRequestError(f"{_where(path)}: not valid Unicode (a lone surrogate)") from None
+
+
+class KeyLimits:
+    """Requests and streams in flight per API key, both APIs together (``PROCMESH_MAX_INFLIGHT_PER_KEY``).
+
+    The connection limit (``PROCMESH_MAX_CONNECTIONS``) is one for every caller: a single key that
+    held that many streams open locked every tenant out (every request then got 503). Each key
+    may hold `per_key` at once; the next one is refused with 429 / RESOURCE_EXHAUSTED naming the
+    limit, while other keys are served. `ANONYMOUS` (no keys configured: development) is not
+    limited here. Counts are per replica.
+    """
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._inflight: dict[str, int] = {}
+
+    def inflight(self, key_id: str) -> int:
+        """What `key_id` has in flight now."""
+        return self._inflight.get(key_id, 0)
+
+    def take(self, caller: Caller) -> Callable[[], None]:
+        """Take one of the caller's slots; returns what gives it back (once). TooManyRequestsError
+        when the key has none free."""
+        key = caller.key_id
+        if key == ANONYMOUS.key_id:
+            return _nothing
+        held = self._inflight.get(key, 0)
+        if held >= self.per_key:
+            raise TooManyRequestsError(
+                f"API key {key} has {held} requests in flight, its limit "
+                f"(PROCMESH_MAX_INFLIGHT_PER_KEY={self.per_key}): retry when one has ended"
+            )
+        self._inflight[key] = held + 1
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if given_back:
+                return
+            given_back = True
+            left = self._inflight[key] - 1
+            if left:
+                self._inflight[key] = left
+            else:
+                del self._inflight[key]
+
+        return give_back
+
+    @contextlib.contextmanager
+    def slot(self, caller: Caller) -> Iterator[None]:
+        """Hold one of the caller's slots for the block (`take`)."""
+        give_back = self.take(caller)
+        try:
+            yield
+        finally:
+            give_back()
+
+
+def _nothing() -> None:
+    """Nothing to give back."""

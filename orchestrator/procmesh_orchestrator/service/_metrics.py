@@ -77,6 +77,13 @@ class ServiceMetrics:
             registry=self.registry,
         )
         build.labels(__version__, runtime).set(1)
+        self.slow_clients_cut = Counter(
+            "procmesh_slow_clients_cut_total",
+            "Connections cut because their client left a response unread longer than "
+            "PROCMESH_SLOW_CLIENT_SECONDS (its run handled as a disconnect), by API.",
+            ["api"],
+            registry=self.registry,
+        )
         self.inflight = Gauge(
             "procmesh_inflight_runs", "Agent runs in flight (HTTP and gRPC).", registry=self.registry
         )

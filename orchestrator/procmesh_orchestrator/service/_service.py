@@ -21,7 +21,8 @@ from procmesh_orchestrator.service._grpc import GrpcServer
 from procmesh_orchestrator.service._health import DependencyCheck, SidecarHealth, fail_open_sidecars
 from procmesh_orchestrator.service._http import build_http_app
 from procmesh_orchestrator.service._http_server import HttpServer
-from procmesh_orchestrator.service._limits import InputLimits
+from procmesh_orchestrator.service._limits import InputLimits, KeyLimits
+from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.service._runs import ActiveRuns
 from procmesh_orchestrator.service._trim import MemoryTrim
@@ -30,6 +31,7 @@ from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import ModelGateway
 
 log = logging.getLogger(__name__)
+_slow_clients = RateLimitedLog(log, "slow clients cut")
 
 
 class Service:
@@ -61,9 +63,11 @@ class Service:
             max_depth=settings.max_input_depth,
             max_string_chars=settings.max_input_string_chars,
         )
-        self.trim = MemoryTrim()
-        """Gives a finished stream's memory back to the system (`trim.soon()` at each stream's end)."""
+        self.key_limits = KeyLimits(settings.inflight_per_key)
+        """Requests in flight per API key (PROCMESH_MAX_INFLIGHT_PER_KEY), both APIs."""
         self.gate = RunGate()
+        self.trim = MemoryTrim(idle=lambda: self.gate.active == 0)
+        """Gives a finished stream's memory back to the system (`trim.soon()` at each stream's end)."""
         self.runs = ActiveRuns()
         """The streamed runs in flight on this replica (the cancel route, gRPC cancellation)."""
         self._background: set[asyncio.Task[None]] = set()
@@ -108,6 +112,13 @@ class Service:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _slow_client_cut(self) -> None:
+        self.metrics.slow_clients_cut.labels("http").inc()
+        _slow_clients.warning(
+            f"an HTTP client left a response unread for {self.settings.slow_client_seconds:g}s "
+            "(PROCMESH_SLOW_CLIENT_SECONDS): connection cut, its run handled as a disconnect"
+        )
+
     async def _on_health(self, serving: bool) -> None:
         if self._grpc is not None and not self.gate.draining:
             await self._grpc.set_serving(serving)
@@ -131,6 +142,8 @@ class Service:
                 self.settings.http_port,
                 max_connections=self.settings.max_connections,
                 header_timeout=self.settings.header_timeout_seconds,
+                slow_client_seconds=self.settings.slow_client_seconds,
+                on_slow_client=self._slow_client_cut,
             )
             await self._http.start()
             self.health.start()

@@ -20,6 +20,7 @@ from procmesh_orchestrator.errors import (
     SuspendError,
     TripwireAbort,
 )
+from procmesh_orchestrator.memory._redact import client_message
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run import optimistic, retries, snapshot, steps, structured
@@ -286,13 +287,17 @@ class Run(RunCore):
                 f"agent {self.agent.id!r}: a tool call needs approval but the agent has no store "
                 "to keep the suspended run (configure `storage`)"
             )
-        store = await self.agent.store()
         call = pending.calls[0]
         try:
+            store = await self.agent.store()
             await store.save_suspended(snapshot.suspended_run(self, pending), fence=self.fence)
         except FencedWriteError as exc:
             self.fenced("suspension", exc)
             raise
+        except MemoryStoreError as exc:
+            # the client reads what failed, never where the store is (the log gets the whole error)
+            log.error("run %s: saving the suspended run failed: %s", self.run_id, exc)
+            raise type(exc)(f"suspending the run failed: {client_message(exc)}") from exc
         if self.memory is not None:
             await self.memory.history.save(self, "suspended")
         self.pending_approvals = [

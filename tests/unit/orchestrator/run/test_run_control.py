@@ -282,3 +282,17 @@ async def test_a_resumed_run_keeps_the_calls_step_settings(store: SqliteMemorySt
     first, resumed = model.requests
     assert resumed.model_settings == first.model_settings == {"temperature": 0.1}
     assert resumed.tool_choice == first.tool_choice == "required"
+
+
+async def test_a_suspension_the_store_cannot_keep_fails_without_naming_the_store(tmp_path: Path) -> None:
+    down = SqliteMemoryStore(str(tmp_path / "kept.db"))
+    await down.start()
+    await down.close()  # the store is gone when the run suspends
+    model = FakeModel({"tool_calls": ["pay"]})
+    stream = agent(model, [], tools={"pay": tool("pay", approval=True)}, store=opener(down)).stream("pay")
+    chunks = [c async for c in stream]
+    result = await stream.result()
+    assert result.status == "failed"
+    assert (result.error or "").startswith("suspending the run failed: ")
+    for text in (result.error or "", chunks[-1]["payload"]["message"]):
+        assert "kept.db" not in text and str(tmp_path) not in text

@@ -16,7 +16,8 @@ import yaml
 from procmesh_orchestrator import App, CallOptions
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.durable import DurableRuns
-from procmesh_orchestrator.memory.store import CANCELLED, DONE, RUNNING, DurableRun
+from procmesh_orchestrator.errors import EventLogError
+from procmesh_orchestrator.memory.store import CANCELLED, DONE, FAILED, RUNNING, DurableRun
 from procmesh_orchestrator.run import snapshot
 
 WORDS = "one two three four five six seven eight nine ten"
@@ -196,3 +197,28 @@ async def test_a_run_this_replica_cannot_resume_is_left_for_another_never_failed
     assert (left_by(a), left_by(b)) == (1.0, 1.0)
     await asyncio.sleep(0.5)  # several claim intervals
     assert (await store.get_durable_run("stray")) == record
+
+
+async def test_a_run_the_event_log_fails_is_recorded_failed_without_naming_the_log(
+    apps: tuple[App, App], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the record's error is what GET /api/runs shows a client: never where the event log is
+    a, _ = apps
+    assert a.durable is not None
+    assert a.events is not None
+    appended = a.events.append
+
+    async def failing(run_id: str, offset: int, chunk: Any, *, epoch: int) -> None:
+        if offset >= 3:
+            raise EventLogError("event log redis://log.internal:6379/0: run wrote past its end")
+        await appended(run_id, offset, chunk, epoch=epoch)
+
+    monkeypatch.setattr(a.events, "append", failing)
+    run_id = await a.durable.begin("d", "hi", CallOptions(thread_id="t1", resource_id="u1"))
+    async with asyncio.timeout(20):
+        await a.durable.result(run_id)
+    record = await (await a.suspended_runs_store()).get_durable_run(run_id)
+    assert record is not None
+    assert record.status == FAILED
+    assert record.error == "the event log refused a chunk: the event log failed"
+    assert "log.internal" in caplog.text  # the operator's log has the whole error

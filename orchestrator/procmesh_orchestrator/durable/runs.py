@@ -19,13 +19,16 @@ from typing import Any
 from procmesh_orchestrator.durable.publisher import Publisher
 from procmesh_orchestrator.durable.takeover import TakeOver
 from procmesh_orchestrator.errors import (
+    EventLogError,
     EventLogFencedError,
+    EventLogUnavailableError,
     FencedWriteError,
     LeaseLostError,
     MemoryStoreError,
     OrchestratorError,
 )
 from procmesh_orchestrator.events import EventLog
+from procmesh_orchestrator.memory._redact import client_message
 from procmesh_orchestrator.memory.store import (
     CANCELLED,
     DONE,
@@ -165,7 +168,7 @@ class DurableRuns(TakeOver):
             local = self._launch(run_id, 0, created.epoch, build)
         except BaseException as exc:
             await store.finish_durable_run(
-                run_id, owner=self.replica, epoch=created.epoch, status=FAILED, error=str(exc)
+                run_id, owner=self.replica, epoch=created.epoch, status=FAILED, error=_shown(exc)
             )
             raise
         # A client attaches as soon as this returns: the log must exist by then (its `start`).
@@ -294,7 +297,8 @@ class DurableRuns(TakeOver):
                 return None  # the log refused a chunk for the epoch
             status, error = _STATUS[result.status], str(failure or "")
             if publisher.failure is not None:
-                status, error = FAILED, f"the event log refused a chunk: {publisher.failure}"
+                log.error("durable run %s: the event log refused a chunk: %s", run.run_id, publisher.failure)
+                status, error = FAILED, f"the event log refused a chunk: {_shown(publisher.failure)}"
             store = await self._open_store()
             # The record first: a reader that sees the log end finds the run's final status.
             try:
@@ -381,3 +385,17 @@ _STATUS = {
     "suspended": SUSPENDED,
 }
 """A run's status as its durable record keeps it."""
+
+
+def _shown(exc: BaseException) -> str:
+    """What a durable run's record keeps of why it failed: `GET /api/runs` shows it to clients, so
+    never where the store or the event log is (the log line has the whole error)."""
+    if isinstance(exc, MemoryStoreError):
+        return client_message(exc)
+    if isinstance(exc, EventLogError):
+        return (
+            "the event log is unavailable"
+            if isinstance(exc, EventLogUnavailableError)
+            else "the event log failed"
+        )
+    return str(exc)

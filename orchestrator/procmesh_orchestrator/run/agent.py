@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import OrchestratorError, SuspendedRunNotFoundError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run.base import call_lanes
 from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
@@ -91,6 +92,12 @@ class Agent:
     def __init__(self, spec: AgentSpec, metrics: OrchestratorMetrics | None = None) -> None:
         self.spec = spec
         self.metrics = metrics or OrchestratorMetrics()
+
+    def check_call(self, options: CallOptions) -> None:
+        """Refuse, before a run starts, what its lanes would refuse before their first hook: a
+        request context giving a processor an option its schema refuses (RequestContextError).
+        The APIs call it while they admit a request, so the caller gets a 400, not a failed run."""
+        call_lanes(self.spec, options)
 
     async def generate(
         self, input: str | list[dict[str, Any]], options: CallOptions | None = None

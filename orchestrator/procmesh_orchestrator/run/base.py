@@ -42,6 +42,26 @@ Checkpoint = Callable[["RunCore", int], Awaitable[None]]
 """Where a streamed run's chunks go (the `RunStream`'s queue); None for generate()."""
 
 
+def call_lanes(
+    agent: AgentSpec, options: CallOptions
+) -> tuple[tuple[Processor, ...], tuple[Processor, ...], tuple[Processor, ...]]:
+    """The input, output and error lanes a run of `options` calls, memory's processors aside.
+
+    Per-call lists replace the agent's (static or chosen from the request context); workflow
+    conditions and options taken from the request context are decided once, here:
+    RequestContextError when the context gives a processor an option its schema refuses.
+    """
+    rc = options.request_context
+    agent_input, agent_output = agent.lanes.for_call(rc)
+    return (
+        expand_lane(options.input_processors if options.input_processors is not None else agent_input, rc),
+        expand_lane(options.output_processors if options.output_processors is not None else agent_output, rc),
+        expand_lane(
+            options.error_processors if options.error_processors is not None else agent.lanes.error, rc
+        ),
+    )
+
+
 class RunCore:
     """What one generate()/stream() call holds, and the effects every hook step applies."""
 
@@ -76,20 +96,7 @@ class RunCore:
             fuse=agent.fuse,
         )
         self.caller = agent.hook_caller(self.info, metrics)
-        rc = options.request_context
-        # per-call lists replace the agent's (static or chosen from the request context);
-        # workflow conditions are decided once, from the request context
-        lanes = agent.lanes
-        agent_input, agent_output = lanes.for_call(rc)
-        self.input_lane = expand_lane(
-            options.input_processors if options.input_processors is not None else agent_input, rc
-        )
-        self.output_lane = expand_lane(
-            options.output_processors if options.output_processors is not None else agent_output, rc
-        )
-        self.error_lane = expand_lane(
-            options.error_processors if options.error_processors is not None else lanes.error, rc
-        )
+        self.input_lane, self.output_lane, self.error_lane = call_lanes(agent, options)
         # Memory's processors run around the lanes, per-call lists included (SPEC §3, §5).
         self.memory = agent.memory.for_call(options.thread_id, options.resource_id) if agent.memory else None
         if self.memory is not None:

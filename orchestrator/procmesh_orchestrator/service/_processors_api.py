@@ -23,7 +23,7 @@ from procmesh_orchestrator.config.schema import (
     ProcessorRef,
     WorkflowRef,
 )
-from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, TripwireAbort
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError, TripwireAbort
 from procmesh_orchestrator.memory._common import label
 from procmesh_orchestrator.processors import GrpcHookCaller
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
@@ -137,30 +137,35 @@ def workflow_processor_json(service: Service, name: str, *, listing: bool) -> di
 
 def bind_lanes(service: Service, agent_id: str, call: AgentCall, caller: Caller) -> AgentCall:
     """The call with its per-call processor lists bound (`call_lanes.bind`), their names kept for
-    a snapshot (`CallOptions.processor_names`: a resumed run binds them again).
+    a snapshot (`CallOptions.processor_names`: a resumed run binds them again), and its lanes
+    checked against its request context (a processor option it sets that the processor's schema
+    refuses is a 400 naming the processor, the option and the key, before any run starts).
 
     Replacing an agent's processors drops its guards for the call, so only an operator key may
     (or any caller when no key is configured): a tenant key gets a 403.
     """
-    if not call.lanes:
-        return call
-    fields = ", ".join(call_lanes.LANE_FIELDS[kind] for kind in call.lanes)
-    if not caller.operator:
-        raise ForbiddenError(
-            f"{fields}: replacing an agent's processors needs an operator key (a PROCMESH_API_KEYS "
-            "entry 'key=@operator'): it drops the agent's guards for the call"
+    if call.lanes:
+        fields = ", ".join(call_lanes.LANE_FIELDS[kind] for kind in call.lanes)
+        if not caller.operator:
+            raise ForbiddenError(
+                f"{fields}: replacing an agent's processors needs an operator key (a PROCMESH_API_KEYS "
+                "entry 'key=@operator'): it drops the agent's guards for the call"
+            )
+        try:
+            bound = call_lanes.bind(service.app, agent_id, call.lanes)
+        except ConfigError as exc:  # names nothing here, or needs options the agent does not give it
+            raise BadRequestError(str(exc)) from None
+        call.options = replace(
+            call.options,
+            input_processors=bound.get("input"),
+            output_processors=bound.get("output"),
+            error_processors=bound.get("error"),
+            processor_names={kind: list(ids) for kind, ids in call.lanes.items()},
         )
     try:
-        bound = call_lanes.bind(service.app, agent_id, call.lanes)
-    except ConfigError as exc:  # names nothing here, or needs options the agent does not give it
+        service.agent(agent_id).check_call(call.options)
+    except RequestContextError as exc:
         raise BadRequestError(str(exc)) from None
-    call.options = replace(
-        call.options,
-        input_processors=bound.get("input"),
-        output_processors=bound.get("output"),
-        error_processors=bound.get("error"),
-        processor_names={kind: list(ids) for kind, ids in call.lanes.items()},
-    )
     return call
 
 

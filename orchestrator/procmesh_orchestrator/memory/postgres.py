@@ -246,14 +246,17 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
                 "ON CONFLICT (resource_id, thread_id) DO UPDATE SET updated_at = now()",
                 key,
             )
-            if rows:
-                async with conn.cursor() as many:
-                    await many.executemany(
-                        "INSERT INTO messages (resource_id, thread_id, id, role, body) "
-                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (resource_id, thread_id, id) "
-                        "DO UPDATE SET role = EXCLUDED.role, body = EXCLUDED.body",
-                        [(*key, *row) for row in rows],
-                    )
+            # One statement (and one round trip) per message, not executemany: its pipeline leaves
+            # the server waiting for the rest mid-protocol, where idle_in_transaction_session_timeout
+            # is not armed, so a replica frozen there would hold this thread's and its durable run's
+            # row locks for as long as it sleeps (a take-over of the run waiting on it).
+            for row in rows:
+                await conn.execute(
+                    "INSERT INTO messages (resource_id, thread_id, id, role, body) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (resource_id, thread_id, id) "
+                    "DO UPDATE SET role = EXCLUDED.role, body = EXCLUDED.body",
+                    (*key, *row),
+                )
 
         await self._write(save, f"saving a turn to thread {thread_id!r}", key)
 

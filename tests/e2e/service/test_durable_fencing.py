@@ -182,6 +182,7 @@ def test_a_replica_woken_after_its_run_was_taken_over_writes_nothing(
         "howTheWokenReplicaStopped": dict(Counter(t["stoppedBy"] for t in trials)),
         "refusedWritesByKind": dict(refused),
         "chunksLostOrDuplicatedForTheClient": sum(t["clientBroken"] for t in trials),
+        "eventLogFencesAtTheTakeOversEpoch": sum(t["fence"] == "2" for t in trials),
         "frozenAtEventsFromTheEnd": dict(Counter(t["frozenFromEnd"] for t in trials)),
     }
     path = tmp_path / "durable-fencing-figures.json"
@@ -192,6 +193,7 @@ def test_a_replica_woken_after_its_run_was_taken_over_writes_nothing(
     assert figures["writesOfTheWokenReplicaAcceptedByTheStore"] == 0, trials
     assert figures["writesOfTheWokenReplicaAcceptedByTheEventLog"] == 0, trials
     assert figures["chunksLostOrDuplicatedForTheClient"] == 0, trials
+    assert figures["eventLogFencesAtTheTakeOversEpoch"] == TRIALS, trials
 
 
 def one_trial(

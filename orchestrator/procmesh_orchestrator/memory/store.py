@@ -112,7 +112,8 @@ class DurableRun:
     """The last checkpoint, as JSON; opaque to the store (it can be megabytes). Listings leave it
     empty, and so does a finished run (`DONE`, `FAILED`, `CANCELLED`)."""
     owner: str = ""
-    """The replica holding the lease ("" when none: the run is not running)."""
+    """The replica holding the lease ("" when none: the run ended, or a replica that could not resume
+    it gave it back for another to claim)."""
     lease_expires_at: str = ""
     """ISO 8601, UTC, the database's clock ("" when nobody holds the run)."""
     cancel_requested: bool = False

@@ -31,6 +31,9 @@ _KEEP_LEFT = 1024
 """Run ids remembered as left to other replicas (each counted once)."""
 _LEFT_LOG_EVERY = 60.0
 """Seconds between two log lines about runs left to other replicas."""
+_OTHER_VERSIONS_AFTER = 3
+"""Claim intervals a run started under another config version of its agent waits (past its
+lease) for a replica of its own version, before this one takes it over."""
 
 
 class CannotResume(Exception):
@@ -69,6 +72,9 @@ class TakeOver:
                     limit=room,
                     agents=list(self.agents),
                     exclude=[run_id for run_id, why in self._left.items() if why == "resume"],
+                    # a run of another config version waits a few looks for a replica of its own
+                    versions=sorted(set(self.versions.values())) if self.versions else None,
+                    other_versions_after=_OTHER_VERSIONS_AFTER * self.settings.claim_interval_seconds,
                     before_commit=self._raise_fences,
                 )
             except (MemoryStoreError, EventLogError) as exc:

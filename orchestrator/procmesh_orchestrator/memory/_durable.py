@@ -236,10 +236,14 @@ class DurableRunMethods(StoreHooks):
 
     _now: str
     _lease: str
+    _ago: str
     _skip_locked: str
     _max_snapshot_bytes: int
 
     def _lease_arg(self, seconds: float) -> Any:
+        raise NotImplementedError
+
+    def _ago_arg(self, seconds: float) -> Any:
         raise NotImplementedError
 
     def _moment(self, stored: Any) -> str:
@@ -335,11 +339,14 @@ class DurableRunMethods(StoreHooks):
         limit: int,
         agents: Collection[str] | None = None,
         exclude: Collection[str] = (),
+        versions: Collection[str] | None = None,
+        other_versions_after: float = 0.0,
         before_commit: Callable[[list[DurableRun]], Awaitable[None]] | None = None,
     ) -> list[DurableRun]:
         """Take up to `limit` running runs whose lease expired, oldest lease first, for `owner`
-        (only runs of `agents`, when given, and none of the run ids in `exclude`), each at its next
-        epoch."""
+        (only runs of `agents`, when given, and none of the run ids in `exclude`; with `versions`,
+        a run started under another config version only once its lease expired
+        `other_versions_after` seconds ago), each at its next epoch."""
         owner = check_id(self.name, "owner", owner)
         lease = self._lease_arg(check_lease(self.name, lease_seconds))
         limit = check_count(self.name, "limit", limit, low=1, high=MAX_CLAIM)
@@ -347,17 +354,25 @@ class DurableRunMethods(StoreHooks):
         if names == []:
             return []
         skipped = self._names("run", exclude)
+        mine = [] if versions is None else self._names("config version", versions)
         p, now = self.placeholder, self._now
-        only = "" if names is None else f" AND agent_id IN ({', '.join([p] * len(names))})"
+        only, args = "", [*(names or ()), *skipped]
+        if names is not None:
+            only += f" AND agent_id IN ({', '.join([p] * len(names))})"
         if skipped:
             only += f" AND run_id NOT IN ({', '.join([p] * len(skipped))})"
+        if versions is not None:
+            grace = 0.0 if other_versions_after == 0 else check_lease(self.name, other_versions_after)
+            same = f" OR config_version IN ({', '.join([p] * len(mine))})" if mine else ""
+            only += f" AND (config_version = ''{same} OR lease_expires_at < {self._ago})"
+            args += [*mine, self._ago_arg(grace)]
         expired = (
             f"SELECT run_id FROM durable_runs WHERE status = '{RUNNING}' AND lease_expires_at < {now}"
             f"{only} ORDER BY lease_expires_at, run_id LIMIT {p}{self._skip_locked}"
         )
 
         async def claim(query: Query) -> list[DurableRun]:
-            run_ids = [row[0] for row in await query(expired, (*(names or ()), *skipped, limit))]
+            run_ids = [row[0] for row in await query(expired, (*args, limit))]
             if not run_ids:
                 return []
             sql = (

@@ -268,6 +268,8 @@ class MemoryStore(Protocol):
         limit: int,
         agents: Collection[str] | None = None,
         exclude: Collection[str] = (),
+        versions: Collection[str] | None = None,
+        other_versions_after: float = 0.0,
         before_commit: Callable[[list[DurableRun]], Awaitable[None]] | None = None,
     ) -> list[DurableRun]:
         """Take up to `limit` running runs whose lease expired, oldest lease first: each becomes
@@ -276,7 +278,10 @@ class MemoryStore(Protocol):
 
         `agents`: only runs of these agents are taken (in the claim's own statement; None: any), so
         a replica never takes a run it has no agent for; `exclude`: run ids not to take (runs this
-        replica found it cannot resume). `before_commit` is awaited with the
+        replica found it cannot resume); `versions`: this replica's config versions of its agents,
+        whose runs it takes at once, while a run started under another version (not "") is taken
+        only once its lease expired `other_versions_after` seconds ago, so that during a rolling
+        deploy a replica of the run's own version gets it first. `before_commit` is awaited with the
         claimed runs before the claim commits (their rows locked): the event log's fence is raised
         there, so no writer of the old epoch is heard from once the claim is visible; if it
         raises, nothing is claimed."""

@@ -221,3 +221,30 @@ async def test_a_claim_whose_fence_hook_fails_claims_nothing(store: MemoryStore)
         owner="b", lease_seconds=LONG, limit=5, before_commit=fence
     )
     assert (claimed.epoch, fenced) == (2, [2])
+
+
+async def test_a_run_of_another_config_version_waits_for_its_own_first(store: MemoryStore) -> None:
+    await store.create_durable_run(durable("v1-run", config_version="v1"), owner="dead", lease_seconds=TINY)
+    await store.create_durable_run(durable("plain", config_version=""), owner="dead", lease_seconds=TINY)
+    for _ in range(400):  # until both leases expired on the database's clock
+        if len(await store.unclaimable_durable_runs(agents=["nothing"], limit=10)) == 2:
+            break
+        await asyncio.sleep(0.01)
+    # a replica of v2: the run without a version at once, v1's not within a long grace
+    got = await store.claim_expired_durable_runs(
+        owner="v2", lease_seconds=LONG, limit=10, versions=["v2"], other_versions_after=LONG
+    )
+    assert [r.run_id for r in got] == ["plain"]
+    # a replica of v1 takes it at once; had none come, v2 takes it once the grace is over
+    await store.create_durable_run(durable("v1-late", config_version="v1"), owner="dead", lease_seconds=TINY)
+    [mine] = await store.claim_expired_durable_runs(owner="v1", lease_seconds=LONG, limit=1, versions=["v1"])
+    assert mine.run_id == "v1-run"
+    late = []
+    for _ in range(400):
+        late += await store.claim_expired_durable_runs(
+            owner="v2", lease_seconds=LONG, limit=10, versions=["v2"], other_versions_after=TINY
+        )
+        if late:
+            break
+        await asyncio.sleep(0.01)
+    assert [(r.run_id, r.config_version, r.owner) for r in late] == [("v1-late", "v1", "v2")]

@@ -5,6 +5,7 @@ tests/e2e/service/test_durable_takeover.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,9 +16,10 @@ import yaml
 
 from procmesh_orchestrator import App, CallOptions
 from procmesh_orchestrator.config import Config
-from procmesh_orchestrator.durable import DurableRuns
+from procmesh_orchestrator.durable import DurableRuns, DurableSettings
 from procmesh_orchestrator.errors import EventLogError
-from procmesh_orchestrator.memory.store import CANCELLED, DONE, FAILED, RUNNING, DurableRun
+from procmesh_orchestrator.events import MemoryEventLog
+from procmesh_orchestrator.memory.store import CANCELLED, DONE, FAILED, RUNNING, DurableRun, RunFence
 from procmesh_orchestrator.run import snapshot
 
 WORDS = "one two three four five six seven eight nine ten"
@@ -222,3 +224,53 @@ async def test_a_run_the_event_log_fails_is_recorded_failed_without_naming_the_l
     assert record.status == FAILED
     assert record.error == "the event log refused a chunk: the event log failed"
     assert "log.internal" in caplog.text  # the operator's log has the whole error
+
+
+async def test_a_memory_save_under_an_epoch_taken_over_is_refused_and_stops_the_run(
+    apps: tuple[App, App], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The split brain of issue 24: a replica paused just before its end-of-run memory save wakes
+    after another replica claimed the run. The save goes through the run's real path (the memory
+    processor, the store) and is refused for its epoch: nothing lands in the thread, and the run
+    stops here (counted and logged with both epochs)."""
+    a, _ = apps
+    assert a.durable is not None
+    store = await a.suspended_runs_store()
+    events = MemoryEventLog()
+    await events.start()
+    # long leases: this replica's own clock never stops the run first; only the fence can
+    settings = DurableSettings(lease_seconds=30, claim_interval_seconds=30)
+    runner = DurableRuns(a.suspended_runs_store, events, a.durable.agents, a.metrics, settings)
+    await runner.start()
+    real_save = store.save_turn
+
+    def claimed_by_another(run_id: str) -> None:
+        with sqlite3.connect(tmp_path / "runs.db") as db:
+            db.execute(
+                "UPDATE durable_runs SET owner = 'thief', attempts = 2, epoch = 2 WHERE run_id = ?", (run_id,)
+            )
+
+    async def paused_then_saving(
+        thread_id: str, resource_id: str, messages: list[Any], *, fence: RunFence | None = None
+    ) -> None:
+        assert fence is not None  # a durable run's save names its epoch
+        await asyncio.to_thread(claimed_by_another, fence.run_id)  # while "paused"
+        await real_save(thread_id, resource_id, messages, fence=fence)
+
+    store.save_turn = paused_then_saving  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="procmesh_orchestrator.durable"):
+            run_id = await runner.begin("d", "hi", CallOptions(thread_id="t9", resource_id="u1"))
+            async with asyncio.timeout(20):
+                assert await runner.result(run_id) is None  # stopped here, not finished
+    finally:
+        del store.save_turn
+        await runner.close()
+        await events.close()
+    assert await store.messages("t9", "u1") == []  # the woken replica's turn never landed
+    record = await store.get_durable_run(run_id)
+    assert record is not None
+    assert (record.status, record.owner, record.epoch) == (RUNNING, "thief", 2)
+    memory = a.metrics.registry.get_sample_value("procmesh_durable_fenced_writes_total", {"write": "memory"})
+    assert memory == 1
+    assert f"run {run_id}: its memory under epoch 1 was refused: the run is at epoch" in caplog.text

@@ -98,6 +98,16 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{verdict(costs[-1], costs[0])}",
         )
     )
+    out.append(
+        (
+            "P8 HTTP request, kept-alive vs fresh",
+            f"p50 {f(r['p8_ms_p50_kept_alive'], 2)} ms kept alive, {f(r['p8_ms_p50_fresh'], 2)} ms on a "
+            f"fresh connection ({r['p8_requests_per_batch']} a batch)",
+            f"{f(r['p8_ratio_kept_alive_vs_fresh'])}x fresh "
+            f"({spread(r['p8_ratio_kept_alive_vs_fresh_spread'])}; goal <= 1.25x) "
+            f"{verdict(r['p8_ratio_kept_alive_vs_fresh'], 1.25)}",
+        )
+    )
     return out
 
 

@@ -28,6 +28,7 @@ from procmesh_orchestrator.processors.stream_call import (
     ERROR,
     FLOWING,
     HOOK,
+    MAX_BATCH,
     Pipe,
     SessionClock,
     StreamCall,
@@ -403,7 +404,8 @@ class OutputPipeline:
             async for chunk in source:
                 yield chunk
             return
-        queues = [Pipe() for _ in range(len(self.stages) + 1)]
+        taken = asyncio.Event()
+        queues = [Pipe(taken) for _ in range(len(self.stages) + 1)]
         stages: list[_Stage | SpeculativeGroup] = []
         for i, (planned, side) in enumerate(self.stages):
             inq, outq = queues[i], queues[i + 1]
@@ -418,6 +420,10 @@ class OutputPipeline:
             try:
                 async for chunk in source:
                     queues[0].put_nowait((CHUNK, convert.chunk_to_proto(chunk)))
+                    # The run's reader is behind (or a stage is): the model stream waits too.
+                    while sum(map(len, queues)) >= MAX_BATCH:
+                        taken.clear()
+                        await taken.wait()
             except Exception as exc:  # the source's failure travels behind the chunks before it
                 queues[0].put_nowait((ERROR, exc))
                 return

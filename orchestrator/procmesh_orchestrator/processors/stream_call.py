@@ -40,16 +40,24 @@ Item = tuple[str, Any]
 
 class Pipe:
     """The items from one stage to the next, handed over in bulk: what a stage puts while it runs
-    goes over as one list at the event loop's next turn (one wake-up per batch, not per part)."""
+    goes over as one list at the event loop's next turn (one wake-up per batch, not per part).
+    `len` is what waits for the next stage; `taken` (shared by a pipeline's pipes) is set at
+    each take, so the pipeline's source can wait for room (`OutputPipeline.run`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, taken: asyncio.Event | None = None) -> None:
         self._lists: asyncio.Queue[list[Item]] = asyncio.Queue()
         self._pending: list[Item] = []
+        self._size = 0
+        self._taken = taken
+
+    def __len__(self) -> int:
+        return self._size
 
     def put_nowait(self, item: Item) -> None:
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(item)
+        self._size += 1
 
     def _flush(self) -> None:
         items, self._pending = self._pending, []
@@ -60,6 +68,9 @@ class Pipe:
         items = await self._lists.get()
         while not self._lists.empty() and len(items) < MAX_BATCH:
             items += self._lists.get_nowait()
+        self._size -= len(items)
+        if self._taken is not None:
+            self._taken.set()
         return items
 
 

@@ -25,6 +25,7 @@ import pytest_asyncio
 
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -114,26 +115,39 @@ def torrent() -> Iterator[TorrentModel]:
     model.stop()
 
 
-def config(torrent: TorrentModel) -> dict[str, Any]:
+def config(torrent: TorrentModel, guards: str | None = None) -> dict[str, Any]:
+    agents: dict[str, Any] = {
+        "big": {"model": "fake/big", "errorProcessorDefaults": False},
+        "small": {"model": "demo", "errorProcessorDefaults": False},
+    }
+    if guards is not None:  # the model stream through a real sidecar's processOutputStream
+        word_filter = {"processor": "guards/word-filter", "options": {"words": ["darn"]}}
+        agents["filtered"] = {
+            "model": "fake/big",
+            "errorProcessorDefaults": False,
+            "outputProcessors": [word_filter],
+        }
     return {
+        "sidecars": {"guards": {"address": guards}} if guards is not None else {},
         "providers": {"fake": {"kind": "openai", "baseUrl": torrent.base_url}},
-        "agents": {
-            "big": {"model": "fake/big", "errorProcessorDefaults": False},
-            "small": {"model": "demo", "errorProcessorDefaults": False},
-        },
+        "agents": agents,
     }
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
-    torrent: TorrentModel, start_orchestrator: Callable[..., OrchestratorProcess]
+    torrent: TorrentModel,
+    start_sidecar: Callable[..., SidecarProcess],
+    start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> OrchestratorProcess:
+    guards = start_sidecar("examples", name="guards")
+    await guards.wait_ready()
     env = {
         "PROCMESH_API_KEYS": API_KEYS,
         "PROCMESH_SLOW_CLIENT_SECONDS": "300",  # nobody is cut here: the pause alone bounds memory
         "PROCMESH_MAX_INFLIGHT_PER_KEY": str(PER_KEY),
     }
-    return await asyncio.to_thread(start_orchestrator, config(torrent), env=env)
+    return await asyncio.to_thread(start_orchestrator, config(torrent, guards.address), env=env)
 
 
 def rss_mib(orchestrator: OrchestratorProcess) -> float:
@@ -158,10 +172,10 @@ def stream_request(key: str, agent: str = "big") -> bytes:
     return head.encode() + body
 
 
-def open_stream(orchestrator: OrchestratorProcess, key: str) -> socket.socket:
+def open_stream(orchestrator: OrchestratorProcess, key: str, agent: str = "big") -> socket.socket:
     """A streamed run whose client reads the status line and then nothing more."""
     sock = socket.create_connection(("127.0.0.1", http_port(orchestrator)), timeout=10)
-    sock.sendall(stream_request(key))
+    sock.sendall(stream_request(key, agent))
     assert sock.recv(12) == b"HTTP/1.1 200"
     return sock
 
@@ -230,6 +244,26 @@ async def test_clients_that_do_not_read_slow_only_their_own_runs(
     assert inflight == 0
     assert after < start + 40, f"RSS {start:.0f} MiB at the start, {peak:.0f} at the peak, {after:.0f} after"
     print(f"RSS: {start:.0f} MiB at the start, peak {peak:.0f} MiB, {after:.0f} MiB after; {probes} probes")
+
+
+async def test_an_output_stream_processor_between_does_not_unpause_the_model(
+    orchestrator: OrchestratorProcess, torrent: TorrentModel
+) -> None:
+    first = len(torrent.sent)
+    sock = await asyncio.to_thread(open_stream, orchestrator, "a", "filtered")
+    try:
+        deadline = time.monotonic() + 30
+        while len(torrent.sent) == first:  # the run asks the model
+            assert time.monotonic() < deadline, "the model was never asked"
+            await asyncio.sleep(0.1)
+        previous = -1
+        while (sent := torrent.sent[first]) != previous:  # until the model stream stops growing
+            assert time.monotonic() < deadline, f"the model stream still grows: {sent // MIB} MiB"
+            previous = sent
+            await asyncio.sleep(1)
+        assert sent < ANSWER_BYTES // 4
+    finally:
+        sock.close()
 
 
 async def test_one_key_at_its_limit_gets_429_while_another_key_still_gets_200(

@@ -6,14 +6,12 @@ Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...)
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -21,6 +19,16 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from procmesh_orchestrator.config.durable import DurableConfig as DurableConfig
+from procmesh_orchestrator.config.lanes import ConditionalStep as ConditionalStep
+from procmesh_orchestrator.config.lanes import LaneByContext as LaneByContext
+from procmesh_orchestrator.config.lanes import LaneEntry as LaneEntry
+from procmesh_orchestrator.config.lanes import ParallelStep as ParallelStep
+from procmesh_orchestrator.config.lanes import ProcessorRef as ProcessorRef
+from procmesh_orchestrator.config.lanes import WorkflowConfig as WorkflowConfig
+from procmesh_orchestrator.config.lanes import WorkflowRef as WorkflowRef
+from procmesh_orchestrator.config.lanes import WorkflowStep as WorkflowStep
+from procmesh_orchestrator.config.lanes import _lane, lane_instances
+from procmesh_orchestrator.config.lanes import workflow_refs as workflow_refs
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
@@ -107,145 +115,6 @@ class SidecarConfig(_Model):
         elif ":" not in value:
             raise ValueError(f"address must be {_ADDRESS_FORMS}")
         return value
-
-
-class ProcessorRef(_Model):
-    """A lane entry: ``sidecar/processor-id`` plus per-agent options and policy."""
-
-    processor: str
-    options: dict[str, Any] = {}
-    timeout: float | None = Field(default=None, gt=0)
-    stream_timeout: float | None = Field(default=None, gt=0)
-    """The sidecar's ``streamTimeout`` for this entry (seconds an output-stream session may stay open)."""
-    on_failure: FailurePolicy | None = None
-    name: str | None = None
-    """This instance's name (default: the processor id): several instances of one processor, each
-    with its own options, state and tripwire id, and the key a workflow's ``map`` picks."""
-    mode: Literal["enforce", "shadow"] = "enforce"
-    """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
-    speculative: bool | None = None
-    """``false`` turns speculation off for this entry (the default follows the processor's
-    Describe); ``true`` for a processor that does not declare it is a start-up error."""
-
-    @field_validator("processor")
-    @classmethod
-    def _shape(cls, value: str) -> str:
-        sidecar, _, pid = value.partition("/")
-        if not sidecar or not pid:
-            raise ValueError(f"expected 'sidecar/processor-id', got {value!r}")
-        return value
-
-    @property
-    def sidecar(self) -> str:
-        """The sidecar's name."""
-        return self.processor.partition("/")[0]
-
-    @property
-    def instance(self) -> str:
-        """The name the run knows this entry by."""
-        return self.name or self.processor_id
-
-    @property
-    def processor_id(self) -> str:
-        """The processor's id on that sidecar."""
-        return self.processor.partition("/")[2]
-
-
-class WorkflowRef(_Model):
-    """A lane entry that runs a workflow declared under ``workflows`` (``workflow:NAME`` as a string)."""
-
-    workflow: str
-
-
-def _entry_kind(value: Any) -> str:
-    if isinstance(value, dict):
-        for key in ("workflow", "parallel", "when"):
-            if key in value:
-                return f"<{key}>"
-        return "<processor>"
-    if isinstance(value, WorkflowRef):
-        return "<workflow>"
-    if isinstance(value, ParallelStep):
-        return "<parallel>"
-    if isinstance(value, ConditionalStep):
-        return "<when>"
-    return "<processor>"
-
-
-_UNION_TAGS = {"<workflow>", "<parallel>", "<when>", "<processor>"}
-"""Discriminator tags pydantic puts in error locations; error messages leave them out."""
-
-LaneEntry = Annotated[
-    Annotated[ProcessorRef, Tag("<processor>")] | Annotated[WorkflowRef, Tag("<workflow>")],
-    Discriminator(_entry_kind),
-]
-
-
-def _ref(value: Any) -> Any:
-    if isinstance(value, str):
-        if value.startswith("workflow:"):
-            return {"workflow": value.removeprefix("workflow:")}
-        return {"processor": value}
-    return value
-
-
-def _lane(value: Any) -> Any:
-    return [_ref(v) for v in value] if isinstance(value, list) else value
-
-
-class ParallelStep(_Model):
-    """Branches that run concurrently on the same input; `map` names the branch whose result goes on."""
-
-    parallel: list[ProcessorRef]
-    map: str | None = None
-    """``processor:<id>`` of the branch whose messages go on (default: the first branch)."""
-
-    @field_validator("parallel", mode="before")
-    @classmethod
-    def _branches(cls, value: Any) -> Any:
-        return _lane(value)
-
-    @model_validator(mode="after")
-    def _picked(self) -> ParallelStep:
-        if not self.parallel:
-            raise ValueError("parallel needs at least one branch")
-        if self.map is not None:
-            ids = [f"processor:{r.instance}" for r in self.parallel]
-            if self.map not in ids:
-                raise ValueError(f"map {self.map!r} names no branch (branches: {ids})")
-        return self
-
-
-class ConditionalStep(_Model):
-    """Runs `then` when every `when` key equals the request context's value, else `otherwise`."""
-
-    when: dict[str, Any]
-    then: list[ProcessorRef]
-    otherwise: list[ProcessorRef] = []
-
-    @field_validator("then", "otherwise", mode="before")
-    @classmethod
-    def _branches(cls, value: Any) -> Any:
-        return _lane(value)
-
-
-WorkflowStep = Annotated[
-    Annotated[ParallelStep, Tag("<parallel>")]
-    | Annotated[ConditionalStep, Tag("<when>")]
-    | Annotated[ProcessorRef, Tag("<processor>")],
-    Discriminator(_entry_kind),
-]
-
-
-class WorkflowConfig(_Model):
-    """Processors composed into one lane entry: sequential steps, parallel branches, conditions."""
-
-    steps: list[WorkflowStep]
-
-    @field_validator("steps", mode="before")
-    @classmethod
-    def _steps(cls, value: Any) -> Any:
-        return _lane(value)
 
 
 class ModelConfig(_Model):
@@ -398,31 +267,6 @@ class ModelChoice(_Model):
     enabled: bool = True
 
 
-class LaneByContext(_Model):
-    """A lane chosen per call from the request context (the seeds' ``inputProcessors:
-    ({ requestContext }) => [...]``): ``cases[V]`` for ``requestContext[key] == V``, else `default`."""
-
-    key: str = Field(min_length=1)
-    """The request-context key whose value picks the case."""
-    cases: dict[str, list[LaneEntry]]
-    default: list[LaneEntry] = []
-    """The lane when the key is missing, not a string, or names no case."""
-
-    @field_validator("cases", mode="before")
-    @classmethod
-    def _case_refs(cls, value: Any) -> Any:
-        return {k: _lane(v) for k, v in value.items()} if isinstance(value, dict) else value
-
-    @field_validator("default", mode="before")
-    @classmethod
-    def _default_refs(cls, value: Any) -> Any:
-        return _lane(value)
-
-    def lanes(self) -> list[tuple[str, list[LaneEntry]]]:
-        """Every list it may choose, with its place in the config (``cases.acme``, ``default``)."""
-        return [*((f"cases.{name}", lane) for name, lane in self.cases.items()), ("default", self.default)]
-
-
 class AgentConfig(_Model):
     """An agent: instructions, model, tools, processor lanes and limits."""
 
@@ -496,6 +340,22 @@ class AgentConfig(_Model):
         if chosen is None:
             return list(getattr(self, f"{lane}_processors"))
         return [entry for _, entries in chosen.lanes() for entry in entries]
+
+    def lane_candidates(self, prefix: str = "") -> dict[str, list[tuple[str, list[LaneEntry]]]]:
+        """Per lane kind, every list a call of that kind may get, with its place in the config
+        (after `prefix`, e.g. ``agents.ID.``)."""
+        out: dict[str, list[tuple[str, list[LaneEntry]]]] = {}
+        for lane in ("input_processors", "output_processors", "error_processors"):
+            chosen: LaneByContext | None = getattr(self, f"{lane}_by_context", None)
+            out[lane] = (
+                [(f"{prefix}{to_camel(lane)}", list(getattr(self, lane)))]
+                if chosen is None
+                else [
+                    (f"{prefix}{to_camel(lane)}ByContext.{where}", lane_list)
+                    for where, lane_list in chosen.lanes()
+                ]
+            )
+        return out
 
     def named_lanes(self) -> list[tuple[str, list[LaneEntry]]]:
         """Every lane list of the agent with its place in the config: the static lanes and each
@@ -596,6 +456,7 @@ class Config(_Model):
                         f"agents.{agent_id}.mcpServers: unknown MCP server {server!r} "
                         f"(declared: {sorted(self.mcp_servers)})"
                     )
+            lane_instances(agent.lane_candidates(f"agents.{agent_id}."), self.workflows)
             for lane, entries in agent.named_lanes():
                 for i, ref in enumerate(entries):
                     if isinstance(ref, WorkflowRef):
@@ -624,12 +485,3 @@ class Config(_Model):
     def _check_sidecar(self, ref: ProcessorRef, where: str) -> None:
         if ref.sidecar not in self.sidecars and ref.sidecar != BUILTINS:
             raise ValueError(f"{where}: unknown sidecar {ref.sidecar!r} (declared: {sorted(self.sidecars)})")
-
-
-def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
-    """The processors a workflow step names."""
-    if isinstance(step, ParallelStep):
-        return list(step.parallel)
-    if isinstance(step, ConditionalStep):
-        return [*step.then, *step.otherwise]
-    return [step]

@@ -99,6 +99,8 @@ def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode
         # fused: all on one sidecar; both: blocks of two per sidecar, fused, the blocks speculative
         sidecar = {"fused": "s0", "both": f"s{i // 2 % 3}"}.get(mode, f"s{i % 3}")
         entry: dict[str, Any] = {"processor": f"{sidecar}/{pid}"}
+        if pid in lane[:i]:  # a second instance of one processor: its own name, state and tripwire id
+            entry["name"] = f"{pid}-{i}"
         if mode == "sequential":
             entry["speculative"] = False
         return entry

@@ -302,3 +302,58 @@ def test_an_unknown_sidecar_in_a_case_is_named_with_its_case(by_context: dict[st
 )
 def test_a_malformed_context_lane_is_named(by_context: dict[str, Any], where: str) -> None:
     assert f"agents.a.{where}" in error_of(base(inputProcessorsByContext=by_context))
+
+
+def test_one_processor_twice_in_a_lane_is_refused_unless_each_has_a_name() -> None:
+    message = error_of(base(inputProcessors=["s/ban", {"processor": "s/ban", "options": {"words": ["x"]}}]))
+    assert (
+        "agents.a.inputProcessors.1: processor instance 'ban' is already at agents.a.inputProcessors.0"
+        in message
+    )
+    named = [{"processor": "s/ban", "name": "ban-en"}, {"processor": "s/ban", "name": "ban-fr"}]
+    parse_config(base(inputProcessors=named), "test config")
+
+
+def test_one_instance_id_with_other_settings_in_another_lane_is_refused() -> None:
+    # two entries a run would know by one id share one state and one tripwire id
+    message = error_of(
+        base(
+            inputProcessors=["s/guard"],
+            outputProcessors=[{"processor": "s/guard", "options": {"strict": True}}],
+        )
+    )
+    assert (
+        "agents.a.outputProcessors.0: processor instance 'guard' is also at agents.a.inputProcessors.0"
+        in message
+    )
+    # the same entry in two lanes is one instance, as in the seeds (input and output hooks)
+    parse_config(base(inputProcessors=["s/guard"], outputProcessors=["s/guard"]), "test config")
+    # a processor and a renamed other one of the same id: the name tells them apart
+    parse_config(
+        base(inputProcessors=["s/guard"], outputProcessors=[{"processor": "t/guard", "name": "guard-2"}])
+        | {"sidecars": {"s": {"address": "127.0.0.1:1"}, "t": {"address": "127.0.0.1:2"}}},
+        "test config",
+    )
+
+
+def test_each_case_of_a_lane_chosen_by_context_may_give_a_processor_its_own_options() -> None:
+    limiter = {"processor": "s/limit"}
+    by_tenant = {
+        "key": "tenant",
+        "cases": {
+            "acme": [{**limiter, "options": {"limit": 1}}],
+            "globex": [{**limiter, "options": {"limit": 9}}],
+        },
+    }
+    parse_config(base(inputProcessorsByContext=by_tenant), "test config")
+    # but a case still meets the output lane in one call
+    message = error_of(base(inputProcessorsByContext=by_tenant, outputProcessors=["s/limit"]))
+    assert "processor instance 'limit' is also at agents.a.inputProcessorsByContext.cases.acme.0" in message
+
+
+def test_a_workflows_processor_counts_in_the_lane_it_is_used_in() -> None:
+    data = base(inputProcessors=["s/ban", "workflow:checks"])
+    data["workflows"] = {"checks": {"steps": [{"parallel": ["s/ban", "s/pii"]}]}}
+    message = error_of(data)
+    assert "processor instance 'ban' is already at agents.a.inputProcessors.0" in message
+    assert "(workflow checks, step 0)" in message

@@ -1,0 +1,257 @@
+"""Lanes as the configuration states them: processor references, workflows (parallel and
+conditional steps), and lanes chosen from the request context.
+
+`schema.py` holds the rest of the configuration and re-exports these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from procmesh_orchestrator.config.tools import FailurePolicy
+
+
+class _Model(BaseModel):
+    # each config module states its base itself, so linters see pydantic models (tools.py, schema.py)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+class ProcessorRef(_Model):
+    """A lane entry: ``sidecar/processor-id`` plus per-agent options and policy."""
+
+    processor: str
+    options: dict[str, Any] = {}
+    timeout: float | None = Field(default=None, gt=0)
+    stream_timeout: float | None = Field(default=None, gt=0)
+    """The sidecar's ``streamTimeout`` for this entry (seconds an output-stream session may stay open)."""
+    on_failure: FailurePolicy | None = None
+    name: str | None = None
+    """This instance's name (default: the processor id): several instances of one processor, each
+    with its own options, state and tripwire id, and the key a workflow's ``map`` picks."""
+    mode: Literal["enforce", "shadow"] = "enforce"
+    """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
+    speculative: bool | None = None
+    """``false`` turns speculation off for this entry (the default follows the processor's
+    Describe); ``true`` for a processor that does not declare it is a start-up error."""
+
+    @field_validator("processor")
+    @classmethod
+    def _shape(cls, value: str) -> str:
+        sidecar, _, pid = value.partition("/")
+        if not sidecar or not pid:
+            raise ValueError(f"expected 'sidecar/processor-id', got {value!r}")
+        return value
+
+    @property
+    def sidecar(self) -> str:
+        """The sidecar's name."""
+        return self.processor.partition("/")[0]
+
+    @property
+    def instance(self) -> str:
+        """The name the run knows this entry by."""
+        return self.name or self.processor_id
+
+    @property
+    def processor_id(self) -> str:
+        """The processor's id on that sidecar."""
+        return self.processor.partition("/")[2]
+
+
+class WorkflowRef(_Model):
+    """A lane entry that runs a workflow declared under ``workflows`` (``workflow:NAME`` as a string)."""
+
+    workflow: str
+
+
+def _entry_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("workflow", "parallel", "when"):
+            if key in value:
+                return f"<{key}>"
+        return "<processor>"
+    if isinstance(value, WorkflowRef):
+        return "<workflow>"
+    if isinstance(value, ParallelStep):
+        return "<parallel>"
+    if isinstance(value, ConditionalStep):
+        return "<when>"
+    return "<processor>"
+
+
+_UNION_TAGS = {"<workflow>", "<parallel>", "<when>", "<processor>"}
+"""Discriminator tags pydantic puts in error locations; error messages leave them out."""
+
+LaneEntry = Annotated[
+    Annotated[ProcessorRef, Tag("<processor>")] | Annotated[WorkflowRef, Tag("<workflow>")],
+    Discriminator(_entry_kind),
+]
+
+
+def _ref(value: Any) -> Any:
+    if isinstance(value, str):
+        if value.startswith("workflow:"):
+            return {"workflow": value.removeprefix("workflow:")}
+        return {"processor": value}
+    return value
+
+
+def _lane(value: Any) -> Any:
+    return [_ref(v) for v in value] if isinstance(value, list) else value
+
+
+class ParallelStep(_Model):
+    """Branches that run concurrently on the same input; `map` names the branch whose result goes on."""
+
+    parallel: list[ProcessorRef]
+    map: str | None = None
+    """``processor:<id>`` of the branch whose messages go on (default: the first branch)."""
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _branches(cls, value: Any) -> Any:
+        return _lane(value)
+
+    @model_validator(mode="after")
+    def _picked(self) -> ParallelStep:
+        if not self.parallel:
+            raise ValueError("parallel needs at least one branch")
+        if self.map is not None:
+            ids = [f"processor:{r.instance}" for r in self.parallel]
+            if self.map not in ids:
+                raise ValueError(f"map {self.map!r} names no branch (branches: {ids})")
+        return self
+
+
+class ConditionalStep(_Model):
+    """Runs `then` when every `when` key equals the request context's value, else `otherwise`."""
+
+    when: dict[str, Any]
+    then: list[ProcessorRef]
+    otherwise: list[ProcessorRef] = []
+
+    @field_validator("then", "otherwise", mode="before")
+    @classmethod
+    def _branches(cls, value: Any) -> Any:
+        return _lane(value)
+
+
+WorkflowStep = Annotated[
+    Annotated[ParallelStep, Tag("<parallel>")]
+    | Annotated[ConditionalStep, Tag("<when>")]
+    | Annotated[ProcessorRef, Tag("<processor>")],
+    Discriminator(_entry_kind),
+]
+
+
+class WorkflowConfig(_Model):
+    """Processors composed into one lane entry: sequential steps, parallel branches, conditions."""
+
+    steps: list[WorkflowStep]
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        return _lane(value)
+
+
+class LaneByContext(_Model):
+    """A lane chosen per call from the request context (the seeds' ``inputProcessors:
+    ({ requestContext }) => [...]``): ``cases[V]`` for ``requestContext[key] == V``, else `default`."""
+
+    key: str = Field(min_length=1)
+    """The request-context key whose value picks the case."""
+    cases: dict[str, list[LaneEntry]]
+    default: list[LaneEntry] = []
+    """The lane when the key is missing, not a string, or names no case."""
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _case_refs(cls, value: Any) -> Any:
+        return {k: _lane(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _default_refs(cls, value: Any) -> Any:
+        return _lane(value)
+
+    def lanes(self) -> list[tuple[str, list[LaneEntry]]]:
+        """Every list it may choose, with its place in the config (``cases.acme``, ``default``)."""
+        return [*((f"cases.{name}", lane) for name, lane in self.cases.items()), ("default", self.default)]
+
+
+def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
+    """The processors a workflow step names."""
+    if isinstance(step, ParallelStep):
+        return list(step.parallel)
+    if isinstance(step, ConditionalStep):
+        return [*step.then, *step.otherwise]
+    return [step]
+
+
+def _lane_refs(
+    where: str, entries: Sequence[LaneEntry], workflows: Mapping[str, WorkflowConfig]
+) -> list[tuple[str, ProcessorRef]]:
+    """A lane's processor references with their places, a workflow's steps in its place."""
+    out: list[tuple[str, ProcessorRef]] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, ProcessorRef):
+            out.append((f"{where}.{i}", entry))
+            continue
+        workflow = workflows.get(entry.workflow)
+        for j, step in enumerate(workflow.steps if workflow is not None else ()):
+            out += [
+                (f"{where}.{i} (workflow {entry.workflow}, step {j})", ref) for ref in workflow_refs(step)
+            ]
+    return out
+
+
+def lane_instances(
+    candidates: Mapping[str, Sequence[tuple[str, Sequence[LaneEntry]]]],
+    workflows: Mapping[str, WorkflowConfig],
+) -> None:
+    """Refuse two entries of one agent that a run would know by one instance id (a processor's
+    `name`, else its id) yet are not the same entry: they would share one state and one tripwire
+    id without a word. `candidates` holds, per lane kind, every list a call of that kind may get
+    (a static lane, or each case and the default of one chosen by context); lists of one kind never
+    meet in a call, so each case may give a processor its own options.
+
+    One entry listed in several lanes (a processor with input and output hooks) is one instance,
+    as in the seeds; listed twice in one lane it is refused, since it runs once."""
+    per_list = {
+        where: _lane_refs(where, entries, workflows)
+        for lists in candidates.values()
+        for where, entries in lists
+    }
+    for refs in per_list.values():
+        seen: dict[str, str] = {}
+        for place, ref in refs:
+            if ref.instance in seen:
+                raise ValueError(
+                    f"{place}: processor instance {ref.instance!r} is already at {seen[ref.instance]} in "
+                    "this lane (it runs once per lane); give each entry its own `name` (each then has its "
+                    "own state and tripwire id), or list it once"
+                )
+            seen[ref.instance] = place
+    kinds = list(candidates)
+    for a, kind in enumerate(kinds):
+        for other in kinds[a + 1 :]:
+            for where, _ in candidates[kind]:
+                for there, _ in candidates[other]:
+                    _same_instances(per_list[where], per_list[there])
+
+
+def _same_instances(left: list[tuple[str, ProcessorRef]], right: list[tuple[str, ProcessorRef]]) -> None:
+    first = {ref.instance: (place, ref) for place, ref in left}
+    for place, ref in right:
+        found = first.get(ref.instance)
+        if found is not None and found[1] != ref:
+            raise ValueError(
+                f"{place}: processor instance {ref.instance!r} is also at {found[0]} with other settings; "
+                "one run would give both one state and one tripwire id: give each entry its own `name`, "
+                "or the same settings"
+            )

@@ -347,11 +347,11 @@ class GenerateRequest(_message.Message):
     """Per-call maxProcessorRetries (unset: the agent's)."""
     thread_id: _builtins.str
     """Memory: the thread this call loads its history from and saves its turn to
-    (empty: neither). Kept only with a resource the server trusts (below).
+    (empty: neither). Kept only with a resource (below).
     """
     resource_id: _builtins.str
-    """Who the thread belongs to (a user, an org). Counts only when the server trusts
-    caller request context or the caller's API key is bound to this resource.
+    """Who the thread belongs to (a user, an org): a tenant key's own resource
+    (another is INVALID_ARGUMENT), or the one an operator key names.
     """
     require_tool_approval: _builtins.bool
     """true: every tool call waits for approval (the run suspends); false: none
@@ -370,8 +370,9 @@ class GenerateRequest(_message.Message):
 
     @_builtins.property
     def request_context(self) -> _struct_pb2.Struct:
-        """Passed to processors only when the server trusts caller request context
-        (PROCMESH_TRUST_REQUEST_CONTEXT); ignored otherwise.
+        """Passed to processors: only keys the caller's API key is trusted for
+        (PROCMESH_TRUSTED_CONTEXT); a reserved key (threadId, resourceId,
+        mastra__*, responseCache) or any other is INVALID_ARGUMENT naming it.
         """
 
     @_builtins.property
@@ -632,7 +633,7 @@ class StreamRequest(_message.Message):
 
     @_builtins.property
     def request_context(self) -> _struct_pb2.Struct:
-        """As in GenerateRequest: used only when the server trusts caller request context."""
+        """As in GenerateRequest: only keys the caller's API key is trusted for."""
 
     @_builtins.property
     def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:

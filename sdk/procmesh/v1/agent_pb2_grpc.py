@@ -143,8 +143,8 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRuns(self, request, context):
-        """Durable runs, newest first, one page at a time (a key bound to a resource
-        sees only that resource's runs).
+        """Durable runs, newest first, one page at a time (a tenant key, bound to a
+        resource, sees only that resource's runs; an operator key every run).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -70,8 +70,8 @@ class AgentServiceStub:
     events expired. Cancelling the call does not cancel the run.
     """
     ListRuns: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ListRunsRequest, _agent_pb2.ListRunsResponse]
-    """Durable runs, newest first, one page at a time (a key bound to a resource
-    sees only that resource's runs).
+    """Durable runs, newest first, one page at a time (a tenant key, bound to a
+    resource, sees only that resource's runs; an operator key every run).
     """
     GetRun: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetRunRequest, _agent_pb2.GetRunResponse]
     """One durable run. NOT_FOUND: no such run for this caller."""
@@ -118,8 +118,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     events expired. Cancelling the call does not cancel the run.
     """
     ListRuns: _aio.UnaryUnaryMultiCallable[_agent_pb2.ListRunsRequest, _agent_pb2.ListRunsResponse]  # type: ignore[assignment]
-    """Durable runs, newest first, one page at a time (a key bound to a resource
-    sees only that resource's runs).
+    """Durable runs, newest first, one page at a time (a tenant key, bound to a
+    resource, sees only that resource's runs; an operator key every run).
     """
     GetRun: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetRunRequest, _agent_pb2.GetRunResponse]  # type: ignore[assignment]
     """One durable run. NOT_FOUND: no such run for this caller."""
@@ -199,8 +199,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.ListRunsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.ListRunsResponse, _abc.Awaitable[_agent_pb2.ListRunsResponse]]:
-        """Durable runs, newest first, one page at a time (a key bound to a resource
-        sees only that resource's runs).
+        """Durable runs, newest first, one page at a time (a tenant key, bound to a
+        resource, sees only that resource's runs; an operator key every run).
         """
 
     @_abc_1.abstractmethod

@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import jsonschema
 
 from procmesh import ProcessorClient, channel_credentials, convert
 from procmesh.errors import ProcmeshError
@@ -50,8 +47,8 @@ from procmesh_orchestrator.processors import (
     LaneItem,
     ParallelGroup,
     ProcessorHandle,
-    context_options,
     hook_names,
+    options,
 )
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.providers.retrying import RetryingModel
@@ -109,46 +106,6 @@ def secret_variables(config: Config) -> set[str]:
     names = {p.api_key_env for p in providers.values()}
     names |= {config.storage.dsn_env, config.durable.event_log.url_env, "PROCMESH_API_KEYS"}
     return {name for name in names if name}
-
-
-def options_problem(
-    ref: ProcessorRef, info: ppb.ProcessorInfo
-) -> Callable[[Mapping[str, Any]], tuple[str, str] | None] | None:
-    """A check of options against the schema the sidecar's Describe published: the first failing
-    path and its message, or None (no check when there is no usable schema)."""
-    if not info.options_schema_json:
-        return None
-    try:
-        validator = jsonschema.Draft202012Validator(json.loads(info.options_schema_json))
-        validator.check_schema(validator.schema)
-    except (ValueError, jsonschema.SchemaError) as exc:
-        log.warning("processor %s publishes an unusable options schema: %s", ref.processor, exc)
-        return None
-
-    def problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
-        errors = sorted(validator.iter_errors(dict(options)), key=str)
-        if not errors:
-            return None
-        return ".".join(str(p) for p in errors[0].absolute_path), errors[0].message
-
-    return problem
-
-
-def _check_options(
-    ref: ProcessorRef,
-    options: Mapping[str, Any],
-    problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None,
-    where: str,
-) -> None:
-    """Validate a reference's options (those from the request context at their defaults) against
-    the schema the sidecar's Describe published."""
-    found = problem(options) if problem is not None else None
-    if found is not None:
-        path, message = found
-        raise ConfigError(
-            f"{where}.options{'.' + path if path else ''}: {message} "
-            f"(schema published by processor {ref.processor!r})"
-        )
 
 
 class App:
@@ -406,9 +363,7 @@ class App:
                 f"{where}: sidecar {ref.sidecar!r} does not host processor "
                 f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
             )
-        fixed, taken = context_options.split(ref.options, where)
-        problem = options_problem(ref, info)
-        _check_options(ref, context_options.with_defaults(fixed, taken), problem, where)
+        bound = options.bind(ref.processor, ref.options, info.options_schema_json, where)
         if ref.speculative and not info.speculative:
             raise ConfigError(
                 f"{where}.speculative: processor {ref.processor!r} does not declare itself "
@@ -420,10 +375,10 @@ class App:
             processor_id=ref.instance,
             hosted_id=ref.processor_id,
             client=self.clients[ref.sidecar],
-            options=convert.to_struct(context_options.with_defaults(fixed, taken)),
-            fixed_options=fixed if taken else None,
-            context_options=taken,
-            options_problem=problem if taken else None,
+            options=convert.to_struct(bound.static),
+            fixed_options=bound.fixed if bound.taken else None,
+            context_options=bound.taken,
+            options_problem=bound.problem if bound.taken else None,
             hooks=hook_names(info.hooks),
             process_data_parts=info.process_data_parts,
             timeout=ref.timeout or sidecar.timeout,

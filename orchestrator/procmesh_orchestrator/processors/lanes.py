@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -10,8 +10,8 @@ from google.protobuf import struct_pb2
 
 from procmesh import ProcessorClient, convert
 from procmesh.hooks import BY_ENUM
-from procmesh_orchestrator.processors import context_options
-from procmesh_orchestrator.processors.context_options import ContextOption
+from procmesh_orchestrator.processors import options as entry_options
+from procmesh_orchestrator.processors.options import ContextOption, Problem
 
 
 def hook_names(enums: Iterable[int]) -> frozenset[str]:
@@ -51,8 +51,8 @@ class ProcessorHandle:
     fixed_options: Mapping[str, Any] | None = None
     """The options that are the same for every run, when some come from the request context."""
     context_options: tuple[ContextOption, ...] = ()
-    """Options each run takes from its request context (`context_options`)."""
-    options_problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+    """Options each run takes from its request context (`processors.options`)."""
+    options_problem: Problem | None = None
     """Checks a run's options against the published schema: the failing path and message, or None."""
 
     def has(self, hook: str) -> bool:
@@ -64,8 +64,8 @@ class ProcessorHandle:
         against the published schema: RequestContextError before any hook is called)."""
         if not self.context_options:
             return (self,)
-        options = context_options.resolve(self.fixed_options or {}, self.context_options, request_context)
-        context_options.check_run_options(
+        options = entry_options.resolve(self.fixed_options or {}, self.context_options, request_context)
+        entry_options.check_run_options(
             self.processor_id, self.context_options, options, self.options_problem
         )
         return (replace(self, options=convert.to_struct(options)),)

@@ -1,4 +1,5 @@
-"""Processor options taken from the request context, per run (the seeds'
+"""A lane entry's processor options: checked against the schema the processor's ``Describe``
+published, at start-up and, for those taken from the request context, per run (the seeds'
 ``new TokenLimiter(requestContext.get('tokenLimit') ?? 4000)``).
 
 A lane entry's option may be ``{fromContext: KEY, default: VALUE}`` instead of a value: each run
@@ -14,11 +15,20 @@ Only top-level options may come from the context; a value that is an object with
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
 from procmesh_orchestrator.errors import ConfigError, RequestContextError
+
+log = logging.getLogger(__name__)
+
+Problem = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
+"""Checks options against a published schema: the first failing path and its message, or None."""
 
 FROM_CONTEXT = "fromContext"
 _MISSING = object()
@@ -79,7 +89,7 @@ def check_run_options(
     processor: str,
     taken: tuple[ContextOption, ...],
     options: Mapping[str, Any],
-    problem: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None,
+    problem: Problem | None,
 ) -> None:
     """RequestContextError naming the processor, the option and its context key when the
     published schema refuses the run's options (`problem` gives the failing option's path and the
@@ -94,3 +104,54 @@ def check_run_options(
     source = next((o for o in taken if o.option == top), None)
     origin = f" (request-context key {source.key!r})" if source is not None else ""
     raise RequestContextError(f"processor {processor!r}: option {path or '(options)'}{origin}: {message}")
+
+
+@dataclass(frozen=True)
+class BoundOptions:
+    """A lane entry's options as bound at start-up."""
+
+    static: dict[str, Any]
+    """What a run gets whose request context has none of the keys (every context option at its
+    default): the options of a run when `taken` is empty."""
+    fixed: dict[str, Any]
+    """The options that are the same for every run."""
+    taken: tuple[ContextOption, ...]
+    problem: Problem | None
+    """The published schema's check (None: the processor published none, or an unusable one)."""
+
+
+def bind(processor: str, options: Mapping[str, Any], schema_json: str, where: str) -> BoundOptions:
+    """Split a lane entry's options and check them, every context option at its default, against
+    the schema the processor published: ConfigError naming ``where.options.PATH`` otherwise."""
+    fixed, taken = split(options, where)
+    problem = schema_problem(processor, schema_json)
+    static = with_defaults(fixed, taken)
+    found = problem(static) if problem is not None else None
+    if found is not None:
+        path, message = found
+        raise ConfigError(
+            f"{where}.options{'.' + path if path else ''}: {message} "
+            f"(schema published by processor {processor!r})"
+        )
+    return BoundOptions(static, fixed, taken, problem)
+
+
+def schema_problem(processor: str, schema_json: str) -> Problem | None:
+    """The check of options against a published JSON schema (None when there is none; an
+    unusable one is logged and not applied)."""
+    if not schema_json:
+        return None
+    try:
+        validator = jsonschema.Draft202012Validator(json.loads(schema_json))
+        validator.check_schema(validator.schema)
+    except (ValueError, jsonschema.SchemaError) as exc:
+        log.warning("processor %s publishes an unusable options schema: %s", processor, exc)
+        return None
+
+    def problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
+        errors = sorted(validator.iter_errors(dict(options)), key=str)
+        if not errors:
+            return None
+        return ".".join(str(p) for p in errors[0].absolute_path), errors[0].message
+
+    return problem

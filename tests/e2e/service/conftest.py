@@ -20,6 +20,8 @@ import yaml
 
 from tests.conftest import BIN, REPO
 from tests.deps import require_npm_packages
+from tests.e2e.service.durable_harness import RedisServer
+from tests.integration.memory.pg import PostgresServer
 
 CLIENTJS = REPO / "tests" / "clientjs"
 """The scripts that call procmesh with the real @mastra/client-js (CI installs it: ``npm ci``)."""
@@ -129,3 +131,21 @@ def run_clientjs(script: str, orchestrator: OrchestratorProcess, *args: str) -> 
     )
     assert proc.returncode == 0, proc.stderr + orchestrator.log()
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    """A private PostgreSQL server, each module its own (the take-over tests stop and restart it)."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A private Redis server, each module its own."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()

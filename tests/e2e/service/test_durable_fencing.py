@@ -19,7 +19,6 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -53,22 +52,6 @@ FROM_END = (2, 3, 4, 6)
 """How many events before the run's last the serving replica is frozen, trial by trial: in the
 answer's last deltas, so it wakes before its memory save, its finish or its next delta."""
 REFUSED = re.compile(r"run (\S+): its (\w+) under epoch (\d+) was refused: the run is at epoch (\S+)")
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 def signal_group(process: OrchestratorProcess, sig: signal.Signals) -> None:

@@ -19,7 +19,6 @@ import copy
 import os
 import re
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -49,22 +48,6 @@ NEW_ONLY = "new-teller"
 RUNS_PER_AGENT = 3
 LEFT = re.compile(r'^procmesh_durable_runs_left_total\{reason="agent"\} (\S+)$', re.MULTILINE)
 OTHER_CONFIG = re.compile(r"^procmesh_durable_takeovers_other_config_total (\S+)$", re.MULTILINE)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 def config_with(*agents: str) -> dict[str, Any]:

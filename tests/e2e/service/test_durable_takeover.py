@@ -21,7 +21,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +55,6 @@ pytestmark = pytest.mark.e2e
 
 RUNS = 20
 RESOURCE = "user-ada"
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    """A private PostgreSQL server (always this module's own: one test stops and restarts it)."""
-    server = PostgresServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 Start = Callable[..., OrchestratorProcess]

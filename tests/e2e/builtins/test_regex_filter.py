@@ -105,7 +105,8 @@ async def test_input_phase_leaves_output_alone_and_warn_passes(address: str) -> 
     cfg = make_config(
         address,
         input_processors=[ref("regex-filter", presets=["urls"], strategy="warn")],
-        output_processors=[ref("regex-filter", presets=["urls"], phase="input")],
+        # a second instance of one processor: its own name (its own state and tripwire id)
+        output_processors=[{**ref("regex-filter", presets=["urls"], phase="input"), "name": "regex-out"}],
         responses=[{"text": "visit https://example.com"}],
     )
     out = await run(cfg, "is https://example.com safe?")

@@ -78,7 +78,10 @@ async def test_both_sdks_expose_the_same_series(metered: dict[str, tuple[str, in
                 "a": {
                     "model": "scripted",
                     "errorProcessorDefaults": False,
-                    "outputProcessors": ["node/word-counter", "python/word-counter"],
+                    "outputProcessors": [
+                        {"processor": "node/word-counter", "name": "word-counter-node"},
+                        {"processor": "python/word-counter", "name": "word-counter-python"},
+                    ],
                 }
             },
         },

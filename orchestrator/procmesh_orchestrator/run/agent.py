@@ -68,8 +68,9 @@ class RunStream:
             yield item
 
     async def result(self) -> RunResult:
-        """The run's result (consumes any chunks not yet read)."""
-        self._queue.discard()
+        """The run's result. The run no longer waits for its chunks to be read; a reader still
+        iterating gets every one of them, the last included (`abort`, `finish`)."""
+        self._queue.unbound()
         return await self._task
 
     def detach(self) -> None:

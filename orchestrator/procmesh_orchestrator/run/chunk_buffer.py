@@ -33,6 +33,7 @@ class ChunkBuffer:
         self._room = asyncio.Event()
         self._room.set()
         self._discarding = False
+        self._unbounded = False
 
     def qsize(self) -> int:
         """Chunks waiting for the reader."""
@@ -45,7 +46,7 @@ class ChunkBuffer:
             self._items.clear()
         self._items.append(item)
         self._readable.set()
-        if len(self._items) >= self._limit and not self._discarding:
+        if len(self._items) >= self._limit and not (self._discarding or self._unbounded):
             self._room.clear()
 
     async def get(self) -> Any:
@@ -63,6 +64,12 @@ class ChunkBuffer:
         if self._room.is_set():
             return
         await self._room.wait()
+
+    def unbound(self) -> None:
+        """Someone awaits the run's end, and a reader may still iterate: keep every chunk (none
+        dropped, the end included), and never make the producer wait again."""
+        self._unbounded = True
+        self._room.set()
 
     def discard(self) -> None:
         """The reader is gone: drop what waits, and never make the producer wait again."""

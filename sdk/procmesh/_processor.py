@@ -47,7 +47,7 @@ class Processor:
     `process_tool_result`, `process_output_result`, `process_api_error`).
     A hook declares only the arguments it uses, by name (``async def
     process_output_stream(self, part, state, abort)``); ``**kwargs`` receives
-    all of them. The arguments and return shapes are documented in the README.
+    all of them. Each hook's arguments and return shapes are in docs/processors.md.
 
     Class attributes:
         id: Unique processor id (the orchestrator's config refers to it).

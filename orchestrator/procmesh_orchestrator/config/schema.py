@@ -125,7 +125,7 @@ class ModelConfig(_Model):
 
     provider: Literal["demo", "scripted"]
     responses: list[dict[str, Any]] = []
-    """``scripted`` only: one response per model call (shapes in the README, "Configure")."""
+    """``scripted`` only: one response per model call (shapes: docs/configuration.md)."""
     delay_ms: float = Field(default=0.0, ge=0)
     """Pause between streamed deltas (demo pacing, benchmarks)."""
 
@@ -178,7 +178,7 @@ DEFAULT_PROVIDERS: dict[str, ProviderConfig] = {
 
 
 class AgentMemoryConfig(_Model):
-    """An agent's message-history memory (a call with a thread loads and saves; see README)."""
+    """An agent's message-history memory (a call with a thread loads and saves; docs/configuration.md)."""
 
     last_messages: int = Field(default=10, ge=1)
     """How many of the thread's most recent stored messages each call loads ahead of its input."""

@@ -52,6 +52,11 @@ def _parse(argv: Sequence[str] | None) -> tuple[OrchestratorSettings, str | None
     parser.add_argument("--grpc-host", help="gRPC interface (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50050; 0: any free port)")
     parser.add_argument("--grpc-socket", help="also serve gRPC on this unix socket (the pod's sidecars)")
+    parser.add_argument("--tls-cert", help="PEM certificate: both APIs serve TLS only (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", help="PEM CA: both APIs require a client certificate it signed (mTLS)"
+    )
     parser.add_argument("--max-request-bytes", type=int, help="largest request accepted")
     parser.add_argument("--drain-grace-seconds", type=float, help="time in-flight runs get after SIGTERM")
     parser.add_argument("--log-level", help="logging level (default INFO)")

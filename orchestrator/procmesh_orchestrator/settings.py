@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -36,6 +36,15 @@ class OrchestratorSettings(BaseSettings):
     """Also serve the gRPC API on this unix socket path (``/run/procmesh/orchestrator.sock``): the
     pod's sidecars reach the model gateway there (``PROCMESH_MODEL_GATEWAY=unix:///run/...``)
     without a TCP port. A stale socket file left by a crash is replaced."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) of the HTTP and gRPC APIs; with ``tls_key`` both serve TLS only
+    (HTTPS and a TLS gRPC port). The unix socket of ``grpc_socket`` stays plaintext: it never leaves
+    the pod and its file mode guards it."""
+    tls_key: str | None = None
+    """PEM private key of ``tls_cert`` (the two go together)."""
+    tls_client_ca: str | None = None
+    """PEM CA bundle: with it, both APIs require a client certificate it signed (mTLS). Needs
+    ``tls_cert``. Kubelet probes present no certificate: probe with an exec command then."""
     api_keys: Annotated[list[SecretStr], NoDecode] = []
     """Bearer keys accepted on /api/* and AgentService; empty: no authentication (development).
     ``PROCMESH_API_KEYS`` holds a comma-separated list or a JSON array of entries, each bound to a
@@ -99,6 +108,14 @@ class OrchestratorSettings(BaseSettings):
     def inflight_per_key(self) -> int:
         """`max_inflight_per_key`, or its default from `max_connections`."""
         return self.max_inflight_per_key or max(1, self.max_connections // 4)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> OrchestratorSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (PROCMESH_TLS_CERT, PROCMESH_TLS_KEY)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key: the APIs must serve TLS first")
+        return self
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

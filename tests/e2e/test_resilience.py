@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import signal
 import time
@@ -12,16 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.run import RunResult
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.fixtures.pki import make_pki
 
 pytestmark = pytest.mark.e2e
 
@@ -190,66 +185,6 @@ async def test_shadow_processors_are_recorded_not_enforced(tmp_path: Path) -> No
 
 
 # -- TLS and mTLS ------------------------------------------------------------------------------
-
-
-def _write(path: Path, data: bytes) -> str:
-    path.write_bytes(data)
-    return str(path)
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def make_pki(tmp: Path) -> dict[str, str]:
-    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def cert(
-        subject: str,
-        key: ec.EllipticCurvePrivateKey,
-        issuer: x509.Name,
-        signer: Any,
-        ca: bool = False,
-        san: list[x509.GeneralName] | None = None,
-    ) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "procmesh test CA")])
-    ca_cert = cert("procmesh test CA", ca_key, ca_name, ca_key, ca=True)
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = cert(
-        "localhost",
-        server_key,
-        ca_name,
-        ca_key,
-        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )
-    client_key = ec.generate_private_key(ec.SECP256R1())
-    client_cert = cert("orchestrator", client_key, ca_name, ca_key)
-    pem = serialization.Encoding.PEM
-    return {
-        "ca": _write(tmp / "ca.pem", ca_cert.public_bytes(pem)),
-        "server_cert": _write(tmp / "server.pem", server_cert.public_bytes(pem)),
-        "server_key": _write(tmp / "server.key", _pem_key(server_key)),
-        "client_cert": _write(tmp / "client.pem", client_cert.public_bytes(pem)),
-        "client_key": _write(tmp / "client.key", _pem_key(client_key)),
-    }
 
 
 def _free_port() -> int:

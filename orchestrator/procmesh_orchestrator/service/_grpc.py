@@ -31,6 +31,7 @@ from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavai
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._processors_api import bind_lanes
 from procmesh_orchestrator.service._runs import ActiveRun, resume_stream, run_owner
+from procmesh_orchestrator.service._tls import ServerTls
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -533,7 +534,15 @@ class GrpcServer:
     """The orchestrator's gRPC server: AgentService, ModelService, grpc.health.v1 and reflection,
     on ``host:port`` and, given a `socket` path, on that unix socket too (the pod's sidecars)."""
 
-    def __init__(self, service: Service, host: str, port: int, *, socket: str | None = None) -> None:
+    def __init__(
+        self,
+        service: Service,
+        host: str,
+        port: int,
+        *,
+        socket: str | None = None,
+        tls: ServerTls | None = None,
+    ) -> None:
         self.health = health_aio.HealthServicer()
         self._server = grpc.aio.server(
             interceptors=[_Guard(service)],
@@ -565,7 +574,12 @@ class GrpcServer:
         )
         self.host = host
         try:
-            self.port = self._server.add_insecure_port(f"{host}:{port}")
+            address = f"{host}:{port}"
+            self.port = (
+                self._server.add_secure_port(address, tls.grpc_credentials())
+                if tls is not None
+                else self._server.add_insecure_port(address)
+            )
         except RuntimeError as exc:  # grpc reports a failed bind this way
             raise OSError(f"cannot bind the gRPC API to {host}:{port}: {exc}") from None
         if self.port == 0:

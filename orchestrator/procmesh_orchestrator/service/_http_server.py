@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from procmesh_orchestrator.errors import ServiceStartError
+from procmesh_orchestrator.service._tls import ServerTls
 
 SEND_BUFFER_BYTES = 256 * 1024
 """The kernel's send buffer of each HTTP connection (SO_SNDBUF; Linux doubles it for its own
@@ -117,6 +119,16 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _uvicorn_tls(tls: ServerTls) -> dict[str, Any]:
+    """uvicorn's TLS settings: it builds its context from the same files (`ServerTls` checked them)."""
+    return {
+        "ssl_certfile": tls.cert_path,
+        "ssl_keyfile": tls.key_path,
+        "ssl_ca_certs": tls.client_ca_path,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.mutual else ssl.CERT_NONE,
+    }
+
+
 class HttpServer:
     """uvicorn serving the HTTP API inside the running event loop."""
 
@@ -130,6 +142,7 @@ class HttpServer:
         header_timeout: float = 10.0,
         slow_client_seconds: float = 0.0,
         on_slow_client: Callable[[], None] | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         try:
             self._socket = socket.create_server((host, port))
@@ -155,6 +168,7 @@ class HttpServer:
             ),
             timeout_keep_alive=header_timeout,  # type: ignore[arg-type]  # a float works as well
             limit_concurrency=max_connections,
+            **(_uvicorn_tls(tls) if tls is not None else {}),
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None

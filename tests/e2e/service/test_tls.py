@@ -29,7 +29,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.fixtures.pki import make_pki
-from tests.integration.service.support import API_KEYS, AUTH, GRPC_AUTH, demo_answer, service_config
+from tests.integration.service.support import API_KEY, API_KEYS, AUTH, GRPC_AUTH, demo_answer, service_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -211,3 +211,26 @@ async def test_unusable_tls_settings_stop_the_start_up_naming_them(
     )
     assert code == 2, stderr
     assert named in stderr, stderr
+
+
+async def test_a_sidecar_reaches_the_gateway_over_the_tls_port(
+    orchestrator: OrchestratorProcess, pki: dict[str, str]
+) -> None:
+    """The SDK's model client, configured as a sidecar's settings would (CA and client pair)."""
+    from procmesh import _model
+
+    try:
+        _model.configure(orchestrator.grpc_address, API_KEY, None)
+        with pytest.raises(_model.ModelError):  # plaintext to a TLS port: no answer
+            await _model.Model("demo", "judge", "").generate("hi", timeout=5)
+        _model.configure(
+            orchestrator.grpc_address,
+            API_KEY,
+            _model.gateway_tls(pki["ca"], pki["client_cert"], pki["client_key"]),
+        )
+        answer = await _model.Model("demo", "judge", "").generate("hi", timeout=10)
+        assert answer.text == demo_answer("hi")
+        with pytest.raises(ValueError, match="need PROCMESH_MODEL_GATEWAY_CA"):
+            _model.gateway_tls(None, pki["client_cert"], pki["client_key"])
+    finally:
+        _model.configure(None)

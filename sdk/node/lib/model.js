@@ -3,10 +3,12 @@
 // models through its model gateway, procmesh.v1.ModelService. `await args.model('openai/gpt-5-nano')
 // .generate(messages, { schema })` calls the orchestrator, which holds the provider keys. The
 // gateway is PROCMESH_MODEL_GATEWAY (the orchestrator's unix:///path.sock, no key needed, or its
-// host:port with PROCMESH_MODEL_GATEWAY_KEY, a key with the gateway role); each call carries the hook's remaining deadline (30 s without one),
+// host:port with PROCMESH_MODEL_GATEWAY_KEY, a key with the gateway role, and
+// PROCMESH_MODEL_GATEWAY_CA/_CERT/_CERT_KEY when that port serves TLS); each call carries the hook's remaining deadline (30 s without one),
 // is cancelled with the hook (its abortSignal), and carries the hook span's trace context. A
 // gateway error is a ModelError (an InternalError): the processor's failure policy applies.
 
+const fs = require('fs');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const convert = require('./convert');
@@ -29,16 +31,39 @@ function noteDeadline(signal, deadline) {
   if (signal && Number.isFinite(deadline)) deadlines.set(signal, deadline);
 }
 
+// TLS to an orchestrator whose gRPC port serves it (PROCMESH_TLS_CERT there): the CA that
+// verifies it, and the client pair when it requires one; the same settings as the Python SDK's.
+function credentials(env) {
+  const { PROCMESH_MODEL_GATEWAY_CA: ca, PROCMESH_MODEL_GATEWAY_CERT: cert, PROCMESH_MODEL_GATEWAY_CERT_KEY: key } = env;
+  if (!ca) {
+    if (cert || key) {
+      throw new ModelError('PROCMESH_MODEL_GATEWAY_CERT/_CERT_KEY need PROCMESH_MODEL_GATEWAY_CA (the client certificate is for the orchestrator\'s TLS port)', grpc.status.FAILED_PRECONDITION);
+    }
+    return grpc.credentials.createInsecure();
+  }
+  if (!cert !== !key) {
+    throw new ModelError('PROCMESH_MODEL_GATEWAY_CERT and PROCMESH_MODEL_GATEWAY_CERT_KEY go together', grpc.status.FAILED_PRECONDITION);
+  }
+  const read = (path) => (path ? fs.readFileSync(path) : null);
+  try {
+    return grpc.credentials.createSsl(read(ca), read(key), read(cert));
+  } catch (err) {
+    throw new ModelError(`model gateway TLS: ${err.message}`, grpc.status.FAILED_PRECONDITION);
+  }
+}
+
 let client = null;
 function gateway(env = process.env) {
   const address = (env.PROCMESH_MODEL_GATEWAY || '').trim();
   if (!address) {
     throw new ModelError('no model gateway: set PROCMESH_MODEL_GATEWAY to the orchestrator\'s gRPC address (host:port)', grpc.status.FAILED_PRECONDITION);
   }
-  if (client === null || client.address !== address) {
+  const tls = [env.PROCMESH_MODEL_GATEWAY_CA, env.PROCMESH_MODEL_GATEWAY_CERT, env.PROCMESH_MODEL_GATEWAY_CERT_KEY]
+    .map((path) => path || '').join('\n');
+  if (client === null || client.address !== address || client.tls !== tls) {
     const def = protoLoader.loadSync('procmesh/v1/model.proto', { ...LOADER_OPTIONS, includeDirs: [protoDir()] });
     const { ModelService } = grpc.loadPackageDefinition(def).procmesh.v1;
-    client = { address, stub: new ModelService(address, grpc.credentials.createInsecure()) };
+    client = { address, tls, stub: new ModelService(address, credentials(env)) };
   }
   return { stub: client.stub, key: env.PROCMESH_MODEL_GATEWAY_KEY || '' };
 }

@@ -8,6 +8,7 @@ a private folder (they hold no CA for its port). Unusable TLS settings stop the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import ssl
 import stat
@@ -26,8 +27,8 @@ from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.conftest import BIN
-from tests.e2e.service.conftest import OrchestratorProcess
+from tests.conftest import BIN, REPO
+from tests.e2e.service.conftest import NODE, OrchestratorProcess
 from tests.fixtures.pki import make_pki
 from tests.integration.service.support import API_KEY, API_KEYS, AUTH, GRPC_AUTH, demo_answer, service_config
 
@@ -234,3 +235,45 @@ async def test_a_sidecar_reaches_the_gateway_over_the_tls_port(
             _model.gateway_tls(None, pki["client_cert"], pki["client_key"])
     finally:
         _model.configure(None)
+
+
+_NODE_GATEWAY_CALL = """
+const { Model } = require(process.argv[1]);
+new Model('demo', 'judge', '').generate('hi', { timeoutMs: 10000 })
+  .then((answer) => console.log(JSON.stringify({ text: answer.text })))
+  .catch((err) => console.log(JSON.stringify({ error: err.message })));
+"""
+
+
+@pytest.mark.parametrize("with_ca", [True, False])
+async def test_a_node_sidecar_reaches_the_gateway_over_the_tls_port(
+    orchestrator: OrchestratorProcess, pki: dict[str, str], with_ca: bool
+) -> None:
+    """The Node SDK's model client with the same settings as the Python SDK's."""
+    tls = (
+        {
+            "PROCMESH_MODEL_GATEWAY_CA": pki["ca"],
+            "PROCMESH_MODEL_GATEWAY_CERT": pki["client_cert"],
+            "PROCMESH_MODEL_GATEWAY_CERT_KEY": pki["client_key"],
+        }
+        if with_ca
+        else {}
+    )
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(NODE), "-e", _NODE_GATEWAY_CALL, str(REPO / "sdk" / "node" / "lib" / "model.js")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "PROCMESH_MODEL_GATEWAY": orchestrator.grpc_address,
+            "PROCMESH_MODEL_GATEWAY_KEY": API_KEY,
+            **tls,
+        },
+    )
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    if with_ca:
+        assert outcome == {"text": demo_answer("hi")}, done.stderr
+    else:
+        assert "UNAVAILABLE" in outcome["error"], outcome

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.run import CallOptions, RunResult
 from procmesh_orchestrator.run.loop import Run
 from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
@@ -42,6 +42,21 @@ async def app(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> AsyncIter
                 "gateway": {"model": "gateway/house-model"},
                 "text-only": {"model": "local/text-only"},
                 "flaky": {"model": "local/flaky"},
+                "broad": {  # your own instance with broader matchers: any 400, an "overloaded" code
+                    "model": "local/flaky",
+                    "maxProcessorRetries": 5,
+                    "errorProcessors": [
+                        {
+                            "processor": "builtins/stream-error-retry-processor",
+                            "options": {
+                                "matchers": [
+                                    {"status": [400], "max_retries": 2},
+                                    {"code": ["quota_paused"], "max_retries": 1},
+                                ]
+                            },
+                        }
+                    ],
+                },
             },
         },
         "test config",
@@ -251,3 +266,57 @@ async def test_a_401_is_not_retried(app: App, openai_api: FakeOpenAI) -> None:
 
     assert (info.value.status, info.value.retryable) == (401, False)
     assert len(openai_api.calls("flaky")) == 1
+
+
+async def test_the_default_instance_does_not_retry_a_bad_request(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.script("flaky", error(400, "Invalid 'messages'"), {"text": "never"})
+    with pytest.raises(APICallError, match="Invalid 'messages'"):
+        await app.agent("flaky").generate("hi")
+    assert len(openai_api.calls("flaky")) == 1
+
+
+async def test_a_transient_openai_stream_code_is_retried_by_the_built_in_matcher(
+    app: App, openai_api: FakeOpenAI
+) -> None:
+    # Not marked retryable by the provider layer (a 400), but its code says it is passing.
+    openai_api.script("flaky", error(400, "Please slow down", "rate_limit_exceeded"), {"text": "recovered"})
+    _, result = await stream(app, "flaky")
+    assert (result.text, result.error) == ("recovered", None)
+    assert len(openai_api.calls("flaky")) == 2
+
+
+async def test_your_own_instance_retries_what_its_matchers_match(app: App, openai_api: FakeOpenAI) -> None:
+    bad = error(400, "Invalid 'messages'")
+    openai_api.script("flaky", bad, bad, {"text": "third time"})
+    _, result = await stream(app, "broad")
+    assert (result.text, result.error) == ("third time", None)  # the 400 matcher allows two retries
+    assert len(openai_api.calls("flaky")) == 3
+
+    openai_api.reset()
+    paused = error(409, "Quota paused", "quota_paused")
+    openai_api.script("flaky", paused, paused, {"text": "never"})
+    with pytest.raises(APICallError, match="Quota paused"):  # its matcher allows one retry
+        await app.agent("broad").generate("hi")
+    assert len(openai_api.calls("flaky")) == 2
+
+
+async def test_a_matcher_without_a_criterion_is_refused_at_start_up(openai_api: FakeOpenAI) -> None:
+    config = parse_config(
+        {
+            "providers": {
+                "local": {"kind": "openai", "baseUrl": openai_api.base_url, "apiKeyEnv": OPENAI_KEY_ENV}
+            },
+            "agents": {
+                "a": {
+                    "model": "local/flaky",
+                    "errorProcessors": [
+                        {"processor": "builtins/stream-error-retry-processor", "options": {"matchers": [{}]}}
+                    ],
+                }
+            },
+        },
+        "test config",
+    )
+    with pytest.raises(ConfigError, match="stream-error-retry-processor"):
+        async with App(config):
+            pass

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 import procmesh
-from procmesh_orchestrator.app import DEFAULT_ERROR_PROCESSORS
 from procmesh_orchestrator.cli.pod.manifests import render
 from procmesh_orchestrator.config import BUILTINS, WorkflowRef, parse_config, workflow_refs
+from procmesh_orchestrator.processors.binding import DEFAULT_ERROR_PROCESSORS
 from procmesh_sidecars.__main__ import SETS
 from tests.deploy.support import (
     DOCKERFILE,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from procmesh_orchestrator.errors import McpError, OrchestratorError
-from procmesh_orchestrator.mcp import McpConnection, McpServerConfig
+from procmesh_orchestrator.tools.mcp import McpConnection, McpServerConfig
 
 SERVER = Path(__file__).resolve().parent.parent / "fixtures" / "mcp_server.py"
 

@@ -111,8 +111,9 @@ class Run(RunCore):
             "gen_ai.conversation.id": self.info.thread_id or None,
         }
         name = f"invoke_agent {self.agent.id}"
+        pin = self.agent.pin() if self.agent.pin is not None else contextlib.nullcontext()
         try:
-            with tracing.span(name, parent=self.options.trace_parent, attributes=attributes) as span:
+            with pin, tracing.span(name, parent=self.options.trace_parent, attributes=attributes) as span:
                 trace_token = TRACE_ID.set(span.trace_id())  # JSON log lines of the run carry it
                 try:
                     result, failure = await self._execute()

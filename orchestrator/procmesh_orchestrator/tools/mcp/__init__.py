@@ -12,7 +12,7 @@ call starts a new one once (stdio: a new process) and fails with `McpError` if t
 call that was in flight when the connection broke is not resent: the tool may have run.
 """
 
-from procmesh_orchestrator.mcp._connection import McpConnection
-from procmesh_orchestrator.mcp._types import McpResult, McpServerConfig, McpTool
+from procmesh_orchestrator.tools.mcp._connection import McpConnection
+from procmesh_orchestrator.tools.mcp._types import McpResult, McpServerConfig, McpTool
 
 __all__ = ["McpConnection", "McpResult", "McpServerConfig", "McpTool"]

@@ -13,8 +13,8 @@ import anyio
 from mcp import Client
 
 from procmesh_orchestrator.errors import McpError
-from procmesh_orchestrator.mcp._sdk import content, describe, is_broken, open_transport
-from procmesh_orchestrator.mcp._types import McpResult, McpServerConfig, McpTool
+from procmesh_orchestrator.tools.mcp._sdk import content, describe, is_broken, open_transport
+from procmesh_orchestrator.tools.mcp._types import McpResult, McpServerConfig, McpTool
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, CallToolResult, TextContent
 
-from procmesh_orchestrator.mcp._types import McpServerConfig
+from procmesh_orchestrator.tools.mcp._types import McpServerConfig
 
 # How long an HTTP response stream may stay silent: a tool call's own timeout bounds the wait.
 _SSE_READ_TIMEOUT = 300.0

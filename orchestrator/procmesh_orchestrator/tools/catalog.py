@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 from google.protobuf import struct_pb2
 
-from procmesh import ProcessorClient, convert
-from procmesh.v1 import processor_pb2 as ppb
-from procmesh_orchestrator.config import Config, SidecarConfig, ToolConfig
+from procmesh import convert
+from procmesh_orchestrator.config import Config, ToolConfig
 from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError, McpError, ProcessorFailedError
+from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.run.tools import ProcessorTool, StaticTool, Tool, ToolCall, ToolOutcome, Writer
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator import mcp
     from procmesh_orchestrator.run.base import RunCore
+    from procmesh_orchestrator.tools import mcp
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +81,12 @@ class ToolCatalog:
         named = {t.mcp for t in self.config.tools.values() if t.mcp}
         return named | {s for a in self.config.agents.values() for s in a.mcp_servers}
 
-    async def start(
-        self,
-        clients: dict[str, ProcessorClient],
-        sidecars: dict[str, SidecarConfig],
-        hosted: dict[str, dict[str, ppb.HostedTool]],
-    ) -> None:
-        """Connect the MCP servers in use, list their tools, and bind every configured tool."""
+    async def start(self, sidecars: SidecarCatalog) -> None:
+        """Connect the MCP servers in use, list their tools, and bind every configured tool (a
+        sidecar's from what its Describe lists)."""
         servers = sorted(self._used_servers())
         if servers:  # the MCP SDK pulls in a web stack: imported only when a server is in use
-            from procmesh_orchestrator import mcp
+            from procmesh_orchestrator.tools import mcp
         for name in servers:
             server = self.config.mcp_servers[name]
             connection = mcp.McpConnection(
@@ -111,37 +107,37 @@ class ToolCatalog:
             except McpError as exc:
                 raise ConfigError(f"mcpServers.{name}: {exc}") from exc
         for name, cfg in self.config.tools.items():
-            self._tools[name] = self._bind(name, cfg, clients, sidecars, hosted)
+            self._tools[name] = self._bind(name, cfg, sidecars)
 
     def _bind(
         self,
         name: str,
         cfg: ToolConfig,
-        clients: dict[str, ProcessorClient],
-        sidecars: dict[str, SidecarConfig],
-        hosted: dict[str, dict[str, ppb.HostedTool]],
+        sidecars: SidecarCatalog,
     ) -> Tool:
         where = f"tools.{name}"
         remote = cfg.tool or name
         tool: Tool
         if cfg.sidecar:
+            hosted = sidecars.tools
             info = hosted.get(cfg.sidecar, {}).get(remote)
             if info is None:
                 raise ConfigError(
                     f"{where}: sidecar {cfg.sidecar!r} does not host tool {remote!r} "
                     f"(it hosts {sorted(hosted.get(cfg.sidecar, {}))})"
                 )
-            sidecar = sidecars[cfg.sidecar]
+            sidecar = sidecars.sidecars[cfg.sidecar]
             host = ProcessorHandle(
                 key=f"tool:{cfg.sidecar}/{remote}",
                 processor_id=f"tool:{name}",
-                client=clients[cfg.sidecar],
+                client=sidecars.clients[cfg.sidecar],
                 options=struct_pb2.Struct(),
                 hooks=frozenset({"execute_tool"}),
                 process_data_parts=False,
                 timeout=cfg.timeout or sidecar.timeout,
                 on_failure=cfg.on_failure or sidecar.on_failure,
                 tool_host=True,
+                sidecar=cfg.sidecar,
             )
             tool = ProcessorTool(
                 name,

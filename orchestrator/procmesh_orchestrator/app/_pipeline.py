@@ -1,0 +1,158 @@
+"""One config, bound: its sidecars connected, its tools, its models and its agents.
+
+The App serves one `Pipeline` at a time; a reload (`app._reload`) builds the next one beside it
+and swaps. A run holds the pipeline it started on (`AgentSpec.pin`), so the old one's channels,
+MCP sessions and model clients close only after its last run ends (`retire`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+
+from procmesh_orchestrator.config import Config, SidecarConfig
+from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
+from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
+from procmesh_orchestrator.processors.binding import LaneBinder
+from procmesh_orchestrator.processors.catalog import SidecarCatalog
+from procmesh_orchestrator.providers import ModelRegistry
+from procmesh_orchestrator.providers.retrying import RetryingModel
+from procmesh_orchestrator.run import Agent, AgentSpec, stop
+from procmesh_orchestrator.run.framework.cost import CostControl
+from procmesh_orchestrator.run.framework.memory import AgentMemory
+from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.tools import ToolCatalog
+
+log = logging.getLogger(__name__)
+
+
+def config_hash(config: Config) -> str:
+    """The config's version: the first 12 hex digits of the SHA-256 of its content (keys sorted,
+    so the same config in another key order or layout has the same version)."""
+    text = json.dumps(config.model_dump(mode="json", by_alias=True), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class Pipeline:
+    """Everything one config binds: sidecar channels, tools and MCP sessions, models, agents.
+
+    Built unstarted (its catalogs empty); `start()` connects and binds, failing with a
+    `ConfigError` naming the key on anything start-up refuses. `runs` counts the runs in flight
+    on it (each holds `pin()`); `retire()` waits for them, then closes what it opened.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: OrchestratorMetrics,
+        *,
+        sidecars: Mapping[str, SidecarConfig] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.version = config_hash(config)
+        self.metrics = metrics
+        self.sidecars = SidecarCatalog(
+            config.sidecars if sidecars is None else sidecars, connect_timeout=connect_timeout
+        )
+        self.binder = LaneBinder(self.sidecars, config.workflows)
+        self.models = ModelRegistry(config)
+        """Models by reference: ``models`` keys, and ``provider/model-id`` created on first use."""
+        self.tools = ToolCatalog(config)
+        self.agents: dict[str, Agent] = {}
+        self.runs = 0
+        """Runs in flight that started on this pipeline."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+
+    async def start(
+        self,
+        *,
+        store: MemoryStore | None,
+        suspended_runs_store: Callable[[], Awaitable[MemoryStore]],
+    ) -> None:
+        """Connect the sidecars (each must answer Describe), bind the tools and every agent's lanes.
+
+        `store` is the open store when an agent has memory; `suspended_runs_store` opens it on
+        first use (suspended runs, cost ledgers).
+        """
+        await self.sidecars.connect()
+        await self.tools.start(self.sidecars)
+        for agent_id, agent in self.config.agents.items():
+            chain = self._model_chain(agent, f"agents.{agent_id}.model")
+            lanes = self.binder.lanes(agent_id, agent)
+            spec = AgentSpec(
+                id=agent_id,
+                model=chain[0],
+                fallbacks=tuple(chain[1:]),
+                cost=self._cost_control(agent_id, agent, suspended_runs_store),
+                hook_caller=GrpcHookCaller,
+                instructions=agent.instructions,
+                models=self.models,
+                tools=self.tools.for_agent(agent_id, agent),
+                max_steps=agent.max_steps,
+                stop_when=stop.parse(agent.stop_when),
+                max_processor_retries=agent.max_processor_retries,
+                lanes=lanes,
+                memory=self._memory(agent.memory, store),
+                store=suspended_runs_store,
+                fuse=self.config.fuse if agent.fuse is None else agent.fuse,
+                optimistic_first_step=agent.optimistic_first_step,
+                bind_lanes=functools.partial(call_lanes.bind, self.binder, lanes),
+                pin=self.pin,
+            )
+            self.agents[agent_id] = Agent(spec, self.metrics)
+
+    def _model_chain(self, agent: AgentConfig, where: str) -> list[ModelProvider]:
+        """The agent's enabled models in order, each with its own retries."""
+        chain: list[ModelProvider] = []
+        for choice in agent.models:
+            model = self.models.resolve(choice.model, where)
+            chain.append(RetryingModel(model, choice.max_retries) if choice.max_retries else model)
+        return chain
+
+    def _cost_control(
+        self, agent_id: str, agent: AgentConfig, store: Callable[[], Awaitable[MemoryStore]]
+    ) -> CostControl | None:
+        if agent.cost_control is None:
+            return None
+        return CostControl(agent_id, agent.cost_control, self.config.prices, store, self.metrics)
+
+    def _memory(self, config: AgentMemoryConfig | None, store: MemoryStore | None) -> AgentMemory | None:
+        if config is None:
+            return None
+        assert store is not None
+        name = str(getattr(store, "name", "") or f"{self.config.storage.backend} store")
+        return AgentMemory(store, config.last_messages, name)
+
+    @contextlib.contextmanager
+    def pin(self) -> Iterator[None]:
+        """Held by each run for its whole length: the pipeline is not closed under it."""
+        self.runs += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.runs -= 1
+            if self.runs == 0:
+                self._idle.set()
+
+    async def retire(self) -> None:
+        """Wait for the runs that started on this pipeline, then close it."""
+        await self._idle.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every sidecar channel, MCP session and model client this pipeline opened (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(self.sidecars.close(), self.models.aclose(), self.tools.close())

@@ -1,0 +1,212 @@
+"""Lane entries bound to the sidecars that host them: an agent's lanes, the default error
+processors, workflows and lanes chosen by request context.
+
+`LaneBinder` binds over one `SidecarCatalog` (the connected sidecars of one config); every
+problem is a `ConfigError` naming the config key (``agents.a.outputProcessors.0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from procmesh import convert
+from procmesh_orchestrator.config import (
+    BUILTINS,
+    ConditionalStep,
+    LaneEntry,
+    ParallelStep,
+    ProcessorRef,
+    WorkflowRef,
+)
+from procmesh_orchestrator.config.lanes import LaneByContext, WorkflowConfig
+from procmesh_orchestrator.config.schema import AgentConfig
+from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.processors import options
+from procmesh_orchestrator.processors.catalog import SidecarCatalog
+from procmesh_orchestrator.processors.lanes import (
+    Conditional,
+    LaneItem,
+    ParallelGroup,
+    ProcessorHandle,
+    hook_names,
+)
+from procmesh_orchestrator.run.types import ContextLane, Lanes
+
+DEFAULT_ERROR_PROCESSORS = (
+    "provider-history-compat",
+    "prefill-error-handler",
+    "unsupported-file-handler",
+    "stream-error-retry-processor",
+)
+"""The default error processors, in the default order (SPEC §5)."""
+
+
+def merge_error_defaults(
+    user: list[ProcessorHandle], defaults: list[ProcessorHandle]
+) -> list[ProcessorHandle]:
+    """Add each default whose id the user's list lacks, placed by the default order.
+
+    The user's processors keep their order. A missing default goes before the
+    first listed default-id processor that comes later in the default order,
+    else after the last one that comes earlier, else at the end.
+    """
+    rank = {pid: i for i, pid in enumerate(DEFAULT_ERROR_PROCESSORS)}
+    out = list(user)
+    present = {h.processor_id for h in user}
+    for handle in sorted(defaults, key=lambda h: rank[h.processor_id]):
+        if handle.processor_id in present:
+            continue
+        k = rank[handle.processor_id]
+        later = [i for i, h in enumerate(out) if rank.get(h.processor_id, -1) > k]
+        earlier = [i for i, h in enumerate(out) if -1 < rank.get(h.processor_id, -1) < k]
+        pos = later[0] if later else (earlier[-1] + 1 if earlier else len(out))
+        out.insert(pos, handle)
+        present.add(handle.processor_id)
+    return out
+
+
+class LaneBinder:
+    """Binds lane entries (``sidecar/id`` strings, `ProcessorRef`, ``workflow:NAME``) to the
+    processors `sidecars` host, with their options checked against each one's schema."""
+
+    def __init__(self, sidecars: SidecarCatalog, workflows: Mapping[str, WorkflowConfig]) -> None:
+        self.sidecars = sidecars
+        self.workflows = workflows
+
+    def lanes(self, agent_id: str, agent: AgentConfig) -> Lanes:
+        """The agent's lanes, bound; the error lane with the default error processors it lacks."""
+        where = f"agents.{agent_id}"
+        return Lanes(
+            input=tuple(self.resolve_lane(agent.input_processors, f"{where}.inputProcessors")),
+            output=tuple(self.resolve_lane(agent.output_processors, f"{where}.outputProcessors")),
+            error=tuple(
+                self.error_lane(
+                    agent.error_processors, agent.error_processor_defaults, f"{where}.errorProcessors"
+                )
+            ),
+            input_by_context=self.context_lane(
+                agent.input_processors_by_context, f"{where}.inputProcessorsByContext"
+            ),
+            output_by_context=self.context_lane(
+                agent.output_processors_by_context, f"{where}.outputProcessorsByContext"
+            ),
+        )
+
+    def error_lane(self, refs: Sequence[ProcessorRef], defaults: bool, where: str) -> list[ProcessorHandle]:
+        """The error lane's entries, and (`defaults`) each default error processor they lack."""
+        user = self.resolve(refs, where)
+        if not defaults:
+            return user
+        return merge_error_defaults(
+            user, self.resolve([f"{BUILTINS}/{pid}" for pid in DEFAULT_ERROR_PROCESSORS])
+        )
+
+    def resolve(
+        self, refs: Sequence[LaneEntry | str | dict[str, Any]], where: str = "processors"
+    ) -> list[ProcessorHandle]:
+        """Bind processor references (``sidecar/id`` strings or ProcessorRef) to their sidecars."""
+        return [self.bind(raw, f"{where}.{i}") for i, raw in enumerate(refs)]
+
+    def bind(self, raw: LaneEntry | str | dict[str, Any], where: str) -> ProcessorHandle:
+        """One processor reference bound: what to call, with which options and failure policy."""
+        if isinstance(raw, WorkflowRef):
+            raise ConfigError(f"{where}: a workflow cannot be used here")
+        ref = (
+            raw
+            if isinstance(raw, ProcessorRef)
+            else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
+        )
+        sidecar = self.sidecars.sidecars.get(ref.sidecar)
+        hosted = self.sidecars.processors.get(ref.sidecar)
+        if sidecar is None or hosted is None:
+            raise ConfigError(f"{where}: unknown or unconnected sidecar {ref.sidecar!r}")
+        info = hosted.get(ref.processor_id)
+        if info is None:
+            raise ConfigError(
+                f"{where}: sidecar {ref.sidecar!r} does not host processor "
+                f"{ref.processor_id!r} (it hosts {sorted(hosted)})"
+            )
+        bound = options.bind(ref.processor, ref.options, info.options_schema_json, where)
+        if ref.speculative and not info.speculative:
+            raise ConfigError(
+                f"{where}.speculative: processor {ref.processor!r} does not declare itself "
+                "speculative in Describe (only a processor may say its calls can be thrown away)"
+            )
+        shadow = ref.mode == "monitor"
+        return ProcessorHandle(
+            key=ref.processor if ref.name is None else f"{ref.processor}#{ref.name}",
+            processor_id=ref.instance,
+            hosted_id=ref.processor_id,
+            client=self.sidecars.clients[ref.sidecar],
+            options=convert.to_struct(bound.static),
+            fixed_options=bound.fixed if bound.taken else None,
+            context_options=bound.taken,
+            options_problem=bound.problem if bound.taken else None,
+            hooks=hook_names(info.hooks),
+            process_data_parts=info.process_data_parts,
+            timeout=ref.timeout or sidecar.timeout,
+            stream_timeout=ref.stream_timeout or sidecar.stream_timeout,
+            sidecar=ref.sidecar,
+            on_failure="fail-open" if shadow else ref.on_failure or sidecar.on_failure,
+            shadow=shadow,
+            speculative=info.speculative and ref.speculative is not False,
+            # a shadow processor's verdict is not the run's: it never shares a request
+            fuse_key=ref.sidecar if ref.sidecar in self.sidecars.fusing and not shadow else "",
+        )
+
+    def context_lane(self, chosen: LaneByContext | None, where: str) -> ContextLane | None:
+        """Bind every case and the default of a lane chosen from the request context."""
+        if chosen is None:
+            return None
+        return ContextLane(
+            key=chosen.key,
+            cases={
+                name: tuple(self.resolve_lane(lane, f"{where}.cases.{name}"))
+                for name, lane in chosen.cases.items()
+            },
+            default=tuple(self.resolve_lane(chosen.default, f"{where}.default")),
+        )
+
+    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
+        """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
+        items: list[LaneItem] = []
+        for i, raw in enumerate(entries):
+            entry = raw
+            if isinstance(raw, str):
+                entry = (
+                    WorkflowRef(workflow=raw[len("workflow:") :])
+                    if raw.startswith("workflow:")
+                    else (ProcessorRef(processor=raw))
+                )
+            if isinstance(entry, ProcessorRef):
+                items.append(self.bind(entry, f"{where}.{i}"))
+                continue
+            assert isinstance(entry, WorkflowRef)
+            workflow = self.workflows.get(entry.workflow)
+            if workflow is None:
+                raise ConfigError(f"{where}.{i}: unknown workflow {entry.workflow!r}")
+            for j, step in enumerate(workflow.steps):
+                at = f"workflows.{entry.workflow}.steps.{j}"
+                if isinstance(step, ParallelStep):
+                    branches = tuple(self.resolve(step.parallel, f"{at}.parallel"))
+                    ids = [f"processor:{b.processor_id}" for b in branches]
+                    items.append(
+                        ParallelGroup(
+                            key=f"workflow:{entry.workflow}/{j}",
+                            processor_id=entry.workflow,
+                            branches=branches,
+                            pick=ids.index(step.map) if step.map else 0,
+                        )
+                    )
+                elif isinstance(step, ConditionalStep):
+                    items.append(
+                        Conditional(
+                            when=step.when,
+                            then=tuple(self.resolve(step.then, f"{at}.then")),
+                            otherwise=tuple(self.resolve(step.otherwise, f"{at}.otherwise")),
+                        )
+                    )
+                else:
+                    items.append(self.bind(step, at))
+        return items

@@ -750,6 +750,7 @@ class HookEffects(_message.Message):
     VIOLATIONS_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     FUSED_FIELD_NUMBER: _builtins.int
+    REQUEST_CONTEXT_UPDATES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def abort(self) -> Global___Abort:
         """Present when the hook called abort()."""
@@ -776,6 +777,16 @@ class HookEffects(_message.Message):
         did, in order (fused[i] answers RunContext.fused[i]); those past the end did not run.
         """
 
+    @_builtins.property
+    def request_context_updates(self) -> _struct_pb2.Struct:
+        """Request-context values the hook set (the seeds' requestContext.set): each key replaces the
+        run's value of that key, and the run's later hooks (RunContext.request_context), its tools
+        and a resumed run see it. Unset or empty: none set. A key the server sets (the thread, the
+        resource, the cache scope), or one the agent's requestContextSchema does not accept, is
+        refused: the call counts as failed, under the processor's failure policy. ProcessOutputStream
+        cannot set values (a part that does fails as a malformed answer).
+        """
+
     def __init__(
         self,
         *,
@@ -785,10 +796,11 @@ class HookEffects(_message.Message):
         violations: _abc.Iterable[Global___Violation] | None = ...,
         state: _struct_pb2.Struct | None = ...,
         fused: _abc.Iterable[Global___FusedOutcome] | None = ...,
+        request_context_updates: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "state", b"state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "request_context_updates", b"request_context_updates", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "custom_chunks", b"custom_chunks", "fused", b"fused", "signals", b"signals", "state", b"state", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "custom_chunks", b"custom_chunks", "fused", b"fused", "request_context_updates", b"request_context_updates", "signals", b"signals", "state", b"state", "violations", b"violations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

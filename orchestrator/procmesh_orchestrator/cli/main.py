@@ -69,7 +69,7 @@ async def _call(args: argparse.Namespace) -> int:
     from procmesh_orchestrator import CallOptions
     from procmesh_orchestrator.app import App
     from procmesh_orchestrator.config import load_config
-    from procmesh_orchestrator.service._calls import dumps, result_json, wire_chunk
+    from procmesh_orchestrator.service.api.results import dumps, result_json, wire_chunk
 
     # The command line is trusted as the Python API is: it names the thread and resource itself.
     options = CallOptions(thread_id=args.thread or "", resource_id=args.resource or "")

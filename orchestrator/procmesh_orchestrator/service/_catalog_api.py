@@ -38,7 +38,6 @@ from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.tools import Tool, ToolCall, invalid_args
 from procmesh_orchestrator.service._auth import caller_of
-from procmesh_orchestrator.service._calls import dumps
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     CatalogNotFoundError,
@@ -53,6 +52,7 @@ from procmesh_orchestrator.service._processors_api import (
     processor_json,
     workflow_processor_json,
 )
+from procmesh_orchestrator.service.api.results import dumps
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import AgentConfig, Config

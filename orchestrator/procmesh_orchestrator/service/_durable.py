@@ -43,7 +43,6 @@ from procmesh_orchestrator.memory.store import (
     MemoryStore,
 )
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._calls import AgentCall, Chunk, dumps, wire_chunk
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     DurableRunGoneError,
@@ -51,6 +50,8 @@ from procmesh_orchestrator.service._errors import (
     ServiceError,
 )
 from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
+from procmesh_orchestrator.service.api.calls import AgentCall
+from procmesh_orchestrator.service.api.results import Chunk, dumps, wire_chunk
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.app import App

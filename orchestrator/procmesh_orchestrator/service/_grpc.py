@@ -26,12 +26,14 @@ from procmesh_orchestrator.memory.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.service import _durable, _model_gateway
 from procmesh_orchestrator.service._auth import Caller, grpc_caller
-from procmesh_orchestrator.service._calls import AgentCall, Decision, all_calls, all_results, parse_proto
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._processors_api import bind_lanes
-from procmesh_orchestrator.service._runs import ActiveRun, resume_stream, run_owner
 from procmesh_orchestrator.service._tls import ServerTls
+from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
+from procmesh_orchestrator.service.api.results import all_calls, all_results
+from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner
+from procmesh_orchestrator.service.grpc.requests import parse_proto
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -362,10 +364,10 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             agent = service.agent(request.agent_id)
             if not request.run_id or not request.tool_call_id:
                 raise BadRequestError("give run_id and tool_call_id")
-            decision = Decision(request.run_id, request.tool_call_id, reason, {})
+            decision = ResumeRequest(request.run_id, request.tool_call_id, reason, {})
             service.gate.enter()
             try:
-                run = await resume_stream(service, agent, decision, approved=approved, caller=caller)
+                run = await resume_stream(agent, decision, approved=approved, caller=caller)
             except BaseException:
                 service.gate.leave()
                 raise

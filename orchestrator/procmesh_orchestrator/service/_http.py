@@ -23,16 +23,6 @@ from procmesh_orchestrator.memory._common import MAX_PAGE
 from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service import _durable
 from procmesh_orchestrator.service._auth import Caller, caller_of
-from procmesh_orchestrator.service._calls import (
-    AgentCall,
-    Decision,
-    dumps,
-    failed_json,
-    parse_body,
-    parse_decision,
-    result_json,
-    wire_chunk,
-)
 from procmesh_orchestrator.service._catalog_api import catalog_routes, unsupported_routes
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
@@ -47,7 +37,10 @@ from procmesh_orchestrator.service._errors import (
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._memory_api import memory_routes
 from procmesh_orchestrator.service._processors_api import bind_lanes
-from procmesh_orchestrator.service._runs import (
+from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
+from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest, parse_body, parse_resume
+from procmesh_orchestrator.service.api.results import dumps, failed_json, result_json, wire_chunk
+from procmesh_orchestrator.service.api.runs import (
     ActiveRun,
     resume_generate,
     resume_stream,
@@ -55,7 +48,6 @@ from procmesh_orchestrator.service._runs import (
     store_errors,
     suspended_run_json,
 )
-from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -368,11 +360,11 @@ def build_http_app(service: Service) -> ASGIApp:
             raise
         return _stream_response(service, _Streamed(service, agent_id, run, call.options.resource_id))
 
-    async def decision_of(request: Request) -> tuple[str, Agent, Decision, Caller]:
+    async def decision_of(request: Request) -> tuple[str, Agent, ResumeRequest, Caller]:
         agent_id = request.path_params["agent_id"]
         agent = service.agent(agent_id)
         caller = caller_of(request)
-        decision = parse_decision(
+        decision = parse_resume(
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             caller=caller,
             trust=service.trust,
@@ -385,7 +377,7 @@ def build_http_app(service: Service) -> ASGIApp:
             agent_id, agent, decision, caller = await decision_of(request)
             service.gate.enter()
             try:
-                run = await resume_stream(service, agent, decision, approved=approved, caller=caller)
+                run = await resume_stream(agent, decision, approved=approved, caller=caller)
             except BaseException:
                 service.gate.leave()
                 raise
@@ -401,7 +393,7 @@ def build_http_app(service: Service) -> ASGIApp:
             try:
                 try:
                     body = result_json(
-                        await resume_generate(service, agent, decision, approved=approved, caller=caller)
+                        await resume_generate(agent, decision, approved=approved, caller=caller)
                     )
                 except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                     body = failed_json(exc)

@@ -37,8 +37,9 @@ from procmesh_orchestrator.memory._common import MAX_ID_CHARS, MAX_PAGE, label
 from procmesh_orchestrator.memory._redact import client_message
 from procmesh_orchestrator.memory.store import MemoryStore, Thread
 from procmesh_orchestrator.service._auth import caller_of
-from procmesh_orchestrator.service._calls import _message, dumps
 from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
+from procmesh_orchestrator.service.api.messages import db_message
+from procmesh_orchestrator.service.api.results import dumps
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service
@@ -347,7 +348,7 @@ def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
             if not isinstance(item, dict):
                 raise BadRequestError(f"messages.{i}: must be an object")
             thread_id = _check_id(f"messages.{i}.threadId", item.get("threadId"))
-            message = _message(item, f"messages.{i}")
+            message = db_message(item, f"messages.{i}")
             if item.get("id"):  # the caller's id makes a retried save replace, not duplicate
                 message["id"] = _check_id(f"messages.{i}.id", item["id"])
             if isinstance(item.get("createdAt"), str):

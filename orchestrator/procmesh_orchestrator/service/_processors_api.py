@@ -38,13 +38,15 @@ from procmesh_orchestrator.run.hooks import (
 )
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._calls import AgentCall, _message, dumps
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     CatalogNotFoundError,
     ForbiddenError,
     NotSupportedError,
 )
+from procmesh_orchestrator.service.api.calls import AgentCall
+from procmesh_orchestrator.service.api.messages import db_message
+from procmesh_orchestrator.service.api.results import dumps
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import Config
@@ -281,7 +283,7 @@ async def execute_phase(
         raise BadRequestError("messages: must be a list of messages")
     if len(raw) > service.limits.max_messages:
         raise BadRequestError(f"messages: at most {service.limits.max_messages}")
-    messages = [_message(m, f"messages.{i}") for i, m in enumerate(raw)]
+    messages = [db_message(m, f"messages.{i}") for i, m in enumerate(raw)]
     agent_id = body.get("agentId")
     if agent_id is not None and not isinstance(agent_id, str):
         raise BadRequestError("agentId: must be a string")

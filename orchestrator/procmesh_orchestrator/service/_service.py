@@ -17,7 +17,6 @@ from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import ApiKeys
-from procmesh_orchestrator.service._calls import RunGate
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
 from procmesh_orchestrator.service._health import DependencyCheck, SidecarHealth, fail_open_sidecars
@@ -26,10 +25,10 @@ from procmesh_orchestrator.service._http_server import HttpServer
 from procmesh_orchestrator.service._limits import InputLimits, KeyLimits
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._metrics import ServiceMetrics
-from procmesh_orchestrator.service._runs import ActiveRuns
 from procmesh_orchestrator.service._tls import server_tls
 from procmesh_orchestrator.service._trim import MemoryTrim
 from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.runs import ActiveRuns, RunGate
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import ModelGateway
 

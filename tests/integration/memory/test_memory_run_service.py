@@ -22,10 +22,10 @@ from procmesh_orchestrator.memory.store import MemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import ANONYMOUS, Caller
-from procmesh_orchestrator.service._calls import parse_body
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.calls import parse_body
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.memory.conftest import Backend

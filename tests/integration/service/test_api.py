@@ -25,10 +25,10 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._calls import parse_body
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.calls import parse_body
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.service.support import (

@@ -10,10 +10,11 @@ from google.protobuf import struct_pb2
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._calls import parse_body, parse_proto
 from procmesh_orchestrator.service._errors import BadRequestError, NotSupportedError
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.calls import parse_body
+from procmesh_orchestrator.service.grpc.requests import parse_proto
 
 LIMITS = InputLimits()
 CALLER = Caller("key-1", "user-1", frozenset())

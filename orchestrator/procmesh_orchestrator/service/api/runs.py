@@ -1,5 +1,6 @@
-"""Run control both APIs share: the runs streaming on this replica (cancel), resuming a suspended
-run for its approval, and listing suspended runs, each within the caller's resource.
+"""The run registry and run control both APIs share: the run gate (runs in flight, refused while
+draining), the runs streaming on this replica (cancel), resuming a suspended run for its approval,
+and listing suspended runs, each within the caller's resource.
 
 A tenant key (bound to a resource) sees and acts on that resource's runs only, and another's run is
 answered exactly as one that does not exist (same status, same words); an operator key (or any
@@ -12,17 +13,61 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from procmesh_orchestrator.errors import MemoryStoreError, SuspendError
 from procmesh_orchestrator.memory.store import SUSPENDED, SuspendedRun
 from procmesh_orchestrator.run import Agent, CallOptions, RunResult, RunStream
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._calls import Decision
-from procmesh_orchestrator.service._errors import ResumeRefusedError, resume_error
+from procmesh_orchestrator.service._errors import DrainingError, ResumeRefusedError, resume_error
+from procmesh_orchestrator.service.api.calls import ResumeRequest
 
-if TYPE_CHECKING:
-    from procmesh_orchestrator.service._service import Service
+GateState = Literal["open", "draining"]
+
+
+class RunGate:
+    """Counts in-flight runs and refuses new ones once draining (SIGTERM)."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.state: GateState = "open"
+
+    @property
+    def active(self) -> int:
+        """Runs in flight."""
+        return self._active
+
+    @property
+    def draining(self) -> bool:
+        """True once `drain()` was called."""
+        return self.state == "draining"
+
+    def enter(self) -> None:
+        """Admit a run (raises DrainingError when draining); pair with `leave()`."""
+        if self.draining:
+            raise DrainingError("the server is shutting down and takes no new runs; retry on another replica")
+        self._active += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        """A run ended."""
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    def drain(self) -> None:
+        """Refuse new runs from now on."""
+        self.state = "draining"
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no run is in flight; False when `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
 
 @dataclass
@@ -74,9 +119,9 @@ def store_errors() -> Iterator[None]:
         raise ResumeRefusedError(str(exc)) from None
 
 
-def resume_options(decision: Decision) -> CallOptions:
+def resume_options(request: ResumeRequest) -> CallOptions:
     """The resuming call's options: its request context (the rest is the snapshot's)."""
-    return CallOptions(request_context=decision.request_context, abort_signal=asyncio.Event())
+    return CallOptions(request_context=request.request_context, abort_signal=asyncio.Event())
 
 
 def run_owner(run: RunStream, caller: Caller) -> str:
@@ -91,35 +136,33 @@ def claim_scope(caller: Caller) -> str | None:
     return None if caller.operator else (caller.resource or "")
 
 
-async def resume_stream(
-    service: Service, agent: Agent, decision: Decision, *, approved: bool, caller: Caller
-) -> RunStream:
+async def resume_stream(agent: Agent, request: ResumeRequest, *, approved: bool, caller: Caller) -> RunStream:
     """Claim the suspended run and go on, streamed (404 / 409 as `store_errors`)."""
     with store_errors():
         return await agent.resume_stream(
-            decision.run_id,
-            decision.tool_call_id,
+            request.run_id,
+            request.tool_call_id,
             approved=approved,
-            reason=decision.reason,
-            options=resume_options(decision),
+            reason=request.reason,
+            options=resume_options(request),
             resource_id=claim_scope(caller),
         )
 
 
 async def resume_generate(
-    service: Service, agent: Agent, decision: Decision, *, approved: bool, caller: Caller
+    agent: Agent, request: ResumeRequest, *, approved: bool, caller: Caller
 ) -> RunResult:
     """Claim the suspended run and run it to its end (404 / 409 before it starts; a failed run
     raises as `Agent.generate` does)."""
-    options = CallOptions(request_context=decision.request_context)
+    options = CallOptions(request_context=request.request_context)
     scope = claim_scope(caller)
     try:
         if approved:
             return await agent.approve_tool_call(
-                decision.run_id, decision.tool_call_id, options, resource_id=scope
+                request.run_id, request.tool_call_id, options, resource_id=scope
             )
         return await agent.decline_tool_call(
-            decision.run_id, decision.tool_call_id, decision.reason, options, resource_id=scope
+            request.run_id, request.tool_call_id, request.reason, options, resource_id=scope
         )
     except (MemoryStoreError, SuspendError) as exc:
         if getattr(exc, "result", None) is not None:

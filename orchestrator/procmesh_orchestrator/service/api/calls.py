@@ -1,0 +1,384 @@
+"""A call as both APIs take it: the request shapes, validated once into an `AgentCall`.
+
+The HTTP API takes the reference server's JSON body (``messages`` plus call options, `parse_body`)
+and the gRPC API its proto twin (`service.grpc.requests.parse_proto`, which validates its option
+fields with the same `StepOptions`); both end up as one `AgentCall`, so validation and the trust
+rule for request context exist once. An approve / decline request is a `ResumeRequest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeVar
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from procmesh_orchestrator.memory._common import MAX_ID_CHARS
+from procmesh_orchestrator.run import CallOptions, stop
+from procmesh_orchestrator.run.tools import ClientTool
+from procmesh_orchestrator.run.types import StructuredOutput
+from procmesh_orchestrator.service._auth import Caller
+from procmesh_orchestrator.service._errors import BadRequestError, NotSupportedError
+from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
+from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.messages import input_message, own_ids
+
+
+@dataclass
+class AgentCall:
+    """A validated agent call: input as `Agent.generate` takes it, and its options."""
+
+    input: str | list[dict[str, Any]]
+    options: CallOptions
+    durable: bool = False
+    """The caller asked for a durable run (an agent configured ``durable: true`` always is one)."""
+    lanes: dict[str, list[str]] = field(default_factory=dict)
+    """Per-call processor lists by lane (``input``, ``output``, ``error``): the ids the caller named,
+    bound by `_processors_api.bind_lanes` (`call_lanes.bind`, which needs the App)."""
+
+    def traced(self, headers: Mapping[str, str]) -> AgentCall:
+        """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""
+        found = {k: headers[k] for k in ("traceparent", "tracestate") if headers.get(k)}
+        if found:
+            self.options = replace(self.options, trace_parent=found)
+        return self
+
+
+class _ThreadRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+
+
+class _MemoryBody(BaseModel):
+    """The body's ``memory``: the thread as its id or ``{id, ...}``, and the resource."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    thread: str | _ThreadRef | None = None
+    resource: str | None = None
+
+    @property
+    def thread_id(self) -> str | None:
+        return self.thread.id if isinstance(self.thread, _ThreadRef) else self.thread
+
+
+class _ModelSettings(BaseModel):
+    """``modelSettings``: what the providers send (an unknown key is refused, never ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, ge=1, alias="maxOutputTokens")
+    top_p: float | None = Field(default=None, ge=0, le=1, alias="topP")
+    top_k: int | None = Field(default=None, ge=1, alias="topK")
+    presence_penalty: float | None = Field(default=None, alias="presencePenalty")
+    frequency_penalty: float | None = Field(default=None, alias="frequencyPenalty")
+    stop_sequences: list[str] | None = Field(default=None, alias="stopSequences")
+    seed: int | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The settings given, by their camelCase names (what `StepConfig.model_settings` holds)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class _ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tool"]
+    tool_name: str = Field(alias="toolName", min_length=1)
+
+
+class _StructuredOutputBody(BaseModel):
+    """``structuredOutput``: a JSON schema, what a mismatch does, and an optional structuring model."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_: dict[str, Any] = Field(alias="schema")
+    error_strategy: Literal["strict", "warn", "fallback"] = Field(default="strict", alias="errorStrategy")
+    fallback_value: Any = Field(default=None, alias="fallbackValue")
+    instructions: str | None = None
+    model: Any = None
+    json_prompt_injection: bool | None = Field(default=None, alias="jsonPromptInjection")
+
+
+class StepOptions(BaseModel):
+    """The options both APIs take by the reference's names: the HTTP body's keys, and the gRPC
+    request's option fields as JSON (`_proto_options`), so they are validated and turned into
+    `CallOptions` in one place (`step_kwargs`, `lane_ids`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    instructions: Any = None
+    """Replaces the agent's instructions: a string, a list of strings or system messages."""
+    system: Any = None
+    """System messages added after the instructions (the same forms)."""
+    model_settings: _ModelSettings | None = Field(default=None, alias="modelSettings")
+    tool_choice: Literal["auto", "none", "required"] | _ToolChoice | None = Field(
+        default=None, alias="toolChoice"
+    )
+    active_tools: list[str] | None = Field(default=None, alias="activeTools")
+    structured_output: _StructuredOutputBody | None = Field(default=None, alias="structuredOutput")
+    input_processors: list[Any] | None = Field(default=None, alias="inputProcessors")
+    """Replaces the agent's lanes for this call: processor ids (`Lanes`)."""
+    output_processors: list[Any] | None = Field(default=None, alias="outputProcessors")
+    error_processors: list[Any] | None = Field(default=None, alias="errorProcessors")
+
+
+class _Body(StepOptions):
+    """The reference server's body for /generate and /stream (unknown keys are ignored)."""
+
+    messages: str | list[str | dict[str, Any]]
+    max_steps: int | None = Field(default=None, ge=1, alias="maxSteps")
+    max_processor_retries: int | None = Field(default=None, ge=0, alias="maxProcessorRetries")
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+    runtime_context: dict[str, Any] | None = Field(default=None, alias="runtimeContext")
+    resource_id: str | None = Field(default=None, alias="resourceId")
+    thread_id: str | None = Field(default=None, alias="threadId")
+    memory: _MemoryBody | None = None
+    """``{thread, resource}`` as @mastra/client-js sends it (``threadId``/``resourceId`` win)."""
+    client_tools: dict[str, Any] | None = Field(default=None, alias="clientTools")
+    """Tools the caller runs: name -> ``{id?, description, inputSchema | parameters}``."""
+    require_tool_approval: bool | None = Field(default=None, alias="requireToolApproval")
+    stop_when: Any = Field(default=None, alias="stopWhen")
+    """``[{stepCountIs: n}, {hasToolCall: name}]`` (one object is one condition)."""
+    durable: bool = Field(default=False, strict=True)
+    """Run durably: checkpointed, taken over by another replica, reattachable (``observe``)."""
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list) and not value:
+            raise ValueError("must hold at least one message")
+        return value
+
+
+def client_tools(tools: dict[str, Any], field: str = "clientTools") -> list[ClientTool]:
+    """``clientTools`` as ClientTools; a 400 naming the tool when one is malformed."""
+    out: list[ClientTool] = []
+    for name, tool in tools.items():
+        where = f"{field}.{name}"
+        if not name or len(name) > 128 or not name.isprintable():
+            raise BadRequestError(f"{field}: {name[:64]!r} is not a tool name (1-128 printable characters)")
+        if not isinstance(tool, dict):
+            raise BadRequestError(f"{where}: must be an object {{description, inputSchema}}")
+        description = tool.get("description", "")
+        if not isinstance(description, str):
+            raise BadRequestError(f"{where}.description: must be a string")
+        key = "inputSchema" if tool.get("inputSchema") is not None else "parameters"
+        schema = tool.get(key)
+        if schema is None:
+            schema = {"type": "object"}
+        if not isinstance(schema, dict):
+            raise BadRequestError(f"{where}.{key}: must be a JSON schema object")
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise BadRequestError(f"{where}.{key}: not a valid JSON schema: {exc.message}") from None
+        out.append(ClientTool(name, description, schema))
+    return out
+
+
+def memory_scope(thread: str | None, resource: str | None, *, caller: Caller) -> tuple[str, str]:
+    """The (thread, resource) a call runs with; memory loads and saves only with both.
+
+    The resource scopes per-user data (memory threads, response-cache entries), so it is the
+    caller's API key's: a key bound to a resource runs as that one (claiming another is refused);
+    an operator key (or any caller when no key is configured) names the resource it acts for, or
+    none. The thread is the caller's to name, within that resource: the store scopes threads by
+    resource, so no caller reads another's history. A thread without a resource is refused (a
+    400 naming resourceId): the run could neither load nor save it, and doing it silently would
+    lose the turn.
+    """
+    for name, value in (("threadId", thread), ("resourceId", resource)):
+        # refused here, as a 400, rather than by the store once the run has started
+        if value and (len(value) > MAX_ID_CHARS or not value.isprintable()):
+            raise BadRequestError(f"{name}: must be a printable id of at most {MAX_ID_CHARS} characters")
+    if caller.resource is not None:
+        if resource and resource != caller.resource:
+            raise BadRequestError("resourceId: this API key is bound to another resource")
+        resource = caller.resource
+    elif not caller.operator:
+        resource = None
+    if not resource:
+        if thread:
+            raise BadRequestError(
+                "threadId: a thread belongs to a resource (a user, an org); name it with resourceId, "
+                "or call with an API key bound to one (PROCMESH_API_KEYS key=resource)"
+            )
+        return "", ""
+    return thread or "", resource
+
+
+def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> AgentCall:
+    """Validate a decoded JSON body from `caller`: its request context as `trust` allows (a 400
+    naming the keys it may not send), its thread and resource as `memory_scope`."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with a 'messages' field")
+    if isinstance(data.get("messages"), list):
+        check_message_count(len(data["messages"]), limits)
+    check_input(data, limits)
+    body = validated(_Body, data)
+    if isinstance(body.messages, str):
+        agent_input: str | list[dict[str, Any]] = body.messages
+    else:
+        agent_input = [input_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+        own_ids(agent_input, caller)
+    named = "requestContext" if body.request_context else "runtimeContext"
+    context = trust.check(caller, body.request_context or body.runtime_context or {}, named)
+    memory = body.memory or _MemoryBody()
+    thread, resource = memory_scope(
+        body.thread_id or memory.thread_id, body.resource_id or memory.resource, caller=caller
+    )
+    try:
+        stop_when = stop.parse(body.stop_when) if body.stop_when is not None else None
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+    return AgentCall(
+        agent_input,
+        CallOptions(
+            max_steps=body.max_steps,
+            max_processor_retries=body.max_processor_retries,
+            request_context=context,
+            resource_id=resource,
+            thread_id=thread,
+            stop_when=stop_when,
+            require_tool_approval=body.require_tool_approval,
+            client_tools=client_tools(body.client_tools or {}),
+            announce_violations=True,  # a remote caller has no onViolation: its stream tells it
+            **step_kwargs(body),
+        ),
+        durable=body.durable,
+        lanes=lane_ids(body),
+    )
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def validated(model: type[_M], data: Any) -> _M:
+    """`data` as `model`; a 400 naming every problem by its field (the reference's names)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
+        )
+        raise BadRequestError(problems) from None
+
+
+def step_kwargs(body: StepOptions) -> dict[str, Any]:
+    """The `CallOptions` fields of the options both APIs share."""
+    instructions = _system_texts(body.instructions, "instructions")
+    tool_choice: Any = body.tool_choice
+    if isinstance(tool_choice, _ToolChoice):
+        tool_choice = {"type": "tool", "toolName": tool_choice.tool_name}
+    return {
+        "instructions": None if instructions is None else "\n\n".join(instructions),
+        "system": _system_texts(body.system, "system") or (),
+        "model_settings": body.model_settings.wire() if body.model_settings else None,
+        "tool_choice": tool_choice,
+        "active_tools": body.active_tools,
+        "structured_output": _structured_output(body.structured_output),
+    }
+
+
+LANES = ("input", "output", "error")
+_MAX_PROCESSOR_ID = 256
+
+
+def lane_ids(body: StepOptions) -> dict[str, list[str]]:
+    """The per-call processor lists as ids, by lane; a lane not given is absent (the agent's)."""
+    out: dict[str, list[str]] = {}
+    for kind in LANES:
+        entries = getattr(body, f"{kind}_processors")
+        if entries is not None:
+            out[kind] = [_processor_id(e, f"{kind}Processors.{i}") for i, e in enumerate(entries)]
+    return out
+
+
+def _processor_id(entry: Any, where: str) -> str:
+    """A lane entry as the id it names: a string, or what @mastra/client-js sends for a processor
+    object (JSON drops its functions: ``{id, name?, ...}``, of which the id counts)."""
+    value = entry.get("id") if isinstance(entry, dict) else entry
+    if isinstance(entry, dict) and value is None:
+        raise NotSupportedError(
+            f"{where}: processors defined in the caller's code are not supported by procmesh: "
+            "their code cannot travel; name a processor the orchestrator's sidecars host by its id"
+        )
+    if not isinstance(value, str) or not value or len(value) > _MAX_PROCESSOR_ID or not value.isprintable():
+        raise BadRequestError(f"{where}: must be a processor id (a string) or an object with an 'id'")
+    return value
+
+
+def _system_texts(value: Any, field: str) -> list[str] | None:
+    """``instructions`` / ``system`` as texts: a string, a system message ``{role, content}``
+    (content a string or text parts), or a list of those; None when not given."""
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    out: list[str] = []
+    for i, item in enumerate(items):
+        where = f"{field}.{i}" if isinstance(value, list) else field
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list) and all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+        ):
+            out.append("".join(p["text"] for p in content))
+        else:
+            raise BadRequestError(f"{where}: must be a string or a system message {{role, content}}")
+    return out
+
+
+def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput | None:
+    if body is None:
+        return None
+    if body.model is not None and not (isinstance(body.model, str) and body.model):
+        raise BadRequestError(
+            "structuredOutput.model: give the structuring model as a reference, a `models` key or "
+            "'provider/model-id' (or leave it out: the agent's model answers in JSON)"
+        )
+    try:
+        jsonschema.validators.validator_for(body.schema_).check_schema(body.schema_)
+    except jsonschema.SchemaError as exc:
+        raise BadRequestError(f"structuredOutput.schema: not a valid JSON schema: {exc.message}") from None
+    return StructuredOutput(
+        body.schema_, body.error_strategy, body.fallback_value, body.instructions, body.model
+    )
+
+
+@dataclass
+class ResumeRequest:
+    """A validated approve / decline request: which run, which call, and why (a decline)."""
+
+    run_id: str
+    tool_call_id: str
+    reason: str | None
+    request_context: dict[str, Any]
+
+
+class _ResumeBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
+    tool_call_id: str = Field(alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
+    reason: str | None = Field(default=None, max_length=4096)
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+
+
+def parse_resume(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> ResumeRequest:
+    """The body of approve-tool-call / decline-tool-call (and the -generate routes); its request
+    context as `trust` allows `caller`."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
+    check_input(data, limits)
+    body = validated(_ResumeBody, data)
+    context = trust.check(caller, body.request_context or {})
+    return ResumeRequest(body.run_id, body.tool_call_id, body.reason, context)

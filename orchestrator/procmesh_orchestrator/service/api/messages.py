@@ -1,0 +1,222 @@
+"""Input messages as both APIs and the memory API take them, as the run's MastraDBMessage dicts.
+
+A message may be a string, ``{role, content}`` (a string, text and file parts, or a stored
+message's content), an AI SDK model message (an assistant's tool-call parts, a ``tool`` message's
+tool-result parts) or a UI message (``parts`` with ``tool-invocation`` parts): what
+@mastra/client-js sends, including to go on after a client tool. A malformed one is a 400 naming
+where it is (``messages.2.content.0``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from procmesh import convert
+from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.service._auth import Caller
+from procmesh_orchestrator.service._errors import BadRequestError
+
+ROLES = ("user", "assistant", "system")
+
+
+def db_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
+    """One input message as a MastraDBMessage dict; raises BadRequestError naming `where`."""
+    if isinstance(item, str):
+        return msgs.text_message("user", item)
+    role = item.get("role", "user")
+    if role not in ROLES:
+        raise BadRequestError(f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}")
+    content = item.get("content")
+    if isinstance(content, str):
+        return msgs.text_message(role, content)
+    if isinstance(content, list):
+        parts: list[dict[str, Any]] = []
+        for i, part in enumerate(content):
+            at = f"{where}.content.{i}"
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif isinstance(part, dict) and part.get("type") in _FILE_PARTS and role == "user":
+                parts.append(_file_part(part, at))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                allowed = "text, image, file" if role == "user" else "text parts {type, text}"
+                raise BadRequestError(f"{at}: unsupported part {kind!r} ({allowed} only)")
+        message = msgs.text_message(role, "")
+        message["content"]["parts"] = parts
+        return message
+    if isinstance(content, dict):  # a MastraDBMessage (format 2)
+        message = {**item, "role": role, "id": item.get("id") or msgs.new_id()}
+        try:
+            convert.message_to_proto(message)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise BadRequestError(f"{where}.content: {exc}") from None
+        return message
+    raise BadRequestError(f"{where}.content: must be a string, a list of text parts or a message content")
+
+
+_FILE_PARTS = ("image", "file")
+_IMAGE_MAGIC = {"/9j/": "image/jpeg", "iVBOR": "image/png", "R0lGOD": "image/gif", "UklGR": "image/webp"}
+
+
+def _file_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image or file part (AI SDK model or UI message, either version) as the run's file part
+    ``{type: "file", mediaType, data, filename?}``; ``data`` is a URL, a data URL or base64."""
+    kind = part["type"]
+    keys = ("image", "url", "data") if kind == "image" else ("data", "url")
+    data = next((part[k] for k in keys if isinstance(part.get(k), str) and part[k]), None)
+    if data is None:
+        raise BadRequestError(f"{where}: a {kind} part needs {' or '.join(keys)} (a URL or base64)")
+    media = part.get("mediaType") or part.get("mimeType")
+    if not media and data.startswith("data:"):
+        media = data[5:].partition(";")[0].partition(",")[0]
+    if not media and kind == "image":
+        if data.startswith(("http://", "https://")):
+            media = "image/*"
+        else:
+            media = next((t for magic, t in _IMAGE_MAGIC.items() if data.startswith(magic)), None)
+    if not isinstance(media, str) or not media:
+        raise BadRequestError(f"{where}: a {kind} part needs its mediaType (mimeType)")
+    out = {"type": "file", "mediaType": media, "data": data}
+    if isinstance(part.get("filename"), str) and part["filename"]:
+        out["filename"] = part["filename"]
+    return out
+
+
+def _unwrap_output(output: Any) -> Any:
+    """An AI SDK tool-result ``output`` (``{type: "json" | "text" | ..., value}``) as its value."""
+    if isinstance(output, dict) and isinstance(output.get("type"), str) and "value" in output:
+        return output["value"]
+    return output
+
+
+def _tool_result(part: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id, name = part.get("toolCallId"), part.get("toolName")
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+        raise BadRequestError(f"{where}: a tool-result needs toolCallId and toolName strings")
+    result = part["result"] if "result" in part else _unwrap_output(part.get("output"))
+    return {"type": "tool-result", "toolCallId": call_id, "toolName": name, "result": result}
+
+
+def _invocation(call_id: Any, name: Any, args: Any, where: str, **extra: Any) -> dict[str, Any]:
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+        raise BadRequestError(f"{where}: a tool call needs toolCallId and toolName strings")
+    return {
+        "type": "tool-invocation",
+        "toolInvocation": {"state": "call", "toolCallId": call_id, "toolName": name, "args": args, **extra},
+    }
+
+
+def _format2(role: str, parts: list[dict[str, Any]], item: dict[str, Any]) -> dict[str, Any]:
+    message = msgs.text_message(role, "")
+    message["content"]["parts"] = parts
+    if isinstance(item.get("id"), str) and item["id"]:
+        message["id"] = item["id"]
+    return message
+
+
+_DROPPED_UI_PARTS = ("step-start", "reasoning", "source")
+"""UI parts that carry nothing the run reads back (the reference drops them from the prompt too)."""
+
+
+def _ui_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+    """A UI message ``{id, role, parts}`` (what the client keeps of a streamed answer)."""
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(item["parts"]):
+        at = f"{where}.parts.{i}"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict) or not isinstance(kind, str):
+            raise BadRequestError(f"{at}: must be an object with a type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif (
+            kind == "tool-invocation" and role == "assistant" and isinstance(part.get("toolInvocation"), dict)
+        ):
+            inv = part["toolInvocation"]
+            state = inv.get("state")
+            if state == "call":
+                parts.append(_invocation(inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at))
+            elif state == "result" and "result" in inv:
+                parts.append(
+                    _invocation(
+                        inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, result=inv["result"]
+                    )
+                )
+                parts[-1]["toolInvocation"]["state"] = "result"
+            else:
+                raise BadRequestError(
+                    f"{at}.toolInvocation.state: must be 'call' or 'result' (with a result)"
+                )
+        elif kind in _FILE_PARTS and role == "user":
+            parts.append(_file_part(part, at))
+        elif kind in _DROPPED_UI_PARTS:
+            continue
+        else:
+            raise BadRequestError(f"{at}: unsupported part {kind!r} (text, file, tool-invocation)")
+    return _format2(role, parts, item)
+
+
+def _model_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+    """An AI SDK model message with a list content: text, and for the assistant tool-call parts;
+    a ``tool`` message's tool-result parts."""
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(item["content"]):
+        at = f"{where}.content.{i}"
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if not isinstance(part, dict):
+            raise BadRequestError(f"{at}: unsupported part {kind!r}")
+        if role == "tool":
+            if kind != "tool-result":
+                raise BadRequestError(f"{at}: a tool message holds tool-result parts only, got {kind!r}")
+            parts.append(_tool_result(part, at))
+        elif kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "tool-call" and role == "assistant":
+            args = part["input"] if "input" in part else part.get("args")
+            parts.append(_invocation(part.get("toolCallId"), part.get("toolName"), args, at))
+        elif kind in _FILE_PARTS and role == "user":
+            parts.append(_file_part(part, at))
+        elif kind == "reasoning" and role == "assistant":
+            continue
+        else:
+            allowed = "text, tool-call" if role == "assistant" else "text, image, file"
+            raise BadRequestError(f"{at}: unsupported part {kind!r} ({allowed} only)")
+    return _format2(role, parts, item)
+
+
+def input_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
+    """One message of a generate / stream body: `db_message`'s shapes, plus what the client sends to
+    go on after a client tool: AI SDK model messages (an assistant's tool-call parts, a ``tool``
+    message's tool-result parts) and UI messages (``parts`` with ``tool-invocation`` parts)."""
+    if isinstance(item, str):
+        return db_message(item, where)
+    role = item.get("role", "user")
+    if isinstance(item.get("parts"), list) and not isinstance(item.get("content"), dict):
+        if role not in ("user", "assistant"):
+            raise BadRequestError(
+                f"{where}.role: a UI message is from the user or the assistant, got {role!r}"
+            )
+        return _ui_message(item, role, where)
+    if role == "tool":
+        if not isinstance(item.get("content"), list) or not item["content"]:
+            raise BadRequestError(f"{where}.content: a tool message holds a list of tool-result parts")
+        return _model_message(item, role, where)
+    if role in ("user", "assistant") and isinstance(item.get("content"), list):
+        return _model_message(item, role, where)
+    return db_message(item, where)
+
+
+_CALLER_SET_IDS = ("threadId", "resourceId")
+
+
+def own_ids(messages: list[dict[str, Any]], caller: Caller) -> None:
+    """Set what the server decides on an input message: its thread and resource are the run's
+    (a message's own are dropped, for every caller), and its id is a new one unless the caller is an
+    operator (a trusted layer that keeps its ids).
+
+    Like the run-level ids, these scope per-user data (memory, cache entries) that processors see.
+    """
+    for message in messages:
+        for key in _CALLER_SET_IDS:
+            message.pop(key, None)
+        if not caller.operator or not message.get("id"):
+            message["id"] = msgs.new_id()

@@ -63,7 +63,8 @@ def fill_messages(field: Any, messages: Any, hook: str) -> None:
 
 
 def fill_effects(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
-    """Write abort, signals, custom chunks, violations and (unless None) the state into `out`."""
+    """Write abort, signals, custom chunks, violations, request-context values and (unless None)
+    the state into `out`."""
     # Everything here came from the hook (state included): a conversion failure is the
     # processor's fault (INTERNAL), not a malformed request (INVALID_ARGUMENT).
     try:
@@ -95,6 +96,8 @@ def _fill_effects_unchecked(out: tpb.HookEffects, effects: HookEffects, state: d
             v.detail.CopyFrom(convert.to_value(detail))
     if state is not None:
         out.state.CopyFrom(convert.to_struct(state))
+    if effects.context_updates:
+        out.request_context_updates.CopyFrom(convert.to_struct(effects.context_updates))
 
 
 def process_input(result: Any, kwargs: Kwargs) -> ppb.ProcessInputResponse:

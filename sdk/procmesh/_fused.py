@@ -6,7 +6,8 @@ on the same request, and the chain goes on only while each leaves its input as i
 result field set, no signal, no abort, no failure. Then the next one's input is the request
 itself, so nothing is re-encoded between them. The answer carries the result fields of the last
 one that ran, the first one's effects, and ``effects.fused[i]`` for ``context.fused[i]``; the
-orchestrator calls the rest itself (proto/README.md, "Fused processors").
+orchestrator calls the rest itself (proto/README.md, "Fused processors"). A hook that sets a
+request-context value ends the chain too: the next one would not see the value.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ if TYPE_CHECKING:
 
 
 def passes(response: Any) -> bool:
-    """The hook left its input as it came: no result field, no signal, no abort."""
+    """The hook left its input as it came: no result field, no signal, no request-context value
+    (the next one would not see it), no abort."""
     effects = response.effects
-    if effects.signals or effects.HasField("abort"):
+    if effects.signals or effects.HasField("abort") or effects.HasField("request_context_updates"):
         return False
     return all(field.name == "effects" for field, _ in response.ListFields())
 

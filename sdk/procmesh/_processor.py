@@ -90,7 +90,8 @@ def hook_parameters(fn: Callable[..., Any]) -> frozenset[str] | None:
 
 
 class HookEffects:
-    """What a hook did besides its return value: abort, signals, custom chunks, violations."""
+    """What a hook did besides its return value: abort, signals, custom chunks, violations, and
+    the request-context values it set."""
 
     def __init__(self, processor_id: str) -> None:
         self.processor_id = processor_id
@@ -98,6 +99,8 @@ class HookEffects:
         self.custom_chunks: list[Chunk] = []
         self.violations: list[tuple[str, Any]] = []
         self.abort: TripWire | None = None
+        self.context_updates: dict[str, Any] = {}
+        """Request-context values the hook set (`request_context.set`), in order."""
 
     def abort_hook(self, reason: str | None = None, *, retry: bool = False, metadata: Any = None) -> NoReturn:
         """The hook's ``abort(reason, retry=..., metadata=...)``."""

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from procmesh import convert, tracing
+from procmesh._context import RequestContext
 from procmesh._encode import fill_effects
 from procmesh._fused import run_fused
 from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
@@ -158,7 +159,9 @@ class Servicer:
         if wanted is None or "options" in wanted or hosted.processor.Options is not None:
             kwargs["options"] = hosted.options(own.options)
         if wanted is None or "request_context" in wanted:
-            kwargs["request_context"] = convert.from_struct(ctx.request_context)
+            kwargs["request_context"] = RequestContext(
+                convert.from_struct(ctx.request_context), effects.context_updates
+            )
         if wanted is None or "writer" in wanted:
             kwargs["writer"] = Writer(effects)
         if wanted is None or "model" in wanted:

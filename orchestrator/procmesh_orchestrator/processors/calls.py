@@ -20,6 +20,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import wire
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
 from procmesh_orchestrator.processors.stream import OutputPipeline
+from procmesh_orchestrator.run import context
 from procmesh_orchestrator.run.hooks import (
     Attempt,
     Chunk,
@@ -111,6 +112,11 @@ class HookAttempt(Generic[R]):
         if handle.shadow:
             self.caller.shadow_verdict(handle, hook, self.effects.abort)
             return None, Effects(violations=self.effects.violations)
+        if self.effects.context:  # a refused value fails the call, under its policy (`run.context`)
+            refused = context.accept(self.caller.info, self.effects.context)
+            if refused is not None:
+                self.caller.fail(handle, hook, refused)
+                return None, Effects()
         if self.state is not None:
             self.caller.info.states[pid] = self.state
         metrics.processor_call(pid, hook, "abort" if self.effects.abort else "ok")
@@ -139,7 +145,16 @@ class GrpcHookCaller:
     def __init__(self, info: RunInfo, metrics: OrchestratorMetrics) -> None:
         self.info = info
         self.metrics = metrics
-        self.request_context = convert.to_struct(info.request_context)
+        self._context_of: dict[str, Any] | None = None
+        self._context = struct_pb2.Struct()
+
+    def request_context(self) -> struct_pb2.Struct:
+        """The run's request context as sent: converted once per value of it (a hook that sets a
+        value gives the run a new context, `run.context.set_values`)."""
+        if self._context_of is not self.info.request_context:
+            self._context = convert.to_struct(self.info.request_context)
+            self._context_of = self.info.request_context
+        return self._context
 
     # -- context and deadlines ------------------------------------------------------------
 
@@ -155,7 +170,7 @@ class GrpcHookCaller:
         state = info.states.get(handle.processor_id)
         if isinstance(state, struct_pb2.Struct):
             ctx.state.CopyFrom(state)
-        ctx.request_context.CopyFrom(self.request_context)
+        ctx.request_context.CopyFrom(self.request_context())
         ctx.thread_id = info.thread_id
         ctx.resource_id = info.resource_id
         ctx.on_failure = handle.on_failure

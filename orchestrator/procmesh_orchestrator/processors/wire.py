@@ -262,6 +262,12 @@ def read_effects(
     for violation in effects.violations:
         detail = convert.from_value(violation.detail) if violation.HasField("detail") else None
         out.violations.append(h.Violation(processor_id, violation.message, detail))
+    if effects.HasField("request_context_updates"):
+        if hook == "process_output_stream":
+            raise MalformedResponseError(
+                "ProcessOutputStream cannot set request-context values (a unary hook can)"
+            )
+        out.context = convert.from_struct(effects.request_context_updates)
     if effects.HasField("abort"):
         ab = effects.abort
         reason = ab.reason or f"Tripwire triggered by {processor_id}"

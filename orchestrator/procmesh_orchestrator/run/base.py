@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run import context
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import (
@@ -212,8 +213,11 @@ class RunCore:
         return abort
 
     def emit(self, chunk: Chunk) -> None:
-        """Send a chunk to the caller (stream only)."""
+        """Send a chunk to the caller (stream only); a client tool's call carries the request
+        context (`context.for_client`)."""
         if self._sink is not None:
+            if chunk["type"] == "tool-call":
+                chunk = context.for_client(self, chunk)
             self.metrics.chunk_emitted(chunk["type"])
             self._sink(chunk)
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.run.context import ContextCheck
 
 Chunk = dict[str, Any]
 Message = dict[str, Any]
@@ -101,6 +104,11 @@ class RunInfo:
     """Each processor's state (opaque to the run), by processor id; the caller reads and writes it."""
     fuse: bool = True
     """Neighbouring processors of one sidecar may share a request or a stream (`AgentSpec.fuse`)."""
+    hook_values: dict[str, Any] = field(default_factory=dict)
+    """The request-context values the run's hooks set (`run.context`), already in `request_context`;
+    a snapshot keeps them apart from the caller's."""
+    context_check: ContextCheck | None = None
+    """The agent's requestContextSchema: a hook's values must keep the context one it accepts."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ class Effects:
     abort: TripwireAbort | None = None
     violations: list[Violation] = field(default_factory=list)
     """Recorded as soon as the call returns, whether or not its result applies (shadow mode)."""
+    context: dict[str, Any] = field(default_factory=dict)
+    """Request-context values the hook set; the caller applies them with its state (`run.context`)."""
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 The snapshot holds the messages with their sources, the step records, usage, violations, every
 processor's state, the retry counter, signals (they are messages), the serializable request
-context entries, the call's settings (maxSteps, maxProcessorRetries, stopWhen as data, tool
+context entries (the caller's, from which its lanes were chosen, and apart the values its hooks
+set, `run.context`), the call's settings (maxSteps, maxProcessorRetries, stopWhen as data, tool
 approval, client tools, per-call processor lists by the names the caller gave) and the suspended
 step. Processors are named by their lane key, so a resumed run finds the same ones: the agent's,
 or the call's lists bound again by the resuming orchestrator (`AgentSpec.bind_lanes`).
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import ConfigError, SuspendError
 from procmesh_orchestrator.memory.store import SuspendedRun
-from procmesh_orchestrator.run import stop
+from procmesh_orchestrator.run import context, stop
+from procmesh_orchestrator.run.context import serializable
 from procmesh_orchestrator.run.tool_calls import PendingTools
 from procmesh_orchestrator.run.tools import ClientTool, ProcessorTool
 from procmesh_orchestrator.run.types import StructuredOutput
@@ -34,14 +36,10 @@ VERSION = 1
 def _serializable(context: dict[str, Any]) -> dict[str, Any]:
     """The request context entries that survive a snapshot (the seed: functions, connections and
     the like do not; rebuild them at the resume boundary)."""
-    kept: dict[str, Any] = {}
-    for key, value in context.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            log.debug("request context entry %r is not serializable: not kept in the snapshot", key)
-            continue
-        kept[key] = value
+    kept = serializable(context)
+    if len(kept) < len(context):
+        left = sorted(set(context) - set(kept))
+        log.debug("request context entries %s are not serializable: not kept in the snapshot", left)
     return kept
 
 
@@ -56,7 +54,8 @@ def capture(run: RunCore, *, pending: PendingTools | None = None, next_step: int
         "agentId": run.agent.id,
         "threadId": run.info.thread_id,
         "resourceId": run.info.resource_id,
-        "requestContext": _serializable(run.info.request_context),
+        "requestContext": _serializable(run.options.request_context),
+        "hookValues": run.info.hook_values,
         "messages": [{"message": m, "source": src} for m, src in run.ml.dump()],
         "system": run.loop_system,
         "steps": run.steps,
@@ -233,6 +232,7 @@ def restore(run: RunCore, data: dict[str, Any]) -> PendingTools | None:
     run.violations = list(data["violations"])
     run.caller.import_states(data["states"])
     run.info.retry_count = int(data["retryCount"])
+    context.set_values(run.info, data.get("hookValues") or {})
     by_key = {item.key: item for item in (*run.input_lane, *run.output_lane, *run.error_lane)}
     for name, tool in data["processorTools"].items():
         host = by_key.get(tool["key"])

@@ -11,7 +11,8 @@ everything after it are discarded and the walk goes on from it with a new batch.
 fail-closed failure discards every later answer. A discarded answer leaves nothing behind: its
 state, metrics, failure policy, violations, signals and chunks all apply at commit only, so the
 run's trace is the sequential one. A processor that is not speculative is only ever the first
-of a batch (or a fused neighbour of the first), so it sees final input only.
+of a batch (or a fused neighbour of the first), so it sees final input only. A request-context
+value a committed answer set changes the input of every call after it too.
 """
 
 from __future__ import annotations
@@ -111,14 +112,15 @@ async def _batch(
         return len(lane) if stop else pos + 1
     with _at_step(run, step_number):
         sent = [run.caller.send(unit, args, speculative=k > 0) for k, unit in enumerate(units)]
+    context = run.info.request_context  # what the batch was sent with (a hook's value replaces it)
     committed = 0  # attempts committed, over the whole batch
     p = pos
     try:
         for k, unit in enumerate(units):
             attempts = await sent[k]
             for m, item in enumerate(unit):
-                if p > pos and build(item) != args:
-                    return p  # its input changed: it and the rest go again
+                if p > pos and (build(item) != args or run.info.request_context is not context):
+                    return p  # its input or the request context changed: it and the rest go again
                 if m >= len(attempts):
                     return p  # the fused request stopped before it
                 committed += 1  # before: a commit that raises (fail-closed) is not discarded too

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from procmesh_orchestrator.run.context import RESERVED_KEYS
 from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR, ROLES, Caller, KeyListError
 from procmesh_orchestrator.service._errors import BadRequestError
 
@@ -27,17 +28,9 @@ log = logging.getLogger(__name__)
 
 ANY = "*"
 """As an entry: every caller; in an entry's list: every key that is not reserved."""
-RESERVED = frozenset(
-    {
-        "threadId",
-        "resourceId",
-        "mastra__threadId",
-        "mastra__resourceId",
-        "responseCache",
-        "mastra__response_cache_context",
-    }
-)
-"""Context keys that select a thread, a resource or a cache scope: never a caller's."""
+RESERVED = RESERVED_KEYS
+"""Context keys that select a thread, a resource or a cache scope: never a caller's (nor a
+hook's: `run.context`)."""
 _SHOWN = 8
 
 

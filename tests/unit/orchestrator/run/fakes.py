@@ -8,7 +8,7 @@ from typing import Any
 
 from procmesh_orchestrator.errors import APICallError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.run import Agent, AgentSpec, Lanes
+from procmesh_orchestrator.run import Agent, AgentSpec, Lanes, context
 from procmesh_orchestrator.run.hooks import Chunk, Effects, HookArgs, Processor, Reply, RunInfo, StreamItem
 from procmesh_orchestrator.run.models import ModelRequest
 
@@ -56,7 +56,13 @@ class FakeCaller:
     async def call(self, item: Processor, args: HookArgs[Any]) -> Reply[Any]:
         assert isinstance(item, FakeProcessor)
         self.log.append(Call(item.key, args, self.info.step_number, self.info.retry_count))
-        return item.answers[args.hook](args, self.info)
+        answer = item.answers[args.hook](args, self.info)
+        if answer.result is not None and answer.effects.context:  # applied as the gRPC caller does
+            refused = context.accept(self.info, answer.effects.context)
+            if refused is not None:
+                self.fail(item, args.hook, refused)
+                return Reply(None)
+        return answer
 
     def fail(self, item: Processor, hook: str, cause: str) -> None:
         assert isinstance(item, FakeProcessor)

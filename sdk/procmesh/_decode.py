@@ -19,7 +19,8 @@ Kwargs = dict[str, Any]
 
 
 def _messages(field: Any) -> list[dict[str, Any]]:
-    return [convert.message_from_proto(m) for m in field]
+    # A part of a kind this SDK does not know (a newer orchestrator's) passes through untouched.
+    return [convert.message_from_proto(m, keep_unknown=True) for m in field]
 
 
 def _steps(field: Any) -> list[dict[str, Any]]:

@@ -262,7 +262,7 @@ class Servicer:
             thread_id=ctx.thread_id or None,
             resource_id=ctx.resource_id or None,
             request_context=convert.from_struct(ctx.request_context),
-            messages=[convert.message_from_proto(m) for m in request.messages],
+            messages=[convert.message_from_proto(m, keep_unknown=True) for m in request.messages],
         )
         args = convert.from_value(request.args) if request.HasField("args") else {}
         started = time.perf_counter()

@@ -124,7 +124,11 @@ class Shouter(Processor):
                 **m,
                 "content": {
                     **m["content"],
-                    "parts": [{"type": "text", "text": text_of(m).upper() + options.suffix}],
+                    # Parts other than text are kept as they are (a newer kind's included).
+                    "parts": [
+                        {"type": "text", "text": text_of(m).upper() + options.suffix},
+                        *(p for p in m["content"]["parts"] if p["type"] != "text"),
+                    ],
                 },
             }
             for m in messages
@@ -681,12 +685,18 @@ async def test_options_failing_the_options_model_are_invalid_argument(client: Pr
     assert "mode" in details
 
 
-async def test_a_message_part_without_kind_is_invalid_argument(client: ProcessorClient) -> None:
-    broken = tpb.Message(id="u1", role="user", content=tpb.MessageContent(format=2, parts=[tpb.Part()]))
-    req = ppb.ProcessInputRequest(context=run_context("shouter"), messages=[broken])
-    err = await rpc_error(client.stub.ProcessInput(req, timeout=TIMEOUT))
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.details() == "malformed process_input request: message part has no kind set"
+async def test_a_message_part_of_an_unknown_kind_passes_through_untouched(client: ProcessorClient) -> None:
+    # A newer orchestrator's part kind (field 15) beside a text part: the shouter upper-cases the
+    # text and returns the message; the part it cannot read comes back byte for byte.
+    msg = tpb.Message(id="u1", role="user", content=tpb.MessageContent(format=2))
+    msg.content.parts.add().text.text = "hello"
+    msg.content.parts.add().MergeFromString(b"\x7a\x06\x0a\x04soon")
+    req = ppb.ProcessInputRequest(context=run_context("shouter"), messages=[msg], all_messages=[msg])
+    resp = await client.stub.ProcessInput(req, timeout=TIMEOUT)
+    assert resp.replace_messages
+    parts = resp.messages[0].content.parts
+    assert parts[0].text.text == "HELLO!"
+    assert parts[1].SerializeToString() == b"\x7a\x06\x0a\x04soon"
 
 
 async def test_the_client_raises_the_matching_procmesh_error(client: ProcessorClient) -> None:

@@ -6,6 +6,7 @@
 // huge field cannot turn the answer into RESOURCE_EXHAUSTED (details travel in 8 KiB of metadata).
 
 const { InvalidInputError } = require('./errors');
+const { keepUnknownParts, writeUnknownParts } = require('./unknown');
 
 const ID_CHARS = 64;
 const DETAIL_CHARS = 1024;
@@ -57,8 +58,9 @@ function rawService(service) {
   const raw = {};
   const decoders = {};
   for (const [name, method] of Object.entries(service)) {
-    raw[name] = { ...method, requestDeserialize: (buf) => buf };
-    decoders[name] = method.requestDeserialize;
+    // A message part of a kind this SDK does not know passes through untouched (./unknown).
+    raw[name] = { ...method, requestDeserialize: (buf) => buf, responseSerialize: writeUnknownParts(name, method.responseSerialize) };
+    decoders[name] = keepUnknownParts(name, method.requestDeserialize);
   }
   return { service: raw, decoders };
 }

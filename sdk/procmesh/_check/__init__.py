@@ -8,8 +8,10 @@ The exit code is 0 when no check failed. It checks:
 - Describe: processor ids (non-empty, unique, no ``/``), hooks (known, no duplicates), options
   schemas (empty or a JSON object);
 - malformed requests, per declared hook: an empty ``processor_id`` (INVALID_ARGUMENT), an unknown
-  processor (NOT_FOUND), a message part with no kind (INVALID_ARGUMENT); the sidecar must still be
-  SERVING and answering afterwards;
+  processor (NOT_FOUND), bytes that are no protobuf message (INVALID_ARGUMENT or INTERNAL, what stock
+  generated servers answer); a message part of a kind the contract does not have yet (a newer
+  orchestrator's) answers OK and comes back untouched in any message the hook returns; the sidecar
+  must still be SERVING and answering afterwards;
 - per processor: each declared hook answers valid requests OK with well-formed effects (a plain
   request and a probe meant to provoke aborts); undeclared hooks answer UNIMPLEMENTED;
   ProcessOutputStream answers several batches in order, one result per part with its seq, a

@@ -12,9 +12,11 @@ from typing import Any, TextIO
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from procmesh._check.problems import new_kind_problems
 from procmesh._check.processor import ProcessorChecks
 from procmesh._check.report import Report, Unreachable
 from procmesh._check.requests import (
+    CORRUPT_BYTES,
     HOOKS,
     PLAIN_TEXT,
     STREAM,
@@ -51,6 +53,7 @@ class SidecarChecker(ProcessorChecks):
 
     async def run(self) -> None:
         async with self.channel() as channel:
+            self.channel_ = channel
             self.stub = pgrpc.ProcessorServiceStub(channel)
             self.health = health_pb2_grpc.HealthStub(channel)
             try:
@@ -166,29 +169,33 @@ class SidecarChecker(ProcessorChecks):
             if hook == TOOL_RPC:  # an empty processor_id names a hosted tool: an unknown one
                 cases[0] = ("unknown hosted tool", self.context(""), False, Code.NOT_FOUND)
             if hook in WITH_MESSAGES and owner[hook]:
-                cases.append(
-                    ("message part without kind", self.context(owner[hook]), True, Code.INVALID_ARGUMENT)
-                )
-            for what, ctx, kindless, want in cases:
+                cases.append((NEW_KIND, self.context(owner[hook]), True, Code.OK))
+            for what, ctx, new_kind, want in cases:
+                resp = None
                 if hook == STREAM:
                     outcome = await self.stream(ctx, [[text_delta(PLAIN_TEXT)]])
                     code, details = outcome.code or Code.OK, outcome.details
                 else:
-                    req = build_request(hook, ctx, PLAIN_TEXT, kindless=kindless)
+                    req = build_request(hook, ctx, PLAIN_TEXT, new_kind=new_kind)
                     if hook == TOOL_RPC and not ctx.processor_id:
                         req.tool_name = UNKNOWN_TOOL
-                    _, code, details = await self.unary(hook, req)
+                    resp, code, details = await self.unary(hook, req)
                 name = f"malformed {hook}: {what}"
-                if code == want:
+                if code == want == Code.OK:
+                    self.report.check(name, new_kind_problems(resp), "OK, passed through untouched")
+                elif code == want:
                     self.report.check(name, [] if details else ["no details"], f"{code.name}: {details}")
                 else:
-                    crash = (
-                        " (looks like a crash)"
-                        if code in (Code.UNKNOWN, Code.INTERNAL, Code.UNAVAILABLE)
-                        else ""
-                    )
-                    said = f": {details}" if details else ""
-                    self.report.add("FAIL", name, f"expected {want.name}, got {code.name}{crash}{said}")
+                    self.report.add("FAIL", name, _unexpected(want.name, code, details, new_kind))
+            # Bytes no parser reads: what stock generated servers answer (INTERNAL) passes too.
+            code, details = await self.raw_call(hook, CORRUPT_BYTES, hook == STREAM)
+            name = f"malformed {hook}: corrupt bytes"
+            if code in (Code.INVALID_ARGUMENT, Code.INTERNAL):
+                self.report.check(name, [], f"{code.name}: {details}")
+            else:
+                self.report.add(
+                    "FAIL", name, _unexpected("INVALID_ARGUMENT or INTERNAL", code, details, False)
+                )
         if not described:
             await self.still_serving("still SERVING after malformed requests")
             return
@@ -205,6 +212,16 @@ class SidecarChecker(ProcessorChecks):
 
 
 TOOL_RPC = "ExecuteTool"
+NEW_KIND = "message part of an unknown kind"
+
+
+def _unexpected(want: str, code: Code, details: str, new_kind: bool) -> str:
+    """Why a malformed request's answer fails its check."""
+    if new_kind:
+        want += " (a part of a kind unknown here is a newer orchestrator's: pass it on, never refuse it)"
+    crash = " (looks like a crash)" if code in (Code.UNKNOWN, Code.INTERNAL, Code.UNAVAILABLE) else ""
+    said = f": {details}" if details else ""
+    return f"expected {want}, got {code.name}{crash}{said}"
 
 
 def tool_problems(tools: Sequence[ppb.HostedTool]) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from procmesh import convert
-from procmesh._check.requests import RETRYABLE, STREAM
+from procmesh._check.requests import NEW_KIND_MESSAGE_ID, NEW_KIND_PART, RETRYABLE, STREAM
 from procmesh.v1 import types_pb2 as tpb
 
 SIGNAL_TYPES = {"", "reactive", "user", "notification", "state", "system-reminder", "user-message"}
@@ -19,8 +19,22 @@ def _message_problems(what: str, messages: Sequence[tpb.Message]) -> list[str]:
         if not msg.role:
             problems.append(f"{what}[{i}] has no role")
         for j, part in enumerate(msg.content.parts):
-            if part.WhichOneof("kind") is None:
+            if part.WhichOneof("kind") is None and part.SerializeToString() != NEW_KIND_PART:
                 problems.append(f"{what}[{i}] part {j} has no kind")
+    return problems
+
+
+def new_kind_problems(resp: Any) -> list[str]:
+    """The checker's part of a newer kind, wherever the response returns its message, unchanged."""
+    problems = []
+    for name in ("messages", "all_messages", "system_messages"):
+        for msg in getattr(resp, name, ()):
+            if msg.id != NEW_KIND_MESSAGE_ID:
+                continue
+            if not any(p.SerializeToString() == NEW_KIND_PART for p in msg.content.parts):
+                problems.append(
+                    f"{name} returns message {msg.id!r} without its part of a newer kind, as sent"
+                )
     return problems
 
 

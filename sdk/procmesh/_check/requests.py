@@ -14,7 +14,7 @@ HOOKS: dict[int, str] = {hook.enum: hook.rpc for hook in hooks.HOOKS}
 STREAM = next(hook.rpc for hook in hooks.HOOKS if hook.streaming)
 UNARY = [hook.rpc for hook in hooks.HOOKS if not hook.streaming]
 WITH_MESSAGES = {hook.rpc for hook in hooks.HOOKS if "messages" in hook.request.DESCRIPTOR.fields_by_name}
-"""Hooks whose requests carry messages (where a part without a kind can be sent)."""
+"""Hooks whose requests carry messages (where a part of a newer kind can be sent)."""
 RETRYABLE = {hooks.BY_NAME["process_input_step"].rpc, hooks.BY_NAME["process_output_step"].rpc}
 """The hooks whose abort(retry=True) replays the step; elsewhere retry is only kept in the tripwire."""
 UNKNOWN_PROCESSOR = "procmesh-check-no-such-processor"
@@ -36,9 +36,24 @@ def _text_message(msg_id: str, role: str, text: str) -> tpb.Message:
     )
 
 
-def _kindless_message() -> tpb.Message:
-    msg = _text_message("check-bad", "user", "a part below has no kind")
-    msg.content.parts.add()  # a Part with none of its oneof set
+NEW_KIND_MESSAGE_ID = "check-new-kind"
+NEW_KIND_PART = b"\x7a\x0a\x0a\x08tomorrow"
+"""A Part of a kind this contract does not have (field 15, as a newer orchestrator may send): to
+this release's code it has no kind, and its bytes are unknown fields a sidecar must keep."""
+CORRUPT_BYTES = b"\x0a\x05abc"
+"""Not a protobuf message: field 1 claims 5 bytes and 3 follow (every parser refuses it)."""
+
+
+def new_kind_part() -> tpb.Part:
+    """The part `NEW_KIND_PART` as this release's code sees it."""
+    part = tpb.Part()
+    part.MergeFromString(NEW_KIND_PART)
+    return part
+
+
+def _new_kind_message() -> tpb.Message:
+    msg = _text_message(NEW_KIND_MESSAGE_ID, "user", "the part after this one is of a newer kind")
+    msg.content.parts.append(new_kind_part())
     return msg
 
 
@@ -87,11 +102,11 @@ def text_delta(text: str) -> tpb.Chunk:
 class _Parts:
     """What every request is built from: the context, the text, a user and a system message."""
 
-    def __init__(self, ctx: tpb.RunContext, text: str, kindless: bool) -> None:
+    def __init__(self, ctx: tpb.RunContext, text: str, new_kind: bool) -> None:
         self.ctx = ctx
         self.text = text
-        self.kindless = kindless
-        self.user = _kindless_message() if kindless else _text_message("check-u1", "user", text)
+        self.new_kind = new_kind
+        self.user = _new_kind_message() if new_kind else _text_message("check-u1", "user", text)
         self.system = _text_message("check-s1", "system", "You are helpful.")
 
 
@@ -161,7 +176,7 @@ def _process_tool_result(p: _Parts) -> Any:
 
 def _process_output_result(p: _Parts) -> Any:
     answer = _text_message("check-a2", "assistant", p.text)
-    messages = [answer] if not p.kindless else [p.user]
+    messages = [answer] if not p.new_kind else [p.user]
     result = tpb.OutputResult(text=p.text, usage=_usage(), finish_reason="stop", steps=[_step(p.text)])
     return ppb.ProcessOutputResultRequest(context=p.ctx, messages=messages, result=result)
 
@@ -196,9 +211,9 @@ BUILDERS: dict[str, Callable[[_Parts], Any]] = {
 """A request builder per unary hook of the table, by RPC (a new hook without one fails at import)."""
 
 
-def build_request(hook: str, ctx: tpb.RunContext, text: str, *, kindless: bool = False) -> Any:
-    """A valid request for a unary `hook` about `text` (with a kindless part in its messages if asked)."""
+def build_request(hook: str, ctx: tpb.RunContext, text: str, *, new_kind: bool = False) -> Any:
+    """A valid request for a unary `hook` about `text` (with a part of a newer kind if asked)."""
     builder = BUILDERS.get(hook)
     if builder is None:
         raise ValueError(f"no request for {hook}")
-    return builder(_Parts(ctx, text, kindless))
+    return builder(_Parts(ctx, text, new_kind))

@@ -62,6 +62,8 @@ class Wire:
         self.wait = wait
         self.token = uuid.uuid4().hex[:12]
         self.stub: Any = None
+        self.channel_: Any = None
+        """The open channel, for requests sent as raw bytes."""
         self.health: Any = None
         self.aborts: dict[str, list[tuple[str, tpb.Abort]]] = {}
 
@@ -93,6 +95,24 @@ class Wire:
         except TimeoutError:
             return None, Code.DEADLINE_EXCEEDED, "no answer (the client deadline did not fire either)"
         return resp, Code.OK, ""
+
+    async def raw_call(self, rpc: str, payload: bytes, streaming: bool) -> tuple[Code, str]:
+        """Send `payload` as the request of `rpc` without encoding it (one message on a stream)."""
+        path = f"/{SERVICE_NAME}/{rpc}"
+        try:
+            if streaming:
+                call = self.channel_.stream_stream(path)(iter([payload]), timeout=self.timeout)
+                async for _ in call:
+                    pass
+            else:
+                await asyncio.wait_for(
+                    self.channel_.unary_unary(path)(payload, timeout=self.timeout), self.timeout + 2.0
+                )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        except TimeoutError:
+            return Code.DEADLINE_EXCEEDED, "no answer (the client deadline did not fire either)"
+        return Code.OK, ""
 
     async def health_status(self, service: str) -> str:
         try:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from procmesh._convert.values import fill_struct, from_struct, from_value, to_value
 from procmesh.v1 import types_pb2 as pb
 
 Message = dict[str, Any]
+
+UNKNOWN_PART = "procmesh-unknown"
+"""The type of a part whose kind this code does not know (a newer orchestrator's, or none):
+``{"type": "procmesh-unknown", "proto": <the Part's bytes, base64>}``. A sidecar shows it to hooks
+as that and, returned, sends the bytes back as they came (proto/README.md, forward compatibility)."""
 
 
 def _part_to_proto(part: dict[str, Any], out: pb.Part) -> None:
@@ -40,11 +46,13 @@ def _part_to_proto(part: dict[str, Any], out: pb.Part) -> None:
     elif isinstance(kind, str) and kind.startswith("data-"):
         out.data.type = kind
         out.data.data.CopyFrom(to_value(part.get("data")))
+    elif kind == UNKNOWN_PART:
+        out.MergeFromString(base64.b64decode(part.get("proto", ""), validate=True))
     else:
         raise ValueError(f"unsupported message part type {kind!r}")
 
 
-def _part_from_proto(part: pb.Part) -> dict[str, Any]:
+def _part_from_proto(part: pb.Part, keep_unknown: bool) -> dict[str, Any]:
     kind = part.WhichOneof("kind")
     if kind == "text":
         return {"type": "text", "text": part.text.text}
@@ -74,6 +82,8 @@ def _part_from_proto(part: pb.Part) -> dict[str, Any]:
         return {"type": part.data.type, "data": from_value(part.data.data)}
     if kind == "step_start":
         return {"type": "step-start"}
+    if keep_unknown:
+        return {"type": UNKNOWN_PART, "proto": base64.b64encode(part.SerializeToString()).decode()}
     raise ValueError("message part has no kind set")
 
 
@@ -97,11 +107,16 @@ def message_to_proto(msg: Message, out: pb.Message | None = None) -> pb.Message:
     return out
 
 
-def message_from_proto(msg: pb.Message) -> Message:
-    """Convert ``procmesh.v1.Message`` to a MastraDBMessage dict."""
+def message_from_proto(msg: pb.Message, *, keep_unknown: bool = False) -> Message:
+    """Convert ``procmesh.v1.Message`` to a MastraDBMessage dict.
+
+    A part of a kind this code does not know (none set, or a newer contract's) is a ValueError,
+    unless `keep_unknown`: then it becomes an `UNKNOWN_PART` that carries its bytes (what a
+    sidecar does: it passes a newer orchestrator's parts through untouched, never refuses them).
+    """
     content: dict[str, Any] = {
         "format": 2,
-        "parts": [_part_from_proto(p) for p in msg.content.parts],
+        "parts": [_part_from_proto(p, keep_unknown) for p in msg.content.parts],
     }
     if msg.content.HasField("metadata") and msg.content.metadata.fields:
         content["metadata"] = from_struct(msg.content.metadata)

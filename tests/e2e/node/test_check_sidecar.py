@@ -135,7 +135,8 @@ def test_the_python_sdk_sidecar_passes(sidecars: Sidecars) -> None:
     outcome = check(sidecars.python)
     assert_all_pass(outcome, ["pii-redactor", "topic-guard", "word-filter", "length-check", "word-counter"])
     assert outcome.has("PASS", "word-counter ProcessOutputStream: batches answered in order")
-    assert outcome.has("PASS", "malformed ProcessInput: message part without kind: INVALID_ARGUMENT")
+    assert outcome.has("PASS", "malformed ProcessInput: message part of an unknown kind: OK, passed through")
+    assert outcome.has("PASS", "malformed ProcessInput: corrupt bytes: INVALID_ARGUMENT")
     assert outcome.has("PASS", "malformed ProcessOutputStream: unknown processor: NOT_FOUND")
     # The probes made two of them abort; the encoding was checked.
     assert outcome.has("PASS", "topic-guard: abort/retry encoding: ProcessInput: reason")
@@ -149,7 +150,10 @@ def test_the_node_sdk_sidecar_passes(sidecars: Sidecars) -> None:
     assert outcome.has("PASS", "Describe: sdk procmesh-node/")
     assert outcome.has("PASS", "stream-filter ProcessOutputStream: batches answered in order")
     assert outcome.has("PASS", "word-counter ProcessOutputStream: StreamEnd")
-    assert outcome.has("PASS", "malformed ProcessOutputStep: message part without kind: INVALID_ARGUMENT")
+    assert outcome.has(
+        "PASS", "malformed ProcessOutputStep: message part of an unknown kind: OK, passed through"
+    )
+    assert outcome.has("PASS", "malformed ProcessOutputStream: corrupt bytes: INVALID_ARGUMENT")
     assert outcome.has("PASS", "response-validator: abort/retry encoding: ProcessOutputStep: reason")
     assert outcome.has("PASS", "word-counter: state round-trip: 2 hook(s) return the whole state")
 
@@ -192,9 +196,8 @@ def test_a_broken_sidecar_fails_with_the_broken_rules_named(broken: tuple[str, s
         "FAIL", "malformed ProcessInput: empty processor_id: expected INVALID_ARGUMENT, got OK"
     )
     assert outcome.has("FAIL", "malformed ProcessInput: unknown processor: expected NOT_FOUND, got OK")
-    assert outcome.has(
-        "FAIL", "message part without kind: expected INVALID_ARGUMENT, got UNKNOWN (looks like a crash)"
-    )
+    assert outcome.has("FAIL", "message part of an unknown kind: expected OK (a part of a kind unknown here")
+    assert "got UNKNOWN (looks like a crash)" in outcome.stdout
     assert outcome.has(
         "FAIL", "broken ProcessOutputStream: batches answered in order: result 1 carries seq 3"
     )
@@ -205,7 +208,11 @@ def test_a_broken_sidecar_fails_with_the_broken_rules_named(broken: tuple[str, s
 def test_a_sidecar_that_dies_on_malformed_input_fails_without_hanging(broken: tuple[str, str]) -> None:
     outcome = check(broken[1])
     assert outcome.code == 1, outcome.stdout
-    assert outcome.has("FAIL", "message part without kind: expected INVALID_ARGUMENT, got UNAVAILABLE")
+    assert outcome.has("FAIL", "message part of an unknown kind: expected OK")
+    assert outcome.has(
+        "FAIL",
+        "malformed ProcessInput: corrupt bytes: expected INVALID_ARGUMENT or INTERNAL, got UNAVAILABLE",
+    )
     assert outcome.has("FAIL", "still SERVING after malformed requests")
     assert outcome.has("FAIL", "sidecar reachable")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from procmesh import hooks
 from procmesh._check import requests
@@ -43,12 +44,27 @@ def test_every_unary_hook_gets_a_request_the_sdk_decodes(rpc: str) -> None:
 
 
 @pytest.mark.parametrize("rpc", sorted(requests.WITH_MESSAGES))
-def test_the_kindless_variant_carries_a_part_without_kind(rpc: str) -> None:
-    req = requests.build_request(rpc, tpb.RunContext(), "x", kindless=True)
-    kinds = [p.WhichOneof("kind") for m in req.messages for p in m.content.parts]
-    assert None in kinds
-    with pytest.raises((ValueError, TypeError, KeyError)):
-        hooks.BY_RPC[rpc].decode(req)
+def test_the_new_kind_variant_carries_a_part_the_sdk_passes_through(rpc: str) -> None:
+    req = requests.build_request(rpc, tpb.RunContext(), "x", new_kind=True)
+    parts = [p for m in req.messages for p in m.content.parts]
+    assert [p.SerializeToString() for p in parts if p.WhichOneof("kind") is None] == [requests.NEW_KIND_PART]
+    assert {"type": "procmesh-unknown", "proto": "egoKCHRvbW9ycm93"} in _dicts(hooks.BY_RPC[rpc].decode(req))
+
+
+def _dicts(value: object) -> list[dict[str, object]]:
+    """Every dict inside `value` (lists, dicts, a MessageList's messages)."""
+    if isinstance(value, dict):
+        return [value, *(d for v in value.values() for d in _dicts(v))]
+    if isinstance(value, list | tuple):
+        return [d for v in value for d in _dicts(v)]
+    if hasattr(value, "get_all"):
+        return _dicts(value.get_all())
+    return []
+
+
+def test_the_corrupt_bytes_are_no_request() -> None:
+    with pytest.raises(DecodeError):
+        tpb.Message.FromString(requests.CORRUPT_BYTES)
 
 
 def test_the_stream_has_no_unary_request() -> None:

@@ -208,9 +208,24 @@ def test_unsupported_part_type_raises_value_error() -> None:
 
 
 def test_part_without_kind_raises_value_error() -> None:
+    # The orchestrator's reading (a sidecar's reply): it knows every kind of its contract.
     proto = pb.Message(id="m", role="user", content=pb.MessageContent(parts=[pb.Part()]))
     with pytest.raises(ValueError, match="no kind set"):
         convert.message_from_proto(proto)
+
+
+@pytest.mark.parametrize("wire", [b"", b"\x7a\x03\x0a\x01x", b"\x0a\x03\x0a\x01z\x98\x06\x07"])
+def test_a_part_of_an_unknown_kind_comes_back_as_it_came_when_kept(wire: bytes) -> None:
+    # A sidecar's reading: a newer orchestrator's kind (field 15, or text plus an unknown field 99)
+    # and a part with nothing set are shown as procmesh-unknown and written back byte for byte.
+    proto = pb.Message(id="m", role="user")
+    proto.content.parts.add().MergeFromString(wire)
+    shown = convert.message_from_proto(proto, keep_unknown=True)
+    if wire.startswith(b"\x0a"):  # a known kind with an unknown field beside it: read as text
+        assert shown["content"]["parts"] == [{"type": "text", "text": "z"}]
+        return
+    assert shown["content"]["parts"][0]["type"] == "procmesh-unknown"
+    assert convert.message_to_proto(shown).content.parts[0].SerializeToString() == wire
 
 
 # -- chunks ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // MastraDBMessage objects <-> procmesh.v1.Message (with its parts).
 
 const { InvalidInputError } = require('../errors');
+const { RAW, UNKNOWN_PART, unknownPartFromProto, unknownPartToProto } = require('../unknown');
 const { describe, fromStruct, fromValue, hasFields, str, toStruct, toValue } = require('./values');
 
 function partToProto(part) {
@@ -29,6 +30,7 @@ function partToProto(part) {
     return { file: fp };
   }
   if (kind === 'step-start') return { step_start: {} };
+  if (kind === UNKNOWN_PART) return unknownPartToProto(part);
   if (typeof kind === 'string' && kind.startsWith('data-')) {
     return { data: { type: kind, data: toValue(part.data) } };
   }
@@ -66,6 +68,8 @@ function partFromProto(part) {
     case 'step_start':
       return { type: 'step-start' };
     default:
+      // A kind this SDK does not know (a newer orchestrator's, or none): passed through as bytes.
+      if (part && part[RAW] !== undefined) return unknownPartFromProto(part);
       throw new InvalidInputError('message part has no kind set');
   }
 }

@@ -135,7 +135,7 @@ async def _wait_for(lines: Callable[[], list[str]], line: str, timeout: float = 
 
 async def test_list_tools_gives_names_descriptions_and_schemas(conn: McpConnection) -> None:
     tools = {tool.name: tool for tool in await conn.list_tools()}
-    assert set(tools) == {"add", "lookup", "slow", "crash"}
+    assert set(tools) == {"add", "lookup", "slow", "crash", "context"}
     add = tools["add"]
     assert add.server == "fixture"
     assert add.description == "Add two numbers."
@@ -154,6 +154,13 @@ async def test_call_tool_returns_structured_content_and_calls_run_concurrently(c
     assert not slow.done()  # the quick calls did not wait behind the slow one
     assert [r.content for r in lookups] == [{"result": "first"}, {"result": "second"}] * 3
     assert (await slow).content == {"result": "slept"}
+
+
+async def test_meta_reaches_the_server_in_params_meta(conn: McpConnection) -> None:
+    meta = {"procmesh/requestContext": {"tenant": "t1", "tier": "gold"}}
+    with_meta = await conn.call_tool("context", {}, meta=meta)
+    assert with_meta.content == {"result": '{"tenant": "t1", "tier": "gold"}'}
+    assert (await conn.call_tool("context", {})).content == {"result": "null"}
 
 
 async def test_a_tool_that_raises_is_an_error_result_not_an_exception(conn: McpConnection) -> None:

@@ -22,6 +22,7 @@ from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError, McpError, ProcessorFailedError
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
+from procmesh_orchestrator.run import context
 from procmesh_orchestrator.run.tools import ProcessorTool, StaticTool, Tool, ToolCall, ToolOutcome, Writer
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.tools import mcp
 
 log = logging.getLogger(__name__)
+
+
+def _meta(run: RunCore) -> dict[str, Any] | None:
+    """A call's ``_meta``: the run's request context (its JSON entries), hooks' values included."""
+    values = context.serializable(run.info.request_context)
+    return {context.MCP_META_KEY: values} if values else None
 
 
 class McpServerTool:
@@ -54,7 +61,7 @@ class McpServerTool:
             timeout = min(timeout, left) if timeout else left
         args = call.args if isinstance(call.args, dict) else {}
         try:
-            answer = await self.connection.call_tool(self.remote, args, timeout)
+            answer = await self.connection.call_tool(self.remote, args, timeout, _meta(run))
         except McpError as exc:
             if self.on_failure == "fail-open":
                 log.warning("MCP tool %s failed; the model is told (fail-open): %s", self.name, exc)

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 from mcp import Client
@@ -62,11 +62,17 @@ class McpConnection:
             if cursor is None:
                 return tools
 
-    async def call_tool(self, name: str, args: dict[str, Any], timeout: float | None = None) -> McpResult:
-        """Call tool `name`; `timeout` (default: the server's) bounds the call, then `McpError`."""
-        result = await self._request(
-            f"tools/call {name!r}", partial(Client.call_tool, name=name, arguments=args), timeout
-        )
+    async def call_tool(
+        self,
+        name: str,
+        args: dict[str, Any],
+        timeout: float | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> McpResult:
+        """Call tool `name`; `timeout` (default: the server's) bounds the call, then `McpError`;
+        `meta` goes in the request's ``params._meta`` (the run's request context)."""
+        send = partial(Client.call_tool, name=name, arguments=args, meta=cast(Any, meta) or None)
+        result = await self._request(f"tools/call {name!r}", send, timeout)
         return McpResult(content(result), result.is_error)
 
     async def close(self) -> None:

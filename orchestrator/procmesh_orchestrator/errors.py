@@ -76,7 +76,15 @@ class RequestContextError(OrchestratorError):
 class TripwireAbort(OrchestratorError):
     """A processor aborted; carries the tripwire fields the result and chunk expose."""
 
-    def __init__(self, processor_id: str, reason: str, retry: bool, metadata: Any, hook: str) -> None:
+    def __init__(
+        self,
+        processor_id: str,
+        reason: str,
+        retry: bool,
+        metadata: Any,
+        hook: str,
+        source: tuple[str, str] | None = None,
+    ) -> None:
         super().__init__(reason)
         self.processor_id = processor_id
         self.reason = reason
@@ -89,6 +97,9 @@ class TripwireAbort(OrchestratorError):
         return {
             "processorId": self.processor_id,
             "reason": self.reason,
+        self.source = source
+        """(sidecar, processor id) of the lane entry that aborted, for its metrics' labels; None:
+        a processor of the orchestrator itself."""
             "retry": self.retry,
             "metadata": self.metadata,
         }

@@ -1,12 +1,42 @@
-"""The orchestrator's Prometheus collectors (no user content in any label)."""
+"""The orchestrator's Prometheus collectors (no user content in any label).
+
+Every processor series is labelled ``agent``, ``sidecar`` (the config's sidecar name),
+``processor`` (the processor id the sidecar hosts it under) and ``entry`` (the lane entry's
+``name``, else the processor id: the name a run knows it by, unique in an agent), so two sidecars
+hosting one processor id, or two agents using one, are separate series. Every value comes from the
+config (no run, thread or user value): the number of series is bounded by the config's entries.
+A processor the orchestrator runs itself (``token-cost-control``) has ``sidecar="orchestrator"``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_PART_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+OWN_SIDECAR = "orchestrator"
+"""The ``sidecar`` label of a processor the orchestrator runs in itself (token-cost-control)."""
+
+Source = tuple[str, str]
+"""Where a lane entry runs: (its sidecar's name, the processor id it is hosted under)."""
+
+Series = tuple[str, str, str, str]
+"""A processor's labels: (agent, sidecar, processor, entry)."""
+
+PROCESSOR_LABELS = ["agent", "sidecar", "processor", "entry"]
+
+MONITOR_DECISIONS = ("pass", "abort", "retry", "rewrite", "drop")
+"""What a processor in ``mode: monitor`` would have done (``would`` of procmesh_monitor_decisions_total)."""
+
+
+def series(agent: str, entry: str, source: Source | None) -> Series:
+    """The labels of the lane entry `entry` of `agent` running at `source` (None: in the orchestrator)."""
+    sidecar, processor = source if source is not None else (OWN_SIDECAR, entry)
+    return (agent, sidecar, processor or entry, entry)
 
 
 class OrchestratorMetrics:
@@ -17,14 +47,15 @@ class OrchestratorMetrics:
         r = self.registry
         self.processor_calls = Counter(
             "procmesh_processor_calls_total",
-            "Processor hook calls by outcome (ok, abort, failed, failed_open).",
-            ["processor", "hook", "outcome"],
+            "Processor hook calls by outcome (ok, abort, failed, failed_open, input_refused; monitor for "
+            "an entry in mode monitor); an output-stream session counts once.",
+            [*PROCESSOR_LABELS, "hook", "outcome"],
             registry=r,
         )
         self.processor_call_duration = Histogram(
             "procmesh_processor_call_duration_seconds",
             "Unary processor hook calls as the orchestrator sees them (network included).",
-            ["processor", "hook"],
+            [*PROCESSOR_LABELS, "hook"],
             buckets=_BUCKETS,
             registry=r,
         )
@@ -32,29 +63,46 @@ class OrchestratorMetrics:
             "procmesh_speculative_calls_total",
             "Hook calls sent before their input was final, by outcome: committed (the input held) "
             "or discarded (an earlier processor changed it, or aborted).",
-            ["processor", "hook", "outcome"],
+            [*PROCESSOR_LABELS, "hook", "outcome"],
             registry=r,
         )
-        self.shadow_verdicts = Counter(
-            "procmesh_shadow_verdicts_total",
-            "Verdicts of processors in shadow mode (recorded, not enforced), by verdict (allow, abort).",
-            ["processor", "hook", "verdict"],
+        self.monitor_decisions = Counter(
+            "procmesh_monitor_decisions_total",
+            "Decisions of processors in mode monitor (recorded, not enforced), by what each would have "
+            "done: pass, abort (block), retry, rewrite, drop.",
+            [*PROCESSOR_LABELS, "hook", "would"],
             registry=r,
         )
         self.processor_failures_let_through = Counter(
             "procmesh_processor_failures_let_through_total",
             "Failed processor calls skipped under the fail-open policy.",
-            ["processor", "hook"],
+            [*PROCESSOR_LABELS, "hook"],
             registry=r,
         )
         self.tripwires = Counter(
             "procmesh_tripwires_total",
             "Processor aborts by processor and hook.",
-            ["processor", "hook"],
+            [*PROCESSOR_LABELS, "hook"],
             registry=r,
         )
         self.violations = Counter(
-            "procmesh_violations_total", "onViolation events by processor.", ["processor"], registry=r
+            "procmesh_violations_total", "onViolation events by processor.", PROCESSOR_LABELS, registry=r
+        )
+        self.stream_parts = Counter(
+            "procmesh_stream_parts_total",
+            "Output-stream parts at each processor, by outcome: in (given to it), out (handed on: "
+            "its answers' parts, extra parts included), rewritten (answered with another part), "
+            "dropped (answered with none).",
+            [*PROCESSOR_LABELS, "outcome"],
+            registry=r,
+        )
+        self.stream_part_latency = Histogram(
+            "procmesh_stream_part_added_seconds",
+            "Latency an output-stream processor adds to a part: from the part's send to its answer "
+            "(network included; parts sent in one batch each count from the batch's send).",
+            PROCESSOR_LABELS,
+            buckets=_PART_BUCKETS,
+            registry=r,
         )
         self.retries = Counter(
             "procmesh_retries_total",
@@ -175,6 +223,29 @@ class OrchestratorMetrics:
             registry=r,
         )
         self._chunk_counters: dict[str, Any] = {}
+        self.config_reloads = Counter(
+            "procmesh_config_reloads_total",
+            "Config reloads (SIGHUP or a change of the config file) by outcome: applied (the new "
+            "config serves new runs), unchanged (same content: nothing swapped), refused (it failed "
+            "validation or changes a restart-only key; the last good one keeps serving; the log "
+            "says why).",
+            ["outcome"],
+            registry=r,
+        )
+        self.config_info = Gauge(
+            "procmesh_config_info",
+            "1 for the version of the config that serves new runs (the first 12 hex digits of the "
+            "SHA-256 of its content; /readyz shows it too).",
+            ["version"],
+            registry=r,
+        )
+
+    def config_serving(self, version: str, previous: str | None = None) -> None:
+        """The config of `version` serves new runs (`previous` no longer does)."""
+        if previous is not None and previous != version:
+            with contextlib.suppress(KeyError):  # another App on these metrics removed it
+                self.config_info.remove(previous)
+        self.config_info.labels(version).set(1)
 
     def chunk_emitted(self, kind: str) -> None:
         """Count a chunk sent to a caller (once per chunk: the labelled child is kept)."""
@@ -184,10 +255,26 @@ class OrchestratorMetrics:
             counter = self._chunk_counters[kind] = self.chunks.labels(family)
         counter.inc()
 
-    def processor_call(self, processor: str, hook: str, outcome: str) -> None:
-        """Count one processor call."""
-        self.processor_calls.labels(processor, hook, outcome).inc()
-        if outcome.startswith("shadow_"):
-            self.shadow_verdicts.labels(processor, hook, outcome.removeprefix("shadow_")).inc()
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of sample `name`'s values whose labels include `labels` (over every agent,
+        sidecar and entry the query leaves out); 0 when none has been recorded."""
+        total = 0.0
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def processor_call(self, labels: Series, hook: str, outcome: str) -> None:
+        """Count one processor call (`series` gives the labels)."""
+        self.processor_calls.labels(*labels, hook, outcome).inc()
         if outcome == "failed_open":
-            self.processor_failures_let_through.labels(processor, hook).inc()
+            self.processor_failures_let_through.labels(*labels, hook).inc()
+
+    def tripwire(self, agent: str, abort: Any) -> None:
+        """Count an abort the run applies (a `TripwireAbort`: its entry, hook and source)."""
+        self.tripwires.labels(*series(agent, abort.processor_id, abort.source), abort.hook).inc()
+
+    def violation(self, agent: str, entry: str, source: Source | None) -> None:
+        """Count a violation reported by `entry` (running at `source`; None: the orchestrator)."""
+        self.violations.labels(*series(agent, entry, source)).inc()

@@ -119,8 +119,7 @@ IDS = [c.name for c in CASES]
 
 
 def let_through(app: App, processor: str, hook: str) -> float:
-    value = app.metrics.registry.get_sample_value(LET_THROUGH, {"processor": processor, "hook": hook})
-    return value or 0.0
+    return app.metrics.total(LET_THROUGH, processor=processor, hook=hook)
 
 
 def model_calls(app: App) -> int:
@@ -196,7 +195,7 @@ async def test_fail_open_generate_completes_and_counts(faulty: Faulty, case: Cas
         assert model_calls(app) == 1
         assert let_through(app, case.processor, case.hook) == 1
         outcome = {"processor": case.processor, "hook": case.hook, "outcome": "failed_open"}
-        assert app.metrics.registry.get_sample_value("procmesh_processor_calls_total", outcome) == 1
+        assert app.metrics.total("procmesh_processor_calls_total", **outcome) == 1
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -226,7 +225,7 @@ async def test_a_refused_input_is_never_let_through_by_fail_open(faulty: Faulty,
         chunks, result = await collect(app)
         assert let_through(app, "refuser", hook) == 0
         outcome = {"processor": "refuser", "hook": hook, "outcome": "input_refused"}
-        assert app.metrics.registry.get_sample_value("procmesh_processor_calls_total", outcome) == 1
+        assert app.metrics.total("procmesh_processor_calls_total", **outcome) == 1
         if hook == "process_input_step":
             assert model_calls(app) == 0  # the guard could not read it: the model never sees it
     assert_error_ending(chunks, result, "refuser", hook)
@@ -307,11 +306,13 @@ async def test_idle_stream_longer_than_the_timeout_is_not_a_failure(faulty: Faul
         async with asyncio.timeout(10):
             chunks, result = await collect(app)
         assert (
-            app.metrics.registry.get_sample_value(
+            app.metrics.total(
                 "procmesh_processor_calls_total",
-                {"processor": "counter", "hook": "process_output_stream", "outcome": "failed"},
+                processor="counter",
+                hook="process_output_stream",
+                outcome="failed",
             )
-            is None
+            == 0
         )
     assert result.error is None
     assert result.text == ANSWER

@@ -125,7 +125,7 @@ async def counts(replicas: list[Replica]) -> list[float]:
 
 def failed_calls(app: App) -> float:
     labels = {"processor": "pii-redactor", "hook": "process_input", "outcome": "failed"}
-    return app.metrics.registry.get_sample_value("procmesh_processor_calls_total", labels) or 0.0
+    return app.metrics.total("procmesh_processor_calls_total", **labels)
 
 
 async def generate(app: App) -> Any:

@@ -32,11 +32,18 @@ class ProcessorRef(_Model):
     name: str | None = None
     """This instance's name (default: the processor id): several instances of one processor, each
     with its own options, state and tripwire id, and the key a workflow's ``map`` picks."""
-    mode: Literal["enforce", "shadow"] = "enforce"
-    """``shadow`` runs the processor and records its verdict (metric + log) without enforcing it."""
+    mode: Literal["enforce", "monitor"] = "enforce"
+    """``monitor`` runs the processor and records what it would have done (block, rewrite, drop,
+    retry: procmesh_monitor_decisions_total, a log line, its span) without applying any of it;
+    ``shadow``, its former name, is read as ``monitor``."""
     speculative: bool | None = None
     """``false`` turns speculation off for this entry (the default follows the processor's
     Describe); ``true`` for a processor that does not declare it is a start-up error."""
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _former_mode(cls, value: Any) -> Any:
+        return "monitor" if value == "shadow" else value
 
     @field_validator("processor")
     @classmethod

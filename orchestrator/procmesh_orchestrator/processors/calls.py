@@ -1,4 +1,4 @@
-"""The run's `HookCaller` over gRPC: contexts, deadlines, the failure policy, shadow mode, metrics."""
+"""The run's `HookCaller` over gRPC: contexts, deadlines, the failure policy, monitor mode, metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from procmesh.errors import ProcmeshError
 from procmesh.hooks import BY_NAME
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorFailedError, TripwireAbort
-from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.metrics import OrchestratorMetrics, Series, series
 from procmesh_orchestrator.processors import wire
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
 from procmesh_orchestrator.processors.stream import OutputPipeline
@@ -90,7 +90,9 @@ class HookAttempt(Generic[R]):
         return self
 
     def answered(self, response: Any, effects: tpb.HookEffects) -> None:
-        self.effects = wire.read_effects(self.handle.processor_id, self.hook, effects)
+        self.effects = wire.read_effects(
+            self.handle.processor_id, self.hook, effects, source=self.handle.source
+        )
         self.response = response
         if effects.HasField("state"):
             self.state = effects.state
@@ -98,19 +100,25 @@ class HookAttempt(Generic[R]):
     def span_outcome(self) -> str:
         return "failure" if self.failure else _outcome(self.response, self.effects)
 
+    def would(self) -> str:
+        """What an answered call would do if enforced (`MONITOR_DECISIONS`): abort, retry,
+        rewrite or pass."""
+        return _outcome(self.response, self.effects)
+
     def settle(self) -> tuple[Any, Effects]:
         """Apply it: the state, the metrics, the failure policy (raises when fail-closed);
         (response, effects), the response None when nothing of it applies."""
         handle, hook, metrics = self.handle, self.hook, self.caller.metrics
-        pid = handle.processor_id
+        labels = self.caller.series(handle)
         if self.speculative:
-            metrics.speculative_calls.labels(pid, hook, "committed").inc()
-        metrics.processor_call_duration.labels(pid, hook).observe(self.took)
+            metrics.speculative_calls.labels(*labels, hook, "committed").inc()
+        metrics.processor_call_duration.labels(*labels, hook).observe(self.took)
         if self.failure:
             self.caller.fail(handle, hook, self.failure, input_refused=self.refused)
             return None, Effects()
         if handle.shadow:
-            self.caller.shadow_verdict(handle, hook, self.effects.abort)
+            metrics.processor_call(labels, hook, "monitor")
+            self.caller.monitor_decision(handle, hook, self.would(), self.effects.abort)
             return None, Effects(violations=self.effects.violations)
         if self.effects.context:  # a refused value fails the call, under its policy (`run.context`)
             refused = context.accept(self.caller.info, self.effects.context)
@@ -118,8 +126,8 @@ class HookAttempt(Generic[R]):
                 self.caller.fail(handle, hook, refused)
                 return None, Effects()
         if self.state is not None:
-            self.caller.info.states[pid] = self.state
-        metrics.processor_call(pid, hook, "abort" if self.effects.abort else "ok")
+            self.caller.info.states[handle.processor_id] = self.state
+        metrics.processor_call(labels, hook, "abort" if self.effects.abort else "ok")
         return self.response, self.effects
 
     def commit(self) -> Reply[R]:
@@ -130,9 +138,8 @@ class HookAttempt(Generic[R]):
     def discard(self) -> None:
         """Drop it: nothing of it applies (counted when it was speculative)."""
         if self.speculative:
-            self.caller.metrics.speculative_calls.labels(
-                self.handle.processor_id, self.hook, "discarded"
-            ).inc()
+            labels = self.caller.series(self.handle)
+            self.caller.metrics.speculative_calls.labels(*labels, self.hook, "discarded").inc()
 
 
 class GrpcHookCaller:
@@ -155,6 +162,10 @@ class GrpcHookCaller:
             self._context = convert.to_struct(self.info.request_context)
             self._context_of = self.info.request_context
         return self._context
+
+    def series(self, handle: ProcessorHandle) -> Series:
+        """`handle`'s metric labels in this run: agent, sidecar, processor, entry."""
+        return series(self.info.agent_id, handle.processor_id, handle.source)
 
     # -- context and deadlines ------------------------------------------------------------
 
@@ -223,7 +234,7 @@ class GrpcHookCaller:
         policy: failing open there would hand the model exactly what the guard could not check.
         """
         if input_refused:
-            self.metrics.processor_call(handle.processor_id, hook, "input_refused")
+            self.metrics.processor_call(self.series(handle), hook, "input_refused")
             return ProcessorFailedError(
                 handle.processor_id, hook, f"the processor refused the input: {cause}"
             )
@@ -231,9 +242,9 @@ class GrpcHookCaller:
             log.warning(
                 "processor %s failed in %s, skipped (fail-open): %s", handle.processor_id, hook, cause
             )
-            self.metrics.processor_call(handle.processor_id, hook, "failed_open")
+            self.metrics.processor_call(self.series(handle), hook, "failed_open")
             return None
-        self.metrics.processor_call(handle.processor_id, hook, "failed")
+        self.metrics.processor_call(self.series(handle), hook, "failed")
         return ProcessorFailedError(handle.processor_id, hook, cause)
 
     def fail(self, item: Processor, hook: str, cause: str, *, input_refused: bool = False) -> None:
@@ -245,14 +256,29 @@ class GrpcHookCaller:
         if error is not None:
             raise error
 
-    def shadow_verdict(self, handle: ProcessorHandle, hook: str, abort: TripwireAbort | None) -> None:
-        """Count and log what a shadow processor decided; nothing of it is applied."""
-        verdict = "abort" if abort is not None else "allow"
-        self.metrics.processor_call(handle.processor_id, hook, f"shadow_{verdict}")
+    def monitor_decision(
+        self, handle: ProcessorHandle, hook: str, would: str, abort: TripwireAbort | None = None
+    ) -> None:
+        """Record what a processor in mode monitor would have done (`MONITOR_DECISIONS`); nothing
+        of it is applied. Counted (procmesh_monitor_decisions_total) and, unless it would pass,
+        logged at INFO during the run (the line carries the run's ``run_id``); the call's span
+        has it too (``procmesh.monitor.would``, set where the span is)."""
+        labels = self.series(handle)
+        self.metrics.monitor_decisions.labels(*labels, hook, would).inc()
+        if would == "pass":
+            return
+        # the reason may quote user content: it is logged at DEBUG only
+        log.info(
+            "monitor: agent %s processor %s (sidecar %s, entry %s) would %s in %s (not enforced)",
+            labels[0],
+            labels[2],
+            labels[1],
+            labels[3],
+            would,
+            hook,
+        )
         if abort is not None:
-            # the reason may quote user content: it is logged at DEBUG only
-            log.info("shadow processor %s would abort in %s (not enforced)", handle.processor_id, hook)
-            log.debug("shadow processor %s abort reason: %s", handle.processor_id, abort.reason)
+            log.debug("monitor: processor %s abort reason: %s", handle.processor_id, abort.reason)
 
     # -- unary hooks ---------------------------------------------------------------------------
 
@@ -329,8 +355,8 @@ class GrpcHookCaller:
                     attempt.failed(f"malformed response: {exc}")
                     break
             span.outcome(attempts[0].span_outcome())
-            if first.shadow:
-                span.set("procmesh.shadow", True)
+            if first.shadow and not attempts[0].failure:
+                span.set("procmesh.monitor.would", attempts[0].would())
             return attempts
 
     async def _invoke_parallel(self, group: ParallelGroup, hook: str, request: Any) -> tuple[Any, Effects]:

@@ -47,6 +47,8 @@ class ProcessorHandle:
     stream_timeout: float = 600.0
     """Seconds one ProcessOutputStream session may stay open (``streamTimeout``; the run's remaining
     deadline caps it); `timeout` bounds each part's answer and the stream's end."""
+    sidecar: str = ""
+    """The config's name of the sidecar it runs on (its metrics' ``sidecar`` label)."""
 
     fixed_options: Mapping[str, Any] | None = None
     """The options that are the same for every run, when some come from the request context."""
@@ -58,6 +60,11 @@ class ProcessorHandle:
     def has(self, hook: str) -> bool:
         """Whether the processor implements `hook`."""
         return hook in self.hooks
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """(sidecar, hosted processor id): with the agent and `processor_id`, its metrics' labels."""
+        return (self.sidecar, self.hosted_id or self.processor_id)
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[ProcessorHandle, ...]:
         """Itself, with this run's options when some come from the request context (checked
@@ -91,6 +98,11 @@ class ParallelGroup:
     def has(self, hook: str) -> bool:
         """Whether any branch implements `hook`."""
         return any(b.has(hook) for b in self.branches)
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """The picked branch's (it answers for the group)."""
+        return self.branches[self.pick].source
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[ParallelGroup, ...]:
         """Itself, its branches with this run's options: the group runs as one lane entry."""

@@ -24,9 +24,11 @@ from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.processors.stream_call import (
     HOOK,
     Item,
+    PartCounts,
     SessionClock,
     StreamCall,
     answer_items,
+    count_session,
     drop_read,
     fused_items,
 )
@@ -101,6 +103,10 @@ class Member:
         """Its session ended at an abort that was then withdrawn: it needs a new one (`restart`)."""
         self.end_state: ppb.StreamEnd | None = None
         """Its stream's end, with the states (stored for the run when its end commits)."""
+        self.parts = PartCounts(group.caller, self.handle)
+        """Its committed parts' metrics (a fused session's under its first processor)."""
+        self.arrived: dict[int, float] = {}
+        """When each answer in `answers` came (the latency it added counts to then)."""
 
     def takes(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.data_parts or not chunk.type.startswith("data-"))
@@ -109,7 +115,7 @@ class Member:
         """What its answer to a part hands on (`answer_items`, or `fused_items` for a fused one)."""
         if len(self.handles) > 1:
             return fused_items(self.group.caller, self.handles, res)
-        return answer_items(self.handle.processor_id, res, announce_signals=announce_signals)
+        return answer_items(self.handle, res, announce_signals=announce_signals)
 
     # -- feeding --------------------------------------------------------------------------------
 
@@ -145,6 +151,7 @@ class Member:
         for entry in withdrawn:
             self.live.discard(entry.seq)
             answer = self.answers.pop(entry.seq, None)
+            self.arrived.pop(entry.seq, None)
             if answer is not None and aborts(answer):
                 self.lost = True  # the SDK ended the session at that abort
         self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
@@ -224,6 +231,7 @@ class Member:
         self.lost = self.ended = False
         self.rewind = self.told = 0
         self.answers.clear()
+        self.arrived.clear()
         self.unanswered.clear()
         self.out = None
         held = list(self.fed)
@@ -257,7 +265,10 @@ class Member:
                 if resp is None:
                     if not self.closing and not self.ended:
                         raise MalformedResponseError("stream ended before every part was answered")
+                    if self.closing:  # its end after everything was sent (not a cut)
+                        count_session(self.group.caller, self.handles, "ok")
                     break
+                now = time.monotonic()
                 for res in resp.results:
                     if res.seq > self.seq:
                         raise MalformedResponseError(f"result for part {res.seq}, never sent")
@@ -267,6 +278,7 @@ class Member:
                         self.skip.discard(res.seq)
                     elif res.seq in self.live:
                         self.answers[res.seq] = res
+                        self.arrived[res.seq] = now
                     elif aborts(res):
                         self.lost = True  # a withdrawn part's abort ended the session
                 if resp.HasField("end"):

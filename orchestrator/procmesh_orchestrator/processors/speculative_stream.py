@@ -34,6 +34,7 @@ from procmesh_orchestrator.processors.stream_call import (
     HOOK,
     Item,
     Pipe,
+    count_session,
     session_policy,
 )
 
@@ -150,6 +151,8 @@ class SpeculativeGroup:
         member.inbox.popleft()
         member.fed.popleft()
         member.live.discard(head.seq)
+        member.parts.now = member.arrived.pop(head.seq, head.sent_at)
+        member.parts.answered(head.part, answer, head.sent_at)
         member.replay.append(head.part)
         member.firm -= 1
         member.committed = head.seq
@@ -161,6 +164,7 @@ class SpeculativeGroup:
             return self._failure(j)
         if items and items[-1][0] == ABORT:
             member.span.outcome("abort")
+            count_session(self.caller, member.handles, "abort", items[-1][1])
         self._hand_on(j, items, origin)
         return True
 
@@ -188,6 +192,7 @@ class SpeculativeGroup:
         member.fed.clear()
         member.firm = 0
         member.answers.clear()
+        member.arrived.clear()
         return True
 
     def _hand_on(self, j: int, items: list[Item], origin: int) -> None:
@@ -248,6 +253,6 @@ class SpeculativeGroup:
             tasks += member.tasks
             for outcome, n in member.counts.items():
                 if n:
-                    labels = (member.handle.processor_id, HOOK, outcome)
+                    labels = (*self.caller.series(member.handle), HOOK, outcome)
                     self.caller.metrics.speculative_calls.labels(*labels).inc(n)
         return tasks

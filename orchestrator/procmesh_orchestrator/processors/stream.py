@@ -29,10 +29,13 @@ from procmesh_orchestrator.processors.stream_call import (
     FLOWING,
     HOOK,
     MAX_BATCH,
+    SEVERITY,
+    PartCounts,
     Pipe,
     SessionClock,
     StreamCall,
     answer_items,
+    count_session,
     drop_read,
     fused_items,
     session_policy,
@@ -94,6 +97,11 @@ class _Stage:
         self.seq = 0
         self.sent: deque[tuple[int, float]] = deque()
         """(seq, when it was queued) of each part awaiting its result; timeouts count from then."""
+        self.parts = PartCounts(self.caller, self.handle)
+        """Its parts in, out, dropped, rewritten and the latency it adds (a fused session's count
+        under its first processor)."""
+        self.worst = ""
+        """A monitor entry: the most severe thing it would have done in this session (its span)."""
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
         # a fused session gets data parts when one of its processors takes them (the sidecar
@@ -209,7 +217,9 @@ class _Stage:
                 if resp is None:
                     if self._awaiting() or not self.end_queued:
                         raise MalformedResponseError("stream ended before every part was answered")
+                    self._session_ended("monitor" if handle.shadow else "ok")
                     break
+                self.parts.now = time.monotonic()
                 for res in resp.results:
                     self._apply(res)
                     if self.stopped:
@@ -236,39 +246,56 @@ class _Stage:
         if not self.pending:
             raise MalformedResponseError("more results than parts sent")
         _, original, _ = self.pending.popleft()
-        seq, _ = self.sent.popleft()
+        seq, sent_at = self.sent.popleft()
         if res.seq != seq:
             raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
+        self.parts.answered(original, res, sent_at)
         if len(self.members) > 1:
             self._apply_fused(res)
             return
-        pid = self.handle.processor_id
-        if self.handle.shadow:  # record the verdict; the part goes on as it came
-            abort = None
-            if res.HasField("effects") and res.effects.HasField("abort"):
-                effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
-                if effects.violations:
-                    self.outq.put_nowait((EFFECTS, StreamEffects(violations=effects.violations)))
-                abort = effects.abort
-            self.caller.shadow_verdict(self.handle, HOOK, abort)
+        if self.handle.shadow:  # record what it would do; the part goes on as it came
+            self._monitor(res)
             self.outq.put_nowait((CHUNK, original))
             return
         # a parallel branch whose output is not picked: its effects apply, the part goes on as it came
-        items = answer_items(pid, res, announce_signals=self.announce_signals, parts=not self.side)
+        items = answer_items(self.handle, res, announce_signals=self.announce_signals, parts=not self.side)
         for kind, value in items:
             if kind == ABORT:
                 self.span.outcome("abort")
+                self._session_ended("abort", value)
                 self._stop(ABORT, value)
                 return
             self.outq.put_nowait((kind, value))
         if self.side:
             self.outq.put_nowait((CHUNK, original))
 
+    def _monitor(self, res: ppb.StreamPartResult) -> None:
+        """A monitor entry's answer: its violations are recorded, what it would do is counted."""
+        abort = None
+        if res.HasField("effects"):
+            effects = read_effects(
+                self.handle.processor_id, HOOK, res.effects, decode_chunks=False, source=self.handle.source
+            )
+            if effects.violations:
+                self.outq.put_nowait((EFFECTS, StreamEffects(violations=effects.violations)))
+            abort = effects.abort
+        would = self.parts.last
+        if abort is not None:
+            would = "retry" if abort.retry else "abort"
+        self.caller.monitor_decision(self.handle, HOOK, would, abort)
+        if SEVERITY.index(would) > SEVERITY.index(self.worst or "pass"):
+            self.worst = would
+            self.span.set("procmesh.monitor.would", would)
+
+    def _session_ended(self, outcome: str, abort: Any = None) -> None:
+        count_session(self.caller, self.members, outcome, abort)
+
     def _apply_fused(self, res: ppb.StreamPartResult) -> None:
         for kind, value in fused_items(self.caller, self.members, res):
             if kind in (ABORT, ERROR):
                 if kind == ABORT:
                     self.span.outcome("abort")
+                    self._session_ended("abort", value)
                 self._stop(kind, value)
                 return
             self.outq.put_nowait((kind, value))

@@ -14,6 +14,7 @@ import grpc
 
 from procmesh import convert, translate_rpc_error
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.processors.wire import read_effects
@@ -200,8 +201,59 @@ class SessionClock:
         return min(wait, left)
 
 
+SEVERITY = ("pass", "rewrite", "drop", "retry", "abort")
+"""What a monitor entry would do, least severe first (its session's span keeps the worst)."""
+
+
+class PartCounts:
+    """One stream session's part metrics (procmesh_stream_parts_total and
+    procmesh_stream_part_added_seconds), its labelled children looked up once."""
+
+    def __init__(self, caller: GrpcHookCaller, handle: ProcessorHandle) -> None:
+        metrics = caller.metrics
+        labels = caller.series(handle)
+        self._in = metrics.stream_parts.labels(*labels, "in")
+        self._out = metrics.stream_parts.labels(*labels, "out")
+        self._dropped = metrics.stream_parts.labels(*labels, "dropped")
+        self._rewritten = metrics.stream_parts.labels(*labels, "rewritten")
+        self._latency = metrics.stream_part_latency.labels(*labels)
+        self.now = 0.0
+        """When the response being applied arrived (`time.monotonic`)."""
+        self.last = "pass"
+        """What the last answer did to its part: pass, rewrite or drop."""
+
+    def answered(self, original: tpb.Chunk, res: ppb.StreamPartResult, sent_at: float) -> None:
+        """Count an answer to `original` (sent at `sent_at`) as the run applies it."""
+        self._in.inc()
+        self._latency.observe(max(0.0, self.now - sent_at))
+        n = len(res.extra_parts) + (1 if res.HasField("part") else 0)
+        if n == 0:
+            self._dropped.inc()
+            self.last = "drop"
+            return
+        self._out.inc(n)
+        if n > 1 or res.part != original:
+            self._rewritten.inc()
+            self.last = "rewrite"
+        else:
+            self.last = "pass"
+
+
+def count_session(
+    caller: GrpcHookCaller, members: Sequence[ProcessorHandle], outcome: str, abort: Any = None
+) -> None:
+    """Count a session that ended as one call of each of its processors (ok, monitor, or abort
+    for the one whose abort ended it); a failed one is counted by its failure policy, and one
+    this side cut (the run ended elsewhere) not at all."""
+    for member in members:
+        own = outcome
+        if abort is not None and member.processor_id != abort.processor_id:
+            own = "ok"
+        caller.metrics.processor_call(caller.series(member), HOOK, own)
+
+
 def answer_items(
-    pid: str, res: ppb.StreamPartResult, *, announce_signals: bool, parts: bool = True
+    handle: ProcessorHandle, res: ppb.StreamPartResult, *, announce_signals: bool, parts: bool = True
 ) -> list[Item]:
     """What one processor's result for a part hands on, in order: its effects, the data-signal
     chunks announcing its signals, its custom chunks, then its part(s) (unless not `parts`), or
@@ -213,7 +265,9 @@ def answer_items(
             return [(CHUNK, res.part)]
     items: list[Item] = []
     if res.HasField("effects"):
-        effects = read_effects(pid, HOOK, res.effects, decode_chunks=False)
+        effects = read_effects(
+            handle.processor_id, HOOK, res.effects, decode_chunks=False, source=handle.source
+        )
         records = [signal_record(signal) for signal in effects.signals]
         if records or effects.violations:
             items.append((EFFECTS, StreamEffects(records, effects.violations)))
@@ -251,7 +305,9 @@ def fused_items(
             if failure is not None:
                 return [(ERROR, failure)]
             continue
-        effects = read_effects(handle.processor_id, HOOK, effects_pb, decode_chunks=False)
+        effects = read_effects(
+            handle.processor_id, HOOK, effects_pb, decode_chunks=False, source=handle.source
+        )
         records += [signal_record(signal) for signal in effects.signals]
         violations += effects.violations
         abort = effects.abort or abort  # the one that ends the stream is the last one's

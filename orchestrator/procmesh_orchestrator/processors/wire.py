@@ -243,11 +243,13 @@ def read_effects(
     effects: tpb.HookEffects,
     *,
     decode_chunks: bool = True,
+    source: tuple[str, str] | None = None,
 ) -> h.Effects:
     """Validate and convert a response's effects (its state is the caller's to store, at commit).
 
     With ``decode_chunks=False`` the custom chunks are only validated: the output stream
-    forwards them as the protobuf they are.
+    forwards them as the protobuf they are. `source` (the entry's sidecar and hosted id) goes on
+    its violations and abort, for their metrics' labels.
     """
     out = h.Effects()
     for chunk in effects.custom_chunks:
@@ -261,7 +263,7 @@ def read_effects(
         out.signals.append(convert.signal_from_proto(signal))
     for violation in effects.violations:
         detail = convert.from_value(violation.detail) if violation.HasField("detail") else None
-        out.violations.append(h.Violation(processor_id, violation.message, detail))
+        out.violations.append(h.Violation(processor_id, violation.message, detail, source))
     if effects.HasField("request_context_updates"):
         if hook == "process_output_stream":
             raise MalformedResponseError(
@@ -272,5 +274,5 @@ def read_effects(
         ab = effects.abort
         reason = ab.reason or f"Tripwire triggered by {processor_id}"
         metadata = convert.from_value(ab.metadata) if ab.HasField("metadata") else None
-        out.abort = TripwireAbort(processor_id, reason, ab.retry, metadata, hook)
+        out.abort = TripwireAbort(processor_id, reason, ab.retry, metadata, hook, source)
     return out

@@ -185,13 +185,16 @@ class RunCore:
 
     def _record(self, violations: list[Violation]) -> None:
         for v in violations:
-            self.violation(v.processor_id, v.message, v.detail)
+            self.violation(v.processor_id, v.message, v.detail, v.source)
 
-    def violation(self, processor_id: str, message: str, detail: Any) -> None:
-        """Record a violation; the caller's onViolation sees it (its failure is logged, not raised)."""
+    def violation(
+        self, processor_id: str, message: str, detail: Any, source: tuple[str, str] | None = None
+    ) -> None:
+        """Record a violation; the caller's onViolation sees it (its failure is logged, not raised).
+        `source`: (sidecar, processor id) of the lane entry, for the metric (None: the orchestrator's)."""
         entry = {"processorId": processor_id, "message": message, "detail": detail}
         self.violations.append(entry)
-        self.metrics.violations.labels(processor_id).inc()
+        self.metrics.violation(self.agent.id, processor_id, source)
         if self.options.announce_violations:  # a remote caller's stream tells it as it happens
             self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
         if self.options.on_violation is not None:
@@ -208,8 +211,8 @@ class RunCore:
 
     def aborted(self, abort: TripwireAbort) -> TripwireAbort:
         """Record an abort (onViolation fires for every abort) and return it to raise."""
-        self.metrics.tripwires.labels(abort.processor_id, abort.hook).inc()
-        self.violation(abort.processor_id, abort.reason, abort.metadata)
+        self.metrics.tripwire(self.agent.id, abort)
+        self.violation(abort.processor_id, abort.reason, abort.metadata, abort.source)
         return abort
 
     def emit(self, chunk: Chunk) -> None:

@@ -62,6 +62,11 @@ class Batchable(Protocol):
         """Neighbours with the same non-empty key may go in one request (one sidecar)."""
         ...
 
+    @property
+    def source(self) -> tuple[str, str]:
+        """(sidecar, hosted processor id): its metrics' labels with the agent and `processor_id`."""
+        ...
+
 
 class LaneEntry(Protocol):
     """A configured lane entry; a workflow's conditional step expands to the branch a run takes."""
@@ -118,6 +123,9 @@ class Violation:
     processor_id: str
     message: str
     detail: Any = None
+    source: tuple[str, str] | None = None
+    """(sidecar, processor id) of the lane entry that reported it, for metric labels (None: the
+    orchestrator's own processor)."""
 
 
 @dataclass

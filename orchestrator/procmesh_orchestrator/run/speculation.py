@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from procmesh_orchestrator.metrics import series
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import Attempt, Batchable, Effects, HookArgs, Processor
 
@@ -150,7 +151,8 @@ async def _discard(
             if k > 0:  # a speculative call cut short is one discarded too
                 for item in unit:
                     assert isinstance(item, Batchable)
-                    run.metrics.speculative_calls.labels(item.processor_id, hook, "discarded").inc()
+                    labels = series(run.agent.id, item.processor_id, item.source)
+                    run.metrics.speculative_calls.labels(*labels, hook, "discarded").inc()
             continue
         if task.cancelled() or task.exception() is not None:
             continue

@@ -128,8 +128,8 @@ async def metrics(http: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, s
 
 
 def let_through(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], processor: str) -> float:
-    labels = (("hook", "process_output_stream"), ("processor", processor))
-    return samples.get((LET_THROUGH, labels), 0.0)
+    wanted = {("hook", "process_output_stream"), ("processor", processor)}
+    return sum(v for (name, labels), v in samples.items() if name == LET_THROUGH and wanted <= set(labels))
 
 
 async def inflight_settles_to_zero(http: httpx.AsyncClient) -> float:

@@ -79,7 +79,7 @@ async def trace(app: App, log: Path) -> dict[str, Any]:
 
 
 def failed_open(app: App, processor: str, hook: str) -> float:
-    return app.metrics.registry.get_sample_value(FAILED_OPEN, {"processor": processor, "hook": hook}) or 0.0
+    return app.metrics.total(FAILED_OPEN, processor=processor, hook=hook)
 
 
 SLOW = {"processor": "rec/slow", "options": {"log": "/dev/null", "delay": 0}}

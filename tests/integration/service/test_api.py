@@ -309,8 +309,10 @@ async def test_metrics_expose_runs_and_process_series_without_user_content(
     for series in [
         'procmesh_runs_total{agent="assistant",finish_reason="stop"}',
         'procmesh_runs_total{agent="assistant",finish_reason="other"}',
-        'procmesh_tripwires_total{hook="process_input",processor="topic-guard"}',
-        'procmesh_processor_calls_total{hook="process_input",outcome="ok",processor="topic-guard"}',
+        'procmesh_tripwires_total{agent="assistant",entry="topic-guard",hook="process_input",'
+        'processor="topic-guard",sidecar="guards"}',
+        'procmesh_processor_calls_total{agent="assistant",entry="topic-guard",hook="process_input",'
+        'outcome="ok",processor="topic-guard",sidecar="guards"}',
         'procmesh_run_duration_seconds_bucket{agent="assistant",le="+Inf"}',
         'procmesh_api_requests_total{api="http",code="401"}',
         'procmesh_sidecar_serving{sidecar="guards"} 1.0',

@@ -45,6 +45,10 @@ class P:
     def key(self) -> str:
         return self.processor_id
 
+    @property
+    def source(self) -> tuple[str, str]:
+        return ("s", self.processor_id)
+
     def has(self, hook: str) -> bool:
         return hook == HOOK
 
@@ -233,8 +237,8 @@ async def test_an_abort_discards_and_cancels_every_later_call() -> None:
         await run_lane(run, [P("a"), P("b", answer=abort_on("a")), P("c"), P("d")])
     assert caller.log == ["commit a on 'a b c'", "commit b on 'a b c'", "discard c"]
     assert caller.cancelled == ["d"]
-    discarded = run.metrics.registry.get_sample_value(
-        "procmesh_speculative_calls_total", {"processor": "d", "hook": HOOK, "outcome": "discarded"}
+    discarded = run.metrics.total(
+        "procmesh_speculative_calls_total", processor="d", hook=HOOK, outcome="discarded"
     )
     assert discarded == 1
 

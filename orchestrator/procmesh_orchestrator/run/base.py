@@ -95,6 +95,7 @@ class RunCore:
             thread_id=options.thread_id,
             resource_id=options.resource_id,
             fuse=agent.fuse,
+            context_check=agent.context_schema,
         )
         self.caller = agent.hook_caller(self.info, metrics)
         self.input_lane, self.output_lane, self.error_lane = call_lanes(agent, options)

@@ -15,6 +15,8 @@ from procmesh_orchestrator.run.tools import ClientTool, Tool
 if TYPE_CHECKING:
     import asyncio
 
+    from procmesh_orchestrator.run.context import ContextCheck
+
     from procmesh_orchestrator.cost import CostControl
     from procmesh_orchestrator.memory.store import MemoryStore
 
@@ -100,6 +102,9 @@ class AgentSpec:
     recover it, the next one gets its turn (each with its own retries, `ModelChoice.max_retries`)."""
     cost: CostControl | None = None
     """The agent's spending limit (`costControl`): checked before each model call, updated after."""
+    context_schema: ContextCheck | None = None
+    """The agent's compiled requestContextSchema: the request-context values a run's hooks set must
+    keep the context one it accepts (`run.context`)."""
     bind_lanes: Callable[[Mapping[str, Sequence[str]]], dict[str, list[LaneEntry]]] | None = None
     """Binds per-call processor lists by name (`call_lanes.bind`): a resumed run's snapshot keeps
     the names; ConfigError naming an entry this orchestrator cannot bind."""

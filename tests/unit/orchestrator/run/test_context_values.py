@@ -135,6 +135,20 @@ async def test_the_agents_schema_refuses_a_key_it_does_not_declare_or_a_bad_valu
     assert info.hook_values == {}
 
 
+async def test_a_run_applies_the_agents_schema_to_a_hooks_values() -> None:
+    later: list[dict[str, Any]] = []
+    fine = FakeProcessor("fine", {"process_input": setter({"tier": "gold"})})
+    reader = FakeProcessor("reader", {"process_input": seen(later, InputResult())})
+    run_agent = agent(FakeModel({"text": "ok"}), [], input=(fine, reader), context_schema=OnlyTier())
+    assert (await run_agent.generate("hi")).status == "success"
+    assert later == [{"tier": "gold"}]
+
+    stray = FakeProcessor("stray", {"process_input": setter({"plan": "pro"})})
+    with pytest.raises(ProcessorFailedError, match="'plan'") as failed:
+        await agent(FakeModel({"text": "ok"}), [], input=(stray,), context_schema=OnlyTier()).generate("hi")
+    assert failed.value.processor_id == "stray"
+
+
 async def test_a_client_tools_call_chunk_carries_the_context() -> None:
     tagger = FakeProcessor("tagger", {"process_input": setter({"tier": "gold"})})
     model = FakeModel({"text": "asking", "tool_calls": ["confirm"]})

@@ -15,6 +15,9 @@ from procmesh.errors import InvalidInputError
 from procmesh.hooks import BASE_ARGUMENTS, BY_NAME
 from procmesh.v1 import processor_pb2 as ppb
 
+STREAM_HOOK = "process_output_stream"
+"""Its calls are counted per session; each part in procmesh_sidecar_stream_parts_total."""
+
 _OPTIONS_CACHE_SIZE = 256
 """Validated options kept per processor (a config has few distinct option sets)."""
 
@@ -48,15 +51,25 @@ class Hosted:
         """Where this processor's setup, hooks and teardown run (started by the server)."""
 
     def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
-        """Record one hook call (label children cached: this runs per streamed part)."""
+        """Record one hook call, or one part of an output stream (its session is counted at its
+        end, `session_ended`); label children cached: this runs per streamed part."""
         latency = self._latency.get(hook)
         if latency is None:
             latency = self._latency[hook] = metrics.hook_latency.labels(self.id, hook)
         latency.observe(seconds)
         calls = self._calls.get((hook, outcome))
         if calls is None:
-            calls = self._calls[(hook, outcome)] = metrics.hook_calls.labels(self.id, hook, outcome)
+            counter = (
+                metrics.stream_parts.labels(self.id, outcome)
+                if hook == STREAM_HOOK
+                else metrics.hook_calls.labels(self.id, hook, outcome)
+            )
+            calls = self._calls[(hook, outcome)] = counter
         calls.inc()
+
+    def session_ended(self, metrics: SidecarMetrics, outcome: str) -> None:
+        """Count one output-stream session of this processor as one hook call."""
+        metrics.hook_calls.labels(self.id, STREAM_HOOK, outcome).inc()
 
     def options(self, struct: Any) -> Any:
         """The request's options: validated by the processor's Options model when it has one."""

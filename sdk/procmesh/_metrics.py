@@ -16,7 +16,9 @@ class SidecarMetrics:
     """Hook call counts by outcome, hook latency, the process and the build, on an injectable registry.
 
     The names are shared with the Node SDK (``lib/metrics.js``), so one dashboard reads sidecars
-    in either language: ``procmesh_sidecar_hook_calls_total{processor,hook,outcome}``,
+    in either language: ``procmesh_sidecar_hook_calls_total{processor,hook,outcome}`` (a
+    ProcessOutputStream session counts once per processor in it, at its end),
+    ``procmesh_sidecar_stream_parts_total{processor,outcome}`` (each part of a stream),
     ``procmesh_sidecar_hook_duration_seconds{processor,hook}``,
     ``procmesh_sidecar_tool_calls_total{tool,outcome}``, ``procmesh_sidecar_tool_duration_seconds{tool}``
     (hosted tools),
@@ -27,8 +29,15 @@ class SidecarMetrics:
         self.registry = registry
         self.hook_calls = Counter(
             "procmesh_sidecar_hook_calls_total",
-            "Hook calls served, by processor, hook and outcome (ok, abort, error code).",
+            "Hook calls served, by processor, hook and outcome (ok, abort, cancelled, error code); "
+            "a process_output_stream session counts once, at its end.",
             ["processor", "hook", "outcome"],
+            registry=registry,
+        )
+        self.stream_parts = Counter(
+            "procmesh_sidecar_stream_parts_total",
+            "Output-stream parts given to a processor's hook, by outcome (ok, abort, error code).",
+            ["processor", "outcome"],
             registry=registry,
         )
         self.hook_latency = Histogram(

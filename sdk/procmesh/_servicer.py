@@ -67,6 +67,8 @@ class Servicer:
         self._hosted = hosted
         self._tools = tools or {}
         self._metrics = metrics
+        self.metrics = metrics
+        """The SDK's series (the stream handler counts sessions on it)."""
         self.rejects = RejectLog()
         """Refused requests: counted, and logged as one rate-limited WARNING."""
         self.ready = False

@@ -39,16 +39,20 @@ StreamHandler = Callable[[AsyncIterator[bytes], "Context"], AsyncIterator[ppb.Pr
 class Stage:
     """One processor of a stream session: its arguments for the whole stream and what it has seen."""
 
-    __slots__ = ("data_parts", "error", "hosted", "kwargs", "stream_parts")
+    __slots__ = ("aborted", "data_parts", "error", "hosted", "kwargs", "stream_parts")
 
     def __init__(self, servicer: Servicer, hosted: Hosted, ctx: tpb.RunContext, member: Any = None) -> None:
         self.hosted = hosted
-        self.kwargs = servicer.base_kwargs(hosted, ctx, HookEffects(hosted.id), member)
+        session = HookEffects(hosted.id)
+        session.context_updates = None  # request_context.set raises: a stream part cannot set values
+        self.kwargs = servicer.base_kwargs(hosted, ctx, session, member)
         self.stream_parts: list[Any] = []
         self.kwargs["stream_parts"] = self.stream_parts
         self.data_parts = hosted.processor.process_data_parts
         self.error = ""
         """Why its hook failed (a fused stream's further processor then passes parts through)."""
+        self.aborted = False
+        """Its hook aborted (the session's call is counted as its abort)."""
 
     def takes(self, kind: str) -> bool:
         """Whether a chunk of this type goes to its hook."""
@@ -78,7 +82,10 @@ class _Session:
         kwargs["send_signal"] = effects.send_signal
         kwargs["writer"] = Writer(effects)
         kwargs["report_violation"] = effects.report_violation
-        return await self.servicer.invoke(stage.hosted, self.hook.name, kwargs, effects, quiet=quiet)
+        out = await self.servicer.invoke(stage.hosted, self.hook.name, kwargs, effects, quiet=quiet)
+        if effects.abort is not None and not quiet:
+            stage.aborted = True
+        return out
 
     async def batch(self, items: Any, *, quiet: bool = False) -> tuple[list[ppb.StreamPartResult], bool]:
         """One request's parts through the processors; True when one aborted (the stream ends)."""
@@ -125,6 +132,17 @@ class _Session:
             self.history.keep(req.parts)
         return await self.batch(req.parts)
 
+    def count(self, outcome: str) -> None:
+        """Count the session as one call of each of its processors: `outcome`, or abort for one
+        whose hook aborted, or the hook's error for one whose hook failed."""
+        for stage in self.stages:
+            own = outcome
+            if stage.aborted:
+                own = "abort"
+            elif stage.error and outcome == "ok":  # a fused stream went on past its failed hook
+                own = stage.error.partition(":")[0].lower()
+            stage.hosted.session_ended(self.servicer.metrics, own)
+
     def end(self) -> ppb.StreamEnd:
         """The StreamEnd: every processor's state (the further ones' in ``fused_states``)."""
         first, *others = self.stages
@@ -144,6 +162,7 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
         session: _Session | None = None
         # One span for the session; not current: it lives across this generator's yields.
         span = tracing.Span()
+        outcome = "cancelled"  # the call was cancelled, or its deadline passed, unless set below
         try:
             async for raw in request_iterator:
                 req = decode(hook.request, raw, name, servicer.rejects)
@@ -163,6 +182,7 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                     span.outcome("abort")
                     break
             end = session.end() if session is not None else ppb.StreamEnd()
+            outcome = "ok"
             yield ppb.ProcessOutputStreamResponse(end=end)
             # After an abort the call stays open until the client half-closes or cancels:
             # ending it first can fail a write the client has in flight, and grpc clients
@@ -171,11 +191,15 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                 pass
         except ProcmeshError as exc:
             span.outcome("failure")
+            outcome = exc.code.name.lower()
             await context.abort(exc.code, clip(str(exc)))
         except MALFORMED as exc:
             span.outcome("failure")
+            outcome = "invalid_argument"
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, clip(servicer.malformed(name, exc)))
         finally:
             span.end()
+            if session is not None:
+                session.count(outcome)
 
     return handle

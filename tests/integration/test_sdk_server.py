@@ -963,6 +963,11 @@ def hook_calls(server: ProcessorServer, processor: str, hook: str, outcome: str)
     return server.registry.get_sample_value("procmesh_sidecar_hook_calls_total", labels) or 0.0
 
 
+def stream_parts(server: ProcessorServer, processor: str, outcome: str) -> float:
+    labels = {"processor": processor, "outcome": outcome}
+    return server.registry.get_sample_value("procmesh_sidecar_stream_parts_total", labels) or 0.0
+
+
 async def test_hook_calls_are_counted_by_processor_hook_and_outcome(
     server: ProcessorServer, client: ProcessorClient
 ) -> None:
@@ -974,6 +979,7 @@ async def test_hook_calls_are_counted_by_processor_hook_and_outcome(
         ("censor", "process_output_stream", "abort"),
     ]
     before = {key: hook_calls(server, *key) for key in watched}
+    parts_before = {o: stream_parts(server, "censor", o) for o in ("ok", "abort")}
     latency_labels = {"processor": "shouter", "hook": "process_input"}
     latency_before = server.registry.get_sample_value(
         "procmesh_sidecar_hook_duration_seconds_count", latency_labels
@@ -991,15 +997,23 @@ async def test_hook_calls_are_counted_by_processor_hook_and_outcome(
     await call.read()
     await call.done_writing()  # after the abort the call ends on the half-close
     await finish(call)
+    clean = client.open_stream(TIMEOUT)  # a stream that ends: one call, two parts
+    await clean.write(stream_request([(1, delta("c")), (2, delta("d"))], run_context("censor")))
+    await clean.read()
+    await clean.done_writing()
+    await finish(clean)
 
     after = {key: hook_calls(server, *key) for key in watched}
     assert {key: after[key] - before[key] for key in watched} == {
         ("shouter", "process_input", "ok"): 1,
         ("faulty", "process_input", "internal"): 1,
         ("guard", "process_output_step", "abort"): 1,
-        ("censor", "process_output_stream", "ok"): 2,
+        # one call per stream session, whatever its parts (they are counted apart)
+        ("censor", "process_output_stream", "ok"): 1,
         ("censor", "process_output_stream", "abort"): 1,
     }
+    parts = {o: stream_parts(server, "censor", o) - parts_before[o] for o in ("ok", "abort")}
+    assert parts == {"ok": 4, "abort": 1}
     latency_after = server.registry.get_sample_value(
         "procmesh_sidecar_hook_duration_seconds_count", latency_labels
     )

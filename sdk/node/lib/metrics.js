@@ -2,7 +2,10 @@
 // The metrics the SDK records for every processor (authors add none), with the Python SDK's names
 // and labels (procmesh/_metrics.py), so one dashboard reads sidecars in either language:
 //   procmesh_sidecar_hook_calls_total{processor,hook,outcome}   outcome: ok, abort, cancelled, or
-//                                                               the status code (internal, ...)
+//                                                               the status code (internal, ...);
+//                                                               a process_output_stream session
+//                                                               counts once, at its end
+//   procmesh_sidecar_stream_parts_total{processor,outcome}      each part of an output stream
 //   procmesh_sidecar_hook_duration_seconds{processor,hook}      per part for process_output_stream
 //   procmesh_sidecar_tool_calls_total{tool,outcome}             hosted tools; outcome: ok, tool_error, ...
 //   procmesh_sidecar_tool_duration_seconds{tool}
@@ -20,6 +23,7 @@ const grpcVersion = require('@grpc/grpc-js/package.json').version;
 
 const LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
 const SNAKE = new Map(HOOKS.map((h) => [h.name, h.enumName.replace(/^HOOK_/, '').toLowerCase()]));
+const STREAM_HOOK = 'process_output_stream';
 const CODE_NAMES = new Map(Object.entries(status).map(([name, code]) => [code, name.toLowerCase()]));
 
 class SidecarMetrics {
@@ -28,8 +32,14 @@ class SidecarMetrics {
     this.registry = registry;
     this.hookCalls = new client.Counter({
       name: 'procmesh_sidecar_hook_calls_total',
-      help: 'Hook calls served, by processor, hook and outcome (ok, abort, error code).',
+      help: 'Hook calls served, by processor, hook and outcome (ok, abort, cancelled, error code); a process_output_stream session counts once, at its end.',
       labelNames: ['processor', 'hook', 'outcome'],
+      registers: [registry],
+    });
+    this.streamParts = new client.Counter({
+      name: 'procmesh_sidecar_stream_parts_total',
+      help: "Output-stream parts given to a processor's hook, by outcome (ok, abort, error code).",
+      labelNames: ['processor', 'outcome'],
       registers: [registry],
     });
     this.hookLatency = new client.Histogram({
@@ -62,11 +72,18 @@ class SidecarMetrics {
     client.collectDefaultMetrics({ register: registry });
   }
 
-  /** Count one hook call and time it (`hook`: the camelCase name of the hook table). */
+  /** Count one hook call, or one part of an output stream (its session counts at its end,
+   * `observeSession`), and time it (`hook`: the camelCase name of the hook table). */
   observe(processor, hook, outcome, seconds) {
     const name = SNAKE.get(hook) || hook;
-    this.hookCalls.inc({ processor, hook: name, outcome });
+    if (name === STREAM_HOOK) this.streamParts.inc({ processor, outcome });
+    else this.hookCalls.inc({ processor, hook: name, outcome });
     this.hookLatency.observe({ processor, hook: name }, seconds);
+  }
+
+  /** Count one output-stream session of `processor` as one hook call. */
+  observeSession(processor, outcome) {
+    this.hookCalls.inc({ processor, hook: STREAM_HOOK, outcome });
   }
 
   /** Count one hosted tool call and time it. */

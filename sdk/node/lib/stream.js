@@ -11,6 +11,7 @@ const { FailedPreconditionError, InternalError, InvalidInputError } = require('.
 const { throughAll } = require('./chain');
 const { HookEffects, Writer } = require('./processor');
 const { History } = require('./rewind');
+const { outcomeOf } = require('./metrics');
 const tracing = require('./tracing');
 
 /** One processor of a stream session: its arguments for the whole stream and what it has seen. */
@@ -25,6 +26,8 @@ class Stage {
     this.error = '';
   }
 
+    /** Its hook aborted (the session's call is counted as its abort). */
+    this.aborted = false;
   /** Whether a chunk of this type goes to its hook. */
   takes(kind) {
     return !this.error && (this.dataParts || !kind.startsWith('data-'));
@@ -71,12 +74,28 @@ class Session {
         writer: new Writer(effects),
         reportViolation: effects.reportViolation,
       };
-      return this.servicer.callHook(stage.hosted, this.hook, args, effects, quiet);
+      return this.servicer.callHook(stage.hosted, this.hook, args, effects, quiet).then((out) => {
+        if (effects.abort && !quiet) stage.aborted = true;
+        return out;
+      });
     };
   }
 
   /** One batch's parts through the processors: [results, whether one aborted]. */
   async batch(items, quiet = false) {
+  /** Count the session as one call of each of its processors: `outcome`, or abort for one whose
+   * hook aborted, or the hook's error for one whose hook failed (a fused stream went on). */
+  count(outcome) {
+    const metrics = this.servicer.metrics;
+    if (!metrics) return;
+    for (const stage of this.stages) {
+      let own = outcome;
+      if (stage.aborted) own = 'abort';
+      else if (stage.error && outcome === 'ok') own = stage.error.split(':')[0].toLowerCase();
+      metrics.observeSession(stage.hosted.id, own);
+    }
+  }
+
     for (const item of items) {
       if (!item.part || !item.part.type) throw new InvalidInputError(`malformed ${this.hook} request: stream part ${item.seq || 0} has no chunk type`);
     }
@@ -157,6 +176,7 @@ function outputStream(servicer, hook, call, decodeRequest) {
     span.end(err);
     call.emit('error', toStatus(err));
   };
+    if (session) session.count(outcomeOf(err, null));
   const finish = () => {
     if (finished) return;
     const end = session ? session.end() : { state: convert.toStruct(undefined) };
@@ -166,6 +186,7 @@ function outputStream(servicer, hook, call, decodeRequest) {
     span.end();
     // After an abort the call stays open until the client half-closes or cancels: ending it
     // first can fail a write the client has in flight, and grpc clients then report that
+    if (session) session.count('ok');
     // failure instead of the abort they have not read yet.
     if (halfClosed) call.end();
   };
@@ -202,6 +223,7 @@ function outputStream(servicer, hook, call, decodeRequest) {
   call.on('cancelled', () => {
     finished = true;
     span.end();
+    if (!finished && session) session.count('cancelled');
     controller.abort(new Error('the call was cancelled'));
   });
   call.on('error', () => {}); // the status is sent by grpc-js; nothing else to do

@@ -134,3 +134,41 @@ test('bad tools are refused when the server is built', () => {
   assert.throws(() => new ProcessorServer([], { tools: [{ name: 't' }] }), /has no execute\(\) function/);
   assert.throws(() => new ProcessorServer([], { tools: [{ name: 'a b', execute }] }), /must be 1-64 letters/);
 });
+
+test('an output stream counts as one hook call; its parts are counted apart', async () => {
+  const processor = {
+    id: 'stopper',
+    async processOutputStream({ part, abort }) {
+      if (part.type === 'text-delta' && part.payload.text === 'stop') abort('stopped');
+      return part;
+    },
+  };
+  const server = await new ProcessorServer([processor], { address: '127.0.0.1:0', logLevel: 'ERROR' }).start();
+  const { ProcessorService } = loadContract();
+  const client = new ProcessorService(server.addresses[0], grpc.credentials.createInsecure());
+  const stream = async (texts) => {
+    const call = client.ProcessOutputStream();
+    const done = new Promise((resolve, reject) => {
+      call.on('data', () => {});
+      call.on('end', resolve);
+      call.on('error', reject);
+    });
+    const parts = texts.map((text, i) => ({ seq: i + 1, part: { type: 'text-delta', text_delta: { text } } }));
+    call.write({ context: { processor_id: 'stopper' }, parts });
+    call.end();
+    await done;
+  };
+  await stream(['a', 'b']);
+  await stream(['c', 'stop']);
+  const values = async (name) => {
+    const metric = await server.metrics.registry.getSingleMetric(name).get();
+    return Object.fromEntries(metric.values.map((v) => [`${v.labels.hook || ''}/${v.labels.outcome}`, v.value]));
+  };
+  assert.deepEqual(await values('procmesh_sidecar_hook_calls_total'), {
+    'process_output_stream/ok': 1,
+    'process_output_stream/abort': 1,
+  });
+  assert.deepEqual(await values('procmesh_sidecar_stream_parts_total'), { '/ok': 3, '/abort': 1 });
+  client.close();
+  await server.stop(1);
+});

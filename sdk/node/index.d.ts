@@ -180,7 +180,11 @@ export interface ProcessorContext<TOptions = any, TState extends Record<string, 
   resourceId?: string;
   /** This processor's failure policy as the orchestrator applies it (undefined if it does not say). */
   onFailure?: 'fail-open' | 'fail-closed';
-  /** The caller's request context (`requestContext.get(key)`). */
+  /**
+   * The run's request context (`requestContext.get(key)`): the caller's keys and those earlier
+   * hooks set. `requestContext.set(key, value)` sets a value (any JSON) for the rest of the run:
+   * later hooks, its tools and a resumed run see it (not in processOutputStream: it throws).
+   */
   requestContext: RequestContext;
   sendSignal: (signal: Signal) => Promise<void>;
   writer: ProcessorWriter;
@@ -382,7 +386,8 @@ export class MessageList {
 }
 
 export class RequestContext extends Map<string, any> {
-  constructor(entries?: Record<string, any> | Map<string, any>);
+  /** `updates`: where set() records a hook's values (null: set() throws; absent: a plain Map). */
+  constructor(entries?: Record<string, any> | Map<string, any>, updates?: Map<string, any> | null);
   toJSON(): Record<string, any>;
 }
 

@@ -20,12 +20,19 @@ from procmesh import convert
 class RequestContext(dict[str, Any]):
     """The run's request context; `set` (or item assignment) records a value for the run."""
 
-    def __init__(self, values: Mapping[str, Any], updates: dict[str, Any]) -> None:
+    def __init__(self, values: Mapping[str, Any], updates: dict[str, Any] | None) -> None:
+        """`updates`: where `set` records values for the run; None where a hook cannot set any
+        (``process_output_stream``: `set` raises)."""
         super().__init__(values)
         self._updates = updates
 
     def set(self, key: str, value: Any) -> None:
         """Set `key` to `value` (any JSON) for the rest of the run: later hooks and tools see it."""
+        if self._updates is None:
+            raise TypeError(
+                "request_context.set: process_output_stream cannot set request-context values "
+                "(a unary hook can)"
+            )
         if not isinstance(key, str) or not key:
             raise TypeError(f"request_context.set: the key must be a non-empty string, got {key!r}")
         try:

@@ -99,8 +99,9 @@ class HookEffects:
         self.custom_chunks: list[Chunk] = []
         self.violations: list[tuple[str, Any]] = []
         self.abort: TripWire | None = None
-        self.context_updates: dict[str, Any] = {}
-        """Request-context values the hook set (`request_context.set`), in order."""
+        self.context_updates: dict[str, Any] | None = {}
+        """Request-context values the hook set (`request_context.set`), in order; None where it
+        cannot set any (an output-stream session)."""
 
     def abort_hook(self, reason: str | None = None, *, retry: bool = False, metadata: Any = None) -> NoReturn:
         """The hook's ``abort(reason, retry=..., metadata=...)``."""

@@ -53,6 +53,9 @@ function fillEffects(effects, state) {
       out.abort = convert.abortToProto({ reason: effects.abort.reason, retry: effects.abort.retry, metadata: effects.abort.metadata });
     }
     if (state !== undefined) out.state = convert.toStruct(state);
+    if (effects.contextUpdates && effects.contextUpdates.size) {
+      out.request_context_updates = convert.toStruct(Object.fromEntries(effects.contextUpdates));
+    }
     return out;
   } catch (err) {
     throw new InternalError(`processor ${quote(effects.processorId)} left effects or state that cannot be sent: ${err.message}`);

@@ -17,7 +17,8 @@ const CODE_NAMES = Object.fromEntries(Object.entries(status).map(([name, code]) 
 /** The hook left its input as it came: no result field, no signal, no abort. */
 function passes(response) {
   const effects = response.effects || {};
-  return !(effects.signals && effects.signals.length) && outcomeOf(response) === 'pass';
+  // a value set in the request context ends the chain too: the next processor would not see it
+  return !(effects.signals && effects.signals.length) && !effects.request_context_updates && outcomeOf(response) === 'pass';
 }
 
 /** What a failed further processor's outcome says: "<status code name>: <message>". */

@@ -2,6 +2,7 @@
 // What a hook is handed: abort (TripWire), sendSignal, writer, reportViolation, the message
 // list, the request context. The twin of the Python SDK's procmesh/_processor.py.
 
+const { toValue } = require('./convert/values');
 const { InvalidInputError } = require('./errors');
 
 const SIGNAL_TYPES = new Set(['reactive', 'user', 'notification', 'state', 'system-reminder', 'user-message']);
@@ -51,6 +52,8 @@ class HookEffects {
     this.customChunks = [];
     this.violations = [];
     this.abort = null;
+    /** Request-context values the hook set (`requestContext.set`); null where it cannot set any. */
+    this.contextUpdates = new Map();
     this.abortHook = (reason, options) => {
       throw new TripWire(reason || `Tripwire triggered by ${processorId}`, options || {}, processorId);
     };
@@ -156,8 +159,41 @@ class MessageList {
 
 /** The caller's request context: a Map (`get(key)` as in the reference engine) that serializes as an object. */
 class RequestContext extends Map {
-  constructor(entries) {
+  /**
+   * `updates` (a Map): where `set()` records the values a hook sets for the rest of the run
+   * (HookEffects.request_context_updates); null: this hook cannot set any (processOutputStream);
+   * absent: a plain Map.
+   */
+  constructor(entries, updates) {
     super(entries instanceof Map ? entries : Object.entries(entries || {}));
+    Object.defineProperty(this, 'updates', { value: updates, enumerable: false });
+  }
+
+  /** The seeds' `requestContext.set(key, value)`: later hooks and the run's tools see the value. */
+  set(key, value) {
+    const updates = this.updates;
+    if (updates === undefined) return super.set(key, value); // a plain Map (and while constructing)
+    if (updates === null) {
+      throw new TypeError('requestContext.set: processOutputStream cannot set request-context values (a unary hook can)');
+    }
+    if (typeof key !== 'string' || !key) throw new TypeError(`requestContext.set: the key must be a non-empty string, got ${String(key)}`);
+    try {
+      toValue(value);
+    } catch (err) {
+      throw new TypeError(`requestContext.set(${JSON.stringify(key)}): the value must be JSON: ${err.message}`);
+    }
+    updates.set(key, value);
+    return super.set(key, value);
+  }
+
+  delete(key) {
+    if (this.updates !== undefined) throw new TypeError('a hook cannot remove request-context keys (set a value instead)');
+    return super.delete(key);
+  }
+
+  clear() {
+    if (this.updates !== undefined) throw new TypeError('a hook cannot remove request-context keys (set a value instead)');
+    super.clear();
   }
 
   toJSON() {

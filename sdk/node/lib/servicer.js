@@ -131,7 +131,7 @@ class Servicer {
       threadId: ctx.thread_id || undefined,
       resourceId: ctx.resource_id || undefined,
       onFailure: own.on_failure || undefined,
-      requestContext: new RequestContext(convert.fromStruct(ctx.request_context)),
+      requestContext: new RequestContext(convert.fromStruct(ctx.request_context), effects.contextUpdates),
       sendSignal: effects.sendSignal,
       writer: new Writer(effects),
       reportViolation: effects.reportViolation,

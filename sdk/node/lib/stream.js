@@ -18,7 +18,9 @@ const tracing = require('./tracing');
 class Stage {
   constructor(servicer, hosted, ctx, signal, member = null) {
     this.hosted = hosted;
-    this.args = servicer.baseArgs(hosted, ctx, new HookEffects(hosted.id), signal, member);
+    const session = new HookEffects(hosted.id);
+    session.contextUpdates = null; // requestContext.set throws here: a stream part cannot set values
+    this.args = servicer.baseArgs(hosted, ctx, session, signal, member);
     this.streamParts = [];
     this.args.streamParts = this.streamParts;
     this.dataParts = Boolean(hosted.processor.processDataParts);

@@ -79,3 +79,18 @@ test('a fused chain runs on while each passes, and a later failure is its outcom
   assert.deepEqual(calls, ['a', 'c']);
   assert.deepEqual(failed.effects.fused, [{ error: 'INTERNAL: c broke' }]);
 });
+
+test('a fused chain stops after a hook that set a request-context value', async () => {
+  const calls = [];
+  const answers = {
+    a: () => ({ effects: { signals: [], request_context_updates: { fields: { tier: { string_value: 'gold' } } } } }),
+    b: () => ({ effects: { signals: [] } }),
+  };
+  const one = async (hosted) => {
+    calls.push(hosted.id);
+    return answers[hosted.id]();
+  };
+  const ran = await runFused(one, { id: 'a' }, [{ id: 'b' }], [{}]);
+  assert.deepEqual(calls, ['a']); // b would not see the value: the orchestrator calls it itself
+  assert.ok(ran.effects.request_context_updates);
+});

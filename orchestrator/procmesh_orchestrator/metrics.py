@@ -216,6 +216,13 @@ class OrchestratorMetrics:
             ["tool", "outcome"],
             registry=r,
         )
+        self.merged_metrics_read_failures = Counter(
+            "procmesh_merged_metrics_read_failures_total",
+            "Reads of a sidecar's metrics the orchestrator merges into its own (the built-in sidecar "
+            "it starts, sidecar_metrics.py) that failed; the last good read is served meanwhile.",
+            ["sidecar"],
+            registry=r,
+        )
         self.chunks = Counter(
             "procmesh_stream_chunks_total",
             "Stream chunks emitted to callers by type family.",

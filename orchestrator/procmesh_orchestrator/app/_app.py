@@ -34,6 +34,7 @@ from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
 from procmesh_orchestrator.processors.binding import LaneBinder
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.run import Agent, AgentSpec
+from procmesh_orchestrator.sidecar_metrics import MergedSidecarMetrics
 from procmesh_orchestrator.sidecar_process import (
     ModelGateway,
     SidecarProcess,
@@ -94,6 +95,8 @@ class App:
         self.builtins: SidecarProcess | None = None
         self._builtins_address: str | None = None
         self._builtins_dir: str | None = None
+        self._builtins_metrics: MergedSidecarMetrics | None = None
+        """The built-in sidecar's series, merged into this App's registry (`sidecar_metrics`)."""
         self._supervisor: asyncio.Task[None] | None = None
         self._gateway: ModelGateway | None = None
         self._retiring: dict[Pipeline, asyncio.Task[None]] = {}
@@ -165,15 +168,19 @@ class App:
         self._builtins_dir = tempfile.mkdtemp(prefix="procmesh-builtins-")
         os.chmod(self._builtins_dir, 0o700)
         address = f"unix://{os.path.join(self._builtins_dir, 'builtins.sock')}"
+        log_path = os.path.join(self._builtins_dir, "builtins.log")
         self.builtins = SidecarProcess(
-            ["builtins", "--parent-pid", str(os.getpid())],
+            # its metrics on an ephemeral loopback port it logs, merged into ours (sidecar_metrics)
+            ["builtins", "--parent-pid", str(os.getpid()), "--metrics-port", "0"],
             address,
-            log_path=os.path.join(self._builtins_dir, "builtins.log"),
+            log_path=log_path,
             env=sidecar_environment(os.environ, secret_variables(self.config), gateway),
         )
         self.builtins.start()
         self._builtins_address = address
         await self.builtins.wait_ready(self._connect_timeout)
+        self._builtins_metrics = MergedSidecarMetrics(self.metrics, BUILTINS, log_path)
+        self._builtins_metrics.start()
         # Restarted when it exits (clients reconnect by themselves), with crash-loop backoff.
         self._supervisor = asyncio.create_task(
             supervise(self.builtins, connect_timeout=self._connect_timeout)
@@ -321,6 +328,8 @@ class App:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
+        if self._builtins_metrics is not None:
+            await self._builtins_metrics.stop()
         if self.builtins is not None:
             await asyncio.to_thread(self.builtins.stop)
         if self._builtins_dir is not None:

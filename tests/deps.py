@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 _POSTGRES_BIN = ("/usr/lib/postgresql/*/bin",)
 _GO_USE = "the Go example sidecar (examples/go, tests/e2e/go)"
+_SNIPPETS = "proto/README.md's protoc lines (tests/e2e/go/test_protoc_snippets.py)"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,14 @@ PROGRAMS = (
     Program("protoc", "protobuf-compiler", _GO_USE),
     Program("protoc-gen-go", "protoc-gen-go", _GO_USE),
     Program("protoc-gen-go-grpc", "protoc-gen-go-grpc", _GO_USE),
+    # proto/README.md's protoc lines for C++ and Java, run by tests/e2e/go/test_protoc_snippets.py;
+    # libgrpc++-dev (headers and pkg-config files) brings pkg-config-able gRPC for the C++ compile.
+    Program("grpc_cpp_plugin", "protobuf-compiler-grpc", _SNIPPETS),
+    Program("pkg-config", "pkgconf", _SNIPPETS),
+    Program("grpc_java_plugin", "protobuf-compiler-grpc-java-plugin", _SNIPPETS),
+    Program("g++", "g++", _SNIPPETS),
+    # Debian's prometheus package ships promtool: the alert rules' checks and unit tests.
+    Program("promtool", "prometheus", "the alert rules' checks (tests/deploy/test_alert_rules.py)"),
 )
 
 
@@ -100,6 +109,7 @@ SOURCES = (
         "golang-github-golang-protobuf-1-5-dev",
         _GO_USE,
     ),
+    Source("/usr/include/grpcpp/grpcpp.h", "libgrpc++-dev", _SNIPPETS),
 )
 
 # Directories holding an npm lock whose packages the tests load (`npm ci` there).

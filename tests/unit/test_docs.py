@@ -26,6 +26,7 @@ from procmesh import ProcessorSettings, settings_parser
 from procmesh_orchestrator import CallOptions, OrchestratorSettings
 from procmesh_orchestrator.config import ENV_PREFIX
 from tests.conftest import REPO
+from tests.fixtures import snippets
 
 DOCS = sorted(
     [
@@ -684,3 +685,27 @@ def test_the_new_checks_catch_made_up_claims() -> None:
     assert config_problems(Doc.parse(REPO / "docs" / "made-up.md", "`sidecars` and `agents`"), keys)[:1] == [
         "docs/made-up.md: Config's key durable is not documented"
     ]
+
+
+def test_every_code_block_of_the_contract_pages_is_named_and_run_by_a_test() -> None:
+    # proto/README.md and docs/other-languages.md are what an author in another language copies
+    # from: each block carries a `<!-- snippet: NAME -->` marker, and a test reads it by that name
+    # (tests/fixtures/snippets.py) and runs it, or parses it where it is a sketch.
+    tests = "\n".join(
+        p.read_text(encoding="utf-8") for p in (REPO / "tests").rglob("test_*.py") if p.name != "test_docs.py"
+    )
+    problems = []
+    for page in snippets.CHECKED:
+        names = [b.name for b in snippets.blocks(page)]
+        problems += [
+            f"{page}:{b.line}: a code block without a snippet marker"
+            for b in snippets.blocks(page)
+            if not b.name
+        ]
+        problems += [
+            f"{page}: snippet {n} is named twice"
+            for n in sorted({n for n in names if n and names.count(n) > 1})
+        ]
+        problems += [f"{page}: no test reads snippet {n}" for n in names if n and f'"{n}"' not in tests]
+    assert problems == []
+    assert {"node-shout", "check-in-ci", "protoc-cpp"} <= {b.name for b in snippets.blocks("proto/README.md")}

@@ -119,6 +119,7 @@ class SpeculativeGroup:
             if member.lost and not self.done:
                 member.restart()
             member.flush()
+            member.parts.flush()
 
     def _step(self, j: int) -> bool:
         """Commit the head of member j's committed input, if it can be; whether it did."""
@@ -250,6 +251,7 @@ class SpeculativeGroup:
             self.count(member, "discarded", sum(1 for e in member.fed if e.origin is not None))
             member.fed.clear()
             member.cancel()
+            member.parts.flush()
             tasks += member.tasks
             for outcome, n in member.counts.items():
                 if n:

@@ -224,6 +224,7 @@ class _Stage:
                     self._apply(res)
                     if self.stopped:
                         return
+                self.parts.flush()
                 if resp.HasField("end"):
                     info.states[handle.processor_id] = resp.end.state
                     for member, state in zip(self.members[1:], resp.end.fused_states, strict=False):
@@ -236,6 +237,7 @@ class _Stage:
             if read is not None:
                 drop_read(read)
             self.stream_done = True
+            self.parts.flush()
             self.span.end()
             self._flush_head()
 

@@ -207,15 +207,16 @@ SEVERITY = ("pass", "rewrite", "drop", "retry", "abort")
 
 class PartCounts:
     """One stream session's part metrics (procmesh_stream_parts_total and
-    procmesh_stream_part_added_seconds), its labelled children looked up once."""
+    procmesh_stream_part_added_seconds), its labelled children looked up once; the counts are
+    added up per part and handed to the counters at each `flush` (once per response read)."""
 
     def __init__(self, caller: GrpcHookCaller, handle: ProcessorHandle) -> None:
         metrics = caller.metrics
         labels = caller.series(handle)
-        self._in = metrics.stream_parts.labels(*labels, "in")
-        self._out = metrics.stream_parts.labels(*labels, "out")
-        self._dropped = metrics.stream_parts.labels(*labels, "dropped")
-        self._rewritten = metrics.stream_parts.labels(*labels, "rewritten")
+        self._counters = [
+            metrics.stream_parts.labels(*labels, o) for o in ("in", "out", "dropped", "rewritten")
+        ]
+        self._counts = [0, 0, 0, 0]
         self._latency = metrics.stream_part_latency.labels(*labels)
         self.now = 0.0
         """When the response being applied arrived (`time.monotonic`)."""
@@ -224,19 +225,27 @@ class PartCounts:
 
     def answered(self, original: tpb.Chunk, res: ppb.StreamPartResult, sent_at: float) -> None:
         """Count an answer to `original` (sent at `sent_at`) as the run applies it."""
-        self._in.inc()
+        counts = self._counts
+        counts[0] += 1
         self._latency.observe(max(0.0, self.now - sent_at))
         n = len(res.extra_parts) + (1 if res.HasField("part") else 0)
         if n == 0:
-            self._dropped.inc()
+            counts[2] += 1
             self.last = "drop"
             return
-        self._out.inc(n)
+        counts[1] += n
         if n > 1 or res.part != original:
-            self._rewritten.inc()
+            counts[3] += 1
             self.last = "rewrite"
         else:
             self.last = "pass"
+
+    def flush(self) -> None:
+        """Hand the counts so far to the counters."""
+        for counter, n in zip(self._counters, self._counts, strict=True):
+            if n:
+                counter.inc(n)
+        self._counts = [0, 0, 0, 0]
 
 
 def count_session(

@@ -212,3 +212,37 @@ async def test_speculative_stream_counts_commits_and_discards(
     assert "pear" in result["text"]
     assert calls["committed"] > 0
     assert calls["discarded"] > 0  # rw rewrote the apple part: the later stages' answers were withdrawn
+
+
+async def test_stream_part_series_are_the_sequential_pipelines(
+    ready: dict[str, SidecarProcess], tmp_path: Path
+) -> None:
+    """procmesh_stream_parts_total counts what each processor's committed answers did: a
+    speculative group's withdrawn answers are not in it, so it counts what the sequential
+    pipeline does. A fused session is counted under its first processor (what the session did)."""
+    log = tmp_path / "rec.jsonl"
+    parts = {}
+    for mode in ("sequential", "speculative", "fused", "both"):
+        async with App(config(ready, log, ["rw", "cnt", "pass"], mode)) as app:
+            await trace(app, log)
+            parts[mode] = {
+                (entry, outcome): app.metrics.total(
+                    "procmesh_stream_parts_total", entry=entry, outcome=outcome
+                )
+                for entry in ("rw", "cnt", "pass")
+                for outcome in ("in", "out", "rewritten", "dropped")
+            }
+    assert parts["sequential"][("rw", "rewritten")] >= 1  # rw rewrites the apple part
+    assert parts["sequential"][("pass", "in")] >= len(DELTAS)
+    assert parts["speculative"] == parts["sequential"]
+    sequential = parts["sequential"]
+    # fused: the three in one session on one sidecar, counted under rw (what the session did:
+    # cnt's data-count chunks come back in its answers as parts)
+    assert parts["fused"][("rw", "in")] == sequential[("rw", "in")]
+    assert parts["fused"][("rw", "out")] > sequential[("pass", "out")]
+    assert [k for k, v in parts["fused"].items() if v and k[0] != "rw"] == []
+    # both: rw and cnt fused on one sidecar, pass on another (its own session, as in sequential)
+    assert parts["both"][("cnt", "in")] == 0
+    assert {o: parts["both"][("pass", o)] for o in ("in", "out")} == {
+        o: sequential[("pass", o)] for o in ("in", "out")
+    }

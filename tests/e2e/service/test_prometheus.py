@@ -8,6 +8,7 @@ asserts through Prometheus's HTTP query API that the series exist with the right
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 import time
@@ -43,6 +44,8 @@ def scrape_config(orchestrator: str, sidecar: str) -> dict[str, Any]:
     for name, target in targets.items():
         for static in jobs[name]["static_configs"]:
             static["targets"] = [target]
+    # The alert rules live beside the deploy file; the test's copy lives elsewhere.
+    config["rule_files"] = [str(DEPLOY_CONFIG.parent / path) for path in config.get("rule_files", [])]
     return config
 
 
@@ -95,6 +98,49 @@ class Prometheus:
         return float(result[0]["value"][1])
 
 
+def examples_with_metrics(
+    start_sidecar: Callable[..., SidecarProcess], name: str
+) -> tuple[SidecarProcess, int]:
+    """The `examples` sidecar serving its metrics on a free port (started, not yet waited for)."""
+    port = free_port()
+    return start_sidecar("examples", "--metrics-port", str(port), name=name), port
+
+
+@contextlib.asynccontextmanager
+async def running_prometheus(
+    binary: str,
+    orchestrator: OrchestratorProcess,
+    sidecar_metrics_port: int,
+    workdir: Path,
+    wait: float = 30.0,
+) -> AsyncIterator[tuple[Prometheus, float]]:
+    """Prometheus scraping `orchestrator` and the sidecar metrics port with the deploy file
+    (scrape_config), ready; yields it and the monotonic deadline `wait` s from its start."""
+    config_path = workdir / "prometheus.yml"
+    host, port = orchestrator.http_url.removeprefix("http://").split(":")
+    config = scrape_config(f"{host}:{port}", f"127.0.0.1:{sidecar_metrics_port}")
+    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    web = f"127.0.0.1:{free_port()}"
+    log_path = workdir / "prometheus.log"
+    proc = await asyncio.to_thread(launch_prometheus, binary, config_path, workdir / "data", web, log_path)
+    server = Prometheus(f"http://{web}")
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                if (await server.client.get("/-/ready")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "Prometheus not ready:\n" + log_path.read_text()
+            await asyncio.sleep(0.2)
+        yield server, deadline
+    finally:
+        await server.client.aclose()
+        await asyncio.to_thread(stop_prometheus, proc, workdir)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def prometheus(
     start_sidecar: Callable[..., SidecarProcess],
@@ -102,8 +148,7 @@ async def prometheus(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Prometheus]:
     binary = require("prometheus")
-    metrics_port = free_port()
-    sidecar = start_sidecar("examples", "--metrics-port", str(metrics_port), name="prom-guards")
+    sidecar, metrics_port = examples_with_metrics(start_sidecar, "prom-guards")
     await sidecar.wait_ready()
     orchestrator = await asyncio.to_thread(
         start_orchestrator, service_config({"guards": sidecar.address}), env={"PROCMESH_API_KEYS": API_KEYS}
@@ -119,36 +164,15 @@ async def prometheus(
             assert response.status_code == 200
 
     workdir = tmp_path_factory.mktemp("prometheus")
-    config_path = workdir / "prometheus.yml"
-    host, port = orchestrator.http_url.removeprefix("http://").split(":")
-    config = scrape_config(f"{host}:{port}", f"127.0.0.1:{metrics_port}")
-    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    web = f"127.0.0.1:{free_port()}"
-    log_path = workdir / "prometheus.log"
-    proc = await asyncio.to_thread(launch_prometheus, binary, config_path, workdir / "data", web, log_path)
-    server = Prometheus(f"http://{web}")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if (await server.client.get("/-/ready")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "Prometheus not ready:\n" + log_path.read_text()
-            await asyncio.sleep(0.2)
+    async with running_prometheus(binary, orchestrator, metrics_port, workdir) as (server, deadline):
         # Wait until a scrape of both targets has landed the series we need.
         while not (
             await server.query(f'procmesh_retries_total{{job="{ORCHESTRATOR_JOB}"}}')
             and await server.query(f'procmesh_sidecar_hook_calls_total{{job="{SIDECAR_JOB}"}}')
         ):
-            assert time.monotonic() < deadline, "no scrape in time:\n" + log_path.read_text()
+            assert time.monotonic() < deadline, "no scrape in time"
             await asyncio.sleep(0.5)
         yield server
-    finally:
-        await server.client.aclose()
-        await asyncio.to_thread(stop_prometheus, proc, workdir)
 
 
 async def test_both_targets_are_up(prometheus: Prometheus) -> None:

@@ -52,12 +52,16 @@ def context_config(
     tag: dict[str, Any] | None = None,
     **more: Any,
 ) -> Config:
-    sidecars = {"py": {"address": py_tools, "timeout": 5}, "py2": {"address": witness, "timeout": 5}}
+    sidecars = {
+        "py": {"address": py_tools, "timeout": 5},
+        "py2": {"address": witness, "timeout": 5},
+        **more.pop("sidecars", {}),
+    }
     return config(
         sidecars=sidecars,
         tools=more.pop("tools", TOOLS),
         responses=responses,
-        inputProcessors=[tag or tagger({"tier": "gold"}), "py2/witness"],
+        inputProcessors=more.pop("inputProcessors", [tag or tagger({"tier": "gold"}), "py2/witness"]),
         top={"mcpServers": MCP, **more.pop("top", {})},
         **more,
     )
@@ -105,6 +109,26 @@ async def test_later_hooks_and_the_runs_tools_see_a_value_processinput_set(
     results = {r["toolName"]: r["result"] for r in of_type(chunks, "tool-result")}
     assert results["whoami"]["requestContext"] == SEEN  # the sidecar tool's ExecuteTool request
     assert json.loads(results["mcpContext"]["result"]) == SEEN  # the MCP call's params._meta
+
+
+async def test_a_node_hook_sees_the_value_and_sets_one_of_its_own(
+    py_tools: str, node_tools: str, witness: str
+) -> None:
+    cfg = context_config(
+        py_tools,
+        witness,
+        [{"toolCalls": [call("nodeWhere")]}, {"text": "done"}],
+        tools={"nodeWhere": {"sidecar": "node", "tool": "where"}},
+        inputProcessors=[tagger({"tier": "gold"}), "node/echo", "py2/witness"],
+        sidecars={"node": {"address": node_tools, "timeout": 5}},
+    )
+    async with App(cfg) as app:
+        chunks, result = await collect(app, "hi", CallOptions(request_context=dict(CALLER)))
+    assert result.status == "success", result.error
+    both = {**SEEN, "nodeSaw": "gold"}  # the Node hook saw the Python hook's value, and set its own
+    assert [h["context"] for h in await seen(witness, result.run_id)] == [both, both, both]
+    (where,) = [r["result"] for r in of_type(chunks, "tool-result")]
+    assert where["requestContext"] == both  # a Node SDK tool's ToolContext
 
 
 async def test_a_client_tools_call_chunk_carries_the_value(py_tools: str, witness: str) -> None:

@@ -187,4 +187,5 @@ async def test_execute_tool_carries_the_run_agent_and_thread(py_tools: str, node
         "agentId": "a",
         "threadId": "t-1",
         "toolCallId": "call_2",
+        "requestContext": {"tenant": "acme"},
     }

@@ -68,6 +68,9 @@ class OrchestratorSettings(BaseSettings):
     every key that is not reserved); said so at start-up."""
     health_poll_seconds: float = Field(default=1.0, gt=0)
     """How often the sidecars' grpc.health.v1 status is polled for readiness."""
+    config_poll_seconds: float = Field(default=2.0, ge=0)
+    """How often the config file's content hash is read: a change reloads the config without a
+    restart, as SIGHUP does (0: SIGHUP only). Kubernetes updates a mounted ConfigMap in place."""
     log_level: str = "INFO"
     """Logging level of the process."""
     allow_unauthenticated: bool = False

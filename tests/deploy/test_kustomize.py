@@ -1,4 +1,5 @@
-"""Rendering with `kubectl kustomize`: the overlays render cleanly, a config change renames its map.
+"""Rendering with `kubectl kustomize`: the overlays render cleanly; a config change updates the map in
+place (the orchestrator reloads it), or, without the config-reload component, renames it (a rollout).
 
 kubectl is required (tests/deps.py): a missing kubectl fails these tests with the install hint.
 """
@@ -49,15 +50,45 @@ def _config_map_of(objects: list[dict[str, object]]) -> str:
     return name
 
 
-def test_a_config_change_renames_the_config_map_so_the_pods_roll(tmp_path: Path) -> None:
+def _change_the_config(copy: Path) -> None:
+    config = copy / "base" / "config.yaml"
+    text = config.read_text(encoding="utf-8")
+    assert "maxSteps: 5" in text
+    config.write_text(text.replace("maxSteps: 5", "maxSteps: 6"), encoding="utf-8")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_by_default_a_config_change_updates_the_map_in_place_for_a_reload(
+    overlay: str, tmp_path: Path
+) -> None:
     require("kubectl")
     copy = tmp_path / "k8s"
     shutil.copytree(K8S, copy)
-    before = _config_map_of(render(copy / "overlays" / "dev"))
-    config = copy / "base" / "config.yaml"
-    config.write_text(
-        config.read_text(encoding="utf-8").replace("maxSteps: 5", "maxSteps: 6"), encoding="utf-8"
+    before = render(copy / "overlays" / overlay)
+    _change_the_config(copy)
+    after = render(copy / "overlays" / overlay)
+    # One name, so `kubectl apply` updates the map and leaves the pod template (no rollout) ...
+    assert _config_map_of(before) == _config_map_of(after) == "procmesh-config"
+    assert one(before, "Deployment") == one(after, "Deployment")
+    # ... and the kubelet refreshes the mounted file only for a whole-volume mount (not subPath).
+    (orchestrator,) = [c for c in pod_spec(after)["containers"] if c["name"] == "orchestrator"]
+    (mount,) = [m for m in orchestrator["volumeMounts"] if m["name"] == "config"]
+    assert "subPath" not in mount
+    assert orchestrator["args"][orchestrator["args"].index("--config") + 1].startswith(
+        mount["mountPath"] + "/"
     )
+
+
+def test_without_the_config_reload_component_a_config_change_rolls_the_pods(tmp_path: Path) -> None:
+    require("kubectl")
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    kustomization = copy / "overlays" / "dev" / "kustomization.yaml"
+    text = kustomization.read_text(encoding="utf-8")
+    assert "  - ../../components/config-reload\n" in text
+    kustomization.write_text(text.replace("  - ../../components/config-reload\n", ""), encoding="utf-8")
+    before = _config_map_of(render(copy / "overlays" / "dev"))
+    _change_the_config(copy)
     after = _config_map_of(render(copy / "overlays" / "dev"))
     # The Deployment's pod template names the map, so a new name is a new template: a rollout.
     assert before.startswith("procmesh-config-")

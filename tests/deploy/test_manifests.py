@@ -342,7 +342,7 @@ def test_the_service_monitor_component_opts_the_dev_overlay_in(tmp_path: Path) -
     dev = tmp_path / "k8s" / "overlays" / "dev" / "kustomization.yaml"
     text = dev.read_text(encoding="utf-8")
     component = "../../components/servicemonitor"
-    opted_in = text.replace(f"# components:\n#   - {component}", f"components:\n  - {component}")
+    opted_in = text.replace(f"  # - {component}", f"  - {component}")
     assert opted_in != text, "the dev overlay no longer shows how to opt in"
     dev.write_text(opted_in, encoding="utf-8")
     objects = render(dev.parent)

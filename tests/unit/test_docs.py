@@ -574,7 +574,7 @@ def test_the_checks_catch_made_up_names() -> None:
         "are fine. Run `procmesh-frobnicate --now` or `make frobnicate`, not `make test`.\n\n"
         "Count `procmesh_runs_total` and `procmesh_frobs_total`.\n\n"
         "```sh\n.venv/bin/procmesh-sidecar examples\nPROCMESH_X=1 procmesh-nothing\n```\n\n"
-        "## Project layout\n\n```\norchestrator/procmesh_orchestrator/\n  app.py      the App\n"
+        "## Project layout\n\n```\norchestrator/procmesh_orchestrator/\n  errors.py   the errors\n"
         "  agent.py    gone\n              a description, not an entry\nMakefile, frob/   two\n```\n",
     )
     assert path_problems(fake) == [

@@ -4,5 +4,15 @@ next pipeline without a restart."""
 
 from procmesh_orchestrator.app._app import App, needs_builtins, secret_variables
 from procmesh_orchestrator.app._pipeline import Pipeline, config_hash
+from procmesh_orchestrator.app._reload import RESTART_ONLY, ConfigReloader, restart_only_changes
 
-__all__ = ["App", "Pipeline", "config_hash", "needs_builtins", "secret_variables"]
+__all__ = [
+    "RESTART_ONLY",
+    "App",
+    "ConfigReloader",
+    "Pipeline",
+    "config_hash",
+    "needs_builtins",
+    "restart_only_changes",
+    "secret_variables",
+]

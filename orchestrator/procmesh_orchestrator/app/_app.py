@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from procmesh import ProcessorClient
@@ -85,7 +85,11 @@ class App:
         self, config: Config, *, metrics: OrchestratorMetrics | None = None, connect_timeout: float = 10.0
     ) -> None:
         self.metrics = metrics or OrchestratorMetrics()
-        self._connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout
+        """Seconds a sidecar (or the built-in one) has to answer at start and at a reload."""
+        self.on_swap: list[Callable[[Pipeline], None]] = []
+        """Called with the new pipeline right after each `swap` (what a Service derives from the
+        config: the health poll's optional sidecars, the model gateway's models)."""
         self.pipeline = Pipeline(config, self.metrics, connect_timeout=connect_timeout)
         """The serving pipeline: the config's sidecars, tools, models and agents, bound."""
         self.clients: dict[str, ProcessorClient] = {}
@@ -178,13 +182,11 @@ class App:
         )
         self.builtins.start()
         self._builtins_address = address
-        await self.builtins.wait_ready(self._connect_timeout)
+        await self.builtins.wait_ready(self.connect_timeout)
         self._builtins_metrics = MergedSidecarMetrics(self.metrics, BUILTINS, log_path)
         self._builtins_metrics.start()
         # Restarted when it exits (clients reconnect by themselves), with crash-loop backoff.
-        self._supervisor = asyncio.create_task(
-            supervise(self.builtins, connect_timeout=self._connect_timeout)
-        )
+        self._supervisor = asyncio.create_task(supervise(self.builtins, connect_timeout=self.connect_timeout))
 
     async def _with_builtins(self, pipeline: Pipeline) -> None:
         """Point `pipeline` at the built-in sidecar this App runs, started on first need."""
@@ -218,6 +220,7 @@ class App:
         self._gateway = gateway
         await self.start_pipeline(self.pipeline)
         self._show(self.pipeline)
+        self.metrics.config_serving(self.version)
         if any(a.durable for a in self.config.agents.values()):
             await self.durable_runs()
 
@@ -238,6 +241,9 @@ class App:
         if self.durable is not None:
             self.durable.versions.clear()
             self.durable.versions.update(self._versions(pipeline))
+        self.metrics.config_serving(pipeline.version, old.version)
+        for listener in self.on_swap:
+            listener(pipeline)
         task = asyncio.create_task(old.retire())
         self._retiring[old] = task
         task.add_done_callback(lambda _: self._retiring.pop(old, None))

@@ -2,7 +2,9 @@
 
 The App serves one `Pipeline` at a time; a reload (`app._reload`) builds the next one beside it
 and swaps. A run holds the pipeline it started on (`AgentSpec.pin`), so the old one's channels,
-MCP sessions and model clients close only after its last run ends (`retire`).
+MCP sessions and model clients close only after its last run ends (`retire`): and after the last
+of its agents and runs is let go, since a request that took an agent just before the swap may
+start its run just after it.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import hashlib
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
@@ -27,6 +31,7 @@ from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, stop
 from procmesh_orchestrator.run.framework.cost import CostControl
 from procmesh_orchestrator.run.framework.memory import AgentMemory
+from procmesh_orchestrator.run.hooks import RunInfo
 from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.tools import ToolCatalog
 
@@ -72,6 +77,9 @@ class Pipeline:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+        self._held: weakref.WeakSet[object] = weakref.WeakSet()
+        """Its agents and its runs' hook callers still in use somewhere (a run created, an agent a
+        request took before a swap): the pipeline closes only once they are all gone."""
 
     async def start(
         self,
@@ -94,7 +102,7 @@ class Pipeline:
                 model=chain[0],
                 fallbacks=tuple(chain[1:]),
                 cost=self._cost_control(agent_id, agent, suspended_runs_store),
-                hook_caller=GrpcHookCaller,
+                hook_caller=self._caller,
                 instructions=agent.instructions,
                 models=self.models,
                 tools=self.tools.for_agent(agent_id, agent),
@@ -110,6 +118,13 @@ class Pipeline:
                 pin=self.pin,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
+            self._held.add(self.agents[agent_id])
+
+    def _caller(self, info: RunInfo, metrics: OrchestratorMetrics) -> GrpcHookCaller:
+        """A run's hook caller (`GrpcHookCaller`), kept track of: it lives as long as its run."""
+        caller = GrpcHookCaller(info, metrics)
+        self._held.add(caller)
+        return caller
 
     def _model_chain(self, agent: AgentConfig, where: str) -> list[ModelProvider]:
         """The agent's enabled models in order, each with its own retries."""
@@ -146,9 +161,29 @@ class Pipeline:
                 self._idle.set()
 
     async def retire(self) -> None:
-        """Wait for the runs that started on this pipeline, then close it."""
-        await self._idle.wait()
+        """Wait for the runs that started on this pipeline and for every agent and run of it to be
+        let go, then close it."""
+        self.agents = {}  # the App serves another pipeline: only callers that took one hold them
+        waited = 0
+        while True:
+            await self._idle.wait()
+            if not self._held:
+                break
+            waited += 1
+            if waited % 20 == 0:  # a run that ended may sit in a reference cycle
+                gc.collect()
+            if waited == 600:
+                log.warning(
+                    "config version %s: still in use a minute after a reload (%d agents and runs "
+                    "held); its sidecar channels stay open until they are let go",
+                    self.version,
+                    len(self._held),
+                )
+            await asyncio.sleep(0.1)
         await self.close()
+        log.info(
+            "config version %s retired: its last run ended, its sidecar channels are closed", self.version
+        )
 
     async def close(self) -> None:
         """Close every sidecar channel, MCP session and model client this pipeline opened (once)."""

@@ -106,6 +106,12 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    return config_from_text(text, str(path), environ)
+
+
+def config_from_text(text: str, path: str, environ: Mapping[str, str] | None = None) -> Config:
+    """A config file's text (read from `path`) with the ``PROCMESH_CONFIG__*`` overrides, validated:
+    what `load_config` does after reading (a reload reads the file once, for its hash too)."""
     try:
         data = load_yaml(text)
     except yaml.YAMLError as exc:

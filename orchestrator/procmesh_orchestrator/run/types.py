@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,9 @@ class AgentSpec:
     bind_lanes: Callable[[Mapping[str, Sequence[str]]], dict[str, list[LaneEntry]]] | None = None
     """Binds per-call processor lists by name (`call_lanes.bind`): a resumed run's snapshot keeps
     the names; ConfigError naming an entry this orchestrator cannot bind."""
+    pin: Callable[[], AbstractContextManager[object]] | None = None
+    """Held by each run from start to end: the App's pipeline counts its runs, so a reload closes
+    the old sidecar channels only after the runs that use them (`app._pipeline.Pipeline.pin`)."""
     warned_implicit_cap: bool = False
 
 

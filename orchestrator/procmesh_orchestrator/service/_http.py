@@ -510,7 +510,7 @@ def build_http_app(service: Service) -> ASGIApp:
 
     async def readyz(request: Request) -> Response:
         if service.gate.draining:
-            return json_response({"status": "draining"}, 503)
+            return json_response({"status": "draining", "configVersion": service.app.version}, 503)
         not_serving = service.health.not_serving
         # A fail-open sidecar that is down degrades runs, it does not fail them: the pod stays in
         # its Service, and the response names it.
@@ -530,11 +530,16 @@ def build_http_app(service: Service) -> ASGIApp:
                 "status": "not ready",
                 "error": "; ".join(problems),
                 "notServing": not_serving,
+                "configVersion": service.app.version,
             }
             if down:
                 body_["durable"] = down
             return json_response(body_, 503)
-        body: dict[str, Any] = {"status": "ready", "sidecars": service.health.statuses}
+        body: dict[str, Any] = {
+            "status": "ready",
+            "sidecars": service.health.statuses,
+            "configVersion": service.app.version,  # the config serving new runs (a reload changes it)
+        }
         if not_serving:
             body["degraded"] = not_serving
         return json_response(body)

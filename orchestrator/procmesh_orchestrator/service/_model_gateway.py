@@ -38,8 +38,8 @@ import jsonschema
 from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
-from procmesh_orchestrator.cost import CostLimitError, Reservation, RunCost
 from procmesh_orchestrator.errors import APICallError, ConfigError, LeaseLostError
+from procmesh_orchestrator.run.framework.cost import CostLimitError, Reservation, RunCost
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.service._auth import grpc_caller
 from procmesh_orchestrator.service._errors import ServiceError
@@ -196,7 +196,16 @@ async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, st
 class _ModelServicer(mgrpc.ModelServiceServicer):
     def __init__(self, service: Service) -> None:
         self._service = service
-        self._models = GatewayModels.of(service.app.config)
+        self._models_of = service.app.config
+        self._gateway_models = GatewayModels.of(service.app.config)
+
+    @property
+    def _models(self) -> GatewayModels:
+        """The serving config's models and who may call them (rebuilt after a reload)."""
+        config = self._service.app.config
+        if config is not self._models_of:
+            self._models_of, self._gateway_models = config, GatewayModels.of(config)
+        return self._gateway_models
 
     async def Generate(
         self, request: mpb.ModelServiceGenerateRequest, context: Context

@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator import call_lanes
-from procmesh_orchestrator.call_lanes import Hosted
 from procmesh_orchestrator.config.schema import (
     ConditionalStep,
     ParallelStep,
@@ -25,7 +23,8 @@ from procmesh_orchestrator.config.schema import (
 )
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError, TripwireAbort
 from procmesh_orchestrator.memory._common import label
-from procmesh_orchestrator.processors import GrpcHookCaller
+from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
+from procmesh_orchestrator.processors.call_lanes import Hosted
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.run.hooks import (
     HookArgs,
@@ -72,7 +71,7 @@ def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | N
 
 def hosted_processors(service: Service) -> dict[str, Hosted]:
     """Every processor the sidecars host, by id (`call_lanes.hosted_processors`)."""
-    return call_lanes.hosted_processors(service.app)
+    return call_lanes.hosted_processors(service.app.pipeline.sidecars)
 
 
 def find_processor(service: Service, processor_id: str) -> Hosted:
@@ -154,7 +153,8 @@ def bind_lanes(service: Service, agent_id: str, call: AgentCall, caller: Caller)
                 "entry 'key=@operator'): it drops the agent's guards for the call"
             )
         try:
-            bound = call_lanes.bind(service.app, agent_id, call.lanes)
+            lanes = service.app.agent(agent_id).spec.lanes
+            bound = call_lanes.bind(service.app.binder, lanes, call.lanes)
         except ConfigError as exc:  # names nothing here, or needs options the agent does not give it
             raise BadRequestError(str(exc)) from None
         call.options = replace(
@@ -287,7 +287,8 @@ async def execute_phase(
     agent_id = body.get("agentId")
     if agent_id is not None and not isinstance(agent_id, str):
         raise BadRequestError("agentId: must be a string")
-    handle = call_lanes.handle(service.app, hosted, agent_id)
+    lanes = service.app.agent(agent_id).spec.lanes if agent_id else None
+    handle = call_lanes.handle(service.app.binder, hosted, lanes)
     model = service.app.config.agents[agent_id].model if agent_id else ""
     info = RunInfo(
         run_id=str(uuid.uuid4()), agent_id=agent_id or "", request_context=context, resource_id=resource

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Coroutine
 from typing import Any
 
-from procmesh_orchestrator.app import App
+from procmesh_orchestrator.app import App, ConfigReloader, Pipeline
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
@@ -80,6 +80,7 @@ class Service:
             optional=fail_open_sidecars(self.app.config),
             dependencies=DependencyCheck(self.app),
         )
+        self.app.on_swap.append(self._config_swapped)
         self.metrics = ServiceMetrics(
             self.app.metrics.registry, lambda: self.gate.active, lambda: self.health.statuses
         )
@@ -88,6 +89,11 @@ class Service:
         self._private_dir: str | None = None
         """The private folder of the gateway's socket for our own sidecars, when the port is TLS."""
         self._force = asyncio.Event()
+
+    def _config_swapped(self, pipeline: Pipeline) -> None:
+        """A reload swapped the config: the health poll's optional sidecars follow it (the
+        sidecars themselves are the App's `clients`, updated in place)."""
+        self.health.optional = fail_open_sidecars(pipeline.config)
 
     @property
     def http_port(self) -> int:
@@ -279,9 +285,20 @@ async def serve(settings: OrchestratorSettings, config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     await service.start()
+    reloader = None
+    if settings.config_file:  # SIGHUP and a change of the file reload it (app._reload)
+        reloader = ConfigReloader(
+            service.app, settings.config_file, poll_seconds=settings.config_poll_seconds
+        )
+        reloader.start()
+        loop.add_signal_handler(signal.SIGHUP, reloader.request, "SIGHUP")
     try:
         await stop.wait()
+        if reloader is not None:
+            await reloader.stop()  # a SIGHUP while draining is logged, not applied
         await service.drain()
     finally:
+        if reloader is not None:
+            await reloader.stop()
         await service.stop()
     log.info("stopped")

@@ -7,6 +7,7 @@ every test calls it over real sockets with httpx or a grpc.aio channel.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -258,7 +259,13 @@ async def test_any_configured_key_works_and_probes_and_metrics_need_none(service
         assert (await client.get("/healthz")).json() == {"status": "ok"}
         ready = await client.get("/readyz")
         assert ready.status_code == 200
-        assert ready.json() == {"status": "ready", "sidecars": {"guards": "SERVING"}}
+        version = service.app.version  # the serving config's, 12 hex digits
+        assert re.fullmatch("[0-9a-f]{12}", version)
+        assert ready.json() == {
+            "status": "ready",
+            "sidecars": {"guards": "SERVING"},
+            "configVersion": version,
+        }
         assert (await client.get("/metrics")).status_code == 200
 
 

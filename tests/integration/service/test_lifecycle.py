@@ -123,6 +123,7 @@ async def test_readiness_and_health_follow_every_sidecar(
         "status": "not ready",
         "error": "sidecars not serving: spare is UNREACHABLE",
         "notServing": {"spare": "UNREACHABLE"},
+        "configVersion": service.app.version,
     }
     for name in ("", "procmesh.v1.AgentService"):
         assert await health_status(channel, name) == NOT_SERVING
@@ -212,7 +213,10 @@ async def test_drain_refuses_new_runs_and_lets_running_ones_finish(
     draining = asyncio.create_task(service.drain())
     await eventually(lambda: service.gate.draining)
     ready = await http.get("/readyz")
-    assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
+    assert (ready.status_code, ready.json()) == (
+        503,
+        {"status": "draining", "configVersion": service.app.version},
+    )
     refused = await http.post("/api/agents/assistant/generate", json={"messages": "hi"})
     assert refused.status_code == 503
     assert refused.json() == {

@@ -61,6 +61,7 @@ test('chunks keep the Python SDK shapes', () => {
     { type: 'text-delta', payload: { text: 'a', id: 't' } },
     { type: 'data-x', data: { n: 1 }, transient: true },
     { type: 'tool-call', payload: { toolCallId: 'c', toolName: 'w', args: { a: 1 } } },
+    { type: 'tool-call', payload: { toolCallId: 'c', toolName: 'w', args: {}, requestContext: { tier: 'gold' } } },
     { type: 'finish', payload: { finishReason: 'stop', usage: { inputTokens: 1, outputTokens: 2, totalTokens: 3 } } },
     { type: 'start', payload: { anything: ['goes'] } },
   ];

@@ -68,6 +68,8 @@ def chunk_to_proto(chunk: Chunk, out: pb.Chunk | None = None) -> pb.Chunk:
         tc.tool_call_id = payload.get("toolCallId", "")
         tc.tool_name = payload.get("toolName", "")
         tc.args.CopyFrom(to_value(payload.get("args")))
+        if "requestContext" in payload:  # a client tool's call, as the orchestrator streams it
+            fill_struct(tc.request_context, payload["requestContext"])
     elif kind == "tool-result":
         tr = out.tool_result
         tr.tool_call_id = payload.get("toolCallId", "")
@@ -107,6 +109,8 @@ def chunk_from_proto(chunk: pb.Chunk) -> Chunk:
     if kind == "tool_call":
         tc = chunk.tool_call
         payload = {"toolCallId": tc.tool_call_id, "toolName": tc.tool_name, "args": from_value(tc.args)}
+        if tc.HasField("request_context"):
+            payload["requestContext"] = from_struct(tc.request_context)
     elif kind == "tool_result":
         tr = chunk.tool_result
         payload = {

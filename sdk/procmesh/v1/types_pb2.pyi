@@ -443,6 +443,7 @@ class ToolCall(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
+    REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The model's id for the call."""
     tool_name: _builtins.str
@@ -451,16 +452,24 @@ class ToolCall(_message.Message):
     def args(self) -> _struct_pb2.Value:
         """The call's arguments (JSON)."""
 
+    @_builtins.property
+    def request_context(self) -> _struct_pb2.Struct:
+        """A call of one of the caller's client tools, as the orchestrator's API streams it: the run's
+        request context (its JSON entries, values hooks set included), which the client's tool runs
+        with. Unset otherwise.
+        """
+
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
         args: _struct_pb2.Value | None = ...,
+        request_context: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "request_context", b"request_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "request_context", b"request_context", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

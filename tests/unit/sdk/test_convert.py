@@ -244,6 +244,8 @@ def chunks(draw: st.DrawFn) -> tuple[dict[str, Any], str | None]:
         return {"type": kind, "payload": payload}, "text_delta"
     if kind == "tool-call":
         payload = {"toolCallId": draw(words), "toolName": draw(words), "args": draw(json_values)}
+        if draw(st.booleans()):  # a client tool's call carries the run's request context
+            payload["requestContext"] = draw(st.dictionaries(words, json_values, max_size=3))
         return {"type": kind, "payload": payload}, "tool_call"
     if kind == "tool-result":
         payload = {

@@ -49,6 +49,8 @@ function chunkToProto(chunk) {
     out.transient = Boolean(chunk.transient);
   } else if (kind === 'tool-call') {
     out.tool_call = { tool_call_id: str(payload.toolCallId), tool_name: str(payload.toolName), args: toValue(payload.args) };
+    // a client tool's call, as the orchestrator streams it
+    if (payload.requestContext !== undefined) out.tool_call.request_context = toStruct(payload.requestContext);
   } else if (kind === 'tool-result') {
     out.tool_result = {
       tool_call_id: str(payload.toolCallId),
@@ -89,6 +91,7 @@ function chunkFromProto(chunk) {
     }
     case 'tool_call':
       payload = { toolCallId: str(c.tool_call.tool_call_id), toolName: str(c.tool_call.tool_name), args: fromValue(c.tool_call.args) };
+      if (c.tool_call.request_context) payload.requestContext = fromStruct(c.tool_call.request_context);
       break;
     case 'tool_result': {
       const tr = c.tool_result;

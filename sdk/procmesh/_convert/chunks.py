@@ -69,6 +69,7 @@ def chunk_to_proto(chunk: Chunk, out: pb.Chunk | None = None) -> pb.Chunk:
         tc.tool_name = payload.get("toolName", "")
         tc.args.CopyFrom(to_value(payload.get("args")))
         if "requestContext" in payload:  # a client tool's call, as the orchestrator streams it
+            tc.request_context.SetInParent()  # present even when empty
             fill_struct(tc.request_context, payload["requestContext"])
     elif kind == "tool-result":
         tr = out.tool_result

@@ -95,6 +95,6 @@ async def test_an_agent_with_mcp_servers_takes_every_tool() -> None:
     async with App(cfg) as app:
         chunks, result = await collect(app)
         names = sorted(offered(app))
-    assert names == ["add", "crash", "lookup", "slow"]
+    assert names == ["add", "context", "crash", "lookup", "slow"]
     assert result.status == "success", result.error
     assert [r["result"] for r in of_type(chunks, "tool-result")] == [{"result": 2}, {"result": "second"}]

@@ -12,6 +12,7 @@ store runs the approved tool with the value.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import pytest
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.sidecar_process import SidecarProcess
@@ -193,3 +195,69 @@ async def test_a_run_suspended_for_approval_resumes_elsewhere_with_the_value(
     assert ran["result"]["requestContext"] == SEEN
     steps = [h for h in await seen(witness, suspended.run_id) if h["hook"] == "process_input_step"]
     assert [h["context"] for h in steps] == [SEEN, SEEN]  # before the suspension and after
+
+
+WORDS = "one two three four five six seven eight nine ten"
+
+
+def durable_config(py_tools: str, witness: str, db: Path, responses: list[dict[str, Any]]) -> Config:
+    return context_config(
+        py_tools,
+        witness,
+        [],
+        model={"provider": "scripted", "delayMs": 20, "responses": responses},
+        tools={"lookup": {"result": "found"}, "whoami": {"sidecar": "py", "tool": "context"}},
+        durable=True,
+        memory={},
+        top={
+            "storage": {"backend": "sqlite", "path": str(db)},
+            "durable": {"leaseSeconds": 0.6, "claimIntervalSeconds": 0.1},
+        },
+    )
+
+
+async def test_a_durable_run_taken_over_by_another_replica_goes_on_with_the_value(
+    py_tools: str, witness: str, tmp_path: Path
+) -> None:
+    step_0 = {"text": WORDS, "toolCalls": [call("lookup")]}
+    step_1 = {"text": WORDS, "toolCalls": [call("whoami")]}
+    done = {"text": "done"}
+    db = tmp_path / "runs.db"
+    async with (
+        App(durable_config(py_tools, witness, db, [step_0, step_1, done])) as a,
+        App(durable_config(py_tools, witness, db, [step_1, done])) as b,
+    ):
+        assert a.durable is not None
+        assert b.durable is not None
+        run_id = await a.durable.begin("a", "hi", CallOptions(request_context=dict(CALLER)))
+        seen_by_a: list[tuple[int, dict[str, Any]]] = []
+        async with asyncio.timeout(20):  # past step 0's checkpoint, into step 1's text
+            async for offset, chunk in a.durable.attach(run_id, 0):
+                seen_by_a.append((offset, chunk))
+                texts_after_tool = [
+                    c for _, c in seen_by_a if c["type"] == "text-delta" and c["payload"]["text"].strip()
+                ]
+                if any(c["type"] == "tool-result" for _, c in seen_by_a) and len(texts_after_tool) > 12:
+                    break
+        await a.durable.close()  # replica A dies; the lease runs out
+        await b.durable.close()  # the taker below reads A's in-process event log
+        taker = DurableRuns(
+            b.suspended_runs_store, a.durable.events, b.durable.agents, b.metrics, b.durable.settings
+        )
+        await taker.start()
+        try:
+            rest: list[dict[str, Any]] = []
+            async with asyncio.timeout(20):
+                async for _, chunk in taker.attach(run_id, seen_by_a[-1][0] + 1):
+                    rest.append(chunk)
+        finally:
+            await taker.close()
+        record = await (await b.suspended_runs_store()).get_durable_run(run_id)
+    assert record is not None
+    assert record.attempts == 2  # taken over
+    assert rest[-1]["type"] == "finish"
+    (whoami,) = [c["payload"]["result"] for c in rest if c["type"] == "tool-result"]
+    assert whoami["requestContext"] == SEEN  # the tool run by the replica that took the run over
+    contexts = [h["context"] for h in await seen(witness, run_id)]
+    assert len(contexts) >= 3  # processInput, then processInputStep of step 0 and step 1 (again)
+    assert all(c == SEEN for c in contexts)

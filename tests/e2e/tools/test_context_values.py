@@ -7,7 +7,8 @@ Two sidecar processes of tests/fixtures/tool_sidecar.py: in the first, ``tagger`
 ``params._meta``, a client tool in its ``tool-call`` chunk. A hook that sets a reserved key
 (``resourceId``) fails the run naming the processor and the key (fail-closed) or is dropped and
 counted (fail-open). A run suspended for approval and resumed by a second App on the same SQLite
-store runs the approved tool with the value.
+store runs the approved tool with the value, and so does a durable run another replica took over
+(a Node hook in the lane sees and sets values the same way).
 """
 
 from __future__ import annotations

@@ -41,7 +41,15 @@ export interface DataPart {
   type: `data-${string}`;
   data: any;
 }
-export type MessagePart = TextPart | ReasoningPart | ToolInvocationPart | FilePart | StepStartPart | DataPart;
+/**
+ * A part of a kind this SDK does not know (a newer orchestrator's): `proto` is its bytes, base64.
+ * Returned in a message, it goes back as it came (proto/README.md, forward compatibility).
+ */
+export interface UnknownPart {
+  type: 'procmesh-unknown';
+  proto: string;
+}
+export type MessagePart = TextPart | ReasoningPart | ToolInvocationPart | FilePart | StepStartPart | DataPart | UnknownPart;
 
 /** A MastraDBMessage (format 2). Text lives in `content.parts`. */
 export interface MastraDBMessage {

@@ -9,9 +9,10 @@ from google.protobuf.message import DecodeError
 
 from procmesh import hooks
 from procmesh._check import requests
-from procmesh._check.problems import abort_problems, effects_problems
+from procmesh._check.problems import abort_problems, effects_problems, new_kind_problems, response_problems
 from procmesh._check.report import Report
 from procmesh.check import check_sidecar
+from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 
 
@@ -60,6 +61,20 @@ def _dicts(value: object) -> list[dict[str, object]]:
     if hasattr(value, "get_all"):
         return _dicts(value.get_all())
     return []
+
+
+def test_a_returned_message_without_its_new_kind_part_is_a_problem() -> None:
+    req = requests.build_request("ProcessInput", tpb.RunContext(), "x", new_kind=True)
+    kept = ppb.ProcessInputResponse(replace_messages=True, messages=list(req.messages))
+    assert new_kind_problems(kept) == []
+    assert response_problems("ProcessInput", kept) == []  # the part without a known kind is the one sent
+    dropped = ppb.ProcessInputResponse(replace_messages=True, messages=list(req.messages))
+    del dropped.messages[0].content.parts[1]
+    assert new_kind_problems(dropped) == [
+        "messages returns message 'check-new-kind' without its part of a newer kind, as sent"
+    ]
+    dropped.messages[0].content.parts.add()  # an empty part instead: not the one sent
+    assert "messages[0] part 1 has no kind" in response_problems("ProcessInput", dropped)
 
 
 def test_the_corrupt_bytes_are_no_request() -> None:

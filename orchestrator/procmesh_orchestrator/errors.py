@@ -68,9 +68,15 @@ class APICallError(OrchestratorError):
         self.details = details or {}
 
 
-class RequestContextError(OrchestratorError):
-    """A run's request context gives a processor an option its published schema refuses (the
-    APIs answer 400 / INVALID_ARGUMENT): nothing of the run was called."""
+class RequestContextError(OrchestratorError, ValueError):
+    """A run's request context is not one its agent accepts (its ``requestContextSchema``: a
+    required key missing, a key not declared, a value of the wrong shape) or gives a processor an
+    option its published schema refuses (the APIs answer 400 / INVALID_ARGUMENT): nothing of the
+    run was called. `keys` names the request-context keys at fault (when known)."""
+
+    def __init__(self, message: str, *, keys: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.keys = list(keys or ())
 
 
 class TripwireAbort(OrchestratorError):

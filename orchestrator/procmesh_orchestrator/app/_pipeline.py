@@ -114,6 +114,7 @@ class Pipeline:
                 store=suspended_runs_store,
                 fuse=self.config.fuse if agent.fuse is None else agent.fuse,
                 optimistic_first_step=agent.optimistic_first_step,
+                request_context_schema=agent.request_context_schema,
                 bind_lanes=functools.partial(call_lanes.bind, self.binder, lanes),
                 pin=self.pin,
             )

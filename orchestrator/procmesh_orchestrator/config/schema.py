@@ -29,6 +29,7 @@ from procmesh_orchestrator.config.lanes import WorkflowRef as WorkflowRef
 from procmesh_orchestrator.config.lanes import WorkflowStep as WorkflowStep
 from procmesh_orchestrator.config.lanes import _lane, lane_instances
 from procmesh_orchestrator.config.lanes import workflow_refs as workflow_refs
+from procmesh_orchestrator.config.request_context import SchemaOfContext
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
@@ -293,6 +294,9 @@ class AgentConfig(_Model):
     """The input lane chosen per call from the request context, instead of `input_processors`."""
     output_processors_by_context: LaneByContext | None = None
     """The output lane chosen per call from the request context, instead of `output_processors`."""
+    request_context_schema: SchemaOfContext | None = None
+    """JSON Schema of the request context the agent accepts (`config.request_context`): checked
+    before any processor of a run is called; keys it does not declare are refused."""
     memory: AgentMemoryConfig | None = None
     """Message history in threads of the `storage` store (none: every call stands alone)."""
     durable: bool = False

@@ -103,7 +103,10 @@ def check_run_options(
     top = path.split(".", 1)[0]
     source = next((o for o in taken if o.option == top), None)
     origin = f" (request-context key {source.key!r})" if source is not None else ""
-    raise RequestContextError(f"processor {processor!r}: option {path or '(options)'}{origin}: {message}")
+    raise RequestContextError(
+        f"processor {processor!r}: option {path or '(options)'}{origin}: {message}",
+        keys=[source.key] if source is not None else [],
+    )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from procmesh_orchestrator.config.request_context import ContextSchema
 from procmesh_orchestrator.errors import OrchestratorError, SuspendedRunNotFoundError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.base import call_lanes
@@ -93,17 +94,35 @@ class Agent:
     def __init__(self, spec: AgentSpec, metrics: OrchestratorMetrics | None = None) -> None:
         self.spec = spec
         self.metrics = metrics or OrchestratorMetrics()
+        self.context_schema = (
+            None
+            if spec.request_context_schema is None
+            else ContextSchema.of(
+                spec.id, spec.request_context_schema, f"agent {spec.id!r} requestContextSchema"
+            )
+        )
+        """The compiled `AgentSpec.request_context_schema` (ConfigError here when it is no schema)."""
+
+    def check_context(self, options: CallOptions) -> None:
+        """RequestContextError naming the keys when the call's request context is not one the
+        agent's requestContextSchema accepts (nothing to check without one)."""
+        if self.context_schema is not None:
+            self.context_schema.check(options.request_context)
 
     def check_call(self, options: CallOptions) -> None:
-        """Refuse, before a run starts, what its lanes would refuse before their first hook: a
-        request context giving a processor an option its schema refuses (RequestContextError).
-        The APIs call it while they admit a request, so the caller gets a 400, not a failed run."""
+        """Refuse, before a run starts, what the run would refuse before its first hook: a request
+        context the agent's requestContextSchema refuses, or one giving a processor an option its
+        schema refuses (RequestContextError). The APIs call it while they admit a request, so the
+        caller gets a 400, not a failed run."""
+        self.check_context(options)
         call_lanes(self.spec, options)
 
     async def generate(
         self, input: str | list[dict[str, Any]], options: CallOptions | None = None
     ) -> RunResult:
-        """Run to completion. Raises `APICallError` or `ProcessorFailedError` when the run fails."""
+        """Run to completion. Raises `APICallError` or `ProcessorFailedError` when the run fails,
+        `RequestContextError` (before any processor is called) for a request context it refuses."""
+        self.check_context(options or CallOptions())
         run = Run(self.spec, input, options or CallOptions(), sink=None, metrics=self.metrics)
         result, failure = await run.execute()
         if failure is not None:
@@ -113,7 +132,9 @@ class Agent:
         return result
 
     def stream(self, input: str | list[dict[str, Any]], options: CallOptions | None = None) -> RunStream:
-        """Start a streamed run; failures end the stream with an ``error`` chunk."""
+        """Start a streamed run; failures end the stream with an ``error`` chunk
+        (`RequestContextError` is raised here, before the run starts)."""
+        self.check_context(options or CallOptions())
         queue = ChunkBuffer()
         run = Run(self.spec, input, _abortable(options), sink=queue.put_nowait, metrics=self.metrics)
         return RunStream(run, queue)

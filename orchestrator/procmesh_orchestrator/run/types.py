@@ -106,6 +106,10 @@ class AgentSpec:
     context_schema: ContextCheck | None = None
     """The agent's compiled requestContextSchema: the request-context values a run's hooks set must
     keep the context one it accepts (`run.context`)."""
+    request_context_schema: Mapping[str, Any] | None = None
+    """JSON Schema of the request context the agent accepts (`config.request_context`): a run
+    whose context misses a required key, has a key it does not declare or a value of the wrong
+    shape fails before any processor is called (RequestContextError naming the keys)."""
     bind_lanes: Callable[[Mapping[str, Sequence[str]]], dict[str, list[LaneEntry]]] | None = None
     """Binds per-call processor lists by name (`call_lanes.bind`): a resumed run's snapshot keeps
     the names; ConfigError naming an entry this orchestrator cannot bind."""

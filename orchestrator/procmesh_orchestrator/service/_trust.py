@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from procmesh_orchestrator.config.request_context import key_names
 from procmesh_orchestrator.run.context import RESERVED_KEYS
 from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR, ROLES, Caller, KeyListError
 from procmesh_orchestrator.service._errors import BadRequestError
@@ -31,17 +32,10 @@ ANY = "*"
 RESERVED = RESERVED_KEYS
 """Context keys that select a thread, a resource or a cache scope: never a caller's (nor a
 hook's: `run.context`)."""
-_SHOWN = 8
 
 
 class TrustedContextError(KeyListError):
     """``PROCMESH_TRUSTED_CONTEXT`` cannot be used as it is (the message names the entry)."""
-
-
-def _names(keys: Iterable[str]) -> str:
-    ordered = sorted(keys)
-    shown = ", ".join(repr(k[:64]) for k in ordered[:_SHOWN])
-    return shown + (f" and {len(ordered) - _SHOWN} more" if len(ordered) > _SHOWN else "")
 
 
 @dataclass(frozen=True)
@@ -68,7 +62,7 @@ class ContextTrust:
             reserved = RESERVED.intersection(names)
             if reserved:
                 raise TrustedContextError(
-                    f"{where}: {_names(reserved)} reserved: a thread, a resource or a cache scope never "
+                    f"{where}: {key_names(reserved)} reserved: a thread, a resource or a cache scope never "
                     "comes from a caller"
                 )
             if any(not name for name in names):
@@ -103,7 +97,7 @@ class ContextTrust:
         reserved = RESERVED.intersection(context)
         if reserved:
             raise BadRequestError(
-                f"{where}: {_names(reserved)} reserved: the server sets the thread, the resource and the "
+                f"{where}: {key_names(reserved)} reserved: the server sets the thread, the resource and the "
                 "cache scope (the API key's resource), never the caller"
             )
         allowed = self.allowed(caller)
@@ -112,7 +106,7 @@ class ContextTrust:
         refused = set(context) - allowed
         if refused:
             raise BadRequestError(
-                f"{where}: this API key may not send {_names(refused)} (PROCMESH_TRUSTED_CONTEXT says which "
-                "keys each caller may send)"
+                f"{where}: this API key may not send {key_names(refused)} (PROCMESH_TRUSTED_CONTEXT says "
+                "which keys each caller may send)"
             )
         return context

@@ -1,0 +1,119 @@
+"""An agent's requestContextSchema over the HTTP and gRPC APIs, with a real sidecar: a missing
+required key or a key the agent does not declare is a 400 / INVALID_ARGUMENT naming it before any
+run starts (the processor and the model see nothing); the per-key trust is checked first."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import pytest_asyncio
+from google.protobuf import struct_pb2
+
+from procmesh import Processor, ProcessorServer
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as apb_grpc
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.providers.builtin import ScriptedModel
+from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.settings import OrchestratorSettings
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+
+class Tenant(Processor):
+    """Reports the tenant it saw, as a violation the response carries."""
+
+    id = "tenant"
+
+    async def process_input(self, messages: list[Any], request_context: Any, report_violation: Any) -> None:
+        report_violation(f"tenant {request_context.get('tenant')}", None)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def service() -> AsyncIterator[Service]:
+    async with ProcessorServer([Tenant()], ["127.0.0.1:0"]) as sidecar:
+        config = {
+            "sidecars": {"s": {"address": sidecar.addresses[0]}},
+            "models": {"answer": {"provider": "scripted", "responses": [{"text": "ok"}] * 20}},
+            "agents": {
+                "a": {
+                    "model": "answer",
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": ["s/tenant"],
+                    "requestContextSchema": {
+                        "properties": {"tenant": {"type": "string"}, "tier": {"enum": ["gold", "free"]}},
+                        "required": ["tenant"],
+                    },
+                }
+            },
+        }
+        settings = OrchestratorSettings(
+            http_port=0,
+            grpc_port=0,
+            api_keys=["k-acme=acme"],
+            trusted_context={"acme": ["tenant", "tier", "region"]},
+        )
+        async with Service(settings, parse_config(config)) as svc:
+            yield svc
+
+
+def _model_calls(service: Service) -> int:
+    model = service.app.models["answer"]
+    assert isinstance(model, ScriptedModel)
+    return len(model.requests)
+
+
+async def _post(service: Service, context: dict[str, Any], route: str = "generate") -> httpx.Response:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{service.http_port}", headers={"Authorization": "Bearer k-acme"}
+    ) as http:
+        return await http.post(f"/api/agents/a/{route}", json={"messages": "hi", "requestContext": context})
+
+
+async def test_an_accepted_context_reaches_the_processor(service: Service) -> None:
+    response = await _post(service, {"tenant": "acme", "tier": "gold"})
+    assert response.status_code == 200, response.text
+    assert [v["message"] for v in response.json()["violations"]] == ["tenant acme"]
+
+
+@pytest.mark.parametrize("route", ["generate", "stream"])
+@pytest.mark.parametrize(
+    ("context", "error"),
+    [
+        ({"tier": "gold"}, "requestContext: agent 'a' requires 'tenant' (requestContextSchema)"),
+        ({"tenant": "acme", "region": "eu"}, "requestContext: agent 'a' does not declare 'region'"),
+        ({"tenant": "acme", "tier": "platinum"}, "requestContext.tier: 'platinum' is not one of"),
+    ],
+)
+async def test_a_refused_context_is_a_400_before_any_run(
+    service: Service, route: str, context: dict[str, Any], error: str
+) -> None:
+    before = _model_calls(service)
+    response = await _post(service, context, route)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith(error)
+    assert _model_calls(service) == before
+
+
+async def test_trust_is_checked_before_the_schema(service: Service) -> None:
+    response = await _post(service, {"tenant": "acme", "debug": True})
+    assert response.status_code == 400
+    assert "this API key may not send 'debug' (PROCMESH_TRUSTED_CONTEXT" in response.json()["error"]
+
+
+async def test_over_grpc_it_is_invalid_argument_naming_the_key(service: Service) -> None:
+    context = struct_pb2.Struct()
+    context.update({"tier": "gold"})
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        stub = apb_grpc.AgentServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Generate(
+                apb.GenerateRequest(agent_id="a", text="hi", request_context=context),
+                metadata=(("authorization", "Bearer k-acme"),),
+            )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "requires 'tenant'" in (info.value.details() or "")

@@ -53,6 +53,17 @@ EXIT_TRIPWIRE = 3
 """A processor tripped the run: a refusal, not a failure (2 is a usage or configuration error)."""
 
 
+def _context_entry(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--context``: VALUE as JSON when it parses, else the string itself."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
 def _outcome(result: RunResult) -> int:
     """Print what `generate` and `stream` both report on stderr, the same way, and the exit code:
     0 success, 1 the run failed, 3 a tripwire."""
@@ -72,7 +83,9 @@ async def _call(args: argparse.Namespace) -> int:
     from procmesh_orchestrator.service.api.results import dumps, result_json, wire_chunk
 
     # The command line is trusted as the Python API is: it names the thread and resource itself.
-    options = CallOptions(thread_id=args.thread or "", resource_id=args.resource or "")
+    options = CallOptions(
+        thread_id=args.thread or "", resource_id=args.resource or "", request_context=dict(args.context)
+    )
     async with App(load_config(args.config)) as app:
         agent = app.agent(args.agent)
         if args.command == "generate":
@@ -158,6 +171,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         p.add_argument("--thread", help="the memory thread: load its history and save this turn to it")
         p.add_argument("--resource", help="who the call is for (a user, an org); the thread belongs to it")
+        p.add_argument(
+            "--context",
+            action="append",
+            default=[],
+            type=_context_entry,
+            metavar="KEY=VALUE",
+            help="a request-context entry (repeatable); VALUE is parsed as JSON when it is valid JSON "
+            '(7, true, {"a": 1}, "7"), else taken as a string',
+        )
         p.set_defaults(func=lambda a: asyncio.run(_call(a)))
     memory.add_parser(sub).set_defaults(func=lambda a: asyncio.run(memory.run(a)))
     # Listed for `procmesh --help` only: main() hands `check-sidecar ...` to the SDK's checker first.

@@ -138,7 +138,7 @@ class SuspendError(OrchestratorError):
 
 class MemoryStoreError(OrchestratorError):
     """Memory could not be read or written. The store's own errors name it (for the log); what a
-    client reads of them is `memory._redact.client_message`, without the store's address."""
+    client reads of them is `store._redact.client_message`, without the store's address."""
 
 
 class StoreUnavailableError(MemoryStoreError):

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
 from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.binding import LaneBinder

@@ -29,7 +29,7 @@ from procmesh_orchestrator.cli.scenario_keys import LANES as _LANES
 from procmesh_orchestrator.cli.scenario_keys import lane_specs
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError, ScenarioError
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.models import ScriptedModel

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from procmesh_orchestrator.config.schema import CostControlConfig, PriceConfig
 from procmesh_orchestrator.errors import FencedWriteError, MemoryStoreError, OrchestratorError, TripwireAbort
-from procmesh_orchestrator.memory.store import MemoryStore, RunFence
+from procmesh_orchestrator.store.store import MemoryStore, RunFence
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs

@@ -28,8 +28,8 @@ from procmesh_orchestrator.errors import (
     OrchestratorError,
 )
 from procmesh_orchestrator.events import EventLog
-from procmesh_orchestrator.memory._redact import client_message
-from procmesh_orchestrator.memory.store import (
+from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store.store import (
     CANCELLED,
     DONE,
     FAILED,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from procmesh_orchestrator.durable.publisher import without_start
 from procmesh_orchestrator.errors import EventLogError, MemoryStoreError, SuspendError
 from procmesh_orchestrator.events import EventLog
-from procmesh_orchestrator.memory.store import FAILED, DurableRun, MemoryStore
+from procmesh_orchestrator.store.store import FAILED, DurableRun, MemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
 from procmesh_orchestrator.run.base import ChunkSink

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.memory._common import label
+from procmesh_orchestrator.store._common import label
 from procmesh_orchestrator.processors.binding import LaneBinder
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle, hook_names

@@ -18,7 +18,7 @@ from procmesh_orchestrator.run.tool_calls import Decision
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.memory.store import MemoryStore
+    from procmesh_orchestrator.store.store import MemoryStore
 
 _STREAM_END = object()
 

@@ -32,7 +32,7 @@ from procmesh_orchestrator.run.tools import ClientTool, Tool
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.memory.store import RunFence
+    from procmesh_orchestrator.store.store import RunFence
     from procmesh_orchestrator.run.tool_calls import Decision, PendingTools
 
 log = logging.getLogger(__name__)

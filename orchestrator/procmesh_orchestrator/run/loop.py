@@ -20,7 +20,7 @@ from procmesh_orchestrator.errors import (
     SuspendError,
     TripwireAbort,
 )
-from procmesh_orchestrator.memory._redact import client_message
+from procmesh_orchestrator.store._redact import client_message
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run import optimistic, retries, snapshot, steps, structured

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from procmesh_orchestrator.errors import FencedWriteError, InvalidMemoryInputError, MemoryStoreError
-from procmesh_orchestrator.memory._redact import client_message
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import (

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import ConfigError, SuspendError
-from procmesh_orchestrator.memory.store import SuspendedRun
+from procmesh_orchestrator.store.store import SuspendedRun
 from procmesh_orchestrator.run import context, stop
 from procmesh_orchestrator.run.context import serializable
 from procmesh_orchestrator.run.tool_calls import PendingTools

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from procmesh_orchestrator.errors import ServiceStartError
-from procmesh_orchestrator.memory._common import MAX_ID_CHARS
+from procmesh_orchestrator.store._common import MAX_ID_CHARS
 from procmesh_orchestrator.service._errors import AuthenticationError, ForbiddenError
 
 OPERATOR = "operator"

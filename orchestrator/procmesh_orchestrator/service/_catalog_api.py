@@ -33,7 +33,7 @@ from procmesh_orchestrator.config.schema import (
     WorkflowRef,
 )
 from procmesh_orchestrator.errors import ProcessorFailedError, TripwireAbort
-from procmesh_orchestrator.memory._common import label
+from procmesh_orchestrator.store._common import label
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.tools import Tool, ToolCall, invalid_args

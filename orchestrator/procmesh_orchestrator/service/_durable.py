@@ -30,8 +30,8 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     SuspendError,
 )
-from procmesh_orchestrator.memory._common import MAX_ID_CHARS, MAX_PAGE
-from procmesh_orchestrator.memory.store import (
+from procmesh_orchestrator.store._common import MAX_ID_CHARS, MAX_PAGE
+from procmesh_orchestrator.store.store import (
     CANCELLED,
     DONE,
     DURABLE_STATUSES,

@@ -22,7 +22,7 @@ from procmesh_orchestrator.config.schema import (
     WorkflowRef,
 )
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError, TripwireAbort
-from procmesh_orchestrator.memory._common import label
+from procmesh_orchestrator.store._common import label
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.call_lanes import Hosted
 from procmesh_orchestrator.processors.lanes import ProcessorHandle

@@ -18,10 +18,10 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from procmesh_orchestrator.memory.migrations import migrations
-from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
-from procmesh_orchestrator.memory.sqlite import SqliteMemoryStore
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store.migrations import migrations
+from procmesh_orchestrator.store.postgres import PostgresMemoryStore
+from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
+from procmesh_orchestrator.store.store import MemoryStore
 from tests.integration.memory.pg import DSN_ENV, PostgresServer, fresh_dsn
 
 
@@ -82,7 +82,7 @@ async def store(backend: Backend) -> AsyncIterator[MemoryStore]:
 def schema_at(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Callable[[int | None], None]:
     """`schema_at(n)`: stores of `backend` opened from now on know only the first n migrations
     (an older build); `schema_at(None)`: all of them again (the upgrade)."""
-    module = importlib.import_module(f"procmesh_orchestrator.memory.{backend.name}")
+    module = importlib.import_module(f"procmesh_orchestrator.store.{backend.name}")
     current = module.migrations
 
     def pin(version: int | None) -> None:

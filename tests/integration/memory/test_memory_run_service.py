@@ -18,7 +18,7 @@ import pytest_asyncio
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import ANONYMOUS, Caller

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from procmesh_orchestrator.errors import MemoryStoreError, StoreUnavailableError
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.run import Agent, CallOptions
 from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.messages import message_text

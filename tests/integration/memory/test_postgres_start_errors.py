@@ -15,7 +15,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from procmesh_orchestrator.errors import StoreUnavailableError
-from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
+from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from tests.integration.memory.pg import PostgresServer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]

@@ -19,7 +19,7 @@ import random
 from collections import Counter
 from typing import Any, cast
 
-from procmesh_orchestrator.memory.store import MemoryStore, Message
+from procmesh_orchestrator.store.store import MemoryStore, Message
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.messages import message_text

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
+from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import split_binding

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from procmesh_orchestrator.memory._common import MAX_ID_CHARS
+from procmesh_orchestrator.store._common import MAX_ID_CHARS
 from procmesh_orchestrator.run import CallOptions, stop
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.run.types import StructuredOutput

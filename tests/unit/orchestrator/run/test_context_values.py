@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.errors import ProcessorFailedError, RequestContextError
-from procmesh_orchestrator.memory.sqlite import SqliteMemoryStore
+from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import CallOptions, context, snapshot
 from procmesh_orchestrator.run.hooks import HookArgs, InputArgs, InputResult, InputStepResult, Reply, RunInfo

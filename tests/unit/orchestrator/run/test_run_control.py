@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.errors import ResumeConflictError, SuspendedRunNotFoundError
-from procmesh_orchestrator.memory.sqlite import SqliteMemoryStore
+from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.models import ModelRequest

@@ -14,7 +14,7 @@ from procmesh_orchestrator.errors import (
     SuspendedRunNotFoundError,
     ThreadNotFoundError,
 )
-from procmesh_orchestrator.memory._redact import client_message
+from procmesh_orchestrator.store._redact import client_message
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ResumeRefusedError,

@@ -31,11 +31,11 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     ThreadNotFoundError,
 )
-from procmesh_orchestrator.memory import _common as c
-from procmesh_orchestrator.memory._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
-from procmesh_orchestrator.memory._ledger import CostMethods
-from procmesh_orchestrator.memory.migrations import migrations
-from procmesh_orchestrator.memory.store import RESUMING, Message, RunFence, SuspendedRun, Thread
+from procmesh_orchestrator.store import _common as c
+from procmesh_orchestrator.store._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
+from procmesh_orchestrator.store._ledger import CostMethods
+from procmesh_orchestrator.store.migrations import migrations
+from procmesh_orchestrator.store.store import RESUMING, Message, RunFence, SuspendedRun, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from procmesh_orchestrator.errors import InvalidMemoryInputError
-from procmesh_orchestrator.memory._common import (
+from procmesh_orchestrator.store._common import (
     MAX_COST_WINDOW_SECONDS,
     MAX_ID_CHARS,
     Query,
@@ -20,8 +20,8 @@ from procmesh_orchestrator.memory._common import (
     check_id,
     label,
 )
-from procmesh_orchestrator.memory._durable import check_fence, hold_fence
-from procmesh_orchestrator.memory.store import CostAdmission, RunFence
+from procmesh_orchestrator.store._durable import check_fence, hold_fence
+from procmesh_orchestrator.store.store import CostAdmission, RunFence
 
 MAX_SCOPE_CHARS = 2 * MAX_ID_CHARS
 """A cost scope key is a kind and an id (``resource:<id>``)."""

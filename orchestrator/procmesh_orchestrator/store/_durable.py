@@ -26,7 +26,7 @@ from procmesh_orchestrator.errors import (
     LeaseLostError,
     MemoryStoreError,
 )
-from procmesh_orchestrator.memory._common import (
+from procmesh_orchestrator.store._common import (
     MAX_PAGE,
     Query,
     StoreHooks,
@@ -40,7 +40,7 @@ from procmesh_orchestrator.memory._common import (
     page_sql,
     run_owners,
 )
-from procmesh_orchestrator.memory.store import (
+from procmesh_orchestrator.store.store import (
     CANCELLED,
     DONE,
     DURABLE_STATUSES,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.memory._common import DEFAULT_MAX_MESSAGE_BYTES
-from procmesh_orchestrator.memory.store import MemoryStore
+from procmesh_orchestrator.store._common import DEFAULT_MAX_MESSAGE_BYTES
+from procmesh_orchestrator.store.store import MemoryStore
 
 DEFAULT_DATA_DIR = ".procmesh"
 """Where the SQLite file goes when the configuration names no data directory (relative to the cwd)."""
@@ -79,13 +79,13 @@ def open_store(config: StoreConfig | Mapping[str, Any] | Any) -> MemoryStore:
             config = {name: getattr(config, name) for name in names if hasattr(config, name)}
         config = StoreConfig.from_mapping(config)
     if config.backend == "sqlite":
-        from procmesh_orchestrator.memory.sqlite import SqliteMemoryStore
+        from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 
         return SqliteMemoryStore(
             config.sqlite_path(), busy_timeout=config.timeout, max_message_bytes=config.max_message_bytes
         )
     if config.backend == "postgres":
-        from procmesh_orchestrator.memory.postgres import PostgresMemoryStore
+        from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 
         return PostgresMemoryStore(
             config.postgres_dsn(),

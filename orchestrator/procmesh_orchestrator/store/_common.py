@@ -19,7 +19,7 @@ from procmesh_orchestrator.errors import (
     ResumeConflictError,
     SuspendedRunNotFoundError,
 )
-from procmesh_orchestrator.memory.store import (
+from procmesh_orchestrator.store.store import (
     RESUMED,
     RESUMING,
     SUSPENDED,

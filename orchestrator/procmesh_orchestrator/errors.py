@@ -97,15 +97,15 @@ class TripwireAbort(OrchestratorError):
         self.retry = retry
         self.metadata = metadata
         self.hook = hook
+        self.source = source
+        """(sidecar, processor id) of the lane entry that aborted, for its metrics' labels; None:
+        a processor of the orchestrator itself."""
 
     def as_dict(self) -> dict[str, Any]:
         """The tripwire as the result and the chunk expose it."""
         return {
             "processorId": self.processor_id,
             "reason": self.reason,
-        self.source = source
-        """(sidecar, processor id) of the lane entry that aborted, for its metrics' labels; None:
-        a processor of the orchestrator itself."""
             "retry": self.retry,
             "metadata": self.metadata,
         }

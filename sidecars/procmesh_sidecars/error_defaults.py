@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from procmesh import Processor
 
@@ -220,22 +220,21 @@ def _auth_error(error: dict[str, Any]) -> bool:
     return int(error.get("status") or 0) in _AUTH_STATUSES or bool(_codes(error) & _AUTH_CODES)
 
 
+_ANY_CRITERION: list[JsonValue] = [
+    {"required": ["status"], "properties": {"status": {"minItems": 1}}},
+    {"required": ["code"], "properties": {"code": {"minItems": 1}}},
+    {"required": ["error_id"], "properties": {"error_id": {"minItems": 1}}},
+    {"required": ["message"], "properties": {"message": {"type": "string"}}},
+]
+"""A matcher's published schema asks for one criterion, so the orchestrator refuses an empty one."""
+
+
 class RetryMatcher(BaseModel):
     """One of your own instance's matchers: the seeds' ``matchers`` entries as data (a function
     cannot cross to a sidecar). An error matches when every criterion given holds; the first
     matching matcher's policy decides."""
 
-    # The published schema says it too, so the orchestrator refuses an empty matcher at start-up.
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "anyOf": [
-                {"required": [key], "properties": {key: {"minItems": 1}}}
-                for key in ("status", "code", "error_id")
-            ]
-            + [{"required": ["message"], "properties": {"message": {"type": "string"}}}]
-        },
-    )
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": _ANY_CRITERION})
 
     status: list[int] = []
     """HTTP statuses that match (``[400]``: the reference's bad-request matcher)."""

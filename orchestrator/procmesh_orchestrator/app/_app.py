@@ -27,8 +27,6 @@ from procmesh_orchestrator.config.schema import DEFAULT_PROVIDERS
 from procmesh_orchestrator.durable import DurableRuns, DurableSettings, config_version
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.events import EventLog, open_event_log
-from procmesh_orchestrator.store.store import MemoryStore
-from procmesh_orchestrator.store.stores import open_store
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
 from procmesh_orchestrator.processors.binding import LaneBinder
@@ -41,6 +39,8 @@ from procmesh_orchestrator.sidecar_process import (
     sidecar_environment,
     supervise,
 )
+from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store.stores import open_store
 from procmesh_orchestrator.tools import ToolCatalog
 
 log = logging.getLogger(__name__)

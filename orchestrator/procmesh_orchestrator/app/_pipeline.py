@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
 from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
-from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.binding import LaneBinder
@@ -33,6 +32,7 @@ from procmesh_orchestrator.run.framework.cost import CostControl
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import RunInfo
 from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.tools import ToolCatalog
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,11 @@ from procmesh_orchestrator.errors import (
     OrchestratorError,
 )
 from procmesh_orchestrator.events import EventLog
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run import AgentSpec, CallOptions, RunResult, snapshot
+from procmesh_orchestrator.run.base import ChunkSink, RunCore
+from procmesh_orchestrator.run.hooks import Chunk
+from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.store._redact import client_message
 from procmesh_orchestrator.store.store import (
     CANCELLED,
@@ -38,11 +43,6 @@ from procmesh_orchestrator.store.store import (
     MemoryStore,
     RunFence,
 )
-from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.run import AgentSpec, CallOptions, RunResult, snapshot
-from procmesh_orchestrator.run.base import ChunkSink, RunCore
-from procmesh_orchestrator.run.hooks import Chunk
-from procmesh_orchestrator.run.loop import Run
 
 log = logging.getLogger("procmesh_orchestrator.durable")
 

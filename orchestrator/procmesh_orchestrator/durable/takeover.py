@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from procmesh_orchestrator.durable.publisher import without_start
 from procmesh_orchestrator.errors import EventLogError, MemoryStoreError, SuspendError
 from procmesh_orchestrator.events import EventLog
-from procmesh_orchestrator.store.store import FAILED, DurableRun, MemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
 from procmesh_orchestrator.run.base import ChunkSink
 from procmesh_orchestrator.run.loop import Run
+from procmesh_orchestrator.store.store import FAILED, DurableRun, MemoryStore
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.durable.runs import DurableSettings

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.store._common import label
 from procmesh_orchestrator.processors.binding import LaneBinder
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle, hook_names
+from procmesh_orchestrator.store._common import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.hooks import LaneEntry

@@ -20,7 +20,6 @@ from procmesh_orchestrator.errors import (
     SuspendError,
     TripwireAbort,
 )
-from procmesh_orchestrator.store._redact import client_message
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run import optimistic, retries, snapshot, steps, structured
@@ -30,6 +29,7 @@ from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
 from procmesh_orchestrator.run.stop import should_stop
 from procmesh_orchestrator.run.tool_calls import Decision, PendingTools, run_tools
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
+from procmesh_orchestrator.store._redact import client_message
 
 RUN_DEADLINE_GRACE = 0.05
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from typing import Any
 from pydantic import SecretStr
 
 from procmesh_orchestrator.errors import ServiceStartError
-from procmesh_orchestrator.store._common import MAX_ID_CHARS
 from procmesh_orchestrator.service._errors import AuthenticationError, ForbiddenError
+from procmesh_orchestrator.store._common import MAX_ID_CHARS
 
 OPERATOR = "operator"
 """The role that acts on every resource's runs, approvals, durable output and threads."""

@@ -33,7 +33,6 @@ from procmesh_orchestrator.config.schema import (
     WorkflowRef,
 )
 from procmesh_orchestrator.errors import ProcessorFailedError, TripwireAbort
-from procmesh_orchestrator.store._common import label
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.tools import Tool, ToolCall, invalid_args
@@ -53,6 +52,7 @@ from procmesh_orchestrator.service._processors_api import (
     workflow_processor_json,
 )
 from procmesh_orchestrator.service.api.results import dumps
+from procmesh_orchestrator.store._common import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import AgentConfig, Config

@@ -30,6 +30,16 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     SuspendError,
 )
+from procmesh_orchestrator.service._auth import Caller
+from procmesh_orchestrator.service._errors import (
+    BadRequestError,
+    DurableRunGoneError,
+    DurableUnavailableError,
+    ServiceError,
+)
+from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
+from procmesh_orchestrator.service.api.calls import AgentCall
+from procmesh_orchestrator.service.api.results import Chunk, dumps, wire_chunk
 from procmesh_orchestrator.store._common import MAX_ID_CHARS, MAX_PAGE
 from procmesh_orchestrator.store.store import (
     CANCELLED,
@@ -42,16 +52,6 @@ from procmesh_orchestrator.store.store import (
     DurableRun,
     MemoryStore,
 )
-from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._errors import (
-    BadRequestError,
-    DurableRunGoneError,
-    DurableUnavailableError,
-    ServiceError,
-)
-from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
-from procmesh_orchestrator.service.api.calls import AgentCall
-from procmesh_orchestrator.service.api.results import Chunk, dumps, wire_chunk
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.app import App

@@ -22,7 +22,6 @@ from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
-from procmesh_orchestrator.store.store import DurableRun
 from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.service import _durable, _model_gateway
 from procmesh_orchestrator.service._auth import Caller, grpc_caller
@@ -34,6 +33,7 @@ from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
 from procmesh_orchestrator.service.api.results import all_calls, all_results
 from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner
 from procmesh_orchestrator.service.grpc.requests import parse_proto
+from procmesh_orchestrator.store.store import DurableRun
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service

@@ -19,7 +19,6 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
-from procmesh_orchestrator.store._common import MAX_PAGE
 from procmesh_orchestrator.run import Agent, RunStream
 from procmesh_orchestrator.service import _durable
 from procmesh_orchestrator.service._auth import Caller, caller_of
@@ -48,6 +47,7 @@ from procmesh_orchestrator.service.api.runs import (
     store_errors,
     suspended_run_json,
 )
+from procmesh_orchestrator.store._common import MAX_PAGE
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service

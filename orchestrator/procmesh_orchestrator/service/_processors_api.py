@@ -22,7 +22,6 @@ from procmesh_orchestrator.config.schema import (
     WorkflowRef,
 )
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError, TripwireAbort
-from procmesh_orchestrator.store._common import label
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.call_lanes import Hosted
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
@@ -46,6 +45,7 @@ from procmesh_orchestrator.service._errors import (
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
+from procmesh_orchestrator.store._common import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import Config

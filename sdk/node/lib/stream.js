@@ -26,10 +26,10 @@ class Stage {
     this.dataParts = Boolean(hosted.processor.processDataParts);
     /** Why its hook failed (a fused stream's further processor then passes parts through). */
     this.error = '';
-  }
-
     /** Its hook aborted (the session's call is counted as its abort). */
     this.aborted = false;
+  }
+
   /** Whether a chunk of this type goes to its hook. */
   takes(kind) {
     return !this.error && (this.dataParts || !kind.startsWith('data-'));
@@ -83,8 +83,6 @@ class Session {
     };
   }
 
-  /** One batch's parts through the processors: [results, whether one aborted]. */
-  async batch(items, quiet = false) {
   /** Count the session as one call of each of its processors: `outcome`, or abort for one whose
    * hook aborted, or the hook's error for one whose hook failed (a fused stream went on). */
   count(outcome) {
@@ -98,6 +96,8 @@ class Session {
     }
   }
 
+  /** One batch's parts through the processors: [results, whether one aborted]. */
+  async batch(items, quiet = false) {
     for (const item of items) {
       if (!item.part || !item.part.type) throw new InvalidInputError(`malformed ${this.hook} request: stream part ${item.seq || 0} has no chunk type`);
     }
@@ -176,9 +176,9 @@ function outputStream(servicer, hook, call, decodeRequest) {
     finished = true;
     span.outcome('failure');
     span.end(err);
+    if (session) session.count(outcomeOf(err, null));
     call.emit('error', toStatus(err));
   };
-    if (session) session.count(outcomeOf(err, null));
   const finish = () => {
     if (finished) return;
     const end = session ? session.end() : { state: convert.toStruct(undefined) };
@@ -186,9 +186,9 @@ function outputStream(servicer, hook, call, decodeRequest) {
     call.write({ end });
     endSent = true;
     span.end();
+    if (session) session.count('ok');
     // After an abort the call stays open until the client half-closes or cancels: ending it
     // first can fail a write the client has in flight, and grpc clients then report that
-    if (session) session.count('ok');
     // failure instead of the abort they have not read yet.
     if (halfClosed) call.end();
   };
@@ -223,9 +223,9 @@ function outputStream(servicer, hook, call, decodeRequest) {
     chain = chain.then(() => (endSent ? call.end() : finish())).catch(fail);
   });
   call.on('cancelled', () => {
+    if (!finished && session) session.count('cancelled');
     finished = true;
     span.end();
-    if (!finished && session) session.count('cancelled');
     controller.abort(new Error('the call was cancelled'));
   });
   call.on('error', () => {}); // the status is sent by grpc-js; nothing else to do

@@ -18,7 +18,6 @@ import pytest_asyncio
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import ANONYMOUS, Caller
@@ -28,6 +27,7 @@ from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.calls import parse_body
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.store.store import MemoryStore
 from tests.integration.memory.conftest import Backend
 from tests.integration.service.support import stream_chunks
 

@@ -22,11 +22,11 @@ from pydantic import SecretStr
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import split_binding
 from procmesh_orchestrator.settings import OrchestratorSettings
+from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from tests.integration.memory.conftest import Backend, backend, postgres_dsn  # noqa: F401
 from tests.integration.memory.pg import PostgresServer
 from tests.integration.service.support import demo_answer

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.errors import ProcessorFailedError, RequestContextError
-from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import CallOptions, context, snapshot
 from procmesh_orchestrator.run.hooks import HookArgs, InputArgs, InputResult, InputStepResult, Reply, RunInfo
 from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.run.tools import ClientTool, StaticTool, ToolCall, ToolOutcome
+from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from tests.unit.orchestrator.run import test_run_control as run_control
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, agent, reply
 

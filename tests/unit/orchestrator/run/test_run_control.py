@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.errors import ResumeConflictError, SuspendedRunNotFoundError
-from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.stop import HasToolCall, StepCountIs
 from procmesh_orchestrator.run.tool_calls import DECLINED
 from procmesh_orchestrator.run.tools import ClientTool, StaticTool, ToolCall, ToolOutcome
+from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, agent, reply
 
 

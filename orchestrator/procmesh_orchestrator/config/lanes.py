@@ -6,6 +6,7 @@ conditional steps), and lanes chosen from the request context.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,74 @@ from procmesh_orchestrator.config.tools import FailurePolicy
 class _Model(BaseModel):
     # each config module states its base itself, so linters see pydantic models (tools.py, schema.py)
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+OPERATORS = ("equals", "in", "present", "matches")
+"""What a condition on a request-context key may test (one per condition)."""
+
+
+def _condition(value: Any, where: str) -> dict[str, Any]:
+    """One ``{key: K, OPERATOR: V}``, checked (ValueError naming the problem)."""
+    unknown = sorted(set(value) - {"key", *OPERATORS})
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown condition key(s) {', '.join(map(repr, unknown))} (a condition is "
+            f"{{key: NAME, OP: VALUE}} with OP one of {', '.join(OPERATORS)})"
+        )
+    key = value.get("key")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{where}.key: the request-context key, a non-empty string")
+    ops = [op for op in OPERATORS if op in value]
+    if len(ops) != 1:
+        raise ValueError(f"{where}: give exactly one of {', '.join(OPERATORS)} (got {ops or 'none'})")
+    op, arg = ops[0], value[ops[0]]
+    if op == "in" and not isinstance(arg, list):
+        raise ValueError(f"{where}.in: a list of the values that pass")
+    if op == "present" and not isinstance(arg, bool):
+        raise ValueError(f"{where}.present: true (the key is there) or false (it is not)")
+    if op == "matches":
+        if not isinstance(arg, str):
+            raise ValueError(f"{where}.matches: a regular expression (a string)")
+        try:
+            re.compile(arg)
+        except re.error as exc:
+            raise ValueError(f"{where}.matches: not a regular expression: {exc}") from None
+    return dict(value)
+
+
+def check_when(value: Any) -> Any:
+    """A ``when``: a condition ``{key, equals|in|present|matches}``, a list of them (all hold), or
+    a map of keys to the values they must equal (``{tier: gold}``); ValueError naming the problem."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or "key" not in item:
+                raise ValueError(f"when.{i}: a condition {{key: NAME, OP: VALUE}}")
+            _condition(item, f"when.{i}")
+        return value
+    if not isinstance(value, dict):
+        raise ValueError("when: a condition {key: NAME, OP: VALUE}, a list of them, or {KEY: VALUE}")
+    if "key" in value:
+        _condition(value, "when")
+    return value
+
+
+def when_holds(when: Any, request_context: Mapping[str, Any]) -> bool:
+    """Whether a checked `when` (`check_when`) holds for this request context."""
+    if isinstance(when, list):
+        return all(when_holds(c, request_context) for c in when)
+    if "key" not in when:
+        return all(request_context.get(k) == v for k, v in when.items())
+    key = when["key"]
+    if "present" in when:
+        return bool((key in request_context) == when["present"])
+    if key not in request_context:
+        return False
+    value = request_context[key]
+    if "equals" in when:
+        return bool(value == when["equals"])
+    if "in" in when:
+        return value in when["in"]
+    return isinstance(value, str) and re.fullmatch(when["matches"], value) is not None
 
 
 class ProcessorRef(_Model):
@@ -39,6 +108,14 @@ class ProcessorRef(_Model):
     speculative: bool | None = None
     """``false`` turns speculation off for this entry (the default follows the processor's
     Describe); ``true`` for a processor that does not declare it is a start-up error."""
+    when: Any = None
+    """Run this entry only when the condition holds for the run's request context (`check_when`;
+    on an input or output lane's entry and a workflow's plain step)."""
+
+    @field_validator("when")
+    @classmethod
+    def _when(cls, value: Any) -> Any:
+        return None if value is None else check_when(value)
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -77,6 +154,8 @@ class WorkflowRef(_Model):
 
 def _entry_kind(value: Any) -> str:
     if isinstance(value, dict):
+        if "processor" in value:
+            return "<processor>"
         for key in ("workflow", "parallel", "when"):
             if key in value:
                 return f"<{key}>"
@@ -135,11 +214,16 @@ class ParallelStep(_Model):
 
 
 class ConditionalStep(_Model):
-    """Runs `then` when every `when` key equals the request context's value, else `otherwise`."""
+    """Runs `then` when `when` holds for the request context (`check_when`), else `otherwise`."""
 
-    when: dict[str, Any]
+    when: dict[str, Any] | list[dict[str, Any]]
     then: list[ProcessorRef]
     otherwise: list[ProcessorRef] = []
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _when(cls, value: Any) -> Any:
+        return check_when(value)
 
     @field_validator("then", "otherwise", mode="before")
     @classmethod

@@ -117,6 +117,11 @@ class LaneBinder:
             if isinstance(raw, ProcessorRef)
             else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
         )
+        if ref.when is not None:
+            raise ConfigError(
+                f"{where}.when: a condition goes on an input or output lane's entry or a workflow's "
+                "plain step (not in the error lane, a parallel branch or a conditional's branch)"
+            )
         sidecar = self.sidecars.sidecars.get(ref.sidecar)
         hosted = self.sidecars.processors.get(ref.sidecar)
         if sidecar is None or hosted is None:
@@ -180,7 +185,7 @@ class LaneBinder:
                     else (ProcessorRef(processor=raw))
                 )
             if isinstance(entry, ProcessorRef):
-                items.append(self.bind(entry, f"{where}.{i}"))
+                items.append(self._entry(entry, f"{where}.{i}"))
                 continue
             assert isinstance(entry, WorkflowRef)
             workflow = self.workflows.get(entry.workflow)
@@ -208,5 +213,12 @@ class LaneBinder:
                         )
                     )
                 else:
-                    items.append(self.bind(step, at))
+                    items.append(self._entry(step, at))
         return items
+
+    def _entry(self, ref: ProcessorRef, where: str) -> LaneItem:
+        """A lane entry or a workflow's plain step bound; with a `when`, run only when it holds."""
+        if ref.when is None:
+            return self.bind(ref, where)
+        handle = self.bind(ref.model_copy(update={"when": None}), where)
+        return Conditional(when=ref.when, then=(handle,))

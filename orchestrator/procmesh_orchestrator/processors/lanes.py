@@ -10,6 +10,7 @@ from google.protobuf import struct_pb2
 
 from procmesh import ProcessorClient, convert
 from procmesh.hooks import BY_ENUM
+from procmesh_orchestrator.config.lanes import when_holds
 from procmesh_orchestrator.processors import options as entry_options
 from procmesh_orchestrator.processors.options import ContextOption, Problem
 
@@ -112,15 +113,16 @@ class ParallelGroup:
 
 @dataclass(frozen=True)
 class Conditional:
-    """A workflow's conditional step: `then` when every `when` key equals the request context's value."""
+    """A workflow's conditional step, or a lane entry with a `when`: `then` when `when` holds for
+    the request context (`config.lanes.when_holds`), else `otherwise`."""
 
-    when: dict[str, Any]
+    when: dict[str, Any] | list[dict[str, Any]]
     then: tuple[ProcessorHandle, ...]
     otherwise: tuple[ProcessorHandle, ...] = ()
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[ProcessorHandle, ...]:
         """The branch this run takes (decided once per run)."""
-        ok = all(request_context.get(k) == v for k, v in self.when.items())
+        ok = when_holds(self.when, request_context)
         return tuple(p for h in (self.then if ok else self.otherwise) for p in h.expand(request_context))
 
 

@@ -11,8 +11,8 @@ import grpc
 
 from bench.echo_server import METHOD
 from bench.harness import ROUNDS, figure, pct, rounds
-from procmesh_orchestrator import App, GrpcHookCaller, RunInfo
-from procmesh_orchestrator.processors import wire
+from procmesh_orchestrator import App, RunInfo
+from procmesh_orchestrator.processors import GrpcHookCaller, wire
 from procmesh_orchestrator.run.hooks import InputStepArgs
 
 

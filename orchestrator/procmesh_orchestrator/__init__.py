@@ -2,28 +2,46 @@
 
 The in-process entry point is `App`: build it from a `Config` (`load_config("config.yaml")`),
 enter it (it starts and connects to the sidecars), then `app.agent(id).generate(...)` or
-`.stream(...)`. The building blocks below it (`Agent`, `AgentSpec`, `GrpcHookCaller`, the model
-protocol) are public for embedders and benchmarks; the service (`procmesh-orchestrator`) and the
-CLI (`procmesh`) are separate entry points. Errors all derive from `errors.OrchestratorError`.
+`.stream(...)` with `CallOptions` (`ClientTool`, `StructuredOutput`, `StepCountIs` and
+`HasToolCall` are what its fields take). The building blocks below it (`Agent`, `AgentSpec`,
+`ProcessorHandle`, the model protocol) are public for embedders and benchmarks; the service
+(`procmesh-orchestrator`) and the CLI (`procmesh`) are separate entry points. Errors all derive
+from `errors.OrchestratorError`.
+
+The names load on first use (PEP 562), so importing a room of the package
+(``import procmesh_orchestrator.run``) does not bring in the app, the wire or the service.
+`_EXPORTS` says where each name lives; the `TYPE_CHECKING` block repeats it for type checkers
+(tests/unit/orchestrator/test_exports.py keeps the two equal).
 """
 
-from procmesh_orchestrator import errors
-from procmesh_orchestrator.app import App
-from procmesh_orchestrator.config import Config, load_config, parse_config
-from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.processors import GrpcHookCaller, ProcessorHandle, hook_names
-from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
-from procmesh_orchestrator.run.models import ModelProvider, ModelRequest, ScriptedModel
-from procmesh_orchestrator.settings import OrchestratorSettings
-from procmesh_orchestrator.sidecar_process import SidecarProcess
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator import errors
+    from procmesh_orchestrator.app import App
+    from procmesh_orchestrator.config import Config, load_config, parse_config
+    from procmesh_orchestrator.metrics import OrchestratorMetrics
+    from procmesh_orchestrator.processors import ProcessorHandle
+    from procmesh_orchestrator.providers.builtin import ScriptedModel
+    from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
+    from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
+    from procmesh_orchestrator.run.stop import HasToolCall, StepCountIs, StopCondition
+    from procmesh_orchestrator.run.tools import ClientTool
+    from procmesh_orchestrator.run.types import StructuredOutput
+    from procmesh_orchestrator.settings import OrchestratorSettings
+    from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 __all__ = [
     "Agent",
     "AgentSpec",
     "App",
     "CallOptions",
+    "ClientTool",
     "Config",
-    "GrpcHookCaller",
+    "HasToolCall",
     "Lanes",
     "ModelProvider",
     "ModelRequest",
@@ -35,8 +53,55 @@ __all__ = [
     "RunStream",
     "ScriptedModel",
     "SidecarProcess",
+    "StepCountIs",
+    "StopCondition",
+    "StructuredOutput",
     "errors",
-    "hook_names",
     "load_config",
     "parse_config",
 ]
+
+_EXPORTS = {
+    "Agent": "procmesh_orchestrator.run",
+    "AgentSpec": "procmesh_orchestrator.run",
+    "App": "procmesh_orchestrator.app",
+    "CallOptions": "procmesh_orchestrator.run",
+    "ClientTool": "procmesh_orchestrator.run.tools",
+    "Config": "procmesh_orchestrator.config",
+    "HasToolCall": "procmesh_orchestrator.run.stop",
+    "Lanes": "procmesh_orchestrator.run",
+    "ModelProvider": "procmesh_orchestrator.run.models",
+    "ModelRequest": "procmesh_orchestrator.run.models",
+    "OrchestratorMetrics": "procmesh_orchestrator.metrics",
+    "OrchestratorSettings": "procmesh_orchestrator.settings",
+    "ProcessorHandle": "procmesh_orchestrator.processors",
+    "RunInfo": "procmesh_orchestrator.run",
+    "RunResult": "procmesh_orchestrator.run",
+    "RunStream": "procmesh_orchestrator.run",
+    "ScriptedModel": "procmesh_orchestrator.providers.builtin",
+    "SidecarProcess": "procmesh_orchestrator.sidecar_process",
+    "StepCountIs": "procmesh_orchestrator.run.stop",
+    "StopCondition": "procmesh_orchestrator.run.stop",
+    "StructuredOutput": "procmesh_orchestrator.run.types",
+    "errors": "procmesh_orchestrator",
+    "load_config": "procmesh_orchestrator.config",
+    "parse_config": "procmesh_orchestrator.config",
+}
+"""Where each public name lives (``procmesh_orchestrator``: the name is a submodule)."""
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for (then kept)."""
+    where = _EXPORTS.get(name)
+    if where is None:
+        raise AttributeError(f"module 'procmesh_orchestrator' has no attribute {name!r}")
+    if where == __name__:
+        value: Any = importlib.import_module(f"{__name__}.{name}")
+    else:
+        value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

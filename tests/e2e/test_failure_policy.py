@@ -23,8 +23,8 @@ import pytest_asyncio
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
 from procmesh_orchestrator.errors import ProcessorFailedError
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions, RunResult
-from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.fixtures.faulty import LIAR_BAD_CHUNK_TYPE
 

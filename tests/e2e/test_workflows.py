@@ -11,8 +11,8 @@ import pytest_asyncio
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions
-from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

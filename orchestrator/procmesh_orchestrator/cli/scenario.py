@@ -29,11 +29,11 @@ from procmesh_orchestrator.cli.scenario_keys import LANES as _LANES
 from procmesh_orchestrator.cli.scenario_keys import lane_specs
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError, ScenarioError
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
-from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.store.store import MemoryStore
 
 _KEPT_SIGNAL_KEYS = ("type", "tagName", "contents", "attributes", "transient")
 

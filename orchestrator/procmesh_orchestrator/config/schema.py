@@ -33,6 +33,7 @@ from procmesh_orchestrator.config.request_context import SchemaOfContext
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
+from procmesh_orchestrator.run import stop
 from procmesh_orchestrator.store._common import MAX_COST_WINDOW_SECONDS
 
 BUILTINS = "builtins"
@@ -222,7 +223,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class CostControlConfig(_Model):
     """An agent's spending limit (the reference's ``TokenCostControl``), checked before each model
-    call and updated after it, in the store every replica shares (`cost` package)."""
+    call and updated after it, in the store every replica shares (`run.framework.cost`)."""
 
     max_cost: float = Field(gt=0)
     """The limit, in the currency of `prices`: a call is refused once the scope spent this much."""
@@ -382,9 +383,6 @@ class AgentConfig(_Model):
     @field_validator("stop_when")
     @classmethod
     def _stop_when(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # imported here: the run package imports the config (models), not the other way round
-        from procmesh_orchestrator.run import stop
-
         stop.parse(value)  # a clear error for what is not a condition
         return value
 

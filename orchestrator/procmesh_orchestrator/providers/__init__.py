@@ -16,8 +16,9 @@ from procmesh_orchestrator.config import Config, ProviderConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.providers._base import HTTPModel, ProviderConnection
 from procmesh_orchestrator.providers.anthropic import AnthropicModel
+from procmesh_orchestrator.providers.builtin import make_model
 from procmesh_orchestrator.providers.openai import OpenAIModel
-from procmesh_orchestrator.run.models import ModelProvider, make_model
+from procmesh_orchestrator.run.models import ModelProvider
 
 __all__ = ["AnthropicModel", "HTTPModel", "ModelRegistry", "OpenAIModel", "ProviderConnection"]
 

@@ -32,8 +32,8 @@ from procmesh_orchestrator.run.tools import ClientTool, Tool
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.store.store import RunFence
     from procmesh_orchestrator.run.tool_calls import Decision, PendingTools
+    from procmesh_orchestrator.store.store import RunFence
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class RunCore:
             self.input_lane = (self.memory.history, *self.input_lane)
             self.output_lane = (*self.output_lane, self.memory.history)
             self.error_lane = (*self.error_lane, self.memory.recovery)
-        # Cost control checks the model calls your input processors prepared (`cost` package).
+        # Cost control checks the model calls your input processors prepared (`run.framework.cost`).
         self.cost = agent.cost.for_call(self) if agent.cost is not None else None
         if self.cost is not None:
             self.input_lane = (*self.input_lane, self.cost)

@@ -18,8 +18,8 @@ import jsonschema
 import pydantic_core
 
 from procmesh import tracing
-from procmesh_orchestrator.cost import CostLimitError
 from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.run.framework.cost import CostLimitError
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.types import StructuredOutput
 

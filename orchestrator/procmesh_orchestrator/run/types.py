@@ -7,8 +7,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
-from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.run.stop import StopCondition
 from procmesh_orchestrator.run.tools import ClientTool, Tool
@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from procmesh_orchestrator.run.context import ContextCheck
-
-    from procmesh_orchestrator.cost import CostControl
+    from procmesh_orchestrator.run.framework.cost import CostControl
     from procmesh_orchestrator.store.store import MemoryStore
 
 ViolationCallback = Callable[[dict[str, Any]], None]

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from procmesh_orchestrator.config.request_context import key_names
 from procmesh_orchestrator.run.context import RESERVED_KEYS
+from procmesh_orchestrator.run.context import names as key_names
 from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR, ROLES, Caller, KeyListError
 from procmesh_orchestrator.service._errors import BadRequestError
 

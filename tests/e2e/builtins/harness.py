@@ -13,8 +13,9 @@ from typing import Any
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions, RunResult
-from procmesh_orchestrator.run.models import ModelRequest, ScriptedModel
+from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 
 SIDECAR = "bi"

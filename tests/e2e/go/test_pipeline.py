@@ -18,8 +18,8 @@ import pytest
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import RunResult
-from procmesh_orchestrator.run.models import ScriptedModel
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import NODE_SDK
 from tests.e2e.go.conftest import go_sidecar

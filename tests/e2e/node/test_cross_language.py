@@ -17,8 +17,8 @@ import pytest
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
 from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions, RunResult
-from procmesh_orchestrator.run.models import ScriptedModel
 from tests.e2e.node.conftest import Sidecars
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

@@ -9,8 +9,8 @@ from procmesh import ProcessorClient, convert
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config, parse_config
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions, RunResult, RunStream
-from procmesh_orchestrator.run.models import ScriptedModel
 
 Chunk = dict[str, Any]
 

@@ -16,7 +16,8 @@ import pytest_asyncio
 
 from procmesh import Processor, ProcessorServer, tracing
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.run.models import ModelRequest, ScriptedModel
+from procmesh_orchestrator.providers.builtin import ScriptedModel
+from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 from tests.integration.service.support import stream_chunks

@@ -19,7 +19,7 @@ from procmesh import Processor, ProcessorServer
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as apb_grpc
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.run.models import ScriptedModel
+from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 

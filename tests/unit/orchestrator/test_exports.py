@@ -5,15 +5,16 @@ from __future__ import annotations
 import inspect
 
 import procmesh_orchestrator
-from tests.unit.sdk.test_exports import isort_key
+from tests.unit.sdk.test_exports import isort_key, lazy_face_problems
 
 EXPECTED_ALL = [
     "Agent",
     "AgentSpec",
     "App",
     "CallOptions",
+    "ClientTool",
     "Config",
-    "GrpcHookCaller",
+    "HasToolCall",
     "Lanes",
     "ModelProvider",
     "ModelRequest",
@@ -25,8 +26,10 @@ EXPECTED_ALL = [
     "RunStream",
     "ScriptedModel",
     "SidecarProcess",
+    "StepCountIs",
+    "StopCondition",
+    "StructuredOutput",
     "errors",
-    "hook_names",
     "load_config",
     "parse_config",
 ]
@@ -35,6 +38,16 @@ EXPECTED_ALL = [
 def test_all_is_pinned_and_sorted() -> None:
     assert procmesh_orchestrator.__all__ == EXPECTED_ALL
     assert sorted(EXPECTED_ALL, key=isort_key) == EXPECTED_ALL
+
+
+def test_the_face_hides_the_wire() -> None:
+    # the gRPC caller and the hook table are the processors room's; the face is what users build
+    for name in ("GrpcHookCaller", "hook_names"):
+        assert not hasattr(procmesh_orchestrator, name)
+
+
+def test_the_lazy_face_and_its_type_checking_imports_agree() -> None:
+    assert lazy_face_problems(procmesh_orchestrator) == []
 
 
 def test_every_export_exists_and_has_a_docstring() -> None:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.config.schema import PriceConfig
-from procmesh_orchestrator.cost import cost_nanos
+from procmesh_orchestrator.run.framework.cost import cost_nanos
 from procmesh_orchestrator.run.structured import structuring_input
 
 

@@ -9,7 +9,8 @@ import pytest
 from procmesh_orchestrator.config import Config, parse_config
 from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.providers import AnthropicModel, ModelRegistry, OpenAIModel
-from procmesh_orchestrator.run.models import DemoModel, ModelRequest
+from procmesh_orchestrator.providers.builtin import DemoModel
+from procmesh_orchestrator.run.models import ModelRequest
 
 
 def config(agent_model: str, **extra: Any) -> Config:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -75,6 +77,50 @@ def test_isort_key_orders_by_case_group() -> None:
 @pytest.mark.parametrize("name", EXPECTED_ALL)
 def test_every_export_exists(name: str) -> None:
     assert hasattr(procmesh, name)
+
+
+def lazy_face_problems(face: ModuleType) -> list[str]:
+    """A lazy face (PEP 562) says twice where each name lives: `_EXPORTS` for the interpreter, the
+    `TYPE_CHECKING` imports for type checkers. What differs between them and `__all__`."""
+    assert face.__file__ is not None
+    tree = ast.parse(Path(face.__file__).read_text(encoding="utf-8"))
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), ast.unparse(imp)
+                assert imp.module, ast.unparse(imp)
+                typed.update({alias.name: imp.module for alias in imp.names})
+    exports: dict[str, str] = face._EXPORTS
+    problems = [
+        f"{n}: TYPE_CHECKING says {typed.get(n)}, _EXPORTS {exports.get(n)}"
+        for n in sorted({*typed, *exports})
+        if typed.get(n) != exports.get(n)
+    ]
+    if sorted(exports) != sorted(face.__all__):
+        problems.append(f"_EXPORTS and __all__ differ: {sorted(set(exports) ^ set(face.__all__))}")
+    return problems
+
+
+def test_the_lazy_face_and_its_type_checking_imports_agree() -> None:
+    assert lazy_face_problems(procmesh) == []
+
+
+def test_the_lazy_face_check_sees_a_difference(tmp_path: Path) -> None:
+    face = tmp_path / "face.py"
+    face.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a import X, Y\n"
+        "__all__ = ['X', 'Y']\n_EXPORTS = {'X': 'a', 'Y': 'b'}\n"
+    )
+    module = ModuleType("face")
+    module.__file__ = str(face)
+    exec(compile(face.read_text(), str(face), "exec"), module.__dict__)
+    assert lazy_face_problems(module) == ["Y: TYPE_CHECKING says a, _EXPORTS b"]
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'GrpcThing'"):
+        procmesh.GrpcThing  # noqa: B018
 
 
 def _documentable(module: ModuleType) -> list[tuple[str, object]]:

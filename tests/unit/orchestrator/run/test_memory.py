@@ -13,6 +13,7 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
 )
 from procmesh_orchestrator.run import CallOptions
+from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import (
     APIErrorResult,
     InputResult,
@@ -21,7 +22,6 @@ from procmesh_orchestrator.run.hooks import (
     MessagesResult,
     ToolResultResult,
 )
-from procmesh_orchestrator.run.memory import AgentMemory
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.tools import StaticTool

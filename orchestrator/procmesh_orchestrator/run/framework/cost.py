@@ -1,4 +1,17 @@
-"""`CostControl` (an agent's limit) and `RunCost` (its framework processor in one run)."""
+"""Cost control: an agent's spending limit per scope and window (the reference's TokenCostControl).
+
+`CostControl` is an agent's limit; `RunCost` its framework processor in one run. A limit
+(`costControl` in an agent's config, read here through `CostLimit` and `Price`) is checked before
+each model call and updated after it, in the store every replica shares
+(`MemoryStore.reserve_cost`): the call reserves its estimated cost atomically against the scope's
+limit, so replicas admitting calls of one resource at the same moment never both see room for the
+last one; when the call ends, its actual cost (the provider's usage, priced from the config's
+``prices``) replaces the estimate, and a call that did not happen (an API error, a cached
+response) releases it. Judge calls a processor makes through the model gateway for a run count
+against the same limit. A durable run's reservations carry its fence (`RunFence`): once another
+replica took the run over, the store refuses them and the stale replica stops the run before its
+model call.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +22,13 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from procmesh_orchestrator.config.schema import CostControlConfig, PriceConfig
 from procmesh_orchestrator.errors import FencedWriteError, MemoryStoreError, OrchestratorError, TripwireAbort
-from procmesh_orchestrator.store.store import MemoryStore, RunFence
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs
+from procmesh_orchestrator.store.store import MemoryStore, RunFence
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
@@ -33,6 +45,45 @@ _CHARS_PER_TOKEN = 4
 """How a prompt's size becomes an input-token estimate before the provider counts it."""
 
 
+class Price(Protocol):
+    """What a model costs, per million tokens (the config's `PriceConfig` is one)."""
+
+    @property
+    def input(self) -> float: ...
+
+    @property
+    def output(self) -> float: ...
+
+
+class CostLimit(Protocol):
+    """An agent's limit as the run reads it (the config's `CostControlConfig` is one)."""
+
+    @property
+    def max_cost(self) -> float: ...
+
+    @property
+    def scope(self) -> str:
+        """``resource``, ``thread``, ``agent`` or ``global``."""
+        ...
+
+    @property
+    def strategy(self) -> str:
+        """``block`` or ``warn``."""
+        ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def warn_at_percent(self) -> float | None: ...
+
+    @property
+    def reserve_output_tokens(self) -> int: ...
+
+    @property
+    def window_seconds(self) -> int: ...
+
+
 class CostLimitError(OrchestratorError):
     """A model call refused because its scope spent its limit (a gateway judge call: RESOURCE_EXHAUSTED)."""
 
@@ -41,7 +92,7 @@ class CostLimitError(OrchestratorError):
         self.metadata = metadata
 
 
-def cost_nanos(price: PriceConfig, input_tokens: int, output_tokens: int) -> int:
+def cost_nanos(price: Price, input_tokens: int, output_tokens: int) -> int:
     """What the tokens cost at `price` (per million tokens), in nano-units."""
     # price per million tokens * 1e9 nanos / 1e6 tokens = price * 1000 nanos per token
     return round((input_tokens * price.input + output_tokens * price.output) * 1000)
@@ -70,8 +121,8 @@ class CostControl:
     def __init__(
         self,
         agent_id: str,
-        config: CostControlConfig,
-        prices: Mapping[str, PriceConfig],
+        config: CostLimit,
+        prices: Mapping[str, Price],
         store: Callable[[], Awaitable[MemoryStore]],
         metrics: OrchestratorMetrics,
     ) -> None:
@@ -116,7 +167,7 @@ class CostControl:
         resource = resource_id or ""
         return f"thread:{len(resource)}:{resource}/{thread_id}" if thread_id else None
 
-    def price(self, model_id: str) -> PriceConfig | None:
+    def price(self, model_id: str) -> Price | None:
         """The model's price; an unpriced model (a judge or a processor's override) is logged once."""
         price = self.prices.get(model_id)
         if price is None and model_id not in self._unpriced:

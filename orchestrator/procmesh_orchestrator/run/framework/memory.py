@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from procmesh_orchestrator.errors import FencedWriteError, InvalidMemoryInputError, MemoryStoreError
-from procmesh_orchestrator.store._redact import client_message
-from procmesh_orchestrator.store.store import MemoryStore
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import (
@@ -37,6 +35,8 @@ from procmesh_orchestrator.run.hooks import (
     InputArgs,
     OutputResultArgs,
 )
+from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store.store import MemoryStore
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore

@@ -14,11 +14,11 @@ from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.context import ContextSchema
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
-from procmesh_orchestrator.run.tool_calls import Decision
+from procmesh_orchestrator.run.tool_calls import ApprovalDecision
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.store.store import MemoryStore
+    from procmesh_orchestrator.store import MemoryStore
 
 _STREAM_END = object()
 
@@ -154,7 +154,7 @@ class Agent:
         given `resource_id`, the run is another resource's: answered as a missing one).
         """
         resumed = await self._resume(
-            run_id, tool_call_id, Decision(True), options, streaming=False, resource_id=resource_id
+            run_id, tool_call_id, ApprovalDecision(True), options, streaming=False, resource_id=resource_id
         )
         return await resumed.result()
 
@@ -169,7 +169,12 @@ class Agent:
     ) -> RunResult:
         """Resume a run suspended for this call's approval: the model is told it was declined."""
         resumed = await self._resume(
-            run_id, tool_call_id, Decision(False, reason), options, streaming=False, resource_id=resource_id
+            run_id,
+            tool_call_id,
+            ApprovalDecision(False, reason),
+            options,
+            streaming=False,
+            resource_id=resource_id,
         )
         return await resumed.result()
 
@@ -185,14 +190,19 @@ class Agent:
     ) -> RunStream:
         """`approve_tool_call` / `decline_tool_call`, streamed."""
         return await self._resume(
-            run_id, tool_call_id, Decision(approved, reason), options, streaming=True, resource_id=resource_id
+            run_id,
+            tool_call_id,
+            ApprovalDecision(approved, reason),
+            options,
+            streaming=True,
+            resource_id=resource_id,
         )
 
     async def _resume(
         self,
         run_id: str,
         tool_call_id: str,
-        decision: Decision,
+        decision: ApprovalDecision,
         options: CallOptions | None,
         *,
         streaming: bool,

@@ -27,9 +27,9 @@ from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
 from procmesh_orchestrator.run.stop import should_stop
-from procmesh_orchestrator.run.tool_calls import Decision, PendingTools, run_tools
+from procmesh_orchestrator.run.tool_calls import ApprovalDecision, PendingTools, run_tools
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
-from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store import client_message
 
 RUN_DEADLINE_GRACE = 0.05
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Run(RunCore):
         cls,
         agent: AgentSpec,
         saved: dict[str, Any],
-        decision: Decision | None,
+        decision: ApprovalDecision | None,
         options: CallOptions,
         *,
         sink: ChunkSink | None,
@@ -354,7 +354,7 @@ class Run(RunCore):
     async def _loop(
         self,
         pending: PendingTools | None = None,
-        decisions: dict[str, Decision] | None = None,
+        decisions: dict[str, ApprovalDecision] | None = None,
         *,
         start: int = 0,
     ) -> str:
@@ -435,7 +435,7 @@ class Run(RunCore):
         step_number: int,
         record: dict[str, Any],
         recorded: list[dict[str, Any]] | None = None,
-        decisions: dict[str, Decision] | None = None,
+        decisions: dict[str, ApprovalDecision] | None = None,
     ) -> str | None:
         """The step's tool work, then whether the loop ends: its finish reason, or None to go on."""
         if calls:

@@ -29,8 +29,9 @@ APPROVAL_SCHEMA = (
 
 
 @dataclass(frozen=True)
-class Decision:
-    """An approval decision for one call."""
+class ApprovalDecision:
+    """The caller's answer to one tool call awaiting approval: run it, or tell the model it was
+    declined (with `reason`, else `DECLINED`)."""
 
     approved: bool
     reason: str | None = None
@@ -52,7 +53,7 @@ async def run_tools(
     calls: list[dict[str, Any]],
     step_number: int,
     recorded: Sequence[dict[str, Any]] = (),
-    decisions: dict[str, Decision] | None = None,
+    decisions: dict[str, ApprovalDecision] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Execute tool calls; each result goes through processToolResult, then out as a chunk.
 

@@ -20,7 +20,7 @@ from procmesh_orchestrator.durable import DurableRuns, DurableSettings
 from procmesh_orchestrator.errors import EventLogError
 from procmesh_orchestrator.events import MemoryEventLog
 from procmesh_orchestrator.run import snapshot
-from procmesh_orchestrator.store.store import CANCELLED, DONE, FAILED, RUNNING, DurableRun, RunFence
+from procmesh_orchestrator.store import CANCELLED, DONE, FAILED, RUNNING, DurableRun, RunFence
 
 WORDS = "one two three four five six seven eight nine ten"
 

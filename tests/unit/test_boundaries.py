@@ -6,7 +6,9 @@
   processors' wire, the providers) nor the config (the app translates the config into the run's
   own types), and importing it loads no grpc and no protobuf (the faces load names lazily);
 - nothing at run time imports the CLI (procmesh_orchestrator.cli);
-- the orchestrator and the sidecars use only the SDK's public names (no procmesh._private module).
+- the orchestrator and the sidecars use only the SDK's public names (no procmesh._private module);
+- inside the orchestrator, a package's ``_private`` modules are its own: no module outside the
+  package imports them (what others need, the package names in its ``__init__``).
 """
 
 from __future__ import annotations
@@ -118,6 +120,53 @@ def test_runtime_code_never_imports_the_cli() -> None:
     cli = ORCHESTRATOR / "cli"
     assert violations(ORCHESTRATOR, ("procmesh_orchestrator.cli",), exempt=(cli,)) == []
     assert violations(SIDECARS, ("procmesh_orchestrator.cli",)) == []
+
+
+def private_module_imports(root: Path) -> list[str]:
+    """Imports of a package's underscore module (``pkg._mod``, ``pkg._mod.name``, ``from pkg
+    import _mod``) by a module outside that package, for every package under `root`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        importer = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for line, module in imports(path):
+            parts = module.split(".")
+            if parts[0] != root.name:
+                continue
+            for depth in range(1, len(parts)):
+                if not parts[depth].startswith("_") or parts[depth].startswith("__"):
+                    continue
+                place = root.parent.joinpath(*parts[: depth + 1])
+                if place.with_suffix(".py").is_file() or place.is_dir():  # a module, not a name
+                    owner = ".".join(parts[:depth])
+                    if not (importer + ".").startswith(owner + "."):
+                        found.append(f"{shown(path)}:{line} imports {module}")
+                break
+    return found
+
+
+def test_no_package_imports_another_packages_private_modules() -> None:
+    assert private_module_imports(ORCHESTRATOR) == []
+
+
+def test_the_private_module_walk_sees_a_violation(tmp_path: Path) -> None:
+    root = tmp_path / "procmesh_orchestrator"
+    for folder in ("store", "service"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "store" / "_common.py").write_text("_label = 1\n")
+    (root / "store" / "sqlite.py").write_text("from procmesh_orchestrator.store._common import _label\n")
+    (root / "service" / "api.py").write_text(
+        "from procmesh_orchestrator.store._common import _label\n"
+        "from procmesh_orchestrator.store import _common\n"
+        "import procmesh_orchestrator.store._common\n"
+        "from procmesh_orchestrator.store.sqlite import _label\n"  # a private name, not a module
+    )
+    assert [found.split(" imports ")[1] for found in private_module_imports(root)] == [
+        "procmesh_orchestrator.store._common",
+        "procmesh_orchestrator.store._common._label",
+        "procmesh_orchestrator.store._common",
+        "procmesh_orchestrator.store._common",
+    ]
 
 
 @pytest.mark.parametrize("folder", [ORCHESTRATOR, SIDECARS], ids=["orchestrator", "sidecars"])

@@ -39,8 +39,7 @@ from procmesh_orchestrator.sidecar_process import (
     sidecar_environment,
     supervise,
 )
-from procmesh_orchestrator.store.store import MemoryStore
-from procmesh_orchestrator.store.stores import open_store
+from procmesh_orchestrator.store import MemoryStore, open_store
 from procmesh_orchestrator.tools import ToolCatalog
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from procmesh_orchestrator.run.framework.cost import CostControl
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import RunInfo
 from procmesh_orchestrator.run.models import ModelProvider
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store import MemoryStore
 from procmesh_orchestrator.tools import ToolCatalog
 
 log = logging.getLogger(__name__)

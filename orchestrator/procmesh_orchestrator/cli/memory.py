@@ -12,7 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the store code is imported when the command runs, not for every `procmesh`
-    from procmesh_orchestrator.store.store import Message, Thread
+    from procmesh_orchestrator.store import Message, Thread
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -69,7 +69,7 @@ def _text(msg: Message) -> str:
 async def run(args: argparse.Namespace) -> int:
     """List threads or messages; exit 1 when the thread asked for does not exist."""
     from procmesh_orchestrator.config import load_config
-    from procmesh_orchestrator.store.stores import open_store
+    from procmesh_orchestrator.store import open_store
 
     store = open_store(load_config(args.config).storage)
     await store.start()

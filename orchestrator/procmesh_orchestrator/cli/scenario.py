@@ -33,7 +33,7 @@ from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions, RunResult, stop
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store import MemoryStore
 
 _KEPT_SIGNAL_KEYS = ("type", "tagName", "contents", "attributes", "transient")
 

@@ -34,7 +34,7 @@ from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
 from procmesh_orchestrator.run import stop
-from procmesh_orchestrator.store._common import MAX_COST_WINDOW_SECONDS
+from procmesh_orchestrator.store import MAX_COST_WINDOW_SECONDS
 
 BUILTINS = "builtins"
 """The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""

@@ -33,8 +33,7 @@ from procmesh_orchestrator.run import AgentSpec, CallOptions, RunResult, snapsho
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
-from procmesh_orchestrator.store._redact import client_message
-from procmesh_orchestrator.store.store import (
+from procmesh_orchestrator.store import (
     CANCELLED,
     DONE,
     FAILED,
@@ -42,6 +41,7 @@ from procmesh_orchestrator.store.store import (
     DurableRun,
     MemoryStore,
     RunFence,
+    client_message,
 )
 
 log = logging.getLogger("procmesh_orchestrator.durable")

@@ -20,7 +20,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
 from procmesh_orchestrator.run.base import ChunkSink
 from procmesh_orchestrator.run.loop import Run
-from procmesh_orchestrator.store.store import FAILED, DurableRun, MemoryStore
+from procmesh_orchestrator.store import FAILED, DurableRun, MemoryStore
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.durable.runs import DurableSettings

@@ -19,7 +19,7 @@ from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.processors.binding import LaneBinder
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle, hook_names
-from procmesh_orchestrator.store._common import label
+from procmesh_orchestrator.store import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.hooks import LaneEntry

@@ -22,7 +22,7 @@ from procmesh_orchestrator.run.context import serializable
 from procmesh_orchestrator.run.tool_calls import PendingTools
 from procmesh_orchestrator.run.tools import ClientTool, ProcessorTool
 from procmesh_orchestrator.run.types import StructuredOutput
-from procmesh_orchestrator.store.store import SuspendedRun
+from procmesh_orchestrator.store import SuspendedRun
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from procmesh_orchestrator.run.context import ContextCheck
     from procmesh_orchestrator.run.framework.cost import CostControl
-    from procmesh_orchestrator.store.store import MemoryStore
+    from procmesh_orchestrator.store import MemoryStore
 
 ViolationCallback = Callable[[dict[str, Any]], None]
 

@@ -27,7 +27,7 @@ from pydantic import SecretStr
 
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.service._errors import AuthenticationError, ForbiddenError
-from procmesh_orchestrator.store._common import MAX_ID_CHARS
+from procmesh_orchestrator.store import MAX_ID_CHARS
 
 OPERATOR = "operator"
 """The role that acts on every resource's runs, approvals, durable output and threads."""

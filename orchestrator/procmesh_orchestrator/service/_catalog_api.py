@@ -52,7 +52,7 @@ from procmesh_orchestrator.service._processors_api import (
     workflow_processor_json,
 )
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.store._common import label
+from procmesh_orchestrator.store import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import AgentConfig, Config

@@ -40,13 +40,14 @@ from procmesh_orchestrator.service._errors import (
 from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.results import Chunk, dumps, wire_chunk
-from procmesh_orchestrator.store._common import MAX_ID_CHARS, MAX_PAGE
-from procmesh_orchestrator.store.store import (
+from procmesh_orchestrator.store import (
     CANCELLED,
     DONE,
     DURABLE_STATUSES,
     FAILED,
     FINISHED,
+    MAX_ID_CHARS,
+    MAX_PAGE,
     RUNNING,
     SUSPENDED,
     DurableRun,

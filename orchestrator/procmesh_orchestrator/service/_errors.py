@@ -15,7 +15,7 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     SuspendedRunNotFoundError,
 )
-from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store import client_message
 
 log = logging.getLogger(__name__)
 

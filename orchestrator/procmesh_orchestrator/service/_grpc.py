@@ -33,7 +33,7 @@ from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
 from procmesh_orchestrator.service.api.results import all_calls, all_results
 from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner
 from procmesh_orchestrator.service.grpc.requests import parse_proto
-from procmesh_orchestrator.store.store import DurableRun
+from procmesh_orchestrator.store import DurableRun
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service

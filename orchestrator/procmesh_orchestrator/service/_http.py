@@ -47,7 +47,7 @@ from procmesh_orchestrator.service.api.runs import (
     store_errors,
     suspended_run_json,
 )
-from procmesh_orchestrator.store._common import MAX_PAGE
+from procmesh_orchestrator.store import MAX_PAGE
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service

@@ -37,9 +37,7 @@ from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.store._common import MAX_ID_CHARS, MAX_PAGE, label
-from procmesh_orchestrator.store._redact import client_message
-from procmesh_orchestrator.store.store import MemoryStore, Thread
+from procmesh_orchestrator.store import MAX_ID_CHARS, MAX_PAGE, MemoryStore, Thread, client_message, label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service._service import Service

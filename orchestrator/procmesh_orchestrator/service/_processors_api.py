@@ -45,7 +45,7 @@ from procmesh_orchestrator.service._errors import (
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.store._common import label
+from procmesh_orchestrator.store import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import Config

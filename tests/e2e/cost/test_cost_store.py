@@ -10,8 +10,7 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.errors import InvalidMemoryInputError
-from procmesh_orchestrator.store.store import MemoryStore
-from procmesh_orchestrator.store.stores import open_store
+from procmesh_orchestrator.store import MemoryStore, open_store
 from tests.e2e.memory.test_store_safety import postgres_dsn
 from tests.integration.memory.pg import fresh_dsn
 

@@ -16,8 +16,7 @@ import asyncio
 import sys
 import time
 
-from procmesh_orchestrator.store.store import Message
-from procmesh_orchestrator.store.stores import StoreConfig, open_store
+from procmesh_orchestrator.store import Message, StoreConfig, open_store
 
 
 def turn(writer: str, n: int, count: int, size: int) -> list[Message]:

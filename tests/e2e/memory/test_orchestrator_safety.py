@@ -25,7 +25,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from procmesh_orchestrator.store.stores import StoreConfig, open_store
+from procmesh_orchestrator.store import StoreConfig, open_store
 from tests.e2e.memory.test_store_safety import postgres_dsn, postgres_writing, sqlite_writing
 from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
 from tests.integration.memory.pg import fresh_dsn

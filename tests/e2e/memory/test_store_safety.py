@@ -29,7 +29,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from procmesh_orchestrator.store.stores import StoreConfig, open_store
+from procmesh_orchestrator.store import StoreConfig, open_store
 from tests.conftest import REPO
 from tests.integration.memory.pg import DSN_ENV, PostgresServer, fresh_dsn
 

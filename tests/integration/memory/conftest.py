@@ -18,10 +18,10 @@ import psycopg
 import pytest
 import pytest_asyncio
 
+from procmesh_orchestrator.store import MemoryStore
 from procmesh_orchestrator.store.migrations import migrations
 from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
-from procmesh_orchestrator.store.store import MemoryStore
 from tests.integration.memory.pg import DSN_ENV, PostgresServer, fresh_dsn
 
 

@@ -17,7 +17,7 @@ from procmesh_orchestrator.errors import (
     InvalidMemoryInputError,
     LeaseLostError,
 )
-from procmesh_orchestrator.store.store import DurableRun, MemoryStore, RunFence, SuspendedRun
+from procmesh_orchestrator.store import DurableRun, MemoryStore, RunFence, SuspendedRun
 from tests.integration.memory.test_durable_runs import LONG, TINY, claim_eventually, durable, stored
 from tests.integration.memory.test_store_contract import ids, msg
 

@@ -19,7 +19,7 @@ from procmesh_orchestrator.errors import (
     InvalidMemoryInputError,
     LeaseLostError,
 )
-from procmesh_orchestrator.store.store import DurableRun, MemoryStore
+from procmesh_orchestrator.store import DurableRun, MemoryStore
 from tests.integration.memory.conftest import Backend
 from tests.integration.memory.test_store_contract import ids, msg
 from tests.integration.memory.test_suspended_runs import AWKWARD, NotJson

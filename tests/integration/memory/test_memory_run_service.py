@@ -27,7 +27,7 @@ from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.calls import parse_body
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store import MemoryStore
 from tests.integration.memory.conftest import Backend
 from tests.integration.service.support import stream_chunks
 

@@ -16,7 +16,7 @@ from procmesh_orchestrator.run import Agent, CallOptions
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.run.models import ModelRequest
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store import MemoryStore
 from tests.integration.memory.conftest import Backend
 from tests.unit.orchestrator.run.fakes import FakeModel, agent
 

@@ -13,7 +13,7 @@ from procmesh_orchestrator.errors import (
     MemoryStoreError,
     ThreadNotFoundError,
 )
-from procmesh_orchestrator.store.store import MemoryStore, Message, Thread
+from procmesh_orchestrator.store import MemoryStore, Message, Thread
 from tests.integration.memory.conftest import Backend
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

@@ -13,9 +13,9 @@ import pytest
 
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError, MemoryStoreError, StoreUnavailableError
+from procmesh_orchestrator.store import StoreConfig, open_store
 from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
-from procmesh_orchestrator.store.stores import StoreConfig, open_store
 from tests.integration.memory.pg import PostgresServer, fresh_dsn
 from tests.integration.memory.test_store_contract import ids, msg
 

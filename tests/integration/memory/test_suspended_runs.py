@@ -15,7 +15,7 @@ from procmesh_orchestrator.errors import (
     ResumeConflictError,
     SuspendedRunNotFoundError,
 )
-from procmesh_orchestrator.store.store import MemoryStore, SuspendedRun
+from procmesh_orchestrator.store import MemoryStore, SuspendedRun
 from tests.integration.memory.conftest import Backend
 from tests.integration.memory.test_store_contract import ids, msg
 from tests.integration.memory.test_thread_scoping import save_unscoped

@@ -22,7 +22,7 @@ from typing import Any, cast
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.messages import message_text
-from procmesh_orchestrator.store.store import MemoryStore, Message
+from procmesh_orchestrator.store import MemoryStore, Message
 from tests.integration.memory.conftest import Backend
 from tests.unit.orchestrator.run.fakes import FakeModel, agent
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from procmesh_orchestrator.store.store import Message
+from procmesh_orchestrator.store import Message
 from tests.integration.memory.conftest import Backend
 from tests.integration.memory.test_store_contract import ids, msg
 

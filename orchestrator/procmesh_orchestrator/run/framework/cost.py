@@ -28,7 +28,7 @@ from procmesh_orchestrator.errors import FencedWriteError, MemoryStoreError, Orc
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs
-from procmesh_orchestrator.store.store import MemoryStore, RunFence
+from procmesh_orchestrator.store import MemoryStore, RunFence
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore

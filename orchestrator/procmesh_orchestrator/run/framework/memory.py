@@ -35,8 +35,7 @@ from procmesh_orchestrator.run.hooks import (
     InputArgs,
     OutputResultArgs,
 )
-from procmesh_orchestrator.store._redact import client_message
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store import MemoryStore, client_message
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore

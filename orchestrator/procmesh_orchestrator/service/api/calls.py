@@ -23,7 +23,7 @@ from procmesh_orchestrator.service._errors import BadRequestError, NotSupportedE
 from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
 from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.messages import input_message, own_ids
-from procmesh_orchestrator.store._common import MAX_ID_CHARS
+from procmesh_orchestrator.store import MAX_ID_CHARS
 
 
 @dataclass

@@ -20,7 +20,7 @@ from procmesh_orchestrator.run import Agent, CallOptions, RunResult, RunStream
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import DrainingError, ResumeRefusedError, resume_error
 from procmesh_orchestrator.service.api.calls import ResumeRequest
-from procmesh_orchestrator.store.store import SUSPENDED, SuspendedRun
+from procmesh_orchestrator.store import SUSPENDED, SuspendedRun
 
 GateState = Literal["open", "draining"]
 

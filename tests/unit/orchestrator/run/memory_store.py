@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 from procmesh_orchestrator.errors import StoreUnavailableError, ThreadNotFoundError
-from procmesh_orchestrator.store.store import Message, Thread
+from procmesh_orchestrator.store import Message, Thread
 
 Key = tuple[str, str]
 """A thread's key: ``(resource_id, thread_id)``."""

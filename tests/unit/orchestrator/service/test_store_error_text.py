@@ -22,7 +22,7 @@ from procmesh_orchestrator.service._errors import (
     SuspendedRunGoneError,
     resume_error,
 )
-from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store import client_message
 
 PG = "postgres:db.internal.example:5432/procmesh"
 SQLITE = "sqlite:/var/lib/my data/memory.db"  # a path with a space in it

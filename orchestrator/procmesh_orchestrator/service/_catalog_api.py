@@ -44,7 +44,7 @@ from procmesh_orchestrator.service._errors import (
     ServiceError,
 )
 from procmesh_orchestrator.service._limits import check_input
-from procmesh_orchestrator.service._processors_api import (
+from procmesh_orchestrator.service.api.processors import (
     execute_phase,
     find_processor,
     hosted_processors,
@@ -56,7 +56,7 @@ from procmesh_orchestrator.store import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import AgentConfig, Config
-    from procmesh_orchestrator.service._service import Service
+    from procmesh_orchestrator.service.api.core import ServiceCore
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 
@@ -114,7 +114,7 @@ def _lane_json(entries: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def agent_json(service: Service, agent_id: str) -> dict[str, Any]:
+def agent_json(service: ServiceCore, agent_id: str) -> dict[str, Any]:
     """An agent as the reference's ``GET /agents/:agentId`` returns it (``Shared_Type_6``)."""
     config = service.app.config
     agent: AgentConfig = config.agents[agent_id]
@@ -148,7 +148,7 @@ def agent_json(service: Service, agent_id: str) -> dict[str, Any]:
 # -- model providers -----------------------------------------------------------------------
 
 
-def providers_json(service: Service) -> list[dict[str, Any]]:
+def providers_json(service: ServiceCore) -> list[dict[str, Any]]:
     """The configured model providers (and the built-in demo/scripted ones in use), with their models."""
     config = service.app.config
     used: dict[str, set[str]] = {}
@@ -188,7 +188,7 @@ def providers_json(service: Service) -> list[dict[str, Any]]:
 # -- workflows -----------------------------------------------------------------------------
 
 
-def workflow_json(service: Service, name: str) -> dict[str, Any]:
+def workflow_json(service: ServiceCore, name: str) -> dict[str, Any]:
     """A processor workflow as the reference's ``GET /workflows/:id`` returns it (``Shared_Type_47``)."""
     workflow = service.app.config.workflows[name]
     steps: dict[str, dict[str, Any]] = {}
@@ -214,6 +214,8 @@ def workflow_json(service: Service, name: str) -> dict[str, Any]:
                     "serializedConditions": [{"id": f"when-{j}", "fn": json.dumps(item.when)}],
                 }
             )
+        elif isinstance(item, WorkflowRef):  # a nested workflow, as the reference shows one
+            graph.append({"type": "step", "step": {"id": item.workflow, "component": "WORKFLOW"}})
         else:
             graph.append(step(item))
     return {
@@ -230,7 +232,7 @@ def workflow_json(service: Service, name: str) -> dict[str, Any]:
 # -- routes --------------------------------------------------------------------------------
 
 
-def catalog_routes(service: Service, read_json: ReadJson) -> list[Route]:
+def catalog_routes(service: ServiceCore, read_json: ReadJson) -> list[Route]:
     """The served catalog routes; they go before ``/api/agents/{agent_id}`` (``/agents/providers``)."""
 
     async def body_of(request: Request) -> dict[str, Any]:
@@ -495,7 +497,7 @@ UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
 workflow-listing and model-provider APIs that procmesh answers with 501."""
 
 
-def _not_supported(service: Service, feature: str, why: str) -> Callable[[Request], Awaitable[Response]]:
+def _not_supported(service: ServiceCore, feature: str, why: str) -> Callable[[Request], Awaitable[Response]]:
     async def not_supported(request: Request) -> Response:
         agent_id = request.path_params.get("agent_id")
         if agent_id is not None:
@@ -505,7 +507,7 @@ def _not_supported(service: Service, feature: str, why: str) -> Callable[[Reques
     return not_supported
 
 
-def unsupported_routes(service: Service) -> list[Route]:
+def unsupported_routes(service: ServiceCore) -> list[Route]:
     """A 501 naming the feature for each `UNSUPPORTED` route; they go last in the route table."""
     return [
         Route(f"/api{path}", _not_supported(service, feature, why), methods=[method])

@@ -10,7 +10,7 @@ import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,21 +22,20 @@ from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
-from procmesh_orchestrator.run import Agent, RunResult, RunStream
-from procmesh_orchestrator.service import _durable, _model_gateway
+from procmesh_orchestrator.run import Agent, RunResult
+from procmesh_orchestrator.service import _model_gateway
 from procmesh_orchestrator.service._auth import Caller, grpc_caller
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
-from procmesh_orchestrator.service._processors_api import bind_lanes
 from procmesh_orchestrator.service._tls import ServerTls
+from procmesh_orchestrator.service.api import control
+from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
+from procmesh_orchestrator.service.api.control import LiveRun
+from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import all_calls, all_results
-from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner
 from procmesh_orchestrator.service.grpc.requests import parse_proto
 from procmesh_orchestrator.store import DurableRun
-
-if TYPE_CHECKING:
-    from procmesh_orchestrator.service._service import Service
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ def run_record_to_proto(record: DurableRun) -> apb.RunRecord:
 
 
 class _AgentServicer(agrpc.AgentServiceServicer):
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceCore) -> None:
         self._service = service
 
     async def _refuse(self, context: Context, exc: ServiceError) -> NoReturn:
@@ -155,8 +154,7 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
             limits=service.limits,
         ).traced(metadata)
-        bind_lanes(service, request.agent_id, call, caller)
-        service.gate.enter()
+        control.admit(service, request.agent_id, call, caller)
         return agent, call
 
     async def Generate(self, request: apb.GenerateRequest, context: Context) -> apb.GenerateResponse:
@@ -212,10 +210,8 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             finally:
                 self._service.gate.leave()
             return
-        run = agent.stream(call.input, call.options)
-        async for reply in self._relay(
-            "stream", request.agent_id, run, call.options.resource_id, apb.StreamResponse
-        ):
+        live = control.stream(self._service, request.agent_id, agent, call)
+        async for reply in self._relay("stream", live, apb.StreamResponse):
             yield reply
 
     async def _durable_generate(
@@ -294,15 +290,11 @@ class _AgentServicer(agrpc.AgentServiceServicer):
         service = self._service
         try:
             caller = self._caller(context)
-            if request.offset < 0:
-                raise BadRequestError("offset: must not be negative")
-            record = await _durable.visible_run(service, request.run_id, caller)
-            durable = await _durable.manager(service.app)
-            events = await _durable.attach(durable, record, request.offset)
+            observed = await control.observe(service, request.run_id, request.offset, caller)
         except ServiceError as exc:
             await self._refuse(context, exc)
         async for reply in self._relay_durable(
-            "observe", durable, record.run_id, events, apb.ObserveResponse, context
+            "observe", observed.durable, observed.record.run_id, observed.events, apb.ObserveResponse, context
         ):
             yield reply
 
@@ -332,8 +324,8 @@ class _AgentServicer(agrpc.AgentServiceServicer):
 
     async def CancelRun(self, request: apb.CancelRunRequest, context: Context) -> apb.CancelRunResponse:
         try:
-            record = await _durable.visible_run(self._service, request.run_id, self._caller(context))
-            cancelled, after = await _durable.cancel(self._service, record)
+            caller = self._caller(context)
+            cancelled, after = await control.cancel_durable(self._service, request.run_id, caller)
         except ServiceError as exc:
             await self._refuse(context, exc)
         self._service.metrics.requests.labels("grpc", "OK").inc()
@@ -342,21 +334,19 @@ class _AgentServicer(agrpc.AgentServiceServicer):
     async def ApproveToolCall(
         self, request: apb.ApproveToolCallRequest, context: Context
     ) -> AsyncIterator[apb.ApproveToolCallResponse]:
-        run, owner = await self._resume(request, context, approved=True, reason=None)
-        async for reply in self._relay("approve", request.agent_id, run, owner, apb.ApproveToolCallResponse):
+        live = await self._resume(request, context, approved=True, reason=None)
+        async for reply in self._relay("approve", live, apb.ApproveToolCallResponse):
             yield reply
 
     async def DeclineToolCall(
         self, request: apb.DeclineToolCallRequest, context: Context
     ) -> AsyncIterator[apb.DeclineToolCallResponse]:
         reason = request.reason or None
-        run, owner = await self._resume(request, context, approved=False, reason=reason)
-        async for reply in self._relay("decline", request.agent_id, run, owner, apb.DeclineToolCallResponse):
+        live = await self._resume(request, context, approved=False, reason=reason)
+        async for reply in self._relay("decline", live, apb.DeclineToolCallResponse):
             yield reply
 
-    async def _resume(
-        self, request: Any, context: Context, *, approved: bool, reason: str | None
-    ) -> tuple[RunStream, str]:
+    async def _resume(self, request: Any, context: Context, *, approved: bool, reason: str | None) -> LiveRun:
         """Check the key, find the agent, claim the suspended run (NOT_FOUND, ABORTED) and take a slot."""
         service = self._service
         try:
@@ -365,53 +355,38 @@ class _AgentServicer(agrpc.AgentServiceServicer):
             if not request.run_id or not request.tool_call_id:
                 raise BadRequestError("give run_id and tool_call_id")
             decision = ResumeRequest(request.run_id, request.tool_call_id, reason, {})
-            service.gate.enter()
-            try:
-                run = await resume_stream(agent, decision, approved=approved, caller=caller)
-            except BaseException:
-                service.gate.leave()
-                raise
+            return await control.resume(
+                service, request.agent_id, agent, decision, approved=approved, caller=caller
+            )
         except ServiceError as exc:
             await self._refuse(context, exc)
-        return run, run_owner(run, caller)
 
-    async def _relay(
-        self, kind: str, agent_id: str, run: RunStream, owner: str, reply: StreamReply
-    ) -> AsyncIterator[Any]:
+    async def _relay(self, kind: str, live: LiveRun, reply: StreamReply) -> AsyncIterator[Any]:
         """Stream a run's chunks as `reply` messages, then one with its status; a client that
         cancels aborts the run. The run slot is given back at the end."""
-        service = self._service
+        run = live.run
         started = time.perf_counter()
-        run_id = ""
         finished = False
         try:
             async for chunk in run:
-                if chunk.get("type") == "start":
-                    run_id = str((chunk.get("payload") or {}).get("runId", ""))
-                    service.runs.add(run_id, ActiveRun(agent_id, run, owner))
-                yield reply(run_id=run_id, chunk=convert.chunk_to_proto(chunk))
+                live.see(chunk)
+                yield reply(run_id=live.run_id, chunk=convert.chunk_to_proto(chunk))
             result = await run.result()
-            last = reply(run_id=run_id, status=result.status)
+            last = reply(run_id=live.run_id, status=result.status)
             _suspended_to_proto(result, last.suspended)
             finished = True
             yield last
         finally:
-            if not finished:
-                run.detach()  # no reader any more: the run must not wait for one
-                with contextlib.suppress(Exception):
-                    await run.cancel()  # the client cancelled: abort the run (partial result)
-            service.runs.discard(run_id)
-            service.trim.soon()
-            service.gate.leave()
+            await live.close(abort=not finished)  # the client cancelled: abort the run (partial result)
             log.info(
                 "grpc %s agent=%s run=%s %s %.3fs",
                 kind,
-                agent_id,
-                run_id,
+                live.agent_id,
+                live.run_id,
                 "done" if finished else "cancelled",
                 time.perf_counter() - started,
             )
-        service.metrics.requests.labels("grpc", "OK").inc()
+        self._service.metrics.requests.labels("grpc", "OK").inc()
 
 
 def _raw(handler: Any, decode: Any, check: Any, take: Any = None) -> Any:
@@ -470,7 +445,7 @@ def _nothing() -> None:
 class _Guard(grpc.aio.ServerInterceptor):
     """Decode requests ourselves (clear INVALID_ARGUMENT) and put reflection behind the API key."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceCore) -> None:
         self._service = service
         self._gateway_check = _model_gateway.access_check(service)
 
@@ -538,7 +513,7 @@ class GrpcServer:
 
     def __init__(
         self,
-        service: Service,
+        service: ServiceCore,
         host: str,
         port: int,
         *,

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
@@ -19,38 +19,28 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
-from procmesh_orchestrator.run import Agent, RunStream
-from procmesh_orchestrator.service import _durable
+from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import Caller, caller_of
 from procmesh_orchestrator.service._catalog_api import catalog_routes, unsupported_routes
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     ClientGoneError,
-    DurableRunGoneError,
     RequestTimeoutError,
-    RunNotActiveError,
     ServiceError,
     TooLargeError,
     UnsupportedMediaTypeError,
 )
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._memory_api import memory_routes
-from procmesh_orchestrator.service._processors_api import bind_lanes
 from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
+from procmesh_orchestrator.service.api import control
+from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest, parse_body, parse_resume
+from procmesh_orchestrator.service.api.control import LiveRun
+from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import dumps, failed_json, result_json, wire_chunk
-from procmesh_orchestrator.service.api.runs import (
-    ActiveRun,
-    resume_generate,
-    resume_stream,
-    run_owner,
-    store_errors,
-    suspended_run_json,
-)
+from procmesh_orchestrator.service.api.runs import resume_generate, store_errors, suspended_run_json
 from procmesh_orchestrator.store import MAX_PAGE
-
-if TYPE_CHECKING:
-    from procmesh_orchestrator.service._service import Service
 
 log = logging.getLogger(__name__)
 
@@ -102,38 +92,22 @@ class _EventStreamResponse(StreamingResponse):
             await self._release()
 
 
-class _Streamed:
-    """A streamed run as the service tracks it: registered while active, so it can be cancelled."""
-
-    def __init__(self, service: Service, agent_id: str, run: RunStream, owner: str) -> None:
-        self.service = service
-        self.agent_id = agent_id
-        self.run = run
-        self.owner = owner
-        self.run_id = ""
-
-    def started(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.service.runs.add(run_id, ActiveRun(self.agent_id, self.run, self.owner))
-
-
-async def _events(streamed: _Streamed) -> AsyncIterator[bytes]:
+async def _events(core: ServiceCore, live: LiveRun) -> AsyncIterator[bytes]:
     """``data: <chunk>`` per chunk (``runId`` and ``from`` added), then ``data: [DONE]``; a
     ``: ping`` comment line whenever nothing was sent for ``sse_heartbeat_seconds``."""
-    run, agent_id = streamed.run, streamed.agent_id
+    run, agent_id = live.run, live.agent_id
     run_id = ""
     started = time.perf_counter()
     finish = "unknown"
-    every = streamed.service.settings.sse_heartbeat_seconds
+    every = core.settings.sse_heartbeat_seconds
     async for chunk in with_heartbeats(aiter(run), every):
         if chunk is None:
             yield HEARTBEAT
             continue
+        live.see(chunk)
+        run_id = live.run_id
         kind = chunk.get("type")
-        if kind == "start":
-            run_id = str((chunk.get("payload") or {}).get("runId", ""))
-            streamed.started(run_id)
-        elif kind == "finish":
+        if kind == "finish":
             finish = str((chunk.get("payload") or {}).get("finishReason", finish))
         elif kind in ("tripwire", "abort"):
             finish = kind
@@ -172,7 +146,7 @@ def host_allowed(header: str, allowed: list[str]) -> bool:
     return False
 
 
-def allowed_hosts(service: Service) -> list[str]:
+def allowed_hosts(service: ServiceCore) -> list[str]:
     """The configured hosts, or the default: any with API keys (or when told to be open), else loopback."""
     settings = service.settings
     if settings.allowed_hosts is not None:
@@ -186,7 +160,7 @@ class _Boundary:
     """Outermost ASGI layer: Host check, API keys on /api/*, the request counter by status code, and
     the last word on unexpected errors (one rate-limited WARNING, never the request's content)."""
 
-    def __init__(self, app: ASGIApp, service: Service) -> None:
+    def __init__(self, app: ASGIApp, service: ServiceCore) -> None:
         self._app = app
         self._service = service
         self._hosts = allowed_hosts(service)
@@ -284,7 +258,7 @@ async def _read_json(request: Request, limit: int, timeout: float) -> Any:
         raise BadRequestError(f"malformed JSON body: {exc}") from None
 
 
-def build_http_app(service: Service) -> ASGIApp:
+def build_http_app(service: ServiceCore) -> ASGIApp:
     """The ASGI app of the HTTP API, bound to a running `Service`."""
     settings = service.settings
 
@@ -299,8 +273,7 @@ def build_http_app(service: Service) -> ASGIApp:
             trust=service.trust,
             limits=service.limits,
         ).traced(request.headers)
-        bind_lanes(service, agent_id, call, caller)
-        service.gate.enter()
+        control.admit(service, agent_id, call, caller)
         return agent_id, agent, call
 
     async def generate(request: Request) -> Response:
@@ -353,12 +326,7 @@ def build_http_app(service: Service) -> ASGIApp:
             # A client that leaves does not abort the run: it observes it again from its last id.
             events = _durable.sse(run_id, durable.attach(run_id, 0), "stream", settings.sse_heartbeat_seconds)
             return _EventStreamResponse(events, _releaser(service), {"X-Run-Id": run_id})
-        try:
-            run = agent.stream(call.input, call.options)
-        except BaseException:
-            service.gate.leave()
-            raise
-        return _stream_response(service, _Streamed(service, agent_id, run, call.options.resource_id))
+        return _stream_response(service, control.stream(service, agent_id, agent, call))
 
     async def decision_of(request: Request) -> tuple[str, Agent, ResumeRequest, Caller]:
         agent_id = request.path_params["agent_id"]
@@ -375,13 +343,8 @@ def build_http_app(service: Service) -> ASGIApp:
     def resume_route(approved: bool) -> Callable[[Request], Awaitable[Response]]:
         async def resume(request: Request) -> Response:
             agent_id, agent, decision, caller = await decision_of(request)
-            service.gate.enter()
-            try:
-                run = await resume_stream(agent, decision, approved=approved, caller=caller)
-            except BaseException:
-                service.gate.leave()
-                raise
-            return _stream_response(service, _Streamed(service, agent_id, run, run_owner(run, caller)))
+            live = await control.resume(service, agent_id, agent, decision, approved=approved, caller=caller)
+            return _stream_response(service, live)
 
         return resume
 
@@ -439,26 +402,8 @@ def build_http_app(service: Service) -> ASGIApp:
         return json_response({"runs": [suspended_run_json(r) for r in runs], "total": total})
 
     async def cancel_run(request: Request) -> Response:
-        agent_id = request.path_params["agent_id"]
-        service.agent(agent_id)
-        run_id = request.path_params["run_id"]
-        caller = caller_of(request)
-        entry = service.runs.find(agent_id, run_id, caller)
-        if entry is None and (service.app.durable is not None or service.app.store is not None):
-            # a durable run: on whichever replica runs it (its own stops it at its next renewal)
-            try:
-                record = await _durable.visible_run(service, run_id, caller)
-            except (DurableRunGoneError, BadRequestError):
-                record = None
-            if record is not None and record.agent_id == agent_id:
-                cancelled, _ = await _durable.cancel(service, record)
-                if cancelled:
-                    return json_response({"cancelled": True})
-        if entry is None:
-            raise RunNotActiveError(
-                f"no run {run_id[:64]!r} of agent {agent_id!r} is streaming on this replica"
-            )
-        await entry.run.cancel()
+        agent_id, run_id = request.path_params["agent_id"], request.path_params["run_id"]
+        await control.cancel_run(service, agent_id, run_id, caller_of(request))
         return json_response({"cancelled": True})
 
     async def observe(request: Request) -> Response:
@@ -468,13 +413,9 @@ def build_http_app(service: Service) -> ASGIApp:
             await _read_json(request, settings.max_request_bytes, settings.body_timeout_seconds),
             request.headers.get("last-event-id"),
         )
-        record = await _durable.visible_run(service, run_id, caller_of(request))
-        if record.agent_id != agent_id:
-            raise DurableRunGoneError(f"no durable run {run_id[:64]!r} of agent {agent_id!r}")
-        durable = await _durable.manager(service.app)
-        events = await _durable.attach(durable, record, offset)
+        observed = await control.observe(service, run_id, offset, caller_of(request), agent_id=agent_id)
         return _EventStreamResponse(
-            _durable.sse(run_id, events, "observe", settings.sse_heartbeat_seconds),
+            _durable.sse(run_id, observed.events, "observe", settings.sse_heartbeat_seconds),
             _no_release,
             {"X-Run-Id": run_id},
         )
@@ -497,8 +438,8 @@ def build_http_app(service: Service) -> ASGIApp:
         return json_response(_durable.run_json(record))
 
     async def cancel_durable_run(request: Request) -> Response:
-        record = await _durable.visible_run(service, request.path_params["run_id"], caller_of(request))
-        cancelled, after = await _durable.cancel(service, record)
+        run_id = request.path_params["run_id"]
+        cancelled, after = await control.cancel_durable(service, run_id, caller_of(request))
         return json_response({"cancelled": cancelled, "run": _durable.run_json(after)})
 
     async def metrics(request: Request) -> Response:
@@ -608,41 +549,31 @@ async def _no_release() -> None:
     """Observing holds no run slot: the run goes on whether or not anyone watches."""
 
 
-def _stream_response(service: Service, streamed: _Streamed) -> Response:
-    return _EventStreamResponse(_events(streamed), _releaser(service, streamed))
+def _stream_response(core: ServiceCore, live: LiveRun) -> Response:
+    return _EventStreamResponse(_events(core, live), _stream_releaser(core, live))
 
 
-def _releaser(service: Service, streamed: _Streamed | None = None) -> Release:
-    """Give the run slot back exactly once. A streamed run still going (its client left) is
+def _stream_releaser(core: ServiceCore, live: LiveRun) -> Release:
+    """Give a streamed run's slot back once it is sent or its client left: a run still going is
     aborted, or, with ``abort_on_disconnect`` off, finishes in the background first."""
-    released = False
 
-    async def finish(streamed: _Streamed) -> None:
-        try:
-            with contextlib.suppress(Exception):
-                await streamed.run.result()
-        finally:
-            service.runs.discard(streamed.run_id)
-            service.trim.soon()
-            service.gate.leave()
+    async def release() -> None:
+        if core.settings.abort_on_disconnect:
+            await live.close(abort=True)
+        else:
+            core.spawn(live.close(abort=False))
+
+    return release
+
+
+def _releaser(core: ServiceCore) -> Release:
+    """Give a generate call's run slot back exactly once."""
+    released = False
 
     async def release() -> None:
         nonlocal released
-        if released:
-            return
-        released = True
-        if streamed is not None and not service.settings.abort_on_disconnect:
-            service.spawn(finish(streamed))
-            return
-        try:
-            if streamed is not None:
-                streamed.run.detach()  # no reader any more: the run must not wait for one
-                with contextlib.suppress(Exception):
-                    await streamed.run.cancel()  # a no-op for a finished run
-        finally:
-            if streamed is not None:
-                service.runs.discard(streamed.run_id)
-                service.trim.soon()
-            service.gate.leave()
+        if not released:
+            released = True
+            core.gate.leave()
 
     return release

@@ -40,7 +40,7 @@ from procmesh_orchestrator.service.api.results import dumps
 from procmesh_orchestrator.store import MAX_ID_CHARS, MAX_PAGE, MemoryStore, Thread, client_message, label
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.service._service import Service
+    from procmesh_orchestrator.service.api.core import ServiceCore
 
 log = logging.getLogger(__name__)
 ReadJson = Callable[[Request], Awaitable[Any]]
@@ -159,7 +159,7 @@ def ui_message(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def memory_routes(service: Service, read_json: ReadJson) -> list[Route]:
+def memory_routes(service: ServiceCore, read_json: ReadJson) -> list[Route]:
     """The ``/api/memory/*`` routes of `service`; `read_json` reads a body within the service's limits."""
 
     def scope(

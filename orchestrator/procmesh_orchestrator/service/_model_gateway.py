@@ -52,7 +52,7 @@ from procmesh_orchestrator.service._gateway_policy import (
 )
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.service._service import Service
+    from procmesh_orchestrator.service.api.core import ServiceCore
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,12 @@ class _Refused(Exception):
         self.outcome = outcome
 
 
-def add_model_gateway(service: Service, server: grpc.aio.Server) -> None:
+def add_model_gateway(service: ServiceCore, server: grpc.aio.Server) -> None:
     """Serve ModelService on `server` (the orchestrator's gRPC server) for `service`'s App."""
     mgrpc.add_ModelServiceServicer_to_server(_ModelServicer(service), server)
 
 
-def _caller_resource(service: Service, context: Context) -> str | None:
+def _caller_resource(service: ServiceCore, context: Context) -> str | None:
     """Let the caller in (`_Refused` otherwise); the resource its key is bound to, if any.
 
     On the unix socket any caller is served (a key it sends is still checked); on the TCP port a
@@ -106,7 +106,7 @@ def _caller_resource(service: Service, context: Context) -> str | None:
     return caller.resource
 
 
-def access_check(service: Service) -> Callable[[Context], Awaitable[None]]:
+def access_check(service: ServiceCore) -> Callable[[Context], Awaitable[None]]:
     """The check the gRPC server runs before it decodes a ModelService request, so a caller the
     gateway refuses learns nothing about decoding; counted with the labels ``unknown`` (the
     request is not read) and logged in one line."""
@@ -194,7 +194,7 @@ async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, st
 
 
 class _ModelServicer(mgrpc.ModelServiceServicer):
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceCore) -> None:
         self._service = service
         self._models_of = service.app.config
         self._gateway_models = GatewayModels.of(service.app.config)

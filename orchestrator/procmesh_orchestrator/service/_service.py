@@ -9,26 +9,17 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Coroutine
-from typing import Any
 
-from procmesh_orchestrator.app import App, ConfigReloader, Pipeline
+from procmesh_orchestrator.app import App, ConfigReloader
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
-from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import ApiKeys
-from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._grpc import GrpcServer
-from procmesh_orchestrator.service._health import DependencyCheck, SidecarHealth, fail_open_sidecars
 from procmesh_orchestrator.service._http import build_http_app
 from procmesh_orchestrator.service._http_server import HttpServer
-from procmesh_orchestrator.service._limits import InputLimits, KeyLimits
 from procmesh_orchestrator.service._logs import RateLimitedLog
-from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.service._tls import server_tls
-from procmesh_orchestrator.service._trim import MemoryTrim
-from procmesh_orchestrator.service._trust import ContextTrust
-from procmesh_orchestrator.service.api.runs import ActiveRuns, RunGate
+from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.settings import OrchestratorSettings
 from procmesh_orchestrator.sidecar_process import ModelGateway
 
@@ -36,8 +27,8 @@ log = logging.getLogger(__name__)
 _slow_clients = RateLimitedLog(log, "slow clients cut")
 
 
-class Service:
-    """The orchestrator as a long-lived service.
+class Service(ServiceCore):
+    """The orchestrator as a long-lived service: the `ServiceCore` both APIs serve from, served.
 
     `start()` connects the App to its sidecars, polls their health, then serves the
     HTTP API (agents, /metrics, /healthz, /readyz) and the gRPC API (AgentService,
@@ -53,47 +44,13 @@ class Service:
     """
 
     def __init__(self, settings: OrchestratorSettings, config: Config, *, app: App | None = None) -> None:
-        self.settings = settings
-        self.app = app or App(config)
-        self.keys = ApiKeys(settings.api_keys)  # KeyListError naming a bad entry
-        self.trust = ContextTrust.of(
-            settings.trusted_context, self.keys.callers(), legacy=settings.trust_request_context
-        )
-        """Which caller may send which request-context keys (PROCMESH_TRUSTED_CONTEXT)."""
-        self.limits = InputLimits(
-            max_messages=settings.max_input_messages,
-            max_depth=settings.max_input_depth,
-            max_string_chars=settings.max_input_string_chars,
-        )
-        self.key_limits = KeyLimits(settings.inflight_per_key)
-        """Requests in flight per API key (PROCMESH_MAX_INFLIGHT_PER_KEY), both APIs."""
-        self.gate = RunGate()
-        self.trim = MemoryTrim(idle=lambda: self.gate.active == 0)
-        """Gives a finished stream's memory back to the system (`trim.soon()` at each stream's end)."""
-        self.runs = ActiveRuns()
-        """The streamed runs in flight on this replica (the cancel route, gRPC cancellation)."""
-        self._background: set[asyncio.Task[None]] = set()
-        self.health = SidecarHealth(
-            self.app.clients,
-            settings.health_poll_seconds,
-            self._on_health,
-            optional=fail_open_sidecars(self.app.config),
-            dependencies=DependencyCheck(self.app),
-        )
-        self.app.on_swap.append(self._config_swapped)
-        self.metrics = ServiceMetrics(
-            self.app.metrics.registry, lambda: self.gate.active, lambda: self.health.statuses
-        )
+        super().__init__(settings, config, app=app)
+        self.health_listeners.append(self._on_health)
         self._http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._private_dir: str | None = None
         """The private folder of the gateway's socket for our own sidecars, when the port is TLS."""
         self._force = asyncio.Event()
-
-    def _config_swapped(self, pipeline: Pipeline) -> None:
-        """A reload swapped the config: the health poll's optional sidecars follow it (the
-        sidecars themselves are the App's `clients`, updated in place)."""
-        self.health.optional = fail_open_sidecars(pipeline.config)
 
     @property
     def http_port(self) -> int:
@@ -106,21 +63,6 @@ class Service:
         """The bound gRPC port (after `start()`)."""
         assert self._grpc is not None, "start() first"
         return self._grpc.port
-
-    def agent(self, agent_id: str) -> Agent:
-        """The agent with this id; AgentNotFoundError names the configured ones."""
-        agent = self.app.agents.get(agent_id)
-        if agent is None:
-            shown = agent_id if len(agent_id) <= 64 else agent_id[:64] + "..."  # never echo a huge id
-            raise AgentNotFoundError(f"unknown agent {shown!r} (configured: {sorted(self.app.agents)})")
-        return agent
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` in the background (a streamed run finishing after its client left); the
-        service keeps a reference until it is done."""
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     def _slow_client_cut(self) -> None:
         self.metrics.slow_clients_cut.labels("http").inc()

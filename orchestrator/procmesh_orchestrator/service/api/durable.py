@@ -56,7 +56,7 @@ from procmesh_orchestrator.store import (
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.app import App
-    from procmesh_orchestrator.service._service import Service
+    from procmesh_orchestrator.service.api.core import ServiceCore
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ RUN_STATUS = {
 when the result itself is not on this replica (``running``: the log ended before the record did)."""
 
 
-def is_durable(service: Service, agent_id: str, call: AgentCall) -> bool:
+def is_durable(service: ServiceCore, agent_id: str, call: AgentCall) -> bool:
     """Whether this call runs durably: the caller asked, or the agent is configured so."""
     agent = service.app.config.agents.get(agent_id)
     return call.durable or (agent is not None and agent.durable)
@@ -104,7 +104,7 @@ async def manager(app: App) -> DurableRuns:
         return await app.durable_runs()
 
 
-async def begin(service: Service, agent_id: str, call: AgentCall) -> tuple[DurableRuns, str]:
+async def begin(service: ServiceCore, agent_id: str, call: AgentCall) -> tuple[DurableRuns, str]:
     """Start a durable run of the call; the manager running it and the run's id.
 
     The event log is pinged first: while it is down a run could not publish its first chunk, so
@@ -130,7 +130,7 @@ async def store_of(app: App) -> MemoryStore:
         return await app.suspended_runs_store()
 
 
-async def visible_run(service: Service, run_id: str, caller: Caller) -> DurableRun:
+async def visible_run(service: ServiceCore, run_id: str, caller: Caller) -> DurableRun:
     """The durable run, when the caller may see it: a 404 for none and for another resource's."""
     run_id = check_run_id(run_id)
     store = await store_of(service.app)
@@ -141,7 +141,7 @@ async def visible_run(service: Service, run_id: str, caller: Caller) -> DurableR
     return record
 
 
-async def cancel(service: Service, record: DurableRun) -> tuple[bool, DurableRun]:
+async def cancel(service: ServiceCore, record: DurableRun) -> tuple[bool, DurableRun]:
     """Ask the run to stop (the replica running it stops it at once, or at its next renewal):
     whether it was still going (running or suspended), and the run."""
     durable = await manager(service.app)
@@ -263,7 +263,7 @@ class Ending:
     suspended: list[dict[str, Any]]
 
 
-async def ending(service: Service, durable: DurableRuns, run_id: str, saw_tripwire: bool) -> Ending:
+async def ending(service: ServiceCore, durable: DurableRuns, run_id: str, saw_tripwire: bool) -> Ending:
     """The status a stream's last message carries once the run's log ended: its result when this
     replica ran it, else its record's."""
     local = durable.local.get(run_id)
@@ -329,7 +329,7 @@ def run_query(
     return RunQuery(resource_id or None, agent_id or None, status or None, page, per_page)
 
 
-async def list_runs(service: Service, query: RunQuery) -> tuple[list[DurableRun], int]:
+async def list_runs(service: ServiceCore, query: RunQuery) -> tuple[list[DurableRun], int]:
     """One page of durable runs, newest first, and how many match."""
     store = await store_of(service.app)
     with durable_errors():

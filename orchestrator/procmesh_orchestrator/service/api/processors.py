@@ -49,7 +49,7 @@ from procmesh_orchestrator.store import label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.schema import Config
-    from procmesh_orchestrator.service._service import Service
+    from procmesh_orchestrator.service.api.core import ServiceCore
 
 
 def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | None, str | None]]:
@@ -65,16 +65,18 @@ def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | N
                     yield from ((r, None) for r in step.parallel)
                 elif isinstance(step, ConditionalStep):
                     yield from ((r, None) for r in (*step.then, *step.otherwise))
+                elif isinstance(step, WorkflowRef):
+                    yield from _refs([step], config)
                 else:
                     yield step, None
 
 
-def hosted_processors(service: Service) -> dict[str, Hosted]:
+def hosted_processors(service: ServiceCore) -> dict[str, Hosted]:
     """Every processor the sidecars host, by id (`call_lanes.hosted_processors`)."""
     return call_lanes.hosted_processors(service.app.pipeline.sidecars)
 
 
-def find_processor(service: Service, processor_id: str) -> Hosted:
+def find_processor(service: ServiceCore, processor_id: str) -> Hosted:
     hosted = hosted_processors(service)
     found = call_lanes.find_hosted(hosted, processor_id)
     if found is None:
@@ -82,7 +84,7 @@ def find_processor(service: Service, processor_id: str) -> Hosted:
     return found
 
 
-def _configurations(service: Service, hosted: Hosted) -> list[dict[str, Any]]:
+def _configurations(service: ServiceCore, hosted: Hosted) -> list[dict[str, Any]]:
     config = service.app.config
     out = []
     for agent_id, agent in config.agents.items():
@@ -93,7 +95,7 @@ def _configurations(service: Service, hosted: Hosted) -> list[dict[str, Any]]:
     return out
 
 
-def _workflow_configurations(service: Service, workflow: str) -> list[dict[str, Any]]:
+def _workflow_configurations(service: ServiceCore, workflow: str) -> list[dict[str, Any]]:
     config = service.app.config
     out = []
     for agent_id, agent in config.agents.items():
@@ -103,7 +105,7 @@ def _workflow_configurations(service: Service, workflow: str) -> list[dict[str, 
     return out
 
 
-def processor_json(service: Service, hosted: Hosted, *, listing: bool) -> dict[str, Any]:
+def processor_json(service: ServiceCore, hosted: Hosted, *, listing: bool) -> dict[str, Any]:
     """A processor as ``GET /processors`` (`listing`) or ``GET /processors/:id`` returns it."""
     configurations = _configurations(service, hosted)
     body: dict[str, Any] = {
@@ -120,7 +122,7 @@ def processor_json(service: Service, hosted: Hosted, *, listing: bool) -> dict[s
     return body
 
 
-def workflow_processor_json(service: Service, name: str, *, listing: bool) -> dict[str, Any]:
+def workflow_processor_json(service: ServiceCore, name: str, *, listing: bool) -> dict[str, Any]:
     configurations = _workflow_configurations(service, name)
     body: dict[str, Any] = {
         "id": name,
@@ -136,7 +138,7 @@ def workflow_processor_json(service: Service, name: str, *, listing: bool) -> di
     return body
 
 
-def bind_lanes(service: Service, agent_id: str, call: AgentCall, caller: Caller) -> AgentCall:
+def bind_lanes(service: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> AgentCall:
     """The call with its per-call processor lists bound (`call_lanes.bind`), their names kept for
     a snapshot (`CallOptions.processor_names`: a resumed run binds them again), and its lanes
     checked against its request context (a processor option it sets that the processor's schema
@@ -262,7 +264,7 @@ def _hook_args(phase: str, messages: list[dict[str, Any]], model: str) -> HookAr
 
 
 async def execute_phase(
-    service: Service, processor_id: str, body: dict[str, Any], context: dict[str, Any], resource: str
+    service: ServiceCore, processor_id: str, body: dict[str, Any], context: dict[str, Any], resource: str
 ) -> dict[str, Any]:
     """``POST /processors/{id}/execute``: one phase of the processor on the body's messages, with
     the options ``agentId``'s lanes give it (else none), a fresh run context and the caller's

@@ -1,0 +1,159 @@
+"""Run control, once for both transports: admitting a call, a streamed run held from its start to
+its release (`LiveRun`), resuming a suspended run, observing a durable run, cancelling a run.
+
+The HTTP room and the gRPC room parse their requests and shape their answers; what a request does
+to the runs of this replica and to the durable ones is here, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from procmesh_orchestrator.durable import DurableRuns
+from procmesh_orchestrator.run import Agent, RunStream
+from procmesh_orchestrator.service._auth import Caller
+from procmesh_orchestrator.service._errors import (
+    BadRequestError,
+    DurableRunGoneError,
+    RunNotActiveError,
+)
+from procmesh_orchestrator.service.api import durable
+from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
+from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.processors import bind_lanes
+from procmesh_orchestrator.service.api.results import Chunk
+from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner
+from procmesh_orchestrator.store import DurableRun
+
+
+def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> None:
+    """Bind the call's per-call lanes (checked against its request context) and take a run slot
+    (DrainingError once draining); pair with the slot's release."""
+    bind_lanes(core, agent_id, call, caller)
+    core.gate.enter()
+
+
+class LiveRun:
+    """A streamed run of this replica, from its run slot to its release.
+
+    Registered under its run id once its ``start`` chunk names it (`see`), so the cancel route can
+    find it; `close` gives everything back once: the registration, the slot, the memory.
+    """
+
+    def __init__(self, core: ServiceCore, agent_id: str, run: RunStream, owner: str) -> None:
+        self.core = core
+        self.agent_id = agent_id
+        self.run = run
+        self.owner = owner
+        """The resource the run is for ("" when none): only its tenant's keys and operators cancel it."""
+        self.run_id = ""
+        self._closed = False
+
+    def see(self, chunk: Chunk) -> None:
+        """Note a chunk on its way to the client: the ``start`` chunk registers the run."""
+        if chunk.get("type") == "start":
+            self.run_id = str((chunk.get("payload") or {}).get("runId", ""))
+            self.core.runs.add(self.run_id, ActiveRun(self.agent_id, self.run, self.owner))
+
+    async def close(self, *, abort: bool) -> None:
+        """Give the run's slot back (once). With `abort` (its reader left) the run is detached
+        and cancelled first, a no-op for a finished run; without, it is awaited to its end."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if abort:
+                self.run.detach()  # no reader any more: the run must not wait for one
+                with contextlib.suppress(Exception):
+                    await self.run.cancel()
+            else:
+                with contextlib.suppress(Exception):
+                    await self.run.result()
+        finally:
+            self.core.runs.discard(self.run_id)
+            self.core.trim.soon()
+            self.core.gate.leave()
+
+
+async def resume(
+    core: ServiceCore,
+    agent_id: str,
+    agent: Agent,
+    request: ResumeRequest,
+    *,
+    approved: bool,
+    caller: Caller,
+) -> LiveRun:
+    """Take a run slot, claim the suspended run and go on, streamed (404 / 409 before it starts,
+    the slot given back then)."""
+    core.gate.enter()
+    try:
+        run = await resume_stream(agent, request, approved=approved, caller=caller)
+    except BaseException:
+        core.gate.leave()
+        raise
+    return LiveRun(core, agent_id, run, run_owner(run, caller))
+
+
+def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> LiveRun:
+    """Start an admitted call's run, streamed (its slot given back when it cannot start)."""
+    try:
+        run = agent.stream(call.input, call.options)
+    except BaseException:
+        core.gate.leave()
+        raise
+    return LiveRun(core, agent_id, run, call.options.resource_id)
+
+
+@dataclass
+class Observed:
+    """A durable run being observed: its manager, its record and its events from the offset asked."""
+
+    durable: DurableRuns
+    record: DurableRun
+    events: Any
+    """The events (offset, chunk) from the offset asked on, as `durable.attach` gives them."""
+
+
+async def observe(
+    core: ServiceCore, run_id: str, offset: int, caller: Caller, *, agent_id: str | None = None
+) -> Observed:
+    """Reattach to a durable run the caller may see (of `agent_id`, when one is named): 404 for
+    another resource's run as for none, 400 for a negative offset. Observing holds no run slot:
+    the run goes on whether or not anyone watches."""
+    if offset < 0:
+        raise BadRequestError("offset: must not be negative")
+    record = await durable.visible_run(core, run_id, caller)
+    if agent_id is not None and record.agent_id != agent_id:
+        raise DurableRunGoneError(f"no durable run {run_id[:64]!r} of agent {agent_id!r}")
+    manager = await durable.manager(core.app)
+    return Observed(manager, record, await durable.attach(manager, record, offset))
+
+
+async def cancel_durable(core: ServiceCore, run_id: str, caller: Caller) -> tuple[bool, DurableRun]:
+    """Cancel a durable run the caller may see (404 otherwise): whether it was still going, and
+    the run after the request."""
+    record = await durable.visible_run(core, run_id, caller)
+    return await durable.cancel(core, record)
+
+
+async def cancel_run(core: ServiceCore, agent_id: str, run_id: str, caller: Caller) -> None:
+    """Cancel the agent's run: a durable run on whichever replica runs it (its own stops it at its
+    next renewal), else a run streaming on this replica (RunNotActiveError when there is none the
+    caller may act on)."""
+    core.agent(agent_id)
+    entry = core.runs.find(agent_id, run_id, caller)
+    if entry is None and (core.app.durable is not None or core.app.store is not None):
+        try:
+            record = await durable.visible_run(core, run_id, caller)
+        except (DurableRunGoneError, BadRequestError):
+            record = None
+        if record is not None and record.agent_id == agent_id:
+            cancelled, _ = await durable.cancel(core, record)
+            if cancelled:
+                return
+    if entry is None:
+        raise RunNotActiveError(f"no run {run_id[:64]!r} of agent {agent_id!r} is streaming on this replica")
+    await entry.run.cancel()

@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from procmesh import ProcessorClient
@@ -29,7 +29,7 @@ from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.events import EventLog, open_event_log
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
-from procmesh_orchestrator.processors.binding import LaneBinder
+from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.run import Agent, AgentSpec
 from procmesh_orchestrator.sidecar_metrics import MergedSidecarMetrics
@@ -81,15 +81,25 @@ class App:
     """
 
     def __init__(
-        self, config: Config, *, metrics: OrchestratorMetrics | None = None, connect_timeout: float = 10.0
+        self,
+        config: Config,
+        *,
+        metrics: OrchestratorMetrics | None = None,
+        connect_timeout: float = 10.0,
+        lanes: Mapping[str, Mapping[str, LaneSource]] | None = None,
     ) -> None:
         self.metrics = metrics or OrchestratorMetrics()
+        self.lanes = dict(lanes or {})
+        """Lanes given as functions of the request context, by agent id and lane (``input``,
+        ``output``): each returns the lane's entries as the config writes them, bound as each run
+        starts (the seeds' ``inputProcessors: ({ requestContext }) => [...]``); every pipeline,
+        a reload's included, takes them."""
         self.connect_timeout = connect_timeout
         """Seconds a sidecar (or the built-in one) has to answer at start and at a reload."""
         self.on_swap: list[Callable[[Pipeline], None]] = []
         """Called with the new pipeline right after each `swap` (what a Service derives from the
         config: the health poll's optional sidecars, the model gateway's models)."""
-        self.pipeline = Pipeline(config, self.metrics, connect_timeout=connect_timeout)
+        self.pipeline = Pipeline(config, self.metrics, connect_timeout=connect_timeout, lanes=self.lanes)
         """The serving pipeline: the config's sidecars, tools, models and agents, bound."""
         self.clients: dict[str, ProcessorClient] = {}
         """The serving pipeline's sidecar channels (one dict, updated in place by `swap`)."""

@@ -21,9 +21,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
 from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
+from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
-from procmesh_orchestrator.processors.binding import LaneBinder
+from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.providers.retrying import RetryingModel
@@ -60,8 +61,11 @@ class Pipeline:
         *,
         sidecars: Mapping[str, SidecarConfig] | None = None,
         connect_timeout: float = 10.0,
+        lanes: Mapping[str, Mapping[str, LaneSource]] | None = None,
     ) -> None:
         self.config = config
+        self.lane_functions = lanes or {}
+        """Lanes given as functions of the request context, by agent and lane (`App`'s ``lanes=``)."""
         self.version = config_hash(config)
         self.metrics = metrics
         self.sidecars = SidecarCatalog(
@@ -94,9 +98,11 @@ class Pipeline:
         """
         await self.sidecars.connect()
         await self.tools.start(self.sidecars)
+        if unknown := sorted(set(self.lane_functions) - set(self.config.agents)):
+            raise ConfigError(f"App lanes= names agents the config does not have: {unknown}")
         for agent_id, agent in self.config.agents.items():
             chain = self._model_chain(agent, f"agents.{agent_id}.model")
-            lanes = self.binder.lanes(agent_id, agent)
+            lanes = self.binder.lanes(agent_id, agent, self.lane_functions.get(agent_id))
             spec = AgentSpec(
                 id=agent_id,
                 model=chain[0],

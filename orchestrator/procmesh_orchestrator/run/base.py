@@ -48,15 +48,26 @@ def call_lanes(
 ) -> tuple[tuple[Processor, ...], tuple[Processor, ...], tuple[Processor, ...]]:
     """The input, output and error lanes a run of `options` calls, memory's processors aside.
 
-    Per-call lists replace the agent's (static or chosen from the request context); workflow
-    conditions and options taken from the request context are decided once, here:
-    RequestContextError when the context gives a processor an option its schema refuses.
+    Per-call lists replace the agent's (static, chosen from the request context or built by its
+    lane function, which is then not called); workflow conditions, options taken from the request
+    context and lane functions are decided here, as a run starts (and as an API admits its
+    request, `Agent.check_call`): RequestContextError when the context gives a processor an option
+    its schema refuses, or a lane function refuses it.
     """
-    rc = options.request_context
-    agent_input, agent_output = agent.lanes.for_call(rc)
+    rc, owner = options.request_context, f"agent {agent.id!r}"
     return (
-        expand_lane(options.input_processors if options.input_processors is not None else agent_input, rc),
-        expand_lane(options.output_processors if options.output_processors is not None else agent_output, rc),
+        expand_lane(
+            options.input_processors
+            if options.input_processors is not None
+            else agent.lanes.chosen("input", rc, owner),
+            rc,
+        ),
+        expand_lane(
+            options.output_processors
+            if options.output_processors is not None
+            else agent.lanes.chosen("output", rc, owner),
+            rc,
+        ),
         expand_lane(
             options.error_processors if options.error_processors is not None else agent.lanes.error, rc
         ),

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from procmesh_orchestrator.errors import ConfigError, OrchestratorError
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
 from procmesh_orchestrator.run.models import ModelProvider
@@ -42,33 +44,66 @@ class ContextLane:
         return tuple(e for lane in (*self.cases.values(), self.default) for e in lane)
 
 
+LaneFunction = Callable[[Mapping[str, Any]], Sequence[LaneEntry]]
+"""A lane built per run from the caller's request context, as in the seeds (``inputProcessors:
+({ requestContext }) => [...]``): it gets a read-only copy of the context and returns bound
+entries (`App`'s ``lanes=`` binds the entries a function of yours names)."""
+
+
 @dataclass(frozen=True)
 class Lanes:
     """The resolved processor lanes of a call."""
 
-    input: tuple[LaneEntry, ...] = ()
-    output: tuple[LaneEntry, ...] = ()
+    input: tuple[LaneEntry, ...] | LaneFunction = ()
+    """The input lane, or a `LaneFunction` called as each run starts, before processInput."""
+    output: tuple[LaneEntry, ...] | LaneFunction = ()
+    """The output lane, or a `LaneFunction` called as each run starts, before processInput."""
     error: tuple[LaneEntry, ...] = ()
     input_by_context: ContextLane | None = None
     """Chosen per call instead of `input` (the config's ``inputProcessorsByContext``)."""
     output_by_context: ContextLane | None = None
     """Chosen per call instead of `output` (the config's ``outputProcessorsByContext``)."""
 
-    def for_call(
-        self, request_context: Mapping[str, Any]
-    ) -> tuple[tuple[LaneEntry, ...], tuple[LaneEntry, ...]]:
-        """The input and output lanes of a call with this request context."""
-        chosen_in, chosen_out = self.input_by_context, self.output_by_context
-        return (
-            self.input if chosen_in is None else chosen_in.choose(request_context),
-            self.output if chosen_out is None else chosen_out.choose(request_context),
-        )
+    def chosen(
+        self, lane: str, request_context: Mapping[str, Any], owner: str = "the agent"
+    ) -> tuple[LaneEntry, ...]:
+        """The ``input`` or ``output`` lane (`lane`) of a call with this request context.
+
+        A lane function that raises fails the run before any hook: a `RequestContextError` (the
+        function's way to refuse a context: 400 over the APIs) or another `OrchestratorError` as
+        it is, anything else as a ConfigError naming `owner`'s lane.
+        """
+        by_context = self.input_by_context if lane == "input" else self.output_by_context
+        if by_context is not None:
+            return by_context.choose(request_context)
+        entries = self.input if lane == "input" else self.output
+        return _built(f"{owner}'s {lane} lane", entries, request_context) if callable(entries) else entries
 
     def every(self) -> tuple[LaneEntry, ...]:
-        """Every input and output entry any call may get (each case of a lane chosen by context)."""
+        """Every input and output entry any call may get (each case of a lane chosen by context;
+        none of a lane function's, which exist only per run)."""
         ins = self.input if self.input_by_context is None else self.input_by_context.every()
         outs = self.output if self.output_by_context is None else self.output_by_context.every()
-        return (*ins, *outs)
+        return tuple(e for lane in (ins, outs) if not callable(lane) for e in lane)
+
+
+def _built(lane: str, function: LaneFunction, request_context: Mapping[str, Any]) -> tuple[LaneEntry, ...]:
+    try:
+        # A copy: the caller's context is the run's, and a lane function only reads it.
+        built = function(MappingProxyType(dict(request_context)))
+    except OrchestratorError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"{lane}: its function raised {exc!r}") from exc
+    if isinstance(built, str | bytes) or not isinstance(built, Sequence):
+        raise ConfigError(f"{lane}: its function returned {type(built).__name__}, not a list")
+    for i, entry in enumerate(built):
+        if not callable(getattr(entry, "expand", None)):
+            raise ConfigError(
+                f"{lane}: its function returned {entry!r} at {i}, not a bound lane entry "
+                "(bind it with App.resolve, or give App the function as lanes=)"
+            )
+    return tuple(built)
 
 
 @dataclass

@@ -54,12 +54,10 @@ def normalize_input(value: str | list[dict[str, Any]]) -> tuple[list[dict[str, A
     return systems, convo
 
 
-class _Suspended(Exception):
-    """A tool call awaits approval: the run stops here and is kept in the store."""
-
-    def __init__(self, pending: PendingTools) -> None:
-        super().__init__(pending.calls[0]["toolCallId"])
-        self.pending = pending
+LoopEnd = str | PendingTools
+"""How the loop ended: its finish reason, or the step's calls from the first one awaiting approval
+(the run suspends: `_execute` keeps it in the store). A suspension is an outcome the loop returns,
+not an error: nothing between the tool call and `_execute` has to let it pass."""
 
 
 class Run(RunCore):
@@ -141,13 +139,13 @@ class Run(RunCore):
             # the run-wide timer fires just after, for whatever else still runs (the model, tools).
             timeout = self.options.timeout + RUN_DEADLINE_GRACE if self.options.timeout else None
             async with asyncio.timeout(timeout):
-                reason = await self._until_aborted(self._prepare_and_loop())
-                if reason is None:
+                end = await self._until_aborted(self._prepare_and_loop())
+                if end is None:
                     aborted = True
+                elif isinstance(end, PendingTools):
+                    suspended = end
                 else:
-                    finish_reason = reason
-        except _Suspended as suspension:
-            suspended = suspension.pending
+                    finish_reason = end
         except TripwireAbort as abort:
             tripwire = abort
         except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
@@ -246,7 +244,7 @@ class Run(RunCore):
         self.metrics.run_duration.labels(self.agent.id).observe(time.perf_counter() - started)
         return self._result(self.text(), finish_reason, status, error=error)
 
-    async def _until_aborted(self, work: Coroutine[Any, Any, str]) -> str | None:
+    async def _until_aborted(self, work: Coroutine[Any, Any, LoopEnd]) -> LoopEnd | None:
         """Run the loop until it ends or the caller's abort signal is set (then None).
 
         Aborting cancels the loop's task: the model call, processor calls (a sidecar sees its call
@@ -306,7 +304,7 @@ class Run(RunCore):
         ]
         self.emit({"type": "finish", "payload": {"finishReason": "suspended", "usage": self.usage}})
 
-    async def _prepare_and_loop(self) -> str:
+    async def _prepare_and_loop(self) -> LoopEnd:
         if self.resume_from is not None:
             pending, decision = self.resume_from
             return await self._loop(pending, {pending.calls[0]["toolCallId"]: decision})
@@ -357,7 +355,7 @@ class Run(RunCore):
         decisions: dict[str, ApprovalDecision] | None = None,
         *,
         start: int = 0,
-    ) -> str:
+    ) -> LoopEnd:
         step_number = start
         if pending is not None:  # a resumed run: the suspended step's calls first
             # The resumed stream starts with the calls it answers (a client rebuilding the message
@@ -381,9 +379,9 @@ class Run(RunCore):
                 step_number += 1
                 await self._checkpoint(step_number)
 
-    async def _step(self, step_number: int) -> tuple[str | None, bool]:
-        """One model step and its tool work: (the finish reason when the loop ends, whether the
-        step is to run again: a retry)."""
+    async def _step(self, step_number: int) -> tuple[LoopEnd | None, bool]:
+        """One model step and its tool work: (how the loop ends when it does, whether the step is
+        to run again: a retry)."""
         self.info.step_number = step_number
         self.system = list(self.loop_system)  # processInputStep system changes last one step
         cfg = steps.step_config(
@@ -436,13 +434,13 @@ class Run(RunCore):
         record: dict[str, Any],
         recorded: list[dict[str, Any]] | None = None,
         decisions: dict[str, ApprovalDecision] | None = None,
-    ) -> str | None:
-        """The step's tool work, then whether the loop ends: its finish reason, or None to go on."""
+    ) -> LoopEnd | None:
+        """The step's tool work, then whether the loop ends (`LoopEnd`), or None to go on."""
         if calls:
             results, left = await run_tools(self, assistant, calls, step_number, recorded or (), decisions)
             record["toolResults"] = [*record["toolResults"], *results]
-            if left:
-                raise _Suspended(PendingTools(assistant["id"], left, step_number, record))
+            if left:  # a call awaits approval: the step is not over, so it is not in self.steps
+                return PendingTools(assistant["id"], left, step_number, record)
         self.steps.append(record)
         self.info.retry_count = 0
         finish_reason = str(record["finishReason"])

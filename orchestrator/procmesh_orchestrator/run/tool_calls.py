@@ -1,8 +1,8 @@
 """A step's tool calls, in order: arguments checked, approval asked, the tool run, processToolResult.
 
 A call that needs approval and has no decision yet ends the step here: the approval chunk goes
-out and the run suspends (`run.suspension` holds what is left; `loop` saves it). A resumed run
-comes back with the decision and goes on from that call.
+out and `run_tools` returns the calls left, which the loop returns as its end (`PendingTools`; the
+run suspends and is saved). A resumed run comes back with the decision and goes on from that call.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Workflows as processors: parallel branches with map, conditional branches, tripwires inside."""
+"""Workflows as processors: parallel branches with map, conditional branches, nested workflows,
+tripwires inside."""
 
 from __future__ import annotations
 
@@ -115,6 +116,28 @@ async def test_stream_workflow_with_sequential_and_parallel_steps(examples: str)
         counts = [c["data"] for c in chunks if c["type"] == "data-word-count"]
         assert counts == [{"words": 3}]  # the other branch saw every part and reported
         assert result.assistant_metadata == {}  # word-counter's result is not the picked one
+
+
+async def test_a_workflow_step_may_be_a_workflow(examples: str) -> None:
+    flows = {
+        "redact": {"steps": ["ex/pii-redactor"]},
+        "guarded": {"steps": [{"processor": "ex/topic-guard", "options": {"words": ["jailbreak"]}}]},
+        "outer": {"steps": ["workflow:guarded", {"workflow": "redact"}]},
+    }
+    cfg = make(examples, flows, inputProcessors=["workflow:outer"])
+    async with App(cfg) as app:
+        result = await app.agent("a").generate("mail jane@example.com")
+        assert result.tripwire is None
+        assert prompt_text(app) == "mail [email]"  # the nested workflow's processor ran
+        result = await app.agent("a").generate("jailbreak now")
+        assert result.tripwire is not None
+        assert result.tripwire["processorId"] == "topic-guard"  # a nested tripwire keeps its id
+
+
+async def test_workflows_nesting_in_a_cycle_are_refused_at_start_up(examples: str) -> None:
+    flows = {"a": {"steps": ["ex/pii-redactor", "workflow:b"]}, "b": {"steps": ["workflow:a"]}}
+    with pytest.raises(ConfigError, match="a -> b -> a nest in a cycle"):
+        make(examples, flows, inputProcessors=["workflow:a"])
 
 
 async def test_unknown_workflow_and_bad_map_are_config_errors(examples: str) -> None:

@@ -234,13 +234,15 @@ class ConditionalStep(_Model):
 WorkflowStep = Annotated[
     Annotated[ParallelStep, Tag("<parallel>")]
     | Annotated[ConditionalStep, Tag("<when>")]
+    | Annotated[WorkflowRef, Tag("<workflow>")]
     | Annotated[ProcessorRef, Tag("<processor>")],
     Discriminator(_entry_kind),
 ]
 
 
 class WorkflowConfig(_Model):
-    """Processors composed into one lane entry: sequential steps, parallel branches, conditions."""
+    """Processors composed into one lane entry: sequential steps, parallel branches, conditions,
+    and other workflows (``workflow:NAME`` as a step runs that workflow's steps in its place)."""
 
     steps: list[WorkflowStep]
 
@@ -276,12 +278,58 @@ class LaneByContext(_Model):
 
 
 def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
-    """The processors a workflow step names."""
+    """The processors a workflow step names itself (a nested workflow's are in its own steps)."""
     if isinstance(step, ParallelStep):
         return list(step.parallel)
     if isinstance(step, ConditionalStep):
         return [*step.then, *step.otherwise]
+    if isinstance(step, WorkflowRef):
+        return []
     return [step]
+
+
+def check_workflows(workflows: Mapping[str, WorkflowConfig]) -> None:
+    """Refuse a step naming an unknown workflow, and workflows that nest in a cycle (it would never
+    end): ValueError naming the step, or the cycle's path (``a -> b -> a``)."""
+    for name, workflow in workflows.items():
+        for i, step in enumerate(workflow.steps):
+            if isinstance(step, WorkflowRef) and step.workflow not in workflows:
+                raise ValueError(
+                    f"workflows.{name}.steps.{i}: unknown workflow {step.workflow!r} "
+                    f"(declared: {sorted(workflows)})"
+                )
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = [*path[path.index(name) :], name]
+            raise ValueError(
+                f"workflows: {' -> '.join(cycle)} nest in a cycle (a workflow cannot contain itself)"
+            )
+        if name in done:
+            return
+        for step in workflows[name].steps:
+            if isinstance(step, WorkflowRef):
+                visit(step.workflow, [*path, name])
+        done.add(name)
+
+    for name in workflows:
+        visit(name, [])
+
+
+def workflow_processors(
+    name: str, workflows: Mapping[str, WorkflowConfig], where: str
+) -> list[tuple[str, ProcessorRef]]:
+    """Every processor workflow `name` runs, nested workflows' included, each with its place
+    (`check_workflows` passed: no cycle)."""
+    workflow = workflows.get(name)
+    out: list[tuple[str, ProcessorRef]] = []
+    for j, step in enumerate(workflow.steps if workflow is not None else ()):
+        if isinstance(step, WorkflowRef):
+            out += workflow_processors(step.workflow, workflows, f"{where} (workflow {name}, step {j})")
+            continue
+        out += [(f"{where} (workflow {name}, step {j})", ref) for ref in workflow_refs(step)]
+    return out
 
 
 def _lane_refs(
@@ -293,11 +341,7 @@ def _lane_refs(
         if isinstance(entry, ProcessorRef):
             out.append((f"{where}.{i}", entry))
             continue
-        workflow = workflows.get(entry.workflow)
-        for j, step in enumerate(workflow.steps if workflow is not None else ()):
-            out += [
-                (f"{where}.{i} (workflow {entry.workflow}, step {j})", ref) for ref in workflow_refs(step)
-            ]
+        out += workflow_processors(entry.workflow, workflows, f"{where}.{i}")
     return out
 
 

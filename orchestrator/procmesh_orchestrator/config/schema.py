@@ -27,7 +27,7 @@ from procmesh_orchestrator.config.lanes import ProcessorRef as ProcessorRef
 from procmesh_orchestrator.config.lanes import WorkflowConfig as WorkflowConfig
 from procmesh_orchestrator.config.lanes import WorkflowRef as WorkflowRef
 from procmesh_orchestrator.config.lanes import WorkflowStep as WorkflowStep
-from procmesh_orchestrator.config.lanes import _lane, lane_instances
+from procmesh_orchestrator.config.lanes import _lane, check_workflows, lane_instances
 from procmesh_orchestrator.config.lanes import workflow_refs as workflow_refs
 from procmesh_orchestrator.config.request_context import SchemaOfContext
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
@@ -439,6 +439,7 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _references(self) -> Config:
+        check_workflows(self.workflows)
         for agent_id, agent in self.agents.items():
             for choice in agent.models:
                 problem = self.model_problem(choice.model)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from procmesh_orchestrator.config import AgentConfig, Config, ProcessorRef, WorkflowRef, workflow_refs
+from procmesh_orchestrator.config.lanes import workflow_processors
 from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR
 
 OTHER = "other"
@@ -58,9 +59,7 @@ def _agent_refs(config: Config, agent: AgentConfig) -> Iterator[ProcessorRef]:
     for _, lane in agent.named_lanes():
         for entry in lane:
             if isinstance(entry, WorkflowRef):
-                workflow = config.workflows.get(entry.workflow)
-                for step in workflow.steps if workflow is not None else ():
-                    yield from workflow_refs(step)
+                yield from (ref for _, ref in workflow_processors(entry.workflow, config.workflows, ""))
             else:
                 yield entry
 

@@ -357,3 +357,29 @@ def test_a_workflows_processor_counts_in_the_lane_it_is_used_in() -> None:
     message = error_of(data)
     assert "processor instance 'ban' is already at agents.a.inputProcessors.0" in message
     assert "(workflow checks, step 0)" in message
+
+
+def test_a_nested_workflows_processors_count_in_the_lane_too() -> None:
+    data = base(inputProcessors=["s/ban", "workflow:outer"])
+    data["workflows"] = {"outer": {"steps": ["workflow:inner"]}, "inner": {"steps": ["s/ban"]}}
+    message = error_of(data)
+    assert "processor instance 'ban' is already at agents.a.inputProcessors.0" in message
+    assert "(workflow outer, step 0) (workflow inner, step 0)" in message
+
+
+def test_workflows_nesting_in_a_cycle_are_refused_naming_the_path() -> None:
+    data = base(inputProcessors=["workflow:a"])
+    data["workflows"] = {
+        "a": {"steps": ["s/ban", {"workflow": "b"}]},
+        "b": {"steps": ["workflow:c"]},
+        "c": {"steps": ["workflow:a"]},
+    }
+    assert "a -> b -> c -> a nest in a cycle" in error_of(data)
+    data["workflows"] = {"a": {"steps": ["workflow:a"]}}
+    assert "a -> a nest in a cycle" in error_of(data)
+
+
+def test_a_step_naming_an_unknown_workflow_is_refused() -> None:
+    data = base(inputProcessors=["workflow:a"])
+    data["workflows"] = {"a": {"steps": ["workflow:nope"]}}
+    assert "workflows.a.steps.0: unknown workflow 'nope'" in error_of(data)

@@ -7,8 +7,10 @@ problem is a `ConfigError` naming the config key (``agents.a.outputProcessors.0`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from procmesh import convert
 from procmesh_orchestrator.config import (
@@ -31,7 +33,13 @@ from procmesh_orchestrator.processors.lanes import (
     ProcessorHandle,
     hook_names,
 )
-from procmesh_orchestrator.run.types import ContextLane, Lanes
+from procmesh_orchestrator.run.types import ContextLane, LaneFunction, Lanes
+
+LaneSource = Callable[[Mapping[str, Any]], Sequence[str | Mapping[str, Any]]]
+"""Your lane function for `App`'s ``lanes=``: the request context in, the lane's entries out as
+the config writes them (the seeds' ``inputProcessors: ({ requestContext }) => [...]``)."""
+
+_ENTRY: TypeAdapter[LaneEntry] = TypeAdapter(LaneEntry)
 
 DEFAULT_ERROR_PROCESSORS = (
     "provider-history-compat",
@@ -74,12 +82,32 @@ class LaneBinder:
         self.sidecars = sidecars
         self.workflows = workflows
 
-    def lanes(self, agent_id: str, agent: AgentConfig) -> Lanes:
-        """The agent's lanes, bound; the error lane with the default error processors it lacks."""
+    def lanes(
+        self, agent_id: str, agent: AgentConfig, functions: Mapping[str, LaneSource] | None = None
+    ) -> Lanes:
+        """The agent's lanes, bound; the error lane with the default error processors it lacks.
+
+        `functions` (``input``, ``output``) replace the config's lane by a function of the request
+        context (`App`'s ``lanes=``), whose entries are bound as each run starts."""
         where = f"agents.{agent_id}"
+        functions = functions or {}
+        for lane, field in (("input", "inputProcessors"), ("output", "outputProcessors")):
+            if lane in functions and (
+                getattr(agent, f"{lane}_processors") or getattr(agent, f"{lane}_processors_by_context")
+            ):
+                raise ConfigError(
+                    f"{where}.{field}: App's lanes= gives this agent's {lane} lane as a function; "
+                    f"the config's {field} (or {field}ByContext) must then be left out"
+                )
+        if unknown := sorted(set(functions) - {"input", "output"}):
+            raise ConfigError(f"App lanes= for agent {agent_id!r}: unknown lanes {unknown} (input, output)")
         return Lanes(
-            input=tuple(self.resolve_lane(agent.input_processors, f"{where}.inputProcessors")),
-            output=tuple(self.resolve_lane(agent.output_processors, f"{where}.outputProcessors")),
+            input=self.function_lane(functions["input"], f"{where}.inputProcessors")
+            if "input" in functions
+            else tuple(self.resolve_lane(agent.input_processors, f"{where}.inputProcessors")),
+            output=self.function_lane(functions["output"], f"{where}.outputProcessors")
+            if "output" in functions
+            else tuple(self.resolve_lane(agent.output_processors, f"{where}.outputProcessors")),
             error=tuple(
                 self.error_lane(
                     agent.error_processors, agent.error_processor_defaults, f"{where}.errorProcessors"
@@ -159,6 +187,23 @@ class LaneBinder:
             # a shadow processor's verdict is not the run's: it never shares a request
             fuse_key=ref.sidecar if ref.sidecar in self.sidecars.fusing and not shadow else "",
         )
+
+    def function_lane(self, source: LaneSource, where: str) -> LaneFunction:
+        """A lane function whose entries (``sidecar/id``, ``workflow:NAME`` or a lane entry as a
+        mapping, as the config writes them) are bound here as each run starts; a bad entry is a
+        ConfigError naming it (``agents.a.inputProcessors.1``)."""
+
+        def lane(request_context: Mapping[str, Any]) -> list[LaneItem]:
+            entries = []
+            for i, raw in enumerate(source(request_context)):
+                try:
+                    entries.append(raw if isinstance(raw, str) else _ENTRY.validate_python(raw))
+                except ValidationError as exc:
+                    problem = exc.errors()[0]
+                    raise ConfigError(f"{where}.{i}: {problem['msg']} ({raw!r})") from None
+            return self.resolve_lane(entries, where)
+
+        return lane
 
     def context_lane(self, chosen: LaneByContext | None, where: str) -> ContextLane | None:
         """Bind every case and the default of a lane chosen from the request context."""

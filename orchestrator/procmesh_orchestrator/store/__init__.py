@@ -1,14 +1,20 @@
 """The store: threads and their messages, suspended and durable runs, the cost ledger.
 
-What other packages use is named here; the modules starting with ``_`` are the store's own. The
+One module per aggregate, each with its records and its Protocol: `threads` (`ThreadStore`), `runs`
+(`RunStore`: suspended and durable runs, snapshots, leases, fences), `ledger` (`CostLedger`);
+`contract` joins them into `MemoryStore`, and `config` opens the one a configuration names. What
+other packages use is named here; the modules starting with ``_`` are the store's own. The
 backends (`procmesh_orchestrator.store.sqlite`, `procmesh_orchestrator.store.postgres`) are
 imported only by `open_store` when a configuration chooses one, so a SQLite deployment never
 loads psycopg.
 """
 
-from procmesh_orchestrator.store._common import MAX_COST_WINDOW_SECONDS, MAX_ID_CHARS, MAX_PAGE, label
+from procmesh_orchestrator.store._checks import MAX_ID_CHARS, MAX_PAGE, label
 from procmesh_orchestrator.store._redact import client_message
-from procmesh_orchestrator.store.store import (
+from procmesh_orchestrator.store.config import StoreConfig, open_store
+from procmesh_orchestrator.store.contract import MemoryStore
+from procmesh_orchestrator.store.ledger import MAX_COST_WINDOW_SECONDS, CostAdmission, CostLedger
+from procmesh_orchestrator.store.runs import (
     CANCELLED,
     DONE,
     DURABLE_STATUSES,
@@ -18,15 +24,12 @@ from procmesh_orchestrator.store.store import (
     RESUMING,
     RUNNING,
     SUSPENDED,
-    CostAdmission,
     DurableRun,
-    MemoryStore,
-    Message,
     RunFence,
+    RunStore,
     SuspendedRun,
-    Thread,
 )
-from procmesh_orchestrator.store.stores import StoreConfig, open_store
+from procmesh_orchestrator.store.threads import Message, Thread, ThreadStore
 
 __all__ = [
     "CANCELLED",
@@ -42,13 +45,16 @@ __all__ = [
     "RUNNING",
     "SUSPENDED",
     "CostAdmission",
+    "CostLedger",
     "DurableRun",
     "MemoryStore",
     "Message",
     "RunFence",
+    "RunStore",
     "StoreConfig",
     "SuspendedRun",
     "Thread",
+    "ThreadStore",
     "client_message",
     "label",
     "open_store",

@@ -26,21 +26,18 @@ from procmesh_orchestrator.errors import (
     LeaseLostError,
     MemoryStoreError,
 )
-from procmesh_orchestrator.store._common import (
+from procmesh_orchestrator.store._checks import (
     MAX_PAGE,
-    Query,
-    StoreHooks,
     check_count,
     check_id,
     check_optional_id,
     decode,
     encode_snapshot,
     label,
-    page_of,
-    page_sql,
     run_owners,
 )
-from procmesh_orchestrator.store.store import (
+from procmesh_orchestrator.store._sql import Query, StoreHooks, page_of, page_sql
+from procmesh_orchestrator.store.runs import (
     CANCELLED,
     DONE,
     DURABLE_STATUSES,

@@ -11,17 +11,11 @@ import math
 from typing import Any
 
 from procmesh_orchestrator.errors import InvalidMemoryInputError
-from procmesh_orchestrator.store._common import (
-    MAX_COST_WINDOW_SECONDS,
-    MAX_ID_CHARS,
-    Query,
-    StoreHooks,
-    check_count,
-    check_id,
-    label,
-)
+from procmesh_orchestrator.store._checks import MAX_ID_CHARS, check_count, check_id, label
 from procmesh_orchestrator.store._durable import check_fence, hold_fence
-from procmesh_orchestrator.store.store import CostAdmission, RunFence
+from procmesh_orchestrator.store._sql import Query, StoreHooks
+from procmesh_orchestrator.store.ledger import MAX_COST_WINDOW_SECONDS, CostAdmission
+from procmesh_orchestrator.store.runs import RunFence
 
 MAX_SCOPE_CHARS = 2 * MAX_ID_CHARS
 """A cost scope key is a kind and an id (``resource:<id>``)."""

@@ -31,11 +31,31 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     ThreadNotFoundError,
 )
-from procmesh_orchestrator.store import _common as c
+from procmesh_orchestrator.store._checks import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    MAX_PAGE,
+    check_count,
+    check_id,
+    decode,
+    iso,
+    label,
+)
 from procmesh_orchestrator.store._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
 from procmesh_orchestrator.store._ledger import CostMethods
+from procmesh_orchestrator.store._sql import Query, shielded
+from procmesh_orchestrator.store._suspended import (
+    SuspendedRunMethods,
+    claimed_run,
+    encode_suspended,
+    save_suspended_sql,
+    select_suspended_sql,
+    set_status_sql,
+)
+from procmesh_orchestrator.store._threads import check_thread_fields, encode_turn, messages_query, thread_key
 from procmesh_orchestrator.store.migrations import migrations
-from procmesh_orchestrator.store.store import RESUMING, Message, RunFence, SuspendedRun, Thread
+from procmesh_orchestrator.store.runs import RESUMING, RunFence, SuspendedRun
+from procmesh_orchestrator.store.threads import Message, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,7 +65,7 @@ MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock ke
 _THREAD_COLUMNS = "thread_id, resource_id, title, metadata, created_at, updated_at"
 
 
-class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
+class PostgresMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 
     placeholder = "%s"
@@ -63,8 +83,8 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         max_connections: int = 10,
         timeout: float = 5.0,
         idle_transaction_timeout: float = 5.0,
-        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-        max_snapshot_bytes: int = c.DEFAULT_MAX_SNAPSHOT_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     ) -> None:
         try:
             params = conninfo_to_dict(dsn)
@@ -144,7 +164,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
 
     async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
         """The resource's thread of this id, or None."""
-        key = c.thread_key(self.name, thread_id, resource_id)
+        key = thread_key(self.name, thread_id, resource_id)
         rows = await self._read(
             f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s AND thread_id = %s",
             key,
@@ -154,8 +174,8 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
 
     async def create_thread(self, thread: Thread) -> Thread:
         """Create it; the same id of the same resource is returned as stored."""
-        key = c.thread_key(self.name, thread.id, thread.resource_id)
-        title, metadata = c.check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
+        key = thread_key(self.name, thread.id, thread.resource_id)
+        title, metadata = check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
 
         async def create(conn: Connection) -> Thread:
             # One statement inserts the thread or, on an existing id of this resource, locks and
@@ -174,9 +194,9 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
 
     async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
         """The resource's threads, most recently updated first."""
-        resource_id = c.check_id(self.name, "resource", resource_id)
-        limit = c.check_count(self.name, "limit", limit, low=1, high=c.MAX_PAGE)
-        offset = c.check_count(self.name, "offset", offset, low=0, high=2**62)
+        resource_id = check_id(self.name, "resource", resource_id)
+        limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
+        offset = check_count(self.name, "offset", offset, low=0, high=2**62)
         rows = await self._read(
             f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s "
             "ORDER BY updated_at DESC, thread_id LIMIT %s OFFSET %s",
@@ -194,8 +214,8 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         metadata: dict[str, Any] | None = None,
     ) -> Thread:
         """Change title and/or metadata (`ThreadNotFoundError` when the resource has no such thread)."""
-        key = c.thread_key(self.name, thread_id, resource_id)
-        new_title, new_metadata = c.check_thread_fields(
+        key = thread_key(self.name, thread_id, resource_id)
+        new_title, new_metadata = check_thread_fields(
             self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
         )
 
@@ -212,14 +232,14 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
             )
             row = await cursor.fetchone()
             if row is None:
-                raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
+                raise ThreadNotFoundError(f"memory store {self.name}: no thread {label(thread_id)}")
             return _thread(row)
 
         return await self._write(update, f"updating thread {thread_id!r}", key)
 
     async def delete_thread(self, thread_id: str, resource_id: str) -> None:
         """Delete the resource's thread and (by the foreign key's cascade) its messages."""
-        key = c.thread_key(self.name, thread_id, resource_id)
+        key = thread_key(self.name, thread_id, resource_id)
 
         async def delete(conn: Connection) -> None:
             await conn.execute("DELETE FROM threads WHERE resource_id = %s AND thread_id = %s", key)
@@ -232,8 +252,8 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         """Append (or replace by id) the turn's messages to the resource's thread, in one
         transaction, under the thread's lock; a durable run's (`fence`) only at its epoch, once per
         run (`hold_turn`, which locks the run's row first)."""
-        key = c.thread_key(self.name, thread_id, resource_id)
-        rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+        key = thread_key(self.name, thread_id, resource_id)
+        rows = encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
         held = None if fence is None else check_fence(self.name, fence)
 
         async def save(conn: Connection) -> None:
@@ -264,20 +284,20 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
     ) -> list[Message]:
         """The resource's thread's stored messages, oldest first: all, or the `last` N."""
-        resource_id, thread_id = c.thread_key(self.name, thread_id, resource_id)
-        sql, args = c.messages_query(self.name, thread_id, resource_id, last, include_signals, "%s")
+        resource_id, thread_id = thread_key(self.name, thread_id, resource_id)
+        sql, args = messages_query(self.name, thread_id, resource_id, last, include_signals, "%s")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
-        return [c.decode(row[0]) for row in rows]
+        return [decode(row[0]) for row in rows]
 
     async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
         """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
-        row = c.encode_suspended(self.name, run, self._max_snapshot_bytes)
+        row = encode_suspended(self.name, run, self._max_snapshot_bytes)
         held = None if fence is None else check_fence(self.name, fence)
 
         async def save(conn: Connection) -> None:
             if held is not None:
                 await hold_fence(self.name, _query(conn), held, "%s", " FOR UPDATE", "suspending")
-            await conn.execute(c.save_suspended_sql("%s", "now()"), row)
+            await conn.execute(save_suspended_sql("%s", "now()"), row)
 
         await self._write(save, f"saving suspended run {row[0]!r}")
 
@@ -285,19 +305,19 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
     ) -> SuspendedRun:
         """Mark the run `RESUMING` and return it, holding its row lock from the read to the commit."""
-        run_id = c.check_id(self.name, "run", run_id)
-        tool_call_id = c.check_id(self.name, "tool call", tool_call_id)
+        run_id = check_id(self.name, "run", run_id)
+        tool_call_id = check_id(self.name, "tool call", tool_call_id)
 
         async def claim(conn: Connection) -> SuspendedRun:
-            cursor = await conn.execute(c.select_suspended_sql("%s") + " FOR UPDATE", (run_id,))
-            run = c.claim(self.name, run_id, tool_call_id, await cursor.fetchall(), c.iso, resource_id)
-            await conn.execute(c.set_status_sql("%s", RESUMING), (run_id,))
+            cursor = await conn.execute(select_suspended_sql("%s") + " FOR UPDATE", (run_id,))
+            run = claimed_run(self.name, run_id, tool_call_id, await cursor.fetchall(), iso, resource_id)
+            await conn.execute(set_status_sql("%s", RESUMING), (run_id,))
             return run
 
         return await self._write(claim, f"claiming suspended run {run_id!r}")
 
     def _created_at(self, stored: Any) -> str:
-        return c.iso(stored)
+        return iso(stored)
 
     def _time_arg(self, moment: datetime) -> Any:
         return moment
@@ -309,7 +329,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         return seconds
 
     def _moment(self, stored: Any) -> str:
-        return c.iso(stored)
+        return iso(stored)
 
     async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
         """One statement in one write transaction."""
@@ -319,7 +339,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
 
         await self._write(execute, doing)
 
-    async def _transact(self, work: Callable[[c.Query], Awaitable[T]], doing: str) -> T:
+    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
         """`work`'s statements in one transaction on one pooled connection."""
 
         async def transaction(conn: Connection) -> T:
@@ -369,7 +389,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
                     async with pool.connection() as conn, conn.transaction():
                         return await work(conn)
 
-        return await c.shielded(transaction())
+        return await shielded(transaction())
 
     async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
         pool = self._connection_pool()
@@ -403,7 +423,7 @@ class PostgresMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods)
         return text.replace(self._secret, "***") if self._secret else text
 
 
-def _query(conn: Connection) -> c.Query:
+def _query(conn: Connection) -> Query:
     """Statements on `conn` (in its transaction), each returning its rows ([] when it has none)."""
 
     async def query(sql: str, args: tuple[Any, ...]) -> list[Any]:
@@ -447,7 +467,7 @@ def _thread(row: Any) -> Thread:
         id=thread_id,
         resource_id=resource_id,
         title=title,
-        metadata=c.decode(metadata),
-        created_at=c.iso(created_at),
-        updated_at=c.iso(updated_at),
+        metadata=decode(metadata),
+        created_at=iso(created_at),
+        updated_at=iso(updated_at),
     )

@@ -29,11 +29,33 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     ThreadNotFoundError,
 )
-from procmesh_orchestrator.store import _common as c
+from procmesh_orchestrator.store._checks import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    MAX_PAGE,
+    check_count,
+    check_id,
+    decode,
+    iso_from_text,
+    label,
+    now_text,
+    time_text,
+)
 from procmesh_orchestrator.store._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
 from procmesh_orchestrator.store._ledger import CostMethods
+from procmesh_orchestrator.store._sql import Query, shielded
+from procmesh_orchestrator.store._suspended import (
+    SuspendedRunMethods,
+    claimed_run,
+    encode_suspended,
+    save_suspended_sql,
+    select_suspended_sql,
+    set_status_sql,
+)
+from procmesh_orchestrator.store._threads import check_thread_fields, encode_turn, messages_query, thread_key
 from procmesh_orchestrator.store.migrations import migrations
-from procmesh_orchestrator.store.store import RESUMING, Message, RunFence, SuspendedRun, Thread
+from procmesh_orchestrator.store.runs import RESUMING, RunFence, SuspendedRun
+from procmesh_orchestrator.store.threads import Message, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +77,7 @@ _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 """The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
 
-class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
+class SqliteMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     placeholder = "?"
@@ -70,8 +92,8 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
         path: str | Path,
         *,
         busy_timeout: float = 5.0,
-        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-        max_snapshot_bytes: int = c.DEFAULT_MAX_SNAPSHOT_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     ) -> None:
         self.path = Path(path)
         self.name = f"sqlite:{self.path}"
@@ -140,10 +162,10 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
     async def create_thread(self, thread: Thread) -> Thread:
         """Create it; the same id of the same resource is returned as stored."""
         resource_id, thread_id = self._key(thread.id, thread.resource_id)
-        title, metadata = c.check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
+        title, metadata = check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
 
         async def create(db: aiosqlite.Connection) -> Thread:
-            now = c.now_text()
+            now = now_text()
             # The write lock is held from BEGIN IMMEDIATE: the insert and the read see one state.
             await db.execute(
                 "INSERT INTO threads (resource_id, thread_id, title, metadata, created_at, updated_at) "
@@ -161,9 +183,9 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
 
     async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
         """The resource's threads, most recently updated first."""
-        resource_id = c.check_id(self.name, "resource", resource_id)
-        limit = c.check_count(self.name, "limit", limit, low=1, high=c.MAX_PAGE)
-        offset = c.check_count(self.name, "offset", offset, low=0, high=2**62)
+        resource_id = check_id(self.name, "resource", resource_id)
+        limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
+        offset = check_count(self.name, "offset", offset, low=0, high=2**62)
         rows = await self._read(
             f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? "
             "ORDER BY updated_at DESC, rowid DESC LIMIT ? OFFSET ?",
@@ -182,7 +204,7 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
     ) -> Thread:
         """Change title and/or metadata (`ThreadNotFoundError` when the resource has no such thread)."""
         key = self._key(thread_id, resource_id)
-        new_title, new_metadata = c.check_thread_fields(
+        new_title, new_metadata = check_thread_fields(
             self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
         )
 
@@ -195,12 +217,12 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
                 (
                     None if title is None else new_title,
                     None if metadata is None else new_metadata,
-                    c.now_text(),
+                    now_text(),
                     *key,
                 ),
             )
             if not rows:
-                raise ThreadNotFoundError(f"memory store {self.name}: no thread {c.label(thread_id)}")
+                raise ThreadNotFoundError(f"memory store {self.name}: no thread {label(thread_id)}")
             return _thread(rows[0])
 
         return await self._write(update, f"updating thread {thread_id!r}")
@@ -220,13 +242,13 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
         """Append (or replace by id) the turn's messages to the resource's thread, in one
         transaction; a durable run's (`fence`) only at its epoch, once per run (`hold_turn`)."""
         key = self._key(thread_id, resource_id)
-        rows = c.encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+        rows = encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
         held = None if fence is None else check_fence(self.name, fence)
 
         async def save(db: aiosqlite.Connection) -> None:
             if held is not None:  # first: the write lock is held from BEGIN IMMEDIATE on
                 await hold_turn(self.name, partial(_fetch, db), held, "?", "", key, [r[0] for r in rows])
-            now = c.now_text()
+            now = now_text()
             # The resource's thread, created or touched: another resource's of this id is another row.
             await db.execute(
                 "INSERT INTO threads (resource_id, thread_id, created_at, updated_at) VALUES (?, ?, ?, ?) "
@@ -248,23 +270,23 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
     ) -> list[Message]:
         """The resource's thread's stored messages, oldest first: all, or the `last` N."""
         resource_id, thread_id = self._key(thread_id, resource_id)
-        sql, args = c.messages_query(self.name, thread_id, resource_id, last, include_signals, "?")
+        sql, args = messages_query(self.name, thread_id, resource_id, last, include_signals, "?")
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
-        return [c.decode(row[0]) for row in rows]
+        return [decode(row[0]) for row in rows]
 
     def _key(self, thread_id: object, resource_id: object) -> tuple[str, str]:
         """A thread's key, ``(resource_id, thread_id)``, both ids checked."""
-        return c.thread_key(self.name, thread_id, resource_id)
+        return thread_key(self.name, thread_id, resource_id)
 
     async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
         """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
-        row = c.encode_suspended(self.name, run, self._max_snapshot_bytes)
+        row = encode_suspended(self.name, run, self._max_snapshot_bytes)
         held = None if fence is None else check_fence(self.name, fence)
 
         async def save(db: aiosqlite.Connection) -> None:
             if held is not None:
                 await hold_fence(self.name, partial(_fetch, db), held, "?", "", "suspending")
-            await db.execute(c.save_suspended_sql("?", "?"), (*row, c.now_text()))
+            await db.execute(save_suspended_sql("?", "?"), (*row, now_text()))
 
         await self._write(save, f"saving suspended run {row[0]!r}")
 
@@ -272,23 +294,23 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
         self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
     ) -> SuspendedRun:
         """Mark the run `RESUMING` and return it, in one BEGIN IMMEDIATE transaction."""
-        run_id = c.check_id(self.name, "run", run_id)
-        tool_call_id = c.check_id(self.name, "tool call", tool_call_id)
+        run_id = check_id(self.name, "run", run_id)
+        tool_call_id = check_id(self.name, "tool call", tool_call_id)
 
         async def claim(db: aiosqlite.Connection) -> SuspendedRun:
             # The write lock is held from BEGIN IMMEDIATE: no other claim reads between these two.
-            rows = await _fetch(db, c.select_suspended_sql("?"), (run_id,))
-            run = c.claim(self.name, run_id, tool_call_id, rows, c.iso_from_text, resource_id)
-            await db.execute(c.set_status_sql("?", RESUMING), (run_id,))
+            rows = await _fetch(db, select_suspended_sql("?"), (run_id,))
+            run = claimed_run(self.name, run_id, tool_call_id, rows, iso_from_text, resource_id)
+            await db.execute(set_status_sql("?", RESUMING), (run_id,))
             return run
 
         return await self._write(claim, f"claiming suspended run {run_id!r}")
 
     def _created_at(self, stored: Any) -> str:
-        return c.iso_from_text(stored)
+        return iso_from_text(stored)
 
     def _time_arg(self, moment: datetime) -> Any:
-        return c.time_text(moment)
+        return time_text(moment)
 
     def _lease_arg(self, seconds: float) -> Any:
         return f"+{seconds:.6f} seconds"  # a strftime modifier
@@ -307,7 +329,7 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
 
         await self._write(execute, doing)
 
-    async def _transact(self, work: Callable[[c.Query], Awaitable[T]], doing: str) -> T:
+    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
         """`work`'s statements in one BEGIN IMMEDIATE transaction."""
         return await self._write(lambda db: work(partial(_fetch, db)), doing)
 
@@ -329,7 +351,7 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
                 await db.execute(statement)
             await db.execute(
                 "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
-                (migration.version, migration.name, c.now_text()),
+                (migration.version, migration.name, now_text()),
             )
             log.info(
                 "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
@@ -352,7 +374,7 @@ class SqliteMemoryStore(c.SuspendedRunMethods, DurableRunMethods, CostMethods):
                         raise
                     return result
 
-        return await c.shielded(transaction())
+        return await shielded(transaction())
 
     async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
         db = self._connection()
@@ -410,7 +432,7 @@ def _thread(row: Any) -> Thread:
         id=thread_id,
         resource_id=resource_id,
         title=title,
-        metadata=c.decode(metadata),
-        created_at=c.iso_from_text(created_at),
-        updated_at=c.iso_from_text(updated_at),
+        metadata=decode(metadata),
+        created_at=iso_from_text(created_at),
+        updated_at=iso_from_text(updated_at),
     )

@@ -1,16 +1,4 @@
-"""The memory store contract: threads that belong to a resource, and their messages in order.
-
-A thread is named by its resource AND its id: thread ids are scoped by resource, so two resources
-using one thread id have two separate threads, and no resource can read, squat or block another's.
-Every method that takes a thread id takes the caller's resource with it, and checks it in the same
-statement (or transaction) that reads or writes, so there is no window between an ownership check
-and the read it guards.
-
-One contract, two backends: an embedded SQLite file (the default: nothing to install) and
-PostgreSQL (several orchestrator replicas). `tests/integration/memory/test_store_contract.py` runs
-the same suite against both. Messages are the run's MastraDBMessage dicts (``id``, ``role``,
-``content: {format: 2, parts, metadata}``, ``createdAt``); ``role: "signal"`` messages are the
-persisted signals, kept in raw history and hidden from default recall.
+"""Suspended and durable runs, their snapshots and leases: the store's second aggregate.
 
 A run waiting for tool-call approvals is kept as a `SuspendedRun`, so that any replica sharing the
 store can resume it; claiming one is atomic, so exactly one approval resumes it.
@@ -23,9 +11,6 @@ creation); every write the run makes (checkpoint, renewal, finish, its memory sa
 its cost reservations) names the epoch it holds (`RunFence`) and is refused in the same transaction
 when the run's epoch moved on (`FencedWriteError`), so a replica that lost its lease writes nothing,
 however long it slept.
-
-Cost control keeps a ledger of model calls' costs per scope (`MemoryStore.reserve_cost`): a call
-reserves its estimate atomically against the scope's limit, then settles to its actual cost.
 """
 
 from __future__ import annotations
@@ -33,23 +18,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-Message = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Thread:
-    """A conversation. It belongs to one resource (a user, an org) for its whole life."""
-
-    id: str
-    resource_id: str
-    title: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    created_at: str = ""
-    """ISO 8601, UTC, set by the store."""
-    updated_at: str = ""
-    """ISO 8601, UTC: the last save or update."""
-
 
 SUSPENDED = "suspended"
 RESUMING = "resuming"
@@ -74,7 +42,7 @@ class SuspendedRun:
     created_at: str = ""
     """ISO 8601, UTC, set by the store when the run is saved (saved again: the new time)."""
     status: str = SUSPENDED
-    """`SUSPENDED`, or `RESUMING` once claimed by `MemoryStore.claim_suspended`."""
+    """`SUSPENDED`, or `RESUMING` once claimed by `RunStore.claim_suspended`."""
 
 
 RUNNING = "running"
@@ -133,73 +101,8 @@ class DurableRun:
     """ISO 8601, UTC: the last checkpoint, claim or finish."""
 
 
-@dataclass(frozen=True)
-class CostAdmission:
-    """A cost reservation's answer (`MemoryStore.reserve_cost`): may the call run, and what had the
-    scope spent."""
-
-    admitted: bool
-    spent: int
-    """Nano-units spent in the window before this reservation (unsettled ones at their estimate)."""
-
-
-class MemoryStore(Protocol):
-    """Where memory lives. Every write is one transaction and idempotent by id."""
-
-    async def start(self) -> None:
-        """Connect and apply the schema migrations not applied yet (versioned, at start-up)."""
-
-    async def close(self) -> None:
-        """Close connections."""
-
-    async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
-        """The resource's thread of this id, or None (another resource's is no concern of it)."""
-
-    async def create_thread(self, thread: Thread) -> Thread:
-        """Create the thread of `thread.resource_id` (returns it with its timestamps); one of that
-        resource with this id already is returned as it is."""
-
-    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
-        """The resource's threads, most recently updated first."""
-
-    async def update_thread(
-        self,
-        thread_id: str,
-        resource_id: str,
-        *,
-        title: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Thread:
-        """Change title and/or metadata; `ThreadNotFoundError` when the resource has no such thread."""
-
-    async def delete_thread(self, thread_id: str, resource_id: str) -> None:
-        """Delete the resource's thread and its messages (no error when it does not exist)."""
-
-    async def save_turn(
-        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
-    ) -> None:
-        """Append one turn's messages to the resource's thread, in order, in ONE transaction: all of
-        them or none.
-
-        Creates the thread when the resource has none of this id (another resource's thread of
-        the same id is another thread, untouched). A message id already stored in the thread
-        replaces that message in place (so a retried save never duplicates). Sets each message's
-        ``threadId``/``resourceId``.
-
-        With a `fence` (a durable run's turn), the save is made only while the run is running at
-        the fence's epoch, checked in the same transaction (`FencedWriteError`, nothing written),
-        and it is the run's turn, idempotent by the run's id: the messages an earlier save of the
-        run put in the thread (a save repeated after a take-over, with new message ids) are
-        replaced, so the thread holds the run's turn once.
-        """
-
-    async def messages(
-        self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
-    ) -> list[Message]:
-        """The resource's thread's stored messages, oldest first ([] when it has no such thread):
-        all, or the `last` N (counting stored messages, signals included when `include_signals`).
-        One statement, filtered on the resource. Default recall for people and the UI passes
-        ``include_signals=False``; the run's history load passes True."""
+class RunStore(Protocol):
+    """Suspended and durable runs. Every write is one transaction."""
 
     async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
         """Save a suspended run in one transaction, replacing one of the same `run_id` (whatever
@@ -321,29 +224,3 @@ class MemoryStore(Protocol):
         """Runs newest first, one page of them WITHOUT snapshots (listing stays cheap), and how
         many match in all. A given `resource_id` ("" selects runs without one), `agent_id` or
         `status` must match."""
-
-    async def reserve_cost(
-        self,
-        scope_key: str,
-        reservation_id: str,
-        amount: int,
-        *,
-        limit: int,
-        window_seconds: float,
-        enforce: bool = True,
-        fence: RunFence | None = None,
-    ) -> CostAdmission:
-        """In one transaction: sum what `scope_key` spent in the last `window_seconds` (database
-        clock; unsettled reservations at their estimate) and, if it is below `limit` (or not
-        `enforce`), hold `amount` nano-units under `reservation_id`. Of concurrent reservations of
-        one scope, in any process, each sums the ones committed before it. With a `fence` (a
-        durable run's call), only while the run holds that epoch (`FencedWriteError`)."""
-
-    async def settle_cost(self, reservation_id: str, amount: int, *, fence: RunFence | None = None) -> None:
-        """Replace the reservation's estimate with the call's actual cost (no error when none)."""
-
-    async def release_cost(self, reservation_id: str, *, fence: RunFence | None = None) -> None:
-        """Drop an unsettled reservation: its call did not run or failed (no error when none)."""
-
-    async def spent_cost(self, scope_key: str, *, window_seconds: float) -> int:
-        """What the scope spent in the last `window_seconds`, in nano-units."""

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.store._common import DEFAULT_MAX_MESSAGE_BYTES
-from procmesh_orchestrator.store.store import MemoryStore
+from procmesh_orchestrator.store._checks import DEFAULT_MAX_MESSAGE_BYTES
+from procmesh_orchestrator.store.contract import MemoryStore
 
 DEFAULT_DATA_DIR = ".procmesh"
 """Where the SQLite file goes when the configuration names no data directory (relative to the cwd)."""

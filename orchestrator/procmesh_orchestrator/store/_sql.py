@@ -1,0 +1,74 @@
+"""What every backend is to the shared SQL: a name, a placeholder, and its transactions.
+
+The SQL and methods both backends share (`_threads`, `_suspended`, `_durable`, `_ledger`) are
+written once against `StoreHooks`; a backend (`sqlite`, `postgres`) supplies its connection, its
+transactions and the few SQL fragments in which the two databases differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+Query = Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
+"""Runs one statement in the current transaction and returns its rows ([] when it has none)."""
+
+
+async def shielded(work: Coroutine[Any, Any, T]) -> T:
+    """Run a write to its end even when the caller is cancelled (a run's timeout, a client gone).
+
+    The transaction is atomic anyway; finishing it keeps the connection out of a half-open
+    transaction that the next caller would inherit. A failure nobody awaits any more is retrieved
+    so that asyncio does not report it as lost.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        raise
+
+
+def page_sql(table: str, columns: str, condition: str, newest: str, p: str) -> str:
+    """One page of `table`'s rows that meet `condition`, ordered by the `newest` columns descending,
+    each row led by the count of all that match (a page past the end gives one row: the count,
+    then NULLs). The arguments are the condition's twice, then LIMIT and OFFSET. A column may be
+    ``expression AS name``."""
+    names = [col.rsplit(" AS ", 1)[-1] for col in columns.split(", ")]
+    order = newest.split(", ")
+    selected = ", ".join([columns, *(col for col in order if col not in names)])
+    return (
+        f"SELECT total.n, {', '.join('run.' + name for name in names)} "
+        f"FROM (SELECT count(*) AS n FROM {table} WHERE {condition}) AS total "
+        f"LEFT JOIN (SELECT {selected} FROM {table} WHERE {condition} "
+        f"ORDER BY {', '.join(col + ' DESC' for col in order)} LIMIT {p} OFFSET {p}) AS run "
+        f"ON 1 = 1 ORDER BY {', '.join('run.' + col + ' DESC' for col in order)}"
+    )
+
+
+def page_of(rows: list[Any], make: Callable[[Any], R]) -> tuple[list[R], int]:
+    """The items and the total from the rows of a `page_sql` query."""
+    total = int(rows[0][0]) if rows else 0
+    return [make(row[1:]) for row in rows if row[1] is not None], total
+
+
+class StoreHooks:
+    """What the shared methods need of a backend: its name, its placeholder, and its reads and
+    writes (each one transaction)."""
+
+    name: str
+    placeholder: str
+    """The driver's SQL parameter placeholder (``?``, ``%s``)."""
+
+    async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
+        raise NotImplementedError
+
+    async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
+        raise NotImplementedError
+
+    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
+        """`work` in one write transaction; it runs its statements through the `Query` it is given."""
+        raise NotImplementedError

@@ -1,5 +1,7 @@
 """The four default error processors every agent gets (SPEC §5), written with the public SDK only.
 
+`provider-history-compat` and its rules have their own module (history_compat.py).
+
 In the default order: `provider-history-compat`, `prefill-error-handler`,
 `unsupported-file-handler`, `stream-error-retry-processor`. Fixers come before
 the blind retry, so a rejection a fixer can repair is not simply re-sent.
@@ -15,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from procmesh import Processor
+from procmesh_sidecars.history_compat import ProviderHistoryCompat
 
 Message = dict[str, Any]
 DEFAULT_ORDER = (
@@ -24,12 +27,6 @@ DEFAULT_ORDER = (
     "stream-error-retry-processor",
 )
 
-_ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
-_ANTHROPIC_ID_ERRORS = (
-    re.compile(r"tool_use\.id.*should match pattern", re.IGNORECASE | re.DOTALL),
-    re.compile(r"tool_call_id.*invalid", re.IGNORECASE | re.DOTALL),
-    re.compile(r"tool_use_id.*should match pattern", re.IGNORECASE | re.DOTALL),
-)
 _PREFILL_ERRORS = (
     re.compile(r"does not support assistant message prefill", re.IGNORECASE),
     re.compile(r"assistant response prefill is incompatible with enable[_\s-]?thinking", re.IGNORECASE),
@@ -52,69 +49,6 @@ _AUTH_STATUSES = {401, 403}
 
 def _error_text(error: dict[str, Any]) -> str:
     return f"{error.get('message', '')}\n{error.get('body', '')}"
-
-
-def _is_anthropic(model: str) -> bool:
-    return model.startswith(("anthropic/", "anthropic:")) or "claude" in model.lower()
-
-
-def rewrite_tool_ids(prompt: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Rewrite tool-call ids Anthropic rejects (``^[a-zA-Z0-9_-]+$``), calls and results alike.
-
-    Returns the new prompt, or None when every id is already valid.
-    """
-    mapping: dict[str, str] = {}
-    for msg in prompt:
-        if isinstance(msg.get("content"), list):
-            for part in msg["content"]:
-                call_id = part.get("toolCallId")
-                if call_id and not _ANTHROPIC_ID.match(call_id) and call_id not in mapping:
-                    mapping[call_id] = re.sub(r"[^a-zA-Z0-9_-]", "_", call_id)
-    if not mapping:
-        return None
-    out = []
-    for msg in prompt:
-        if isinstance(msg.get("content"), list):
-            parts = [
-                {**p, "toolCallId": mapping[p["toolCallId"]]} if p.get("toolCallId") in mapping else p
-                for p in msg["content"]
-            ]
-            msg = {**msg, "content": parts}
-        out.append(msg)
-    return out
-
-
-class ProviderHistoryCompat(Processor):
-    """Rewrites provider-incompatible history in the outgoing prompt; recovers reactively.
-
-    Anthropic tool-call ids that do not match ``^[a-zA-Z0-9_-]+$`` are rewritten
-    pairwise (call and result keep matching) in the prompt only; the stored
-    history keeps the original ids. When a provider the check did not recognise
-    (e.g. Claude behind another gateway) rejects the ids, the rewrite is forced
-    for the rest of the run and the call is retried once.
-    """
-
-    id = "provider-history-compat"
-    description = "Fixes provider-specific history incompatibilities in the outgoing prompt."
-
-    async def process_llm_request(
-        self, prompt: list[dict[str, Any]], model: str, state: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        if _is_anthropic(model) or state.get("forceToolIdRewrite"):
-            rewritten = rewrite_tool_ids(prompt)
-            if rewritten is not None:
-                return {"prompt": rewritten}
-        return None
-
-    async def process_api_error(
-        self, error: dict[str, Any], retry_count: int, state: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        if retry_count > 0 or state.get("forceToolIdRewrite"):
-            return None
-        if any(p.search(_error_text(error)) for p in _ANTHROPIC_ID_ERRORS):
-            state["forceToolIdRewrite"] = True
-            return {"retry": True}
-        return None
 
 
 class PrefillErrorHandler(Processor):

@@ -55,6 +55,10 @@ class Pattern(Protocol):
         """A match anchored at the start of `text`."""
         ...
 
+    def search(self, text: str) -> Match | None:
+        """The first match anywhere in `text`."""
+        ...
+
     def sub(self, repl: str | Callable[[Match], str], text: str) -> str:
         """`text` with every match replaced."""
         ...

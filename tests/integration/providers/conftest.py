@@ -42,6 +42,13 @@ def anthropic_api(api_keys: None) -> Iterator[FakeAnthropic]:
     api.stop()
 
 
+@pytest.fixture
+def fresh_fakes(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> None:
+    """Both fakes without the scripts and requests of the module's earlier tests."""
+    openai_api.reset()
+    anthropic_api.reset()
+
+
 @pytest_asyncio.fixture
 async def make_model() -> AsyncIterator[MakeModel]:
     """``make_model(api, "model-id", kind="openai", **provider_config)``; clients closed afterwards."""

@@ -22,6 +22,15 @@ def user(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
+def message(role: str, *parts: dict[str, Any]) -> dict[str, Any]:
+    """A stored (format 2) message, as a caller's input or history holds it."""
+    return {"role": role, "content": {"format": 2, "parts": list(parts)}}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
 def request(*prompt: dict[str, Any], streaming: bool = True, **kw: Any) -> ModelRequest:
     return ModelRequest(prompt=list(prompt) or [user("hi")], streaming=streaming, **kw)
 

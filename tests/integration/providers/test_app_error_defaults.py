@@ -1,4 +1,5 @@
-"""End to end: `App` agents on the HTTP providers, each default error processor recovering its case.
+"""End to end: `App` agents on the HTTP providers, each default error processor recovering its case
+(provider-history-compat's rules: test_app_history_compat.py).
 
 The App starts the built-in sidecar process (the default error processors)
 itself; the fake APIs reject like the real ones, and count what they receive.
@@ -7,7 +8,7 @@ itself; the fake APIs reject like the real ones, and count what they receive.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,14 +18,13 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.run import CallOptions, RunResult
-from procmesh_orchestrator.run.loop import Run
 from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
 from tests.integration.providers.fakes import PREFILL_MESSAGE, FakeAnthropic, FakeOpenAI, error
+from tests.integration.providers.helpers import message, text
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_fakes")]
 
 PNG = "iVBORw0KGgoAAAANSUhEUg=="
-BAD_ID = "call:1/weather"  # valid for OpenAI, rejected by Anthropic's ^[a-zA-Z0-9_-]+$
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -34,12 +34,10 @@ async def app(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> AsyncIter
         {
             "providers": {
                 "anthropic": anthropic,
-                "gateway": anthropic,  # Claude behind a gateway: its model id does not look like Claude
                 "local": {"kind": "openai", "baseUrl": openai_api.base_url, "apiKeyEnv": OPENAI_KEY_ENV},
             },
             "agents": {
                 "claude": {"model": "anthropic/claude-test"},
-                "gateway": {"model": "gateway/house-model"},
                 "text-only": {"model": "local/text-only"},
                 "flaky": {"model": "local/flaky"},
                 "broad": {  # your own instance with broader matchers: any 400, an "overloaded" code
@@ -63,85 +61,6 @@ async def app(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> AsyncIter
     )
     async with App(config) as app:
         yield app
-
-
-@pytest.fixture(autouse=True)
-def fresh(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> Iterator[None]:
-    openai_api.reset()
-    anthropic_api.reset()
-    return
-
-
-def message(role: str, *parts: dict[str, Any]) -> dict[str, Any]:
-    return {"role": role, "content": {"format": 2, "parts": list(parts)}}
-
-
-def text(value: str) -> dict[str, Any]:
-    return {"type": "text", "text": value}
-
-
-def tool_history(call_id: str) -> list[dict[str, Any]]:
-    """Stored history holding a finished tool call (e.g. made through another provider), then a question."""
-    invocation = {
-        "state": "result",
-        "toolCallId": call_id,
-        "toolName": "weather",
-        "args": {"city": "Paris"},
-        "result": {"celsius": 21},
-    }
-    return [
-        message("user", text("Weather in Paris?")),
-        message("assistant", text("Checking."), {"type": "tool-invocation", "toolInvocation": invocation}),
-        message("user", text("And tomorrow?")),
-    ]
-
-
-def sent_tool_ids(body: dict[str, Any]) -> list[str]:
-    return [
-        block.get("id") or block.get("tool_use_id")
-        for msg in body["messages"]
-        for block in msg["content"]
-        if block["type"] in ("tool_use", "tool_result")
-    ]
-
-
-async def run_keeping_history(
-    app: App, agent_id: str, input: list[dict[str, Any]]
-) -> tuple[RunResult, list[Any]]:
-    """generate(), also returning the run's stored message list (to show it was not rewritten)."""
-    agent = app.agent(agent_id)
-    run = Run(agent.spec, input, CallOptions(), sink=None, metrics=agent.metrics)
-    result, failure = await run.execute()
-    assert failure is None, failure
-    return result, run.ml.items
-
-
-# -- provider-history-compat ----------------------------------------------------------------------
-
-
-async def test_history_compat_rewrites_ids_before_an_anthropic_model_sees_them(
-    app: App, anthropic_api: FakeAnthropic
-) -> None:
-    anthropic_api.script("claude-test", {"text": "Rain tomorrow."})
-    result, stored = await run_keeping_history(app, "claude", tool_history(BAD_ID))
-
-    assert result.text == "Rain tomorrow."
-    [call] = anthropic_api.calls("claude-test")  # proactive: never rejected
-    assert sent_tool_ids(call.body) == ["call_1_weather", "call_1_weather"]
-    assert stored[1]["content"]["parts"][1]["toolInvocation"]["toolCallId"] == BAD_ID
-
-
-async def test_history_compat_recovers_reactively_behind_a_gateway(
-    app: App, anthropic_api: FakeAnthropic
-) -> None:
-    anthropic_api.script("house-model", {"text": "Rain tomorrow."})
-    result, stored = await run_keeping_history(app, "gateway", tool_history(BAD_ID))
-
-    assert result.text == "Rain tomorrow."
-    first, retry = anthropic_api.calls("house-model")  # rejected once, retried once
-    assert sent_tool_ids(first.body) == [BAD_ID, BAD_ID]
-    assert sent_tool_ids(retry.body) == ["call_1_weather", "call_1_weather"]
-    assert stored[1]["content"]["parts"][1]["toolInvocation"]["toolCallId"] == BAD_ID
 
 
 # -- prefill-error-handler --------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from procmesh_orchestrator.config.lanes import _UNION_TAGS
-from procmesh_orchestrator.config.schema import Config
+from procmesh_orchestrator.config.schema import SETTING_TAGS, Config
 from procmesh_orchestrator.errors import ConfigError
 
 
@@ -21,9 +21,9 @@ def parse_config(data: Any, source: str = "config") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = []
+        lines, tags = [], _UNION_TAGS | SETTING_TAGS
         for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"] if p not in _UNION_TAGS) or "(top level)"
+            where = ".".join(str(p) for p in err["loc"] if p not in tags) or "(top level)"
             lines.append(f"  {where}: {err['msg']}")
         raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
 

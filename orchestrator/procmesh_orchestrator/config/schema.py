@@ -6,12 +6,14 @@ Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...)
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -221,15 +223,53 @@ _WINDOW = re.compile(r"^(?P<n>[1-9]\d*)(?P<unit>[smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+CostScope = Literal["resource", "thread", "agent", "global"]
+
+
+SETTING_TAGS = {"<value>", "<fromContext>"}
+"""Discriminator tags of a setting that may come from the request context (error messages leave
+them out)."""
+
+
+def _from_context(value: Any) -> str:
+    """A setting given as ``{fromContext, default}`` or as its value (errors name one form only)."""
+    return "<value>" if isinstance(value, str | int | float) else "<fromContext>"
+
+
+class MaxCostFromContext(_Model):
+    """``maxCost`` per tenant: each run takes the request context's `from_context` key (a number
+    above 0, else the run fails before any hook naming the key), or `default` without it."""
+
+    from_context: str = Field(min_length=1)
+    default: float = Field(gt=0)
+    """The limit of a run whose context lacks the key (and of a gateway call outside any run)."""
+
+
+class ScopeFromContext(_Model):
+    """``scope`` per tenant: each run takes the request context's `from_context` key (one of the
+    scopes, else the run fails before any hook naming the key), or `default` without it."""
+
+    from_context: str = Field(min_length=1)
+    default: CostScope
+
+
 class CostControlConfig(_Model):
     """An agent's spending limit (the reference's ``TokenCostControl``), checked before each model
     call and updated after it, in the store every replica shares (`run.framework.cost`)."""
 
-    max_cost: float = Field(gt=0)
-    """The limit, in the currency of `prices`: a call is refused once the scope spent this much."""
-    scope: Literal["resource", "thread", "agent", "global"] = "resource"
+    max_cost: Annotated[
+        Annotated[float, Field(gt=0), Tag("<value>")] | Annotated[MaxCostFromContext, Tag("<fromContext>")],
+        Discriminator(_from_context),
+    ]
+    """The limit, in the currency of `prices`: a call is refused once the scope spent this much.
+    ``{fromContext: KEY, default: VALUE}``: each run's from its request context."""
+    scope: Annotated[
+        Annotated[CostScope, Tag("<value>")] | Annotated[ScopeFromContext, Tag("<fromContext>")],
+        Discriminator(_from_context),
+    ] = "resource"
     """Whose spending counts: the call's resource (a user, an org), its thread, the agent, or all
-    agents together. A call without a resource (thread) is not limited by that scope."""
+    agents together. A call without a resource (thread) is not limited by that scope.
+    ``{fromContext: KEY, default: VALUE}``: each run's from its request context."""
     window: str = "7d"
     """How far back spending counts: ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (at most 366 days)."""
     strategy: Literal["block", "warn"] = "block"

@@ -112,10 +112,12 @@ class Agent:
     def check_call(self, options: CallOptions) -> None:
         """Refuse, before a run starts, what the run would refuse before its first hook: a request
         context the agent's requestContextSchema refuses, or one giving a processor an option its
-        schema refuses (RequestContextError). The APIs call it while they admit a request, so the
-        caller gets a 400, not a failed run."""
+        schema refuses or costControl a limit that is none (RequestContextError). The APIs call it
+        while they admit a request, so the caller gets a 400, not a failed run."""
         self.check_context(options)
         call_lanes(self.spec, options)
+        if self.spec.cost is not None:
+            self.spec.cost.limit_for(options.request_context)
 
     async def generate(
         self, input: str | list[dict[str, Any]], options: CallOptions | None = None

@@ -11,6 +11,11 @@ response) releases it. Judge calls a processor makes through the model gateway f
 against the same limit. A durable run's reservations carry its fence (`RunFence`): once another
 replica took the run over, the store refuses them and the stale replica stops the run before its
 model call.
+
+A tenant's limit: ``maxCost`` and ``scope`` may each be ``{fromContext: KEY, default: VALUE}``
+(the form of processor options, `processors.options`): each run takes the request context's
+``KEY``, else the default, as it starts; a value that is no limit (not a number above 0, not a
+scope) fails the run before any hook with a `RequestContextError` naming the key.
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from procmesh_orchestrator.errors import FencedWriteError, MemoryStoreError, OrchestratorError, TripwireAbort
+from procmesh_orchestrator.errors import (
+    FencedWriteError,
+    MemoryStoreError,
+    OrchestratorError,
+    RequestContextError,
+    TripwireAbort,
+)
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs
@@ -43,6 +54,8 @@ NANOS = 1_000_000_000
 """Costs are kept as integers, in billionths of the prices' currency: sums stay exact."""
 _CHARS_PER_TOKEN = 4
 """How a prompt's size becomes an input-token estimate before the provider counts it."""
+SCOPES = ("resource", "thread", "agent", "global")
+"""Whose spending a limit counts."""
 
 
 class Price(Protocol):
@@ -55,14 +68,28 @@ class Price(Protocol):
     def output(self) -> float: ...
 
 
+class FromContext(Protocol):
+    """A setting each run takes from its request context (the config's ``{fromContext, default}``)."""
+
+    @property
+    def from_context(self) -> str:
+        """The request-context key."""
+        ...
+
+    @property
+    def default(self) -> Any:
+        """The value of a run whose context lacks the key."""
+        ...
+
+
 class CostLimit(Protocol):
     """An agent's limit as the run reads it (the config's `CostControlConfig` is one)."""
 
     @property
-    def max_cost(self) -> float: ...
+    def max_cost(self) -> float | FromContext: ...
 
     @property
-    def scope(self) -> str:
+    def scope(self) -> str | FromContext:
         """``resource``, ``thread``, ``agent`` or ``global``."""
         ...
 
@@ -108,6 +135,31 @@ def _number(value: float) -> str:
 
 
 @dataclass(frozen=True)
+class RunLimit:
+    """The limit one run (or gateway call) counts against: `CostControl.limit_for`."""
+
+    max_cost: float
+    scope: str
+
+    @property
+    def nanos(self) -> int:
+        """The limit in nano-units, as the ledger counts."""
+        return round(self.max_cost * NANOS)
+
+
+def _taken(setting: FromContext | Any, request_context: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """The setting's value for a run, and the request-context key it came from (None: fixed)."""
+    if isinstance(setting, str | int | float):
+        return setting, None
+    key = setting.from_context
+    return (request_context[key], key) if key in request_context else (setting.default, None)
+
+
+def _bad_limit(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+
+
+@dataclass(frozen=True)
 class Reservation:
     """A model call's hold on its scope's limit, until it settles or is released."""
 
@@ -131,13 +183,38 @@ class CostControl:
         self.prices = dict(prices)
         self.store = store
         self.metrics = metrics
-        self.limit = round(config.max_cost * NANOS)
+        self.default = self.limit_for({})
+        """The limit of a run whose request context has none of the keys (a gateway call's
+        outside any run of this replica)."""
+        self.limit = self.default.nanos
         self._runs: weakref.WeakValueDictionary[str, RunCost] = weakref.WeakValueDictionary()
         self._unpriced: set[str] = set()
 
+    def limit_for(self, request_context: Mapping[str, Any]) -> RunLimit:
+        """The limit of a run with this request context: RequestContextError naming the key when
+        the context's value is not a number above 0 (``maxCost``) or not a scope (``scope``)."""
+        max_cost, cost_key = _taken(self.config.max_cost, request_context)
+        scope, scope_key = _taken(self.config.scope, request_context)
+        for setting, value, key, bad, wanted in (
+            ("maxCost", max_cost, cost_key, _bad_limit(max_cost), "a number greater than 0"),
+            ("scope", scope, scope_key, scope not in SCOPES, f"one of {', '.join(SCOPES)}"),
+        ):
+            if bad:
+                raise RequestContextError(
+                    f"agent {self.agent_id!r}: costControl.{setting} (request-context key {key!r}): "
+                    f"{value!r} is not {wanted}",
+                    keys=[key] if key is not None else [],
+                )
+        return RunLimit(float(max_cost), str(scope))
+
     def for_call(self, run: RunCore) -> RunCost:
-        """The run's processor; the gateway finds it by run id while the run lives."""
-        cost = RunCost(self, run, self._scope_key(run))
+        """The run's processor, with the limit its caller's request context gives it (the
+        RequestContextError of `limit_for` before any hook); the gateway finds it by run id
+        while the run lives."""
+        limit = self.limit_for(run.options.request_context)
+        cost = RunCost(
+            self, run, limit, self.scope_key(run.info.resource_id, run.info.thread_id, limit.scope)
+        )
         self._runs[run.run_id] = cost
         return cost
 
@@ -148,14 +225,11 @@ class CostControl:
     def for_gateway(self, resource_id: str | None) -> RunCost:
         """The limit as a model gateway call outside any run of this replica meets it: its scope
         key from what the call has (the resource its key is bound to; never a thread)."""
-        return RunCost(self, None, self.scope_key(resource_id, None))
+        return RunCost(self, None, self.default, self.scope_key(resource_id, None, self.default.scope))
 
-    def _scope_key(self, run: RunCore) -> str | None:
-        return self.scope_key(run.info.resource_id, run.info.thread_id)
-
-    def scope_key(self, resource_id: str | None, thread_id: str | None) -> str | None:
-        """The ledger key a call of this resource and thread counts under (None: not limited)."""
-        scope = self.config.scope
+    def scope_key(self, resource_id: str | None, thread_id: str | None, scope: str) -> str | None:
+        """The ledger key a call of this resource and thread counts under in `scope` (None: not
+        limited)."""
         if scope == "global":
             return "global"
         if scope == "agent":
@@ -190,9 +264,12 @@ class RunCost(FrameworkProcessor):
     hooks = frozenset({"process_llm_request", "process_llm_response", "process_api_error"})
     key = f"cost:{PROCESSOR_ID}"
 
-    def __init__(self, control: CostControl, run: RunCore | None, scope_key: str | None) -> None:
+    def __init__(
+        self, control: CostControl, run: RunCore | None, limit: RunLimit, scope_key: str | None
+    ) -> None:
         self.control = control
         self.run = run
+        self.limit = limit
         self.scope_key = scope_key
         self.open: Reservation | None = None
         """The step's reservation, until its call settles or fails."""
@@ -244,7 +321,7 @@ class RunCost(FrameworkProcessor):
                 self.scope_key,
                 reservation.id,
                 estimate,
-                limit=control.limit,
+                limit=self.limit.nanos,
                 window_seconds=cfg.window_seconds,
                 enforce=cfg.strategy == "block",
                 fence=self._fence(),
@@ -261,9 +338,9 @@ class RunCost(FrameworkProcessor):
             )
             return None
         spent = admission.spent
-        if spent >= control.limit:
+        if spent >= self.limit.nanos:
             message = cfg.message.replace("{usage}", _number(_units(spent))).replace(
-                "{limit}", _number(cfg.max_cost)
+                "{limit}", _number(self.limit.max_cost)
             )
             if cfg.strategy == "block":
                 control.metrics.cost_admissions.labels(control.agent_id, "refused").inc()
@@ -272,10 +349,10 @@ class RunCost(FrameworkProcessor):
             self._warn("hard", message, spent)
             return reservation
         control.metrics.cost_admissions.labels(control.agent_id, "admitted").inc()
-        if cfg.warn_at_percent is not None and spent >= control.limit * cfg.warn_at_percent / 100:
+        if cfg.warn_at_percent is not None and spent >= self.limit.nanos * cfg.warn_at_percent / 100:
             message = (
                 f"Cost control: estimated cost reached {_number(cfg.warn_at_percent)}% of the limit "
-                f"({_number(_units(spent))}/{_number(cfg.max_cost)})"
+                f"({_number(_units(spent))}/{_number(self.limit.max_cost)})"
             )
             self._warn("soft", message, spent)
         return reservation
@@ -319,8 +396,8 @@ class RunCost(FrameworkProcessor):
         return {
             "processorId": PROCESSOR_ID,
             "usage": {"estimatedCost": _units(spent), "costUnit": None},
-            "maxCost": self.control.config.max_cost,
-            "scope": self.control.config.scope,
+            "maxCost": self.limit.max_cost,
+            "scope": self.limit.scope,
             "scopeKey": self.scope_key,
             "threshold": "hard",
         }
@@ -332,9 +409,9 @@ class RunCost(FrameworkProcessor):
         self._warned.add(threshold)
         detail = {
             "usage": _units(spent),
-            "limit": self.control.config.max_cost,
+            "limit": self.limit.max_cost,
             "totalUsage": {"estimatedCost": _units(spent), "costUnit": None},
-            "scope": self.control.config.scope,
+            "scope": self.limit.scope,
             "scopeKey": self.scope_key,
             "threshold": threshold,
         }

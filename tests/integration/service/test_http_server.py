@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.responses import PlainTextResponse, StreamingResponse
 
-from procmesh_orchestrator.service._http_server import SEND_BUFFER_BYTES, HttpServer
+from procmesh_orchestrator.service.http.server import SEND_BUFFER_BYTES, HttpServer
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:

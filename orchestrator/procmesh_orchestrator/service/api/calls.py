@@ -36,7 +36,7 @@ class AgentCall:
     """The caller asked for a durable run (an agent configured ``durable: true`` always is one)."""
     lanes: dict[str, list[str]] = field(default_factory=dict)
     """Per-call processor lists by lane (``input``, ``output``, ``error``): the ids the caller named,
-    bound by `_processors_api.bind_lanes` (`call_lanes.bind`, which needs the App)."""
+    bound by `api.processors.bind_lanes` (`call_lanes.bind`, which needs the App)."""
 
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""

@@ -10,14 +10,11 @@ an operator key (or any caller when no key is configured) sees every resource's.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import (
@@ -26,7 +23,6 @@ from procmesh_orchestrator.errors import (
     EventLogUnavailableError,
     InvalidMemoryInputError,
     MemoryStoreError,
-    OrchestratorError,
     StoreUnavailableError,
     SuspendError,
 )
@@ -37,9 +33,8 @@ from procmesh_orchestrator.service._errors import (
     DurableUnavailableError,
     ServiceError,
 )
-from procmesh_orchestrator.service._sse import HEARTBEAT, with_heartbeats
 from procmesh_orchestrator.service.api.calls import AgentCall
-from procmesh_orchestrator.service.api.results import Chunk, dumps, wire_chunk
+from procmesh_orchestrator.service.api.results import Chunk
 from procmesh_orchestrator.store import (
     CANCELLED,
     DONE,
@@ -153,36 +148,6 @@ async def cancel(service: ServiceCore, record: DurableRun) -> tuple[bool, Durabl
 # -- reattaching ------------------------------------------------------------------------------
 
 
-class _ObserveBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
-    offset: int | None = Field(default=None, ge=0, strict=True)
-
-
-def parse_observe(data: Any, last_event_id: str | None) -> tuple[str, int]:
-    """The run and the first offset an observe request wants: ``offset``, else the event after
-    ``Last-Event-ID``, else 0."""
-    if not isinstance(data, dict):
-        raise BadRequestError("the body must be a JSON object with 'runId'")
-    try:
-        body = _ObserveBody.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
-        )
-        raise BadRequestError(problems) from None
-    check_run_id(body.run_id)
-    if body.offset is not None:
-        return body.run_id, body.offset
-    if last_event_id is not None and last_event_id.strip():
-        raw = last_event_id.strip()
-        if not raw.isdigit() or len(raw) > 18:
-            raise BadRequestError("Last-Event-ID: must be the id of an event this server sent (an offset)")
-        return body.run_id, int(raw) + 1
-    return body.run_id, 0
-
-
 async def attach(durable: DurableRuns, record: DurableRun, offset: int) -> AsyncIterator[tuple[int, Chunk]]:
     """The run's events from `offset` on, checked to exist before any is sent (404 when the log's
     retention passed). A missing log is told apart from an empty one by reading its first event."""
@@ -219,40 +184,6 @@ async def _chain(
 
 
 LOG_CUT = "the run's event log is unreachable: observe again from the last event id + 1"
-
-
-async def sse(
-    run_id: str, events: AsyncIterator[tuple[int, Chunk]], what: str, heartbeat: float
-) -> AsyncIterator[bytes]:
-    """Server-sent events of a durable run: per event an ``id: <offset>`` event, then its
-    ``data: <chunk>`` event, then ``data: [DONE]``, with a ``: ping`` comment line after every
-    `heartbeat` seconds without one (as any stream of the API: `with_heartbeats`). A log that
-    fails mid-way ends the stream with an ``error`` chunk and no ``[DONE]``: the run goes on, the
-    client reattaches (``Last-Event-ID``).
-
-    The id goes in an event of its own, written with its chunk: @mastra/client-js reads only
-    events that are one ``data:`` line (an id line in them hides the chunk), while an
-    ``EventSource`` takes the id of an event without data as the last event id, which the chunk's
-    event then carries (and a reconnect sends as ``Last-Event-ID``)."""
-    started = asyncio.get_running_loop().time()
-    sent = 0
-    try:
-        async for event in with_heartbeats(events, heartbeat):
-            if event is None:
-                yield HEARTBEAT
-                continue
-            offset, chunk = event
-            sent += 1
-            yield f"id: {offset}\n\ndata: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
-    except (EventLogError, OrchestratorError) as exc:
-        log.warning("%s run=%s: event log failed after %d events: %s", what, run_id, sent, exc)
-        error = {"type": "error", "payload": {"message": LOG_CUT}}
-        yield f"data: {dumps(wire_chunk(error, run_id))}\n\n".encode()
-        return
-    log.info(
-        "%s durable run=%s events=%d %.3fs", what, run_id, sent, asyncio.get_running_loop().time() - started
-    )
-    yield b"data: [DONE]\n\n"
 
 
 @dataclass
@@ -340,19 +271,3 @@ async def list_runs(service: ServiceCore, query: RunQuery) -> tuple[list[Durable
             page=query.page,
             per_page=query.per_page,
         )
-
-
-def run_json(record: DurableRun) -> dict[str, Any]:
-    """A durable run as the HTTP API shows it (``null`` for an empty thread, resource or error)."""
-    return {
-        "runId": record.run_id,
-        "agentId": record.agent_id,
-        "threadId": record.thread_id or None,
-        "resourceId": record.resource_id or None,
-        "status": record.status,
-        "attempts": record.attempts,
-        "createdAt": record.created_at,
-        "updatedAt": record.updated_at,
-        "error": record.error or None,
-        "cancelRequested": record.cancel_requested,
-    }

@@ -3,7 +3,7 @@ processor workflows and model providers, with the reference server's shapes.
 
 ``catalog_routes`` serves what maps onto procmesh: ``agent.details()``, ``getTool``/``executeTool``,
 ``listTools``/``getTool(id).details()/execute()``, ``listProcessors``/``getProcessor(id).details()/
-execute()`` (`_processors_api`: sidecar processors from ``Describe``), ``listWorkflows``/``getWorkflow(id)
+execute()`` (`api.processors`: sidecar processors from ``Describe``), ``listWorkflows``/``getWorkflow(id)
 .details()`` (the configured processor workflows) and ``listAgentsModelProviders``.
 ``unsupported_routes`` answers every other route of those client APIs with 501 and a message that
 names the feature and why (`UNSUPPORTED`, the table docs/service.md shows), never 404. Its routes

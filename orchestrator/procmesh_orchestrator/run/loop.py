@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from procmesh import RUN_ID, TRACE_ID, tracing
@@ -24,8 +24,8 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run import optimistic, retries, snapshot, steps, structured
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
-from procmesh_orchestrator.run.hooks import Chunk
-from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
+from procmesh_orchestrator.run.model_step import assistant_message, model_step, step_record
+from procmesh_orchestrator.run.steps import StepOutcome
 from procmesh_orchestrator.run.stop import should_stop
 from procmesh_orchestrator.run.tool_calls import ApprovalDecision, PendingTools, run_tools
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
@@ -276,7 +276,7 @@ class Run(RunCore):
 
     def _aborted(self) -> None:
         if self.partial_text:
-            self.ml.add(_assistant_message(self.partial_text, []), msgs.RESPONSE)
+            self.ml.add(assistant_message(self.partial_text, []), msgs.RESPONSE)
         self.emit({"type": "abort", "payload": {}})
 
     async def _suspend(self, pending: PendingTools) -> None:
@@ -396,34 +396,36 @@ class Run(RunCore):
             raise
         prompt = msgs.build_prompt(self.system, self.ml.items)
         prompt, cached = await steps.llm_request(self, prompt, cfg)
+        request = steps.model_request(self, prompt, cfg)
+        early, self.first_call = self.first_call, None  # only step 0's call may have started early
         try:
-            outcome = await self._model_step(prompt, cfg, cached.chunks if cached else None)
+            outcome = await model_step(self, request, cfg, cached.chunks if cached else None, early)
         except APICallError as err:
-            self.steps.append(_step_record(step_number, StepOutcome(finish_reason="error")))
+            self.steps.append(step_record(step_number, StepOutcome(finish_reason="error")))
             if await retries.api_error(self, err) or self._fall_back(cfg.model.model_id, err):
                 return None, True
             raise
         self.answered_by = cfg.model.model_id
         if outcome.abort is not None:
             if outcome.text:
-                self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
+                self.ml.add(assistant_message(outcome.text, []), msgs.RESPONSE)
             raise self.aborted(outcome.abort)
         self._add_usage(outcome.usage)
         await steps.llm_response(self, outcome, cfg.model.model_id)
         try:
             await steps.output_step(self, outcome)
         except TripwireAbort as abort:
-            self.steps.append(_step_record(step_number, outcome, tripwire=abort))
+            self.steps.append(step_record(step_number, outcome, tripwire=abort))
             if abort.retry and retries.may_retry_step(self):
                 retries.retry_with_feedback(self, abort.reason)
                 return None, True
-            self.ml.add(_assistant_message(outcome.text, []), msgs.RESPONSE)
+            self.ml.add(assistant_message(outcome.text, []), msgs.RESPONSE)
             raise
-        assistant = _assistant_message(outcome.text, outcome.tool_calls)
+        assistant = assistant_message(outcome.text, outcome.tool_calls)
         self.ml.add(assistant, msgs.RESPONSE)
         self.partial_text = ""  # the step's text is in its message: an abort in its tools keeps it once
         recorded = cached.tool_results if cached else []
-        record = _step_record(step_number, outcome)
+        record = step_record(step_number, outcome)
         return await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded), False
 
     async def _after_step(
@@ -467,121 +469,3 @@ class Run(RunCore):
     def _add_usage(self, usage: dict[str, int]) -> None:
         for key in self.usage:
             self.usage[key] += int(usage.get(key) or 0)
-
-    async def _model_step(
-        self, prompt: list[dict[str, Any]], cfg: StepConfig, cached: list[Chunk] | None
-    ) -> StepOutcome:
-        """One model call (or a cached response replayed), streamed through the output processors."""
-        outcome = StepOutcome(from_cache=cached is not None)
-        request = steps.model_request(self, prompt, cfg)
-        early, self.first_call = self.first_call, None  # only step 0's call may have started early
-        self.emit({"type": "step-start", "payload": {"stepNumber": self.info.step_number}})
-        model_id = cfg.model.model_id
-        metrics = self.metrics
-
-        async def source() -> AsyncIterator[Chunk]:
-            if cached is not None:
-                if early is not None:
-                    await early.cancel()
-                chunks: AsyncIterator[Chunk] = _replay(cached)
-            else:
-                self.model_requests.append(request)
-                chunks = optimistic.stream(early, cfg.model, request)
-            started = time.perf_counter()
-            # Not a current span: the pipeline resumes this generator from its own tasks.
-            span = tracing.start(
-                f"chat {model_id}",
-                kind="client",
-                attributes={
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.request.model": model_id,
-                    "procmesh.cached": cached is not None,
-                },
-            )
-            error: BaseException | None = None
-            try:
-                async for chunk in chunks:
-                    outcome.raw_chunks.append(chunk)
-                    if chunk["type"] == "finish":
-                        payload = chunk.get("payload") or {}
-                        outcome.finish_reason = payload.get("finishReason", "stop")
-                        outcome.usage = payload.get("usage") or {}
-                        continue
-                    yield chunk
-            except APICallError as exc:
-                error = exc
-                metrics.model_calls.labels(model_id, "error").inc()
-                raise
-            finally:
-                span.set("gen_ai.response.finish_reasons", [outcome.finish_reason])
-                span.set("gen_ai.usage.input_tokens", outcome.usage.get("inputTokens"))
-                span.set("gen_ai.usage.output_tokens", outcome.usage.get("outputTokens"))
-                span.end(error)
-            # The step's end goes through the stream hooks too, so a processor holding parts back
-            # (batching, carry-over) can let them go before the step is over.
-            yield {
-                "type": "step-finish",
-                "payload": {"finishReason": outcome.finish_reason, "usage": outcome.usage},
-            }
-            if cached is None:
-                metrics.model_call_duration.labels(model_id).observe(time.perf_counter() - started)
-                metrics.model_calls.labels(model_id, "ok").inc()
-                for direction, key in (("input", "inputTokens"), ("output", "outputTokens")):
-                    metrics.model_tokens.labels(model_id, direction).inc(int(outcome.usage.get(key) or 0))
-
-        self.partial_text = ""
-
-        def sink(chunk: Chunk) -> None:
-            kind = chunk["type"]
-            if kind == "text-delta":
-                outcome.text += chunk["payload"].get("text", "")
-                self.partial_text = outcome.text
-            elif kind == "tool-call":
-                outcome.tool_calls.append(chunk["payload"])
-            self.emit(chunk)
-
-        outcome.abort = await self.through_output(source(), sink)
-        return outcome
-
-
-def _assistant_message(text: str, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
-    parts: list[dict[str, Any]] = []
-    if text:
-        parts.append({"type": "text", "text": text})
-    for call in tool_calls:
-        parts.append(
-            {
-                "type": "tool-invocation",
-                "toolInvocation": {
-                    "state": "call",
-                    "toolCallId": call["toolCallId"],
-                    "toolName": call["toolName"],
-                    "args": call.get("args"),
-                },
-            }
-        )
-    return {
-        "id": msgs.new_id(),
-        "role": "assistant",
-        "createdAt": msgs.now_iso(),
-        "content": {"format": 2, "parts": parts},
-    }
-
-
-def _step_record(
-    step_number: int, outcome: StepOutcome, tripwire: TripwireAbort | None = None
-) -> dict[str, Any]:
-    return {
-        "stepNumber": step_number,
-        "text": outcome.text,
-        "toolCalls": outcome.tool_calls,
-        "toolResults": [],
-        "finishReason": outcome.finish_reason,
-        "usage": outcome.usage,
-        "tripwire": tripwire.as_dict() if tripwire else None,
-    }
-
-
-async def _replay(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
-    for chunk in chunks:
-        yield chunk

@@ -1,5 +1,5 @@
 """Workflows as processors: parallel branches with map, conditional branches, nested workflows,
-tripwires inside."""
+error steps (a real faulty sidecar fails inside them), tripwires inside."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.errors import ConfigError
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError
 from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
@@ -138,6 +138,69 @@ async def test_workflows_nesting_in_a_cycle_are_refused_at_start_up(examples: st
     flows = {"a": {"steps": ["ex/pii-redactor", "workflow:b"]}, "b": {"steps": ["workflow:a"]}}
     with pytest.raises(ConfigError, match="a -> b -> a nest in a cycle"):
         make(examples, flows, inputProcessors=["workflow:a"])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def faulty(start_sidecar: Callable[..., SidecarProcess]) -> str:
+    proc = start_sidecar(name="wf-faulty", module="tests.fixtures.faulty")
+    await proc.wait_ready()
+    return proc.address
+
+
+def make_try(examples: str, faulty: str, step: dict[str, Any]) -> Any:
+    return parse_config(
+        {
+            "sidecars": {"ex": {"address": examples}, "f": {"address": faulty}},
+            "models": {"m": {"provider": "scripted", "responses": [{"text": "ok"}] * 10}},
+            "workflows": {"w": {"steps": [step]}},
+            "agents": {
+                "a": {"model": "m", "errorProcessorDefaults": False, "inputProcessors": ["workflow:w"]}
+            },
+        },
+        "test config",
+    )
+
+
+async def test_an_error_step_runs_its_catch_when_the_step_fails(examples: str, faulty: str) -> None:
+    async with App(make_try(examples, faulty, {"try": "f/breaker", "catch": "ex/pii-redactor"})) as app:
+        result = await app.agent("a").generate("mail jane@example.com")
+        assert result.tripwire is None
+        assert prompt_text(app) == "mail [email]"  # the catch ran in the failed step's place
+
+
+async def test_an_error_step_catches_a_failing_parallel_branch(examples: str, faulty: str) -> None:
+    step = {"try": {"parallel": ["ex/topic-guard", "f/breaker"]}, "catch": "ex/pii-redactor"}
+    async with App(make_try(examples, faulty, step)) as app:
+        await app.agent("a").generate("mail jane@example.com")
+        assert prompt_text(app) == "mail [email]"
+
+
+async def test_an_error_step_does_not_catch_a_tripwire(examples: str, faulty: str) -> None:
+    async with App(make_try(examples, faulty, {"try": "ex/topic-guard", "catch": "ex/pii-redactor"})) as app:
+        result = await app.agent("a").generate("jailbreak, mail jane@example.com")
+        assert result.tripwire is not None
+        assert result.tripwire["processorId"] == "topic-guard"
+
+
+async def test_a_fail_open_step_is_skipped_and_runs_no_catch(examples: str, faulty: str) -> None:
+    step = {"try": {"processor": "f/breaker", "onFailure": "fail-open"}, "catch": "ex/pii-redactor"}
+    async with App(make_try(examples, faulty, step)) as app:
+        await app.agent("a").generate("mail jane@example.com")
+        assert prompt_text(app) == "mail jane@example.com"  # the failure was let through, as configured
+
+
+async def test_a_failing_catch_fails_the_run(examples: str, faulty: str) -> None:
+    step = {"try": "f/breaker", "catch": {"processor": "f/breaker", "name": "again"}}
+    async with App(make_try(examples, faulty, step)) as app:
+        with pytest.raises(ProcessorFailedError, match="again"):
+            await app.agent("a").generate("hello")
+
+
+async def test_an_error_step_holds_one_step(examples: str, faulty: str) -> None:
+    with pytest.raises(ConfigError, match="one processor or one parallel step"):
+        make_try(examples, faulty, {"try": ["f/breaker"], "catch": "ex/pii-redactor"})
+    with pytest.raises(ConfigError, match="a workflow or condition is not caught"):
+        make_try(examples, faulty, {"try": "workflow:w", "catch": "ex/pii-redactor"})
 
 
 async def test_unknown_workflow_and_bad_map_are_config_errors(examples: str) -> None:

@@ -156,7 +156,7 @@ def _entry_kind(value: Any) -> str:
     if isinstance(value, dict):
         if "processor" in value:
             return "<processor>"
-        for key in ("workflow", "parallel", "when"):
+        for key in ("workflow", "parallel", "when", "try"):
             if key in value:
                 return f"<{key}>"
         return "<processor>"
@@ -166,10 +166,12 @@ def _entry_kind(value: Any) -> str:
         return "<parallel>"
     if isinstance(value, ConditionalStep):
         return "<when>"
+    if isinstance(value, TryStep):
+        return "<try>"
     return "<processor>"
 
 
-_UNION_TAGS = {"<workflow>", "<parallel>", "<when>", "<processor>"}
+_UNION_TAGS = {"<workflow>", "<parallel>", "<when>", "<try>", "<processor>"}
 """Discriminator tags pydantic puts in error locations; error messages leave them out."""
 
 LaneEntry = Annotated[
@@ -231,9 +233,37 @@ class ConditionalStep(_Model):
         return _lane(value)
 
 
+CaughtStep = Annotated[
+    Annotated[ParallelStep, Tag("<parallel>")] | Annotated[ProcessorRef, Tag("<processor>")],
+    Discriminator(_entry_kind),
+]
+"""What an error step's `try` and `catch` hold: one processor or one parallel step."""
+
+
+class TryStep(_Model):
+    """A workflow's error step (the reference's fallback branch on a failed step): `try` runs;
+    when it fails as the run would fail for it (a fail-closed processor's error, timeout or
+    malformed answer, an input it refused), `catch` runs in its place on the same input. A
+    tripwire is a verdict, not a failure: it is never caught."""
+
+    try_: CaughtStep = Field(alias="try")
+    catch: CaughtStep
+
+    @field_validator("try_", "catch", mode="before")
+    @classmethod
+    def _one_step(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            raise ValueError("one processor or one parallel step (not a list)")
+        nested = value.startswith("workflow:") if isinstance(value, str) else None
+        if nested or (isinstance(value, dict) and {"workflow", "when", "try"} & set(value)):
+            raise ValueError("one processor or one parallel step (a workflow or condition is not caught)")
+        return _ref(value)
+
+
 WorkflowStep = Annotated[
     Annotated[ParallelStep, Tag("<parallel>")]
     | Annotated[ConditionalStep, Tag("<when>")]
+    | Annotated[TryStep, Tag("<try>")]
     | Annotated[WorkflowRef, Tag("<workflow>")]
     | Annotated[ProcessorRef, Tag("<processor>")],
     Discriminator(_entry_kind),
@@ -283,6 +313,8 @@ def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:
         return list(step.parallel)
     if isinstance(step, ConditionalStep):
         return [*step.then, *step.otherwise]
+    if isinstance(step, TryStep):
+        return [*workflow_refs(step.try_), *workflow_refs(step.catch)]
     if isinstance(step, WorkflowRef):
         return []
     return [step]

@@ -21,7 +21,7 @@ from procmesh_orchestrator.config import (
     ProcessorRef,
     WorkflowRef,
 )
-from procmesh_orchestrator.config.lanes import LaneByContext, WorkflowConfig
+from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig
 from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.processors import options
@@ -31,6 +31,7 @@ from procmesh_orchestrator.processors.lanes import (
     LaneItem,
     ParallelGroup,
     ProcessorHandle,
+    TryCatch,
     hook_names,
 )
 from procmesh_orchestrator.run.types import ContextLane, LaneFunction, Lanes
@@ -247,14 +248,13 @@ class LaneBinder:
             if isinstance(step, WorkflowRef):
                 items += self.workflow(step.workflow)
             elif isinstance(step, ParallelStep):
-                branches = tuple(self.resolve(step.parallel, f"{at}.parallel"))
-                ids = [f"processor:{b.processor_id}" for b in branches]
+                items.append(self._parallel(step, at, name, f"workflow:{name}/{j}"))
+            elif isinstance(step, TryStep):
                 items.append(
-                    ParallelGroup(
+                    TryCatch(
                         key=f"workflow:{name}/{j}",
-                        processor_id=name,
-                        branches=branches,
-                        pick=ids.index(step.map) if step.map else 0,
+                        attempt=self._caught(step.try_, f"{at}.try", name, f"workflow:{name}/{j}/try"),
+                        fallback=self._caught(step.catch, f"{at}.catch", name, f"workflow:{name}/{j}/catch"),
                     )
                 )
             elif isinstance(step, ConditionalStep):
@@ -268,6 +268,21 @@ class LaneBinder:
             else:
                 items.append(self._entry(step, at))
         return items
+
+    def _parallel(self, step: ParallelStep, at: str, workflow: str, key: str) -> ParallelGroup:
+        branches = tuple(self.resolve(step.parallel, f"{at}.parallel"))
+        ids = [f"processor:{b.processor_id}" for b in branches]
+        return ParallelGroup(
+            key=key, processor_id=workflow, branches=branches, pick=ids.index(step.map) if step.map else 0
+        )
+
+    def _caught(
+        self, step: ParallelStep | ProcessorRef, at: str, workflow: str, key: str
+    ) -> ProcessorHandle | ParallelGroup:
+        """One side of an error step bound."""
+        if isinstance(step, ParallelStep):
+            return self._parallel(step, at, workflow, key)
+        return self.bind(step, at)
 
     def _entry(self, ref: ProcessorRef, where: str) -> LaneItem:
         """A lane entry or a workflow's plain step bound; with a `when`, run only when it holds."""

@@ -18,7 +18,7 @@ from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics, Series, series
 from procmesh_orchestrator.processors import wire
-from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
+from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem, TryCatch
 from procmesh_orchestrator.processors.stream import OutputPipeline
 from procmesh_orchestrator.run import context
 from procmesh_orchestrator.run.hooks import (
@@ -57,9 +57,11 @@ def _as_handle(item: Processor) -> ProcessorHandle:
     return item
 
 
-def _as_lane_item(item: Processor) -> RunLaneItem:
+def _as_lane_item(item: Processor) -> RunLaneItem | TryCatch:
     # The run hands back only what this side gave it (lane entries are ours): anything else is a bug.
-    assert isinstance(item, ProcessorHandle | ParallelGroup), f"not a processor of this caller: {item!r}"
+    assert isinstance(item, ProcessorHandle | ParallelGroup | TryCatch), (
+        f"not a processor of this caller: {item!r}"
+    )
     return item
 
 
@@ -250,7 +252,9 @@ class GrpcHookCaller:
     def fail(self, item: Processor, hook: str, cause: str, *, input_refused: bool = False) -> None:
         """Apply the failure policy: raise (fail-closed) or log and count (fail-open)."""
         lane_item = _as_lane_item(item)
-        # a parallel group's result is its picked branch's, so that branch answers for it
+        # an error step's result is its attempt's, a parallel group's its picked branch's: they answer
+        if isinstance(lane_item, TryCatch):
+            lane_item = lane_item.attempt
         handle = lane_item.branches[lane_item.pick] if isinstance(lane_item, ParallelGroup) else lane_item
         error = self.policy(handle, hook, cause, input_refused=input_refused)
         if error is not None:
@@ -285,6 +289,8 @@ class GrpcHookCaller:
     async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
         """Call a unary hook with the run's arguments; an empty reply when failed open."""
         lane_item = _as_lane_item(item)
+        if isinstance(lane_item, TryCatch):
+            return await self._try(lane_item, args)
         if isinstance(lane_item, ParallelGroup):
             response, effects = await self._invoke_parallel(lane_item, args.hook, wire.build_request(args))
             return Reply(None if response is None else wire.read_result(args.hook, response), effects)
@@ -359,6 +365,17 @@ class GrpcHookCaller:
                 span.set("procmesh.monitor.would", attempts[0].would())
             return attempts
 
+    async def _try(self, step: TryCatch, args: HookArgs[R]) -> Reply[R]:
+        """An error step: the attempt, or the fallback when the attempt's failure would fail the run
+        (counted and logged as that failure already was)."""
+        try:
+            return await self.call(step.attempt, args)
+        except ProcessorFailedError as exc:
+            log.warning("workflow step %s failed in %s, its catch runs: %s", step.key, args.hook, exc)
+            if not step.fallback.has(args.hook):
+                return Reply(None, Effects())
+            return await self.call(step.fallback, args)
+
     async def _invoke_parallel(self, group: ParallelGroup, hook: str, request: Any) -> tuple[Any, Effects]:
         branches = [b for b in group.branches if b.has(hook)]
         answers = await asyncio.gather(*(self._branch(b, hook, _copy(request)) for b in branches))
@@ -387,5 +404,8 @@ class GrpcHookCaller:
         self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
     ) -> AsyncGenerator[StreamItem, None]:
         """Run `source` through the lane's process_output_stream processors (`OutputPipeline`)."""
-        pipeline = OutputPipeline(self, [_as_lane_item(i) for i in lane], announce_signals=announce_signals)
+        # an error step streams as its attempt: a stream is not replayed through the catch midway
+        items = [_as_lane_item(i) for i in lane]
+        plain = [i.attempt if isinstance(i, TryCatch) else i for i in items]
+        pipeline = OutputPipeline(self, plain, announce_signals=announce_signals)
         return pipeline.run(source)

@@ -126,7 +126,34 @@ class Conditional:
         return tuple(p for h in (self.then if ok else self.otherwise) for p in h.expand(request_context))
 
 
-LaneItem = ProcessorHandle | ParallelGroup | Conditional
+@dataclass(frozen=True)
+class TryCatch:
+    """A workflow's error step: `attempt` is called; when it fails as the run would fail for it
+    (its failure policy raised `ProcessorFailedError`), `fallback` is called in its place with
+    the same arguments. A tripwire is an answer, not a failure: it is never caught.
+
+    It is not `Batchable` (no speculative or fused sending): the caller calls it itself.
+    """
+
+    key: str
+    attempt: ProcessorHandle | ParallelGroup
+    fallback: ProcessorHandle | ParallelGroup
+
+    def has(self, hook: str) -> bool:
+        """Whether the attempt implements `hook` (the fallback stands in only for its failure)."""
+        return self.attempt.has(hook)
+
+    def expand(self, request_context: Mapping[str, Any]) -> tuple[TryCatch, ...]:
+        """Itself, both sides with this run's options."""
+        (attempt,) = self.attempt.expand(request_context)
+        (fallback,) = self.fallback.expand(request_context)
+        if attempt is self.attempt and fallback is self.fallback:
+            return (self,)
+        return (replace(self, attempt=attempt, fallback=fallback),)
+
+
+LaneItem = ProcessorHandle | ParallelGroup | Conditional | TryCatch
 """A resolved lane entry; conditionals are decided once per run."""
 RunLaneItem = ProcessorHandle | ParallelGroup
-"""A lane entry as a run calls it."""
+"""A lane entry as a run streams it (an error step streams as its attempt); `TryCatch` too in
+unary hooks."""

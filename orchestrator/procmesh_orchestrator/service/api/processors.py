@@ -15,12 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator.config.schema import (
-    ConditionalStep,
-    ParallelStep,
-    ProcessorRef,
-    WorkflowRef,
-)
+from procmesh_orchestrator.config.schema import ProcessorRef, WorkflowRef, workflow_refs
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError, TripwireAbort
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.call_lanes import Hosted
@@ -61,14 +56,10 @@ def _refs(entries: list[Any], config: Config) -> Iterator[tuple[ProcessorRef | N
             yield None, entry.workflow
             workflow = config.workflows.get(entry.workflow)
             for step in workflow.steps if workflow else []:
-                if isinstance(step, ParallelStep):
-                    yield from ((r, None) for r in step.parallel)
-                elif isinstance(step, ConditionalStep):
-                    yield from ((r, None) for r in (*step.then, *step.otherwise))
-                elif isinstance(step, WorkflowRef):
+                if isinstance(step, WorkflowRef):
                     yield from _refs([step], config)
                 else:
-                    yield step, None
+                    yield from ((r, None) for r in workflow_refs(step))
 
 
 def hosted_processors(service: ServiceCore) -> dict[str, Hosted]:

@@ -25,12 +25,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from procmesh_orchestrator.config.lanes import TryStep
 from procmesh_orchestrator.config.schema import (
     DEFAULT_PROVIDERS,
     ConditionalStep,
     ParallelStep,
     ProcessorRef,
     WorkflowRef,
+    workflow_refs,
 )
 from procmesh_orchestrator.errors import ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.run import CallOptions
@@ -212,6 +214,15 @@ def workflow_json(service: ServiceCore, name: str) -> dict[str, Any]:
                     "id": f"when-{j}",
                     "steps": branches,
                     "serializedConditions": [{"id": f"when-{j}", "fn": json.dumps(item.when)}],
+                }
+            )
+        elif isinstance(item, TryStep):  # an error step: the catch is the branch its failure takes
+            graph.append(
+                {
+                    "type": "conditional",
+                    "id": f"try-{j}",
+                    "steps": [step(r) for r in workflow_refs(item)],
+                    "serializedConditions": [{"id": f"try-{j}", "fn": "catch when try fails"}],
                 }
             )
         elif isinstance(item, WorkflowRef):  # a nested workflow, as the reference shows one

@@ -75,31 +75,50 @@ class PrefillErrorHandler(Processor):
 
 
 class UnsupportedFileHandler(Processor):
-    """Removes the files a model rejects, leaving a placeholder, and calls the model again."""
+    """Removes the files a model rejects from the prompt, leaving a placeholder, and calls the
+    model again; the stored history keeps the attachments."""
 
     id = "unsupported-file-handler"
-    description = "Drops attachments the model rejects (placeholder text) and retries."
+    description = "Drops attachments the model rejects from the prompt (placeholder text) and retries."
+
+    async def process_llm_request(
+        self, prompt: list[dict[str, Any]], state: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        if not state.get(_DROP_FILES):
+            state[_PROMPT_HAS_FILES] = any(_file_parts(msg) for msg in prompt)
+            return None
+        out = [
+            {**msg, "content": [_placeholder(p) if p.get("type") == "file" else p for p in msg["content"]]}
+            if _file_parts(msg)
+            else msg
+            for msg in prompt
+        ]
+        return {"prompt": out}
 
     async def process_api_error(
-        self, error: dict[str, Any], retry_count: int, message_list: Any
+        self, error: dict[str, Any], retry_count: int, state: dict[str, Any]
     ) -> dict[str, Any] | None:
         if retry_count > 0 or not any(p.search(_error_text(error)) for p in _FILE_ERRORS):
             return None
-        removed = False
-        for msg in message_list.get_all():
-            parts = msg["content"].get("parts") or []
-            if not any(p.get("type") in ("file", "image") for p in parts):
-                continue
-            new_parts = []
-            for part in parts:
-                if part.get("type") in ("file", "image"):
-                    name = part.get("filename") or part.get("mediaType") or "file"
-                    new_parts.append({"type": "text", "text": f"[Attachment unavailable: {name}]"})
-                else:
-                    new_parts.append(part)
-            message_list.replace({**msg, "content": {**msg["content"], "parts": new_parts}})
-            removed = True
-        return {"retry": True} if removed else None
+        if state.get(_DROP_FILES) or not state.get(_PROMPT_HAS_FILES):
+            return None  # nothing left to remove: the retry would be rejected the same way
+        # For the rest of the run: every later step would send the same files.
+        state[_DROP_FILES] = True
+        return {"retry": True}
+
+
+_DROP_FILES = "dropFiles"
+_PROMPT_HAS_FILES = "promptHasFiles"
+
+
+def _file_parts(msg: dict[str, Any]) -> bool:
+    content = msg.get("content")
+    return isinstance(content, list) and any(p.get("type") == "file" for p in content)
+
+
+def _placeholder(part: dict[str, Any]) -> dict[str, Any]:
+    # A prompt part carries the media type, not the file's name.
+    return {"type": "text", "text": f"[Attachment unavailable: {part.get('mediaType') or 'file'}]"}
 
 
 _RETRYABLE_STREAM_CODES = (

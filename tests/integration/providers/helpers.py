@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
+from procmesh_orchestrator.app import App
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.providers._base import HTTPModel
+from procmesh_orchestrator.run import CallOptions, RunResult
+from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 
 Chunk = dict[str, Any]
@@ -29,6 +32,17 @@ def message(role: str, *parts: dict[str, Any]) -> dict[str, Any]:
 
 def text(value: str) -> dict[str, Any]:
     return {"type": "text", "text": value}
+
+
+async def run_keeping_history(
+    app: App, agent_id: str, input: list[dict[str, Any]]
+) -> tuple[RunResult, list[Any]]:
+    """generate(), also returning the run's stored message list (to show it was not rewritten)."""
+    agent = app.agent(agent_id)
+    run = Run(agent.spec, input, CallOptions(), sink=None, metrics=agent.metrics)
+    result, failure = await run.execute()
+    assert failure is None, failure
+    return result, run.ml.items
 
 
 def request(*prompt: dict[str, Any], streaming: bool = True, **kw: Any) -> ModelRequest:

@@ -20,7 +20,7 @@ from procmesh_orchestrator.errors import APICallError, ConfigError
 from procmesh_orchestrator.run import CallOptions, RunResult
 from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
 from tests.integration.providers.fakes import PREFILL_MESSAGE, FakeAnthropic, FakeOpenAI, error
-from tests.integration.providers.helpers import message, text
+from tests.integration.providers.helpers import message, run_keeping_history, text
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_fakes")]
 
@@ -94,9 +94,8 @@ async def test_rejected_image_is_replaced_by_a_placeholder(app: App, openai_api:
     openai_api.text_only.add("text-only")
     openai_api.script("text-only", {"text": "I cannot see it, but go on."})
     picture = {"type": "file", "mediaType": "image/png", "data": PNG}
-    result = await app.agent("text-only").generate(
-        [message("user", text("What is in this picture?"), picture)]
-    )
+    question = message("user", text("What is in this picture?"), picture)
+    result, stored = await run_keeping_history(app, "text-only", [question])
 
     assert result.text == "I cannot see it, but go on."
     first, retry = openai_api.calls("text-only")
@@ -105,6 +104,7 @@ async def test_rejected_image_is_replaced_by_a_placeholder(app: App, openai_api:
         text("What is in this picture?"),
         text("[Attachment unavailable: image/png]"),
     ]
+    assert stored[0]["content"] == question["content"]  # the thread keeps the attachment
 
 
 # -- stream-error-retry-processor -------------------------------------------------------------------

@@ -16,11 +16,9 @@ import pytest_asyncio
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import APICallError, ConfigError
-from procmesh_orchestrator.run import CallOptions, RunResult
-from procmesh_orchestrator.run.loop import Run
 from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
 from tests.integration.providers.fakes import FakeAnthropic, FakeOpenAI, error
-from tests.integration.providers.helpers import message, text
+from tests.integration.providers.helpers import message, run_keeping_history, text
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_fakes")]
 
@@ -68,17 +66,6 @@ async def app(openai_api: FakeOpenAI, anthropic_api: FakeAnthropic) -> AsyncIter
     )
     async with App(config) as app:
         yield app
-
-
-async def run_keeping_history(
-    app: App, agent_id: str, input: list[dict[str, Any]]
-) -> tuple[RunResult, list[Any]]:
-    """generate(), also returning the run's stored message list (to show it was not rewritten)."""
-    agent = app.agent(agent_id)
-    run = Run(agent.spec, input, CallOptions(), sink=None, metrics=agent.metrics)
-    result, failure = await run.execute()
-    assert failure is None, failure
-    return result, run.ml.items
 
 
 def stored_texts(stored: list[Any]) -> list[str]:

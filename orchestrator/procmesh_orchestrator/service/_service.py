@@ -14,10 +14,10 @@ from procmesh_orchestrator.app import App, ConfigReloader
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.service._auth import ApiKeys
-from procmesh_orchestrator.service._grpc import GrpcServer
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service._tls import server_tls
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.grpc.server import GrpcServer
 from procmesh_orchestrator.service.http.app import build_http_app
 from procmesh_orchestrator.service.http.server import HttpServer
 from procmesh_orchestrator.settings import OrchestratorSettings

@@ -1,5 +1,7 @@
-"""The service's gRPC room: procmesh.v1.AgentService, the model gateway (procmesh.v1.ModelService),
-grpc.health.v1 and reflection, on the orchestrator's gRPC server.
+"""The service's gRPC room: procmesh.v1.AgentService (`servicer`, its requests and responses), the
+model gateway (procmesh.v1.ModelService: `model_gateway`, its access and model policy in
+`gateway_policy`), the interceptor that guards them (`guard`) and the server (`server`: with
+grpc.health.v1 and reflection). What an RPC does to the runs is the API layer's (`service.api`).
 
 Imported by its absolute name only (``procmesh_orchestrator.service.grpc``): ``import grpc`` in
 its modules is the grpc library.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.service._gateway_policy import GatewayModels, on_local_socket, shown
+from procmesh_orchestrator.service.grpc.gateway_policy import GatewayModels, on_local_socket, shown
 
 
 def _models(raw: dict[str, Any]) -> GatewayModels:

@@ -2,7 +2,7 @@
 
 A guard that judges with a model (moderation, prompt injection, ...) calls the orchestrator,
 never a provider: provider keys stay in this process. The gateway is for sidecars only and serves
-only the models the config names (`_gateway_policy`: a caller on the unix socket, or a key with the
+only the models the config names (`gateway_policy`: a caller on the unix socket, or a key with the
 ``gateway`` or ``operator`` role; PERMISSION_DENIED otherwise, and NOT_FOUND for a model the config
 does not name). A call is bounded by its gRPC deadline (the calling hook's remaining time), traced
 as a child of the hook's span and counted in ``procmesh_gateway_calls_total{model,processor,
@@ -43,7 +43,7 @@ from procmesh_orchestrator.run.framework.cost import CostLimitError, Reservation
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
 from procmesh_orchestrator.service._auth import grpc_caller
 from procmesh_orchestrator.service._errors import ServiceError
-from procmesh_orchestrator.service._gateway_policy import (
+from procmesh_orchestrator.service.grpc.gateway_policy import (
     GATEWAY_ROLES,
     UNKNOWN,
     GatewayModels,

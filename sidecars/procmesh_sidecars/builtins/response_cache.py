@@ -27,6 +27,11 @@ request context); ``scope: null`` shares entries between all callers. Per call,
 
 Backends: ``memory`` (default; per sidecar process, bounded) or ``redis``
 (``url``; redis-py's asyncio client, shared by every sidecar using that server).
+
+The seeds' code-level forms, for your own sidecar and the in-process Python API: a sidecar may
+serve ``ResponseCache(cache=..., key=...)`` with its own backend (any `ServerCache`) and a key
+function (``KeyInputs`` -> key; a raise falls back to the derived key), and
+`ResponseCache.context` / `ResponseCache.apply_context` build a call's request context.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import inspect
 import logging
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, Field, model_validator
 
 from procmesh import Processor
+from procmesh.errors import InvalidInputError
 from procmesh_sidecars.builtins._common import Chunk, PromptMessage, js_stringify
 from procmesh_sidecars.cache import InMemoryServerCache, RedisServerCache, ServerCache
 
@@ -145,6 +153,23 @@ def _file_data(data: str) -> str:
         return data
 
 
+class KeyInputs(TypedDict):
+    """What the derived key hashes, as a key function receives it (``build_key(**inputs)``
+    derives the default key; the seeds' ``buildResponseCacheKey({...inputs, scope})``)."""
+
+    agent_id: str
+    step_number: int
+    scope: str | None
+    model: dict[str, str | None]
+    prompt: list[PromptMessage]
+
+
+KeyFunction = Callable[[KeyInputs], "str | Awaitable[str]"]
+"""A sidecar's own key derivation (the seeds' ``key`` function)."""
+_UNSET: Any = object()
+_BACKEND_OPTIONS = ("backend", "url", "max_size")
+
+
 def build_key(
     *,
     agent_id: str,
@@ -188,12 +213,44 @@ class ResponseCache(Processor):
     description = "Replays cached model responses for identical requests (memory or Redis backend)."
     Options = ResponseCacheOptions
 
-    def __init__(self) -> None:
+    def __init__(self, *, cache: ServerCache | None = None, key: KeyFunction | None = None) -> None:
+        """`cache`: this instance's own backend (then the options cannot choose one); `key`: derives
+        each call's key (a string or per-call `key` still wins; a raise falls back to the default)."""
+        self._cache = cache
+        self._key = key
         self._memory: dict[int, InMemoryServerCache] = {}
         self._redis: dict[str, RedisServerCache] = {}
 
+    @staticmethod
+    def context(*, key: str = _UNSET, scope: str | None = _UNSET, bust: bool = _UNSET) -> dict[str, Any]:
+        """A new request context holding a call's overrides (the seeds' ``ResponseCache.context()``).
+
+        ``agent.generate(text, CallOptions(request_context=ResponseCache.context(bust=True)))``.
+        """
+        return ResponseCache.apply_context({}, key=key, scope=scope, bust=bust)
+
+    @staticmethod
+    def apply_context(
+        request_context: dict[str, Any],
+        *,
+        key: str = _UNSET,
+        scope: str | None = _UNSET,
+        bust: bool = _UNSET,
+    ) -> dict[str, Any]:
+        """Set a call's overrides in an existing request context (replacing earlier ones), in place;
+        returns it (the seeds' ``ResponseCache.applyContext()``). Only the fields given are set."""
+        given = {"key": key, "scope": scope, "bust": bust}
+        request_context[CONTEXT_KEYS[0]] = {name: v for name, v in given.items() if v is not _UNSET}
+        return request_context
+
     def cache_for(self, options: ResponseCacheOptions) -> ServerCache:
-        """The backend the options select (one per process per max_size / per Redis URL)."""
+        """The backend: this instance's own, else the one the options select (one per process per
+        max_size / per Redis URL)."""
+        if self._cache is not None:
+            chosen = sorted(set(_BACKEND_OPTIONS) & options.model_fields_set)
+            if chosen:
+                raise InvalidInputError(f"response-cache: this sidecar sets its own backend; remove {chosen}")
+            return self._cache
         if options.backend == "redis":
             url = str(options.url)
             if url not in self._redis:
@@ -234,16 +291,17 @@ class ResponseCache(Processor):
         else:
             context_resource = request_context.get(RESOURCE_ID_KEY)
             scope = resource_id or (context_resource if isinstance(context_resource, str) else None)
+        cache = self.cache_for(options)
+        inputs = KeyInputs(
+            agent_id=options.agent_id or agent_id,
+            step_number=step_number,
+            scope=scope if isinstance(scope, str) else None,
+            model=model_identity(model),
+            prompt=prompt,
+        )
         key = per_call.get("key", options.key)
         if not isinstance(key, str) or not key:
-            key = build_key(
-                agent_id=options.agent_id or agent_id,
-                step_number=step_number,
-                scope=scope if isinstance(scope, str) else None,
-                model=model_identity(model),
-                prompt=prompt,
-            )
-        cache = self.cache_for(options)
+            key = await self._derive_key(inputs)
         if not bust:
             try:
                 cached = await cache.get(key)
@@ -255,6 +313,19 @@ class ResponseCache(Processor):
         state[_PENDING_KEY] = key
         state[_PENDING_TTL] = options.ttl
         return None
+
+    async def _derive_key(self, inputs: KeyInputs) -> str:
+        if self._key is not None:
+            try:
+                derived = self._key(inputs)
+                if inspect.isawaitable(derived):
+                    derived = await derived
+                if isinstance(derived, str) and derived:
+                    return derived
+                log.warning("response-cache: the key function returned %r; using the derived key", derived)
+            except Exception:  # the seeds: a throwing key function falls back to the derived key
+                log.warning("response-cache: the key function failed; using the derived key", exc_info=True)
+        return build_key(**inputs)
 
     async def process_llm_response(
         self,

@@ -20,6 +20,7 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_sidecars.builtins.response_cache import ResponseCache
 from tests.deps import require
 from tests.e2e.builtins.harness import call, make_config, model_requests, ref, start
 
@@ -123,7 +124,7 @@ async def test_failed_steps_are_never_written(address: str) -> None:
 async def test_bust_skips_the_read_but_rewrites(address: str) -> None:
     async with App(cfg(address, scope="t-bust")) as app:
         assert (await call(app, "q")).result.text == "first answer"
-        busted = await call(app, "q", options=ctx(responseCache={"bust": True}))
+        busted = await call(app, "q", options=CallOptions(request_context=ResponseCache.context(bust=True)))
         assert busted.result.text == "second answer"
         assert (await call(app, "q")).result.text == "second answer"  # the busted call rewrote the entry
         assert len(model_requests(app)) == 2
@@ -131,7 +132,10 @@ async def test_bust_skips_the_read_but_rewrites(address: str) -> None:
 
 async def test_per_call_key_shares_an_entry_across_prompts(address: str) -> None:
     async with App(cfg(address, scope="t-key")) as app:
-        options = ctx(responseCache={"key": "suggested-prompt-1"})
+        # merged into a context that holds other values (the seeds' ResponseCache.applyContext)
+        context = ResponseCache.apply_context({"caller-meta": {"userId": "u-123"}}, key="suggested-prompt-1")
+        assert context == {"caller-meta": {"userId": "u-123"}, "responseCache": {"key": "suggested-prompt-1"}}
+        options = CallOptions(request_context=context)
         assert (await call(app, "one wording", options=options)).result.text == "first answer"
         assert (await call(app, "another wording", options=options)).result.text == "first answer"
         assert len(model_requests(app)) == 1
@@ -145,8 +149,8 @@ async def test_scope_by_resource_id_explicit_scope_and_shared_null(address: str)
         assert (await call(app, "q", options=bob)).result.text == "second answer"  # isolated per user
         assert (await call(app, "q", options=alice)).result.text == "first answer"
         # a per-call scope overrides the resource id; null opts out of isolation
-        shared_alice = ctx(mastra__resourceId="alice", responseCache={"scope": None})
-        shared_bob = ctx(mastra__resourceId="bob", responseCache={"scope": None})
+        shared_alice = ctx(**ResponseCache.apply_context({"mastra__resourceId": "alice"}, scope=None))
+        shared_bob = ctx(**ResponseCache.apply_context({"mastra__resourceId": "bob"}, scope=None))
         assert (await call(app, "q", options=shared_alice)).result.text == "third answer"
         assert (await call(app, "q", options=shared_bob)).result.text == "third answer"
         assert len(model_requests(app)) == 3

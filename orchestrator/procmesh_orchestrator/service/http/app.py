@@ -16,10 +16,11 @@ from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.http.agents import AgentRoutes
 from procmesh_orchestrator.service.http.bodies import error_response, read_body
 from procmesh_orchestrator.service.http.boundary import Boundary
-from procmesh_orchestrator.service.http.catalog import catalog_routes, unsupported_routes
+from procmesh_orchestrator.service.http.catalog import CatalogRoutes
 from procmesh_orchestrator.service.http.memory import memory_routes
 from procmesh_orchestrator.service.http.probes import ProbeRoutes
 from procmesh_orchestrator.service.http.runs import RunRoutes
+from procmesh_orchestrator.service.http.unsupported import unsupported_routes
 
 
 def build_http_app(core: ServiceCore) -> ASGIApp:
@@ -30,7 +31,7 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
 
     app = Starlette(
         routes=[
-            *catalog_routes(core, read_json),  # first: /api/agents/providers, agent details
+            *CatalogRoutes(core, read_json).routes(),  # first: /api/agents/providers, agent details
             *AgentRoutes(core).routes(),
             *RunRoutes(core).routes(),
             *ProbeRoutes(core).routes(),

@@ -1,0 +1,142 @@
+"""The routes of the client's catalog APIs that procmesh answers with 501: each names the feature
+and why (`UNSUPPORTED`, the table docs/service.md shows), never a 404. They go last in the route
+table, so a route another part of the API serves takes precedence."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from procmesh_orchestrator.service._errors import NotSupportedError
+from procmesh_orchestrator.service.api.core import ServiceCore
+
+WORKFLOW_RUNS = "procmesh runs processor workflows inside agents only"
+_VOICE = "procmesh agents have no voice provider"
+_MODEL = "an agent's model is fixed by the configuration (change it there and roll out)"
+_NETWORK = "procmesh agents have no sub-agents to route between"
+_SIGNALS = "procmesh runs are request-scoped: there is no long-lived agent thread to message"
+_LEGACY = "procmesh serves the current routes only (use /generate and /stream)"
+_EDITOR = "procmesh agents are configured in files, not edited at runtime"
+_RECOVER = "a durable run is taken over by another replica by itself; reattach with observe"
+_RESUME = "decide a suspended tool call with approveToolCall or declineToolCall"
+_PROVIDERS = "procmesh tools and processors come from sidecars and MCP servers in the configuration"
+
+UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
+    ("POST", "/agents/{agent_id}/generate-legacy", "the legacy generate route", _LEGACY),
+    ("POST", "/agents/{agent_id}/stream-legacy", "the legacy stream route", _LEGACY),
+    ("POST", "/agents/{agent_id}/generate/vnext", "the vNext generate route", _LEGACY),
+    ("POST", "/agents/{agent_id}/stream/vnext", "the vNext stream route", _LEGACY),
+    ("POST", "/agents/{agent_id}/streamVNext", "the vNext stream route", _LEGACY),
+    ("POST", "/agents/{agent_id}/stream/ui", "AI SDK UI message streams", _LEGACY),
+    ("POST", "/agents/{agent_id}/stream/vnext/ui", "AI SDK UI message streams", _LEGACY),
+    ("POST", "/agents/{agent_id}/network", "agent networks", _NETWORK),
+    ("POST", "/agents/{agent_id}/approve-network-tool-call", "agent networks", _NETWORK),
+    ("POST", "/agents/{agent_id}/decline-network-tool-call", "agent networks", _NETWORK),
+    ("POST", "/agents/{agent_id}/send-message", "agent messages", _SIGNALS),
+    ("POST", "/agents/{agent_id}/queue-message", "agent messages", _SIGNALS),
+    ("POST", "/agents/{agent_id}/signals", "agent signals", _SIGNALS),
+    ("POST", "/agents/{agent_id}/threads/subscribe", "thread subscriptions", _SIGNALS),
+    ("POST", "/agents/{agent_id}/threads/abort", "aborting a thread's run", _SIGNALS),
+    ("POST", "/agents/{agent_id}/stream-until-idle", "streaming until a thread is idle", _SIGNALS),
+    ("POST", "/agents/{agent_id}/resume-stream-until-idle", "streaming until a thread is idle", _SIGNALS),
+    ("POST", "/agents/{agent_id}/recover", "recovering a run", _RECOVER),
+    ("POST", "/agents/{agent_id}/resume-stream", "resuming a suspended stream", _RESUME),
+    ("POST", "/agents/{agent_id}/send-tool-approval", "tool approval by message", _RESUME),
+    ("POST", "/agents/{agent_id}/model", "changing an agent's model", _MODEL),
+    ("POST", "/agents/{agent_id}/model/reset", "changing an agent's model", _MODEL),
+    ("POST", "/agents/{agent_id}/models/reorder", "model lists", _MODEL),
+    ("POST", "/agents/{agent_id}/models/{model_config_id}", "model lists", _MODEL),
+    ("POST", "/agents/{agent_id}/clone", "cloning an agent", _EDITOR),
+    # the Agent resource's version methods (listVersions, ...) call the stored-agents routes
+    ("GET", "/stored/agents/{agent_id}/versions", "agent versions", _EDITOR),
+    ("POST", "/stored/agents/{agent_id}/versions", "agent versions", _EDITOR),
+    ("GET", "/stored/agents/{agent_id}/versions/compare", "agent versions", _EDITOR),
+    ("GET", "/stored/agents/{agent_id}/versions/{version_id}", "agent versions", _EDITOR),
+    ("DELETE", "/stored/agents/{agent_id}/versions/{version_id}", "agent versions", _EDITOR),
+    ("POST", "/stored/agents/{agent_id}/versions/{version_id}/activate", "agent versions", _EDITOR),
+    ("POST", "/stored/agents/{agent_id}/versions/{version_id}/restore", "agent versions", _EDITOR),
+    ("POST", "/agents/{agent_id}/instructions/enhance", "enhancing instructions", _EDITOR),
+    ("GET", "/agents/{agent_id}/plans/file", "agent plans", "procmesh agents have no workspace"),
+    ("GET", "/agents/{agent_id}/skills/{skill_name}", "agent skills", "procmesh agents have no workspace"),
+    ("GET", "/agents/{agent_id}/browser/session", "browser sessions", "procmesh agents have no browser"),
+    ("POST", "/agents/{agent_id}/browser/close", "browser sessions", "procmesh agents have no browser"),
+    ("POST", "/agents/{agent_id}/voice/speak", "voice", _VOICE),
+    ("POST", "/agents/{agent_id}/voice/listen", "voice", _VOICE),
+    ("GET", "/agents/{agent_id}/voice/speakers", "voice", _VOICE),
+    ("GET", "/agents/{agent_id}/voice/listener", "voice", _VOICE),
+    ("POST", "/agents/{agent_id}/speak", "voice", _VOICE),
+    ("POST", "/agents/{agent_id}/listen", "voice", _VOICE),
+    ("GET", "/agents/{agent_id}/speakers", "voice", _VOICE),
+    ("POST", "/workflows/events", "workflow events", WORKFLOW_RUNS),
+    ("GET", "/workflows/{workflow_id}/runs", "workflow runs", WORKFLOW_RUNS),
+    ("GET", "/workflows/{workflow_id}/runs/{run_id}", "workflow runs", WORKFLOW_RUNS),
+    ("DELETE", "/workflows/{workflow_id}/runs/{run_id}", "workflow runs", WORKFLOW_RUNS),
+    ("POST", "/workflows/{workflow_id}/runs/{run_id}/cancel", "workflow runs", WORKFLOW_RUNS),
+    ("POST", "/workflows/{workflow_id}/runs/{run_id}/steps/execute", "workflow runs", WORKFLOW_RUNS),
+    *(
+        ("POST", f"/workflows/{{workflow_id}}/{action}", "workflow runs", WORKFLOW_RUNS)
+        for action in (
+            "create-run",
+            "start",
+            "start-async",
+            "stream",
+            "stream-legacy",
+            "observe",
+            "observe-stream-legacy",
+            "resume",
+            "resume-async",
+            "resume-stream",
+            "resume-no-wait",
+            "restart",
+            "restart-async",
+            "restart-all-active-workflow-runs",
+            "restart-all-active-workflow-runs-async",
+            "time-travel",
+            "time-travel-async",
+            "time-travel-stream",
+        )
+    ),
+    ("GET", "/processor-providers", "processor providers", _PROVIDERS),
+    ("GET", "/processor-providers/{provider_id}", "processor providers", _PROVIDERS),
+    ("GET", "/tool-providers", "tool providers", _PROVIDERS),
+    *(
+        ("GET", f"/tool-providers/{{provider_id}}/{rest}", "tool providers", _PROVIDERS)
+        for rest in (
+            "toolkits",
+            "tools",
+            "tools/{tool_slug}/schema",
+            "health",
+            "connection-fields",
+            "connections",
+            "connections/{connection_id}/usage",
+            "auth-status/{auth_id}",
+        )
+    ),
+    ("POST", "/tool-providers/{provider_id}/authorize", "tool providers", _PROVIDERS),
+    ("POST", "/tool-providers/{provider_id}/connection-status", "tool providers", _PROVIDERS),
+    ("PATCH", "/tool-providers/{provider_id}/connections/{connection_id}", "tool providers", _PROVIDERS),
+    ("DELETE", "/tool-providers/{provider_id}/connections/{connection_id}", "tool providers", _PROVIDERS),
+)
+"""(method, path under /api, feature, why) of every route of the client's agent, tool, processor,
+workflow-listing and model-provider APIs that procmesh answers with 501."""
+
+
+def not_supported(service: ServiceCore, feature: str, why: str) -> Callable[[Request], Awaitable[Response]]:
+    async def not_supported(request: Request) -> Response:
+        agent_id = request.path_params.get("agent_id")
+        if agent_id is not None:
+            service.agent(agent_id)  # an unknown agent is still a 404, as everywhere
+        raise NotSupportedError(f"{feature} is not supported by procmesh: {why}")
+
+    return not_supported
+
+
+def unsupported_routes(service: ServiceCore) -> list[Route]:
+    """A 501 naming the feature for each `UNSUPPORTED` route; they go last in the route table."""
+    return [
+        Route(f"/api{path}", not_supported(service, feature, why), methods=[method])
+        for method, path, feature, why in UNSUPPORTED
+    ]

@@ -226,25 +226,8 @@ def encode_ids(ids: list[str]) -> str:
 
 
 class DurableRunMethods(StoreHooks):
-    """The durable-run methods, the same SQL on both backends given the backend's clock: `_now`
-    (the database's time), `_lease` (the database's time plus the one parameter `_lease_arg`
-    makes of a duration), `_skip_locked` (how a claim passes rows another claim holds) and
-    `_moment` (a stored time as ISO 8601)."""
-
-    _now: str
-    _lease: str
-    _ago: str
-    _skip_locked: str
-    _max_snapshot_bytes: int
-
-    def _lease_arg(self, seconds: float) -> Any:
-        raise NotImplementedError
-
-    def _ago_arg(self, seconds: float) -> Any:
-        raise NotImplementedError
-
-    def _moment(self, stored: Any) -> str:
-        raise NotImplementedError
+    """The durable-run methods, the same SQL on both backends given the backend's clock (`_now`,
+    `_lease`, `_ago`) and how a claim passes rows another one holds (`_skip_locked`)."""
 
     async def create_durable_run(self, run: DurableRun, *, owner: str, lease_seconds: float) -> DurableRun:
         """Insert the run as `RUNNING` at epoch 1, held by `owner`; an existing id is

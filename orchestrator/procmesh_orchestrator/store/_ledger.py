@@ -51,17 +51,9 @@ def check_amount(store: str, name: str, value: object) -> int:
 
 
 class CostMethods(StoreHooks):
-    """Cost control's usage ledger, the same SQL on both backends given the backend's clock: `_now`,
-    `_ago` (the database's time minus the one parameter `_ago_arg` makes of a duration) and
-    `_for_update` (how an admission locks its scope's row, and a fenced write its run's row, until
-    it commits)."""
-
-    _now: str
-    _ago: str
-    _for_update: str
-
-    def _ago_arg(self, seconds: float) -> Any:
-        raise NotImplementedError
+    """Cost control's usage ledger, the same SQL on both backends given the backend's clock (`_now`,
+    `_ago`) and how an admission locks its scope's row, and a fenced write its run's row, until it
+    commits (`_for_update`)."""
 
     async def reserve_cost(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -56,19 +57,71 @@ def page_of(rows: list[Any], make: Callable[[Any], R]) -> tuple[list[R], int]:
 
 
 class StoreHooks:
-    """What the shared methods need of a backend: its name, its placeholder, and its reads and
-    writes (each one transaction)."""
+    """What the shared methods need of a backend, and all in which the two differ: its name, its
+    placeholder, its clock and locking as SQL fragments, how it renders times, and its reads and
+    write transactions."""
 
     name: str
+    """How errors name the store (never a password)."""
     placeholder: str
     """The driver's SQL parameter placeholder (``?``, ``%s``)."""
+    _max_bytes: int
+    """The largest message (and thread metadata), as JSON."""
+    _max_snapshot_bytes: int
+    """The largest run snapshot, as JSON."""
+
+    _stamp: str
+    """A thread's or a suspended run's write time: the SQL that `_stamp_args` fills (SQLite: a
+    parameter, the time taken in the transaction; PostgreSQL: the transaction's ``now()``)."""
+    _now: str
+    """The database's time, as durable runs and the cost ledger store it (their leases and windows
+    are the database's clock, never a replica's)."""
+    _lease: str
+    """`_now` plus the one parameter `_lease_arg` makes of a duration."""
+    _ago: str
+    """`_now` minus the one parameter `_ago_arg` makes of a duration."""
+    _for_update: str
+    """How a transaction locks the row it reads until it commits: `` FOR UPDATE``, or "" where
+    the transaction holds the database's write lock from its start (SQLite's BEGIN IMMEDIATE)."""
+    _skip_locked: str
+    """How a claim of expired leases passes rows another claim holds."""
+    _thread_order: str
+    """How a thread listing orders threads updated at the same time."""
+
+    def _stamp_args(self) -> tuple[Any, ...]:
+        """The parameters `_stamp` takes, made when the transaction writes."""
+        raise NotImplementedError
+
+    def _created_at(self, stored: Any) -> str:
+        """A stored `_stamp` time as ISO 8601."""
+        raise NotImplementedError
+
+    def _time_arg(self, moment: datetime) -> Any:
+        """A time as a parameter compared with a stored `_stamp` time."""
+        raise NotImplementedError
+
+    def _moment(self, stored: Any) -> str:
+        """A stored `_now` time as ISO 8601."""
+        raise NotImplementedError
+
+    def _lease_arg(self, seconds: float) -> Any:
+        raise NotImplementedError
+
+    def _ago_arg(self, seconds: float) -> Any:
+        raise NotImplementedError
 
     async def _read(self, sql: str, args: tuple[Any, ...], doing: str) -> list[Any]:
+        """One statement outside any write transaction; its rows."""
+        raise NotImplementedError
+
+    async def _transact(
+        self, work: Callable[[Query], Awaitable[T]], doing: str, thread: tuple[str, str] | None = None
+    ) -> T:
+        """`work` in one write transaction, committed, or rolled back when it raises; it runs its
+        statements through the `Query` it is given. With a `thread` key (``(resource_id,
+        thread_id)``), after this process's earlier writes to that thread."""
         raise NotImplementedError
 
     async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
-        raise NotImplementedError
-
-    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
-        """`work` in one write transaction; it runs its statements through the `Query` it is given."""
-        raise NotImplementedError
+        """One statement in one write transaction."""
+        await self._transact(lambda query: query(sql, args), doing)

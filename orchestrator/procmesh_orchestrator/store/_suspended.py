@@ -24,8 +24,9 @@ from procmesh_orchestrator.store._checks import (
     label,
     run_owners,
 )
-from procmesh_orchestrator.store._sql import StoreHooks, page_of, page_sql
-from procmesh_orchestrator.store.runs import RESUMED, RESUMING, SUSPENDED, SuspendedRun
+from procmesh_orchestrator.store._durable import check_fence, hold_fence
+from procmesh_orchestrator.store._sql import Query, StoreHooks, page_of, page_sql
+from procmesh_orchestrator.store.runs import RESUMED, RESUMING, SUSPENDED, RunFence, SuspendedRun
 
 MAX_TOOL_CALLS = 1024
 """Most tool calls one suspended run may await."""
@@ -165,16 +166,39 @@ def list_suspended_query(
 
 
 class SuspendedRunMethods(StoreHooks):
-    """The suspended-run methods that are the same SQL on both backends, given the backend's
-    placeholder, its one-statement read and write, and its ``created_at`` conversions."""
+    """The suspended-run methods, the same SQL on both backends given the backend's placeholder,
+    its write time (`_stamp`) and its row locks (`_for_update`)."""
 
-    def _created_at(self, stored: Any) -> str:
-        """A stored ``created_at`` as ISO 8601."""
-        raise NotImplementedError
+    async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
+        """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
+        row = encode_suspended(self.name, run, self._max_snapshot_bytes)
+        held = None if fence is None else check_fence(self.name, fence)
+        p = self.placeholder
 
-    def _time_arg(self, moment: datetime) -> Any:
-        """A time as a parameter compared with ``created_at``."""
-        raise NotImplementedError
+        async def save(query: Query) -> None:
+            if held is not None:  # first: the run's row stays locked until the save commits
+                await hold_fence(self.name, query, held, p, self._for_update, "suspending")
+            await query(save_suspended_sql(p, self._stamp), (*row, *self._stamp_args()))
+
+        await self._transact(save, f"saving suspended run {row[0]!r}")
+
+    async def claim_suspended(
+        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
+    ) -> SuspendedRun:
+        """Mark the run `RESUMING` and return it, its row locked from the read to the commit (or
+        the write lock held from BEGIN IMMEDIATE): of concurrent claims, each after the first finds
+        it claimed."""
+        run_id = check_id(self.name, "run", run_id)
+        tool_call_id = check_id(self.name, "tool call", tool_call_id)
+        p = self.placeholder
+
+        async def claim(query: Query) -> SuspendedRun:
+            rows = await query(select_suspended_sql(p) + self._for_update, (run_id,))
+            run = claimed_run(self.name, run_id, tool_call_id, rows, self._created_at, resource_id)
+            await query(set_status_sql(p, RESUMING), (run_id,))
+            return run
+
+        return await self._transact(claim, f"claiming suspended run {run_id!r}")
 
     async def release_suspended(self, run_id: str) -> None:
         """Put a claimed run back to `SUSPENDED`."""

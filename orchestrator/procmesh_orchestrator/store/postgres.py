@@ -26,54 +26,33 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from procmesh_orchestrator.errors import (
-    MemoryStoreError,
-    StoreUnavailableError,
-    ThreadNotFoundError,
-)
-from procmesh_orchestrator.store._checks import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_MAX_SNAPSHOT_BYTES,
-    MAX_PAGE,
-    check_count,
-    check_id,
-    decode,
-    iso,
-    label,
-)
-from procmesh_orchestrator.store._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
+from procmesh_orchestrator.errors import MemoryStoreError, StoreUnavailableError
+from procmesh_orchestrator.store._checks import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_SNAPSHOT_BYTES, iso
+from procmesh_orchestrator.store._durable import DurableRunMethods
 from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
-from procmesh_orchestrator.store._suspended import (
-    SuspendedRunMethods,
-    claimed_run,
-    encode_suspended,
-    save_suspended_sql,
-    select_suspended_sql,
-    set_status_sql,
-)
-from procmesh_orchestrator.store._threads import check_thread_fields, encode_turn, messages_query, thread_key
+from procmesh_orchestrator.store._suspended import SuspendedRunMethods
+from procmesh_orchestrator.store._threads import ThreadMethods
 from procmesh_orchestrator.store.migrations import migrations
-from procmesh_orchestrator.store.runs import RESUMING, RunFence, SuspendedRun
-from procmesh_orchestrator.store.threads import Message, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock key of start-up migrations
-_THREAD_COLUMNS = "thread_id, resource_id, title, metadata, created_at, updated_at"
 
 
-class PostgresMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
+class PostgresMemoryStore(ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 
     placeholder = "%s"
+    _stamp = "now()"  # the transaction's start: every row one transaction writes has one time
     _now = "now()"
     _lease = "now() + make_interval(secs => %s)"
-    _skip_locked = " FOR UPDATE SKIP LOCKED"  # concurrent claims take disjoint runs, nobody waits
     _ago = "now() - make_interval(secs => %s)"
-    _for_update = " FOR UPDATE"  # concurrent admissions of one scope queue on its row
+    _for_update = " FOR UPDATE"  # concurrent admissions of one scope, or writes of one run, queue on its row
+    _skip_locked = " FOR UPDATE SKIP LOCKED"  # concurrent claims take disjoint runs, nobody waits
+    _thread_order = "thread_id"
 
     def __init__(
         self,
@@ -162,159 +141,8 @@ class PostgresMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
         if pool is not None:
             await pool.close()
 
-    async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
-        """The resource's thread of this id, or None."""
-        key = thread_key(self.name, thread_id, resource_id)
-        rows = await self._read(
-            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s AND thread_id = %s",
-            key,
-            f"reading thread {thread_id!r}",
-        )
-        return _thread(rows[0]) if rows else None
-
-    async def create_thread(self, thread: Thread) -> Thread:
-        """Create it; the same id of the same resource is returned as stored."""
-        key = thread_key(self.name, thread.id, thread.resource_id)
-        title, metadata = check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
-
-        async def create(conn: Connection) -> Thread:
-            # One statement inserts the thread or, on an existing id of this resource, locks and
-            # returns it unchanged (a no-op update): no window in which a concurrent delete leaves neither.
-            cursor = await conn.execute(
-                "INSERT INTO threads (resource_id, thread_id, title, metadata) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (resource_id, thread_id) DO UPDATE SET title = threads.title "
-                f"RETURNING {_THREAD_COLUMNS}",
-                (*key, title, metadata),
-            )
-            row = await cursor.fetchone()
-            assert row is not None  # INSERT ... ON CONFLICT DO UPDATE always returns the row
-            return _thread(row)
-
-        return await self._write(create, f"creating thread {key[1]!r}", key)
-
-    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
-        """The resource's threads, most recently updated first."""
-        resource_id = check_id(self.name, "resource", resource_id)
-        limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
-        offset = check_count(self.name, "offset", offset, low=0, high=2**62)
-        rows = await self._read(
-            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = %s "
-            "ORDER BY updated_at DESC, thread_id LIMIT %s OFFSET %s",
-            (resource_id, limit, offset),
-            f"listing the threads of resource {resource_id!r}",
-        )
-        return [_thread(row) for row in rows]
-
-    async def update_thread(
-        self,
-        thread_id: str,
-        resource_id: str,
-        *,
-        title: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Thread:
-        """Change title and/or metadata (`ThreadNotFoundError` when the resource has no such thread)."""
-        key = thread_key(self.name, thread_id, resource_id)
-        new_title, new_metadata = check_thread_fields(
-            self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
-        )
-
-        async def update(conn: Connection) -> Thread:
-            cursor = await conn.execute(
-                "UPDATE threads SET title = COALESCE(%s, title), metadata = COALESCE(%s, metadata), "
-                "updated_at = now() WHERE resource_id = %s AND thread_id = %s "
-                f"RETURNING {_THREAD_COLUMNS}",
-                (
-                    None if title is None else new_title,
-                    None if metadata is None else new_metadata,
-                    *key,
-                ),
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                raise ThreadNotFoundError(f"memory store {self.name}: no thread {label(thread_id)}")
-            return _thread(row)
-
-        return await self._write(update, f"updating thread {thread_id!r}", key)
-
-    async def delete_thread(self, thread_id: str, resource_id: str) -> None:
-        """Delete the resource's thread and (by the foreign key's cascade) its messages."""
-        key = thread_key(self.name, thread_id, resource_id)
-
-        async def delete(conn: Connection) -> None:
-            await conn.execute("DELETE FROM threads WHERE resource_id = %s AND thread_id = %s", key)
-
-        await self._write(delete, f"deleting thread {thread_id!r}", key)
-
-    async def save_turn(
-        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
-    ) -> None:
-        """Append (or replace by id) the turn's messages to the resource's thread, in one
-        transaction, under the thread's lock; a durable run's (`fence`) only at its epoch, once per
-        run (`hold_turn`, which locks the run's row first)."""
-        key = thread_key(self.name, thread_id, resource_id)
-        rows = encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
-        held = None if fence is None else check_fence(self.name, fence)
-
-        async def save(conn: Connection) -> None:
-            if held is not None:
-                await hold_turn(self.name, _query(conn), held, "%s", " FOR UPDATE", key, [r[0] for r in rows])
-            # Insert the resource's thread, or lock its existing row until commit: the per-thread
-            # lock. Another resource's thread of this id is another row, untouched.
-            await conn.execute(
-                "INSERT INTO threads (resource_id, thread_id) VALUES (%s, %s) "
-                "ON CONFLICT (resource_id, thread_id) DO UPDATE SET updated_at = now()",
-                key,
-            )
-            # One statement (and one round trip) per message, not executemany: its pipeline leaves
-            # the server waiting for the rest mid-protocol, where idle_in_transaction_session_timeout
-            # is not armed, so a replica frozen there would hold this thread's and its durable run's
-            # row locks for as long as it sleeps (a take-over of the run waiting on it).
-            for row in rows:
-                await conn.execute(
-                    "INSERT INTO messages (resource_id, thread_id, id, role, body) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (resource_id, thread_id, id) "
-                    "DO UPDATE SET role = EXCLUDED.role, body = EXCLUDED.body",
-                    (*key, *row),
-                )
-
-        await self._write(save, f"saving a turn to thread {thread_id!r}", key)
-
-    async def messages(
-        self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
-    ) -> list[Message]:
-        """The resource's thread's stored messages, oldest first: all, or the `last` N."""
-        resource_id, thread_id = thread_key(self.name, thread_id, resource_id)
-        sql, args = messages_query(self.name, thread_id, resource_id, last, include_signals, "%s")
-        rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
-        return [decode(row[0]) for row in rows]
-
-    async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
-        """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
-        row = encode_suspended(self.name, run, self._max_snapshot_bytes)
-        held = None if fence is None else check_fence(self.name, fence)
-
-        async def save(conn: Connection) -> None:
-            if held is not None:
-                await hold_fence(self.name, _query(conn), held, "%s", " FOR UPDATE", "suspending")
-            await conn.execute(save_suspended_sql("%s", "now()"), row)
-
-        await self._write(save, f"saving suspended run {row[0]!r}")
-
-    async def claim_suspended(
-        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
-    ) -> SuspendedRun:
-        """Mark the run `RESUMING` and return it, holding its row lock from the read to the commit."""
-        run_id = check_id(self.name, "run", run_id)
-        tool_call_id = check_id(self.name, "tool call", tool_call_id)
-
-        async def claim(conn: Connection) -> SuspendedRun:
-            cursor = await conn.execute(select_suspended_sql("%s") + " FOR UPDATE", (run_id,))
-            run = claimed_run(self.name, run_id, tool_call_id, await cursor.fetchall(), iso, resource_id)
-            await conn.execute(set_status_sql("%s", RESUMING), (run_id,))
-            return run
-
-        return await self._write(claim, f"claiming suspended run {run_id!r}")
+    def _stamp_args(self) -> tuple[Any, ...]:
+        return ()
 
     def _created_at(self, stored: Any) -> str:
         return iso(stored)
@@ -331,21 +159,12 @@ class PostgresMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
     def _moment(self, stored: Any) -> str:
         return iso(stored)
 
-    async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
-        """One statement in one write transaction."""
-
-        async def execute(conn: Connection) -> None:
-            await conn.execute(sql, args)
-
-        await self._write(execute, doing)
-
-    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
-        """`work`'s statements in one transaction on one pooled connection."""
-
-        async def transaction(conn: Connection) -> T:
-            return await work(_query(conn))
-
-        return await self._write(transaction, doing)
+    async def _transact(
+        self, work: Callable[[Query], Awaitable[T]], doing: str, thread: tuple[str, str] | None = None
+    ) -> T:
+        """`work`'s statements in one transaction on one pooled connection (with a `thread`, after
+        this process's earlier writes to it)."""
+        return await self._write(lambda conn: work(_query(conn)), doing, thread)
 
     async def _migrate(self, conn: Connection) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
@@ -459,15 +278,3 @@ def _describe(params: dict[str, Any]) -> str:
     port = params.get("port") or 5432
     database = params.get("dbname") or params.get("user") or "postgres"
     return f"postgres:{host}:{port}/{database}"
-
-
-def _thread(row: Any) -> Thread:
-    thread_id, resource_id, title, metadata, created_at, updated_at = row
-    return Thread(
-        id=thread_id,
-        resource_id=resource_id,
-        title=title,
-        metadata=decode(metadata),
-        created_at=iso(created_at),
-        updated_at=iso(updated_at),
-    )

@@ -24,38 +24,20 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from procmesh_orchestrator.errors import (
-    MemoryStoreError,
-    StoreUnavailableError,
-    ThreadNotFoundError,
-)
+from procmesh_orchestrator.errors import MemoryStoreError, StoreUnavailableError
 from procmesh_orchestrator.store._checks import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_SNAPSHOT_BYTES,
-    MAX_PAGE,
-    check_count,
-    check_id,
-    decode,
     iso_from_text,
-    label,
     now_text,
     time_text,
 )
-from procmesh_orchestrator.store._durable import DurableRunMethods, check_fence, hold_fence, hold_turn
+from procmesh_orchestrator.store._durable import DurableRunMethods
 from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
-from procmesh_orchestrator.store._suspended import (
-    SuspendedRunMethods,
-    claimed_run,
-    encode_suspended,
-    save_suspended_sql,
-    select_suspended_sql,
-    set_status_sql,
-)
-from procmesh_orchestrator.store._threads import check_thread_fields, encode_turn, messages_query, thread_key
+from procmesh_orchestrator.store._suspended import SuspendedRunMethods
+from procmesh_orchestrator.store._threads import ThreadMethods
 from procmesh_orchestrator.store.migrations import migrations
-from procmesh_orchestrator.store.runs import RESUMING, RunFence, SuspendedRun
-from procmesh_orchestrator.store.threads import Message, Thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,20 +54,22 @@ _UNAVAILABLE = {
     "SQLITE_CORRUPT",
     "SQLITE_NOTADB",
 }
-_THREAD_COLUMNS = "thread_id, resource_id, title, metadata, created_at, updated_at"
 _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 """The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
 
-class SqliteMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
+class SqliteMemoryStore(ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     placeholder = "?"
+    _stamp = "?"  # the time Python takes in the transaction, to the microsecond (`now_text`)
     _now = f"strftime('{_CLOCK}', 'now')"
     _lease = f"strftime('{_CLOCK}', 'now', ?)"
-    _skip_locked = ""  # BEGIN IMMEDIATE: a claim holds the file's write lock from its first read
     _ago = f"strftime('{_CLOCK}', 'now', ?)"
-    _for_update = ""  # BEGIN IMMEDIATE: an admission holds the file's write lock from its first read
+    # BEGIN IMMEDIATE: every write transaction holds the file's write lock from its first read
+    _for_update = ""
+    _skip_locked = ""
+    _thread_order = "rowid DESC"
 
     def __init__(
         self,
@@ -149,162 +133,8 @@ class SqliteMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
             async with self._lock:
                 await db.close()
 
-    async def get_thread(self, thread_id: str, resource_id: str) -> Thread | None:
-        """The resource's thread of this id, or None."""
-        key = self._key(thread_id, resource_id)
-        rows = await self._read(
-            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? AND thread_id = ?",
-            key,
-            f"reading thread {thread_id!r}",
-        )
-        return _thread(rows[0]) if rows else None
-
-    async def create_thread(self, thread: Thread) -> Thread:
-        """Create it; the same id of the same resource is returned as stored."""
-        resource_id, thread_id = self._key(thread.id, thread.resource_id)
-        title, metadata = check_thread_fields(self.name, thread.title, thread.metadata, self._max_bytes)
-
-        async def create(db: aiosqlite.Connection) -> Thread:
-            now = now_text()
-            # The write lock is held from BEGIN IMMEDIATE: the insert and the read see one state.
-            await db.execute(
-                "INSERT INTO threads (resource_id, thread_id, title, metadata, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (resource_id, thread_id) DO NOTHING",
-                (resource_id, thread_id, title, metadata, now, now),
-            )
-            found = await _fetch(
-                db,
-                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? AND thread_id = ?",
-                (resource_id, thread_id),
-            )
-            return _thread(found[0])
-
-        return await self._write(create, f"creating thread {thread_id!r}")
-
-    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
-        """The resource's threads, most recently updated first."""
-        resource_id = check_id(self.name, "resource", resource_id)
-        limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
-        offset = check_count(self.name, "offset", offset, low=0, high=2**62)
-        rows = await self._read(
-            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE resource_id = ? "
-            "ORDER BY updated_at DESC, rowid DESC LIMIT ? OFFSET ?",
-            (resource_id, limit, offset),
-            f"listing the threads of resource {resource_id!r}",
-        )
-        return [_thread(row) for row in rows]
-
-    async def update_thread(
-        self,
-        thread_id: str,
-        resource_id: str,
-        *,
-        title: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Thread:
-        """Change title and/or metadata (`ThreadNotFoundError` when the resource has no such thread)."""
-        key = self._key(thread_id, resource_id)
-        new_title, new_metadata = check_thread_fields(
-            self.name, "" if title is None else title, {} if metadata is None else metadata, self._max_bytes
-        )
-
-        async def update(db: aiosqlite.Connection) -> Thread:
-            rows = await _fetch(
-                db,
-                "UPDATE threads SET title = COALESCE(?, title), metadata = COALESCE(?, metadata), "
-                "updated_at = ? WHERE resource_id = ? AND thread_id = ? "
-                f"RETURNING {_THREAD_COLUMNS}",
-                (
-                    None if title is None else new_title,
-                    None if metadata is None else new_metadata,
-                    now_text(),
-                    *key,
-                ),
-            )
-            if not rows:
-                raise ThreadNotFoundError(f"memory store {self.name}: no thread {label(thread_id)}")
-            return _thread(rows[0])
-
-        return await self._write(update, f"updating thread {thread_id!r}")
-
-    async def delete_thread(self, thread_id: str, resource_id: str) -> None:
-        """Delete the resource's thread and (by the foreign key's cascade) its messages."""
-        key = self._key(thread_id, resource_id)
-
-        async def delete(db: aiosqlite.Connection) -> None:
-            await db.execute("DELETE FROM threads WHERE resource_id = ? AND thread_id = ?", key)
-
-        await self._write(delete, f"deleting thread {thread_id!r}")
-
-    async def save_turn(
-        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
-    ) -> None:
-        """Append (or replace by id) the turn's messages to the resource's thread, in one
-        transaction; a durable run's (`fence`) only at its epoch, once per run (`hold_turn`)."""
-        key = self._key(thread_id, resource_id)
-        rows = encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
-        held = None if fence is None else check_fence(self.name, fence)
-
-        async def save(db: aiosqlite.Connection) -> None:
-            if held is not None:  # first: the write lock is held from BEGIN IMMEDIATE on
-                await hold_turn(self.name, partial(_fetch, db), held, "?", "", key, [r[0] for r in rows])
-            now = now_text()
-            # The resource's thread, created or touched: another resource's of this id is another row.
-            await db.execute(
-                "INSERT INTO threads (resource_id, thread_id, created_at, updated_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (resource_id, thread_id) DO UPDATE SET updated_at = excluded.updated_at",
-                (*key, now, now),
-            )
-            # An id already in the thread keeps its place (its seq) and takes the new body.
-            await db.executemany(
-                "INSERT INTO messages (resource_id, thread_id, id, role, body) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (resource_id, thread_id, id) "
-                "DO UPDATE SET role = excluded.role, body = excluded.body",
-                [(*key, *row) for row in rows],
-            )
-
-        await self._write(save, f"saving a turn to thread {thread_id!r}")
-
-    async def messages(
-        self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
-    ) -> list[Message]:
-        """The resource's thread's stored messages, oldest first: all, or the `last` N."""
-        resource_id, thread_id = self._key(thread_id, resource_id)
-        sql, args = messages_query(self.name, thread_id, resource_id, last, include_signals, "?")
-        rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
-        return [decode(row[0]) for row in rows]
-
-    def _key(self, thread_id: object, resource_id: object) -> tuple[str, str]:
-        """A thread's key, ``(resource_id, thread_id)``, both ids checked."""
-        return thread_key(self.name, thread_id, resource_id)
-
-    async def save_suspended(self, run: SuspendedRun, *, fence: RunFence | None = None) -> None:
-        """Save the run (replacing one of its id) as `SUSPENDED` (a durable run's: at its epoch)."""
-        row = encode_suspended(self.name, run, self._max_snapshot_bytes)
-        held = None if fence is None else check_fence(self.name, fence)
-
-        async def save(db: aiosqlite.Connection) -> None:
-            if held is not None:
-                await hold_fence(self.name, partial(_fetch, db), held, "?", "", "suspending")
-            await db.execute(save_suspended_sql("?", "?"), (*row, now_text()))
-
-        await self._write(save, f"saving suspended run {row[0]!r}")
-
-    async def claim_suspended(
-        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
-    ) -> SuspendedRun:
-        """Mark the run `RESUMING` and return it, in one BEGIN IMMEDIATE transaction."""
-        run_id = check_id(self.name, "run", run_id)
-        tool_call_id = check_id(self.name, "tool call", tool_call_id)
-
-        async def claim(db: aiosqlite.Connection) -> SuspendedRun:
-            # The write lock is held from BEGIN IMMEDIATE: no other claim reads between these two.
-            rows = await _fetch(db, select_suspended_sql("?"), (run_id,))
-            run = claimed_run(self.name, run_id, tool_call_id, rows, iso_from_text, resource_id)
-            await db.execute(set_status_sql("?", RESUMING), (run_id,))
-            return run
-
-        return await self._write(claim, f"claiming suspended run {run_id!r}")
+    def _stamp_args(self) -> tuple[Any, ...]:
+        return (now_text(),)
 
     def _created_at(self, stored: Any) -> str:
         return iso_from_text(stored)
@@ -321,16 +151,11 @@ class SqliteMemoryStore(SuspendedRunMethods, DurableRunMethods, CostMethods):
     def _moment(self, stored: Any) -> str:
         return str(stored)  # stored as _CLOCK writes it, which is already the ISO 8601 we report
 
-    async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
-        """One statement in one write transaction."""
-
-        async def execute(db: aiosqlite.Connection) -> None:
-            await db.execute(sql, args)
-
-        await self._write(execute, doing)
-
-    async def _transact(self, work: Callable[[Query], Awaitable[T]], doing: str) -> T:
-        """`work`'s statements in one BEGIN IMMEDIATE transaction."""
+    async def _transact(
+        self, work: Callable[[Query], Awaitable[T]], doing: str, thread: tuple[str, str] | None = None
+    ) -> T:
+        """`work`'s statements in one BEGIN IMMEDIATE transaction (this process's one lock orders
+        every write, whatever its `thread`)."""
         return await self._write(lambda db: work(partial(_fetch, db)), doing)
 
     async def _migrate(self, db: aiosqlite.Connection) -> None:
@@ -424,15 +249,3 @@ def _statements(script: str) -> list[str]:
     ):
         raise MemoryStoreError(f"an incomplete statement ends a SQLite migration: {pending.strip()[:80]!r}")
     return statements
-
-
-def _thread(row: Any) -> Thread:
-    thread_id, resource_id, title, metadata, created_at, updated_at = row
-    return Thread(
-        id=thread_id,
-        resource_id=resource_id,
-        title=title,
-        metadata=decode(metadata),
-        created_at=iso_from_text(created_at),
-        updated_at=iso_from_text(updated_at),
-    )

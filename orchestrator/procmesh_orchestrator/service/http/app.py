@@ -17,7 +17,7 @@ from procmesh_orchestrator.service.http.agents import AgentRoutes
 from procmesh_orchestrator.service.http.bodies import error_response, read_body
 from procmesh_orchestrator.service.http.boundary import Boundary
 from procmesh_orchestrator.service.http.catalog import CatalogRoutes
-from procmesh_orchestrator.service.http.memory import memory_routes
+from procmesh_orchestrator.service.http.memory import MemoryRoutes
 from procmesh_orchestrator.service.http.probes import ProbeRoutes
 from procmesh_orchestrator.service.http.runs import RunRoutes
 from procmesh_orchestrator.service.http.unsupported import unsupported_routes
@@ -35,7 +35,7 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
             *AgentRoutes(core).routes(),
             *RunRoutes(core).routes(),
             *ProbeRoutes(core).routes(),
-            *memory_routes(core, read_json),
+            *MemoryRoutes(core, read_json).routes(),
             *unsupported_routes(core),  # last: the 501s never shadow a route served above
         ],
         exception_handlers={

@@ -1,6 +1,6 @@
 """Per-call processor lists by name: what a caller's ``inputProcessors`` (...) ids bind to.
 
-One resolver for the service (a call's lists, `service._processors_api.bind_lanes`) and for the
+One resolver for the service (a call's lists, `service.api.processors.bind_lanes`) and for the
 orchestrator that resumes a run (its snapshot keeps the names, `run.snapshot.resumed_options`;
 `AgentSpec.bind_lanes` is `bind` over the agent's own binder and lanes):
 a run approved on another replica, or a durable run taken over, binds them again there. A name

@@ -1,7 +1,10 @@
 """The service's transport-neutral room: what a request means, whatever carries it.
 
 Requests validated into calls (`calls`, `messages`), results and chunks in the reference's shapes
-(`results`), the run registry and run control (`runs`: the run gate, the runs streaming here,
-resume and cancel), durable runs (`durable`), and the state both APIs serve from (`core`). The HTTP
-room (`service.http`) and the gRPC room (`service.grpc`) import from here; nothing here imports them.
+(`results`), the state both APIs serve from (`core`: `ServiceCore`), the run registry (`runs`: the
+run gate, the runs streaming here, resuming a suspended run) and run control once for both
+transports (`control`: admit, stream, resume, observe, cancel), durable runs (`durable`), the
+sidecars' processors and per-call lanes (`processors`), the catalog (`catalog`) and memory
+(`memory`). The HTTP room (`service.http`) and the gRPC room (`service.grpc`) import from here;
+nothing here imports them.
 """

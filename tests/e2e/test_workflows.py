@@ -3,7 +3,9 @@ error steps (a real faulty sidecar fails inside them), tripwires inside."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,6 +203,73 @@ async def test_an_error_step_holds_one_step(examples: str, faulty: str) -> None:
         make_try(examples, faulty, {"try": ["f/breaker"], "catch": "ex/pii-redactor"})
     with pytest.raises(ConfigError, match="a workflow or condition is not caught"):
         make_try(examples, faulty, {"try": "workflow:w", "catch": "ex/pii-redactor"})
+
+
+SCRIPTED = {
+    "agent": {
+        "inputProcessors": [
+            {
+                "id": "redact",
+                "processInput": [{"do": [{"replaceText": {"pattern": "secret", "with": "***"}}]}],
+            },
+            {"id": "brief", "processInput": [{"do": [{"systemMessage": "Be brief."}]}]},
+            {
+                "id": "shout",
+                "processInput": [{"do": [{"replaceText": {"pattern": "secret", "with": "SECRET"}}]}],
+            },
+        ]
+    }
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def scripted(start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path) -> str:
+    scenario = sidecar_dir / "wf-scripted.json"
+    scenario.write_text(json.dumps(SCRIPTED))
+    proc = start_sidecar("scripted", "--scenario", str(scenario), name="wf-scripted")
+    await proc.wait_ready()
+    return proc.address
+
+
+def system_text(app: App) -> list[str]:
+    model = app.agent("a").spec.model
+    assert isinstance(model, ScriptedModel)
+    prompt = model.requests[-1].prompt
+    return [m["content"] for m in prompt if m["role"] == "system"]
+
+
+@pytest.mark.parametrize(
+    ("map_", "text", "systems"),
+    [
+        ("processor:redact", "my *** plan", []),  # a pick: only the picked branch's result
+        ({"merge": "first"}, "my *** plan", ["Be brief."]),  # each field from the first that set it
+        ({"merge": "last"}, "my SECRET plan", ["Be brief."]),  # ... or the last
+    ],
+)
+async def test_a_map_merges_the_branches_results(
+    scripted: str, map_: Any, text: str, systems: list[str]
+) -> None:
+    step = {"parallel": ["s/redact", "s/brief", "s/shout"], "map": map_}
+    cfg = parse_config(
+        {
+            "sidecars": {"s": {"address": scripted}},
+            "models": {"m": {"provider": "scripted", "responses": [{"text": "ok"}] * 3}},
+            "workflows": {"w": {"steps": [step]}},
+            "agents": {
+                "a": {"model": "m", "errorProcessorDefaults": False, "inputProcessors": ["workflow:w"]}
+            },
+        },
+        "test config",
+    )
+    async with App(cfg) as app:
+        await app.agent("a").generate("my secret plan")
+        assert prompt_text(app) == text
+        assert system_text(app) == systems
+
+
+async def test_a_merge_names_first_or_last(examples: str) -> None:
+    with pytest.raises(ConfigError, match="merge"):
+        make(examples, {"w": {"steps": [{"parallel": ["ex/pii-redactor"], "map": {"merge": "all"}}]}})
 
 
 async def test_unknown_workflow_and_bad_map_are_config_errors(examples: str) -> None:

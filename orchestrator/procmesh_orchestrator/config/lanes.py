@@ -192,12 +192,20 @@ def _lane(value: Any) -> Any:
     return [_ref(v) for v in value] if isinstance(value, list) else value
 
 
+class BranchMerge(_Model):
+    """A parallel step's ``map: {merge: first|last}``: its result field by field, each from the
+    first (or last) branch, in listed order, whose answer set that field."""
+
+    merge: Literal["first", "last"]
+
+
 class ParallelStep(_Model):
-    """Branches that run concurrently on the same input; `map` names the branch whose result goes on."""
+    """Branches that run concurrently on the same input; `map` says whose result goes on."""
 
     parallel: list[ProcessorRef]
-    map: str | None = None
-    """``processor:<id>`` of the branch whose messages go on (default: the first branch)."""
+    map: str | BranchMerge | None = None
+    """``processor:<id>`` of the branch whose result goes on (default: the first branch), or
+    ``{merge: first|last}`` (`BranchMerge`)."""
 
     @field_validator("parallel", mode="before")
     @classmethod
@@ -208,7 +216,7 @@ class ParallelStep(_Model):
     def _picked(self) -> ParallelStep:
         if not self.parallel:
             raise ValueError("parallel needs at least one branch")
-        if self.map is not None:
+        if isinstance(self.map, str):
             ids = [f"processor:{r.instance}" for r in self.parallel]
             if self.map not in ids:
                 raise ValueError(f"map {self.map!r} names no branch (branches: {ids})")

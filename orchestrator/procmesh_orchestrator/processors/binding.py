@@ -271,9 +271,14 @@ class LaneBinder:
 
     def _parallel(self, step: ParallelStep, at: str, workflow: str, key: str) -> ParallelGroup:
         branches = tuple(self.resolve(step.parallel, f"{at}.parallel"))
-        ids = [f"processor:{b.processor_id}" for b in branches]
+        if step.map is None or isinstance(step.map, str):
+            ids = [f"processor:{b.processor_id}" for b in branches]
+            pick = ids.index(step.map) if step.map else 0
+            return ParallelGroup(key=key, processor_id=workflow, branches=branches, pick=pick)
+        # a merge streams through (and answers failures as) the branch whose fields win a tie
+        pick = 0 if step.map.merge == "first" else len(branches) - 1
         return ParallelGroup(
-            key=key, processor_id=workflow, branches=branches, pick=ids.index(step.map) if step.map else 0
+            key=key, processor_id=workflow, branches=branches, pick=pick, merge=step.map.merge
         )
 
     def _caught(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -63,6 +64,25 @@ def _as_lane_item(item: Processor) -> RunLaneItem | TryCatch:
         f"not a processor of this caller: {item!r}"
     )
     return item
+
+
+def _mapped(group: ParallelGroup, hook: str, answered: list[tuple[ProcessorHandle, Any]]) -> Any:
+    """A parallel group's result as its map says (the seeds' ``.map()``): the picked branch's, or
+    with `merge` each field from the first (last) branch whose answer set it, i.e. left it other
+    than an answer that changes nothing leaves it."""
+    unchanged = wire.read_result(hook, wire.empty_response(hook))
+    if not group.merge:
+        picked = group.branches[group.pick]
+        response = next((r for b, r in answered if b is picked), None)
+        return unchanged if response is None else wire.read_result(hook, response)
+    results = [wire.read_result(hook, r) for _, r in answered]
+    if group.merge == "last":
+        results.reverse()
+    out = unchanged
+    for f in dataclasses.fields(out):
+        setting = (getattr(r, f.name) for r in results if getattr(r, f.name) != getattr(unchanged, f.name))
+        setattr(out, f.name, next(setting, getattr(unchanged, f.name)))
+    return out
 
 
 class HookAttempt(Generic[R]):
@@ -292,8 +312,9 @@ class GrpcHookCaller:
         if isinstance(lane_item, TryCatch):
             return await self._try(lane_item, args)
         if isinstance(lane_item, ParallelGroup):
-            response, effects = await self._invoke_parallel(lane_item, args.hook, wire.build_request(args))
-            return Reply(None if response is None else wire.read_result(args.hook, response), effects)
+            answered, effects = await self._invoke_parallel(lane_item, args.hook, wire.build_request(args))
+            # an empty result when no branch answered: the branches' effects still apply
+            return Reply(_mapped(lane_item, args.hook, answered), effects)
         (attempt,) = await self.send([lane_item], args)
         return attempt.commit()
 
@@ -376,11 +397,15 @@ class GrpcHookCaller:
                 return Reply(None, Effects())
             return await self.call(step.fallback, args)
 
-    async def _invoke_parallel(self, group: ParallelGroup, hook: str, request: Any) -> tuple[Any, Effects]:
+    async def _invoke_parallel(
+        self, group: ParallelGroup, hook: str, request: Any
+    ) -> tuple[list[tuple[ProcessorHandle, Any]], Effects]:
+        """Every branch with `hook`, concurrently: the branches that answered (in listed order)
+        with their responses, and all their effects."""
         branches = [b for b in group.branches if b.has(hook)]
         answers = await asyncio.gather(*(self._branch(b, hook, _copy(request)) for b in branches))
         merged = Effects()
-        picked: Any = None
+        answered: list[tuple[ProcessorHandle, Any]] = []
         for branch, (response, effects) in zip(branches, answers, strict=True):
             merged.violations += effects.violations
             if response is None:
@@ -388,9 +413,8 @@ class GrpcHookCaller:
             merged.signals += effects.signals
             merged.custom_chunks += effects.custom_chunks
             merged.abort = merged.abort or effects.abort
-            if branch is group.branches[group.pick]:
-                picked = response
-        return (picked if picked is not None else wire.empty_response(hook), merged)
+            answered.append((branch, response))
+        return answered, merged
 
     async def _branch(self, handle: ProcessorHandle, hook: str, request: Any) -> tuple[Any, Effects]:
         """One parallel branch's call, applied at once (a group is never speculative)."""

@@ -85,13 +85,19 @@ class ParallelGroup:
 
     Every branch's signals, custom chunks and aborts apply (the first abort in
     branch order wins, with its own processor id); the `pick` branch's result
-    (its messages, prompt, part) is what goes on, as ``.map()`` chooses in the seeds.
+    (its messages, prompt, part) is what goes on, as ``.map()`` chooses in the seeds,
+    or with `merge` each result field from the first or last branch that set it.
     """
 
     key: str
     processor_id: str
     branches: tuple[ProcessorHandle, ...]
     pick: int = 0
+    """The branch whose result goes on; with `merge`, whose stream parts go on (the first or the
+    last) and whose failure policy answers for the group's result."""
+    merge: str = ""
+    """``first`` or ``last``: the result field by field from the first (last) branch, in listed
+    order, whose answer set it; empty: the `pick` branch's result."""
     speculative = False
     """A group runs its branches itself: it is never called speculatively, nor fused."""
     fuse_key = ""

@@ -8,10 +8,14 @@ transactions and the few SQL fragments in which the two databases differ.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
+from procmesh_orchestrator.store.migrations import Backend, migrations
+
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 Query = Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
@@ -125,3 +129,26 @@ class StoreHooks:
     async def _execute(self, sql: str, args: tuple[Any, ...], doing: str) -> None:
         """One statement in one write transaction."""
         await self._transact(lambda query: query(sql, args), doing)
+
+    async def _apply_migrations(
+        self, query: Query, backend: Backend, run_script: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """In the caller's transaction, once ``schema_version`` exists: apply the backend's
+        migrations it does not list yet (`run_script` runs one file's statements), each with its
+        version row; a schema newer than this build is logged, not refused (a rolling deploy)."""
+        applied = {row[0] for row in await query("SELECT version FROM schema_version", ())}
+        known = migrations(backend)
+        if applied and max(applied) > len(known):
+            log.warning(
+                "memory store %s: schema version %d is newer than this build's", self.name, max(applied)
+            )
+        p = self.placeholder
+        record = f"INSERT INTO schema_version (version, name, applied_at) VALUES ({p}, {p}, {self._stamp})"
+        for migration in known:
+            if migration.version in applied:
+                continue
+            await run_script(migration.sql)
+            await query(record, (migration.version, migration.name, *self._stamp_args()))
+            log.info(
+                "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
+            )

@@ -15,7 +15,6 @@ transaction-scoped advisory lock, so replicas that start at the same moment appl
 from __future__ import annotations
 
 import asyncio
-import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -33,9 +32,7 @@ from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
 from procmesh_orchestrator.store._suspended import SuspendedRunMethods
 from procmesh_orchestrator.store._threads import ThreadMethods
-from procmesh_orchestrator.store.migrations import migrations
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -172,24 +169,11 @@ class PostgresMemoryStore(ThreadMethods, SuspendedRunMethods, DurableRunMethods,
             "CREATE TABLE IF NOT EXISTS schema_version "
             "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
-        cursor = await conn.execute("SELECT version FROM schema_version")
-        applied = {row[0] for row in await cursor.fetchall()}
-        known = migrations("postgres")
-        if applied and max(applied) > len(known):
-            log.warning(
-                "memory store %s: schema version %d is newer than this build's", self.name, max(applied)
-            )
-        for migration in known:
-            if migration.version in applied:
-                continue
-            await conn.execute(migration.sql.encode())  # several statements, no parameters
-            await conn.execute(
-                "INSERT INTO schema_version (version, name) VALUES (%s, %s)",
-                (migration.version, migration.name),
-            )
-            log.info(
-                "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
-            )
+
+        async def run_script(script: str) -> None:
+            await conn.execute(script.encode())  # several statements, no parameters
+
+        await self._apply_migrations(_query(conn), "postgres", run_script)
 
     async def _write(
         self,

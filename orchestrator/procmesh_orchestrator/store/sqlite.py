@@ -13,7 +13,6 @@ one BEGIN IMMEDIATE transaction, so two processes never claim the same run.
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -37,9 +36,7 @@ from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
 from procmesh_orchestrator.store._suspended import SuspendedRunMethods
 from procmesh_orchestrator.store._threads import ThreadMethods
-from procmesh_orchestrator.store.migrations import migrations
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # SQLite result codes that mean the file cannot be used right now, rather than a bad statement.
@@ -163,24 +160,12 @@ class SqliteMemoryStore(ThreadMethods, SuspendedRunMethods, DurableRunMethods, C
             "CREATE TABLE IF NOT EXISTS schema_version "
             "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
         )
-        applied = {row[0] for row in await _fetch(db, "SELECT version FROM schema_version", ())}
-        known = migrations("sqlite")
-        if applied and max(applied) > len(known):
-            log.warning(
-                "memory store %s: schema version %d is newer than this build's", self.name, max(applied)
-            )
-        for migration in known:
-            if migration.version in applied:
-                continue
-            for statement in _statements(migration.sql):
+
+        async def run_script(script: str) -> None:
+            for statement in _statements(script):
                 await db.execute(statement)
-            await db.execute(
-                "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
-                (migration.version, migration.name, now_text()),
-            )
-            log.info(
-                "memory store %s: applied migration %04d_%s", self.name, migration.version, migration.name
-            )
+
+        await self._apply_migrations(partial(_fetch, db), "sqlite", run_script)
 
     async def _write(self, work: Callable[[aiosqlite.Connection], Awaitable[T]], doing: str) -> T:
         """`work` in one BEGIN IMMEDIATE transaction, committed, or rolled back on any failure."""

@@ -82,7 +82,8 @@ async def store(backend: Backend) -> AsyncIterator[MemoryStore]:
 def schema_at(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Callable[[int | None], None]:
     """`schema_at(n)`: stores of `backend` opened from now on know only the first n migrations
     (an older build); `schema_at(None)`: all of them again (the upgrade)."""
-    module = importlib.import_module(f"procmesh_orchestrator.store.{backend.name}")
+    # Both backends apply migrations through the store's shared SQL (`_sql`), each its own kind.
+    module = importlib.import_module("procmesh_orchestrator.store._sql")
     current = module.migrations
 
     def pin(version: int | None) -> None:

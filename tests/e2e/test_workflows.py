@@ -4,6 +4,7 @@ error steps (a real faulty sidecar fails inside them), tripwires inside."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,55 @@ async def test_conditional_branches_follow_the_request_context(examples: str) ->
         assert prompt_text(app) == "mail [email]"
         await app.agent("a").generate("mail jane@example.com", CallOptions(request_context={"tier": "free"}))
         assert prompt_text(app) == "mail jane@example.com"
+
+
+async def test_a_condition_on_the_last_user_message_takes_a_branch(examples: str) -> None:
+    flow = {
+        "steps": [
+            {"when": {"message": {"matches": "(?i)\\bmail\\b"}}, "then": ["ex/pii-redactor"], "otherwise": []}
+        ]
+    }
+    cfg = make(examples, {"w": flow}, inputProcessors=["workflow:w"])
+    async with App(cfg) as app:
+        await app.agent("a").generate("Mail jane@example.com")
+        assert prompt_text(app) == "Mail [email]"
+        await app.agent("a").generate("call jane@example.com")
+        assert prompt_text(app) == "call jane@example.com"
+
+
+async def test_a_message_condition_is_decided_on_the_messages_its_call_gets(examples: str) -> None:
+    guard = {"processor": "ex/topic-guard", "options": {"words": ["mail"]}}
+    flow = {"steps": [{"when": {"message": {"matches": "\\[email\\]"}}, "then": [], "otherwise": [guard]}]}
+    cfg = make(examples, {"w": flow}, inputProcessors=["ex/pii-redactor", "workflow:w"])
+    async with App(cfg) as app:
+        # the redactor ran first: the condition sees its "[email]", so the guard does not run
+        result = await app.agent("a").generate("mail jane@example.com")
+        assert result.tripwire is None
+        result = await app.agent("a").generate("mail me")
+        assert result.tripwire is not None
+        assert result.tripwire["processorId"] == "topic-guard"
+
+
+async def test_message_and_context_conditions_hold_together(examples: str) -> None:
+    when = [{"key": "tier", "equals": "strict"}, {"message": {"matches": "@"}}]
+    cfg = make(examples, {}, inputProcessors=[{"processor": "ex/pii-redactor", "when": when}])
+    async with App(cfg) as app:
+        strict = CallOptions(request_context={"tier": "strict"})
+        await app.agent("a").generate("mail jane@example.com", strict)
+        assert prompt_text(app) == "mail [email]"
+        free = CallOptions(request_context={"tier": "free"})
+        await app.agent("a").generate("mail jane@example.com", free)
+        assert prompt_text(app) == "mail jane@example.com"
+
+
+async def test_a_stream_processor_cannot_sit_behind_a_message_condition(examples: str) -> None:
+    flow = {"steps": [{"when": {"message": {"matches": "x"}}, "then": ["ex/word-filter"]}]}
+    cfg = make(examples, {"w": flow}, outputProcessors=["workflow:w"])
+    with pytest.raises(ConfigError, match="implements process_output_stream, which is given no messages"):
+        async with App(cfg):
+            pass
+    with pytest.raises(ConfigError, match=re.escape("message: {matches: REGEX}")):
+        make(examples, {"w": {"steps": [{"when": {"message": {"has": "x"}}, "then": []}]}})
 
 
 async def test_stream_workflow_with_sequential_and_parallel_steps(examples: str) -> None:

@@ -54,26 +54,61 @@ def _condition(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"message"} and isinstance(value["message"], dict)
+
+
+def _message_condition(value: dict[str, Any], where: str) -> None:
+    """One ``{message: {matches: REGEX}}``, checked (ValueError naming the problem)."""
+    spec = value["message"]
+    if set(spec) != {"matches"} or not isinstance(spec["matches"], str):
+        raise ValueError(
+            f"{where}.message: {{matches: REGEX}}, a regular expression searched in the text of the "
+            f"last user message (got keys {sorted(spec)})"
+        )
+    try:
+        re.compile(spec["matches"])
+    except re.error as exc:
+        raise ValueError(f"{where}.message.matches: not a regular expression: {exc}") from None
+
+
 def check_when(value: Any) -> Any:
-    """A ``when``: a condition ``{key, equals|in|present|matches}``, a list of them (all hold), or
-    a map of keys to the values they must equal (``{tier: gold}``); ValueError naming the problem."""
+    """A ``when``: a condition ``{key, equals|in|present|matches}`` or ``{message: {matches}}``, a
+    list of them (all hold), or a map of keys to the values they must equal (``{tier: gold}``);
+    ValueError naming the problem."""
     if isinstance(value, list):
         for i, item in enumerate(value):
+            if _is_message(item):
+                _message_condition(item, f"when.{i}")
+                continue
             if not isinstance(item, dict) or "key" not in item:
-                raise ValueError(f"when.{i}: a condition {{key: NAME, OP: VALUE}}")
+                raise ValueError(
+                    f"when.{i}: a condition {{key: NAME, OP: VALUE}} or {{message: {{matches: RE}}}}"
+                )
             _condition(item, f"when.{i}")
         return value
     if not isinstance(value, dict):
         raise ValueError("when: a condition {key: NAME, OP: VALUE}, a list of them, or {KEY: VALUE}")
-    if "key" in value:
+    if _is_message(value):
+        _message_condition(value, "when")
+    elif "key" in value:
         _condition(value, "when")
     return value
 
 
-def when_holds(when: Any, request_context: Mapping[str, Any]) -> bool:
-    """Whether a checked `when` (`check_when`) holds for this request context."""
+def tests_message(when: Any) -> bool:
+    """Whether a checked `when` tests the last user message: then it is decided at each hook call,
+    on the messages that call is given, not once per run."""
+    return any(_is_message(c) for c in when) if isinstance(when, list) else _is_message(when)
+
+
+def when_holds(when: Any, request_context: Mapping[str, Any], text: str | None = None) -> bool:
+    """Whether a checked `when` (`check_when`) holds for this request context and, for a message
+    condition, `text` (the last user message's; None: there is none, the condition fails)."""
     if isinstance(when, list):
-        return all(when_holds(c, request_context) for c in when)
+        return all(when_holds(c, request_context, text) for c in when)
+    if _is_message(when):
+        return text is not None and re.search(when["message"]["matches"], text) is not None
     if "key" not in when:
         return all(request_context.get(k) == v for k, v in when.items())
     key = when["key"]

@@ -19,7 +19,13 @@ from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics, Series, series
 from procmesh_orchestrator.processors import wire
-from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem, TryCatch
+from procmesh_orchestrator.processors.lanes import (
+    Gated,
+    ParallelGroup,
+    ProcessorHandle,
+    RunLaneItem,
+    TryCatch,
+)
 from procmesh_orchestrator.processors.stream import OutputPipeline
 from procmesh_orchestrator.run import context
 from procmesh_orchestrator.run.hooks import (
@@ -58,9 +64,9 @@ def _as_handle(item: Processor) -> ProcessorHandle:
     return item
 
 
-def _as_lane_item(item: Processor) -> RunLaneItem | TryCatch:
+def _as_lane_item(item: Processor) -> RunLaneItem | TryCatch | Gated:
     # The run hands back only what this side gave it (lane entries are ours): anything else is a bug.
-    assert isinstance(item, ProcessorHandle | ParallelGroup | TryCatch), (
+    assert isinstance(item, ProcessorHandle | ParallelGroup | TryCatch | Gated), (
         f"not a processor of this caller: {item!r}"
     )
     return item
@@ -273,6 +279,8 @@ class GrpcHookCaller:
         """Apply the failure policy: raise (fail-closed) or log and count (fail-open)."""
         lane_item = _as_lane_item(item)
         # an error step's result is its attempt's, a parallel group's its picked branch's: they answer
+        if isinstance(lane_item, Gated):
+            lane_item = lane_item.item
         if isinstance(lane_item, TryCatch):
             lane_item = lane_item.attempt
         handle = lane_item.branches[lane_item.pick] if isinstance(lane_item, ParallelGroup) else lane_item
@@ -309,6 +317,10 @@ class GrpcHookCaller:
     async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
         """Call a unary hook with the run's arguments; an empty reply when failed open."""
         lane_item = _as_lane_item(item)
+        if isinstance(lane_item, Gated):
+            if not lane_item.runs(args, self.info.request_context):
+                return Reply(None, Effects())
+            lane_item = lane_item.item
         if isinstance(lane_item, TryCatch):
             return await self._try(lane_item, args)
         if isinstance(lane_item, ParallelGroup):
@@ -429,7 +441,8 @@ class GrpcHookCaller:
     ) -> AsyncGenerator[StreamItem, None]:
         """Run `source` through the lane's process_output_stream processors (`OutputPipeline`)."""
         # an error step streams as its attempt: a stream is not replayed through the catch midway
+        # (a step that tests the last user message has no stream hook: binding refused that)
         items = [_as_lane_item(i) for i in lane]
-        plain = [i.attempt if isinstance(i, TryCatch) else i for i in items]
+        plain = [i.attempt if isinstance(i, TryCatch) else i for i in items if not isinstance(i, Gated)]
         pipeline = OutputPipeline(self, plain, announce_signals=announce_signals)
         return pipeline.run(source)

@@ -158,7 +158,50 @@ class TryCatch:
         return (replace(self, attempt=attempt, fallback=fallback),)
 
 
-LaneItem = ProcessorHandle | ParallelGroup | Conditional | TryCatch
+def last_user_text(args: Any) -> str | None:
+    """The text of the last user message a hook's arguments carry (its messages, or a model
+    request's prompt), text parts joined by newlines; None when there is none."""
+    messages = getattr(args, "messages", None)
+    if messages is None:
+        messages = getattr(args, "prompt", None) or []
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        parts = content.get("parts", []) if isinstance(content, dict) else content or []
+        return "\n".join(p.get("text", "") for p in parts if p.get("type") == "text")
+    return None
+
+
+@dataclass(frozen=True)
+class Gated:
+    """A workflow conditional's processor (or a lane entry's) whose `when` tests the last user
+    message: decided at each hook call, on that call's messages (the seeds' ``.branch()`` runs
+    its condition whenever the workflow runs); `holds` says on which side of it it runs."""
+
+    key: str
+    item: ProcessorHandle
+    when: Any
+    holds: bool = True
+    """True: runs when `when` holds (``then``); False: when it does not (``otherwise``)."""
+
+    def has(self, hook: str) -> bool:
+        """Whether its processor implements `hook`."""
+        return self.item.has(hook)
+
+    def runs(self, args: Any, request_context: Mapping[str, Any]) -> bool:
+        """Whether it runs for this call."""
+        return when_holds(self.when, request_context, last_user_text(args)) == self.holds
+
+    def expand(self, request_context: Mapping[str, Any]) -> tuple[Gated, ...]:
+        """Itself, its processor with this run's options."""
+        (item,) = self.item.expand(request_context)
+        return (self if item is self.item else replace(self, item=item),)
+
+
+LaneItem = ProcessorHandle | ParallelGroup | Conditional | TryCatch | Gated
 """A resolved lane entry; conditionals are decided once per run."""
 RunLaneItem = ProcessorHandle | ParallelGroup
 """A lane entry as a run streams it (an error step streams as its attempt); `TryCatch` too in

@@ -36,7 +36,7 @@ from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
 from procmesh_orchestrator.run import stop
-from procmesh_orchestrator.store import MAX_COST_WINDOW_SECONDS
+from procmesh_orchestrator.store import MAX_COST_WINDOW_SECONDS, StorageConfig
 
 BUILTINS = "builtins"
 """The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""
@@ -186,30 +186,6 @@ class AgentMemoryConfig(_Model):
 
     last_messages: int = Field(default=10, ge=1)
     """How many of the thread's most recent stored messages each call loads ahead of its input."""
-
-
-class StorageConfig(_Model):
-    """Where memory lives: an embedded SQLite file (the default) or PostgreSQL (several replicas)."""
-
-    backend: Literal["sqlite", "postgres"] = "sqlite"
-    data_dir: str = ".procmesh"
-    """SQLite: the folder of ``memory.db`` (created when missing; relative to the working directory)."""
-    path: str | None = None
-    """SQLite: the file itself, instead of ``<dataDir>/memory.db``."""
-    dsn_env: str | None = None
-    """PostgreSQL: the environment variable holding the DSN (the password stays out of the file)."""
-    dsn: str | None = None
-    """PostgreSQL: the DSN itself (prefer `dsnEnv` when it holds a password)."""
-    min_connections: int = Field(default=1, ge=1)
-    max_connections: int = Field(default=10, ge=1)
-    timeout: float = Field(default=5.0, gt=0)
-    """Seconds: SQLite's busy timeout; PostgreSQL's connect and pool-checkout timeout."""
-
-    @model_validator(mode="after")
-    def _postgres(self) -> StorageConfig:
-        if self.backend == "postgres" and not (self.dsn or self.dsn_env):
-            raise ValueError("the postgres backend needs dsnEnv (an environment variable) or dsn")
-        return self
 
 
 class PriceConfig(_Model):

@@ -11,7 +11,7 @@ loads psycopg.
 
 from procmesh_orchestrator.store._checks import MAX_ID_CHARS, MAX_PAGE, label
 from procmesh_orchestrator.store._redact import client_message
-from procmesh_orchestrator.store.config import StoreConfig, open_store
+from procmesh_orchestrator.store.config import StorageConfig, open_store
 from procmesh_orchestrator.store.contract import MemoryStore
 from procmesh_orchestrator.store.ledger import MAX_COST_WINDOW_SECONDS, CostAdmission, CostLedger
 from procmesh_orchestrator.store.runs import (
@@ -51,7 +51,7 @@ __all__ = [
     "Message",
     "RunFence",
     "RunStore",
-    "StoreConfig",
+    "StorageConfig",
     "SuspendedRun",
     "Thread",
     "ThreadStore",

@@ -16,7 +16,7 @@ import asyncio
 import sys
 import time
 
-from procmesh_orchestrator.store import Message, StoreConfig, open_store
+from procmesh_orchestrator.store import Message, StorageConfig, open_store
 
 
 def turn(writer: str, n: int, count: int, size: int) -> list[Message]:
@@ -36,9 +36,9 @@ def turn(writer: str, n: int, count: int, size: int) -> list[Message]:
 
 async def main(args: argparse.Namespace) -> None:
     if args.backend == "sqlite":
-        config = StoreConfig(path=args.location)
+        config = StorageConfig(path=args.location)
     else:
-        config = StoreConfig(backend="postgres", dsn=args.location, max_connections=args.threads)
+        config = StorageConfig(backend="postgres", dsn=args.location, max_connections=args.threads)
     store = open_store(config)
     if args.start_at:
         await asyncio.sleep(max(0.0, args.start_at - time.time()))  # start-ups (and migrations) race

@@ -25,7 +25,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from procmesh_orchestrator.store import StoreConfig, open_store
+from procmesh_orchestrator.store import StorageConfig, open_store
 from tests.e2e.memory.test_store_safety import postgres_dsn, postgres_writing, sqlite_writing
 from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
 from tests.integration.memory.pg import fresh_dsn
@@ -75,7 +75,7 @@ def body(text: str | list[str], thread: str, resource: str = "user-1") -> dict[s
     }
 
 
-def stored(storage: StoreConfig, threads: list[str]) -> dict[str, list[dict[str, Any]]]:
+def stored(storage: StorageConfig, threads: list[str]) -> dict[str, list[dict[str, Any]]]:
     async def read() -> dict[str, list[dict[str, Any]]]:
         store = open_store(storage)
         await store.start()
@@ -129,7 +129,7 @@ def test_two_orchestrators_200_concurrent_runs_save_each_turn_once_and_nothing_a
 
     codes, elapsed = asyncio.run(traffic())
     assert set(codes) == {200}
-    threads = stored(StoreConfig(backend="postgres", dsn=dsn), [f"t{t}" for t in range(THREADS)])
+    threads = stored(StorageConfig(backend="postgres", dsn=dsn), [f"t{t}" for t in range(THREADS)])
     saved: list[int] = []
     for thread, messages in threads.items():
         roles = [m["role"] for m in messages]
@@ -161,13 +161,13 @@ def test_sigkill_while_saving_a_turn_leaves_it_whole_or_absent(
     if backend == "sqlite":
         location = str(tmp_path / "memory.db")
         storage: dict[str, Any] = {"path": location}
-        store_config = StoreConfig(path=location)
+        store_config = StorageConfig(path=location)
         admin = None
     else:
         base = fresh_dsn(request.getfixturevalue("postgres_dsn"))
         location = make_conninfo(base, application_name=application)
         storage = {"backend": "postgres", "dsn": location}
-        store_config = StoreConfig(backend="postgres", dsn=base)
+        store_config = StorageConfig(backend="postgres", dsn=base)
         admin = psycopg.connect(base, autocommit=True)
         request.addfinalizer(admin.close)
     threads = [f"k{t}" for t in range(4)]

@@ -29,7 +29,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from procmesh_orchestrator.store import StoreConfig, open_store
+from procmesh_orchestrator.store import StorageConfig, open_store
 from tests.conftest import REPO
 from tests.integration.memory.pg import DSN_ENV, PostgresServer, fresh_dsn
 
@@ -100,7 +100,9 @@ def start_saver(backend: str, location: str, writer: str, *args: str, logs: Path
 def read_store(backend: str, location: str) -> dict[int, list[str]]:
     """Every thread's stored message ids, in stored order, read through a fresh store."""
     config = (
-        StoreConfig(path=location) if backend == "sqlite" else StoreConfig(backend="postgres", dsn=location)
+        StorageConfig(path=location)
+        if backend == "sqlite"
+        else StorageConfig(backend="postgres", dsn=location)
     )
 
     async def read() -> dict[int, list[str]]:

@@ -82,6 +82,17 @@ async def test_a_blocking_branch_trips_with_its_own_id(examples: str) -> None:
         assert model.requests == []  # the model was never called
 
 
+async def test_a_parallel_step_after_a_fused_neighbour_runs_on_its_own(examples: str) -> None:
+    # the redactor's sidecar fuses requests, so the lane is walked in batches: the group, which
+    # calls its branches itself, must still be called on its own
+    flow = {"steps": [{"parallel": [{"processor": "ex/topic-guard", "options": {"words": ["x"]}}]}]}
+    cfg = make(examples, {"w": flow}, inputProcessors=["ex/pii-redactor", "workflow:w"])
+    async with App(cfg) as app:
+        result = await app.agent("a").generate("mail jane@example.com")
+        assert result.tripwire is None
+        assert prompt_text(app) == "mail [email]"
+
+
 async def test_the_map_decides_whose_result_goes_on(examples: str) -> None:
     flow = {"steps": [{"parallel": ["ex/pii-redactor", "ex/topic-guard"], "map": "processor:topic-guard"}]}
     cfg = make(examples, {"w": flow}, inputProcessors=["workflow:w"])

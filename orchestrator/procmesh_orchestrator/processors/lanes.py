@@ -87,6 +87,9 @@ class ParallelGroup:
     branch order wins, with its own processor id); the `pick` branch's result
     (its messages, prompt, part) is what goes on, as ``.map()`` chooses in the seeds,
     or with `merge` each result field from the first or last branch that set it.
+
+    It runs its branches itself, so it is not `Batchable` (no ``speculative``, no ``fuse_key``):
+    the run calls it on its own, never in a speculative or fused request.
     """
 
     key: str
@@ -98,9 +101,6 @@ class ParallelGroup:
     merge: str = ""
     """``first`` or ``last``: the result field by field from the first (last) branch, in listed
     order, whose answer set it; empty: the `pick` branch's result."""
-    speculative = False
-    """A group runs its branches itself: it is never called speculatively, nor fused."""
-    fuse_key = ""
 
     def has(self, hook: str) -> bool:
         """Whether any branch implements `hook`."""

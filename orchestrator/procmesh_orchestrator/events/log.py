@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, fields
 from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
 
 from procmesh_orchestrator.errors import ConfigError, EventLogError, EventLogFencedError
 
@@ -79,29 +81,27 @@ class EventLog(Protocol):
         """
 
 
-@dataclass(frozen=True)
-class EventLogConfig:
-    """The event log to open, as plain values (the configuration schema's section maps onto it)."""
+class EventLogConfig(BaseModel):
+    """Where durable runs' chunks are kept with their offsets (the configuration's
+    ``durable.eventLog`` section): Redis Streams for several replicas, or this process's memory
+    (the embedded default: one replica, nothing to install)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
     backend: Literal["memory", "redis"] = "memory"
     url: str | None = None
     """Redis: ``redis://[:password@]host:port/db``, ``rediss://...`` or ``unix:///path.sock``."""
     url_env: str | None = None
-    """Redis: the environment variable holding the URL (keeps a password out of the file)."""
-    retention_seconds: float = DEFAULT_RETENTION_SECONDS
-    """How long a finished run's log stays readable: what callers pass to `EventLog.finish`."""
-    key_prefix: str = "procmesh:run:"
-    """Redis: the keys' prefix (a run's stream is ``<prefix><run id>:events``)."""
+    """Redis: the environment variable holding the URL (a password stays out of the file)."""
+    retention_seconds: float = Field(default=DEFAULT_RETENTION_SECONDS, gt=0)
+    """How long a finished run's chunks can still be read (reattached to): what callers pass to
+    `EventLog.finish`."""
 
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> EventLogConfig:
-        """From a plain mapping, with camelCase keys (``urlEnv``) or snake_case ones."""
-        names = {f.name for f in fields(cls)}
-        known = {_snake(key): value for key, value in values.items()}
-        unknown = sorted(key for key in known if key not in names)
-        if unknown:
-            raise ConfigError(f"eventLog: unknown key(s) {', '.join(unknown)}")
-        return cls(**known)
+    @model_validator(mode="after")
+    def _redis(self) -> EventLogConfig:
+        if self.backend == "redis" and not (self.url or self.url_env):
+            raise ValueError("the redis event log needs url or urlEnv")
+        return self
 
     def redis_url(self, environ: Mapping[str, str] | None = None) -> str:
         """The URL, from `url` or the variable `url_env` names; a `ConfigError` when neither gives one."""
@@ -117,30 +117,29 @@ class EventLogConfig:
 
 
 def open_event_log(
-    config: EventLogConfig | Mapping[str, Any] | Any, *, environ: Mapping[str, str] | None = None
+    config: EventLogConfig | Mapping[str, Any], *, environ: Mapping[str, str] | None = None
 ) -> EventLog:
     """The log `config` names, not started yet (``await log.start()`` connects).
 
-    `config` is an `EventLogConfig`, a mapping of its fields, or any object with those attributes
-    (such as the configuration schema's section). Its `retention_seconds` is for the caller to pass
-    to `EventLog.finish`.
+    `config` is an `EventLogConfig` (the configuration's ``durable.eventLog`` section) or a mapping
+    of its keys, camelCase or snake_case; a mapping it refuses is a `ConfigError` naming the key.
+    Its `retention_seconds` is for the caller to pass to `EventLog.finish`.
     """
     if not isinstance(config, EventLogConfig):
-        if not isinstance(config, Mapping):
-            names = {f.name for f in fields(EventLogConfig)}
-            config = {name: getattr(config, name) for name in names if hasattr(config, name)}
-        config = EventLogConfig.from_mapping(config)
-    if config.retention_seconds <= 0:
-        raise ConfigError("eventLog.retentionSeconds: must be positive")
-    if config.backend == "memory":
-        from procmesh_orchestrator.events.memory import MemoryEventLog
-
-        return MemoryEventLog()
+        try:
+            config = EventLogConfig.model_validate(config)
+        except ValidationError as exc:
+            problems = [
+                f"{'.'.join(map(str, err['loc'])) or '(top level)'}: {err['msg']}" for err in exc.errors()
+            ]
+            raise ConfigError(f"eventLog: {'; '.join(problems)}") from None
     if config.backend == "redis":
         from procmesh_orchestrator.events.redis_streams import RedisEventLog
 
-        return RedisEventLog(config.redis_url(environ), key_prefix=config.key_prefix)
-    raise ConfigError(f"eventLog.backend: {config.backend!r} is not an event log (memory or redis)")
+        return RedisEventLog(config.redis_url(environ))
+    from procmesh_orchestrator.events.memory import MemoryEventLog
+
+    return MemoryEventLog()
 
 
 def encode(name: str, run_id: str, offset: int, chunk: dict[str, Any]) -> str:
@@ -174,7 +173,3 @@ def check(name: str, run_id: str, offset: int) -> None:
         raise EventLogError(f"event log {name}: a run id must be a non-empty string, not {run_id!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise EventLogError(f"event log {name}: an offset must be an int >= 0, not {offset!r}")
-
-
-def _snake(key: str) -> str:
-    return "".join(f"_{ch.lower()}" if ch.isupper() else ch for ch in key)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from procmesh import check, convert, errors, hooks
-    from procmesh._client import ProcessorClient, translate_rpc_error
+    from procmesh._client import ProcessorClient
     from procmesh._logging import RUN_ID, TRACE_ID, JsonFormatter, configure_logging
     from procmesh._message_list import MessageList
     from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
     from procmesh._tool import Tool, ToolContext
     from procmesh._version import __version__
+    from procmesh.errors import translate_rpc_error
 
 __all__ = [
     "HOOK_NAMES",
@@ -84,7 +85,7 @@ _EXPORTS = {
     "server_credentials": "procmesh._server",
     "settings_from_args": "procmesh._run",
     "settings_parser": "procmesh._run",
-    "translate_rpc_error": "procmesh._client",
+    "translate_rpc_error": "procmesh.errors",
 }
 """Where each public name lives (``procmesh``: the name is a submodule)."""
 

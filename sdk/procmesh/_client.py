@@ -1,4 +1,5 @@
-"""ProcessorClient: one channel to a sidecar, per-call deadlines, gRPC errors translated once."""
+"""ProcessorClient: one channel to a sidecar, per-call deadlines, gRPC errors translated
+(`errors.translate_rpc_error`, the one mapping from a call's status to a procmesh error)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from procmesh._server import DEFAULT_MAX_MESSAGE_BYTES, SERVICE_NAME
-from procmesh.errors import ProcmeshError, error_for_status
+from procmesh.errors import translate_rpc_error
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import processor_pb2_grpc as pgrpc
 
@@ -75,11 +76,6 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
 
 Metadata = Sequence[tuple[str, str]]
 """gRPC metadata pairs sent with a call."""
-
-
-def translate_rpc_error(exc: grpc.aio.AioRpcError) -> ProcmeshError:
-    """The procmesh error for a failed call (the one place grpc errors are mapped)."""
-    return error_for_status(exc.code(), exc.details() or exc.code().name)
 
 
 class ProcessorClient:

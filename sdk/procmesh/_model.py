@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from procmesh import convert, tracing
-from procmesh.errors import InternalError
+from procmesh.errors import InternalError, translate_rpc_error
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
 
@@ -241,10 +241,9 @@ class Model:
         try:
             response = await _stub(config).Generate(request, timeout=bound, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            raise ModelError(
-                f"model gateway: {self.ref!r} failed with {code.name}: {exc.details() or ''}", code
-            ) from None
+            err = translate_rpc_error(exc)
+            message = f"model gateway: {self.ref!r} failed with {err.code.name}: {err}"
+            raise ModelError(message, err.code) from None
         usage = {
             "inputTokens": response.usage.input_tokens,
             "outputTokens": response.usage.output_tokens,

@@ -21,6 +21,7 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "error_for_status",
+    "translate_rpc_error",
 ]
 
 
@@ -118,3 +119,10 @@ def error_for_status(code: grpc.StatusCode, details: str) -> ProcmeshError:
     if cls is ProcmeshError:
         err.code = code
     return err
+
+
+def translate_rpc_error(exc: grpc.aio.AioRpcError) -> ProcmeshError:
+    """The procmesh error for a failed gRPC call: the one place a call's status becomes an
+    exception (`ProcessorClient`'s calls, the model gateway client and the orchestrator's output
+    stream all come here); its message is the status details, or the code's name without any."""
+    return error_for_status(exc.code(), exc.details() or exc.code().name)

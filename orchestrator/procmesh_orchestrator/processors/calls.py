@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
-import grpc
 from google.protobuf import struct_pb2
 
 from procmesh import convert, tracing
@@ -368,11 +367,11 @@ class GrpcHookCaller:
                 )
             except ProcmeshError as exc:
                 span.outcome("failure")
-                refused = exc.code == grpc.StatusCode.INVALID_ARGUMENT
+                failure = wire.call_error(exc)
                 failed: HookAttempt[Any] = HookAttempt(
                     self, first, hook, speculative, time.perf_counter() - started
                 )
-                return [failed.failed(f"{exc.code.name}: {exc}", refused=refused)]
+                return [failed.failed(str(failure), refused=failure.input_refused)]
             took = time.perf_counter() - started
             outcomes: list[tuple[ProcessorHandle, tpb.HookEffects, str]] = [(first, response.effects, "")]
             for handle, fused in zip(handles[1:], response.effects.fused, strict=False):

@@ -1,6 +1,7 @@
 """What every output-stream session shares: the item kinds, the translated call, a result's items.
 
-Raw gRPC errors of a stream are translated once, in `StreamCall`, into the orchestrator's errors.
+Raw gRPC errors of a stream are caught once, in `StreamCall`, and translated as a unary hook's
+are (`procmesh.translate_rpc_error`, then `wire.call_error`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
-from procmesh_orchestrator.processors.wire import read_effects
+from procmesh_orchestrator.processors.wire import call_error, read_effects
 from procmesh_orchestrator.run.hooks import StreamEffects, Violation
 from procmesh_orchestrator.run.messages import signal_data, signal_record
 
@@ -124,10 +125,7 @@ class StreamCall:
                 raise
             raise ProcessorCallError("CANCELLED: the session was cut") from None
         except grpc.aio.AioRpcError as exc:
-            err = translate_rpc_error(exc)
-            raise ProcessorCallError(
-                f"{err.code.name}: {err}", input_refused=err.code == grpc.StatusCode.INVALID_ARGUMENT
-            ) from exc
+            raise call_error(translate_rpc_error(exc)) from exc
         return None if resp is grpc.aio.EOF else resp
 
     def cancel(self) -> None:

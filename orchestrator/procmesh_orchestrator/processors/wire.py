@@ -1,4 +1,5 @@
-"""The per-hook wire mapping: a run's hook arguments -> request message, response -> result, effects.
+"""The per-hook wire mapping: a run's hook arguments -> request message, response -> result, effects;
+a failed call's status -> the error its failure policy reads (`call_error`).
 
 Request and response classes and RPC names come from the SDK's hook table (`procmesh.hooks`);
 this module adds only what each hook's fields mean to the run.
@@ -10,10 +11,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+
 from procmesh import convert
+from procmesh.errors import ProcmeshError
 from procmesh.hooks import BY_NAME
 from procmesh.v1 import types_pb2 as tpb
-from procmesh_orchestrator.errors import MalformedResponseError, TripwireAbort
+from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError, TripwireAbort
 from procmesh_orchestrator.run import hooks as h
 
 Build = Callable[[Any, Any], None]
@@ -276,3 +280,11 @@ def read_effects(
         metadata = convert.from_value(ab.metadata) if ab.HasField("metadata") else None
         out.abort = TripwireAbort(processor_id, reason, ab.retry, metadata, hook, source)
     return out
+
+
+def call_error(err: ProcmeshError) -> ProcessorCallError:
+    """A processor call's failed status (`procmesh.translate_rpc_error`'s error) as the failure
+    policy reads it, for unary hooks and output-stream sessions alike: the code named in the
+    message; INVALID_ARGUMENT, the sidecar refusing the input itself, marks `input_refused`."""
+    refused = err.code == grpc.StatusCode.INVALID_ARGUMENT
+    return ProcessorCallError(f"{err.code.name}: {err}", input_refused=refused)

@@ -278,6 +278,7 @@ SCRIPTED = {
                 "id": "shout",
                 "processInput": [{"do": [{"replaceText": {"pattern": "secret", "with": "SECRET"}}]}],
             },
+            {"id": "later", "processInputStep": [{"do": [{"systemMessage": "later step"}]}]},
         ]
     }
 }
@@ -326,6 +327,37 @@ async def test_a_map_merges_the_branches_results(
         await app.agent("a").generate("my secret plan")
         assert prompt_text(app) == text
         assert system_text(app) == systems
+
+
+async def test_a_condition_on_the_step_number_is_decided_at_each_step(scripted: str) -> None:
+    cfg = parse_config(
+        {
+            "sidecars": {"s": {"address": scripted}},
+            "models": {
+                "m": {
+                    "provider": "scripted",
+                    "responses": [{"toolCalls": [{"name": "weather", "args": {}}]}, {"text": "ok"}],
+                }
+            },
+            "tools": {"weather": {"description": "The weather", "result": {"temp": 21}}},
+            "workflows": {"w": {"steps": [{"when": {"stepNumber": {"gte": 1}}, "then": ["s/later"]}]}},
+            "agents": {
+                "a": {
+                    "model": "m",
+                    "tools": ["weather"],
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": ["workflow:w"],
+                }
+            },
+        },
+        "test config",
+    )
+    async with App(cfg) as app:
+        await app.agent("a").generate("weather?")
+        model = app.agent("a").spec.model
+        assert isinstance(model, ScriptedModel)
+        systems = [[m["content"] for m in r.prompt if m["role"] == "system"] for r in model.requests]
+        assert systems == [[], ["later step"]]  # step 0 skipped it, step 1 ran it
 
 
 async def test_a_merge_names_first_or_last(examples: str) -> None:

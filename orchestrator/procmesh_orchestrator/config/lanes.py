@@ -6,122 +6,19 @@ conditional steps), and lanes chosen from the request context.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from procmesh_orchestrator.config.conditions import check_when
 from procmesh_orchestrator.config.tools import FailurePolicy
 
 
 class _Model(BaseModel):
     # each config module states its base itself, so linters see pydantic models (tools.py, schema.py)
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
-
-
-OPERATORS = ("equals", "in", "present", "matches")
-"""What a condition on a request-context key may test (one per condition)."""
-
-
-def _condition(value: Any, where: str) -> dict[str, Any]:
-    """One ``{key: K, OPERATOR: V}``, checked (ValueError naming the problem)."""
-    unknown = sorted(set(value) - {"key", *OPERATORS})
-    if unknown:
-        raise ValueError(
-            f"{where}: unknown condition key(s) {', '.join(map(repr, unknown))} (a condition is "
-            f"{{key: NAME, OP: VALUE}} with OP one of {', '.join(OPERATORS)})"
-        )
-    key = value.get("key")
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"{where}.key: the request-context key, a non-empty string")
-    ops = [op for op in OPERATORS if op in value]
-    if len(ops) != 1:
-        raise ValueError(f"{where}: give exactly one of {', '.join(OPERATORS)} (got {ops or 'none'})")
-    op, arg = ops[0], value[ops[0]]
-    if op == "in" and not isinstance(arg, list):
-        raise ValueError(f"{where}.in: a list of the values that pass")
-    if op == "present" and not isinstance(arg, bool):
-        raise ValueError(f"{where}.present: true (the key is there) or false (it is not)")
-    if op == "matches":
-        if not isinstance(arg, str):
-            raise ValueError(f"{where}.matches: a regular expression (a string)")
-        try:
-            re.compile(arg)
-        except re.error as exc:
-            raise ValueError(f"{where}.matches: not a regular expression: {exc}") from None
-    return dict(value)
-
-
-def _is_message(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {"message"} and isinstance(value["message"], dict)
-
-
-def _message_condition(value: dict[str, Any], where: str) -> None:
-    """One ``{message: {matches: REGEX}}``, checked (ValueError naming the problem)."""
-    spec = value["message"]
-    if set(spec) != {"matches"} or not isinstance(spec["matches"], str):
-        raise ValueError(
-            f"{where}.message: {{matches: REGEX}}, a regular expression searched in the text of the "
-            f"last user message (got keys {sorted(spec)})"
-        )
-    try:
-        re.compile(spec["matches"])
-    except re.error as exc:
-        raise ValueError(f"{where}.message.matches: not a regular expression: {exc}") from None
-
-
-def check_when(value: Any) -> Any:
-    """A ``when``: a condition ``{key, equals|in|present|matches}`` or ``{message: {matches}}``, a
-    list of them (all hold), or a map of keys to the values they must equal (``{tier: gold}``);
-    ValueError naming the problem."""
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            if _is_message(item):
-                _message_condition(item, f"when.{i}")
-                continue
-            if not isinstance(item, dict) or "key" not in item:
-                raise ValueError(
-                    f"when.{i}: a condition {{key: NAME, OP: VALUE}} or {{message: {{matches: RE}}}}"
-                )
-            _condition(item, f"when.{i}")
-        return value
-    if not isinstance(value, dict):
-        raise ValueError("when: a condition {key: NAME, OP: VALUE}, a list of them, or {KEY: VALUE}")
-    if _is_message(value):
-        _message_condition(value, "when")
-    elif "key" in value:
-        _condition(value, "when")
-    return value
-
-
-def tests_message(when: Any) -> bool:
-    """Whether a checked `when` tests the last user message: then it is decided at each hook call,
-    on the messages that call is given, not once per run."""
-    return any(_is_message(c) for c in when) if isinstance(when, list) else _is_message(when)
-
-
-def when_holds(when: Any, request_context: Mapping[str, Any], text: str | None = None) -> bool:
-    """Whether a checked `when` (`check_when`) holds for this request context and, for a message
-    condition, `text` (the last user message's; None: there is none, the condition fails)."""
-    if isinstance(when, list):
-        return all(when_holds(c, request_context, text) for c in when)
-    if _is_message(when):
-        return text is not None and re.search(when["message"]["matches"], text) is not None
-    if "key" not in when:
-        return all(request_context.get(k) == v for k, v in when.items())
-    key = when["key"]
-    if "present" in when:
-        return bool((key in request_context) == when["present"])
-    if key not in request_context:
-        return False
-    value = request_context[key]
-    if "equals" in when:
-        return bool(value == when["equals"])
-    if "in" in when:
-        return value in when["in"]
-    return isinstance(value, str) and re.fullmatch(when["matches"], value) is not None
 
 
 class ProcessorRef(_Model):

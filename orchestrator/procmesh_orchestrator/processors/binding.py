@@ -21,7 +21,8 @@ from procmesh_orchestrator.config import (
     ProcessorRef,
     WorkflowRef,
 )
-from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig, tests_message
+from procmesh_orchestrator.config.conditions import decided_per_call
+from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig
 from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.processors import options
@@ -261,7 +262,7 @@ class LaneBinder:
             elif isinstance(step, ConditionalStep):
                 then = self.resolve(step.then, f"{at}.then")
                 otherwise = self.resolve(step.otherwise, f"{at}.otherwise")
-                if tests_message(step.when):
+                if decided_per_call(step.when):
                     items += [_gated(h, step.when, True, f"{at}.then.{i}") for i, h in enumerate(then)]
                     items += [
                         _gated(h, step.when, False, f"{at}.otherwise.{i}") for i, h in enumerate(otherwise)
@@ -297,22 +298,22 @@ class LaneBinder:
         if ref.when is None:
             return self.bind(ref, where)
         handle = self.bind(ref.model_copy(update={"when": None}), where)
-        if tests_message(ref.when):
+        if decided_per_call(ref.when):
             return _gated(handle, ref.when, True, where)
         return Conditional(when=ref.when, then=(handle,))
 
 
 NO_MESSAGES = ("process_output_stream", "process_llm_response")
-"""Hooks given no messages: a processor with one of them cannot sit behind a message condition."""
+"""Hooks given no messages: a processor with one of them cannot sit behind a condition on the call."""
 
 
 def _gated(handle: ProcessorHandle, when: Any, holds: bool, where: str) -> Gated:
-    """A processor behind a condition on the last user message (decided at each call)."""
+    """A processor behind a condition on the call (decided at each hook call)."""
     hooks = [h for h in NO_MESSAGES if handle.has(h)]
     if hooks:
         raise ConfigError(
             f"{where}: processor {handle.processor_id!r} implements {', '.join(hooks)}, which is given "
-            "no messages, so a condition on the last user message cannot decide it; place it outside "
-            "the condition, or test the request context"
+            "no messages, so a condition on the call (message, stepNumber, retryCount) cannot decide "
+            "it; place it outside the condition, or test the request context"
         )
     return Gated(key=f"{handle.key}?{where}", item=handle, when=when, holds=holds)

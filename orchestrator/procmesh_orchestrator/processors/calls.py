@@ -317,7 +317,7 @@ class GrpcHookCaller:
         """Call a unary hook with the run's arguments; an empty reply when failed open."""
         lane_item = _as_lane_item(item)
         if isinstance(lane_item, Gated):
-            if not lane_item.runs(args, self.info.request_context):
+            if not lane_item.runs(args, self.info):
                 return Reply(None, Effects())
             lane_item = lane_item.item
         if isinstance(lane_item, TryCatch):

@@ -10,9 +10,10 @@ from google.protobuf import struct_pb2
 
 from procmesh import ProcessorClient, convert
 from procmesh.hooks import BY_ENUM
-from procmesh_orchestrator.config.lanes import when_holds
+from procmesh_orchestrator.config.conditions import Call, when_holds
 from procmesh_orchestrator.processors import options as entry_options
 from procmesh_orchestrator.processors.options import ContextOption, Problem
+from procmesh_orchestrator.run.hooks import RunInfo
 
 
 def hook_names(enums: Iterable[int]) -> frozenset[str]:
@@ -120,7 +121,7 @@ class ParallelGroup:
 @dataclass(frozen=True)
 class Conditional:
     """A workflow's conditional step, or a lane entry with a `when`: `then` when `when` holds for
-    the request context (`config.lanes.when_holds`), else `otherwise`."""
+    the request context (`config.conditions.when_holds`), else `otherwise`."""
 
     when: dict[str, Any] | list[dict[str, Any]]
     then: tuple[ProcessorHandle, ...]
@@ -177,9 +178,10 @@ def last_user_text(args: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Gated:
-    """A workflow conditional's processor (or a lane entry's) whose `when` tests the last user
-    message: decided at each hook call, on that call's messages (the seeds' ``.branch()`` runs
-    its condition whenever the workflow runs); `holds` says on which side of it it runs."""
+    """A workflow conditional's processor (or a lane entry's) whose `when` tests the call (the
+    last user message, the step number, the retry count): decided at each hook call, on that
+    call's arguments (the seeds' ``.branch()`` runs its condition whenever the workflow runs);
+    `holds` says on which side of it it runs."""
 
     key: str
     item: ProcessorHandle
@@ -191,9 +193,10 @@ class Gated:
         """Whether its processor implements `hook`."""
         return self.item.has(hook)
 
-    def runs(self, args: Any, request_context: Mapping[str, Any]) -> bool:
-        """Whether it runs for this call."""
-        return when_holds(self.when, request_context, last_user_text(args)) == self.holds
+    def runs(self, args: Any, info: RunInfo) -> bool:
+        """Whether it runs for this call of the run `info` describes."""
+        call = Call(last_user_text(args), info.step_number, info.retry_count)
+        return when_holds(self.when, info.request_context, call) == self.holds
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[Gated, ...]:
         """Itself, its processor with this run's options."""

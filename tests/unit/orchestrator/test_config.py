@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.config import Config, load_config, parse_config
+from procmesh_orchestrator.config.conditions import Call, check_when, decided_per_call, when_holds
 from procmesh_orchestrator.errors import ConfigError
 
 VALID_YAML = """
@@ -383,3 +384,22 @@ def test_a_step_naming_an_unknown_workflow_is_refused() -> None:
     data = base(inputProcessors=["workflow:a"])
     data["workflows"] = {"a": {"steps": ["workflow:nope"]}}
     assert "workflows.a.steps.0: unknown workflow 'nope'" in error_of(data)
+
+
+def test_conditions_on_the_call_are_checked_and_decided_on_it() -> None:
+    when = check_when([{"key": "tier", "equals": "gold"}, {"retryCount": {"lt": 2}}])
+    assert decided_per_call(when)
+    assert not decided_per_call(check_when({"tier": "gold"}))
+    gold = {"tier": "gold"}
+    assert when_holds(when, gold, Call("hi", 0, 1))
+    assert not when_holds(when, gold, Call("hi", 0, 2))
+    assert not when_holds(when, {"tier": "free"}, Call("hi", 0, 0))
+    assert not when_holds(when, gold)  # outside a call, a condition on the call fails
+    assert when_holds({"stepNumber": {"equals": 3}}, {}, Call(None, 3, 0))
+    assert not when_holds({"message": {"matches": "x"}}, {}, Call(None, 0, 0))  # no user message
+    with pytest.raises(ValueError, match=r"stepNumber: \{OP: N\}"):
+        check_when({"stepNumber": {"gt": 1}})
+    with pytest.raises(ValueError, match=r"retryCount: \{OP: N\}"):
+        check_when({"retryCount": {"lt": True}})
+    with pytest.raises(ValueError, match="not a regular expression"):
+        check_when({"message": {"matches": "("}})

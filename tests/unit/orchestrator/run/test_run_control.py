@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
+from procmesh import tracing
 from procmesh_orchestrator.errors import ResumeConflictError, SuspendedRunNotFoundError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.hooks import Chunk
@@ -229,6 +234,45 @@ async def test_per_call_approval_overrides_the_tool(store: SqliteMemoryStore) ->
     run_agent = agent(model, [], tools={"pay": tool("pay")}, store=opener(store))
     result = await run_agent.generate("pay", CallOptions(require_tool_approval=True))
     assert result.status == "suspended"
+
+
+async def test_a_resumed_step_suspends_again_at_its_next_call_awaiting_approval(
+    store: SqliteMemoryStore,
+) -> None:
+    pay, ship = tool("pay", approval=True), tool("ship", approval=True)
+    model = FakeModel({"tool_calls": ["pay", "ship"]}, {"text": "done"})
+
+    def make() -> Any:
+        return agent(model, [], tools={"pay": pay, "ship": ship}, store=opener(store))
+
+    first = await make().generate("pay and ship")
+    assert first.suspended == [{"toolCallId": "c0", "toolName": "pay", "args": {}}]
+    second = await make().approve_tool_call(first.run_id, "c0")
+    assert second.status == "suspended"
+    assert second.suspended == [{"toolCallId": "c1", "toolName": "ship", "args": {}}]
+    assert (pay.calls, ship.calls) == ([{}], [])
+    done = await make().approve_tool_call(first.run_id, "c1")
+    assert done.status == "success"
+    assert (pay.calls, ship.calls) == ([{}], [{}])
+    assert [r["toolName"] for r in done.steps[0]["toolResults"]] == ["pay", "ship"]
+    assert len(model.requests) == 2  # the suspended step's model call is never made again
+
+
+async def test_a_suspended_step_is_not_an_error_in_the_trace(
+    store: SqliteMemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    model = FakeModel({"tool_calls": ["pay"]})
+    result = await agent(model, [], tools={"pay": tool("pay", approval=True)}, store=opener(store)).generate(
+        "pay"
+    )
+    assert result.status == "suspended"
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["step 0"].status.status_code == StatusCode.UNSET
+    assert spans["invoke_agent a"].status.status_code == StatusCode.UNSET
 
 
 async def test_approval_without_a_store_fails_clearly() -> None:

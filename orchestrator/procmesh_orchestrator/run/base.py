@@ -43,6 +43,16 @@ Checkpoint = Callable[["RunCore", int], Awaitable[None]]
 """Where a streamed run's chunks go (the `RunStream`'s queue); None for generate()."""
 
 
+def choosing_context(options: CallOptions) -> dict[str, Any]:
+    """What a run's lanes, conditions and options are chosen from: the caller's request context,
+    and the run's resource (over the APIs the one its API key is bound to) under ``resourceId``,
+    a reserved key neither a caller nor a hook can set, so a tenant's lanes follow its key.
+    Hooks and tools get the caller's context as it is (and the resource apart)."""
+    if not options.resource_id:
+        return options.request_context
+    return {**options.request_context, "resourceId": options.resource_id}
+
+
 def call_lanes(
     agent: AgentSpec, options: CallOptions
 ) -> tuple[tuple[Processor, ...], tuple[Processor, ...], tuple[Processor, ...]]:
@@ -52,9 +62,10 @@ def call_lanes(
     lane function, which is then not called); workflow conditions, options taken from the request
     context and lane functions are decided here, as a run starts (and as an API admits its
     request, `Agent.check_call`): RequestContextError when the context gives a processor an option
-    its schema refuses, or a lane function refuses it.
+    its schema refuses, or a lane function refuses it. They see the caller's context with the
+    run's resource under ``resourceId`` (`choosing_context`).
     """
-    rc, owner = options.request_context, f"agent {agent.id!r}"
+    rc, owner = choosing_context(options), f"agent {agent.id!r}"
     return (
         expand_lane(
             options.input_processors

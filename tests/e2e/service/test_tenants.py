@@ -4,9 +4,10 @@ Tenants are API keys bound to resources (``key-acme=acme``, ``key-globex=globex`
 ``PROCMESH_TRUSTED_CONTEXT`` says which request-context keys each may send: acme its plan, token
 limit, cost limit and region; globex its plan only. The agent ``assist`` declares its context in
 ``requestContextSchema`` (``plan`` required; ``region`` not declared) and chooses its input lane by
-``plan`` (``inputProcessorsByContext``): ``strict`` runs on the ``acme`` sidecar process (``tagger``
+the resource the caller's API key is bound to (``inputProcessorsByContext`` on ``resourceId``, a
+key the server sets and no caller can): acme's runs on the ``acme`` sidecar process (``tagger``
 sets ``tier: gold`` in processInput, then ``witness`` records what it saw) with a token limiter
-whose ``limit`` comes from the context; ``basic`` runs on the ``globex`` sidecar process (only
+whose ``limit`` comes from the context; globex's on the ``globex`` sidecar process (only
 ``witness``) with a fixed limiter. ``costControl.maxCost`` is ``{fromContext: costLimit}``. Every
 run calls the ``whoami`` tool of a third sidecar process, which answers the request context its
 ExecuteTool request carried.
@@ -63,14 +64,14 @@ def config(acme: str, globex: str, shared: str, db: Path) -> dict[str, Any]:
         "required": ["plan"],
     }
     lanes = {
-        "key": "plan",
+        "key": "resourceId",
         "cases": {
-            "strict": [
+            "acme": [
                 {"processor": "acme/tagger", "options": {"values": {"tier": "gold"}}},
                 "acme/witness",
                 limiter({"fromContext": "tokenLimit", "default": 4000}),
             ],
-            "basic": ["globex/witness", limiter(4000)],
+            "globex": ["globex/witness", limiter(4000)],
         },
     }
     step = [{"toolCalls": [{"name": "whoami", "args": {}}], "usage": USAGE}, {"text": "done", "usage": USAGE}]
@@ -170,7 +171,7 @@ async def test_each_tenant_gets_its_lane_its_limits_and_only_its_processors(
     fleet: tuple[httpx.AsyncClient, dict[str, Sidecar]],
 ) -> None:
     http, sidecars = fleet
-    # acme: the strict lane; the tagger's value reaches the later hook and the sidecar tool
+    # acme's lane, by its key; the tagger's value reaches the later hook and the sidecar tool
     first = await generate(http, ACME, STRICT)
     assert first.status_code == 200, first.text
     body = first.json()
@@ -179,7 +180,7 @@ async def test_each_tenant_gets_its_lane_its_limits_and_only_its_processors(
     assert whoami(body) == seen
     witnessed = (await stats(sidecars["acme"].address, body["runId"]))["run"]["seen"]
     assert [h["context"] for h in witnessed] == [seen, seen, seen]  # processInput, two steps
-    # globex: the basic lane, on its own sidecar; no tagger, so no tier
+    # globex's lane, on its own sidecar; no tagger, so no tier
     other = (await generate(http, GLOBEX, BASIC)).json()
     assert other["status"] == "success", other
     assert whoami(other) == BASIC
@@ -226,6 +227,7 @@ async def test_each_tenant_gets_its_lane_its_limits_and_only_its_processors(
         (ACME, {"plan": "strict", "region": "eu"}, "does not declare 'region'"),
         (GLOBEX, {"plan": "basic", "costLimit": 99}, "this API key may not send 'costLimit'"),
         (ACME, {"plan": "gold"}, "requestContext.plan: 'gold' is not one of ['strict', 'basic']"),
+        (GLOBEX, {"plan": "basic", "resourceId": "acme"}, "'resourceId'"),  # acme's lane, by its key
     ],
 )
 async def test_a_context_the_agent_or_the_deployment_refuses_is_a_400_naming_the_key(

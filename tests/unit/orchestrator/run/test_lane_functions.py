@@ -14,9 +14,11 @@ import pytest
 from procmesh_orchestrator.errors import ConfigError, RequestContextError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import CallOptions, Lanes, snapshot
+from procmesh_orchestrator.run.base import choosing_context
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import LaneEntry
 from procmesh_orchestrator.run.loop import Run
+from procmesh_orchestrator.run.types import ContextLane
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, agent, reply
 from tests.unit.orchestrator.run.memory_store import DictStore
 
@@ -131,3 +133,25 @@ def test_a_resumed_run_chooses_from_the_context_it_started_with() -> None:
     resumed = Run.resume(a.spec, data, None, CallOptions(), sink=None, metrics=OrchestratorMetrics())
     assert resumed.input_lane == (STRICT,)
     assert [dict(c) for c in lane.contexts] == [{"tenant": "acme"}, {"tenant": "acme"}]
+
+
+async def test_lanes_are_chosen_with_the_runs_resource_which_the_caller_cannot_set() -> None:
+    log: list[Call] = []
+    contexts: list[dict[str, Any]] = []
+
+    def saw(args: Any, info: Any) -> Any:
+        contexts.append(dict(info.request_context))
+        return reply()
+
+    def seeing(key: str) -> FakeProcessor:
+        return FakeProcessor(key, {"process_input": saw})
+
+    acme, other = seeing("acme"), seeing("other")
+    a = _agent(log, lambda rc: [acme] if rc.get("resourceId") == "acme" else [other])
+    await a.generate("hi", CallOptions(resource_id="acme", request_context={"tenant": "x"}))
+    await a.generate("hi", CallOptions(resource_id="globex", request_context={"resourceId": "acme"}))
+    assert [c.processor for c in log] == ["acme", "other"]
+    assert contexts == [{"tenant": "x"}, {"resourceId": "acme"}]  # hooks get the caller's as it is
+    by_resource = Lanes(input_by_context=ContextLane("resourceId", {"acme": (acme,)}, (other,)))
+    assert by_resource.chosen("input", choosing_context(CallOptions(resource_id="acme"))) == (acme,)
+    assert by_resource.chosen("input", choosing_context(CallOptions())) == (other,)

@@ -16,7 +16,8 @@ import yaml
 
 from procmesh_orchestrator import App, CallOptions
 from procmesh_orchestrator.config import Config
-from procmesh_orchestrator.durable import DurableRuns, DurableSettings
+from procmesh_orchestrator.config.durable import DurableConfig
+from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import EventLogError
 from procmesh_orchestrator.events import MemoryEventLog
 from procmesh_orchestrator.run import snapshot
@@ -239,7 +240,7 @@ async def test_a_memory_save_under_an_epoch_taken_over_is_refused_and_stops_the_
     events = MemoryEventLog()
     await events.start()
     # long leases: this replica's own clock never stops the run first; only the fence can
-    settings = DurableSettings(lease_seconds=30, claim_interval_seconds=30)
+    settings = DurableConfig(lease_seconds=30, claim_interval_seconds=30)
     runner = DurableRuns(a.suspended_runs_store, events, a.durable.agents, a.metrics, settings)
     await runner.start()
     real_save = store.save_turn

@@ -24,7 +24,7 @@ from procmesh_orchestrator.config import (
     workflow_refs,
 )
 from procmesh_orchestrator.config.schema import DEFAULT_PROVIDERS
-from procmesh_orchestrator.durable import DurableRuns, DurableSettings, config_version
+from procmesh_orchestrator.durable import DurableRuns, config_version
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.events import EventLog, open_event_log
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -276,20 +276,13 @@ class App:
             events = open_event_log(self.config.durable.event_log)
             self.events = events  # closed by stop() even when start() fails half-way
             await events.start()
-            cfg = self.config.durable
-            settings = DurableSettings(
-                lease_seconds=cfg.lease_seconds,
-                claim_interval_seconds=cfg.claim_interval_seconds,
-                retention_seconds=cfg.event_log.retention_seconds,
-                max_runs=cfg.max_runs,
-            )
             self._durable_agents.update({agent_id: agent.spec for agent_id, agent in self.agents.items()})
             durable = DurableRuns(
                 self.suspended_runs_store,
                 events,
                 self._durable_agents,
                 self.metrics,
-                settings,
+                self.config.durable,
                 versions=self._versions(self.pipeline),
             )
             self.durable = durable

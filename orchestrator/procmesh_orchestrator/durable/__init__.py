@@ -18,6 +18,6 @@ statement or script, once the epoch moved on. At the first refused write the sta
 the run, logs a WARNING naming both epochs and counts it (``procmesh_durable_fenced_writes_total``).
 """
 
-from procmesh_orchestrator.durable.runs import DurableRuns, DurableSettings, config_version, replica_id
+from procmesh_orchestrator.durable.runs import DurableRuns, config_version, replica_id
 
-__all__ = ["DurableRuns", "DurableSettings", "config_version", "replica_id"]
+__all__ = ["DurableRuns", "config_version", "replica_id"]

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from procmesh_orchestrator.config.durable import DurableConfig
 from procmesh_orchestrator.durable.publisher import Publisher
 from procmesh_orchestrator.durable.takeover import TakeOver
 from procmesh_orchestrator.errors import (
@@ -47,17 +48,6 @@ from procmesh_orchestrator.store import (
 log = logging.getLogger("procmesh_orchestrator.durable")
 
 _KEEP_ENDED = 256
-
-
-@dataclass(frozen=True)
-class DurableSettings:
-    """How long a lease lasts, how often replicas look for runs to take over, how long logs live."""
-
-    lease_seconds: float = 10.0
-    claim_interval_seconds: float = 2.0
-    retention_seconds: float = 86_400.0
-    max_runs: int = 64
-    """Runs this replica runs at once (its own and those it takes over)."""
 
 
 def replica_id() -> str:
@@ -95,7 +85,7 @@ class DurableRuns(TakeOver):
         events: EventLog,
         agents: Mapping[str, AgentSpec],
         metrics: OrchestratorMetrics,
-        settings: DurableSettings | None = None,
+        settings: DurableConfig | None = None,
         replica: str | None = None,
         versions: Mapping[str, str] | None = None,
     ) -> None:
@@ -106,7 +96,8 @@ class DurableRuns(TakeOver):
         self.versions = dict(versions or {})
         """Each agent's config fingerprint (`config_version`), kept in the runs it starts."""
         self.metrics = metrics
-        self.settings = settings or DurableSettings()
+        self.settings = settings or DurableConfig()
+        """The configuration's ``durable`` section: leases, take-over, the event log's retention."""
         self.replica = replica or replica_id()
         self.local: dict[str, _Local] = {}
         self._ended: OrderedDict[str, asyncio.Task[RunResult | None]] = OrderedDict()
@@ -309,7 +300,9 @@ class DurableRuns(TakeOver):
                 self._fenced(local, "finish", exc)
                 return None
             try:
-                await self.events.finish(run.run_id, self.settings.retention_seconds, epoch=local.epoch)
+                await self.events.finish(
+                    run.run_id, self.settings.event_log.retention_seconds, epoch=local.epoch
+                )
             except EventLogFencedError as exc:
                 self._fenced(local, "event", exc)
                 return None

@@ -23,7 +23,7 @@ from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.store import FAILED, DurableRun, MemoryStore
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.durable.runs import DurableSettings
+    from procmesh_orchestrator.config.durable import DurableConfig
 
 log = logging.getLogger("procmesh_orchestrator.durable")
 
@@ -49,7 +49,7 @@ class TakeOver:
     agents: Mapping[str, AgentSpec]
     versions: dict[str, str]
     metrics: OrchestratorMetrics
-    settings: DurableSettings
+    settings: DurableConfig
     replica: str
     local: dict[str, Any]
     _left: OrderedDict[str, str]

@@ -1,8 +1,9 @@
 """What every backend is to the shared SQL: a name, a placeholder, and its transactions.
 
 The SQL and methods both backends share (`_threads`, `_suspended`, `_durable`, `_ledger`) are
-written once against `StoreHooks`; a backend (`sqlite`, `postgres`) supplies its connection, its
-transactions and the few SQL fragments in which the two databases differ.
+written once against `StoreHooks`, and so is the loop that applies the migrations; a backend
+(`sqlite`, `postgres`) supplies its connection, its transactions, its error translation and the
+few SQL fragments in which the two databases differ.
 """
 
 from __future__ import annotations

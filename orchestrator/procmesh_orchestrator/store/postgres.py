@@ -3,8 +3,8 @@
 psycopg 3 async through an `AsyncConnectionPool` (each connection checked before use, so a restarted
 server costs a reconnect, not a failed run). Every write is one transaction. Concurrent writers to
 one thread, in any number of processes, are serialized by the thread row's lock: ``save_turn``
-starts with ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which inserts the thread or locks
-the existing row until commit, so the next writer's messages take their sequence numbers after
+writes ``INSERT ... ON CONFLICT DO UPDATE`` on the thread first, which inserts it or locks the
+existing row until commit, so the next writer's messages take their sequence numbers after
 this turn's. A claim of a suspended run reads it ``FOR UPDATE``: concurrent claims queue on the row,
 and each after the first finds it claimed. A claim of expired durable runs selects them ``FOR UPDATE
 SKIP LOCKED`` and updates them in the same transaction: concurrent claims take disjoint runs, and

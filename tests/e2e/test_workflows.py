@@ -152,6 +152,16 @@ async def test_message_and_context_conditions_hold_together(examples: str) -> No
         assert prompt_text(app) == "mail jane@example.com"
 
 
+async def test_a_condition_decided_per_call_sees_the_runs_resource(examples: str) -> None:
+    when = [{"key": "resourceId", "equals": "acme"}, {"message": {"matches": "@"}}]
+    cfg = make(examples, {}, inputProcessors=[{"processor": "ex/pii-redactor", "when": when}])
+    async with App(cfg) as app:
+        await app.agent("a").generate("mail jane@example.com", CallOptions(resource_id="acme"))
+        assert prompt_text(app) == "mail [email]"
+        await app.agent("a").generate("mail jane@example.com", CallOptions(resource_id="globex"))
+        assert prompt_text(app) == "mail jane@example.com"
+
+
 async def test_a_stream_processor_cannot_sit_behind_a_message_condition(examples: str) -> None:
     flow = {"steps": [{"when": {"message": {"matches": "x"}}, "then": ["ex/word-filter"]}]}
     cfg = make(examples, {"w": flow}, outputProcessors=["workflow:w"])

@@ -194,9 +194,14 @@ class Gated:
         return self.item.has(hook)
 
     def runs(self, args: Any, info: RunInfo) -> bool:
-        """Whether it runs for this call of the run `info` describes."""
+        """Whether it runs for this call of the run `info` describes. Its context conditions see
+        what the run's other conditions see (`run.base.choosing_context`): the request context
+        as it is now, with the run's resource under ``resourceId``."""
+        context = info.request_context
+        if info.resource_id:
+            context = {**context, "resourceId": info.resource_id}
         call = Call(last_user_text(args), info.step_number, info.retry_count)
-        return when_holds(self.when, info.request_context, call) == self.holds
+        return when_holds(self.when, context, call) == self.holds
 
     def expand(self, request_context: Mapping[str, Any]) -> tuple[Gated, ...]:
         """Itself, its processor with this run's options."""

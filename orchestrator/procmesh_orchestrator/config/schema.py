@@ -214,11 +214,14 @@ def _from_context(value: Any) -> str:
 
 class MaxCostFromContext(_Model):
     """``maxCost`` per tenant: each run takes the request context's `from_context` key (a number
-    above 0, else the run fails before any hook naming the key), or `default` without it."""
+    above 0, else the run fails before any hook naming the key), or `default` without it; with
+    `cases`, the limit of the key's value instead (``fromContext: resourceId``: per API key)."""
 
     from_context: str = Field(min_length=1)
     default: float = Field(gt=0)
     """The limit of a run whose context lacks the key (and of a gateway call outside any run)."""
+    cases: dict[str, Annotated[float, Field(gt=0)]] | None = None
+    """Limits by the key's value; any other value (or none) gets `default`."""
 
 
 class ScopeFromContext(_Model):
@@ -227,6 +230,8 @@ class ScopeFromContext(_Model):
 
     from_context: str = Field(min_length=1)
     default: CostScope
+    cases: dict[str, CostScope] | None = None
+    """Scopes by the key's value; any other value (or none) gets `default`."""
 
 
 class CostControlConfig(_Model):

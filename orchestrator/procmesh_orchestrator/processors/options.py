@@ -9,8 +9,13 @@ run resolves are validated against the schema the processor's ``Describe`` publi
 hook of the run is called, so a tenant's bad value fails its run with a message naming the
 processor, the option and the context key — never a sidecar's INVALID_ARGUMENT half-way.
 
+``{fromContext: KEY, cases: {VALUE: X, ...}, default: D}`` maps the context's value instead: a run
+whose ``KEY`` is the string ``VALUE`` gets ``X``, any other run ``D`` (the context's own value is
+never the option's), so a limit can follow a key no caller sets, such as ``resourceId`` (the
+resource of the caller's API key); each case is checked at start-up like the default.
+
 Only top-level options may come from the context; a value that is an object with other keys than
-``fromContext`` and ``default`` is an ordinary option value.
+``fromContext``, ``cases`` and ``default`` is an ordinary option value.
 """
 
 from __future__ import annotations
@@ -41,10 +46,15 @@ class ContextOption:
     option: str
     key: str
     default: Any = _MISSING
+    cases: Mapping[str, Any] | None = None
+    """Values by the context's value (None: the context's value itself)."""
 
     def value(self, request_context: Mapping[str, Any]) -> Any:
         """The run's value, or `_MISSING` (leave the option out)."""
-        return request_context.get(self.key, self.default)
+        if self.cases is None:
+            return request_context.get(self.key, self.default)
+        found = request_context.get(self.key)
+        return self.cases[found] if isinstance(found, str) and found in self.cases else self.default
 
 
 def split(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple[ContextOption, ...]]:
@@ -56,15 +66,15 @@ def split(options: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple
         if not (isinstance(value, Mapping) and FROM_CONTEXT in value):
             fixed[name] = value
             continue
-        extra = sorted(set(value) - {FROM_CONTEXT, "default"})
-        key = value[FROM_CONTEXT]
-        if extra or not isinstance(key, str) or not key:
+        extra = sorted(set(value) - {FROM_CONTEXT, "default", "cases"})
+        key, cases = value[FROM_CONTEXT], value.get("cases")
+        if extra or not isinstance(key, str) or not key or not isinstance(cases, Mapping | None):
             raise ConfigError(
                 f"{where}.options.{name}: an option from the request context is "
-                f"{{fromContext: KEY, default: VALUE}} with KEY a non-empty string"
-                + (f" (unknown keys {extra})" if extra else "")
+                f"{{fromContext: KEY, cases: {{VALUE: OPTION}}, default: OPTION}} with KEY a non-empty "
+                "string and cases (optional) a mapping" + (f" (unknown keys {extra})" if extra else "")
             )
-        taken.append(ContextOption(name, key, value.get("default", _MISSING)))
+        taken.append(ContextOption(name, key, value.get("default", _MISSING), cases))
     return fixed, tuple(taken)
 
 
@@ -129,13 +139,19 @@ def bind(processor: str, options: Mapping[str, Any], schema_json: str, where: st
     fixed, taken = split(options, where)
     problem = schema_problem(processor, schema_json)
     static = with_defaults(fixed, taken)
-    found = problem(static) if problem is not None else None
-    if found is not None:
-        path, message = found
-        raise ConfigError(
-            f"{where}.options{'.' + path if path else ''}: {message} "
-            f"(schema published by processor {processor!r})"
-        )
+    # the options of a run with no key, then of a run in each case (naming the case's path)
+    runs: list[tuple[dict[str, Any], str]] = [({}, "")] + [
+        ({o.key: case}, f"{o.option}.cases.{case}") for o in taken for case in (o.cases or {})
+    ]
+    for request_context, case in runs:
+        found = problem(resolve(fixed, taken, request_context)) if problem is not None else None
+        if found is not None:
+            path, message = found
+            at = case if case and path.split(".", 1)[0] == case.split(".", 1)[0] else path
+            raise ConfigError(
+                f"{where}.options{'.' + at if at else ''}: {message} "
+                f"(schema published by processor {processor!r})"
+            )
     return BoundOptions(static, fixed, taken, problem)
 
 

@@ -15,7 +15,7 @@ from procmesh_orchestrator.run.context import ContextSchema
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.run.tool_calls import ApprovalDecision
-from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult
+from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, choosing_context
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.store import MemoryStore
@@ -117,7 +117,7 @@ class Agent:
         self.check_context(options)
         call_lanes(self.spec, options)
         if self.spec.cost is not None:
-            self.spec.cost.limit_for(options.request_context)
+            self.spec.cost.limit_for(choosing_context(options))
 
     async def generate(
         self, input: str | list[dict[str, Any]], options: CallOptions | None = None

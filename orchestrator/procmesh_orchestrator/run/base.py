@@ -29,7 +29,7 @@ from procmesh_orchestrator.run.hooks import (
 from procmesh_orchestrator.run.messages import RunMessages
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.tools import ClientTool, Tool
-from procmesh_orchestrator.run.types import AgentSpec, CallOptions
+from procmesh_orchestrator.run.types import AgentSpec, CallOptions, choosing_context
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.tool_calls import ApprovalDecision, PendingTools
@@ -43,16 +43,6 @@ Checkpoint = Callable[["RunCore", int], Awaitable[None]]
 """Where a streamed run's chunks go (the `RunStream`'s queue); None for generate()."""
 
 
-def choosing_context(options: CallOptions) -> dict[str, Any]:
-    """What a run's lanes, conditions and options are chosen from: the caller's request context,
-    and the run's resource (over the APIs the one its API key is bound to) under ``resourceId``,
-    a reserved key neither a caller nor a hook can set, so a tenant's lanes follow its key.
-    Hooks and tools get the caller's context as it is (and the resource apart)."""
-    if not options.resource_id:
-        return options.request_context
-    return {**options.request_context, "resourceId": options.resource_id}
-
-
 def call_lanes(
     agent: AgentSpec, options: CallOptions
 ) -> tuple[tuple[Processor, ...], tuple[Processor, ...], tuple[Processor, ...]]:
@@ -63,7 +53,7 @@ def call_lanes(
     context and lane functions are decided here, as a run starts (and as an API admits its
     request, `Agent.check_call`): RequestContextError when the context gives a processor an option
     its schema refuses, or a lane function refuses it. They see the caller's context with the
-    run's resource under ``resourceId`` (`choosing_context`).
+    run's resource under ``resourceId`` (`types.choosing_context`).
     """
     rc, owner = choosing_context(options), f"agent {agent.id!r}"
     return (

@@ -106,6 +106,16 @@ def _built(lane: str, function: LaneFunction, request_context: Mapping[str, Any]
     return tuple(built)
 
 
+def choosing_context(options: CallOptions) -> dict[str, Any]:
+    """What a run's lanes, conditions and options are chosen from: the caller's request context,
+    and the run's resource (over the APIs the one its API key is bound to) under ``resourceId``,
+    a reserved key neither a caller nor a hook can set, so a tenant's lanes follow its key.
+    Hooks and tools get the caller's context as it is (and the resource apart)."""
+    if not options.resource_id:
+        return options.request_context
+    return {**options.request_context, "resourceId": options.resource_id}
+
+
 @dataclass
 class AgentSpec:
     """A resolved agent: what the loop needs, with processors bound to their sidecars."""

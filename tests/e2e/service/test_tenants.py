@@ -8,7 +8,8 @@ the resource the caller's API key is bound to (``inputProcessorsByContext`` on `
 key the server sets and no caller can): acme's runs on the ``acme`` sidecar process (``tagger``
 sets ``tier: gold`` in processInput, then ``witness`` records what it saw) with a token limiter
 whose ``limit`` comes from the context; globex's on the ``globex`` sidecar process (only
-``witness``) with a fixed limiter. ``costControl.maxCost`` is ``{fromContext: costLimit}``. Every
+``witness``) with a fixed limiter. ``costControl.maxCost`` maps the resource too
+(``{fromContext: resourceId, cases: {acme: 0.02}, default: 1.0}``). Every
 run calls the ``whoami`` tool of a third sidecar process, which answers the request context its
 ExecuteTool request carried.
 
@@ -45,8 +46,7 @@ TRUST = {"acme": ["plan", "tokenLimit", "costLimit", "region"], "globex": ["plan
 USAGE = {"inputTokens": 10, "outputTokens": 5}
 PER_RUN = 0.01
 """Two model calls of 5 output tokens at 1000 per million (input tokens are free)."""
-STRICT = {"plan": "strict", "costLimit": 2 * PER_RUN}
-"""acme's context: room for two runs."""
+STRICT = {"plan": "strict"}
 BASIC = {"plan": "basic"}
 
 
@@ -89,7 +89,8 @@ def config(acme: str, globex: str, shared: str, db: Path) -> dict[str, Any]:
                 "requestContextSchema": schema,
                 "inputProcessorsByContext": lanes,
                 "costControl": {
-                    "maxCost": {"fromContext": "costLimit", "default": 1.0},
+                    # by the API key's resource: acme has room for two runs
+                    "maxCost": {"fromContext": "resourceId", "cases": {"acme": 2 * PER_RUN}, "default": 1.0},
                     "window": "30d",
                     "reserveOutputTokens": 5,
                 },

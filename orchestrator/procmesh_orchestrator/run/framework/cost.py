@@ -15,7 +15,9 @@ model call.
 A tenant's limit: ``maxCost`` and ``scope`` may each be ``{fromContext: KEY, default: VALUE}``
 (the form of processor options, `processors.options`): each run takes the request context's
 ``KEY``, else the default, as it starts; a value that is no limit (not a number above 0, not a
-scope) fails the run before any hook with a `RequestContextError` naming the key.
+scope) fails the run before any hook with a `RequestContextError` naming the key. With
+``cases: {VALUE: LIMIT}`` the context's value picks a limit instead (``fromContext: resourceId``:
+the resource the caller's API key is bound to, which no caller can set).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from procmesh_orchestrator.errors import (
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.hooks import APIErrorArgs, HookArgs, LLMRequestArgs, LLMResponseArgs
+from procmesh_orchestrator.run.types import choosing_context
 from procmesh_orchestrator.store import MemoryStore, RunFence
 
 if TYPE_CHECKING:
@@ -79,6 +82,11 @@ class FromContext(Protocol):
     @property
     def default(self) -> Any:
         """The value of a run whose context lacks the key."""
+        ...
+
+    @property
+    def cases(self) -> Mapping[str, Any] | None:
+        """Values by the context's value (None: the context's value itself)."""
         ...
 
 
@@ -151,7 +159,10 @@ def _taken(setting: FromContext | Any, request_context: Mapping[str, Any]) -> tu
     """The setting's value for a run, and the request-context key it came from (None: fixed)."""
     if isinstance(setting, str | int | float):
         return setting, None
-    key = setting.from_context
+    key, cases = setting.from_context, setting.cases
+    if cases is not None:  # checked at load: a case is a limit whatever the caller sent
+        found = request_context.get(key)
+        return (cases[found] if isinstance(found, str) and found in cases else setting.default), None
     return (request_context[key], key) if key in request_context else (setting.default, None)
 
 
@@ -211,7 +222,7 @@ class CostControl:
         """The run's processor, with the limit its caller's request context gives it (the
         RequestContextError of `limit_for` before any hook); the gateway finds it by run id
         while the run lives."""
-        limit = self.limit_for(run.options.request_context)
+        limit = self.limit_for(choosing_context(run.options))
         cost = RunCost(
             self, run, limit, self.scope_key(run.info.resource_id, run.info.thread_id, limit.scope)
         )

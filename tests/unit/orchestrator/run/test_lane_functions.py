@@ -14,11 +14,10 @@ import pytest
 from procmesh_orchestrator.errors import ConfigError, RequestContextError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import CallOptions, Lanes, snapshot
-from procmesh_orchestrator.run.base import choosing_context
 from procmesh_orchestrator.run.framework.memory import AgentMemory
 from procmesh_orchestrator.run.hooks import LaneEntry
 from procmesh_orchestrator.run.loop import Run
-from procmesh_orchestrator.run.types import ContextLane
+from procmesh_orchestrator.run.types import ContextLane, choosing_context
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, agent, reply
 from tests.unit.orchestrator.run.memory_store import DictStore
 

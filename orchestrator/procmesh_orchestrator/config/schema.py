@@ -5,21 +5,21 @@ Keys follow the seeds' names (``inputProcessors``, ``maxProcessorRetries``, ...)
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from procmesh_orchestrator.config.cost import SETTING_TAGS as SETTING_TAGS
+from procmesh_orchestrator.config.cost import CostControlConfig as CostControlConfig
+from procmesh_orchestrator.config.cost import PriceConfig as PriceConfig
 from procmesh_orchestrator.config.durable import DurableConfig as DurableConfig
 from procmesh_orchestrator.config.lanes import ConditionalStep as ConditionalStep
 from procmesh_orchestrator.config.lanes import LaneByContext as LaneByContext
@@ -36,7 +36,7 @@ from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
 from procmesh_orchestrator.run import stop
-from procmesh_orchestrator.store import MAX_COST_WINDOW_SECONDS, StorageConfig
+from procmesh_orchestrator.store import StorageConfig
 
 BUILTINS = "builtins"
 """The built-in sidecar's name: declare it to use your own; otherwise the orchestrator starts one."""
@@ -186,99 +186,6 @@ class AgentMemoryConfig(_Model):
 
     last_messages: int = Field(default=10, ge=1)
     """How many of the thread's most recent stored messages each call loads ahead of its input."""
-
-
-class PriceConfig(_Model):
-    """What a model costs, per million tokens (any currency: `costControl.maxCost` is in the same)."""
-
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-
-
-_WINDOW = re.compile(r"^(?P<n>[1-9]\d*)(?P<unit>[smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-CostScope = Literal["resource", "thread", "agent", "global"]
-
-
-SETTING_TAGS = {"<value>", "<fromContext>"}
-"""Discriminator tags of a setting that may come from the request context (error messages leave
-them out)."""
-
-
-def _from_context(value: Any) -> str:
-    """A setting given as ``{fromContext, default}`` or as its value (errors name one form only)."""
-    return "<value>" if isinstance(value, str | int | float) else "<fromContext>"
-
-
-class MaxCostFromContext(_Model):
-    """``maxCost`` per tenant: each run takes the request context's `from_context` key (a number
-    above 0, else the run fails before any hook naming the key), or `default` without it; with
-    `cases`, the limit of the key's value instead (``fromContext: resourceId``: per API key)."""
-
-    from_context: str = Field(min_length=1)
-    default: float = Field(gt=0)
-    """The limit of a run whose context lacks the key (and of a gateway call outside any run)."""
-    cases: dict[str, Annotated[float, Field(gt=0)]] | None = None
-    """Limits by the key's value; any other value (or none) gets `default`."""
-
-
-class ScopeFromContext(_Model):
-    """``scope`` per tenant: each run takes the request context's `from_context` key (one of the
-    scopes, else the run fails before any hook naming the key), or `default` without it."""
-
-    from_context: str = Field(min_length=1)
-    default: CostScope
-    cases: dict[str, CostScope] | None = None
-    """Scopes by the key's value; any other value (or none) gets `default`."""
-
-
-class CostControlConfig(_Model):
-    """An agent's spending limit (the reference's ``TokenCostControl``), checked before each model
-    call and updated after it, in the store every replica shares (`run.framework.cost`)."""
-
-    max_cost: Annotated[
-        Annotated[float, Field(gt=0), Tag("<value>")] | Annotated[MaxCostFromContext, Tag("<fromContext>")],
-        Discriminator(_from_context),
-    ]
-    """The limit, in the currency of `prices`: a call is refused once the scope spent this much.
-    ``{fromContext: KEY, default: VALUE}``: each run's from its request context."""
-    scope: Annotated[
-        Annotated[CostScope, Tag("<value>")] | Annotated[ScopeFromContext, Tag("<fromContext>")],
-        Discriminator(_from_context),
-    ] = "resource"
-    """Whose spending counts: the call's resource (a user, an org), its thread, the agent, or all
-    agents together. A call without a resource (thread) is not limited by that scope.
-    ``{fromContext: KEY, default: VALUE}``: each run's from its request context."""
-    window: str = "7d"
-    """How far back spending counts: ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (at most 366 days)."""
-    strategy: Literal["block", "warn"] = "block"
-    """``block``: a tripwire ends the run; ``warn``: a violation is recorded and the call goes on."""
-    message: str = "Cost control: estimated cost limit exceeded ({usage}/{limit})"
-    """The tripwire's reason; ``{usage}`` and ``{limit}`` are filled in."""
-    warn_at_percent: float | None = Field(default=None, gt=0, lt=100)
-    """Also record a (soft) violation, once per call, when spending reaches this share of the limit."""
-    reserve_output_tokens: int = Field(default=1024, ge=0)
-    """Output tokens a call holds against the limit while it runs (its ``maxOutputTokens`` setting
-    wins); the actual usage replaces the estimate when the call ends."""
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, value: str) -> str:
-        match = _WINDOW.match(value)
-        if match is None:
-            raise ValueError(f"window must be <n>s, <n>m, <n>h or <n>d (e.g. 30d), got {value!r}")
-        if int(match["n"]) * _UNIT_SECONDS[match["unit"]] > MAX_COST_WINDOW_SECONDS:
-            raise ValueError(f"window {value!r} is longer than 366 days")
-        return value
-
-    @property
-    def window_seconds(self) -> int:
-        """The window as seconds."""
-        match = _WINDOW.match(self.window)
-        assert match is not None  # validated
-        return int(match["n"]) * _UNIT_SECONDS[match["unit"]]
 
 
 class ModelChoice(_Model):

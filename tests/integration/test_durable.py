@@ -16,10 +16,10 @@ import yaml
 
 from procmesh_orchestrator import App, CallOptions
 from procmesh_orchestrator.config import Config
-from procmesh_orchestrator.config.durable import DurableConfig
 from procmesh_orchestrator.durable import DurableRuns
+from procmesh_orchestrator.durable.config import DurableConfig
+from procmesh_orchestrator.durable.events import MemoryEventLog
 from procmesh_orchestrator.errors import EventLogError
-from procmesh_orchestrator.events import MemoryEventLog
 from procmesh_orchestrator.run import snapshot
 from procmesh_orchestrator.store import CANCELLED, DONE, FAILED, RUNNING, DurableRun, RunFence
 

@@ -18,19 +18,19 @@ import pytest
 import pytest_asyncio
 import redis
 
+from procmesh_orchestrator.durable.events import (
+    EventLog,
+    EventLogConfig,
+    MemoryEventLog,
+    RedisEventLog,
+    open_event_log,
+)
 from procmesh_orchestrator.errors import (
     ConfigError,
     EventLogError,
     EventLogFencedError,
     EventLogNotFoundError,
     EventLogUnavailableError,
-)
-from procmesh_orchestrator.events import (
-    EventLog,
-    EventLogConfig,
-    MemoryEventLog,
-    RedisEventLog,
-    open_event_log,
 )
 from tests.deps import require
 

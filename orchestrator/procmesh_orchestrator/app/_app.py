@@ -25,8 +25,8 @@ from procmesh_orchestrator.config import (
 )
 from procmesh_orchestrator.config.schema import DEFAULT_PROVIDERS
 from procmesh_orchestrator.durable import DurableRuns, config_version
+from procmesh_orchestrator.durable.events import EventLog, open_event_log
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.events import EventLog, open_event_log
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
 from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource

@@ -20,7 +20,6 @@ from pydantic.alias_generators import to_camel
 from procmesh_orchestrator.config.cost import SETTING_TAGS as SETTING_TAGS
 from procmesh_orchestrator.config.cost import CostControlConfig as CostControlConfig
 from procmesh_orchestrator.config.cost import PriceConfig as PriceConfig
-from procmesh_orchestrator.config.durable import DurableConfig as DurableConfig
 from procmesh_orchestrator.config.lanes import ConditionalStep as ConditionalStep
 from procmesh_orchestrator.config.lanes import LaneByContext as LaneByContext
 from procmesh_orchestrator.config.lanes import LaneEntry as LaneEntry
@@ -35,6 +34,7 @@ from procmesh_orchestrator.config.request_context import SchemaOfContext
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
+from procmesh_orchestrator.durable.config import DurableConfig as DurableConfig
 from procmesh_orchestrator.run import stop
 from procmesh_orchestrator.store import StorageConfig
 

@@ -16,6 +16,10 @@ commits, and every write the run makes — checkpoint, renewal, finish, event, m
 suspension, cost reservation — names the epoch its replica holds and is refused, in the same
 statement or script, once the epoch moved on. At the first refused write the stale replica stops
 the run, logs a WARNING naming both epochs and counts it (``procmesh_durable_fenced_writes_total``).
+
+All of it is this package: `runs` (`DurableRuns`), `publisher` (chunks into the log), `takeover`,
+`config` (`DurableConfig`, the configuration's ``durable`` section) and `events` (the event log).
+The service's view of durable runs (requests, callers, errors) is ``service/api/durable.py``'s.
 """
 
 from procmesh_orchestrator.durable.runs import DurableRuns, config_version, replica_id

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from procmesh_orchestrator.durable.events import EventLog
 from procmesh_orchestrator.errors import EventLogError, EventLogFencedError, EventLogUnavailableError
-from procmesh_orchestrator.events import EventLog
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.base import ChunkSink
 from procmesh_orchestrator.run.hooks import Chunk

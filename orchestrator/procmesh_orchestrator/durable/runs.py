@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from procmesh_orchestrator.config.durable import DurableConfig
+from procmesh_orchestrator.durable.config import DurableConfig
+from procmesh_orchestrator.durable.events import EventLog
 from procmesh_orchestrator.durable.publisher import Publisher
 from procmesh_orchestrator.durable.takeover import TakeOver
 from procmesh_orchestrator.errors import (
@@ -28,7 +29,6 @@ from procmesh_orchestrator.errors import (
     MemoryStoreError,
     OrchestratorError,
 )
-from procmesh_orchestrator.events import EventLog
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, RunResult, snapshot
 from procmesh_orchestrator.run.base import ChunkSink, RunCore

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from procmesh_orchestrator.durable.events import EventLog
 from procmesh_orchestrator.durable.publisher import without_start
 from procmesh_orchestrator.errors import EventLogError, MemoryStoreError, SuspendError
-from procmesh_orchestrator.events import EventLog
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
 from procmesh_orchestrator.run.base import ChunkSink
@@ -23,7 +23,7 @@ from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.store import FAILED, DurableRun, MemoryStore
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.config.durable import DurableConfig
+    from procmesh_orchestrator.durable.config import DurableConfig
 
 log = logging.getLogger("procmesh_orchestrator.durable")
 

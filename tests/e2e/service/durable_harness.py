@@ -22,7 +22,7 @@ from typing import Any, cast
 import httpx
 import redis
 
-from procmesh_orchestrator.events.redis_streams import FINISHED_ID
+from procmesh_orchestrator.durable.events.redis_streams import FINISHED_ID
 from tests.deps import require
 
 WAIT = 20.0

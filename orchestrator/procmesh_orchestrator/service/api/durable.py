@@ -6,6 +6,9 @@ abort it and can come back (``observe``, ``Last-Event-ID``). Only a cancel (`can
 Every route acts within the caller's resource as the memory API does: a key bound to a resource
 sees that resource's runs only, and another's is answered exactly like a run that does not exist;
 an operator key (or any caller when no key is configured) sees every resource's.
+
+This is the service's view of durable runs, kept in the API room because it speaks the service's
+callers, errors and chunks, which `procmesh_orchestrator.durable` (the runs themselves) never sees.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from procmesh_orchestrator.events import EventLogConfig
+from procmesh_orchestrator.durable.events import EventLogConfig
 
 
 class _Model(BaseModel):

@@ -30,8 +30,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from procmesh_orchestrator.durable.events.log import check, check_epoch, encode, fenced
 from procmesh_orchestrator.errors import EventLogError, EventLogNotFoundError, EventLogUnavailableError
-from procmesh_orchestrator.events.log import check, check_epoch, encode, fenced
 
 FINISHED_ID = "18446744073709551615-0"
 """The last entry of a finished log (Redis's largest millisecond part)."""

@@ -6,8 +6,8 @@ process), `redis_streams` the shared log of several replicas (one Redis stream p
 
 from __future__ import annotations
 
-from procmesh_orchestrator.events.log import EventLog, EventLogConfig, open_event_log
-from procmesh_orchestrator.events.memory import MemoryEventLog
-from procmesh_orchestrator.events.redis_streams import RedisEventLog
+from procmesh_orchestrator.durable.events.log import EventLog, EventLogConfig, open_event_log
+from procmesh_orchestrator.durable.events.memory import MemoryEventLog
+from procmesh_orchestrator.durable.events.redis_streams import RedisEventLog
 
 __all__ = ["EventLog", "EventLogConfig", "MemoryEventLog", "RedisEventLog", "open_event_log"]

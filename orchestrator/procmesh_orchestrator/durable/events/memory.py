@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from procmesh_orchestrator.durable.events.log import check, check_epoch, encode, fenced
 from procmesh_orchestrator.errors import EventLogError, EventLogNotFoundError, EventLogUnavailableError
-from procmesh_orchestrator.events.log import check, check_epoch, encode, fenced
 
 
 @dataclass(eq=False)

@@ -134,10 +134,10 @@ def open_event_log(
             ]
             raise ConfigError(f"eventLog: {'; '.join(problems)}") from None
     if config.backend == "redis":
-        from procmesh_orchestrator.events.redis_streams import RedisEventLog
+        from procmesh_orchestrator.durable.events.redis_streams import RedisEventLog
 
         return RedisEventLog(config.redis_url(environ))
-    from procmesh_orchestrator.events.memory import MemoryEventLog
+    from procmesh_orchestrator.durable.events.memory import MemoryEventLog
 
     return MemoryEventLog()
 

@@ -59,6 +59,13 @@ async def closed(client: Any) -> bool:
         await client.describe(timeout=2.0)
     except ProcmeshError:
         return True
+    except asyncio.CancelledError:
+        # grpc.aio cancels a call in flight when its channel closes under it: closed, unless it is
+        # this task that is being cancelled (then the cancellation goes on)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return True
     except Exception as exc:  # grpc's UsageError: "Channel is closed"
         return "closed" in str(exc).lower()
     return False

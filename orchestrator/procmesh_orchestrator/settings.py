@@ -9,7 +9,7 @@ command-line flags override the environment.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -63,6 +63,13 @@ class OrchestratorSettings(BaseSettings):
     ``@operator`` or ``*`` (every caller) to key names (``*``: every key). Keys that select a
     thread, a resource or a cache scope are reserved and never come from a caller; a key the caller
     is not trusted for is a 400 naming it. Empty: no caller sends request context."""
+    untrusted_context: Literal["refuse", "drop"] = "refuse"
+    """What an agent call (generate, stream; HTTP and gRPC) that sends request-context keys its
+    caller is not trusted for gets: ``refuse``, a 400 / INVALID_ARGUMENT naming them; ``drop``, the
+    run goes on without them, the response names them (``X-Procmesh-Dropped-Context``, over gRPC
+    the initial metadata ``x-procmesh-dropped-context``), a WARNING log line names them and
+    ``procmesh_request_context_dropped_total{agent}`` counts the call. Reserved keys are refused
+    either way."""
     trust_request_context: bool = False
     """Deprecated: the same as ``PROCMESH_TRUSTED_CONTEXT={"*": ["*"]}`` (every caller may send
     every key that is not reserved); said so at start-up."""

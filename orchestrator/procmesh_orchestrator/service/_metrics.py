@@ -84,6 +84,14 @@ class ServiceMetrics:
             ["api"],
             registry=self.registry,
         )
+        self.context_dropped = Counter(
+            "procmesh_request_context_dropped_total",
+            "Agent calls run without request-context keys their caller is not trusted for "
+            "(PROCMESH_UNTRUSTED_CONTEXT=drop), by configured agent; the keys are in a WARNING log "
+            "line, never a label.",
+            ["agent"],
+            registry=self.registry,
+        )
         self.inflight = Gauge(
             "procmesh_inflight_runs", "Agent runs in flight (HTTP and gRPC).", registry=self.registry
         )

@@ -11,6 +11,12 @@ entry (``threadId``, ``resourceId``, ``mastra__threadId``, ``mastra__resourceId`
 its trust: the server sets the thread and the resource (the key's binding), and the response
 cache scopes its entries by that resource. A request that sends a reserved key, or a key its
 caller is not trusted for, is refused (400) naming them: nothing is dropped silently.
+
+``PROCMESH_UNTRUSTED_CONTEXT=drop`` lets an agent call (generate, stream) go on without the keys
+its caller is not trusted for instead (`ContextTrust.admit`), never silently: the response names
+them (`DROPPED_HEADER`), a WARNING names them and a counter counts the call (`report_dropped`).
+Reserved keys are refused even then: a caller sending one is trying to act on another's thread,
+resource or cache scope, which a run without it would hide from the caller instead of stopping.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
+
+from prometheus_client import Counter
 
 from procmesh_orchestrator.run.context import RESERVED_KEYS
 from procmesh_orchestrator.run.context import names as key_names
@@ -34,6 +43,12 @@ RESERVED = RESERVED_KEYS
 hook's: `run.context`)."""
 
 
+DROPPED_HEADER = "X-Procmesh-Dropped-Context"
+"""The response header (over gRPC: the initial metadata key, lower case) naming dropped keys."""
+_HEADER_KEYS = 32
+"""Keys the header names at most (then ``+N``): a caller choosing the keys chooses the header."""
+
+
 class TrustedContextError(KeyListError):
     """``PROCMESH_TRUSTED_CONTEXT`` cannot be used as it is (the message names the entry)."""
 
@@ -43,9 +58,18 @@ class ContextTrust:
     """The parsed setting: per entry (a resource, ``@operator`` or ``*``), the keys it may send."""
 
     entries: Mapping[str, frozenset[str]]
+    drop: bool = False
+    """``PROCMESH_UNTRUSTED_CONTEXT=drop``: `admit` drops the keys a caller is not trusted for."""
 
     @classmethod
-    def of(cls, setting: Mapping[str, list[str]], callers: Iterable[Caller], *, legacy: bool) -> ContextTrust:
+    def of(
+        cls,
+        setting: Mapping[str, list[str]],
+        callers: Iterable[Caller],
+        *,
+        legacy: bool,
+        drop: bool = False,
+    ) -> ContextTrust:
         """Check the setting against the configured keys (`TrustedContextError` naming the entry);
         `legacy` is the deprecated ``PROCMESH_TRUST_REQUEST_CONTEXT=true``: ``{"*": ["*"]}``."""
         resources = {c.resource for c in callers if c.resource is not None}
@@ -75,7 +99,7 @@ class ContextTrust:
                 'PROCMESH_TRUSTED_CONTEXT={"*": ["*"]}, or trust per key'
             )
             entries[ANY] = frozenset({ANY})
-        return cls(entries)
+        return cls(entries, drop)
 
     def allowed(self, caller: Caller) -> frozenset[str]:
         """The keys `caller` may send (`ANY` among them: every key that is not reserved)."""
@@ -87,13 +111,26 @@ class ContextTrust:
         return frozenset(out)
 
     def check(self, caller: Caller, context: Any, where: str = "requestContext") -> dict[str, Any]:
-        """`context` when `caller` may send every key in it; a 400 naming the keys otherwise."""
+        """`context` when `caller` may send every key in it; a 400 naming the keys otherwise, in
+        either mode (a route whose response could not name dropped keys refuses them)."""
+        return self._screen(caller, context, where, drop=False)[0]
+
+    def admit(
+        self, caller: Caller, context: Any, where: str = "requestContext"
+    ) -> tuple[dict[str, Any], list[str]]:
+        """An agent call's context as `check` takes it, but in drop mode without the keys `caller`
+        is not trusted for; those keys (sorted) are the second item, for the response to name."""
+        return self._screen(caller, context, where, drop=self.drop)
+
+    def _screen(
+        self, caller: Caller, context: Any, where: str, *, drop: bool
+    ) -> tuple[dict[str, Any], list[str]]:
         if context is None:
-            return {}
+            return {}, []
         if not isinstance(context, dict):
             raise BadRequestError(f"{where}: must be an object")
         if not context:
-            return context
+            return context, []
         reserved = RESERVED.intersection(context)
         if reserved:
             raise BadRequestError(
@@ -102,11 +139,33 @@ class ContextTrust:
             )
         allowed = self.allowed(caller)
         if ANY in allowed:
-            return context
+            return context, []
         refused = set(context) - allowed
-        if refused:
-            raise BadRequestError(
-                f"{where}: this API key may not send {key_names(refused)} (PROCMESH_TRUSTED_CONTEXT says "
-                "which keys each caller may send)"
-            )
-        return context
+        if not refused:
+            return context, []
+        if drop:
+            return {k: v for k, v in context.items() if k in allowed}, sorted(refused)
+        raise BadRequestError(
+            f"{where}: this API key may not send {key_names(refused)} (PROCMESH_TRUSTED_CONTEXT says "
+            "which keys each caller may send)"
+        )
+
+
+def dropped_header(keys: list[str]) -> str:
+    """`DROPPED_HEADER`'s value: the keys percent-encoded (ASCII whatever the caller sent, and no
+    comma inside a name), comma-separated, the first `_HEADER_KEYS` then ``+N`` for the rest."""
+    shown = ", ".join(quote(k, safe="") for k in keys[:_HEADER_KEYS])
+    return shown + (f", +{len(keys) - _HEADER_KEYS}" if len(keys) > _HEADER_KEYS else "")
+
+
+def report_dropped(counter: Counter, api: str, agent_id: str, keys: list[str]) -> None:
+    """Count an agent call run without `keys` and log one WARNING naming them (the counter's
+    labels stay bounded: the agent is a configured one, the keys are the caller's)."""
+    counter.labels(agent_id).inc()
+    log.warning(
+        "%s agent=%s: requestContext %s dropped: the caller is not trusted for them "
+        "(PROCMESH_UNTRUSTED_CONTEXT=drop; PROCMESH_TRUSTED_CONTEXT says which keys each caller may send)",
+        api,
+        agent_id,
+        key_names(keys),
+    )

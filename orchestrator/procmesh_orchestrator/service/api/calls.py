@@ -37,6 +37,9 @@ class AgentCall:
     lanes: dict[str, list[str]] = field(default_factory=dict)
     """Per-call processor lists by lane (``input``, ``output``, ``error``): the ids the caller named,
     bound by `api.processors.bind_lanes` (`call_lanes.bind`, which needs the App)."""
+    dropped_context: list[str] = field(default_factory=list)
+    """Request-context keys the caller is not trusted for, dropped (PROCMESH_UNTRUSTED_CONTEXT=drop):
+    the response names them."""
 
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""
@@ -227,7 +230,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         agent_input = [input_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
         own_ids(agent_input, caller)
     named = "requestContext" if body.request_context else "runtimeContext"
-    context = trust.check(caller, body.request_context or body.runtime_context or {}, named)
+    context, dropped = trust.admit(caller, body.request_context or body.runtime_context or {}, named)
     memory = body.memory or _MemoryBody()
     thread, resource = memory_scope(
         body.thread_id or memory.thread_id, body.resource_id or memory.resource, caller=caller
@@ -252,6 +255,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         ),
         durable=body.durable,
         lanes=lane_ids(body),
+        dropped_context=dropped,
     )
 
 

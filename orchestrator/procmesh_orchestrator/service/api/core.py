@@ -42,7 +42,10 @@ class ServiceCore:
         self.app = app or App(config)
         self.keys = ApiKeys(settings.api_keys)  # KeyListError naming a bad entry
         self.trust = ContextTrust.of(
-            settings.trusted_context, self.keys.callers(), legacy=settings.trust_request_context
+            settings.trusted_context,
+            self.keys.callers(),
+            legacy=settings.trust_request_context,
+            drop=settings.untrusted_context == "drop",
         )
         """Which caller may send which request-context keys (PROCMESH_TRUSTED_CONTEXT)."""
         self.limits = InputLimits(

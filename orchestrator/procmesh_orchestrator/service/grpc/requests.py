@@ -63,7 +63,7 @@ def parse_proto(
         raise BadRequestError("max_processor_retries: must not be negative")
     context = convert.from_struct(request.request_context)
     check_input(context, limits, root=("request_context",))
-    context = trust.check(caller, context, "request_context")
+    context, dropped = trust.admit(caller, context, "request_context")
     check_input(request.thread_id, limits, root=("thread_id",))
     check_input(request.resource_id, limits, root=("resource_id",))
     thread, resource = memory_scope(request.thread_id, request.resource_id, caller=caller)
@@ -108,6 +108,7 @@ def parse_proto(
         ),
         durable=request.durable,
         lanes=lane_ids(step),
+        dropped_context=dropped,
     )
 
 

@@ -22,6 +22,7 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import Caller, grpc_caller
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
+from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
 from procmesh_orchestrator.service.api import control
 from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
@@ -81,11 +82,27 @@ class AgentServicer(agrpc.AgentServiceServicer):
         control.admit(service, request.agent_id, call, caller)
         return agent, call
 
-    async def Generate(self, request: apb.GenerateRequest, context: Context) -> apb.GenerateResponse:
+    async def _admitted(self, request: Any, context: Context) -> tuple[Agent, AgentCall]:
+        """`_admit`, or the call refused; request-context keys it dropped are named in the initial
+        metadata (sent now, before any reply), a WARNING and the counter."""
         try:
             agent, call = self._admit(request, context)
         except ServiceError as exc:
             await self._refuse(context, exc)
+        if call.dropped_context:
+            try:
+                await context.send_initial_metadata(
+                    ((DROPPED_HEADER.lower(), dropped_header(call.dropped_context)),)
+                )
+            except BaseException:
+                self._service.gate.leave()  # the slot `_admit` took: no run will release it
+                raise
+            counter = self._service.metrics.context_dropped
+            report_dropped(counter, "grpc", request.agent_id, call.dropped_context)
+        return agent, call
+
+    async def Generate(self, request: apb.GenerateRequest, context: Context) -> apb.GenerateResponse:
+        agent, call = await self._admitted(request, context)
         started = time.perf_counter()
         if _durable.is_durable(self._service, request.agent_id, call):
             return await self._durable_generate(request.agent_id, call, context, started)
@@ -117,10 +134,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
         return response
 
     async def Stream(self, request: apb.StreamRequest, context: Context) -> AsyncIterator[apb.StreamResponse]:
-        try:
-            agent, call = self._admit(request, context)
-        except ServiceError as exc:
-            await self._refuse(context, exc)
+        agent, call = await self._admitted(request, context)
         if _durable.is_durable(self._service, request.agent_id, call):
             try:
                 try:

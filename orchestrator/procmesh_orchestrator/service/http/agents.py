@@ -17,6 +17,7 @@ from procmesh_orchestrator.errors import APICallError, MemoryStoreError, Process
 from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import Caller, caller_of
 from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
 from procmesh_orchestrator.service.api import control, durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest, parse_body, parse_resume
 from procmesh_orchestrator.service.api.control import LiveRun
@@ -73,12 +74,17 @@ class AgentRoutes:
             await read_body(core, request), caller=caller, trust=core.trust, limits=core.limits
         ).traced(request.headers)
         control.admit(core, agent_id, call, caller)
+        if call.dropped_context:
+            report_dropped(core.metrics.context_dropped, "http", agent_id, call.dropped_context)
         return agent_id, agent, call
 
     async def generate(self, request: Request) -> Response:
         """``POST /api/agents/{id}/generate``: the run to its end, as the reference's result."""
-        core = self.core
         agent_id, agent, call = await self._admit(request)
+        return _naming_drops(call, await self._generate(agent_id, agent, call))
+
+    async def _generate(self, agent_id: str, agent: Agent, call: AgentCall) -> Response:
+        core = self.core
         release = releaser(core)
         try:
             started = time.perf_counter()
@@ -118,8 +124,11 @@ class AgentRoutes:
 
     async def stream(self, request: Request) -> Response:
         """``POST /api/agents/{id}/stream``: the run's chunks as server-sent events."""
-        core = self.core
         agent_id, agent, call = await self._admit(request)
+        return _naming_drops(call, await self._stream(agent_id, agent, call))
+
+    async def _stream(self, agent_id: str, agent: Agent, call: AgentCall) -> Response:
+        core = self.core
         if durable.is_durable(core, agent_id, call):
             try:
                 manager, run_id = await durable.begin(core, agent_id, call)
@@ -281,3 +290,11 @@ def _stream_releaser(core: ServiceCore, live: LiveRun) -> Release:
             core.spawn(live.close(abort=False))
 
     return release
+
+
+def _naming_drops(call: AgentCall, response: Response) -> Response:
+    """`response` naming the request-context keys the call dropped (a stream's headers go before
+    its first event, so this is set before the response starts)."""
+    if call.dropped_context:
+        response.headers[DROPPED_HEADER] = dropped_header(call.dropped_context)
+    return response

@@ -65,7 +65,8 @@ class OrchestratorSettings(BaseSettings):
     is not trusted for is a 400 naming it. Empty: no caller sends request context."""
     untrusted_context: Literal["refuse", "drop"] = "refuse"
     """What an agent call (generate, stream; HTTP and gRPC) that sends request-context keys its
-    caller is not trusted for gets: ``refuse``, a 400 / INVALID_ARGUMENT naming them; ``drop``, the
+    caller is not trusted for, or its agent's ``requestContextSchema`` does not declare, gets:
+    ``refuse``, a 400 / INVALID_ARGUMENT naming them; ``drop``, the
     run goes on without them, the response names them (``X-Procmesh-Dropped-Context``, over gRPC
     the initial metadata ``x-procmesh-dropped-context``), a WARNING log line names them and
     ``procmesh_request_context_dropped_total{agent}`` counts the call. Reserved keys are refused

@@ -86,9 +86,9 @@ class ServiceMetrics:
         )
         self.context_dropped = Counter(
             "procmesh_request_context_dropped_total",
-            "Agent calls run without request-context keys their caller is not trusted for "
-            "(PROCMESH_UNTRUSTED_CONTEXT=drop), by configured agent; the keys are in a WARNING log "
-            "line, never a label.",
+            "Agent calls run without request-context keys their caller is not trusted for or "
+            "their agent does not declare (PROCMESH_UNTRUSTED_CONTEXT=drop), by configured agent; "
+            "the keys are in a WARNING log line, never a label.",
             ["agent"],
             registry=self.registry,
         )

@@ -13,8 +13,9 @@ cache scopes its entries by that resource. A request that sends a reserved key, 
 caller is not trusted for, is refused (400) naming them: nothing is dropped silently.
 
 ``PROCMESH_UNTRUSTED_CONTEXT=drop`` lets an agent call (generate, stream) go on without the keys
-its caller is not trusted for instead (`ContextTrust.admit`), never silently: the response names
-them (`DROPPED_HEADER`), a WARNING names them and a counter counts the call (`report_dropped`).
+its caller is not trusted for instead (`ContextTrust.admit`; and without those its agent's
+requestContextSchema does not declare: `AgentCall.drop_undeclared`), never silently: the response
+names them (`DROPPED_HEADER`), a WARNING names them and a counter counts the call (`report_dropped`).
 Reserved keys are refused even then: a caller sending one is trying to act on another's thread,
 resource or cache scope, which a run without it would hide from the caller instead of stopping.
 """
@@ -163,8 +164,9 @@ def report_dropped(counter: Counter, api: str, agent_id: str, keys: list[str]) -
     labels stay bounded: the agent is a configured one, the keys are the caller's)."""
     counter.labels(agent_id).inc()
     log.warning(
-        "%s agent=%s: requestContext %s dropped: the caller is not trusted for them "
-        "(PROCMESH_UNTRUSTED_CONTEXT=drop; PROCMESH_TRUSTED_CONTEXT says which keys each caller may send)",
+        "%s agent=%s: requestContext %s dropped (PROCMESH_UNTRUSTED_CONTEXT=drop): the caller is not "
+        "trusted for them (PROCMESH_TRUSTED_CONTEXT) or the agent does not declare them "
+        "(requestContextSchema)",
         api,
         agent_id,
         key_names(keys),

@@ -51,23 +51,29 @@ async def service() -> AsyncIterator[Service]:
                         "required": ["tenant"],
                         "additionalProperties": True,
                     },
-                }
+                },
+                "closed": {
+                    "model": "answer",
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": ["s/keys"],
+                    "requestContextSchema": {"properties": {"tenant": {"type": "string"}}},
+                },
             },
         }
         settings = OrchestratorSettings(
             http_port=0,
             grpc_port=0,
             api_keys=["k-acme=acme", "k-other=other"],
-            trusted_context={"acme": ["tenant", "tier"], "other": ["tier"]},
+            trusted_context={"acme": ["tenant", "tier", "region"], "other": ["tier"]},
             untrusted_context="drop",
         )
         async with Service(settings, parse_config(config)) as svc:
             yield svc
 
 
-def _dropped(service: Service) -> float:
+def _dropped(service: Service, agent: str = "a") -> float:
     value = service.metrics.registry.get_sample_value(
-        "procmesh_request_context_dropped_total", {"agent": "a"}
+        "procmesh_request_context_dropped_total", {"agent": agent}
     )
     return value or 0.0
 
@@ -78,12 +84,13 @@ def _keys_seen(events: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
 
 
 async def _post(
-    service: Service, context: dict[str, Any], route: str = "generate", key: str = "k-acme"
+    service: Service, context: dict[str, Any], route: str = "generate", key: str = "k-acme", agent: str = "a"
 ) -> httpx.Response:
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{service.http_port}", headers={"Authorization": f"Bearer {key}"}
     ) as http:
-        return await http.post(f"/api/agents/a/{route}", json={"messages": "hi", "requestContext": context})
+        body = {"messages": "hi", "requestContext": context}
+        return await http.post(f"/api/agents/{agent}/{route}", json=body)
 
 
 async def test_generate_runs_without_the_untrusted_keys_and_names_them(
@@ -119,6 +126,20 @@ async def test_a_trusted_context_has_no_header_and_counts_nothing(service: Servi
     assert HEADER not in response.headers
     assert _keys_seen(response.json()) == ["keys tenant,tier"]
     assert _dropped(service) == before
+
+
+async def test_keys_the_agent_does_not_declare_are_dropped_too(service: Service) -> None:
+    # region is trusted but "closed" does not declare it; debug is declared nowhere and untrusted
+    before = _dropped(service, "closed")
+    response = await _post(service, {"tenant": "acme", "region": "eu", "debug": 1}, agent="closed")
+    assert response.status_code == 200, response.text
+    assert response.headers[HEADER] == "debug, region"
+    assert _keys_seen(response.json()) == ["keys tenant"]
+    assert _dropped(service, "closed") == before + 1
+    # the open agent takes region: nothing dropped
+    response = await _post(service, {"tenant": "acme", "region": "eu"})
+    assert HEADER not in response.headers
+    assert _keys_seen(response.json()) == ["keys region,tenant"]
 
 
 @pytest.mark.parametrize("reserved", ["resourceId", "threadId", "responseCache"])

@@ -16,6 +16,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh_orchestrator.run import CallOptions, stop
+from procmesh_orchestrator.run.context import ContextSchema
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.run.types import StructuredOutput
 from procmesh_orchestrator.service._auth import Caller
@@ -38,8 +39,20 @@ class AgentCall:
     """Per-call processor lists by lane (``input``, ``output``, ``error``): the ids the caller named,
     bound by `api.processors.bind_lanes` (`call_lanes.bind`, which needs the App)."""
     dropped_context: list[str] = field(default_factory=list)
-    """Request-context keys the caller is not trusted for, dropped (PROCMESH_UNTRUSTED_CONTEXT=drop):
-    the response names them."""
+    """Request-context keys the caller is not trusted for or the agent does not declare, dropped
+    (PROCMESH_UNTRUSTED_CONTEXT=drop): the response names them."""
+
+    def drop_undeclared(self, trust: ContextTrust, schema: ContextSchema | None) -> AgentCall:
+        """In drop mode, the call without the request-context keys `schema` (the agent's
+        requestContextSchema) does not declare, noted in `dropped_context`; otherwise as it is
+        (the schema's check refuses them)."""
+        context = self.options.request_context
+        undeclared = schema.undeclared(context) if trust.drop and schema is not None else []
+        if undeclared:
+            kept = {k: v for k, v in context.items() if k not in undeclared}
+            self.options = replace(self.options, request_context=kept)
+            self.dropped_context = sorted({*self.dropped_context, *undeclared})
+        return self
 
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""

@@ -79,6 +79,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
             timeout=context.time_remaining(),  # the caller's deadline bounds the run and its processor calls
             limits=service.limits,
         ).traced(metadata)
+        call.drop_undeclared(service.trust, agent.context_schema)
         control.admit(service, request.agent_id, call, caller)
         return agent, call
 

@@ -73,6 +73,7 @@ class AgentRoutes:
         call = parse_body(
             await read_body(core, request), caller=caller, trust=core.trust, limits=core.limits
         ).traced(request.headers)
+        call.drop_undeclared(core.trust, agent.context_schema)
         control.admit(core, agent_id, call, caller)
         if call.dropped_context:
             report_dropped(core.metrics.context_dropped, "http", agent_id, call.dropped_context)

@@ -155,7 +155,10 @@ async def test_dropping_a_required_key_is_a_400(service: Service) -> None:
     # k-other may send tier only: its tenant is dropped, and the agent requires one
     response = await _post(service, {"tenant": "other", "tier": "gold"}, key="k-other")
     assert response.status_code == 400
-    assert "agent 'a' requires 'tenant'" in response.json()["error"]
+    assert response.json()["error"] == (
+        "requestContext: agent 'a' requires 'tenant' (requestContextSchema), missing from the "
+        "request context (dropped: 'tenant', PROCMESH_UNTRUSTED_CONTEXT=drop)"
+    )
 
 
 @pytest.mark.parametrize("rpc", ["Generate", "Stream"])

@@ -13,6 +13,7 @@ from typing import Any
 
 from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.run import Agent, RunStream
+from procmesh_orchestrator.run.context import names as key_names
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
@@ -30,8 +31,16 @@ from procmesh_orchestrator.store import DurableRun
 
 def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> None:
     """Bind the call's per-call lanes (checked against its request context) and take a run slot
-    (DrainingError once draining); pair with the slot's release."""
-    bind_lanes(core, agent_id, call, caller)
+    (DrainingError once draining); pair with the slot's release. A 400 for the context names the
+    keys drop mode took out of it: a required key the caller did send is refused as missing."""
+    try:
+        bind_lanes(core, agent_id, call, caller)
+    except BadRequestError as exc:
+        if not call.dropped_context:
+            raise
+        raise BadRequestError(
+            f"{exc} (dropped: {key_names(call.dropped_context)}, PROCMESH_UNTRUSTED_CONTEXT=drop)"
+        ) from None
     core.gate.enter()
 
 

@@ -113,6 +113,7 @@ class Pipeline:
                 models=self.models,
                 tools=self.tools.for_agent(agent_id, agent),
                 max_steps=agent.max_steps,
+                tool_call_concurrency=agent.tool_call_concurrency,
                 stop_when=stop.parse(agent.stop_when),
                 max_processor_retries=agent.max_processor_retries,
                 lanes=lanes,

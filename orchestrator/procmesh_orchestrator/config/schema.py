@@ -212,6 +212,9 @@ class AgentConfig(_Model):
     mcp_servers: list[str] = []
     """MCP servers (`mcpServers` keys) whose every tool the agent takes, under the server's names."""
     max_steps: int = Field(default=5, ge=1)
+    tool_call_concurrency: int = Field(default=10, ge=1)
+    """How many tool calls of one model step run at once (the reference's default, 10); their
+    results still come in the order the model called them. 1 runs them one by one."""
     stop_when: list[dict[str, Any]] = []
     """End the loop after a step when any holds: ``{stepCountIs: n}``, ``{hasToolCall: name}``."""
     max_processor_retries: int | None = Field(default=None, ge=0)

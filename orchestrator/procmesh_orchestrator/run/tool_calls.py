@@ -1,4 +1,7 @@
-"""A step's tool calls, in order: arguments checked, approval asked, the tool run, processToolResult.
+"""A step's tool calls: arguments checked, approval asked, the tools run, processToolResult.
+
+The tools of one step run concurrently, up to the agent's `toolCallConcurrency` (`in_order`);
+their chunks, results and processToolResult keep the order the model called them in.
 
 A call that needs approval and has no decision yet ends the step here: the approval chunk goes
 out and `run_tools` returns the calls left, which the loop returns as its end (`PendingTools`; the
@@ -7,15 +10,17 @@ run suspends and is saved). A resumed run comes back with the decision and goes 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from procmesh import tracing
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import Chunk, Effects, Processor, ToolResultArgs, ToolResultResult
+from procmesh_orchestrator.run.in_order import InOrder
 from procmesh_orchestrator.run.speculation import walk
-from procmesh_orchestrator.run.tools import ToolCall, ToolOutcome, invalid_args
+from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, invalid_args
 
 DECLINED = "Tool call was not approved by the user"
 """What the model is told of a declined call without a reason (the reference's words)."""
@@ -88,64 +93,85 @@ async def run_tools(
         payload = {"toolCallId": call.call_id, "toolName": call.name, "args": call.args, "error": message}
         return {"type": "tool-error", "payload": payload}
 
-    async def source() -> AsyncIterator[Chunk]:
-        for index, raw in enumerate(calls):
-            call = ToolCall(raw["toolCallId"], raw["toolName"], raw.get("args"))
-            if (call.call_id, call.name) in replayed:
-                yield settle(call, replayed[call.call_id, call.name])
-                continue
-            tool = run.tools.get(call.name)
-            if tool is None:
-                yield failed(call, f"tool {call.name!r} is not available to agent {run.agent.id!r}")
-                continue
-            problem = invalid_args(tool, call.args)
-            if problem is not None:
-                yield failed(call, problem)
-                continue
-            if run.needs_approval(tool):
-                decision = decisions.get(call.call_id)
-                if decision is None:
-                    left.extend(calls[index:])
-                    yield {
-                        "type": "tool-call-approval",
-                        "payload": {
-                            "toolCallId": call.call_id,
-                            "toolName": call.name,
-                            "args": call.args,
-                            "resumeSchema": APPROVAL_SCHEMA,
-                        },
-                    }
-                    return
-                if not decision.approved:
-                    yield settle(call, decision.reason or DECLINED)
-                    continue
-            pending: list[Chunk] = []
+    async def execute(tool: Tool, call: ToolCall) -> tuple[ToolOutcome | None, list[Chunk]]:
+        """Run the tool; the data chunks it wrote wait for their turn in the step's order."""
+        written: list[Chunk] = []
 
-            async def writer(chunk: Chunk, pending: list[Chunk] = pending) -> None:
-                if not str(chunk.get("type", "")).startswith("data-"):
-                    raise ValueError("tool writer chunks must have a data-* type")
-                pending.append(chunk)
+        async def writer(chunk: Chunk) -> None:
+            if not str(chunk.get("type", "")).startswith("data-"):
+                raise ValueError("tool writer chunks must have a data-* type")
+            written.append(chunk)
 
-            attributes = {
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": call.name,
-                "gen_ai.tool.call.id": call.call_id,
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.call_id,
+        }
+        with tracing.span(f"execute_tool {call.name}", attributes=attributes) as span:
+            outcome = await tool.execute(run, call, writer)
+            span.outcome("client" if outcome is None else "error" if outcome.error else "ok")
+        return outcome, written
+
+    # Sorted up front, in the model's order, so the tools to run start together (up to the
+    # agent's toolCallConcurrency). A call settled without its tool (replayed, unknown, bad
+    # arguments, declined) keeps its chunk's maker in `entries`. A call awaiting approval ends the
+    # step there: the calls before it still run, the ones from it on wait for the decision.
+    executions: InOrder[tuple[ToolOutcome | None, list[Chunk]]] = InOrder(run.agent.tool_call_concurrency)
+    entries: list[tuple[ToolCall, Callable[[], Chunk] | None]] = []
+    approval: Chunk | None = None
+    for index, raw in enumerate(calls):
+        call = ToolCall(raw["toolCallId"], raw["toolName"], raw.get("args"))
+        tool = run.tools.get(call.name)
+        decision = decisions.get(call.call_id)
+        problem = None if tool is None else invalid_args(tool, call.args)
+        if (call.call_id, call.name) in replayed:
+            entries.append((call, partial(settle, call, replayed[call.call_id, call.name])))
+        elif tool is None:
+            message = f"tool {call.name!r} is not available to agent {run.agent.id!r}"
+            entries.append((call, partial(failed, call, message)))
+        elif problem is not None:
+            entries.append((call, partial(failed, call, problem)))
+        elif run.needs_approval(tool) and decision is None:
+            left.extend(calls[index:])
+            approval = {
+                "type": "tool-call-approval",
+                "payload": {
+                    "toolCallId": call.call_id,
+                    "toolName": call.name,
+                    "args": call.args,
+                    "resumeSchema": APPROVAL_SCHEMA,
+                },
             }
-            with tracing.span(f"execute_tool {call.name}", attributes=attributes) as span:
-                outcome: ToolOutcome | None = await tool.execute(run, call, writer)
-                span.outcome("client" if outcome is None else "error" if outcome.error else "ok")
-            for chunk in pending:
-                yield chunk
-            if outcome is None:  # the client runs it: the call stays open
-                run.awaiting_client = True
-                continue
-            if outcome.error is not None:
-                run.metrics.tool_calls.labels(call.name, "error").inc()
-                yield failed(call, outcome.error)
-                continue
-            run.metrics.tool_calls.labels(call.name, "ok").inc()
-            value = await _tool_result(run, call, outcome.result, step_number + 1)
-            yield settle(call, value)
+            break
+        elif run.needs_approval(tool) and decision is not None and not decision.approved:
+            entries.append((call, partial(settle, call, decision.reason or DECLINED)))
+        else:
+            executions.add(index, partial(execute, tool, call))
+            entries.append((call, None))
+
+    async def source() -> AsyncIterator[Chunk]:
+        try:
+            for index, (call, decided) in enumerate(entries):
+                if decided is not None:
+                    yield decided()
+                    continue
+                outcome, written = await executions.result(index)
+                for chunk in written:
+                    yield chunk
+                if outcome is None:  # the client runs it: the call stays open
+                    run.awaiting_client = True
+                    continue
+                if outcome.error is not None:
+                    run.metrics.tool_calls.labels(call.name, "error").inc()
+                    yield failed(call, outcome.error)
+                    continue
+                run.metrics.tool_calls.labels(call.name, "ok").inc()
+                value = await _tool_result(run, call, outcome.result, step_number + 1)
+                yield settle(call, value)
+            if approval is not None:
+                yield approval
+        finally:  # an abort or a failure ended the step: what still runs is cancelled
+            await executions.aclose()
 
     def sink(chunk: Chunk) -> None:
         if chunk["type"].startswith("data-") and not run.streaming:

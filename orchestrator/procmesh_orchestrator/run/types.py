@@ -128,6 +128,8 @@ class AgentSpec:
     models: dict[str, ModelProvider] = field(default_factory=dict)
     tools: dict[str, Tool] = field(default_factory=dict)
     max_steps: int = 5
+    tool_call_concurrency: int = 10
+    """How many tool calls of one model step run at once (`toolCallConcurrency`; 1: one by one)."""
     stop_when: tuple[StopCondition, ...] = ()
     """End the loop after a step when any holds (`run.stop`); maxSteps still caps it."""
     max_processor_retries: int | None = None

@@ -156,6 +156,8 @@ async def run_tools(
                     yield decided()
                     continue
                 outcome, written = await executions.result(index)
+                if outcome is not None and outcome.effects is not None:
+                    await run.apply(outcome.effects)  # as they came, before the written chunks
                 for chunk in written:
                     yield chunk
                 if outcome is None:  # the client runs it: the call stays open

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
 
-from procmesh_orchestrator.run.hooks import ExecuteToolArgs, Processor
+from procmesh_orchestrator.run.hooks import Effects, ExecuteToolArgs, Processor
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
@@ -40,6 +40,9 @@ class ToolOutcome:
 
     result: Any = None
     error: str | None = None
+    effects: Effects | None = None
+    """The call's effects (signals, custom chunks, an abort), applied at the call's turn in the
+    step: calls run concurrently, their effects reach the run in the order the model called them."""
 
 
 class Tool(Protocol):
@@ -130,16 +133,15 @@ class ProcessorTool:
     requires_approval: bool = False
 
     async def execute(self, run: RunCore, call: ToolCall, writer: Writer) -> ToolOutcome:
-        """Call the sidecar; its effects (signals, custom chunks, an abort) apply to the run."""
+        """Call the sidecar; its effects (signals, custom chunks, an abort) go back with the outcome."""
         name = self.hosted_name or self.name
         answer = await run.call(self.host, ExecuteToolArgs(name, call.call_id, call.args, run.ml.view()))
         if answer is None:
             return ToolOutcome(error=f"tool {self.name!r} is unavailable: its sidecar failed (fail-open)")
         result, effects = answer
-        await run.apply(effects)
         if result.error is not None:
-            return ToolOutcome(error=result.error)
-        return ToolOutcome(result.result)
+            return ToolOutcome(error=result.error, effects=effects)
+        return ToolOutcome(result.result, effects=effects)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from procmesh_orchestrator.run.base import RunCore
-from procmesh_orchestrator.run.hooks import ToolResultResult
-from procmesh_orchestrator.run.tools import ToolCall, ToolOutcome, Writer
+from procmesh_orchestrator.run.hooks import ExecuteToolResult, ToolResultResult
+from procmesh_orchestrator.run.tools import ProcessorTool, ToolCall, ToolOutcome, Writer
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, FakeProcessor, agent, reply
 
@@ -132,3 +132,24 @@ async def test_the_calls_before_one_awaiting_approval_run_together_and_the_run_s
     assert done.status == "success", done.error
     assert meeting.events.count("start a") == 1  # the calls that ran are not run again
     assert [r["toolName"] for r in done.steps[0]["toolResults"]] == ["a", "b", "gated"]
+
+
+async def test_a_sidecar_tools_effects_reach_the_run_at_its_turn_not_when_it_finished() -> None:
+    meeting = Meeting()
+
+    def hosted(args: Any, info: Any) -> Any:  # the sidecar's answer; "a" waits until it came
+        meeting.started.setdefault("b", asyncio.Event()).set()
+        return reply(ExecuteToolResult("hosted"), custom_chunks=[{"type": "data-note", "data": "b"}])
+
+    host = FakeProcessor("host", {"execute_tool": hosted})
+    b = ProcessorTool("b", "hosted", {"type": "object"}, host)
+    tools = {"a": MeetTool("a", meeting, waits_for="b"), "b": b}
+    model = FakeModel({"tool_calls": ["a", "b"]}, {"text": "done"})
+    log: list[Call] = []
+    stream = agent(model, log, tools=tools, tool_call_concurrency=2).stream("go")
+    async with asyncio.timeout(10):
+        chunks = [c async for c in stream]
+
+    # b answered while a still waited; its custom chunk still comes after a's result
+    kinds = [c["type"] for c in chunks if c["type"] in ("tool-result", "data-note")]
+    assert kinds == ["tool-result", "data-note", "tool-result"]

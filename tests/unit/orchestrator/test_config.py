@@ -177,6 +177,11 @@ def test_negative_max_steps_is_named() -> None:
     assert "agents.a.maxSteps" in error_of(base(maxSteps=0))
 
 
+def test_a_tool_call_concurrency_below_one_is_named() -> None:
+    assert "agents.a.toolCallConcurrency" in error_of(base(toolCallConcurrency=0))
+    assert parse_config(base(), "t").agents["a"].tool_call_concurrency == 10  # the reference's default
+
+
 def test_missing_agents_is_named() -> None:
     assert "agents: Field required" in error_of({"sidecars": {}})
 

@@ -127,9 +127,11 @@ class TakeOver:
             self._take_over(record)
         except (SuspendError, CannotResume) as exc:  # what this replica lacks: another may have it
             log.warning("run %s could not be resumed here (%s); left for another replica", record.run_id, exc)
-            self._leave(record.run_id, "resume")
             with contextlib.suppress(MemoryStoreError):
                 await store.release_durable_run(record.run_id, owner=self.replica, epoch=record.epoch)
+            # noted once given back (this claim loop awaits us, so nothing claims it in between):
+            # whoever reads the count then finds the run released
+            self._leave(record.run_id, "resume")
         except Exception:  # a run nobody can run (a bad snapshot)
             log.exception("run %s could not be taken over", record.run_id)
             with contextlib.suppress(MemoryStoreError):

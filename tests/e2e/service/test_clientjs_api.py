@@ -226,6 +226,7 @@ async def test_processors_come_from_describe(out: dict[str, Any]) -> None:
     assert listed["word-filter"]["phases"] == ["outputStream"]
     assert listed["result-redactor"]["phases"] == ["toolResult"]
     assert listed["screen"]["isWorkflow"] is True
+    assert listed["screen"]["configurations"] == [{"agentId": "screened", "type": "input"}]
     details = ok(methods, "getProcessor(id).details")
     assert details["description"] == "Aborts when the user input contains a blocked word."
     assert {"agentId": "screened", "agentName": "screened", "type": "input"} in details["configurations"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -75,30 +75,28 @@ def find_processor(service: ServiceCore, processor_id: str) -> Hosted:
     return found
 
 
-def _configurations(service: ServiceCore, hosted: Hosted) -> list[dict[str, Any]]:
+def _configurations(
+    service: ServiceCore, uses: Callable[[list[tuple[ProcessorRef | None, str | None]]], bool]
+) -> list[dict[str, Any]]:
+    """Each agent lane (input, output) whose references, workflows' steps included, `uses` holds for."""
     config = service.app.config
-    out = []
-    for agent_id, agent in config.agents.items():
-        for kind, lane in ((k, agent.possible_entries(k)) for k in ("input", "output")):
-            refs = [r for r, _ in _refs(list(lane), config) if r is not None]
-            if any(r.sidecar == hosted.sidecar and r.processor_id == hosted.processor_id for r in refs):
-                out.append({"agentId": agent_id, "agentName": agent_id, "type": kind})
-    return out
-
-
-def _workflow_configurations(service: ServiceCore, workflow: str) -> list[dict[str, Any]]:
-    config = service.app.config
-    out = []
-    for agent_id, agent in config.agents.items():
-        for kind, lane in ((k, agent.possible_entries(k)) for k in ("input", "output")):
-            if any(w == workflow for _, w in _refs(list(lane), config)):
-                out.append({"agentId": agent_id, "agentName": agent_id, "type": kind})
-    return out
+    return [
+        {"agentId": agent_id, "agentName": agent_id, "type": kind}
+        for agent_id, agent in config.agents.items()
+        for kind in ("input", "output")
+        if uses(list(_refs(list(agent.possible_entries(kind)), config)))
+    ]
 
 
 def processor_json(service: ServiceCore, hosted: Hosted, *, listing: bool) -> dict[str, Any]:
     """A processor as ``GET /processors`` (`listing`) or ``GET /processors/:id`` returns it."""
-    configurations = _configurations(service, hosted)
+    configurations = _configurations(
+        service,
+        lambda refs: any(
+            r is not None and r.sidecar == hosted.sidecar and r.processor_id == hosted.processor_id
+            for r, _ in refs
+        ),
+    )
     body: dict[str, Any] = {
         "id": hosted.id,
         "name": hosted.name,
@@ -114,7 +112,7 @@ def processor_json(service: ServiceCore, hosted: Hosted, *, listing: bool) -> di
 
 
 def workflow_processor_json(service: ServiceCore, name: str, *, listing: bool) -> dict[str, Any]:
-    configurations = _workflow_configurations(service, name)
+    configurations = _configurations(service, lambda refs: any(w == name for _, w in refs))
     body: dict[str, Any] = {
         "id": name,
         "name": f"workflow:{name}",

@@ -58,6 +58,14 @@ class MemoryEventLog:
         for run in runs.values():
             await self._drop(run)
 
+    def _run_to_write(self, run_id: str) -> _Run:
+        """The run's log, made on its first write or fence (the log must be open)."""
+        self._opened()
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = _Run()
+        return run
+
     async def ping(self) -> None:
         """Answer while open."""
         self._opened()
@@ -68,10 +76,7 @@ class MemoryEventLog:
         """Store `chunk` as event `offset`; False for an offset already in the log (see `EventLog`)."""
         data = encode(self.name, run_id, offset, chunk)
         check_epoch(self.name, run_id, epoch)
-        self._opened()
-        run = self._runs.get(run_id)
-        if run is None:
-            run = self._runs[run_id] = _Run()
+        run = self._run_to_write(run_id)
         self._pass_fence(run_id, run, epoch, f"event {offset}")
         if offset < len(run.events):
             return False
@@ -98,10 +103,7 @@ class MemoryEventLog:
         """Mark the log complete and drop it `retention_seconds` from now (again: restart the timer)."""
         check(self.name, run_id, 0)
         check_epoch(self.name, run_id, epoch)
-        self._opened()
-        run = self._runs.get(run_id)
-        if run is None:
-            run = self._runs[run_id] = _Run()
+        run = self._run_to_write(run_id)
         self._pass_fence(run_id, run, epoch, "finishing the log")
         run.finished = True
         if run.expiry is not None:
@@ -115,10 +117,7 @@ class MemoryEventLog:
         """Raise the run's fence to `epoch` (never lower); the fence now."""
         check(self.name, run_id, 0)
         check_epoch(self.name, run_id, epoch)
-        self._opened()
-        run = self._runs.get(run_id)
-        if run is None:
-            run = self._runs[run_id] = _Run()
+        run = self._run_to_write(run_id)
         run.epoch = max(run.epoch, epoch)
         return run.epoch
 

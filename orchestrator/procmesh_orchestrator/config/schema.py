@@ -164,6 +164,14 @@ class ProviderConfig(_Model):
     """Seconds for connecting and between received bytes."""
     max_tokens: int | None = Field(default=None, gt=0)
     """Output token limit sent with each request (anthropic requires one: default 4096)."""
+    download_max_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
+    """Largest attachment the provider downloads for a model that cannot fetch its URL."""
+    download_timeout: float = Field(default=30.0, gt=0)
+    """Seconds one attachment download may take, redirects included."""
+    download_allow_hosts: list[str] = []
+    """Internal hosts attachments may be downloaded from: host names or networks (``10.2.0.0/16``,
+    ``127.0.0.1``). Without them only public addresses are fetched (a caller's URL must not reach
+    the pod's network)."""
 
     @field_validator("base_url")
     @classmethod

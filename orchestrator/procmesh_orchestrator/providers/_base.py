@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import httpx
 
 from procmesh_orchestrator.config import ProviderConfig
 from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.providers._assets import DownloadPolicy, fetch_assets, make_download_client
 from procmesh_orchestrator.providers._http import RetryPolicy, make_client, with_retries
 from procmesh_orchestrator.run.models import Chunk, ModelRequest
 
@@ -33,8 +35,12 @@ class ProviderConnection:
         self.name = name
         self.config = config
         self.retry = RetryPolicy(max_retries=config.max_retries, backoff_ms=config.retry_backoff_ms)
+        self.downloads = DownloadPolicy.of(
+            config.download_max_bytes, config.download_timeout, config.download_allow_hosts
+        )
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._download_client: httpx.AsyncClient | None = None
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -42,6 +48,14 @@ class ProviderConnection:
         if self._client is None:
             self._client = make_client(self.config.timeout, transport=self._transport)
         return self._client
+
+    @property
+    def download_client(self) -> httpx.AsyncClient:
+        """The attachments' client (created on first use; never the API's: no proxies, no pool
+        shared with the provider)."""
+        if self._download_client is None:
+            self._download_client = make_download_client()
+        return self._download_client
 
     def api_key(self, model_id: str) -> str | None:
         """The key from the environment (read per call); None when the provider needs none.
@@ -68,6 +82,9 @@ class ProviderConnection:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._download_client is not None:
+            await self._download_client.aclose()
+            self._download_client = None
 
 
 class HTTPModel:
@@ -80,7 +97,21 @@ class HTTPModel:
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Stream the response to `request` (see `orchestrator.models.ModelProvider`)."""
-        return with_retries(lambda: self._attempt(request), self.connection.retry, what=self.model_id)
+        return self._stream(request)
+
+    async def _stream(self, request: ModelRequest) -> AsyncGenerator[Chunk, None]:
+        # Attachments first, once: a provider-level retry does not download them again.
+        conn = self.connection
+        request = await fetch_assets(request, self.model_fetches, conn.download_client, conn.downloads)
+        async with contextlib.aclosing(
+            with_retries(lambda: self._attempt(request), conn.retry, what=self.model_id)
+        ) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    def model_fetches(self, media_type: str) -> bool:
+        """Whether the model fetches a URL of `media_type` itself (else the provider downloads it)."""
+        return False
 
     def _attempt(self, request: ModelRequest) -> AsyncGenerator[Chunk, None]:
         raise NotImplementedError

@@ -215,6 +215,10 @@ class AnthropicModel(HTTPModel):
         body.update(request.provider_options.get(self.connection.config.kind) or {})
         return body
 
+    def model_fetches(self, media_type: str) -> bool:
+        """The Messages API fetches image and PDF URLs; other documents must be sent inline."""
+        return media_type.startswith("image/") or media_type == "application/pdf"
+
     def _headers(self) -> dict[str, str]:
         headers = {"anthropic-version": API_VERSION}
         key = self.connection.api_key(self.model_id)

@@ -207,6 +207,10 @@ class OpenAIModel(HTTPModel):
         body.update(request.provider_options.get(self.connection.config.kind) or {})
         return body
 
+    def model_fetches(self, media_type: str) -> bool:
+        """Chat completions fetch image URLs; files and audio must be sent inline."""
+        return media_type.startswith("image/")
+
     def _headers(self) -> dict[str, str]:
         key = self.connection.api_key(self.model_id)
         return {"Authorization": f"Bearer {key}"} if key else {}

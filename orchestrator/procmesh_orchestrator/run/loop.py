@@ -21,8 +21,8 @@ from procmesh_orchestrator.errors import (
     TripwireAbort,
 )
 from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run import attachments, optimistic, retries, snapshot, steps, structured
 from procmesh_orchestrator.run import messages as msgs
-from procmesh_orchestrator.run import optimistic, retries, snapshot, steps, structured
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.model_step import assistant_message, model_step, step_record
 from procmesh_orchestrator.run.steps import StepOutcome
@@ -402,7 +402,11 @@ class Run(RunCore):
             outcome = await model_step(self, request, cfg, cached.chunks if cached else None, early)
         except APICallError as err:
             self.steps.append(step_record(step_number, StepOutcome(finish_reason="error")))
-            if await retries.api_error(self, err) or self._fall_back(cfg.model.model_id, err):
+            if (
+                await retries.api_error(self, err)
+                or self._fall_back(cfg.model.model_id, err)
+                or attachments.give_up(self, err)  # an attachment nobody recovered: its placeholder
+            ):
                 return None, True
             raise
         self.answered_by = cfg.model.model_id

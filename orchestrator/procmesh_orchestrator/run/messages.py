@@ -7,6 +7,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from procmesh_orchestrator.run import attachments
+
 Message = dict[str, Any]
 
 INPUT = "input"
@@ -302,7 +304,7 @@ def build_prompt(
             prompt.append({"role": "user", "content": [{"type": "text", "text": render_signal(msg)}]})
         elif role == "user":
             content = [_user_part(p) for p in parts if p.get("type") in ("text", "file", "image")]
-            prompt.append({"role": "user", "content": content})
+            prompt.append({"role": "user", "content": attachments.with_placeholders(msg, content)})
         elif role == "assistant":
             parts_out: list[dict[str, Any]] = []
             results: list[dict[str, Any]] = []
@@ -354,8 +356,11 @@ def build_prompt(
 def _user_part(part: dict[str, Any]) -> dict[str, Any]:
     if part.get("type") == "text":
         return {"type": "text", "text": part.get("text", "")}
-    return {
+    out = {
         "type": "file",
         "mediaType": part.get("mediaType") or part.get("mimeType", ""),
         "data": part.get("data", part.get("url", part.get("image", ""))),
     }
+    if part.get("filename"):  # the name an unavailable attachment's placeholder gives
+        out["filename"] = part["filename"]
+    return out

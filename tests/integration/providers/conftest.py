@@ -11,6 +11,7 @@ import pytest_asyncio
 from procmesh_orchestrator.config import ProviderConfig
 from procmesh_orchestrator.providers import AnthropicModel, HTTPModel, OpenAIModel, ProviderConnection
 from tests.integration.providers.fakes import FakeAnthropic, FakeAPI, FakeOpenAI
+from tests.integration.providers.files import FileServer
 from tests.integration.providers.helpers import MakeModel
 
 OPENAI_KEY_ENV = "PROCMESH_TEST_OPENAI_KEY"
@@ -40,6 +41,21 @@ def anthropic_api(api_keys: None) -> Iterator[FakeAnthropic]:
     api = FakeAnthropic(api_key=ANTHROPIC_KEY).start()
     yield api
     api.stop()
+
+
+@pytest.fixture(scope="module")
+def file_server() -> Iterator[FileServer]:
+    """A real HTTP file server on 127.0.0.1 (attachments to download)."""
+    server = FileServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def files(file_server: FileServer) -> FileServer:
+    """The module's file server, without the files and requests of earlier tests."""
+    file_server.reset()
+    return file_server
 
 
 @pytest.fixture

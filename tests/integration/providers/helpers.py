@@ -35,11 +35,11 @@ def text(value: str) -> dict[str, Any]:
 
 
 async def run_keeping_history(
-    app: App, agent_id: str, input: list[dict[str, Any]]
+    app: App, agent_id: str, input: list[dict[str, Any]], options: CallOptions | None = None
 ) -> tuple[RunResult, list[Any]]:
     """generate(), also returning the run's stored message list (to show it was not rewritten)."""
     agent = app.agent(agent_id)
-    run = Run(agent.spec, input, CallOptions(), sink=None, metrics=agent.metrics)
+    run = Run(agent.spec, input, options or CallOptions(), sink=None, metrics=agent.metrics)
     result, failure = await run.execute()
     assert failure is None, failure
     return result, run.ml.items

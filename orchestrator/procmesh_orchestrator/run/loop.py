@@ -71,6 +71,8 @@ class Run(RunCore):
     processors did not recover moves it on, for the rest of the run."""
     answered_by: str | None = None
     """The model that answered the last model call (`RunResult.model_id`)."""
+    structured_in_step = False
+    """The structuring model already gave `object` in the answer's step (`_structure_answer`)."""
 
     @classmethod
     def resume(
@@ -189,9 +191,11 @@ class Run(RunCore):
                 self.emit({"type": "tripwire", "payload": tripwire.as_dict()})
             else:
                 if failure is None and self.options.structured_output is not None:
-                    self.object, mismatch = await structured.answer(
-                        self, text, self.options.structured_output
-                    )
+                    mismatch = None
+                    if not self.structured_in_step:  # no answer's step: the run ended on a call
+                        self.object, mismatch = await structured.answer(
+                            self, text, self.options.structured_output
+                        )
                     if mismatch is not None:  # strict: the run fails (a result, not a raise)
                         finish_reason, self.structured_error = "error", mismatch
                         self.emit({"type": "error", "payload": {"message": mismatch}})
@@ -418,6 +422,8 @@ class Run(RunCore):
         await steps.llm_response(self, outcome, cfg.model.model_id)
         try:
             await steps.output_step(self, outcome)
+            if not outcome.tool_calls:
+                await self._structure_answer(outcome.text)
         except TripwireAbort as abort:
             self.steps.append(step_record(step_number, outcome, tripwire=abort))
             if abort.retry and retries.may_retry_step(self):
@@ -431,6 +437,19 @@ class Run(RunCore):
         recorded = cached.tool_results if cached else []
         record = step_record(step_number, outcome)
         return await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded), False
+
+    async def _structure_answer(self, text: str) -> None:
+        """With a structuring model, the answer's step is structured once its processOutputStep
+        passed, as the reference's structured-output processor (last in the output lane) does: a
+        strict failure is that processor's abort with retry, so under maxProcessorRetries the step
+        runs again with the failure as feedback; past them (or without) the run ends in a tripwire."""
+        so = self.options.structured_output
+        if so is None or so.model is None or so.model not in self.agent.models:
+            return  # an unknown structuring model fails the run at its end, naming it
+        value, error = await structured.answer(self, text, so)
+        if error is not None:
+            raise self.aborted(structured.step_abort(error))
+        self.object, self.structured_in_step = value, True
 
     async def _after_step(
         self,

@@ -85,6 +85,8 @@ def model_request(run: RunCore, prompt: list[dict[str, Any]], cfg: StepConfig) -
     tools = cfg.tools
     if cfg.active_tools is not None:
         tools = [t for t in tools if t["name"] in cfg.active_tools]
+    answered = structured.for_agent(run.options.structured_output)
+    tools = structured.offered_tools(tools, cfg.tool_choice, answered)
     return ModelRequest(
         prompt=prompt,
         tools=tools,
@@ -92,11 +94,7 @@ def model_request(run: RunCore, prompt: list[dict[str, Any]], cfg: StepConfig) -
         streaming=run.streaming,
         provider_options=cfg.provider_options,
         model_settings=cfg.model_settings,
-        response_format=(
-            structured.response_format(answered)
-            if (answered := structured.for_agent(run.options.structured_output)) is not None
-            else None
-        ),
+        response_format=structured.response_format(answered) if answered is not None else None,
     )
 
 

@@ -18,7 +18,7 @@ import jsonschema
 import pydantic_core
 
 from procmesh import tracing
-from procmesh_orchestrator.errors import APICallError
+from procmesh_orchestrator.errors import APICallError, TripwireAbort
 from procmesh_orchestrator.run.framework.cost import CostLimitError
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.run.types import StructuredOutput
@@ -35,7 +35,9 @@ _STRUCTURING_ASK = (
     "schema. Keep the original meaning and details. Rely on the provided text and conversation "
     "history.\n\n"
 )
-_FROM = {"from": "structured-output"}
+PROCESSOR_ID = "structured-output"
+"""The reference's id for the processor a structuring model stands for (chunks, tripwires)."""
+_FROM = {"from": PROCESSOR_ID}
 
 
 def for_agent(so: StructuredOutput | None) -> StructuredOutput | None:
@@ -47,6 +49,16 @@ def instruction(so: StructuredOutput) -> str:
     """The system message asking for the JSON value (the schema inlined: every provider reads it)."""
     ask = so.instructions or "Answer with one JSON value that matches this JSON schema, and nothing else."
     return f"{ask}\n{json.dumps(dict(so.schema), ensure_ascii=False)}"
+
+
+def offered_tools(
+    tools: list[dict[str, Any]], tool_choice: Any, answered: StructuredOutput | None
+) -> list[dict[str, Any]]:
+    """The tool definitions a step sends: with ``toolChoice: 'none'`` they are still sent (the
+    conversation's earlier calls and results stay meaningful to the model), unless the step also
+    sends a structured-output schema, which asks for the JSON value alone: then none are (the
+    processors seed, on processInputStep's ``toolChoice``)."""
+    return [] if tool_choice == "none" and answered is not None else tools
 
 
 def response_format(so: StructuredOutput) -> dict[str, Any]:
@@ -131,6 +143,18 @@ async def answer(run: RunCore, text: str, so: StructuredOutput) -> tuple[Any, st
     if problem is None:
         return parse(structured, so)
     return parse_failure(problem, so)
+
+
+def step_abort(error: str) -> TripwireAbort:
+    """A strict structuring failure as the structured-output processor's processOutputStep abort
+    (its reason and metadata as the reference words them): retried under maxProcessorRetries."""
+    return TripwireAbort(
+        PROCESSOR_ID,
+        f"[StructuredOutputProcessor] Structuring failed: {error}",
+        True,
+        {"error": error},
+        "process_output_step",
+    )
 
 
 def parse_failure(error: str, so: StructuredOutput) -> tuple[Any, str | None]:

@@ -4,7 +4,9 @@ The agent's scripted model answers in prose; ``structuredOutput.model`` names a 
 model that turns the answer into the schema, streaming its JSON in pieces. The stream carries
 the partial objects as ``object`` chunks, then ``object-result``, then ``finish`` (the reference's
 structured-output processor); the result's ``object`` is the validated value; a structuring
-answer that is not the schema follows the error strategy.
+answer that is not the schema follows the error strategy; under ``strict`` it is the
+structured-output processor's processOutputStep abort with retry (SEED-GAPS Q4): retried under
+``maxProcessorRetries``, else the run ends in a tripwire.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ PIECES = ['{"city": "Pa', 'ris", "celsius": 2', "1}"]
 def orchestrator(start_orchestrator: Callable[..., OrchestratorProcess]) -> OrchestratorProcess:
     config: dict[str, Any] = {
         "models": {
-            "main": {"provider": "scripted", "responses": [{"text": PROSE}] * 10},
+            "main": {"provider": "scripted", "responses": [{"text": PROSE}] * 20},
             "structurer": {"provider": "scripted", "responses": [{"deltas": PIECES}] * 10},
             "rambler": {"provider": "scripted", "responses": [{"text": "Paris, I think."}] * 10},
+            # off the schema, then on it: a retried step gets it right
+            "flaky": {"provider": "scripted", "responses": [{"text": "Paris?"}, {"deltas": PIECES}] * 5},
         },
         "agents": {"weather": {"model": "main", "errorProcessorDefaults": False}},
     }
@@ -81,7 +85,7 @@ def test_the_stream_carries_partial_objects_then_the_result_before_finish(
 
 @pytest.mark.parametrize(
     ("strategy", "status", "obj"),
-    [("strict", "failed", None), ("warn", "success", None), ("fallback", "success", {"city": "?"})],
+    [("strict", "tripwire", None), ("warn", "success", None), ("fallback", "success", {"city": "?"})],
 )
 def test_a_structuring_answer_off_the_schema_follows_the_error_strategy(
     orchestrator: OrchestratorProcess, strategy: str, status: str, obj: Any
@@ -90,8 +94,32 @@ def test_a_structuring_answer_off_the_schema_follows_the_error_strategy(
     body = _call(orchestrator, "generate", model="rambler", errorStrategy=strategy, **extra).json()
     assert body["status"] == status
     assert body["object"] == obj
-    if strategy == "strict":
-        assert body["error"].startswith("structured output: the answer is not JSON")
+    if strategy == "strict":  # no maxProcessorRetries: the processor's abort ends the run
+        assert body["finishReason"] == "other"
+        tripwire = body["tripwire"]
+        assert (tripwire["processorId"], tripwire["retry"]) == ("structured-output", True)
+        assert tripwire["reason"].startswith(
+            "[StructuredOutputProcessor] Structuring failed: structured output: the answer is not JSON"
+        )
+        assert tripwire["metadata"]["error"].startswith("structured output: the answer is not JSON")
+
+
+def test_a_strict_structuring_failure_retries_the_step_under_max_processor_retries(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    body = {
+        "messages": "Weather in Paris?",
+        "maxProcessorRetries": 1,
+        "structuredOutput": {"schema": SCHEMA, "model": "flaky"},
+    }
+    response = httpx.post(f"{orchestrator.http_url}/api/agents/weather/generate", json=body, headers=AUTH)
+    result = response.json()
+    assert result["status"] == "success", result
+    assert result["object"] == {"city": "Paris", "celsius": 21}
+    first, second = result["steps"]  # the agent's model answered twice: the step ran again
+    assert first["tripwire"]["processorId"] == "structured-output"
+    assert first["tripwire"]["retry"] is True
+    assert second["tripwire"] is None
 
 
 def test_an_unknown_structuring_model_fails_the_run_naming_it(orchestrator: OrchestratorProcess) -> None:

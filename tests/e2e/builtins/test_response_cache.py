@@ -317,3 +317,17 @@ async def test_a_hit_replays_tool_results_without_running_the_tool(with_guards: 
             ]
 
         assert trace(second) == trace(first)
+
+
+async def test_a_hit_is_replayed_through_the_stream_lane(with_guards: str) -> None:
+    # K22 (deliberate): a cached answer passes process_output_stream like the live one did, so a
+    # hit never shows the caller what a stream guard removed from the original
+    redact = ref(
+        "regex-filter", rules=[{"name": "word", "pattern": "first"}], strategy="redact", phase="output"
+    )
+    async with App(guarded(with_guards, RESPONSES, output=[redact])) as app:
+        live = await call(app, "q-stream-lane", stream=True)
+        hit = await call(app, "q-stream-lane", stream=True)
+        assert hit.requests == []  # served from the cache
+        assert live.text_deltas() == ["[REDACTED]", " answer"]
+        assert hit.text_deltas() == live.text_deltas()

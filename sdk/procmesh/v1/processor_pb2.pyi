@@ -1235,6 +1235,7 @@ class ExecuteToolResponse(_message.Message):
     EFFECTS_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    MODEL_OUTPUT_FIELD_NUMBER: _builtins.int
     error: _builtins.str
     """Set when the tool raised: its message, clipped. The model sees it as the tool's error (a
     `tool-error` chunk). A raising tool is data, not a failed call: a status other than OK means
@@ -1242,8 +1243,8 @@ class ExecuteToolResponse(_message.Message):
     """
     @_builtins.property
     def effects(self) -> _types_pb2.HookEffects:
-        """State, signals, custom chunks, violations and abort (see HookEffects); a hosted tool's and a
-        raising tool's are empty.
+        """State, signals, custom chunks, violations and abort (see HookEffects); a raising tool's are
+        empty, and a hosted tool's carry only custom_chunks (what it wrote with writer.custom()).
         """
 
     @_builtins.property
@@ -1252,16 +1253,24 @@ class ExecuteToolResponse(_message.Message):
         when `error` is set.
         """
 
+    @_builtins.property
+    def model_output(self) -> _struct_pb2.Value:
+        """What the model sees of `result` (the tool's toModelOutput), when it differs: the caller's
+        tool-result chunk and the stored message keep `result`, the prompt shows this. Unset: the
+        model sees `result`. Ignored when `error` is set, or once processToolResult replaced the result.
+        """
+
     def __init__(
         self,
         *,
         effects: _types_pb2.HookEffects | None = ...,
         result: _struct_pb2.Value | None = ...,
         error: _builtins.str = ...,
+        model_output: _struct_pb2.Value | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "model_output", b"model_output", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "error", b"error", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "error", b"error", "model_output", b"model_output", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -892,6 +892,26 @@ class RunContext(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MessageSourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROCESSOR_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
@@ -905,6 +925,7 @@ class RunContext(_message.Message):
     FUSED_FIELD_NUMBER: _builtins.int
     ANNOUNCE_SIGNALS_FIELD_NUMBER: _builtins.int
     ON_FAILURE_FIELD_NUMBER: _builtins.int
+    MESSAGE_SOURCES_FIELD_NUMBER: _builtins.int
     processor_id: _builtins.str
     """The hosted processor to run (Describe lists them)."""
     run_id: _builtins.str
@@ -951,6 +972,15 @@ class RunContext(_message.Message):
         fields are the last one's that ran. In ProcessOutputStream each part goes through all.
         """
 
+    @_builtins.property
+    def message_sources(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Where each message of the run came from, by message id (the seeds' messageList views
+        get.input / get.response / get.remembered): "input" (this call's input, and signals),
+        "response" (what this run's steps and hooks added), "memory" (loaded from the thread) or
+        "context". A message id the map does not name is "input". Empty from an orchestrator that
+        does not say.
+        """
+
     def __init__(
         self,
         *,
@@ -967,10 +997,11 @@ class RunContext(_message.Message):
         fused: _abc.Iterable[Global___FusedProcessor] | None = ...,
         announce_signals: _builtins.bool = ...,
         on_failure: _builtins.str = ...,
+        message_sources: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options", "request_context", b"request_context", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "announce_signals", b"announce_signals", "fused", b"fused", "on_failure", b"on_failure", "options", b"options", "processor_id", b"processor_id", "request_context", b"request_context", "resource_id", b"resource_id", "retry_count", b"retry_count", "run_id", b"run_id", "state", b"state", "step_number", b"step_number", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "announce_signals", b"announce_signals", "fused", b"fused", "message_sources", b"message_sources", "on_failure", b"on_failure", "options", b"options", "processor_id", b"processor_id", "request_context", b"request_context", "resource_id", b"resource_id", "retry_count", b"retry_count", "run_id", b"run_id", "state", b"state", "step_number", b"step_number", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

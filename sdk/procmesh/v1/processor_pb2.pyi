@@ -498,8 +498,13 @@ class ProcessLLMRequestRequest(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
+    MODEL_SPEC_VERSION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The step's model reference (a `models` key or "provider/model-id")."""
+    model_spec_version: _builtins.str
+    """The model specification version the step's model reports ("v2", "v3": the reference's
+    specificationVersion); empty when the model does not say.
+    """
     @_builtins.property
     def context(self) -> _types_pb2.RunContext:
         """Who is calling, for which step, with options and state."""
@@ -519,10 +524,11 @@ class ProcessLLMRequestRequest(_message.Message):
         prompt: _abc.Iterable[_types_pb2.PromptMessage] | None = ...,
         model: _builtins.str = ...,
         steps: _abc.Iterable[_types_pb2.StepResult] | None = ...,
+        model_spec_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "model", b"model", "prompt", b"prompt", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "model", b"model", "model_spec_version", b"model_spec_version", "prompt", b"prompt", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

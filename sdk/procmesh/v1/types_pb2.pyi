@@ -188,16 +188,26 @@ class ReasoningPart(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """The reasoning text."""
+    signature: _builtins.str
+    """The signature the provider gave the reasoning (Anthropic's thinking signature); empty when
+    unsigned. A provider verifies it when the reasoning is sent back.
+    """
+    provider: _builtins.str
+    """The provider that produced the reasoning ("anthropic", "openai", ...); empty when unknown."""
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
+        signature: _builtins.str = ...,
+        provider: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider", b"provider", "signature", b"signature", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -215,6 +225,8 @@ class ToolInvocationPart(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     ERROR_TEXT_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """"call" | "result" | "output-error"."""
     tool_call_id: _builtins.str
@@ -223,6 +235,10 @@ class ToolInvocationPart(_message.Message):
     """The tool called."""
     error_text: _builtins.str
     """Why the tool failed, in state "output-error"."""
+    provider_executed: _builtins.bool
+    """True when the provider executed the tool itself (a web search on its side), not procmesh."""
+    provider: _builtins.str
+    """The provider whose model made the call ("anthropic", "openai", ...); empty when unknown."""
     @_builtins.property
     def args(self) -> _struct_pb2.Value:
         """The call's arguments (JSON)."""
@@ -240,10 +256,12 @@ class ToolInvocationPart(_message.Message):
         args: _struct_pb2.Value | None = ...,
         result: _struct_pb2.Value | None = ...,
         error_text: _builtins.str = ...,
+        provider_executed: _builtins.bool = ...,
+        provider: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "error_text", b"error_text", "result", b"result", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "error_text", b"error_text", "provider", b"provider", "provider_executed", b"provider_executed", "result", b"result", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1162,6 +1180,10 @@ class PromptPart(_message.Message):
     MEDIA_TYPE_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     type: _builtins.str
     """"text" | "file" | "reasoning" | "tool-call" | "tool-result"."""
     text: _builtins.str
@@ -1176,6 +1198,16 @@ class PromptPart(_message.Message):
     """file: a URL, when the file is not inline."""
     data: _builtins.bytes
     """file: the inline bytes."""
+    filename: _builtins.str
+    """file: the original file name, if known (an unavailable attachment's placeholder names it)."""
+    provider_executed: _builtins.bool
+    """tool-call and tool-result: the provider executed the tool itself (a web search on its side)."""
+    provider: _builtins.str
+    """reasoning, tool-call and tool-result: the provider that produced the part ("anthropic", ...);
+    empty when unknown.
+    """
+    signature: _builtins.str
+    """reasoning: the provider's signature of the reasoning; empty when unsigned."""
     @_builtins.property
     def input(self) -> _struct_pb2.Value:
         """tool-call: the arguments; tool-result: the output."""
@@ -1196,10 +1228,14 @@ class PromptPart(_message.Message):
         media_type: _builtins.str = ...,
         url: _builtins.str = ...,
         data: _builtins.bytes = ...,
+        filename: _builtins.str = ...,
+        provider_executed: _builtins.bool = ...,
+        provider: _builtins.str = ...,
+        signature: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "input", b"input", "media_type", b"media_type", "output", b"output", "text", b"text", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name", "type", b"type", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "filename", b"filename", "input", b"input", "media_type", b"media_type", "output", b"output", "provider", b"provider", "provider_executed", b"provider_executed", "signature", b"signature", "text", b"text", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name", "type", b"type", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

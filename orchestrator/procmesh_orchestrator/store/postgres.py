@@ -32,6 +32,7 @@ from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
 from procmesh_orchestrator.store._suspended import SuspendedRunMethods
 from procmesh_orchestrator.store._threads import ThreadMethods
+from procmesh_orchestrator.store._working_memory import WorkingMemoryMethods
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -39,7 +40,9 @@ Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock key of start-up migrations
 
 
-class PostgresMemoryStore(ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods):
+class PostgresMemoryStore(
+    ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods, WorkingMemoryMethods
+):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 
     placeholder = "%s"

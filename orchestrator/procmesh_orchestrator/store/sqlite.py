@@ -36,6 +36,7 @@ from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
 from procmesh_orchestrator.store._suspended import SuspendedRunMethods
 from procmesh_orchestrator.store._threads import ThreadMethods
+from procmesh_orchestrator.store._working_memory import WorkingMemoryMethods
 
 T = TypeVar("T")
 
@@ -55,7 +56,9 @@ _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 """The database's time as durable runs store it: ISO 8601 to the millisecond, fixed width."""
 
 
-class SqliteMemoryStore(ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods):
+class SqliteMemoryStore(
+    ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods, WorkingMemoryMethods
+):
     """Memory in one SQLite file (created with its folder when missing)."""
 
     placeholder = "?"

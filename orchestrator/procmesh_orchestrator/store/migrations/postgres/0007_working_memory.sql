@@ -7,6 +7,6 @@ CREATE TABLE working_memory (
     thread_id TEXT NOT NULL DEFAULT '',
     body TEXT NOT NULL,
     version INTEGER NOT NULL DEFAULT 1,
-    updated_at TEXT NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (resource_id, thread_id)
 );

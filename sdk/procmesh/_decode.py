@@ -72,6 +72,7 @@ def process_llm_request(req: ppb.ProcessLLMRequestRequest) -> Kwargs:
     return {
         "prompt": convert.prompt_from_proto(req.prompt),
         "model": req.model,
+        "model_spec_version": req.model_spec_version,
         "steps": _steps(req.steps),
     }
 

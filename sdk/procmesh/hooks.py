@@ -100,7 +100,10 @@ HOOKS: tuple[Hook, ...] = (
         ),
     ),
     _hook(
-        "process_llm_request", "ProcessLLMRequest", ppb.HOOK_PROCESS_LLM_REQUEST, ("prompt", "model", "steps")
+        "process_llm_request",
+        "ProcessLLMRequest",
+        ppb.HOOK_PROCESS_LLM_REQUEST,
+        ("prompt", "model", "model_spec_version", "steps"),
     ),
     _hook(
         "process_llm_response",

@@ -132,6 +132,9 @@ class ModelConfig(_Model):
     """``scripted`` only: one response per model call (shapes: docs/configuration.md)."""
     delay_ms: float = Field(default=0.0, ge=0)
     """Pause between streamed deltas (demo pacing, benchmarks)."""
+    specification_version: Literal["v2", "v3"] = "v2"
+    """The model specification version the model reports (the reference's ``specificationVersion``:
+    ``v2`` for AI SDK 5 providers, ``v3`` for AI SDK 6): part of ``response-cache`` keys."""
 
 
 ProviderKind = Literal["openai", "anthropic"]
@@ -164,6 +167,9 @@ class ProviderConfig(_Model):
     """Seconds for connecting and between received bytes."""
     max_tokens: int | None = Field(default=None, gt=0)
     """Output token limit sent with each request (anthropic requires one: default 4096)."""
+    specification_version: Literal["v2", "v3"] = "v2"
+    """The model specification version the model reports (the reference's ``specificationVersion``:
+    ``v2`` for AI SDK 5 providers, ``v3`` for AI SDK 6): part of ``response-cache`` keys."""
     download_max_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
     """Largest attachment the provider downloads for a model that cannot fetch its URL."""
     download_timeout: float = Field(default=30.0, gt=0)

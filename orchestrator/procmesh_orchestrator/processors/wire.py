@@ -102,6 +102,7 @@ def _read_input_step(resp: Any) -> h.InputStepResult:
 
 def _build_llm_request(a: h.LLMRequestArgs, req: Any) -> None:
     req.model = a.model
+    req.model_spec_version = a.model_spec_version
     convert.prompt_to_proto(a.prompt, req.prompt)
     _steps(req.steps, a.steps)
 

@@ -94,6 +94,7 @@ class HTTPModel:
         self.connection = connection
         self.model = model
         self.model_id = f"{connection.name}/{model}"
+        self.specification_version = connection.config.specification_version
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Stream the response to `request` (see `orchestrator.models.ModelProvider`)."""

@@ -33,9 +33,15 @@ class ScriptedModel:
     """
 
     def __init__(
-        self, responses: list[dict[str, Any]], *, model_id: str = "scripted", delay_ms: float = 0.0
+        self,
+        responses: list[dict[str, Any]],
+        *,
+        model_id: str = "scripted",
+        delay_ms: float = 0.0,
+        specification_version: str = "v2",
     ) -> None:
         self.model_id = model_id
+        self.specification_version = specification_version
         self._responses = list(responses)
         self._next = 0
         self._tool_call_ids = 0
@@ -89,8 +95,11 @@ class DemoModel:
     tool is offered and the user asks about the weather, it calls the tool once.
     """
 
-    def __init__(self, delay_ms: float = 0.0, model_id: str = "demo") -> None:
+    def __init__(
+        self, delay_ms: float = 0.0, model_id: str = "demo", specification_version: str = "v2"
+    ) -> None:
         self.model_id = model_id
+        self.specification_version = specification_version
         self._delay = delay_ms / 1000.0
         self._calls = 0
 
@@ -142,7 +151,12 @@ class DemoModel:
 def make_model(name: str, config: ModelConfig) -> ModelProvider:
     """Build the model a config entry describes."""
     if config.provider == "scripted":
-        return ScriptedModel(config.responses, model_id=name, delay_ms=config.delay_ms)
+        return ScriptedModel(
+            config.responses,
+            model_id=name,
+            delay_ms=config.delay_ms,
+            specification_version=config.specification_version,
+        )
     if config.provider == "demo":
-        return DemoModel(delay_ms=config.delay_ms, model_id=name)
+        return DemoModel(config.delay_ms, name, config.specification_version)
     raise ConfigError(f"models.{name}.provider: unknown provider {config.provider!r}")

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from procmesh_orchestrator.providers._base import HTTPModel
 from procmesh_orchestrator.providers._http import RetryPolicy, with_retries
-from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest
+from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest, specification_version
 
 
 class RetryingModel:
@@ -16,6 +16,7 @@ class RetryingModel:
     def __init__(self, model: ModelProvider, max_retries: int) -> None:
         self.model = model
         self.model_id = model.model_id
+        self.specification_version = specification_version(model)
         # an HTTP model's provider sets the first backoff (retryBackoffMs); built-in models: 500 ms
         backoff = model.connection.config.retry_backoff_ms if isinstance(model, HTTPModel) else 500.0
         self._policy = RetryPolicy(max_retries=max_retries, backoff_ms=backoff)

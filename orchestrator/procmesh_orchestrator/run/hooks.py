@@ -226,6 +226,8 @@ class LLMRequestArgs(HookArgs[LLMRequestResult]):
     model: str
     prompt: list[dict[str, Any]]
     steps: list[dict[str, Any]]
+    model_spec_version: str = ""
+    """The model's specification version (``v2``...; empty when it does not say)."""
 
 
 @dataclass

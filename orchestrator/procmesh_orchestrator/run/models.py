@@ -26,6 +26,12 @@ class ModelRequest:
     """``{"type": "json", "schema", "name"}``: answer with JSON matching the schema (structured output)."""
 
 
+def specification_version(model: ModelProvider) -> str:
+    """The model specification version a model reports (``specification_version``: ``v2``...);
+    empty for a model that does not say (the response cache's key then reads ``unknown``)."""
+    return str(getattr(model, "specification_version", "") or "")
+
+
 class ModelProvider(Protocol):
     """A model: streams ``text-delta`` and ``tool-call`` chunks, then one ``finish`` chunk.
 

@@ -27,7 +27,7 @@ from procmesh_orchestrator.run.hooks import (
     Processor,
     dedupe,
 )
-from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
+from procmesh_orchestrator.run.models import ModelProvider, ModelRequest, specification_version
 from procmesh_orchestrator.run.speculation import walk
 from procmesh_orchestrator.run.tools import ProcessorTool
 from procmesh_orchestrator.run.tools import spec as tool_spec
@@ -190,7 +190,7 @@ async def llm_request(
     cached: CachedStep | None = None
 
     def build(item: Processor) -> LLMRequestArgs:
-        return LLMRequestArgs(cfg.model.model_id, prompt, run.steps)
+        return LLMRequestArgs(cfg.model.model_id, prompt, run.steps, specification_version(cfg.model))
 
     async def apply(
         item: Processor, args: LLMRequestArgs, result: LLMRequestResult, effects: Effects

@@ -179,7 +179,14 @@ const CODECS = {
 
   processLLMRequest: {
     decode(req) {
-      return { args: { prompt: convert.promptFromProto(req.prompt), model: req.model || '', steps: (req.steps || []).map(convert.stepFromProto) } };
+      return {
+        args: {
+          prompt: convert.promptFromProto(req.prompt),
+          model: req.model || '',
+          modelSpecVersion: req.model_spec_version || '',
+          steps: (req.steps || []).map(convert.stepFromProto),
+        },
+      };
     },
     encode(result) {
       const resp = {};

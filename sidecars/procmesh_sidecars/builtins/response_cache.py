@@ -95,15 +95,13 @@ class ResponseCacheOptions(BaseModel):
         return "scope" in self.model_fields_set
 
 
-def model_identity(model: str) -> dict[str, str | None]:
-    """Provider and model id from the step's model reference (``provider/model-id`` or a config name).
-
-    The contract carries no specification version, so it is unknown.
-    """
+def model_identity(model: str, spec_version: str = "") -> dict[str, str | None]:
+    """Provider and model id from the step's model reference (``provider/model-id`` or a config
+    name), and the specification version the model reports (``unknown`` in the key when empty)."""
     provider, sep, model_id = model.partition("/")
     if not sep:
-        return {"provider": None, "modelId": model or None, "specVersion": None}
-    return {"provider": provider or None, "modelId": model_id or None, "specVersion": None}
+        return {"provider": None, "modelId": model or None, "specVersion": spec_version or None}
+    return {"provider": provider or None, "modelId": model_id or None, "specVersion": spec_version or None}
 
 
 def _binary(data: bytes) -> str:
@@ -268,6 +266,7 @@ class ResponseCache(Processor):
         self,
         prompt: list[PromptMessage],
         model: str,
+        model_spec_version: str,
         step_number: int,
         agent_id: str,
         resource_id: str,
@@ -296,7 +295,7 @@ class ResponseCache(Processor):
             agent_id=options.agent_id or agent_id,
             step_number=step_number,
             scope=scope if isinstance(scope, str) else None,
-            model=model_identity(model),
+            model=model_identity(model, model_spec_version),
             prompt=prompt,
         )
         key = per_call.get("key", options.key)

@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -331,3 +332,19 @@ async def test_a_hit_is_replayed_through_the_stream_lane(with_guards: str) -> No
         assert hit.requests == []  # served from the cache
         assert live.text_deltas() == ["[REDACTED]", " answer"]
         assert hit.text_deltas() == live.text_deltas()
+
+
+async def test_models_differing_only_by_spec_version_do_not_share_an_entry(address: str) -> None:
+    # K17: the key's model part is provider:modelId:specVersion, the version the model reports
+    def config(version: str) -> Any:
+        base = cfg(address, scope="t-spec-version")
+        scripted = base.models["scripted"].model_copy(update={"specification_version": version})
+        return base.model_copy(update={"models": {"scripted": scripted}})
+
+    answers = []
+    for version in ("v2", "v2", "v3"):
+        async with App(config(version)) as app:  # a new App, the same cache sidecar
+            outcome = await call(app, "which spec?")
+            answers.append((outcome.result.text, len(outcome.requests)))
+    # the second v2 model is served the first's entry; the v3 model is asked itself
+    assert answers == [("first answer", 1), ("first answer", 0), ("first answer", 1)]

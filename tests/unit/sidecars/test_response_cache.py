@@ -101,6 +101,10 @@ def test_model_identity() -> None:
         "specVersion": None,
     }
     assert model_identity("scripted") == {"provider": None, "modelId": "scripted", "specVersion": None}
+    assert model_identity("openai/gpt-4o", "v3")["specVersion"] == "v3"
+    # the spec version is in the key: a v2 and a v3 model of one id never share an entry
+    v2, v3 = (key([user("hi")], model=model_identity("openai/gpt-4o", v)) for v in ("v2", "v3"))
+    assert v2 != v3
 
 
 @pytest.mark.parametrize(
@@ -135,7 +139,7 @@ CHUNKS = [
     {"type": "text-delta", "payload": {"text": "hello"}},
     {"type": "finish", "payload": {"finishReason": "stop"}},
 ]
-ARGS = {"model": "m", "agent_id": "a", "resource_id": "", "request_context": {}}
+ARGS = {"model": "m", "model_spec_version": "v2", "agent_id": "a", "resource_id": "", "request_context": {}}
 
 
 def step(number: int, **record: Any) -> dict[str, Any]:

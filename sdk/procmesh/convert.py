@@ -28,6 +28,7 @@ from procmesh._convert.chunks import (
 )
 from procmesh._convert.messages import Message as Message
 from procmesh._convert.messages import message_from_proto, message_to_proto
+from procmesh._convert.provenance import part_provenance
 from procmesh._convert.turns import (
     prompt_from_proto,
     prompt_to_proto,
@@ -48,6 +49,7 @@ __all__ = [
     "from_value",
     "message_from_proto",
     "message_to_proto",
+    "part_provenance",
     "prompt_from_proto",
     "prompt_to_proto",
     "signal_from_proto",

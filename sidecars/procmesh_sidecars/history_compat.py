@@ -3,15 +3,16 @@
 The reference's rules are functions (``applyToPrompt``, ``fix``), which cannot cross to a sidecar.
 Here a rule is data: which models it is for (`CompatRule.model`), which rejections turn it on
 (`CompatRule.error_patterns`) and the edits it makes to the outgoing prompt (`strip_reasoning`,
-`tool_ids`, `replace`). The built-in rules are written in that same language (`BUILTIN_RULES`), so
-what your ``additional_rules`` can say is exactly what the built-ins say. docs/builtins.md maps
-each of the reference's rules to its form here.
+`strip_foreign_provider_tools`, `tool_ids`, `replace`). The built-in rules are written in that
+same language (`BUILTIN_RULES`), so what your ``additional_rules`` can say is exactly what the
+built-ins say. docs/builtins.md maps each of the reference's rules to its form here.
 
 Every edit is transient: it changes the prompt of one provider call, never the stored history.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, model_validator
@@ -59,7 +60,14 @@ class ToolIdRewrite(BaseModel):
 
 
 _ANY_EDIT: list[JsonValue] = [
-    {"required": ["strip_reasoning"], "properties": {"strip_reasoning": {"const": True}}},
+    {
+        "required": ["strip_reasoning"],
+        "properties": {"strip_reasoning": {"enum": [True, "foreign", "foreign-signed"]}},
+    },
+    {
+        "required": ["strip_foreign_provider_tools"],
+        "properties": {"strip_foreign_provider_tools": {"const": True}},
+    },
     {"required": ["tool_ids"], "properties": {"tool_ids": {"type": "object"}}},
     {"required": ["replace"], "properties": {"replace": {"minItems": 1}}},
 ]
@@ -89,8 +97,13 @@ class CompatRule(BaseModel):
     """A regular expression searched in the model reference (``^azure/``), case-insensitive."""
     error_patterns: list[str] = []
     """Regular expressions searched in a rejection's message and body, case-insensitive."""
-    strip_reasoning: bool = False
-    """Remove reasoning parts from assistant messages (a message left empty is removed)."""
+    strip_reasoning: bool | Literal["foreign", "foreign-signed"] = False
+    """Remove reasoning parts from assistant messages (a message left empty is removed): ``true``
+    every one; ``foreign`` all but those the call's model's provider signed; ``foreign-signed``
+    those another provider signed."""
+    strip_foreign_provider_tools: bool = False
+    """Remove the tool calls another provider executed itself (``providerExecuted``), and their
+    results: the call's model cannot replay them."""
     tool_ids: ToolIdRewrite | None = None
     """Rewrite the tool-call ids this describes."""
     replace: list[TextReplace] = []
@@ -103,8 +116,11 @@ class CompatRule(BaseModel):
 
     @model_validator(mode="after")
     def _compiled(self) -> CompatRule:
-        if not (self.strip_reasoning or self.tool_ids or self.replace):
-            raise ValueError(f"rule {self.name!r} makes no edit: give strip_reasoning, tool_ids or replace")
+        if not (self.strip_reasoning or self.strip_foreign_provider_tools or self.tool_ids or self.replace):
+            raise ValueError(
+                f"rule {self.name!r} makes no edit: give strip_reasoning, strip_foreign_provider_tools, "
+                "tool_ids or replace"
+            )
         if self.model is not None:
             self._model = _compile(self.model, "model", ignore_case=True)
         self._errors = [_compile(p, "error pattern", ignore_case=True) for p in self.error_patterns]
@@ -124,11 +140,13 @@ class CompatRule(BaseModel):
         texts = [str(error.get(key) or "") for key in ("message", "body")]
         return any(p.search(text) for p in self._errors for text in texts if text)
 
-    def apply(self, prompt: list[PromptMessage]) -> list[PromptMessage] | None:
-        """The prompt with this rule's edits, or None when they change nothing."""
+    def apply(self, prompt: list[PromptMessage], model: str) -> list[PromptMessage] | None:
+        """The prompt of a call to `model` with this rule's edits, or None when they change nothing."""
         out = prompt
+        if self.strip_foreign_provider_tools:
+            out = _strip_foreign_provider_tools(out, provider_family(model))
         if self.strip_reasoning:
-            out = _strip_reasoning(out)
+            out = _strip_reasoning(out, self.strip_reasoning, provider_family(model))
         if self._invalid_id is not None and self.tool_ids is not None:
             out = _rewrite_tool_ids(out, self._invalid_id, self.tool_ids.replacement)
         for spec, pattern in self._replace:
@@ -136,14 +154,71 @@ class CompatRule(BaseModel):
         return out if out != prompt else None
 
 
-def _strip_reasoning(prompt: list[PromptMessage]) -> list[PromptMessage]:
+_FAMILIES = (
+    ("anthropic", re.compile(r"^anthropic[/:]|claude", re.IGNORECASE)),
+    ("openai", re.compile(r"^(openai|azure(-openai)?)[/:]|(^|/)(gpt-|o\d)", re.IGNORECASE)),
+    ("google", re.compile(r"^(google|vertex|gemini)[/:]|gemini", re.IGNORECASE)),
+)
+
+
+def provider_family(model: str) -> str:
+    """The provider family of a model reference, matched as loosely as the reference matches
+    (``anthropic/...``, ``...claude...``, ``azure/gpt-5``); else the reference's provider prefix."""
+    for family, pattern in _FAMILIES:
+        if pattern.search(model):
+            return family
+    return re.split(r"[/:]", model, maxsplit=1)[0].lower()
+
+
+def _foreign(part: dict[str, Any], family: str) -> bool:
+    return provider_family(str(part.get("provider") or "")) != family
+
+
+def _drops_reasoning(part: dict[str, Any], how: bool | str, family: str) -> bool:
+    if part.get("type") != "reasoning":
+        return False
+    if how == "foreign":  # keep only what this provider signed itself
+        return not part.get("signature") or _foreign(part, family)
+    if how == "foreign-signed":
+        return bool(part.get("signature")) and _foreign(part, family)
+    return True
+
+
+def _strip_reasoning(prompt: list[PromptMessage], how: bool | str, family: str) -> list[PromptMessage]:
     out = []
     for msg in prompt:
         content = msg.get("content")
         if msg.get("role") == "assistant" and isinstance(content, list):
-            kept = [p for p in content if p.get("type") != "reasoning"]
+            kept = [p for p in content if not _drops_reasoning(p, how, family)]
             if len(kept) != len(content):
                 if kept:  # an assistant turn of reasoning only is dropped: providers refuse it empty
+                    out.append({**msg, "content": kept})
+                continue
+        out.append(msg)
+    return out
+
+
+def _strip_foreign_provider_tools(prompt: list[PromptMessage], family: str) -> list[PromptMessage]:
+    foreign = {
+        p.get("toolCallId")
+        for msg in prompt
+        if isinstance(msg.get("content"), list)
+        for p in msg["content"]
+        if p.get("type") == "tool-call" and p.get("providerExecuted") and _foreign(p, family)
+    }
+    if not foreign:
+        return prompt
+    out = []
+    for msg in prompt:
+        content = msg.get("content")
+        if isinstance(content, list):
+            kept = [
+                p
+                for p in content
+                if not (p.get("type") in ("tool-call", "tool-result") and p.get("toolCallId") in foreign)
+            ]
+            if len(kept) != len(content):
+                if kept:  # a turn of those calls only goes: providers refuse an empty one
                     out.append({**msg, "content": kept})
                 continue
         out.append(msg)
@@ -190,6 +265,9 @@ def _replace_text(prompt: list[PromptMessage], pattern: Pattern, spec: TextRepla
 _ANTHROPIC = r"^anthropic[/:]|claude"
 
 BUILTIN_RULES: tuple[CompatRule, ...] = (
+    # A tool another provider ran on its side (a web search, code execution) cannot be replayed to
+    # this one: the call and its result are dropped, for every model.
+    CompatRule(name="strip-foreign-provider-executed-tools", strip_foreign_provider_tools=True),
     # Anthropic enforces ^[a-zA-Z0-9_-]+$ on tool ids; ids from other providers ("call:1/x") are
     # rewritten for a recognised Anthropic model, and after the rejection for one behind a gateway.
     CompatRule(
@@ -204,9 +282,13 @@ BUILTIN_RULES: tuple[CompatRule, ...] = (
     ),
     # Cerebras rejects assistant messages carrying reasoning (`reasoning_content`).
     CompatRule(name="cerebras-strip-reasoning-content", model=r"^cerebras[/:]", strip_reasoning=True),
-    # Anthropic keeps only its own signed thinking. A prompt part carries no provider signature, so
-    # every reasoning part it holds is foreign to Anthropic.
-    CompatRule(name="anthropic-strip-foreign-reasoning-content", model=_ANTHROPIC, strip_reasoning=True),
+    # Anthropic takes back only its own signed thinking: reasoning another provider produced, or
+    # that carries no signature, is dropped ...
+    CompatRule(name="anthropic-strip-foreign-reasoning-content", model=_ANTHROPIC, strip_reasoning="foreign"),
+    # ... and above all reasoning another provider signed (its signature would fail Anthropic's check).
+    CompatRule(
+        name="anthropic-strip-foreign-signed-reasoning", model=_ANTHROPIC, strip_reasoning="foreign-signed"
+    ),
     # Azure's content filter takes <system-reminder> wrappers (signals, reminders) for prompt
     # injection; the model reads the same wrapper as <memory-context>.
     CompatRule(
@@ -262,7 +344,7 @@ class ProviderHistoryCompat(Processor):
         pending = []
         out = prompt
         for rule in (*BUILTIN_RULES, *options.additional_rules):
-            edited = rule.apply(out)
+            edited = rule.apply(out, model)
             if edited is None:
                 continue
             if rule.for_model(model) or rule.name in triggered:

@@ -156,6 +156,18 @@ def file_data(part: dict[str, Any]) -> FileData:
     return FileData(media_type, base64=text)
 
 
+def provider_executed(prompt: list[dict[str, Any]]) -> set[str]:
+    """The ids of the tool calls a provider executed itself (a web search on its side): they are
+    not sent back, since neither wire format here can replay a server tool's result."""
+    return {
+        str(p.get("toolCallId"))
+        for msg in prompt
+        if isinstance(msg.get("content"), list)
+        for p in msg["content"]
+        if p.get("type") == "tool-call" and p.get("providerExecuted")
+    }
+
+
 def tool_output_text(output: Any) -> str:
     """A tool result as the model reads it: strings as they are, anything else as JSON."""
     return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)

@@ -13,6 +13,7 @@ from procmesh_orchestrator.providers._base import (
     HTTPModel,
     file_data,
     parse_tool_args,
+    provider_executed,
     stream_cut,
     tool_output_text,
     tool_parameters,
@@ -44,10 +45,13 @@ def convert_prompt(prompt: list[dict[str, Any]]) -> tuple[str, list[dict[str, An
 
     Tool results go into user turns as ``tool_result`` blocks; consecutive turns
     of the same role are merged (the API requires alternation); empty turns are
-    dropped. Reasoning parts are not sent (they would need their signatures).
+    dropped. Reasoning goes back as ``thinking`` only when Anthropic signed it (the API verifies the
+    signature; `provider-history-compat` drops the rest); tool calls a provider executed itself
+    are not sent.
     """
     system: list[str] = []
     messages: list[dict[str, Any]] = []
+    executed = provider_executed(prompt)
     for msg in prompt:
         role, content = msg["role"], msg["content"]
         if role == "system":
@@ -57,7 +61,13 @@ def convert_prompt(prompt: list[dict[str, Any]]) -> tuple[str, list[dict[str, An
         if role == "user":
             blocks = [_user_block(p) for p in content]
         elif role == "assistant":
-            blocks = [_assistant_block(p) for p in content if p["type"] in ("text", "tool-call")]
+            blocks = [
+                _assistant_block(p)
+                for p in content
+                if p["type"] == "text"
+                or (p["type"] == "tool-call" and p["toolCallId"] not in executed)
+                or _own_thinking(p)
+            ]
             role = "assistant"
         elif role == "tool":
             blocks = [
@@ -67,7 +77,7 @@ def convert_prompt(prompt: list[dict[str, Any]]) -> tuple[str, list[dict[str, An
                     "content": tool_output_text(p.get("output")),
                 }
                 for p in content
-                if p["type"] == "tool-result"
+                if p["type"] == "tool-result" and p["toolCallId"] not in executed
             ]
             role = "user"
         else:
@@ -94,9 +104,15 @@ def _user_block(part: dict[str, Any]) -> dict[str, Any]:
     return {"type": kind, "source": {"type": "base64", "media_type": data.media_type, "data": data.base64}}
 
 
+def _own_thinking(part: dict[str, Any]) -> bool:
+    return part["type"] == "reasoning" and bool(part.get("signature")) and part.get("provider") == "anthropic"
+
+
 def _assistant_block(part: dict[str, Any]) -> dict[str, Any]:
     if part["type"] == "text":
         return {"type": "text", "text": part.get("text", "")}
+    if part["type"] == "reasoning":
+        return {"type": "thinking", "thinking": part.get("text", ""), "signature": part["signature"]}
     tool_input = part.get("input")
     return {
         "type": "tool_use",

@@ -14,6 +14,7 @@ from procmesh_orchestrator.providers._base import (
     HTTPModel,
     file_data,
     parse_tool_args,
+    provider_executed,
     stream_cut,
     tool_output_text,
     tool_parameters,
@@ -45,9 +46,11 @@ def convert_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     A user turn of one text part becomes a plain string (what every server
     accepts); files become ``image_url``, ``input_audio`` or ``file`` parts.
-    Tool results become one ``role: tool`` message each.
+    Tool results become one ``role: tool`` message each. Reasoning is not sent (chat completions
+    take none back), nor are tool calls a provider executed itself.
     """
     out: list[dict[str, Any]] = []
+    executed = provider_executed(prompt)
     for msg in prompt:
         role, content = msg["role"], msg["content"]
         if role == "system":
@@ -70,7 +73,7 @@ def convert_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     },
                 }
                 for p in content
-                if p["type"] == "tool-call"
+                if p["type"] == "tool-call" and p["toolCallId"] not in executed
             ]
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
             if calls:
@@ -84,7 +87,7 @@ def convert_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "content": tool_output_text(p.get("output")),
                 }
                 for p in content
-                if p["type"] == "tool-result"
+                if p["type"] == "tool-result" and p["toolCallId"] not in executed
             )
     return out
 

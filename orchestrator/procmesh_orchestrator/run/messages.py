@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from procmesh.convert import part_provenance
 from procmesh_orchestrator.run import attachments
 
 Message = dict[str, Any]
@@ -310,8 +311,10 @@ def build_prompt(
             results: list[dict[str, Any]] = []
             for part in parts:
                 kind = part.get("type")
-                if kind in ("text", "reasoning") and part.get("text"):
+                if kind == "text" and part.get("text"):
                     parts_out.append({"type": kind, "text": part["text"]})
+                elif kind == "reasoning" and part.get("text"):
+                    parts_out.append({"type": kind, "text": part["text"], **part_provenance(part)})
                 elif kind == "tool-invocation":
                     inv = part["toolInvocation"]
                     parts_out.append(
@@ -320,6 +323,7 @@ def build_prompt(
                             "toolCallId": inv["toolCallId"],
                             "toolName": inv["toolName"],
                             "input": inv.get("args"),
+                            **part_provenance(part, inv),
                         }
                     )
                     if inv.get("state") == "result":
@@ -329,6 +333,7 @@ def build_prompt(
                                 "toolCallId": inv["toolCallId"],
                                 "toolName": inv["toolName"],
                                 "output": inv.get("result"),
+                                **part_provenance(part, inv),
                             }
                         )
                     elif inv.get("state") == "output-error":  # the model sees why the call failed

@@ -52,6 +52,39 @@ test('the wire encoding survives serialization by the loaded contract', () => {
   assert.deepEqual(convert.messageFromProto(wire.messages[0]), msg);
 });
 
+test('provenance crosses the contract in prompts and messages, as the Python SDK carries it', () => {
+  const { ProcessorService } = loadContract();
+  const method = ProcessorService.service.ProcessLLMRequest;
+  const prompt = [
+    { role: 'user', content: [{ type: 'file', mediaType: 'text/plain', data: 'https://x/a', filename: 'a.txt' }] },
+    {
+      role: 'assistant',
+      content: [
+        { type: 'reasoning', text: 'r', provider: 'anthropic', signature: 'sig' },
+        { type: 'tool-call', toolCallId: 's1', toolName: 'web_search', input: {}, provider: 'openai', providerExecuted: true },
+      ],
+    },
+  ];
+  const wire = method.requestDeserialize(method.requestSerialize({ prompt: convert.promptToProto(prompt), model_spec_version: 'v3' }));
+  assert.deepEqual(convert.promptFromProto(wire.prompt), prompt);
+  assert.equal(wire.model_spec_version, 'v3');
+  const stored = {
+    id: 'm1',
+    role: 'assistant',
+    content: {
+      format: 2,
+      parts: [
+        { type: 'reasoning', text: 'r', providerMetadata: { anthropic: { signature: 'sig' } } },
+        { type: 'tool-invocation', providerExecuted: true, providerMetadata: { openai: {} }, toolInvocation: { state: 'call', toolCallId: 's1', toolName: 'web_search', args: {} } },
+      ],
+    },
+  };
+  assert.deepEqual(convert.messageFromProto(convert.messageToProto(stored)).content.parts, [
+    { type: 'reasoning', text: 'r', provider: 'anthropic', signature: 'sig' },
+    { type: 'tool-invocation', toolInvocation: { state: 'call', toolCallId: 's1', toolName: 'web_search', args: {} }, provider: 'openai', providerExecuted: true },
+  ]);
+});
+
 test('a part without kind is an InvalidInputError', () => {
   assert.throws(() => convert.messageFromProto({ id: 'x', role: 'user', content: { parts: [{}] } }), errors.InvalidInputError);
 });

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from procmesh._convert.provenance import part_provenance
 from procmesh._convert.values import fill_struct, from_struct, from_value, to_value
 from procmesh.v1 import types_pb2 as pb
 
@@ -22,9 +23,15 @@ def _part_to_proto(part: dict[str, Any], out: pb.Part) -> None:
         out.text.text = part.get("text", "")
     elif kind == "reasoning":
         out.reasoning.text = part.get("text", "")
+        origin = part_provenance(part)
+        out.reasoning.signature = origin.get("signature", "")
+        out.reasoning.provider = origin.get("provider", "")
     elif kind == "tool-invocation":
         inv = part.get("toolInvocation", {})
         ti = out.tool_invocation
+        origin = part_provenance(part, inv)
+        ti.provider_executed = bool(origin.get("providerExecuted"))
+        ti.provider = origin.get("provider", "")
         ti.state = inv.get("state", "call")
         ti.tool_call_id = inv.get("toolCallId", "")
         ti.tool_name = inv.get("toolName", "")
@@ -57,7 +64,12 @@ def _part_from_proto(part: pb.Part, keep_unknown: bool) -> dict[str, Any]:
     if kind == "text":
         return {"type": "text", "text": part.text.text}
     if kind == "reasoning":
-        return {"type": "reasoning", "text": part.reasoning.text}
+        reasoning: dict[str, Any] = {"type": "reasoning", "text": part.reasoning.text}
+        if part.reasoning.provider:
+            reasoning["provider"] = part.reasoning.provider
+        if part.reasoning.signature:
+            reasoning["signature"] = part.reasoning.signature
+        return reasoning
     if kind == "tool_invocation":
         ti = part.tool_invocation
         inv: dict[str, Any] = {
@@ -70,7 +82,12 @@ def _part_from_proto(part: pb.Part, keep_unknown: bool) -> dict[str, Any]:
             inv["result"] = from_value(ti.result)
         if ti.error_text:
             inv["errorText"] = ti.error_text
-        return {"type": "tool-invocation", "toolInvocation": inv}
+        invocation: dict[str, Any] = {"type": "tool-invocation", "toolInvocation": inv}
+        if ti.provider:
+            invocation["provider"] = ti.provider
+        if ti.provider_executed:
+            invocation["providerExecuted"] = True
+        return invocation
     if kind == "file":
         fp = part.file
         out: dict[str, Any] = {"type": "file", "mediaType": fp.media_type}

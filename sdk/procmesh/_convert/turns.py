@@ -78,6 +78,10 @@ def prompt_to_proto(prompt: list[dict[str, Any]], out: Any) -> None:
             if "output" in src:
                 part.output.CopyFrom(to_value(src["output"]))
             part.media_type = src.get("mediaType", "")
+            part.filename = src.get("filename", "")
+            part.provider_executed = bool(src.get("providerExecuted"))
+            part.provider = src.get("provider", "")
+            part.signature = src.get("signature", "")
             data = src.get("data", "")
             if isinstance(data, bytes | bytearray):
                 part.data = bytes(data)
@@ -103,6 +107,14 @@ def prompt_from_proto(prompt: Any) -> list[dict[str, Any]]:
                 part.update(toolCallId=p.tool_call_id, toolName=p.tool_name, output=from_value(p.output))
             elif p.type == "file":
                 part.update(mediaType=p.media_type, data=p.data if p.data else p.url)
+                if p.filename:
+                    part["filename"] = p.filename
+            if p.provider:
+                part["provider"] = p.provider
+            if p.provider_executed:
+                part["providerExecuted"] = True
+            if p.signature:
+                part["signature"] = p.signature
             parts.append(part)
         out.append({"role": pm.role, "content": parts})
     return out

@@ -201,3 +201,51 @@ def test_anthropic_body_sends_image_blocks_settings_and_choice() -> None:
     assert (body["temperature"], body["top_k"]) == (0.2, 5)
     assert body["tool_choice"] == {"type": "any"}
     assert "response_format" not in body  # no JSON mode: the structured output's instruction asks
+
+
+def test_stored_provenance_reaches_the_prompt_and_anthropic_takes_back_only_its_signed_thinking() -> None:
+    signed = {"type": "reasoning", "text": "mine", "providerMetadata": {"anthropic": {"signature": "sig-1"}}}
+    detailed = {"type": "reasoning", "text": "theirs", "details": [{"type": "text", "signature": "enc"}]}
+    search = {
+        "type": "tool-invocation",
+        "providerExecuted": True,
+        "providerMetadata": {"anthropic": {}},
+        "toolInvocation": {
+            "state": "result",
+            "toolCallId": "srv_1",
+            "toolName": "web_search",
+            "args": {},
+            "result": "r",
+        },
+    }
+    history = [
+        {"id": "u", "role": "user", "content": {"format": 2, "parts": [text("q")]}},
+        {
+            "id": "a",
+            "role": "assistant",
+            "content": {"format": 2, "parts": [signed, detailed, search, text("a")]},
+        },
+    ]
+    prompt = msgs.build_prompt([], history)
+    assert prompt[1]["content"][:3] == [
+        {"type": "reasoning", "text": "mine", "provider": "anthropic", "signature": "sig-1"},
+        {"type": "reasoning", "text": "theirs", "signature": "enc"},
+        {
+            "type": "tool-call",
+            "toolCallId": "srv_1",
+            "toolName": "web_search",
+            "input": {},
+            "provider": "anthropic",
+            "providerExecuted": True,
+        },
+    ]
+    _, messages = anthropic.convert_prompt(prompt)
+    # the provider's own signed thinking goes back; the unsigned-by-Anthropic one and the server
+    # tool's call and result do not
+    assert messages[1:] == [
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "mine", "signature": "sig-1"}, text("a")],
+        }
+    ]
+    assert openai.convert_prompt(prompt)[1:] == [{"role": "assistant", "content": "a"}]

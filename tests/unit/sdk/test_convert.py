@@ -386,6 +386,67 @@ def test_prompt_round_trip() -> None:
     assert convert.prompt_from_proto(req.prompt) == prompt
 
 
+def test_provenance_crosses_the_contract_in_prompts_and_messages() -> None:
+    prompt: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "file", "mediaType": "text/plain", "data": "https://x/a", "filename": "a.txt"}
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "reasoning", "text": "r", "provider": "anthropic", "signature": "sig"},
+                {
+                    "type": "tool-call",
+                    "toolCallId": "s1",
+                    "toolName": "web_search",
+                    "input": {},
+                    "provider": "openai",
+                    "providerExecuted": True,
+                },
+            ],
+        },
+    ]
+    req = ppb.ProcessLLMRequestRequest()
+    convert.prompt_to_proto(prompt, req.prompt)
+    assert convert.prompt_from_proto(req.prompt) == prompt
+
+    # stored parts: the reference's providerMetadata comes back as the flat keys
+    stored = {
+        "id": "m1",
+        "role": "assistant",
+        "content": {
+            "format": 2,
+            "parts": [
+                {"type": "reasoning", "text": "r", "providerMetadata": {"anthropic": {"signature": "sig"}}},
+                {
+                    "type": "tool-invocation",
+                    "providerExecuted": True,
+                    "providerMetadata": {"openai": {"itemId": "ws_1"}},
+                    "toolInvocation": {
+                        "state": "call",
+                        "toolCallId": "s1",
+                        "toolName": "web_search",
+                        "args": {},
+                    },
+                },
+            ],
+        },
+    }
+    parts = convert.message_from_proto(convert.message_to_proto(stored))["content"]["parts"]
+    assert parts == [
+        {"type": "reasoning", "text": "r", "provider": "anthropic", "signature": "sig"},
+        {
+            "type": "tool-invocation",
+            "toolInvocation": {"state": "call", "toolCallId": "s1", "toolName": "web_search", "args": {}},
+            "provider": "openai",
+            "providerExecuted": True,
+        },
+    ]
+
+
 @PROPERTY
 @given(
     st.integers(min_value=0, max_value=50),

@@ -111,3 +111,93 @@ def test_rule_names_are_unique() -> None:
     rule = {"name": "x", "strip_reasoning": True}
     with pytest.raises(ValidationError, match=r"\['x'\]"):
         ProviderHistoryCompatOptions.model_validate({"additional_rules": [rule, rule]})
+
+
+def assistant(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": list(parts)}
+
+
+def search_call(call_id: str, provider: str) -> dict[str, Any]:
+    return {
+        "type": "tool-call",
+        "toolCallId": call_id,
+        "toolName": "web_search",
+        "input": {"q": "x"},
+        "providerExecuted": True,
+        "provider": provider,
+    }
+
+
+def search_result(call_id: str) -> dict[str, Any]:
+    return {"type": "tool-result", "toolCallId": call_id, "toolName": "web_search", "output": "found"}
+
+
+@pytest.mark.parametrize(
+    ("model", "kept"),
+    [("anthropic/claude-sonnet-4-5", ["tool-call", "tool-result"]), ("openai/gpt-5", [])],
+)
+async def test_another_providers_executed_tools_are_dropped_with_their_results(
+    model: str, kept: list[str]
+) -> None:
+    prompt = [
+        user("find it"),
+        assistant(search_call("srvtoolu_1", "anthropic"), search_result("srvtoolu_1")),
+        assistant({"type": "text", "text": "Found."}),
+        user("thanks"),
+    ]
+    out = await sent(prompt, model)
+    if kept:
+        assert out == prompt  # the provider's own: kept
+    else:
+        assert [m["content"] for m in out] == [
+            prompt[0]["content"],
+            prompt[2]["content"],
+            prompt[3]["content"],
+        ]
+
+
+async def test_a_client_side_tool_call_is_never_dropped() -> None:
+    call = {
+        "type": "tool-call",
+        "toolCallId": "c1",
+        "toolName": "weather",
+        "input": {},
+        "provider": "anthropic",
+    }
+    prompt = [user("q"), assistant(call), {"role": "tool", "content": [search_result("c1")]}]
+    assert await sent(prompt, "openai/gpt-5") == prompt
+
+
+def thinking(text: str, provider: str = "", signature: str = "") -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "reasoning", "text": text}
+    if provider:
+        part["provider"] = provider
+    if signature:
+        part["signature"] = signature
+    return part
+
+
+async def test_anthropic_keeps_only_the_reasoning_it_signed() -> None:
+    own = thinking("mine", "anthropic", "sig-a")
+    prompt = [
+        user("q"),
+        assistant(
+            own, thinking("unsigned", "anthropic"), thinking("theirs", "openai", "enc-o"), thinking("bare")
+        ),
+        assistant({"type": "text", "text": "a"}),
+    ]
+    out = await sent(prompt, "anthropic/claude-sonnet-4-5")
+    assert out[1]["content"] == [own]
+
+
+async def test_your_rule_drops_only_what_another_provider_signed() -> None:
+    rule = {"name": "house-foreign-signed", "model": "^house/", "strip_reasoning": "foreign-signed"}
+    options = ProviderHistoryCompatOptions.model_validate({"additional_rules": [rule]})
+    prompt = [
+        user("q"),
+        assistant(
+            thinking("theirs", "anthropic", "sig-a"), thinking("unsigned"), thinking("own", "house", "s")
+        ),
+    ]
+    out = await sent(prompt, "house/reasoner", options)
+    assert out[1]["content"] == [thinking("unsigned"), thinking("own", "house", "s")]

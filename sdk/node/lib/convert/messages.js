@@ -5,19 +5,48 @@ const { InvalidInputError } = require('../errors');
 const { RAW, UNKNOWN_PART, unknownPartFromProto, unknownPartToProto } = require('../unknown');
 const { describe, fromStruct, fromValue, hasFields, str, toStruct, toValue } = require('./values');
 
+/**
+ * A part's provenance as flat keys (only those known): the provider that produced it, a reasoning
+ * part's signature, whether the provider executed a tool call itself. Read from flat keys, else
+ * from the reference's providerMetadata ({anthropic: {signature}}) and details[].signature
+ * (the Python SDK's part_provenance).
+ */
+function partProvenance(part, invocation) {
+  const inv = invocation || {};
+  let metadata = part.providerMetadata || inv.providerMetadata || {};
+  if (!metadata || typeof metadata !== 'object' || Array.isArray(metadata)) metadata = {};
+  // "mastra" is the reference's own namespace there (e.g. a tool's modelOutput), not a provider
+  const provider = part.provider || inv.provider || Object.keys(metadata).find((k) => k !== 'mastra') || '';
+  const out = {};
+  if (provider) out.provider = String(provider);
+  if (part.providerExecuted || inv.providerExecuted) out.providerExecuted = true;
+  if (part.type === 'reasoning') {
+    let signature = part.signature || (metadata[provider] || {}).signature;
+    for (const detail of part.details || []) signature = signature || (detail && detail.signature);
+    if (signature) out.signature = String(signature);
+  }
+  return out;
+}
+
 function partToProto(part) {
   if (!part || typeof part !== 'object') throw new TypeError('a message part must be an object');
   const kind = part.type;
   if (kind === 'text') return { text: { text: str(part.text) } };
-  if (kind === 'reasoning') return { reasoning: { text: str(part.text) } };
+  if (kind === 'reasoning') {
+    const origin = partProvenance(part);
+    return { reasoning: { text: str(part.text), signature: str(origin.signature), provider: str(origin.provider) } };
+  }
   if (kind === 'tool-invocation') {
     const inv = part.toolInvocation || {};
+    const origin = partProvenance(part, inv);
     const ti = {
       state: inv.state || 'call',
       tool_call_id: str(inv.toolCallId),
       tool_name: str(inv.toolName),
       args: toValue(inv.args),
       error_text: str(inv.errorText),
+      provider_executed: Boolean(origin.providerExecuted),
+      provider: str(origin.provider),
     };
     if ('result' in inv) ti.result = toValue(inv.result);
     return { tool_invocation: ti };
@@ -42,8 +71,12 @@ function partFromProto(part) {
   switch (kind) {
     case 'text':
       return { type: 'text', text: str(part.text.text) };
-    case 'reasoning':
-      return { type: 'reasoning', text: str(part.reasoning.text) };
+    case 'reasoning': {
+      const out = { type: 'reasoning', text: str(part.reasoning.text) };
+      if (part.reasoning.provider) out.provider = part.reasoning.provider;
+      if (part.reasoning.signature) out.signature = part.reasoning.signature;
+      return out;
+    }
     case 'tool_invocation': {
       const ti = part.tool_invocation;
       const inv = {
@@ -54,7 +87,10 @@ function partFromProto(part) {
       };
       if (ti.result) inv.result = fromValue(ti.result);
       if (ti.error_text) inv.errorText = ti.error_text;
-      return { type: 'tool-invocation', toolInvocation: inv };
+      const out = { type: 'tool-invocation', toolInvocation: inv };
+      if (ti.provider) out.provider = ti.provider;
+      if (ti.provider_executed) out.providerExecuted = true;
+      return out;
     }
     case 'file': {
       const fp = part.file;

@@ -47,6 +47,10 @@ function promptToProto(prompt) {
           tool_call_id: str(src.toolCallId),
           tool_name: str(src.toolName),
           media_type: str(src.mediaType),
+          filename: str(src.filename),
+          provider_executed: Boolean(src.providerExecuted),
+          provider: str(src.provider),
+          signature: str(src.signature),
         };
         if ('input' in src) part.input = toValue(src.input);
         if ('output' in src) part.output = toValue(src.output);
@@ -70,7 +74,13 @@ function promptFromProto(prompt) {
         if (p.type === 'text' || p.type === 'reasoning') part.text = str(p.text);
         else if (p.type === 'tool-call') Object.assign(part, { toolCallId: str(p.tool_call_id), toolName: str(p.tool_name), input: fromValue(p.input) });
         else if (p.type === 'tool-result') Object.assign(part, { toolCallId: str(p.tool_call_id), toolName: str(p.tool_name), output: fromValue(p.output) });
-        else if (p.type === 'file') Object.assign(part, { mediaType: str(p.media_type), data: p.data && p.data.length ? Buffer.from(p.data) : str(p.url) });
+        else if (p.type === 'file') {
+          Object.assign(part, { mediaType: str(p.media_type), data: p.data && p.data.length ? Buffer.from(p.data) : str(p.url) });
+          if (p.filename) part.filename = p.filename;
+        }
+        if (p.provider) part.provider = p.provider;
+        if (p.provider_executed) part.providerExecuted = true;
+        if (p.signature) part.signature = p.signature;
         return part;
       }),
     };

@@ -841,6 +841,80 @@ class ApproveToolCallResponse(_message.Message):
 Global___ApproveToolCallResponse: _TypeAlias = ApproveToolCallResponse  # noqa: Y015
 
 @_typing.final
+class ResumeToolCallRequest(_message.Message):
+    """Resumes the suspended call `tool_call_id` of the run `run_id` with `resume_data`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    RESUME_DATA_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """The agent whose run it is."""
+    run_id: _builtins.str
+    """The suspended run (GenerateResponse.run_id)."""
+    tool_call_id: _builtins.str
+    """The call that suspended."""
+    @_builtins.property
+    def resume_data(self) -> _struct_pb2.Value:
+        """What the tool gets as its resume data (any JSON); unset: null."""
+
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        resume_data: _struct_pb2.Value | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resume_data", b"resume_data"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "resume_data", b"resume_data", "run_id", b"run_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeToolCallRequest: _TypeAlias = ResumeToolCallRequest  # noqa: Y015
+
+@_typing.final
+class ResumeToolCallResponse(_message.Message):
+    """One message of a resumed run's stream, as StreamResponse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id (the suspended run's)."""
+    status: _builtins.str
+    """The last message only: the run's status."""
+    @_builtins.property
+    def chunk(self) -> _types_pb2.Chunk:
+        """The chunk; unset on the last message."""
+
+    @_builtins.property
+    def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
+        """The last message only: the calls awaiting a decision when suspended again."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        chunk: _types_pb2.Chunk | None = ...,
+        status: _builtins.str = ...,
+        suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeToolCallResponse: _TypeAlias = ResumeToolCallResponse  # noqa: Y015
+
+@_typing.final
 class DeclineToolCallRequest(_message.Message):
     """Declines the tool call `tool_call_id` of the suspended run `run_id`."""
 

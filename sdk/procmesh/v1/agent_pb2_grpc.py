@@ -64,6 +64,11 @@ class AgentServiceStub:
                 request_serializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.FromString,
                 _registered_method=True)
+        self.ResumeToolCall = channel.unary_stream(
+                '/procmesh.v1.AgentService/ResumeToolCall',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.ResumeToolCallRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.ResumeToolCallResponse.FromString,
+                _registered_method=True)
         self.Observe = channel.unary_stream(
                 '/procmesh.v1.AgentService/Observe',
                 request_serializer=procmesh_dot_v1_dot_agent__pb2.ObserveRequest.SerializeToString,
@@ -131,6 +136,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeToolCall(self, request, context):
+        """Resume a run whose tool call suspended itself (the seeds' `suspend(payload)`) with the
+        caller's data: the tool runs again and sees it as its resume data; streamed and refused
+        like ApproveToolCall (FAILED_PRECONDITION: the call awaits an approval and `resume_data`
+        is not {approved, reason?}).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Observe(self, request, context):
         """Reattach to a durable run, on any replica sharing its store and event log:
         every chunk from `offset` on (live while it runs, or after it ended while the
@@ -187,6 +202,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.DeclineToolCall,
                     request_deserializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.SerializeToString,
+            ),
+            'ResumeToolCall': grpc.unary_stream_rpc_method_handler(
+                    servicer.ResumeToolCall,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.ResumeToolCallRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.ResumeToolCallResponse.SerializeToString,
             ),
             'Observe': grpc.unary_stream_rpc_method_handler(
                     servicer.Observe,
@@ -327,6 +347,33 @@ class AgentService:
             '/procmesh.v1.AgentService/DeclineToolCall',
             procmesh_dot_v1_dot_agent__pb2.DeclineToolCallRequest.SerializeToString,
             procmesh_dot_v1_dot_agent__pb2.DeclineToolCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeToolCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/procmesh.v1.AgentService/ResumeToolCall',
+            procmesh_dot_v1_dot_agent__pb2.ResumeToolCallRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.ResumeToolCallResponse.FromString,
             options,
             channel_credentials,
             insecure,

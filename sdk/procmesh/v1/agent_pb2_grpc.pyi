@@ -62,6 +62,12 @@ class AgentServiceStub:
     """Resume a suspended run declining the call (the model is told, with `reason`);
     streamed and refused like ApproveToolCall.
     """
+    ResumeToolCall: _grpc.UnaryStreamMultiCallable[_agent_pb2.ResumeToolCallRequest, _agent_pb2.ResumeToolCallResponse]
+    """Resume a run whose tool call suspended itself (the seeds' `suspend(payload)`) with the
+    caller's data: the tool runs again and sees it as its resume data; streamed and refused
+    like ApproveToolCall (FAILED_PRECONDITION: the call awaits an approval and `resume_data`
+    is not {approved, reason?}).
+    """
     Observe: _grpc.UnaryStreamMultiCallable[_agent_pb2.ObserveRequest, _agent_pb2.ObserveResponse]
     """Reattach to a durable run, on any replica sharing its store and event log:
     every chunk from `offset` on (live while it runs, or after it ended while the
@@ -109,6 +115,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     DeclineToolCall: _aio.UnaryStreamMultiCallable[_agent_pb2.DeclineToolCallRequest, _agent_pb2.DeclineToolCallResponse]  # type: ignore[assignment]
     """Resume a suspended run declining the call (the model is told, with `reason`);
     streamed and refused like ApproveToolCall.
+    """
+    ResumeToolCall: _aio.UnaryStreamMultiCallable[_agent_pb2.ResumeToolCallRequest, _agent_pb2.ResumeToolCallResponse]  # type: ignore[assignment]
+    """Resume a run whose tool call suspended itself (the seeds' `suspend(payload)`) with the
+    caller's data: the tool runs again and sees it as its resume data; streamed and refused
+    like ApproveToolCall (FAILED_PRECONDITION: the call awaits an approval and `resume_data`
+    is not {approved, reason?}).
     """
     Observe: _aio.UnaryStreamMultiCallable[_agent_pb2.ObserveRequest, _agent_pb2.ObserveResponse]  # type: ignore[assignment]
     """Reattach to a durable run, on any replica sharing its store and event log:
@@ -178,6 +190,18 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.DeclineToolCallResponse], _abc.AsyncIterator[_agent_pb2.DeclineToolCallResponse]]:
         """Resume a suspended run declining the call (the model is told, with `reason`);
         streamed and refused like ApproveToolCall.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeToolCall(
+        self,
+        request: _agent_pb2.ResumeToolCallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.ResumeToolCallResponse], _abc.AsyncIterator[_agent_pb2.ResumeToolCallResponse]]:
+        """Resume a run whose tool call suspended itself (the seeds' `suspend(payload)`) with the
+        caller's data: the tool runs again and sees it as its resume data; streamed and refused
+        like ApproveToolCall (FAILED_PRECONDITION: the call awaits an approval and `resume_data`
+        is not {approved, reason?}).
         """
 
     @_abc_1.abstractmethod

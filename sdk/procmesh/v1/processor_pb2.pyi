@@ -1197,6 +1197,8 @@ class ExecuteToolRequest(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    RESUME_DATA_FIELD_NUMBER: _builtins.int
+    SUSPEND_PAYLOAD_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     """The tool to run: one the processor added through ProcessInputStep `tools`, or a hosted tool."""
     tool_call_id: _builtins.str
@@ -1215,6 +1217,16 @@ class ExecuteToolRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
         """The conversation so far."""
 
+    @_builtins.property
+    def resume_data(self) -> _struct_pb2.Value:
+        """Set when the call is a suspended call coming back (the seeds' `resumeData`): what the caller
+        answered with resume-stream (any JSON, null included). Unset on a first execution.
+        """
+
+    @_builtins.property
+    def suspend_payload(self) -> _struct_pb2.Value:
+        """Set with `resume_data`: the payload the tool suspended with (the seeds' `suspendPayload`)."""
+
     def __init__(
         self,
         *,
@@ -1223,10 +1235,12 @@ class ExecuteToolRequest(_message.Message):
         tool_call_id: _builtins.str = ...,
         args: _struct_pb2.Value | None = ...,
         messages: _abc.Iterable[_types_pb2.Message] | None = ...,
+        resume_data: _struct_pb2.Value | None = ...,
+        suspend_payload: _struct_pb2.Value | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "context", b"context"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "context", b"context", "resume_data", b"resume_data", "suspend_payload", b"suspend_payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "context", b"context", "messages", b"messages", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "context", b"context", "messages", b"messages", "resume_data", b"resume_data", "suspend_payload", b"suspend_payload", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1242,10 +1256,16 @@ class ExecuteToolResponse(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     MODEL_OUTPUT_FIELD_NUMBER: _builtins.int
+    SUSPEND_PAYLOAD_FIELD_NUMBER: _builtins.int
+    RESUME_SCHEMA_FIELD_NUMBER: _builtins.int
     error: _builtins.str
     """Set when the tool raised: its message, clipped. The model sees it as the tool's error (a
     `tool-error` chunk). A raising tool is data, not a failed call: a status other than OK means
     the sidecar failed, and the processor's failure policy applies.
+    """
+    resume_schema: _builtins.str
+    """With `suspend_payload`: the JSON schema (as JSON text) the resume data should match, shown
+    to the caller in the chunk's `resumeSchema`. Empty: none given.
     """
     @_builtins.property
     def effects(self) -> _types_pb2.HookEffects:
@@ -1266,6 +1286,14 @@ class ExecuteToolResponse(_message.Message):
         model sees `result`. Ignored when `error` is set, or once processToolResult replaced the result.
         """
 
+    @_builtins.property
+    def suspend_payload(self) -> _struct_pb2.Value:
+        """Set when the tool suspended (the seeds' `suspend(payload)`): the payload, any JSON. The run
+        stops at this call, is kept in the store like one awaiting approval, and streams a
+        `tool-call-suspended` chunk; resumed with data, the tool runs again with `resume_data`.
+        `result`, `error` and `model_output` are then ignored; effects apply as for a result.
+        """
+
     def __init__(
         self,
         *,
@@ -1273,10 +1301,12 @@ class ExecuteToolResponse(_message.Message):
         result: _struct_pb2.Value | None = ...,
         error: _builtins.str = ...,
         model_output: _struct_pb2.Value | None = ...,
+        suspend_payload: _struct_pb2.Value | None = ...,
+        resume_schema: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "model_output", b"model_output", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "model_output", b"model_output", "result", b"result", "suspend_payload", b"suspend_payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "error", b"error", "model_output", b"model_output", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "error", b"error", "model_output", b"model_output", "result", b"result", "resume_schema", b"resume_schema", "suspend_payload", b"suspend_payload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -462,6 +462,7 @@ class ToolCall(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
     REQUEST_CONTEXT_FIELD_NUMBER: _builtins.int
+    SUSPEND_PAYLOAD_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The model's id for the call."""
     tool_name: _builtins.str
@@ -477,6 +478,12 @@ class ToolCall(_message.Message):
         with. Unset otherwise.
         """
 
+    @_builtins.property
+    def suspend_payload(self) -> _struct_pb2.Value:
+        """A suspended run's call that suspended itself (RunResult `suspended`): the payload it
+        suspended with; resume it with ResumeToolCall. Unset for a call awaiting approval.
+        """
+
     def __init__(
         self,
         *,
@@ -484,10 +491,11 @@ class ToolCall(_message.Message):
         tool_name: _builtins.str = ...,
         args: _struct_pb2.Value | None = ...,
         request_context: _struct_pb2.Struct | None = ...,
+        suspend_payload: _struct_pb2.Value | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "request_context", b"request_context"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "request_context", b"request_context", "suspend_payload", b"suspend_payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "request_context", b"request_context", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "request_context", b"request_context", "suspend_payload", b"suspend_payload", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

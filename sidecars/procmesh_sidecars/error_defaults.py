@@ -117,8 +117,9 @@ def _file_parts(msg: dict[str, Any]) -> bool:
 
 
 def _placeholder(part: dict[str, Any]) -> dict[str, Any]:
-    # A prompt part carries the media type, not the file's name.
-    return {"type": "text", "text": f"[Attachment unavailable: {part.get('mediaType') or 'file'}]"}
+    # The file's name when the caller gave one, else its media type (what every file part has).
+    name = part.get("filename") or part.get("mediaType") or "file"
+    return {"type": "text", "text": f"[Attachment unavailable: {name}]"}
 
 
 _RETRYABLE_STREAM_CODES = (

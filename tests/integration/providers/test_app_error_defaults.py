@@ -107,6 +107,15 @@ async def test_rejected_image_is_replaced_by_a_placeholder(app: App, openai_api:
     assert stored[0]["content"] == question["content"]  # the thread keeps the attachment
 
 
+async def test_the_placeholder_names_the_file_when_the_caller_did(app: App, openai_api: FakeOpenAI) -> None:
+    openai_api.text_only.add("text-only")
+    picture = {"type": "file", "mediaType": "image/png", "data": PNG, "filename": "cat.png"}
+    await app.agent("text-only").generate([message("user", text("What is in this picture?"), picture)])
+
+    _, retry = openai_api.calls("text-only")  # the name crossed to the sidecar with the prompt
+    assert retry.body["messages"][-1]["content"][1] == text("[Attachment unavailable: cat.png]")
+
+
 # -- stream-error-retry-processor -------------------------------------------------------------------
 
 

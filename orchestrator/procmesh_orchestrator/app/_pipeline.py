@@ -31,6 +31,7 @@ from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, stop
 from procmesh_orchestrator.run.framework.cost import CostControl
 from procmesh_orchestrator.run.framework.memory import AgentMemory
+from procmesh_orchestrator.run.framework.working_memory import WorkingMemorySettings
 from procmesh_orchestrator.run.hooks import RunInfo
 from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.store import MemoryStore
@@ -154,7 +155,13 @@ class Pipeline:
             return None
         assert store is not None
         name = str(getattr(store, "name", "") or f"{self.config.storage.backend} store")
-        return AgentMemory(store, config.last_messages, name)
+        return AgentMemory(
+            store,
+            config.last_messages,
+            name,
+            WorkingMemorySettings.of(config.working_memory),
+            config.read_only,
+        )
 
     @contextlib.contextmanager
     def pin(self) -> Iterator[None]:

@@ -30,6 +30,7 @@ from procmesh_orchestrator.config.lanes import WorkflowRef as WorkflowRef
 from procmesh_orchestrator.config.lanes import WorkflowStep as WorkflowStep
 from procmesh_orchestrator.config.lanes import _lane, check_workflows, lane_instances
 from procmesh_orchestrator.config.lanes import workflow_refs as workflow_refs
+from procmesh_orchestrator.config.memory import WorkingMemoryConfig as WorkingMemoryConfig
 from procmesh_orchestrator.config.request_context import SchemaOfContext
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
@@ -200,6 +201,10 @@ class AgentMemoryConfig(_Model):
 
     last_messages: int = Field(default=10, ge=1)
     """How many of the thread's most recent stored messages each call loads ahead of its input."""
+    working_memory: WorkingMemoryConfig | None = None
+    """A text the model keeps about the resource or the thread (`config.memory`)."""
+    read_only: bool = False
+    """Load history and working memory, never write them (the reference's ``readOnly``)."""
 
 
 class ModelChoice(_Model):

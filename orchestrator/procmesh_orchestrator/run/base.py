@@ -112,9 +112,13 @@ class RunCore:
         self.caller = agent.hook_caller(self.info, metrics)
         self.input_lane, self.output_lane, self.error_lane = call_lanes(agent, options)
         # Memory's processors run around the lanes, per-call lists included (SPEC §3, §5).
-        self.memory = agent.memory.for_call(options.thread_id, options.resource_id) if agent.memory else None
+        self.memory = (
+            agent.memory.for_call(options.thread_id, options.resource_id, options.memory)
+            if agent.memory
+            else None
+        )
         if self.memory is not None:
-            self.input_lane = (self.memory.history, *self.input_lane)
+            self.input_lane = (*self.memory.input_processors, *self.input_lane)
             self.output_lane = (*self.output_lane, self.memory.history)
             self.error_lane = (*self.error_lane, self.memory.recovery)
         # Cost control checks the model calls your input processors prepared (`run.framework.cost`).
@@ -131,9 +135,15 @@ class RunCore:
             if options.max_processor_retries is not None
             else agent.max_processor_retries
         )
-        self.tools: dict[str, Tool] = {**agent.tools, **{t.name: t for t in options.client_tools}}
-        """The tools this run can call, by name: the agent's, the caller's client tools, and those
-        processors add to a step and run themselves (ExecuteTool)."""
+        self.memory_tools: dict[str, Tool] = dict(self.memory.tools) if self.memory is not None else {}
+        """What memory offers the model (``updateWorkingMemory``), run in process."""
+        self.tools: dict[str, Tool] = {
+            **self.memory_tools,
+            **agent.tools,
+            **{t.name: t for t in options.client_tools},
+        }
+        """The tools this run can call, by name: memory's, the agent's, the caller's client tools,
+        and those processors add to a step and run themselves (ExecuteTool)."""
         self.awaiting_client = False
         """A client tool was called: the run ends for the caller to run it and continue."""
         self.partial_text = ""
@@ -169,7 +179,8 @@ class RunCore:
     def offered_tools(self) -> list[Tool]:
         """What each step starts by offering the model: the agent's tools and the caller's client
         tools (a processor's processInputStep adds its own, every step, and runs them)."""
-        return [t for name, t in self.tools.items() if name in self.agent.tools or isinstance(t, ClientTool)]
+        offered = (*self.memory_tools, *self.agent.tools)
+        return [t for name, t in self.tools.items() if name in offered or isinstance(t, ClientTool)]
 
     def needs_approval(self, tool: Tool) -> bool:
         """Whether a call of `tool` waits for approval (the call's setting overrides the tool's)."""

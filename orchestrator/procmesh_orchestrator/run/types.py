@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import ConfigError, OrchestratorError
-from procmesh_orchestrator.run.framework.memory import AgentMemory
+from procmesh_orchestrator.run.framework.memory import AgentMemory, MemoryCallOptions
 from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
 from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.run.stop import StopCondition
@@ -214,6 +214,8 @@ class CallOptions:
     """The names of the offered tools the model may call (None: all)."""
     structured_output: StructuredOutput | None = None
     """Answer with a JSON value matching a schema: the result's `RunResult.object`."""
+    memory: MemoryCallOptions = field(default_factory=MemoryCallOptions)
+    """This call's memory options (window, read-only, recall); each None field: the agent's."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ the save follows from those two places and from the message list's sources:
   signal and is saved where it was sent; transient signals are dropped here;
 - loaded history keeps its ``memory`` source, so it is never saved again, even when rewritten.
 
+With working memory (`working_memory`), its processor goes first: it adds the instruction and the
+stored data as a system message, and the call offers the model ``updateWorkingMemory``. A call's
+`MemoryCallOptions` may narrow the window and make memory read-only (nothing saved, no tool).
+
 `ContextWindowRecovery` tails the error lane: on a context-length rejection it drops the oldest
 loaded history and asks for a retry (within the run's shared retry budget).
 """
@@ -28,6 +32,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from procmesh_orchestrator.errors import FencedWriteError, InvalidMemoryInputError, MemoryStoreError
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
+from procmesh_orchestrator.run.framework.working_memory import (
+    TOOL_NAME,
+    UpdateWorkingMemoryTool,
+    WorkingMemoryProcessor,
+    WorkingMemorySettings,
+)
 from procmesh_orchestrator.run.hooks import (
     APIErrorArgs,
     APIErrorResult,
@@ -54,6 +64,18 @@ _CONTEXT_LENGTH = re.compile(
 
 
 @dataclass(frozen=True)
+class MemoryCallOptions:
+    """One call's memory options (the reference's ``memory.options``); None: the agent's."""
+
+    last_messages: int | None = None
+    """The history window for this call (0: load no history)."""
+    read_only: bool | None = None
+    """Load history and working memory, save nothing, offer no ``updateWorkingMemory``."""
+    semantic_recall: bool | None = None
+    """Semantic recall on or off for this call (where the agent configures it)."""
+
+
+@dataclass(frozen=True)
 class AgentMemory:
     """An agent's message-history memory: where its threads live and how much of one a run sees."""
 
@@ -63,8 +85,14 @@ class AgentMemory:
     store_name: str = "memory store"
     """How the store names itself in its errors (``sqlite:/var/lib/procmesh/memory.db``; never a
     password): logged, and cut from what a client reads."""
+    working_memory: WorkingMemorySettings | None = None
+    """The agent's working memory (None: it has none)."""
+    read_only: bool = False
+    """Load, never write (the reference's ``readOnly``); a call's options may turn it on."""
 
-    def for_call(self, thread_id: str, resource_id: str) -> CallMemory | None:
+    def for_call(
+        self, thread_id: str, resource_id: str, options: MemoryCallOptions | None = None
+    ) -> CallMemory | None:
         """The memory processors of one call; None without a thread (neither loads nor saves)."""
         if not thread_id:
             return None
@@ -73,17 +101,37 @@ class AgentMemory:
                 f"memory: thread {thread_id!r} was given without a resource; "
                 "a thread belongs to one resource (a user, an org): pass both"
             )
-        history = MessageHistory(self, thread_id, resource_id)
-        return CallMemory(history, ContextWindowRecovery(history))
+        options = options or MemoryCallOptions()
+        read_only = self.read_only if options.read_only is None else options.read_only
+        window = self.last_messages if options.last_messages is None else options.last_messages
+        history = MessageHistory(self, thread_id, resource_id, window=window, read_only=read_only)
+        working = None
+        if self.working_memory is not None:
+            working = WorkingMemoryProcessor(
+                self.store, self.working_memory, resource_id, thread_id, read_only
+            )
+        return CallMemory(history, ContextWindowRecovery(history), working)
 
 
 @dataclass(frozen=True)
 class CallMemory:
-    """Memory's processors for one call: `history` heads the input lane and tails the output lane,
-    `recovery` tails the error lane."""
+    """Memory's processors for one call: `working` (when the agent has working memory) and
+    `history` head the input lane, `history` tails the output lane, `recovery` tails the error lane."""
 
     history: MessageHistory
     recovery: ContextWindowRecovery
+    working: WorkingMemoryProcessor | None = None
+
+    @property
+    def input_processors(self) -> tuple[FrameworkProcessor, ...]:
+        """What goes ahead of the input lane, in the reference's order."""
+        return (self.history,) if self.working is None else (self.working, self.history)
+
+    @property
+    def tools(self) -> dict[str, UpdateWorkingMemoryTool]:
+        """The tools memory offers the model (``updateWorkingMemory`` unless read-only)."""
+        tool = self.working.tool() if self.working is not None else None
+        return {} if tool is None else {tool.name: tool}
 
 
 def _is_transient_signal(msg: Message) -> bool:
@@ -91,23 +139,27 @@ def _is_transient_signal(msg: Message) -> bool:
     return msg.get("role") == "signal" and bool((meta.get("signal") or {}).get("transient"))
 
 
+def _kept(part: dict[str, Any], keep_calls: bool) -> bool:
+    if part.get("type") != "tool-invocation":
+        return True
+    invocation = part["toolInvocation"]
+    if invocation.get("toolName") == TOOL_NAME:  # the reference never stores working-memory updates
+        return False
+    return keep_calls or invocation.get("state") != "call"
+
+
 def storable(messages: list[Message], *, keep_calls: bool = False) -> list[Message]:
     """What of a turn's messages memory stores: no system messages, no transient signals, no
-    message left without parts (an empty step), and no tool call that never got its result,
-    unless `keep_calls` (a turn that ended for the client's tools to run: the client's next call
-    sends the results, which settle these calls in the loaded history)."""
+    ``updateWorkingMemory`` call, no message left without parts (an empty step), and no tool call
+    that never got its result, unless `keep_calls` (a turn that ended for the client's tools to
+    run: the client's next call sends the results, which settle these calls in the loaded history)."""
     out: list[Message] = []
     for msg in messages:
         if msg.get("role") == "system" or _is_transient_signal(msg):
             continue
         content = msg.get("content")
         if isinstance(content, dict):
-            parts = [
-                p
-                for p in content.get("parts") or []
-                if keep_calls
-                or not (p.get("type") == "tool-invocation" and p["toolInvocation"].get("state") == "call")
-            ]
+            parts = [p for p in content.get("parts") or [] if _kept(p, keep_calls)]
             if not parts:
                 continue
             msg = {**msg, "content": {**content, "parts": parts}}
@@ -122,10 +174,15 @@ class MessageHistory(FrameworkProcessor):
     processor_id = "message-history"
     hooks = frozenset({"process_input", "process_output_result"})
 
-    def __init__(self, memory: AgentMemory, thread_id: str, resource_id: str) -> None:
+    def __init__(
+        self, memory: AgentMemory, thread_id: str, resource_id: str, *, window: int, read_only: bool = False
+    ) -> None:
         self.memory = memory
         self.thread_id = thread_id
         self.resource_id = resource_id
+        self.window = window
+        """How many stored messages this call loads (the agent's ``lastMessages`` or the call's)."""
+        self.read_only = read_only
         self.key = f"memory:{self.processor_id}"
 
     async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
@@ -167,7 +224,7 @@ class MessageHistory(FrameworkProcessor):
         """
         try:
             stored = await self.memory.store.messages(
-                self.thread_id, self.resource_id, last=self.memory.last_messages, include_signals=True
+                self.thread_id, self.resource_id, last=self.window, include_signals=True
             )
         except Exception as exc:
             raise self._failed(run, "loading", exc) from exc
@@ -177,7 +234,10 @@ class MessageHistory(FrameworkProcessor):
         run.unsettled_results = run.ml.settle_tool_calls(run.unsettled_results, msgs.INPUT)
 
     async def save(self, run: RunCore, finish_reason: str) -> None:
-        """Save this call's input and response messages, in their final form, as one turn."""
+        """Save this call's input and response messages, in their final form, as one turn
+        (nothing when memory is read-only for this call)."""
+        if self.read_only:
+            return
         response = run.ml.view(msgs.RESPONSE)
         if finish_reason == "error" and not storable(response):
             return  # a turn that failed before any answer: its input would be an orphan question

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ import pytest_asyncio
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run import CallOptions
+from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.providers.conftest import OPENAI_KEY_ENV
 from tests.integration.providers.fakes import FakeOpenAI
 from tests.integration.providers.files import FileServer
@@ -30,11 +31,22 @@ REPORT = b"Quarterly report: revenue up 4%."
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def app(openai_api: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[App]:
+async def resign(start_sidecar: Callable[..., SidecarProcess]) -> str:
+    """A real sidecar process serving your own error processor (tests/fixtures/resign_sidecar.py)."""
+    proc = start_sidecar(name="resign", module="tests.fixtures.resign_sidecar")
+    await proc.wait_ready()
+    return proc.address
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def app(
+    openai_api: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory, resign: str
+) -> AsyncIterator[App]:
     local = {"kind": "openai", "baseUrl": openai_api.base_url, "apiKeyEnv": OPENAI_KEY_ENV}
     config = parse_config(
         {
             "storage": {"backend": "sqlite", "path": str(tmp_path_factory.mktemp("memory") / "memory.db")},
+            "sidecars": {"own": {"address": resign, "timeout": 10}},
             "providers": {
                 "internal": {**local, "downloadAllowHosts": ["127.0.0.1"]},
                 "guarded": local,
@@ -42,6 +54,10 @@ async def app(openai_api: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) 
             "agents": {
                 "reader": {"model": "internal/reader", "memory": {"lastMessages": 10}},
                 "guarded": {"model": "guarded/reader"},
+                "resigning": {  # your own processor swaps an expired URL for a fresh one
+                    "model": "internal/resigning",
+                    "errorProcessors": [{"processor": "own/resign-attachments"}],
+                },
                 "signed": {  # your own instance: a DOWNLOAD_ASSETS_FAILED is worth one more try
                     "model": "internal/signed",
                     "errorProcessors": [
@@ -121,6 +137,23 @@ async def test_a_failed_download_reaches_process_api_error_which_may_retry(
         user_content(call)[1]["file"]["file_data"]
         == "data:text/plain;base64," + base64.b64encode(REPORT).decode()
     )
+
+
+async def test_your_processor_may_replace_the_attachment_and_retry(
+    app: App, openai_api: FakeOpenAI, files: FileServer
+) -> None:
+    files.files["/fresh/report.txt"] = [(200, REPORT, "text/plain")]  # /expired/ is a 404
+    question = message("user", text("Summarise."), attachment(files.url("/expired/report.txt")))
+    result, stored = await run_keeping_history(app, "resigning", [question])
+
+    assert result.text == "ok"
+    assert files.hits == {"/expired/report.txt": 1, "/fresh/report.txt": 1}
+    (call,) = openai_api.calls("resigning")
+    assert (
+        user_content(call)[1]["file"]["file_data"]
+        == "data:text/plain;base64," + base64.b64encode(REPORT).decode()
+    )
+    assert stored[0]["content"]["parts"][1]["data"] == files.url("/fresh/report.txt")  # its edit stays
 
 
 async def test_an_unrecoverable_download_is_retried_once_with_a_placeholder(

@@ -175,6 +175,8 @@ class RunCore:
         """The structured output's value (`CallOptions.structured_output`)."""
         self.structured_error: str | None = None
         """Why the answer did not match the structured output's schema (strict: the run failed)."""
+        self.used_fallback_value = False
+        """`object` is the structured output's fallback value: the answer did not match."""
 
     def offered_tools(self) -> list[Tool]:
         """What each step starts by offering the model: the agent's tools and the caller's client

@@ -238,6 +238,7 @@ class Run(RunCore):
             status=status,
             suspended=self.pending_approvals,
             model_id=self.answered_by,
+            used_fallback_value=self.used_fallback_value,
         )
 
     def _stopped(self, status: str, started: float, error: BaseException | None = None) -> RunResult:

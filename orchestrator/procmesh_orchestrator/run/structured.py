@@ -9,6 +9,7 @@ chunks, then the validated value as ``object-result``, before the run's ``finish
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -137,11 +138,16 @@ def structuring_input(steps: list[dict[str, Any]], text: str) -> str:
 async def answer(run: RunCore, text: str, so: StructuredOutput) -> tuple[Any, str | None]:
     """The run's object: its answer parsed, or (with `StructuredOutput.model`) structured by a
     second model call whose partial objects stream as ``object`` chunks. Errors as `parse`."""
+    strict = dataclasses.replace(so, error_strategy="strict")  # the mismatch, before the strategy
     if so.model is None:
-        return parse(text, so)
-    structured, problem = await _structure(run, text, so)
+        value, problem = parse(text, strict)
+    else:
+        structured, problem = await _structure(run, text, so)
+        if problem is None:
+            value, problem = parse(structured, strict)
     if problem is None:
-        return parse(structured, so)
+        return value, None
+    run.used_fallback_value = so.error_strategy == "fallback"  # the result's usedFallbackValue
     return parse_failure(problem, so)
 
 

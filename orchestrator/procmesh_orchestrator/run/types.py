@@ -259,6 +259,8 @@ class RunResult:
     """The parsed, validated answer of a call with `CallOptions.structured_output`."""
     model_id: str | None = None
     """The model that answered the run's last model call (a fallback when the first ones failed)."""
+    used_fallback_value: bool = False
+    """`object` is the structured output's ``fallbackValue``: the answer did not match its schema."""
 
     @property
     def assistant_metadata(self) -> dict[str, Any]:

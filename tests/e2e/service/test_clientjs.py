@@ -250,5 +250,5 @@ async def test_the_generate_twins_return_the_whole_run(
     got = flow["result"]
     assert (got["runId"], got["status"], got["finishReason"]) == (flow["runId"], "success", "stop")
     assert got["text"] == "Let me check." + tool_answer(result)
-    assert got["steps"][0]["toolResults"][0]["result"] == result
+    assert got["steps"][0]["toolResults"][0]["payload"]["result"] == result  # chunks, as the client's type
     assert tools_output["listedAtEnd"] == []

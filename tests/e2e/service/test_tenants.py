@@ -164,7 +164,7 @@ async def generate(
 def whoami(body: dict[str, Any]) -> dict[str, Any]:
     """The request context the sidecar tool's ExecuteTool request carried."""
     (result,) = [r for step in body["steps"] for r in step["toolResults"]]
-    found: dict[str, Any] = result["result"]["requestContext"]
+    found: dict[str, Any] = result["payload"]["result"]["requestContext"]
     return found
 
 

@@ -308,6 +308,7 @@ async def test_structured_output_parses_and_validates_the_answer(
 ) -> None:
     body = await _generate(http, "json", {"messages": "weather?", "structuredOutput": {"schema": SCHEMA}})
     assert (body["status"], body["object"]) == ("success", {"city": "Paris", "temp": 21})
+    assert body["usedFallbackValue"] is False
     request = _last_request(service, "json")
     assert request.response_format == {"type": "json", "schema": SCHEMA, "name": "response"}
     assert json.dumps(SCHEMA) in _systems(request)[-1]
@@ -330,6 +331,7 @@ async def test_a_mismatch_follows_the_error_strategy(
     so = {"schema": SCHEMA, "errorStrategy": strategy, "fallbackValue": {"city": "?", "temp": 0}}
     body = await _generate(http, "prose", {"messages": "weather?", "structuredOutput": so})
     assert (body["status"], body["object"]) == (status, obj)
+    assert body["usedFallbackValue"] is (strategy == "fallback")
     if strategy == "strict":
         assert body["finishReason"] == "error"
         assert "structured output: the answer is not JSON" in body["error"]

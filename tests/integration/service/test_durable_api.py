@@ -85,7 +85,9 @@ Event = tuple[int | None, Any]
 
 
 class Sse:
-    """Reads a text/event-stream response's events with their ids, a few at a time if asked."""
+    """Reads a text/event-stream response's events with their ids, a few at a time if asked; but
+    the ``text-start`` / ``text-end`` framing each connection adds around its deltas (no event of
+    the run's log: they carry no id)."""
 
     def __init__(self, response: httpx.Response) -> None:
         self._text = response.aiter_text()
@@ -107,7 +109,9 @@ class Sse:
                     self._event_id = int(line[4:])
                 elif line.startswith("data: "):
                     data = line[6:]
-            if data:
+            if data.startswith(('{"type":"text-start"', '{"type":"text-end"')):
+                assert self._event_id is None, raw
+            elif data:
                 out.append((self._event_id, data if data == "[DONE]" else json.loads(data)))
                 self._event_id = None
         return out

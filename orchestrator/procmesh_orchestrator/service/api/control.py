@@ -7,12 +7,14 @@ to the runs of this replica and to the durable ones is here, so the two cannot d
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from procmesh_orchestrator.durable import DurableRuns
-from procmesh_orchestrator.run import Agent, RunStream
+from procmesh_orchestrator.run import Agent, RunResult, RunStream
 from procmesh_orchestrator.run.context import names as key_names
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import (
@@ -114,6 +116,22 @@ def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> L
         core.gate.leave()
         raise
     return LiveRun(core, agent_id, run, call.options.resource_id)
+
+
+async def generate(agent: Agent, call: AgentCall, client_gone: Awaitable[object]) -> RunResult:
+    """Run an admitted call to its end, aborted as a streamed run is when its client leaves first
+    (`client_gone` returns): the abort signal cancels the model, processor and tool calls in
+    flight, and the turn is not saved (a run saves its turn only when it finishes)."""
+    signal = call.options.abort_signal or asyncio.Event()
+    run = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
+    gone = asyncio.ensure_future(client_gone)
+    try:
+        await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if gone.done() and not run.done():
+            signal.set()
+        return await run
+    finally:
+        gone.cancel()
 
 
 @dataclass

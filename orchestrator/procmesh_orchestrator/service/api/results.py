@@ -73,14 +73,50 @@ def all_results(result: RunResult) -> list[dict[str, Any]]:
     return [r for step in result.steps for r in step.get("toolResults") or []]
 
 
-def result_json(result: RunResult) -> dict[str, Any]:
+def _step_json(step: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """A step as the client's `LLMStepResult` declares it: its calls and results as chunks (all
+    static: procmesh has no dynamic tools), and empty lists or null where procmesh has nothing."""
+    calls = _call_chunks(step.get("toolCalls") or [], run_id)
+    results = _result_chunks(step.get("toolResults") or [], run_id)
+    content: list[dict[str, Any]] = [{"type": "text", "text": step["text"]}] if step.get("text") else []
+    content += [{"type": "tool-call", **c["payload"], "input": c["payload"]["args"]} for c in calls]
+    content += [{"type": "tool-result", **r["payload"]} for r in results]
+    return {
+        **_NOTHING,
+        **step,
+        "toolCalls": calls,
+        "toolResults": results,
+        "staticToolCalls": calls,
+        "staticToolResults": results,
+        "dynamicToolCalls": [],
+        "dynamicToolResults": [],
+        "content": content,
+    }
+
+
+_NOTHING: dict[str, Any] = {
+    "reasoning": [],
+    "reasoningText": None,
+    "sources": [],
+    "files": [],
+    "warnings": [],
+    "providerMetadata": None,
+    "request": {},
+}
+"""The fields of a result and of a step the client's types declare that procmesh has nothing for:
+no provider's reasoning, sources or files reach a result yet, and no request body is echoed."""
+
+
+def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The generate() result as the reference server returns it (camelCase), with `status`.
 
+    Every field of the client's `FullOutput` is there (empty lists, ``false`` or null where
+    procmesh has nothing), `warnings` the call's own (`calls.AgentCall.warnings`).
     ``toolCalls`` holds every step's calls as ``tool-call`` chunks (the client runs those of its
     client tools at finish reason ``tool-calls``; ``response.messages`` are then AI SDK model
     messages, the stored form in ``response.dbMessages``), the one awaiting approval last
     (finish reason ``suspended``, also as ``suspendPayload``); ``toolResults`` their results as
-    ``tool-result`` chunks. Each step's ``toolCalls`` are chunks too.
+    ``tool-result`` chunks, as each step's are (`_step_json`).
     """
     response: dict[str, Any] = {"messages": result.response_messages}
     if result.finish_reason == "tool-calls" and result.steps and result.status != "suspended":
@@ -90,13 +126,14 @@ def result_json(result: RunResult) -> dict[str, Any]:
         }
     response["modelId"] = result.model_id  # the model that answered (a fallback, when one did)
     run_id = result.run_id
-    steps = [{**s, "toolCalls": _call_chunks(s.get("toolCalls") or [], run_id)} for s in result.steps]
     out: dict[str, Any] = {
+        **_NOTHING,
+        "warnings": list(warnings or []),
         "runId": run_id,
         "status": result.status,
         "text": result.text,
         "finishReason": result.finish_reason,
-        "steps": steps,
+        "steps": [_step_json(s, run_id) for s in result.steps],
         "usage": result.usage,
         "totalUsage": result.usage,
         "tripwire": result.tripwire,
@@ -106,38 +143,28 @@ def result_json(result: RunResult) -> dict[str, Any]:
         "response": response,
         "violations": result.violations,
         "traceId": result.trace_id,
+        "spanId": None,
         "object": result.object,
+        "usedFallbackValue": result.used_fallback_value,
+        "suspendPayload": None,
     }
     if result.status == "suspended" and result.suspended:
         first = result.suspended[0]
         out["suspendPayload"] = {k: first.get(k) for k in ("toolCallId", "toolName", "args")}
-    if result.error is not None:
+    if result.error is not None:  # `error` is undefined in the client's type unless the run failed
         out["error"] = result.error
     return out
 
 
-def failed_json(error: BaseException) -> dict[str, Any]:
+def failed_json(error: BaseException, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The result of a run that raised: the partial result when the error carries one."""
     partial = getattr(error, "result", None)
-    if isinstance(partial, RunResult):
-        out = result_json(partial)
-    else:
-        out = {
-            "runId": None,
-            "text": "",
-            "finishReason": "error",
-            "steps": [],
-            "usage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
-            "tripwire": None,
-            "totalUsage": {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
-            "toolCalls": [],
-            "toolResults": [],
-            "messages": [],
-            "response": {"messages": []},
-            "violations": [],
-            "traceId": None,
-            "object": None,
-        }
+    if not isinstance(partial, RunResult):
+        usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
+        partial = RunResult("", "", "error", [], None, usage, [], [])
+    out = result_json(partial, warnings)
+    if out["runId"] == "":
+        out["runId"] = None
     out["status"] = "failed"
     out["finishReason"] = "error"
     out["error"] = str(error)
@@ -156,6 +183,45 @@ def wire_chunk(chunk: Chunk, run_id: str) -> Chunk:
         payload.setdefault("stepResult", {"reason": payload.get("finishReason", "stop")})
         out["payload"] = payload
     return out
+
+
+_DELTAS = {"text-delta": "text", "reasoning-delta": "reasoning"}
+
+
+class Framing:
+    """The reference's framing of a stream's deltas, added on the wire: each block of
+    ``text-delta`` (``reasoning-delta``) chunks with one id opens with ``text-start`` and closes
+    with ``text-end`` (``reasoning-*``) before the next chunk that is not one of them (custom
+    ``data-*`` chunks stay inside), which converting to AI SDK UI streams relies on. One per
+    connection: a client reattaching mid-block gets its start again. A stream that frames its
+    blocks itself is passed as it is."""
+
+    def __init__(self) -> None:
+        self._open: tuple[str, Any] | None = None
+
+    def frame(self, chunk: Chunk) -> list[Chunk]:
+        """`chunk`, with the framing chunks that go before it."""
+        kind = str(chunk.get("type"))
+        block_id = (chunk.get("payload") or {}).get("id")
+        block, _, edge = kind.rpartition("-")
+        if kind in _DELTAS:
+            if self._open == (_DELTAS[kind], block_id):
+                return [chunk]
+            framing = self.close()
+            self._open = (_DELTAS[kind], block_id)
+            return [*framing, {"type": f"{self._open[0]}-start", "payload": {"id": block_id}}, chunk]
+        if block in ("text", "reasoning") and edge in ("start", "end"):
+            framing = [] if self._open == (block, block_id) else self.close()
+            self._open = (block, block_id) if edge == "start" else None
+            return [*framing, chunk]
+        return [chunk] if kind.startswith("data-") else [*self.close(), chunk]
+
+    def close(self) -> list[Chunk]:
+        """The end of the open block, if one is (before any other chunk, and at the stream's end)."""
+        if self._open is None:
+            return []
+        (block, block_id), self._open = self._open, None
+        return [{"type": f"{block}-end", "payload": {"id": block_id}}]
 
 
 def _json_default(value: Any) -> Any:

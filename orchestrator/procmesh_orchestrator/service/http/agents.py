@@ -5,6 +5,7 @@ runs is `api.control`'s."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +23,7 @@ from procmesh_orchestrator.service.api import control, durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest, parse_body, parse_resume
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.api.results import dumps, failed_json, result_json, wire_chunk
+from procmesh_orchestrator.service.api.results import Framing, dumps, failed_json, result_json, wire_chunk
 from procmesh_orchestrator.service.api.runs import resume_generate, store_errors, suspended_run_json
 from procmesh_orchestrator.service.http import sse
 from procmesh_orchestrator.service.http.bodies import (
@@ -82,9 +83,9 @@ class AgentRoutes:
     async def generate(self, request: Request) -> Response:
         """``POST /api/agents/{id}/generate``: the run to its end, as the reference's result."""
         agent_id, agent, call = await self._admit(request)
-        return _naming_drops(call, await self._generate(agent_id, agent, call))
+        return _naming_drops(call, await self._generate(request, agent_id, agent, call))
 
-    async def _generate(self, agent_id: str, agent: Agent, call: AgentCall) -> Response:
+    async def _generate(self, request: Request, agent_id: str, agent: Agent, call: AgentCall) -> Response:
         core = self.core
         release = releaser(core)
         try:
@@ -107,8 +108,8 @@ class AgentRoutes:
                     time.perf_counter() - started,
                 )
                 return GatedResponse(body, release)
-            try:
-                body = result_json(await agent.generate(call.input, call.options))
+            try:  # the client leaving aborts the run as it aborts a stream's
+                body = result_json(await control.generate(agent, call, self._client_gone(request)))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 body = failed_json(exc)  # a failed run, not a failed request (a store error names the store)
             log.info(
@@ -122,6 +123,13 @@ class AgentRoutes:
             await release()
             raise
         return GatedResponse(body, release)
+
+    def _client_gone(self, request: Request) -> Awaitable[object]:
+        """What aborts a generate: its client leaving, with ``abort_on_disconnect`` (else nothing:
+        the run finishes, its answer unsent)."""
+        if self.core.settings.abort_on_disconnect:
+            return _disconnected(request)
+        return asyncio.Event().wait()  # never set
 
     async def stream(self, request: Request) -> Response:
         """``POST /api/agents/{id}/stream``: the run's chunks as server-sent events."""
@@ -255,6 +263,7 @@ async def _events(core: ServiceCore, live: LiveRun) -> AsyncIterator[bytes]:
     started = time.perf_counter()
     finish = "unknown"
     every = core.settings.sse_heartbeat_seconds
+    framing = Framing()
     async for chunk in with_heartbeats(aiter(run), every):
         if chunk is None:
             yield HEARTBEAT
@@ -266,14 +275,17 @@ async def _events(core: ServiceCore, live: LiveRun) -> AsyncIterator[bytes]:
             finish = str((chunk.get("payload") or {}).get("finishReason", finish))
         elif kind in ("tripwire", "abort"):
             finish = kind
-        yield f"data: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
+        for framed in framing.frame(chunk):
+            yield f"data: {dumps(wire_chunk(framed, run_id))}\n\n".encode()
+    ending = framing.close()
     try:
         await run.result()
     except Exception:
         log.exception("stream run %s of agent %s failed unexpectedly", run_id, agent_id)
-        error = {"type": "error", "payload": {"message": "internal error"}}
-        yield f"data: {dumps(wire_chunk(error, run_id))}\n\n".encode()
+        ending.append({"type": "error", "payload": {"message": "internal error"}})
         finish = "internal-error"
+    for chunk in ending:
+        yield f"data: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
     log.info(
         "stream agent=%s run=%s finish=%s %.3fs", agent_id, run_id, finish, time.perf_counter() - started
     )
@@ -291,6 +303,13 @@ def _stream_releaser(core: ServiceCore, live: LiveRun) -> Release:
             core.spawn(live.close(abort=False))
 
     return release
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client of a request whose body was read has gone (uvicorn's receive then
+    answers ``http.disconnect``; until then it waits)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _naming_drops(call: AgentCall, response: Response) -> Response:

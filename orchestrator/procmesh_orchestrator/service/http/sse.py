@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from procmesh_orchestrator.errors import EventLogError, OrchestratorError
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api.durable import LOG_CUT, check_run_id
-from procmesh_orchestrator.service.api.results import Chunk, dumps, wire_chunk
+from procmesh_orchestrator.service.api.results import Chunk, Framing, dumps, wire_chunk
 from procmesh_orchestrator.store import MAX_ID_CHARS
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ async def durable_events(
     event then carries (and a reconnect sends as ``Last-Event-ID``)."""
     started = asyncio.get_running_loop().time()
     sent = 0
+    framing = Framing()
     try:
         async for event in with_heartbeats(events, heartbeat):
             if event is None:
@@ -113,6 +114,9 @@ async def durable_events(
                 continue
             offset, chunk = event
             sent += 1
+            *framing_chunks, chunk = framing.frame(chunk)  # before the id: they are no event of the log
+            for framed in framing_chunks:
+                yield f"data: {dumps(wire_chunk(framed, run_id))}\n\n".encode()
             yield f"id: {offset}\n\ndata: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
     except (EventLogError, OrchestratorError) as exc:
         log.warning("%s run=%s: event log failed after %d events: %s", what, run_id, sent, exc)
@@ -122,4 +126,6 @@ async def durable_events(
     log.info(
         "%s durable run=%s events=%d %.3fs", what, run_id, sent, asyncio.get_running_loop().time() - started
     )
+    for chunk in framing.close():
+        yield f"data: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
     yield b"data: [DONE]\n\n"

@@ -1,0 +1,183 @@
+"""What the real `@mastra/client-js` 1.47 reads from a generate() result and a stream, and what a
+client that aborts a generate does to the run (issue 30, items 1 and 2).
+
+tests/clientjs/results.mjs reads every field the client's `FullOutput` type declares without
+checking first (``result.warnings.length``), collects a stream's chunks, then aborts a generate of
+an agent whose model (`HeldModel`, a scripted OpenAI-compatible server) sends one delta and never
+ends: the model server must see its request cancelled, the run end as aborted and nothing of the
+turn be saved in the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from tests.deps import require_npm_packages
+from tests.e2e.service.conftest import CLIENTJS, NODE, OrchestratorProcess
+from tests.integration.service.support import API_KEY, API_KEYS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+CANCEL_TIMEOUT = 30.0
+"""Generous: the event is awaited, not timed (the test fails only if it never comes)."""
+
+
+class HeldModel:
+    """``POST /v1/chat/completions``: one text delta, then nothing until its reader goes away;
+    `asked` is set once a request got its delta, `cancelled` once that reader closed the socket."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.cancelled = threading.Event()
+        model = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                delta = {"choices": [{"index": 0, "delta": {"content": "Thinking"}, "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
+                self.wfile.flush()
+                model.asked.set()
+                try:
+                    while self.connection.recv(1024):  # b"": the reader closed its connection
+                        pass
+                except OSError:
+                    pass
+                model.cancelled.set()
+                self.close_connection = True
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture(scope="module")
+def held() -> Iterator[HeldModel]:
+    model = HeldModel()
+    yield model
+    model.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def orchestrator(
+    held: HeldModel,
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> OrchestratorProcess:
+    agent = {"errorProcessorDefaults": False, "memory": {"lastMessages": 10}}
+    config = {
+        "storage": {"backend": "sqlite", "dataDir": str(tmp_path_factory.mktemp("results"))},
+        "providers": {"held": {"kind": "openai", "baseUrl": held.base_url}},
+        "agents": {"assistant": {**agent, "model": "demo"}, "held": {**agent, "model": "held/m"}},
+    }
+    return await asyncio.to_thread(start_orchestrator, config, env={"PROCMESH_API_KEYS": API_KEYS})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def script(orchestrator: OrchestratorProcess, held: HeldModel) -> dict[str, Any]:
+    """results.mjs run to its end: its printed objects, merged; and whether the model server saw
+    the aborted generate's call cancelled."""
+    require_npm_packages(CLIENTJS)
+    proc = await asyncio.create_subprocess_exec(
+        str(NODE),
+        "results.mjs",
+        orchestrator.http_url,
+        API_KEY,
+        cwd=CLIENTJS,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    first = await proc.stdout.readline()
+    if not first:  # the script failed: its error, and the orchestrator's side
+        assert proc.stderr is not None
+        raise AssertionError((await proc.stderr.read()).decode() + orchestrator.log())
+    out: dict[str, Any] = json.loads(first)
+    assert json.loads(await proc.stdout.readline()) == {"asked": True}
+    assert await asyncio.to_thread(held.asked.wait, CANCEL_TIMEOUT), "the held model was never called"
+    loop = asyncio.get_running_loop()
+    proc.stdin.write(b"abort\n")
+    await proc.stdin.drain()
+    aborted_at = loop.time()
+    out["modelCancelled"] = await asyncio.to_thread(held.cancelled.wait, CANCEL_TIMEOUT)
+    print(f"\nthe model server saw the cancellation {loop.time() - aborted_at:.3f}s after the abort")
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode() + orchestrator.log()
+    out.update(json.loads(stdout))
+    return out
+
+
+async def test_a_result_has_every_field_the_clients_type_declares(script: dict[str, Any]) -> None:
+    assert script["fields"] == {
+        "warnings": 0,
+        "sources": 0,
+        "files": 0,
+        "reasoning": 0,
+        "usedFallbackValue": False,
+        "stepWarnings": 0,
+        "stepSources": 0,
+    }
+    generated = script["generated"]
+    for key in ("providerMetadata", "request", "reasoningText", "tripwire", "suspendPayload", "spanId"):
+        assert key in generated, key
+    (step,) = generated["steps"]
+    assert step["content"] == [{"type": "text", "text": generated["text"]}]
+    assert (step["staticToolCalls"], step["dynamicToolCalls"], step["files"]) == ([], [], [])
+
+
+@pytest.mark.parametrize("stream", ["chunks", "durable"])
+async def test_a_streams_text_is_framed_by_text_start_and_text_end(
+    script: dict[str, Any], stream: str
+) -> None:
+    types = [c["type"] for c in script[stream]]
+    first, last = types.index("text-delta"), len(types) - 1 - types[::-1].index("text-delta")
+    assert types[first - 1] == "text-start"
+    assert types[last + 1] == "text-end"
+    assert set(types[first : last + 1]) == {"text-delta"}
+    assert types.count("text-start") == types.count("text-end") == 1
+    ids = {c["payload"]["id"] for c in script[stream] if c["type"].startswith("text-")}
+    assert len(ids) == 1
+    assert types.index("text-end") < types.index("step-finish")
+
+
+async def test_an_aborted_generate_stops_its_model_call_and_saves_nothing(
+    script: dict[str, Any], orchestrator: OrchestratorProcess
+) -> None:
+    assert script["aborted"] == "AbortError"
+    assert script["modelCancelled"], "the model server never saw its call cancelled"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=headers, timeout=10) as http:
+        metrics = (await http.get("/metrics")).text
+        saved = await http.get(
+            "/api/memory/threads/t-abort/messages", params={"agentId": "held", "resourceId": "ada"}
+        )
+    assert 'procmesh_runs_total{agent="held",finish_reason="abort"} 1.0' in metrics
+    assert saved.status_code == 404 or saved.json()["messages"] == [], saved.text

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from procmesh_orchestrator import errors
     from procmesh_orchestrator.app import App
     from procmesh_orchestrator.config import Config, load_config, parse_config
+    from procmesh_orchestrator.config.cost import CostGuardProcessor, TokenCostControl
     from procmesh_orchestrator.metrics import OrchestratorMetrics
     from procmesh_orchestrator.processors import ProcessorHandle
     from procmesh_orchestrator.providers.builtin import ScriptedModel
@@ -41,6 +42,7 @@ __all__ = [
     "CallOptions",
     "ClientTool",
     "Config",
+    "CostGuardProcessor",
     "HasToolCall",
     "Lanes",
     "ModelProvider",
@@ -56,6 +58,7 @@ __all__ = [
     "StepCountIs",
     "StopCondition",
     "StructuredOutput",
+    "TokenCostControl",
     "errors",
     "load_config",
     "parse_config",
@@ -68,6 +71,7 @@ _EXPORTS = {
     "CallOptions": "procmesh_orchestrator.run",
     "ClientTool": "procmesh_orchestrator.run.tools",
     "Config": "procmesh_orchestrator.config",
+    "CostGuardProcessor": "procmesh_orchestrator.config.cost",
     "HasToolCall": "procmesh_orchestrator.run.stop",
     "Lanes": "procmesh_orchestrator.run",
     "ModelProvider": "procmesh_orchestrator.run.models",
@@ -75,6 +79,7 @@ _EXPORTS = {
     "OrchestratorMetrics": "procmesh_orchestrator.metrics",
     "OrchestratorSettings": "procmesh_orchestrator.settings",
     "ProcessorHandle": "procmesh_orchestrator.processors",
+    "TokenCostControl": "procmesh_orchestrator.config.cost",
     "RunInfo": "procmesh_orchestrator.run",
     "RunResult": "procmesh_orchestrator.run",
     "RunStream": "procmesh_orchestrator.run",

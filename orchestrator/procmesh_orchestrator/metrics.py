@@ -163,7 +163,7 @@ class OrchestratorMetrics:
         self.cost_admissions = Counter(
             "procmesh_cost_admissions_total",
             "Cost control checks before a model call, by agent and outcome (admitted, refused, warned, "
-            "unlimited: no scope or no price, store_error: let through uncounted).",
+            "unlimited: no scope, unpriced: no price, store_error: let through uncounted).",
             ["agent", "outcome"],
             registry=r,
         )
@@ -171,6 +171,12 @@ class OrchestratorMetrics:
             "procmesh_cost_spent_total",
             "What settled model calls cost under cost control, in the currency of `prices`.",
             ["agent", "model"],
+            registry=r,
+        )
+        self.cost_unpriced_tokens = Counter(
+            "procmesh_cost_unpriced_tokens_total",
+            "Tokens of model calls under cost control whose model has no price, by kind (input, output).",
+            ["agent", "model", "kind"],
             registry=r,
         )
         self.runs_taken_over = Counter(

@@ -80,8 +80,8 @@ async def test_the_scope_comes_from_the_context_too(tmp_path: Path) -> None:
         ({"costLimit": True}, "costControl.maxCost (request-context key 'costLimit'): True is not"),
         (
             {"costScope": "planet"},
-            "costControl.scope (request-context key 'costScope'): 'planet' is not one of resource, "
-            "thread, agent, global",
+            "costControl.scope (request-context key 'costScope'): 'planet' is not one of run, "
+            "resource, thread, user, organization, session, agent, global",
         ),
     ],
 )

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
+from procmesh_orchestrator.config.lanes import violation_routes
 from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -109,6 +110,9 @@ class Pipeline:
                 model=chain[0],
                 fallbacks=tuple(chain[1:]),
                 cost=self._cost_control(agent_id, agent, suspended_runs_store),
+                violation_routes=violation_routes(
+                    agent.lane_candidates(f"agents.{agent_id}."), self.config.workflows
+                ),
                 hook_caller=self._caller,
                 instructions=agent.instructions,
                 models=self.models,
@@ -146,9 +150,9 @@ class Pipeline:
     def _cost_control(
         self, agent_id: str, agent: AgentConfig, store: Callable[[], Awaitable[MemoryStore]]
     ) -> CostControl | None:
-        if agent.cost_control is None:
+        if agent.cost_limit is None:
             return None
-        return CostControl(agent_id, agent.cost_control, self.config.prices, store, self.metrics)
+        return CostControl(agent_id, agent.cost_limit, self.config.prices, store, self.metrics)
 
     def _memory(self, config: AgentMemoryConfig | None, store: MemoryStore | None) -> AgentMemory | None:
         if config is None:

@@ -27,7 +27,15 @@ _WINDOW = re.compile(r"^(?P<n>[1-9]\d*)(?P<unit>[smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-CostScope = Literal["resource", "thread", "agent", "global"]
+CostScope = Literal["run", "resource", "thread", "user", "organization", "session", "agent", "global"]
+"""Whose spending counts: the reference's six (``user``, ``organization`` and ``session`` are the
+request context's ``userId``, ``organizationId`` and ``sessionId``, as the reference reads them)
+and procmesh's two wider ones."""
+
+PROCESSOR_NAMES = ("token-cost-control", "cost-guard")
+"""The lane entry's names: the reference's id, and ``cost-guard`` for its deprecated alias
+``CostGuardProcessor`` (the same processor: its tripwires and violations say
+``token-cost-control``)."""
 
 
 SETTING_TAGS = {"<value>", "<fromContext>"}
@@ -76,8 +84,9 @@ class CostControlConfig(_Model):
         Annotated[CostScope, Tag("<value>")] | Annotated[ScopeFromContext, Tag("<fromContext>")],
         Discriminator(_from_context),
     ] = "resource"
-    """Whose spending counts: the call's resource (a user, an org), its thread, the agent, or all
-    agents together. A call without a resource (thread) is not limited by that scope.
+    """Whose spending counts: the run alone, the call's resource, its thread, the request context's
+    ``userId``, ``organizationId`` or ``sessionId``, the agent, or all agents together. A call
+    without that id is not limited by that scope (the reference fails open too).
     ``{fromContext: KEY, default: VALUE}``: each run's from its request context."""
     window: str = "7d"
     """How far back spending counts: ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (at most 366 days)."""
@@ -107,3 +116,44 @@ class CostControlConfig(_Model):
         match = _WINDOW.match(self.window)
         assert match is not None  # validated
         return int(match["n"]) * _UNIT_SECONDS[match["unit"]]
+
+
+def lane_cost_control(entries: list[Any], where: str) -> tuple[int, CostControlConfig] | None:
+    """The `token-cost-control` entry of an input lane (its index and options as a limit), or None.
+
+    The entry takes ``processor``, ``options`` (this model's keys) and ``onViolation``; one per
+    agent, since each model call is counted once per agent (`run.framework.cost`)."""
+    found = [(i, e) for i, e in enumerate(entries) if getattr(e, "processor", None) in PROCESSOR_NAMES]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(
+            f"{where}: token-cost-control is listed {len(found)} times (at {[i for i, _ in found]}); "
+            "an agent has one (its scope may come from the request context)"
+        )
+    i, entry = found[0]
+    given = entry.model_fields_set - {"processor", "options", "on_failure", "on_violation"}
+    if given or entry.on_failure is not None:
+        keys = sorted(to_camel(k) for k in given | ({"on_failure"} if entry.on_failure else set()))
+        raise ValueError(
+            f"{where}.{i}: token-cost-control runs in the orchestrator and takes only options and "
+            f"onViolation, not {', '.join(keys)}"
+        )
+    return i, CostControlConfig.model_validate(entry.options)
+
+
+class TokenCostControl(dict[str, Any]):
+    """The seeds' ``new TokenCostControl({maxCost, scope, window, ...})`` in the Python API: the
+    ``token-cost-control`` lane entry for a config built in Python (`parse_config`), checked as it
+    is made (a bad option raises here, as the reference's constructor does). Options are this
+    module's `CostControlConfig` in snake_case; `on_violation` is the entry's route (``log`` or
+    ``{"webhook": URL}``): a Python callable goes in `CallOptions.on_violation` by processor id."""
+
+    def __init__(self, *, on_violation: Any = None, **options: Any) -> None:
+        CostControlConfig.model_validate(options)
+        entry: dict[str, Any] = {"processor": PROCESSOR_NAMES[0], "options": options}
+        super().__init__(entry if on_violation is None else {**entry, "onViolation": on_violation})
+
+
+CostGuardProcessor = TokenCostControl
+"""The reference's deprecated alias (the same entry, id ``token-cost-control``)."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from pydantic.alias_generators import to_camel
 
 from procmesh_orchestrator.config.conditions import check_when
+from procmesh_orchestrator.config.cost import PROCESSOR_NAMES as COST_NAMES
 from procmesh_orchestrator.config.tools import FailurePolicy
 
 
@@ -21,8 +22,21 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
 
+class WebhookRoute(_Model):
+    """``onViolation: {webhook: URL}``: each violation of the entry is POSTed there as JSON."""
+
+    webhook: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = {}
+    timeout: float = Field(default=5.0, gt=0)
+
+
+ViolationRoute = Literal["log"] | WebhookRoute
+"""Where a lane entry's violations go besides the run's result (`run.violation_routes`)."""
+
+
 class ProcessorRef(_Model):
-    """A lane entry: ``sidecar/processor-id`` plus per-agent options and policy."""
+    """A lane entry: ``sidecar/processor-id`` plus per-agent options and policy; or
+    ``token-cost-control`` (alias ``cost-guard``), which the orchestrator runs itself."""
 
     processor: str
     options: dict[str, Any] = {}
@@ -43,6 +57,20 @@ class ProcessorRef(_Model):
     when: Any = None
     """Run this entry only when the condition holds for the run's request context (`check_when`;
     on an input or output lane's entry and a workflow's plain step)."""
+    on_violation: ViolationRoute | None = None
+    """The seeds' per-processor ``onViolation``: ``log`` (a WARNING line) or ``{webhook: URL}``,
+    for each abort and warning of this entry, in every run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _error_strategy(cls, value: Any) -> Any:
+        # the reference's guard option, kept as procmesh's onFailure (docs/builtins.md, SEED-GAPS M9)
+        if isinstance(value, dict) and {"errorStrategy", "error_strategy"} & set(value):
+            raise ValueError(
+                "errorStrategy is onFailure here: onFailure: fail-open for the reference's 'warn', "
+                "fail-closed (the default) for 'strict'"
+            )
+        return value
 
     @field_validator("when")
     @classmethod
@@ -58,8 +86,8 @@ class ProcessorRef(_Model):
     @classmethod
     def _shape(cls, value: str) -> str:
         sidecar, _, pid = value.partition("/")
-        if not sidecar or not pid:
-            raise ValueError(f"expected 'sidecar/processor-id', got {value!r}")
+        if (not sidecar or not pid) and value not in COST_NAMES:
+            raise ValueError(f"expected 'sidecar/processor-id' or token-cost-control, got {value!r}")
         return value
 
     @property
@@ -74,8 +102,8 @@ class ProcessorRef(_Model):
 
     @property
     def processor_id(self) -> str:
-        """The processor's id on that sidecar."""
-        return self.processor.partition("/")[2]
+        """The processor's id on that sidecar (the orchestrator's cost control: its id)."""
+        return COST_NAMES[0] if self.processor in COST_NAMES else self.processor.partition("/")[2]
 
 
 class WorkflowRef(_Model):
@@ -362,3 +390,25 @@ def _same_instances(left: list[tuple[str, ProcessorRef]], right: list[tuple[str,
                 "one run would give both one state and one tripwire id: give each entry its own `name`, "
                 "or the same settings"
             )
+
+
+def violation_routes(
+    candidates: Mapping[str, Sequence[tuple[str, Sequence[LaneEntry]]]],
+    workflows: Mapping[str, WorkflowConfig],
+) -> dict[str, ViolationRoute]:
+    """The ``onViolation`` route of each processor instance of one agent (`lane_instances`'s
+    `candidates`): a run finds a violation's route by the id it carries. Two entries of one
+    instance id (in two cases of a lane chosen by context) that route differently are refused."""
+    routes: dict[str, tuple[str, ViolationRoute]] = {}
+    for lists in candidates.values():
+        for where, entries in lists:
+            for place, ref in _lane_refs(where, entries, workflows):
+                if ref.on_violation is None:
+                    continue
+                seen = routes.setdefault(ref.instance, (place, ref.on_violation))
+                if seen[1] != ref.on_violation:
+                    raise ValueError(
+                        f"{place}.onViolation: processor instance {ref.instance!r} routes its "
+                        f"violations otherwise at {seen[0]}; give the entries their own `name`"
+                    )
+    return {instance: route for instance, (_, route) in routes.items()}

@@ -11,15 +11,18 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from procmesh_orchestrator.config.cost import PROCESSOR_NAMES as COST_NAMES
 from procmesh_orchestrator.config.cost import SETTING_TAGS as SETTING_TAGS
 from procmesh_orchestrator.config.cost import CostControlConfig as CostControlConfig
 from procmesh_orchestrator.config.cost import PriceConfig as PriceConfig
+from procmesh_orchestrator.config.cost import lane_cost_control
 from procmesh_orchestrator.config.lanes import ConditionalStep as ConditionalStep
 from procmesh_orchestrator.config.lanes import LaneByContext as LaneByContext
 from procmesh_orchestrator.config.lanes import LaneEntry as LaneEntry
@@ -28,7 +31,7 @@ from procmesh_orchestrator.config.lanes import ProcessorRef as ProcessorRef
 from procmesh_orchestrator.config.lanes import WorkflowConfig as WorkflowConfig
 from procmesh_orchestrator.config.lanes import WorkflowRef as WorkflowRef
 from procmesh_orchestrator.config.lanes import WorkflowStep as WorkflowStep
-from procmesh_orchestrator.config.lanes import _lane, check_workflows, lane_instances
+from procmesh_orchestrator.config.lanes import _lane, check_workflows, lane_instances, violation_routes
 from procmesh_orchestrator.config.lanes import workflow_refs as workflow_refs
 from procmesh_orchestrator.config.memory import WorkingMemoryConfig as WorkingMemoryConfig
 from procmesh_orchestrator.config.request_context import SchemaOfContext
@@ -226,7 +229,8 @@ class AgentConfig(_Model):
     """The models in order, when the file gives ``model`` as a list: when a call fails and the error
     processors do not recover it, the next enabled model gets its turn."""
     cost_control: CostControlConfig | None = None
-    """A spending limit for this agent's model calls (judge calls of its processors included)."""
+    """A spending limit for this agent's model calls (judge calls of its processors included): the
+    same as a ``token-cost-control`` entry at the end of `input_processors` (`cost_limit`)."""
     tools: list[str] = []
     mcp_servers: list[str] = []
     """MCP servers (`mcpServers` keys) whose every tool the agent takes, under the server's names."""
@@ -258,6 +262,7 @@ class AgentConfig(_Model):
     """The first model call starts while the input processors still run; nothing of it reaches
     the caller, and no tool runs, before they all committed (a block cancels it, a rewrite
     restarts it on the committed input)."""
+    _lane_cost: CostControlConfig | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -287,6 +292,22 @@ class AgentConfig(_Model):
                     "(the lane chosen from the request context replaces the static one)"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _cost_entry(self) -> AgentConfig:
+        entry = lane_cost_control(list(self.input_processors), "inputProcessors")
+        if entry is not None and self.cost_control is not None:
+            raise ValueError(
+                f"give costControl or a token-cost-control entry (inputProcessors.{entry[0]}), not both "
+                "(costControl is that entry placed last)"
+            )
+        self._lane_cost = None if entry is None else entry[1]
+        return self
+
+    @property
+    def cost_limit(self) -> CostControlConfig | None:
+        """The agent's spending limit: its ``token-cost-control`` entry's, or `cost_control`'s."""
+        return self.cost_control or self._lane_cost
 
     def possible_entries(self, lane: Literal["input", "output"]) -> list[LaneEntry]:
         """The entries a call of this lane may get: the static list, or every entry of each case
@@ -395,7 +416,7 @@ class Config(_Model):
                 problem = self.model_problem(choice.model)
                 if problem is not None:
                     raise ValueError(f"agents.{agent_id}.model: {problem}")
-                if agent.cost_control is not None and choice.model not in self.prices:
+                if agent.cost_limit is not None and choice.model not in self.prices:
                     raise ValueError(
                         f"agents.{agent_id}.costControl: model {choice.model!r} has no price "
                         f"(add prices.{choice.model}: {{input, output}} per million tokens)"
@@ -410,6 +431,7 @@ class Config(_Model):
                         f"(declared: {sorted(self.mcp_servers)})"
                     )
             lane_instances(agent.lane_candidates(f"agents.{agent_id}."), self.workflows)
+            violation_routes(agent.lane_candidates(f"agents.{agent_id}."), self.workflows)
             for lane, entries in agent.named_lanes():
                 for i, ref in enumerate(entries):
                     if isinstance(ref, WorkflowRef):
@@ -419,6 +441,8 @@ class Config(_Model):
                                 f"(declared: {sorted(self.workflows)})"
                             )
                         continue
+                    if lane == "inputProcessors" and ref.processor in COST_NAMES:
+                        continue  # the orchestrator's own (AgentConfig._cost_entry)
                     self._check_sidecar(ref, f"agents.{agent_id}.{lane}.{i}")
         for name, cfg in self.tools.items():
             if cfg.sidecar and cfg.sidecar not in self.sidecars:
@@ -436,5 +460,10 @@ class Config(_Model):
         return self
 
     def _check_sidecar(self, ref: ProcessorRef, where: str) -> None:
+        if ref.processor in COST_NAMES:
+            raise ValueError(
+                f"{where}: {ref.processor} goes in an agent's inputProcessors (one per agent); "
+                "its maxCost and scope may come from the request context instead"
+            )
         if ref.sidecar not in self.sidecars and ref.sidecar != BUILTINS:
             raise ValueError(f"{where}: unknown sidecar {ref.sidecar!r} (declared: {sorted(self.sidecars)})")

@@ -22,6 +22,7 @@ from procmesh_orchestrator.config import (
     WorkflowRef,
 )
 from procmesh_orchestrator.config.conditions import decided_per_call
+from procmesh_orchestrator.config.cost import PROCESSOR_NAMES as COST_NAMES
 from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig
 from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError
@@ -36,6 +37,7 @@ from procmesh_orchestrator.processors.lanes import (
     TryCatch,
     hook_names,
 )
+from procmesh_orchestrator.run.framework.cost import CostSlot
 from procmesh_orchestrator.run.types import ContextLane, LaneFunction, Lanes
 
 LaneSource = Callable[[Mapping[str, Any]], Sequence[str | Mapping[str, Any]]]
@@ -107,7 +109,7 @@ class LaneBinder:
         return Lanes(
             input=self.function_lane(functions["input"], f"{where}.inputProcessors")
             if "input" in functions
-            else tuple(self.resolve_lane(agent.input_processors, f"{where}.inputProcessors")),
+            else tuple(self.input_lane(agent.input_processors, f"{where}.inputProcessors")),
             output=self.function_lane(functions["output"], f"{where}.outputProcessors")
             if "output" in functions
             else tuple(self.resolve_lane(agent.output_processors, f"{where}.outputProcessors")),
@@ -123,6 +125,17 @@ class LaneBinder:
                 agent.output_processors_by_context, f"{where}.outputProcessorsByContext"
             ),
         )
+
+    def input_lane(self, entries: Sequence[LaneEntry], where: str) -> list[LaneItem | CostSlot]:
+        """An agent's static input lane bound, its ``token-cost-control`` entry (the orchestrator's
+        own, `AgentConfig.cost_limit`) as the place where each run's cost check runs."""
+        items: list[LaneItem | CostSlot] = []
+        for i, entry in enumerate(entries):
+            if isinstance(entry, ProcessorRef) and entry.processor in COST_NAMES:
+                items.append(CostSlot())
+            else:
+                items += self.resolve_lane([entry], where, first=i)
+        return items
 
     def error_lane(self, refs: Sequence[ProcessorRef], defaults: bool, where: str) -> list[ProcessorHandle]:
         """The error lane's entries, and (`defaults`) each default error processor they lack."""
@@ -148,6 +161,11 @@ class LaneBinder:
             if isinstance(raw, ProcessorRef)
             else ProcessorRef.model_validate({"processor": raw} if isinstance(raw, str) else raw)
         )
+        if ref.processor in COST_NAMES:
+            raise ConfigError(
+                f"{where}: {ref.processor} goes in the agent's inputProcessors in the config (the "
+                "orchestrator runs it; one per agent, kept when a call replaces the lane)"
+            )
         if ref.when is not None:
             raise ConfigError(
                 f"{where}.when: a condition goes on an input or output lane's entry or a workflow's "
@@ -221,10 +239,11 @@ class LaneBinder:
             default=tuple(self.resolve_lane(chosen.default, f"{where}.default")),
         )
 
-    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str) -> list[LaneItem]:
-        """Bind a lane's entries; a ``workflow:NAME`` entry becomes its steps, in order."""
+    def resolve_lane(self, entries: Sequence[LaneEntry | str], where: str, first: int = 0) -> list[LaneItem]:
+        """Bind a lane's entries (numbered from `first` in errors); a ``workflow:NAME`` entry
+        becomes its steps, in order."""
         items: list[LaneItem] = []
-        for i, raw in enumerate(entries):
+        for i, raw in enumerate(entries, start=first):
             entry = raw
             if isinstance(raw, str):
                 entry = (

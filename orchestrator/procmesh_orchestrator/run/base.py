@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from procmesh_orchestrator.errors import TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.run import context
+from procmesh_orchestrator.run import context, violation_routes
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
+from procmesh_orchestrator.run.framework.cost import CostSlot
 from procmesh_orchestrator.run.hooks import (
     Attempt,
     Chunk,
@@ -121,9 +122,10 @@ class RunCore:
             self.input_lane = (*self.memory.input_processors, *self.input_lane)
             self.output_lane = (*self.output_lane, self.memory.history)
             self.error_lane = (*self.error_lane, self.memory.recovery)
-        # Cost control checks the model calls your input processors prepared (`run.framework.cost`).
+        # Cost control checks the model calls your input processors prepared (`run.framework.cost`),
+        # at its token-cost-control entry's place, else (costControl, a per-call lane) last.
         self.cost = agent.cost.for_call(self) if agent.cost is not None else None
-        if self.cost is not None:
+        if self.cost is not None and not any(isinstance(p, CostSlot) for p in self.input_lane):
             self.input_lane = (*self.input_lane, self.cost)
         self.ml = RunMessages()
         self.system: list[dict[str, Any]] = []
@@ -223,11 +225,9 @@ class RunCore:
         self.metrics.violation(self.agent.id, processor_id, source)
         if self.options.announce_violations:  # a remote caller's stream tells it as it happens
             self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
-        if self.options.on_violation is not None:
-            try:
-                self.options.on_violation(entry)
-            except Exception:
-                log.exception("onViolation callback raised (ignored)")
+        violation_routes.for_caller(self.options.on_violation, entry)
+        route = self.agent.violation_routes.get(processor_id)
+        violation_routes.deliver(route, entry, self.agent.id, self.run_id)
 
     def fenced(self, write: str, exc: BaseException) -> None:
         """A write of this run (``memory``, ``suspension``, ``cost``) was refused for its fence:

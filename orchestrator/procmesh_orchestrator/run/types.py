@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from procmesh_orchestrator.run.context import ContextCheck
     from procmesh_orchestrator.run.framework.cost import CostControl
+    from procmesh_orchestrator.run.violation_routes import Route
     from procmesh_orchestrator.store import MemoryStore
 
 ViolationCallback = Callable[[dict[str, Any]], None]
@@ -163,6 +164,9 @@ class AgentSpec:
     """Held by each run from start to end: the App's pipeline counts its runs, so a reload closes
     the old sidecar channels only after the runs that use them (`app._pipeline.Pipeline.pin`)."""
     warned_implicit_cap: bool = False
+    violation_routes: Mapping[str, Route] = field(default_factory=dict)
+    """Each processor instance's own onViolation (the seeds' per-processor property), by the id
+    its violations carry: ``log``, a webhook, or a callable (`run.violation_routes`)."""
 
 
 @dataclass
@@ -178,7 +182,8 @@ class CallOptions:
     """The per-call lists as the caller named them, by lane (``input``, ``output``, ``error``): a
     snapshot keeps these, and the orchestrator that resumes the run binds them again."""
     request_context: dict[str, Any] = field(default_factory=dict)
-    on_violation: ViolationCallback | None = None
+    on_violation: ViolationCallback | Mapping[str, ViolationCallback] | None = None
+    """Called with each violation; a mapping calls only the callable of the violation's processor id."""
     timeout: float | None = None
     """Seconds the whole run may take; propagates to every processor call as its deadline."""
     resource_id: str = ""

@@ -102,7 +102,12 @@ def test_the_thread_scope_is_each_resources_own_thread(
         ({"maxCost": 0}, None, "agents.spender.costControl.maxCost: Input should be greater than 0"),
         ({"window": "1w"}, None, "window must be <n>s, <n>m, <n>h or <n>d (e.g. 30d), got '1w'"),
         ({"window": "400d"}, None, "window '400d' is longer than 366 days"),
-        ({"scope": "user"}, None, "Input should be 'resource', 'thread', 'agent' or 'global'"),
+        (
+            {"scope": "planet"},
+            None,
+            "Input should be 'run', 'resource', 'thread', 'user', 'organization', 'session', 'agent' or "
+            "'global'",
+        ),
         ({"warnAtPercent": 100}, None, "agents.spender.costControl.warnAtPercent"),
         ({}, {}, "agents.spender.costControl: model 'main' has no price (add prices.main"),
     ],

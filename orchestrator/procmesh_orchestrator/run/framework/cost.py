@@ -57,8 +57,10 @@ NANOS = 1_000_000_000
 """Costs are kept as integers, in billionths of the prices' currency: sums stay exact."""
 _CHARS_PER_TOKEN = 4
 """How a prompt's size becomes an input-token estimate before the provider counts it."""
-SCOPES = ("resource", "thread", "agent", "global")
-"""Whose spending a limit counts."""
+SCOPES = ("run", "resource", "thread", "user", "organization", "session", "agent", "global")
+"""Whose spending a limit counts (`config.cost.CostScope`)."""
+CONTEXT_SCOPES = {"user": "userId", "organization": "organizationId", "session": "sessionId"}
+"""Scopes whose id is a plain request-context key, as the reference reads them."""
 
 
 class Price(Protocol):
@@ -98,7 +100,7 @@ class CostLimit(Protocol):
 
     @property
     def scope(self) -> str | FromContext:
-        """``resource``, ``thread``, ``agent`` or ``global``."""
+        """One of `SCOPES`."""
         ...
 
     @property
@@ -176,6 +178,8 @@ class Reservation:
 
     id: str
     model_id: str
+    priced: bool = True
+    """False: an unpriced model's call, held nowhere; settling counts its tokens only."""
 
 
 class CostControl:
@@ -223,9 +227,10 @@ class CostControl:
         RequestContextError of `limit_for` before any hook); the gateway finds it by run id
         while the run lives."""
         limit = self.limit_for(choosing_context(run.options))
-        cost = RunCost(
-            self, run, limit, self.scope_key(run.info.resource_id, run.info.thread_id, limit.scope)
+        key = self.scope_key(
+            limit.scope, run.info.resource_id, run.info.thread_id, run.run_id, run.options.request_context
         )
+        cost = RunCost(self, run, limit, key)
         self._runs[run.run_id] = cost
         return cost
 
@@ -235,16 +240,29 @@ class CostControl:
 
     def for_gateway(self, resource_id: str | None) -> RunCost:
         """The limit as a model gateway call outside any run of this replica meets it: its scope
-        key from what the call has (the resource its key is bound to; never a thread)."""
-        return RunCost(self, None, self.default, self.scope_key(resource_id, None, self.default.scope))
+        key from what the call has (the resource its key is bound to; never a thread, a run, or
+        a request context's id)."""
+        return RunCost(self, None, self.default, self.scope_key(self.default.scope, resource_id))
 
-    def scope_key(self, resource_id: str | None, thread_id: str | None, scope: str) -> str | None:
-        """The ledger key a call of this resource and thread counts under in `scope` (None: not
-        limited)."""
+    def scope_key(
+        self,
+        scope: str,
+        resource_id: str | None,
+        thread_id: str | None = None,
+        run_id: str | None = None,
+        request_context: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The ledger key a call counts under in `scope` (None: not limited, as the reference
+        skips a scope whose id the call lacks)."""
         if scope == "global":
             return "global"
         if scope == "agent":
             return f"agent:{self.agent_id}"
+        if scope == "run":
+            return f"run:{run_id}" if run_id else None
+        if scope in CONTEXT_SCOPES:
+            found = (request_context or {}).get(CONTEXT_SCOPES[scope])
+            return f"{scope}:{found}" if isinstance(found, str) and found else None
         if scope == "resource":
             return f"resource:{resource_id}" if resource_id else None
         # thread ids are scoped by resource (two tenants may each have a "t1"): the key holds both,
@@ -258,8 +276,11 @@ class CostControl:
         if price is None and model_id not in self._unpriced:
             self._unpriced.add(model_id)
             log.warning(
-                "agent %s: costControl: model %r has no price in `prices`; its calls are not counted",
+                "agent %s: token-cost-control: model %r has no price in `prices`: its calls count "
+                "by tokens only (procmesh_cost_unpriced_tokens_total), not against maxCost; "
+                "add prices.%s to count them",
                 self.agent_id,
+                model_id,
                 model_id,
             )
         return price
@@ -318,7 +339,10 @@ class RunCost(FrameworkProcessor):
         key for this run, an unpriced model, or the store failed: the reference fails open)."""
         control, cfg = self.control, self.control.config
         price = control.price(model_id)
-        if self.scope_key is None or price is None:
+        if price is None:  # counted by its tokens when it settles
+            control.metrics.cost_admissions.labels(control.agent_id, "unpriced").inc()
+            return Reservation(str(uuid.uuid4()), model_id, priced=False)
+        if self.scope_key is None:
             control.metrics.cost_admissions.labels(control.agent_id, "unlimited").inc()
             return None
         output = max_output_tokens if isinstance(max_output_tokens, int) else cfg.reserve_output_tokens
@@ -369,10 +393,17 @@ class RunCost(FrameworkProcessor):
         return reservation
 
     async def settle(self, reservation: Reservation, usage: Mapping[str, Any]) -> None:
-        """Replace the estimate with the call's actual cost (a store failure keeps the estimate)."""
+        """Replace the estimate with the call's actual cost (a store failure keeps the estimate); an
+        unpriced call's tokens are counted instead."""
+        tokens = int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0)
+        if not reservation.priced:
+            unpriced = self.control.metrics.cost_unpriced_tokens
+            for kind, count in zip(("input", "output"), tokens, strict=True):
+                unpriced.labels(self.control.agent_id, reservation.model_id, kind).inc(count)
+            return
         price = self.control.price(reservation.model_id)
         assert price is not None  # only priced calls reserve
-        actual = cost_nanos(price, int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0))
+        actual = cost_nanos(price, *tokens)
         self.control.metrics.cost_spent.labels(self.control.agent_id, reservation.model_id).inc(
             _units(actual)
         )
@@ -386,6 +417,8 @@ class RunCost(FrameworkProcessor):
 
     async def release(self, reservation: Reservation) -> None:
         """Give the estimate back: the call did not cost anything (a store failure keeps it)."""
+        if not reservation.priced:
+            return
         try:
             await (await self.control.store()).release_cost(reservation.id, fence=self._fence())
         except FencedWriteError as exc:
@@ -429,6 +462,18 @@ class RunCost(FrameworkProcessor):
         log.warning("agent %s: %s", self.control.agent_id, message)
         if self.run is not None:  # a gateway call outside a run has no result to record it in
             self.run.violation(PROCESSOR_ID, message, detail)
+
+
+class CostSlot(FrameworkProcessor):
+    """A ``token-cost-control`` lane entry: the place in the input lane where each run's `RunCost`
+    runs (the agent has one limit, `CostControl`; each run its own `RunCost`)."""
+
+    processor_id = PROCESSOR_ID
+    hooks = RunCost.hooks
+    key = RunCost.key
+
+    async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
+        return None if run.cost is None else await run.cost.run_hook(run, args)
 
 
 def _usage(chunks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""Where a violation goes besides the run's result: the seeds' per-processor ``onViolation``.
+
+A processor is remote, so its ``onViolation`` property becomes a route of its lane entry
+(`AgentSpec.violation_routes`, by the processor instance id a violation carries): ``log`` (one
+WARNING line), ``{webhook: URL}`` (the violation POSTed as JSON, in the background: a slow or
+failing hook never holds the run up, its failure is logged), or, in the Python API, a callable.
+The caller's `CallOptions.on_violation` (one callable, or one per processor id) sees it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from procmesh_orchestrator.config.lanes import WebhookRoute
+
+log = logging.getLogger(__name__)
+
+Route = str | WebhookRoute | Callable[[dict[str, Any]], Any]
+"""``log``, a `WebhookRoute`, or (Python API) a callable given the violation."""
+
+_posting: set[asyncio.Task[None]] = set()
+"""Webhook posts in flight (held so they are not collected before they end)."""
+
+
+def deliver(route: Route | None, entry: dict[str, Any], agent_id: str, run_id: str) -> None:
+    """Send one violation (`{processorId, message, detail}`) where `route` says; never raises."""
+    if route is None:
+        return
+    if route == "log":
+        log.warning(
+            "violation of %s (agent %s, run %s): %s",
+            entry["processorId"],
+            agent_id,
+            run_id,
+            entry["message"],
+            extra={"run_id": run_id, "detail": entry["detail"]},
+        )
+    elif isinstance(route, WebhookRoute):
+        task = asyncio.get_running_loop().create_task(
+            _post(route, {"agentId": agent_id, "runId": run_id, **entry})
+        )
+        _posting.add(task)
+        task.add_done_callback(_posting.discard)
+    elif callable(route):
+        call(route, entry)
+
+
+def call(callback: Callable[[dict[str, Any]], Any], entry: dict[str, Any]) -> None:
+    """A Python onViolation callback; its exception is logged, never raised (SPEC §4)."""
+    try:
+        callback(entry)
+    except Exception:
+        log.exception("onViolation callback raised (ignored)")
+
+
+def for_caller(
+    callback: Callable[[dict[str, Any]], Any] | Mapping[str, Callable[[dict[str, Any]], Any]] | None,
+    entry: dict[str, Any],
+) -> None:
+    """The caller's `CallOptions.on_violation`: every violation, or those of the processor ids it maps."""
+    if isinstance(callback, Mapping):
+        callback = callback.get(entry["processorId"])
+    if callback is not None:
+        call(callback, entry)
+
+
+async def _post(route: WebhookRoute, payload: dict[str, Any]) -> None:
+    try:
+        async with httpx.AsyncClient(timeout=route.timeout) as http:
+            response = await http.post(route.webhook, json=payload, headers=route.headers)
+            response.raise_for_status()
+    except Exception as exc:  # a route's failure is the operator's to see, never the run's
+        log.warning("onViolation webhook %s failed for %s: %s", route.webhook, payload["processorId"], exc)
+
+
+async def flush() -> None:
+    """Wait for the webhook posts in flight (each ends within its route's timeout)."""
+    await asyncio.gather(*_posting, return_exceptions=True)

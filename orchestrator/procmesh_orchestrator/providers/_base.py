@@ -8,7 +8,7 @@ import json
 import os
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -104,8 +104,11 @@ class HTTPModel:
         # Attachments first, once: a provider-level retry does not download them again.
         conn = self.connection
         request = await fetch_assets(request, self.model_fetches, conn.download_client, conn.downloads)
+        retry = conn.retry
+        if request.model_settings.get("maxRetries") is not None:  # the call's modelSettings.maxRetries
+            retry = replace(retry, max_retries=int(request.model_settings["maxRetries"]))
         async with contextlib.aclosing(
-            with_retries(lambda: self._attempt(request), conn.retry, what=self.model_id)
+            with_retries(lambda: self._attempt(request), retry, what=self.model_id)
         ) as chunks:
             async for chunk in chunks:
                 yield chunk

@@ -92,6 +92,13 @@ class ServiceMetrics:
             ["agent"],
             registry=self.registry,
         )
+        self.settings_ignored = Counter(
+            "procmesh_call_settings_ignored_total",
+            "Agent calls that named a model setting of the reference procmesh does not apply "
+            "(modelSettings.headers, reasoning, timeout), by setting: the call ran, with a warning.",
+            ["setting"],
+            registry=self.registry,
+        )
         self.inflight = Gauge(
             "procmesh_inflight_runs", "Agent runs in flight (HTTP and gRPC).", registry=self.registry
         )

@@ -120,6 +120,45 @@ async def test_model_settings_reach_every_model_request(http: httpx.AsyncClient,
     assert [r.model_settings for r in scripted.requests[-2:]] == [settings, settings]
 
 
+async def test_the_references_other_settings_run_with_a_warning_or_apply(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    settings = {"temperature": 0.2, "maxRetries": 4, "headers": {"x-a": "1"}, "reasoning": "low"}
+    body = await _generate(http, "plain", {"messages": "hi", "modelSettings": settings})
+    assert body["status"] == "success"
+    assert [(w["type"], w["setting"]) for w in body["warnings"]] == [
+        ("unsupported-setting", "headers"),
+        ("unsupported-setting", "reasoning"),
+    ]
+    scripted = service.app.models["answer"]
+    assert isinstance(scripted, ScriptedModel)
+    assert scripted.requests[-1].model_settings == {"temperature": 0.2, "maxRetries": 4}  # applied
+    metrics = (await http.get("/metrics")).text
+    assert 'procmesh_call_settings_ignored_total{setting="headers"} 1.0' in metrics
+    assert 'procmesh_call_settings_ignored_total{setting="timeout"}' not in metrics
+    plain = await _generate(http, "plain", {"messages": "hi", "modelSettings": {"maxRetries": 0}})
+    assert plain["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"temprature": 1}, "modelSettings.temprature"),
+        ({"maxRetries": -1}, "modelSettings.maxRetries"),
+        ({"timeout": {"totalMillis": 5}}, "modelSettings.timeout.totalMillis"),
+        ({"headers": ["x"]}, "modelSettings.headers"),
+    ],
+)
+async def test_a_malformed_model_setting_is_a_400_naming_it(
+    http: httpx.AsyncClient, settings: dict[str, Any], named: str
+) -> None:
+    response = await http.post(
+        "/api/agents/plain/generate", json={"messages": "hi", "modelSettings": settings}
+    )
+    assert response.status_code == 400
+    assert named in response.json()["error"]
+
+
 async def test_an_unknown_model_setting_is_a_400_naming_it(http: httpx.AsyncClient) -> None:
     response = await http.post(
         "/api/agents/plain/generate", json={"messages": "hi", "modelSettings": {"temprature": 1}}

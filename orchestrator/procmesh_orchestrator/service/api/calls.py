@@ -41,6 +41,16 @@ class AgentCall:
     dropped_context: list[str] = field(default_factory=list)
     """Request-context keys the caller is not trusted for or the agent does not declare, dropped
     (PROCMESH_UNTRUSTED_CONTEXT=drop): the response names them."""
+    ignored_settings: list[str] = field(default_factory=list)
+    """The ``modelSettings`` keys given that procmesh does not apply (`IGNORED_SETTINGS`)."""
+
+    @property
+    def warnings(self) -> list[dict[str, Any]]:
+        """The call's warnings, in the reference's shape (the result's ``warnings``)."""
+        return [
+            {"type": "unsupported-setting", "setting": name, "details": IGNORED_SETTINGS[name]}
+            for name in self.ignored_settings
+        ]
 
     def drop_undeclared(self, trust: ContextTrust, schema: ContextSchema | None) -> AgentCall:
         """In drop mode, the call without the request-context keys `schema` (the agent's
@@ -81,8 +91,27 @@ class _MemoryBody(BaseModel):
         return self.thread.id if isinstance(self.thread, _ThreadRef) else self.thread
 
 
+class _ModelTimeout(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    total_ms: int | None = Field(default=None, ge=0, alias="totalMs")
+    step_ms: int | None = Field(default=None, ge=0, alias="stepMs")
+    first_chunk_ms: int | None = Field(default=None, ge=0, alias="firstChunkMs")
+
+
+IGNORED_SETTINGS = {
+    "headers": "procmesh does not forward a caller's headers to model providers",
+    "reasoning": "procmesh sends no reasoning level to model providers",
+    "timeout": "procmesh bounds model calls by the providers' configured timeouts",
+}
+"""The reference's model settings procmesh accepts but does not apply, and why: a call naming one
+runs, with a warning in its result and ``procmesh_call_settings_ignored_total{setting}``."""
+
+
 class _ModelSettings(BaseModel):
-    """``modelSettings``: what the providers send (an unknown key is refused, never ignored)."""
+    """``modelSettings``: what the providers send, ``maxRetries`` (the provider's retries of this
+    call's model calls) and the reference's settings procmesh ignores with a warning
+    (`IGNORED_SETTINGS`); any other key is refused, never ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -94,10 +123,18 @@ class _ModelSettings(BaseModel):
     frequency_penalty: float | None = Field(default=None, alias="frequencyPenalty")
     stop_sequences: list[str] | None = Field(default=None, alias="stopSequences")
     seed: int | None = None
+    max_retries: int | None = Field(default=None, ge=0, le=100, alias="maxRetries")
+    headers: dict[str, str | None] | None = None
+    reasoning: str | None = None
+    timeout: _ModelTimeout | None = None
 
     def wire(self) -> dict[str, Any]:
-        """The settings given, by their camelCase names (what `StepConfig.model_settings` holds)."""
-        return self.model_dump(by_alias=True, exclude_none=True)
+        """The settings applied, by their camelCase names (what `StepConfig.model_settings` holds)."""
+        return self.model_dump(by_alias=True, exclude_none=True, exclude=set(IGNORED_SETTINGS))
+
+    def ignored(self) -> list[str]:
+        """The settings given that procmesh does not apply (`IGNORED_SETTINGS`)."""
+        return [name for name in IGNORED_SETTINGS if getattr(self, name) is not None]
 
 
 class _ToolChoice(BaseModel):
@@ -269,6 +306,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         durable=body.durable,
         lanes=lane_ids(body),
         dropped_context=dropped,
+        ignored_settings=body.model_settings.ignored() if body.model_settings else [],
     )
 
 

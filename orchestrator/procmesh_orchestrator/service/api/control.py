@@ -44,6 +44,8 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
             f"{exc} (dropped: {key_names(call.dropped_context)}, PROCMESH_UNTRUSTED_CONTEXT=drop)"
         ) from None
     core.gate.enter()
+    for name in call.ignored_settings:
+        core.metrics.settings_ignored.labels(name).inc()
 
 
 class LiveRun:

@@ -99,7 +99,7 @@ class AgentRoutes:
                     return error_response(
                         503, "the durable run goes on elsewhere: observe it with its runId", runId=run_id
                     )
-                body = result_json(done)
+                body = result_json(done, call.warnings)
                 log.info(
                     "generate agent=%s durable run=%s finish=%s %.3fs",
                     agent_id,
@@ -109,9 +109,11 @@ class AgentRoutes:
                 )
                 return GatedResponse(body, release)
             try:  # the client leaving aborts the run as it aborts a stream's
-                body = result_json(await control.generate(agent, call, self._client_gone(request)))
+                done = await control.generate(agent, call, self._client_gone(request))
+                body = result_json(done, call.warnings)
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
-                body = failed_json(exc)  # a failed run, not a failed request (a store error names the store)
+                # a failed run, not a failed request (a store error names the store)
+                body = failed_json(exc, call.warnings)
             log.info(
                 "generate agent=%s run=%s finish=%s %.3fs",
                 agent_id,

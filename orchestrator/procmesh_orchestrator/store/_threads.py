@@ -7,12 +7,15 @@ between the check and the write.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from procmesh_orchestrator.errors import InvalidMemoryInputError, ThreadNotFoundError
 from procmesh_orchestrator.store._checks import MAX_PAGE, check_count, check_id, decode, encode_json, label
 from procmesh_orchestrator.store._durable import check_fence, hold_turn
+from procmesh_orchestrator.store._recall import embedding_statements
 from procmesh_orchestrator.store._sql import Query, StoreHooks
+from procmesh_orchestrator.store.recall import MessageEmbedding
 from procmesh_orchestrator.store.runs import RunFence
 from procmesh_orchestrator.store.threads import Message, Thread
 
@@ -171,13 +174,21 @@ class ThreadMethods(StoreHooks):
         await self._transact(lambda query: query(sql, key), f"deleting thread {thread_id!r}", key)
 
     async def save_turn(
-        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
+        self,
+        thread_id: str,
+        resource_id: str,
+        messages: list[Message],
+        *,
+        fence: RunFence | None = None,
+        embeddings: Sequence[MessageEmbedding] = (),
     ) -> None:
         """Append (or replace by id) the turn's messages to the resource's thread, in one
         transaction, under the thread's lock; a durable run's (`fence`) only at its epoch, once per
-        run (`hold_turn`, which locks the run's row first)."""
+        run (`hold_turn`, which locks the run's row first). The messages' `embeddings` go in the
+        same transaction."""
         key = thread_key(self.name, thread_id, resource_id)
         rows = encode_turn(self.name, thread_id, resource_id, messages, self._max_bytes)
+        vectors = embedding_statements(self, key, embeddings)
         held = None if fence is None else check_fence(self.name, fence)
         p, stamp = self.placeholder, self._stamp
         # Insert the resource's thread, or touch its existing row, which locks it until commit (the
@@ -205,6 +216,8 @@ class ThreadMethods(StoreHooks):
             # this thread's and its durable run's row locks for as long as it sleeps.
             for row in rows:
                 await query(insert, (*key, *row))
+            for sql, args in vectors:
+                await query(sql, args)
 
         await self._transact(save, f"saving a turn to thread {thread_id!r}", key)
 

@@ -13,10 +13,14 @@ history and hidden from default recall.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from procmesh_orchestrator.store.runs import RunFence
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.store.recall import MessageEmbedding
 
 Message = dict[str, Any]
 
@@ -62,10 +66,16 @@ class ThreadStore(Protocol):
         """Delete the resource's thread and its messages (no error when it does not exist)."""
 
     async def save_turn(
-        self, thread_id: str, resource_id: str, messages: list[Message], *, fence: RunFence | None = None
+        self,
+        thread_id: str,
+        resource_id: str,
+        messages: list[Message],
+        *,
+        fence: RunFence | None = None,
+        embeddings: Sequence[MessageEmbedding] = (),
     ) -> None:
         """Append one turn's messages to the resource's thread, in order, in ONE transaction: all of
-        them or none.
+        them or none, with the `embeddings` of those messages (semantic recall: `store.recall`).
 
         Creates the thread when the resource has none of this id (another resource's thread of
         the same id is another thread, untouched). A message id already stored in the thread

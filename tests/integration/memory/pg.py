@@ -32,13 +32,15 @@ NOBODY = 65534
 class PostgresServer:
     """A private postgres process; `dsn` connects to its ``postgres`` database as superuser."""
 
-    def __init__(self) -> None:
+    def __init__(self, bindir: Path | None = None) -> None:
+        self.bindir = bindir
+        """Where initdb, postgres and pg_ctl are (None: the machine's, found by `require`)."""
         self.folder = Path(tempfile.mkdtemp(prefix="pm-pg-"))
         self.dsn = make_conninfo(host=str(self.folder), port=5432, user="postgres", dbname="postgres")
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        initdb = require("initdb")
+        initdb = self._program("initdb")
         data = self.folder / "data"
         self.folder.chmod(0o755)
         if os.geteuid() == 0:
@@ -68,7 +70,7 @@ class PostgresServer:
 
     def run(self) -> None:
         """Start postgres on the initialized folder and wait until it accepts connections."""
-        postgres, data = require("postgres"), self.folder / "data"
+        postgres, data = self._program("postgres"), self.folder / "data"
         server_log = (self.folder / "postgres.log").open("ab")
         self._proc = subprocess.Popen(
             [
@@ -116,7 +118,7 @@ class PostgresServer:
         subprocess.run(
             [
                 *self._unprivileged(),
-                require("pg_ctl"),
+                self._program("pg_ctl"),
                 "stop",
                 "-D",
                 str(self.folder / "data"),
@@ -134,6 +136,9 @@ class PostgresServer:
         except subprocess.TimeoutExpired:
             self._proc.send_signal(signal.SIGKILL)
             self._proc.wait()
+
+    def _program(self, name: str) -> str:
+        return str(self.bindir / name) if self.bindir is not None else require(name)
 
     def _unprivileged(self) -> list[str]:
         if os.geteuid() != 0:

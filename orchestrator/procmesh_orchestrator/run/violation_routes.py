@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import httpx
 
-from procmesh_orchestrator.config.lanes import WebhookRoute
+if TYPE_CHECKING:  # the config package imports the run's (durable runs): no import cycle at run time
+    from procmesh_orchestrator.config.lanes import WebhookRoute
 
 log = logging.getLogger(__name__)
 
-Route = str | WebhookRoute | Callable[[dict[str, Any]], Any]
+Route: TypeAlias = "str | WebhookRoute | Callable[[dict[str, Any]], Any]"
 """``log``, a `WebhookRoute`, or (Python API) a callable given the violation."""
 
 _posting: set[asyncio.Task[None]] = set()
@@ -40,14 +41,14 @@ def deliver(route: Route | None, entry: dict[str, Any], agent_id: str, run_id: s
             entry["message"],
             extra={"run_id": run_id, "detail": entry["detail"]},
         )
-    elif isinstance(route, WebhookRoute):
+    elif callable(route):
+        call(route, entry)
+    elif not isinstance(route, str):
         task = asyncio.get_running_loop().create_task(
             _post(route, {"agentId": agent_id, "runId": run_id, **entry})
         )
         _posting.add(task)
         task.add_done_callback(_posting.discard)
-    elif callable(route):
-        call(route, entry)
 
 
 def call(callback: Callable[[dict[str, Any]], Any], entry: dict[str, Any]) -> None:

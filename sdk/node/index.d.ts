@@ -383,11 +383,18 @@ export class TripWire extends Error {
 
 /** The live message list; edits are sent back to the orchestrator. */
 export class MessageList {
-  constructor(messages: MastraDBMessage[]);
+  /** `sources`: each message's source by id (RunContext.message_sources; unnamed: `input`). */
+  constructor(messages: MastraDBMessage[], sources?: Record<string, string>);
   readonly modified: boolean;
   getAll(): MastraDBMessage[];
-  /** The reference engine's read view: `messageList.get.all.db()`. */
-  readonly get: { all: { db(): MastraDBMessage[] } };
+  /** The reference engine's read views: `get.all.db()`, and by source `get.input.db()` (this
+   * call's input), `get.response.db()` (what this run added), `get.remembered.db()` (memory). */
+  readonly get: {
+    all: { db(): MastraDBMessage[] };
+    input: { db(): MastraDBMessage[] };
+    response: { db(): MastraDBMessage[] };
+    remembered: { db(): MastraDBMessage[] };
+  };
   add(message: MastraDBMessage | MastraDBMessage[]): this;
   removeByIds(ids: Iterable<string>): this;
   replace(message: MastraDBMessage): this;
@@ -463,6 +470,12 @@ export interface ToolContext {
   messages: MastraDBMessage[];
   /** Fires when the call is cancelled or its deadline passes. */
   abortSignal: AbortSignal;
+  /** Emits data-* chunks to the caller's stream, at the call's turn, before its tool-result. */
+  writer: ToolWriter;
+}
+
+export class ToolWriter {
+  custom(chunk: { type: `data-${string}`; data?: unknown; transient?: boolean }): Promise<void>;
 }
 
 /**
@@ -478,6 +491,8 @@ export interface Tool<A = any> {
   /** JSON schema of the arguments, an object schema (default `{type: 'object'}`). */
   inputSchema?: Record<string, any>;
   execute(args: A, ctx: ToolContext): unknown | Promise<unknown>;
+  /** What the model sees of the result (the seeds' toModelOutput); the caller keeps the result. */
+  toModelOutput?(result: any): unknown | Promise<unknown>;
   setup?(): void | Promise<void>;
   teardown?(): void | Promise<void>;
 }

@@ -10,6 +10,7 @@ const hooks = require('./lib/hooks');
 const { HOOK_NAMES } = hooks;
 const { MessageList, Processor, RequestContext, TripWire, Writer } = require('./lib/processor');
 const { ProcessorServer, run, serve, settingsFromArgs } = require('./lib/server');
+const { ToolWriter } = require('./lib/tools');
 const { version } = require('./package.json');
 
 module.exports = {
@@ -19,6 +20,7 @@ module.exports = {
   ProcessorServer,
   RequestContext,
   SERVICE_NAME,
+  ToolWriter,
   TripWire,
   Writer,
   convert,

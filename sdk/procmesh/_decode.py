@@ -39,7 +39,7 @@ def process_input(req: ppb.ProcessInputRequest) -> Kwargs:
     """``messages`` (this turn's), ``message_list`` (the whole list, editable), ``system_messages``."""
     # message_list is built first, as before the table existed: a malformed all_messages
     # is reported before a malformed messages field.
-    message_list = MessageList(_messages(req.all_messages))
+    message_list = MessageList(_messages(req.all_messages), req.context.message_sources)
     return {
         "messages": _messages(req.messages),
         "message_list": message_list,
@@ -55,7 +55,7 @@ def process_input_step(req: ppb.ProcessInputStepRequest) -> Kwargs:
         tool_choice = {"type": "tool", "toolName": req.tool_choice.tool_name}
     return {
         "messages": messages,
-        "message_list": MessageList(messages),
+        "message_list": MessageList(messages, req.context.message_sources),
         "system_messages": _messages(req.system_messages),
         "model": req.model,
         "tools": [_tool(t) for t in req.tools],
@@ -97,7 +97,7 @@ def process_output_step(req: ppb.ProcessOutputStepRequest) -> Kwargs:
     messages = _messages(req.messages)
     return {
         "messages": messages,
-        "message_list": MessageList(messages),
+        "message_list": MessageList(messages, req.context.message_sources),
         "system_messages": _messages(req.system_messages),
         "text": req.text,
         "tool_calls": [
@@ -130,7 +130,7 @@ def process_output_result(req: ppb.ProcessOutputResultRequest) -> Kwargs:
     res = req.result
     return {
         "messages": messages,
-        "message_list": MessageList(messages),
+        "message_list": MessageList(messages, req.context.message_sources),
         "result": {
             "text": res.text,
             "usage": convert.usage_from_proto(res.usage),
@@ -154,7 +154,7 @@ def process_api_error(req: ppb.ProcessAPIErrorRequest) -> Kwargs:
             "details": convert.from_struct(err.details),
         },
         "messages": messages,
-        "message_list": MessageList(messages),
+        "message_list": MessageList(messages, req.context.message_sources),
         "steps": _steps(req.steps),
     }
 

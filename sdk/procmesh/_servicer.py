@@ -271,9 +271,14 @@ class Servicer:
         outcome = "ok"
         try:
             result = await tool.tool.execute(args, context)
+            shown = tool.tool.to_model_output(result) if tool.maps_output else None
             resp = ppb.ExecuteToolResponse()
+            for chunk in context.writer.chunks:
+                convert.chunk_to_proto(chunk, resp.effects.custom_chunks.add())
             try:
                 resp.result.CopyFrom(convert.to_value(result))
+                if tool.maps_output:
+                    resp.model_output.CopyFrom(convert.to_value(shown))
             except TypeError as exc:
                 raise InternalError(f"tool {tool.name!r} returned a non-JSON result: {exc}") from exc
             return resp

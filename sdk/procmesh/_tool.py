@@ -9,7 +9,7 @@ does, so a tool that computes cannot stall health checks or the other tools and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from procmesh import convert
@@ -20,6 +20,26 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What every model provider accepts as a tool name (OpenAI's and Anthropic's rule)."""
 ERROR_CHARS = 2048
 """A tool error longer than this is clipped: the model reads it, and it costs context."""
+
+
+class ToolWriter:
+    """A hosted tool's ``writer``: `custom()` emits a ``data-*`` chunk (the seeds' ``writer.custom()``).
+
+    The chunks go back with the call's answer (``ExecuteToolResponse.effects.custom_chunks``), in
+    the order written; the orchestrator emits them at the call's turn in the step, before its
+    ``tool-result``, through the output processors that take data parts. A chunk of another type
+    is the tool's error (a ``ValueError``), as a bug in the tool is.
+    """
+
+    def __init__(self) -> None:
+        self.chunks: list[dict[str, Any]] = []
+
+    async def custom(self, chunk: dict[str, Any]) -> None:
+        """Emit ``{"type": "data-...", "data": ..., "transient"?: bool}``."""
+        kind = chunk.get("type") if isinstance(chunk, dict) else None
+        if not isinstance(kind, str) or not kind.startswith("data-"):
+            raise ValueError(f"writer.custom: chunk type must start with 'data-', got {kind!r}")
+        self.chunks.append(dict(chunk))
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,8 @@ class ToolContext:
     """The caller's serializable request context."""
     messages: list[dict[str, Any]]
     """The conversation so far, as hooks see messages."""
+    writer: ToolWriter = field(default_factory=ToolWriter)
+    """Emits ``data-*`` chunks to the caller's stream (``await context.writer.custom({...})``)."""
 
 
 class Tool:
@@ -78,6 +100,15 @@ class Tool:
         """Run one call: `args` as the model sent them; return the result (any JSON value)."""
         raise NotImplementedError
 
+    def to_model_output(self, result: Any) -> Any:
+        """What the model sees of `result` (the seeds' ``toModelOutput``); override to differ.
+
+        The caller's ``tool-result`` chunk and the stored message keep `result`; the prompt shows
+        this (any JSON value, e.g. a short text for a large result). Not overridden: the model
+        sees `result`. What it raises is the tool's error.
+        """
+        return result
+
 
 class HostedTool:
     """One hosted tool, checked when the server is built, with its `HookLoop` and Describe entry."""
@@ -104,6 +135,8 @@ class HostedTool:
             raise ValueError(f"tool {name!r}: input_schema is not JSON: {exc}") from exc
         self.tool = tool
         self.name = name
+        self.maps_output = type(tool).to_model_output is not Tool.to_model_output
+        """The tool defines `to_model_output` (the answer then carries ``model_output``)."""
         self.loop = HookLoop(f"procmesh-tool:{name[:32]}", threaded=threaded)
         """Where this tool's setup, calls and teardown run (started by the server)."""
 

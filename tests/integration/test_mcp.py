@@ -135,7 +135,7 @@ async def _wait_for(lines: Callable[[], list[str]], line: str, timeout: float = 
 
 async def test_list_tools_gives_names_descriptions_and_schemas(conn: McpConnection) -> None:
     tools = {tool.name: tool for tool in await conn.list_tools()}
-    assert set(tools) == {"add", "lookup", "slow", "crash", "context"}
+    assert set(tools) == {"add", "lookup", "slow", "crash", "context", "progress"}
     add = tools["add"]
     assert add.server == "fixture"
     assert add.description == "Add two numbers."

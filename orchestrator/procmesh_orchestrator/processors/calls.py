@@ -212,6 +212,7 @@ class GrpcHookCaller:
         ctx.thread_id = info.thread_id
         ctx.resource_id = info.resource_id
         ctx.on_failure = handle.on_failure
+        ctx.message_sources.update(info.message_sources)
 
     def fill_fused(self, ctx: tpb.RunContext, handles: Sequence[ProcessorHandle]) -> None:
         """Name the further processors of a fused request, each with its options and state."""

@@ -203,7 +203,8 @@ def _build_execute_tool(a: h.ExecuteToolArgs, req: Any) -> None:
 def _read_execute_tool(resp: Any) -> h.ExecuteToolResult:
     if resp.error:
         return h.ExecuteToolResult(error=resp.error)
-    return h.ExecuteToolResult(result=convert.from_value(resp.result))
+    shown = convert.from_value(resp.model_output) if resp.HasField("model_output") else None
+    return h.ExecuteToolResult(result=convert.from_value(resp.result), model_output=shown)
 
 
 WIRE: dict[str, tuple[Build, Read]] = {

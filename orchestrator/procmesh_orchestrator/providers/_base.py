@@ -172,7 +172,17 @@ def provider_executed(prompt: list[dict[str, Any]]) -> set[str]:
 
 
 def tool_output_text(output: Any) -> str:
-    """A tool result as the model reads it: strings as they are, anything else as JSON."""
+    """A tool result as the model reads it: strings as they are, anything else as JSON; a tool's
+    model output in the AI SDK's shapes (toModelOutput) as its text, JSON or text parts."""
+    kind = output.get("type") if isinstance(output, dict) and "value" in output else None
+    if kind in ("text", "error-text") and isinstance(output["value"], str):
+        return str(output["value"])
+    if kind in ("json", "error-json"):
+        return json.dumps(output["value"], ensure_ascii=False)
+    if kind == "content" and isinstance(output["value"], list):
+        parts = [p for p in output["value"] if isinstance(p, dict) and p.get("type") == "text"]
+        texts = [p.get("text", "") for p in parts]
+        return "\n".join(str(t) for t in texts)
     return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
 
 

@@ -128,6 +128,7 @@ class RunCore:
         if self.cost is not None and not any(isinstance(p, CostSlot) for p in self.input_lane):
             self.input_lane = (*self.input_lane, self.cost)
         self.ml = RunMessages()
+        self.info.message_sources = self.ml.sources  # RunContext.message_sources: the SDKs' views
         self.system: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
         self.usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}

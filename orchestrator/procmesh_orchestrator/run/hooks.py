@@ -114,6 +114,8 @@ class RunInfo:
     a snapshot keeps them apart from the caller's."""
     context_check: ContextCheck | None = None
     """The agent's requestContextSchema: a hook's values must keep the context one it accepts."""
+    message_sources: dict[str, str] = field(default_factory=dict)
+    """Each message's source by id (the run's message list's, live): sent in every RunContext."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,8 @@ class ExecuteToolResult:
     result: Any = None
     error: str | None = None
     """The tool raised: what the model is told instead of a result."""
+    model_output: Any = None
+    """What the model sees of `result` (the tool's toModelOutput); None: `result` itself."""
 
 
 @dataclass

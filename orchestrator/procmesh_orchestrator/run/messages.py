@@ -53,6 +53,9 @@ def message_text(msg: Message) -> str:
     content = msg.get("content") or {}
     if isinstance(content, str):
         return content
+    if not any(p.get("type") == "text" for p in content.get("parts") or []):  # the legacy flat form
+        flat = content.get("content")
+        return flat if isinstance(flat, str) else ""
     return "\n".join(p.get("text", "") for p in content.get("parts") or [] if p.get("type") == "text")
 
 
@@ -290,6 +293,29 @@ def render_signal(msg: Message) -> str:
     return f"<{tag}{attrs}>{_escape(contents)}</{tag}>"
 
 
+def model_output(part: dict[str, Any]) -> Any:
+    """What the model sees of a tool part's result when its tool mapped it (toModelOutput), kept
+    where the reference keeps it (``providerMetadata.mastra.modelOutput``); None when it has none."""
+    meta = part.get("providerMetadata")
+    mastra = meta.get("mastra") if isinstance(meta, dict) else None
+    return mastra.get("modelOutput") if isinstance(mastra, dict) else None
+
+
+def _prompt_output(part: dict[str, Any], invocation: dict[str, Any]) -> Any:
+    """What the prompt shows of a tool part's result: its model output, else the result."""
+    shown = model_output(part)
+    return invocation.get("result") if shown is None else shown
+
+
+def keep_model_output(message: Message, call_id: str, value: Any) -> None:
+    """Keep a tool's model output on its call's part of `message`: the prompt shows it, the stored
+    message and the caller keep the result."""
+    for part in (message.get("content") or {}).get("parts") or []:
+        if part.get("type") == "tool-invocation" and part["toolInvocation"].get("toolCallId") == call_id:
+            meta = part.setdefault("providerMetadata", {})
+            meta.setdefault("mastra", {})["modelOutput"] = value
+
+
 def build_prompt(
     system_messages: list[Message], messages: list[Message], *, user_first: bool = True
 ) -> list[dict[str, Any]]:
@@ -332,7 +358,7 @@ def build_prompt(
                                 "type": "tool-result",
                                 "toolCallId": inv["toolCallId"],
                                 "toolName": inv["toolName"],
-                                "output": inv.get("result"),
+                                "output": _prompt_output(part, inv),
                                 **part_provenance(part, inv),
                             }
                         )

@@ -19,6 +19,7 @@ from procmesh import tracing
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import Chunk, Effects, Processor, ToolResultArgs, ToolResultResult
 from procmesh_orchestrator.run.in_order import InOrder
+from procmesh_orchestrator.run.messages import keep_model_output
 from procmesh_orchestrator.run.speculation import walk
 from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, invalid_args
 
@@ -169,6 +170,8 @@ async def run_tools(
                     continue
                 run.metrics.tool_calls.labels(call.name, "ok").inc()
                 value = await _tool_result(run, call, outcome.result, step_number + 1)
+                if outcome.model_output is not None and value is outcome.result:  # not replaced
+                    keep_model_output(assistant, call.call_id, outcome.model_output)
                 yield settle(call, value)
             if approval is not None:
                 yield approval

@@ -43,6 +43,8 @@ class ToolOutcome:
     effects: Effects | None = None
     """The call's effects (signals, custom chunks, an abort), applied at the call's turn in the
     step: calls run concurrently, their effects reach the run in the order the model called them."""
+    model_output: Any = None
+    """What the model sees of `result` (the tool's toModelOutput); None: the result itself."""
 
 
 class Tool(Protocol):
@@ -141,7 +143,7 @@ class ProcessorTool:
         result, effects = answer
         if result.error is not None:
             return ToolOutcome(error=result.error, effects=effects)
-        return ToolOutcome(result.result, effects=effects)
+        return ToolOutcome(result.result, effects=effects, model_output=result.model_output)
 
 
 @dataclass(frozen=True)

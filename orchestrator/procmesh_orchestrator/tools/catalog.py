@@ -60,8 +60,19 @@ class McpServerTool:
             left = max(0.001, run.info.deadline - time.monotonic())
             timeout = min(timeout, left) if timeout else left
         args = call.args if isinstance(call.args, dict) else {}
+
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            """A progress notification: a ``data-tool-progress`` chunk (the MCP form of a tool's
+            writer.custom(); log messages are session-wide, so they are not the call's chunks)."""
+            data: dict[str, Any] = {"toolCallId": call.call_id, "toolName": self.name, "progress": progress}
+            if total is not None:
+                data["total"] = total
+            if message:
+                data["message"] = message
+            await writer({"type": "data-tool-progress", "data": data})
+
         try:
-            answer = await self.connection.call_tool(self.remote, args, timeout, _meta(run))
+            answer = await self.connection.call_tool(self.remote, args, timeout, _meta(run), report)
         except McpError as exc:
             if self.on_failure == "fail-open":
                 log.warning("MCP tool %s failed; the model is told (fail-open): %s", self.name, exc)

@@ -13,6 +13,11 @@ function decodeMessages(list) {
   return (list || []).map(convert.messageFromProto);
 }
 
+/** Each message's source by id (RunContext.message_sources; proto-loader gives a map as an object). */
+function sourcesOf(req) {
+  return (req.context && req.context.message_sources) || {};
+}
+
 /** Array-style return (or in-place messageList edits) of processOutputStep / processOutputResult. */
 function fillReplacement(resp, result, messageList, hook) {
   if ((Array.isArray(result) || result instanceof MessageList) && result !== messageList) {
@@ -106,7 +111,7 @@ function apiErrorFromProto(err) {
 const CODECS = {
   processInput: {
     decode(req) {
-      const messageList = new MessageList(decodeMessages(req.all_messages));
+      const messageList = new MessageList(decodeMessages(req.all_messages), sourcesOf(req));
       return { messageList, args: { messages: decodeMessages(req.messages), messageList, systemMessages: decodeMessages(req.system_messages) } };
     },
     encode(result, { messageList }) {
@@ -138,7 +143,7 @@ const CODECS = {
   processInputStep: {
     decode(req) {
       const messages = decodeMessages(req.messages);
-      const messageList = new MessageList(messages);
+      const messageList = new MessageList(messages, sourcesOf(req));
       const tc = req.tool_choice || {};
       let toolChoice = tc.mode || undefined;
       if (tc.mode === 'tool') toolChoice = { type: 'tool', toolName: tc.tool_name || '' };
@@ -241,7 +246,7 @@ const CODECS = {
   processOutputStep: {
     decode(req) {
       const messages = decodeMessages(req.messages);
-      const messageList = new MessageList(messages);
+      const messageList = new MessageList(messages, sourcesOf(req));
       const toolCalls = (req.tool_calls || []).map(convert.toolCallFromProto);
       return {
         messageList,
@@ -295,7 +300,7 @@ const CODECS = {
   processOutputResult: {
     decode(req) {
       const messages = decodeMessages(req.messages);
-      const messageList = new MessageList(messages);
+      const messageList = new MessageList(messages, sourcesOf(req));
       const res = req.result || {};
       return {
         messageList,
@@ -321,7 +326,7 @@ const CODECS = {
   processAPIError: {
     decode(req) {
       const messages = decodeMessages(req.messages);
-      const messageList = new MessageList(messages);
+      const messageList = new MessageList(messages, sourcesOf(req));
       return {
         messageList,
         args: { error: apiErrorFromProto(req.error), messages, messageList, steps: (req.steps || []).map(convert.stepFromProto) },

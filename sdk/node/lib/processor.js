@@ -109,9 +109,15 @@ class Writer {
  * reference engine's `get.all.db()` reads it too.
  */
 class MessageList {
-  constructor(messages) {
+  /**
+   * `sources`: where each message came from, by id (RunContext.message_sources); a message the
+   * orchestrator sent without one is `input`. A message this hook adds is in `get.all` only: the
+   * orchestrator files it (the next hook sees its source).
+   */
+  constructor(messages, sources = {}) {
     this._messages = [...messages];
     this.modified = false;
+    this._sources = new Map(this._messages.map((m) => [String(m && m.id), (sources && sources[m && m.id]) || 'input']));
   }
 
   /** Every message, in order. */
@@ -119,10 +125,14 @@ class MessageList {
     return [...this._messages];
   }
 
-  /** The reference engine's read views: `messageList.get.all.db()`. */
+  /**
+   * The reference engine's read views: `get.all.db()`, and each source's messages:
+   * `get.input.db()` (this call's input), `get.response.db()` (what this run added),
+   * `get.remembered.db()` (loaded from memory).
+   */
   get get() {
-    const all = () => this.getAll();
-    return { all: { db: all } };
+    const of = (source) => ({ db: () => this._messages.filter((m) => this._sources.get(String(m && m.id)) === source) });
+    return { all: { db: () => this.getAll() }, input: of('input'), response: of('response'), remembered: of('memory') };
   }
 
   /** Append a message (replaces the message with the same id, if any). */

@@ -15,7 +15,7 @@ const { validate } = require('./options');
 const { HookEffects, RequestContext, TripWire, Writer } = require('./processor');
 const { outputStream } = require('./stream');
 const { runFused } = require('./fused');
-const { ToolRaised } = require('./tools');
+const { ToolRaised, ToolWriter } = require('./tools');
 const tracing = require('./tracing');
 const { version } = require('../package.json');
 
@@ -175,10 +175,13 @@ class Servicer {
     return tool;
   }
 
-  /** Run a hosted tool's execute(); an ordinary error becomes ToolRaised (a ProcmeshError stays). */
+  /** Run a hosted tool's execute(), then its toModelOutput(result) if it has one: `{result, shown}`;
+   * an ordinary error becomes ToolRaised (a ProcmeshError stays). */
   async runTool(tool, args, ctx) {
     try {
-      return await tool.tool.execute(args, ctx);
+      const result = await tool.tool.execute(args, ctx);
+      if (typeof tool.tool.toModelOutput !== 'function') return { result };
+      return { result, shown: await tool.tool.toModelOutput(result) };
     } catch (err) {
       if (err instanceof ProcmeshError) throw err;
       this.log.warn(`tool ${tool.name} raised`, err && err.stack ? err.stack : err);
@@ -205,17 +208,22 @@ class Servicer {
       requestContext: new RequestContext(convert.fromStruct(c.request_context)),
       messages,
       abortSignal: signal,
+      writer: new ToolWriter(),
     };
     const args = req.args === undefined || req.args === null ? {} : convert.fromValue(req.args);
     let result;
+    let shown;
     try {
-      result = await this.runTool(tool, args, ctx);
+      ({ result, shown } = await this.runTool(tool, args, ctx));
     } catch (err) {
       if (err instanceof ToolRaised) return { error: err.message };
       throw err;
     }
     try {
-      return { result: convert.toValue(result === undefined ? null : result) };
+      const answer = { result: convert.toValue(result === undefined ? null : result) };
+      if (typeof tool.tool.toModelOutput === 'function') answer.model_output = convert.toValue(shown === undefined ? null : shown);
+      if (ctx.writer.chunks.length) answer.effects = { custom_chunks: ctx.writer.chunks.map(convert.chunkToProto) };
+      return answer;
     } catch (err) {
       throw new InternalError(`tool ${quote(tool.name)} returned a non-JSON result: ${err.message}`);
     }

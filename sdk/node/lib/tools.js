@@ -2,7 +2,9 @@
 // Hosted tools: standalone tools a sidecar serves beside its processors, which agent configs name
 // (the twin of the Python SDK's procmesh/_tool.py). Describe lists them (DescribeResponse.tools);
 // ExecuteTool with an empty context.processor_id runs the one named tool_name. A tool is a plain
-// object: {name, description, inputSchema, async execute(args, ctx)}, optional setup()/teardown().
+// object: {name, description, inputSchema, async execute(args, ctx)}, optional setup()/teardown()
+// and toModelOutput(result) (what the model sees of the result; the caller keeps the result).
+// ctx.writer.custom({type: 'data-...', data}) emits data chunks (ToolWriter).
 // What execute() throws is the tool's error (ExecuteToolResponse.error), not a failed call; a
 // ProcmeshError keeps its status. The SDK does not validate args against inputSchema (the
 // orchestrator does).
@@ -65,4 +67,25 @@ class ToolRaised extends Error {
   }
 }
 
-module.exports = { ERROR_CHARS, HostedTool, ToolRaised, errorText };
+/**
+ * A hosted tool's `ctx.writer`: `custom()` emits a data-* chunk (the seeds' writer.custom()). The
+ * chunks go back with the call's answer (ExecuteToolResponse.effects.custom_chunks), in the order
+ * written; the orchestrator emits them at the call's turn, before its tool-result. A chunk of
+ * another type is the tool's error (thrown as an ordinary Error, as a bug in the tool is).
+ */
+class ToolWriter {
+  constructor() {
+    this.chunks = [];
+  }
+
+  /** Emit `{ type: 'data-...', data, transient? }`. */
+  async custom(chunk) {
+    const kind = isPlainObject(chunk) ? chunk.type : undefined;
+    if (typeof kind !== 'string' || !kind.startsWith('data-')) {
+      throw new Error(`writer.custom: chunk type must start with 'data-', got ${JSON.stringify(kind ?? null)}`);
+    }
+    this.chunks.push({ ...chunk });
+  }
+}
+
+module.exports = { ERROR_CHARS, HostedTool, ToolRaised, ToolWriter, errorText };

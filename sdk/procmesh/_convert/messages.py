@@ -104,6 +104,42 @@ def _part_from_proto(part: pb.Part, keep_unknown: bool) -> dict[str, Any]:
     raise ValueError("message part has no kind set")
 
 
+def flat_text(parts: list[dict[str, Any]]) -> str:
+    """The legacy flattened ``content.content``: the text parts joined with newlines."""
+    return "\n".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
+
+
+def with_flat_text(content: dict[str, Any]) -> list[dict[str, Any]]:
+    """A content's parts; a content whose only text is the legacy flattened ``content.content``
+    string gets it as a text part (the reference's fallback: a hook or an older client may set
+    only that)."""
+    parts = list(content.get("parts") or [])
+    flat = content.get("content")
+    if isinstance(flat, str) and flat and not any(p.get("type") == "text" for p in parts):
+        parts.append({"type": "text", "text": flat})
+    return parts
+
+
+class Content(dict[str, Any]):
+    """A decoded message's content: a plain dict, except that ``["content"]`` (and
+    ``.get("content")``) also reads the legacy flattened text (the text parts joined with
+    newlines) when the dict has no such key, as the seeds' fallback says. It is not a key: equal to
+    the plain dict, and not in its JSON."""
+
+    def __missing__(self, key: str) -> Any:
+        flat = flat_text(self.get("parts") or []) if key == "content" else ""
+        if not flat:
+            raise KeyError(key)
+        return flat
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """`dict.get`, with the flattened text for ``"content"``."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
 def message_to_proto(msg: Message, out: pb.Message | None = None) -> pb.Message:
     """Convert a MastraDBMessage dict to ``procmesh.v1.Message``."""
     out = out if out is not None else pb.Message()
@@ -113,7 +149,7 @@ def message_to_proto(msg: Message, out: pb.Message | None = None) -> pb.Message:
     if isinstance(content, str):
         content = {"parts": [{"type": "text", "text": content}]}
     out.content.format = 2
-    for part in content.get("parts") or []:
+    for part in with_flat_text(content):
         _part_to_proto(part, out.content.parts.add())
     if content.get("metadata"):
         fill_struct(out.content.metadata, content["metadata"])
@@ -137,7 +173,7 @@ def message_from_proto(msg: pb.Message, *, keep_unknown: bool = False) -> Messag
     }
     if msg.content.HasField("metadata") and msg.content.metadata.fields:
         content["metadata"] = from_struct(msg.content.metadata)
-    out: Message = {"id": msg.id, "role": msg.role, "content": content}
+    out: Message = {"id": msg.id, "role": msg.role, "content": Content(content)}
     if msg.created_at:
         out["createdAt"] = msg.created_at
     if msg.thread_id:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -86,12 +87,30 @@ class TokenLimiter(Processor):
 
     # -- prompt ---------------------------------------------------------------------------
 
+    def count_message(self, message: Message) -> float | None:
+        """The seeds' ``tokenCounter.countMessage``: override in a subclass to count one message
+        of ``memory-only`` trimming your way (None: the built-in count). Functions cannot travel as
+        options, so your own sidecar hosts the subclass (docs/builtins.md, token-limiter)."""
+        return None
+
+    async def on_memory_trim(self, removed: list[Message], request_context: dict[str, Any]) -> None:
+        """The seeds' ``onMemoryTrim``: override to see the loaded history ``memory-only`` trimming
+        drops (oldest first), before it goes, e.g. to persist a memory cursor."""
+
     async def process_input(
-        self, messages: list[Message], system_messages: list[Message], options: TokenLimiterOptions
+        self,
+        messages: list[Message],
+        system_messages: list[Message],
+        options: TokenLimiterOptions,
+        request_context: dict[str, Any] | None = None,
     ) -> list[Message] | None:
         if options.trim_mode != "memory-only":
             return None
-        return trim_memory(messages, system_messages, options, self.counter(options))
+        counted = self.count_message if type(self).count_message is not TokenLimiter.count_message else None
+        kept = trim_memory(messages, system_messages, options, self.counter(options), counted)
+        if kept is not None:
+            await self.on_memory_trim(messages[: len(messages) - len(kept)], request_context or {})
+        return kept
 
     async def process_llm_request(
         self, prompt: list[PromptMessage], options: TokenLimiterOptions, state: dict[str, Any], abort: Any
@@ -400,12 +419,19 @@ def trim_memory(
     system_messages: list[Message],
     options: TokenLimiterOptions,
     counter: TokenCounter,
+    count_message: Callable[[Message], float | None] | None = None,
 ) -> list[Message] | None:
     """`memory-only`: the loaded history, oldest first in tool-linked groups, goes until the messages
-    fit ``limit - at_max_remove_tokens``; None when they already fit the limit (or nothing is loaded)."""
+    fit ``limit - at_max_remove_tokens``; None when they already fit the limit (or nothing is loaded).
+    `count_message` counts a message instead of the built-in count (unless it answers None)."""
     costs = _Costs(counter)
     loaded = _loaded_count(messages)
-    cost = [costs.message(_db_as_prompt(m)) for m in messages]
+
+    def count(message: Message) -> float:
+        own = count_message(message) if count_message is not None else None
+        return costs.message(_db_as_prompt(message)) if own is None else own
+
+    cost = [count(m) for m in messages]
     total = costs.per_conversation + sum(cost) + sum(costs.message(_db_as_prompt(m)) for m in system_messages)
     if total <= options.limit or loaded == 0:
         return None

@@ -95,6 +95,26 @@ async def test_an_agent_with_mcp_servers_takes_every_tool() -> None:
     async with App(cfg) as app:
         chunks, result = await collect(app)
         names = sorted(offered(app))
-    assert names == ["add", "context", "crash", "lookup", "slow"]
+    assert names == ["add", "context", "crash", "lookup", "progress", "slow"]
     assert result.status == "success", result.error
     assert [r["result"] for r in of_type(chunks, "tool-result")] == [{"result": 2}, {"result": "second"}]
+
+
+async def test_progress_notifications_reach_the_stream_as_data_chunks(server: dict[str, Any]) -> None:
+    """H6 for MCP tools: the server's notifications/progress of a call are the call's
+    ``data-tool-progress`` chunks, in order, before its tool-result (the next call's after it)."""
+    cfg = config(
+        top={"mcpServers": {"calc": server}},
+        tools={"progress": {"mcp": "calc"}, "add": {"mcp": "calc"}},
+        responses=[{"toolCalls": [call("progress", steps=3), call("add", a=1, b=2)]}, DONE],
+    )
+    async with App(cfg) as app:
+        chunks, result = await collect(app)
+    assert result.status == "success", result.error
+    kinds = [c["type"] for c in chunks if c["type"] in ("data-tool-progress", "tool-result")]
+    assert kinds == ["data-tool-progress"] * 3 + ["tool-result", "tool-result"]
+    progress = [c["data"] for c in chunks if c["type"] == "data-tool-progress"]
+    assert progress == [
+        {"toolCallId": "call_1", "toolName": "progress", "progress": n, "total": 3, "message": f"step {n}"}
+        for n in (1, 2, 3)
+    ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from procmesh import convert
+from procmesh._convert.messages import with_flat_text
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
@@ -44,8 +45,9 @@ def db_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
         message = msgs.text_message(role, "")
         message["content"]["parts"] = parts
         return message
-    if isinstance(content, dict):  # a MastraDBMessage (format 2)
-        message = {**item, "role": role, "id": item.get("id") or msgs.new_id()}
+    if isinstance(content, dict):  # a MastraDBMessage (format 2); only `content.content`: its text
+        content = {**content, "parts": with_flat_text(content)}
+        message = {**item, "role": role, "id": item.get("id") or msgs.new_id(), "content": content}
         try:
             convert.message_to_proto(message)
         except (ValueError, TypeError, AttributeError) as exc:

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from procmesh_orchestrator.run import RunResult
+from procmesh_orchestrator.service.api.ui_messages import ui_messages
 
 Chunk = dict[str, Any]
 
@@ -125,6 +126,7 @@ def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None)
             "dbMessages": result.response_messages,
         }
     response["modelId"] = result.model_id  # the model that answered (a fallback, when one did)
+    response["uiMessages"] = ui_messages(result.response_messages)  # with each one's metadata
     run_id = result.run_id
     out: dict[str, Any] = {
         **_NOTHING,

@@ -11,6 +11,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 from mcp import Client
+from mcp.shared.dispatcher import ProgressFnT
 
 from procmesh_orchestrator.errors import McpError
 from procmesh_orchestrator.tools.mcp._sdk import content, describe, is_broken, open_transport
@@ -68,10 +69,18 @@ class McpConnection:
         args: dict[str, Any],
         timeout: float | None = None,
         meta: dict[str, Any] | None = None,
+        progress: ProgressFnT | None = None,
     ) -> McpResult:
         """Call tool `name`; `timeout` (default: the server's) bounds the call, then `McpError`;
-        `meta` goes in the request's ``params._meta`` (the run's request context)."""
-        send = partial(Client.call_tool, name=name, arguments=args, meta=cast(Any, meta) or None)
+        `meta` goes in the request's ``params._meta`` (the run's request context); `progress`
+        gets the call's progress notifications (the request then carries a progress token)."""
+        send = partial(
+            Client.call_tool,
+            name=name,
+            arguments=args,
+            meta=cast(Any, meta) or None,
+            progress_callback=progress,
+        )
         result = await self._request(f"tools/call {name!r}", send, timeout)
         return McpResult(content(result), result.is_error)
 

@@ -110,6 +110,22 @@ function partFromProto(part) {
   }
 }
 
+/** The legacy flattened `content.content`: the text parts joined with newlines. */
+function flatText(parts) {
+  return parts.filter((p) => p && p.type === 'text').map((p) => String(p.text ?? '')).join('\n');
+}
+
+/**
+ * A content's parts; a content whose only text is the legacy flattened `content.content` string
+ * gets it as a text part (the reference's fallback: a hook or an older client may set only that).
+ */
+function withFlatText(content) {
+  const parts = [...(content.parts || [])];
+  const flat = content.content;
+  if (typeof flat === 'string' && flat && !parts.some((p) => p && p.type === 'text')) parts.push({ type: 'text', text: flat });
+  return parts;
+}
+
 /** A MastraDBMessage object as procmesh.v1.Message. */
 function messageToProto(msg) {
   if (!msg || typeof msg !== 'object' || Array.isArray(msg)) {
@@ -120,7 +136,7 @@ function messageToProto(msg) {
   const out = {
     id: str(msg.id),
     role: str(msg.role),
-    content: { format: 2, parts: (content.parts || []).map(partToProto) },
+    content: { format: 2, parts: withFlatText(content).map(partToProto) },
     created_at: msg.createdAt instanceof Date ? msg.createdAt.toISOString() : str(msg.createdAt),
     thread_id: str(msg.threadId),
     resource_id: str(msg.resourceId),
@@ -135,6 +151,16 @@ function messageFromProto(msg) {
   const c = msg.content || {};
   const content = { format: 2, parts: (c.parts || []).map(partFromProto) };
   if (hasFields(c.metadata)) content.metadata = fromStruct(c.metadata);
+  // The seeds' legacy fallback: `content.content` reads the text parts joined (not enumerable:
+  // not in the message's JSON nor in comparisons; a hook that sets it sets a plain property).
+  Object.defineProperty(content, 'content', {
+    get: () => flatText(content.parts) || undefined,
+    set(value) {
+      Object.defineProperty(content, 'content', { value, writable: true, enumerable: true, configurable: true });
+    },
+    enumerable: false,
+    configurable: true,
+  });
   const out = { id: str(msg.id), role: str(msg.role), content };
   if (msg.created_at) out.createdAt = msg.created_at;
   if (msg.thread_id) out.threadId = msg.thread_id;

@@ -144,6 +144,26 @@ class OrchestratorMetrics:
             ["model", "direction"],
             registry=r,
         )
+        self.embedding_calls = Counter(
+            "procmesh_embedding_calls_total",
+            "Embedding calls of semantic recall by embedder, purpose (query: a recall or a search; turn: "
+            "a saved turn's messages) and outcome (ok, error).",
+            ["model", "purpose", "outcome"],
+            registry=r,
+        )
+        self.embedding_tokens = Counter(
+            "procmesh_embedding_tokens_total",
+            "Tokens embedded, as the provider counts them.",
+            ["model"],
+            registry=r,
+        )
+        self.embedding_duration = Histogram(
+            "procmesh_embedding_call_duration_seconds",
+            "Successful embedding calls.",
+            ["model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
             "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "

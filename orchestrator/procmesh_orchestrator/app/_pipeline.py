@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -32,6 +33,7 @@ from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, stop
 from procmesh_orchestrator.run.framework.cost import CostControl
 from procmesh_orchestrator.run.framework.memory import AgentMemory
+from procmesh_orchestrator.run.framework.recall import SemanticRecall
 from procmesh_orchestrator.run.framework.working_memory import WorkingMemorySettings
 from procmesh_orchestrator.run.hooks import RunInfo
 from procmesh_orchestrator.run.models import ModelProvider
@@ -122,7 +124,7 @@ class Pipeline:
                 stop_when=stop.parse(agent.stop_when),
                 max_processor_retries=agent.max_processor_retries,
                 lanes=lanes,
-                memory=self._memory(agent.memory, store),
+                memory=self._with_recall(self._memory(agent.memory, store), agent.memory),
                 store=suspended_runs_store,
                 fuse=self.config.fuse if agent.fuse is None else agent.fuse,
                 optimistic_first_step=agent.optimistic_first_step,
@@ -166,6 +168,16 @@ class Pipeline:
             WorkingMemorySettings.of(config.working_memory),
             config.read_only,
         )
+
+    def _with_recall(
+        self, memory: AgentMemory | None, config: AgentMemoryConfig | None
+    ) -> AgentMemory | None:
+        """The agent's memory with its semantic recall, when it configures one."""
+        if memory is None or config is None or config.semantic_recall is None:
+            return memory
+        cfg = config.semantic_recall
+        recall = SemanticRecall(cfg, self.models.embedder(cfg.embedder), memory.store, self.metrics)
+        return dataclasses.replace(memory, recall=recall)
 
     @contextlib.contextmanager
     def pin(self) -> Iterator[None]:

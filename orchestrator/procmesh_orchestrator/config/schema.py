@@ -34,6 +34,7 @@ from procmesh_orchestrator.config.lanes import WorkflowStep as WorkflowStep
 from procmesh_orchestrator.config.lanes import _lane, check_workflows, lane_instances, violation_routes
 from procmesh_orchestrator.config.lanes import workflow_refs as workflow_refs
 from procmesh_orchestrator.config.memory import WorkingMemoryConfig as WorkingMemoryConfig
+from procmesh_orchestrator.config.recall import SemanticRecallConfig
 from procmesh_orchestrator.config.request_context import SchemaOfContext
 from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
@@ -204,6 +205,8 @@ class AgentMemoryConfig(_Model):
 
     last_messages: int = Field(default=10, ge=1)
     """How many of the thread's most recent stored messages each call loads ahead of its input."""
+    semantic_recall: SemanticRecallConfig | None = None
+    """Recall of older messages like the caller's by their embeddings (none: the window only)."""
     working_memory: WorkingMemoryConfig | None = None
     """A text the model keeps about the resource or the thread (`config.memory`)."""
     read_only: bool = False
@@ -421,6 +424,7 @@ class Config(_Model):
                         f"agents.{agent_id}.costControl: model {choice.model!r} has no price "
                         f"(add prices.{choice.model}: {{input, output}} per million tokens)"
                     )
+            self._check_embedder(agent_id, agent)
             for tool in agent.tools:
                 if tool not in self.tools:
                     raise ValueError(f"agents.{agent_id}.tools: unknown tool {tool!r}")
@@ -458,6 +462,18 @@ class Config(_Model):
                 for ref in workflow_refs(step):
                     self._check_sidecar(ref, f"workflows.{name}.steps.{i}")
         return self
+
+    def _check_embedder(self, agent_id: str, agent: AgentConfig) -> None:
+        recall = agent.memory.semantic_recall if agent.memory else None
+        if recall is None:
+            return
+        where = f"agents.{agent_id}.memory.semanticRecall.embedder"
+        problem = self.model_problem(recall.embedder)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+        provider = self.provider(recall.embedder.partition("/")[0])
+        if recall.embedder in self.models or provider is None or provider.kind != "openai":
+            raise ValueError(f"{where}: an embedder is a model of an 'openai'-kind provider (/embeddings)")
 
     def _check_sidecar(self, ref: ProcessorRef, where: str) -> None:
         if ref.processor in COST_NAMES:

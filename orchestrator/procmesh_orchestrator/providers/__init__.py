@@ -17,10 +17,18 @@ from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.providers._base import HTTPModel, ProviderConnection
 from procmesh_orchestrator.providers.anthropic import AnthropicModel
 from procmesh_orchestrator.providers.builtin import make_model
+from procmesh_orchestrator.providers.embeddings import EmbeddingModel
 from procmesh_orchestrator.providers.openai import OpenAIModel
 from procmesh_orchestrator.run.models import ModelProvider
 
-__all__ = ["AnthropicModel", "HTTPModel", "ModelRegistry", "OpenAIModel", "ProviderConnection"]
+__all__ = [
+    "AnthropicModel",
+    "EmbeddingModel",
+    "HTTPModel",
+    "ModelRegistry",
+    "OpenAIModel",
+    "ProviderConnection",
+]
 
 _KINDS: dict[str, type[HTTPModel]] = {"openai": OpenAIModel, "anthropic": AnthropicModel}
 
@@ -66,11 +74,22 @@ class ModelRegistry(dict[str, ModelProvider]):
 
     def provider_model(self, provider: str, config: ProviderConfig, model_id: str) -> HTTPModel:
         """A model of `provider` sharing the provider's connection."""
+        return _KINDS[config.kind](self._connection(provider, config), model_id)
+
+    def embedder(self, ref: str) -> EmbeddingModel:
+        """The embedding model ``provider/model-id`` (the config checked it names an ``openai``-kind
+        provider), sharing the provider's connection with its chat models."""
+        provider, _, model_id = ref.partition("/")
+        config = self._config.provider(provider)
+        assert config is not None  # Config._references checked it names an openai-kind provider
+        return EmbeddingModel(self._connection(provider, config), model_id)
+
+    def _connection(self, provider: str, config: ProviderConfig) -> ProviderConnection:
         connection = self._connections.get(provider)
         if connection is None:
             connection = ProviderConnection(provider, config, transport=self._transport)
             self._connections[provider] = connection
-        return _KINDS[config.kind](connection, model_id)
+        return connection
 
     async def aclose(self) -> None:
         """Close every provider's HTTP client."""

@@ -49,6 +49,7 @@ from procmesh_orchestrator.store import MemoryStore, client_message
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
+    from procmesh_orchestrator.run.framework.recall import SemanticRecall
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ class AgentMemory:
     """The agent's working memory (None: it has none)."""
     read_only: bool = False
     """Load, never write (the reference's ``readOnly``); a call's options may turn it on."""
+    recall: SemanticRecall | None = None
+    """The agent's semantic recall (`run.framework.recall`; None: the window only); a call's
+    options may turn it off."""
 
     def for_call(
         self, thread_id: str, resource_id: str, options: MemoryCallOptions | None = None
@@ -104,7 +108,10 @@ class AgentMemory:
         options = options or MemoryCallOptions()
         read_only = self.read_only if options.read_only is None else options.read_only
         window = self.last_messages if options.last_messages is None else options.last_messages
-        history = MessageHistory(self, thread_id, resource_id, window=window, read_only=read_only)
+        recall = None if options.semantic_recall is False else self.recall
+        history = MessageHistory(
+            self, thread_id, resource_id, window=window, read_only=read_only, recall=recall
+        )
         working = None
         if self.working_memory is not None:
             working = WorkingMemoryProcessor(
@@ -175,9 +182,18 @@ class MessageHistory(FrameworkProcessor):
     hooks = frozenset({"process_input", "process_output_result"})
 
     def __init__(
-        self, memory: AgentMemory, thread_id: str, resource_id: str, *, window: int, read_only: bool = False
+        self,
+        memory: AgentMemory,
+        thread_id: str,
+        resource_id: str,
+        *,
+        window: int,
+        read_only: bool = False,
+        recall: SemanticRecall | None = None,
     ) -> None:
         self.memory = memory
+        self.recall = recall
+        """This call's semantic recall: after the window loads, and embedding the saved turn."""
         self.thread_id = thread_id
         self.resource_id = resource_id
         self.window = window
@@ -230,6 +246,11 @@ class MessageHistory(FrameworkProcessor):
             raise self._failed(run, "loading", exc) from exc
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
+        if self.recall is not None:
+            try:
+                await self.recall.recall(run, self.thread_id, self.resource_id)
+            except MemoryStoreError as exc:
+                raise self._failed(run, "recalling from", exc) from exc
         run.ml.merge_resent_calls()
         run.unsettled_results = run.ml.settle_tool_calls(run.unsettled_results, msgs.INPUT)
 
@@ -244,8 +265,13 @@ class MessageHistory(FrameworkProcessor):
         turn = storable(run.ml.view(msgs.INPUT, msgs.RESPONSE), keep_calls=finish_reason == "tool-calls")
         if not turn:
             return
+        # The turn's embeddings go in its transaction: history is never embedded again.
+        vectors = await self.recall.embed_turn(run, turn) if self.recall is not None else []
+        extra = {"embeddings": vectors} if vectors else {}
         try:
-            await self.memory.store.save_turn(self.thread_id, self.resource_id, turn, fence=run.fence)
+            await self.memory.store.save_turn(
+                self.thread_id, self.resource_id, turn, fence=run.fence, **extra
+            )
         except Exception as exc:
             if isinstance(exc, FencedWriteError):  # a durable run another replica holds now
                 run.fenced("memory", exc)

@@ -17,6 +17,7 @@ from procmesh_orchestrator.service.http.agents import AgentRoutes
 from procmesh_orchestrator.service.http.bodies import error_response, read_body
 from procmesh_orchestrator.service.http.boundary import Boundary
 from procmesh_orchestrator.service.http.catalog import CatalogRoutes
+from procmesh_orchestrator.service.http.mcp import McpRoutes
 from procmesh_orchestrator.service.http.memory import MemoryRoutes
 from procmesh_orchestrator.service.http.probes import ProbeRoutes
 from procmesh_orchestrator.service.http.runs import RunRoutes
@@ -36,6 +37,7 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
             *RunRoutes(core).routes(),
             *ProbeRoutes(core).routes(),
             *MemoryRoutes(core, read_json).routes(),
+            *McpRoutes(core).routes(),
             *unsupported_routes(core),  # last: the 501s never shadow a route served above
         ],
         exception_handlers={

@@ -134,9 +134,47 @@ def not_supported(service: ServiceCore, feature: str, why: str) -> Callable[[Req
     return not_supported
 
 
+_NO_STORE = "procmesh stores no {} to query"
+UNSUPPORTED_APIS: tuple[tuple[str, str, str], ...] = (
+    ("/logs", "logs", "procmesh writes its logs to stderr (PROCMESH_LOG_FORMAT=json for a collector)"),
+    ("/observability", "traces", "procmesh exports its traces over OTLP and its metrics on /metrics"),
+    ("/scores", "scorers", "procmesh runs no scorers: judge answers with output processors"),
+    ("/datasets", "datasets", "procmesh runs no evaluations"),
+    ("/experiments", "experiments", "procmesh runs no evaluations"),
+    ("/a2a", "the A2A protocol", "procmesh agents answer over its HTTP and gRPC APIs"),
+    ("/.well-known", "A2A agent cards", "procmesh agents answer over its HTTP and gRPC APIs"),
+    ("/v1", "the OpenAI Responses API", _LEGACY),
+    ("/stored", "stored agents, prompts, scorers and MCP clients", _EDITOR),
+    ("/editor", "the editor", _EDITOR),
+    ("/agent-builder", "the agent builder", _EDITOR),
+    ("/agent-controller", "the agent controller", _SIGNALS),
+    ("/background-tasks", "background tasks", "durable runs are listed and observed under /api/runs"),
+    ("/schedules", "schedules", "procmesh runs on request: schedule calls from outside (a CronJob)"),
+    ("/channels", "channels", "procmesh agents answer over its HTTP and gRPC APIs"),
+    ("/workspaces", "workspaces", "procmesh agents have no workspace"),
+    ("/auth", "auth providers", "procmesh authenticates API keys (PROCMESH_API_KEYS)"),
+    ("/vector", "vector stores", "procmesh exposes no vector store over its API"),
+    ("/vectors", "vector stores", "procmesh exposes no vector store over its API"),
+    ("/embedders", "embedders", "procmesh exposes no embedder over its API"),
+    ("/system", "system information", "GET /readyz and /metrics say what this orchestrator serves"),
+)
+"""(path under /api, feature, why) of every other API of the client that procmesh does not serve:
+each route under it answers 501 (after every route served, `UNSUPPORTED` included)."""
+
+_ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
 def unsupported_routes(service: ServiceCore) -> list[Route]:
-    """A 501 naming the feature for each `UNSUPPORTED` route; they go last in the route table."""
+    """A 501 naming the feature for each `UNSUPPORTED` route, then for every route of the
+    `UNSUPPORTED_APIS`; they go last in the route table."""
     return [
-        Route(f"/api{path}", not_supported(service, feature, why), methods=[method])
-        for method, path, feature, why in UNSUPPORTED
+        *(
+            Route(f"/api{path}", not_supported(service, feature, why), methods=[method])
+            for method, path, feature, why in UNSUPPORTED
+        ),
+        *(
+            Route(f"/api{prefix}{rest}", not_supported(service, feature, why), methods=_ANY)
+            for prefix, feature, why in UNSUPPORTED_APIS
+            for rest in ("", "/{rest:path}")
+        ),
     ]

@@ -146,6 +146,33 @@ def test_a_misplaced_entry_is_refused_naming_it(tmp_path: Path, agent: dict[str,
         _config(tmp_path, {"processor": "token-cost-control", "options": {"max_cost": 1}}, **agent)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_cost": 0}, "inputProcessors.0.options.max_cost: Input should be greater than 0"),
+        ({"max_cost": 1, "scope": "planet"}, "inputProcessors.0.options.scope: Input should be 'run', "),
+        (
+            {"max_cost": 1, "max_steps": 2},
+            "inputProcessors.0.options.max_steps: Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_a_bad_option_is_refused_naming_the_entry(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _config(tmp_path, {"processor": "token-cost-control", "options": options})
+
+
+def test_the_agent_s_model_needs_a_price(tmp_path: Path) -> None:
+    entry = {"processor": "token-cost-control", "options": {"max_cost": 1}}
+    cfg = {"agents": {"a": {"model": "demo", "inputProcessors": [entry]}}}
+    with pytest.raises(
+        ConfigError, match=re.escape("agents.a.token-cost-control: model 'demo' has no price")
+    ):
+        parse_config(cfg)
+
+
 async def test_a_lane_function_cannot_lift_the_budget(tmp_path: Path) -> None:
     cfg = _config(tmp_path, {"processor": "token-cost-control", "options": {"max_cost": 1}})
     without = cfg.agents["a"].model_copy(update={"input_processors": []})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from procmesh_orchestrator.store import MAX_COST_WINDOW_SECONDS
@@ -139,7 +139,14 @@ def lane_cost_control(entries: list[Any], where: str) -> tuple[int, CostControlC
             f"{where}.{i}: token-cost-control runs in the orchestrator and takes only options and "
             f"onViolation, not {', '.join(keys)}"
         )
-    return i, CostControlConfig.model_validate(entry.options)
+    try:
+        return i, CostControlConfig.model_validate(entry.options)
+    except ValidationError as exc:  # named where the entry is, not where the agent is
+        problems = [
+            f"{where}.{i}.options.{'.'.join(str(p) for p in e['loc'] if p not in SETTING_TAGS)}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise ValueError("; ".join(problems)) from None
 
 
 class TokenCostControl(dict[str, Any]):

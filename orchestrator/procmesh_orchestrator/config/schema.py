@@ -421,7 +421,8 @@ class Config(_Model):
                     raise ValueError(f"agents.{agent_id}.model: {problem}")
                 if agent.cost_limit is not None and choice.model not in self.prices:
                     raise ValueError(
-                        f"agents.{agent_id}.costControl: model {choice.model!r} has no price "
+                        f"agents.{agent_id}.{'costControl' if agent.cost_control else 'token-cost-control'}: "
+                        f"model {choice.model!r} has no price "
                         f"(add prices.{choice.model}: {{input, output}} per million tokens)"
                     )
             self._check_embedder(agent_id, agent)

@@ -106,7 +106,7 @@ async def orchestrator(
     start_orchestrator: Callable[..., OrchestratorProcess],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> OrchestratorProcess:
-    guards = start_sidecar("examples", name="routes-guards")
+    guards = start_sidecar("examples", "structured-output", name="routes-guards")
     await guards.wait_ready()
     server = [sys.executable, str(REPO / "tests" / "fixtures" / "mcp_server.py"), "--transport", "stdio"]
     agent = {"model": "demo", "errorProcessorDefaults": False, "memory": {"lastMessages": 10}}
@@ -161,6 +161,21 @@ async def test_the_client_lists_the_mcp_servers_and_hears_501_for_the_rest(
     ):
         assert got[method]["status"] == 501, (method, got[method])
         assert got[method]["body"]["error"].startswith(f"{feature}{NOT_SUPPORTED}"), got[method]
+
+
+async def test_a_processor_run_without_its_required_options_is_a_400_naming_them(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    # structured-output needs its `schema`; the agent's lanes do not configure it
+    body = {"phase": "outputResult", "messages": [], "agentId": "helper"}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=headers, timeout=30) as http:
+        response = await http.post("/api/processors/structured-output/execute", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "structured-output" in error
+    assert "schema" in error
+    assert "agentId" in error
 
 
 async def test_every_route_the_client_requests_is_in_its_route_types() -> None:

@@ -279,7 +279,13 @@ async def execute_phase(
     if agent_id is not None and not isinstance(agent_id, str):
         raise BadRequestError("agentId: must be a string")
     lanes = service.app.agent(agent_id).spec.lanes if agent_id else None
-    handle = call_lanes.handle(service.app.binder, hosted, lanes)
+    try:
+        handle = call_lanes.handle(service.app.binder, hosted, lanes)
+    except ConfigError as exc:  # options it requires, which no lane of agentId's gives it
+        raise BadRequestError(
+            f"processor {hosted.id!r} needs options to run: {exc} (send the agentId of an agent "
+            "whose lanes configure it)"
+        ) from None
     model = service.app.config.agents[agent_id].model if agent_id else ""
     info = RunInfo(
         run_id=str(uuid.uuid4()), agent_id=agent_id or "", request_context=context, resource_id=resource

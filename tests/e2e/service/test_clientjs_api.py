@@ -178,6 +178,10 @@ async def test_tools_are_listed_and_executed_through_the_tool_path(out: dict[str
     assert bad["status"] == 400
     assert "Tool input validation failed for weather" in bad["body"]["error"]
     assert probes["executeToolNeedsApproval"]["status"] == 409
+    assert (
+        "requires approval, which a direct execution would bypass"
+        in probes["executeToolNeedsApproval"]["body"]["error"]
+    )
     assert sorted(ok(methods, "listTools")) == ["vault", "weather"]
     assert ok(methods, "getTool(id).details") == ok(methods, "agent.getTool")
 

@@ -244,7 +244,8 @@ def check_tool_call(tool: Tool, data: Any) -> None:
     only inside a run (409); arguments its schema refuses are a 400 naming the fields."""
     if tool.requires_approval:
         raise ToolRefusedError(
-            f"tool {tool.name!r} needs approval: it runs only inside a run (approveToolCall)"
+            f"tool {tool.name!r} requires approval, which a direct execution would bypass: it runs "
+            "only inside an agent run, where approveToolCall or declineToolCall decides each call"
         )
     problem = invalid_args(tool, data)
     if problem is not None:

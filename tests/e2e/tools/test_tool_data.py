@@ -123,6 +123,23 @@ async def test_the_model_sees_the_model_output_and_the_caller_the_result(
     assert kept["call_1"] == (rows, {"modelOutput": {"type": "text", "value": "3 rows"}})
 
 
+async def test_a_result_process_tool_result_replaced_is_what_the_model_sees(
+    data_sidecar: str, node_data: str
+) -> None:
+    cfg = data_config(
+        data_sidecar,
+        node_data,
+        [{"toolCalls": [call("report", rows=2)]}, DONE],
+        outputProcessors=["d/redact"],
+    )
+    async with App(cfg) as app:
+        chunks, result = await collect(app)
+        sent = prompts(app)
+    assert result.status == "success", result.error
+    assert tool_outputs(sent[1]) == {"call_1": {"redacted": True}}  # never the tool's own model output
+    assert [r["result"] for r in of_type(chunks, "tool-result")] == [{"redacted": True}]
+
+
 async def test_tool_call_filter_keeps_a_filtered_model_output(
     data_sidecar: str, node_data: str, start_sidecar: Callable[..., SidecarProcess]
 ) -> None:

@@ -133,7 +133,14 @@ class MalformedResponseError(ProcessorCallError):
 
 
 class SuspendError(OrchestratorError):
-    """A tool call needs approval but the run cannot be kept (no store configured)."""
+    """A tool call needs approval (or suspended itself) but the run cannot be kept (no store
+    configured), or a suspended run cannot resume here."""
+
+
+class ResumeMismatchError(SuspendError):
+    """A suspended call was answered with the wrong kind of answer: resume data for a call
+    awaiting approval that is not ``{approved, reason?}``, or an approval for a call that
+    suspended itself and awaits data. The run stays suspended."""
 
 
 class MemoryStoreError(OrchestratorError):

@@ -33,7 +33,7 @@ from procmesh._metrics import SidecarMetrics
 from procmesh._model import Models, hook_deadline
 from procmesh._processor import HookEffects, TripWire, Writer
 from procmesh._stream import output_stream_handler
-from procmesh._tool import HostedTool, ToolContext, error_text
+from procmesh._tool import HostedTool, ToolContext, error_text, lifecycle
 from procmesh._version import __version__
 from procmesh.errors import (
     InternalError,
@@ -265,12 +265,26 @@ class Servicer:
             resource_id=ctx.resource_id or None,
             request_context=convert.from_struct(ctx.request_context),
             messages=[convert.message_from_proto(m, keep_unknown=True) for m in request.messages],
+            resumed=request.HasField("resume_data"),
+            resume_data=convert.from_value(request.resume_data) if request.HasField("resume_data") else None,
+            suspend_payload=convert.from_value(request.suspend_payload)
+            if request.HasField("suspend_payload")
+            else None,
         )
         args = convert.from_value(request.args) if request.HasField("args") else {}
         started = time.perf_counter()
         outcome = "ok"
         try:
+            await lifecycle(tool.tool, "on_input_start", context)
+            await lifecycle(tool.tool, "on_input_available", args, context)
             result = await tool.tool.execute(args, context)
+            if context.suspension is not None:
+                outcome = "suspended"
+                resp = _suspended(tool.name, *context.suspension)
+                for chunk in context.writer.chunks:
+                    convert.chunk_to_proto(chunk, resp.effects.custom_chunks.add())
+                return resp
+            await lifecycle(tool.tool, "on_output", result, context)
             shown = tool.tool.to_model_output(result) if tool.maps_output else None
             resp = ppb.ExecuteToolResponse()
             for chunk in context.writer.chunks:
@@ -369,3 +383,13 @@ def outcome_of(response: Any) -> str:
     if effects.HasField("abort"):
         return "retry" if effects.abort.retry else "abort"
     return "rewrite" if any(f.name != "effects" for f, _ in response.ListFields()) else "pass"
+
+
+def _suspended(tool: str, payload: Any, resume_schema: str) -> ppb.ExecuteToolResponse:
+    """A hosted tool's answer when it called `ToolContext.suspend`."""
+    resp = ppb.ExecuteToolResponse(resume_schema=resume_schema)
+    try:
+        resp.suspend_payload.CopyFrom(convert.to_value(payload))
+    except TypeError as exc:
+        raise InternalError(f"tool {tool!r} suspended with a non-JSON payload: {exc}") from exc
+    return resp

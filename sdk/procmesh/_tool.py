@@ -8,6 +8,8 @@ does, so a tool that computes cannot stall health checks or the other tools and 
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -66,6 +68,29 @@ class ToolContext:
     """The conversation so far, as hooks see messages."""
     writer: ToolWriter = field(default_factory=ToolWriter)
     """Emits ``data-*`` chunks to the caller's stream (``await context.writer.custom({...})``)."""
+    resumed: bool = False
+    """True when the call suspended before (`suspend`) and the caller resumed it with data."""
+    resume_data: Any = None
+    """What the caller resumed the call with (the seeds' ``resumeData``; any JSON): set only when
+    `resumed`."""
+    suspend_payload: Any = None
+    """What the call suspended with last time (the seeds' ``suspendPayload``): set only when
+    `resumed`."""
+    _suspension: list[tuple[Any, str]] = field(default_factory=list, repr=False, compare=False)
+
+    async def suspend(self, payload: Any, *, resume_schema: dict[str, Any] | None = None) -> None:
+        """Suspend the call (the seeds' ``suspend(payload)``): once `Tool.execute` returns, what it
+        returned is dropped, the run stops at this call (kept in the store, on any replica) and
+        streams a ``tool-call-suspended`` chunk with `payload` (any JSON) and `resume_schema` (the
+        data it expects). The caller resumes it with data (resume-stream); the tool then runs
+        again with `resumed`, `resume_data` and `suspend_payload` set. ``return await
+        context.suspend(...)`` reads as the reference's tools do."""
+        self._suspension[:] = [(payload, "" if resume_schema is None else json.dumps(resume_schema))]
+
+    @property
+    def suspension(self) -> tuple[Any, str] | None:
+        """(payload, resume schema as JSON text) once `suspend` was called, else None."""
+        return self._suspension[0] if self._suspension else None
 
 
 class Tool:
@@ -108,6 +133,28 @@ class Tool:
         sees `result`. What it raises is the tool's error.
         """
         return result
+
+    # The seeds' lifecycle hooks (onInputStart, onInputAvailable, onOutput), as the sidecar sees a
+    # call: its arguments arrive whole with the call, so on_input_start runs right before
+    # on_input_available (the AI SDK's rule without input streaming) and no on_input_delta comes.
+    # What one raises is logged, never the call's failure (the reference's rule).
+
+    async def on_input_start(self, context: ToolContext) -> None:
+        """A call of this tool begins (before `on_input_available`)."""
+
+    async def on_input_available(self, args: dict[str, Any], context: ToolContext) -> None:
+        """The call's arguments are complete, before `execute` (also when a resumed call runs again)."""
+
+    async def on_output(self, output: Any, context: ToolContext) -> None:
+        """`execute` returned `output` (not after a raise or a `ToolContext.suspend`)."""
+
+
+async def lifecycle(tool: Tool, hook: str, *args: Any) -> None:
+    """Call one of `tool`'s lifecycle hooks; what it raises is logged, not the call's failure."""
+    try:
+        await getattr(tool, hook)(*args)
+    except Exception:
+        logging.getLogger("procmesh.tool").exception("tool %s: %s raised", tool.name, hook)
 
 
 class HostedTool:

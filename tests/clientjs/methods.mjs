@@ -123,6 +123,10 @@ methods["agent.approveToolCallGenerate"] = await attempt(async () => pick(await 
 probes.approveAgain = await attempt(() => helper.approveToolCallGenerate(ids));
 ids = await suspendGenerate();
 methods["agent.declineToolCallGenerate"] = await attempt(async () => pick(await helper.declineToolCallGenerate({ ...ids, reason: "not now" })));
+// resumeData {approved} answers a call awaiting approval (the reference's rule); a tool that
+// suspends itself is resumed with its data (tests/e2e/service/test_replicas_suspend.py)
+ids = await suspendStream();
+methods["agent.resumeStream"] = await attempt(async () => chunksOf(await helper.resumeStream({ approved: true }, ids)));
 
 // a durable run, observed again after it ended
 const durable = await chunksOf(await assistant.stream("hello", { durable: true }));
@@ -155,7 +159,6 @@ const agentMethods501 = {
   declineNetworkToolCall: () => assistant.declineNetworkToolCall({ runId: "r", toolCallId: "c" }),
   streamUntilIdle: () => assistant.streamUntilIdle("hi"),
   sendToolApproval: () => assistant.sendToolApproval({ runId: "r", toolCallId: "c", approved: true }),
-  resumeStream: () => assistant.resumeStream({ ok: true }, { runId: "r" }),
   resumeStreamUntilIdle: () => assistant.resumeStreamUntilIdle({ ok: true }, { runId: "r" }),
   recover: () => assistant.recover({ runId: "r" }),
   updateModel: () => assistant.updateModel({ modelId: "gpt-4o", provider: "openai" }),

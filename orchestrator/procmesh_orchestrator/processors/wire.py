@@ -198,9 +198,15 @@ def _build_execute_tool(a: h.ExecuteToolArgs, req: Any) -> None:
     req.tool_call_id = a.tool_call_id
     req.args.CopyFrom(convert.to_value(a.args))
     _fill(req.messages, a.messages)
+    if a.resumed is not None:
+        req.resume_data.CopyFrom(convert.to_value(a.resumed.data))
+        req.suspend_payload.CopyFrom(convert.to_value(a.resumed.suspend_payload))
 
 
 def _read_execute_tool(resp: Any) -> h.ExecuteToolResult:
+    if resp.HasField("suspend_payload"):
+        payload = convert.from_value(resp.suspend_payload)
+        return h.ExecuteToolResult(suspended=h.Suspension(payload, resp.resume_schema or None))
     if resp.error:
         return h.ExecuteToolResult(error=resp.error)
     shown = convert.from_value(resp.model_output) if resp.HasField("model_output") else None

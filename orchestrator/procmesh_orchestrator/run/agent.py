@@ -12,15 +12,16 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.base import call_lanes
 from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.context import ContextSchema
-from procmesh_orchestrator.run.hooks import Chunk
+from procmesh_orchestrator.run.hooks import Chunk, Resumed
 from procmesh_orchestrator.run.loop import Run
-from procmesh_orchestrator.run.tool_calls import ApprovalDecision
+from procmesh_orchestrator.run.tool_calls import ApprovalDecision, Decision
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, choosing_context
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.store import MemoryStore
 
 _STREAM_END = object()
+_NO_DATA = object()
 
 
 def _abortable(options: CallOptions | None) -> CallOptions:
@@ -180,31 +181,58 @@ class Agent:
         )
         return await resumed.result()
 
+    async def resume_generate(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        resume_data: Any,
+        options: CallOptions | None = None,
+        *,
+        resource_id: str | None = None,
+    ) -> RunResult:
+        """Resume a run whose tool call suspended itself (the seeds' ``suspend(payload)``; the
+        result's `RunResult.suspended` lists it with its ``suspendPayload``): the tool runs again
+        and sees `resume_data` (the seeds' ``resumeData``), and the loop goes on. Refused as
+        `approve_tool_call` is; `ResumeMismatchError` when the call awaits an approval and
+        `resume_data` is not ``{"approved": bool, "reason"?: str}`` (that is the decision).
+        """
+        resumed = await self._resume(
+            run_id,
+            tool_call_id,
+            Resumed(resume_data, None),
+            options,
+            streaming=False,
+            resource_id=resource_id,
+        )
+        return await resumed.result()
+
     async def resume_stream(
         self,
         run_id: str,
         tool_call_id: str,
         *,
-        approved: bool,
+        approved: bool | None = None,
         reason: str | None = None,
+        resume_data: Any = _NO_DATA,
         options: CallOptions | None = None,
         resource_id: str | None = None,
     ) -> RunStream:
-        """`approve_tool_call` / `decline_tool_call`, streamed."""
+        """`approve_tool_call` / `decline_tool_call` (`approved`), or `resume_generate`
+        (`resume_data`), streamed: give one of the two."""
+        if (approved is None) == (resume_data is _NO_DATA):
+            raise TypeError("resume_stream takes either approved= or resume_data=")
+        decision: Decision = (
+            Resumed(resume_data, None) if approved is None else ApprovalDecision(approved, reason)
+        )
         return await self._resume(
-            run_id,
-            tool_call_id,
-            ApprovalDecision(approved, reason),
-            options,
-            streaming=True,
-            resource_id=resource_id,
+            run_id, tool_call_id, decision, options, streaming=True, resource_id=resource_id
         )
 
     async def _resume(
         self,
         run_id: str,
         tool_call_id: str,
-        decision: ApprovalDecision,
+        decision: Decision,
         options: CallOptions | None,
         *,
         streaming: bool,

@@ -33,7 +33,7 @@ from procmesh_orchestrator.run.tools import ClientTool, Tool
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, choosing_context
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.run.tool_calls import ApprovalDecision, PendingTools
+    from procmesh_orchestrator.run.tool_calls import Decision, PendingTools
     from procmesh_orchestrator.store import RunFence
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class RunCore:
         self.stop_when = tuple(options.stop_when) if options.stop_when is not None else agent.stop_when
         self.loop_system: list[dict[str, Any]] = []
         """The system messages each step starts from (after processInput)."""
-        self.resume_from: tuple[PendingTools, ApprovalDecision] | None = None
+        self.resume_from: tuple[PendingTools, Decision] | None = None
         """A resumed run: the suspended step's calls left, and the decision for the first."""
         self.unsettled_results: list[dict[str, Any]] = []
         """Client tool results in the input whose call is not (yet) in the conversation."""

@@ -311,6 +311,23 @@ class APIErrorArgs(HookArgs[APIErrorResult]):
     steps: list[dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class Suspension:
+    """A tool's ``suspend(payload)`` (the seeds'): the run stops at its call until the caller
+    resumes it with data; `resume_schema` (JSON text) says what data it expects."""
+
+    payload: Any
+    resume_schema: str | None = None
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A suspended call run again: the caller's resume data and what the tool suspended with."""
+
+    data: Any
+    suspend_payload: Any
+
+
 @dataclass
 class ExecuteToolResult:
     result: Any = None
@@ -318,6 +335,8 @@ class ExecuteToolResult:
     """The tool raised: what the model is told instead of a result."""
     model_output: Any = None
     """What the model sees of `result` (the tool's toModelOutput); None: `result` itself."""
+    suspended: Suspension | None = None
+    """The tool suspended itself (its result and error mean nothing then)."""
 
 
 @dataclass
@@ -327,6 +346,8 @@ class ExecuteToolArgs(HookArgs[ExecuteToolResult]):
     tool_call_id: str
     args: Any
     messages: list[Message]
+    resumed: Resumed | None = None
+    """Set when the call suspended before and the caller resumed it with data."""
 
 
 class Attempt(Protocol[R]):

@@ -27,7 +27,7 @@ from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.model_step import assistant_message, model_step, step_record
 from procmesh_orchestrator.run.steps import StepOutcome
 from procmesh_orchestrator.run.stop import should_stop
-from procmesh_orchestrator.run.tool_calls import ApprovalDecision, PendingTools, run_tools
+from procmesh_orchestrator.run.tool_calls import Decision, PendingTools, answer_for, run_tools
 from procmesh_orchestrator.run.types import AgentSpec, CallOptions, RunResult, assistant_metadata
 from procmesh_orchestrator.store import client_message
 
@@ -79,7 +79,7 @@ class Run(RunCore):
         cls,
         agent: AgentSpec,
         saved: dict[str, Any],
-        decision: ApprovalDecision | None,
+        decision: Decision | None,
         options: CallOptions,
         *,
         sink: ChunkSink | None,
@@ -98,7 +98,7 @@ class Run(RunCore):
             run.resume_step = int(saved["nextStep"])
         else:
             assert decision is not None, "a snapshot at a tool call resumes with its decision"
-            run.resume_from = (pending, decision)
+            run.resume_from = (pending, answer_for(pending, decision, run.run_id))
         return run
 
     async def execute(self) -> tuple[RunResult, BaseException | None]:
@@ -288,7 +288,7 @@ class Run(RunCore):
         """Keep the run in the store until a decision resumes it; memory gets the turn so far."""
         if self.agent.store is None:
             raise SuspendError(
-                f"agent {self.agent.id!r}: a tool call needs approval but the agent has no store "
+                f"agent {self.agent.id!r}: a tool call awaits approval or data but the agent has no store "
                 "to keep the suspended run (configure `storage`)"
             )
         call = pending.calls[0]
@@ -304,9 +304,10 @@ class Run(RunCore):
             raise type(exc)(f"suspending the run failed: {client_message(exc)}") from exc
         if self.memory is not None:
             await self.memory.history.save(self, "suspended")
-        self.pending_approvals = [
-            {"toolCallId": call["toolCallId"], "toolName": call["toolName"], "args": call.get("args")}
-        ]
+        awaited = {"toolCallId": call["toolCallId"], "toolName": call["toolName"], "args": call.get("args")}
+        if pending.suspension is not None:
+            awaited["suspendPayload"] = pending.suspension["payload"]
+        self.pending_approvals = [awaited]
         self.emit({"type": "finish", "payload": {"finishReason": "suspended", "usage": self.usage}})
 
     async def _prepare_and_loop(self) -> LoopEnd:
@@ -357,7 +358,7 @@ class Run(RunCore):
     async def _loop(
         self,
         pending: PendingTools | None = None,
-        decisions: dict[str, ApprovalDecision] | None = None,
+        decisions: dict[str, Decision] | None = None,
         *,
         start: int = 0,
     ) -> LoopEnd:
@@ -459,14 +460,16 @@ class Run(RunCore):
         step_number: int,
         record: dict[str, Any],
         recorded: list[dict[str, Any]] | None = None,
-        decisions: dict[str, ApprovalDecision] | None = None,
+        decisions: dict[str, Decision] | None = None,
     ) -> LoopEnd | None:
         """The step's tool work, then whether the loop ends (`LoopEnd`), or None to go on."""
         if calls:
-            results, left = await run_tools(self, assistant, calls, step_number, recorded or (), decisions)
+            results, left, suspension = await run_tools(
+                self, assistant, calls, step_number, recorded or (), decisions
+            )
             record["toolResults"] = [*record["toolResults"], *results]
-            if left:  # a call awaits approval: the step is not over, so it is not in self.steps
-                return PendingTools(assistant["id"], left, step_number, record)
+            if left:  # a call awaits a decision: the step is not over, so it is not in self.steps
+                return PendingTools(assistant["id"], left, step_number, record, suspension)
         self.steps.append(record)
         self.info.retry_count = 0
         finish_reason = str(record["finishReason"])

@@ -87,6 +87,7 @@ def capture(run: RunCore, *, pending: PendingTools | None = None, next_step: int
             "calls": pending.calls,
             "stepNumber": pending.step_number,
             "stepRecord": pending.step_record,
+            "suspension": pending.suspension,
         },
     }
     try:
@@ -243,7 +244,11 @@ def restore(run: RunCore, data: dict[str, Any]) -> PendingTools | None:
     if pending is None:
         return None
     return PendingTools(
-        pending["assistantId"], pending["calls"], pending["stepNumber"], pending["stepRecord"]
+        pending["assistantId"],
+        pending["calls"],
+        pending["stepNumber"],
+        pending["stepRecord"],
+        pending.get("suspension"),  # absent from a snapshot taken before tools could suspend
     )
 
 

@@ -6,18 +6,33 @@ their chunks, results and processToolResult keep the order the model called them
 A call that needs approval and has no decision yet ends the step here: the approval chunk goes
 out and `run_tools` returns the calls left, which the loop returns as its end (`PendingTools`; the
 run suspends and is saved). A resumed run comes back with the decision and goes on from that call.
+A tool that suspends itself (the seeds' ``suspend(payload)``) is left the same way, with a
+``tool-call-suspended`` chunk at its turn; the calls beside it settle as usual. Resumed with data
+(`Resumed`), it runs again and sees the data.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import jsonschema
+
 from procmesh import tracing
+from procmesh_orchestrator.errors import ResumeMismatchError
 from procmesh_orchestrator.run.base import RunCore
-from procmesh_orchestrator.run.hooks import Chunk, Effects, Processor, ToolResultArgs, ToolResultResult
+from procmesh_orchestrator.run.hooks import (
+    Chunk,
+    Effects,
+    Processor,
+    Resumed,
+    Suspension,
+    ToolResultArgs,
+    ToolResultResult,
+)
 from procmesh_orchestrator.run.in_order import InOrder
 from procmesh_orchestrator.run.messages import keep_model_output
 from procmesh_orchestrator.run.speculation import walk
@@ -43,14 +58,49 @@ class ApprovalDecision:
     reason: str | None = None
 
 
+Decision = ApprovalDecision | Resumed
+"""How the caller answers a suspended call: a decision on its approval, or the data it asked for."""
+
+
 @dataclass
 class PendingTools:
-    """The calls of a step that have not run yet, when the run stopped for an approval."""
+    """The calls of a step that have not run yet, when the run stopped for an approval or a tool
+    suspended itself."""
 
     assistant_id: str
     calls: list[dict[str, Any]]
     step_number: int
     step_record: dict[str, Any]
+    suspension: dict[str, Any] | None = None
+    """When the first of `calls` suspended itself: ``payload`` and ``resumeSchema`` (None: that
+    call awaits approval)."""
+
+
+def answer_for(pending: PendingTools, decision: Decision, run_id: str) -> Decision:
+    """The caller's answer to the first pending call, checked against what the call awaits: data
+    for a call that suspended itself (with what it suspended with), an approval for the other;
+    resume data ``{approved, reason?}`` is the approval (the reference's rule).
+    ResumeMismatchError otherwise (the run stays suspended)."""
+    call = pending.calls[0]["toolCallId"]
+    if pending.suspension is not None:
+        if isinstance(decision, ApprovalDecision):
+            raise ResumeMismatchError(
+                f"run {run_id}: tool call {call!r} suspended itself and awaits resume data, not an "
+                "approval: resume it with resumeData (resume-stream)"
+            )
+        return replace(decision, suspend_payload=pending.suspension.get("payload"))
+    if isinstance(decision, ApprovalDecision):
+        return decision
+    problems = sorted(jsonschema.Draft202012Validator(_APPROVAL).iter_errors(decision.data), key=str)
+    if problems:
+        raise ResumeMismatchError(
+            f"run {run_id}: tool call {call!r} awaits an approval: resumeData must be "
+            f"{{approved: boolean, reason?: string}} ({problems[0].message})"
+        )
+    return ApprovalDecision(decision.data["approved"], decision.data.get("reason"))
+
+
+_APPROVAL = json.loads(APPROVAL_SCHEMA)
 
 
 async def run_tools(
@@ -59,12 +109,14 @@ async def run_tools(
     calls: list[dict[str, Any]],
     step_number: int,
     recorded: Sequence[dict[str, Any]] = (),
-    decisions: dict[str, ApprovalDecision] | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    decisions: dict[str, Decision] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
     """Execute tool calls; each result goes through processToolResult, then out as a chunk.
 
-    Returns (results, calls left): the calls from the first one awaiting approval on (it got its
-    approval chunk), empty when every call ran. A client tool's call stays open for the caller.
+    Returns (results, calls left, suspension): the calls left are those that suspended themselves
+    (each got its ``tool-call-suspended`` chunk) then those from the first one awaiting approval
+    on (it got its approval chunk), empty when every call ran; the suspension is the first left
+    call's (`PendingTools.suspension`). A client tool's call stays open for the caller.
 
     `recorded` are the results a cached step's calls had when it was recorded (processLLMRequest
     replayed it): such a call is replayed with its result, as processToolResult left it then,
@@ -74,6 +126,7 @@ async def run_tools(
     decisions = decisions or {}
     results: list[dict[str, Any]] = []
     left: list[dict[str, Any]] = []
+    suspended: list[tuple[dict[str, Any], dict[str, Any]]] = []
     invocations = {
         p["toolInvocation"]["toolCallId"]: p["toolInvocation"]
         for p in assistant["content"]["parts"]
@@ -144,10 +197,11 @@ async def run_tools(
                 },
             }
             break
-        elif run.needs_approval(tool) and decision is not None and not decision.approved:
+        elif isinstance(decision, ApprovalDecision) and not decision.approved and run.needs_approval(tool):
             entries.append((call, partial(settle, call, decision.reason or DECLINED)))
-        else:
-            executions.add(index, partial(execute, tool, call))
+        else:  # a call resumed with data runs again with it (approved, if it needed it, before)
+            resumed = decision if isinstance(decision, Resumed) else None
+            executions.add(index, partial(execute, tool, replace(call, resumed=resumed)))
             entries.append((call, None))
 
     async def source() -> AsyncIterator[Chunk]:
@@ -163,6 +217,11 @@ async def run_tools(
                     yield chunk
                 if outcome is None:  # the client runs it: the call stays open
                     run.awaiting_client = True
+                    continue
+                if outcome.suspended is not None:  # left for the caller's data, at its turn
+                    run.metrics.tool_calls.labels(call.name, "suspended").inc()
+                    suspended.append((calls[index], _suspension(outcome.suspended)))
+                    yield _suspended_chunk(call, outcome.suspended)
                     continue
                 if outcome.error is not None:
                     run.metrics.tool_calls.labels(call.name, "error").inc()
@@ -186,7 +245,26 @@ async def run_tools(
     abort = await run.through_output(source(), sink)
     if abort is not None:
         raise run.aborted(abort)
-    return results, left
+    if suspended:
+        return results, [raw for raw, _ in suspended] + left, suspended[0][1]
+    return results, left, None
+
+
+def _suspension(suspension: Suspension) -> dict[str, Any]:
+    return {"payload": suspension.payload, "resumeSchema": suspension.resume_schema}
+
+
+def _suspended_chunk(call: ToolCall, suspension: Suspension) -> Chunk:
+    """The reference's chunk for a tool's suspend(payload)."""
+    payload = {
+        "toolCallId": call.call_id,
+        "toolName": call.name,
+        "suspendPayload": suspension.payload,
+        "args": call.args,
+    }
+    if suspension.resume_schema is not None:
+        payload["resumeSchema"] = suspension.resume_schema
+    return {"type": "tool-call-suspended", "payload": payload}
 
 
 async def _tool_result(run: RunCore, call: ToolCall, value: Any, step_number: int) -> Any:

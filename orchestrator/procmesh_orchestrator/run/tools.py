@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
 
-from procmesh_orchestrator.run.hooks import Effects, ExecuteToolArgs, Processor
+from procmesh_orchestrator.run.hooks import Effects, ExecuteToolArgs, Processor, Resumed, Suspension
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.base import RunCore
@@ -32,6 +32,8 @@ class ToolCall:
     call_id: str
     name: str
     args: Any
+    resumed: Resumed | None = None
+    """Set when the call suspended itself before and the caller resumed it with data."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class ToolOutcome:
     step: calls run concurrently, their effects reach the run in the order the model called them."""
     model_output: Any = None
     """What the model sees of `result` (the tool's toModelOutput); None: the result itself."""
+    suspended: Suspension | None = None
+    """The tool suspended itself (`result` and `error` mean nothing then): the run stops at this
+    call until the caller resumes it with data (`run.tool_calls`)."""
 
 
 class Tool(Protocol):
@@ -137,10 +142,13 @@ class ProcessorTool:
     async def execute(self, run: RunCore, call: ToolCall, writer: Writer) -> ToolOutcome:
         """Call the sidecar; its effects (signals, custom chunks, an abort) go back with the outcome."""
         name = self.hosted_name or self.name
-        answer = await run.call(self.host, ExecuteToolArgs(name, call.call_id, call.args, run.ml.view()))
+        args = ExecuteToolArgs(name, call.call_id, call.args, run.ml.view(), call.resumed)
+        answer = await run.call(self.host, args)
         if answer is None:
             return ToolOutcome(error=f"tool {self.name!r} is unavailable: its sidecar failed (fail-open)")
         result, effects = answer
+        if result.suspended is not None:
+            return ToolOutcome(effects=effects, suspended=result.suspended)
         if result.error is not None:
             return ToolOutcome(error=result.error, effects=effects)
         return ToolOutcome(result.result, effects=effects, model_output=result.model_output)

@@ -147,6 +147,13 @@ class ResumeRefusedError(ServiceError):
     grpc_code = grpc.StatusCode.ABORTED
 
 
+class ResumeAnswerError(ResumeRefusedError):
+    """The suspended call awaits another kind of answer (data, not an approval, or the reverse);
+    the run stays suspended."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class StoreDownError(ServiceError):
     """The store that keeps suspended runs is unreachable."""
 

@@ -209,6 +209,8 @@ async def test_tool_calls_awaiting_approval_are_listed_approved_and_declined(out
     assert probes["approveAgain"]["status"] == 409
     refused = ok(methods, "agent.declineToolCallGenerate")
     assert refused["text"] == "Let me check." + tool_answer("not now")
+    resumed = ok(methods, "agent.resumeStream")  # resumeData {approved: true}: the approval
+    assert text_of(resumed) == tool_answer("sunny")
 
 
 async def test_a_durable_run_is_observed_again_with_the_same_chunks(out: dict[str, Any]) -> None:
@@ -367,7 +369,7 @@ async def test_every_method_works_or_answers_501(out: dict[str, Any]) -> None:
     failed = [(n, r) for n, r in rows if r != "works" and not (r.startswith("501: ") and NOT_SUPPORTED in r)]
     assert not failed, failed
     works = {n for n, r in rows if r == "works"}
-    assert (len(rows), len(works)) == (77, 22)
+    assert (len(rows), len(works)) == (77, 23)
     assert out["methods"]["getWorkflow(id).createRun"]["body"]["error"] == (
         "workflow runs is not supported by procmesh: procmesh runs processor workflows inside agents only"
     )

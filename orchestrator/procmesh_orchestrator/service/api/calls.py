@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from procmesh_orchestrator.run import CallOptions, stop
 from procmesh_orchestrator.run.context import ContextSchema
+from procmesh_orchestrator.run.hooks import Resumed
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.run.types import StructuredOutput
 from procmesh_orchestrator.service._auth import Caller
@@ -411,12 +412,15 @@ def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput |
 
 @dataclass
 class ResumeRequest:
-    """A validated approve / decline request: which run, which call, and why (a decline)."""
+    """A validated approve / decline request: which run, which call, and why (a decline); or a
+    resume-stream request, with the data a suspended tool asked for (`data`)."""
 
     run_id: str
     tool_call_id: str
     reason: str | None
     request_context: dict[str, Any]
+    data: Resumed | None = None
+    """resume-stream's ``resumeData`` (the tool sees it); None for approve / decline."""
 
 
 class _ResumeBody(BaseModel):
@@ -428,6 +432,29 @@ class _ResumeBody(BaseModel):
     request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
 
 
+class _ResumeDataBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # the snapshot decides the rest: an option is an error
+
+    run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
+    tool_call_id: str = Field(alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
+    resume_data: Any = Field(alias="resumeData")
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+
+
+def parse_resume_data(
+    data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits
+) -> ResumeRequest:
+    """The body of resume-stream (`@mastra/client-js` ``resumeStream(resumeData, {runId,
+    toolCallId})``); its request context as `trust` allows `caller`. ``resumeData`` is required
+    (null included); any other key is refused by name."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with 'runId', 'toolCallId' and 'resumeData'")
+    check_input(data, limits)
+    body = validated(_ResumeDataBody, data)
+    context = trust.check(caller, body.request_context or {})
+    return ResumeRequest(body.run_id, body.tool_call_id, None, context, Resumed(body.resume_data, None))
+
+
 def parse_resume(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> ResumeRequest:
     """The body of approve-tool-call / decline-tool-call (and the -generate routes); its request
     context as `trust` allows `caller`."""
@@ -437,3 +464,11 @@ def parse_resume(data: Any, *, caller: Caller, trust: ContextTrust, limits: Inpu
     body = validated(_ResumeBody, data)
     context = trust.check(caller, body.request_context or {})
     return ResumeRequest(body.run_id, body.tool_call_id, body.reason, context)
+
+
+class ResumeParser(Protocol):
+    """`parse_resume` or `parse_resume_data`: a resume route's body as a `ResumeRequest`."""
+
+    def __call__(
+        self, data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits
+    ) -> ResumeRequest: ...

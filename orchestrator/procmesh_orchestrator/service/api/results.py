@@ -153,6 +153,8 @@ def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None)
     if result.status == "suspended" and result.suspended:
         first = result.suspended[0]
         out["suspendPayload"] = {k: first.get(k) for k in ("toolCallId", "toolName", "args")}
+        if "suspendPayload" in first:  # the tool suspended itself: what it asked (the reference's)
+            out["suspendPayload"]["suspendPayload"] = first["suspendPayload"]
     if result.error is not None:  # `error` is undefined in the client's type unless the run failed
         out["error"] = result.error
     return out

@@ -15,10 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from procmesh_orchestrator.errors import MemoryStoreError, SuspendError
+from procmesh_orchestrator.errors import MemoryStoreError, ResumeMismatchError, SuspendError
 from procmesh_orchestrator.run import Agent, CallOptions, RunResult, RunStream
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._errors import DrainingError, ResumeRefusedError, resume_error
+from procmesh_orchestrator.service._errors import (
+    DrainingError,
+    ResumeAnswerError,
+    ResumeRefusedError,
+    resume_error,
+)
 from procmesh_orchestrator.service.api.calls import ResumeRequest
 from procmesh_orchestrator.store import SUSPENDED, SuspendedRun
 
@@ -115,6 +120,8 @@ def store_errors() -> Iterator[None]:
         yield
     except MemoryStoreError as exc:
         raise resume_error(exc) from None
+    except ResumeMismatchError as exc:
+        raise ResumeAnswerError(str(exc)) from None
     except SuspendError as exc:
         raise ResumeRefusedError(str(exc)) from None
 
@@ -137,15 +144,20 @@ def claim_scope(caller: Caller) -> str | None:
 
 
 async def resume_stream(agent: Agent, request: ResumeRequest, *, approved: bool, caller: Caller) -> RunStream:
-    """Claim the suspended run and go on, streamed (404 / 409 as `store_errors`)."""
+    """Claim the suspended run and go on, streamed (404 / 409 as `store_errors`): with the
+    request's resume data when it has some (resume-stream), else approved or declined."""
+    decision: dict[str, Any] = (
+        {"approved": approved, "reason": request.reason}
+        if request.data is None
+        else {"resume_data": request.data.data}
+    )
     with store_errors():
         return await agent.resume_stream(
             request.run_id,
             request.tool_call_id,
-            approved=approved,
-            reason=request.reason,
             options=resume_options(request),
             resource_id=claim_scope(caller),
+            **decision,
         )
 
 
@@ -184,7 +196,7 @@ def suspended_run_json(saved: SuspendedRun) -> dict[str, Any]:
                 "toolCallId": call.get("toolCallId"),
                 "toolName": call.get("toolName"),
                 "args": call.get("args"),
-                "requiresApproval": True,
+                **_awaits(saved),
             }
             for call in pending
             if call.get("toolCallId") in waiting
@@ -195,3 +207,12 @@ def suspended_run_json(saved: SuspendedRun) -> dict[str, Any]:
     if saved.resource_id:
         out["resourceId"] = saved.resource_id
     return out
+
+
+def _awaits(saved: SuspendedRun) -> dict[str, Any]:
+    """What the awaited call (the first pending one, the only one listed) awaits: an approval, or
+    (it suspended itself) data, with the payload it suspended with."""
+    suspension = (saved.snapshot.get("pending") or {}).get("suspension")
+    if suspension is None:
+        return {"requiresApproval": True}
+    return {"requiresApproval": False, "suspendPayload": suspension.get("payload")}

@@ -54,10 +54,13 @@ def result_to_proto(result: RunResult) -> apb.GenerateResponse:
 
 
 def calls_to_proto(calls: list[dict[str, Any]], out: Any) -> None:
-    """Tool calls (``toolCallId``, ``toolName``, ``args``) added to a repeated ToolCall field."""
+    """Tool calls (``toolCallId``, ``toolName``, ``args``, and a suspended call's
+    ``suspendPayload``) added to a repeated ToolCall field."""
     for call in calls:
         item = out.add(tool_call_id=str(call.get("toolCallId", "")), tool_name=str(call.get("toolName", "")))
         item.args.CopyFrom(convert.to_value(call.get("args")))
+        if "suspendPayload" in call:
+            item.suspend_payload.CopyFrom(convert.to_value(call["suspendPayload"]))
 
 
 def suspended_to_proto(result: RunResult, out: Any) -> None:

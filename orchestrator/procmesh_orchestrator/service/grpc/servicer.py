@@ -20,6 +20,7 @@ from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.durable import DurableRuns
 from procmesh_orchestrator.errors import APICallError, MemoryStoreError, ProcessorFailedError
 from procmesh_orchestrator.run import Agent
+from procmesh_orchestrator.run.hooks import Resumed
 from procmesh_orchestrator.service._auth import Caller, grpc_caller
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
@@ -44,7 +45,12 @@ AGENT_SERVICE = apb.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-StreamReply = type[apb.StreamResponse] | type[apb.ApproveToolCallResponse] | type[apb.DeclineToolCallResponse]
+StreamReply = (
+    type[apb.StreamResponse]
+    | type[apb.ApproveToolCallResponse]
+    | type[apb.DeclineToolCallResponse]
+    | type[apb.ResumeToolCallResponse]
+)
 DurableReply = type[apb.StreamResponse] | type[apb.ObserveResponse]
 
 
@@ -285,15 +291,32 @@ class AgentServicer(agrpc.AgentServiceServicer):
         async for reply in self._relay("decline", live, apb.DeclineToolCallResponse):
             yield reply
 
-    async def _resume(self, request: Any, context: Context, *, approved: bool, reason: str | None) -> LiveRun:
-        """Check the key, find the agent, claim the suspended run (NOT_FOUND, ABORTED) and take a slot."""
+    async def ResumeToolCall(
+        self, request: apb.ResumeToolCallRequest, context: Context
+    ) -> AsyncIterator[apb.ResumeToolCallResponse]:
+        data = Resumed(convert.from_value(request.resume_data), None)
+        live = await self._resume(request, context, approved=True, reason=None, data=data)
+        async for reply in self._relay("resume", live, apb.ResumeToolCallResponse):
+            yield reply
+
+    async def _resume(
+        self,
+        request: Any,
+        context: Context,
+        *,
+        approved: bool,
+        reason: str | None,
+        data: Resumed | None = None,
+    ) -> LiveRun:
+        """Check the key, find the agent, claim the suspended run (NOT_FOUND, ABORTED) and take a
+        slot; with `data` (ResumeToolCall) the call goes on with it, else approved or declined."""
         service = self._service
         try:
             caller = self._caller(context)
             agent = service.agent(request.agent_id)
             if not request.run_id or not request.tool_call_id:
                 raise BadRequestError("give run_id and tool_call_id")
-            decision = ResumeRequest(request.run_id, request.tool_call_id, reason, {})
+            decision = ResumeRequest(request.run_id, request.tool_call_id, reason, {}, data)
             return await control.resume(
                 service, request.agent_id, agent, decision, approved=approved, caller=caller
             )

@@ -20,7 +20,14 @@ from procmesh_orchestrator.service._auth import Caller, caller_of
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
 from procmesh_orchestrator.service.api import control, durable
-from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest, parse_body, parse_resume
+from procmesh_orchestrator.service.api.calls import (
+    AgentCall,
+    ResumeParser,
+    ResumeRequest,
+    parse_body,
+    parse_resume,
+    parse_resume_data,
+)
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import Framing, dumps, failed_json, result_json, wire_chunk
@@ -60,6 +67,7 @@ class AgentRoutes:
             Route(f"{base}/decline-tool-call", self._resume(False), methods=["POST"]),
             Route(f"{base}/approve-tool-call-generate", self._resume_generate(True), methods=["POST"]),
             Route(f"{base}/decline-tool-call-generate", self._resume_generate(False), methods=["POST"]),
+            Route(f"{base}/resume-stream", self.resume_with_data, methods=["POST"]),
             Route(f"{base}/suspended-runs", self.suspended_runs, methods=["GET"]),
             Route(f"{base}/runs/{{run_id}}/cancel", self.cancel_run, methods=["POST"]),
             Route(f"{base}/observe", self.observe, methods=["POST"]),
@@ -153,15 +161,22 @@ class AgentRoutes:
             return EventStreamResponse(events, releaser(core), {"X-Run-Id": run_id})
         return self._streamed(control.stream(core, agent_id, agent, call))
 
-    async def _decision(self, request: Request) -> tuple[str, Agent, ResumeRequest, Caller]:
+    async def _decision(
+        self, request: Request, parse: ResumeParser = parse_resume
+    ) -> tuple[str, Agent, ResumeRequest, Caller]:
         core = self.core
         agent_id = request.path_params["agent_id"]
         agent = core.agent(agent_id)
         caller = caller_of(request)
-        decision = parse_resume(
-            await read_body(core, request), caller=caller, trust=core.trust, limits=core.limits
-        )
+        decision = parse(await read_body(core, request), caller=caller, trust=core.trust, limits=core.limits)
         return agent_id, agent, decision, caller
+
+    async def resume_with_data(self, request: Request) -> Response:
+        """``resume-stream``: a run whose tool suspended itself goes on with the caller's
+        ``resumeData`` (the tool runs again and sees it), streamed."""
+        agent_id, agent, decision, caller = await self._decision(request, parse_resume_data)
+        live = await control.resume(self.core, agent_id, agent, decision, approved=True, caller=caller)
+        return self._streamed(live)
 
     def _resume(self, approved: bool) -> Endpoint:
         """``approve-tool-call`` / ``decline-tool-call``: the resumed run, streamed."""

@@ -43,7 +43,6 @@ UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
     ("POST", "/agents/{agent_id}/stream-until-idle", "streaming until a thread is idle", _SIGNALS),
     ("POST", "/agents/{agent_id}/resume-stream-until-idle", "streaming until a thread is idle", _SIGNALS),
     ("POST", "/agents/{agent_id}/recover", "recovering a run", _RECOVER),
-    ("POST", "/agents/{agent_id}/resume-stream", "resuming a suspended stream", _RESUME),
     ("POST", "/agents/{agent_id}/send-tool-approval", "tool approval by message", _RESUME),
     ("POST", "/agents/{agent_id}/model", "changing an agent's model", _MODEL),
     ("POST", "/agents/{agent_id}/model/reset", "changing an agent's model", _MODEL),

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.processors import ProcessorHandle
     from procmesh_orchestrator.providers.builtin import ScriptedModel
     from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
+    from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
     from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
     from procmesh_orchestrator.run.stop import HasToolCall, StepCountIs, StopCondition
     from procmesh_orchestrator.run.tools import ClientTool
@@ -45,6 +46,7 @@ __all__ = [
     "CostGuardProcessor",
     "HasToolCall",
     "Lanes",
+    "MemoryCallOptions",
     "ModelProvider",
     "ModelRequest",
     "OrchestratorMetrics",
@@ -74,6 +76,7 @@ _EXPORTS = {
     "CostGuardProcessor": "procmesh_orchestrator.config.cost",
     "HasToolCall": "procmesh_orchestrator.run.stop",
     "Lanes": "procmesh_orchestrator.run",
+    "MemoryCallOptions": "procmesh_orchestrator.run.framework.memory",
     "ModelProvider": "procmesh_orchestrator.run.models",
     "ModelRequest": "procmesh_orchestrator.run.models",
     "OrchestratorMetrics": "procmesh_orchestrator.metrics",

@@ -12,6 +12,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.base import call_lanes
 from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.context import ContextSchema
+from procmesh_orchestrator.run.framework import working_memory
 from procmesh_orchestrator.run.hooks import Chunk, Resumed
 from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.run.tool_calls import ApprovalDecision, Decision
@@ -141,6 +142,15 @@ class Agent:
         queue = ChunkBuffer()
         run = Run(self.spec, input, _abortable(options), sink=queue.put_nowait, metrics=self.metrics)
         return RunStream(run, queue)
+
+    async def get_working_memory(self, resource_id: str, thread_id: str = "") -> str | None:
+        """The agent's working memory for `resource_id` (its thread `thread_id`, when the working
+        memory is thread-scoped), or None. `InvalidMemoryInputError` when it has none configured."""
+        return await working_memory.read(self.spec.id, self.spec.memory, resource_id, thread_id)
+
+    async def update_working_memory(self, resource_id: str, text: str, thread_id: str = "") -> None:
+        """Replace the agent's working memory for `resource_id` (or its thread) with `text`."""
+        await working_memory.write(self.spec.id, self.spec.memory, resource_id, text, thread_id)
 
     async def approve_tool_call(
         self,

@@ -230,6 +230,22 @@ class ThreadMethods(StoreHooks):
         rows = await self._read(sql, args, f"reading the messages of thread {thread_id!r}")
         return [decode(row[0]) for row in rows]
 
+    async def delete_messages(self, resource_id: str, message_ids: list[str]) -> int:
+        """Delete the resource's messages of these ids (the memory API's ``deleteMessages``)."""
+        resource_id = check_id(self.name, "resource", resource_id)
+        ids = sorted({check_id(self.name, "message", m) for m in message_ids})
+        if not ids:
+            return 0
+        if len(ids) > MAX_PAGE:
+            raise InvalidMemoryInputError(f"memory store {self.name}: at most {MAX_PAGE} messages at once")
+        p = self.placeholder
+        sql = (
+            f"DELETE FROM messages WHERE resource_id = {p} AND id IN ({', '.join([p] * len(ids))}) "
+            "RETURNING id"
+        )
+        rows = await self._transact(lambda query: query(sql, (resource_id, *ids)), "deleting messages")
+        return len(rows)
+
     def _thread(self, row: Any) -> Thread:
         thread_id, resource_id, title, metadata, created_at, updated_at = row
         return Thread(

@@ -89,6 +89,10 @@ class ThreadStore(Protocol):
         replaced, so the thread holds the run's turn once.
         """
 
+    async def delete_messages(self, resource_id: str, message_ids: list[str]) -> int:
+        """Delete the resource's messages of these ids, in whichever of its threads they are, in
+        one transaction (another resource's are never touched); how many were deleted."""
+
     async def messages(
         self, thread_id: str, resource_id: str, *, last: int | None = None, include_signals: bool = True
     ) -> list[Message]:

@@ -6,8 +6,7 @@ The routes are read from the client's dist: its ``route-types.generated.d.ts`` (
 reference server the client types), checked to hold every path the client's code requests
 (``this.request(`/...`)`` in ``index.js``). Each is called once with ids that exist here (an agent,
 its tool, a processor, a workflow, a thread, the configured MCP server), so a 404 means a route,
-not a resource, is missing. The memory routes belong to the memory API's own work: those that
-still answer 404 are listed (`MEMORY_404`), and the test fails when that list is not exact.
+not a resource, is missing (the memory routes too: each works or is a 501 since issue 29).
 """
 
 from __future__ import annotations
@@ -47,27 +46,6 @@ MCP_TOOL = "add"
 UNTYPED = {"/agents/:param/browser/close", "/agents/:param/browser/session"}
 """Paths the client requests that its route types lack (test_clientjs_api.py calls their methods:
 501)."""
-MEMORY_404 = {
-    "DELETE /memory/network/threads/:threadId",
-    "GET /memory/network/status",
-    "GET /memory/network/threads",
-    "GET /memory/network/threads/:threadId",
-    "GET /memory/network/threads/:threadId/messages",
-    "GET /memory/observational-memory",
-    "GET /memory/search",
-    "GET /memory/threads/:threadId/working-memory",
-    "PATCH /memory/network/threads/:threadId",
-    "POST /memory/messages/delete",
-    "POST /memory/network/messages/delete",
-    "POST /memory/network/save-messages",
-    "POST /memory/network/threads",
-    "POST /memory/observational-memory/buffer-status",
-    "POST /memory/threads/:threadId/clone",
-    "POST /memory/threads/:threadId/transfer",
-    "POST /memory/threads/:threadId/working-memory",
-}
-"""Memory routes that may still answer 404: the memory API's own work (README's known gaps), not
-this test's; any other 404 fails it."""
 
 
 def client_routes() -> list[tuple[str, str]]:
@@ -211,7 +189,7 @@ async def test_no_route_of_the_client_answers_404_or_500(orchestrator: Orchestra
     print("\n| route | answer |\n| --- | --- |")
     for route, status, error in rows:
         print(f"| `{route}` | {status} {error[:100]} |")
-    broken = [r for r in rows if r[1] in (404, 405, 500) and r[0] not in MEMORY_404]
+    broken = [r for r in rows if r[1] in (404, 405, 500)]
     assert broken == [], "\n".join(f"{r} {s} {e}" for r, s, e in broken)
     print("memory routes answering 404:", sorted(r for r, s, _ in rows if s == 404))
     assert all(NOT_SUPPORTED in e for _, s, e in rows if s == 501)

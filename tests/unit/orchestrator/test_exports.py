@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "CostGuardProcessor",
     "HasToolCall",
     "Lanes",
+    "MemoryCallOptions",
     "ModelProvider",
     "ModelRequest",
     "OrchestratorMetrics",

@@ -29,6 +29,7 @@ from procmesh_orchestrator.store.working_memory import RESOURCE_SCOPE
 if TYPE_CHECKING:
     from procmesh_orchestrator.config.memory import WorkingMemoryConfig
     from procmesh_orchestrator.run.base import RunCore
+    from procmesh_orchestrator.run.framework.memory import AgentMemory
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -248,6 +249,59 @@ async def update(
             "Update skipped to prevent data loss.",
         }
     return {"success": True}
+
+
+def working_memory_config(settings: WorkingMemorySettings) -> dict[str, Any]:
+    """The settings as the reference's memory config shows them (``getMemoryConfig``)."""
+    shown: dict[str, Any] = {"enabled": True, "scope": settings.scope}
+    if settings.schema is not None:
+        shown["schema"] = settings.schema
+    else:
+        shown["template"] = settings.template_content
+    if not settings.agent_managed:
+        shown["agentManaged"] = False
+    return shown
+
+
+def settings_of(agent_id: str, memory: AgentMemory | None) -> tuple[MemoryStore, WorkingMemorySettings]:
+    """The agent's store and working memory (`InvalidMemoryInputError` when it has none)."""
+    if memory is None or memory.working_memory is None:
+        raise InvalidMemoryInputError(f"agent {agent_id!r} has no working memory (memory.workingMemory)")
+    return memory.store, memory.working_memory
+
+
+def scope_key(settings: WorkingMemorySettings, thread_id: str) -> str:
+    """The store's thread key; a thread-scoped memory needs its thread."""
+    if settings.scope == "thread" and not thread_id:
+        raise InvalidMemoryInputError("threadId: required (the working memory is thread-scoped)")
+    return settings.thread_key(thread_id)
+
+
+async def read(
+    agent_id: str, memory: AgentMemory | None, resource_id: str, thread_id: str = ""
+) -> str | None:
+    """The agent's working memory for the resource (or its thread, thread-scoped), or None."""
+    store, settings = settings_of(agent_id, memory)
+    stored = await store.get_working_memory(resource_id, scope_key(settings, thread_id))
+    return stored.text if stored else None
+
+
+async def write(
+    agent_id: str, memory: AgentMemory | None, resource_id: str, text: str, thread_id: str = ""
+) -> None:
+    """Replace the agent's working memory for the resource (or its thread) with `text` (the
+    reference's ``Memory.updateWorkingMemory``: no merge; JSON mode takes JSON text only)."""
+    store, settings = settings_of(agent_id, memory)
+    if not isinstance(text, str):
+        raise InvalidMemoryInputError("workingMemory: must be a string")
+    if settings.format == "json":
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise InvalidMemoryInputError(
+                f"workingMemory: the agent's working memory is JSON: {exc}"
+            ) from None
+    await store.update_working_memory(resource_id, scope_key(settings, thread_id), lambda old: text)
 
 
 @dataclass(frozen=True)

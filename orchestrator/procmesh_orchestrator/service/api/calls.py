@@ -13,10 +13,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from procmesh_orchestrator.run import CallOptions, stop
 from procmesh_orchestrator.run.context import ContextSchema
+from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.run.hooks import Resumed
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.run.types import StructuredOutput
@@ -79,13 +80,29 @@ class _ThreadRef(BaseModel):
     id: str
 
 
+class _MemoryOptions(BaseModel):
+    """``memory.options``: the reference's per-call memory config, the keys procmesh takes (any
+    other is refused by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    last_messages: StrictInt | Literal[False] | None = Field(default=None, alias="lastMessages", ge=0)
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    semantic_recall: bool | None = Field(default=None, alias="semanticRecall")
+
+    def options(self) -> MemoryCallOptions:
+        window = 0 if self.last_messages is False else self.last_messages
+        return MemoryCallOptions(window, self.read_only, self.semantic_recall)
+
+
 class _MemoryBody(BaseModel):
-    """The body's ``memory``: the thread as its id or ``{id, ...}``, and the resource."""
+    """The body's ``memory``: the thread as its id or ``{id, ...}``, the resource, the options."""
 
     model_config = ConfigDict(extra="ignore")
 
     thread: str | _ThreadRef | None = None
     resource: str | None = None
+    options: _MemoryOptions | None = None
 
     @property
     def thread_id(self) -> str | None:
@@ -301,6 +318,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             stop_when=stop_when,
             require_tool_approval=body.require_tool_approval,
             client_tools=client_tools(body.client_tools or {}),
+            memory=memory.options.options() if memory.options else MemoryCallOptions(),
             announce_violations=True,  # a remote caller has no onViolation: its stream tells it
             **step_kwargs(body),
         ),

@@ -19,9 +19,11 @@ from procmesh_orchestrator.service.http.boundary import Boundary
 from procmesh_orchestrator.service.http.catalog import CatalogRoutes
 from procmesh_orchestrator.service.http.mcp import McpRoutes
 from procmesh_orchestrator.service.http.memory import MemoryRoutes
+from procmesh_orchestrator.service.http.memory_search import MemorySearchRoutes
 from procmesh_orchestrator.service.http.probes import ProbeRoutes
 from procmesh_orchestrator.service.http.runs import RunRoutes
 from procmesh_orchestrator.service.http.unsupported import unsupported_routes
+from procmesh_orchestrator.service.http.working_memory import WorkingMemoryRoutes
 
 
 def build_http_app(core: ServiceCore) -> ASGIApp:
@@ -37,6 +39,8 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
             *RunRoutes(core).routes(),
             *ProbeRoutes(core).routes(),
             *MemoryRoutes(core, read_json).routes(),
+            *WorkingMemoryRoutes(core, read_json).routes(),
+            *MemorySearchRoutes(core, read_json).routes(),
             *McpRoutes(core).routes(),
             *unsupported_routes(core),  # last: the 501s never shadow a route served above
         ],

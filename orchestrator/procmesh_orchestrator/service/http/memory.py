@@ -1,9 +1,9 @@
 """The memory HTTP API that @mastra/client-js 1.47 calls: threads, their messages, status, saves.
 
 Routes and shapes follow the client (``MastraClient.listMemoryThreads``, ``createMemoryThread``,
-``getMemoryThread(...).get/update/delete/listMessages``, ``getMemoryStatus``, ``getMemoryConfig``,
-``saveMessageToMemory``). Every route acts for ONE resource, the caller's: whose it is, the
-thread of it a route names and the store's errors as answers are `api.memory`'s.
+``getMemoryThread(...).get/update/delete/listMessages/deleteMessages/clone``, ``getMemoryStatus``,
+``getMemoryConfig``, ``saveMessageToMemory``). Every route acts for ONE resource, the caller's:
+whose it is, the thread of it a route names and the store's errors as answers are `api.memory`'s.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import binascii
 import json
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from procmesh_orchestrator.run.framework.working_memory import working_memory_config
 from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api.core import ServiceCore
@@ -95,6 +97,8 @@ class MemoryRoutes:
             Route("/api/memory/threads/{thread_id}", self.delete_thread, methods=["DELETE"]),
             Route("/api/memory/threads/{thread_id}/messages", self.list_messages, methods=["GET"]),
             Route("/api/memory/save-messages", self.save_messages, methods=["POST"]),
+            Route("/api/memory/messages/delete", self.delete_messages, methods=["POST"]),
+            Route("/api/memory/threads/{thread_id}/clone", self.clone_thread, methods=["POST"]),
         ]
 
     def _scope(
@@ -129,7 +133,10 @@ class MemoryRoutes:
         memory = self.core.agent(agent_id).spec.memory
         if memory is None:
             raise MemoryNotFoundError(f"agent {label(agent_id)} has no memory")
-        return _json({"memoryType": "local", "config": {"lastMessages": memory.last_messages}})
+        config: dict[str, Any] = {"lastMessages": memory.last_messages, "readOnly": memory.read_only}
+        working = memory.working_memory
+        config["workingMemory"] = {"enabled": False} if working is None else working_memory_config(working)
+        return _json({"memoryType": "local", "config": config})
 
     async def list_threads(self, request: Request) -> Response:
         store, resource = self._scope(request)
@@ -268,3 +275,109 @@ class MemoryRoutes:
                 await store.save_turn(thread_id, resource, messages)
             saved += [{**m, "threadId": thread_id, "resourceId": resource} for m in messages]
         return _json({"messages": saved})
+
+    async def delete_messages(self, request: Request) -> Response:
+        """``{messageIds}``: ids, ``{id}`` objects, or one of either; the caller's resource's only."""
+        body = await self._body(request)
+        raw = body.get("messageIds")
+        if raw is None:
+            raise BadRequestError("messageIds is required")
+        items = raw if isinstance(raw, list) else [raw]
+        ids = [
+            check_id(f"messageIds.{i}", m.get("id") if isinstance(m, dict) else m)
+            for i, m in enumerate(items)
+        ]
+        store, resource = self._scope(request, agent_required=True)
+        with store_errors(store, "deleting messages"):
+            await store.delete_messages(resource, ids)
+        count = len(items)
+        return _json(
+            {"success": True, "message": f"{count} message{'' if count == 1 else 's'} deleted successfully"}
+        )
+
+    async def clone_thread(self, request: Request) -> Response:
+        """The reference's ``cloneThread``: a new thread of the caller's resource with copies of the
+        source's messages (new ids; ``options.messageLimit`` keeps the last N, ``messageFilter``
+        by ``messageIds``, ``startDate``, ``endDate``), ``metadata.clone`` naming the source, and a
+        thread-scoped working memory copied. ``{thread, clonedMessages, messageIdMap}``."""
+        body = await self._body(request)
+        unknown = sorted(set(body) - {"newThreadId", "resourceId", "title", "metadata", "options"})
+        if unknown:
+            raise BadRequestError(f"unknown keys: {', '.join(label(k) for k in unknown)}")
+        store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
+        source = await owned(store, request.path_params["thread_id"], resource)
+        new_id = check_id("newThreadId", body.get("newThreadId") or str(uuid.uuid4()))
+        with store_errors(store, "cloning the thread", source.id):
+            if await store.get_thread(new_id, resource) is not None:
+                raise BadRequestError(f"Thread with id {label(new_id)} already exists")
+            messages = _cloned(await store.messages(source.id, resource), body.get("options"))
+            id_map = {m["id"]: str(uuid.uuid4()) for m in messages}
+            copies = [{**m, "id": id_map[m["id"]]} for m in messages]
+            clone: dict[str, Any] = {"sourceThreadId": source.id, "clonedAt": _now()}
+            if messages:
+                clone["lastMessageId"] = messages[-1]["id"]
+            metadata = body.get("metadata") or {}
+            if not isinstance(metadata, dict):
+                raise BadRequestError("metadata: must be an object")
+            title = body.get("title") or (f"Clone of {source.title}" if source.title else "")
+            thread = await store.create_thread(
+                Thread(id=new_id, resource_id=resource, title=title, metadata={**metadata, "clone": clone})
+            )
+            try:
+                if copies:
+                    await store.save_turn(new_id, resource, copies)
+                await _copy_thread_working_memory(self.core, request, store, resource, source.id, new_id)
+            except BaseException:
+                await store.delete_thread(new_id, resource)  # no half clone is left behind
+                raise
+            cloned = await store.messages(new_id, resource)
+        return _json({"thread": thread_json(thread), "clonedMessages": cloned, "messageIdMap": id_map})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _cloned(messages: list[dict[str, Any]], options: Any) -> list[dict[str, Any]]:
+    """The source's messages a clone copies (the reference's ``messageFilter`` and ``messageLimit``)."""
+    if options is None:
+        return messages
+    if not isinstance(options, dict) or set(options) - {"messageLimit", "messageFilter"}:
+        raise BadRequestError("options: {messageLimit?, messageFilter?: {messageIds?, startDate?, endDate?}}")
+    found = options.get("messageFilter") or {}
+    if not isinstance(found, dict) or set(found) - {"messageIds", "startDate", "endDate"}:
+        raise BadRequestError("options.messageFilter: {messageIds?, startDate?, endDate?}")
+    if found.get("messageIds"):
+        wanted = set(found["messageIds"])
+        messages = [m for m in messages if m["id"] in wanted]
+    if found.get("startDate"):
+        start = _instant(found["startDate"], "options.messageFilter.startDate")
+        messages = [m for m in messages if _instant(m.get("createdAt"), "createdAt") >= start]
+    if found.get("endDate"):
+        end = _instant(found["endDate"], "options.messageFilter.endDate")
+        messages = [m for m in messages if _instant(m.get("createdAt"), "createdAt") <= end]
+    limit = options.get("messageLimit")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise BadRequestError("options.messageLimit: a whole number")
+    return messages[-limit:] if limit else messages
+
+
+def _instant(value: Any, name: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequestError(f"{name}: an ISO 8601 date") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+async def _copy_thread_working_memory(
+    core: ServiceCore, request: Request, store: MemoryStore, resource: str, source: str, target: str
+) -> None:
+    """A thread-scoped working memory goes with its thread's clone (a resource's stays shared)."""
+    memory = core.agent(request.query_params["agentId"]).spec.memory
+    settings = memory.working_memory if memory is not None else None
+    if settings is None or settings.scope != "thread":
+        return
+    stored = await store.get_working_memory(resource, source)
+    if stored is not None:
+        await store.update_working_memory(resource, target, lambda old: stored.text)

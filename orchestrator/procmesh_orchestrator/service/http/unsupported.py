@@ -23,6 +23,11 @@ _EDITOR = "procmesh agents are configured in files, not edited at runtime"
 _RECOVER = "a durable run is taken over by another replica by itself; reattach with observe"
 _RESUME = "decide a suspended tool call with approveToolCall or declineToolCall"
 _PROVIDERS = "procmesh tools and processors come from sidecars and MCP servers in the configuration"
+_OBSERVATIONAL = (
+    "procmesh memory keeps message history, working memory and semantic recall; "
+    "no observer model compresses threads into observations"
+)
+_TRANSFER = "a thread belongs to one resource for its whole life (thread ids are scoped by resource)"
 
 UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
     ("POST", "/agents/{agent_id}/generate-legacy", "the legacy generate route", _LEGACY),
@@ -98,6 +103,23 @@ UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
             "time-travel-stream",
         )
     ),
+    ("GET", "/memory/observational-memory", "observational memory", _OBSERVATIONAL),
+    ("POST", "/memory/observational-memory/buffer-status", "observational memory", _OBSERVATIONAL),
+    ("POST", "/memory/threads/{thread_id}/transfer", "thread transfer", _TRANSFER),
+    *(
+        (method, f"/memory/network{path}", "agent networks", _NETWORK)
+        for method, path in (
+            ("GET", "/status"),
+            ("GET", "/threads"),
+            ("POST", "/threads"),
+            ("GET", "/threads/{thread_id}"),
+            ("PATCH", "/threads/{thread_id}"),
+            ("DELETE", "/threads/{thread_id}"),
+            ("GET", "/threads/{thread_id}/messages"),
+            ("POST", "/save-messages"),
+            ("POST", "/messages/delete"),
+        )
+    ),
     ("GET", "/processor-providers", "processor providers", _PROVIDERS),
     ("GET", "/processor-providers/{provider_id}", "processor providers", _PROVIDERS),
     ("GET", "/tool-providers", "tool providers", _PROVIDERS),
@@ -120,7 +142,7 @@ UNSUPPORTED: tuple[tuple[str, str, str, str], ...] = (
     ("DELETE", "/tool-providers/{provider_id}/connections/{connection_id}", "tool providers", _PROVIDERS),
 )
 """(method, path under /api, feature, why) of every route of the client's agent, tool, processor,
-workflow-listing and model-provider APIs that procmesh answers with 501."""
+workflow-listing, model-provider and memory APIs that procmesh answers with 501."""
 
 
 def not_supported(service: ServiceCore, feature: str, why: str) -> Callable[[Request], Awaitable[Response]]:

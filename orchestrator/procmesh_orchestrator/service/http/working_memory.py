@@ -1,0 +1,73 @@
+"""The working-memory routes @mastra/client-js 1.47 calls (``getWorkingMemory``,
+``updateWorkingMemory``), in the reference server's shapes. They act for the caller's resource,
+as every memory route does (`api.memory.scope`); the thread in the path must be one of it for an
+update (404 otherwise, as the reference answers a missing thread)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from procmesh_orchestrator.run.framework import working_memory
+from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service.api.memory import check_id, owned, store_errors
+from procmesh_orchestrator.service.http.memory import MemoryRoutes, _json
+from procmesh_orchestrator.store import label
+
+
+class WorkingMemoryRoutes(MemoryRoutes):
+    """``/api/memory/threads/{threadId}/working-memory`` (GET and POST)."""
+
+    def routes(self) -> list[Route]:
+        path = "/api/memory/threads/{thread_id}/working-memory"
+        return [Route(path, self.get, methods=["GET"]), Route(path, self.update, methods=["POST"])]
+
+    async def get(self, request: Request) -> Response:
+        """``{workingMemory, source, workingMemoryTemplate, threadExists}`` (the reference's)."""
+        store, resource = self._scope(request, agent_required=True)
+        agent_id = request.query_params["agentId"]
+        thread_id = check_id("threadId", request.path_params["thread_id"])
+        memory = self.core.agent(agent_id).spec.memory
+        settings = memory.working_memory if memory is not None else None
+        with store_errors(store, "reading the thread", thread_id):
+            exists = await store.get_thread(thread_id, resource) is not None
+        if settings is None:  # the reference's answer for an agent without working memory
+            body: dict[str, Any] = {"workingMemory": None, "source": "thread", "workingMemoryTemplate": None}
+            return _json({**body, "threadExists": exists})
+        with store_errors(store, "reading the working memory", thread_id):
+            text = await working_memory.read(agent_id, memory, resource, thread_id)
+        content = (
+            working_memory.js_json(working_memory.empty_from_schema(settings.schema))
+            if settings.format == "json"
+            else settings.template_content
+        )
+        return _json(
+            {
+                "workingMemory": text,
+                "source": settings.scope,
+                "workingMemoryTemplate": {"format": settings.format, "content": content},
+                "threadExists": exists,
+            }
+        )
+
+    async def update(self, request: Request) -> Response:
+        """``{workingMemory, resourceId?}``: replaces the working memory (``{success: true}``)."""
+        body = await self._body(request)
+        unknown = sorted(set(body) - {"workingMemory", "resourceId"})
+        if unknown:
+            raise BadRequestError(
+                f"unknown keys: {', '.join(label(k) for k in unknown)} (memoryConfig is per agent)"
+            )
+        store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
+        agent_id = request.query_params["agentId"]
+        thread = await owned(store, request.path_params["thread_id"], resource)
+        text = body.get("workingMemory")
+        if not isinstance(text, str):
+            raise BadRequestError("workingMemory: must be a string")
+        memory = self.core.agent(agent_id).spec.memory
+        with store_errors(store, "updating the working memory", thread.id):
+            await working_memory.write(agent_id, memory, resource, text, thread.id)
+        return _json({"success": True})

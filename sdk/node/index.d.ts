@@ -472,6 +472,25 @@ export interface ToolContext {
   abortSignal: AbortSignal;
   /** Emits data-* chunks to the caller's stream, at the call's turn, before its tool-result. */
   writer: ToolWriter;
+  /** Suspend the call (the reference's suspend(payload)): once execute() returns, what it returned
+   * is dropped, the run stops at this call (kept in the orchestrator's store) and streams
+   * `tool-call-suspended`; resumed with data, execute() runs again with `resumeData` set. */
+  suspend(payload: unknown): Promise<void>;
+  /** True when the call suspended before and the caller resumed it with data. */
+  resumed: boolean;
+  /** What the caller resumed the call with (the reference's resumeData); set only when resumed. */
+  resumeData?: unknown;
+  /** What the call suspended with last time; set only when resumed. */
+  suspendPayload?: unknown;
+  /** The same as the reference's tools read them: `ctx.agent.suspend`, `ctx.agent.resumeData`. */
+  agent: { toolCallId: string; suspend(payload: unknown): Promise<void>; resumeData?: unknown; suspendPayload?: unknown };
+}
+
+/** What a tool's lifecycle hooks get (the reference's ToolCallOptions). */
+export interface ToolCallOptions {
+  toolCallId: string;
+  messages: MastraDBMessage[];
+  abortSignal: AbortSignal;
 }
 
 export class ToolWriter {
@@ -493,6 +512,15 @@ export interface Tool<A = any> {
   execute(args: A, ctx: ToolContext): unknown | Promise<unknown>;
   /** What the model sees of the result (the seeds' toModelOutput); the caller keeps the result. */
   toModelOutput?(result: any): unknown | Promise<unknown>;
+  /** JSON schema of the data a suspended call expects (the chunk's `resumeSchema`). */
+  resumeSchema?: Record<string, any>;
+  /** Lifecycle hooks (the reference's): a call begins; its arguments are whole (before execute);
+   * execute returned (not after a throw or a suspension). The sidecar gets the arguments whole,
+   * so onInputStart comes right before onInputAvailable and no onInputDelta comes. What one throws
+   * is logged, never the call's failure. */
+  onInputStart?(options: ToolCallOptions): void | Promise<void>;
+  onInputAvailable?(options: ToolCallOptions & { input: A }): void | Promise<void>;
+  onOutput?(options: { toolCallId: string; toolName: string; output: unknown; abortSignal: AbortSignal }): void | Promise<void>;
   setup?(): void | Promise<void>;
   teardown?(): void | Promise<void>;
 }

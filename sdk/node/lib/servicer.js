@@ -189,6 +189,17 @@ class Servicer {
     }
   }
 
+  /** Call one of a tool's lifecycle hooks, if it has it (the reference's onInputStart,
+   * onInputAvailable, onOutput): what it throws is logged, never the call's failure. */
+  async lifecycle(tool, name, options) {
+    if (typeof tool.tool[name] !== 'function') return;
+    try {
+      await tool.tool[name](options);
+    } catch (err) {
+      this.log.error(`tool ${tool.name}: ${name} threw`, err && err.stack ? err.stack : err);
+    }
+  }
+
   /** A hosted tool call (`tool` from lookupTool): its context, execute(), the result or the error it threw. */
   async callTool(req, signal, tool = this.lookupTool(req.tool_name)) {
     const c = req.context || {};
@@ -210,7 +221,11 @@ class Servicer {
       abortSignal: signal,
       writer: new ToolWriter(),
     };
+    const suspension = suspensionOf(req, ctx);
     const args = req.args === undefined || req.args === null ? {} : convert.fromValue(req.args);
+    const hook = { toolCallId: ctx.toolCallId, messages, abortSignal: signal };
+    await this.lifecycle(tool, 'onInputStart', hook);
+    await this.lifecycle(tool, 'onInputAvailable', { ...hook, input: args });
     let result;
     let shown;
     try {
@@ -219,6 +234,8 @@ class Servicer {
       if (err instanceof ToolRaised) return { error: err.message };
       throw err;
     }
+    if (suspension.asked) return suspendedAnswer(tool, suspension, ctx);
+    await this.lifecycle(tool, 'onOutput', { toolCallId: ctx.toolCallId, toolName: tool.name, output: result, abortSignal: signal });
     try {
       const answer = { result: convert.toValue(result === undefined ? null : result) };
       if (typeof tool.tool.toModelOutput === 'function') answer.model_output = convert.toValue(shown === undefined ? null : shown);
@@ -320,6 +337,43 @@ class Servicer {
     }
     return h;
   }
+}
+
+/**
+ * A hosted tool's suspension (the reference's suspend(payload)): `ctx.suspend` (also `ctx.agent.suspend`)
+ * records the payload; a resumed call's `ctx.resumeData` / `ctx.suspendPayload` (also under
+ * `ctx.agent`, where the reference's tools read them) come from the request. Returns the record.
+ */
+function suspensionOf(req, ctx) {
+  const record = { asked: false, payload: null };
+  const resumed = req.resume_data !== undefined && req.resume_data !== null;
+  ctx.resumed = resumed;
+  ctx.resumeData = resumed ? convert.fromValue(req.resume_data) : undefined;
+  ctx.suspendPayload = resumed && req.suspend_payload ? convert.fromValue(req.suspend_payload) : undefined;
+  ctx.suspend = async (payload) => {
+    record.asked = true;
+    record.payload = payload === undefined ? null : payload;
+  };
+  ctx.agent = {
+    toolCallId: ctx.toolCallId,
+    suspend: ctx.suspend,
+    resumeData: ctx.resumeData,
+    suspendPayload: ctx.suspendPayload,
+  };
+  return record;
+}
+
+/** The answer of a tool that suspended: the payload, the tool's resumeSchema (JSON text), its chunks. */
+function suspendedAnswer(tool, suspension, ctx) {
+  const answer = {};
+  try {
+    answer.suspend_payload = convert.toValue(suspension.payload);
+  } catch (err) {
+    throw new InternalError(`tool ${quote(tool.name)} suspended with a non-JSON payload: ${err.message}`);
+  }
+  if (tool.tool.resumeSchema !== undefined) answer.resume_schema = JSON.stringify(tool.tool.resumeSchema);
+  if (ctx.writer.chunks.length) answer.effects = { custom_chunks: ctx.writer.chunks.map(convert.chunkToProto) };
+  return answer;
 }
 
 module.exports = { Hosted, Servicer };

@@ -5,6 +5,9 @@
 // object: {name, description, inputSchema, async execute(args, ctx)}, optional setup()/teardown()
 // and toModelOutput(result) (what the model sees of the result; the caller keeps the result).
 // ctx.writer.custom({type: 'data-...', data}) emits data chunks (ToolWriter).
+// ctx.suspend(payload) suspends the call (resumed, ctx.resumeData holds the caller's data; the
+// tool's resumeSchema tells what it expects); onInputStart / onInputAvailable / onOutput are its
+// lifecycle hooks (servicer.js calls them).
 // What execute() throws is the tool's error (ExecuteToolResponse.error), not a failed call; a
 // ProcmeshError keeps its status. The SDK does not validate args against inputSchema (the
 // orchestrator does).

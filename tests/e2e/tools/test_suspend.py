@@ -1,5 +1,6 @@
 """A tool that suspends itself for the caller's input (SEED-GAPS P6) and a tool's lifecycle hooks
-(P7), at the Python API, on a real SDK sidecar (`tests.fixtures.suspend_sidecar`).
+(P7), at the Python API, on a real SDK sidecar: the Python SDK's (`tests.fixtures.suspend_sidecar`)
+and the Node SDK's (`tests/fixtures/node_suspend_tools.js`), the same tools.
 
 A run whose ``weather`` tool suspends is kept in the store (a SQLite file); a SECOND App on the
 same store resumes it with data, and the tool, run again, sees that data and what it asked. The
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +22,36 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ResumeConflictError, ResumeMismatchError, SuspendedRunNotFoundError
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.conftest import REPO
+from tests.e2e.node.conftest import node_sidecar, require_node
 from tests.e2e.tools.harness import call, collect, config, of_type, prompts, tool_outputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
+NODE_TOOLS = REPO / "tests" / "fixtures" / "node_suspend_tools.js"
 ASK = {"text": "checking", "toolCalls": [call("weather", city="Paris")]}
 ANSWER = {"text": "here it is"}
 UNIT = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]}
 
 
-@pytest.fixture(scope="module")
-def suspend_tools(start_sidecar: Callable[..., SidecarProcess]) -> str:
-    """The address of `python -m tests.fixtures.suspend_sidecar`."""
-    proc = start_sidecar(name="sus", module="tests.fixtures.suspend_sidecar")
+@pytest.fixture(scope="module", params=["python", "node"])
+def suspend_tools(
+    request: pytest.FixtureRequest,
+    start_sidecar: Callable[..., SidecarProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """The address of the suspend tools' sidecar: `tests.fixtures.suspend_sidecar` (Python SDK) or
+    `tests/fixtures/node_suspend_tools.js` (Node SDK), the same tools."""
+    if request.param == "python":
+        proc = start_sidecar(name="sus", module="tests.fixtures.suspend_sidecar")
+    else:
+        require_node()
+        where = tmp_path_factory.mktemp("nsus")
+        proc = node_sidecar(NODE_TOOLS, f"unix://{where / 'n.sock'}", where / "n.log")
     asyncio.run(proc.wait_ready())
-    return proc.address
+    yield proc.address
+    if request.param == "node":
+        proc.stop(grace=2.0)
 
 
 def suspend_config(address: str, store: Path, responses: list[dict[str, Any]]) -> Config:

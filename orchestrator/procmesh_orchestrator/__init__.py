@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.providers.builtin import ScriptedModel
     from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
     from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
+    from procmesh_orchestrator.run.function_tool import FunctionTool, FunctionToolContext
     from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
     from procmesh_orchestrator.run.stop import HasToolCall, StepCountIs, StopCondition
     from procmesh_orchestrator.run.tools import ClientTool
@@ -44,6 +45,8 @@ __all__ = [
     "ClientTool",
     "Config",
     "CostGuardProcessor",
+    "FunctionTool",
+    "FunctionToolContext",
     "HasToolCall",
     "Lanes",
     "MemoryCallOptions",
@@ -74,6 +77,8 @@ _EXPORTS = {
     "ClientTool": "procmesh_orchestrator.run.tools",
     "Config": "procmesh_orchestrator.config",
     "CostGuardProcessor": "procmesh_orchestrator.config.cost",
+    "FunctionTool": "procmesh_orchestrator.run.function_tool",
+    "FunctionToolContext": "procmesh_orchestrator.run.function_tool",
     "HasToolCall": "procmesh_orchestrator.run.stop",
     "Lanes": "procmesh_orchestrator.run",
     "MemoryCallOptions": "procmesh_orchestrator.run.framework.memory",

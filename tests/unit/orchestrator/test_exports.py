@@ -15,6 +15,8 @@ EXPECTED_ALL = [
     "ClientTool",
     "Config",
     "CostGuardProcessor",
+    "FunctionTool",
+    "FunctionToolContext",
     "HasToolCall",
     "Lanes",
     "MemoryCallOptions",

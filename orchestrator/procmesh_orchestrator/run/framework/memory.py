@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from procmesh_orchestrator.errors import FencedWriteError, InvalidMemoryInputError, MemoryStoreError
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
+from procmesh_orchestrator.run.framework.echo import drop_echoes
 from procmesh_orchestrator.run.framework.working_memory import (
     TOOL_NAME,
     UpdateWorkingMemoryTool,
@@ -238,14 +239,18 @@ class MessageHistory(FrameworkProcessor):
         resource, so another resource's thread of the same id is another thread, never read here
         (and a thread this resource has not saved to yet loads as empty, whoever else uses the id).
         """
+        # The tail read also covers what a client may echo of the conversation (one read).
+        echo_span = len(run.ml.view(msgs.INPUT))
         try:
-            stored = await self.memory.store.messages(
-                self.thread_id, self.resource_id, last=self.window, include_signals=True
+            tail = await self.memory.store.messages(
+                self.thread_id, self.resource_id, last=self.window + echo_span, include_signals=True
             )
         except Exception as exc:
             raise self._failed(run, "loading", exc) from exc
+        stored = tail[max(0, len(tail) - self.window) :] if self.window else []
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
+        drop_echoes(run, tail)
         if self.recall is not None:
             try:
                 await self.recall.recall(run, self.thread_id, self.resource_id)

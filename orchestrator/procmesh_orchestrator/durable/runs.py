@@ -137,7 +137,7 @@ class DurableRuns(TakeOver):
         if options.abort_signal is None:
             options = replace(options, abort_signal=asyncio.Event())
         data = {"phase": "start", "input": input, "call": snapshot.call_data(options)}
-        run_id = str(uuid.uuid4())
+        run_id = options.run_id or str(uuid.uuid4())
         store = await self._open_store()
         created = await store.create_durable_run(
             DurableRun(

@@ -98,7 +98,7 @@ class RunCore:
         """Awaited after each chunk of the output stream: returns once the reader has room (a
         `RunStream`'s bounded buffer), so a reader that does not read pauses the model stream."""
         self.metrics = metrics
-        self.run_id = run_id or str(uuid.uuid4())
+        self.run_id = run_id or options.run_id or str(uuid.uuid4())
         self.violations: list[dict[str, Any]] = []
         self.info = RunInfo(
             run_id=self.run_id,

@@ -196,6 +196,8 @@ class CallOptions:
     """Replaces the agent's stopWhen for this call."""
     abort_signal: asyncio.Event | None = None
     """Set it to abort the run: in-flight calls are cancelled, the result keeps what was done."""
+    run_id: str | None = None
+    """The run's id, chosen by the caller (None: a new UUID); the APIs check it is not in use."""
     require_tool_approval: bool | None = None
     """True: every tool call waits for approval; False: none does; None: each tool's setting."""
     announce_violations: bool = False

@@ -154,6 +154,13 @@ class ResumeAnswerError(ResumeRefusedError):
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class RunIdInUseError(ServiceError):
+    """The caller chose a run id another run has (running here, suspended or durable)."""
+
+    http_status = 409
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class StoreDownError(ServiceError):
     """The store that keeps suspended runs is unreachable."""
 

@@ -200,6 +200,12 @@ class SuspendedRunMethods(StoreHooks):
 
         return await self._transact(claim, f"claiming suspended run {run_id!r}")
 
+    async def suspended_run_exists(self, run_id: str) -> bool:
+        """Whether a run of this id was suspended here (awaiting, resuming or resumed)."""
+        run_id = check_id(self.name, "run", run_id)
+        sql = f"SELECT 1 FROM suspended_runs WHERE run_id = {self.placeholder}"
+        return bool(await self._read(sql, (run_id,), f"reading suspended run {run_id!r}"))
+
     async def release_suspended(self, run_id: str) -> None:
         """Put a claimed run back to `SUSPENDED`."""
         run_id = check_id(self.name, "run", run_id)

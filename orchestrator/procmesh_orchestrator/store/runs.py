@@ -118,6 +118,10 @@ class RunStore(Protocol):
         `ResumeConflictError` when it is already claimed. With `resource_id`, a run of another
         resource is not found, whatever its state, in the same words as a missing one."""
 
+    async def suspended_run_exists(self, run_id: str) -> bool:
+        """Whether a run of this id was saved as suspended (awaiting, resuming or resumed): a new
+        run must not take its id (its suspension would replace the other's)."""
+
     async def release_suspended(self, run_id: str) -> None:
         """Give a claimed run back (`SUSPENDED` again): its resume failed before changing anything.
         No error when the run is not claimed or does not exist."""

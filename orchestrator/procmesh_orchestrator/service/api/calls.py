@@ -198,6 +198,11 @@ class StepOptions(BaseModel):
     error_processors: list[Any] | None = Field(default=None, alias="errorProcessors")
 
 
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+"""A caller's run id: letters, digits and ``._:-``, at most 128 characters (it names the run in
+logs, the store, SSE headers and URLs)."""
+
+
 class _Body(StepOptions):
     """The reference server's body for /generate and /stream (unknown keys are ignored)."""
 
@@ -217,6 +222,8 @@ class _Body(StepOptions):
     """``[{stepCountIs: n}, {hasToolCall: name}]`` (one object is one condition)."""
     durable: bool = Field(default=False, strict=True)
     """Run durably: checkpointed, taken over by another replica, reattachable (``observe``)."""
+    run_id: str | None = Field(default=None, alias="runId", max_length=128, pattern=RUN_ID_PATTERN)
+    """The run's id, the caller's choice (a new UUID when absent): in use by another run: 409."""
 
     @field_validator("messages")
     @classmethod
@@ -315,6 +322,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             request_context=context,
             resource_id=resource,
             thread_id=thread,
+            run_id=body.run_id,
             stop_when=stop_when,
             require_tool_approval=body.require_tool_approval,
             client_tools=client_tools(body.client_tools or {}),

@@ -20,6 +20,7 @@ from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import (
     BadRequestError,
     DurableRunGoneError,
+    RunIdInUseError,
     RunNotActiveError,
 )
 from procmesh_orchestrator.service.api import durable
@@ -27,8 +28,8 @@ from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.processors import bind_lanes
 from procmesh_orchestrator.service.api.results import Chunk
-from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner
-from procmesh_orchestrator.store import DurableRun
+from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner, store_errors
+from procmesh_orchestrator.store import DurableRun, label
 
 
 def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> None:
@@ -46,6 +47,35 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
     core.gate.enter()
     for name in call.ignored_settings:
         core.metrics.settings_ignored.labels(name).inc()
+
+
+async def reserve_run_id(core: ServiceCore, agent: Agent, call: AgentCall) -> None:
+    """Hold the caller's chosen run id for the call (given back with `release_run_id`), once no
+    other run has it: one in flight on this replica, or one the agent's store keeps (suspended,
+    resumed or durable, of any resource). RunIdInUseError (409) otherwise: a chosen id never
+    reaches another's run, and the answer does not say whose it is."""
+    run_id = call.options.run_id
+    if run_id is None:
+        return
+    in_use = RunIdInUseError(f"runId {label(run_id)} is in use by another run: choose another")
+    if not core.runs.reserve(run_id):
+        raise in_use
+    try:
+        if agent.spec.store is not None:
+            with store_errors():
+                store = await agent.spec.store()
+                kept = await store.suspended_run_exists(run_id) or await store.get_durable_run(run_id)
+            if kept:
+                raise in_use
+    except BaseException:
+        core.runs.discard(run_id)  # the id this call held, never another run's
+        raise
+
+
+def release_run_id(core: ServiceCore, call: AgentCall) -> None:
+    """Give the call's chosen run id back (its run ended, or never started)."""
+    if call.options.run_id is not None:
+        core.runs.discard(call.options.run_id)
 
 
 class LiveRun:
@@ -116,8 +146,11 @@ def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> L
         run = agent.stream(call.input, call.options)
     except BaseException:
         core.gate.leave()
+        release_run_id(core, call)
         raise
-    return LiveRun(core, agent_id, run, call.options.resource_id)
+    live = LiveRun(core, agent_id, run, call.options.resource_id)
+    live.run_id = call.options.run_id or ""  # given back at close, even before the run starts
+    return live
 
 
 async def generate(agent: Agent, call: AgentCall, client_gone: Awaitable[object]) -> RunResult:

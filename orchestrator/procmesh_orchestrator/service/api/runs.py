@@ -90,6 +90,15 @@ class ActiveRuns:
 
     def __init__(self) -> None:
         self._runs: dict[str, ActiveRun] = {}
+        self._reserved: set[str] = set()
+        """Run ids callers chose, held from admission to the run's end (`reserve`)."""
+
+    def reserve(self, run_id: str) -> bool:
+        """Hold a caller-chosen run id for its call; False when a run here has it or holds it."""
+        if run_id in self._runs or run_id in self._reserved:
+            return False
+        self._reserved.add(run_id)
+        return True
 
     def add(self, run_id: str, entry: ActiveRun) -> None:
         """Register a run once its id is known."""
@@ -97,8 +106,9 @@ class ActiveRuns:
             self._runs[run_id] = entry
 
     def discard(self, run_id: str) -> None:
-        """Forget a run that ended (no error when it is unknown)."""
+        """Forget a run that ended, its id free again (no error when it is unknown)."""
         self._runs.pop(run_id, None)
+        self._reserved.discard(run_id)
 
     def find(self, agent_id: str, run_id: str, caller: Caller) -> ActiveRun | None:
         """The agent's run by this id, when the caller may act on it (None otherwise, as for none)."""

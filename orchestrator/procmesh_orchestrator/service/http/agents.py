@@ -83,7 +83,12 @@ class AgentRoutes:
             await read_body(core, request), caller=caller, trust=core.trust, limits=core.limits
         ).traced(request.headers)
         call.drop_undeclared(core.trust, agent.context_schema)
-        control.admit(core, agent_id, call, caller)
+        await control.reserve_run_id(core, agent, call)
+        try:
+            control.admit(core, agent_id, call, caller)
+        except BaseException:
+            control.release_run_id(core, call)
+            raise
         if call.dropped_context:
             report_dropped(core.metrics.context_dropped, "http", agent_id, call.dropped_context)
         return agent_id, agent, call
@@ -91,7 +96,10 @@ class AgentRoutes:
     async def generate(self, request: Request) -> Response:
         """``POST /api/agents/{id}/generate``: the run to its end, as the reference's result."""
         agent_id, agent, call = await self._admit(request)
-        return _naming_drops(call, await self._generate(request, agent_id, agent, call))
+        try:
+            return _naming_drops(call, await self._generate(request, agent_id, agent, call))
+        finally:
+            control.release_run_id(self.core, call)  # the run has ended (or is the store's)
 
     async def _generate(self, request: Request, agent_id: str, agent: Agent, call: AgentCall) -> Response:
         core = self.core
@@ -154,6 +162,8 @@ class AgentRoutes:
             except BaseException:
                 core.gate.leave()
                 raise
+            finally:
+                control.release_run_id(core, call)  # the store has the run (or none started)
             # A client that leaves does not abort the run: it observes it again from its last id.
             events = sse.durable_events(
                 run_id, manager.attach(run_id, 0), "stream", core.settings.sse_heartbeat_seconds

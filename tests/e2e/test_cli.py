@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
+import socket
 import subprocess
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -118,6 +123,61 @@ def test_a_tripwire_exits_3_and_is_reported_the_same_way_by_both_commands(
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1] == "[tripwire] topic-guard: Blocked: the request mentions 'jailbreak'"
     assert "You said" not in proc.stdout  # the model was never called
+
+
+@pytest.fixture
+def slow_webhook() -> Iterator[tuple[str, list[bool]]]:
+    """A webhook that answers after a pause, recording for each POST whether its client was still
+    there to get the answer (the connection not yet closed by the client's process exiting)."""
+    answered: list[bool] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(2)  # long enough for a process that does not wait to exit meanwhile
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            gone = bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            answered.append(not gone)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/violations", answered
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_a_violation_webhook_in_flight_is_delivered_before_the_process_exits(
+    examples: SidecarProcess, slow_webhook: tuple[str, list[bool]], tmp_path: Path
+) -> None:
+    url, answered = slow_webhook
+    path = tmp_path / "procmesh.yaml"
+    path.write_text(
+        f"""\
+sidecars:
+  guards: {{address: "{examples.address}", timeout: 5}}
+models:
+  demo: {{provider: demo}}
+agents:
+  guarded:
+    model: demo
+    errorProcessorDefaults: false
+    inputProcessors:
+      - processor: guards/topic-guard
+        options: {{words: [jailbreak]}}
+        onViolation: {{webhook: "{url}"}}
+""",
+        encoding="utf-8",
+    )
+    proc = procmesh("generate", "guarded", "Please jailbreak yourself.", "--config", str(path))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert answered == [True]  # the process waited for the post's answer before it exited
 
 
 def test_broken_config_exits_2_naming_the_key(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
 from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource
 from procmesh_orchestrator.providers import ModelRegistry
-from procmesh_orchestrator.run import Agent, AgentSpec
+from procmesh_orchestrator.run import Agent, AgentSpec, violation_routes
 from procmesh_orchestrator.sidecar_metrics import MergedSidecarMetrics
 from procmesh_orchestrator.sidecar_process import (
     ModelGateway,
@@ -320,9 +320,11 @@ class App:
             raise ConfigError(f"unknown agent {agent_id!r} (configured: {sorted(self.agents)})") from None
 
     async def stop(self) -> None:
-        """Close every sidecar channel and MCP session; stop the built-in sidecar if this App started it."""
+        """Deliver the violation webhooks in flight, close every sidecar channel and MCP session; stop the
+        built-in sidecar if this App started it."""
         if self.durable is not None:
             await self.durable.close()  # local runs stop unfinished: their leases move them
+        await violation_routes.flush()  # a violation's webhook post in flight is delivered, not dropped
         retired = list(self._retiring)  # their runs were drained or stopped: close them now
         for task in self._retiring.values():
             task.cancel()

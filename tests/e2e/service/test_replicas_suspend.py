@@ -131,6 +131,11 @@ def test_a_run_suspended_by_its_tool_on_a_is_resumed_with_data_on_b(
     assert again.status_code == 409
     assert again.json()["error"].endswith(f"suspended run {where['runId']!r} was already resumed")
 
+    # a run that never suspended has nothing to resume
+    finished = sse(a.http_url, "/api/agents/teller/stream", {"messages": "hello"})
+    never = {"runId": finished[0]["runId"], "toolCallId": where["toolCallId"], "resumeData": None}
+    assert post(b, "resume-stream", never).status_code == 404
+
 
 async def _resume_over_grpc(address: str, where: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
     async with grpc.aio.insecure_channel(address) as channel:

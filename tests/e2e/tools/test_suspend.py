@@ -146,3 +146,25 @@ async def test_lifecycle_hooks_come_in_order_and_a_raising_hook_fails_nothing(
         ["execute", {"raise": True}],
         ["on_output", {"done": True}],
     ]
+
+
+async def test_the_calls_beside_a_suspended_one_settle_and_only_it_runs_again(
+    suspend_tools: str, tmp_path: Path
+) -> None:
+    steps = [
+        {"toolCalls": [call("weather", city="Oslo"), call("traced")]},
+        {"toolCalls": [{"name": "hooks", "args": {"callId": "call_2"}}]},
+        ANSWER,
+    ]
+    async with App(suspend_config(suspend_tools, tmp_path / "m.db", steps)) as app:
+        chunks, suspended = await collect(app)
+        # each at its call's turn, in the model's order: the suspension, then the other result
+        assert [c["type"] for c in chunks][-3:] == ["tool-call-suspended", "tool-result", "finish"]
+        assert [s["toolName"] for s in suspended.suspended] == ["weather"]
+        resumed = await app.agent("a").resume_generate(suspended.run_id, "call_1", {"unit": "fahrenheit"})
+    assert resumed.status == "success", resumed.error
+    settled = {r["toolName"]: r["result"] for r in resumed.steps[0]["toolResults"]}
+    assert settled["traced"] == {"done": True}
+    assert settled["weather"]["unit"] == "fahrenheit"
+    (recorded,) = [r["result"] for r in resumed.steps[1]["toolResults"]]
+    assert [event[0] for event in recorded].count("execute") == 1  # traced did not run again

@@ -147,6 +147,13 @@ async def _resume_over_grpc(address: str, where: dict[str, str]) -> tuple[list[d
             resume_data=convert.to_value({"unit": "fahrenheit"}),
         )
         metadata = (("authorization", AUTH["Authorization"]),)
+        approval = apb.ApproveToolCallRequest(
+            agent_id="teller", run_id=where["runId"], tool_call_id=where["toolCallId"]
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as mismatch:
+            async for _ in stub.ApproveToolCall(approval, metadata=metadata):
+                pass
+        assert mismatch.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # it awaits data
         chunks, status = [], ""
         async for reply in stub.ResumeToolCall(request, metadata=metadata):
             if reply.HasField("chunk"):

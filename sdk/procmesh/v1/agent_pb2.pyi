@@ -25,6 +25,166 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class MemoryOptions(_message.Message):
+    """One call's memory options (the reference's per-call memory config); an unset
+    field keeps the agent's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_MESSAGES_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    SEMANTIC_RECALL_FIELD_NUMBER: _builtins.int
+    last_messages: _builtins.int
+    """The history window for this call (0: no history)."""
+    read_only: _builtins.bool
+    """Load history and working memory, save nothing, offer no updateWorkingMemory."""
+    semantic_recall: _builtins.bool
+    """Semantic recall on or off for this call (where the agent configures it)."""
+    def __init__(
+        self,
+        *,
+        last_messages: _builtins.int | None = ...,
+        read_only: _builtins.bool | None = ...,
+        semantic_recall: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages", "_read_only", b"_read_only", "_semantic_recall", b"_semantic_recall", "last_messages", b"last_messages", "read_only", b"read_only", "semantic_recall", b"semantic_recall"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages", "_read_only", b"_read_only", "_semantic_recall", b"_semantic_recall", "last_messages", b"last_messages", "read_only", b"read_only", "semantic_recall", b"semantic_recall"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__last_messages: _TypeAlias = _typing.Literal["last_messages"]  # noqa: Y015
+    _WhichOneofArgType__last_messages: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages"]  # noqa: Y015
+    _WhichOneofReturnType__read_only: _TypeAlias = _typing.Literal["read_only"]  # noqa: Y015
+    _WhichOneofArgType__read_only: _TypeAlias = _typing.Literal["_read_only", b"_read_only"]  # noqa: Y015
+    _WhichOneofReturnType__semantic_recall: _TypeAlias = _typing.Literal["semantic_recall"]  # noqa: Y015
+    _WhichOneofArgType__semantic_recall: _TypeAlias = _typing.Literal["_semantic_recall", b"_semantic_recall"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_messages) -> _WhichOneofReturnType__last_messages | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__read_only) -> _WhichOneofReturnType__read_only | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__semantic_recall) -> _WhichOneofReturnType__semantic_recall | None: ...
+
+Global___MemoryOptions: _TypeAlias = MemoryOptions  # noqa: Y015
+
+@_typing.final
+class GetWorkingMemoryRequest(_message.Message):
+    """Whose working memory: an agent's, for a resource (and thread)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """A configured agent's id (one with memory.workingMemory)."""
+    resource_id: _builtins.str
+    """A tenant key's own resource (empty: it), or the one an operator key names."""
+    thread_id: _builtins.str
+    """The thread, for a thread-scoped working memory (ignored for a resource's)."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        resource_id: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "resource_id", b"resource_id", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkingMemoryRequest: _TypeAlias = GetWorkingMemoryRequest  # noqa: Y015
+
+@_typing.final
+class GetWorkingMemoryResponse(_message.Message):
+    """The working memory and what it is kept as."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKING_MEMORY_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
+    working_memory: _builtins.str
+    """The stored text; unset when nothing is stored yet."""
+    source: _builtins.str
+    """"resource" or "thread": the memory's scope."""
+    format: _builtins.str
+    """"markdown" (a template) or "json" (a schema)."""
+    template: _builtins.str
+    """The Markdown template, or the schema's empty object as JSON."""
+    def __init__(
+        self,
+        *,
+        working_memory: _builtins.str | None = ...,
+        source: _builtins.str = ...,
+        format: _builtins.str = ...,
+        template: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_working_memory", b"_working_memory", "working_memory", b"working_memory"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_working_memory", b"_working_memory", "format", b"format", "source", b"source", "template", b"template", "working_memory", b"working_memory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__working_memory: _TypeAlias = _typing.Literal["working_memory"]  # noqa: Y015
+    _WhichOneofArgType__working_memory: _TypeAlias = _typing.Literal["_working_memory", b"_working_memory"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__working_memory) -> _WhichOneofReturnType__working_memory | None: ...
+
+Global___GetWorkingMemoryResponse: _TypeAlias = GetWorkingMemoryResponse  # noqa: Y015
+
+@_typing.final
+class UpdateWorkingMemoryRequest(_message.Message):
+    """The new text of an agent's working memory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RESOURCE_ID_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    WORKING_MEMORY_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """A configured agent's id (one with memory.workingMemory)."""
+    resource_id: _builtins.str
+    """A tenant key's own resource (empty: it), or the one an operator key names."""
+    thread_id: _builtins.str
+    """The thread, for a thread-scoped working memory (ignored for a resource's)."""
+    working_memory: _builtins.str
+    """The whole new text (it replaces the stored one)."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        resource_id: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+        working_memory: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "resource_id", b"resource_id", "thread_id", b"thread_id", "working_memory", b"working_memory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateWorkingMemoryRequest: _TypeAlias = UpdateWorkingMemoryRequest  # noqa: Y015
+
+@_typing.final
+class UpdateWorkingMemoryResponse(_message.Message):
+    """The working memory was replaced."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateWorkingMemoryResponse: _TypeAlias = UpdateWorkingMemoryResponse  # noqa: Y015
+
+@_typing.final
 class ClientTool(_message.Message):
     """A tool the caller runs: the run ends at its call (finish reason "tool-calls"),
     the caller runs it and calls again with the result in a "tool" message.
@@ -337,6 +497,7 @@ class GenerateRequest(_message.Message):
     INPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
     OUTPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
     ERROR_PROCESSORS_FIELD_NUMBER: _builtins.int
+    MEMORY_OPTIONS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -415,6 +576,10 @@ class GenerateRequest(_message.Message):
     def error_processors(self) -> Global___ProcessorList:
         """Replaces the agent's error processors for this call (processors only)."""
 
+    @_builtins.property
+    def memory_options(self) -> Global___MemoryOptions:
+        """This call's memory options (window, read-only, recall)."""
+
     def __init__(
         self,
         *,
@@ -439,10 +604,11 @@ class GenerateRequest(_message.Message):
         input_processors: Global___ProcessorList | None = ...,
         output_processors: Global___ProcessorList | None = ...,
         error_processors: Global___ProcessorList | None = ...,
+        memory_options: Global___MemoryOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
     _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015
@@ -607,6 +773,7 @@ class StreamRequest(_message.Message):
     INPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
     OUTPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
     ERROR_PROCESSORS_FIELD_NUMBER: _builtins.int
+    MEMORY_OPTIONS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -675,6 +842,10 @@ class StreamRequest(_message.Message):
     def error_processors(self) -> Global___ProcessorList:
         """Replaces the agent's error processors for this call (processors only)."""
 
+    @_builtins.property
+    def memory_options(self) -> Global___MemoryOptions:
+        """This call's memory options, as in GenerateRequest."""
+
     def __init__(
         self,
         *,
@@ -699,10 +870,11 @@ class StreamRequest(_message.Message):
         input_processors: Global___ProcessorList | None = ...,
         output_processors: Global___ProcessorList | None = ...,
         error_processors: Global___ProcessorList | None = ...,
+        memory_options: Global___MemoryOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
     _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015

@@ -89,6 +89,16 @@ class AgentServiceStub:
                 request_serializer=procmesh_dot_v1_dot_agent__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_agent__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.GetWorkingMemory = channel.unary_unary(
+                '/procmesh.v1.AgentService/GetWorkingMemory',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.GetWorkingMemoryRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.GetWorkingMemoryResponse.FromString,
+                _registered_method=True)
+        self.UpdateWorkingMemory = channel.unary_unary(
+                '/procmesh.v1.AgentService/UpdateWorkingMemory',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -180,6 +190,24 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWorkingMemory(self, request, context):
+        """The working memory an agent keeps for a resource (the caller's, as for a
+        run's memory), or for one of its threads when it is thread-scoped.
+        NOT_FOUND: an agent without memory; INVALID_ARGUMENT: one without working
+        memory, or a thread-scoped one asked without a thread.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateWorkingMemory(self, request, context):
+        """Replace that working memory (the text the model's updateWorkingMemory tool
+        keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +255,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=procmesh_dot_v1_dot_agent__pb2.CancelRunRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_agent__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'GetWorkingMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkingMemory,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.GetWorkingMemoryRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.GetWorkingMemoryResponse.SerializeToString,
+            ),
+            'UpdateWorkingMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWorkingMemory,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,6 +520,60 @@ class AgentService:
             '/procmesh.v1.AgentService/CancelRun',
             procmesh_dot_v1_dot_agent__pb2.CancelRunRequest.SerializeToString,
             procmesh_dot_v1_dot_agent__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkingMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.AgentService/GetWorkingMemory',
+            procmesh_dot_v1_dot_agent__pb2.GetWorkingMemoryRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.GetWorkingMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWorkingMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.AgentService/UpdateWorkingMemory',
+            procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

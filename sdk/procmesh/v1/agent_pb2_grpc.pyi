@@ -85,6 +85,16 @@ class AgentServiceStub:
     """Ask a durable run to stop: at once on the replica running it, else at that
     replica's next lease renewal. NOT_FOUND: no such run for this caller.
     """
+    GetWorkingMemory: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetWorkingMemoryRequest, _agent_pb2.GetWorkingMemoryResponse]
+    """The working memory an agent keeps for a resource (the caller's, as for a
+    run's memory), or for one of its threads when it is thread-scoped.
+    NOT_FOUND: an agent without memory; INVALID_ARGUMENT: one without working
+    memory, or a thread-scoped one asked without a thread.
+    """
+    UpdateWorkingMemory: _grpc.UnaryUnaryMultiCallable[_agent_pb2.UpdateWorkingMemoryRequest, _agent_pb2.UpdateWorkingMemoryResponse]
+    """Replace that working memory (the text the model's updateWorkingMemory tool
+    keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -138,6 +148,16 @@ class AgentServiceAsyncStub(AgentServiceStub):
     CancelRun: _aio.UnaryUnaryMultiCallable[_agent_pb2.CancelRunRequest, _agent_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Ask a durable run to stop: at once on the replica running it, else at that
     replica's next lease renewal. NOT_FOUND: no such run for this caller.
+    """
+    GetWorkingMemory: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetWorkingMemoryRequest, _agent_pb2.GetWorkingMemoryResponse]  # type: ignore[assignment]
+    """The working memory an agent keeps for a resource (the caller's, as for a
+    run's memory), or for one of its threads when it is thread-scoped.
+    NOT_FOUND: an agent without memory; INVALID_ARGUMENT: one without working
+    memory, or a thread-scoped one asked without a thread.
+    """
+    UpdateWorkingMemory: _aio.UnaryUnaryMultiCallable[_agent_pb2.UpdateWorkingMemoryRequest, _agent_pb2.UpdateWorkingMemoryResponse]  # type: ignore[assignment]
+    """Replace that working memory (the text the model's updateWorkingMemory tool
+    keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -243,6 +263,28 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_pb2.CancelRunResponse, _abc.Awaitable[_agent_pb2.CancelRunResponse]]:
         """Ask a durable run to stop: at once on the replica running it, else at that
         replica's next lease renewal. NOT_FOUND: no such run for this caller.
+        """
+
+    @_abc_1.abstractmethod
+    def GetWorkingMemory(
+        self,
+        request: _agent_pb2.GetWorkingMemoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.GetWorkingMemoryResponse, _abc.Awaitable[_agent_pb2.GetWorkingMemoryResponse]]:
+        """The working memory an agent keeps for a resource (the caller's, as for a
+        run's memory), or for one of its threads when it is thread-scoped.
+        NOT_FOUND: an agent without memory; INVALID_ARGUMENT: one without working
+        memory, or a thread-scoped one asked without a thread.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateWorkingMemory(
+        self,
+        request: _agent_pb2.UpdateWorkingMemoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.UpdateWorkingMemoryResponse, _abc.Awaitable[_agent_pb2.UpdateWorkingMemoryResponse]]:
+        """Replace that working memory (the text the model's updateWorkingMemory tool
+        keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

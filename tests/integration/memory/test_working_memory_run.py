@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
+from procmesh_orchestrator.errors import InvalidMemoryInputError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.framework.memory import AgentMemory, MemoryCallOptions
 from procmesh_orchestrator.run.framework.working_memory import (
@@ -180,3 +182,21 @@ def test_the_instruction_is_the_references_word_for_word() -> None:
     assert instruction(custom, "# Custom\n- a: 1", read_only=False) == ref["markdownData"]
     assert instruction(WorkingMemorySettings(schema=SCHEMA), '{"name":"Ada"}', read_only=False) == ref["json"]
     assert instruction(WorkingMemorySettings(), None, read_only=True) == ref["readOnly"]
+
+
+async def test_the_python_api_reads_and_replaces_it(store: SqliteMemoryStore) -> None:
+    model = Scripted({"text": "ok"})
+    assistant = bot(model, store, WorkingMemorySettings())
+    assert await assistant.get_working_memory("ada") is None
+    await assistant.update_working_memory("ada", "- Name: Ada")
+    assert await assistant.get_working_memory("ada") == "- Name: Ada"
+    await assistant.generate("hi", on("t1"))
+    assert "<working_memory_data>\n- Name: Ada\n" in systems(model.requests[0])[0]
+    per_thread = bot(model, store, WorkingMemorySettings(scope="thread", schema=SCHEMA))
+    with pytest.raises(InvalidMemoryInputError, match="threadId: required"):
+        await per_thread.get_working_memory("ada")
+    with pytest.raises(InvalidMemoryInputError, match="is JSON"):
+        await per_thread.update_working_memory("ada", "not json", thread_id="t1")
+    without = agent(model, [], memory=AgentMemory(store, 10, "sqlite:test"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidMemoryInputError, match="has no working memory"):
+        await without.get_working_memory("ada")

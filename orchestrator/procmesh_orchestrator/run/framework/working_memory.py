@@ -83,6 +83,14 @@ class WorkingMemorySettings:
             return js_json(self.schema)
         return (self.template or DEFAULT_TEMPLATE).strip()
 
+    @property
+    def shown_template(self) -> str:
+        """The template as the reference's API shows it: the Markdown, or the schema's empty
+        object as JSON (``workingMemoryTemplate.content``)."""
+        if self.schema is not None:
+            return js_json(empty_from_schema(self.schema))
+        return self.template_content
+
     def thread_key(self, thread_id: str) -> str:
         """The store's thread key of this scope: the thread's id, or "" for the resource's."""
         return thread_id if self.scope == "thread" else RESOURCE_SCOPE
@@ -263,35 +271,21 @@ def working_memory_config(settings: WorkingMemorySettings) -> dict[str, Any]:
     return shown
 
 
-def settings_of(agent_id: str, memory: AgentMemory | None) -> tuple[MemoryStore, WorkingMemorySettings]:
-    """The agent's store and working memory (`InvalidMemoryInputError` when it has none)."""
+def locate(
+    agent_id: str, memory: AgentMemory | None, thread_id: str
+) -> tuple[MemoryStore, WorkingMemorySettings, str]:
+    """The agent's store, working memory and the store's thread key for `thread_id`
+    (`InvalidMemoryInputError` when it has no working memory, or a thread-scoped one no thread)."""
     if memory is None or memory.working_memory is None:
         raise InvalidMemoryInputError(f"agent {agent_id!r} has no working memory (memory.workingMemory)")
-    return memory.store, memory.working_memory
-
-
-def scope_key(settings: WorkingMemorySettings, thread_id: str) -> str:
-    """The store's thread key; a thread-scoped memory needs its thread."""
+    settings = memory.working_memory
     if settings.scope == "thread" and not thread_id:
         raise InvalidMemoryInputError("threadId: required (the working memory is thread-scoped)")
-    return settings.thread_key(thread_id)
+    return memory.store, settings, settings.thread_key(thread_id)
 
 
-async def read(
-    agent_id: str, memory: AgentMemory | None, resource_id: str, thread_id: str = ""
-) -> str | None:
-    """The agent's working memory for the resource (or its thread, thread-scoped), or None."""
-    store, settings = settings_of(agent_id, memory)
-    stored = await store.get_working_memory(resource_id, scope_key(settings, thread_id))
-    return stored.text if stored else None
-
-
-async def write(
-    agent_id: str, memory: AgentMemory | None, resource_id: str, text: str, thread_id: str = ""
-) -> None:
-    """Replace the agent's working memory for the resource (or its thread) with `text` (the
-    reference's ``Memory.updateWorkingMemory``: no merge; JSON mode takes JSON text only)."""
-    store, settings = settings_of(agent_id, memory)
+def check_text(settings: WorkingMemorySettings, text: object) -> str:
+    """`text` when it may replace the working memory: a string (JSON text for a schema memory)."""
     if not isinstance(text, str):
         raise InvalidMemoryInputError("workingMemory: must be a string")
     if settings.format == "json":
@@ -301,7 +295,26 @@ async def write(
             raise InvalidMemoryInputError(
                 f"workingMemory: the agent's working memory is JSON: {exc}"
             ) from None
-    await store.update_working_memory(resource_id, scope_key(settings, thread_id), lambda old: text)
+    return text
+
+
+async def read(
+    agent_id: str, memory: AgentMemory | None, resource_id: str, thread_id: str = ""
+) -> str | None:
+    """The agent's working memory for the resource (or its thread, thread-scoped), or None."""
+    store, _, key = locate(agent_id, memory, thread_id)
+    stored = await store.get_working_memory(resource_id, key)
+    return stored.text if stored else None
+
+
+async def write(
+    agent_id: str, memory: AgentMemory | None, resource_id: str, text: str, thread_id: str = ""
+) -> None:
+    """Replace the agent's working memory for the resource (or its thread) with `text` (the
+    reference's ``Memory.updateWorkingMemory``: no merge; JSON mode takes JSON text only)."""
+    store, settings, key = locate(agent_id, memory, thread_id)
+    new = check_text(settings, text)
+    await store.update_working_memory(resource_id, key, lambda old: new)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import grpc
+
 from procmesh_orchestrator.errors import (
     InvalidMemoryInputError,
     MemoryStoreError,
@@ -46,18 +48,21 @@ class MemoryNotFoundError(ServiceError):
     """No such thread, agent memory or resource for this caller (another resource's look the same)."""
 
     http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
 
 
 class MemoryForbiddenError(ServiceError):
     """The server has no way to know the caller's resource, so it shows no memory at all."""
 
     http_status = 403
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class MemoryStoreDownError(ServiceError):
     """The store cannot be reached now; retrying later may work."""
 
     http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
 def check_id(name: str, value: Any) -> str:
@@ -81,6 +86,16 @@ def store_errors(store: MemoryStore, doing: str, thread_id: str = "") -> Iterato
         log.error("memory API: %s failed: %s", doing, exc)
         kind = MemoryStoreDownError if isinstance(exc, StoreUnavailableError) else ServiceError
         raise kind(f"{doing}: {client_message(exc, _name(store))}") from None
+
+
+@contextlib.contextmanager
+def input_errors() -> Iterator[None]:
+    """A refused input that names itself (`InvalidMemoryInputError` raised before the store is
+    reached: no store address in it) as a 400 with its own words."""
+    try:
+        yield
+    except InvalidMemoryInputError as exc:
+        raise BadRequestError(str(exc)) from None
 
 
 def _name(store: MemoryStore) -> str:

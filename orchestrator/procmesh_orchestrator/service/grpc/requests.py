@@ -25,6 +25,7 @@ from procmesh_orchestrator.service.api.calls import (
     validated,
 )
 from procmesh_orchestrator.service.api.messages import ROLES, own_ids
+from procmesh_orchestrator.service.grpc.memory import memory_options
 
 
 def parse_proto(
@@ -103,6 +104,7 @@ def parse_proto(
             stop_when=stop_when,
             require_tool_approval=approval,
             client_tools=client_tools(tools, "client_tools"),
+            memory=memory_options(request),
             announce_violations=True,
             **step_kwargs(step),
         ),

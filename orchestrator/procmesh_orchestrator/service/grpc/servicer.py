@@ -1,6 +1,7 @@
 """procmesh.v1.AgentService: Generate and Stream (plain or durable), ApproveToolCall and
-DeclineToolCall, Observe, ListRuns, GetRun and CancelRun. Each RPC parses its request and shapes
-its answer; what it does to the runs is `api.control`'s, as for the HTTP routes."""
+DeclineToolCall, Observe, ListRuns, GetRun, CancelRun, GetWorkingMemory and UpdateWorkingMemory.
+Each RPC parses its request and shapes its answer; what it does to the runs is `api.control`'s
+(the working memory's `grpc.memory`), as for the HTTP routes."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.grpc import memory
 from procmesh_orchestrator.service.grpc.requests import parse_proto
 from procmesh_orchestrator.service.grpc.responses import (
     calls_to_proto,
@@ -275,6 +277,26 @@ class AgentServicer(agrpc.AgentServiceServicer):
             await self._refuse(context, exc)
         self._service.metrics.requests.labels("grpc", "OK").inc()
         return apb.CancelRunResponse(cancelled=cancelled, run=run_record_to_proto(after))
+
+    async def GetWorkingMemory(
+        self, request: apb.GetWorkingMemoryRequest, context: Context
+    ) -> apb.GetWorkingMemoryResponse:
+        try:
+            reply = await memory.get_working_memory(self._service, request, self._caller(context))
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return reply
+
+    async def UpdateWorkingMemory(
+        self, request: apb.UpdateWorkingMemoryRequest, context: Context
+    ) -> apb.UpdateWorkingMemoryResponse:
+        try:
+            reply = await memory.update_working_memory(self._service, request, self._caller(context))
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return reply
 
     async def ApproveToolCall(
         self, request: apb.ApproveToolCallRequest, context: Context

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from procmesh_orchestrator.run.framework import working_memory
 from procmesh_orchestrator.service._errors import BadRequestError
-from procmesh_orchestrator.service.api.memory import check_id, owned, store_errors
+from procmesh_orchestrator.service.api.memory import check_id, input_errors, owned, store_errors
 from procmesh_orchestrator.service.http.memory import MemoryRoutes, _json
 from procmesh_orchestrator.store import label
 
@@ -37,16 +37,14 @@ class WorkingMemoryRoutes(MemoryRoutes):
         if settings is None:  # the reference's answer for an agent without working memory
             body: dict[str, Any] = {"workingMemory": None, "source": "thread", "workingMemoryTemplate": None}
             return _json({**body, "threadExists": exists})
+        with input_errors():
+            _, settings, key = working_memory.locate(agent_id, memory, thread_id)
         with store_errors(store, "reading the working memory", thread_id):
-            text = await working_memory.read(agent_id, memory, resource, thread_id)
-        content = (
-            working_memory.js_json(working_memory.empty_from_schema(settings.schema))
-            if settings.format == "json"
-            else settings.template_content
-        )
+            stored = await store.get_working_memory(resource, key)
+        content = settings.shown_template
         return _json(
             {
-                "workingMemory": text,
+                "workingMemory": stored.text if stored else None,
                 "source": settings.scope,
                 "workingMemoryTemplate": {"format": settings.format, "content": content},
                 "threadExists": exists,
@@ -64,10 +62,10 @@ class WorkingMemoryRoutes(MemoryRoutes):
         store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
         agent_id = request.query_params["agentId"]
         thread = await owned(store, request.path_params["thread_id"], resource)
-        text = body.get("workingMemory")
-        if not isinstance(text, str):
-            raise BadRequestError("workingMemory: must be a string")
         memory = self.core.agent(agent_id).spec.memory
+        with input_errors():
+            _, settings, key = working_memory.locate(agent_id, memory, thread.id)
+            text = working_memory.check_text(settings, body.get("workingMemory"))
         with store_errors(store, "updating the working memory", thread.id):
-            await working_memory.write(agent_id, memory, resource, text, thread.id)
+            await store.update_working_memory(resource, key, lambda old: text)
         return _json({"success": True})

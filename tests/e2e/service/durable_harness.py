@@ -198,6 +198,8 @@ async def read_stream(
                 into.done = True
                 return
             chunk = json.loads(data)
+            if ident is None and chunk["type"] in ("text-start", "text-end"):
+                continue  # the connection's framing of the text deltas, no event of the run's log
             if ident is None:  # not an event of the run: the server cut the stream (its log failed)
                 assert chunk["type"] == "error", f"a durable stream's event without an id: {data}"
                 into.cuts.append(chunk)

@@ -20,8 +20,8 @@ from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.integration.providers.conftest import OPENAI_KEY_ENV
-from tests.integration.providers.fakes import FakeOpenAI
+from tests.integration.providers.conftest import ANTHROPIC_KEY_ENV, OPENAI_KEY_ENV
+from tests.integration.providers.fakes import FakeAnthropic, FakeOpenAI
 from tests.integration.providers.files import FileServer
 from tests.integration.providers.helpers import message, run_keeping_history, text
 
@@ -40,7 +40,10 @@ async def resign(start_sidecar: Callable[..., SidecarProcess]) -> str:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def app(
-    openai_api: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory, resign: str
+    openai_api: FakeOpenAI,
+    anthropic_api: FakeAnthropic,
+    tmp_path_factory: pytest.TempPathFactory,
+    resign: str,
 ) -> AsyncIterator[App]:
     local = {"kind": "openai", "baseUrl": openai_api.base_url, "apiKeyEnv": OPENAI_KEY_ENV}
     config = parse_config(
@@ -50,10 +53,17 @@ async def app(
             "providers": {
                 "internal": {**local, "downloadAllowHosts": ["127.0.0.1"]},
                 "guarded": local,
+                "claude": {
+                    "kind": "anthropic",
+                    "baseUrl": anthropic_api.base_url,
+                    "apiKeyEnv": ANTHROPIC_KEY_ENV,
+                    "downloadAllowHosts": ["127.0.0.0/8"],
+                },
             },
             "agents": {
                 "reader": {"model": "internal/reader", "memory": {"lastMessages": 10}},
                 "guarded": {"model": "guarded/reader"},
+                "claude": {"model": "claude/claude-test"},
                 "resigning": {  # your own processor swaps an expired URL for a fresh one
                     "model": "internal/resigning",
                     "errorProcessors": [{"processor": "own/resign-attachments"}],
@@ -105,6 +115,25 @@ async def test_a_file_the_model_cannot_fetch_is_downloaded_and_sent_inline(
         {"type": "image_url", "image_url": {"url": picture}},
     ]
     assert files.hits == {"/q3/report.txt": 1}
+
+
+async def test_anthropic_fetches_pdfs_itself_and_gets_other_documents_inline(
+    app: App, anthropic_api: FakeAnthropic, files: FileServer
+) -> None:
+    files.files["/notes.txt"] = [(200, REPORT, "text/plain")]
+    pdf = files.url("/paper.pdf")  # the Messages API fetches PDF (and image) URLs itself
+    question = message(
+        "user", text("Compare."), attachment(files.url("/notes.txt")), attachment(pdf, "application/pdf")
+    )
+    result = await app.agent("claude").generate([question])
+
+    assert result.text == "ok"
+    (call,) = anthropic_api.calls("claude-test")
+    assert call.body["messages"][-1]["content"][1:] == [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": REPORT.decode()}},
+        {"type": "document", "source": {"type": "url", "url": pdf}},
+    ]
+    assert files.hits == {"/notes.txt": 1}
 
 
 async def test_a_loopback_url_is_refused_without_the_allow_list(

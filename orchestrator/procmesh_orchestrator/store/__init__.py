@@ -1,7 +1,8 @@
 """The store: threads and their messages, suspended and durable runs, the cost ledger.
 
 One module per aggregate, each with its records and its Protocol: `threads` (`ThreadStore`), `runs`
-(`RunStore`: suspended and durable runs, snapshots, leases, fences), `ledger` (`CostLedger`);
+(`RunStore`: suspended and durable runs, snapshots, leases, fences), `ledger` (`CostLedger`),
+`decisions` (`DecisionStore`: runs' decision records);
 `contract` joins them into `MemoryStore`, and `config` opens the one a configuration names. What
 other packages use is named here; the modules starting with ``_`` are the store's own. The
 backends (`procmesh_orchestrator.store.sqlite`, `procmesh_orchestrator.store.postgres`) are
@@ -13,6 +14,7 @@ from procmesh_orchestrator.store._checks import MAX_ID_CHARS, MAX_PAGE, label
 from procmesh_orchestrator.store._redact import client_message
 from procmesh_orchestrator.store.config import StorageConfig, open_store
 from procmesh_orchestrator.store.contract import MemoryStore
+from procmesh_orchestrator.store.decisions import Decision, DecisionStore
 from procmesh_orchestrator.store.ledger import MAX_COST_WINDOW_SECONDS, CostAdmission, CostLedger
 from procmesh_orchestrator.store.runs import (
     CANCELLED,
@@ -46,6 +48,8 @@ __all__ = [
     "SUSPENDED",
     "CostAdmission",
     "CostLedger",
+    "Decision",
+    "DecisionStore",
     "DurableRun",
     "MemoryStore",
     "Message",

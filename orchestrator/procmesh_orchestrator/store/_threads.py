@@ -167,11 +167,18 @@ class ThreadMethods(StoreHooks):
         return await self._transact(update, f"updating thread {thread_id!r}", key)
 
     async def delete_thread(self, thread_id: str, resource_id: str) -> None:
-        """Delete the resource's thread and (by the foreign key's cascade) its messages."""
+        """Delete the resource's thread, (by the foreign key's cascade) its messages, and its runs'
+        decision records."""
         key = thread_key(self.name, thread_id, resource_id)
         p = self.placeholder
         sql = f"DELETE FROM threads WHERE resource_id = {p} AND thread_id = {p}"
-        await self._transact(lambda query: query(sql, key), f"deleting thread {thread_id!r}", key)
+        decisions = f"DELETE FROM run_decisions WHERE resource_id = {p} AND thread_id = {p}"
+
+        async def delete(query: Query) -> None:
+            await query(sql, key)
+            await query(decisions, key)
+
+        await self._transact(delete, f"deleting thread {thread_id!r}", key)
 
     async def save_turn(
         self,

@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from procmesh_orchestrator.errors import MemoryStoreError, StoreUnavailableError
 from procmesh_orchestrator.store._checks import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_SNAPSHOT_BYTES, iso
+from procmesh_orchestrator.store._decisions import DecisionMethods
 from procmesh_orchestrator.store._durable import DurableRunMethods
 from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
@@ -41,7 +42,12 @@ MIGRATION_LOCK = 0x70726F636D657368  # "procmesh" in ASCII: the advisory lock ke
 
 
 class PostgresMemoryStore(
-    ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods, WorkingMemoryMethods
+    ThreadMethods,
+    SuspendedRunMethods,
+    DurableRunMethods,
+    CostMethods,
+    WorkingMemoryMethods,
+    DecisionMethods,
 ):
     """Memory in a PostgreSQL database given by a libpq DSN (``postgresql://...`` or ``key=value``)."""
 

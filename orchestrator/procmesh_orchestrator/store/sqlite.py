@@ -31,6 +31,7 @@ from procmesh_orchestrator.store._checks import (
     now_text,
     time_text,
 )
+from procmesh_orchestrator.store._decisions import DecisionMethods
 from procmesh_orchestrator.store._durable import DurableRunMethods
 from procmesh_orchestrator.store._ledger import CostMethods
 from procmesh_orchestrator.store._sql import Query, shielded
@@ -57,7 +58,12 @@ _CLOCK = "%Y-%m-%dT%H:%M:%fZ"
 
 
 class SqliteMemoryStore(
-    ThreadMethods, SuspendedRunMethods, DurableRunMethods, CostMethods, WorkingMemoryMethods
+    ThreadMethods,
+    SuspendedRunMethods,
+    DurableRunMethods,
+    CostMethods,
+    WorkingMemoryMethods,
+    DecisionMethods,
 ):
     """Memory in one SQLite file (created with its folder when missing)."""
 

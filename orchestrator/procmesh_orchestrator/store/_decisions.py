@@ -1,0 +1,111 @@
+"""The decision record in both stores: one INSERT of a run's decisions, and the retention's purge
+in the same transaction (so a store under load prunes as it writes, without a job of its own)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from procmesh_orchestrator.errors import InvalidMemoryInputError
+from procmesh_orchestrator.store._checks import (
+    MAX_PAGE,
+    check_count,
+    check_date,
+    check_id,
+    iso_from_text,
+    label,
+    time_text,
+)
+from procmesh_orchestrator.store._sql import Query, StoreHooks
+from procmesh_orchestrator.store.decisions import Decision
+
+_COLUMNS = (
+    "run_id, agent_id, thread_id, resource_id, processor, sidecar, entry, hook, step, part, "
+    "outcome, would, latency_ms, seen, content, at"
+)
+
+
+def _row(d: Decision) -> tuple[Any, ...]:
+    at = time_text(datetime.fromisoformat(d.at.replace("Z", "+00:00")))
+    return (
+        d.run_id, d.agent_id, d.thread_id, d.resource_id, d.processor, d.sidecar, d.entry, d.hook,
+        d.step, d.part, d.outcome, d.would, d.latency_ms, d.seen, d.content, at,
+    )  # fmt: skip
+
+
+def _decision(row: Any) -> Decision:
+    (run_id, agent_id, thread_id, resource_id, processor, sidecar, entry, hook, step, part,
+     outcome, would, latency_ms, seen, content, at) = row  # fmt: skip
+    return Decision(
+        run_id=run_id,
+        agent_id=agent_id,
+        processor=processor,
+        sidecar=sidecar,
+        entry=entry,
+        hook=hook,
+        step=int(step),
+        outcome=outcome,
+        at=iso_from_text(at),
+        latency_ms=float(latency_ms),
+        part=None if part is None else int(part),
+        would=would,
+        seen=seen,
+        content=content,
+        thread_id=thread_id,
+        resource_id=resource_id,
+    )
+
+
+class DecisionMethods(StoreHooks):
+    """`DecisionStore` on both backends: the same SQL, times as fixed-width ISO text."""
+
+    async def save_decisions(self, decisions: Sequence[Decision], *, retention_seconds: float) -> None:
+        """Insert `decisions` and purge those older than the retention, in one transaction."""
+        if isinstance(retention_seconds, bool) or not (
+            isinstance(retention_seconds, int | float) and math.isfinite(retention_seconds)
+        ):
+            raise InvalidMemoryInputError(
+                f"memory store {self.name}: retention_seconds must be a number, "
+                f"got {label(retention_seconds)}"
+            )
+        rows = [_row(d) for d in decisions]
+        for row in rows:
+            check_id(self.name, "run", row[0])
+        p = self.placeholder
+        insert = f"INSERT INTO run_decisions ({_COLUMNS}) VALUES ({', '.join([p] * 16)})"
+        cutoff = time_text(datetime.now(UTC) - timedelta(seconds=max(0.0, retention_seconds)))
+
+        async def save(query: Query) -> None:
+            await query(f"DELETE FROM run_decisions WHERE at < {p}", (cutoff,))
+            for row in rows:
+                await query(insert, row)
+
+        await self._transact(save, f"saving {len(rows)} decisions")
+
+    async def run_decisions(self, run_id: str) -> list[Decision]:
+        """A run's decisions in the order they were made."""
+        run_id = check_id(self.name, "run", run_id)
+        p = self.placeholder
+        sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE run_id = {p} ORDER BY id"
+        rows = await self._read(sql, (run_id,), f"reading run {label(run_id)}'s decisions")
+        return [_decision(row) for row in rows]
+
+    async def decisions_between(
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Decision]:
+        """Decisions made from `since` to before `until`, oldest first (of one agent when given)."""
+        low, high = check_date(self.name, "since", since), check_date(self.name, "until", until)
+        assert low is not None
+        assert high is not None
+        limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
+        p = self.placeholder
+        args: tuple[Any, ...] = (time_text(low), time_text(high))
+        where = f"at >= {p} AND at < {p}"
+        if agent_id is not None:
+            where += f" AND agent_id = {p}"
+            args += (check_id(self.name, "agent", agent_id),)
+        sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE {where} ORDER BY at, id LIMIT {p}"
+        rows = await self._read(sql, (*args, limit), "reading decisions by time")
+        return [_decision(row) for row in rows]

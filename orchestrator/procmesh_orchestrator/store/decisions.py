@@ -1,0 +1,71 @@
+"""The decision record: every processor decision of a run, kept with the run (issue 31).
+
+A run collects its decisions in memory (`processors.decisions.DecisionLog`, an append per call or
+stream part) and hands them to the store in one write at its end or suspension
+(`DecisionStore.save_decisions`), which also drops what is older than the retention. What a
+processor saw is kept as a hash; its content only when the operator turns content recording on
+(``decisions.recordContent``). Deleting a thread deletes its runs' decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+OUTCOMES = ("pass", "rewrite", "drop", "abort", "retry", "failed_open", "failed", "input_refused", "monitor")
+"""A decision's outcome: what the run applied (pass, rewrite, drop for a stream part, abort, retry),
+a failure (let through: failed_open; failed the run: failed, input_refused) or monitor (an entry in
+``mode: monitor``: nothing applied, `Decision.would` says what it would have done)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One processor call's (or stream part's) decision in a run."""
+
+    run_id: str
+    agent_id: str
+    processor: str
+    sidecar: str
+    entry: str
+    hook: str
+    step: int
+    outcome: str
+    at: str
+    """When it was decided: ISO 8601, UTC."""
+    latency_ms: float = 0.0
+    part: int | None = None
+    """The part's offset in its output-stream session (None: a unary hook)."""
+    would: str = ""
+    """An entry in monitor mode: what it would have done (pass, rewrite, drop, abort, retry)."""
+    seen: str = ""
+    """A hash (SHA-256, hex) of what the processor was given, its run context aside."""
+    content: str | None = None
+    """What it was given, as JSON: only with content recording on."""
+    thread_id: str = ""
+    resource_id: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's form (camelCase), the run's ids aside."""
+        out = asdict(self)
+        for key in ("run_id", "thread_id", "resource_id"):
+            out.pop(key)
+        out["agentId"] = out.pop("agent_id")
+        out["latencyMs"] = out.pop("latency_ms")
+        return out
+
+
+class DecisionStore(Protocol):
+    """Runs' decision records."""
+
+    async def save_decisions(self, decisions: Sequence[Decision], *, retention_seconds: float) -> None:
+        """Add a run's decisions in one transaction, dropping every decision (of any run) recorded
+        more than `retention_seconds` ago."""
+
+    async def run_decisions(self, run_id: str) -> list[Decision]:
+        """A run's decisions in the order they were made ([] for a run with none)."""
+
+    async def decisions_between(
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Decision]:
+        """Decisions made from `since` to before `until` (ISO 8601), oldest first, at most `limit`."""

@@ -1,0 +1,86 @@
+"""The decision record in both real stores: one write per run, read by run and by time, the
+retention purging old decisions as the next run writes, and a deleted thread taking its runs'
+decisions along."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from procmesh_orchestrator.store import Decision, MemoryStore, Thread
+
+DAY = 86400.0
+
+
+def _decision(run: str, outcome: str, at: datetime, **more: object) -> Decision:
+    return Decision(
+        run_id=run,
+        agent_id="support",
+        processor="pii",
+        sidecar="guards",
+        entry="pii",
+        hook="process_input",
+        step=0,
+        outcome=outcome,
+        at=at.isoformat(),
+        **more,  # type: ignore[arg-type]
+    )
+
+
+async def test_a_runs_decisions_come_back_in_order_and_by_time(store: MemoryStore) -> None:
+    now = datetime.now(UTC)
+    first = [
+        _decision("r1", "rewrite", now, latency_ms=1.5, seen="ab" * 32),
+        _decision("r1", "monitor", now, would="abort", part=3),
+        _decision("r1", "failed_open", now),
+    ]
+    await store.save_decisions(first, retention_seconds=DAY)
+    await store.save_decisions([_decision("r2", "pass", now, content='{"x": 1}')], retention_seconds=DAY)
+    got = await store.run_decisions("r1")
+    assert [(d.outcome, d.would, d.part) for d in got] == [
+        ("rewrite", "", None),
+        ("monitor", "abort", 3),
+        ("failed_open", "", None),
+    ]
+    assert (got[0].latency_ms, got[0].seen, got[0].content) == (1.5, "ab" * 32, None)
+    assert (await store.run_decisions("r2"))[0].content == '{"x": 1}'
+    assert await store.run_decisions("nobody") == []
+    window = await store.decisions_between(
+        (now - timedelta(minutes=1)).isoformat(), (now + timedelta(minutes=1)).isoformat()
+    )
+    assert [d.run_id for d in window] == ["r1", "r1", "r1", "r2"]
+    later = await store.decisions_between(
+        (now + timedelta(minutes=1)).isoformat(), (now + timedelta(minutes=2)).isoformat()
+    )
+    assert later == []
+    assert (
+        await store.decisions_between(
+            (now - timedelta(minutes=1)).isoformat(),
+            (now + timedelta(minutes=1)).isoformat(),
+            agent_id="other",
+        )
+        == []
+    )
+
+
+async def test_the_retention_purges_old_decisions_as_a_run_writes(store: MemoryStore) -> None:
+    old = datetime.now(UTC) - timedelta(days=3)
+    await store.save_decisions([_decision("old", "pass", old)], retention_seconds=10 * DAY)
+    assert len(await store.run_decisions("old")) == 1
+    await store.save_decisions([_decision("new", "pass", datetime.now(UTC))], retention_seconds=DAY)
+    assert await store.run_decisions("old") == []
+    assert len(await store.run_decisions("new")) == 1
+
+
+async def test_deleting_a_thread_deletes_its_runs_decisions(store: MemoryStore) -> None:
+    await store.create_thread(Thread(id="t1", resource_id="alice"))
+    now = datetime.now(UTC)
+    await store.save_decisions(
+        [
+            _decision("r1", "abort", now, thread_id="t1", resource_id="alice"),
+            _decision("r2", "pass", now, thread_id="t1", resource_id="bob"),
+        ],
+        retention_seconds=DAY,
+    )
+    await store.delete_thread("t1", "alice")
+    assert await store.run_decisions("r1") == []
+    assert len(await store.run_decisions("r2")) == 1  # bob's thread t1 is another thread

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from procmesh_orchestrator.errors import ConfigError, SuspendError
 from procmesh_orchestrator.run import context, stop
 from procmesh_orchestrator.run.context import serializable
+from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.run.tool_calls import PendingTools
 from procmesh_orchestrator.run.tools import ClientTool, ProcessorTool
 from procmesh_orchestrator.run.types import StructuredOutput
@@ -139,6 +140,11 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
         "modelSettings": None if options.model_settings is None else dict(options.model_settings),
         "toolChoice": options.tool_choice,
         "activeTools": None if options.active_tools is None else list(options.active_tools),
+        "memoryOptions": {
+            "lastMessages": options.memory.last_messages,
+            "readOnly": options.memory.read_only,
+            "semanticRecall": options.memory.semantic_recall,
+        },
         "structuredOutput": None
         if structured is None
         else {
@@ -191,6 +197,7 @@ def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec
         tool_choice=data.get("toolChoice"),
         active_tools=data.get("activeTools"),
         structured_output=_structured(data.get("structuredOutput")),
+        memory=_memory_options(data.get("memoryOptions")),
         # applied where the run starts (a durable run taken over before its first checkpoint);
         # a resumed run's system messages are already in its snapshot
         instructions=data.get("callInstructions"),
@@ -203,6 +210,13 @@ def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec
         error_processors=lists.get("error"),
         processor_names=names,
     )
+
+
+def _memory_options(data: dict[str, Any] | None) -> MemoryCallOptions:
+    """The suspended call's memory options (a snapshot from before they were kept: the agent's)."""
+    if not data:
+        return MemoryCallOptions()
+    return MemoryCallOptions(data.get("lastMessages"), data.get("readOnly"), data.get("semanticRecall"))
 
 
 def _bound_lists(data: dict[str, Any], names: dict[str, list[str]], agent: AgentSpec) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from procmesh_orchestrator.run.framework.working_memory import (
 )
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.run.models import ModelRequest
+from procmesh_orchestrator.run.tools import StaticTool
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from tests.unit.orchestrator.run.fakes import agent
 
@@ -200,3 +201,22 @@ async def test_the_python_api_reads_and_replaces_it(store: SqliteMemoryStore) ->
     without = agent(model, [], memory=AgentMemory(store, 10, "sqlite:test"))  # type: ignore[arg-type]
     with pytest.raises(InvalidMemoryInputError, match="has no working memory"):
         await without.get_working_memory("ada")
+
+
+async def test_a_read_only_call_stays_read_only_when_resumed_after_approval(store: SqliteMemoryStore) -> None:
+    pay = StaticTool("pay", "Pays.", {"type": "object"}, {"ok": True}, requires_approval=True)
+    model = Scripted({"calls": [("pay", {})]}, {"text": "paid"})
+
+    async def the_store() -> SqliteMemoryStore:
+        return store
+
+    def replica() -> Any:
+        memory = AgentMemory(store, 10, "sqlite:test", WorkingMemorySettings())
+        return agent(model, [], memory=memory, tools={"pay": pay}, store=the_store)  # type: ignore[arg-type]
+
+    suspended = await replica().generate("pay it", on("t1", read_only=True))
+    assert suspended.status == "suspended"
+    done = await replica().approve_tool_call(suspended.run_id, suspended.suspended[0]["toolCallId"])
+    assert done.text == "paid"
+    assert "READ-ONLY" in systems(model.requests[-1])[0]
+    assert await store.messages("t1", "ada") == []  # neither the suspension nor the resumed run saved

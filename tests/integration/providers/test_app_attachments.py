@@ -64,6 +64,7 @@ async def app(
                 "reader": {"model": "internal/reader", "memory": {"lastMessages": 10}},
                 "guarded": {"model": "guarded/reader"},
                 "claude": {"model": "claude/claude-test"},
+                "fallbacks": {"model": [{"model": "internal/first"}, {"model": "internal/second"}]},
                 "resigning": {  # your own processor swaps an expired URL for a fresh one
                     "model": "internal/resigning",
                     "errorProcessors": [{"processor": "own/resign-attachments"}],
@@ -218,6 +219,19 @@ async def test_an_unrecoverable_download_is_retried_once_with_a_placeholder(
         text("[Attachment unavailable: Minutes March.txt]"),
     ]
     assert files.hits == {"/gone/minutes.txt": 1}
+
+
+async def test_the_fallback_model_comes_before_the_placeholder(
+    app: App, openai_api: FakeOpenAI, files: FileServer
+) -> None:
+    question = message("user", text("Summarise."), attachment(files.url("/gone/report.txt")))
+    result = await app.agent("fallbacks").generate([question])
+
+    assert result.text == "ok"
+    assert files.hits == {"/gone/report.txt": 2}  # the first model's download, then the second's
+    assert openai_api.calls("first") == []
+    (call,) = openai_api.calls("second")  # the last model answers with the placeholder
+    assert user_content(call) == [text("Summarise."), text("[Attachment unavailable: report.txt]")]
 
 
 async def test_an_undecodable_data_url_is_replaced_at_once(app: App, openai_api: FakeOpenAI) -> None:

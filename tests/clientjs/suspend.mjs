@@ -1,6 +1,6 @@
 // A tool that suspends itself, resumed with data through the real @mastra/client-js, unchanged:
-// stream on replica A until the `tool-call-suspended` chunk, `resumeStream(resumeData, {runId,
-// toolCallId})` on replica B, then the same resume again. Prints what it saw as JSON.
+// stream on replica A until the `tool-call-suspended` chunk, `resumeStream(resumeData, {runId})`
+// (no toolCallId, as the client allows) on replica B, then the same resume again. Prints what it saw as JSON.
 // usage: node suspend.mjs A_URL API_KEY B_URL   (run by tests/e2e/service/test_replicas_suspend.py)
 import { MastraClient } from "@mastra/client-js";
 
@@ -17,7 +17,8 @@ async function chunksOf(response) {
 
 const suspended = await chunksOf(await a.stream("What is the weather like?"));
 const asked = suspended.find((c) => c.type === "tool-call-suspended");
-const where = { runId: asked.runId, toolCallId: asked.payload.toolCallId };
+// the client makes toolCallId optional: without it, the run's only awaited call is resumed
+const where = { runId: asked.runId };
 const resumed = await chunksOf(await b.resumeStream({ unit: "fahrenheit" }, where));
 let again;
 try {

@@ -155,7 +155,7 @@ class Agent:
     async def approve_tool_call(
         self,
         run_id: str,
-        tool_call_id: str,
+        tool_call_id: str | None,
         options: CallOptions | None = None,
         *,
         resource_id: str | None = None,
@@ -174,7 +174,7 @@ class Agent:
     async def decline_tool_call(
         self,
         run_id: str,
-        tool_call_id: str,
+        tool_call_id: str | None,
         reason: str | None = None,
         options: CallOptions | None = None,
         *,
@@ -194,7 +194,7 @@ class Agent:
     async def resume_generate(
         self,
         run_id: str,
-        tool_call_id: str,
+        tool_call_id: str | None,
         resume_data: Any,
         options: CallOptions | None = None,
         *,
@@ -203,8 +203,10 @@ class Agent:
         """Resume a run whose tool call suspended itself (the seeds' ``suspend(payload)``; the
         result's `RunResult.suspended` lists it with its ``suspendPayload``): the tool runs again
         and sees `resume_data` (the seeds' ``resumeData``), and the loop goes on. Refused as
-        `approve_tool_call` is; `ResumeMismatchError` when the call awaits an approval and
-        `resume_data` is not ``{"approved": bool, "reason"?: str}`` (that is the decision).
+        `approve_tool_call` is; `tool_call_id` None takes the run's only awaited call (a run
+        awaiting several is `InvalidMemoryInputError`, naming them); `ResumeMismatchError` when
+        the call awaits an approval and `resume_data` is not ``{"approved": bool, "reason"?: str}``
+        (that is the decision).
         """
         resumed = await self._resume(
             run_id,
@@ -219,7 +221,7 @@ class Agent:
     async def resume_stream(
         self,
         run_id: str,
-        tool_call_id: str,
+        tool_call_id: str | None,
         *,
         approved: bool | None = None,
         reason: str | None = None,
@@ -241,7 +243,7 @@ class Agent:
     async def _resume(
         self,
         run_id: str,
-        tool_call_id: str,
+        tool_call_id: str | None,
         decision: Decision,
         options: CallOptions | None,
         *,

@@ -95,17 +95,25 @@ def suspended_run(row: Any, when: Callable[[Any], str]) -> SuspendedRun:
 def claimed_run(
     store: str,
     run_id: str,
-    tool_call_id: str,
+    tool_call_id: str | None,
     rows: list[Any],
     when: Callable[[Any], str],
     resource_id: str | None = None,
 ) -> SuspendedRun:
     """The run a claim takes, from its row as read under the write lock: it must exist (and be
     `resource_id`'s, when given: another resource's is missing, whatever its state), await
-    `tool_call_id` and not be claimed already. The caller then marks it `RESUMING`."""
+    `tool_call_id` (None: its only awaited call, as `@mastra/client-js` resumes without one) and
+    not be claimed already. The caller then marks it `RESUMING`."""
     run = suspended_run(rows[0], when) if rows else None
     if run is None or (resource_id is not None and run.resource_id != resource_id):
         raise SuspendedRunNotFoundError(f"memory store {store}: no suspended run {label(run_id)}")
+    if tool_call_id is None:
+        if len(run.tool_call_ids) != 1:
+            raise InvalidMemoryInputError(
+                f"memory store {store}: suspended run {label(run_id)} awaits {len(run.tool_call_ids)} "
+                f"tool calls ({', '.join(run.tool_call_ids)}): name one with toolCallId"
+            )
+        tool_call_id = run.tool_call_ids[0]
     if tool_call_id not in run.tool_call_ids:
         raise SuspendedRunNotFoundError(
             f"memory store {store}: suspended run {label(run_id)} awaits no tool call {label(tool_call_id)}"
@@ -183,13 +191,14 @@ class SuspendedRunMethods(StoreHooks):
         await self._transact(save, f"saving suspended run {row[0]!r}")
 
     async def claim_suspended(
-        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
+        self, run_id: str, tool_call_id: str | None, *, resource_id: str | None = None
     ) -> SuspendedRun:
         """Mark the run `RESUMING` and return it, its row locked from the read to the commit (or
         the write lock held from BEGIN IMMEDIATE): of concurrent claims, each after the first finds
         it claimed."""
         run_id = check_id(self.name, "run", run_id)
-        tool_call_id = check_id(self.name, "tool call", tool_call_id)
+        if tool_call_id is not None:
+            tool_call_id = check_id(self.name, "tool call", tool_call_id)
         p = self.placeholder
 
         async def claim(query: Query) -> SuspendedRun:

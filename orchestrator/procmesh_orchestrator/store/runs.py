@@ -110,9 +110,10 @@ class RunStore(Protocol):
         With a `fence`, only while the durable run holds that epoch (`FencedWriteError`)."""
 
     async def claim_suspended(
-        self, run_id: str, tool_call_id: str, *, resource_id: str | None = None
+        self, run_id: str, tool_call_id: str | None, *, resource_id: str | None = None
     ) -> SuspendedRun:
-        """Take the run to resume it: atomically check that it exists, awaits `tool_call_id` and is
+        """Take the run to resume it: atomically check that it exists, awaits `tool_call_id` (None:
+        awaits exactly one call, that one; several are `InvalidMemoryInputError`) and is
         `SUSPENDED`, mark it `RESUMING` and return it. Of concurrent claims (in any process) exactly
         one wins. `SuspendedRunNotFoundError` when there is no such run or it awaits no such call;
         `ResumeConflictError` when it is already claimed. With `resource_id`, a run of another

@@ -1027,7 +1027,9 @@ class ResumeToolCallRequest(_message.Message):
     run_id: _builtins.str
     """The suspended run (GenerateResponse.run_id)."""
     tool_call_id: _builtins.str
-    """The call that suspended."""
+    """The call that suspended; empty: the run's only awaited call (INVALID_ARGUMENT naming them
+    when it awaits several).
+    """
     @_builtins.property
     def resume_data(self) -> _struct_pb2.Value:
         """What the tool gets as its resume data (any JSON); unset: null."""

@@ -96,6 +96,16 @@ async def test_an_unknown_run_or_tool_call_is_not_found(store: MemoryStore, back
         await store.claim_suspended("r1", "call-9")  # claimed or not, an unknown call is unknown
 
 
+async def test_a_claim_without_a_call_takes_the_run_s_only_awaited_call(store: MemoryStore) -> None:
+    await store.save_suspended(run())
+    with pytest.raises(InvalidMemoryInputError, match=r"awaits 2 tool calls \(call-1, call-2\): name one"):
+        await store.claim_suspended("r1", None)
+    await store.save_suspended(run(tool_call_ids=("call-2",)))  # the failed claim took nothing
+    assert (await store.claim_suspended("r1", None)).tool_call_ids == ("call-2",)
+    with pytest.raises(ResumeConflictError):
+        await store.claim_suspended("r1", None)
+
+
 async def test_a_released_run_can_be_claimed_again(store: MemoryStore) -> None:
     await store.save_suspended(run())
     await store.release_suspended("r1")  # not claimed: nothing to do
@@ -248,7 +258,7 @@ async def test_malformed_runs_are_refused(store: MemoryStore, bad: dict[str, Any
     [
         (lambda s: s.save_suspended({"run_id": "r1"}), "a suspended run is a SuspendedRun, not dict"),
         (lambda s: s.claim_suspended("", "call-1"), "run id '' must not be empty"),
-        (lambda s: s.claim_suspended("r1", None), "tool call id None must be a string"),
+        (lambda s: s.claim_suspended("r1", 7), "tool call id 7 must be a string"),
         (lambda s: s.release_suspended("x" * 10_000), "run id .* more than the 256 allowed"),
         (lambda s: s.delete_suspended(3), "run id 3 must be a string"),
         (lambda s: s.list_suspended(""), "agent id '' must not be empty"),

@@ -442,7 +442,8 @@ class ResumeRequest:
     resume-stream request, with the data a suspended tool asked for (`data`)."""
 
     run_id: str
-    tool_call_id: str
+    tool_call_id: str | None
+    """None (resume-stream only): the run's only awaited call."""
     reason: str | None
     request_context: dict[str, Any]
     data: Resumed | None = None
@@ -462,7 +463,7 @@ class _ResumeDataBody(BaseModel):
     model_config = ConfigDict(extra="forbid")  # the snapshot decides the rest: an option is an error
 
     run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
-    tool_call_id: str = Field(alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
+    tool_call_id: str | None = Field(default=None, alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
     resume_data: Any = Field(alias="resumeData")
     request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
 
@@ -471,10 +472,11 @@ def parse_resume_data(
     data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits
 ) -> ResumeRequest:
     """The body of resume-stream (`@mastra/client-js` ``resumeStream(resumeData, {runId,
-    toolCallId})``); its request context as `trust` allows `caller`. ``resumeData`` is required
-    (null included); any other key is refused by name."""
+    toolCallId?})``: without ``toolCallId``, the run's only awaited call); its request context as
+    `trust` allows `caller`. ``resumeData`` is required (null included); any other key is refused
+    by name."""
     if not isinstance(data, dict):
-        raise BadRequestError("the body must be a JSON object with 'runId', 'toolCallId' and 'resumeData'")
+        raise BadRequestError("the body must be a JSON object with 'runId', 'resumeData' and 'toolCallId'?")
     check_input(data, limits)
     body = validated(_ResumeDataBody, data)
     context = trust.check(caller, body.request_context or {})

@@ -336,9 +336,10 @@ class AgentServicer(agrpc.AgentServiceServicer):
         try:
             caller = self._caller(context)
             agent = service.agent(request.agent_id)
-            if not request.run_id or not request.tool_call_id:
+            if not request.run_id or (data is None and not request.tool_call_id):
                 raise BadRequestError("give run_id and tool_call_id")
-            decision = ResumeRequest(request.run_id, request.tool_call_id, reason, {}, data)
+            # ResumeToolCall without a call id resumes the run's only awaited call (the store checks)
+            decision = ResumeRequest(request.run_id, request.tool_call_id or None, reason, {}, data)
             return await control.resume(
                 service, request.agent_id, agent, decision, approved=approved, caller=caller
             )

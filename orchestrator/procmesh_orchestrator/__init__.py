@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.processors import ProcessorHandle
     from procmesh_orchestrator.providers.builtin import ScriptedModel
     from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
+    from procmesh_orchestrator.run.background import BackgroundOptions, BackgroundTool
     from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
     from procmesh_orchestrator.run.function_tool import FunctionTool, FunctionToolContext
     from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
@@ -41,6 +42,8 @@ __all__ = [
     "Agent",
     "AgentSpec",
     "App",
+    "BackgroundOptions",
+    "BackgroundTool",
     "CallOptions",
     "ClientTool",
     "Config",
@@ -73,6 +76,8 @@ _EXPORTS = {
     "Agent": "procmesh_orchestrator.run",
     "AgentSpec": "procmesh_orchestrator.run",
     "App": "procmesh_orchestrator.app",
+    "BackgroundOptions": "procmesh_orchestrator.run.background",
+    "BackgroundTool": "procmesh_orchestrator.run.background",
     "CallOptions": "procmesh_orchestrator.run",
     "ClientTool": "procmesh_orchestrator.run.tools",
     "Config": "procmesh_orchestrator.config",

@@ -31,7 +31,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
 from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource
 from procmesh_orchestrator.providers import ModelRegistry
-from procmesh_orchestrator.run import Agent, AgentSpec, violation_routes
+from procmesh_orchestrator.run import Agent, AgentSpec, background, violation_routes
 from procmesh_orchestrator.sidecar_metrics import MergedSidecarMetrics
 from procmesh_orchestrator.sidecar_process import (
     ModelGateway,
@@ -325,6 +325,7 @@ class App:
         if self.durable is not None:
             await self.durable.close()  # local runs stop unfinished: their leases move them
         await violation_routes.flush()  # a violation's webhook post in flight is delivered, not dropped
+        await background.drain()  # a background tool call in flight lands and is stored, not dropped
         retired = list(self._retiring)  # their runs were drained or stopped: close them now
         for task in self._retiring.values():
             task.cancel()

@@ -14,6 +14,21 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
 
 
+class BackgroundConfig(_Model):
+    """The tool runs in the background, detached from the step (`run.background`): the reference's
+    tool ``background`` config, with its defaults."""
+
+    disposition: Literal["deferred", "awaited"] = "deferred"
+    """deferred: the model gets a placeholder at once and the run goes on; awaited: the step waits
+    for the result."""
+    timeout: float = Field(default=300.0, gt=0)
+    """Seconds for each attempt."""
+    max_retries: int = Field(default=0, ge=0)
+    """Attempts after a failed one."""
+    retry_delay: float = Field(default=1.0, ge=0)
+    """Seconds before the first retry, doubled for each next one (at most 30 s)."""
+
+
 class ToolConfig(_Model):
     """A tool: a fixed `result`, one a sidecar hosts (`sidecar`), or an MCP server's (`mcp`).
 
@@ -39,6 +54,8 @@ class ToolConfig(_Model):
     the model the tool is unavailable (fail-open)."""
     require_approval: bool = False
     """Each call waits for a decision (approve / decline); the run suspends meanwhile."""
+    background: BackgroundConfig | None = None
+    """Run each call in the background (absent: in the step, the foreground)."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolConfig:

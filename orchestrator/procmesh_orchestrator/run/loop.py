@@ -21,7 +21,15 @@ from procmesh_orchestrator.errors import (
     TripwireAbort,
 )
 from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.run import attachments, optimistic, retries, snapshot, steps, structured
+from procmesh_orchestrator.run import (
+    attachments,
+    background,
+    optimistic,
+    retries,
+    snapshot,
+    steps,
+    structured,
+)
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.base import ChunkSink, RunCore
 from procmesh_orchestrator.run.model_step import assistant_message, model_step, step_record
@@ -126,6 +134,7 @@ class Run(RunCore):
                 span.set("gen_ai.usage.output_tokens", result.usage.get("outputTokens"))
                 return result, failure
         finally:
+            background.ended(self)  # its turn is saved: background results go to the store now
             RUN_ID.reset(token)
 
     async def _execute(self) -> tuple[RunResult, BaseException | None]:

@@ -23,6 +23,7 @@ import jsonschema
 
 from procmesh import tracing
 from procmesh_orchestrator.errors import ResumeMismatchError
+from procmesh_orchestrator.run import background
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import (
     Chunk,
@@ -137,6 +138,7 @@ async def run_tools(
     def settle(call: ToolCall, value: Any) -> Chunk:
         """A call's final result: into its invocation and the step's results, out as a chunk."""
         invocations[call.call_id].update(state="result", result=value)
+        background.settled(run, call.call_id)  # a background call's result may replace it now
         payload = {"toolCallId": call.call_id, "toolName": call.name, "args": call.args, "result": value}
         results.append(payload)
         return {"type": "tool-result", "payload": dict(payload)}
@@ -144,6 +146,7 @@ async def run_tools(
     def failed(call: ToolCall, message: str) -> Chunk:
         """The call failed: the model sees the error as the call's result."""
         invocations[call.call_id].update(state="output-error", errorText=message)
+        background.settled(run, call.call_id)
         payload = {"toolCallId": call.call_id, "toolName": call.name, "args": call.args, "error": message}
         return {"type": "tool-error", "payload": payload}
 

@@ -23,6 +23,7 @@ from procmesh_orchestrator.errors import ConfigError, McpError, ProcessorFailedE
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.run import context
+from procmesh_orchestrator.run.background import BackgroundOptions, BackgroundTool
 from procmesh_orchestrator.run.tools import ProcessorTool, StaticTool, Tool, ToolCall, ToolOutcome, Writer
 
 if TYPE_CHECKING:
@@ -178,6 +179,8 @@ class ToolCatalog:
                 name, cfg.description, cfg.input_schema, cfg.result, cfg.custom, cfg.require_approval
             )
         _check_schema(tool.input_schema, f"{where}.inputSchema")
+        if cfg.background is not None:
+            tool = BackgroundTool(tool, BackgroundOptions(**cfg.background.model_dump()))
         return tool
 
     def for_agent(self, agent_id: str, agent: AgentConfig) -> dict[str, Tool]:

@@ -11,6 +11,8 @@ EXPECTED_ALL = [
     "Agent",
     "AgentSpec",
     "App",
+    "BackgroundOptions",
+    "BackgroundTool",
     "CallOptions",
     "ClientTool",
     "Config",

@@ -57,16 +57,25 @@ class DownloadPolicy:
             try:
                 networks.append(ipaddress.ip_network(entry, strict=False))
             except ValueError:
-                hosts.add(entry.lower().rstrip("."))
+                hosts.add(_ascii_name(entry))
         return cls(max_bytes, timeout, frozenset(hosts), tuple(networks))
 
     def allows(self, host: str, address: _Address) -> bool:
         """Whether `address` (one of `host`'s) may be connected to."""
-        if host.lower().rstrip(".") in self.allow_hosts:
+        if _ascii_name(host) in self.allow_hosts:
             return True
         if any(address in net for net in self.allow_networks):
             return True
         return is_public(address)
+
+
+def _ascii_name(host: str) -> str:
+    """A host name as DNS compares it: lower case, no final dot, internationalized names in IDNA."""
+    name = host.lower().rstrip(".")
+    try:
+        return name.encode("idna").decode("ascii")
+    except UnicodeError:
+        return name
 
 
 def is_public(address: _Address) -> bool:
@@ -119,13 +128,13 @@ async def _fetch(client: httpx.AsyncClient, url: str, policy: DownloadPolicy) ->
         if target.scheme not in ("http", "https") or not target.host:
             raise DownloadError("only http and https URLs are downloaded")
         port = target.port or (443 if target.scheme == "https" else 80)
-        address = await _checked_address(target.host, port, policy)
-        host_header = target.netloc.decode("ascii").rsplit("@", 1)[-1]
+        host = target.raw_host.decode("ascii")  # an internationalized name as DNS and TLS know it
+        address = await _checked_address(host, port, policy)
         request = client.build_request(
             "GET",
             target.copy_with(host=address),
-            headers={"Host": host_header},
-            extensions={"sni_hostname": target.host},
+            headers={"Host": target.netloc.decode("ascii").rsplit("@", 1)[-1]},
+            extensions={"sni_hostname": host},
         )
         response = await client.send(request, stream=True)
         try:

@@ -6,6 +6,7 @@ bounded; ``downloadAllowHosts`` is the operator's documented way to allow an int
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -172,3 +173,11 @@ async def test_the_message_hides_a_signed_urls_query(client: httpx.AsyncClient, 
     err = await refused(client, url, policy("127.0.0.1"))
     assert "secret" not in err.message
     assert "HTTP 404" in err.message
+
+
+async def test_an_allowed_name_matches_however_it_is_spelt() -> None:
+    guard = policy("Intranet.EXAMPLE.", "bücher.example")
+    internal = ipaddress.ip_address("10.0.0.5")
+    assert guard.allows("intranet.example", internal)
+    assert guard.allows("xn--bcher-kva.example", internal)  # the URL's host as DNS spells it
+    assert not guard.allows("other.example", internal)

@@ -87,7 +87,7 @@ class BackgroundWorkSignalsOptions(BaseModel):
     tools: list[str] | None = None
     """Tools whose results may describe background work (absent: every tool)."""
     result_key: str = "_background"
-    """The key of a tool result that describes its background work."""
+    """The key of a result that describes background work (the runtime's records use it too)."""
 
 
 Status = Literal["running", "completed", "failed", "cancelled"]
@@ -95,12 +95,14 @@ _DISPOSITIONS = ("deferred", "awaited")
 
 
 class BackgroundWorkSignals(Processor):
-    """Turns background-work lifecycle records in tool results into caller-scoped signals.
+    """Turns background-work lifecycle records into caller-scoped signals.
 
-    procmesh has no background tool runtime of its own: a tool that starts
-    background work reports it in its result as ``{"_background": {"taskId",
-    "disposition": "deferred"|"awaited", "status", "invocationKind"?,
-    "executorRunId"?}}``. When a task starts (status ``running``) the processor
+    The orchestrator's background runtime (a tool's ``background`` config) hands
+    this processor each background call's lifecycle through ``process_tool_result``
+    as ``{"_background": {"taskId", "disposition": "deferred"|"awaited", "status",
+    "invocationKind"?, "executorRunId"?}}``; a tool that starts work of its own
+    elsewhere may report it the same way in its result. When a task starts
+    (status ``running``) the processor
     sends a ``work-deferred`` or ``work-awaited`` notification; when a later
     result (a tool result, or a tool invocation in the messages of a following
     step) reports the task ``completed``, ``failed`` or ``cancelled``, it sends

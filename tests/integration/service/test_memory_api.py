@@ -249,7 +249,11 @@ async def test_status_config_and_agents_without_memory(http: httpx.AsyncClient) 
     assert status.json() == {"result": True, "memoryType": "local"}
     assert (await http.get("/api/memory/status?agentId=plain", headers=ADA)).json()["result"] is False
     config = await http.get("/api/memory/config?agentId=assistant", headers=ADA)
-    assert config.json()["config"] == {"lastMessages": 10}
+    assert config.json()["config"] == {
+        "lastMessages": 10,
+        "readOnly": False,
+        "workingMemory": {"enabled": False},
+    }
     assert (await http.get("/api/memory/threads?agentId=plain", headers=ADA)).status_code == 404
     assert (await http.get("/api/memory/threads?agentId=nobody", headers=ADA)).status_code == 404
     assert (await http.post("/api/memory/threads", json={}, headers=ADA)).status_code == 400

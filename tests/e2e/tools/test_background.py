@@ -34,15 +34,21 @@ async def sidecars(start_sidecar: Callable[..., SidecarProcess]) -> dict[str, st
 
 
 def bg_config(
-    sidecars: dict[str, str], store: Path, responses: list[dict[str, Any]], tools: dict[str, Any]
+    sidecars: dict[str, str],
+    store: Path,
+    responses: list[dict[str, Any]],
+    tools: dict[str, Any],
+    **lanes: Any,
 ) -> Config:
+    """Agent ``a`` with the tools, on the store; background-work-signals in the input lane (the
+    seeds' place) unless `lanes` say otherwise."""
     return config(
         sidecars={name: {"address": address, "timeout": 10} for name, address in sidecars.items()},
         tools={"hold": {"sidecar": "bg"}, **tools},
         responses=responses,
         memory={},
-        inputProcessors=["bi/background-work-signals"],
         top={"storage": {"path": str(store)}},
+        **(lanes or {"inputProcessors": ["bi/background-work-signals"]}),
     )
 
 
@@ -222,7 +228,10 @@ async def test_a_result_landing_after_the_run_ended_is_stored_without_a_signal(
 async def test_an_awaited_call_waits_for_its_result(sidecars: dict[str, str], tmp_path: Path) -> None:
     tools = {"research": {"sidecar": "bg", "background": {"disposition": "awaited"}}}
     responses = [{"toolCalls": [call("research", topic="sun")]}, {"text": "done"}]
-    async with App(bg_config(sidecars, tmp_path / "m.db", responses, tools)) as app:
+    # in the output lane, with its records renamed: the runtime's records follow the option
+    signals_entry = {"processor": "bi/background-work-signals", "options": {"result_key": "_bg"}}
+    cfg = bg_config(sidecars, tmp_path / "m.db", responses, tools, outputProcessors=[signals_entry])
+    async with App(cfg) as app:
         chunks, result = await run(app, "research the sun")
         assert result.status == "success", result.error
         (settled,) = of_type(chunks, "tool-result")

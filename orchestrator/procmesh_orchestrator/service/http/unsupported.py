@@ -169,7 +169,12 @@ UNSUPPORTED_APIS: tuple[tuple[str, str, str], ...] = (
     ("/editor", "the editor", _EDITOR),
     ("/agent-builder", "the agent builder", _EDITOR),
     ("/agent-controller", "the agent controller", _SIGNALS),
-    ("/background-tasks", "background tasks", "durable runs are listed and observed under /api/runs"),
+    (
+        "/background-tasks",
+        "background tasks",
+        "background tool calls are process-local and not listed: each result lands in its thread, "
+        "and background-work-signals tells the caller",
+    ),
     ("/schedules", "schedules", "procmesh runs on request: schedule calls from outside (a CronJob)"),
     ("/channels", "channels", "procmesh agents answer over its HTTP and gRPC APIs"),
     ("/workspaces", "workspaces", "procmesh agents have no workspace"),

@@ -2,7 +2,8 @@
 tool sidecar (`tests.fixtures.background_sidecar`) and the builtins' background-work-signals over
 gRPC. The streamed run gets the placeholder at once, then work-deferred and work-completed; the
 thread the memory API reads has the real result; a result landing after the run ended is stored by
-the process all the same. Gate files the tools wait for decide when work lands (no clock).
+the process all the same; executeTool answers with the tool's own result. Gate files the tools
+wait for decide when work lands (no clock).
 """
 
 from __future__ import annotations
@@ -116,3 +117,9 @@ async def test_background_work_over_http(
                 break
             await asyncio.sleep(0.02)
         assert stored == {"topic": "moon", "findings": "notes on moon"}
+
+        # executeTool runs the tool itself (background is how a run calls it, as in the reference)
+        body = {"data": {"topic": "reefs"}}
+        response = await http.post("/api/agents/a/tools/research/execute", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"topic": "reefs", "findings": "notes on reefs"}

@@ -23,6 +23,7 @@ from procmesh_orchestrator.config.schema import (
 )
 from procmesh_orchestrator.errors import ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.run import CallOptions
+from procmesh_orchestrator.run.background import BackgroundTool
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.tools import Tool, ToolCall, invalid_args
 from procmesh_orchestrator.service._errors import (
@@ -257,6 +258,8 @@ async def run_tool(service: ServiceCore, agent_id: str, tool: Tool, data: Any, o
     no input, so a sidecar's tool gets its usual context. Its failure is a ToolFailedError."""
     run = RunCore(service.agent(agent_id).spec, [], options, sink=None, metrics=service.app.metrics)
     call = ToolCall(str(uuid.uuid4()), tool.name, data)
+    if isinstance(tool, BackgroundTool):  # background is a run's way to call it, as the reference's
+        tool = tool.tool
 
     async def discard(chunk: dict[str, Any]) -> None:
         """A direct execution has no stream for the tool's data chunks."""

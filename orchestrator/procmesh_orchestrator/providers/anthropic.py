@@ -135,6 +135,7 @@ class _Block:
     id: str = ""
     name: str = ""
     json: str = ""
+    signature: str = ""
 
 
 @dataclass
@@ -162,12 +163,20 @@ class _StreamState:
             delta = payload.get("delta") or {}
             if delta.get("type") == "text_delta" and delta.get("text"):
                 yield {"type": "text-delta", "payload": {"id": f"t{index}", "text": delta["text"]}}
+            elif delta.get("type") == "thinking_delta" and delta.get("thinking"):
+                yield {"type": "reasoning-delta", "payload": {"id": f"r{index}", "text": delta["thinking"]}}
+            elif delta.get("type") == "signature_delta" and index in self.blocks:
+                self.blocks[index].signature += delta.get("signature") or ""
             elif delta.get("type") == "input_json_delta" and index in self.blocks:
                 self.blocks[index].json += delta.get("partial_json") or ""
         elif kind == "content_block_stop":
             done = self.blocks.pop(int(payload.get("index", 0)), None)
             if done is not None and done.type == "tool_use":
                 yield _tool_call(done.id, done.name, parse_tool_args(done.json, done.name, self.model_id))
+            elif done is not None and done.type == "thinking":  # its signature goes back with it
+                signed = {"anthropic": {"signature": done.signature}} if done.signature else {}
+                end = {"id": f"r{payload.get('index', 0)}", "providerMetadata": signed}
+                yield {"type": "reasoning-end", "payload": end}
         elif kind == "message_delta":
             self.stop_reason = (payload.get("delta") or {}).get("stop_reason") or self.stop_reason
             self._usage(payload.get("usage") or {})
@@ -274,6 +283,11 @@ class AnthropicModel(HTTPModel):
         if answer.get("type") == "error":
             raise error_from_payload(answer, status=None, body=json.dumps(answer))
         blocks = answer.get("content") or []
+        for index, block in enumerate(blocks):
+            if block.get("type") == "thinking" and block.get("thinking"):  # as the stream gives it
+                signed = {"anthropic": {"signature": block["signature"]}} if block.get("signature") else {}
+                yield {"type": "reasoning-delta", "payload": {"id": f"r{index}", "text": block["thinking"]}}
+                yield {"type": "reasoning-end", "payload": {"id": f"r{index}", "providerMetadata": signed}}
         text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
         if text:
             yield {"type": "text-delta", "payload": {"id": "t0", "text": text}}

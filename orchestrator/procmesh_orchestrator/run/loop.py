@@ -442,7 +442,7 @@ class Run(RunCore):
                 return None, True
             self.ml.add(assistant_message(outcome.text, []), msgs.RESPONSE)
             raise
-        assistant = assistant_message(outcome.text, outcome.tool_calls)
+        assistant = assistant_message(outcome.text, outcome.tool_calls, outcome.reasoning_parts())
         self.ml.add(assistant, msgs.RESPONSE)
         self.partial_text = ""  # the step's text is in its message: an abort in its tools keeps it once
         recorded = cached.tool_results if cached else []

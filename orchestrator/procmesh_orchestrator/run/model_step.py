@@ -93,15 +93,24 @@ async def model_step(
             run.partial_text = outcome.text
         elif kind == "tool-call":
             outcome.tool_calls.append(chunk["payload"])
+        elif kind in ("reasoning-delta", "reasoning-end"):
+            payload = chunk.get("payload") or {}
+            block = outcome.reasoning.setdefault(str(payload.get("id", "")), {"text": ""})
+            block["text"] += payload.get("text", "") if kind == "reasoning-delta" else ""
+            if payload.get("providerMetadata"):
+                block["providerMetadata"] = payload["providerMetadata"]
         run.emit(chunk)
 
     outcome.abort = await run.through_output(source(), sink)
     return outcome
 
 
-def assistant_message(text: str, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """The step's answer as the run's assistant message: its text, then its tool calls."""
-    parts: list[dict[str, Any]] = []
+def assistant_message(
+    text: str, tool_calls: list[dict[str, Any]], reasoning: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The step's answer as the run's assistant message: its reasoning, its text, then its tool
+    calls."""
+    parts: list[dict[str, Any]] = list(reasoning or [])
     if text:
         parts.append({"type": "text", "text": text})
     for call in tool_calls:
@@ -136,6 +145,8 @@ def step_record(
         "finishReason": outcome.finish_reason,
         "usage": outcome.usage,
         "tripwire": tripwire.as_dict() if tripwire else None,
+        "reasoning": [{"id": rid, **block} for rid, block in outcome.reasoning.items() if block["text"]],
+        "reasoningText": "".join(r["text"] for r in outcome.reasoning.values()) or None,
     }
 
 

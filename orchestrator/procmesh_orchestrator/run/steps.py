@@ -44,6 +44,16 @@ class StepOutcome:
     raw_chunks: list[Chunk] = field(default_factory=list)
     abort: TripwireAbort | None = None
     from_cache: bool = False
+    reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The model's reasoning blocks by id, in order: ``{text, providerMetadata}``."""
+
+    def reasoning_parts(self) -> list[dict[str, Any]]:
+        """The reasoning as the assistant message's parts (a signature in `providerMetadata`)."""
+        return [
+            {"type": "reasoning", "text": r["text"], "providerMetadata": r.get("providerMetadata") or {}}
+            for r in self.reasoning.values()
+            if r["text"]
+        ]
 
 
 @dataclass

@@ -394,13 +394,27 @@ class FakeAnthropic(FakeAPI):
             ("ping", {"type": "ping"}),
         ]
         index = 0
+        if reply.get("thinking"):  # {"text", "signature"}: a thinking block first, signed
+            thinking = reply["thinking"]
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+            events.append(
+                ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block})
+            )
+            deltas = [{"type": "thinking_delta", "thinking": w} for w in _words(thinking["text"])]
+            deltas.append({"type": "signature_delta", "signature": thinking["signature"]})
+            for delta in deltas:
+                events.append(
+                    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+                )
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            index = 1
         if reply.get("text"):
             events.append(
                 (
                     "content_block_start",
                     {
                         "type": "content_block_start",
-                        "index": 0,
+                        "index": index,
                         "content_block": {"type": "text", "text": ""},
                     },
                 )
@@ -411,13 +425,13 @@ class FakeAnthropic(FakeAPI):
                         "content_block_delta",
                         {
                             "type": "content_block_delta",
-                            "index": 0,
+                            "index": index,
                             "delta": {"type": "text_delta", "text": w},
                         },
                     )
                 )
-            events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
-            index = 1
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+            index += 1
         for call in reply.get("toolCalls") or []:
             start = {"type": "tool_use", "id": call["id"], "name": call["name"], "input": {}}
             events.append(
@@ -453,6 +467,11 @@ class FakeAnthropic(FakeAPI):
     def message(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
         inp, out = reply.get("usage") or (11, 7)
         content: list[dict[str, Any]] = []
+        if reply.get("thinking"):
+            thinking = reply["thinking"]
+            content.append(
+                {"type": "thinking", "thinking": thinking["text"], "signature": thinking["signature"]}
+            )
         if reply.get("text"):
             content.append({"type": "text", "text": reply["text"]})
         for call in reply.get("toolCalls") or []:

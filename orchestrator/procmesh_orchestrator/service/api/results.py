@@ -79,6 +79,10 @@ def _step_json(step: dict[str, Any], run_id: str) -> dict[str, Any]:
     static: procmesh has no dynamic tools), and empty lists or null where procmesh has nothing."""
     calls = _call_chunks(step.get("toolCalls") or [], run_id)
     results = _result_chunks(step.get("toolResults") or [], run_id)
+    reasoning = [
+        {"type": "reasoning", "runId": run_id, "from": "AGENT", "payload": r}
+        for r in step.get("reasoning") or []
+    ]
     content: list[dict[str, Any]] = [{"type": "text", "text": step["text"]}] if step.get("text") else []
     content += [{"type": "tool-call", **c["payload"], "input": c["payload"]["args"]} for c in calls]
     content += [{"type": "tool-result", **r["payload"]} for r in results]
@@ -91,7 +95,9 @@ def _step_json(step: dict[str, Any], run_id: str) -> dict[str, Any]:
         "staticToolResults": results,
         "dynamicToolCalls": [],
         "dynamicToolResults": [],
-        "content": content,
+        "reasoning": reasoning,
+        "reasoningText": step.get("reasoningText"),
+        "content": [{"type": "reasoning", "text": r["payload"]["text"]} for r in reasoning] + content,
     }
 
 
@@ -105,7 +111,8 @@ _NOTHING: dict[str, Any] = {
     "request": {},
 }
 """The fields of a result and of a step the client's types declare that procmesh has nothing for:
-no provider's reasoning, sources or files reach a result yet, and no request body is echoed."""
+no provider's sources or files reach a result yet, and no request body is echoed (reasoning: a
+step's, when its model reasoned)."""
 
 
 def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -128,14 +135,17 @@ def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None)
     response["modelId"] = result.model_id  # the model that answered (a fallback, when one did)
     response["uiMessages"] = ui_messages(result.response_messages)  # with each one's metadata
     run_id = result.run_id
+    steps = [_step_json(s, run_id) for s in result.steps]
     out: dict[str, Any] = {
         **_NOTHING,
+        "reasoning": [r for s in steps for r in s["reasoning"]],
+        "reasoningText": "".join(s["reasoningText"] or "" for s in steps) or None,
         "warnings": list(warnings or []),
         "runId": run_id,
         "status": result.status,
         "text": result.text,
         "finishReason": result.finish_reason,
-        "steps": [_step_json(s, run_id) for s in result.steps],
+        "steps": steps,
         "usage": result.usage,
         "totalUsage": result.usage,
         "tripwire": result.tripwire,

@@ -683,7 +683,7 @@ def test_the_new_checks_catch_made_up_claims() -> None:
     assert "orchestrator/procmesh_orchestrator/service/" in missing_packages({"x"})
     keys = config_keys()
     assert config_problems(Doc.parse(REPO / "docs" / "made-up.md", "`sidecars` and `agents`"), keys)[:1] == [
-        "docs/made-up.md: Config's key durable is not documented"
+        "docs/made-up.md: Config's key decisions is not documented"
     ]
 
 

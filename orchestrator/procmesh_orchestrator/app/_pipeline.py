@@ -28,6 +28,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
+from procmesh_orchestrator.processors.decisions import DecisionLog
 from procmesh_orchestrator.providers import ModelRegistry
 from procmesh_orchestrator.providers.retrying import RetryingModel
 from procmesh_orchestrator.run import Agent, AgentSpec, stop
@@ -138,6 +139,8 @@ class Pipeline:
     def _caller(self, info: RunInfo, metrics: OrchestratorMetrics) -> GrpcHookCaller:
         """A run's hook caller (`GrpcHookCaller`), kept track of: it lives as long as its run."""
         caller = GrpcHookCaller(info, metrics)
+        if self.config.decisions.record:
+            caller.decisions = info.decisions = DecisionLog(self.config.decisions)
         self._held.add(caller)
         return caller
 

@@ -1,4 +1,4 @@
-"""The `procmesh` command: demo, generate, stream, memory, scenario run, check-sidecar, pod."""
+"""The `procmesh` command: demo, generate, stream, memory, runs, scenario run, check-sidecar, pod."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from procmesh import __version__, configure_logging
-from procmesh_orchestrator.cli import memory
+from procmesh_orchestrator.cli import memory, runs
 from procmesh_orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         p.set_defaults(func=lambda a: asyncio.run(_call(a)))
     memory.add_parser(sub).set_defaults(func=lambda a: asyncio.run(memory.run(a)))
+    runs.add_parser(sub).set_defaults(func=lambda a: asyncio.run(runs.run(a)))
     # Listed for `procmesh --help` only: main() hands `check-sidecar ...` to the SDK's checker first.
     sub.add_parser(
         "check-sidecar",
@@ -215,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(check_sidecar(words[1:], prog="procmesh check-sidecar"))
     args = parser.parse_args(argv)
-    if args.command in ("generate", "stream", "memory"):
+    if args.command in ("generate", "stream", "memory", "runs"):
         args.config = _config_path(parser, args)
     try:
         configure_logging(args.log_level or "WARNING", args.log_format)

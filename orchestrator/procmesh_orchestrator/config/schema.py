@@ -40,6 +40,7 @@ from procmesh_orchestrator.config.tools import FailurePolicy as FailurePolicy
 from procmesh_orchestrator.config.tools import McpServerConfig as McpServerConfig
 from procmesh_orchestrator.config.tools import ToolConfig as ToolConfig
 from procmesh_orchestrator.durable.config import DurableConfig as DurableConfig
+from procmesh_orchestrator.processors.decisions import DecisionsConfig
 from procmesh_orchestrator.run import stop
 from procmesh_orchestrator.store import StorageConfig
 
@@ -383,6 +384,8 @@ class Config(_Model):
     fuse: bool = True
     """Neighbouring processors of a sidecar whose Describe says ``fuses`` go in one request
     (agents may override it)."""
+    decisions: DecisionsConfig = DecisionsConfig()
+    """Every run's processor decisions kept in the `storage` store (off unless ``record``)."""
 
     @field_validator("providers")
     @classmethod

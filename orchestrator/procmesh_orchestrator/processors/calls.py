@@ -18,6 +18,7 @@ from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.metrics import OrchestratorMetrics, Series, series
 from procmesh_orchestrator.processors import wire
+from procmesh_orchestrator.processors.decisions import DecisionLog
 from procmesh_orchestrator.processors.lanes import (
     Gated,
     ParallelGroup,
@@ -109,6 +110,8 @@ class HookAttempt(Generic[R]):
         self.response: Any = None
         self.effects = Effects()
         self.state: struct_pb2.Struct | None = None
+        self.seen: tuple[str, str | None] = ("", None)
+        """What the processor was given, for the decision record (`DecisionLog.seen`)."""
         self.failure = ""
         self.refused = False
 
@@ -140,21 +143,30 @@ class HookAttempt(Generic[R]):
         if self.speculative:
             metrics.speculative_calls.labels(*labels, hook, "committed").inc()
         metrics.processor_call_duration.labels(*labels, hook).observe(self.took)
+        record = self.caller.decisions
         if self.failure:
-            self.caller.fail(handle, hook, self.failure, input_refused=self.refused)
+            self.caller.fail(
+                handle, hook, self.failure, input_refused=self.refused, took=self.took, seen=self.seen
+            )
             return None, Effects()
         if handle.shadow:
             metrics.processor_call(labels, hook, "monitor")
             self.caller.monitor_decision(handle, hook, self.would(), self.effects.abort)
+            if record is not None:
+                step = self.caller.info.step_number
+                record.add(labels, hook, step, "monitor", took=self.took, seen=self.seen, would=self.would())
             return None, Effects(violations=self.effects.violations)
         if self.effects.context:  # a refused value fails the call, under its policy (`run.context`)
             refused = context.accept(self.caller.info, self.effects.context)
             if refused is not None:
-                self.caller.fail(handle, hook, refused)
+                self.caller.fail(handle, hook, refused, took=self.took, seen=self.seen)
                 return None, Effects()
         if self.state is not None:
             self.caller.info.states[handle.processor_id] = self.state
         metrics.processor_call(labels, hook, "abort" if self.effects.abort else "ok")
+        if record is not None:
+            step = self.caller.info.step_number
+            record.add(labels, hook, step, self.would(), took=self.took, seen=self.seen)
         return self.response, self.effects
 
     def commit(self) -> Reply[R]:
@@ -181,6 +193,8 @@ class GrpcHookCaller:
         self.metrics = metrics
         self._context_of: dict[str, Any] | None = None
         self._context = struct_pb2.Struct()
+        self.decisions: DecisionLog | None = None
+        """The run's decision record (also its `RunInfo.decisions`), when the config keeps one."""
 
     def request_context(self) -> struct_pb2.Struct:
         """The run's request context as sent: converted once per value of it (a hook that sets a
@@ -254,28 +268,50 @@ class GrpcHookCaller:
     # -- the failure policy -----------------------------------------------------------------
 
     def policy(
-        self, handle: ProcessorHandle, hook: str, cause: str, *, input_refused: bool = False
+        self,
+        handle: ProcessorHandle,
+        hook: str,
+        cause: str,
+        *,
+        input_refused: bool = False,
+        took: float = 0.0,
+        seen: tuple[str, str | None] = ("", None),
     ) -> ProcessorFailedError | None:
-        """The failure policy's verdict: the error to raise (fail-closed), or None (logged, counted).
+        """The failure policy's verdict: the error to raise (fail-closed), or None (logged, counted,
+        and on the run's decision record with the call's `took` and `seen` when known).
 
         A sidecar that refused the run's input (INVALID_ARGUMENT) fails the run under either
         policy: failing open there would hand the model exactly what the guard could not check.
         """
         if input_refused:
-            self.metrics.processor_call(self.series(handle), hook, "input_refused")
+            outcome = "input_refused"
+        else:
+            outcome = "failed_open" if handle.on_failure == "fail-open" else "failed"
+        self.metrics.processor_call(self.series(handle), hook, outcome)
+        if self.decisions is not None:
+            step = self.info.step_number
+            self.decisions.add(self.series(handle), hook, step, outcome, took=took, seen=seen)
+        if input_refused:
             return ProcessorFailedError(
                 handle.processor_id, hook, f"the processor refused the input: {cause}"
             )
-        if handle.on_failure == "fail-open":
+        if outcome == "failed_open":
             log.warning(
                 "processor %s failed in %s, skipped (fail-open): %s", handle.processor_id, hook, cause
             )
-            self.metrics.processor_call(self.series(handle), hook, "failed_open")
             return None
-        self.metrics.processor_call(self.series(handle), hook, "failed")
         return ProcessorFailedError(handle.processor_id, hook, cause)
 
-    def fail(self, item: Processor, hook: str, cause: str, *, input_refused: bool = False) -> None:
+    def fail(
+        self,
+        item: Processor,
+        hook: str,
+        cause: str,
+        *,
+        input_refused: bool = False,
+        took: float = 0.0,
+        seen: tuple[str, str | None] = ("", None),
+    ) -> None:
         """Apply the failure policy: raise (fail-closed) or log and count (fail-open)."""
         lane_item = _as_lane_item(item)
         # an error step's result is its attempt's, a parallel group's its picked branch's: they answer
@@ -284,7 +320,7 @@ class GrpcHookCaller:
         if isinstance(lane_item, TryCatch):
             lane_item = lane_item.attempt
         handle = lane_item.branches[lane_item.pick] if isinstance(lane_item, ParallelGroup) else lane_item
-        error = self.policy(handle, hook, cause, input_refused=input_refused)
+        error = self.policy(handle, hook, cause, input_refused=input_refused, took=took, seen=seen)
         if error is not None:
             raise error
 
@@ -358,6 +394,8 @@ class GrpcHookCaller:
         attributes: dict[str, Any] = {"procmesh.processor.id": first.processor_id, "procmesh.hook": hook}
         if len(handles) > 1:
             attributes["procmesh.fused"] = [h.processor_id for h in handles[1:]]
+        record = self.decisions
+        seen = ("", None) if record is None else record.seen(request)
         with tracing.span(
             f"procmesh.hook {hook} {first.processor_id}", kind="client", attributes=attributes
         ) as span:
@@ -372,6 +410,7 @@ class GrpcHookCaller:
                 failed: HookAttempt[Any] = HookAttempt(
                     self, first, hook, speculative, time.perf_counter() - started
                 )
+                failed.seen = seen
                 return [failed.failed(str(failure), refused=failure.input_refused)]
             took = time.perf_counter() - started
             outcomes: list[tuple[ProcessorHandle, tpb.HookEffects, str]] = [(first, response.effects, "")]
@@ -381,6 +420,7 @@ class GrpcHookCaller:
             last = len(outcomes) - 1
             for i, (handle, effects_pb, error) in enumerate(outcomes):
                 attempt: HookAttempt[Any] = HookAttempt(self, handle, hook, speculative, took)
+                attempt.seen = seen
                 attempts.append(attempt)
                 if error:
                     attempt.failed(error)

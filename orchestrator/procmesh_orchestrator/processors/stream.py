@@ -253,26 +253,30 @@ class _Stage:
             raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
         self.parts.answered(original, res, sent_at)
         if len(self.members) > 1:
+            self.parts.decided(original, self.parts.last)
             self._apply_fused(res)
             return
         if self.handle.shadow:  # record what it would do; the part goes on as it came
-            self._monitor(res)
+            self.parts.decided(original, "monitor", self._monitor(res))
             self.outq.put_nowait((CHUNK, original))
             return
         # a parallel branch whose output is not picked: its effects apply, the part goes on as it came
         items = answer_items(self.handle, res, announce_signals=self.announce_signals, parts=not self.side)
         for kind, value in items:
             if kind == ABORT:
+                self.parts.decided(original, "retry" if value.retry else "abort")
                 self.span.outcome("abort")
                 self._session_ended("abort", value)
                 self._stop(ABORT, value)
                 return
             self.outq.put_nowait((kind, value))
+        self.parts.decided(original, self.parts.last)
         if self.side:
             self.outq.put_nowait((CHUNK, original))
 
-    def _monitor(self, res: ppb.StreamPartResult) -> None:
-        """A monitor entry's answer: its violations are recorded, what it would do is counted."""
+    def _monitor(self, res: ppb.StreamPartResult) -> str:
+        """A monitor entry's answer: its violations are recorded, what it would do is counted and
+        returned."""
         abort = None
         if res.HasField("effects"):
             effects = read_effects(
@@ -288,6 +292,7 @@ class _Stage:
         if SEVERITY.index(would) > SEVERITY.index(self.worst or "pass"):
             self.worst = would
             self.span.set("procmesh.monitor.would", would)
+        return would
 
     def _session_ended(self, outcome: str, abort: Any = None) -> None:
         count_session(self.caller, self.members, outcome, abort)

@@ -220,12 +220,19 @@ class PartCounts:
         """When the response being applied arrived (`time.monotonic`)."""
         self.last = "pass"
         """What the last answer did to its part: pass, rewrite or drop."""
+        self._record = caller.decisions
+        self._labels, self._step = labels, caller.info.step_number
+        self.offset = -1
+        """The last answered part's offset in the session (the decision record's ``part``)."""
+        self._took = 0.0
 
     def answered(self, original: tpb.Chunk, res: ppb.StreamPartResult, sent_at: float) -> None:
         """Count an answer to `original` (sent at `sent_at`) as the run applies it."""
         counts = self._counts
         counts[0] += 1
-        self._latency.observe(max(0.0, self.now - sent_at))
+        self.offset += 1
+        self._took = max(0.0, self.now - sent_at)
+        self._latency.observe(self._took)
         n = len(res.extra_parts) + (1 if res.HasField("part") else 0)
         if n == 0:
             counts[2] += 1
@@ -237,6 +244,14 @@ class PartCounts:
             self.last = "rewrite"
         else:
             self.last = "pass"
+
+    def decided(self, original: tpb.Chunk, outcome: str, would: str = "") -> None:
+        """Put the last answered part's decision on the run's record (when it keeps one)."""
+        if self._record is not None:
+            seen, took = self._record.part_seen(original), self._took
+            self._record.add(
+                self._labels, HOOK, self._step, outcome, took=took, seen=seen, would=would, part=self.offset
+            )
 
     def flush(self) -> None:
         """Hand the counts so far to the counters."""

@@ -181,6 +181,13 @@ class RunCore:
         self.used_fallback_value = False
         """`object` is the structured output's fallback value: the answer did not match."""
 
+    async def record_decisions(self) -> None:
+        """Write the decisions recorded since the run (or its resumption) began to the store, in
+        one transaction: at the run's end, a suspension included (`DecisionLog.flush`)."""
+        decisions, store = self.info.decisions, self.agent.store
+        if decisions is not None and store is not None:
+            await decisions.flush(self.run_id, self.info.thread_id, self.info.resource_id, store)
+
     def offered_tools(self) -> list[Tool]:
         """What each step starts by offering the model: the agent's tools and the caller's client
         tools (a processor's processInputStep adds its own, every step, and runs them)."""

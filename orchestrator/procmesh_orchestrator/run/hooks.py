@@ -11,7 +11,7 @@ tests implement it with a fake.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -92,6 +92,15 @@ def dedupe(items: Sequence[Processor]) -> list[Processor]:
     return out
 
 
+class DecisionRecord(Protocol):
+    """What the run asks of its decision record: to be written to its store."""
+
+    async def flush(
+        self, run_id: str, thread_id: str, resource_id: str, store: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """Write the decisions recorded since the last flush (one transaction)."""
+
+
 @dataclass
 class RunInfo:
     """What every call of a run carries: ids, deadline, counters, and each processor's state."""
@@ -116,6 +125,9 @@ class RunInfo:
     """The agent's requestContextSchema: a hook's values must keep the context one it accepts."""
     message_sources: dict[str, str] = field(default_factory=dict)
     """Each message's source by id (the run's message list's, live): sent in every RunContext."""
+    decisions: DecisionRecord | None = None
+    """The run's decision record, when the configuration keeps one (``decisions.record``): its
+    caller fills it (`processors.decisions.DecisionLog`), the run writes it at its end."""
 
 
 @dataclass(frozen=True)

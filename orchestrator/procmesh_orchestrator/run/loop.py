@@ -127,6 +127,7 @@ class Run(RunCore):
                     result, failure = await self._execute()
                 finally:
                     TRACE_ID.reset(trace_token)
+                await self.record_decisions()
                 result.trace_id = span.trace_id() or None
                 span.outcome(result.status)
                 span.set("gen_ai.response.finish_reasons", [result.finish_reason])

@@ -133,6 +133,13 @@ class DurableRunGoneError(ServiceError):
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
+class DecisionRecordGoneError(ServiceError):
+    """No decision record of this run for this caller (none kept, or another resource's run)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
 class DurableUnavailableError(ServiceError):
     """The store or the event log of durable runs cannot be reached now; retrying later may work."""
 

@@ -17,6 +17,7 @@ from procmesh_orchestrator.service.http.agents import AgentRoutes
 from procmesh_orchestrator.service.http.bodies import error_response, read_body
 from procmesh_orchestrator.service.http.boundary import Boundary
 from procmesh_orchestrator.service.http.catalog import CatalogRoutes
+from procmesh_orchestrator.service.http.decisions import DecisionRoutes
 from procmesh_orchestrator.service.http.mcp import McpRoutes
 from procmesh_orchestrator.service.http.memory import MemoryRoutes
 from procmesh_orchestrator.service.http.memory_search import MemorySearchRoutes
@@ -37,6 +38,7 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
             *CatalogRoutes(core, read_json).routes(),  # first: /api/agents/providers, agent details
             *AgentRoutes(core).routes(),
             *RunRoutes(core).routes(),
+            *DecisionRoutes(core).routes(),
             *ProbeRoutes(core).routes(),
             *MemoryRoutes(core, read_json).routes(),
             *WorkingMemoryRoutes(core, read_json).routes(),

@@ -1,0 +1,22 @@
+"""A run's decision record as the APIs read it (issue 31): a tenant key reads its own resource's
+runs' records only, another's answers as none does (404), as a durable run's does."""
+
+from __future__ import annotations
+
+from procmesh_orchestrator.service._auth import Caller
+from procmesh_orchestrator.service._errors import DecisionRecordGoneError
+from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.durable import check_run_id, durable_errors, store_of
+from procmesh_orchestrator.store import Decision
+
+
+async def run_decisions(service: ServiceCore, run_id: str, caller: Caller) -> list[Decision]:
+    """The run's decisions in order, when the caller may see the run: 404 for none and for
+    another resource's."""
+    run_id = check_run_id(run_id)
+    store = await store_of(service.app)
+    with durable_errors():
+        decisions = await store.run_decisions(run_id)
+    if not decisions or not caller.may_see(decisions[0].resource_id):
+        raise DecisionRecordGoneError(f"no decision record of run {run_id[:64]!r}")
+    return decisions

@@ -1,0 +1,237 @@
+"""The decision record (issue 31 item 1) through a real `procmesh-orchestrator` process and real
+sidecar processes: a run with a rewriting stream processor, a fail-open failure and a guard in
+``mode: monitor``, and a run a blocking guard aborts, record exactly those decisions, with hashes
+and no content; with ``recordContent`` the store keeps what each processor saw. A tenant reads its
+own runs' records only (another's is a 404, as for none); ``procmesh runs decisions`` prints them;
+the retention purges old records as later runs write theirs, and deleting a thread deletes its
+runs' records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import yaml
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.service.conftest import OrchestratorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+KEYS = "op-key=@operator,ada-key=ada,bob-key=bob"
+OPERATOR = {"Authorization": "Bearer op-key"}
+ADA = {"Authorization": "Bearer ada-key"}
+BOB = {"Authorization": "Bearer bob-key"}
+TEXT = "please jailbreak"
+
+
+def config(guards: str, faulty: str, db: str, *, content: bool) -> dict[str, Any]:
+    return {
+        "sidecars": {"guards": {"address": guards}, "faulty": {"address": faulty}},
+        "models": {"demo": {"provider": "demo"}},
+        "storage": {"path": db},
+        "decisions": {"record": True, "recordContent": content, "retentionDays": 1},
+        "agents": {
+            "a": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "memory": {"lastMessages": 10},
+                "inputProcessors": [
+                    {"processor": "faulty/raiser", "onFailure": "fail-open"},
+                    {
+                        "processor": "guards/topic-guard",
+                        "options": {"words": ["jailbreak"]},
+                        "mode": "monitor",
+                    },
+                ],
+                "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["darn"]}}],
+            },
+            "blocked": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+            },
+        },
+    }
+
+
+class Stack:
+    def __init__(self, proc: OrchestratorProcess, db: Path, config_path: Path) -> None:
+        self.proc = proc
+        self.db = db
+        self.config_path = config_path
+        self.http = httpx.AsyncClient(base_url=proc.http_url, timeout=30)
+
+    async def generate(self, agent: str, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+        response = await self.http.post(
+            f"/api/agents/{agent}/generate", json={"messages": TEXT, **body}, headers=headers
+        )
+        return response.json()
+
+    def rows(self, sql: str, *args: Any) -> list[Any]:
+        with sqlite3.connect(self.db) as conn:
+            return conn.execute(sql, args).fetchall()
+
+
+async def _stack(
+    start_sidecar: Callable[..., SidecarProcess],
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    tmp: Path,
+    name: str,
+    *,
+    content: bool,
+) -> Stack:
+    guards = start_sidecar("examples", name=f"{name}-guards")
+    faulty = start_sidecar(name=f"{name}-faulty", module="tests.fixtures.faulty")
+    await asyncio.gather(guards.wait_ready(), faulty.wait_ready())
+    db = tmp / "memory.db"
+    cfg = config(guards.address, faulty.address, str(db), content=content)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    proc = await asyncio.to_thread(start_orchestrator, cfg, env={"PROCMESH_API_KEYS": KEYS})
+    return Stack(proc, db, tmp / "config.yaml")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(
+    start_sidecar: Callable[..., SidecarProcess],
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Stack]:
+    s = await _stack(
+        start_sidecar, start_orchestrator, tmp_path_factory.mktemp("decisions"), "dec", content=False
+    )
+    yield s
+    await s.http.aclose()
+
+
+async def test_a_run_records_exactly_its_decisions_with_hashes_and_no_content(stack: Stack) -> None:
+    result = await stack.generate("a", ADA, memory={"thread": "t1", "resource": "ada"})
+    run_id = result["runId"]
+    assert "darn" not in result["text"].lower()  # the word filter rewrote the stream
+    response = await stack.http.get(f"/api/runs/{run_id}/decisions", headers=ADA)
+    assert response.status_code == 200
+    decisions = response.json()["decisions"]
+    kinds = Counter((d["processor"], d["hook"], d["outcome"], d["would"]) for d in decisions)
+    rewritten = kinds[("word-filter", "process_output_stream", "rewrite", "")]
+    passed = kinds[("word-filter", "process_output_stream", "pass", "")]
+    assert rewritten >= 1
+    assert kinds == {
+        ("raiser", "process_input_step", "failed_open", ""): 1,
+        ("topic-guard", "process_input", "monitor", "abort"): 1,
+        ("word-filter", "process_output_stream", "rewrite", ""): rewritten,
+        ("word-filter", "process_output_stream", "pass", ""): passed,
+    }
+    parts = [d["part"] for d in decisions if d["hook"] == "process_output_stream"]
+    assert parts == list(range(len(parts)))  # each stream part at its offset in the session
+    assert all(d["part"] is None for d in decisions if d["hook"] != "process_output_stream")
+    assert all(len(d["seen"]) == 64 and d["content"] is None for d in decisions)
+    assert all(d["sidecar"] in ("guards", "faulty") and d["agentId"] == "a" for d in decisions)
+    # the store itself holds no content: every content cell is NULL, and the input is nowhere
+    assert stack.rows("SELECT count(*) FROM run_decisions WHERE content IS NOT NULL") == [(0,)]
+    dump = "\n".join(str(r) for r in stack.rows("SELECT * FROM run_decisions"))
+    assert "jailbreak" not in dump
+
+
+async def test_a_blocking_guard_records_its_abort(stack: Stack) -> None:
+    result = await stack.generate("blocked", ADA, memory={"thread": "t2", "resource": "ada"})
+    decisions = (await stack.http.get(f"/api/runs/{result['runId']}/decisions", headers=OPERATOR)).json()[
+        "decisions"
+    ]
+    assert [(d["processor"], d["hook"], d["outcome"]) for d in decisions] == [
+        ("topic-guard", "process_input", "abort")
+    ]
+
+
+async def test_another_tenant_is_refused_as_for_no_record(stack: Stack) -> None:
+    result = await stack.generate("a", ADA, memory={"thread": "t3", "resource": "ada"})
+    run_id = result["runId"]
+    assert (await stack.http.get(f"/api/runs/{run_id}/decisions", headers=ADA)).status_code == 200
+    refused = await stack.http.get(f"/api/runs/{run_id}/decisions", headers=BOB)
+    none = await stack.http.get("/api/runs/no-such-run/decisions", headers=BOB)
+    assert refused.status_code == none.status_code == 404
+    assert "ada" not in refused.text
+
+
+async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
+    result = await stack.generate("blocked", OPERATOR)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PROCMESH_CONFIG_FILE": str(stack.config_path)}
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [str(bin_dir / "procmesh"), "runs", "decisions", result["runId"]],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    (line,) = out.stdout.splitlines()
+    assert "process_input" in line
+    assert "guards/topic-guard" in line
+    assert "\tabort\t" in line
+    as_json = await asyncio.to_thread(
+        subprocess.run,
+        [str(bin_dir / "procmesh"), "runs", "decisions", result["runId"], "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert json.loads(as_json.stdout)["outcome"] == "abort"
+    missing = await asyncio.to_thread(
+        subprocess.run,
+        [str(bin_dir / "procmesh"), "runs", "decisions", "no-such-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert missing.returncode == 1
+
+
+async def test_retention_and_thread_deletion_purge_records(stack: Stack) -> None:
+    result = await stack.generate("a", ADA, memory={"thread": "t4", "resource": "ada"})
+    run_id = result["runId"]
+    assert stack.rows("SELECT count(*) FROM run_decisions WHERE run_id = ?", run_id)[0][0] > 0
+    # age the run's record past the one-day retention: the next run's write purges it
+    stack.rows("UPDATE run_decisions SET at = '2000-01-01T00:00:00.000000Z' WHERE run_id = ?", run_id)
+    await stack.generate("blocked", OPERATOR)
+    assert stack.rows("SELECT count(*) FROM run_decisions WHERE run_id = ?", run_id) == [(0,)]
+    # deleting a thread deletes its runs' records
+    kept = await stack.generate("a", ADA, memory={"thread": "t5", "resource": "ada"})
+    assert (await stack.http.get(f"/api/runs/{kept['runId']}/decisions", headers=ADA)).status_code == 200
+    deleted = await stack.http.delete(
+        "/api/memory/threads/t5", params={"resourceId": "ada", "agentId": "a"}, headers=ADA
+    )
+    assert deleted.status_code == 200, deleted.text
+    assert (await stack.http.get(f"/api/runs/{kept['runId']}/decisions", headers=ADA)).status_code == 404
+
+
+async def test_content_recording_keeps_what_each_processor_saw(
+    start_sidecar: Callable[..., SidecarProcess],
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    s = await _stack(
+        start_sidecar, start_orchestrator, tmp_path_factory.mktemp("content"), "cont", content=True
+    )
+    try:
+        result = await s.generate("blocked", OPERATOR)
+        (decision,) = (await s.http.get(f"/api/runs/{result['runId']}/decisions", headers=OPERATOR)).json()[
+            "decisions"
+        ]
+        assert decision["outcome"] == "abort"
+        assert TEXT in decision["content"]
+        assert "run_id" not in decision["content"]  # the run context is not what it judged
+    finally:
+        await s.http.aclose()

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
 from procmesh_orchestrator.config.lanes import violation_routes
+from procmesh_orchestrator.config.memory import WorkingMemoryConfig
 from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -42,6 +43,13 @@ from procmesh_orchestrator.store import MemoryStore
 from procmesh_orchestrator.tools import ToolCatalog
 
 log = logging.getLogger(__name__)
+
+
+def working_memory_settings(config: WorkingMemoryConfig | None) -> WorkingMemorySettings | None:
+    """What the run keeps of an agent's ``memory.workingMemory`` (None when absent or disabled)."""
+    if config is None or not config.enabled:
+        return None
+    return WorkingMemorySettings(config.scope, config.template, config.json_schema, config.agent_managed)
 
 
 def config_hash(config: Config) -> str:
@@ -168,7 +176,7 @@ class Pipeline:
             store,
             config.last_messages,
             name,
-            WorkingMemorySettings.of(config.working_memory),
+            working_memory_settings(config.working_memory),
             config.read_only,
         )
 

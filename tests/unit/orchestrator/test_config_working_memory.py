@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from procmesh_orchestrator.app._pipeline import working_memory_settings
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.run.framework.working_memory import WorkingMemorySettings
@@ -21,15 +22,15 @@ def test_the_reference_options_are_taken() -> None:
     agent_memory = config.agents["a"].memory
     assert agent_memory is not None
     assert agent_memory.read_only is True
-    settings = WorkingMemorySettings.of(agent_memory.working_memory)
+    settings = working_memory_settings(agent_memory.working_memory)
     assert settings == WorkingMemorySettings(scope="thread", template="# Notes")
     schema = {"type": "object", "properties": {"name": {"type": "string"}}}
     by_schema = parse_config(memory(workingMemory={"schema": schema})).agents["a"].memory
     assert by_schema is not None
-    assert WorkingMemorySettings.of(by_schema.working_memory) == WorkingMemorySettings(schema=schema)
+    assert working_memory_settings(by_schema.working_memory) == WorkingMemorySettings(schema=schema)
     off = parse_config(memory(workingMemory={"enabled": False})).agents["a"].memory
     assert off is not None
-    assert WorkingMemorySettings.of(off.working_memory) is None
+    assert working_memory_settings(off.working_memory) is None
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ from procmesh_orchestrator.store import MemoryStore, client_message
 from procmesh_orchestrator.store.working_memory import RESOURCE_SCOPE
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.config.memory import WorkingMemoryConfig
     from procmesh_orchestrator.run.base import RunCore
     from procmesh_orchestrator.run.framework.memory import AgentMemory
 
@@ -63,13 +62,6 @@ class WorkingMemorySettings:
     template: str | None = None
     schema: dict[str, Any] | None = None
     agent_managed: bool = True
-
-    @classmethod
-    def of(cls, config: WorkingMemoryConfig | None) -> WorkingMemorySettings | None:
-        """The settings of an agent's ``memory.workingMemory`` (None when absent or disabled)."""
-        if config is None or not config.enabled:
-            return None
-        return cls(config.scope, config.template, config.json_schema, config.agent_managed)
 
     @property
     def format(self) -> str:

@@ -4,11 +4,11 @@ Subclass `Processor`, implement any of the seeds' hooks in snake_case, and
 serve it with `run([MyProcessor()])` (or `ProcessorServer` in your own loop). Subclass `Tool`
 to host a standalone tool an agent config names: `run([...], tools=[MyTool()])`.
 
-The names below load on first use (PEP 562): `import procmesh.tracing` or ``from procmesh import
-RUN_ID`` brings in neither grpc nor protobuf, so code that only traces or logs (the
-orchestrator's run loop) stays free of the wire. `_EXPORTS` says where each name lives; the
-`TYPE_CHECKING` block repeats it for type checkers (tests/unit/sdk/test_exports.py keeps the two
-equal).
+The names below load on first use (PEP 562): `import procmesh.tracing`, ``from procmesh import
+RUN_ID`` or `procmesh.parts` brings in neither grpc nor protobuf, so code that only traces, logs or
+reads message parts (the orchestrator's run loop) stays free of the wire. `_EXPORTS` says where
+each name lives; the `TYPE_CHECKING` block repeats it for type checkers
+(tests/unit/sdk/test_exports.py keeps the two equal).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from procmesh import check, convert, errors, hooks
+    from procmesh import check, convert, errors, hooks, parts
     from procmesh._client import ProcessorClient
     from procmesh._logging import RUN_ID, TRACE_ID, JsonFormatter, configure_logging
     from procmesh._message_list import MessageList
@@ -50,6 +50,7 @@ __all__ = [
     "convert",
     "errors",
     "hooks",
+    "parts",
     "run",
     "serve",
     "server_credentials",
@@ -80,6 +81,7 @@ _EXPORTS = {
     "convert": "procmesh",
     "errors": "procmesh",
     "hooks": "procmesh",
+    "parts": "procmesh",
     "run": "procmesh._run",
     "serve": "procmesh._run",
     "server_credentials": "procmesh._server",

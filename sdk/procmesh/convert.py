@@ -28,7 +28,6 @@ from procmesh._convert.chunks import (
 )
 from procmesh._convert.messages import Message as Message
 from procmesh._convert.messages import message_from_proto, message_to_proto
-from procmesh._convert.provenance import part_provenance
 from procmesh._convert.turns import (
     prompt_from_proto,
     prompt_to_proto,
@@ -39,6 +38,7 @@ from procmesh._convert.turns import (
 )
 from procmesh._convert.values import JSON as JSON
 from procmesh._convert.values import from_struct, from_value, to_struct, to_value
+from procmesh.parts import part_provenance
 
 __all__ = [
     "abort_from_proto",

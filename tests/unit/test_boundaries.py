@@ -106,8 +106,8 @@ def loaded_after(statement: str) -> list[str]:
 def test_importing_the_run_loop_loads_no_wire() -> None:
     assert loaded_after("import procmesh_orchestrator.run") == []
     assert loaded_after("import procmesh_orchestrator.run.framework") == []
-    # the SDK's face is lazy: what the loop takes from it (tracing, the log fields) is wire-free
-    assert loaded_after("from procmesh import RUN_ID, tracing") == []
+    # the SDK's face is lazy: what the loop takes from it (tracing, the log fields, parts) is wire-free
+    assert loaded_after("from procmesh import RUN_ID, parts, tracing") == []
 
 
 def test_the_wire_check_sees_the_wire() -> None:

@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from procmesh.convert import part_provenance
+from procmesh.parts import part_provenance
 from procmesh_orchestrator.run import attachments
 
 Message = dict[str, Any]

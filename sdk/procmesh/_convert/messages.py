@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from procmesh._convert.provenance import part_provenance
 from procmesh._convert.values import fill_struct, from_struct, from_value, to_value
+from procmesh.parts import flat_text, part_provenance, with_flat_text
 from procmesh.v1 import types_pb2 as pb
 
 Message = dict[str, Any]
@@ -102,22 +102,6 @@ def _part_from_proto(part: pb.Part, keep_unknown: bool) -> dict[str, Any]:
     if keep_unknown:
         return {"type": UNKNOWN_PART, "proto": base64.b64encode(part.SerializeToString()).decode()}
     raise ValueError("message part has no kind set")
-
-
-def flat_text(parts: list[dict[str, Any]]) -> str:
-    """The legacy flattened ``content.content``: the text parts joined with newlines."""
-    return "\n".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
-
-
-def with_flat_text(content: dict[str, Any]) -> list[dict[str, Any]]:
-    """A content's parts; a content whose only text is the legacy flattened ``content.content``
-    string gets it as a text part (the reference's fallback: a hook or an older client may set
-    only that)."""
-    parts = list(content.get("parts") or [])
-    flat = content.get("content")
-    if isinstance(flat, str) and flat and not any(p.get("type") == "text" for p in parts):
-        parts.append({"type": "text", "text": flat})
-    return parts
 
 
 class Content(dict[str, Any]):

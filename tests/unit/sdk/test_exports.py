@@ -34,6 +34,7 @@ EXPECTED_ALL = [
     "convert",
     "errors",
     "hooks",
+    "parts",
     "run",
     "serve",
     "server_credentials",

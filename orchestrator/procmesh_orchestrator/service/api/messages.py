@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from procmesh import convert
-from procmesh._convert.messages import with_flat_text
+from procmesh.parts import with_flat_text
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError

@@ -1403,6 +1403,137 @@ class GetRunResponse(_message.Message):
 Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
 
 @_typing.final
+class GetRunDecisionsRequest(_message.Message):
+    """Reads one run's decision record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunDecisionsRequest: _TypeAlias = GetRunDecisionsRequest  # noqa: Y015
+
+@_typing.final
+class RunDecision(_message.Message):
+    """One processor decision of a run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PROCESSOR_FIELD_NUMBER: _builtins.int
+    SIDECAR_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
+    HOOK_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    PART_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    WOULD_FIELD_NUMBER: _builtins.int
+    LATENCY_MS_FIELD_NUMBER: _builtins.int
+    SEEN_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """The agent the run ran."""
+    processor: _builtins.str
+    """The processor's id."""
+    sidecar: _builtins.str
+    """The sidecar it ran on."""
+    entry: _builtins.str
+    """Its lane entry."""
+    hook: _builtins.str
+    """The hook ("process_input", "process_output_stream", ...)."""
+    step: _builtins.int
+    """The run's step."""
+    part: _builtins.int
+    """An output-stream part's offset in its session (unset: a unary hook)."""
+    outcome: _builtins.str
+    """"pass", "rewrite", "drop", "abort", "retry", "failed_open", "failed",
+    "input_refused" or "monitor" (an entry in mode monitor).
+    """
+    would: _builtins.str
+    """With "monitor": what it would have done ("pass", "rewrite", "drop",
+    "abort", "retry").
+    """
+    latency_ms: _builtins.float
+    """The call's (or the part's) latency, in milliseconds."""
+    seen: _builtins.str
+    """SHA-256 (hex) of what the processor was given, its run context aside."""
+    content: _builtins.str
+    """What it was given, as JSON (only with `decisions.recordContent`)."""
+    at: _builtins.str
+    """When it was decided: ISO 8601, UTC."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        processor: _builtins.str = ...,
+        sidecar: _builtins.str = ...,
+        entry: _builtins.str = ...,
+        hook: _builtins.str = ...,
+        step: _builtins.int = ...,
+        part: _builtins.int | None = ...,
+        outcome: _builtins.str = ...,
+        would: _builtins.str = ...,
+        latency_ms: _builtins.float = ...,
+        seen: _builtins.str = ...,
+        content: _builtins.str | None = ...,
+        at: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_content", b"_content", "_part", b"_part", "content", b"content", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_content", b"_content", "_part", b"_part", "agent_id", b"agent_id", "at", b"at", "content", b"content", "entry", b"entry", "hook", b"hook", "latency_ms", b"latency_ms", "outcome", b"outcome", "part", b"part", "processor", b"processor", "seen", b"seen", "sidecar", b"sidecar", "step", b"step", "would", b"would"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__content: _TypeAlias = _typing.Literal["content"]  # noqa: Y015
+    _WhichOneofArgType__content: _TypeAlias = _typing.Literal["_content", b"_content"]  # noqa: Y015
+    _WhichOneofReturnType__part: _TypeAlias = _typing.Literal["part"]  # noqa: Y015
+    _WhichOneofArgType__part: _TypeAlias = _typing.Literal["_part", b"_part"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__content) -> _WhichOneofReturnType__content | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__part) -> _WhichOneofReturnType__part | None: ...
+
+Global___RunDecision: _TypeAlias = RunDecision  # noqa: Y015
+
+@_typing.final
+class GetRunDecisionsResponse(_message.Message):
+    """The run's decisions, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunDecision]:
+        """Its decisions."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        decisions: _abc.Iterable[Global___RunDecision] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunDecisionsResponse: _TypeAlias = GetRunDecisionsResponse  # noqa: Y015
+
+@_typing.final
 class CancelRunRequest(_message.Message):
     """Asks one durable run to stop."""
 

@@ -99,6 +99,11 @@ class AgentServiceStub:
                 request_serializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryResponse.FromString,
                 _registered_method=True)
+        self.GetRunDecisions = channel.unary_unary(
+                '/procmesh.v1.AgentService/GetRunDecisions',
+                request_serializer=procmesh_dot_v1_dot_agent__pb2.GetRunDecisionsRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_agent__pb2.GetRunDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -208,6 +213,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRunDecisions(self, request, context):
+        """A run's decision record: every processor decision, in order (kept with the
+        configuration's `decisions.record`). NOT_FOUND: none kept for this run, or
+        another resource's run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +279,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.UpdateWorkingMemory,
                     request_deserializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryResponse.SerializeToString,
+            ),
+            'GetRunDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunDecisions,
+                    request_deserializer=procmesh_dot_v1_dot_agent__pb2.GetRunDecisionsRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_agent__pb2.GetRunDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -574,6 +593,33 @@ class AgentService:
             '/procmesh.v1.AgentService/UpdateWorkingMemory',
             procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryRequest.SerializeToString,
             procmesh_dot_v1_dot_agent__pb2.UpdateWorkingMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.AgentService/GetRunDecisions',
+            procmesh_dot_v1_dot_agent__pb2.GetRunDecisionsRequest.SerializeToString,
+            procmesh_dot_v1_dot_agent__pb2.GetRunDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

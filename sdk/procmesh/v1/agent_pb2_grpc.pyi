@@ -95,6 +95,11 @@ class AgentServiceStub:
     """Replace that working memory (the text the model's updateWorkingMemory tool
     keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
     """
+    GetRunDecisions: _grpc.UnaryUnaryMultiCallable[_agent_pb2.GetRunDecisionsRequest, _agent_pb2.GetRunDecisionsResponse]
+    """A run's decision record: every processor decision, in order (kept with the
+    configuration's `decisions.record`). NOT_FOUND: none kept for this run, or
+    another resource's run.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -158,6 +163,11 @@ class AgentServiceAsyncStub(AgentServiceStub):
     UpdateWorkingMemory: _aio.UnaryUnaryMultiCallable[_agent_pb2.UpdateWorkingMemoryRequest, _agent_pb2.UpdateWorkingMemoryResponse]  # type: ignore[assignment]
     """Replace that working memory (the text the model's updateWorkingMemory tool
     keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
+    """
+    GetRunDecisions: _aio.UnaryUnaryMultiCallable[_agent_pb2.GetRunDecisionsRequest, _agent_pb2.GetRunDecisionsResponse]  # type: ignore[assignment]
+    """A run's decision record: every processor decision, in order (kept with the
+    configuration's `decisions.record`). NOT_FOUND: none kept for this run, or
+    another resource's run.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -285,6 +295,17 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_pb2.UpdateWorkingMemoryResponse, _abc.Awaitable[_agent_pb2.UpdateWorkingMemoryResponse]]:
         """Replace that working memory (the text the model's updateWorkingMemory tool
         keeps; JSON text for a memory with a schema). Errors as GetWorkingMemory.
+        """
+
+    @_abc_1.abstractmethod
+    def GetRunDecisions(
+        self,
+        request: _agent_pb2.GetRunDecisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.GetRunDecisionsResponse, _abc.Awaitable[_agent_pb2.GetRunDecisionsResponse]]:
+        """A run's decision record: every processor decision, in order (kept with the
+        configuration's `decisions.record`). NOT_FOUND: none kept for this run, or
+        another resource's run.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

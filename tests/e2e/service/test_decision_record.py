@@ -20,11 +20,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
 import yaml
 
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
 
@@ -162,6 +165,22 @@ async def test_another_tenant_is_refused_as_for_no_record(stack: Stack) -> None:
     none = await stack.http.get("/api/runs/no-such-run/decisions", headers=BOB)
     assert refused.status_code == none.status_code == 404
     assert "ada" not in refused.text
+
+
+async def test_grpc_reads_a_runs_decisions_and_refuses_another_tenant(stack: Stack) -> None:
+    result = await stack.generate("blocked", ADA, memory={"thread": "t6", "resource": "ada"})
+    request = apb.GetRunDecisionsRequest(run_id=result["runId"])
+    async with grpc.aio.insecure_channel(stack.proc.grpc_address) as channel:
+        stub = agrpc.AgentServiceStub(channel)
+        answer = await stub.GetRunDecisions(request, metadata=(("authorization", "Bearer ada-key"),))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.GetRunDecisions(request, metadata=(("authorization", "Bearer bob-key"),))
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    (decision,) = answer.decisions
+    assert (decision.processor, decision.outcome) == ("topic-guard", "abort")
+    assert not decision.HasField("part")
+    assert len(decision.seen) == 64
+    assert not decision.HasField("content")
 
 
 async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:

@@ -9,7 +9,7 @@ from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh_orchestrator.run import RunResult
 from procmesh_orchestrator.service.api.results import all_calls, all_results
-from procmesh_orchestrator.store import DurableRun
+from procmesh_orchestrator.store import Decision, DurableRun
 
 
 def result_to_proto(result: RunResult) -> apb.GenerateResponse:
@@ -91,4 +91,23 @@ def run_record_to_proto(record: DurableRun) -> apb.RunRecord:
         updated_at=record.updated_at,
         error=record.error,
         cancel_requested=record.cancel_requested,
+    )
+
+
+def decision_to_proto(d: Decision) -> apb.RunDecision:
+    """A decision of a run's record as a RunDecision."""
+    return apb.RunDecision(
+        agent_id=d.agent_id,
+        processor=d.processor,
+        sidecar=d.sidecar,
+        entry=d.entry,
+        hook=d.hook,
+        step=d.step,
+        part=d.part,
+        outcome=d.outcome,
+        would=d.would,
+        latency_ms=d.latency_ms,
+        seen=d.seen,
+        content=d.content,
+        at=d.at,
     )

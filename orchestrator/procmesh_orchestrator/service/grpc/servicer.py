@@ -1,5 +1,6 @@
 """procmesh.v1.AgentService: Generate and Stream (plain or durable), ApproveToolCall and
-DeclineToolCall, Observe, ListRuns, GetRun, CancelRun, GetWorkingMemory and UpdateWorkingMemory.
+DeclineToolCall, Observe, ListRuns, GetRun, CancelRun, GetWorkingMemory, UpdateWorkingMemory and
+GetRunDecisions.
 Each RPC parses its request and shapes its answer; what it does to the runs is `api.control`'s
 (the working memory's `grpc.memory`), as for the HTTP routes."""
 
@@ -25,7 +26,7 @@ from procmesh_orchestrator.run.hooks import Resumed
 from procmesh_orchestrator.service._auth import Caller, grpc_caller
 from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavailableError, ServiceError
 from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
-from procmesh_orchestrator.service.api import control
+from procmesh_orchestrator.service.api import control, decisions
 from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
 from procmesh_orchestrator.service.api.control import LiveRun
@@ -34,6 +35,7 @@ from procmesh_orchestrator.service.grpc import memory
 from procmesh_orchestrator.service.grpc.requests import parse_proto
 from procmesh_orchestrator.service.grpc.responses import (
     calls_to_proto,
+    decision_to_proto,
     failed_proto,
     result_to_proto,
     run_record_to_proto,
@@ -277,6 +279,18 @@ class AgentServicer(agrpc.AgentServiceServicer):
             await self._refuse(context, exc)
         self._service.metrics.requests.labels("grpc", "OK").inc()
         return apb.CancelRunResponse(cancelled=cancelled, run=run_record_to_proto(after))
+
+    async def GetRunDecisions(
+        self, request: apb.GetRunDecisionsRequest, context: Context
+    ) -> apb.GetRunDecisionsResponse:
+        try:
+            found = await decisions.run_decisions(self._service, request.run_id, self._caller(context))
+        except ServiceError as exc:
+            await self._refuse(context, exc)
+        self._service.metrics.requests.labels("grpc", "OK").inc()
+        return apb.GetRunDecisionsResponse(
+            run_id=request.run_id, decisions=[decision_to_proto(d) for d in found]
+        )
 
     async def GetWorkingMemory(
         self, request: apb.GetWorkingMemoryRequest, context: Context

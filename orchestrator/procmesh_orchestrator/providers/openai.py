@@ -120,6 +120,20 @@ class _ToolCall:
     arguments: str = ""
 
 
+def _sources(message: dict[str, Any]) -> Iterator[Chunk]:
+    """A web-search model's ``url_citation`` annotations as the reference's ``source`` chunks."""
+    for note in message.get("annotations") or []:
+        cited = note.get("url_citation") if isinstance(note, dict) else None
+        if note.get("type") == "url_citation" and isinstance(cited, dict) and cited.get("url"):
+            source = {
+                "id": cited["url"],
+                "sourceType": "url",
+                "url": cited["url"],
+                "title": cited.get("title"),
+            }
+            yield {"type": "source", "payload": source}
+
+
 @dataclass
 class _StreamState:
     """Accumulates a chat-completions stream: tool calls by index, the finish reason, usage."""
@@ -136,6 +150,7 @@ class _StreamState:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 yield {"type": "text-delta", "payload": {"id": "t0", "text": delta["content"]}}
+            yield from _sources(delta)
             for raw in delta.get("tool_calls") or []:
                 call = self.calls.setdefault(int(raw.get("index", len(self.calls))), _ToolCall())
                 fn = raw.get("function") or {}
@@ -259,6 +274,7 @@ class OpenAIModel(HTTPModel):
         message = choice.get("message") or {}
         if message.get("content"):
             yield {"type": "text-delta", "payload": {"id": "t0", "text": message["content"]}}
+        yield from _sources(message)
         state = _StreamState(self.model_id, finish_reason=choice.get("finish_reason"))
         state.usage = answer.get("usage") or {}
         for index, raw in enumerate(message.get("tool_calls") or []):

@@ -93,6 +93,8 @@ async def model_step(
             run.partial_text = outcome.text
         elif kind == "tool-call":
             outcome.tool_calls.append(chunk["payload"])
+        elif kind == "source":
+            outcome.sources.append(chunk.get("payload") or {})
         elif kind in ("reasoning-delta", "reasoning-end"):
             payload = chunk.get("payload") or {}
             block = outcome.reasoning.setdefault(str(payload.get("id", "")), {"text": ""})
@@ -147,6 +149,7 @@ def step_record(
         "tripwire": tripwire.as_dict() if tripwire else None,
         "reasoning": [{"id": rid, **block} for rid, block in outcome.reasoning.items() if block["text"]],
         "reasoningText": "".join(r["text"] for r in outcome.reasoning.values()) or None,
+        "sources": outcome.sources,
     }
 
 

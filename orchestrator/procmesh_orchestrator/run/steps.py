@@ -44,6 +44,8 @@ class StepOutcome:
     raw_chunks: list[Chunk] = field(default_factory=list)
     abort: TripwireAbort | None = None
     from_cache: bool = False
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """The sources the model cited (``source`` chunks' payloads: ``{id, sourceType, url, title}``)."""
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The model's reasoning blocks by id, in order: ``{text, providerMetadata}``."""
 

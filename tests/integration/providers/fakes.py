@@ -147,6 +147,13 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+def _citations(sources: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Chat completions' ``url_citation`` annotations of these sources."""
+    return [
+        {"type": "url_citation", "url_citation": {**s, "start_index": 0, "end_index": 0}} for s in sources
+    ]
+
+
 def _words(text: str) -> list[str]:
     return [w for w in re.split(r"(?= )", text) if w]
 
@@ -286,6 +293,8 @@ class FakeOpenAI(FakeAPI):
             first["function"]["arguments"] = args[:half]
             events.append(delta({"tool_calls": [first]}))
             events.append(delta({"tool_calls": [{"index": k, "function": {"arguments": args[half:]}}]}))
+        if reply.get("sources"):  # [{url, title}]: a web-search model's citations, at the end
+            events.append(delta({"annotations": _citations(reply["sources"])}))
         events.append(delta({}, self._finish(reply)))
         if (body.get("stream_options") or {}).get("include_usage"):
             events.append((None, self._completion_chunk(body, [], usage=self._usage(reply))))
@@ -307,6 +316,8 @@ class FakeOpenAI(FakeAPI):
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("text") or None}
         if calls:
             message["tool_calls"] = calls
+        if reply.get("sources"):
+            message["annotations"] = _citations(reply["sources"])
         return {
             "id": "chatcmpl-1",
             "object": "chat.completion",

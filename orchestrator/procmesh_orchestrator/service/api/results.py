@@ -97,6 +97,10 @@ def _step_json(step: dict[str, Any], run_id: str) -> dict[str, Any]:
         "dynamicToolResults": [],
         "reasoning": reasoning,
         "reasoningText": step.get("reasoningText"),
+        "sources": [
+            {"type": "source", "runId": run_id, "from": "AGENT", "payload": s}
+            for s in step.get("sources") or []
+        ],
         "content": [{"type": "reasoning", "text": r["payload"]["text"]} for r in reasoning] + content,
     }
 
@@ -111,8 +115,8 @@ _NOTHING: dict[str, Any] = {
     "request": {},
 }
 """The fields of a result and of a step the client's types declare that procmesh has nothing for:
-no provider's sources or files reach a result yet, and no request body is echoed (reasoning: a
-step's, when its model reasoned)."""
+no provider's files reach a result yet, and no request body is echoed (reasoning and sources: a
+step's, when its model gave them)."""
 
 
 def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -139,6 +143,7 @@ def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None)
     out: dict[str, Any] = {
         **_NOTHING,
         "reasoning": [r for s in steps for r in s["reasoning"]],
+        "sources": [source for s in steps for source in s["sources"]],
         "reasoningText": "".join(s["reasoningText"] or "" for s in steps) or None,
         "warnings": list(warnings or []),
         "runId": run_id,

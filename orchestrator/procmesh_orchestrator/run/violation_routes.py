@@ -12,14 +12,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import httpx
 
-if TYPE_CHECKING:  # the config package imports the run's (durable runs): no import cycle at run time
-    from procmesh_orchestrator.config.lanes import WebhookRoute
-
 log = logging.getLogger(__name__)
+
+
+class WebhookRoute(Protocol):
+    """Where a webhook route posts (the config's ``onViolation: {webhook: URL}`` is one; the run
+    stands alone, so it names only what it reads)."""
+
+    @property
+    def webhook(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def timeout(self) -> float: ...
+
 
 Route: TypeAlias = "str | WebhookRoute | Callable[[dict[str, Any]], Any]"
 """``log``, a `WebhookRoute`, or (Python API) a callable given the violation."""

@@ -148,6 +148,8 @@ class _StreamState:
             self.usage = payload["usage"]
         for choice in payload.get("choices") or []:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):  # an OpenAI-compatible API's (DeepSeek, vLLM) reasoning
+                yield {"type": "reasoning-delta", "payload": {"id": "r0", "text": delta["reasoning_content"]}}
             if delta.get("content"):
                 yield {"type": "text-delta", "payload": {"id": "t0", "text": delta["content"]}}
             yield from _sources(delta)
@@ -272,6 +274,8 @@ class OpenAIModel(HTTPModel):
             raise error_from_payload(answer, status=None, body=json.dumps(answer))
         choice = (answer.get("choices") or [{}])[0]
         message = choice.get("message") or {}
+        if message.get("reasoning_content"):
+            yield {"type": "reasoning-delta", "payload": {"id": "r0", "text": message["reasoning_content"]}}
         if message.get("content"):
             yield {"type": "text-delta", "payload": {"id": "t0", "text": message["content"]}}
         yield from _sources(message)

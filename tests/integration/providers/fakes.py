@@ -285,6 +285,7 @@ class FakeOpenAI(FakeAPI):
             return None, self._completion_chunk(body, [{"index": 0, "delta": d, "finish_reason": finish}])
 
         events = [delta({"role": "assistant", "content": ""})]
+        events += [delta({"reasoning_content": w}) for w in _words(reply.get("reasoning", ""))]
         events += [delta({"content": w}) for w in _words(reply.get("text", ""))]
         for k, call in enumerate(reply.get("toolCalls") or []):
             args = json.dumps(call.get("args", {}))
@@ -318,6 +319,8 @@ class FakeOpenAI(FakeAPI):
             message["tool_calls"] = calls
         if reply.get("sources"):
             message["annotations"] = _citations(reply["sources"])
+        if reply.get("reasoning"):  # an OpenAI-compatible API's (DeepSeek's) reasoning_content
+            message["reasoning_content"] = reply["reasoning"]
         return {
             "id": "chatcmpl-1",
             "object": "chat.completion",

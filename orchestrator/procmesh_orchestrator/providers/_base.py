@@ -171,6 +171,11 @@ def provider_executed(prompt: list[dict[str, Any]]) -> set[str]:
     }
 
 
+def url_source(url: str, title: Any) -> Chunk:
+    """A web page a model cited, as the reference's ``source`` chunk (its url is its id)."""
+    return {"type": "source", "payload": {"id": url, "sourceType": "url", "url": url, "title": title}}
+
+
 def tool_output_text(output: Any) -> str:
     """A tool result as the model reads it: strings as they are, anything else as JSON; a tool's
     model output in the AI SDK's shapes (toModelOutput) as its text, JSON or text parts."""

@@ -17,6 +17,7 @@ from procmesh_orchestrator.providers._base import (
     stream_cut,
     tool_output_text,
     tool_parameters,
+    url_source,
     usage,
 )
 from procmesh_orchestrator.providers._http import error_from_payload, parse_json, post_json, post_sse
@@ -129,6 +130,13 @@ def convert_tool_choice(choice: Any) -> dict[str, Any] | None:
     return {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}.get(str(choice))
 
 
+def _sources(citations: list[Any]) -> Iterator[Chunk]:
+    """The web pages a text block cites (``web_search_result_location``) as ``source`` chunks."""
+    for cited in citations:
+        if isinstance(cited, dict) and cited.get("type") == "web_search_result_location" and cited.get("url"):
+            yield url_source(cited["url"], cited.get("title"))
+
+
 @dataclass
 class _Block:
     type: str
@@ -165,6 +173,8 @@ class _StreamState:
                 yield {"type": "text-delta", "payload": {"id": f"t{index}", "text": delta["text"]}}
             elif delta.get("type") == "thinking_delta" and delta.get("thinking"):
                 yield {"type": "reasoning-delta", "payload": {"id": f"r{index}", "text": delta["thinking"]}}
+            elif delta.get("type") == "citations_delta":
+                yield from _sources([delta.get("citation")])
             elif delta.get("type") == "signature_delta" and index in self.blocks:
                 self.blocks[index].signature += delta.get("signature") or ""
             elif delta.get("type") == "input_json_delta" and index in self.blocks:
@@ -291,6 +301,9 @@ class AnthropicModel(HTTPModel):
         text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
         if text:
             yield {"type": "text-delta", "payload": {"id": "t0", "text": text}}
+        for block in blocks:
+            if block.get("type") == "text":
+                yield from _sources(block.get("citations") or [])
         for block in blocks:
             if block.get("type") == "tool_use":
                 yield _tool_call(block.get("id", ""), block.get("name", ""), block.get("input") or {})

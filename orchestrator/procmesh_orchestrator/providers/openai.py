@@ -18,6 +18,7 @@ from procmesh_orchestrator.providers._base import (
     stream_cut,
     tool_output_text,
     tool_parameters,
+    url_source,
     usage,
 )
 from procmesh_orchestrator.providers._http import error_from_payload, parse_json, post_json, post_sse
@@ -125,13 +126,7 @@ def _sources(message: dict[str, Any]) -> Iterator[Chunk]:
     for note in message.get("annotations") or []:
         cited = note.get("url_citation") if isinstance(note, dict) else None
         if note.get("type") == "url_citation" and isinstance(cited, dict) and cited.get("url"):
-            source = {
-                "id": cited["url"],
-                "sourceType": "url",
-                "url": cited["url"],
-                "title": cited.get("title"),
-            }
-            yield {"type": "source", "payload": source}
+            yield url_source(cited["url"], cited.get("title"))
 
 
 @dataclass

@@ -154,6 +154,13 @@ def _citations(sources: list[dict[str, str]]) -> list[dict[str, Any]]:
     ]
 
 
+def _locations(sources: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The Messages API's ``web_search_result_location`` citations of these sources."""
+    return [
+        {"type": "web_search_result_location", **s, "cited_text": "", "encrypted_index": ""} for s in sources
+    ]
+
+
 def _words(text: str) -> list[str]:
     return [w for w in re.split(r"(?= )", text) if w]
 
@@ -444,6 +451,11 @@ class FakeAnthropic(FakeAPI):
                         },
                     )
                 )
+            for cited in _locations(reply.get("sources") or []):  # [{url, title}], after the text
+                delta = {"type": "citations_delta", "citation": cited}
+                events.append(
+                    ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+                )
             events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
             index += 1
         for call in reply.get("toolCalls") or []:
@@ -487,7 +499,9 @@ class FakeAnthropic(FakeAPI):
                 {"type": "thinking", "thinking": thinking["text"], "signature": thinking["signature"]}
             )
         if reply.get("text"):
-            content.append({"type": "text", "text": reply["text"]})
+            content.append(
+                {"type": "text", "text": reply["text"], "citations": _locations(reply.get("sources") or [])}
+            )
         for call in reply.get("toolCalls") or []:
             content.append(
                 {"type": "tool_use", "id": call["id"], "name": call["name"], "input": call.get("args", {})}

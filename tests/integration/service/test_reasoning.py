@@ -1,8 +1,9 @@
-"""A model's reasoning reaches the client as the reference sends it (issue 30 item 1): an
-Anthropic model's signed thinking (a fake Anthropic API on a real socket) is the result's
-``reasoning`` and ``reasoningText``, each step's, a ``reasoning`` part of the stored assistant
-message, and in a stream ``reasoning-start`` / ``reasoning-delta`` / ``reasoning-end`` before the
-text; the next turn sends the signed thinking back to the model."""
+"""A model's reasoning and the pages it cites reach the client as the reference sends them (issue
+30 item 1): an Anthropic model's signed thinking (a fake Anthropic API on a real socket) is the
+result's ``reasoning`` and ``reasoningText``, each step's, a ``reasoning`` part of the stored
+assistant message, and in a stream ``reasoning-start`` / ``reasoning-delta`` / ``reasoning-end``
+before the text; the next turn sends the signed thinking back to the model. A text's
+``web_search_result_location`` citations are ``source`` chunks and the result's ``sources``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ SIGNED = {"anthropic": {"signature": "sig-abc"}}
 def anthropic_api() -> Iterator[FakeAnthropic]:
     api = FakeAnthropic().start()
     api.script("claude", {"thinking": THINKING, "text": "Hello there."})
+    api.script(
+        "searcher", {"text": "Sunny in Paris.", "sources": [{"url": "https://example.com/p", "title": "P"}]}
+    )
     yield api
     api.stop()
 
@@ -39,11 +43,12 @@ def _config(base_url: str, db: Path) -> dict[str, Any]:
         "storage": {"backend": "sqlite", "path": str(db)},
         "providers": {"fake": {"kind": "anthropic", "baseUrl": base_url}},
         "agents": {
+            "searcher": {"model": "fake/searcher", "errorProcessorDefaults": False},
             "thinker": {
                 "model": "fake/claude",
                 "errorProcessorDefaults": False,
                 "memory": {"lastMessages": 10},
-            }
+            },
         },
     }
 
@@ -94,3 +99,18 @@ async def test_a_stream_frames_the_reasoning_before_the_text(http: httpx.AsyncCl
     assert end < types.index("text-start")
     assert "".join(c["payload"]["text"] for c in chunks if c["type"] == "reasoning-delta") == THINKING["text"]
     assert chunks[end]["payload"]["providerMetadata"] == SIGNED
+
+
+async def test_the_web_pages_a_text_cites_are_sources(http: httpx.AsyncClient) -> None:
+    source = {
+        "id": "https://example.com/p",
+        "sourceType": "url",
+        "url": "https://example.com/p",
+        "title": "P",
+    }
+    body = (await http.post("/api/agents/searcher/generate", json={"messages": "weather?"})).json()
+    assert [s["payload"] for s in body["sources"]] == [source]
+    chunks = [
+        c for c in await stream_chunks(http, "searcher", {"messages": "weather?"}) if isinstance(c, dict)
+    ]
+    assert [c["payload"] for c in chunks if c["type"] == "source"] == [source]

@@ -13,7 +13,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format
@@ -38,6 +37,21 @@ class DecisionsConfig(BaseModel):
     """Keep what each processor was given (JSON) beside its hash: user content in the store."""
     retention_days: float = Field(default=7.0, gt=0)
     """Decisions older than this are purged (as later runs write theirs)."""
+
+
+_SECONDS: dict[int, str] = {}
+"""The text of the last second `_stamp` formatted (a run's decisions share a few seconds)."""
+
+
+def _stamp(at: float) -> str:
+    """`time.time()` as the store keeps times (ISO 8601, UTC, to the microsecond), without a
+    datetime per decision."""
+    second = int(at)
+    head = _SECONDS.get(second)
+    if head is None:
+        _SECONDS.clear()
+        head = _SECONDS[second] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{head}.{int((at - second) * 1e6):06d}Z"
 
 
 def _json(message: Message) -> str:
@@ -99,8 +113,8 @@ class DecisionLog:
                 hook=hook,
                 step=step,
                 outcome=outcome,
-                at=datetime.fromtimestamp(at, UTC).isoformat(),
-                latency_ms=round(took * 1000, 3),
+                at=_stamp(at),
+                latency_ms=took * 1000,
                 part=part,
                 would=would,
                 seen=seen[0],

@@ -164,8 +164,11 @@ class SpeculativeGroup:
             member.inbox.appendleft((kind, value, origin))
             return self._failure(j)
         if items and items[-1][0] == ABORT:
+            member.parts.decided(head.part, "retry" if items[-1][1].retry else "abort")
             member.span.outcome("abort")
             count_session(self.caller, member.handles, "abort", items[-1][1])
+        else:
+            member.parts.decided(head.part, member.parts.last)
         self._hand_on(j, items, origin)
         return True
 

@@ -4,6 +4,7 @@ in the same transaction (so a store under load prunes as it writes, without a jo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +22,11 @@ from procmesh_orchestrator.store._checks import (
 from procmesh_orchestrator.store._sql import Query, StoreHooks
 from procmesh_orchestrator.store.decisions import Decision
 
+_TEXT_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+"""`time_text`'s form: a fixed width, so text order is time order."""
+_BATCH = 400
+"""Rows per INSERT statement: a run's thousand stream parts are a few statements, not a thousand
+(16 parameters a row stay far below SQLite's limit of 32766)."""
 _COLUMNS = (
     "run_id, agent_id, thread_id, resource_id, processor, sidecar, entry, hook, step, part, "
     "outcome, would, latency_ms, seen, content, at"
@@ -28,7 +34,9 @@ _COLUMNS = (
 
 
 def _row(d: Decision) -> tuple[Any, ...]:
-    at = time_text(datetime.fromisoformat(d.at.replace("Z", "+00:00")))
+    at = d.at
+    if not _TEXT_TIME.fullmatch(at):  # already the stored form (`DecisionLog` writes it): kept
+        at = time_text(datetime.fromisoformat(at.replace("Z", "+00:00")))
     return (
         d.run_id, d.agent_id, d.thread_id, d.resource_id, d.processor, d.sidecar, d.entry, d.hook,
         d.step, d.part, d.outcome, d.would, d.latency_ms, d.seen, d.content, at,
@@ -71,16 +79,19 @@ class DecisionMethods(StoreHooks):
                 f"got {label(retention_seconds)}"
             )
         rows = [_row(d) for d in decisions]
-        for row in rows:
-            check_id(self.name, "run", row[0])
+        for run_id in {row[0] for row in rows}:
+            check_id(self.name, "run", run_id)
         p = self.placeholder
-        insert = f"INSERT INTO run_decisions ({_COLUMNS}) VALUES ({', '.join([p] * 16)})"
+        row_sql = f"({', '.join([p] * 16)})"
         cutoff = time_text(datetime.now(UTC) - timedelta(seconds=max(0.0, retention_seconds)))
 
         async def save(query: Query) -> None:
             await query(f"DELETE FROM run_decisions WHERE at < {p}", (cutoff,))
-            for row in rows:
-                await query(insert, row)
+            for start in range(0, len(rows), _BATCH):
+                batch = rows[start : start + _BATCH]
+                values = ", ".join([row_sql] * len(batch))
+                args = tuple(value for row in batch for value in row)
+                await query(f"INSERT INTO run_decisions ({_COLUMNS}) VALUES {values}", args)
 
         await self._transact(save, f"saving {len(rows)} decisions")
 

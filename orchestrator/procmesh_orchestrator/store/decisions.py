@@ -19,7 +19,7 @@ a failure (let through: failed_open; failed the run: failed, input_refused) or m
 ``mode: monitor``: nothing applied, `Decision.would` says what it would have done)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decision:
     """One processor call's (or stream part's) decision in a run."""
 
@@ -32,7 +32,7 @@ class Decision:
     step: int
     outcome: str
     at: str
-    """When it was decided: ISO 8601, UTC."""
+    """When it was decided: ISO 8601, UTC (``2026-12-05T09:08:17.123456Z`` is stored as given)."""
     latency_ms: float = 0.0
     part: int | None = None
     """The part's offset in its output-stream session (None: a unary hook)."""

@@ -246,3 +246,27 @@ async def test_stream_part_series_are_the_sequential_pipelines(
     assert {o: parts["both"][("pass", o)] for o in ("in", "out")} == {
         o: sequential[("pass", o)] for o in ("in", "out")
     }
+
+
+@pytest.mark.parametrize("case", ["drop", "rewrite-then-abort", "withdrawn-abort"])
+async def test_the_decision_record_is_the_sequential_one(
+    ready: dict[str, SidecarProcess], tmp_path: Path, case: str
+) -> None:
+    """A speculative stream records each processor's committed decision per part (issue 31): the
+    same record as the sequential run's, answers withdrawn by a rewrite before it left out."""
+    log = tmp_path / "rec.jsonl"
+    records = {}
+    for mode in ("sequential", "speculative"):
+        cfg = config(ready, log, CASES[case], mode).model_dump(by_alias=True, exclude_unset=True)
+        cfg["decisions"] = {"record": True}
+        cfg["storage"] = {"path": str(tmp_path / f"{mode}.db")}
+        async with App(parse_config(cfg, "test config")) as app:
+            result = await app.agent("a").generate("hi")
+            store = await app.suspended_runs_store()
+            decisions = await store.run_decisions(result.run_id)
+        # per processor in part order (the stages interleave by scheduling, in either mode)
+        records[mode] = sorted((d.entry, d.hook, d.part or 0, d.outcome) for d in decisions)
+        take_log(log)
+    assert records["speculative"] == records["sequential"]
+    outcomes = {outcome for *_, outcome in records["sequential"]}
+    assert {"pass", "drop" if case == "drop" else "rewrite"} <= outcomes

@@ -84,3 +84,10 @@ async def test_deleting_a_thread_deletes_its_runs_decisions(store: MemoryStore) 
     await store.delete_thread("t1", "alice")
     assert await store.run_decisions("r1") == []
     assert len(await store.run_decisions("r2")) == 1  # bob's thread t1 is another thread
+
+
+async def test_a_long_streams_thousand_decisions_are_kept_in_order(store: MemoryStore) -> None:
+    now = datetime.now(UTC)
+    parts = [_decision("long", "pass", now, part=i) for i in range(1000)]
+    await store.save_decisions(parts, retention_seconds=DAY)
+    assert [d.part for d in await store.run_decisions("long")] == list(range(1000))

@@ -148,7 +148,8 @@ class Pipeline:
         """A run's hook caller (`GrpcHookCaller`), kept track of: it lives as long as its run."""
         caller = GrpcHookCaller(info, metrics)
         if self.config.decisions.record:
-            caller.decisions = info.decisions = DecisionLog(self.config.decisions)
+            inputs = self.config.agents[info.agent_id].record_inputs
+            caller.decisions = info.decisions = DecisionLog(self.config.decisions, inputs=inputs)
         self._held.add(caller)
         return caller
 

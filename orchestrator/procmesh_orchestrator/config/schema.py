@@ -262,6 +262,9 @@ class AgentConfig(_Model):
     """Every call is a durable run (checkpointed, taken over by another replica; see `durable`)."""
     fuse: bool | None = None
     """Neighbouring processors of one sidecar go in one request (default: the top-level `fuse`)."""
+    record_inputs: bool = False
+    """Keep what each run was given for replay: its input, request context, raw model output and
+    tool results (with `decisions.record`; bounded by `decisions.maxInputBytes`)."""
     optimistic_first_step: bool = False
     """The first model call starts while the input processors still run; nothing of it reaches
     the caller, and no tool runs, before they all committed (a block cancels it, a rewrite
@@ -413,6 +416,13 @@ class Config(_Model):
             declared = sorted({*self.providers, *DEFAULT_PROVIDERS})
             return f"unknown provider {provider!r} in {ref!r} (providers: {declared})"
         return None
+
+    @model_validator(mode="after")
+    def _recording(self) -> Config:
+        recording = sorted(a for a, agent in self.agents.items() if agent.record_inputs)
+        if recording and not self.decisions.record:
+            raise ValueError(f"agents {recording} set recordInputs, which needs decisions.record: true")
+        return self
 
     @model_validator(mode="after")
     def _references(self) -> Config:

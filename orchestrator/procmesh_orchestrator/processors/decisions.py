@@ -10,6 +10,7 @@ Content is kept only with ``decisions.recordContent``.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from procmesh_orchestrator.metrics import Series
-from procmesh_orchestrator.store.decisions import Decision, DecisionStore
+from procmesh_orchestrator.store.decisions import Decision, DecisionStore, RecordedInput
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,10 @@ class DecisionsConfig(BaseModel):
     record_content: bool = False
     """Keep what each processor was given (JSON) beside its hash: user content in the store."""
     retention_days: float = Field(default=7.0, gt=0)
-    """Decisions older than this are purged (as later runs write theirs)."""
+    """Decisions (and recorded inputs) older than this are purged (as later runs write theirs)."""
+    max_input_bytes: int = Field(default=1_000_000, ge=1)
+    """The most a run's recorded inputs keep (``agents.ID.recordInputs``), as JSON; past it, a
+    ``truncated`` mark and nothing more."""
 
 
 _SECONDS: dict[int, str] = {}
@@ -61,9 +65,24 @@ def _json(message: Message) -> str:
 class DecisionLog:
     """One run's decisions, kept in memory until `flush`."""
 
-    def __init__(self, config: DecisionsConfig) -> None:
+    def __init__(self, config: DecisionsConfig, *, inputs: bool = False) -> None:
         self.config = config
         self._items: list[tuple[Any, ...]] = []
+        self.inputs = inputs
+        """Whether the run's inputs are recorded too (`keep`)."""
+        self._kept: list[tuple[str, int, str, float]] = []
+        self._room = config.max_input_bytes
+
+    def keep(self, kind: str, step: int, body: Any) -> None:
+        """Record something the run was given, for replay (`store.decisions.INPUT_KINDS`), as
+        JSON, while the run's size bound has room; past it, one ``truncated`` mark."""
+        if not self.inputs or self._room < 0:
+            return
+        text = json.dumps(body, ensure_ascii=False, default=str)
+        self._room -= len(text.encode())
+        if self._room < 0:
+            kind, text = "truncated", json.dumps({"kind": kind, "maxInputBytes": self.config.max_input_bytes})
+        self._kept.append((kind, step, text, time.time()))
 
     def seen(self, request: Message) -> tuple[str, str | None]:
         """A request's hash (SHA-256 of its fields but the run context) and, with content
@@ -96,12 +115,18 @@ class DecisionLog:
         self._items.append((labels, hook, step, outcome, took, seen, would, part, time.time()))
 
     async def flush(
-        self, run_id: str, thread_id: str, resource_id: str, store: Callable[[], Awaitable[DecisionStore]]
+        self,
+        run_id: str,
+        agent_id: str,
+        thread_id: str,
+        resource_id: str,
+        store: Callable[[], Awaitable[DecisionStore]],
     ) -> None:
         """Write what was recorded since the last flush, in one transaction. A store that fails is
         logged: the run's own result does not depend on its record."""
         items, self._items = self._items, []
-        if not items:
+        kept, self._kept = self._kept, []
+        if not items and not kept:
             return
         decisions = [
             Decision(
@@ -124,8 +149,13 @@ class DecisionLog:
             )
             for (agent, sidecar, processor, entry), hook, step, outcome, took, seen, would, part, at in items
         ]
+        inputs = [
+            RecordedInput(run_id, agent_id, kind, step, text, _stamp(at), thread_id, resource_id)
+            for kind, step, text, at in kept
+        ]
         try:
             target = await store()
-            await target.save_decisions(decisions, retention_seconds=self.config.retention_days * 86400)
+            retention = self.config.retention_days * 86400
+            await target.save_decisions(decisions, retention_seconds=retention, inputs=inputs)
         except Exception:
-            log.exception("run %s: its %d decisions could not be recorded", run_id, len(decisions))
+            log.exception("run %s: its decision record could not be written", run_id)

@@ -111,6 +111,8 @@ class RunCore:
             context_check=agent.context_schema,
         )
         self.caller = agent.hook_caller(self.info, metrics)
+        self.record_input("input", 0, input)
+        self.record_input("request-context", 0, options.request_context)
         self.input_lane, self.output_lane, self.error_lane = call_lanes(agent, options)
         # Memory's processors run around the lanes, per-call lists included (SPEC §3, §5).
         self.memory = (
@@ -184,9 +186,17 @@ class RunCore:
     async def record_decisions(self) -> None:
         """Write the decisions recorded since the run (or its resumption) began to the store, in
         one transaction: at the run's end, a suspension included (`DecisionLog.flush`)."""
-        decisions, store = self.info.decisions, self.agent.store
+        decisions, store, info = self.info.decisions, self.agent.store, self.info
         if decisions is not None and store is not None:
-            await decisions.flush(self.run_id, self.info.thread_id, self.info.resource_id, store)
+            for step in self.steps:  # each finished step's tool results, as the run gave them on
+                if step.get("toolResults"):
+                    self.record_input("tool-results", int(step.get("stepNumber", 0)), step["toolResults"])
+            await decisions.flush(self.run_id, self.agent.id, info.thread_id, info.resource_id, store)
+
+    def record_input(self, kind: str, step: int, body: Any) -> None:
+        """Keep what the run was given, for replay (``agents.ID.recordInputs``): nothing without."""
+        if self.info.decisions is not None:
+            self.info.decisions.keep(kind, step, body)
 
     def offered_tools(self) -> list[Tool]:
         """What each step starts by offering the model: the agent's tools and the caller's client

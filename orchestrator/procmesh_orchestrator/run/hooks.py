@@ -93,12 +93,20 @@ def dedupe(items: Sequence[Processor]) -> list[Processor]:
 
 
 class DecisionRecord(Protocol):
-    """What the run asks of its decision record: to be written to its store."""
+    """What the run asks of its decision record: to keep its inputs, and to be written to its store."""
+
+    def keep(self, kind: str, step: int, body: Any) -> None:
+        """Record something the run was given, for replay (when its agent records inputs)."""
 
     async def flush(
-        self, run_id: str, thread_id: str, resource_id: str, store: Callable[[], Awaitable[Any]]
+        self,
+        run_id: str,
+        agent_id: str,
+        thread_id: str,
+        resource_id: str,
+        store: Callable[[], Awaitable[Any]],
     ) -> None:
-        """Write the decisions recorded since the last flush (one transaction)."""
+        """Write the decisions (and inputs) recorded since the last flush (one transaction)."""
 
 
 @dataclass

@@ -20,23 +20,29 @@ from procmesh_orchestrator.store._checks import (
     time_text,
 )
 from procmesh_orchestrator.store._sql import Query, StoreHooks
-from procmesh_orchestrator.store.decisions import Decision
+from procmesh_orchestrator.store.decisions import Decision, RecordedInput
 
 _TEXT_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 """`time_text`'s form: a fixed width, so text order is time order."""
 _BATCH = 400
 """Rows per INSERT statement: a run's thousand stream parts are a few statements, not a thousand
 (16 parameters a row stay far below SQLite's limit of 32766)."""
+_INPUT_COLUMNS = "run_id, agent_id, thread_id, resource_id, kind, step, body, at"
 _COLUMNS = (
     "run_id, agent_id, thread_id, resource_id, processor, sidecar, entry, hook, step, part, "
     "outcome, would, latency_ms, seen, content, at"
 )
 
 
+def _stored_time(at: str) -> str:
+    """An ISO 8601 time as `time_text` stores it (`DecisionLog` writes that form: kept as is)."""
+    if _TEXT_TIME.fullmatch(at):
+        return at
+    return time_text(datetime.fromisoformat(at.replace("Z", "+00:00")))
+
+
 def _row(d: Decision) -> tuple[Any, ...]:
-    at = d.at
-    if not _TEXT_TIME.fullmatch(at):  # already the stored form (`DecisionLog` writes it): kept
-        at = time_text(datetime.fromisoformat(at.replace("Z", "+00:00")))
+    at = _stored_time(d.at)
     return (
         d.run_id, d.agent_id, d.thread_id, d.resource_id, d.processor, d.sidecar, d.entry, d.hook,
         d.step, d.part, d.outcome, d.would, d.latency_ms, d.seen, d.content, at,
@@ -69,8 +75,15 @@ def _decision(row: Any) -> Decision:
 class DecisionMethods(StoreHooks):
     """`DecisionStore` on both backends: the same SQL, times as fixed-width ISO text."""
 
-    async def save_decisions(self, decisions: Sequence[Decision], *, retention_seconds: float) -> None:
-        """Insert `decisions` and purge those older than the retention, in one transaction."""
+    async def save_decisions(
+        self,
+        decisions: Sequence[Decision],
+        *,
+        retention_seconds: float,
+        inputs: Sequence[RecordedInput] = (),
+    ) -> None:
+        """Insert `decisions` and `inputs` and purge those older than the retention, in one
+        transaction."""
         if isinstance(retention_seconds, bool) or not (
             isinstance(retention_seconds, int | float) and math.isfinite(retention_seconds)
         ):
@@ -79,7 +92,11 @@ class DecisionMethods(StoreHooks):
                 f"got {label(retention_seconds)}"
             )
         rows = [_row(d) for d in decisions]
-        for run_id in {row[0] for row in rows}:
+        kept = [
+            (i.run_id, i.agent_id, i.thread_id, i.resource_id, i.kind, i.step, i.body, _stored_time(i.at))
+            for i in inputs
+        ]
+        for run_id in {row[0] for row in rows} | {row[0] for row in kept}:
             check_id(self.name, "run", run_id)
         p = self.placeholder
         row_sql = f"({', '.join([p] * 16)})"
@@ -87,6 +104,9 @@ class DecisionMethods(StoreHooks):
 
         async def save(query: Query) -> None:
             await query(f"DELETE FROM run_decisions WHERE at < {p}", (cutoff,))
+            await query(f"DELETE FROM run_inputs WHERE at < {p}", (cutoff,))
+            for row in kept:
+                await query(f"INSERT INTO run_inputs ({_INPUT_COLUMNS}) VALUES ({', '.join([p] * 8)})", row)
             for start in range(0, len(rows), _BATCH):
                 batch = rows[start : start + _BATCH]
                 values = ", ".join([row_sql] * len(batch))
@@ -102,6 +122,26 @@ class DecisionMethods(StoreHooks):
         sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE run_id = {p} ORDER BY id"
         rows = await self._read(sql, (run_id,), f"reading run {label(run_id)}'s decisions")
         return [_decision(row) for row in rows]
+
+    async def run_inputs(self, run_id: str) -> list[RecordedInput]:
+        """A run's recorded inputs in the order they came."""
+        run_id = check_id(self.name, "run", run_id)
+        p = self.placeholder
+        sql = f"SELECT {_INPUT_COLUMNS} FROM run_inputs WHERE run_id = {p} ORDER BY id"
+        rows = await self._read(sql, (run_id,), f"reading run {label(run_id)}'s recorded inputs")
+        return [
+            RecordedInput(
+                run_id=r[0],
+                agent_id=r[1],
+                thread_id=r[2],
+                resource_id=r[3],
+                kind=r[4],
+                step=int(r[5]),
+                body=r[6],
+                at=iso_from_text(r[7]),
+            )
+            for r in rows
+        ]
 
     async def decisions_between(
         self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000

@@ -168,15 +168,17 @@ class ThreadMethods(StoreHooks):
 
     async def delete_thread(self, thread_id: str, resource_id: str) -> None:
         """Delete the resource's thread, (by the foreign key's cascade) its messages, and its runs'
-        decision records."""
+        decision records and recorded inputs."""
         key = thread_key(self.name, thread_id, resource_id)
         p = self.placeholder
         sql = f"DELETE FROM threads WHERE resource_id = {p} AND thread_id = {p}"
         decisions = f"DELETE FROM run_decisions WHERE resource_id = {p} AND thread_id = {p}"
+        inputs = f"DELETE FROM run_inputs WHERE resource_id = {p} AND thread_id = {p}"
 
         async def delete(query: Query) -> None:
             await query(sql, key)
             await query(decisions, key)
+            await query(inputs, key)
 
         await self._transact(delete, f"deleting thread {thread_id!r}", key)
 

@@ -55,12 +55,42 @@ class Decision:
         return out
 
 
-class DecisionStore(Protocol):
-    """Runs' decision records."""
+INPUT_KINDS = ("input", "request-context", "model-output", "tool-results", "truncated")
+"""What a recorded input is: the run's input, its request context, a step's raw model output
+(before any processor), a step's tool results; ``truncated`` marks where the run's size bound
+stopped the recording."""
 
-    async def save_decisions(self, decisions: Sequence[Decision], *, retention_seconds: float) -> None:
-        """Add a run's decisions in one transaction, dropping every decision (of any run) recorded
-        more than `retention_seconds` ago."""
+
+@dataclass(slots=True)
+class RecordedInput:
+    """Something a run was given, kept for replay (``agents.ID.recordInputs``)."""
+
+    run_id: str
+    agent_id: str
+    kind: str
+    step: int
+    body: str
+    """JSON."""
+    at: str
+    thread_id: str = ""
+    resource_id: str = ""
+
+
+class DecisionStore(Protocol):
+    """Runs' decision records and recorded inputs."""
+
+    async def save_decisions(
+        self,
+        decisions: Sequence[Decision],
+        *,
+        retention_seconds: float,
+        inputs: Sequence[RecordedInput] = (),
+    ) -> None:
+        """Add a run's decisions and recorded inputs in one transaction, dropping every decision
+        and input (of any run) recorded more than `retention_seconds` ago."""
+
+    async def run_inputs(self, run_id: str) -> list[RecordedInput]:
+        """A run's recorded inputs in the order they came ([] when none are kept)."""
 
     async def run_decisions(self, run_id: str) -> list[Decision]:
         """A run's decisions in the order they were made ([] for a run with none)."""

@@ -46,7 +46,22 @@ def config(guards: str, faulty: str, db: str, *, content: bool) -> dict[str, Any
         "models": {"demo": {"provider": "demo"}},
         "storage": {"path": db},
         "decisions": {"record": True, "recordContent": content, "retentionDays": 1},
+        "tools": {
+            "weather": {
+                "description": "The weather in a city.",
+                "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "result": {"celsius": 21, "forecast": "sunny"},
+            }
+        },
         "agents": {
+            "rec": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "tools": ["weather"],
+                "memory": {"lastMessages": 10},
+                "recordInputs": True,
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+            },
             "a": {
                 "model": "demo",
                 "errorProcessorDefaults": False,
@@ -145,6 +160,43 @@ async def test_a_run_records_exactly_its_decisions_with_hashes_and_no_content(st
     assert stack.rows("SELECT count(*) FROM run_decisions WHERE content IS NOT NULL") == [(0,)]
     dump = "\n".join(str(r) for r in stack.rows("SELECT * FROM run_decisions"))
     assert "jailbreak" not in dump
+    # an agent without recordInputs keeps no input for replay either
+    assert stack.rows("SELECT count(*) FROM run_inputs WHERE run_id = ?", run_id) == [(0,)]
+
+
+async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Stack) -> None:
+    """Item 2: the run's input, its request context, each step's raw model output and the tool
+    results, in the store with the run, deleted with its thread."""
+    result = (
+        await stack.http.post(
+            "/api/agents/rec/generate",
+            json={
+                "messages": "what is the weather in Paris?",
+                "memory": {"thread": "t9", "resource": "ada"},
+                "requestContext": {},
+            },
+            headers=ADA,
+        )
+    ).json()
+    run_id = result["runId"]
+    rows = stack.rows("SELECT kind, step, body FROM run_inputs WHERE run_id = ? ORDER BY id", run_id)
+    kinds = [(kind, step) for kind, step, _ in rows]
+    assert kinds == [
+        ("input", 0),
+        ("request-context", 0),
+        ("model-output", 0),
+        ("model-output", 1),
+        ("tool-results", 0),
+    ]
+    bodies = {kind + str(step): json.loads(body) for kind, step, body in rows}
+    assert "Paris" in json.dumps(bodies["input0"])
+    assert any(c["type"] == "tool-call" for c in bodies["model-output0"])  # raw: before any processor
+    assert bodies["tool-results0"][0]["result"] == {"celsius": 21, "forecast": "sunny"}
+    deleted = await stack.http.delete(
+        "/api/memory/threads/t9", params={"resourceId": "ada", "agentId": "rec"}, headers=ADA
+    )
+    assert deleted.status_code == 200, deleted.text
+    assert stack.rows("SELECT count(*) FROM run_inputs WHERE run_id = ?", run_id) == [(0,)]
 
 
 async def test_a_blocking_guard_records_its_abort(stack: Stack) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from procmesh_orchestrator.store import Decision, MemoryStore, Thread
+from procmesh_orchestrator.store.decisions import RecordedInput
 
 DAY = 86400.0
 
@@ -91,3 +92,31 @@ async def test_a_long_streams_thousand_decisions_are_kept_in_order(store: Memory
     parts = [_decision("long", "pass", now, part=i) for i in range(1000)]
     await store.save_decisions(parts, retention_seconds=DAY)
     assert [d.part for d in await store.run_decisions("long")] == list(range(1000))
+
+
+def _input(run: str, kind: str, at: datetime, **more: str) -> RecordedInput:
+    return RecordedInput(run, "support", kind, 0, '{"x": 1}', at.isoformat(), **more)
+
+
+async def test_recorded_inputs_are_kept_with_the_run_and_purged_with_it(store: MemoryStore) -> None:
+    now, old = datetime.now(UTC), datetime.now(UTC) - timedelta(days=3)
+    await store.create_thread(Thread(id="t1", resource_id="alice"))
+    await store.save_decisions(
+        [],
+        retention_seconds=10 * DAY,
+        inputs=[
+            _input("r1", "input", now, thread_id="t1", resource_id="alice"),
+            _input("r1", "model-output", now, thread_id="t1", resource_id="alice"),
+            _input("aged", "input", old),
+        ],
+    )
+    assert [(i.kind, i.body) for i in await store.run_inputs("r1")] == [
+        ("input", '{"x": 1}'),
+        ("model-output", '{"x": 1}'),
+    ]
+    assert len(await store.run_inputs("aged")) == 1
+    await store.save_decisions([], retention_seconds=DAY, inputs=[_input("r2", "input", now)])
+    assert await store.run_inputs("aged") == []  # past the retention
+    await store.delete_thread("t1", "alice")
+    assert await store.run_inputs("r1") == []  # with its thread
+    assert len(await store.run_inputs("r2")) == 1

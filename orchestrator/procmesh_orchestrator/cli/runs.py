@@ -1,44 +1,67 @@
-"""`procmesh runs decisions RUN`: a run's decision record (issue 31), read from the config's
-`storage` section (the store the orchestrator writes it to with ``decisions.record``)."""
+"""`procmesh runs decisions RUN` (a run's decision record) and `procmesh runs decisions --since T`
+(every run's decisions in a time range), read from the config's `storage` section: the store the
+orchestrator writes them to with ``decisions.record`` (issue 31)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the store code is imported when the command runs, not for every `procmesh`
+    from procmesh_orchestrator.store import Decision
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The `runs` command and its action."""
     runs = sub.add_parser("runs", help="read what the store keeps of runs (the config's storage)")
     actions = runs.add_subparsers(dest="action", required=True)
-    decisions = actions.add_parser("decisions", help="a run's processor decisions, in order")
-    decisions.add_argument("run", help="the run id")
+    decisions = actions.add_parser(
+        "decisions", help="a run's processor decisions in order, or every run's in a time range"
+    )
+    decisions.add_argument("run", nargs="?", help="the run id (or --since)")
+    decisions.add_argument("--since", help="ISO 8601: decisions from this time on, every run's, oldest first")
+    decisions.add_argument("--until", help="ISO 8601: and before this time (default: now)")
+    decisions.add_argument("--agent", help="with --since: only this agent's runs")
+    decisions.add_argument("--limit", type=int, default=1000, help="with --since: at most this many")
     decisions.add_argument("--config", help="YAML configuration file (default: PROCMESH_CONFIG_FILE)")
     decisions.add_argument("--json", action="store_true", help="one JSON object per line")
     return runs
 
 
+def _line(d: Decision, run: bool) -> str:
+    part = "" if d.part is None else f"#{d.part}"
+    outcome = f"{d.outcome}:{d.would}" if d.would else d.outcome
+    where = f"{d.sidecar}/{d.processor} ({d.entry})"
+    fields = [d.at, *([d.run_id] if run else []), f"step {d.step}", f"{d.hook}{part}", where, outcome]
+    return "\t".join([*fields, f"{d.latency_ms:.1f}ms", d.seen[:16]])
+
+
 async def run(args: argparse.Namespace) -> int:
-    """Print the run's decisions; exit 1 when the store keeps none of it."""
+    """Print the decisions; exit 1 when the store keeps none of the run (2: neither RUN nor --since)."""
     from procmesh_orchestrator.config import load_config
     from procmesh_orchestrator.store import open_store
 
+    if (args.run is None) == (args.since is None):
+        print("procmesh runs decisions: give a RUN or --since, not both", flush=True)
+        return 2
     store = open_store(load_config(args.config).storage)
     await store.start()
     try:
-        found = await store.run_decisions(args.run)
+        if args.run is not None:
+            found = await store.run_decisions(args.run)
+        else:
+            until = args.until or datetime.now(UTC).isoformat()
+            found = await store.decisions_between(args.since, until, agent_id=args.agent, limit=args.limit)
     finally:
         await store.close()
-    if not found:
+    if not found and args.run is not None:
         print(f"procmesh runs: no decision record of run {args.run!r} in the store", flush=True)
         return 1
     for d in found:
         if args.json:
-            print(json.dumps(d.to_json(), ensure_ascii=False))
-            continue
-        part = "" if d.part is None else f"#{d.part}"
-        outcome = f"{d.outcome}:{d.would}" if d.would else d.outcome
-        where = f"{d.sidecar}/{d.processor} ({d.entry})"
-        latency = f"{d.latency_ms:.1f}ms"
-        print(f"{d.at}\tstep {d.step}\t{d.hook}{part}\t{where}\t{outcome}\t{latency}\t{d.seen[:16]}")
+            print(json.dumps({"runId": d.run_id, **d.to_json()}, ensure_ascii=False))
+        else:
+            print(_line(d, run=args.run is None))
     return 0

@@ -268,6 +268,36 @@ async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
         env=env,
     )
     assert missing.returncode == 1
+    # by time: every run's decisions from a moment on, the run's id on each line
+    by_time = await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(bin_dir / "procmesh"),
+            "runs",
+            "decisions",
+            "--since",
+            "2000-01-01",
+            "--agent",
+            "blocked",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    lines = [json.loads(line) for line in by_time.stdout.splitlines()]
+    assert result["runId"] in {d["runId"] for d in lines}
+    assert {d["agentId"] for d in lines} == {"blocked"}
+    later = await asyncio.to_thread(
+        subprocess.run,
+        [str(bin_dir / "procmesh"), "runs", "decisions", "--since", "2999-01-01", "--until", "3000-01-01"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert later.stdout == ""
 
 
 async def test_retention_and_thread_deletion_purge_records(stack: Stack) -> None:

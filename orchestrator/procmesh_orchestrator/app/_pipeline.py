@@ -173,12 +173,16 @@ class Pipeline:
             return None
         assert store is not None
         name = str(getattr(store, "name", "") or f"{self.config.storage.backend} store")
+        window_given = "last_messages" in config.model_fields_set
+        budget = config.message_history.budget() if config.message_history else None
         return AgentMemory(
             store,
-            config.last_messages,
+            config.last_messages if window_given or budget is None else None,
             name,
             working_memory_settings(config.working_memory),
             config.read_only,
+            message_history=budget,
+            window_given=window_given,
         )
 
     def _with_recall(

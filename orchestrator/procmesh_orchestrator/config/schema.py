@@ -23,6 +23,7 @@ from procmesh_orchestrator.config.cost import SETTING_TAGS as SETTING_TAGS
 from procmesh_orchestrator.config.cost import CostControlConfig as CostControlConfig
 from procmesh_orchestrator.config.cost import PriceConfig as PriceConfig
 from procmesh_orchestrator.config.cost import lane_cost_control
+from procmesh_orchestrator.config.history import MessageHistoryConfig
 from procmesh_orchestrator.config.lanes import ConditionalStep as ConditionalStep
 from procmesh_orchestrator.config.lanes import LaneByContext as LaneByContext
 from procmesh_orchestrator.config.lanes import LaneEntry as LaneEntry
@@ -212,6 +213,9 @@ class AgentMemoryConfig(_Model):
     """A text the model keeps about the resource or the thread (`config.memory`)."""
     read_only: bool = False
     """Load history and working memory, never write them (the reference's ``readOnly``)."""
+    message_history: MessageHistoryConfig | None = None
+    """A token budget on the call's context; only loaded history is cut, oldest first
+    (the reference's ``messageHistory``). Without ``lastMessages`` it replaces the window."""
 
 
 class ModelChoice(_Model):

@@ -7,8 +7,9 @@ SHA-256 that tiktoken itself pins for the official file: a mismatch is an error,
 so the ids are tiktoken's, byte for byte. The pattern and special tokens are
 tiktoken's public encoding definitions (``tiktoken_ext.openai_public``).
 
-**Estimate.** A port of the heuristic the reference engine uses (``tokenx``):
-no tokenizer, a few rules per text segment, calibrated against o200k.
+**Estimate.** The heuristic the reference engine uses (``tokenx`` 1.3.0, as @mastra/core 1.71
+bundles it): no tokenizer, a few rules per text segment. It lives in the SDK (`procmesh.tokenx`),
+where the orchestrator's memory budget counts with it too.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.resources
-import math
-import re
 import struct
 import threading
 from typing import Literal
 
-import regex
 import tiktoken
+
+from procmesh.tokenx import estimate_slice, estimate_tokens
 
 EncodingName = Literal["o200k_base", "cl100k_base"]
 CounterName = Literal["tiktoken", "estimate"]
@@ -119,80 +119,6 @@ def get_encoding(name: EncodingName) -> tiktoken.Encoding:
         )
         _loaded[name] = enc
         return enc
-
-
-# -- the reference's estimator (tokenx 1.x rules) ---------------------------------------------
-
-_PUNCTUATION = r"""[.,!?;(){}\[\]<>:/\\|@#$%^&*+=`~_"-]"""
-_SPLIT = re.compile(rf"(\s+|{_PUNCTUATION}+)")
-_PUNCT_RE = re.compile(_PUNCTUATION)
-_WHITESPACE = re.compile(r"^\s+$")
-_STRUCTURED_WS = re.compile(r"\n\s")
-_CJK = re.compile(
-    "[\u4e00-\u9fff\u3400-\u4dbf\u3000-\u30ff\uff00-\uffef\u2e80-\u2eff\u31c0-\u31ef\u3200-\u32ff"
-    "\u3300-\u33ff\uac00-\ud7af\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\ud7b0-\ud7ff]"
-)
-_NUMERIC = re.compile(r"^\d+$")
-_LANGUAGES: tuple[tuple[regex.Pattern[str], float], ...] = (
-    (regex.compile("[äöüßẞ]", regex.IGNORECASE), 2.6),
-    (regex.compile("[éèêëàâîïôûùüÿçœæáíóúñ]", regex.IGNORECASE), 3.0),
-    (regex.compile("[ąćęłńóśźżěščřžýůúďťň]", regex.IGNORECASE), 2.5),
-    (regex.compile("[\u0430-\u044f\u0451]", regex.IGNORECASE), 4.0),
-    (regex.compile("[\u03ac-\u03ce]", regex.IGNORECASE), 2.75),
-    (regex.compile(r"^\p{Extended_Pictographic}[\p{Extended_Pictographic}\p{Emoji_Component}]*$"), 0.75),
-)
-_DEFAULT_CHARS_PER_TOKEN = 6
-_KANA_CHARS_PER_TOKEN = 1.35
-
-
-def _utf16_len(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
-
-
-def _segment_tokens(segment: str) -> int:
-    if _WHITESPACE.match(segment):
-        return 1 if _STRUCTURED_WS.search(segment) else 0
-    for pattern, chars_per_token in _LANGUAGES:
-        if pattern.search(segment):
-            return math.ceil(len(segment) / chars_per_token)
-    if _CJK.search(segment):
-        kana = sum(1 for ch in segment if 0x3040 <= ord(ch) <= 0x30FF)
-        return (len(segment) - kana) + math.ceil(kana / _KANA_CHARS_PER_TOKEN)
-    length = _utf16_len(segment)
-    if _NUMERIC.match(segment):
-        return math.ceil(length / 3)
-    if length <= 3:
-        return 1
-    if _PUNCT_RE.search(segment):
-        return math.ceil(length / 2)
-    return math.ceil(length / _DEFAULT_CHARS_PER_TOKEN)
-
-
-def _segments(text: str) -> list[tuple[str, int]]:
-    return [(seg, _segment_tokens(seg)) for seg in _SPLIT.split(text) if seg]
-
-
-def estimate_tokens(text: str) -> int:
-    """The reference's heuristic token estimate of `text` (no tokenizer)."""
-    return sum(n for _, n in _segments(text)) if text else 0
-
-
-def estimate_slice(text: str, max_tokens: int) -> str:
-    """The first `max_tokens` estimated tokens of `text` (a segment may be cut proportionally)."""
-    out: list[str] = []
-    pos = 0
-    for segment, count in _segments(text):
-        if pos >= max_tokens:
-            break
-        if count == 0 or pos + count <= max_tokens:
-            out.append(segment)
-        else:
-            length = _utf16_len(segment)
-            end = math.ceil(((max_tokens - pos) / count) * length)
-            units = segment.encode("utf-16-le")[: end * 2]
-            out.append(units.decode("utf-16-le", errors="replace"))
-        pos += count
-    return "".join(out)
 
 
 class TokenCounter:

@@ -17,6 +17,9 @@ With working memory (`working_memory`), its processor goes first: it adds the in
 stored data as a system message, and the call offers the model ``updateWorkingMemory``. A call's
 `MemoryCallOptions` may narrow the window and make memory read-only (nothing saved, no tool).
 
+With a token budget (``messageHistory``, `history_budget`) the history loads from the thread's
+boundary and, once recall ran, the oldest of it leaves the prompt until the prompt fits.
+
 `ContextWindowRecovery` tails the error lane: on a context-length rejection it drops the oldest
 loaded history and asks for a retry (within the run's shared retry budget).
 """
@@ -31,8 +34,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from procmesh_orchestrator.errors import FencedWriteError, InvalidMemoryInputError, MemoryStoreError
 from procmesh_orchestrator.run import messages as msgs
-from procmesh_orchestrator.run.framework import FrameworkProcessor
+from procmesh_orchestrator.run.framework import FrameworkProcessor, history_budget
 from procmesh_orchestrator.run.framework.echo import drop_echoes
+from procmesh_orchestrator.run.framework.history_budget import Boundary, HistoryBudget
 from procmesh_orchestrator.run.framework.working_memory import (
     TOOL_NAME,
     UpdateWorkingMemoryTool,
@@ -75,6 +79,8 @@ class MemoryCallOptions:
     """Load history and working memory, save nothing, offer no ``updateWorkingMemory``."""
     semantic_recall: bool | None = None
     """Semantic recall on or off for this call (where the agent configures it)."""
+    message_history: HistoryBudget | None = None
+    """A token budget on history for this call (the reference's ``messageHistory``)."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,9 @@ class AgentMemory:
     """An agent's message-history memory: where its threads live and how much of one a run sees."""
 
     store: MemoryStore
-    last_messages: int = 10
-    """The window: how many of the thread's most recent stored messages a run loads."""
+    last_messages: int | None = 10
+    """The window: how many of the thread's most recent stored messages a run loads (None: no
+    count, only `message_history`'s token budget)."""
     store_name: str = "memory store"
     """How the store names itself in its errors (``sqlite:/var/lib/procmesh/memory.db``; never a
     password): logged, and cut from what a client reads."""
@@ -94,6 +101,11 @@ class AgentMemory:
     recall: SemanticRecall | None = None
     """The agent's semantic recall (`run.framework.recall`; None: the window only); a call's
     options may turn it off."""
+    message_history: HistoryBudget | None = None
+    """A token budget on the history each call loads (`history_budget`; None: the window only)."""
+    window_given: bool = True
+    """Whether the config set ``lastMessages``: if not, a call's token budget replaces the default
+    window instead of capping it (the reference's ``getMergedThreadConfig``)."""
 
     def for_call(
         self, thread_id: str, resource_id: str, options: MemoryCallOptions | None = None
@@ -109,9 +121,12 @@ class AgentMemory:
         options = options or MemoryCallOptions()
         read_only = self.read_only if options.read_only is None else options.read_only
         window = self.last_messages if options.last_messages is None else options.last_messages
+        budget = options.message_history or self.message_history
+        if options.message_history and options.last_messages is None and not self.window_given:
+            window = None if self.message_history is None else window
         recall = None if options.semantic_recall is False else self.recall
         history = MessageHistory(
-            self, thread_id, resource_id, window=window, read_only=read_only, recall=recall
+            self, thread_id, resource_id, window=window, read_only=read_only, recall=recall, budget=budget
         )
         working = None
         if self.working_memory is not None:
@@ -188,9 +203,10 @@ class MessageHistory(FrameworkProcessor):
         thread_id: str,
         resource_id: str,
         *,
-        window: int,
+        window: int | None,
         read_only: bool = False,
         recall: SemanticRecall | None = None,
+        budget: HistoryBudget | None = None,
     ) -> None:
         self.memory = memory
         self.recall = recall
@@ -198,7 +214,10 @@ class MessageHistory(FrameworkProcessor):
         self.thread_id = thread_id
         self.resource_id = resource_id
         self.window = window
-        """How many stored messages this call loads (the agent's ``lastMessages`` or the call's)."""
+        """How many stored messages this call loads (the agent's ``lastMessages`` or the call's;
+        None: as many as `budget` takes)."""
+        self.budget = budget
+        """This call's token budget on history (`history_budget`), or None."""
         self.read_only = read_only
         self.key = f"memory:{self.processor_id}"
 
@@ -239,15 +258,10 @@ class MessageHistory(FrameworkProcessor):
         resource, so another resource's thread of the same id is another thread, never read here
         (and a thread this resource has not saved to yet loads as empty, whoever else uses the id).
         """
-        # The tail read also covers what a client may echo of the conversation (one read).
-        echo_span = len(run.ml.view(msgs.INPUT))
         try:
-            tail = await self.memory.store.messages(
-                self.thread_id, self.resource_id, last=self.window + echo_span, include_signals=True
-            )
+            stored, tail = await (self._budgeted() if self.budget else self._window(run))
         except Exception as exc:
             raise self._failed(run, "loading", exc) from exc
-        stored = tail[max(0, len(tail) - self.window) :] if self.window else []
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
         drop_echoes(run, tail)
@@ -258,6 +272,58 @@ class MessageHistory(FrameworkProcessor):
                 raise self._failed(run, "recalling from", exc) from exc
         run.ml.merge_resent_calls()
         run.unsettled_results = run.ml.settle_tool_calls(run.unsettled_results, msgs.INPUT)
+        if self.budget is not None:
+            await self._trim(run, self.budget)
+
+    async def _window(self, run: RunCore) -> tuple[list[Message], list[Message]]:
+        """The last `window` stored messages, and a tail long enough to find what the client
+        echoes of the conversation (one read)."""
+        window = self.window or 0
+        echo_span = len(run.ml.view(msgs.INPUT))
+        tail = await self.memory.store.messages(
+            self.thread_id, self.resource_id, last=window + echo_span, include_signals=True
+        )
+        return (tail[max(0, len(tail) - window) :] if window else []), tail
+
+    async def _budgeted(self) -> tuple[list[Message], list[Message]]:
+        """The history under a token budget (`history_budget.load`), from the thread's boundary."""
+        budget = self.budget
+        if budget is None or budget.max_tokens == 0 or self.window == 0:
+            return [], []  # the reference: a zero budget or window disables history
+        store = self.memory.store
+        thread = await store.get_thread(self.thread_id, self.resource_id)
+        boundary = Boundary.read(thread.metadata, budget) if thread is not None else None
+
+        async def read_last(n: int) -> list[Message]:
+            return await store.messages(self.thread_id, self.resource_id, last=n, include_signals=True)
+
+        loaded = await history_budget.load(read_last, budget, boundary, self.window)
+        return loaded, loaded
+
+    async def _trim(self, run: RunCore, budget: HistoryBudget) -> None:
+        """The reference's ``memory-token-limiter``: over budget, the oldest history goes from
+        the prompt (never from the store) and the thread's boundary moves past it."""
+        removable = {m["id"] for m in run.ml.view(msgs.MEMORY)}
+        system = [msgs.message_text(m) for m in run.system]
+        removed = history_budget.trim(budget, system, run.ml.items, removable)
+        for msg in removed:
+            run.ml.remove(msg["id"])
+        local = [m for m in removed if m.get("threadId", self.thread_id) == self.thread_id]
+        if self.read_only or not local:
+            return
+        store = self.memory.store
+        try:
+            thread = await store.get_thread(self.thread_id, self.resource_id)
+            if thread is None:
+                return
+            previous = Boundary.read(thread.metadata, budget)
+            boundary = history_budget.advance(previous, local, budget)
+            if boundary is None or boundary == previous:
+                return
+            metadata = {**thread.metadata, history_budget.BOUNDARY_KEY: boundary.as_metadata()}
+            await store.update_thread(self.thread_id, self.resource_id, metadata=metadata)
+        except Exception as exc:
+            raise self._failed(run, "saving the history boundary of", exc) from exc
 
     async def save(self, run: RunCore, finish_reason: str) -> None:
         """Save this call's input and response messages, in their final form, as one turn

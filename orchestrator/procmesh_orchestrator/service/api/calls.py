@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
+from procmesh_orchestrator.config.history import MessageHistoryConfig
 from procmesh_orchestrator.run import CallOptions, stop
 from procmesh_orchestrator.run.context import ContextSchema
 from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
@@ -89,10 +90,12 @@ class _MemoryOptions(BaseModel):
     last_messages: StrictInt | Literal[False] | None = Field(default=None, alias="lastMessages", ge=0)
     read_only: bool | None = Field(default=None, alias="readOnly")
     semantic_recall: bool | None = Field(default=None, alias="semanticRecall")
+    message_history: MessageHistoryConfig | None = Field(default=None, alias="messageHistory")
 
     def options(self) -> MemoryCallOptions:
         window = 0 if self.last_messages is False else self.last_messages
-        return MemoryCallOptions(window, self.read_only, self.semantic_recall)
+        budget = None if self.message_history is None else self.message_history.budget()
+        return MemoryCallOptions(window, self.read_only, self.semantic_recall, budget)
 
 
 class _MemoryBody(BaseModel):

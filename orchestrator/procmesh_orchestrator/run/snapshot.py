@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from procmesh_orchestrator.errors import ConfigError, SuspendError
 from procmesh_orchestrator.run import context, stop
 from procmesh_orchestrator.run.context import serializable
+from procmesh_orchestrator.run.framework.history_budget import HistoryBudget
 from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.run.tool_calls import PendingTools
 from procmesh_orchestrator.run.tools import ClientTool, ProcessorTool
@@ -144,6 +145,7 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
             "lastMessages": options.memory.last_messages,
             "readOnly": options.memory.read_only,
             "semanticRecall": options.memory.semantic_recall,
+            "messageHistory": _budget(options.memory.message_history),
         },
         "structuredOutput": None
         if structured is None
@@ -216,7 +218,20 @@ def _memory_options(data: dict[str, Any] | None) -> MemoryCallOptions:
     """The suspended call's memory options (a snapshot from before they were kept: the agent's)."""
     if not data:
         return MemoryCallOptions()
-    return MemoryCallOptions(data.get("lastMessages"), data.get("readOnly"), data.get("semanticRecall"))
+    budget = data.get("messageHistory")
+    return MemoryCallOptions(
+        data.get("lastMessages"),
+        data.get("readOnly"),
+        data.get("semanticRecall"),
+        None if budget is None else HistoryBudget(budget["maxTokens"], budget["atMaxRemoveTokens"]),
+    )
+
+
+def _budget(budget: HistoryBudget | None) -> dict[str, float] | None:
+    """A call's token budget as the snapshot keeps it (the resumed run's steps apply it)."""
+    if budget is None:
+        return None
+    return {"maxTokens": budget.max_tokens, "atMaxRemoveTokens": budget.at_max_remove_tokens}
 
 
 def _bound_lists(data: dict[str, Any], names: dict[str, list[str]], agent: AgentSpec) -> dict[str, Any]:

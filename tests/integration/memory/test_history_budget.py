@@ -17,16 +17,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.run import CallOptions
+from procmesh_orchestrator.run import CallOptions, snapshot
 from procmesh_orchestrator.run.framework.history_budget import HistoryBudget, count_message, count_system
 from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.run.messages import message_text
+from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.settings import OrchestratorSettings
 from tests.integration.memory.test_echoed_history import shown
 
 QUESTIONS = [
@@ -152,6 +155,78 @@ async def test_a_call_may_bring_its_own_budget_and_read_only_saves_no_boundary(t
         assert thread is not None
         assert "memoryTokenLimiter" not in thread.metadata
         assert len(await store.messages("t1", "ada")) == 4  # read-only: this turn is not saved
+
+
+FACT = "Paris is the capital and largest city of France, on the river Seine."
+
+
+async def test_a_tool_loop_step_trims_again_as_the_reference_does(tmp_path: Path) -> None:
+    """The reference checks the budget before every step: the second call's first step fits, but
+    its tool result pushes the next step over 100, and both loaded messages go (node: the same)."""
+    config = _config(tmp_path / "memory.db", {"messageHistory": {"maxTokens": 100}})
+    lookup = {"toolCalls": [{"name": "lookup", "args": {"q": "France"}}]}
+    config["models"]["m"]["responses"] = [
+        {"text": ANSWERS[0]},
+        lookup,
+        {"text": "The capital of France is Paris."},
+    ]
+    config["tools"] = {"lookup": {"description": "lookup", "inputSchema": {"type": "object"}, "result": FACT}}
+    config["agents"]["a"]["tools"] = ["lookup"]
+    async with App(parse_config(config)) as app:
+        agent = app.agent("a")
+        await agent.generate(QUESTIONS[0], ON_T1)
+        await agent.generate(QUESTIONS[2], ON_T1)
+        first, second = prompt(app, 1), prompt(app, 2)
+        assert first[1:] == [("user", QUESTIONS[0]), ("assistant", ANSWERS[0]), ("user", QUESTIONS[2])]
+        assert [role for role, _ in second] == ["system", "user", "assistant", "tool"]
+        assert second[1] == ("user", QUESTIONS[2])
+        store = app.store
+        assert store is not None
+        stored = await store.messages("t1", "ada")
+        thread = await store.get_thread("t1", "ada")
+        assert thread is not None
+        assert thread.metadata["memoryTokenLimiter"]["messageIds"] == [stored[1]["id"]]  # the first answer
+        assert [message_text(m) for m in stored[:3]] == [QUESTIONS[0], ANSWERS[0], QUESTIONS[2]]  # untouched
+
+
+async def test_over_http_the_body_s_memory_options_carry_a_budget_and_the_config_route_shows_it(
+    tmp_path: Path,
+) -> None:
+    settings = OrchestratorSettings(http_port=0, grpc_port=0)
+    config = _config(tmp_path / "memory.db", {"messageHistory": {"maxTokens": 4000}})
+    async with Service(settings, parse_config(config)) as service:
+        base = f"http://127.0.0.1:{service.http_port}"
+        async with httpx.AsyncClient(base_url=base, timeout=20) as http:
+            shown_config = (await http.get("/api/memory/config?agentId=a")).json()["config"]
+            assert shown_config["messageHistory"] == {"maxTokens": 4000, "atMaxRemoveTokens": 1000}
+            assert "lastMessages" not in shown_config  # the budget replaces the window
+            memory = {"thread": "t1", "resource": "ada"}
+            for question in QUESTIONS[:2]:
+                answer = await http.post(
+                    "/api/agents/a/generate", json={"messages": question, "memory": memory}
+                )
+                assert answer.status_code == 200, answer.text
+            memory["options"] = {"messageHistory": {"maxTokens": 100}}
+            answer = await http.post(
+                "/api/agents/a/generate", json={"messages": QUESTIONS[2], "memory": memory}
+            )
+            assert answer.status_code == 200, answer.text
+            assert prompt(service.app, 2)[1:] == [
+                ("user", "."),
+                ("assistant", ANSWERS[1]),
+                ("user", QUESTIONS[2]),
+            ]
+            memory["options"] = {"messageHistory": {"maxTokens": 100, "atMaxRemoveTokens": 200}}
+            refused = await http.post("/api/agents/a/generate", json={"messages": "hi", "memory": memory})
+            assert refused.status_code == 400
+            assert "atMaxRemoveTokens" in refused.text
+
+
+def test_a_suspended_call_keeps_its_budget_for_the_steps_after_resuming() -> None:
+    options = CallOptions(memory=MemoryCallOptions(message_history=HistoryBudget.of(100, 10)))
+    kept = snapshot._step_options(options)["memoryOptions"]
+    assert snapshot._memory_options(kept).message_history == HistoryBudget(100, 10)
+    assert snapshot._memory_options({"lastMessages": 3}).message_history is None  # a snapshot from before
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ stored data as a system message, and the call offers the model ``updateWorkingMe
 `MemoryCallOptions` may narrow the window and make memory read-only (nothing saved, no tool).
 
 With a token budget (``messageHistory``, `history_budget`) the history loads from the thread's
-boundary and, once recall ran, the oldest of it leaves the prompt until the prompt fits.
+boundary and, once recall ran and again before each step (processInputStep, where a tool loop's
+results grow the prompt), the oldest of it leaves the prompt until the prompt fits.
 
 `ContextWindowRecovery` tails the error lane: on a context-length rejection it drops the oldest
 loaded history and asks for a retry (within the run's shared retry budget).
@@ -48,6 +49,7 @@ from procmesh_orchestrator.run.hooks import (
     APIErrorResult,
     HookArgs,
     InputArgs,
+    InputStepArgs,
     OutputResultArgs,
 )
 from procmesh_orchestrator.store import MemoryStore, client_message
@@ -218,12 +220,16 @@ class MessageHistory(FrameworkProcessor):
         None: as many as `budget` takes)."""
         self.budget = budget
         """This call's token budget on history (`history_budget`), or None."""
+        if budget is not None:  # the reference's limiter checks again before every step
+            self.hooks = frozenset({*self.hooks, "process_input_step"})
         self.read_only = read_only
         self.key = f"memory:{self.processor_id}"
 
     async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
         if isinstance(args, InputArgs):
             await self.load(run)
+        elif isinstance(args, InputStepArgs) and self.budget is not None:
+            await self._trim(run, self.budget)
         elif isinstance(args, OutputResultArgs):
             await self.save(run, args.finish_reason)
         return None

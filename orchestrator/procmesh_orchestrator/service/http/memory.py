@@ -134,6 +134,13 @@ class MemoryRoutes:
         if memory is None:
             raise MemoryNotFoundError(f"agent {label(agent_id)} has no memory")
         config: dict[str, Any] = {"lastMessages": memory.last_messages, "readOnly": memory.read_only}
+        if memory.last_messages is None:  # a token budget without a window: the reference omits it
+            del config["lastMessages"]
+        if (budget := memory.message_history) is not None:
+            config["messageHistory"] = {
+                "maxTokens": budget.max_tokens,
+                "atMaxRemoveTokens": budget.at_max_remove_tokens,
+            }
         working = memory.working_memory
         config["workingMemory"] = {"enabled": False} if working is None else working_memory_config(working)
         return _json({"memoryType": "local", "config": config})

@@ -35,25 +35,33 @@ class MemoryOptions(_message.Message):
     LAST_MESSAGES_FIELD_NUMBER: _builtins.int
     READ_ONLY_FIELD_NUMBER: _builtins.int
     SEMANTIC_RECALL_FIELD_NUMBER: _builtins.int
+    MESSAGE_HISTORY_FIELD_NUMBER: _builtins.int
     last_messages: _builtins.int
     """The history window for this call (0: no history)."""
     read_only: _builtins.bool
     """Load history and working memory, save nothing, offer no updateWorkingMemory."""
     semantic_recall: _builtins.bool
     """Semantic recall on or off for this call (where the agent configures it)."""
+    @_builtins.property
+    def message_history(self) -> Global___MessageHistory:
+        """A token budget on this call's context, only history cut (the reference's messageHistory)."""
+
     def __init__(
         self,
         *,
         last_messages: _builtins.int | None = ...,
         read_only: _builtins.bool | None = ...,
         semantic_recall: _builtins.bool | None = ...,
+        message_history: Global___MessageHistory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages", "_read_only", b"_read_only", "_semantic_recall", b"_semantic_recall", "last_messages", b"last_messages", "read_only", b"read_only", "semantic_recall", b"semantic_recall"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages", "_message_history", b"_message_history", "_read_only", b"_read_only", "_semantic_recall", b"_semantic_recall", "last_messages", b"last_messages", "message_history", b"message_history", "read_only", b"read_only", "semantic_recall", b"semantic_recall"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages", "_read_only", b"_read_only", "_semantic_recall", b"_semantic_recall", "last_messages", b"last_messages", "read_only", b"read_only", "semantic_recall", b"semantic_recall"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages", "_message_history", b"_message_history", "_read_only", b"_read_only", "_semantic_recall", b"_semantic_recall", "last_messages", b"last_messages", "message_history", b"message_history", "read_only", b"read_only", "semantic_recall", b"semantic_recall"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_messages: _TypeAlias = _typing.Literal["last_messages"]  # noqa: Y015
     _WhichOneofArgType__last_messages: _TypeAlias = _typing.Literal["_last_messages", b"_last_messages"]  # noqa: Y015
+    _WhichOneofReturnType__message_history: _TypeAlias = _typing.Literal["message_history"]  # noqa: Y015
+    _WhichOneofArgType__message_history: _TypeAlias = _typing.Literal["_message_history", b"_message_history"]  # noqa: Y015
     _WhichOneofReturnType__read_only: _TypeAlias = _typing.Literal["read_only"]  # noqa: Y015
     _WhichOneofArgType__read_only: _TypeAlias = _typing.Literal["_read_only", b"_read_only"]  # noqa: Y015
     _WhichOneofReturnType__semantic_recall: _TypeAlias = _typing.Literal["semantic_recall"]  # noqa: Y015
@@ -61,11 +69,41 @@ class MemoryOptions(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_messages) -> _WhichOneofReturnType__last_messages | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__message_history) -> _WhichOneofReturnType__message_history | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__read_only) -> _WhichOneofReturnType__read_only | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__semantic_recall) -> _WhichOneofReturnType__semantic_recall | None: ...
 
 Global___MemoryOptions: _TypeAlias = MemoryOptions  # noqa: Y015
+
+@_typing.final
+class MessageHistory(_message.Message):
+    """memory.messageHistory: a token budget on a call's context; only loaded history is cut."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    AT_MAX_REMOVE_TOKENS_FIELD_NUMBER: _builtins.int
+    max_tokens: _builtins.float
+    """The budget: over it, the oldest loaded history leaves the prompt (0: no history)."""
+    at_max_remove_tokens: _builtins.float
+    """How far under max_tokens a trim goes (unset: a quarter of max_tokens); at most max_tokens."""
+    def __init__(
+        self,
+        *,
+        max_tokens: _builtins.float = ...,
+        at_max_remove_tokens: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_at_max_remove_tokens", b"_at_max_remove_tokens", "at_max_remove_tokens", b"at_max_remove_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_max_remove_tokens", b"_at_max_remove_tokens", "at_max_remove_tokens", b"at_max_remove_tokens", "max_tokens", b"max_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__at_max_remove_tokens: _TypeAlias = _typing.Literal["at_max_remove_tokens"]  # noqa: Y015
+    _WhichOneofArgType__at_max_remove_tokens: _TypeAlias = _typing.Literal["_at_max_remove_tokens", b"_at_max_remove_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__at_max_remove_tokens) -> _WhichOneofReturnType__at_max_remove_tokens | None: ...
+
+Global___MessageHistory: _TypeAlias = MessageHistory  # noqa: Y015
 
 @_typing.final
 class GetWorkingMemoryRequest(_message.Message):

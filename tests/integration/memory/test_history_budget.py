@@ -17,10 +17,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
 
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
@@ -220,6 +223,35 @@ async def test_over_http_the_body_s_memory_options_carry_a_budget_and_the_config
             refused = await http.post("/api/agents/a/generate", json={"messages": "hi", "memory": memory})
             assert refused.status_code == 400
             assert "atMaxRemoveTokens" in refused.text
+
+
+async def test_over_grpc_memory_options_carry_a_budget(tmp_path: Path) -> None:
+    settings = OrchestratorSettings(http_port=0, grpc_port=0)
+    config = parse_config(_config(tmp_path / "memory.db", {}))
+    async with (
+        Service(settings, config) as service,
+        grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel,
+    ):
+        stub = agrpc.AgentServiceStub(channel)
+
+        def ask(text: str, **budget: float) -> apb.GenerateRequest:
+            request = apb.GenerateRequest(agent_id="a", text=text, thread_id="t1", resource_id="ada")
+            if budget:
+                request.memory_options.message_history.CopyFrom(apb.MessageHistory(**budget))
+            return request
+
+        for question in QUESTIONS[:2]:
+            await stub.Generate(ask(question), timeout=20)
+        await stub.Generate(ask(QUESTIONS[2], max_tokens=100), timeout=20)
+        assert prompt(service.app, 2)[1:] == [
+            ("user", "."),
+            ("assistant", ANSWERS[1]),
+            ("user", QUESTIONS[2]),
+        ]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Generate(ask("hi", max_tokens=100, at_max_remove_tokens=200), timeout=20)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "atMaxRemoveTokens" in str(refused.value.details())
 
 
 def test_a_suspended_call_keeps_its_budget_for_the_steps_after_resuming() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from procmesh.v1 import agent_pb2 as apb
 from procmesh_orchestrator.run.framework import working_memory
+from procmesh_orchestrator.run.framework.history_budget import HistoryBudget
 from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
@@ -23,10 +24,19 @@ def memory_options(request: Any) -> MemoryCallOptions:
     window = given.last_messages if given.HasField("last_messages") else None
     if window is not None and window < 0:
         raise BadRequestError("memory_options.last_messages: must be 0 or more")
+    budget = None
+    if given.HasField("message_history"):
+        history = given.message_history
+        remove = history.at_max_remove_tokens if history.HasField("at_max_remove_tokens") else None
+        try:
+            budget = HistoryBudget.of(history.max_tokens, remove)
+        except ValueError as exc:
+            raise BadRequestError(f"memory_options.message_history: {exc}") from exc
     return MemoryCallOptions(
         window,
         given.read_only if given.HasField("read_only") else None,
         given.semantic_recall if given.HasField("semantic_recall") else None,
+        budget,
     )
 
 

@@ -229,9 +229,7 @@ def _memory_options(data: dict[str, Any] | None) -> MemoryCallOptions:
 
 def _budget(budget: HistoryBudget | None) -> dict[str, float] | None:
     """A call's token budget as the snapshot keeps it (the resumed run's steps apply it)."""
-    if budget is None:
-        return None
-    return {"maxTokens": budget.max_tokens, "atMaxRemoveTokens": budget.at_max_remove_tokens}
+    return None if budget is None else budget.as_json()
 
 
 def _bound_lists(data: dict[str, Any], names: dict[str, list[str]], agent: AgentSpec) -> dict[str, Any]:

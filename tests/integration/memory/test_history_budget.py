@@ -109,6 +109,7 @@ async def test_history_is_trimmed_oldest_first_to_the_budget_as_the_reference_do
     boundary = thread.metadata["memoryTokenLimiter"]
     assert boundary["messageIds"] == [stored[2]["id"]]  # the newest message trimmed: question 2
     assert (boundary["maxTokens"], boundary["atMaxRemoveTokens"]) == (100, 25)
+    assert isinstance(boundary["maxTokens"], int)  # as the reference writes it: 100, not 100.0
     assert boundary["createdAt"][:23] == stored[2]["createdAt"][:23]
 
 
@@ -202,6 +203,7 @@ async def test_over_http_the_body_s_memory_options_carry_a_budget_and_the_config
         async with httpx.AsyncClient(base_url=base, timeout=20) as http:
             shown_config = (await http.get("/api/memory/config?agentId=a")).json()["config"]
             assert shown_config["messageHistory"] == {"maxTokens": 4000, "atMaxRemoveTokens": 1000}
+            assert '"maxTokens":4000,' in (await http.get("/api/memory/config?agentId=a")).text
             assert "lastMessages" not in shown_config  # the budget replaces the window
             memory = {"thread": "t1", "resource": "ada"}
             for question in QUESTIONS[:2]:

@@ -65,6 +65,17 @@ class HistoryBudget:
     def target(self) -> float:
         return self.max_tokens - self.at_max_remove_tokens
 
+    def as_json(self) -> dict[str, float]:
+        """``{maxTokens, atMaxRemoveTokens}`` as the reference writes them (100, not 100.0)."""
+        return {
+            "maxTokens": _number(self.max_tokens),
+            "atMaxRemoveTokens": _number(self.at_max_remove_tokens),
+        }
+
+
+def _number(value: float) -> float:
+    return int(value) if float(value).is_integer() else value
+
 
 # -- counting (the reference memory's TokenCounter) ---------------------------------------------
 
@@ -273,8 +284,7 @@ class Boundary:
         return {
             "createdAt": _iso(self.created_ms),
             "messageIds": list(self.message_ids),
-            "maxTokens": self.budget.max_tokens,
-            "atMaxRemoveTokens": self.budget.at_max_remove_tokens,
+            **self.budget.as_json(),
         }
 
 

@@ -137,10 +137,7 @@ class MemoryRoutes:
         if memory.last_messages is None:  # a token budget without a window: the reference omits it
             del config["lastMessages"]
         if (budget := memory.message_history) is not None:
-            config["messageHistory"] = {
-                "maxTokens": budget.max_tokens,
-                "atMaxRemoveTokens": budget.at_max_remove_tokens,
-            }
+            config["messageHistory"] = budget.as_json()
         working = memory.working_memory
         config["workingMemory"] = {"enabled": False} if working is None else working_memory_config(working)
         return _json({"memoryType": "local", "config": config})

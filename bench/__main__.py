@@ -11,6 +11,7 @@ P6 three 50 ms speculative input guards: what they add vs the reference (sequent
    the time to the first chunk with the optimistic first step vs the sequential engine.
 P7 the per-chunk cost of each pass-through processor in lanes of 1, 3, 6 and 10.
 P8 an HTTP request on a kept-alive connection vs on a fresh one (a real orchestrator process).
+P9 semantic recall at 10k and 100k stored messages, SQLite (exact) and PostgreSQL (pgvector HNSW).
 
 Compared systems run in alternating rounds (harness.rounds: A, B, A, B, ...), each figure is the
 median of the rounds' ratios and its spread is kept beside it (``*_spread``). The reference
@@ -39,6 +40,7 @@ from bench import (
     p6_guards,
     p7_per_processor,
     p8_keepalive,
+    p9_recall,
 )
 from bench.harness import HERE, QUICK, Reference, bench_app, free_port, start
 from bench.processors import GUARDS
@@ -98,6 +100,7 @@ async def main() -> dict[str, Any]:
             results.update(await p6_guards.measure(app, reference))
             results.update(await p7_per_processor.measure(app, 1000))
         results.update(await p8_keepalive.measure(50 if QUICK else 200))
+        results.update(await p9_recall.measure())
         await inproc_server.stop(0.5)
     finally:
         if reference is not None:

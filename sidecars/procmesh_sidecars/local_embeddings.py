@@ -55,6 +55,9 @@ class Model:
 class Handler(BaseHTTPRequestHandler):
     model: Model
     protocol_version = "HTTP/1.1"
+    # Headers and body are two writes: without TCP_NODELAY a kept-alive client waits for the
+    # delayed ACK (about 40 ms) before the body comes.
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":

@@ -118,8 +118,10 @@ class StoreRecall:
         await self._ensure_index(dims)
         cast = f"embedding::vector({dims})"
         distance = f"{cast} <=> %s::vector({dims})"
-        where = "dims = %s AND model = %s AND resource_id = %s"
-        args: tuple[Any, ...] = (dims, model, resource_id)
+        # dims is written into the statement, not bound: the planner uses the partial index only
+        # where it can prove the query's WHERE implies the index's `dims = N`.
+        where = f"dims = {dims} AND model = %s AND resource_id = %s"
+        args: tuple[Any, ...] = (model, resource_id)
         if thread_id is not None:
             where, args = f"{where} AND thread_id = %s", (*args, thread_id)
         # A message's chunks are rows of their own: take a few more than top_k, keep each message once.
@@ -165,6 +167,9 @@ class StoreRecall:
                 await q(f"CREATE EXTENSION IF NOT EXISTS {EXTENSION}", ())
             await q("SET LOCAL maintenance_work_mem = '256MB'", ())  # a first build over many rows
             await q(index, ())
+            # Fresh statistics, or the planner may take a bulk-loaded table for a few rows and scan
+            # the resource's rows instead of the index.
+            await q("ANALYZE message_embeddings", ())
 
         await self.store._transact(ensure, f"creating the pgvector index of {dims} dimensions")
         self._indexed.add(dims)

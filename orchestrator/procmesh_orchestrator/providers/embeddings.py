@@ -3,8 +3,8 @@
 An embedder is named like a chat model, ``provider/model-id``, and shares the provider's
 `ProviderConnection` (its client, its key read from the environment in the orchestrator, its
 provider-level retries), so no key ever leaves the orchestrator. Semantic recall embeds a query or
-a turn's texts in one call; long texts are cut into chunks first, as the reference does
-(`chunk_text`: 4,096 tokens of about 4 characters each).
+a turn's texts in one call (the run cuts long texts into chunks first, as the reference does:
+`run.framework.recall.chunk_text`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +21,8 @@ from procmesh_orchestrator.providers._http import post_json
 
 log = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4
-CHUNK_TOKENS = 4096
+_CHARS_PER_TOKEN = 4
+"""A provider that reports no usage: its inputs' tokens estimated at about 4 characters each."""
 
 
 @dataclass(frozen=True)
@@ -85,30 +84,5 @@ def _parse(answer: Any, texts: list[str], url: str) -> Embeddings:
     usage = answer.get("usage") or {}
     tokens = usage.get("prompt_tokens", usage.get("total_tokens")) if isinstance(usage, dict) else None
     if not isinstance(tokens, int):  # a server that counts none: the estimate cost control uses
-        tokens = sum(math.ceil(len(t) / CHARS_PER_TOKEN) for t in texts)
+        tokens = sum(math.ceil(len(t) / _CHARS_PER_TOKEN) for t in texts)
     return Embeddings(vectors, tokens)
-
-
-def chunk_text(text: str, tokens: int = CHUNK_TOKENS) -> list[str]:
-    """`text` cut at whitespace into chunks of at most ``tokens * CHARS_PER_TOKEN`` characters (a
-    longer word is cut by characters), as the reference cuts a message before embedding it."""
-    size = tokens * CHARS_PER_TOKEN
-    chunks: list[str] = []
-    current = ""
-    for word in re.split(r"\s+", text):
-        if len(word) > size:
-            if current:
-                chunks.append(current)
-                current = ""
-            chunks.extend(word[i : i + size] for i in range(0, len(word), size))
-            continue
-        joined = f"{current} {word}" if current else word
-        if len(joined) > size:
-            if current:
-                chunks.append(current)
-            current = word
-        else:
-            current = joined
-    if current:
-        chunks.append(current)
-    return chunks

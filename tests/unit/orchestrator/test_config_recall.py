@@ -9,7 +9,7 @@ import pytest
 
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.providers.embeddings import CHARS_PER_TOKEN, chunk_text
+from procmesh_orchestrator.run.framework.recall import CHARS_PER_TOKEN, chunk_text
 from procmesh_orchestrator.store.recall import Range
 
 LOCAL = {"local": {"kind": "openai", "baseUrl": "http://127.0.0.1:8081/v1"}}

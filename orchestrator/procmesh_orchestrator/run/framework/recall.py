@@ -21,17 +21,16 @@ logged and counted. A failing store fails the run, as the history load does.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from procmesh import tracing
-from procmesh_orchestrator.config.recall import SemanticRecallConfig
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.providers.embeddings import EmbeddingModel, chunk_text
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework.cost import CostLimitError
 from procmesh_orchestrator.store import MemoryStore
@@ -43,6 +42,65 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
+
+CHARS_PER_TOKEN = 4
+CHUNK_TOKENS = 4096
+
+
+class RecallOptions(Protocol):
+    """What the run reads of an agent's ``memory.semanticRecall`` (the config's
+    `SemanticRecallConfig` is one; the run stands alone, so it names only these)."""
+
+    @property
+    def embedder(self) -> str: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def threshold(self) -> float | None: ...
+    @property
+    def span(self) -> Range: ...
+
+
+class EmbeddingResult(Protocol):
+    """One embedding call's vectors (in the order of its inputs) and the tokens it cost."""
+
+    @property
+    def vectors(self) -> list[list[float]]: ...
+    @property
+    def tokens(self) -> int: ...
+
+
+class Embedder(Protocol):
+    """An embedding model (the providers' `EmbeddingModel` is one): `APICallError` on failure."""
+
+    async def embed(self, texts: list[str]) -> EmbeddingResult: ...
+
+
+def chunk_text(text: str, tokens: int = CHUNK_TOKENS) -> list[str]:
+    """`text` cut at whitespace into chunks of at most ``tokens * CHARS_PER_TOKEN`` characters (a
+    longer word is cut by characters), as the reference cuts a message before embedding it."""
+    size = tokens * CHARS_PER_TOKEN
+    chunks: list[str] = []
+    current = ""
+    for word in re.split(r"\s+", text):
+        if len(word) > size:
+            if current:
+                chunks.append(current)
+                current = ""
+            chunks.extend(word[i : i + size] for i in range(0, len(word), size))
+            continue
+        joined = f"{current} {word}" if current else word
+        if len(joined) > size:
+            if current:
+                chunks.append(current)
+            current = word
+        else:
+            current = joined
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 @dataclass(frozen=True)
@@ -73,8 +131,8 @@ class SemanticRecall:
 
     def __init__(
         self,
-        config: SemanticRecallConfig,
-        embedder: EmbeddingModel,
+        config: RecallOptions,
+        embedder: Embedder,
         store: MemoryStore,
         metrics: OrchestratorMetrics,
     ) -> None:

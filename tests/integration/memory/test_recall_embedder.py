@@ -1,6 +1,7 @@
 """Semantic recall's embedding calls against the real local embeddings server (a real process):
 the search finds by meaning, every call is counted and traced like a model call, and a failing
-embedder is counted and leaves the turn unembedded instead of failing it."""
+embedder is counted and leaves the turn unembedded instead of failing it; the calls are charged to
+cost control at the embedder's price."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from procmesh import tracing
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.config.recall import SemanticRecallConfig
 from procmesh_orchestrator.config.schema import ProviderConfig
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.providers._base import ProviderConnection
 from procmesh_orchestrator.providers.embeddings import EmbeddingModel
+from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.framework.recall import SemanticRecall, search_messages
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 
@@ -136,3 +140,43 @@ async def test_a_failing_embedder_is_counted_and_the_turn_goes_unembedded(
         await search_messages(recall, "hello", resource_id="u1")
     assert calls(metrics, "turn", "error") == 1
     assert calls(metrics, "query", "error") == 1
+
+
+async def test_embedding_calls_are_charged_to_cost_control(embeddings_url: str, tmp_path: Path) -> None:
+    # the chat model is free and the embedder dear (a unit per token): only the embedding calls
+    # (the second turn's query, the first turn's saved messages) can bring the resource to its limit
+    config = parse_config(
+        {
+            "storage": {"backend": "sqlite", "path": str(tmp_path / "memory.db")},
+            "providers": {"local": {"kind": "openai", "baseUrl": embeddings_url}},
+            "models": {"main": {"provider": "scripted", "responses": [{"text": "ok"}] * 4}},
+            "prices": {
+                "main": {"input": 0.0, "output": 0.0},
+                EMBEDDER: {"input": 1_000_000.0, "output": 0.0},
+            },
+            "agents": {
+                "a": {
+                    "model": "main",
+                    "errorProcessorDefaults": False,
+                    "memory": {"semanticRecall": {"embedder": EMBEDDER, "topK": 1, "messageRange": 0}},
+                    "inputProcessors": [
+                        {
+                            "processor": "token-cost-control",
+                            "options": {"max_cost": 1000.0, "strategy": "warn", "scope": "resource"},
+                        }
+                    ],
+                }
+            },
+        }
+    )
+    options = CallOptions(resource_id="u1", thread_id="t1")
+    async with App(config) as app:
+        first = await app.agent("a").generate("My dog Rex loves chasing balls in the park.", options)
+        second = await app.agent("a").generate("What is my pet called?", options)
+        assert app.store is not None
+        spent = await app.store.spent_cost("resource:u1", window_seconds=3600)
+        tokens = app.metrics.registry.get_sample_value("procmesh_embedding_tokens_total", {"model": EMBEDDER})
+    assert (first.status, second.status) == ("success", "success")
+    assert tokens is not None
+    assert tokens > 0
+    assert spent == round(tokens * 1e9)  # every embedded token at the embedder's price (nano-units)

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
 from typing import Any
 
 from procmesh import RUN_ID, TRACE_ID, tracing
@@ -24,6 +23,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import (
     attachments,
     background,
+    caller_abort,
     optimistic,
     retries,
     snapshot,
@@ -151,7 +151,7 @@ class Run(RunCore):
             # the run-wide timer fires just after, for whatever else still runs (the model, tools).
             timeout = self.options.timeout + RUN_DEADLINE_GRACE if self.options.timeout else None
             async with asyncio.timeout(timeout):
-                end = await self._until_aborted(self._prepare_and_loop())
+                end = await caller_abort.until_aborted(self, self._prepare_and_loop())
                 if end is None:
                     aborted = True
                 elif isinstance(end, PendingTools):
@@ -165,7 +165,10 @@ class Run(RunCore):
         except TimeoutError:
             failure = RunTimeoutError(self.options.timeout or 0)
         if aborted:
-            return self._stopped("aborted", started), None
+            tripwire, error = await caller_abort.finalize(self)
+            result = self._stopped("aborted", started, error=error)
+            result.tripwire = tripwire.as_dict() if tripwire else None  # memory after it saved nothing
+            return result, None
         if isinstance(failure, LeaseLostError):  # another replica has the run: nothing more here
             return self._stopped("failed", started, error=failure), failure
         if suspended is not None:
@@ -252,47 +255,12 @@ class Run(RunCore):
         )
 
     def _stopped(self, status: str, started: float, error: BaseException | None = None) -> RunResult:
-        """The result of a run that stopped without finalization: aborted, suspended, or failed
-        while suspending (processOutputResult runs when the run really ends)."""
+        """The result of a run that stopped before its end: aborted (`caller_abort.finalize` finalized
+        it), suspended, or failed while suspending (processOutputResult runs when it really ends)."""
         finish_reason = {"aborted": "abort", "suspended": "suspended"}.get(status, "error")
         self.metrics.runs.labels(self.agent.id, finish_reason).inc()
         self.metrics.run_duration.labels(self.agent.id).observe(time.perf_counter() - started)
         return self._result(self.text(), finish_reason, status, error=error)
-
-    async def _until_aborted(self, work: Coroutine[Any, Any, LoopEnd]) -> LoopEnd | None:
-        """Run the loop until it ends or the caller's abort signal is set (then None).
-
-        Aborting cancels the loop's task: the model call, processor calls (a sidecar sees its call
-        cancelled) and tool calls in flight. The text streamed so far in the step is kept.
-        """
-        signal = self.options.abort_signal
-        if signal is None:
-            return await work
-        if signal.is_set():
-            work.close()
-            self._aborted()
-            return None
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(signal.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the caller itself was cancelled (a timeout): the loop goes too
-            task.cancel()
-            raise
-        finally:
-            waiter.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            self._aborted()
-            return None
-        return task.result()
-
-    def _aborted(self) -> None:
-        if self.partial_text:
-            self.ml.add(assistant_message(self.partial_text, []), msgs.RESPONSE)
-        self.emit({"type": "abort", "payload": {}})
 
     async def _suspend(self, pending: PendingTools) -> None:
         """Keep the run in the store until a decision resumes it; memory gets the turn so far."""

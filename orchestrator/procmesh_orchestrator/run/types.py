@@ -198,6 +198,10 @@ class CallOptions:
     """Set it to abort the run: in-flight calls are cancelled, the result keeps what was done."""
     run_id: str | None = None
     """The run's id, chosen by the caller (None: a new UUID); the APIs check it is not in use."""
+    on_abort: Callable[[dict[str, Any]], Awaitable[None] | None] | None = None
+    """Called (or awaited) once when the abort signal stops the run, with ``steps`` (those done)
+    and ``text`` (the interrupted step's text so far), before processOutputResult; an exception
+    in it is logged and swallowed."""
     require_tool_approval: bool | None = None
     """True: every tool call waits for approval; False: none does; None: each tool's setting."""
     announce_violations: bool = False

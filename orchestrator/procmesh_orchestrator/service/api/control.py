@@ -156,7 +156,7 @@ def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> L
 async def generate(agent: Agent, call: AgentCall, client_gone: Awaitable[object]) -> RunResult:
     """Run an admitted call to its end, aborted as a streamed run is when its client leaves first
     (`client_gone` returns): the abort signal cancels the model, processor and tool calls in
-    flight, and the turn is not saved (a run saves its turn only when it finishes)."""
+    flight, and the turn so far is saved (`run.caller_abort`)."""
     signal = call.options.abort_signal or asyncio.Event()
     run = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
     gone = asyncio.ensure_future(client_gone)

@@ -167,6 +167,13 @@ async def test_an_unknown_model_setting_is_a_400_naming_it(http: httpx.AsyncClie
     assert "modelSettings.temprature" in response.json()["error"]
 
 
+async def test_a_prepare_step_is_a_400_not_dropped(http: httpx.AsyncClient) -> None:
+    # the reference's prepareStep is a function: whatever JSON arrives under its name is not one
+    response = await http.post("/api/agents/plain/generate", json={"messages": "hi", "prepareStep": {}})
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("prepareStep is a function and cannot cross HTTP")
+
+
 @pytest.mark.parametrize(
     "body",
     [{"threadId": "t1"}, {"memory": {"thread": "t1"}}, {"memory": {"thread": {"id": "t1"}}}],

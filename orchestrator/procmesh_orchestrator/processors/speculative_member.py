@@ -4,7 +4,9 @@ processor, or several of one sidecar fused), what it was fed and its answers, it
 The group decides what is committed, withdrawn and handed on; a member keeps the books of its
 own session: the parts it was given (committed first, then those given in advance), the
 answers that came back, the requests going out (parts, ``rewind_to``, ``committed_through``),
-and a new session in place of one that ended at a withdrawn abort (`Member.restart`).
+and a new session in place of one that ended at a withdrawn abort (`Member.restart`). A round's
+parts are encoded by the group (`SpeculativeGroup.encoded`): members given the same parts (the
+common case: every one gets each part at once) share one encoding, written as bytes.
 """
 
 from __future__ import annotations
@@ -80,10 +82,12 @@ class Member:
         self.told = 0
         """The highest seq sent as ``committed_through``."""
         self.rewind = 0
-        self.out: ppb.ProcessOutputStreamRequest | None = None
-        """The request being built this round (sent by `flush`)."""
+        self.out: list[tuple[int, tpb.Chunk]] | None = None
+        """The parts (seq, part) of the request being built this round (sent by `flush`)."""
+        self.head: ppb.ProcessOutputStreamRequest | None = None
+        """The session's first request's context (sent with its first round's parts)."""
         self.call: StreamCall | None = None
-        self.writes: asyncio.Queue[Any] = asyncio.Queue()
+        self.writes: asyncio.Queue[bytes | object] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
         self.span = tracing.Span()
         self.broken: str | None = None
@@ -124,10 +128,10 @@ class Member:
         if self.call is None:
             self._open()
         if self.out is None:
-            self.out = ppb.ProcessOutputStreamRequest()
+            self.out = []
         self.seq += 1
-        self.out.parts.add(seq=self.seq, part=part)
-        now = time.monotonic()
+        self.out.append((self.seq, part))
+        now = self.group.now
         self.fed.append(_Fed(self.seq, part, origin, now))
         self.live.add(self.seq)
         self.unanswered.append((self.seq, now))
@@ -155,30 +159,32 @@ class Member:
             if answer is not None and aborts(answer):
                 self.lost = True  # the SDK ended the session at that abort
         self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
-        unsent = {p.seq for p in self.out.parts} if self.out is not None else set()
+        unsent = {seq for seq, _ in self.out} if self.out is not None else set()
         if self.out is not None and unsent:
-            keep = [p for p in self.out.parts if p.seq < first]
-            del self.out.parts[:]
-            self.out.parts.extend(keep)
+            self.out = [(seq, part) for seq, part in self.out if seq < first]
         if first not in unsent:
             self.rewind = min(self.rewind, first) if self.rewind else first
         return withdrawn
 
     def flush(self) -> None:
         """Send this round's request: the rewind, the commit mark, the parts."""
-        out = self.out
-        self.out = None
+        out, head = self.out, self.head
+        self.out = self.head = None
         if self.call is None or self.failed_open or self.closing:
             return
         tell = self.committed > self.told and (out is not None or self.committed - self.told >= COMMIT_BATCH)
         if out is None and not self.rewind and not tell:
             return
-        out = out or ppb.ProcessOutputStreamRequest()
+        # fields concatenated are one message: the context, the shared parts, this member's marks
+        marks = ppb.ProcessOutputStreamRequest()
         if self.rewind:
-            out.rewind_to, self.rewind = self.rewind, 0
+            marks.rewind_to, self.rewind = self.rewind, 0
         if tell:
-            out.committed_through = self.told = self.committed
-        self.writes.put_nowait(out)
+            marks.committed_through = self.told = self.committed
+        data = self.group.encoded(out) if out else b""
+        if head is not None:
+            data = head.SerializeToString() + data
+        self.writes.put_nowait(data + marks.SerializeToString())
 
     def _open(self) -> None:
         pid = self.handle.processor_id
@@ -190,13 +196,15 @@ class Member:
         caller = self.group.caller
         self.clock = SessionClock(caller, self.timeout, self.stream_timeout)
         self.call = StreamCall(
-            self.handle.client.open_stream(self.clock.grpc_timeout(caller), metadata=self.span.metadata())
+            self.handle.client.open_stream(
+                self.clock.grpc_timeout(caller), metadata=self.span.metadata(), encoded=True
+            )
         )
-        self.out = ppb.ProcessOutputStreamRequest()
-        caller.fill_context(self.out.context, self.handle)
+        self.out, self.head = [], ppb.ProcessOutputStreamRequest()
+        caller.fill_context(self.head.context, self.handle)
         if len(self.handles) > 1:
-            caller.fill_fused(self.out.context, self.handles[1:])
-            self.out.context.announce_signals = self.group.announce_signals
+            caller.fill_fused(self.head.context, self.handles[1:])
+            self.head.context.announce_signals = self.group.announce_signals
             self.span.set("procmesh.fused", [h.processor_id for h in self.handles[1:]])
         self.tasks = [
             asyncio.create_task(self._write(self.call)),
@@ -209,6 +217,7 @@ class Member:
             if request is _CLOSE:
                 await call.done_writing()
                 return
+            assert isinstance(request, bytes)
             await call.write(request)
 
     def close(self) -> None:
@@ -233,7 +242,7 @@ class Member:
         self.answers.clear()
         self.arrived.clear()
         self.unanswered.clear()
-        self.out = None
+        self.out = self.head = None
         held = list(self.fed)
         self.fed.clear()
         self.live.clear()
@@ -242,7 +251,7 @@ class Member:
         assert self.out is not None
         for part in self.replay:
             self.seq += 1
-            self.out.parts.add(seq=self.seq).part.CopyFrom(part)
+            self.out.append((self.seq, part))
             self.skip.add(self.seq)
         self.committed = self.seq
         for entry in held:

@@ -18,9 +18,11 @@ Each member's session, its books and its time limits are in `speculative_member`
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
@@ -75,6 +77,11 @@ class SpeculativeGroup:
         self.cut_at: int | None = None
         """The member that handed on an abort or an error: nothing is fed any more, and the
         members up to it stop (what they would commit can never apply)."""
+        self.now = time.monotonic()
+        """When this round (a batch taken, or an answer read) began: the send time of the parts
+        fed in it (they go out together), one clock read per round."""
+        self._encodings: list[tuple[list[tuple[int, tpb.Chunk]], bytes]] = []
+        """This round's encoded parts (`encoded`), forgotten when its requests are sent."""
 
     def count(self, member: Member, outcome: str, n: int = 1) -> None:
         """Count parts given in advance (the metric is updated once, at `shutdown`)."""
@@ -85,6 +92,7 @@ class SpeculativeGroup:
         last = False
         while not last and self.cut_at is None:
             batch = await self.inq.get()
+            self.now = time.monotonic()
             for kind, value in batch:
                 self._take(kind, value)
                 if kind not in FLOWING:  # an end, an abort or an error: nothing follows it
@@ -105,6 +113,7 @@ class SpeculativeGroup:
 
     def advance(self) -> None:
         """Commit, member by member in lane order, every answer that can commit now; then send."""
+        self.now = time.monotonic()
         progress = True
         while progress and not self.done:
             progress = False
@@ -120,6 +129,21 @@ class SpeculativeGroup:
                 member.restart()
             member.flush()
             member.parts.flush()
+        self._encodings.clear()
+
+    def encoded(self, parts: list[tuple[int, tpb.Chunk]]) -> bytes:
+        """The parts (seq, part) as a serialized request's ``parts``, encoded once per round for
+        every member given the same ones (same seqs, same parts: each member writes the bytes)."""
+        for same, data in self._encodings:
+            if same == parts:  # tuples compare the part by identity first: no protobuf compare
+                return data
+        request = ppb.ProcessOutputStreamRequest()
+        add = request.parts.add
+        for seq, part in parts:
+            add(seq=seq, part=part)
+        data = request.SerializeToString()
+        self._encodings.append((parts, data))
+        return data
 
     def _step(self, j: int) -> bool:
         """Commit the head of member j's committed input, if it can be; whether it did."""

@@ -98,7 +98,8 @@ class StreamCall:
         self._cut = False
         """This side cancelled the call (`cancel`)."""
 
-    async def write(self, request: ppb.ProcessOutputStreamRequest) -> None:
+    async def write(self, request: ppb.ProcessOutputStreamRequest | bytes) -> None:
+        """Write a request (bytes already encoded on a call opened ``encoded``)."""
         try:
             await self._raw.write(request)
         except _WRITE_ERRORS:

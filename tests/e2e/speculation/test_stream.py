@@ -17,6 +17,7 @@ import pytest
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.speculation.test_unary import _plain, speculative_calls, take_log
 
@@ -270,3 +271,29 @@ async def test_the_decision_record_is_the_sequential_one(
     assert records["speculative"] == records["sequential"]
     outcomes = {outcome for *_, outcome in records["sequential"]}
     assert {"pass", "drop" if case == "drop" else "rewrite"} <= outcomes
+
+
+async def test_a_rounds_parts_are_encoded_once_for_every_member(
+    ready: dict[str, SidecarProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The members of a speculative group get each part at once: each round's parts are encoded
+    once, and every member writes those bytes (issue 32: no protobuf copy per member)."""
+    asked: list[bytes] = []
+    built: list[bytes] = []
+    encoded = SpeculativeGroup.encoded
+
+    def counted(group: SpeculativeGroup, parts: list[tuple[int, Any]]) -> bytes:
+        before = len(group._encodings)
+        data = encoded(group, parts)
+        asked.append(data)
+        if len(group._encodings) > before:
+            built.append(data)
+        return data
+
+    monkeypatch.setattr(SpeculativeGroup, "encoded", counted)
+    log = tmp_path / "rec.jsonl"
+    async with App(config(ready, log, ["pass", "pass", "pass", "recorder"], "speculative")) as app:
+        result = await trace(app, log)
+    assert result["text"] == "".join(DELTAS)
+    assert built
+    assert len(asked) == 3 * len(built)  # the three members, one encoding

@@ -164,6 +164,20 @@ class OrchestratorMetrics:
             buckets=_BUCKETS,
             registry=r,
         )
+        self.judge_cache_lookups = Counter(
+            "procmesh_judge_cache_lookups_total",
+            "Judge verdict cache lookups of the model gateway by calling processor and result: memory "
+            "or redis (a stored verdict), joined (the same question in flight), miss (a model call).",
+            ["processor", "result"],
+            registry=r,
+        )
+        self.judge_calls_saved = Counter(
+            "procmesh_judge_calls_saved_total",
+            "Judge model calls not made, by processor and what saved them: cache (a stored or in-flight "
+            "verdict), cheap-first (a judge never asked: a deterministic check before it ended the run).",
+            ["processor", "by"],
+            registry=r,
+        )
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
             "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "

@@ -24,6 +24,7 @@ from procmesh_orchestrator.config.cost import CostControlConfig as CostControlCo
 from procmesh_orchestrator.config.cost import PriceConfig as PriceConfig
 from procmesh_orchestrator.config.cost import lane_cost_control
 from procmesh_orchestrator.config.history import MessageHistoryConfig
+from procmesh_orchestrator.config.judge_cache import JudgeCacheConfig
 from procmesh_orchestrator.config.lanes import ConditionalStep as ConditionalStep
 from procmesh_orchestrator.config.lanes import LaneByContext as LaneByContext
 from procmesh_orchestrator.config.lanes import LaneEntry as LaneEntry
@@ -393,6 +394,8 @@ class Config(_Model):
     (agents may override it)."""
     decisions: DecisionsConfig = DecisionsConfig()
     """Every run's processor decisions kept in the `storage` store (off unless ``record``)."""
+    judge_cache: JudgeCacheConfig = JudgeCacheConfig()
+    """The model gateway's cache of judge verdicts (off unless ``enabled``)."""
 
     @field_validator("providers")
     @classmethod

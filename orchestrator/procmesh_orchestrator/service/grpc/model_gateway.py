@@ -50,6 +50,7 @@ from procmesh_orchestrator.service.grpc.gateway_policy import (
     on_local_socket,
     shown,
 )
+from procmesh_orchestrator.service.grpc.verdict_cache import VerdictCache
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service.api.core import ServiceCore
@@ -198,6 +199,18 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         self._service = service
         self._models_of = service.app.config
         self._gateway_models = GatewayModels.of(service.app.config)
+        self._cache: VerdictCache | None = None
+
+    @property
+    def _verdicts(self) -> VerdictCache | None:
+        """The judge verdict cache the serving config asks for (rebuilt when its section changes)."""
+        config = self._service.app.config.judge_cache
+        if not config.enabled:
+            return None
+        if self._cache is None or self._cache.config != config:
+            metrics = self._service.app.metrics
+            self._cache = VerdictCache(config, lambda p, r: metrics.judge_cache_lookups.labels(p, r).inc())
+        return self._cache
 
     @property
     def _models(self) -> GatewayModels:
@@ -289,7 +302,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         costs = self._costs(request.run_id, request.model, resource)
         try:
             async with asyncio.timeout(remaining):
-                return await self._attempts(model, prompt, schema, settings, costs)
+                return await self._answer(request, resource, schema, settings, model, prompt, costs)
         except TimeoutError:
             raise _Refused(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -304,6 +317,27 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 "the calling run is no longer held by this replica (another one took it over): "
                 "its cost cannot be counted here, so the call is refused",
             ) from None
+
+    async def _answer(
+        self,
+        request: mpb.ModelServiceGenerateRequest,
+        resource: str | None,
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+        model: ModelProvider,
+        prompt: list[dict[str, Any]],
+        costs: list[RunCost],
+    ) -> mpb.ModelServiceGenerateResponse:
+        """The model's answer, or the verdict cache's for a question asked before."""
+        cache = self._verdicts
+        if cache is None:
+            return await self._attempts(model, prompt, schema, settings, costs)
+        processor = self._models.processor_label(request.processor_id)
+        ask = lambda: self._attempts(model, prompt, schema, settings, costs)  # noqa: E731
+        response, reused = await cache.answer(request, schema, settings, resource, processor, ask)
+        if reused:
+            self._service.app.metrics.judge_calls_saved.labels(processor, "cache").inc()
+        return response
 
     def _costs(self, run_id: str, model: str, resource: str | None) -> list[RunCost]:
         """The limits the call counts against: its run's, while the run lives here; else those of

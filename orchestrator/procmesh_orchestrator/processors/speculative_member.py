@@ -45,7 +45,7 @@ _CLOSE = object()
 """The writer's sign to half-close the call."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Fed:
     """A part a processor was given and has not committed: its seq, and what it stands for."""
 

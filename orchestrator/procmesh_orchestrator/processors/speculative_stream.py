@@ -107,8 +107,9 @@ class SpeculativeGroup:
         if kind != CHUNK:
             return
         self.members[0].inbox.append((_MARK, None, origin))
+        data = value.type.startswith("data-")
         for j, member in enumerate(self.members):
-            if member.takes(value):
+            if not member.failed_open and (member.data_parts or not data):  # `Member.takes`
                 member.feed(value, None if j == 0 else origin)
 
     def advance(self) -> None:

@@ -7,6 +7,7 @@ are (`procmesh.translate_rpc_error`, then `wire.call_error`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -204,10 +205,23 @@ SEVERITY = ("pass", "rewrite", "drop", "retry", "abort")
 """What a monitor entry would do, least severe first (its session's span keeps the worst)."""
 
 
+def observe_many(histogram: Any, amount: float, n: int) -> None:
+    """`histogram.observe(amount)` n times, in one update of its sum and of one bucket (a
+    prometheus_client Histogram child observes one value at a time; its buckets are kept apart
+    and added up at collection, the first bound at or above the value takes it)."""
+    if n == 1:
+        histogram.observe(amount)
+        return
+    histogram._sum.inc(amount * n)
+    histogram._buckets[bisect.bisect_left(histogram._upper_bounds, amount)].inc(n)
+
+
 class PartCounts:
     """One stream session's part metrics (procmesh_stream_parts_total and
-    procmesh_stream_part_added_seconds), its labelled children looked up once; the counts are
-    added up per part and handed to the counters at each `flush` (once per response read)."""
+    procmesh_stream_part_added_seconds), its labelled children looked up once; the counts and
+    the latencies are added up per part and handed to the metrics at each `flush` (once per
+    response read): the parts of a batch sent together and answered together added the same
+    latency, which is observed once for all of them (`observe_many`)."""
 
     def __init__(self, caller: GrpcHookCaller, handle: ProcessorHandle) -> None:
         metrics = caller.metrics
@@ -226,14 +240,19 @@ class PartCounts:
         self.offset = -1
         """The last answered part's offset in the session (the decision record's ``part``)."""
         self._took = 0.0
+        self._same = 0
+        """Answers in a row (not yet observed) that added `_took`."""
 
     def answered(self, original: tpb.Chunk, res: ppb.StreamPartResult, sent_at: float) -> None:
         """Count an answer to `original` (sent at `sent_at`) as the run applies it."""
         counts = self._counts
         counts[0] += 1
         self.offset += 1
-        self._took = max(0.0, self.now - sent_at)
-        self._latency.observe(self._took)
+        took = max(0.0, self.now - sent_at)
+        if took != self._took:
+            self._observe()
+            self._took = took
+        self._same += 1
         n = len(res.extra_parts) + (1 if res.HasField("part") else 0)
         if n == 0:
             counts[2] += 1
@@ -254,8 +273,14 @@ class PartCounts:
                 self._labels, HOOK, self._step, outcome, took=took, seen=seen, would=would, part=self.offset
             )
 
+    def _observe(self) -> None:
+        if self._same:
+            observe_many(self._latency, self._took, self._same)
+            self._same = 0
+
     def flush(self) -> None:
-        """Hand the counts so far to the counters."""
+        """Hand the counts and the latencies so far to the metrics."""
+        self._observe()
         for counter, n in zip(self._counters, self._counts, strict=True):
             if n:
                 counter.inc(n)

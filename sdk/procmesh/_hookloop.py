@@ -3,9 +3,10 @@
 A hook that burns CPU without awaiting would otherwise stall the grpc.aio server's loop: health
 checks time out (the pod is restarted or taken out of service), other processors' calls and new
 calls wait, and a call whose deadline passed keeps the loop busy. So each hosted processor gets a
-HookLoop and all of its code (``setup()``, every hook, ``teardown()``) runs there; the server loop
-only decodes, dispatches and awaits. The GIL still lets the server thread run between a CPU-bound
-hook's bytecodes (every ``sys.getswitchinterval()``, 5 ms), so health answers in milliseconds.
+HookLoop and all of its code (``setup()``, every hook, ``teardown()``) runs on its loop; the server
+loop only decodes, dispatches and awaits. The GIL still lets the server thread run between a
+CPU-bound hook's bytecodes (every ``sys.getswitchinterval()``, 5 ms), so health answers in
+milliseconds.
 
 One loop per processor rather than one for the whole sidecar: a CPU-bound hook of one processor
 then cannot delay the hooks of the others hosted beside it, and a processor's loop-bound clients
@@ -13,20 +14,77 @@ then cannot delay the hooks of the others hosted beside it, and a processor's lo
 When the calling RPC is cancelled or its deadline passes, the hook's task is cancelled: it stops at
 its next ``await`` (pure computation cannot be interrupted; it ends when it returns).
 
-The price is two thread wake-ups per call (one per batch on the output stream), measured at
-0.2-0.4 ms on a busy 2-core machine. A deployment that trusts its hooks to be quick can run them
-inline on the server loop instead (``threaded=False``; ``PROCMESH_HOOK_THREADS=false``).
+Handing a call to the loop's thread costs two thread wake-ups (0.2-0.4 ms on a busy 2-core
+machine), most of a quick hook's cost. So when the thread is idle (blocked in its selector) and
+the processor has shown its loop's turns to be quick, the server thread takes the turn itself
+(`_Turns`): it runs the hook loop's ready callbacks, with the hook loop as the running loop, until
+the hook's task is done — no wake-up either way. The hook still runs on its own loop (its futures,
+timers and clients are that loop's), only on another thread. A turn that holds the CPU longer than
+the switch interval makes the processor's calls go through the thread again until it has shown
+quick turns for twice as long as before (a hook that turns CPU-bound after many quick calls stalls
+the server once, for that one turn); a hook still running after that budget of CPU continues on its
+thread. A deployment that trusts its hooks to be quick can run them on the server loop outright
+(``threaded=False``; ``PROCMESH_HOOK_THREADS=false``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import selectors
+import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+_FIRST_PROOF = 16
+"""Quick turns of its loop a processor shows before the server thread takes turns for it."""
+_MAX_PROOF = 1 << 20
+
+
+class _Turns(selectors.DefaultSelector):
+    """The hook loop's selector, and who may run the loop: its thread holds `lock` except while it
+    waits in ``select``, so the server thread can take a turn exactly when the loop is idle.
+
+    It also keeps the record of how long turns hold the CPU: `proven` once `streak` quick ones
+    in a row reached `need`; a slow one resets the streak and doubles what it must reach.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.owner = 0
+        """The hook thread's id (``select`` from any other thread is a taken turn's: no hand-over)."""
+        self.budget = sys.getswitchinterval()
+        """CPU seconds a quick turn stays under: what a hook on its thread makes the server wait anyway."""
+        self.since = 0.0
+        self.streak = 0
+        self.need = _FIRST_PROOF
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if threading.get_ident() != self.owner:
+            return super().select(timeout)
+        self.record(time.thread_time() - self.since)
+        self.lock.release()
+        try:
+            return super().select(timeout)
+        finally:
+            self.lock.acquire()
+            self.since = time.thread_time()
+
+    def record(self, cpu: float) -> None:
+        if cpu <= self.budget:
+            self.streak += 1
+        else:
+            self.streak = 0
+            self.need = min(self.need * 2, _MAX_PROOF)
+
+    @property
+    def proven(self) -> bool:
+        return self.streak >= self.need
 
 
 class HookLoop:
@@ -37,6 +95,7 @@ class HookLoop:
         self._threaded = threaded
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._turns = _Turns()
 
     def start(self) -> None:
         """Start the thread and its loop (returns once the loop accepts work)."""
@@ -49,7 +108,11 @@ class HookLoop:
         ready.wait()
 
     def _main(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
+        turns = self._turns
+        turns.lock.acquire()
+        turns.owner = threading.get_ident()
+        turns.since = time.thread_time()
+        loop = asyncio.SelectorEventLoop(turns)
         asyncio.set_event_loop(loop)
         self._loop = loop
         ready.set()
@@ -63,6 +126,7 @@ class HookLoop:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
+            turns.lock.release()
 
     async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
         """Await ``fn()`` on this loop; cancelling the caller cancels it there too.
@@ -82,6 +146,36 @@ class HookLoop:
             raise RuntimeError(f"{self._name} is not running (ProcessorServer.start() starts it)")
         return self._loop
 
+    def _take_turn(self, fn: Callable[[], Awaitable[Any]], caller: asyncio.AbstractEventLoop) -> Any:
+        """Start ``fn()`` as a task of this loop and run the loop from the calling thread while
+        its thread is idle, until the task is done or has had its CPU budget; the task, or None
+        when the loop is not idle (or not proven quick): then the thread must be woken.
+
+        No other thread runs the loop meanwhile: its thread waits for `lock` to leave ``select``.
+        """
+        turns, loop = self._turns, self._loop
+        if loop is None or not turns.proven or not turns.lock.acquire(blocking=False):
+            return None
+        scheduled: list[Any] = loop._scheduled  # type: ignore[attr-defined]
+        first = scheduled[0] if scheduled else None
+        asyncio._set_running_loop(loop)
+        try:
+            task = loop.create_task(_awaited(fn))
+            spent = 0.0
+            while not task.done() and loop._ready and spent <= turns.budget:  # type: ignore[attr-defined]
+                t0 = time.thread_time()
+                loop._run_once()  # type: ignore[attr-defined]
+                cpu = time.thread_time() - t0
+                turns.record(cpu)
+                spent += cpu
+        finally:
+            asyncio._set_running_loop(caller)
+            turns.lock.release()
+        # The thread computed its select timeout before this turn: wake it for what is left to do.
+        if not task.done() or loop._ready or (scheduled and scheduled[0] is not first):  # type: ignore[attr-defined]
+            loop._write_to_self()  # type: ignore[attr-defined]
+        return task
+
     async def stop(self, timeout: float = 5.0) -> None:
         """Cancel what is left, stop the loop and wait up to `timeout` s for the thread to end."""
         loop, thread = self._loop, self._thread
@@ -96,12 +190,23 @@ class HookLoop:
 async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) -> Any:
     """Await each step's ``fn()`` on its loop in turn; the last one's result.
 
-    Each loop hands on to the next directly, so n steps cost n + 1 thread wake-ups, not 2n (a
-    fused stream's processors, each on its own loop); one step costs one wake-up each way and
-    nothing else (run_coroutine_threadsafe + wrap_future add a concurrent Future, with its lock,
-    and two chained callbacks). Cancelling the caller cancels the step running, at its next await.
+    A step whose loop is idle runs in a turn the caller's thread takes (`HookLoop._take_turn`):
+    no wake-up. Otherwise each loop hands on to the next directly, so n steps cost n + 1 thread
+    wake-ups, not 2n (a fused stream's processors, each on its own loop); one step costs one
+    wake-up each way and nothing else (run_coroutine_threadsafe + wrap_future add a concurrent
+    Future, with its lock, and two chained callbacks). Cancelling the caller cancels the step
+    running, at its next await.
     """
     caller = asyncio.get_running_loop()
+    at = 0
+    taken: asyncio.Task[Any] | None = None
+    while at < len(steps):
+        taken = steps[at][0]._take_turn(steps[at][1], caller)
+        if taken is None or not taken.done():
+            break
+        if at + 1 == len(steps) or taken.cancelled() or taken.exception() is not None:
+            return taken.result()
+        at += 1
     done: asyncio.Future[Any] = caller.create_future()
     running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
 
@@ -115,12 +220,13 @@ async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) 
         else:
             done.set_result(task.result())
 
-    def begin(at: int, loop: asyncio.AbstractEventLoop) -> None:  # on step `at`'s loop
-        if done.cancelled():
-            return
-        task = loop.create_task(_awaited(steps[at][1]))
+    def watch(at: int, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:  # on `loop`
         running[:] = [(loop, task)]
         task.add_done_callback(lambda t: after(at, t))
+
+    def begin(at: int, loop: asyncio.AbstractEventLoop) -> None:  # on step `at`'s loop
+        if not done.cancelled():
+            watch(at, loop, loop.create_task(_awaited(steps[at][1])))
 
     def after(at: int, task: asyncio.Task[Any]) -> None:  # on step `at`'s loop, when it is done
         if at + 1 < len(steps) and not task.cancelled() and task.exception() is None:
@@ -132,7 +238,12 @@ async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) 
         loop = steps[at][0]._target(caller)
         loop.call_soon_threadsafe(begin, at, loop)
 
-    hand(0)
+    if taken is None:
+        hand(at)
+    else:  # a taken turn's task still running: it goes on on its loop's thread
+        loop = steps[at][0]._target(caller)
+        running[:] = [(loop, taken)]
+        loop.call_soon_threadsafe(watch, at, loop, taken)
     try:
         return await done
     except asyncio.CancelledError:

@@ -2,8 +2,8 @@
 
 The lifecycle lives here (bind, setup, SERVING, drain, teardown) and TLS; the RPC handlers are
 built from the hook table in `_servicer`, the output stream in `_stream`, the per-processor
-bookkeeping in `_hosted`. Each processor's code runs on its own `HookLoop` thread, so this loop
-(health, Describe, admitting calls) never waits for a hook.
+bookkeeping in `_hosted`. Each processor's code runs on its own `HookLoop`, so this loop (health,
+Describe, admitting calls) waits for no hook longer than one quick turn.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class ProcessorServer:
         credentials: Server TLS credentials (`server_credentials()`); plaintext when None.
         hook_threads: Run each processor's code on its own thread and loop (the default), so a
             hook that computes cannot stall health checks or the other processors; False runs
-            hooks inline on the server's loop, saving two thread wake-ups per call.
+            hooks inline on the server's loop, for hooks trusted to be quick (a quick hook already skips
+            the thread's wake-ups while the thread is idle: `HookLoop`).
     """
 
     def __init__(

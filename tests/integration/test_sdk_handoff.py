@@ -1,0 +1,111 @@
+"""The SDK's idle hand-off (issue 32): a quick hook runs without a thread wake-up, on the server's
+thread, while its loop's thread is idle; a CPU-bound hook still never stalls health or other calls.
+
+A real sidecar process (`tests.fixtures.handoff_sidecar`) over gRPC on a unix socket. Each hook
+answers with the thread it ran on and its running loop, so the tests read where it ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from procmesh import SERVICE_NAME, convert
+from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator import SidecarProcess
+
+SERVER_THREAD = "MainThread"
+"""`procmesh.run` serves on the process's main thread."""
+
+
+@pytest_asyncio.fixture
+async def channel(tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
+    address = f"unix://{tmp_path}/handoff.sock"
+    env = {**os.environ, "HANDOFF_DIR": str(tmp_path)}
+    proc = SidecarProcess([], address, module="tests.fixtures.handoff_sidecar", env=env)
+    proc.start()
+    try:
+        await proc.wait_ready()
+        async with grpc.aio.insecure_channel(address) as chan:
+            yield chan
+    finally:
+        proc.stop()
+
+
+async def where(channel: grpc.aio.Channel, processor_id: str, **options: Any) -> tuple[str, str]:
+    """Call `processor_id`'s processInput: the thread its hook ran on, and its running loop."""
+    call: Any = channel.unary_unary(
+        f"/{SERVICE_NAME}/ProcessInput",
+        request_serializer=ppb.ProcessInputRequest.SerializeToString,
+        response_deserializer=ppb.ProcessInputResponse.FromString,
+    )
+    ctx = tpb.RunContext(processor_id=processor_id, run_id="run-1", agent_id="agent-1")
+    ctx.options.CopyFrom(convert.to_struct(options))
+    resp = await call(ppb.ProcessInputRequest(context=ctx), timeout=30)
+    thread, _, loop = resp.messages[0].id.partition("|")
+    return thread, loop
+
+
+async def until_on_server_thread(channel: grpc.aio.Channel, processor_id: str) -> list[tuple[str, str]]:
+    """Calls one after another until one runs on the server's thread (at most 200): all seen."""
+    seen = []
+    for _ in range(200):
+        seen.append(await where(channel, processor_id))
+        if seen[-1][0] == SERVER_THREAD:
+            break
+    return seen
+
+
+async def health(channel: grpc.aio.Channel) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    resp = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=0.5)
+    return int(resp.status)
+
+
+async def test_a_quick_hook_runs_on_the_servers_thread_when_its_loop_is_idle(
+    channel: grpc.aio.Channel,
+) -> None:
+    seen = await until_on_server_thread(channel, "where")
+    # first on its loop's thread (not yet shown quick), then taken by the server's thread
+    assert seen[0][0] == "procmesh-hooks:where"
+    assert seen[-1][0] == SERVER_THREAD
+    # always on its own loop, whichever thread ran it: loop-bound clients keep working
+    assert len({loop for _, loop in seen}) == 1
+
+
+async def test_a_slow_turn_sends_the_processors_calls_back_to_its_thread(channel: grpc.aio.Channel) -> None:
+    seen = await until_on_server_thread(channel, "where")
+    assert seen[-1][0] == SERVER_THREAD
+    # a turn that holds the CPU past its budget (taken by the server's thread when its loop is idle:
+    # it cannot know in advance) ...
+    assert (await where(channel, "where", burn=True))[1] == seen[0][1]
+    # ... and then the processor's calls go through its thread again, until it shows quick turns
+    assert await where(channel, "where") == ("procmesh-hooks:where", seen[0][1])
+
+
+async def test_a_cpu_bound_hook_stalls_neither_health_nor_quick_hooks(
+    channel: grpc.aio.Channel, tmp_path: Path
+) -> None:
+    await until_on_server_thread(channel, "where")
+    burning = asyncio.ensure_future(where(channel, "burner"))
+    try:
+        for _ in range(300):
+            if (tmp_path / "burning").exists() or burning.done():
+                break
+            await asyncio.sleep(0.05)
+        assert (tmp_path / "burning").exists()
+        for _ in range(5):
+            assert await health(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert (await until_on_server_thread(channel, "where"))[-1][0] == SERVER_THREAD
+        assert not burning.done()
+    finally:
+        (tmp_path / "release").touch()
+    assert (await burning)[0] == "procmesh-hooks:burner"

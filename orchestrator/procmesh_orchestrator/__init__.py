@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
     from procmesh_orchestrator.run.background import BackgroundOptions, BackgroundTool
     from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
+    from procmesh_orchestrator.run.framework.prepare_step import StepContext, StepOverride, StepRule
     from procmesh_orchestrator.run.function_tool import FunctionTool, FunctionToolContext
     from procmesh_orchestrator.run.models import ModelProvider, ModelRequest
     from procmesh_orchestrator.run.stop import HasToolCall, StepCountIs, StopCondition
@@ -63,7 +64,10 @@ __all__ = [
     "RunStream",
     "ScriptedModel",
     "SidecarProcess",
+    "StepContext",
     "StepCountIs",
+    "StepOverride",
+    "StepRule",
     "StopCondition",
     "StructuredOutput",
     "TokenCostControl",
@@ -98,7 +102,10 @@ _EXPORTS = {
     "RunStream": "procmesh_orchestrator.run",
     "ScriptedModel": "procmesh_orchestrator.providers.builtin",
     "SidecarProcess": "procmesh_orchestrator.sidecar_process",
+    "StepContext": "procmesh_orchestrator.run.framework.prepare_step",
     "StepCountIs": "procmesh_orchestrator.run.stop",
+    "StepOverride": "procmesh_orchestrator.run.framework.prepare_step",
+    "StepRule": "procmesh_orchestrator.run.framework.prepare_step",
     "StopCondition": "procmesh_orchestrator.run.stop",
     "StructuredOutput": "procmesh_orchestrator.run.types",
     "errors": "procmesh_orchestrator",

@@ -12,7 +12,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run.base import call_lanes
 from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.context import ContextSchema
-from procmesh_orchestrator.run.framework import working_memory
+from procmesh_orchestrator.run.framework import prepare_step, working_memory
 from procmesh_orchestrator.run.hooks import Chunk, Resumed
 from procmesh_orchestrator.run.loop import Run
 from procmesh_orchestrator.run.tool_calls import ApprovalDecision, Decision
@@ -114,12 +114,14 @@ class Agent:
     def check_call(self, options: CallOptions) -> None:
         """Refuse, before a run starts, what the run would refuse before its first hook: a request
         context the agent's requestContextSchema refuses, or one giving a processor an option its
-        schema refuses or costControl a limit that is none (RequestContextError). The APIs call it
-        while they admit a request, so the caller gets a 400, not a failed run."""
+        schema refuses or costControl a limit that is none (RequestContextError); a prepareSteps
+        model the agent cannot call (StepModelError). The APIs call it while they admit a request,
+        so the caller gets a 400, not a failed run."""
         self.check_context(options)
         call_lanes(self.spec, options)
         if self.spec.cost is not None:
             self.spec.cost.limit_for(choosing_context(options))
+        prepare_step.check_models(options.prepare_steps, self.spec.models)
 
     async def generate(
         self, input: str | list[dict[str, Any]], options: CallOptions | None = None

@@ -15,6 +15,7 @@ from procmesh_orchestrator.run import context, violation_routes
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run.framework import FrameworkProcessor
 from procmesh_orchestrator.run.framework.cost import CostSlot
+from procmesh_orchestrator.run.framework.prepare_step import PrepareStep
 from procmesh_orchestrator.run.hooks import (
     Attempt,
     Chunk,
@@ -129,6 +130,10 @@ class RunCore:
         self.cost = agent.cost.for_call(self) if agent.cost is not None else None
         if self.cost is not None and not any(isinstance(p, CostSlot) for p in self.input_lane):
             self.input_lane = (*self.input_lane, self.cost)
+        # prepareStep runs after the input lane's processInputStep, as the reference places it
+        for source in (options.prepare_steps, options.prepare_step):
+            if source:
+                self.input_lane = (*self.input_lane, PrepareStep(source))
         self.ml = RunMessages()
         self.info.message_sources = self.ml.sources  # RunContext.message_sources: the SDKs' views
         self.system: list[dict[str, Any]] = []

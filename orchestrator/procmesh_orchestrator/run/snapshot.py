@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from procmesh_orchestrator.errors import ConfigError, SuspendError
 from procmesh_orchestrator.run import context, stop
 from procmesh_orchestrator.run.context import serializable
+from procmesh_orchestrator.run.framework import prepare_step
 from procmesh_orchestrator.run.framework.history_budget import HistoryBudget
 from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.run.tool_calls import PendingTools
@@ -141,6 +142,7 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
         "modelSettings": None if options.model_settings is None else dict(options.model_settings),
         "toolChoice": options.tool_choice,
         "activeTools": None if options.active_tools is None else list(options.active_tools),
+        "prepareSteps": [rule.dump() for rule in options.prepare_steps],
         "memoryOptions": {
             "lastMessages": options.memory.last_messages,
             "readOnly": options.memory.read_only,
@@ -198,6 +200,7 @@ def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec
         model_settings=data.get("modelSettings"),
         tool_choice=data.get("toolChoice"),
         active_tools=data.get("activeTools"),
+        prepare_steps=prepare_step.load_rules(data.get("prepareSteps") or ()),
         structured_output=_structured(data.get("structuredOutput")),
         memory=_memory_options(data.get("memoryOptions")),
         # applied where the run starts (a durable run taken over before its first checkpoint);

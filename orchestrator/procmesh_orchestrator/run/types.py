@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import ConfigError, OrchestratorError
 from procmesh_orchestrator.run.framework.memory import AgentMemory, MemoryCallOptions
+from procmesh_orchestrator.run.framework.prepare_step import PrepareStepFunction, StepRule
 from procmesh_orchestrator.run.hooks import CallerFactory, LaneEntry
 from procmesh_orchestrator.run.models import ModelProvider
 from procmesh_orchestrator.run.stop import StopCondition
@@ -227,6 +228,13 @@ class CallOptions:
     """Answer with a JSON value matching a schema: the result's `RunResult.object`."""
     memory: MemoryCallOptions = field(default_factory=MemoryCallOptions)
     """This call's memory options (window, read-only, recall); each None field: the agent's."""
+    prepare_step: PrepareStepFunction | None = None
+    """The reference's prepareStep: called before each model step with a `StepContext`, after the
+    input lane's processInputStep; the `StepOverride` it returns lasts that step. Not kept in a
+    snapshot: a resumed run uses the resuming call's."""
+    prepare_steps: Sequence[StepRule] = ()
+    """prepareStep as data (the HTTP body's ``prepareSteps``): each rule's override at its step(s),
+    applied before `prepare_step`; kept in a snapshot."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,15 @@ from procmesh_orchestrator.service._errors import BadRequestError, NotSupportedE
 from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
 from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.messages import input_message, own_ids
+from procmesh_orchestrator.service.api.step_settings import (
+    IGNORED_SETTINGS,
+    ModelSettingsBody,
+    PrepareStepBody,
+    ToolChoice,
+    step_rules,
+    system_texts,
+    tool_choice,
+)
 from procmesh_orchestrator.store import MAX_ID_CHARS
 
 
@@ -112,59 +121,6 @@ class _MemoryBody(BaseModel):
         return self.thread.id if isinstance(self.thread, _ThreadRef) else self.thread
 
 
-class _ModelTimeout(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    total_ms: int | None = Field(default=None, ge=0, alias="totalMs")
-    step_ms: int | None = Field(default=None, ge=0, alias="stepMs")
-    first_chunk_ms: int | None = Field(default=None, ge=0, alias="firstChunkMs")
-
-
-IGNORED_SETTINGS = {
-    "headers": "procmesh does not forward a caller's headers to model providers",
-    "reasoning": "procmesh sends no reasoning level to model providers",
-    "timeout": "procmesh bounds model calls by the providers' configured timeouts",
-}
-"""The reference's model settings procmesh accepts but does not apply, and why: a call naming one
-runs, with a warning in its result and ``procmesh_call_settings_ignored_total{setting}``."""
-
-
-class _ModelSettings(BaseModel):
-    """``modelSettings``: what the providers send, ``maxRetries`` (the provider's retries of this
-    call's model calls) and the reference's settings procmesh ignores with a warning
-    (`IGNORED_SETTINGS`); any other key is refused, never ignored."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float | None = Field(default=None, ge=0)
-    max_output_tokens: int | None = Field(default=None, ge=1, alias="maxOutputTokens")
-    top_p: float | None = Field(default=None, ge=0, le=1, alias="topP")
-    top_k: int | None = Field(default=None, ge=1, alias="topK")
-    presence_penalty: float | None = Field(default=None, alias="presencePenalty")
-    frequency_penalty: float | None = Field(default=None, alias="frequencyPenalty")
-    stop_sequences: list[str] | None = Field(default=None, alias="stopSequences")
-    seed: int | None = None
-    max_retries: int | None = Field(default=None, ge=0, le=100, alias="maxRetries")
-    headers: dict[str, str | None] | None = None
-    reasoning: str | None = None
-    timeout: _ModelTimeout | None = None
-
-    def wire(self) -> dict[str, Any]:
-        """The settings applied, by their camelCase names (what `StepConfig.model_settings` holds)."""
-        return self.model_dump(by_alias=True, exclude_none=True, exclude=set(IGNORED_SETTINGS))
-
-    def ignored(self) -> list[str]:
-        """The settings given that procmesh does not apply (`IGNORED_SETTINGS`)."""
-        return [name for name in IGNORED_SETTINGS if getattr(self, name) is not None]
-
-
-class _ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["tool"]
-    tool_name: str = Field(alias="toolName", min_length=1)
-
-
 class _StructuredOutputBody(BaseModel):
     """``structuredOutput``: a JSON schema, what a mismatch does, and an optional structuring model."""
 
@@ -189,16 +145,16 @@ class StepOptions(BaseModel):
     """Replaces the agent's instructions: a string, a list of strings or system messages."""
     system: Any = None
     """System messages added after the instructions (the same forms)."""
-    model_settings: _ModelSettings | None = Field(default=None, alias="modelSettings")
-    tool_choice: Literal["auto", "none", "required"] | _ToolChoice | None = Field(
-        default=None, alias="toolChoice"
-    )
+    model_settings: ModelSettingsBody | None = Field(default=None, alias="modelSettings")
+    tool_choice: ToolChoice | None = Field(default=None, alias="toolChoice")
     active_tools: list[str] | None = Field(default=None, alias="activeTools")
     structured_output: _StructuredOutputBody | None = Field(default=None, alias="structuredOutput")
     input_processors: list[Any] | None = Field(default=None, alias="inputProcessors")
     """Replaces the agent's lanes for this call: processor ids (`Lanes`)."""
     output_processors: list[Any] | None = Field(default=None, alias="outputProcessors")
     error_processors: list[Any] | None = Field(default=None, alias="errorProcessors")
+    prepare_steps: list[PrepareStepBody] | None = Field(default=None, alias="prepareSteps")
+    """The reference's prepareStep as data (`step_settings.step_rules`)."""
 
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -303,8 +259,9 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
     check_input(data, limits)
     if "prepareStep" in data:  # a function in the reference: what arrives as JSON cannot be it
         raise BadRequestError(
-            "prepareStep is a function and cannot cross HTTP: give the step's options (toolChoice, "
-            "activeTools, modelSettings, ...) or an inputProcessors lane with a processInputStep processor"
+            "prepareStep is a function and cannot cross HTTP: give prepareSteps, its declarative form "
+            "([{when: {stepNumber | fromStepNumber}, override: {model, toolChoice, activeTools, system, "
+            "providerOptions, modelSettings}}]), or an inputProcessors lane with a processInputStep processor"
         )
     body = validated(_Body, data)
     if isinstance(body.messages, str):
@@ -361,17 +318,15 @@ def validated(model: type[_M], data: Any) -> _M:
 
 def step_kwargs(body: StepOptions) -> dict[str, Any]:
     """The `CallOptions` fields of the options both APIs share."""
-    instructions = _system_texts(body.instructions, "instructions")
-    tool_choice: Any = body.tool_choice
-    if isinstance(tool_choice, _ToolChoice):
-        tool_choice = {"type": "tool", "toolName": tool_choice.tool_name}
+    instructions = system_texts(body.instructions, "instructions")
     return {
         "instructions": None if instructions is None else "\n\n".join(instructions),
-        "system": _system_texts(body.system, "system") or (),
+        "system": system_texts(body.system, "system") or (),
         "model_settings": body.model_settings.wire() if body.model_settings else None,
-        "tool_choice": tool_choice,
+        "tool_choice": tool_choice(body.tool_choice),
         "active_tools": body.active_tools,
         "structured_output": _structured_output(body.structured_output),
+        "prepare_steps": step_rules(body.prepare_steps),
     }
 
 
@@ -401,30 +356,6 @@ def _processor_id(entry: Any, where: str) -> str:
     if not isinstance(value, str) or not value or len(value) > _MAX_PROCESSOR_ID or not value.isprintable():
         raise BadRequestError(f"{where}: must be a processor id (a string) or an object with an 'id'")
     return value
-
-
-def _system_texts(value: Any, field: str) -> list[str] | None:
-    """``instructions`` / ``system`` as texts: a string, a system message ``{role, content}``
-    (content a string or text parts), or a list of those; None when not given."""
-    if value is None:
-        return None
-    items = value if isinstance(value, list) else [value]
-    out: list[str] = []
-    for i, item in enumerate(items):
-        where = f"{field}.{i}" if isinstance(value, list) else field
-        if isinstance(item, str):
-            out.append(item)
-            continue
-        content = item.get("content") if isinstance(item, dict) else None
-        if isinstance(content, str):
-            out.append(content)
-        elif isinstance(content, list) and all(
-            isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
-        ):
-            out.append("".join(p["text"] for p in content))
-        else:
-            raise BadRequestError(f"{where}: must be a string or a system message {{role, content}}")
-    return out
 
 
 def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput | None:

@@ -20,6 +20,7 @@ from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, Requ
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes
 from procmesh_orchestrator.processors.call_lanes import Hosted
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
+from procmesh_orchestrator.run.framework.prepare_step import StepModelError
 from procmesh_orchestrator.run.hooks import (
     HookArgs,
     InputArgs,
@@ -157,7 +158,7 @@ def bind_lanes(service: ServiceCore, agent_id: str, call: AgentCall, caller: Cal
         )
     try:
         service.agent(agent_id).check_call(call.options)
-    except RequestContextError as exc:
+    except (RequestContextError, StepModelError) as exc:
         raise BadRequestError(str(exc)) from None
     return call
 

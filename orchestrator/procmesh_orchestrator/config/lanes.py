@@ -6,7 +6,7 @@ conditional steps), and lanes chosen from the request context.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
@@ -273,6 +273,19 @@ class LaneByContext(_Model):
     def lanes(self) -> list[tuple[str, list[LaneEntry]]]:
         """Every list it may choose, with its place in the config (``cases.acme``, ``default``)."""
         return [*((f"cases.{name}", lane) for name, lane in self.cases.items()), ("default", self.default)]
+
+
+def option_models(options: Any, key: str = "") -> Iterator[str]:
+    """Model references in a processor's options: string values of keys naming a model (``model``,
+    or a key ending in ``_model`` or ``Model``, at any depth)."""
+    if isinstance(options, Mapping):
+        for name, value in options.items():
+            yield from option_models(value, str(name))
+    elif isinstance(options, list):
+        for item in options:
+            yield from option_models(item, key)
+    elif isinstance(options, str) and (key == "model" or key.endswith(("_model", "Model"))):
+        yield options
 
 
 def workflow_refs(step: WorkflowStep) -> list[ProcessorRef]:

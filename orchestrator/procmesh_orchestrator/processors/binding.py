@@ -23,7 +23,7 @@ from procmesh_orchestrator.config import (
 )
 from procmesh_orchestrator.config.conditions import decided_per_call
 from procmesh_orchestrator.config.cost import PROCESSOR_NAMES as COST_NAMES
-from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig
+from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig, option_models
 from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.processors import options
@@ -205,6 +205,7 @@ class LaneBinder:
             on_failure="fail-open" if shadow else ref.on_failure or sidecar.on_failure,
             shadow=shadow,
             speculative=info.speculative and ref.speculative is not False,
+            judged=any(True for _ in option_models(ref.options)),
             # a shadow processor's verdict is not the run's: it never shares a request
             fuse_key=ref.sidecar if ref.sidecar in self.sidecars.fusing and not shadow else "",
         )

@@ -43,6 +43,9 @@ class ProcessorHandle:
     speculative: bool = False
     """Describe declared it speculative and its lane entry left that on: it may be called before
     its input is final (`run.speculation`)."""
+    judged: bool = False
+    """Its options name a model (a judge it asks through the model gateway): cheap first, it is
+    sent only once the cheaper entries in front of it answered (`run.speculation.plan`)."""
     fuse_key: str = ""
     """Lane neighbours with the same non-empty key share one request (the sidecar's name when its
     Describe says ``fuses``); empty: never fused (shadow processors, tool hosts)."""

@@ -58,6 +58,11 @@ class Batchable(Protocol):
         ...
 
     @property
+    def judged(self) -> bool:
+        """It asks a judge model: cheap first, it waits for the cheap entries in front of it."""
+        ...
+
+    @property
     def fuse_key(self) -> str:
         """Neighbours with the same non-empty key may go in one request (one sidecar)."""
         ...

@@ -13,6 +13,15 @@ state, metrics, failure policy, violations, signals and chunks all apply at comm
 run's trace is the sequential one. A processor that is not speculative is only ever the first
 of a batch (or a fused neighbour of the first), so it sees final input only. A request-context
 value a committed answer set changes the input of every call after it too.
+
+Cheap first: a batch that starts with entries asking no judge model (a regex pack, a token
+limit, a normalizer: deterministic and fast) ends before the first entry that asks one
+(`Batchable.judged`), so a judge is sent only once the cheap checks in front of it answered
+without ending the lane: when one of them aborts, no judge call is made at all, and each judge
+that would have been sent with them is counted in ``procmesh_judge_calls_saved_total{by=
+"cheap-first"}``. A judge already in a batch keeps the speculative entries after it, judges too,
+running with it (no judge waits for another), and their calls are cancelled when one before them
+aborts. What a run gives is the same: the order of commits is the lane's either way.
 """
 
 from __future__ import annotations
@@ -59,13 +68,17 @@ async def walk(
         pos = await _batch(run, lane, pos, build, apply, step_number)
 
 
-def plan(lane: Sequence[Processor], pos: int, *, fuse: bool) -> list[list[Processor]]:
+def plan(
+    lane: Sequence[Processor], pos: int, *, fuse: bool, cheap_first: bool = True
+) -> list[list[Processor]]:
     """The batch that starts at `pos`: requests (lists of fused processors) sent at once.
 
     The first request's first processor has final input; every other processor in the batch
     must be speculative (except the first's fused neighbours: the sidecar runs them only on
     what the one before left unchanged). A processor id appears at most once: its second call
-    would need the state its first leaves.
+    would need the state its first leaves. With `cheap_first`, a batch of cheap entries ends
+    before the first judged one (a fused request runs its members in order, so a judge fused
+    behind a cheap neighbour already waits for it).
     """
     first = lane[pos]
     if not isinstance(first, Batchable):
@@ -91,8 +104,14 @@ def plan(lane: Sequence[Processor], pos: int, *, fuse: bool) -> list[list[Proces
             p += 1
         if not unit:
             break
+        if cheap_first and units and _judged(unit) and not any(_judged(u) for u in units):
+            break
         units.append(unit)
     return units
+
+
+def _judged(unit: Sequence[Processor]) -> bool:
+    return any(isinstance(i, Batchable) and i.judged for i in unit)
 
 
 async def _batch(
@@ -116,6 +135,7 @@ async def _batch(
     context = run.info.request_context  # what the batch was sent with (a hook's value replaces it)
     committed = 0  # attempts committed, over the whole batch
     p = pos
+    ended = False
     try:
         for k, unit in enumerate(units):
             attempts = await sent[k]
@@ -127,11 +147,26 @@ async def _batch(
                 committed += 1  # before: a commit that raises (fail-closed) is not discarded too
                 reply = run.commit(attempts[m])
                 p += 1
+                ended = True  # an abort raises out of apply: the lane ends here unless it returns False
                 if reply.result is not None and await apply(item, args, reply.result, reply.effects):
                     return len(lane)
+                ended = False
         return p
     finally:
+        if ended:
+            _count_cheap_first(run, lane, pos, units)
         await _discard(run, units, sent, committed, args.hook)
+
+
+def _count_cheap_first(
+    run: RunCore, lane: Sequence[Processor], pos: int, units: list[list[Processor]]
+) -> None:
+    """The lane ended in a batch cheap-first cut short: the judges it held back were never asked."""
+    sent = {id(item) for unit in units for item in unit}
+    for unit in plan(lane, pos, fuse=run.info.fuse, cheap_first=False)[len(units) :]:
+        for item in unit:
+            if id(item) not in sent and isinstance(item, Batchable) and item.judged:
+                run.metrics.judge_calls_saved.labels(item.processor_id, "cheap-first").inc()
 
 
 async def _discard(

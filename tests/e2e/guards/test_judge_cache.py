@@ -75,14 +75,15 @@ def judge_server() -> Iterator[JudgeServer]:
     server.stop()
 
 
-async def _replica(
+async def start_replica(
     sidecar_dir: Path,
     name: str,
-    judge_server: JudgeServer,
-    redis_url: str,
+    config: Callable[[str], dict[str, Any]],
     start: Callable[..., OrchestratorProcess],
+    env: dict[str, str],
 ) -> tuple[SidecarProcess, OrchestratorProcess]:
-    """A guards sidecar and the orchestrator whose gateway it calls (its gRPC port pinned first)."""
+    """A guards sidecar (`name`) and the orchestrator whose gateway it calls, its gRPC port pinned
+    first; `config` is the orchestrator's config given the sidecar's address."""
     port = free_port()
     sidecar = SidecarProcess(
         ["guards"],
@@ -92,12 +93,9 @@ async def _replica(
     )
     sidecar.start()
     await sidecar.wait_ready()
+    keys = f"{API_KEYS},{TENANT_KEYS},{GATEWAY_KEY}=@gateway"
     orchestrator = await asyncio.to_thread(
-        start,
-        _config(sidecar.address, judge_server.base_url, redis_url),
-        "--grpc-port",
-        str(port),
-        env={"PROCMESH_API_KEYS": f"{API_KEYS},{TENANT_KEYS},{GATEWAY_KEY}=@gateway", "JUDGE_KEY": SECRET},
+        start, config(sidecar.address), "--grpc-port", str(port), env={"PROCMESH_API_KEYS": keys, **env}
     )
     return sidecar, orchestrator
 
@@ -110,7 +108,13 @@ async def replicas(
     start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> AsyncIterator[list[OrchestratorProcess]]:
     started = [
-        await _replica(sidecar_dir, f"r{i}", judge_server, redis_server.url, start_orchestrator)
+        await start_replica(
+            sidecar_dir,
+            f"r{i}",
+            lambda sidecar: _config(sidecar, judge_server.base_url, redis_server.url),
+            start_orchestrator,
+            {"JUDGE_KEY": SECRET},
+        )
         for i in (1, 2)
     ]
     yield [orchestrator for _, orchestrator in started]
@@ -123,7 +127,7 @@ def _asked(judge_server: JudgeServer, text: str) -> int:
     return sum(f'Content: "{text}"' in content for content in judge_server.judged("mod"))
 
 
-def _counter(orchestrator: OrchestratorProcess, name: str, label: str) -> dict[str, float]:
+def metric(orchestrator: OrchestratorProcess, name: str, label: str) -> dict[str, float]:
     """`name`'s samples summed by the value of `label`."""
     body = httpx.get(f"{orchestrator.http_url}/metrics", headers=AUTH).text
     out: dict[str, float] = {}
@@ -144,7 +148,7 @@ async def test_a_second_turn_resending_history_is_judged_only_for_its_new_messag
     assert _asked(judge_server, first) == 1  # judged once, in turn one
     assert _asked(judge_server, second) == 1
     assert _asked(judge_server, one["text"]) == 1  # the assistant's answer, new in turn two
-    saved = _counter(replicas[0], "procmesh_judge_calls_saved_total", "by")
+    saved = metric(replicas[0], "procmesh_judge_calls_saved_total", "by")
     assert saved.get("cache", 0) >= 1
 
 
@@ -155,7 +159,7 @@ async def test_a_second_replica_sharing_redis_pays_no_judge_call(
     await generate(replicas[0], "guarded", [{"role": "user", "content": text}])
     await generate(replicas[1], "guarded", [{"role": "user", "content": text}])
     assert _asked(judge_server, text) == 1
-    assert _counter(replicas[1], "procmesh_judge_cache_lookups_total", "result").get("redis", 0) >= 1
+    assert metric(replicas[1], "procmesh_judge_cache_lookups_total", "result").get("redis", 0) >= 1
 
 
 async def _per_tenant(orchestrator: OrchestratorProcess, agent: str, text: str) -> None:

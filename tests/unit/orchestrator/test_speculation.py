@@ -40,6 +40,7 @@ class P:
     fuse_key: str = ""
     answer: Callable[[str], tuple[str | None, Effects]] = lambda text: (None, Effects())
     fail: bool = False
+    judged: bool = False
 
     @property
     def key(self) -> str:
@@ -197,6 +198,47 @@ def test_plan_fuses_neighbours_of_one_sidecar() -> None:
     # a later request must be speculative throughout: the sidecar's non-speculative one waits
     lane = [P("x"), P("a", fuse_key="s"), P("b", speculative=False, fuse_key="s")]
     assert ids(plan(lane, 0, fuse=True)) == [["x"], ["a"]]
+
+
+def test_plan_sends_judges_only_after_the_cheap_entries_in_front_of_them() -> None:
+    lane = [P("regex", speculative=False), P("tokens"), P("mod", judged=True), P("pii", judged=True), P("x")]
+    assert ids(plan(lane, 0, fuse=True)) == [["regex"], ["tokens"]]
+    # the judges' own batch: the judges and the cheap entries after them go together
+    assert ids(plan(lane, 2, fuse=True)) == [["mod"], ["pii"], ["x"]]
+    assert ids(plan(lane, 0, fuse=True, cheap_first=False)) == [
+        ["regex"],
+        ["tokens"],
+        ["mod"],
+        ["pii"],
+        ["x"],
+    ]
+    # a judge in front: nothing waits (a later trip cancels the judges after it instead)
+    lane = [P("mod", judged=True), P("regex"), P("pii", judged=True)]
+    assert ids(plan(lane, 0, fuse=True)) == [["mod"], ["regex"], ["pii"]]
+
+
+async def test_a_cheap_trip_means_no_judge_is_asked_and_counts_them_saved() -> None:
+    caller = FakeCaller(hang={"mod", "pii"})  # a judge asked would hang the test
+    run = make_run(caller)
+    lane = [P("regex", answer=abort_on("b")), P("mod", judged=True), P("pii", judged=True)]
+    with pytest.raises(TripwireAbort):
+        await run_lane(run, lane)
+    assert caller.sent == [(["regex"], "a b c")]
+    for judge in ("mod", "pii"):
+        assert run.metrics.total("procmesh_judge_calls_saved_total", processor=judge, by="cheap-first") == 1
+
+
+async def test_cheap_first_gives_what_the_sequential_walk_gives() -> None:
+    lane = [P("regex", answer=rewrite("a", "A")), P("mod", judged=True, answer=rewrite("b", "B")), P("x")]
+    caller = FakeCaller()
+    assert await run_lane(make_run(caller), lane) == "A B c"
+    assert caller.sent == [(["regex"], "a b c"), (["mod"], "A b c"), (["x"], "A b c"), (["x"], "A B c")]
+    assert caller.log == [
+        "commit regex on 'a b c'",
+        "commit mod on 'A b c'",
+        "discard x",
+        "commit x on 'A B c'",
+    ]
 
 
 async def test_answers_commit_in_lane_order_when_nothing_changes() -> None:

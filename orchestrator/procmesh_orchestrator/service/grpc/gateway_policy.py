@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from procmesh_orchestrator.config import AgentConfig, Config, ProcessorRef, WorkflowRef, workflow_refs
-from procmesh_orchestrator.config.lanes import workflow_processors
+from procmesh_orchestrator.config.lanes import option_models, workflow_processors
 from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR
 
 OTHER = "other"
@@ -41,18 +40,6 @@ def shown(value: str) -> str:
 def on_local_socket(peer: str) -> bool:
     """True for a gRPC peer connected over a unix socket (grpc reports ``unix:...``)."""
     return peer.startswith("unix:")
-
-
-def _option_models(options: Any, key: str = "") -> Iterator[str]:
-    """Model references in a processor's options: string values of keys naming a model."""
-    if isinstance(options, Mapping):
-        for name, value in options.items():
-            yield from _option_models(value, str(name))
-    elif isinstance(options, list):
-        for item in options:
-            yield from _option_models(item, key)
-    elif isinstance(options, str) and (key == "model" or key.endswith(("_model", "Model"))):
-        yield options
 
 
 def _agent_refs(config: Config, agent: AgentConfig) -> Iterator[ProcessorRef]:
@@ -83,13 +70,13 @@ class GatewayModels:
             r for w in config.workflows.values() for s in w.steps for r in workflow_refs(s)
         ]
         for ref in refs:
-            for model in _option_models(ref.options):
+            for model in option_models(ref.options):
                 agents_of.setdefault(model, [])
         for agent_id, agent in config.agents.items():
             named = [choice.model for choice in agent.models]
             for ref in _agent_refs(config, agent):
                 refs.append(ref)
-                named.extend(_option_models(ref.options))
+                named.extend(option_models(ref.options))
             for model in named:
                 owners = agents_of.setdefault(model, [])
                 if agent_id not in owners:

@@ -1,0 +1,101 @@
+"""Cheap first end to end (issue 33 item 2): a deterministic check in front of an LLM-judged guard
+answers before the judge is asked, so a trip means no judge call at all, and a run gives what the
+sequential walk gives. Real processes: the orchestrator with its self-started `builtins` sidecar
+(`regex-filter`), `procmesh-sidecar guards` (`moderation`, judging through the gateway) and the
+scripted judge server, which records every question it is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.e2e.guards.judge_server import JudgeServer, Rule
+from tests.e2e.guards.test_guards import HATE, NO_SCORES, generate
+from tests.e2e.guards.test_judge_cache import metric, start_replica
+from tests.e2e.service.conftest import OrchestratorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+SECRET = "sk-judge-secret-of-the-cheap-first-tests"
+REGEX = {
+    "processor": "builtins/regex-filter",
+    "options": {"rules": [{"name": "ticket", "pattern": "TICKET-\\d+"}]},
+}
+
+
+def _lane(*, speculative: bool) -> list[dict[str, Any]]:
+    judge = {"processor": "g/moderation", "options": {"model": "judges/mod"}}
+    return [REGEX, judge if speculative else {**judge, "speculative": False}]
+
+
+def _config(sidecar: str, judges_url: str) -> dict[str, Any]:
+    agent = {"model": "echo", "errorProcessorDefaults": False}
+    return {
+        "sidecars": {"g": {"address": sidecar, "timeout": 10}},
+        "providers": {"judges": {"kind": "openai", "baseUrl": judges_url, "apiKeyEnv": "JUDGE_KEY"}},
+        "models": {"echo": {"provider": "demo"}},
+        "agents": {
+            "cheap-first": {**agent, "inputProcessors": _lane(speculative=True)},
+            # the judge never called before its input is final: the sequential walk
+            "sequential": {**agent, "inputProcessors": _lane(speculative=False)},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    server = JudgeServer(api_key=SECRET)
+    server.start()
+    server.judge("mod", NO_SCORES, Rule(("HATE",), HATE), delay=0.3)
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def orchestrator(
+    sidecar_dir: Path, judge_server: JudgeServer, start_orchestrator: Callable[..., OrchestratorProcess]
+) -> AsyncIterator[OrchestratorProcess]:
+    sidecar, orchestrator = await start_replica(
+        sidecar_dir,
+        "cheap",
+        lambda address: _config(address, judge_server.base_url),
+        start_orchestrator,
+        {"JUDGE_KEY": SECRET},
+    )
+    yield orchestrator
+    sidecar.stop(grace=2.0)
+
+
+def _outcome(result: dict[str, Any]) -> tuple[str, Any]:
+    """What a run gave, without its ids and timings."""
+    return str(result.get("text")), result.get("tripwire")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Book TICKET-42 with HATE inside.", "Nothing to see here.", "I HATE mondays."],
+    ids=["regex-trips", "both-pass", "judge-blocks"],
+)
+async def test_cheap_first_gives_what_the_sequential_walk_gives(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer, text: str
+) -> None:
+    cheap = await generate(orchestrator, "cheap-first", text)
+    sequential = await generate(orchestrator, "sequential", text)
+    assert _outcome(cheap) == _outcome(sequential)
+
+
+async def test_a_regex_trip_means_the_judge_is_never_asked(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    text = "Please file TICKET-7 for me."
+    before = metric(orchestrator, "procmesh_judge_calls_saved_total", "by").get("cheap-first", 0)
+    result = await generate(orchestrator, "cheap-first", text)
+    assert result["tripwire"]["processorId"] == "regex-filter"
+    assert not [c for c in judge_server.judged("mod") if "TICKET-7" in c]
+    saved = metric(orchestrator, "procmesh_judge_calls_saved_total", "by").get("cheap-first", 0)
+    assert saved == before + 1

@@ -42,36 +42,37 @@ Item = tuple[str, Any]
 
 
 class Pipe:
-    """The items from one stage to the next, handed over in bulk: what a stage puts while it runs
-    goes over as one list at the event loop's next turn (one wake-up per batch, not per part).
-    `len` is what waits for the next stage; `taken` (shared by a pipeline's pipes) is set at
-    each take, so the pipeline's source can wait for room (`OutputPipeline.run`)."""
+    """The items from one stage to the next, handed over in bulk: the taker, woken by the first
+    item put, takes at its next turn everything put by then (one wake-up per batch, not per
+    part; at most `MAX_BATCH` at once). A put wakes the taker directly: no queue between the
+    two, so an item waits one turn of the event loop, not two. `len` is what waits for the next
+    stage; `taken` (shared by a pipeline's pipes) is set at each take, so the pipeline's source
+    can wait for room (`OutputPipeline.run`)."""
 
     def __init__(self, taken: asyncio.Event | None = None) -> None:
-        self._lists: asyncio.Queue[list[Item]] = asyncio.Queue()
-        self._pending: list[Item] = []
-        self._size = 0
+        self._items: list[Item] = []
+        self._waiter: asyncio.Future[None] | None = None
         self._taken = taken
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._items)
 
     def put_nowait(self, item: Item) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(item)
-        self._size += 1
-
-    def _flush(self) -> None:
-        items, self._pending = self._pending, []
-        self._lists.put_nowait(items)
+        self._items.append(item)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get(self) -> list[Item]:
-        """Everything handed over so far (at least one item), in order."""
-        items = await self._lists.get()
-        while not self._lists.empty() and len(items) < MAX_BATCH:
-            items += self._lists.get_nowait()
-        self._size -= len(items)
+        """Everything handed over so far (at least one item, at most `MAX_BATCH`), in order."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        items = self._items
+        if len(items) > MAX_BATCH:
+            items, self._items = items[:MAX_BATCH], items[MAX_BATCH:]
+        else:
+            self._items = []
         if self._taken is not None:
             self._taken.set()
         return items

@@ -22,6 +22,28 @@ _OPTIONS_CACHE_SIZE = 256
 """Validated options kept per processor (a config has few distinct option sets)."""
 
 
+class Tally:
+    """A stream batch's parts through one processor's hook: how many by outcome, and their time."""
+
+    __slots__ = ("outcomes", "parts", "seconds")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, int] = {}
+        self.parts = 0
+        self.seconds = 0.0
+
+    def add(self, outcome: str, seconds: float) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.parts += 1
+        self.seconds += seconds
+
+    def take(self) -> tuple[dict[str, int], int, float]:
+        """What it holds, emptied (a cancelled batch's hook may still add to it, on its own thread)."""
+        taken = self.outcomes, self.parts, self.seconds
+        self.outcomes, self.parts, self.seconds = {}, 0, 0.0
+        return taken
+
+
 class Hosted:
     """One hosted processor with what the servicer needs per call, computed once."""
 
@@ -51,12 +73,26 @@ class Hosted:
         """Where this processor's setup, hooks and teardown run (started by the server)."""
 
     def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
-        """Record one hook call, or one part of an output stream (its session is counted at its
-        end, `session_ended`); label children cached: this runs per streamed part."""
+        """Record one unary hook call (label children cached)."""
+        self._latency_of(metrics, hook).observe(seconds)
+        self._count_of(metrics, hook, outcome).inc()
+
+    def observe_batch(self, metrics: SidecarMetrics, tally: Tally) -> None:
+        """Record a stream batch's parts: each outcome's count at once, and one latency
+        observation, their mean (per-part updates cost a tenth of a sidecar's samples)."""
+        outcomes, parts, seconds = tally.take()
+        if parts:
+            self._latency_of(metrics, STREAM_HOOK).observe(seconds / parts)
+        for outcome, n in outcomes.items():
+            self._count_of(metrics, STREAM_HOOK, outcome).inc(n)
+
+    def _latency_of(self, metrics: SidecarMetrics, hook: str) -> Any:
         latency = self._latency.get(hook)
         if latency is None:
             latency = self._latency[hook] = metrics.hook_latency.labels(self.id, hook)
-        latency.observe(seconds)
+        return latency
+
+    def _count_of(self, metrics: SidecarMetrics, hook: str, outcome: str) -> Any:
         calls = self._calls.get((hook, outcome))
         if calls is None:
             counter = (
@@ -65,7 +101,7 @@ class Hosted:
                 else metrics.hook_calls.labels(self.id, hook, outcome)
             )
             calls = self._calls[(hook, outcome)] = counter
-        calls.inc()
+        return calls
 
     def session_ended(self, metrics: SidecarMetrics, outcome: str) -> None:
         """Count one output-stream session of this processor as one hook call."""

@@ -19,7 +19,8 @@ class SidecarMetrics:
     in either language: ``procmesh_sidecar_hook_calls_total{processor,hook,outcome}`` (a
     ProcessOutputStream session counts once per processor in it, at its end),
     ``procmesh_sidecar_stream_parts_total{processor,outcome}`` (each part of a stream),
-    ``procmesh_sidecar_hook_duration_seconds{processor,hook}``,
+    ``procmesh_sidecar_hook_duration_seconds{processor,hook}`` (a stream's batch observed once: its
+    parts' mean; the stream series are updated once per batch, not per part),
     ``procmesh_sidecar_tool_calls_total{tool,outcome}``, ``procmesh_sidecar_tool_duration_seconds{tool}``
     (hosted tools),
     ``procmesh_sidecar_build_info{sdk,version,runtime}`` and the ``process_*`` series.
@@ -42,7 +43,7 @@ class SidecarMetrics:
         )
         self.hook_latency = Histogram(
             "procmesh_sidecar_hook_duration_seconds",
-            "Time spent in a processor hook (per part for process_output_stream).",
+            "Time spent in a processor hook (process_output_stream: a batch's mean per part, once a batch).",
             ["processor", "hook"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,

@@ -28,7 +28,7 @@ from procmesh._context import RequestContext
 from procmesh._encode import fill_effects
 from procmesh._fused import run_fused
 from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
-from procmesh._hosted import Hosted
+from procmesh._hosted import Hosted, Tally
 from procmesh._metrics import SidecarMetrics
 from procmesh._model import Models, hook_deadline
 from procmesh._processor import HookEffects, TripWire, Writer
@@ -171,12 +171,20 @@ class Servicer:
         return kwargs
 
     async def invoke(
-        self, hosted: Hosted, hook: str, kwargs: dict[str, Any], effects: HookEffects, *, quiet: bool = False
+        self,
+        hosted: Hosted,
+        hook: str,
+        kwargs: dict[str, Any],
+        effects: HookEffects,
+        *,
+        quiet: bool = False,
+        tally: Tally | None = None,
     ) -> Any:
         """Run one hook with the arguments it declares (on the hook loop); a TripWire becomes the abort.
 
         `quiet`: a replay that rebuilds state after a rewind (`_rewind`), neither timed nor counted:
-        the call it repeats already was.
+        the call it repeats already was. `tally`: a stream part, counted into its batch's tally
+        (recorded once per batch) rather than in the metrics at once.
         """
         params = hosted.params[hook]
         args = kwargs if params is None else {k: kwargs[k] for k in params}
@@ -211,7 +219,10 @@ class Servicer:
                 f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}"
             ) from exc
         finally:
-            hosted.observe(self._metrics, hook, outcome, time.perf_counter() - started)
+            if tally is None:
+                hosted.observe(self._metrics, hook, outcome, time.perf_counter() - started)
+            else:
+                tally.add(outcome, time.perf_counter() - started)
 
     def malformed(self, rpc: str, exc: BaseException) -> str:
         """Record a request its hook's decoder refused; the status detail to answer with."""

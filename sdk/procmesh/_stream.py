@@ -22,6 +22,7 @@ from procmesh import convert, tracing
 from procmesh._chain import through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
+from procmesh._hosted import Tally
 from procmesh._processor import HookEffects, Writer
 from procmesh._rewind import History
 from procmesh.errors import FailedPreconditionError, ProcmeshError
@@ -39,7 +40,7 @@ StreamHandler = Callable[[AsyncIterator[bytes], "Context"], AsyncIterator[ppb.Pr
 class Stage:
     """One processor of a stream session: its arguments for the whole stream and what it has seen."""
 
-    __slots__ = ("aborted", "data_parts", "error", "hosted", "kwargs", "stream_parts")
+    __slots__ = ("aborted", "data_parts", "error", "hosted", "kwargs", "stream_parts", "tally")
 
     def __init__(self, servicer: Servicer, hosted: Hosted, ctx: tpb.RunContext, member: Any = None) -> None:
         self.hosted = hosted
@@ -53,6 +54,8 @@ class Stage:
         """Why its hook failed (a fused stream's further processor then passes parts through)."""
         self.aborted = False
         """Its hook aborted (the session's call is counted as its abort)."""
+        self.tally = Tally()
+        """The current batch's parts through its hook, recorded in the metrics at the batch's end."""
 
     def takes(self, kind: str) -> bool:
         """Whether a chunk of this type goes to its hook."""
@@ -82,19 +85,26 @@ class _Session:
         kwargs["send_signal"] = effects.send_signal
         kwargs["writer"] = Writer(effects)
         kwargs["report_violation"] = effects.report_violation
-        out = await self.servicer.invoke(stage.hosted, self.hook.name, kwargs, effects, quiet=quiet)
+        out = await self.servicer.invoke(
+            stage.hosted, self.hook.name, kwargs, effects, quiet=quiet, tally=stage.tally
+        )
         if effects.abort is not None and not quiet:
             stage.aborted = True
         return out
 
     async def batch(self, items: Any, *, quiet: bool = False) -> tuple[list[ppb.StreamPartResult], bool]:
-        """One request's parts through the processors; True when one aborted (the stream ends)."""
-        if len(self.stages) > 1:
-            return await through_all(
-                self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
-            )
-        stage = self.stages[0]
-        return await stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
+        """One request's parts through the processors; True when one aborted (the stream ends).
+        Its parts are counted in the metrics once, at its end."""
+        try:
+            if len(self.stages) > 1:
+                return await through_all(
+                    self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
+                )
+            stage = self.stages[0]
+            return await stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
+        finally:
+            for each in self.stages:
+                each.hosted.observe_batch(self.servicer.metrics, each.tally)
 
     async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""

@@ -1020,6 +1020,28 @@ async def test_hook_calls_are_counted_by_processor_hook_and_outcome(
     assert (latency_after or 0) - (latency_before or 0) == 1
 
 
+async def test_a_streams_parts_are_recorded_once_per_batch_with_unchanged_totals(
+    server: ProcessorServer, client: ProcessorClient
+) -> None:
+    labels = {"processor": "censor", "hook": "process_output_stream"}
+
+    def latency_count() -> float:
+        return server.registry.get_sample_value("procmesh_sidecar_hook_duration_seconds_count", labels) or 0.0
+
+    parts_before, count_before = stream_parts(server, "censor", "ok"), latency_count()
+    call = client.open_stream(TIMEOUT)
+    await call.write(
+        stream_request([(1, delta("a")), (2, delta("b")), (3, delta("c"))], run_context("censor"))
+    )
+    await call.read()
+    await call.write(stream_request([(4, delta("d")), (5, delta("e"))]))
+    await call.read()
+    await call.done_writing()
+    await finish(call)
+    assert stream_parts(server, "censor", "ok") - parts_before == 5  # every part, as before
+    assert latency_count() - count_before == 2  # one latency observation per batch, not per part
+
+
 # -- lifecycle (own servers: these stop them) ---------------------------------------------------
 
 

@@ -536,6 +536,7 @@ class GenerateRequest(_message.Message):
     OUTPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
     ERROR_PROCESSORS_FIELD_NUMBER: _builtins.int
     MEMORY_OPTIONS_FIELD_NUMBER: _builtins.int
+    PREPARE_STEPS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -618,6 +619,14 @@ class GenerateRequest(_message.Message):
     def memory_options(self) -> Global___MemoryOptions:
         """This call's memory options (window, read-only, recall)."""
 
+    @_builtins.property
+    def prepare_steps(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
+        """The reference's prepareStep as data, as the HTTP body's prepareSteps: each
+        {when: {stepNumber | fromStepNumber}, override: {model, toolChoice,
+        activeTools, system, providerOptions, modelSettings}} overrides the steps
+        it names (an unknown key or model is INVALID_ARGUMENT naming it).
+        """
+
     def __init__(
         self,
         *,
@@ -643,10 +652,11 @@ class GenerateRequest(_message.Message):
         output_processors: Global___ProcessorList | None = ...,
         error_processors: Global___ProcessorList | None = ...,
         memory_options: Global___MemoryOptions | None = ...,
+        prepare_steps: _abc.Iterable[_struct_pb2.Struct] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "prepare_steps", b"prepare_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
     _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015
@@ -812,6 +822,7 @@ class StreamRequest(_message.Message):
     OUTPUT_PROCESSORS_FIELD_NUMBER: _builtins.int
     ERROR_PROCESSORS_FIELD_NUMBER: _builtins.int
     MEMORY_OPTIONS_FIELD_NUMBER: _builtins.int
+    PREPARE_STEPS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """A configured agent's id."""
     text: _builtins.str
@@ -884,6 +895,10 @@ class StreamRequest(_message.Message):
     def memory_options(self) -> Global___MemoryOptions:
         """This call's memory options, as in GenerateRequest."""
 
+    @_builtins.property
+    def prepare_steps(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
+        """Per-step overrides, as in GenerateRequest."""
+
     def __init__(
         self,
         *,
@@ -909,10 +924,11 @@ class StreamRequest(_message.Message):
         output_processors: Global___ProcessorList | None = ...,
         error_processors: Global___ProcessorList | None = ...,
         memory_options: Global___MemoryOptions | None = ...,
+        prepare_steps: _abc.Iterable[_struct_pb2.Struct] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_max_processor_retries", b"_max_processor_retries", "_max_steps", b"_max_steps", "_require_tool_approval", b"_require_tool_approval", "active_tools", b"active_tools", "agent_id", b"agent_id", "client_tools", b"client_tools", "durable", b"durable", "error_processors", b"error_processors", "input_processors", b"input_processors", "instructions", b"instructions", "max_processor_retries", b"max_processor_retries", "max_steps", b"max_steps", "memory_options", b"memory_options", "messages", b"messages", "model_settings", b"model_settings", "output_processors", b"output_processors", "prepare_steps", b"prepare_steps", "request_context", b"request_context", "require_tool_approval", b"require_tool_approval", "resource_id", b"resource_id", "stop_when", b"stop_when", "structured_output", b"structured_output", "system", b"system", "text", b"text", "thread_id", b"thread_id", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
     _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015

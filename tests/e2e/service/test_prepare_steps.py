@@ -15,15 +15,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
+from google.protobuf import struct_pb2
 
+from procmesh import convert
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.prepare_step_support import agent_config, force_tools_sidecar, scripted, systems, tools
 from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
 from tests.integration.providers.fakes import FakeOpenAI
-from tests.integration.service.support import API_KEY, API_KEYS, AUTH
+from tests.integration.service.support import API_KEY, API_KEYS, AUTH, GRPC_AUTH
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -132,3 +137,29 @@ async def test_a_prepare_step_function_points_at_the_declarative_form(
         response = await http.post("/api/agents/a/generate", json={"messages": "hi", "prepareStep": {}})
     assert response.status_code == 400
     assert "cannot cross HTTP: give prepareSteps, its declarative form" in response.json()["error"]
+
+
+async def test_grpc_takes_the_same_rules(orchestrator: OrchestratorProcess, model: FakeOpenAI) -> None:
+    def rule(when: dict[str, Any], override: dict[str, Any]) -> struct_pb2.Struct:
+        return convert.to_struct({"when": when, "override": override})
+
+    switch = rule({"fromStepNumber": 1}, {"model": "local/small", "toolChoice": "none"})
+    async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
+        stub = agrpc.AgentServiceStub(channel)
+        response = await stub.Generate(
+            apb.GenerateRequest(agent_id="a", text="weather in Paris?", prepare_steps=[switch]),
+            metadata=GRPC_AUTH,
+            timeout=30,
+        )
+        assert response.text == "from small"
+        assert [c.body["tool_choice"] for c in model.calls("small")] == ["none"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Generate(
+                apb.GenerateRequest(
+                    agent_id="a", text="hi", prepare_steps=[rule({"stepNumber": 1.5}, {"model": "nowhere"})]
+                ),
+                metadata=GRPC_AUTH,
+                timeout=30,
+            )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prepareSteps.0.when.stepNumber" in str(refused.value.details())

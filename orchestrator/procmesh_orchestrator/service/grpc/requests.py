@@ -146,7 +146,18 @@ def _proto_options(request: Any) -> dict[str, Any]:
     for kind in LANES:
         if request.HasField(f"{kind}_processors"):
             out[f"{kind}Processors"] = list(getattr(request, f"{kind}_processors").ids)
+    if request.prepare_steps:
+        out["prepareSteps"] = [_step_rule(rule) for rule in request.prepare_steps]
     return out
+
+
+def _step_rule(struct: Any) -> dict[str, Any]:
+    """A ``prepare_steps`` entry as JSON: a Struct's numbers are doubles, a step number an int."""
+    rule = convert.from_struct(struct)
+    when = rule.get("when")
+    if isinstance(when, dict):
+        rule["when"] = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in when.items()}
+    return rule
 
 
 def _check_files(message: dict[str, Any], where: str) -> None:

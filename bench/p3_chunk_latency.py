@@ -1,6 +1,7 @@
 """P3: added latency per chunk at 50 chunks/s through 3 speculative sidecars, and through the same
 3 processors fused in one sidecar, against ONE raw grpc.aio bidi echo hop measured in the same
-rounds (and, for the record, 3 raw hops in a row)."""
+rounds; the 3 sidecars also against 3 PARALLEL raw hops to 3 echo processes (the topology's own
+limit: a chunk waits for the slowest of three), and for the record 3 raw hops in a row."""
 
 from __future__ import annotations
 
@@ -8,18 +9,22 @@ import asyncio
 import statistics
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from bench.echo_server import STREAM_METHOD
-from bench.harness import agent, figure, pct, rounds
+from bench.harness import agent, figure, free_port, pct, rounds, start
 from procmesh import convert
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator import App, ModelRequest, ScriptedModel
 
 INTERVAL = 0.02
 """50 chunks/s."""
+_CHUNK = convert.chunk_to_proto({"type": "text-delta", "payload": {"text": "7 "}})
+PAYLOAD = ppb.ProcessOutputStreamRequest(parts=[ppb.StreamPart(seq=1, part=_CHUNK)]).SerializeToString()
+"""A raw hop's message: one chunk-sized part."""
 
 
 class TimedModel(ScriptedModel):
@@ -57,13 +62,6 @@ async def chunk_latencies(app: App, agent_id: str, n: int) -> list[float]:
 
 async def raw_hops(channel: grpc.aio.Channel, hops: int, n: int) -> list[float]:
     """One chunk-sized message through `hops` raw bidi echo streams in a row, at the same rate."""
-    payload = ppb.ProcessOutputStreamRequest(
-        parts=[
-            ppb.StreamPart(
-                seq=1, part=convert.chunk_to_proto({"type": "text-delta", "payload": {"text": "7 "}})
-            )
-        ]
-    ).SerializeToString()
     calls = [channel.stream_stream(STREAM_METHOD)() for _ in range(hops)]
     lat = []
     for i in range(n):
@@ -71,7 +69,7 @@ async def raw_hops(channel: grpc.aio.Channel, hops: int, n: int) -> list[float]:
             await asyncio.sleep(INTERVAL)
         t0 = time.perf_counter()
         for call in calls:
-            await call.write(payload)
+            await call.write(PAYLOAD)
             await call.read()
         lat.append((time.perf_counter() - t0) * 1000)
     for call in calls:
@@ -79,11 +77,44 @@ async def raw_hops(channel: grpc.aio.Channel, hops: int, n: int) -> list[float]:
     return lat
 
 
+async def parallel_hops(channels: list[grpc.aio.Channel], n: int) -> list[float]:
+    """One chunk-sized message through one raw bidi echo stream per channel at once (each to its own
+    echo process), at the same rate: the time until the last answer."""
+    calls = [channel.stream_stream(STREAM_METHOD)() for channel in channels]
+
+    async def hop(call: Any) -> None:
+        await call.write(PAYLOAD)
+        await call.read()
+
+    lat = []
+    for i in range(n):
+        if i:
+            await asyncio.sleep(INTERVAL)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(hop(call) for call in calls))
+        lat.append((time.perf_counter() - t0) * 1000)
+    for call in calls:
+        call.cancel()
+    return lat
+
+
+def beside(address: str, i: int) -> str:
+    """Another echo server's address next to `address` (a socket in its folder, or a free port)."""
+    if address.startswith("unix://"):
+        path = Path(address.removeprefix("unix://"))
+        return f"unix://{path.with_name(f'{path.stem}-{i}{path.suffix}')}"
+    return f"127.0.0.1:{free_port()}"
+
+
 async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
     """Per round: no processors, 3 sidecars, 3 fused, one raw hop, 3 raw hops; the figures are the
     median over rounds of (that round's p99 through the processors - its no-processor p50) / that
-    round's one-hop p99."""
+    round's one-hop p99; and the 3 sidecars' added p99 / that round's p99 of 3 parallel hops."""
+    others = [beside(echo_address, i) for i in (2, 3)]
+    echoes = [start("bench.echo_server", address) for address in others]
+    await asyncio.sleep(0.3)  # their start (an echo server has no health service)
     channel = grpc.aio.insecure_channel(echo_address)
+    channels = [channel, *(grpc.aio.insecure_channel(address) for address in others)]
     got = await rounds(
         {
             "base": lambda: chunk_latencies(app, "none", n),
@@ -91,9 +122,13 @@ async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
             "fused": lambda: chunk_latencies(app, "fused-3", n),
             "one_hop": lambda: raw_hops(channel, 1, n),
             "three_hops": lambda: raw_hops(channel, 3, n),
+            "parallel_hops": lambda: parallel_hops(channels, n),
         }
     )
-    await channel.close()
+    for each in channels:
+        await each.close()
+    for echo in echoes:
+        echo.stop()
 
     def added_p99(kind: str) -> list[float]:
         return [pct(lat, 0.99) - pct(base, 0.5) for lat, base in zip(got[kind], got["base"], strict=True)]
@@ -101,6 +136,8 @@ async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
     hop_p99 = [pct(lat, 0.99) for lat in got["one_hop"]]
     side_ratio, side_spread = figure([a / h for a, h in zip(added_p99("sidecars"), hop_p99, strict=True)])
     fused_ratio, fused_spread = figure([a / h for a, h in zip(added_p99("fused"), hop_p99, strict=True)])
+    parallel_p99 = [pct(lat, 0.99) for lat in got["parallel_hops"]]
+    par_ratio, par_spread = figure([a / p for a, p in zip(added_p99("sidecars"), parallel_p99, strict=True)])
     floor_ratio = figure(
         [pct(lat, 0.99) / pct(raw, 0.99) for lat, raw in zip(got["sidecars"], got["three_hops"], strict=True)]
     )[0]
@@ -119,6 +156,10 @@ async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
         "p3_one_hop_p99_ms": pooled("one_hop", 0.99),
         "p3_raw_grpc_floor_p50_ms": pooled("three_hops", 0.5),
         "p3_raw_grpc_floor_p99_ms": pooled("three_hops", 0.99),
+        "p3_parallel_hops_p50_ms": pooled("parallel_hops", 0.5),
+        "p3_parallel_hops_p99_ms": pooled("parallel_hops", 0.99),
+        "p3_ratio_p99_vs_parallel_hops": par_ratio,
+        "p3_ratio_p99_vs_parallel_hops_spread": par_spread,
         "p3_ratio_p99_vs_raw_floor": floor_ratio,
         "p3_added_p99_ms": statistics.median(added_p99("sidecars")),
         "p3_fused_added_p99_ms": statistics.median(added_p99("fused")),

@@ -258,7 +258,8 @@ async def test_a_processor_runs_one_phase_on_given_messages(out: dict[str, Any])
     assert (step["success"], step["tripwire"]["reason"]) == (False, "Answer in at most 12 words.")
     assert probes["executeWrongPhase"]["status"] == 400
     assert "has no outputStream phase" in probes["executeWrongPhase"]["body"]["error"]
-    assert probes["executeWorkflow"]["status"] == 501
+    workflow = ok(probes, "executeWorkflow")  # pii-redactor, then topic-guard and word-counter
+    assert (workflow["success"], first_text(workflow)) == (True, "hi")
 
 
 async def test_the_output_stream_phase_runs_the_assistant_text_through_the_session(
@@ -371,7 +372,8 @@ async def test_every_method_works_or_answers_501(out: dict[str, Any]) -> None:
     works = {n for n, r in rows if r == "works"}
     assert (len(rows), len(works)) == (77, 23)
     assert out["methods"]["getWorkflow(id).createRun"]["body"]["error"] == (
-        "workflow runs is not supported by procmesh: procmesh runs processor workflows inside agents only"
+        "workflow runs is not supported by procmesh: procmesh runs a processor workflow in an agent's "
+        "lanes or through getProcessor(id).execute(), never as a workflow run"
     )
 
 

@@ -1,8 +1,9 @@
 """The catalog HTTP API that @mastra/client-js 1.47 calls: ``agent.details()``, ``getTool``/
 ``executeTool``, ``listTools``/``getTool(id).details()/execute()``, ``listProcessors``/
-``getProcessor(id).details()/execute()``, ``listWorkflows``/``getWorkflow(id).details()`` and
-``listAgentsModelProviders``. The shapes and running a tool are `api.catalog`'s, the sidecars'
-processors `api.processors`'; the client's routes procmesh cannot serve are `unsupported`'s 501s.
+``getProcessor(id).details()/execute()`` (a processor workflow's too), ``listWorkflows``/
+``getWorkflow(id).details()`` and ``listAgentsModelProviders``. The shapes and running a tool are
+`api.catalog`'s, the sidecars' processors `api.processors`' (running a phase
+`api.processor_execute`'s); the client's routes procmesh cannot serve are `unsupported`'s 501s.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from procmesh_orchestrator.service._errors import BadRequestError, CatalogNotFou
 from procmesh_orchestrator.service._limits import check_input
 from procmesh_orchestrator.service.api import catalog
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.processor_execute import check_body, execute_phase
 from procmesh_orchestrator.service.api.processors import (
-    execute_phase,
     find_processor,
     hosted_processors,
     processor_json,
@@ -153,8 +154,10 @@ class CatalogRoutes:
         return _json(processor_json(core, find_processor(core, processor_id), listing=False))
 
     async def execute_processor(self, request: Request) -> Response:
-        """``POST /api/processors/{processor_id}/execute``: one phase on the body's messages."""
+        """``POST /api/processors/{processor_id}/execute``: one phase of a processor or processor
+        workflow on the body's messages."""
         body = await self._body(request)
+        check_body(body)  # before the request context is read: an unknown key is the first error
         resource = caller_of(request).resource or ""
         answer = await execute_phase(
             self.core,

@@ -13,7 +13,10 @@ from starlette.routing import Route
 from procmesh_orchestrator.service._errors import NotSupportedError
 from procmesh_orchestrator.service.api.core import ServiceCore
 
-WORKFLOW_RUNS = "procmesh runs processor workflows inside agents only"
+WORKFLOW_RUNS = (
+    "procmesh runs a processor workflow in an agent's lanes or through getProcessor(id).execute(), "
+    "never as a workflow run"
+)
 _VOICE = "procmesh agents have no voice provider"
 _MODEL = "an agent's model is fixed by the configuration (change it there and roll out)"
 _NETWORK = "procmesh agents have no sub-agents to route between"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from procmesh import __version__, configure_logging
-from procmesh_orchestrator.cli import memory, runs
+from procmesh_orchestrator.cli import memory, replay, runs
 from procmesh_orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -183,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.set_defaults(func=lambda a: asyncio.run(_call(a)))
     memory.add_parser(sub).set_defaults(func=lambda a: asyncio.run(memory.run(a)))
     runs.add_parser(sub).set_defaults(func=lambda a: asyncio.run(runs.run(a)))
+    replay.add_parser(sub).set_defaults(func=lambda a: asyncio.run(replay.run(a)))
     # Listed for `procmesh --help` only: main() hands `check-sidecar ...` to the SDK's checker first.
     sub.add_parser(
         "check-sidecar",

@@ -114,20 +114,13 @@ class DecisionLog:
         """Record one decision (`store.decisions.OUTCOMES`); `took` in seconds."""
         self._items.append((labels, hook, step, outcome, took, seen, would, part, time.time()))
 
-    async def flush(
-        self,
-        run_id: str,
-        agent_id: str,
-        thread_id: str,
-        resource_id: str,
-        store: Callable[[], Awaitable[DecisionStore]],
-    ) -> None:
-        """Write what was recorded since the last flush, in one transaction. A store that fails is
-        logged: the run's own result does not depend on its record."""
+    def take(
+        self, run_id: str, agent_id: str, thread_id: str = "", resource_id: str = ""
+    ) -> tuple[list[Decision], list[RecordedInput]]:
+        """What was recorded since the last `take`, as the store keeps it (a replay reads its
+        candidate's decisions here instead of writing them)."""
         items, self._items = self._items, []
         kept, self._kept = self._kept, []
-        if not items and not kept:
-            return
         decisions = [
             Decision(
                 run_id=run_id,
@@ -153,6 +146,21 @@ class DecisionLog:
             RecordedInput(run_id, agent_id, kind, step, text, _stamp(at), thread_id, resource_id)
             for kind, step, text, at in kept
         ]
+        return decisions, inputs
+
+    async def flush(
+        self,
+        run_id: str,
+        agent_id: str,
+        thread_id: str,
+        resource_id: str,
+        store: Callable[[], Awaitable[DecisionStore]],
+    ) -> None:
+        """Write what was recorded since the last flush, in one transaction. A store that fails is
+        logged: the run's own result does not depend on its record."""
+        decisions, inputs = self.take(run_id, agent_id, thread_id, resource_id)
+        if not decisions and not inputs:
+            return
         try:
             target = await store()
             retention = self.config.retention_days * 86400

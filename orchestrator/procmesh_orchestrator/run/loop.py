@@ -382,6 +382,8 @@ class Run(RunCore):
         prompt, cached = await steps.llm_request(self, prompt, cfg)
         request = steps.model_request(self, prompt, cfg)
         early, self.first_call = self.first_call, None  # only step 0's call may have started early
+        if cached is None:  # what the model is shown: a replay checks its candidate shows the same
+            self.record_input("model-prompt", step_number, {"sha256": request.digest()})
         try:
             outcome = await model_step(self, request, cfg, cached.chunks if cached else None, early)
         except APICallError as err:
@@ -394,6 +396,9 @@ class Run(RunCore):
                 return None, True
             raise
         self.answered_by = cfg.model.model_id
+        if not outcome.from_cache:  # the model's own output, before any processor (an aborted
+            # step's too, as far as it streamed): what a replay answers this step with
+            self.record_input("model-output", step_number, outcome.raw_chunks)
         if outcome.abort is not None:
             if outcome.text:
                 self.ml.add(assistant_message(outcome.text, []), msgs.RESPONSE)

@@ -5,6 +5,8 @@ providers, and the built-in `scripted` and `demo` models in `providers.builtin`)
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +26,14 @@ class ModelRequest:
     model_settings: dict[str, Any] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     """``{"type": "json", "schema", "name"}``: answer with JSON matching the schema (structured output)."""
+
+    def digest(self) -> str:
+        """SHA-256 of what the model is shown (prompt, tools, tool choice, response format; not
+        how it streams): a recorded run keeps it per model call, and a replay whose candidate
+        shows the model something else knows the recorded answer no longer applies."""
+        shown = [self.prompt, self.tools, self.tool_choice, self.response_format]
+        text = json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 def specification_version(model: ModelProvider) -> str:

@@ -227,9 +227,6 @@ async def llm_response(run: RunCore, outcome: StepOutcome, model_id: str) -> Non
     `output_result` calls it at the run's clean end.
     """
 
-    if not outcome.from_cache:  # the model's own output, before any processor: replay's record
-        run.record_input("model-output", run.info.step_number, outcome.raw_chunks)
-
     def build(item: Processor) -> LLMResponseArgs:
         return LLMResponseArgs(model_id, outcome.from_cache, outcome.raw_chunks, run.steps)
 

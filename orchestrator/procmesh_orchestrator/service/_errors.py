@@ -140,6 +140,13 @@ class DecisionRecordGoneError(ServiceError):
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
+class ReplayJobGoneError(ServiceError):
+    """No replay job of this id in this process (none started, or the process restarted)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
 class DurableUnavailableError(ServiceError):
     """The store or the event log of durable runs cannot be reached now; retrying later may work."""
 

@@ -143,10 +143,11 @@ class DecisionMethods(StoreHooks):
             for r in rows
         ]
 
-    async def decisions_between(
-        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
-    ) -> list[Decision]:
-        """Decisions made from `since` to before `until`, oldest first (of one agent when given)."""
+    def _between(
+        self, since: str, until: str, agent_id: str | None, limit: int
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The WHERE clause (and its arguments, `limit` last) of rows from `since` to before
+        `until`, of one agent when given."""
         low, high = check_date(self.name, "since", since), check_date(self.name, "until", until)
         assert low is not None
         assert high is not None
@@ -157,6 +158,25 @@ class DecisionMethods(StoreHooks):
         if agent_id is not None:
             where += f" AND agent_id = {p}"
             args += (check_id(self.name, "agent", agent_id),)
-        sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE {where} ORDER BY at, id LIMIT {p}"
-        rows = await self._read(sql, (*args, limit), "reading decisions by time")
+        return where, (*args, limit)
+
+    async def decisions_between(
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Decision]:
+        """Decisions made from `since` to before `until`, oldest first (of one agent when given)."""
+        where, args = self._between(since, until, agent_id, limit)
+        sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE {where} ORDER BY at, id LIMIT {self.placeholder}"
+        rows = await self._read(sql, args, "reading decisions by time")
         return [_decision(row) for row in rows]
+
+    async def recorded_runs(
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[str]:
+        """Runs whose input was recorded from `since` to before `until`, oldest first."""
+        where, args = self._between(since, until, agent_id, limit)
+        sql = (
+            f"SELECT run_id FROM run_inputs WHERE kind = 'input' AND {where} "
+            f"ORDER BY at, id LIMIT {self.placeholder}"
+        )
+        rows = await self._read(sql, args, "reading recorded runs by time")
+        return [row[0] for row in rows]

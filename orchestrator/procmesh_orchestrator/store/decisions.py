@@ -55,10 +55,10 @@ class Decision:
         return out
 
 
-INPUT_KINDS = ("input", "request-context", "model-output", "tool-results", "truncated")
-"""What a recorded input is: the run's input, its request context, a step's raw model output
-(before any processor), a step's tool results; ``truncated`` marks where the run's size bound
-stopped the recording."""
+INPUT_KINDS = ("input", "request-context", "model-prompt", "model-output", "tool-results", "truncated")
+"""What a recorded input is: the run's input, its request context, a model call's prompt hash
+(``{"sha256"}``, `ModelRequest.digest`) and raw output (before any processor), a step's tool
+results; ``truncated`` marks where the run's size bound stopped the recording."""
 
 
 @dataclass(slots=True)
@@ -99,3 +99,9 @@ class DecisionStore(Protocol):
         self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
     ) -> list[Decision]:
         """Decisions made from `since` to before `until` (ISO 8601), oldest first, at most `limit`."""
+
+    async def recorded_runs(
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[str]:
+        """The ids of runs whose inputs were recorded from `since` to before `until` (ISO 8601),
+        oldest first, at most `limit`: what a replay of a time range replays."""

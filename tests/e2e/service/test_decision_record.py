@@ -184,7 +184,9 @@ async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Sta
     assert kinds == [
         ("input", 0),
         ("request-context", 0),
+        ("model-prompt", 0),
         ("model-output", 0),
+        ("model-prompt", 1),
         ("model-output", 1),
         ("tool-results", 0),
     ]
@@ -192,6 +194,7 @@ async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Sta
     assert "Paris" in json.dumps(bodies["input0"])
     assert any(c["type"] == "tool-call" for c in bodies["model-output0"])  # raw: before any processor
     assert bodies["tool-results0"][0]["result"] == {"celsius": 21, "forecast": "sunny"}
+    assert len(bodies["model-prompt1"]["sha256"]) == 64  # what the model was shown, as a hash
     deleted = await stack.http.delete(
         "/api/memory/threads/t9", params={"resourceId": "ada", "agentId": "rec"}, headers=ADA
     )

@@ -22,6 +22,7 @@ from procmesh_orchestrator.service.http.mcp import McpRoutes
 from procmesh_orchestrator.service.http.memory import MemoryRoutes
 from procmesh_orchestrator.service.http.memory_search import MemorySearchRoutes
 from procmesh_orchestrator.service.http.probes import ProbeRoutes
+from procmesh_orchestrator.service.http.replays import ReplayRoutes
 from procmesh_orchestrator.service.http.runs import RunRoutes
 from procmesh_orchestrator.service.http.unsupported import unsupported_routes
 from procmesh_orchestrator.service.http.working_memory import WorkingMemoryRoutes
@@ -39,6 +40,7 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
             *AgentRoutes(core).routes(),
             *RunRoutes(core).routes(),
             *DecisionRoutes(core).routes(),
+            *ReplayRoutes(core, read_json).routes(),
             *ProbeRoutes(core).routes(),
             *MemoryRoutes(core, read_json).routes(),
             *WorkingMemoryRoutes(core, read_json).routes(),

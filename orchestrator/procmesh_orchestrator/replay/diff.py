@@ -1,0 +1,92 @@
+"""The decision diff of one replayed run: the recorded decisions against the candidate's, matched
+by where each was made (lane entry, processor, hook, step, stream part offset; the nth such
+decision when a retry makes it again), compared by outcome (and what a monitor would have done).
+A pass where the other run made no decision (a processor added or removed, a step that no longer
+runs) is no change: it did nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from procmesh_orchestrator.store.decisions import Decision
+
+Key = tuple[int, str, str, str, int, int]
+"""(step, entry, processor, hook, part offset or -1, nth)."""
+
+
+def outcome(d: Decision) -> str:
+    """A decision's outcome as the diff shows it: ``monitor:abort`` for a monitor's would-be."""
+    return f"{d.outcome}:{d.would}" if d.would else d.outcome
+
+
+def processor(d: Decision) -> str:
+    """The processor as the summary names it: ``sidecar/processor``."""
+    return f"{d.sidecar}/{d.processor}"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A decision the candidate makes otherwise: None on a side means that side made none there."""
+
+    step: int
+    entry: str
+    processor: str
+    hook: str
+    part: int | None
+    recorded: str | None
+    candidate: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON report's form."""
+        return {
+            "step": self.step,
+            "entry": self.entry,
+            "processor": self.processor,
+            "hook": self.hook,
+            "part": self.part,
+            "recorded": self.recorded,
+            "candidate": self.candidate,
+        }
+
+
+def _keyed(decisions: list[Decision]) -> dict[Key, Decision]:
+    seen: Counter[tuple[int, str, str, str, int]] = Counter()
+    keyed: dict[Key, Decision] = {}
+    for d in decisions:
+        where = (d.step, d.entry, d.processor, d.hook, -1 if d.part is None else d.part)
+        keyed[(*where, seen[where])] = d
+        seen[where] += 1
+    return keyed
+
+
+def compared(decisions: list[Decision], before: int | None) -> list[Decision]:
+    """The decisions a diff compares: those of steps before the one a replay stopped at."""
+    return decisions if before is None else [d for d in decisions if d.step < before]
+
+
+def diff(recorded: list[Decision], candidate: list[Decision]) -> list[Change]:
+    """Every place where the two runs' decisions differ, in step order."""
+    old, new = _keyed(recorded), _keyed(candidate)
+    changes = []
+    for key in sorted(old.keys() | new.keys(), key=lambda k: (k[0], k[1], k[3], k[2], k[4], k[5])):
+        was, now = old.get(key), new.get(key)
+        if was is not None and now is not None and outcome(was) == outcome(now):
+            continue
+        if (was is None or now is None) and outcome(now or was) == "pass":  # type: ignore[arg-type]
+            continue  # a pass where the other run made no decision changes nothing it did
+        either = now or was
+        assert either is not None
+        changes.append(
+            Change(
+                step=either.step,
+                entry=either.entry,
+                processor=processor(either),
+                hook=either.hook,
+                part=either.part,
+                recorded=None if was is None else outcome(was),
+                candidate=None if now is None else outcome(now),
+            )
+        )
+    return changes

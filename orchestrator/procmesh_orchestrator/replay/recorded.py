@@ -1,0 +1,98 @@
+"""The model and the tools of a replayed run, answered from its record: no model or tool is called.
+
+`RecordedModel` answers the run's Nth model call with the Nth recorded raw output, after checking
+the candidate shows the model what the recorded run showed it (the prompt hash,
+`ModelRequest.digest`); otherwise the recorded answer no longer applies and the replay of the run
+stops there (`ReplayStopped`) rather than pretend. `RecordedTool` answers a tool call with its
+recorded result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from procmesh_orchestrator.replay.source import RecordedRun
+from procmesh_orchestrator.run.base import RunCore
+from procmesh_orchestrator.run.models import Chunk, ModelRequest
+from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, Writer
+
+_OTHER_PROMPT = "the candidate shows the model another prompt than the recorded run did"
+
+
+class ReplayStopped(Exception):
+    """The record cannot answer the candidate's run from `step` on; `reason` says why."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class RecordedModel:
+    """A `ModelProvider` answering each call with the recorded run's output of that call."""
+
+    def __init__(self, run: RecordedRun, model_id: str) -> None:
+        self.model_id = model_id
+        self.run = run
+        self.calls = 0
+        self.stopped: ReplayStopped | None = None
+        """Why the replay stopped, when it did (kept: the run may wrap what the stream raised)."""
+
+    def stop_at(self, step: int, reason: str) -> ReplayStopped:
+        """Stop the replay of the run at `step` (the first stop is the one reported)."""
+        self.stopped = self.stopped or ReplayStopped(step, reason)
+        return self.stopped
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """The recorded raw chunks of this call; ReplayStopped when the record has none or the
+        candidate's prompt differs from the recorded one."""
+        index, self.calls = self.calls, self.calls + 1
+        if index >= len(self.run.outputs):
+            step = self.run.outputs[-1][0] + 1 if self.run.outputs else 0
+            cut = " (the recording was truncated at decisions.maxInputBytes)" if self.run.truncated else ""
+            raise self.stop_at(step, f"the recorded run made no model call {index + 1}{cut}")
+        step, chunks = self.run.outputs[index]
+        recorded = self.run.prompts[index][1] if index < len(self.run.prompts) else ""
+        if recorded != request.digest():
+            raise self.stop_at(
+                step, f"recorded model output no longer applies from step {step}: {_OTHER_PROMPT}"
+            )
+        for chunk in chunks:
+            yield chunk
+        if not chunks or chunks[-1].get("type") != "finish":
+            raise self.stop_at(
+                step, "the recorded model output ends here (the recorded run stopped reading it)"
+            )
+
+
+@dataclass(frozen=True)
+class RecordedTool:
+    """A tool of the candidate's agent as the model sees it, its calls answered with the recorded
+    results (`of` copies what the model is shown of the agent's tool)."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    requires_approval: bool
+    run: RecordedRun
+    model: RecordedModel
+    """Where a call the record cannot answer stops the replay (`RecordedModel.stopped`)."""
+
+    @classmethod
+    def of(cls, tool: Tool, run: RecordedRun, model: RecordedModel) -> RecordedTool:
+        """`tool`, answered from `run`'s record."""
+        return cls(tool.name, tool.description, tool.input_schema, tool.requires_approval, run, model)
+
+    async def execute(self, run: RunCore, call: ToolCall, writer: Writer) -> ToolOutcome | None:
+        """The recorded result of this call (same id, tool and arguments), or ReplayStopped."""
+        recorded = self.run.tool_results.get(call.call_id)
+        step = run.info.step_number
+        if recorded is None or recorded.get("toolName") != call.name:
+            raise self.model.stop_at(step, f"no recorded result of tool call {call.call_id!r} ({call.name})")
+        if recorded.get("args") != call.args:
+            raise self.model.stop_at(
+                step, f"tool call {call.call_id!r} ({call.name}) has other arguments than recorded"
+            )
+        return ToolOutcome(recorded.get("result"))

@@ -1,0 +1,103 @@
+"""A candidate config run live on recorded runs: its sidecars real (connected, or the built-in one
+started, as the config says), its agents' model and tools answered from each run's record
+(`recorded`), its processors' decisions collected as a live run's are (`DecisionLog`), never
+written to the store.
+
+The candidate runs without memory, durability and cost control: the record holds what the model
+was given at each step (its hash), not the thread's history, so a run whose recorded prompt held
+history stops at its first model call, said so (`ReplayStopped`), rather than pretend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from procmesh_orchestrator.app import App
+from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.processors.decisions import DecisionLog
+from procmesh_orchestrator.replay.recorded import RecordedModel, RecordedTool, ReplayStopped
+from procmesh_orchestrator.replay.source import RecordedRun, ReplayError
+from procmesh_orchestrator.run import Agent, CallOptions, RunInfo
+from procmesh_orchestrator.store.decisions import Decision
+
+
+def offline(candidate: Config) -> Config:
+    """The candidate as a replay runs it: decisions collected, inputs not recorded, no memory,
+    no durable runs (nothing of a replay goes to the store)."""
+    agents = {
+        agent_id: agent.model_copy(update={"memory": None, "durable": False, "record_inputs": False})
+        for agent_id, agent in candidate.agents.items()
+    }
+    decisions = candidate.decisions.model_copy(update={"record": True, "record_content": False})
+    return candidate.model_copy(update={"agents": agents, "decisions": decisions})
+
+
+@dataclass
+class Replayed:
+    """One recorded run replayed through the candidate."""
+
+    decisions: list[Decision]
+    stopped: ReplayStopped | None
+    seconds: float
+
+
+class Replayer:
+    """The candidate, started once (``async with``), replaying recorded runs one by one."""
+
+    def __init__(self, candidate: Config, *, metrics: OrchestratorMetrics | None = None) -> None:
+        self.app = App(offline(candidate), metrics=metrics or OrchestratorMetrics())
+
+    async def __aenter__(self) -> Replayer:
+        await self.app.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.app.stop()
+
+    async def replay(self, run: RecordedRun) -> Replayed:
+        """Run the candidate's agent on the run's recorded input and request context; its model
+        and tools answered from the record."""
+        if not run.replayable:
+            raise ReplayError(f"run {run.run_id!r} is not replayable: no recorded inputs")
+        agent = self.app.agents.get(run.agent_id)
+        if agent is None:
+            raise ReplayError(f"run {run.run_id!r}: the candidate config has no agent {run.agent_id!r}")
+        spec = agent.spec
+        model = RecordedModel(run, spec.model.model_id)
+        logs: list[DecisionLog] = []
+
+        def hook_caller(info: RunInfo, metrics: OrchestratorMetrics) -> Any:
+            caller = spec.hook_caller(info, metrics)
+            if isinstance(info.decisions, DecisionLog):
+                logs.append(info.decisions)
+            return caller
+
+        replaying = dataclasses.replace(
+            spec,
+            model=model,
+            fallbacks=(),
+            models={name: model for name in spec.models},  # a processor's model switch too
+            tools={name: RecordedTool.of(tool, run, model) for name, tool in spec.tools.items()},
+            memory=None,
+            store=None,
+            cost=None,
+            hook_caller=hook_caller,
+        )
+        options = CallOptions(request_context=dict(run.request_context), resource_id=run.resource_id)
+        started = time.perf_counter()
+        try:
+            await Agent(replaying, self.app.metrics).generate(run.input, options)
+        except Exception as exc:  # a failed run is an outcome too; only a stop of the replay's own is not
+            if model.stopped is None and not isinstance(exc, OrchestratorError):
+                raise
+        took = time.perf_counter() - started
+        decisions = [d for log in logs for d in log.take(run.run_id, run.agent_id)[0]]
+        return Replayed(decisions, model.stopped, took)

@@ -1,0 +1,75 @@
+"""Where a replay's runs come from: each run's decision record and recorded inputs, read from the
+store (``decisions.record`` and ``agents.ID.recordInputs`` wrote them, `store.decisions`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.store import MAX_PAGE
+from procmesh_orchestrator.store.decisions import Decision, DecisionStore
+
+
+class ReplayError(OrchestratorError):
+    """A replay cannot start as asked (an unknown run, a run without recorded inputs, a bad
+    candidate); the message names what."""
+
+
+@dataclass
+class RecordedRun:
+    """What one run was given and what its processors decided, as recorded."""
+
+    run_id: str
+    agent_id: str
+    decisions: list[Decision]
+    input: Any = None
+    request_context: dict[str, Any] = field(default_factory=dict)
+    resource_id: str = ""
+    prompts: list[tuple[int, str]] = field(default_factory=list)
+    """Each model call's step and prompt hash (`ModelRequest.digest`), in call order."""
+    outputs: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
+    """Each model call's step and raw chunks, in call order."""
+    tool_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each tool call's recorded result (``toolCallId``, ``toolName``, ``args``, ``result``) by id."""
+    truncated: bool = False
+    """The recording stopped at ``decisions.maxInputBytes``: what is missing was not kept."""
+
+    @property
+    def replayable(self) -> bool:
+        """Whether its inputs were recorded (``agents.ID.recordInputs`` was on for it)."""
+        return self.input is not None
+
+
+async def load_run(store: DecisionStore, run_id: str) -> RecordedRun:
+    """The run's record; ReplayError when the store keeps nothing of it."""
+    decisions = await store.run_decisions(run_id)
+    inputs = await store.run_inputs(run_id)
+    if not decisions and not inputs:
+        raise ReplayError(f"run {run_id!r}: the store keeps no record of it (unknown run, or purged)")
+    first = inputs[0] if inputs else decisions[0]
+    run = RecordedRun(run_id, first.agent_id, decisions, resource_id=first.resource_id)
+    for item in inputs:
+        body = json.loads(item.body)
+        if item.kind == "input":
+            run.input = body
+        elif item.kind == "request-context":
+            run.request_context = dict(body or {})
+        elif item.kind == "model-prompt":
+            run.prompts.append((item.step, str(body.get("sha256", ""))))
+        elif item.kind == "model-output":
+            run.outputs.append((item.step, list(body)))
+        elif item.kind == "tool-results":
+            run.tool_results.update({str(r.get("toolCallId")): r for r in body})
+        elif item.kind == "truncated":
+            run.truncated = True
+    return run
+
+
+async def runs_between(store: DecisionStore, since: str, until: str, agent_id: str) -> list[str]:
+    """The agent's runs from `since` to before `until`: those with recorded inputs (oldest first),
+    then those with only a decision record (listed as not replayable, not skipped)."""
+    recorded = await store.recorded_runs(since, until, agent_id=agent_id, limit=MAX_PAGE)
+    decided = await store.decisions_between(since, until, agent_id=agent_id, limit=MAX_PAGE)
+    return list(dict.fromkeys([*recorded, *(d.run_id for d in decided)]))

@@ -1,0 +1,315 @@
+"""Replay (issue 31 items 3 and 4) through real processes: 50 runs recorded by a real
+`procmesh-orchestrator` with real sidecar processes and the demo model (deterministic: its answer
+follows the prompt), then replayed by `procmesh replay` against a candidate that adds a blocking
+guard and changes an option. The diff names exactly the runs and steps whose decisions change, as
+running the candidate live on the same 50 inputs shows; the unchanged config changes nothing. A
+candidate that shows the model another prompt stops the run at that step, said so. Replay jobs
+over HTTP give the same report; bad input is refused naming what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import yaml
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.service.conftest import OrchestratorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+KEYS = "op-key=@operator,ada-key=ada"
+OPERATOR = {"Authorization": "Bearer op-key"}
+ADA = {"Authorization": "Bearer ada-key"}
+RUNS = 50
+PROCMESH = str(Path(sys.executable).parent / "procmesh")
+
+
+def recorded_config(guards: str, db: str) -> dict[str, Any]:
+    return {
+        "sidecars": {"guards": {"address": guards}},
+        "models": {"demo": {"provider": "demo"}},
+        "storage": {"path": db},
+        "decisions": {"record": True},
+        "tools": {
+            "weather": {
+                "description": "The weather in a city.",
+                "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "result": {"celsius": 21, "forecast": "sunny"},
+            }
+        },
+        "agents": {
+            "rec": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "tools": ["weather"],
+                "recordInputs": True,
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["zebra"]}}],
+            },
+            "norec": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+            },
+        },
+    }
+
+
+def candidate_of(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A blocking guard added, an option changed (the word filter masks one word more)."""
+    cfg = copy.deepcopy(recorded)
+    agent = cfg["agents"]["rec"]
+    guard = {
+        "processor": "guards/topic-guard",
+        "name": "forbidden-guard",
+        "options": {"words": ["forbidden"]},
+    }
+    agent["inputProcessors"].append(guard)
+    agent["outputProcessors"][0]["options"]["words"] = ["zebra", "banana"]
+    return cfg
+
+
+def text_of(i: int) -> str:
+    words = [f"hello number {i}"]
+    if i % 7 == 3:
+        words.append("what is the weather")  # a tool call, then a second step
+    if i % 4 == 1:
+        words.append("banana")  # echoed by the model: the changed option masks it
+    if i % 6 == 4:
+        words.append("zebra")  # masked either way
+    if i % 5 == 0:
+        words.append("forbidden")  # the candidate's new guard blocks it
+    if i % 9 == 2:
+        words.append("jailbreak")  # blocked either way
+    return " ".join(words)
+
+
+@dataclass
+class Stack:
+    recorded: OrchestratorProcess
+    live: OrchestratorProcess
+    http: httpx.AsyncClient
+    recorded_path: Path
+    candidate_path: Path
+    candidate: dict[str, Any]
+    run_ids: list[str]
+    live_ids: list[str]
+    since: str
+    until: str
+    env: dict[str, str]
+
+    async def generate(self, proc: OrchestratorProcess, text: str, agent: str = "rec") -> str:
+        response = await self.http.post(
+            f"{proc.http_url}/api/agents/{agent}/generate", json={"messages": text}, headers=OPERATOR
+        )
+        assert response.status_code == 200, response.text
+        return str(response.json()["runId"])
+
+    async def decisions(self, proc: OrchestratorProcess, run_id: str) -> list[dict[str, Any]]:
+        response = await self.http.get(f"{proc.http_url}/api/runs/{run_id}/decisions", headers=OPERATOR)
+        assert response.status_code == 200, response.text
+        return list(response.json()["decisions"])
+
+    async def replay(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run, [PROCMESH, "replay", *args], capture_output=True, text=True, env=self.env
+        )
+
+
+async def _all(make: Callable[[int], Any]) -> list[Any]:
+    return await asyncio.gather(*(make(i) for i in range(RUNS)))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(
+    start_sidecar: Callable[..., SidecarProcess],
+    start_orchestrator: Callable[..., OrchestratorProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Stack]:
+    tmp = tmp_path_factory.mktemp("replay")
+    guards = start_sidecar("examples", name="replay-guards")
+    await guards.wait_ready()
+    recorded = recorded_config(guards.address, str(tmp / "recorded.db"))
+    candidate = candidate_of(recorded)
+    live_cfg = {**copy.deepcopy(candidate), "storage": {"path": str(tmp / "live.db")}}
+    env = {"PROCMESH_API_KEYS": KEYS}
+    procs = await asyncio.gather(
+        asyncio.to_thread(start_orchestrator, recorded, env=env),
+        asyncio.to_thread(start_orchestrator, live_cfg, env=env),
+    )
+    paths = tmp / "recorded.yaml", tmp / "candidate.yaml"
+    for path, cfg in zip(paths, (recorded, candidate), strict=True):
+        path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    async with httpx.AsyncClient(timeout=60) as http:
+        s = Stack(*procs, http, *paths, candidate, [], [], "", "", {})
+        s.since = datetime.now(UTC).isoformat()
+        s.run_ids = await _all(lambda i: s.generate(s.recorded, text_of(i)))
+        s.until = datetime.now(UTC).isoformat()
+        s.live_ids = await _all(lambda i: s.generate(s.live, text_of(i)))
+        s.env = {**os.environ, "PROCMESH_CONFIG_FILE": str(s.recorded_path)}
+        yield s
+
+
+def changed_steps(recorded: list[dict[str, Any]], candidate: list[dict[str, Any]]) -> set[int]:
+    """The steps where the two runs' decisions differ (by where each was made and its outcome): a
+    pass that only one run made did nothing, so only the rest is compared."""
+
+    def at(decisions: list[dict[str, Any]], step: int) -> Counter[tuple[Any, ...]]:
+        return Counter(
+            (d["entry"], d["processor"], d["hook"], d["part"], d["outcome"], d["would"])
+            for d in decisions
+            if d["step"] == step and d["outcome"] != "pass"
+        )
+
+    steps = {d["step"] for d in recorded + candidate}
+    return {step for step in steps if at(recorded, step) != at(candidate, step)}
+
+
+async def test_replay_names_exactly_the_runs_and_steps_a_live_candidate_changes(stack: Stack) -> None:
+    recorded = await _all(lambda i: stack.decisions(stack.recorded, stack.run_ids[i]))
+    live = await _all(lambda i: stack.decisions(stack.live, stack.live_ids[i]))
+    expected = {(stack.run_ids[i], step) for i in range(RUNS) for step in changed_steps(recorded[i], live[i])}
+    started = time.perf_counter()
+    out = await stack.replay(
+        "--config", str(stack.candidate_path), "--agent", "rec", "--since", stack.since,
+        "--until", stack.until, "--json",
+    )  # fmt: skip
+    took = time.perf_counter() - started
+    assert out.returncode == 3, out.stderr
+    report = json.loads(out.stdout)
+    assert sorted(r["runId"] for r in report["runs"]) == sorted(stack.run_ids)  # every recorded run
+    found = {(r["runId"], c["step"]) for r in report["runs"] for c in r["changes"]}
+    assert found == expected
+    assert all(r["stopped"] is None for r in report["runs"])
+    # both kinds of change are there: the new guard's blocks and the changed option's masks
+    blocked = {stack.run_ids[i] for i in range(RUNS) if i % 5 == 0 and i % 9 != 2}
+    masked = {
+        stack.run_ids[i] for i in range(RUNS) if i % 4 == 1 and i % 6 != 4 and i % 7 != 3 and i % 9 != 2
+    }
+    masked -= blocked
+    changed = set(report["summary"]["changed"])
+    assert blocked
+    assert masked
+    assert changed == blocked | masked
+    processors = report["summary"]["processors"]
+    assert processors["guards/topic-guard"]["block"] == sum(
+        1 for i in range(RUNS) if i % 5 == 0 or i % 9 == 2
+    )
+    assert processors["guards/word-filter"]["mask"] > 0
+    print(f"\nreplayed {RUNS} runs in {took:.2f} s (the procmesh process's start included)")
+
+
+async def test_replaying_the_unchanged_config_changes_nothing(stack: Stack) -> None:
+    out = await stack.replay(
+        "--config", str(stack.recorded_path), "--agent", "rec", "--since", stack.since,
+        "--until", stack.until, "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["summary"]["runs"] == report["summary"]["replayed"] == RUNS
+    assert report["summary"]["changed"] == []
+    assert all(r["changes"] == [] and not r["changed"] for r in report["runs"])
+    text = await stack.replay(stack.run_ids[1], "--config", str(stack.recorded_path))
+    assert text.returncode == 0
+    assert f"run {stack.run_ids[1]}: no change" in text.stdout
+
+
+async def test_tools_are_answered_from_the_record(stack: Stack, tmp_path: Path) -> None:
+    """A candidate whose weather tool would answer otherwise: the recorded result is what the model
+    is shown (the step after the call sees the recorded prompt), so nothing changes."""
+    cfg = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))
+    cfg["tools"]["weather"]["result"] = {"celsius": -40, "forecast": "blizzard"}
+    path = tmp_path / "other-tool.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    weather_run = stack.run_ids[3]  # asks for the weather: a tool call at step 0, an answer at step 1
+    out = await stack.replay(weather_run, "--config", str(path), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert run == {
+        "runId": weather_run, "agentId": "rec", "changed": False, "changes": [], "stopped": None,
+        "notReplayable": None,
+    }  # fmt: skip
+
+
+async def test_a_candidate_showing_the_model_another_prompt_stops_the_run_there(
+    stack: Stack, tmp_path: Path
+) -> None:
+    run_id = await stack.generate(stack.recorded, "mail me at ada@example.com about the weather")
+    cfg = copy.deepcopy(stack.candidate)
+    cfg["agents"]["rec"]["inputProcessors"].insert(0, {"processor": "guards/pii-redactor"})
+    path = tmp_path / "redacting.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    out = await stack.replay(run_id, "--config", str(path), "--json")
+    assert out.returncode == 3, out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert run["stopped"]["step"] == 0
+    assert "recorded model output no longer applies from step 0" in run["stopped"]["reason"]
+    text = await stack.replay(run_id, "--config", str(path))
+    assert "stopped at step 0: recorded model output no longer applies from step 0" in text.stdout
+
+
+async def test_bad_input_is_an_error_naming_it(stack: Stack) -> None:
+    unknown = await stack.replay("no-such-run", "--config", str(stack.recorded_path))
+    assert unknown.returncode == 2
+    assert "no-such-run" in unknown.stderr
+    run_id = await stack.generate(stack.recorded, "hello", agent="norec")
+    unrecorded = await stack.replay(run_id, "--config", str(stack.recorded_path))
+    assert unrecorded.returncode == 2
+    assert f"run {run_id!r} is not replayable: no recorded inputs" in unrecorded.stderr
+    both = await stack.replay(run_id, "--agent", "rec", "--config", str(stack.recorded_path))
+    assert both.returncode == 2
+    assert "not both" in both.stderr
+
+
+async def test_a_replay_job_over_http(stack: Stack) -> None:
+    url = f"{stack.recorded.http_url}/api/replays"
+    body = {"runId": stack.run_ids[0], "config": stack.candidate_path.read_text(encoding="utf-8")}
+    refused = await stack.http.post(url, json=body, headers=ADA)
+    assert refused.status_code == 403
+    unknown_key = await stack.http.post(url, json={**body, "dryRun": True}, headers=OPERATOR)
+    assert unknown_key.status_code == 400
+    assert "dryRun" in unknown_key.text
+    started = await stack.http.post(url, json=body, headers=OPERATOR)
+    assert started.status_code == 202, started.text
+    job_id = started.json()["id"]
+    job = await _finished(stack, f"{url}/{job_id}")
+    assert job["status"] == "done", job
+    cli = await stack.replay(stack.run_ids[0], "--config", str(stack.candidate_path), "--json")
+    as_cli = json.loads(cli.stdout)
+    assert job["result"]["runs"] == as_cli["runs"]
+    assert job["result"]["changed"] is True  # run 0 says "forbidden": the new guard blocks it
+    # the candidate as JSON, and a run the store does not know: the job fails naming it
+    missing = await stack.http.post(
+        url, json={"runId": "no-such-run", "config": stack.candidate}, headers=OPERATOR
+    )
+    assert missing.status_code == 202
+    failed = await _finished(stack, f"{url}/{missing.json()['id']}")
+    assert failed["status"] == "failed"
+    assert "no-such-run" in failed["error"]
+    gone = await stack.http.get(f"{url}/no-such-job", headers=OPERATOR)
+    assert gone.status_code == 404
+
+
+async def _finished(stack: Stack, url: str) -> dict[str, Any]:
+    for _ in range(600):
+        job = (await stack.http.get(url, headers=OPERATOR)).json()
+        if job["status"] != "running":
+            return dict(job)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"replay job not finished: {job}")

@@ -28,6 +28,10 @@ REGEX = {
 }
 
 
+PRECHECK = {"deny": ["(?i)\\bforbidden\\b"], "allow": ["(?i)(hi|hello|thanks)[.!]?"]}
+"""Clear cases settled without the judge: a greeting passes, a forbidden word blocks."""
+
+
 def _lane(*, speculative: bool) -> list[dict[str, Any]]:
     judge = {"processor": "g/moderation", "options": {"model": "judges/mod"}}
     return [REGEX, judge if speculative else {**judge, "speculative": False}]
@@ -43,6 +47,12 @@ def _config(sidecar: str, judges_url: str) -> dict[str, Any]:
             "cheap-first": {**agent, "inputProcessors": _lane(speculative=True)},
             # the judge never called before its input is final: the sequential walk
             "sequential": {**agent, "inputProcessors": _lane(speculative=False)},
+            "prechecked": {
+                **agent,
+                "inputProcessors": [
+                    {"processor": "g/moderation", "options": {"model": "judges/mod", "precheck": PRECHECK}}
+                ],
+            },
         },
     }
 
@@ -99,3 +109,23 @@ async def test_a_regex_trip_means_the_judge_is_never_asked(
     assert not [c for c in judge_server.judged("mod") if "TICKET-7" in c]
     saved = metric(orchestrator, "procmesh_judge_calls_saved_total", "by").get("cheap-first", 0)
     assert saved == before + 1
+
+
+@pytest.mark.parametrize(
+    ("text", "blocked", "asked"),
+    [
+        ("Hello!", False, False),
+        ("Tell me the FORBIDDEN recipe.", True, False),
+        ("I HATE mondays.", True, True),
+    ],
+    ids=["allowed", "denied", "judged"],
+)
+async def test_a_guards_precheck_settles_clear_cases_without_the_judge(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer, text: str, blocked: bool, asked: bool
+) -> None:
+    before = len(judge_server.judged("mod"))
+    result = await generate(orchestrator, "prechecked", text)
+    assert (result.get("tripwire") is not None) == blocked
+    assert bool([c for c in judge_server.judged("mod")[before:] if text in c]) == asked
+    if blocked and not asked:
+        assert result["tripwire"]["metadata"]["precheck"] == "deny"

@@ -31,12 +31,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from procmesh import Processor
 from procmesh.errors import ProcmeshError
 from procmesh_sidecars.builtins._common import Chunk, Message, message_text
 from procmesh_sidecars.builtins.guards import _windows
+from procmesh_sidecars.builtins.guards._precheck import FLAGGED, Precheck, check_strategy
 from procmesh_sidecars.builtins.guards._windows import WindowOptions
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,14 @@ class GuardOptions(WindowOptions):
     """The judge's system prompt (default: one written for the guard's categories or types)."""
     last_message_only: bool = False
     """Judge only the newest input message (the others pass unjudged)."""
+    precheck: Precheck | None = None
+    """Patterns that settle clear cases without the judge: ``{deny: [...], allow: [...]}``."""
+
+    @model_validator(mode="after")
+    def _precheck_strategy(self) -> GuardOptions:
+        check_strategy(self.precheck, getattr(self, "strategy", None))  # each guard has its own
+        return self
+
     judge_timeout: float | None = Field(default=None, gt=0)
     """Seconds a judge call may take (default: what is left of the hook call's deadline; 30 s in
     the stream, which has no per-call deadline)."""
@@ -195,6 +204,17 @@ class JudgedGuard(Processor):
         """Judge `text` (an input message's, or a window of the answer) under `options`."""
         raise NotImplementedError
 
+    async def _decide(self, text: str, options: Any, model: Any, phase: Phase) -> Verdict:
+        """`verdict`, unless the guard's pre-check settles `text` without the judge."""
+        settled = options.precheck.settle(text) if options.precheck is not None else None
+        if settled is None:
+            return await self.verdict(text, options, model, phase)
+        kind, index = settled
+        if kind == "allow":
+            return PASS
+        detail = self.detail(options, phase, precheck="deny", pattern=index)
+        return Verdict(FLAGGED[options.strategy], f"Content flagged by the pre-check of {self.id}", detail)
+
     def holds(self, options: Any) -> bool:
         """Whether streamed text waits for its verdict (every strategy but warn)."""
         return bool(options.strategy != "warn")
@@ -218,7 +238,7 @@ class JudgedGuard(Processor):
         texts = [message_text(m).strip() if id(m) in chosen else "" for m in messages]
         judged = [bool(t) and len(t) >= self.min_length(options) for t in texts]
         verdicts = await asyncio.gather(
-            *(self.verdict(t, options, model, "input") for t, j in zip(texts, judged, strict=True) if j)
+            *(self._decide(t, options, model, "input") for t, j in zip(texts, judged, strict=True) if j)
         )
         out: list[Message] = []
         changed = False
@@ -279,7 +299,7 @@ class JudgedGuard(Processor):
         key = (str(window["id"]), str(window["text"]))
         task = self._tasks.get(key)
         if task is None:
-            task = asyncio.create_task(self.verdict(window["text"], options, model, "output"))
+            task = asyncio.create_task(self._decide(window["text"], options, model, "output"))
             task.add_done_callback(_retrieve)
             self._tasks[key] = task
             while len(self._tasks) > _MAX_TASKS:

@@ -1,4 +1,4 @@
-"""The `procmesh` command: demo, generate, stream, memory, runs, scenario run, check-sidecar, pod."""
+"""The `procmesh` command: demo, generate, stream, memory, runs, replay, scenario run, check-sidecar, pod."""
 
 from __future__ import annotations
 

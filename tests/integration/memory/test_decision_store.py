@@ -120,3 +120,26 @@ async def test_recorded_inputs_are_kept_with_the_run_and_purged_with_it(store: M
     await store.delete_thread("t1", "alice")
     assert await store.run_inputs("r1") == []  # with its thread
     assert len(await store.run_inputs("r2")) == 1
+
+
+async def test_runs_recorded_in_a_time_range_are_listed_oldest_first(store: MemoryStore) -> None:
+    """What `procmesh replay --agent A --since T --until T` replays: each run whose input was
+    recorded in the range, of that agent, once (its other recorded inputs do not repeat it)."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    at = [base + timedelta(minutes=m) for m in range(4)]
+    other = RecordedInput("r-other", "billing", "input", 0, "{}", at[1].isoformat())
+    await store.save_decisions(
+        [],
+        retention_seconds=3650 * DAY,
+        inputs=[
+            _input("r-late", "input", at[2]),
+            _input("r-early", "input", at[0]),
+            _input("r-early", "model-output", at[1]),
+            _input("r-after", "input", at[3]),
+            other,
+        ],
+    )
+    since, until = at[0].isoformat(), at[3].isoformat()
+    assert await store.recorded_runs(since, until, agent_id="support") == ["r-early", "r-late"]
+    assert await store.recorded_runs(since, until) == ["r-early", "r-other", "r-late"]
+    assert await store.recorded_runs(since, until, agent_id="support", limit=1) == ["r-early"]

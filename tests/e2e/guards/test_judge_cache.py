@@ -152,6 +152,20 @@ async def test_a_second_turn_resending_history_is_judged_only_for_its_new_messag
     assert saved.get("cache", 0) >= 1
 
 
+async def test_a_ten_turn_conversation_judges_each_message_once(
+    replicas: list[OrchestratorProcess], judge_server: JudgeServer
+) -> None:
+    """The client re-sends the whole history each turn: turn t holds 2t - 1 messages, so without
+    the cache the guard would ask 1 + 3 + ... + 19 = 100 questions; with it, one per message."""
+    before = len(judge_server.judged("mod"))
+    history: list[dict[str, str]] = []
+    for turn in range(1, 11):
+        history.append({"role": "user", "content": f"Question {turn} of the long conversation."})
+        answer = await generate(replicas[0], "guarded", history)
+        history.append({"role": "assistant", "content": answer["text"]})
+    assert len(judge_server.judged("mod")) - before == 19
+
+
 async def test_a_second_replica_sharing_redis_pays_no_judge_call(
     replicas: list[OrchestratorProcess], judge_server: JudgeServer
 ) -> None:
@@ -179,3 +193,35 @@ async def test_options_from_the_request_context_never_hand_a_tenant_another_tena
     # a threshold per tenant: the same question (its answer reused), each tenant's own decision
     await _per_tenant(replicas[0], "by-threshold", "threshold MILD words.")
     assert _asked(judge_server, "threshold MILD words.") == 1
+
+
+async def test_a_verdict_expires_after_its_ttl(
+    sidecar_dir: Path, judge_server: JudgeServer, start_orchestrator: Callable[..., OrchestratorProcess]
+) -> None:
+    """A replica keeping verdicts for 0.2 s in memory only: the same question is asked again once
+    it expired (polled, no wall-clock assert), and not before its first answer was reused."""
+
+    def config(sidecar: str) -> dict[str, Any]:
+        return {
+            **_config(sidecar, judge_server.base_url, ""),
+            "judgeCache": {"enabled": True, "ttlSeconds": 0.2},
+        }
+
+    sidecar, orchestrator = await start_replica(
+        sidecar_dir, "ttl", config, start_orchestrator, {"JUDGE_KEY": SECRET}
+    )
+    try:
+        text = "A question that expires."
+        await generate(orchestrator, "guarded", text)
+        await generate(orchestrator, "guarded", text)
+        first = _asked(judge_server, text)
+        reused = metric(orchestrator, "procmesh_judge_cache_lookups_total", "result").get("memory", 0)
+        assert first == 1 or reused == 0  # a slow machine may see it expire between the two runs
+        for _ in range(200):
+            await generate(orchestrator, "guarded", text)
+            if _asked(judge_server, text) > first:
+                break
+            await asyncio.sleep(0.05)
+        assert _asked(judge_server, text) > first
+    finally:
+        sidecar.stop(grace=2.0)

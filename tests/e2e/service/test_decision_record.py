@@ -303,6 +303,28 @@ async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
     assert later.stdout == ""
 
 
+async def test_decisions_by_time_over_http_are_an_operators_to_read(stack: Stack) -> None:
+    result = await stack.generate("blocked", ADA, memory={"thread": "t7", "resource": "ada"})
+    query = {"since": "2000-01-01T00:00:00Z", "agentId": "blocked"}
+    response = await stack.http.get("/api/runs/decisions", params=query, headers=OPERATOR)
+    assert response.status_code == 200, response.text
+    decisions = response.json()["decisions"]
+    assert result["runId"] in {d["runId"] for d in decisions}
+    assert {d["agentId"] for d in decisions} == {"blocked"}
+    assert [d["at"] for d in decisions] == sorted(d["at"] for d in decisions)  # oldest first
+    later = {"since": "2999-01-01T00:00:00Z", "until": "3000-01-01T00:00:00Z"}
+    assert (await stack.http.get("/api/runs/decisions", params=later, headers=OPERATOR)).json() == {
+        "decisions": []
+    }
+    tenant = await stack.http.get("/api/runs/decisions", params=query, headers=ADA)
+    assert tenant.status_code == 403  # every tenant's decisions: not a tenant key's to read
+    missing = await stack.http.get("/api/runs/decisions", params={"agentId": "blocked"}, headers=OPERATOR)
+    assert missing.status_code == 400
+    assert "since" in missing.text
+    bad = await stack.http.get("/api/runs/decisions", params={"since": "yesterday"}, headers=OPERATOR)
+    assert bad.status_code == 400
+
+
 async def test_retention_and_thread_deletion_purge_records(stack: Stack) -> None:
     result = await stack.generate("a", ADA, memory={"thread": "t4", "resource": "ada"})
     run_id = result["runId"]

@@ -1,10 +1,11 @@
 """A run's decision record as the APIs read it (issue 31): a tenant key reads its own resource's
-runs' records only, another's answers as none does (404), as a durable run's does."""
+runs' records only, another's answers as none does (404), as a durable run's does; every run's
+decisions in a time range are an operator's to read."""
 
 from __future__ import annotations
 
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._errors import DecisionRecordGoneError
+from procmesh_orchestrator.service._errors import BadRequestError, DecisionRecordGoneError, ForbiddenError
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.durable import check_run_id, durable_errors, store_of
 from procmesh_orchestrator.store import Decision
@@ -20,3 +21,17 @@ async def run_decisions(service: ServiceCore, run_id: str, caller: Caller) -> li
     if not decisions or not caller.may_see(decisions[0].resource_id):
         raise DecisionRecordGoneError(f"no decision record of run {run_id[:64]!r}")
     return decisions
+
+
+async def decisions_between(
+    service: ServiceCore, caller: Caller, since: str | None, until: str, agent_id: str | None, limit: int
+) -> list[Decision]:
+    """Every run's decisions from `since` to before `until` (ISO 8601), oldest first: operators
+    only (they are every tenant's)."""
+    if not caller.operator:
+        raise ForbiddenError("decisions by time are every tenant's: an operator key only")
+    if not since:
+        raise BadRequestError("since: required (ISO 8601)")
+    store = await store_of(service.app)
+    with durable_errors():
+        return await store.decisions_between(since, until, agent_id=agent_id, limit=limit)

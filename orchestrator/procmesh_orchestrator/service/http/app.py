@@ -38,8 +38,8 @@ def build_http_app(core: ServiceCore) -> ASGIApp:
         routes=[
             *CatalogRoutes(core, read_json).routes(),  # first: /api/agents/providers, agent details
             *AgentRoutes(core).routes(),
+            *DecisionRoutes(core).routes(),  # before /api/runs/{run_id}: /api/runs/decisions is its own
             *RunRoutes(core).routes(),
-            *DecisionRoutes(core).routes(),
             *ReplayRoutes(core, read_json).routes(),
             *ProbeRoutes(core).routes(),
             *MemoryRoutes(core, read_json).routes(),

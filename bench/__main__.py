@@ -11,6 +11,8 @@ P6 three 50 ms speculative input guards: what they add vs the reference (sequent
    the time to the first chunk with the optimistic first step vs the sequential engine.
 P7 the per-chunk cost of each pass-through processor in lanes of 1, 3, 6 and 10.
 P8 an HTTP request on a kept-alive connection vs on a fresh one (a real orchestrator process).
+P8 (issue 33, p10_guards_planner) five LLM-judged guards on a 200 ms scripted judge: judge calls vs
+   the reference's own guards, added time to the first chunk, equal verdicts on the golden set.
 P9 semantic recall at 10k and 100k stored messages, SQLite (exact) and PostgreSQL (pgvector HNSW).
 
 Compared systems run in alternating rounds (harness.rounds: A, B, A, B, ...), each figure is the
@@ -41,6 +43,7 @@ from bench import (
     p7_per_processor,
     p8_keepalive,
     p9_recall,
+    p10_guards_planner,
 )
 from bench.harness import HERE, QUICK, Reference, bench_app, free_port, start
 from bench.processors import GUARDS
@@ -100,6 +103,7 @@ async def main() -> dict[str, Any]:
             results.update(await p6_guards.measure(app, reference))
             results.update(await p7_per_processor.measure(app, 1000))
         results.update(await p8_keepalive.measure(50 if QUICK else 200))
+        results.update(await p10_guards_planner.measure(reference))
         results.update(await p9_recall.measure())
         await inproc_server.stop(0.5)
     finally:

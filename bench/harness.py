@@ -8,10 +8,12 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -90,6 +92,45 @@ async def timed(run: Callable[[], Awaitable[Any]]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+@dataclasses.dataclass
+class Orchestrator:
+    """A started orchestrator process and its HTTP port."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    async def stop(self) -> None:
+        self.proc.terminate()
+        await asyncio.to_thread(self.proc.wait, 30)
+
+
+def start_orchestrator(
+    workdir: Path, config: str, keys: str, env: dict[str, str] | None = None
+) -> Orchestrator:
+    """A real ``procmesh-orchestrator`` process on `config` (YAML) with PROCMESH_API_KEYS `keys`,
+    HTTP and gRPC on ports picked at bind time; its log in `workdir`."""
+    (workdir / "config.yaml").write_text(config, encoding="utf-8")
+    log_path = workdir / "orchestrator.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [_ORCHESTRATOR, "--config", str(workdir / "config.yaml"), "--http-port", "0", "--grpc-port", "0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "PROCMESH_API_KEYS": keys},
+        )
+    deadline = time.monotonic() + 30
+    while (match := _SERVING.search(log_path.read_text(errors="replace"))) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the orchestrator did not start:\n{log_path.read_text(errors='replace')}")
+        time.sleep(0.05)
+    return Orchestrator(proc, int(match[2]))
+
+
+_SERVING = re.compile(r"serving: HTTP http://([\d.]+):(\d+)")
+_ORCHESTRATOR = str(Path(sys.executable).parent / "procmesh-orchestrator")
+
+
 # -- the reference engine ----------------------------------------------------------------
 
 
@@ -130,6 +171,11 @@ class Reference:
 
     async def run(self, **request: Any) -> float:
         """Milliseconds of one reference run (the request format is in reference.mjs)."""
+        ms: float = (await self.ask(**request))["ms"]
+        return ms
+
+    async def ask(self, **request: Any) -> dict[str, Any]:
+        """One reference run's whole answer (``ms``, and what else its kind of run tells)."""
         assert self._proc.stdin is not None
         assert self._proc.stdout is not None
         self._proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -137,8 +183,8 @@ class Reference:
         line = await asyncio.wait_for(self._proc.stdout.readline(), 120)
         if not line:
             raise RuntimeError(f"the reference worker exited ({await self._proc.wait()})")
-        ms: float = json.loads(line)["ms"]
-        return ms
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     async def close(self) -> None:
         assert self._proc.stdin is not None

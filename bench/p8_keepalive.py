@@ -14,22 +14,16 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
-import re
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import figure, pct, rounds
+from bench.harness import figure, pct, rounds, start_orchestrator
 
 KEY = "bench-key-0123456789"
-_SERVING = re.compile(r"serving: HTTP http://([\d.]+):(\d+)")
 _CONFIG = "agents:\n  demo:\n    model: demo\n    errorProcessorDefaults: false\n"
 _BODY = json.dumps({"messages": "hello"})
 _HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-_BINARY = str(Path(sys.executable).parent / "procmesh-orchestrator")
 
 
 def _request(conn: http.client.HTTPConnection) -> float:
@@ -63,29 +57,11 @@ def _fresh(port: int, n: int) -> list[float]:
     return out
 
 
-def _start(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    (workdir / "config.yaml").write_text(_CONFIG, encoding="utf-8")
-    log_path = workdir / "orchestrator.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [_BINARY, "--config", str(workdir / "config.yaml"), "--http-port", "0", "--grpc-port", "0"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PROCMESH_API_KEYS": f"{KEY}=@operator"},
-        )
-    deadline = time.monotonic() + 30
-    while (match := _SERVING.search(log_path.read_text(errors="replace"))) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"P8: the orchestrator did not start:\n{log_path.read_text(errors='replace')}")
-        time.sleep(0.05)
-    return proc, int(match[2])
-
-
 async def measure(n: int) -> dict[str, object]:
     """p50s of `n` kept-alive and `n` fresh-connection requests per round, and their ratio."""
     with tempfile.TemporaryDirectory(prefix="pm-bench-p8-") as tmp:
-        proc, port = await asyncio.to_thread(_start, Path(tmp))
+        orchestrator = await asyncio.to_thread(start_orchestrator, Path(tmp), _CONFIG, f"{KEY}=@operator")
+        port = orchestrator.port
         try:
             samples = await rounds(
                 {
@@ -94,8 +70,7 @@ async def measure(n: int) -> dict[str, object]:
                 }
             )
         finally:
-            proc.terminate()
-            await asyncio.to_thread(proc.wait, 30)
+            await orchestrator.stop()
     kept = [pct(s, 0.5) for s in samples["kept_alive"]]
     fresh = [pct(s, 0.5) for s in samples["fresh"]]
     ratio, spread = figure([k / f for k, f in zip(kept, fresh, strict=True)])

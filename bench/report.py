@@ -117,6 +117,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{verdict(r['p8_ratio_kept_alive_vs_fresh'], 1.25)}",
         )
     )
+    out += guard_planner_rows(r)
     for store in ("sqlite", "postgres"):
         for n in r.get("p9_sizes", []):
             k = f"p9_{store}_{n}"
@@ -133,6 +134,33 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
                 )
             )
     return out
+
+
+def guard_planner_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """P8 of issue 33: five LLM-judged guards (bench/p10_guards_planner.py)."""
+    ratio, added = r["p8_judge_calls_ratio_vs_reference"], r["p8_first_chunk_added_ms"]
+    trip = r["p8_judge_round_trip_ms"]
+    return [
+        (
+            "P8 five judged guards, judge calls",
+            f"{r['p8_judge_calls_procmesh']} judge calls vs reference {r['p8_judge_calls_reference']} "
+            f"(10 turns, history re-sent, a {r['p8_answer_chars']}-character answer)",
+            f"{f(ratio)}x reference (goal <= 0.33x) {verdict(ratio, 1 / 3)}",
+        ),
+        (
+            "P8 five judged guards, first chunk",
+            f"added {f(added, 1)} ms ({spread(r['p8_first_chunk_added_ms_spread'], 0)}); guarded "
+            f"{f(r['p8_first_chunk_ms_guarded'], 1)} ms, bare {f(r['p8_first_chunk_ms_bare'], 1)} ms",
+            f"{f(added, 1)} ms vs one judge round trip {f(trip, 1)} ms (goal: no more) "
+            f"{verdict(added, trip)}",
+        ),
+        (
+            "P8 five judged guards, golden set",
+            f"{r['p8_golden_windows']} labelled windows, each guard alone vs the five together",
+            f"verdicts equal: {r['p8_verdicts_equal']} (goal: true) "
+            f"{'met' if r['p8_verdicts_equal'] else 'MISSED'}",
+        ),
+    ]
 
 
 def table(r: dict[str, Any]) -> str:

@@ -149,7 +149,7 @@ async def measure(reference: Reference | None) -> dict[str, Any]:
         "p8-turn-bare": [conversation(tag)[-1][1] for tag in round_tags],
     }
     # only P8's own judge model and the round trip wait: the counted and the checked ones need not
-    delays = {"golden": 0.0, "reference": 0.0}
+    delays = {"golden": 0.0, "golden-together": 0.0, "reference": 0.0}
     judge = GoldenJudge(load_golden(), delay=JUDGE_SECONDS, api_key=JUDGE_KEY, delays=delays)
     judge.start()
     results: dict[str, Any] = {}

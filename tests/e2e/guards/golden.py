@@ -49,10 +49,13 @@ def lanes(judge: str) -> dict[str, Any]:
 def config(windows: list[dict[str, Any]], judge: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The models and agents the golden runs use: ``golden-<guard>`` / ``golden-all`` on the echoing
     demo model for input windows; per output window a scripted model streaming its text word by
-    word, with ``golden-<guard>@<id>`` / ``golden-all@<id>``."""
+    word, with ``golden-<guard>@<id>`` / ``golden-all@<id>``. The guards alone ask `judge`, together
+    ``<judge>-together`` (the judge answers both alike), so a verdict cache keyed by the judge
+    model never hands the five together what a guard alone was told: together is judged afresh."""
     base = {"errorProcessorDefaults": False}
+    together = f"{judge}-together"  # its own judge model: no verdict cached for a guard alone is reused
     models: dict[str, Any] = {"golden-echo": {"provider": "demo"}}
-    agents: dict[str, Any] = {"golden-all": {**base, "model": "golden-echo", **lanes(judge)}}
+    agents: dict[str, Any] = {"golden-all": {**base, "model": "golden-echo", **lanes(together)}}
     for g in INPUT_LANE:
         agents[f"golden-{g}"] = {**base, "model": "golden-echo", "inputProcessors": [guard(g, judge)]}
     for w in windows:
@@ -63,7 +66,7 @@ def config(windows: list[dict[str, Any]], judge: str) -> tuple[dict[str, Any], d
         deltas = [words[0], *(f" {word}" for word in words[1:])]
         # every run on it gets the same answer, whichever agent asks
         models[model] = {"provider": "scripted", "responses": [{"deltas": deltas}] * 64}
-        agents[f"golden-all@{w['id']}"] = {**base, "model": model, **lanes(judge)}
+        agents[f"golden-all@{w['id']}"] = {**base, "model": model, **lanes(together)}
         for g in OUTPUT_LANE:
             agents[f"golden-{g}@{w['id']}"] = {**base, "model": model, "outputProcessors": [guard(g, judge)]}
     return models, agents

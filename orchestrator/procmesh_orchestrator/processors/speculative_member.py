@@ -31,7 +31,6 @@ from procmesh_orchestrator.processors.stream_call import (
     StreamCall,
     answer_items,
     count_session,
-    drop_read,
     fused_items,
 )
 
@@ -258,17 +257,11 @@ class Member:
             self.feed(entry.part, entry.origin)
 
     async def _read(self, call: StreamCall, clock: SessionClock) -> None:
-        read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
+        # the oldest unanswered part's time limit counts from when it was sent
+        clock.watch(call, lambda: self.unanswered[0][1] if self.unanswered else None)
         try:
             while True:
-                if read is None:
-                    read = asyncio.ensure_future(call.read())
-                # the oldest unanswered part's time limit counts from when it was sent
-                wait = clock.wait(self.unanswered[0][1] if self.unanswered else None)
-                done, _ = await asyncio.wait({read}, timeout=wait)
-                if not done:
-                    continue
-                resp, read = read.result(), None
+                resp = await clock.read()
                 if call is not self.call:
                     return  # a session given up for a new one (`restart`)
                 if resp is None:
@@ -302,8 +295,7 @@ class Member:
                 call.cancel()  # torn down at once: a timed-out session stays in flight no longer
                 self.group.advance()
         finally:
-            if read is not None:
-                drop_read(read)
+            clock.stop()
             if call is self.call:
                 self.ended = True
                 self.span.end()

@@ -36,7 +36,6 @@ from procmesh_orchestrator.processors.stream_call import (
     StreamCall,
     answer_items,
     count_session,
-    drop_read,
     fused_items,
     session_policy,
 )
@@ -202,18 +201,11 @@ class _Stage:
     async def _read(self, call: StreamCall) -> None:
         info, handle, clock = self.caller.info, self.handle, self.clock
         assert clock is not None
-        # One read stays outstanding across timeouts: cancelling a read cancels the whole call.
-        read: asyncio.Future[ppb.ProcessOutputStreamResponse | None] | None = None
+        # the oldest unanswered part's time limit counts from when it was sent
+        clock.watch(call, lambda: self.sent[0][1] if self.sent else None)
         try:
             while True:
-                if read is None:
-                    read = asyncio.ensure_future(call.read())
-                # the oldest unanswered part's time limit counts from when it was sent
-                wait = clock.wait(self.sent[0][1] if self.sent else None)
-                done, _ = await asyncio.wait({read}, timeout=wait)
-                if not done:
-                    continue
-                resp, read = read.result(), None
+                resp = await clock.read()
                 if resp is None:
                     if self._awaiting() or not self.end_queued:
                         raise MalformedResponseError("stream ended before every part was answered")
@@ -234,8 +226,7 @@ class _Stage:
             self.input_refused = exc.input_refused
             self._failed(str(exc))
         finally:
-            if read is not None:
-                drop_read(read)
+            clock.stop()
             self.stream_done = True
             self.parts.flush()
             self.span.end()

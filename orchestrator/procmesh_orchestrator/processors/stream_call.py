@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -139,15 +139,6 @@ class StreamCall:
         return bool(self._raw.done())
 
 
-def drop_read(read: asyncio.Future[Any]) -> None:
-    """Let go of a reader's outstanding read: cancelled if it still waits; if it already failed
-    (its call was cut), its error is taken so that asyncio does not log it as never retrieved."""
-    if not read.done():
-        read.cancel()
-    elif not read.cancelled():
-        read.exception()
-
-
 GRPC_SLACK = 1.0
 """Seconds the gRPC deadline of a session allows past its ``streamTimeout``: the session's own
 clock cuts it first, naming the limit; gRPC's deadline (also capped by the run's) is the backstop."""
@@ -161,6 +152,10 @@ class SessionClock:
     once the orchestrator half-closed, the stream's end (which carries the states) must come
     within `timeout` of that; the whole session within `stream_timeout` (``streamTimeout``) of
     its opening. The run's deadline caps the first two.
+
+    A timer checks them (`watch`) and cuts the call when one has passed, so the reader awaits
+    the call's next response directly (`read`): no task and no timed wait per response, and one
+    hand-off less between a response's arrival and the reader.
     """
 
     def __init__(self, caller: GrpcHookCaller, timeout: float, stream_timeout: float) -> None:
@@ -170,10 +165,46 @@ class SessionClock:
         self.ends = time.monotonic() + stream_timeout
         self.closed_at: float | None = None
         """When the orchestrator half-closed (everything was sent): the end's clock starts."""
+        self.expired: ProcessorCallError | None = None
+        """The limit that passed (the call was cut for it)."""
+        self._call: StreamCall | None = None
+        self._oldest: Callable[[], float | None] = lambda: None
+        self._timer: asyncio.TimerHandle | None = None
 
     def grpc_timeout(self, caller: GrpcHookCaller) -> float:
         """The session's gRPC deadline (the backstop)."""
         return caller.stream_timeout(self.stream_timeout + GRPC_SLACK)
+
+    def watch(self, call: StreamCall, oldest: Callable[[], float | None]) -> None:
+        """Check the limits of `call`'s session from now until `stop`; `oldest` gives when the
+        oldest unanswered part was queued (None: none awaits)."""
+        self._call, self._oldest = call, oldest
+        self._check()
+
+    def _check(self) -> None:
+        assert self._call is not None
+        try:
+            wait = self.wait(self._oldest())
+        except ProcessorCallError as exc:
+            self.expired = exc
+            self._call.cancel()  # its read ends at once, with this error (`read`)
+            return
+        self._timer = asyncio.get_running_loop().call_later(wait, self._check)
+
+    async def read(self) -> ppb.ProcessOutputStreamResponse | None:
+        """The watched call's next response (None at its end); the limit that passed, if the
+        call was cut for one."""
+        assert self._call is not None
+        try:
+            return await self._call.read()
+        except ProcessorCallError:
+            if self.expired is not None:
+                raise self.expired from None
+            raise
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
     def close(self) -> None:
         """Everything was sent (half-close queued): the stream's end is due from now."""

@@ -84,10 +84,10 @@ async def test_a_stored_verdict_is_reused_until_its_ttl_passes() -> None:
         return b"verdict"
 
     cache = VerdictCache(JudgeCacheConfig(enabled=True, ttl_seconds=5), counts, clock=clock)
-    assert await cache.through("k", "p", ask) == (b"verdict", False)
-    assert await cache.through("k", "p", ask) == (b"verdict", True)
+    assert await cache.through("k", "p", ask) == (b"verdict", "miss")
+    assert await cache.through("k", "p", ask) == (b"verdict", "memory")
     clock.now = 5.0
-    assert await cache.through("k", "p", ask) == (b"verdict", False)
+    assert await cache.through("k", "p", ask) == (b"verdict", "miss")
     assert len(calls) == 2
     assert counts.seen == ["miss", "memory", "miss"]
 
@@ -106,8 +106,8 @@ async def test_the_same_question_in_flight_is_asked_once_and_a_failure_is_not_sh
     second = asyncio.create_task(cache.through("k", "p", ask))
     await asyncio.sleep(0)
     gate.set()
-    assert await first == (b"verdict", False)
-    assert await second == (b"verdict", True)
+    assert await first == (b"verdict", "miss")
+    assert await second == (b"verdict", "joined")
     assert len(calls) == 1
     assert counts.seen == ["miss", "joined"]
 
@@ -120,7 +120,7 @@ async def test_the_same_question_in_flight_is_asked_once_and_a_failure_is_not_sh
     joined = asyncio.create_task(cache.through("f", "p", ask))  # asks itself once the other failed
     with pytest.raises(RuntimeError):
         await failing
-    assert await joined == (b"verdict", False)
+    assert await joined == (b"verdict", "miss")
 
 
 async def test_redis_shares_verdicts_between_replicas_and_expires_them(redis_server: RedisServer) -> None:
@@ -136,8 +136,8 @@ async def test_redis_shares_verdicts_between_replicas_and_expires_them(redis_ser
         return b"verdict"
 
     try:
-        assert await first.through("k", "p", ask) == (b"verdict", False)
-        assert await second.through("k", "p", ask) == (b"verdict", True)
+        assert await first.through("k", "p", ask) == (b"verdict", "miss")
+        assert await second.through("k", "p", ask) == (b"verdict", "redis")
         assert two.seen == ["redis"]
         assert len(calls) == 1
         # Redis's own TTL (no wall-clock assert): a third replica finds it gone once it expired
@@ -147,7 +147,7 @@ async def test_redis_shares_verdicts_between_replicas_and_expires_them(redis_ser
                 if await third._redis.get("k") is None:  # type: ignore[union-attr]
                     break
                 await asyncio.sleep(0.02)
-            assert await third.through("k", "p", ask) == (b"verdict", False)
+            assert await third.through("k", "p", ask) == (b"verdict", "miss")
         finally:
             await third.close()
     finally:
@@ -165,8 +165,8 @@ async def test_a_redis_that_is_down_is_a_miss_never_a_failed_call(tmp_path: Any)
         return b"verdict"
 
     try:
-        assert await cache.through("k", "p", ask) == (b"verdict", False)
-        assert await cache.through("k", "p", ask) == (b"verdict", True)  # the memory tier still serves
+        assert await cache.through("k", "p", ask) == (b"verdict", "miss")
+        assert await cache.through("k", "p", ask) == (b"verdict", "memory")  # the memory tier still serves
     finally:
         await cache.close()
 

@@ -14,7 +14,8 @@ Only deterministic questions are cached: a schema and temperature 0 (what the bu
 ask). Answers live in this process (`MemoryVerdicts`: bounded LRU with a TTL) and, when
 configured, in Redis (`RedisVerdicts`, shared by replicas, the same TTL). A Redis that fails or
 is slow is a miss, logged: the cache saves calls, it never fails one. Identical questions in
-flight at once make one call (`VerdictCache.through`).
+flight at once make one call (`VerdictCache.through`). Each lookup is traced as
+``procmesh.judge_cache <processor>`` under the gateway's span, its result an attribute.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from procmesh import tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh_orchestrator.config.judge_cache import JudgeCacheConfig
 
@@ -145,13 +147,14 @@ class VerdictCache:
 
     async def through(
         self, key: str, processor: str, call: Callable[[], Awaitable[bytes]]
-    ) -> tuple[bytes, bool]:
+    ) -> tuple[bytes, str]:
         """The stored answer, else the one a call in flight for `key` gives, else `call()`'s
-        (then stored); and whether it was reused (no model call made for this caller)."""
+        (then stored); and where it came from: ``memory``, ``joined``, ``redis`` (reused: no model
+        call made for this caller) or ``miss``."""
         value = self._memory.get(key)
         if value is not None:
             self._count(processor, "memory")
-            return value, True
+            return value, "memory"
         flying = self._flying.get(key)
         if flying is not None:
             try:
@@ -163,13 +166,13 @@ class VerdictCache:
                 pass
             else:
                 self._count(processor, "joined")
-                return value, True
+                return value, "joined"
         if self._redis is not None and (value := await self._redis.get(key)) is not None:
             self._memory.put(key, value)
             self._count(processor, "redis")
-            return value, True
+            return value, "redis"
         self._count(processor, "miss")
-        return await self._call(key, call), False
+        return await self._call(key, call), "miss"
 
     async def _call(self, key: str, call: Callable[[], Awaitable[bytes]]) -> bytes:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -222,11 +225,13 @@ class VerdictCache:
         async def ask() -> bytes:
             return (await call()).SerializeToString()
 
-        data, reused = await self.through(address, processor, ask)
+        with tracing.span(f"procmesh.judge_cache {processor}") as span:
+            data, found = await self.through(address, processor, ask)
+            span.set("procmesh.judge_cache.result", found)
         response = mpb.ModelServiceGenerateResponse.FromString(data)
-        if reused:
+        if found != "miss":
             response.ClearField("usage")
-        return response, reused
+        return response, found != "miss"
 
 
 def _cancelled_here() -> bool:

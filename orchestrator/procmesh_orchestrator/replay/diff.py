@@ -61,23 +61,30 @@ def _keyed(decisions: list[Decision]) -> dict[Key, Decision]:
     return keyed
 
 
-def compared(decisions: list[Decision], before: int | None) -> list[Decision]:
-    """The decisions a diff compares: those of steps before the one a replay stopped at."""
-    return decisions if before is None else [d for d in decisions if d.step < before]
-
-
-def diff(recorded: list[Decision], candidate: list[Decision]) -> list[Change]:
-    """Every place where the two runs' decisions differ, in step order."""
+def compared(
+    recorded: list[Decision], candidate: list[Decision], stopped_at: int | None = None
+) -> tuple[dict[Key, Decision], dict[Key, Decision]]:
+    """Both runs' decisions by where each was made, as far as a replay that stopped at step
+    `stopped_at` can compare them: every decision before that step, and at it those the candidate
+    made before it stopped (a recorded one it never got to is not known to change)."""
     old, new = _keyed(recorded), _keyed(candidate)
+    if stopped_at is not None:
+        new = {k: d for k, d in new.items() if k[0] <= stopped_at}
+        old = {k: d for k, d in old.items() if k[0] < stopped_at or (k[0] == stopped_at and k in new)}
+    return old, new
+
+
+def diff(old: dict[Key, Decision], new: dict[Key, Decision]) -> list[Change]:
+    """Every place where the two runs' decisions (`compared`) differ, in step order."""
     changes = []
     for key in sorted(old.keys() | new.keys(), key=lambda k: (k[0], k[1], k[3], k[2], k[4], k[5])):
         was, now = old.get(key), new.get(key)
         if was is not None and now is not None and outcome(was) == outcome(now):
             continue
-        if (was is None or now is None) and outcome(now or was) == "pass":  # type: ignore[arg-type]
-            continue  # a pass where the other run made no decision changes nothing it did
         either = now or was
         assert either is not None
+        if (was is None or now is None) and outcome(either) == "pass":
+            continue  # a pass where the other run made no decision changes nothing it did
         changes.append(
             Change(
                 step=either.step,

@@ -15,6 +15,7 @@ from typing import Any
 
 from procmesh_orchestrator.replay.source import RecordedRun
 from procmesh_orchestrator.run.base import RunCore
+from procmesh_orchestrator.run.hooks import RunInfo
 from procmesh_orchestrator.run.models import Chunk, ModelRequest
 from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, Writer
 
@@ -39,6 +40,9 @@ class RecordedModel:
         self.calls = 0
         self.stopped: ReplayStopped | None = None
         """Why the replay stopped, when it did (kept: the run may wrap what the stream raised)."""
+        self.info: RunInfo | None = None
+        """The candidate's run (its step number: a retry runs a step again, so the recorded call's
+        step may not be the candidate's)."""
 
     def stop_at(self, step: int, reason: str) -> ReplayStopped:
         """Stop the replay of the run at `step` (the first stop is the one reported)."""
@@ -50,10 +54,13 @@ class RecordedModel:
         candidate's prompt differs from the recorded one."""
         index, self.calls = self.calls, self.calls + 1
         if index >= len(self.run.outputs):
-            step = self.run.outputs[-1][0] + 1 if self.run.outputs else 0
+            step = self.info.step_number if self.info is not None else len(self.run.outputs)
             cut = " (the recording was truncated at decisions.maxInputBytes)" if self.run.truncated else ""
-            raise self.stop_at(step, f"the recorded run made no model call {index + 1}{cut}")
-        step, chunks = self.run.outputs[index]
+            raise self.stop_at(
+                step, f"the recorded run made no model call {index + 1}: nothing answers it{cut}"
+            )
+        recorded_step, chunks = self.run.outputs[index]
+        step = recorded_step if self.info is None else self.info.step_number
         recorded = self.run.prompts[index][1] if index < len(self.run.prompts) else ""
         if recorded != request.digest():
             raise self.stop_at(

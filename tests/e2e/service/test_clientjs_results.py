@@ -3,7 +3,7 @@ client that aborts a generate does to the run (issue 30, items 1 and 2).
 
 tests/clientjs/results.mjs reads every field the client's `FullOutput` type declares without
 checking first (``result.warnings.length``), collects a stream's chunks, then aborts a generate of
-an agent whose model (`HeldModel`, a scripted OpenAI-compatible server) sends one delta and never
+an agent whose model (the fake OpenAI-compatible API, scripted to hold) sends one delta and never
 ends: the model server must see its request cancelled, the run end as aborted and the thread keep
 the turn so far, as the reference keeps it (SEED-GAPS C29): the user's input, and the delta if the
 run had it.
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -25,6 +23,7 @@ import pytest_asyncio
 from procmesh_orchestrator.run.messages import message_text
 from tests.deps import require_npm_packages
 from tests.e2e.service.conftest import CLIENTJS, NODE, OrchestratorProcess
+from tests.integration.providers.fakes import FakeOpenAI
 from tests.integration.service.support import API_KEY, API_KEYS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -33,62 +32,19 @@ CANCEL_TIMEOUT = 30.0
 """Generous: the event is awaited, not timed (the test fails only if it never comes)."""
 
 
-class HeldModel:
-    """``POST /v1/chat/completions``: one text delta, then nothing until its reader goes away;
-    `asked` is set once a request got its delta, `cancelled` once that reader closed the socket."""
-
-    def __init__(self) -> None:
-        self.asked = threading.Event()
-        self.cancelled = threading.Event()
-        model = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                delta = {"choices": [{"index": 0, "delta": {"content": "Thinking"}, "finish_reason": None}]}
-                self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
-                self.wfile.flush()
-                model.asked.set()
-                try:
-                    while self.connection.recv(1024):  # b"": the reader closed its connection
-                        pass
-                except OSError:
-                    pass
-                model.cancelled.set()
-                self.close_connection = True
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture(scope="module")
-def held() -> Iterator[HeldModel]:
-    model = HeldModel()
+def held() -> Iterator[FakeOpenAI]:
+    """The model `held/m`: never finishes (a stream gets the role's event and the delta "Thinking",
+    a whole answer its head), nothing more until its reader goes away."""
+    model = FakeOpenAI().start()
+    model.script("m", {"text": "Thinking", "holdAfter": 2})
     yield model
     model.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
-    held: HeldModel,
+    held: FakeOpenAI,
     start_orchestrator: Callable[..., OrchestratorProcess],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> OrchestratorProcess:
@@ -102,7 +58,7 @@ async def orchestrator(
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def script(orchestrator: OrchestratorProcess, held: HeldModel) -> dict[str, Any]:
+async def script(orchestrator: OrchestratorProcess, held: FakeOpenAI) -> dict[str, Any]:
     """results.mjs run to its end: its printed objects, merged; and whether the model server saw
     the aborted generate's call cancelled."""
     require_npm_packages(CLIENTJS)
@@ -124,12 +80,12 @@ async def script(orchestrator: OrchestratorProcess, held: HeldModel) -> dict[str
         raise AssertionError((await proc.stderr.read()).decode() + orchestrator.log())
     out: dict[str, Any] = json.loads(first)
     assert json.loads(await proc.stdout.readline()) == {"asked": True}
-    assert await asyncio.to_thread(held.asked.wait, CANCEL_TIMEOUT), "the held model was never called"
+    assert await asyncio.to_thread(held.held.wait, CANCEL_TIMEOUT), "the held model was never called"
     loop = asyncio.get_running_loop()
     proc.stdin.write(b"abort\n")
     await proc.stdin.drain()
     aborted_at = loop.time()
-    out["modelCancelled"] = await asyncio.to_thread(held.cancelled.wait, CANCEL_TIMEOUT)
+    out["modelCancelled"] = await asyncio.to_thread(held.released.wait, CANCEL_TIMEOUT)
     print(f"\nthe model server saw the cancellation {loop.time() - aborted_at:.3f}s after the abort")
     stdout, stderr = await proc.communicate()
     assert proc.returncode == 0, stderr.decode() + orchestrator.log()

@@ -9,24 +9,26 @@ processors recover from, and answers per model from a script:
 - ``{"status": 429, "error": {"type", "message", "code"}, "headers": {...}}`` or
   ``{"status": 422, "raw": "..."}``: a rejection;
 - ``"resetAfter": n``: send n events (or part of the JSON), then close the socket mid-body;
-- ``"streamError": {"type", "message"}``: an SSE error event after the answer's first events.
+- ``"streamError": {"type", "message"}``: an SSE error event after the answer's first events;
+- ``"holdAfter": n``: send n events, then nothing until the reader goes away (fake_wire.py).
 
 The n-th request for a model gets the n-th reply (the last one repeats). Every
-request is recorded, so tests count what each server received.
+request is recorded, so tests count what each server received, and every streamed answer
+(`streams`: bytes sent, cut or not).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.integration.providers.fake_wire import Event, Server, Stream
+
 Reply = dict[str, Any]
-Event = tuple[str | None, Any]
 
 ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
 PATTERN_ERROR = f"String should match pattern '{ID_PATTERN.pattern}'"
@@ -64,16 +66,20 @@ class FakeAPI:
         self.text_only: set[str] = set()
         """Models that reject images and files."""
         self.requests: list[Recorded] = []
+        self.streams: list[Stream] = []
+        self.held = threading.Event()
+        """Set once a ``holdAfter`` answer sent its events."""
+        self.released = threading.Event()
+        """Set once the reader of a held answer went away."""
         self._scripts: dict[str, list[Reply]] = {}
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> FakeAPI:
-        server = _Server(("127.0.0.1", 0), _Handler)
-        server.api = self  # type: ignore[attr-defined]
+        server = Server(self)
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -107,6 +113,9 @@ class FakeAPI:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.streams.clear()
+            self.held.clear()
+            self.released.clear()
             self._scripts.clear()
             self.text_only.clear()
 
@@ -120,6 +129,12 @@ class FakeAPI:
             return rejected
         return replies[min(n, len(replies) - 1)]
 
+    def stream_started(self) -> Stream:
+        stream = Stream()
+        with self._lock:
+            self.streams.append(stream)
+        return stream
+
     # -- the wire format (subclasses) -------------------------------------------
 
     def check(self, headers: dict[str, str], body: dict[str, Any]) -> Reply | None:
@@ -128,7 +143,7 @@ class FakeAPI:
     def error_body(self, err: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def events(self, reply: Reply, body: dict[str, Any]) -> list[Event]:
+    def events(self, reply: Reply, body: dict[str, Any]) -> Iterable[Event]:
         raise NotImplementedError
 
     def error_event(self, err: dict[str, Any]) -> Event:
@@ -136,15 +151,6 @@ class FakeAPI:
 
     def message(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Clients that drop a connection (an abandoned stream, a closed pool) are not errors here."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
 
 
 def _citations(sources: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -163,76 +169,6 @@ def _locations(sources: list[dict[str, str]]) -> list[dict[str, Any]]:
 
 def _words(text: str) -> list[str]:
     return [w for w in re.split(r"(?= )", text) if w]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: ThreadingHTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        api: FakeAPI = self.server.api  # type: ignore[attr-defined]
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path != api.path:
-            self._json(404, {"error": {"type": "not_found_error", "message": f"no route {self.path}"}})
-            return
-        body = json.loads(raw or b"{}")
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        reply = api.respond(self.path, headers, body)
-        if "status" in reply:
-            payload = reply["raw"] if "raw" in reply else api.error_body(reply["error"])
-            self._json(reply["status"], payload, reply.get("headers") or {})
-        elif body.get("stream"):
-            events = api.events(reply, body)
-            if "streamError" in reply:
-                events = [*events[:3], api.error_event(reply["streamError"])]
-            self._sse(events, reply.get("resetAfter"))
-        else:
-            self._json(200, api.message(reply, body), cut=reply.get("resetAfter") is not None)
-
-    def _json(
-        self, status: int, payload: Any, headers: dict[str, str] | None = None, cut: bool = False
-    ) -> None:
-        data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if cut:  # half the promised body, then the socket closes
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        self.wfile.write(data)
-
-    def _sse(self, events: list[Event], reset_after: int | None) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for i, (name, data) in enumerate(events):
-            if reset_after is not None and i >= reset_after:
-                # No terminating chunk: the client sees the connection close mid-body.
-                self.wfile.flush()
-                self.close_connection = True
-                return
-            text = (
-                (f"event: {name}\n" if name else "")
-                + "data: "
-                + (data if isinstance(data, str) else json.dumps(data))
-                + "\n\n"
-            )
-            self._chunk(text.encode())
-        self._chunk(b"")
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
 
 
 # -- OpenAI-compatible chat completions ---------------------------------------------------------

@@ -359,3 +359,20 @@ async def test_a_retry_the_candidate_asks_for_stops_the_run_at_its_step(stack: S
         (c["step"], c["processor"], c["recorded"], c["candidate"]) for c in run["changes"]
     }
     assert report["summary"]["processors"]["guards/length-check"]["retry"] == 1
+
+
+async def test_the_same_config_with_a_lane_changed_by_set(stack: Stack) -> None:
+    lane = "agents.rec.inputProcessors=[{processor: guards/topic-guard, options: {words: [hello]}}]"
+    plain_run = stack.run_ids[6]
+    out = await stack.replay_here(plain_run, "--config", str(stack.recorded_path), "--set", lane, "--json")
+    assert out.returncode == 3, out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert run["changes"] == [
+        {
+            "step": 0, "entry": "topic-guard", "processor": "guards/topic-guard", "hook": "process_input",
+            "part": None, "recorded": "pass", "candidate": "abort",
+        }
+    ]  # fmt: skip
+    bad = await stack.replay_here(plain_run, "--config", str(stack.recorded_path), "--set", "agents.rec")
+    assert bad.returncode == 2
+    assert "--set 'agents.rec': give KEY=VALUE" in bad.stderr

@@ -182,21 +182,26 @@ async def _measure(
     round_tags: list[str],
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"p8_judge_round_trip_ms": await _round_trip(http, judge)}
-    before = judge.count("p8")
+    per_turn = []
     for messages, answer in convo:
+        before = judge.count("p8")
         _, text = await _stream(http, "p8-convo-guarded", messages)
         if text != answer:
             raise RuntimeError(f"P8: the guarded conversation changed an answer: {text[:200]!r}")
-    calls = judge.count("p8") - before
+        per_turn.append(judge.count("p8") - before)
+    calls = sum(per_turn)
     results.update(
         p8_answer_chars=len(convo[-1][1]),
         p8_judge_calls_procmesh=calls,
+        p8_judge_calls_procmesh_per_turn=per_turn,
         p8_judge_calls_reference=None,
+        p8_judge_calls_reference_per_turn=None,
         p8_judge_calls_ratio_vs_reference=None,
     )
     if reference is not None:
-        before = judge.count("reference")
+        ref_turns = []
         for messages, answer in convo:
+            before = judge.count("reference")
             await reference.ask(
                 run="judged",
                 messages=messages,
@@ -205,9 +210,11 @@ async def _measure(
                 judgeModel="reference",
                 judgeKey=JUDGE_KEY,
             )
-        ref_calls = judge.count("reference") - before
+            ref_turns.append(judge.count("reference") - before)
         results.update(
-            p8_judge_calls_reference=ref_calls, p8_judge_calls_ratio_vs_reference=calls / ref_calls
+            p8_judge_calls_reference=sum(ref_turns),
+            p8_judge_calls_reference_per_turn=ref_turns,
+            p8_judge_calls_ratio_vs_reference=calls / sum(ref_turns),
         )
 
     guarded: list[float] = []

@@ -355,7 +355,10 @@ def _speculative_groups(sessions: list[tuple[list[ProcessorHandle], bool]]) -> l
     """Join runs of two or more sessions whose processors are all speculative into groups.
 
     Shadow processors and parallel branches keep their own session, and a processor id joins a
-    group once (a group's members each hold their own state)."""
+    group once (a group's members each hold their own state). Cheap first: a judged session
+    (`ProcessorHandle.judged`) does not join a group of cheap ones, so it is given each part only
+    once the cheap checks in front of it let it by: a part they abort on never reaches a judge,
+    nor does a part they rewrite reach one twice (a group would rewind the judge to it)."""
     out: list[tuple[list[list[ProcessorHandle]], bool | None]] = []
     run: list[list[ProcessorHandle]] = []
 
@@ -369,7 +372,8 @@ def _speculative_groups(sessions: list[tuple[list[ProcessorHandle], bool]]) -> l
     for members, side in sessions:
         joins = not side and all(h.speculative and not h.shadow for h in members)
         taken = {h.processor_id for session in run for h in session}
-        if joins and not taken & {h.processor_id for h in members}:
+        behind_cheap = bool(run) and not _judged(run) and _judged([members])
+        if joins and not taken & {h.processor_id for h in members} and not behind_cheap:
             run.append(members)
             continue
         close_run()
@@ -379,6 +383,10 @@ def _speculative_groups(sessions: list[tuple[list[ProcessorHandle], bool]]) -> l
             out.append(([members], side))
     close_run()
     return out
+
+
+def _judged(sessions: list[list[ProcessorHandle]]) -> bool:
+    return any(h.judged for session in sessions for h in session)
 
 
 class OutputPipeline:

@@ -32,6 +32,10 @@ PRECHECK = {"deny": ["(?i)\\bforbidden\\b"], "allow": ["(?i)(hi|hello|thanks)[.!
 """Clear cases settled without the judge: a greeting passes, a forbidden word blocks."""
 
 
+TICKET = {"deltas": ["A first sentence.", " The second has ", "TICKET-9", " in it.", " The end."]}
+"""An answer regex-filter aborts on mid-stream, in a window the judge would close two parts later."""
+
+
 def _lane(*, speculative: bool) -> list[dict[str, Any]]:
     judge = {"processor": "g/moderation", "options": {"model": "judges/mod"}}
     return [REGEX, judge if speculative else {**judge, "speculative": False}]
@@ -42,8 +46,14 @@ def _config(sidecar: str, judges_url: str) -> dict[str, Any]:
     return {
         "sidecars": {"g": {"address": sidecar, "timeout": 10}},
         "providers": {"judges": {"kind": "openai", "baseUrl": judges_url, "apiKeyEnv": "JUDGE_KEY"}},
-        "models": {"echo": {"provider": "demo"}},
+        "models": {
+            "echo": {"provider": "demo"},
+            "ticket": {"provider": "scripted", "responses": [TICKET] * 4},
+        },
         "agents": {
+            # the output lane: the judge gets each part only once regex-filter let it by
+            "stream-cheap-first": {**agent, "model": "ticket", "outputProcessors": _lane(speculative=True)},
+            "stream-sequential": {**agent, "model": "ticket", "outputProcessors": _lane(speculative=False)},
             "cheap-first": {**agent, "inputProcessors": _lane(speculative=True)},
             # the judge never called before its input is final: the sequential walk
             "sequential": {**agent, "inputProcessors": _lane(speculative=False)},
@@ -129,3 +139,13 @@ async def test_a_guards_precheck_settles_clear_cases_without_the_judge(
     assert bool([c for c in judge_server.judged("mod")[before:] if text in c]) == asked
     if blocked and not asked:
         assert result["tripwire"]["metadata"]["precheck"] == "deny"
+
+
+async def test_in_the_stream_a_part_regex_aborts_on_never_reaches_the_judge(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    cheap = await generate(orchestrator, "stream-cheap-first", "go")
+    assert not [c for c in judge_server.judged("mod") if "TICKET-9" in c]
+    sequential = await generate(orchestrator, "stream-sequential", "go")
+    assert cheap["tripwire"] == sequential["tripwire"]
+    assert cheap["tripwire"]["processorId"] == "regex-filter"

@@ -75,6 +75,14 @@ def test_shadow_processors_and_parallel_branches_keep_their_own_session() -> Non
     ]
 
 
+def test_cheap_first_a_judge_is_not_grouped_behind_cheap_checks() -> None:
+    lane = [handle("regex", "s"), handle("tokens", "t"), handle("mod", "u", judged=True), handle("x", "v")]
+    assert plan(lane) == [([["regex"], ["tokens"]], None), ([["mod"], ["x"]], None)]
+    # a judge in front: the group keeps everything after it (no judge waits for another)
+    lane = [handle("mod", "u", judged=True), handle("regex", "s"), handle("pii", "t", judged=True)]
+    assert plan(lane) == [([["mod"], ["regex"], ["pii"]], None)]
+
+
 def test_a_processor_id_is_in_a_group_once() -> None:
     lane = [handle("a", "s"), handle("b", "t"), handle("a", "u")]
     assert plan(lane) == [([["a"], ["b"]], None), ([["a"]], False)]

@@ -20,6 +20,7 @@ from procmesh_orchestrator.run.models import Chunk, ModelRequest
 from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, Writer
 
 _OTHER_PROMPT = "the candidate shows the model another prompt than the recorded run did"
+_THREAD = " (the recorded run's memory thread, whose history its prompt held, is not replayed)"
 
 
 class ReplayStopped(Exception):
@@ -63,9 +64,8 @@ class RecordedModel:
         step = recorded_step if self.info is None else self.info.step_number
         recorded = self.run.prompts[index][1] if index < len(self.run.prompts) else ""
         if recorded != request.digest():
-            raise self.stop_at(
-                step, f"recorded model output no longer applies from step {step}: {_OTHER_PROMPT}"
-            )
+            why = _OTHER_PROMPT + (_THREAD if self.run.thread_id else "")
+            raise self.stop_at(step, f"recorded model output no longer applies from step {step}: {why}")
         for chunk in chunks:
             yield chunk
         if not chunks or chunks[-1].get("type") != "finish":

@@ -27,6 +27,8 @@ class RecordedRun:
     input: Any = None
     request_context: dict[str, Any] = field(default_factory=dict)
     resource_id: str = ""
+    thread_id: str = ""
+    """The memory thread it ran on ("" for none): its history is not in the record."""
     prompts: list[tuple[int, str]] = field(default_factory=list)
     """Each model call's step and prompt hash (`ModelRequest.digest`), in call order."""
     outputs: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
@@ -49,7 +51,9 @@ async def load_run(store: DecisionStore, run_id: str) -> RecordedRun:
     if not decisions and not inputs:
         raise ReplayError(f"run {run_id!r}: the store keeps no record of it (unknown run, or purged)")
     first = inputs[0] if inputs else decisions[0]
-    run = RecordedRun(run_id, first.agent_id, decisions, resource_id=first.resource_id)
+    run = RecordedRun(
+        run_id, first.agent_id, decisions, resource_id=first.resource_id, thread_id=first.thread_id
+    )
     for item in inputs:
         body = json.loads(item.body)
         if item.kind == "input":

@@ -67,6 +67,13 @@ def recorded_config(guards: str, db: str) -> dict[str, Any]:
                 "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
                 "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["zebra"]}}],
             },
+            "mem": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "recordInputs": True,
+                "memory": {"lastMessages": 10},
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+            },
             "norec": {
                 "model": "demo",
                 "errorProcessorDefaults": False,
@@ -119,9 +126,9 @@ class Stack:
     until: str
     env: dict[str, str]
 
-    async def generate(self, proc: OrchestratorProcess, text: str, agent: str = "rec") -> str:
+    async def generate(self, proc: OrchestratorProcess, text: str, agent: str = "rec", **body: Any) -> str:
         response = await self.http.post(
-            f"{proc.http_url}/api/agents/{agent}/generate", json={"messages": text}, headers=OPERATOR
+            f"{proc.http_url}/api/agents/{agent}/generate", json={"messages": text, **body}, headers=OPERATOR
         )
         assert response.status_code == 200, response.text
         return str(response.json()["runId"])
@@ -328,6 +335,17 @@ async def test_a_replay_job_over_http(stack: Stack) -> None:
     assert "no-such-run" in failed["error"]
     gone = await stack.http.get(f"{url}/no-such-job", headers=OPERATOR)
     assert gone.status_code == 404
+    # an agent's runs in a time range, as `procmesh replay --agent --since --until` replays them
+    ranged = {"agentId": "rec", "since": stack.since, "until": stack.until, "config": stack.candidate}
+    started = await stack.http.post(url, json=ranged, headers=OPERATOR)
+    assert started.status_code == 202, started.text
+    job = await _finished(stack, f"{url}/{started.json()['id']}")
+    assert job["status"] == "done", job
+    assert job["result"]["summary"]["replayed"] == RUNS
+    assert job["result"]["changed"] is True
+    half = await stack.http.post(url, json={"agentId": "rec", "config": stack.candidate}, headers=OPERATOR)
+    assert half.status_code == 400
+    assert "since and until" in half.text
 
 
 async def _finished(stack: Stack, url: str) -> dict[str, Any]:
@@ -376,3 +394,18 @@ async def test_the_same_config_with_a_lane_changed_by_set(stack: Stack) -> None:
     bad = await stack.replay_here(plain_run, "--config", str(stack.recorded_path), "--set", "agents.rec")
     assert bad.returncode == 2
     assert "--set 'agents.rec': give KEY=VALUE" in bad.stderr
+
+
+async def test_a_run_whose_prompt_held_its_threads_history_stops_saying_so(stack: Stack) -> None:
+    """Replay runs without memory: the thread's first run replays unchanged, the second (whose
+    prompt held the first turn) stops at step 0 naming the reason."""
+    memory = {"thread": "replayed-thread", "resource": "ada"}
+    first = await stack.generate(stack.recorded, "hello there", agent="mem", memory=memory)
+    second = await stack.generate(stack.recorded, "hello again", agent="mem", memory=memory)
+    unchanged = await stack.replay_here(first, "--config", str(stack.recorded_path), "--json")
+    assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+    out = await stack.replay_here(second, "--config", str(stack.recorded_path), "--json")
+    assert out.returncode == 3, out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert run["stopped"]["step"] == 0
+    assert "memory thread, whose history its prompt held, is not replayed" in run["stopped"]["reason"]

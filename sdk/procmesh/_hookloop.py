@@ -23,8 +23,9 @@ timers and clients are that loop's), only on another thread. A turn that holds t
 the switch interval makes the processor's calls go through the thread again until it has shown
 quick turns for twice as long as before (a hook that turns CPU-bound after many quick calls stalls
 the server once, for that one turn); a hook still running after that budget of CPU continues on its
-thread. A deployment that trusts its hooks to be quick can run them on the server loop outright
-(``threaded=False``; ``PROCMESH_HOOK_THREADS=false``).
+thread. A processor may decide instead (``Processor.quick_hooks``): True takes its turns from the
+first call, False never. A deployment that trusts its hooks to be quick can run them on the server
+loop outright (``threaded=False``; ``PROCMESH_HOOK_THREADS=false``).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ class _Turns(selectors.DefaultSelector):
     in a row reached `need`; a slow one resets the streak and doubles what it must reach.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, quick: bool | None) -> None:
         super().__init__()
+        self.quick = quick
+        """The processor's declaration (`Processor.quick_hooks`): None lets the record decide."""
         self.lock = threading.Lock()
         self.owner = 0
         """The hook thread's id (``select`` from any other thread is a taken turn's: no hand-over)."""
@@ -84,18 +87,18 @@ class _Turns(selectors.DefaultSelector):
 
     @property
     def proven(self) -> bool:
-        return self.streak >= self.need
+        return self.streak >= self.need if self.quick is None else self.quick
 
 
 class HookLoop:
     """An asyncio loop on its own daemon thread; `run()` awaits a coroutine there from another loop."""
 
-    def __init__(self, name: str, *, threaded: bool = True) -> None:
+    def __init__(self, name: str, *, threaded: bool = True, quick: bool | None = None) -> None:
         self._name = name
         self._threaded = threaded
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._turns = _Turns()
+        self._turns = _Turns(quick)
 
     def start(self) -> None:
         """Start the thread and its loop (returns once the loop accepts work)."""

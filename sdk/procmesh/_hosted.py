@@ -69,7 +69,8 @@ class Hosted:
         self._calls: dict[tuple[str, str], Any] = {}
         self._latency: dict[str, Any] = {}
         self.options_cache: dict[bytes, Any] = {}
-        self.loop = HookLoop(f"procmesh-hooks:{self.id[:32]}", threaded=threaded)
+        name = f"procmesh-hooks:{self.id[:32]}"
+        self.loop = HookLoop(name, threaded=threaded, quick=processor.quick_hooks)
         """Where this processor's setup, hooks and teardown run (started by the server)."""
 
     def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:

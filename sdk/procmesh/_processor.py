@@ -60,6 +60,12 @@ class Processor:
             its output stream). Declare it only for hooks that do not act on the world.
         Options: A pydantic model validating the options from the orchestrator's
             config; the hook's ``options`` argument is then an instance of it.
+        quick_hooks: Where a call runs while the processor's own thread is idle (its code
+            always runs on its own loop): None (default) on the server's thread once its loop's
+            turns have been quick, back on its thread after a slow one; True (hooks trusted to be
+            quick) on the server's thread from the first call, whatever a turn takes; False (a
+            hook may compute for long at any call) always on its own thread, at the price of two
+            thread wake-ups per call.
     """
 
     id: ClassVar[str] = ""
@@ -68,6 +74,7 @@ class Processor:
     process_data_parts: ClassVar[bool] = False
     speculative: ClassVar[bool] = False
     Options: ClassVar[type[BaseModel] | None] = None
+    quick_hooks: ClassVar[bool | None] = None
 
     async def setup(self) -> None:
         """Prepare resources; the server reports SERVING only after every setup returned."""

@@ -91,6 +91,17 @@ async def test_a_slow_turn_sends_the_processors_calls_back_to_its_thread(channel
     assert await where(channel, "where") == ("procmesh-hooks:where", seen[0][1])
 
 
+async def test_a_processor_may_declare_where_its_calls_run(channel: grpc.aio.Channel) -> None:
+    # trusted to be quick: taken by the server's thread from the first call, even after a slow turn
+    assert (await where(channel, "trusted"))[0] == SERVER_THREAD
+    await where(channel, "trusted", burn=True)
+    assert (await where(channel, "trusted"))[0] == SERVER_THREAD
+    # strict: never, however quick its turns (an undeclared processor is taken after a few)
+    strict = [(await where(channel, "strict"))[0] for _ in range(40)]
+    assert set(strict) == {"procmesh-hooks:strict"}
+    assert (await until_on_server_thread(channel, "where"))[-1][0] == SERVER_THREAD
+
+
 async def test_a_cpu_bound_hook_stalls_neither_health_nor_quick_hooks(
     channel: grpc.aio.Channel, tmp_path: Path
 ) -> None:

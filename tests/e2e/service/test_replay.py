@@ -303,6 +303,15 @@ async def test_bad_input_is_an_error_naming_it(stack: Stack) -> None:
     unrecorded = await stack.replay_here(run_id, "--config", str(stack.recorded_path))
     assert unrecorded.returncode == 2
     assert f"run {run_id!r} is not replayable: no recorded inputs" in unrecorded.stderr
+    # in a time range such a run is listed, not skipped (and changes nothing)
+    ranged = await stack.replay_here(
+        "--agent", "norec", "--since", stack.since, "--config", str(stack.recorded_path)
+    )
+    assert ranged.returncode == 0, ranged.stderr
+    assert f"run {run_id}: not replayable: no recorded inputs" in ranged.stdout
+    assert (
+        "0 of 1 runs replayed; 0 changed, 0 stopped, 1 not replayable (no recorded inputs)" in ranged.stdout
+    )
     both = await stack.replay_here(run_id, "--agent", "rec", "--config", str(stack.recorded_path))
     assert both.returncode == 2
     assert "not both" in both.stderr

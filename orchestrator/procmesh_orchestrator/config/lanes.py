@@ -277,8 +277,13 @@ class LaneByContext(_Model):
 
 def option_models(options: Any, key: str = "") -> Iterator[str]:
     """Model references in a processor's options: string values of keys naming a model (``model``,
-    or a key ending in ``_model`` or ``Model``, at any depth)."""
-    if isinstance(options, Mapping):
+    or a key ending in ``_model`` or ``Model``, at any depth); an option a run takes from its request
+    context (``{fromContext, default, cases}``) names its default and its cases' values (the
+    config's, never the caller's)."""
+    if isinstance(options, Mapping) and key and "fromContext" in options:
+        for value in [options.get("default"), *dict(options.get("cases") or {}).values()]:
+            yield from option_models(value, key)
+    elif isinstance(options, Mapping):
         for name, value in options.items():
             yield from option_models(value, str(name))
     elif isinstance(options, list):

@@ -6,7 +6,8 @@
   as the rest of the API is.
 - **Which models**: only those the config names (`GatewayModels`): a ``models`` key, a ``prices``
   key, an agent's model (its fallbacks included), and a processor option naming a model (``model``,
-  or a key ending in ``_model`` or ``Model``, at any depth of ``options``), in an agent's lanes
+  or a key ending in ``_model`` or ``Model``, at any depth of ``options``; a ``fromContext`` option
+  names its default and cases), in an agent's lanes
   (those chosen from the request context included) or a workflow. Any other reference is refused
   before any provider is asked.
 - **Labels**: a metric label is never caller text: a model or processor the config does not name

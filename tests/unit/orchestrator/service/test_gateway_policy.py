@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.config.lanes import option_models
 from procmesh_orchestrator.service.grpc.gateway_policy import GatewayModels, on_local_socket, shown
 
 
@@ -78,6 +79,12 @@ def test_every_model_the_config_names_is_known_with_the_agents_naming_it() -> No
     }
     assert not models.knows("openai/off")  # a disabled fallback is no model of the agent
     assert not models.knows("openai/not-a-model")  # an option value under a key naming no model
+
+
+def test_a_model_option_from_the_request_context_names_its_default_and_cases() -> None:
+    per_run = {"fromContext": "tier", "cases": {"pro": "openai/pro"}, "default": "openai/basic"}
+    options = {"model": per_run, "note": {"fromContext": "x", "default": "openai/not-a-model"}}
+    assert sorted(option_models(options)) == ["openai/basic", "openai/pro"]
 
 
 def test_labels_are_the_configs_names_or_one_fixed_value() -> None:

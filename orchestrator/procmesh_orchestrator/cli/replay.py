@@ -19,6 +19,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     replay = sub.add_parser(
         "replay",
         help="replay recorded runs through a candidate config and print what its processors decide otherwise",
+        epilog="exit status: 0 no run changes, 3 a run changes (or stops where the record no longer "
+        "applies), 2 an error (an unknown run, one recorded without inputs, a bad candidate)",
     )
     replay.add_argument("run", nargs="?", help="the recorded run's id (or --agent with --since)")
     replay.add_argument(

@@ -157,7 +157,8 @@ class HookLoop:
         No other thread runs the loop meanwhile: its thread waits for `lock` to leave ``select``.
         """
         turns, loop = self._turns, self._loop
-        if loop is None or not turns.proven or not turns.lock.acquire(blocking=False):
+        # asyncio's debug mode refuses a loop's non-thread-safe calls from another thread
+        if loop is None or not turns.proven or loop.get_debug() or not turns.lock.acquire(blocking=False):
             return None
         scheduled: list[Any] = loop._scheduled  # type: ignore[attr-defined]
         first = scheduled[0] if scheduled else None

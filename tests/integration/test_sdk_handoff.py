@@ -8,6 +8,7 @@ answers with the thread it ran on and its running loop, so the tests read where 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,11 +27,16 @@ SERVER_THREAD = "MainThread"
 """`procmesh.run` serves on the process's main thread."""
 
 
-@pytest_asyncio.fixture
-async def channel(tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
-    address = f"unix://{tmp_path}/handoff.sock"
-    env = {**os.environ, "HANDOFF_DIR": str(tmp_path)}
-    proc = SidecarProcess([], address, module="tests.fixtures.handoff_sidecar", env=env)
+@contextlib.asynccontextmanager
+async def sidecar(folder: Path, **env: str) -> AsyncIterator[grpc.aio.Channel]:
+    """The fixture sidecar on a unix socket in `folder`, with `env` added to its environment."""
+    address = f"unix://{folder}/handoff.sock"
+    proc = SidecarProcess(
+        [],
+        address,
+        module="tests.fixtures.handoff_sidecar",
+        env={**os.environ, "HANDOFF_DIR": str(folder), **env},
+    )
     proc.start()
     try:
         await proc.wait_ready()
@@ -38,6 +44,12 @@ async def channel(tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
             yield chan
     finally:
         proc.stop()
+
+
+@pytest_asyncio.fixture
+async def channel(tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
+    async with sidecar(tmp_path) as chan:
+        yield chan
 
 
 async def where(channel: grpc.aio.Channel, processor_id: str, **options: Any) -> tuple[str, str]:
@@ -120,3 +132,10 @@ async def test_a_cpu_bound_hook_stalls_neither_health_nor_quick_hooks(
     finally:
         (tmp_path / "release").touch()
     assert (await burning)[0] == "procmesh-hooks:burner"
+
+
+async def test_in_asyncios_debug_mode_every_call_goes_through_the_thread(tmp_path: Path) -> None:
+    # debug mode refuses a loop's non-thread-safe calls from another thread: no turn is taken
+    async with sidecar(tmp_path, PYTHONASYNCIODEBUG="1") as chan:
+        seen = {(await where(chan, "trusted"))[0] for _ in range(20)}
+    assert seen == {"procmesh-hooks:trusted"}

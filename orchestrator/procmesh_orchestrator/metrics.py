@@ -178,6 +178,21 @@ class OrchestratorMetrics:
             ["processor", "by"],
             registry=r,
         )
+        self.judge_calls = Counter(
+            "procmesh_judge_calls_total",
+            "Judge model calls the gateway made for guards' sections, by model: one per merged call of "
+            "several guards, one per guard judged alone (a retry not counted).",
+            ["model"],
+            registry=r,
+        )
+        self.judge_verdict_seconds = Histogram(
+            "procmesh_judge_verdict_seconds",
+            "A guard's wait for its section's verdict at the gateway, by calling processor and source: "
+            "alone (its own call), merged (one call with other guards' sections).",
+            ["processor", "source"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
             "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from procmesh._client import ProcessorClient
     from procmesh._logging import RUN_ID, TRACE_ID, JsonFormatter, configure_logging
     from procmesh._message_list import MessageList
+    from procmesh._model import JudgeSection
     from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
     from procmesh._run import ProcessorSettings, run, serve, settings_from_args, settings_parser
     from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
@@ -34,6 +35,7 @@ __all__ = [
     "SERVICE_NAME",
     "TRACE_ID",
     "JsonFormatter",
+    "JudgeSection",
     "MessageList",
     "Processor",
     "ProcessorClient",
@@ -65,6 +67,7 @@ _EXPORTS = {
     "SERVICE_NAME": "procmesh._server",
     "TRACE_ID": "procmesh._logging",
     "JsonFormatter": "procmesh._logging",
+    "JudgeSection": "procmesh._model",
     "MessageList": "procmesh._message_list",
     "Processor": "procmesh._processor",
     "ProcessorClient": "procmesh._client",

@@ -70,6 +70,22 @@ class ModelResult:
 
 
 @dataclass(frozen=True)
+class JudgeSection:
+    """A typed verdict the gateway may judge in one call with other guards' (``section=`` of
+    `Model.generate`): calls about the same `content` with the same model, run and `phase` become
+    one model call with a section per guard; each call still gets only its own answer."""
+
+    content: str
+    """The text judged."""
+    instructions: str
+    """The guard's instructions to the judge (its system prompt when judged alone)."""
+    question: str
+    """What it asks about the content (its prompt without the content)."""
+    phase: str = "input"
+    """``input`` (a message) or ``output`` (a window of the streamed answer)."""
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """Where the model gateway is and the API key to present."""
 
@@ -203,6 +219,7 @@ class Model:
         temperature: float | None = None,
         max_output_tokens: int | None = None,
         timeout: float | None = None,
+        section: JudgeSection | None = None,
     ) -> ModelResult:
         """Ask the model; with `schema` (a JSON schema) the answer's parsed value is `object`.
 
@@ -214,6 +231,9 @@ class Model:
             max_output_tokens: Upper bound on the answer's tokens.
             timeout: Seconds (None: the hook's remaining deadline, else 30 s); capped by the
                 hook's deadline.
+            section: With `schema`, lets the gateway merge this question with other guards'
+                about the same content into one judge call (`messages` is the prompt used when
+                nothing merges); the answer is this call's own section either way.
 
         Raises:
             ModelError: The gateway refused the call or the model failed (an `InternalError`).
@@ -231,6 +251,15 @@ class Model:
             request.temperature = temperature
         if max_output_tokens is not None:
             request.max_output_tokens = max_output_tokens
+        if section is not None:
+            request.section.CopyFrom(
+                mpb.JudgeSection(
+                    content=section.content,
+                    instructions=section.instructions,
+                    question=section.question,
+                    phase=section.phase,
+                )
+            )
         deadline = hook_deadline.get()
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         bounds = [t for t in (timeout, left) if t is not None]

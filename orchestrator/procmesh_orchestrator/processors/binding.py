@@ -188,6 +188,10 @@ class LaneBinder:
                 "speculative in Describe (only a processor may say its calls can be thrown away)"
             )
         shadow = ref.mode == "monitor"
+        judged = any(True for _ in option_models(ref.options))
+        # a judge the gateway may merge with its neighbours' is never fused behind one: a fused
+        # request runs its members one after another, and merging needs their calls in flight at once
+        merges = judged and ref.options.get("merge_judge", True) is not False
         return ProcessorHandle(
             key=ref.processor if ref.name is None else f"{ref.processor}#{ref.name}",
             processor_id=ref.instance,
@@ -205,9 +209,9 @@ class LaneBinder:
             on_failure="fail-open" if shadow else ref.on_failure or sidecar.on_failure,
             shadow=shadow,
             speculative=info.speculative and ref.speculative is not False,
-            judged=any(True for _ in option_models(ref.options)),
+            judged=judged,
             # a shadow processor's verdict is not the run's: it never shares a request
-            fuse_key=ref.sidecar if ref.sidecar in self.sidecars.fusing and not shadow else "",
+            fuse_key=ref.sidecar if ref.sidecar in self.sidecars.fusing and not shadow and not merges else "",
         )
 
     def function_lane(self, source: LaneSource, where: str) -> LaneFunction:

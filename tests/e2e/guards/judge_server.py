@@ -6,11 +6,16 @@ rules over the prompt instead of in call order, since guards judge several texts
 A rule gives the verdict for a prompt (all messages' text) containing every one of its markers;
 the first matching rule wins, else the model's default. A verdict is a JSON value (sent as the
 answer's text) or a raw string (a malformed answer); ``delay`` seconds pause before answering.
+
+A merged judge call (several guards' sections in one prompt: the gateway's ``## Check "<name>"``
+parts) is answered section by section, each by the same rules over that section's part and the
+content, as the guard's call alone would be; a raw-string verdict makes only its section malformed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +41,20 @@ def prompt_text(body: dict[str, Any]) -> str:
         elif isinstance(content, list):
             out += [str(p.get("text", "")) for p in content if p.get("type") == "text"]
     return "\n".join(out)
+
+
+_CHECK = re.compile(r'^## Check "(?P<name>[^"]+)"\n', re.MULTILINE)
+
+
+def sections(body: dict[str, Any]) -> dict[str, str]:
+    """A merged call's sections: each check's name and its part of the system prompt ({} if alone).
+
+    A section is answered by the rules over its part and every message but the system prompt
+    (the content, a retry's complaint)."""
+    system = "\n".join(str(m.get("content")) for m in body.get("messages") or [] if m.get("role") == "system")
+    marks = list(_CHECK.finditer(system))
+    ends = [m.start() for m in marks[1:]] + [len(system)] if marks else []
+    return {m["name"]: system[m.end() : end] for m, end in zip(marks, ends, strict=True)}
 
 
 def judged_content(body: dict[str, Any]) -> str:
@@ -85,18 +104,28 @@ class JudgeServer(FakeOpenAI):
             self.requests.append(Recorded(path, headers, body))
         if rejected is not None:
             return rejected
-        text = prompt_text(body)
-        rule = next((r for r in rules if all(m in text for m in r.markers)), default)
+        parts = sections(body)
+        spoken = prompt_text(
+            {"messages": [m for m in body.get("messages") or [] if m.get("role") != "system"]}
+        )
+        asked = {name: f"{part}\n{spoken}" for name, part in parts.items()} or {"": prompt_text(body)}
+        chosen = {
+            name: next((r for r in rules if all(m in text for m in r.markers)), default)
+            for name, text in asked.items()
+        }
         with self._judge_lock:
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
             self.max_in_flight[model] = max(self.max_in_flight.get(model, 0), self._in_flight[model])
         try:
-            if rule.delay:
-                time.sleep(rule.delay)  # this request's own handler thread
+            delay = max(r.delay for r in chosen.values())
+            if delay:
+                time.sleep(delay)  # this request's own handler thread
         finally:
             with self._judge_lock:
                 self._in_flight[model] -= 1
         with self._judge_lock:
             self.answered.append(judged_content(body))
-        verdict = rule.verdict
-        return {"text": verdict if isinstance(verdict, str) else json.dumps(verdict)}
+        if not parts:
+            verdict = chosen[""].verdict
+            return {"text": verdict if isinstance(verdict, str) else json.dumps(verdict)}
+        return {"text": json.dumps({name: rule.verdict for name, rule in chosen.items()})}

@@ -238,11 +238,15 @@ AGENTS: dict[str, dict[str, Any]] = {
     "hold": _out("moderation", "hold", "hundred"),
     "flaky-open": _out("moderation", "flaky", "hundred", "fail-open"),
     "flaky-closed": _out("moderation", "flaky", "hundred", "fail-closed"),
-    # one sidecar serves both: one fused session, moderation's policy in context.fused
+    # one sidecar serves both: one fused session, moderation's policy in context.fused (a judge
+    # that may be merged is never fused, so these two opt out of merging)
     "flaky-fused": {
         "model": "hundred",
         "errorProcessorDefaults": False,
-        "outputProcessors": [guard("pii-detector", "pii"), guard("moderation", "flaky", "fail-open")],
+        "outputProcessors": [
+            guard("pii-detector", "pii", merge_judge=False),
+            guard("moderation", "flaky", "fail-open", merge_judge=False),
+        ],
     },
 }
 
@@ -921,7 +925,8 @@ async def test_the_moderation_workflow_runs_the_guards_in_parallel(
     before = len(judge_server.calls("gpt-5-nano"))
     clean = await generate(orchestrator, "moderated", "What is a processor?")
     assert clean["text"] == "Happy to help with that."
-    assert len(judge_server.calls("gpt-5-nano")) - before == 3  # PII, injection, moderation: one call each
+    # PII, injection, moderation: one judge model, one text, so one merged call (issue 33)
+    assert len(judge_server.calls("gpt-5-nano")) - before == 1
     redacted = await generate(orchestrator, "moderated", f"My mail is {EMAIL}")
     assert only_violation(redacted)["processorId"] == "pii-detector"
     prompt = judge_server.calls("gpt-5-mini")[-1].body["messages"][-1]["content"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -50,6 +49,16 @@ from procmesh_orchestrator.service.grpc.gateway_policy import (
     on_local_socket,
     shown,
 )
+from procmesh_orchestrator.service.grpc.judge_planner import Judge, JudgePlanner
+from procmesh_orchestrator.service.grpc.judge_sections import Refused as _Refused
+from procmesh_orchestrator.service.grpc.judge_sections import (
+    SectionRequest,
+    SectionVerdict,
+    as_response,
+    parse_json,
+    problem,
+    section_request,
+)
 from procmesh_orchestrator.service.grpc.verdict_cache import VerdictCache
 
 if TYPE_CHECKING:
@@ -63,17 +72,7 @@ MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
 Context = grpc.aio.ServicerContext[Any, Any]
 
 _ROLES = ("system", "user", "assistant")
-_FENCE = re.compile(r"^\s*```(?:json)?\s*\n(?P<body>.*?)\n?```\s*$", re.DOTALL)
 _MAX_ATTRIBUTE = 64  # a span attribute from the caller: never an unbounded string
-
-
-class _Refused(Exception):
-    """A call refused with `code` (the metric's outcome is `outcome`)."""
-
-    def __init__(self, code: grpc.StatusCode, outcome: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.outcome = outcome
 
 
 def add_model_gateway(service: ServiceCore, server: grpc.aio.Server) -> None:
@@ -133,18 +132,10 @@ def instruction(schema: dict[str, Any]) -> str:
 
 def parse_answer(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
     """The answer's JSON value and None, or None and what is wrong with it."""
-    fenced = _FENCE.match(text)
-    raw = fenced["body"] if fenced else text
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        return None, f"the answer is not JSON ({exc})"
-    try:
-        jsonschema.validators.validator_for(schema)(schema).validate(value)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        return None, f"the answer does not match the schema at {where}: {exc.message}"
-    return value, None
+    value, wrong = parse_json(text)
+    if wrong is None:
+        wrong = problem(value, schema)
+    return (None, wrong) if wrong else (value, None)
 
 
 def _prompt(request: mpb.ModelServiceGenerateRequest) -> list[dict[str, Any]]:
@@ -200,6 +191,12 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         self._models_of = service.app.config
         self._gateway_models = GatewayModels.of(service.app.config)
         self._cache: VerdictCache | None = None
+        labels, metrics = (lambda model: self._models.model_label(model)), service.app.metrics
+        planner = JudgePlanner(
+            lambda: service.app.config, self._judge_once, self._judge_alone, metrics, labels
+        )
+        self.judge: Judge = planner.judge
+        """A guard's section verdict (`judge_planner`): what a verdict cache or cheap-first wraps."""
 
     @property
     def _verdicts(self) -> VerdictCache | None:
@@ -219,6 +216,25 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         if config is not self._models_of:
             self._models_of, self._gateway_models = config, GatewayModels.of(config)
         return self._gateway_models
+
+    async def _judge_once(
+        self, request: SectionRequest, prompt: list[dict[str, Any]], schema: dict[str, Any]
+    ) -> tuple[str, str, dict[str, int], str]:
+        """A merged judge call, metered as `request`'s (every section shares its run and caller)."""
+        model = self._service.app.models.resolve(request.model, "model")
+        costs = self._costs(request.run_id, request.model, request.resource)
+        prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
+        text, finish, usage = await self._once(model, prompt, schema, dict(request.settings), costs)
+        return text, finish, usage, model.model_id
+
+    async def _judge_alone(self, request: SectionRequest) -> SectionVerdict:
+        """A section with nothing to merge: the guard's own call, as if it had sent no section."""
+        model = self._service.app.models.resolve(request.model, "model")
+        costs = self._costs(request.run_id, request.model, request.resource)
+        schema = dict(request.schema)
+        out = await self._attempts(model, list(request.messages), schema, dict(request.settings), costs)
+        value, usage = convert.from_value(out.object), convert.usage_from_proto(out.usage)
+        return SectionVerdict(value, out.text, usage, out.model, out.finish_reason, out.attempts, 1)
 
     async def Generate(
         self, request: mpb.ModelServiceGenerateRequest, context: Context
@@ -331,13 +347,38 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         """The model's answer, or the verdict cache's for a question asked before."""
         cache = self._verdicts
         if cache is None:
-            return await self._attempts(model, prompt, schema, settings, costs)
+            return await self._ask(request, resource, schema, settings, model, prompt, costs)
         processor = self._models.processor_label(request.processor_id)
-        ask = lambda: self._attempts(model, prompt, schema, settings, costs)  # noqa: E731
+        ask = lambda: self._ask(request, resource, schema, settings, model, prompt, costs)  # noqa: E731
         response, reused = await cache.answer(request, schema, settings, resource, processor, ask)
         if reused:
             self._service.app.metrics.judge_calls_saved.labels(processor, "cache").inc()
         return response
+
+    async def _ask(
+        self,
+        request: mpb.ModelServiceGenerateRequest,
+        resource: str | None,
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+        model: ModelProvider,
+        prompt: list[dict[str, Any]],
+        costs: list[RunCost],
+    ) -> mpb.ModelServiceGenerateResponse:
+        """The model's answer; a guard's section goes through the judge planner (merged if it can)."""
+        if schema is None or not request.HasField("section"):
+            return await self._attempts(model, prompt, schema, settings, costs)
+        processor = self._models.processor_label(request.processor_id)
+        agent = self._service.runs.agent_of(request.run_id)
+        asked = section_request(request, processor, resource, prompt, schema, settings, agent)
+        started = time.perf_counter()
+        with tracing.span(f"procmesh.judge.section {processor}") as span:
+            verdict = await self.judge(asked)
+            span.set("procmesh.judge.sections", verdict.sections)
+        source = "merged" if verdict.sections > 1 else "alone"
+        seconds = time.perf_counter() - started
+        self._service.app.metrics.judge_verdict_seconds.labels(processor, source).observe(seconds)
+        return as_response(verdict)
 
     def _costs(self, run_id: str, model: str, resource: str | None) -> list[RunCost]:
         """The limits the call counts against: its run's, while the run lives here; else those of
@@ -377,6 +418,41 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "cost_limit", str(exc)) from None
         return held
 
+    async def _once(
+        self,
+        model: ModelProvider,
+        prompt: list[dict[str, Any]],
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+        costs: list[RunCost],
+    ) -> tuple[str, str, dict[str, int]]:
+        """One model call, metered against `costs` and counted: text, finish reason, usage."""
+        metrics = self._service.app.metrics
+        request = ModelRequest(
+            prompt=prompt,
+            streaming=False,
+            model_settings=dict(settings),
+            response_format=None if schema is None else {"type": "json", "schema": schema},
+        )
+        started = time.perf_counter()
+        held = await self._reserve(costs, model.model_id, prompt, settings.get("maxOutputTokens"))
+        try:
+            text, finish, usage = await _collect(model, request)
+        except APICallError as exc:
+            # a refused call cost nothing; a cancelled one may have: its estimate stays
+            for cost, reservation in held:
+                await cost.release(reservation)
+            metrics.model_calls.labels(model.model_id, "error").inc()
+            code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.FAILED_PRECONDITION
+            raise _Refused(code, "api_error", f"model {model.model_id!r} failed: {exc}") from None
+        for cost, reservation in held:
+            await cost.settle(reservation, usage)
+        metrics.model_calls.labels(model.model_id, "ok").inc()
+        metrics.model_call_duration.labels(model.model_id).observe(time.perf_counter() - started)
+        for key, direction in (("inputTokens", "input"), ("outputTokens", "output")):
+            metrics.model_tokens.labels(model.model_id, direction).inc(usage.get(key, 0))
+        return text, finish, usage
+
     async def _attempts(
         self,
         model: ModelProvider,
@@ -386,33 +462,10 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         costs: list[RunCost],
     ) -> mpb.ModelServiceGenerateResponse:
         """Call the model (twice when the first answer does not match the schema)."""
-        metrics = self._service.app.metrics
         totals = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
         problem = ""
         for attempt in (1, 2):
-            request = ModelRequest(
-                prompt=prompt,
-                streaming=False,
-                model_settings=dict(settings),
-                response_format=None if schema is None else {"type": "json", "schema": schema},
-            )
-            started = time.perf_counter()
-            held = await self._reserve(costs, model.model_id, prompt, settings.get("maxOutputTokens"))
-            try:
-                text, finish, usage = await _collect(model, request)
-            except APICallError as exc:
-                # a refused call cost nothing; a cancelled one may have: its estimate stays
-                for cost, reservation in held:
-                    await cost.release(reservation)
-                metrics.model_calls.labels(model.model_id, "error").inc()
-                code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.FAILED_PRECONDITION
-                raise _Refused(code, "api_error", f"model {model.model_id!r} failed: {exc}") from None
-            for cost, reservation in held:
-                await cost.settle(reservation, usage)
-            metrics.model_calls.labels(model.model_id, "ok").inc()
-            metrics.model_call_duration.labels(model.model_id).observe(time.perf_counter() - started)
-            for key, direction in (("inputTokens", "input"), ("outputTokens", "output")):
-                metrics.model_tokens.labels(model.model_id, direction).inc(usage.get(key, 0))
+            text, finish, usage = await self._once(model, prompt, schema, settings, costs)
             for key in totals:
                 totals[key] += usage.get(key, 0)
             out = mpb.ModelServiceGenerateResponse(

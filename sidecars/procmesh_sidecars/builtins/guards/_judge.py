@@ -18,7 +18,8 @@ stream unjudged, as the orchestrator does with a stage that failed open.
 Streams are judged per window (`_windows`), pipelined: a closed window's judge call runs as a task
 while later parts keep arriving (each answered at once: held, or let go when nothing is held);
 verdicts leave in window order, and the step's end waits for every one. A verdict task is kept
-per window id and text (a bounded map), so a window the SDK's rewind puts back finds its verdict,
+per run, window id and text (a bounded map; ids are numbered in the run's state, which a rewind
+puts back), so a window the SDK's rewind puts back finds its verdict,
 and a window whose task is gone is judged again from the text its state kept.
 """
 
@@ -33,7 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from procmesh import Processor
+from procmesh import JudgeSection, Processor
 from procmesh.errors import ProcmeshError
 from procmesh_sidecars.builtins._common import Chunk, Message, message_text
 from procmesh_sidecars.builtins.guards import _windows
@@ -71,6 +72,9 @@ class GuardOptions(WindowOptions):
     judge_timeout: float | None = Field(default=None, gt=0)
     """Seconds a judge call may take (default: what is left of the hook call's deadline; 30 s in
     the stream, which has no per-call deadline)."""
+    merge_judge: bool = True
+    """Let the gateway judge this guard's question in one call with other guards' questions about
+    the same text and judge model (its own section, its own verdict); false: always a call alone."""
 
 
 @dataclass(frozen=True)
@@ -95,19 +99,38 @@ class Verdict:
 PASS = Verdict("pass")
 
 
+@dataclass(frozen=True)
+class Question:
+    """What a guard asks about `text` apart from the text: its section when the gateway merges it
+    with other guards' questions about the same text (`JudgeSection`)."""
+
+    text: str
+    phase: Phase
+    question: str
+
+
 async def ask(
     model: Any,
     options: GuardOptions,
     system: str,
     prompt: str,
     schema: Mapping[str, Any],
+    question: Question,
 ) -> dict[str, Any]:
-    """The judge's answer: a JSON object matching `schema` (temperature 0, as the reference asks)."""
+    """The judge's answer: a JSON object matching `schema` (temperature 0, as the reference asks).
+
+    `prompt` is the guard's question with the text, as asked alone; with ``merge_judge`` the
+    gateway may ask `question` in one call with other guards' questions about the same text.
+    """
+    section = None
+    if options.merge_judge:
+        section = JudgeSection(question.text, system, question.question, question.phase)
     result = await model(options.model).generate(
         [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
         schema=schema,
         temperature=0,
         timeout=options.judge_timeout,
+        section=section,
     )
     answer = result.object
     return answer if isinstance(answer, dict) else {}
@@ -197,8 +220,8 @@ class JudgedGuard(Processor):
     state, so a discarded or rewound call changes nothing."""
 
     def __init__(self) -> None:
-        # keyed by window id and text: a rewind into an open window gives it other text to close on
-        self._tasks: OrderedDict[tuple[str, str], asyncio.Task[Verdict]] = OrderedDict()
+        # keyed by run, window id and text: a rewind into an open window gives it other text to close on
+        self._tasks: OrderedDict[tuple[str, str, str], asyncio.Task[Verdict]] = OrderedDict()
 
     async def verdict(self, text: str, options: Any, model: Any, phase: Phase) -> Verdict:
         """Judge `text` (an input message's, or a window of the answer) under `options`."""
@@ -265,11 +288,13 @@ class JudgedGuard(Processor):
         abort: Any,
         report: Any,
         on_failure: str | None,
+        run_id: str = "",
     ) -> Chunk | list[Chunk] | None:
         """One streamed part: held, let go, or (at the step's end) everything judged and let go.
 
         `on_failure` is the processor's failure policy: under ``fail-open`` a failed judge call
-        lets everything go unjudged (`_fail_open`) instead of failing the hook.
+        lets everything go unjudged (`_fail_open`) instead of failing the hook. `run_id` scopes
+        the verdicts kept per window (window ids are numbered per run).
         """
         kind = str(part.get("type", ""))
         if state.get(_FAILED_OPEN):
@@ -280,23 +305,29 @@ class JudgedGuard(Processor):
         hold = self.holds(options)
         if kind == "text-delta":
             for window in _windows.add_text(state, part, options, hold=hold):
-                self._judge(window, options, model)
-            out = await self._release(state, options, model, abort, report, wait=False, fail_open=fail_open)
+                self._judge(window, options, model, run_id)
+            out = await self._release(
+                state, options, model, abort, report, run_id, wait=False, fail_open=fail_open
+            )
             return out if hold else [*out, part]
         closed = _windows.close_open(state)
         if closed is not None:
-            self._judge(closed, options, model)
+            self._judge(closed, options, model, run_id)
         if kind in _windows.STEP_ENDS:
-            out = await self._release(state, options, model, abort, report, wait=True, fail_open=fail_open)
+            out = await self._release(
+                state, options, model, abort, report, run_id, wait=True, fail_open=fail_open
+            )
             state.pop(_FAILED_OPEN, None)  # failed at the step's end: the step is over
             return [*out, part]
         held = _windows.hold_behind(state, part)
-        out = await self._release(state, options, model, abort, report, wait=False, fail_open=fail_open)
+        out = await self._release(
+            state, options, model, abort, report, run_id, wait=False, fail_open=fail_open
+        )
         return out if held else [*out, part]
 
-    def _judge(self, window: _windows.Window, options: Any, model: Any) -> asyncio.Task[Verdict]:
+    def _judge(self, window: _windows.Window, options: Any, model: Any, run_id: str) -> asyncio.Task[Verdict]:
         """The window's verdict task (started now unless it runs already)."""
-        key = (str(window["id"]), str(window["text"]))
+        key = (run_id, str(window["id"]), str(window["text"]))
         task = self._tasks.get(key)
         if task is None:
             task = asyncio.create_task(self._decide(window["text"], options, model, "output"))
@@ -314,6 +345,7 @@ class JudgedGuard(Processor):
         model: Any,
         abort: Any,
         report: Any,
+        run_id: str,
         *,
         wait: bool,
         fail_open: bool,
@@ -325,7 +357,7 @@ class JudgedGuard(Processor):
                 _windows.pop_head(state)
                 out += window["parts"]
                 continue
-            task = self._judge(window, options, model)
+            task = self._judge(window, options, model, run_id)
             if not task.done() and not wait:
                 break
             try:
@@ -410,5 +442,8 @@ class StreamHook(JudgedGuard):
         abort: Any,
         report_violation: Any,
         on_failure: str | None,
+        run_id: str,
     ) -> Chunk | list[Chunk] | None:
-        return await self.judge_stream(part, options, state, model, abort, report_violation, on_failure)
+        return await self.judge_stream(
+            part, options, state, model, abort, report_violation, on_failure, run_id
+        )

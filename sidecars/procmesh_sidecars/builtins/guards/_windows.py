@@ -11,13 +11,13 @@ part arriving behind a held window is held too, so the client's order is kept.
 Everything lives in the processor's run ``state`` (JSON), so the SDK's speculative rewind,
 which puts the state back, puts the windows back as well. The shape, under ``state["windows"]``:
 ``[{"id", "text", "parts": [chunk, ...], "closed": bool}, ...]``, oldest first; only the last
-may be open.
+may be open. Windows are numbered in the state too (``state["window_seq"]``), so a window the
+rewind replays gets the id it had, and the guard finds the verdict it asked for (no second call).
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -68,8 +68,10 @@ def windows(state: dict[str, Any]) -> list[Window]:
     return held
 
 
-def _new_window() -> Window:
-    return {"id": uuid.uuid4().hex, "text": "", "parts": [], "closed": False}
+def _new_window(state: dict[str, Any]) -> Window:
+    number = int(state.get("window_seq", 0))
+    state["window_seq"] = number + 1
+    return {"id": str(number), "text": "", "parts": [], "closed": False}
 
 
 def add_text(state: dict[str, Any], part: Chunk, options: WindowOptions, *, hold: bool) -> list[Window]:
@@ -87,7 +89,7 @@ def add_text(state: dict[str, Any], part: Chunk, options: WindowOptions, *, hold
         held[-1]["closed"] = True
         closed.append(held[-1])
     if not held or held[-1]["closed"]:
-        held.append(_new_window())
+        held.append(_new_window(state))
     window = held[-1]
     window["text"] += text
     if hold:

@@ -19,6 +19,7 @@ from procmesh_sidecars.builtins.guards._judge import (
     GuardOptions,
     InputHook,
     Phase,
+    Question,
     Verdict,
     ask,
     nullable,
@@ -152,10 +153,13 @@ class LanguageDetector(InputHook):
         """Name `text`'s language and apply the strategy to a non-target one."""
         translate = options.strategy == "translate"
         target = options.target_languages[0]
-        prompt = f'Detect the language of: "{text}"\n\nTarget: {"/".join(options.target_languages)}'
+        targets = f"\n\nTarget: {'/'.join(options.target_languages)}"
         if translate:
-            prompt += f". If it is not in {target}, translate it into {target} (translated_text)."
-        answer = await ask(model, options, options.instructions or _INSTRUCTIONS, prompt, _schema(translate))
+            targets += f". If it is not in {target}, translate it into {target} (translated_text)."
+        prompt = f'Detect the language of: "{text}"{targets}'
+        question = Question(text, phase, f"Detect the language of the content.{targets}")
+        instructions = options.instructions or _INSTRUCTIONS
+        answer = await ask(model, options, instructions, prompt, _schema(translate), question)
         code = answer.get("iso_code") or None
         confidence = answer.get("confidence")
         translated = answer.get("translated_text") if translate else None

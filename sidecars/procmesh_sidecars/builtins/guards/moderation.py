@@ -19,6 +19,7 @@ from procmesh_sidecars.builtins.guards._judge import (
     GuardOptions,
     InputHook,
     Phase,
+    Question,
     StreamHook,
     Verdict,
     ask,
@@ -92,12 +93,14 @@ class Moderation(InputHook, StreamHook):
 
     async def verdict(self, text: str, options: ModerationOptions, model: Any, phase: Phase) -> Verdict:
         """Score `text`; flagged when a category reaches the threshold."""
+        question = "Judge this content for moderation."
         answer = await ask(
             model,
             options,
             options.instructions or _instructions(options.categories),
-            f"Judge this content for moderation.\n{quoted(text, phase)}",
+            f"{question}\n{quoted(text, phase)}",
             _schema(options.categories),
+            Question(text, phase, question),
         )
         scores, hits = scored(answer.get("category_scores"), "category", options.threshold)
         if not hits:

@@ -23,6 +23,7 @@ from procmesh_sidecars.builtins.guards._judge import (
     GuardOptions,
     InputHook,
     Phase,
+    Question,
     StreamHook,
     Verdict,
     ask,
@@ -176,12 +177,14 @@ class PIIDetector(InputHook, StreamHook):
 
     async def verdict(self, text: str, options: PIIOptions, model: Any, phase: Phase) -> Verdict:
         """Find PII in `text`; flagged when a detection (or type) reaches the threshold."""
+        question = "Find the PII in this content."
         answer = await ask(
             model,
             options,
             options.instructions or _instructions(options.detection_types),
-            f"Find the PII in this content.\n{quoted(text, phase)}",
+            f"{question}\n{quoted(text, phase)}",
             _schema(options.detection_types),
+            Question(text, phase, question),
         )
         found = [d for d in answer.get("detections") or [] if float(d["confidence"]) >= options.threshold]
         scores, over = scored(answer.get("categories"), "type", options.threshold)

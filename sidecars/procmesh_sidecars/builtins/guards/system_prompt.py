@@ -21,6 +21,7 @@ from procmesh_sidecars.builtins.guards._judge import (
     Action,
     GuardOptions,
     Phase,
+    Question,
     StreamHook,
     Verdict,
     ask,
@@ -142,12 +143,14 @@ class SystemPromptScrubber(StreamHook):
 
     async def verdict(self, text: str, options: SystemPromptOptions, model: Any, phase: Phase) -> Verdict:
         """Find leaked internals in `text` (the judge's findings and the custom patterns' matches)."""
+        question = "Review this answer for leaked system prompts or internals."
         answer = await ask(
             model,
             options,
             options.instructions or _instructions(options.custom_patterns),
-            f"Review this answer for leaked system prompts or internals.\n{quoted(text, phase)}",
+            f"{question}\n{quoted(text, phase)}",
             _SCHEMA,
+            Question(text, phase, question),
         )
         found = [_Found(str(d["type"]), str(d["value"])) for d in answer.get("detections") or []]
         found += [

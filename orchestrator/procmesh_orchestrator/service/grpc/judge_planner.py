@@ -1,0 +1,270 @@
+"""The judge planner: every guard's question about one text, in one judge call per judge model.
+
+**The entry point** is `JudgePlanner.judge` (type `Judge`): one guard's `SectionRequest` in, its
+`SectionVerdict` out (or `Refused`). The model gateway calls it for every request that carries a
+``section`` (proto ``JudgeSection``); a verdict cache or a cheap-first check wraps it, keeping the
+signature, at the one line where the gateway's servicer sets ``self.judge``.
+
+**Merging.** Requests with the same `SectionRequest.merge_key` (model, run, phase, content,
+settings, the caller's tenant) that arrive together become ONE model call (`judge_sections`: a
+section per guard, each with its own instructions and schema), and each caller gets its own
+section. How long to wait is planned from the lanes, not guessed: `JudgePlan` counts, per agent,
+judge model and phase, the entries of one lane that name that model without ``merge_judge:
+false`` (the run's agent's when the run is live on this replica, else the most any agent has).
+A group goes out as soon as that many requests are in it, at once when
+the plan says one (a lone guard waits for nothing), and at the latest `MERGE_WINDOW` after its
+first request (a guard that judges no text this time, or one behind a processor that is not
+speculative, is not waited for longer). A group of one is the guard's own call, made alone with
+its own prompt: exactly what it was without the planner.
+
+**Failures.** A call that fails (the provider, the deadline, cost control) fails every section
+in it. A section whose value does not match its guard's schema gets one retry, merged with the
+other failed sections and told what was wrong, as a call alone gets one; after that only its
+guard's request fails (FAILED_PRECONDITION), and its processor's ``onFailure`` applies.
+
+**Metrics.** ``procmesh_judge_calls_total{model}`` counts the judge calls made for sections,
+``procmesh_judge_calls_saved_total{processor,by}`` the calls not made (``by="merged"``: a merged
+call of n sections counts one under each processor but the first's; a cache or cheap-first
+wrapper counts ``cache`` / ``cheap-first``), and ``procmesh_judge_verdict_seconds{processor,
+source}`` each guard's wait for its verdict (the gateway's ``source``: ``alone`` or ``merged``).
+The merged call is traced as ``procmesh.judge <model>`` (its sections and their processors as
+attributes), each guard's wait as ``procmesh.judge.section <processor>`` under its gateway span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from procmesh import tracing
+from procmesh_orchestrator.config import Config, WorkflowRef
+from procmesh_orchestrator.config.lanes import workflow_processors
+from procmesh_orchestrator.service.grpc.judge_sections import (
+    Refused,
+    SectionRequest,
+    SectionVerdict,
+    merged_prompt,
+    merged_schema,
+    section_names,
+    shares,
+    split,
+)
+
+log = logging.getLogger(__name__)
+
+MERGE_WINDOW = 0.05
+"""Seconds a group waits at most for the requests its plan expects (from its first request)."""
+
+Judge = Callable[[SectionRequest], Awaitable[SectionVerdict]]
+"""One guard's verdict: the planner's entry point, and the shape of anything wrapping it."""
+
+Once = Callable[
+    [SectionRequest, list[dict[str, Any]], dict[str, Any]], Awaitable[tuple[str, str, dict[str, int], str]]
+]
+"""One model call for a merged prompt and schema: (text, finish reason, usage, model id)."""
+Alone = Callable[[SectionRequest], Awaitable[SectionVerdict]]
+"""A request's own call, with its own prompt and the gateway's retry (nothing merged)."""
+
+_LANES = {"input": "inputProcessors", "output": "outputProcessors"}
+
+
+@dataclass(frozen=True)
+class JudgePlan:
+    """How many requests of one judge model and phase a run may send about one text."""
+
+    expected: Mapping[tuple[str, str, str], int]
+    """(agent, model, phase) -> the most entries of one of its lanes asking that model."""
+
+    @classmethod
+    def of(cls, config: Config) -> JudgePlan:
+        """Per agent, model and phase: the entries of a lane naming the model, merging on."""
+        expected: dict[tuple[str, str, str], int] = {}
+        for agent_id, agent in config.agents.items():
+            for name, lane in agent.named_lanes():
+                phase = next((p for p, field_ in _LANES.items() if name.startswith(field_)), None)
+                if phase is None:
+                    continue
+                counts: dict[str, int] = {}
+                for options in _lane_options(config, lane):
+                    model = options.get("model")
+                    if isinstance(model, str) and options.get("merge_judge", True) is not False:
+                        counts[model] = counts.get(model, 0) + 1
+                for model, n in counts.items():
+                    key = (agent_id, model, phase)
+                    expected[key] = max(expected.get(key, 0), n)
+        return cls(expected)
+
+    def count(self, request: SectionRequest) -> int:
+        """Requests to wait for (1: none but this one): the run's agent's, when the run is live
+        here; else the most any agent may send (the window bounds the wait)."""
+        if request.agent is not None:
+            return max(self.expected.get((request.agent, request.model, request.phase), 1), 1)
+        found = [n for (_, m, p), n in self.expected.items() if (m, p) == (request.model, request.phase)]
+        return max([1, *found])
+
+
+def _lane_options(config: Config, lane: list[Any]) -> Iterator[Mapping[str, Any]]:
+    for entry in lane:
+        if isinstance(entry, WorkflowRef):
+            yield from (ref.options for _, ref in workflow_processors(entry.workflow, config.workflows, ""))
+        else:
+            yield entry.options
+
+
+@dataclass
+class _Group:
+    expected: int
+    members: list[tuple[SectionRequest, asyncio.Future[SectionVerdict]]] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+
+
+class JudgePlanner:
+    """Coalesces guards' section requests into merged judge calls (see the module's doc)."""
+
+    def __init__(
+        self,
+        config: Callable[[], Config],
+        once: Once,
+        alone: Alone,
+        metrics: Any,
+        model_label: Callable[[str], str],
+        window: float = MERGE_WINDOW,
+    ) -> None:
+        self._config = config
+        self._plan_of: tuple[Config | None, JudgePlan] = (None, JudgePlan({}))
+        self._once = once
+        self._alone = alone
+        self._metrics = metrics
+        self._label = model_label
+        self._window = window
+        self._open: dict[str, _Group] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _plan(self) -> JudgePlan:
+        """The serving config's plan (made again after a reload)."""
+        config = self._config()
+        if config is not self._plan_of[0]:
+            self._plan_of = (config, JudgePlan.of(config))
+        return self._plan_of[1]
+
+    async def judge(self, request: SectionRequest) -> SectionVerdict:
+        """`request`'s own verdict, from a call shared with every request merged with it."""
+        loop = asyncio.get_running_loop()
+        key = request.merge_key()
+        group = self._open.get(key)
+        if group is None:
+            group = _Group(self._plan().count(request))
+            self._open[key] = group
+            if group.expected > 1:
+                group.timer = loop.call_later(self._window, self._dispatch, key, group)
+        future: asyncio.Future[SectionVerdict] = loop.create_future()
+        group.members.append((request, future))
+        if len(group.members) >= group.expected:  # all the plan expects are in
+            self._dispatch(key, group)
+        return await future
+
+    def _dispatch(self, key: str, group: _Group) -> None:
+        if self._open.get(key) is group:
+            del self._open[key]
+        if group.timer is not None:
+            group.timer.cancel()
+        live = [(r, f) for r, f in group.members if not f.done()]  # a caller gone (cancelled) is left out
+        if not live:
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(live))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        futures = [f for _, f in live]
+
+        def gone(_: asyncio.Future[SectionVerdict]) -> None:
+            # the call is wanted while one caller waits: each is bounded by its own deadline
+            if all(f.cancelled() for f in futures):
+                task.cancel()
+
+        for future in futures:
+            future.add_done_callback(gone)
+
+    async def _answer(self, members: list[tuple[SectionRequest, asyncio.Future[SectionVerdict]]]) -> None:
+        requests = [r for r, _ in members]
+        outcomes: list[SectionVerdict | BaseException]
+        try:
+            if len(members) == 1:
+                self._metrics.judge_calls.labels(self._label(requests[0].model)).inc()
+                outcomes = [await self._alone(requests[0])]
+            else:
+                outcomes = await self._merged(requests)
+        except Exception as exc:  # the call failed: every section of it fails alike
+            outcomes = [exc] * len(members)
+        for (_, future), outcome in zip(members, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    async def _merged(self, requests: list[SectionRequest]) -> list[SectionVerdict | BaseException]:
+        """One call for every section; the failed sections once more, together."""
+        model = self._label(requests[0].model)
+        names = section_names(requests)
+        out: list[SectionVerdict | BaseException | None] = [None] * len(requests)
+        pending = list(range(len(requests)))
+        problems: dict[int, str] = {}
+        for attempt in (1, 2):
+            asked = [requests[i] for i in pending]
+            asked_names = [names[i] for i in pending]
+            prompt = merged_prompt(asked_names, asked)
+            if attempt == 2:
+                wrong = "; ".join(problems[i] for i in pending)
+                prompt.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": f"Your last answer was invalid: {wrong}. Answer again."}
+                        ],
+                    }
+                )
+            attributes = {
+                "procmesh.judge.sections": len(asked),
+                "procmesh.judge.guards": ",".join(r.processor for r in asked),
+                "procmesh.judge.attempt": attempt,
+            }
+            with tracing.span(f"procmesh.judge {model}", kind="client", attributes=attributes):
+                text, finish, usage, model_id = await self._once(
+                    asked[0], prompt, merged_schema(asked_names, asked)
+                )
+            if attempt == 1:  # a retry is a model call (procmesh_model_calls_total), not a plan's
+                self._metrics.judge_calls.labels(model).inc()
+                for saved in asked[1:]:
+                    self._metrics.judge_calls_saved.labels(saved.processor, "merged").inc()
+            still: list[int] = []
+            for i, (value, problem), share in zip(
+                pending, split(text, asked_names, asked), shares(usage, len(asked)), strict=True
+            ):
+                if problem is None:
+                    out[i] = SectionVerdict(value, _json(value), share, model_id, finish, attempt, len(asked))
+                else:
+                    problems[i] = problem
+                    still.append(i)
+            pending = still
+            if not pending:
+                break
+            log.warning("judge: %d of %d sections off-schema (try %d)", len(pending), len(asked), attempt)
+        for i in pending:
+            out[i] = Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "invalid_output",
+                f"model {requests[i].model!r} did not answer section {names[i]!r} with JSON matching "
+                f"its schema in 2 attempts: {problems[i]}",
+            )
+        return [o for o in out if o is not None]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)

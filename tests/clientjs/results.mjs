@@ -2,8 +2,10 @@
 // (tests/e2e/service/test_clientjs_results.py).
 // usage: node results.mjs BASE_URL API_KEY
 // Prints {generated, fields, chunks} at once; then, for the agent `held` (a model that never ends),
-// starts a generate with an abortSignal, prints {asked: true}, aborts once a line arrives on stdin
-// and prints {aborted: <error name>}.
+// starts a generate with an abortSignal, prints {asked: true} and aborts once a line arrives on
+// stdin; then suspends a run of `vaulted` at its tool's approval, approves it to its end
+// (approveToolCallGenerate; the resumed model never ends) and aborts that the same way. Last it
+// prints {aborted, approveAborted}: the two errors' names.
 import { createInterface } from "node:readline";
 import { MastraClient } from "@mastra/client-js";
 
@@ -24,16 +26,32 @@ const durable = [];
 await (await agent.stream("hello", { durable: true })).processDataStream({ onChunk: async (chunk) => { durable.push(chunk); } });
 console.log(JSON.stringify({ generated, fields, chunks, durable }));
 
-const controller = new AbortController();
 const lines = createInterface({ input: process.stdin });
-lines.once("line", () => controller.abort());
-let outcome;
-try {
-  const pending = client.getAgent("held").generate("go", { abortSignal: controller.signal, memory: { thread: "t-abort", resource: "ada" } });
-  console.log(JSON.stringify({ asked: true }));
-  outcome = { answered: await pending };
-} catch (error) {
-  outcome = { aborted: error.name };
+// Starts call(signal), prints {asked: true}, aborts once a line arrives on stdin: the error's name.
+async function abortedOnce(call) {
+  const controller = new AbortController();
+  lines.once("line", () => controller.abort());
+  try {
+    const pending = call(controller.signal);
+    console.log(JSON.stringify({ asked: true }));
+    return { answered: await pending };
+  } catch (error) {
+    return error.name;
+  }
 }
+const memory = (thread) => ({ thread, resource: "ada" });
+const aborted = await abortedOnce((abortSignal) => client.getAgent("held").generate("go", { abortSignal, memory: memory("t-abort") }));
+
+// approveToolCallGenerate takes no abortSignal of its own: a client built with one aborts it.
+const suspended = [];
+await (await client.getAgent("vaulted").stream("open it", { memory: memory("t-approve-abort") })).processDataStream({
+  onChunk: async (chunk) => { suspended.push(chunk); },
+});
+const asked = suspended.find((c) => c.type === "tool-call-approval");
+const approveAborted = await abortedOnce((abortSignal) =>
+  new MastraClient({ baseUrl, headers: { Authorization: `Bearer ${apiKey}` }, retries: 0, abortSignal })
+    .getAgent("vaulted")
+    .approveToolCallGenerate({ runId: asked.runId, toolCallId: asked.payload.toolCallId }),
+);
 lines.close();
-console.log(JSON.stringify(outcome));
+console.log(JSON.stringify({ aborted, approveAborted }));

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +23,7 @@ from procmesh_orchestrator.service._errors import (
     RunIdInUseError,
     RunNotActiveError,
 )
-from procmesh_orchestrator.service.api import durable
+from procmesh_orchestrator.service.api import durable, runs
 from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.processors import bind_lanes
@@ -154,11 +154,41 @@ def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> L
 
 
 async def generate(agent: Agent, call: AgentCall, client_gone: Awaitable[object]) -> RunResult:
-    """Run an admitted call to its end, aborted as a streamed run is when its client leaves first
-    (`client_gone` returns): the abort signal cancels the model, processor and tool calls in
-    flight, and the turn so far is saved (`run.caller_abort`)."""
-    signal = call.options.abort_signal or asyncio.Event()
-    run = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
+    """Run an admitted call to its end, aborted when its client leaves first (`until_gone`)."""
+
+    def start(signal: asyncio.Event) -> Awaitable[RunResult]:
+        return agent.generate(call.input, replace(call.options, abort_signal=signal))
+
+    return await until_gone(start, client_gone, call.options.abort_signal)
+
+
+async def resume_generate(
+    agent: Agent,
+    request: ResumeRequest,
+    *,
+    approved: bool,
+    caller: Caller,
+    client_gone: Awaitable[object],
+) -> RunResult:
+    """Approve or decline a suspended run's tool call and run it to its end, aborted as a
+    generate is when its client leaves first (404 / 409 before it starts)."""
+
+    def start(signal: asyncio.Event) -> Awaitable[RunResult]:
+        return runs.resume_generate(agent, request, approved=approved, caller=caller, abort_signal=signal)
+
+    return await until_gone(start, client_gone)
+
+
+async def until_gone(
+    start: Callable[[asyncio.Event], Awaitable[RunResult]],
+    client_gone: Awaitable[object],
+    signal: asyncio.Event | None = None,
+) -> RunResult:
+    """The run `start` begins with an abort signal, to its end; aborted as a streamed run is when
+    its client leaves first (`client_gone` returns): the signal cancels the model, processor and
+    tool calls in flight, and the turn so far is saved (`run.caller_abort`)."""
+    signal = signal or asyncio.Event()
+    run = asyncio.ensure_future(start(signal))
     gone = asyncio.ensure_future(client_gone)
     try:
         await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)

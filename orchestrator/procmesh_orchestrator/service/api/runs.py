@@ -177,11 +177,16 @@ async def resume_stream(agent: Agent, request: ResumeRequest, *, approved: bool,
 
 
 async def resume_generate(
-    agent: Agent, request: ResumeRequest, *, approved: bool, caller: Caller
+    agent: Agent,
+    request: ResumeRequest,
+    *,
+    approved: bool,
+    caller: Caller,
+    abort_signal: asyncio.Event | None = None,
 ) -> RunResult:
-    """Claim the suspended run and run it to its end (404 / 409 before it starts; a failed run
-    raises as `Agent.generate` does)."""
-    options = CallOptions(request_context=request.request_context)
+    """Claim the suspended run and run it to its end, `abort_signal` stopping it (404 / 409 before
+    it starts; a failed run raises as `Agent.generate` does)."""
+    options = CallOptions(request_context=request.request_context, abort_signal=abort_signal)
     scope = claim_scope(caller)
     try:
         if approved:

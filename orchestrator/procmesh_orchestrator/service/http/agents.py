@@ -31,7 +31,7 @@ from procmesh_orchestrator.service.api.calls import (
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import Framing, dumps, failed_json, result_json, wire_chunk
-from procmesh_orchestrator.service.api.runs import resume_generate, store_errors, suspended_run_json
+from procmesh_orchestrator.service.api.runs import store_errors, suspended_run_json
 from procmesh_orchestrator.service.http import sse
 from procmesh_orchestrator.service.http.bodies import (
     EventStreamResponse,
@@ -209,9 +209,11 @@ class AgentRoutes:
             release = releaser(self.core)
             try:
                 try:
-                    body = result_json(
-                        await resume_generate(agent, decision, approved=approved, caller=caller)
+                    gone = self._client_gone(request)  # as a generate's client leaving aborts it
+                    done = await control.resume_generate(
+                        agent, decision, approved=approved, caller=caller, client_gone=gone
                     )
+                    body = result_json(done)
                 except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                     body = failed_json(exc)
                 log.info(

@@ -1,4 +1,5 @@
-"""P1: one no-op unary hook vs a raw grpc.aio echo of the same bytes, in alternating batches."""
+"""P1: one no-op unary hook vs a raw grpc.aio echo of the same bytes, in alternating batches; beside
+it, the sidecar alone: a raw grpc.aio client sending it the request's bytes (no orchestrator client)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import grpc
 
 from bench.echo_server import METHOD
 from bench.harness import ROUNDS, figure, pct, rounds
+from procmesh import SERVICE_NAME
+from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator import App, RunInfo
 from procmesh_orchestrator.processors import GrpcHookCaller, wire
 from procmesh_orchestrator.run.hooks import InputStepArgs
@@ -66,6 +69,11 @@ async def p1(app: App, sidecar: str, address_echo: str, n: int) -> dict[str, Any
     caller = GrpcHookCaller(RunInfo(run_id="bench", agent_id="bench", request_context={}), app.metrics)
     channel = grpc.aio.insecure_channel(address_echo)
     echo = channel.unary_unary(METHOD)
+    direct = grpc.aio.insecure_channel(handle.client.address)
+    hook = direct.unary_unary(f"/{SERVICE_NAME}/ProcessInputStep")
+    request = wire.build_request(args)
+    request.context.CopyFrom(tpb.RunContext(processor_id="noop", run_id="bench", agent_id="bench"))
+    addressed = request.SerializeToString()
 
     async def sdk_call() -> None:
         await caller.call(handle, args)
@@ -73,12 +81,23 @@ async def p1(app: App, sidecar: str, address_echo: str, n: int) -> dict[str, Any
     async def raw_call() -> None:
         await echo(payload, timeout=30.0)
 
+    async def sidecar_call() -> None:
+        await hook(addressed, timeout=30.0)
+
     size = max(10, n // ROUNDS)
-    got = await rounds({"sdk": batch(sdk_call, size), "raw": batch(raw_call, size)})
-    await channel.close()
-    ratio, spread = figure(
-        [statistics.median(s) / statistics.median(r) for s, r in zip(got["sdk"], got["raw"], strict=True)]
+    got = await rounds(
+        {"sdk": batch(sdk_call, size), "raw": batch(raw_call, size), "sidecar": batch(sidecar_call, size)}
     )
+    await channel.close()
+    await direct.close()
+
+    def against_raw(kind: str) -> tuple[float, dict[str, float]]:
+        return figure(
+            [statistics.median(s) / statistics.median(r) for s, r in zip(got[kind], got["raw"], strict=True)]
+        )
+
+    ratio, spread = against_raw("sdk")
+    alone, alone_spread = against_raw("sidecar")
     sdk = [x for b in got["sdk"] for x in b]
     raw = [x for b in got["raw"] for x in b]
     return {
@@ -87,8 +106,11 @@ async def p1(app: App, sidecar: str, address_echo: str, n: int) -> dict[str, Any
         "sdk_p99_us": pct(sdk, 0.99) * 1e6,
         "raw_p50_us": pct(raw, 0.5) * 1e6,
         "raw_p99_us": pct(raw, 0.99) * 1e6,
+        "sidecar_alone_p50_us": pct([x for b in got["sidecar"] for x in b], 0.5) * 1e6,
         "ratio": ratio,
         "spread": spread,
+        "alone": alone,
+        "alone_spread": alone_spread,
     }
 
 
@@ -100,5 +122,7 @@ async def measure(app: App, transports: list[tuple[str, str, str]], n: int) -> d
         r = await p1(app, sidecar, echo_addr, n)
         results[f"p1_ratio_{transport}"] = r.pop("ratio")
         results[f"p1_ratio_{transport}_spread"] = r.pop("spread")
+        results[f"p1_sidecar_alone_ratio_{transport}"] = r.pop("alone")
+        results[f"p1_sidecar_alone_ratio_{transport}_spread"] = r.pop("alone_spread")
         results[f"p1_{transport}"] = r
     return results

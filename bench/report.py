@@ -29,7 +29,10 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
             (
                 f"P1 unary hook, {name}",
                 f"sdk p50 {f(p1['sdk_p50_us'], 0)} us / p99 {f(p1['sdk_p99_us'], 0)} us; "
-                f"raw echo p50 {f(p1['raw_p50_us'], 0)} us / p99 {f(p1['raw_p99_us'], 0)} us",
+                f"raw echo p50 {f(p1['raw_p50_us'], 0)} us / p99 {f(p1['raw_p99_us'], 0)} us; "
+                f"the sidecar alone (a raw client) p50 {f(p1['sidecar_alone_p50_us'], 0)} us: "
+                f"{f(r[f'p1_sidecar_alone_ratio_{transport}'])}x the echo "
+                f"({spread(r[f'p1_sidecar_alone_ratio_{transport}_spread'])})",
                 f"{f(ratio)}x ({spread(r[f'p1_ratio_{transport}_spread'])}; goal <= 1.25x) "
                 f"{verdict(ratio, 1.25)}",
             )

@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
+import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from procmesh import SERVICE_NAME, convert
+from procmesh import SERVICE_NAME, Processor, convert
+from procmesh.errors import ProcmeshError
+from procmesh.testing import serve_for_test
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator import SidecarProcess
@@ -139,3 +143,86 @@ async def test_in_asyncios_debug_mode_every_call_goes_through_the_thread(tmp_pat
     async with sidecar(tmp_path, PYTHONASYNCIODEBUG="1") as chan:
         seen = {(await where(chan, "trusted"))[0] for _ in range(20)}
     assert seen == {"procmesh-hooks:trusted"}
+
+
+# -- turns taken in-process: what goes on on the thread, cancellation, a fused stream's relay ----
+
+
+class Napper(Processor):
+    """Trusted quick, but awaits a timer: its turn ends before it does."""
+
+    id = "napper"
+    quick_hooks = True
+    seen: ClassVar[list[tuple[str, int]]] = []
+
+    async def process_input(self) -> None:
+        Napper.seen.append((threading.current_thread().name, id(asyncio.get_running_loop())))
+        await asyncio.sleep(0.01)
+        Napper.seen.append((threading.current_thread().name, id(asyncio.get_running_loop())))
+
+
+class Waiter(Processor):
+    """Trusted quick, but waits forever: the call's deadline cancels it on its own loop."""
+
+    id = "waiter"
+    quick_hooks = True
+    cancelled = threading.Event()
+
+    async def process_input(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            Waiter.cancelled.set()
+
+
+def marker(pid: str) -> type[Processor]:
+    class Marker(Processor):
+        id = pid
+        quick_hooks = True
+        threads: ClassVar[list[str]] = []
+
+        async def process_output_stream(self, part: dict[str, Any]) -> dict[str, Any]:
+            Marker.threads.append(threading.current_thread().name)
+            return {**part, "payload": {**part["payload"], "text": part["payload"]["text"] + pid}}
+
+    return Marker
+
+
+def context(processor_id: str, *fused: str) -> tpb.RunContext:
+    ctx = tpb.RunContext(processor_id=processor_id, run_id="run-1", agent_id="agent-1")
+    for member in fused:
+        ctx.fused.add(processor_id=member)
+    return ctx
+
+
+async def test_a_hook_that_awaits_in_a_taken_turn_goes_on_on_its_thread() -> None:
+    Napper.seen = []
+    async with serve_for_test([Napper()]) as client:
+        await client.call("ProcessInput", ppb.ProcessInputRequest(context=context("napper")), 30)
+    (before, loop), (after, same) = Napper.seen
+    assert before == threading.current_thread().name  # the server's thread (this test's) took the turn
+    assert after == "procmesh-hooks:napper"  # the timer fired on the processor's own thread
+    assert loop == same
+
+
+async def test_a_hook_still_running_after_a_taken_turn_is_cancelled_at_the_deadline() -> None:
+    Waiter.cancelled.clear()
+    async with serve_for_test([Waiter()]) as client:
+        with pytest.raises(ProcmeshError) as failed:
+            await client.call("ProcessInput", ppb.ProcessInputRequest(context=context("waiter")), 0.3)
+        assert failed.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert await asyncio.to_thread(Waiter.cancelled.wait, 10)
+
+
+async def test_a_fused_streams_batch_runs_through_every_member_in_taken_turns() -> None:
+    members = [marker(pid) for pid in ("x", "y", "z")]
+    async with serve_for_test([m() for m in members]) as client:
+        call = client.open_stream(30)
+        part = convert.chunk_to_proto({"type": "text-delta", "payload": {"id": "t", "text": "a"}})
+        request = ppb.ProcessOutputStreamRequest(parts=[ppb.StreamPart(seq=1, part=part)])
+        request.context.CopyFrom(context("x", "y", "z"))
+        await call.write(request)
+        answer = await call.read()
+        call.cancel()
+    assert convert.chunk_from_proto(answer.results[0].part)["payload"]["text"] == "axyz"
+    assert [m.threads for m in members] == [[threading.current_thread().name]] * 3  # type: ignore[attr-defined]

@@ -1,0 +1,190 @@
+"""The judge planner's plan and coalescing (service/grpc/judge_planner.py), with the model call
+played by a recorder: which sections went out together, and what each guard got back.
+The gateway around it, real sidecars and a real judge server: tests/e2e/guards/test_merged_judge.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.service.grpc.judge_planner import JudgePlan, JudgePlanner
+from procmesh_orchestrator.service.grpc.judge_sections import Refused, SectionRequest, SectionVerdict
+
+SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]}
+
+
+def _guard(pid: str, model: str = "judge", **options: Any) -> dict[str, Any]:
+    return {"processor": f"g/{pid}", "options": {"model": model, **options}}
+
+
+CONFIG = Config.model_validate(
+    {
+        "sidecars": {"g": {"address": "unix:///run/procmesh/guards.sock"}},
+        "agents": {
+            "three": {
+                "model": "demo",
+                "inputProcessors": [_guard("moderation"), _guard("pii"), _guard("injection")],
+                "outputProcessors": [
+                    _guard("moderation"),
+                    {**_guard("pii", merge_judge=False), "name": "pii-out"},
+                ],
+            },
+            "one": {"model": "demo", "inputProcessors": [_guard("moderation")]},
+        },
+    }
+)
+
+
+def _request(
+    guard: str, content: str = "hello", agent: str | None = "three", run: str = "r1"
+) -> SectionRequest:
+    return SectionRequest(
+        guard_id=guard,
+        processor=guard,
+        model="judge",
+        run_id=run,
+        resource=None,
+        phase="input",
+        content=content,
+        instructions=f"You are {guard}.",
+        question=f"Ask {guard}.",
+        schema=SCHEMA,
+        messages=({"role": "user", "content": f"{guard}: {content}"},),
+        settings={"temperature": 0},
+        agent=agent,
+    )
+
+
+class Judge:
+    """The model, as the planner calls it: merged prompts (`once`) and calls alone (`alone`)."""
+
+    def __init__(self, answers: dict[str, Any] | None = None, delay: float = 0.0) -> None:
+        self.answers = answers or {}
+        """A guard's section answer (default {"flag": False}); a str is sent as it is."""
+        self.delay = delay
+        self.merged: list[list[str]] = []
+        self.alone: list[str] = []
+        self.cancelled = 0
+        self.asked = asyncio.Event()
+
+    async def once(
+        self, request: SectionRequest, prompt: list[dict[str, Any]], schema: dict[str, Any]
+    ) -> tuple[str, str, dict[str, int], str]:
+        names = list(schema["properties"])
+        self.merged.append(names)
+        self.asked.set()
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        answer = {n: self.answers.get(n, {"flag": False}) for n in names}
+        return json.dumps(answer), "stop", {"inputTokens": 10, "outputTokens": 3, "totalTokens": 13}, "m"
+
+    async def alone_call(self, request: SectionRequest) -> SectionVerdict:
+        self.alone.append(request.guard_id)
+        return SectionVerdict({"flag": True}, '{"flag": true}', {}, "m", "stop", 1, 1)
+
+
+def _planner(judge: Judge, metrics: OrchestratorMetrics, window: float = 0.05) -> JudgePlanner:
+    return JudgePlanner(lambda: CONFIG, judge.once, judge.alone_call, metrics, lambda m: m, window=window)
+
+
+@pytest.fixture
+def metrics() -> OrchestratorMetrics:
+    return OrchestratorMetrics(CollectorRegistry())
+
+
+def test_the_plan_counts_each_agents_lane_entries_on_one_judge_model() -> None:
+    plan = JudgePlan.of(CONFIG)
+    assert plan.count(_request("moderation")) == 3
+    assert plan.count(_request("moderation", agent="one")) == 1
+    assert plan.count(_request("moderation", agent=None)) == 3  # not live here: the most any agent has
+    out = SectionRequest(**{**_request("moderation").__dict__, "phase": "output"})
+    assert plan.count(out) == 1  # pii opted out of merging
+
+
+async def test_the_sections_a_lane_plans_go_out_in_one_call(metrics: OrchestratorMetrics) -> None:
+    judge = Judge({"pii": {"flag": True}})
+    planner = _planner(judge, metrics, window=30)  # the plan, not the window, sends it
+    verdicts = await asyncio.gather(*(planner.judge(_request(g)) for g in ("moderation", "pii", "injection")))
+    assert judge.merged == [["moderation", "pii", "injection"]]
+    assert [v.value for v in verdicts] == [{"flag": False}, {"flag": True}, {"flag": False}]
+    assert [v.sections for v in verdicts] == [3, 3, 3]
+    assert sum(v.usage["totalTokens"] for v in verdicts) == 13  # the call's tokens, shared out
+    assert metrics.judge_calls.labels("judge")._value.get() == 1
+    assert metrics.judge_calls_saved.labels("pii", "merged")._value.get() == 1
+    assert metrics.judge_calls_saved.labels("moderation", "merged")._value.get() == 0  # the first paid
+
+
+async def test_a_lone_guard_is_judged_alone_at_once(metrics: OrchestratorMetrics) -> None:
+    judge = Judge()
+    planner = _planner(judge, metrics, window=30)
+    verdict = await asyncio.wait_for(planner.judge(_request("moderation", agent="one")), 5)
+    assert (judge.alone, judge.merged, verdict.sections) == (["moderation"], [], 1)
+
+
+async def test_the_window_sends_what_came_when_the_plan_expects_more(metrics: OrchestratorMetrics) -> None:
+    judge = Judge()
+    planner = _planner(judge, metrics, window=0.01)
+    await asyncio.gather(planner.judge(_request("moderation")), planner.judge(_request("pii")))
+    assert judge.merged == [["moderation", "pii"]]
+
+
+async def test_other_content_or_another_run_is_another_call(metrics: OrchestratorMetrics) -> None:
+    judge = Judge()
+    planner = _planner(judge, metrics, window=0.01)
+    await asyncio.gather(
+        planner.judge(_request("moderation")),
+        planner.judge(_request("pii", content="other")),
+        planner.judge(_request("injection", run="r2")),
+    )
+    assert judge.alone == ["moderation", "pii", "injection"]
+    assert judge.merged == []
+
+
+async def test_a_malformed_section_fails_only_its_guard_after_one_retry(metrics: OrchestratorMetrics) -> None:
+    judge = Judge({"pii": "not an object"})
+    planner = _planner(judge, metrics, window=30)
+    results = await asyncio.gather(
+        *(planner.judge(_request(g)) for g in ("moderation", "pii", "injection")), return_exceptions=True
+    )
+    assert judge.merged == [["moderation", "pii", "injection"], ["pii"]]  # the retry asks for it alone
+    assert [r.value for r in results if isinstance(r, SectionVerdict)] == [{"flag": False}] * 2
+    error = results[1]
+    assert isinstance(error, Refused)
+    assert (error.code, error.outcome) == (grpc.StatusCode.FAILED_PRECONDITION, "invalid_output")
+    assert "'pii'" in str(error)
+
+
+async def test_a_failed_call_fails_every_section_in_it(metrics: OrchestratorMetrics) -> None:
+    async def down(*_: Any) -> Any:
+        raise Refused(grpc.StatusCode.UNAVAILABLE, "api_error", "the provider is down")
+
+    planner = JudgePlanner(lambda: CONFIG, down, Judge().alone_call, metrics, lambda m: m, window=30)
+    results = await asyncio.gather(
+        *(planner.judge(_request(g)) for g in ("moderation", "pii", "injection")), return_exceptions=True
+    )
+    assert [getattr(r, "outcome", None) for r in results] == ["api_error"] * 3
+
+
+async def test_the_call_is_cancelled_once_no_caller_waits(metrics: OrchestratorMetrics) -> None:
+    judge = Judge(delay=30)
+    planner = _planner(judge, metrics, window=30)
+    calls = [asyncio.ensure_future(planner.judge(_request(g))) for g in ("moderation", "pii", "injection")]
+    await judge.asked.wait()
+    calls[0].cancel()
+    await asyncio.sleep(0.01)
+    assert judge.cancelled == 0  # two callers still wait for it
+    for call in calls[1:]:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    await asyncio.sleep(0.01)
+    assert judge.cancelled == 1

@@ -319,13 +319,15 @@ class App:
         except KeyError:
             raise ConfigError(f"unknown agent {agent_id!r} (configured: {sorted(self.agents)})") from None
 
-    async def stop(self) -> None:
+    async def stop(self, *, drain: bool = True) -> None:
         """Deliver the violation webhooks in flight, close every sidecar channel and MCP session; stop the
-        built-in sidecar if this App started it."""
+        built-in sidecar if this App started it. `drain` False leaves the process's webhook posts and
+        background calls alone (an App beside the serving one, as a replay's, has none of its own)."""
         if self.durable is not None:
             await self.durable.close()  # local runs stop unfinished: their leases move them
-        await violation_routes.flush()  # a violation's webhook post in flight is delivered, not dropped
-        await background.drain()  # a background tool call in flight lands and is stored, not dropped
+        if drain:
+            await violation_routes.flush()  # a violation's webhook post in flight is delivered, not dropped
+            await background.drain()  # a background tool call in flight lands and is stored, not dropped
         retired = list(self._retiring)  # their runs were drained or stopped: close them now
         for task in self._retiring.values():
             task.cancel()

@@ -3,9 +3,10 @@ started, as the config says), its agents' model and tools answered from each run
 (`recorded`), its processors' decisions collected as a live run's are (`DecisionLog`), never
 written to the store.
 
-The candidate runs without memory, durability and cost control: the record holds what the model
-was given at each step (its hash), not the thread's history, so a run whose recorded prompt held
-history stops at its first model call, said so (`ReplayStopped`), rather than pretend.
+The candidate runs without memory, durability, cost control and violation routes (no webhook is
+posted): the record holds what the model was given at each step (its hash), not the thread's
+history, so a run whose recorded prompt held history stops at its first model call, said so
+(`ReplayStopped`), rather than pretend.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ class Replayer:
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.app.stop()
+        await self.app.stop(
+            drain=False
+        )  # the serving App's background calls are not the replay's to wait for
 
     async def replay(self, run: RecordedRun) -> Replayed:
         """Run the candidate's agent on the run's recorded input and request context; its model
@@ -91,6 +94,7 @@ class Replayer:
             store=None,
             cost=None,
             hook_caller=hook_caller,
+            violation_routes={},  # a replay posts no violation webhook
         )
         options = CallOptions(request_context=dict(run.request_context), resource_id=run.resource_id)
         started = time.perf_counter()

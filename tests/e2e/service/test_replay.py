@@ -13,11 +13,13 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import http.server
 import io
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +35,7 @@ import yaml
 
 from procmesh_orchestrator.cli import replay as replay_cli
 from procmesh_orchestrator.errors import OrchestratorError
+from procmesh_orchestrator.run import violation_routes
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
 
@@ -418,3 +421,32 @@ async def test_a_run_whose_prompt_held_its_threads_history_stops_saying_so(stack
     (run,) = json.loads(out.stdout)["runs"]
     assert run["stopped"]["step"] == 0
     assert "memory thread, whose history its prompt held, is not replayed" in run["stopped"]["reason"]
+
+
+async def test_a_replay_posts_no_violation_webhook(stack: Stack) -> None:
+    """The candidate's onViolation webhook is a side effect of live traffic, not of a replay: the
+    blocked run's violation goes nowhere (the posts in flight in this process are awaited)."""
+    posted: list[bytes] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(204)
+            self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/violations"
+        lane = (
+            "agents.rec.inputProcessors=[{processor: guards/topic-guard, options: {words: [hello]}, "
+            f"onViolation: {{webhook: '{url}'}}}}]"
+        )
+        out = await stack.replay_here(stack.run_ids[6], "--config", str(stack.recorded_path), "--set", lane)
+        assert out.returncode == 3, out.stderr
+        assert "pass -> abort" in out.stdout
+        await violation_routes.flush()
+        assert posted == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,153 @@
+"""The docs name only routes the HTTP API serves, and their settings tables give every setting with
+its real default (docs/service.md: `OrchestratorSettings`; docs/processors.md: the SDK's
+`ProcessorSettings`).
+
+Like tests/unit/test_docs.py, each check reads the truth from the code (the HTTP app's route table,
+the settings classes), and `test_the_checks_catch_made_up_claims` feeds them made-up documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic_settings import BaseSettings
+from starlette.routing import BaseRoute, Match
+
+from procmesh import ProcessorSettings
+from procmesh_orchestrator import OrchestratorSettings
+from procmesh_orchestrator.service.http.app import build_http_app
+from tests.conftest import REPO
+from tests.unit.test_docs import DOCS, Doc, _rel
+
+SETTINGS_TABLES = {"docs/service.md": OrchestratorSettings, "docs/processors.md": ProcessorSettings}
+MIB = 1024 * 1024
+
+# -- routes --------------------------------------------------------------------------------------
+
+
+def served_routes() -> list[BaseRoute]:
+    """The HTTP app's route table (its 501 routes too: the docs list those as answered 501)."""
+    settings = OrchestratorSettings(config_file="unused.yaml")
+    app = build_http_app(SimpleNamespace(settings=settings))  # type: ignore[arg-type]
+    return list(app._app.routes)  # type: ignore[attr-defined]  # the Starlette app inside the Boundary
+
+
+def route_problems(doc: Doc, routes: list[BaseRoute]) -> list[str]:
+    """Every ``METHOD /path`` the doc names is a route of the table; a path parameter is written
+    ``{name}`` or ``:name``, an optional tail ``[/{toolId}]``."""
+    problems = []
+    for method, path in sorted(set(re.findall(r"\b(GET|POST|PUT|PATCH|DELETE) (/[^\s`|),;]*)", doc.text))):
+        concrete = re.sub(r"\{[^}]*\}|:[A-Za-z]\w*", "x", path.split("?")[0]).rstrip(".")
+        variants = {re.sub(r"\[[^\]]*\]", "", concrete), re.sub(r"[\[\]]", "", concrete)}
+        scopes = [{"type": "http", "path": v, "method": method, "root_path": ""} for v in variants]
+        if not all(any(r.matches(s)[0] == Match.FULL for r in routes) for s in scopes):
+            problems.append(f"{_rel(doc.path)}: {method} {path} is no route of the HTTP API")
+    return problems
+
+
+# -- settings tables -----------------------------------------------------------------------------
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """Every row of the doc's tables that have a default column, by header."""
+    rows: list[dict[str, str]] = []
+    header: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = []
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if not header:
+            header = cells
+        elif not set("".join(cells)) <= {"-", ":", " "} and "default" in header:
+            rows.append(dict(zip(header, cells, strict=False)))
+    return rows
+
+
+def spellings(value: Any) -> set[str]:
+    """How a table may write a default: `true`, `30` for 30.0, `4 MiB`, `["a"]` or `a`, `{}`."""
+    if isinstance(value, bool):
+        return {str(value).lower()}
+    if isinstance(value, int | float):
+        found = {str(int(value)) if float(value).is_integer() else str(value)}
+        return found | ({f"{value / MIB:g} MiB"} if value >= MIB and value % MIB == 0 else set())
+    if isinstance(value, list):
+        return {
+            json.dumps(value),
+            *([str(value[0])] if len(value) == 1 else []),
+            *([] if value else ["none"]),
+        }
+    if isinstance(value, dict):
+        return {json.dumps(value)}
+    return {str(value)}
+
+
+def settings_problems(doc: Doc, settings: type[BaseSettings]) -> list[str]:
+    """Each setting of the class is named in a row's env column (``PROCMESH_<FIELD>``), and the row's
+    default is the field's (a default computed at start, None here, is the doc's to explain)."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    fields = {f"{prefix}{name}".upper(): field for name, field in settings.model_fields.items()}
+    problems, named = [], set()
+    for row in table_rows(doc.text):
+        envs = [
+            e
+            for e in re.findall(r"PROCMESH_[A-Z0-9_]*[A-Z0-9]", row.get("env / flag", row.get("env", "")))
+            if e in fields
+        ]
+        named |= set(envs)
+        given = [d.strip() for d in row["default"].split(", ")] if len(envs) > 1 else [row["default"]]
+        for env, cell in zip(envs, given if len(given) == len(envs) else [""] * len(envs), strict=True):
+            default = fields[env].default
+            said = cell.replace("`", "").split(" (")[0].strip()
+            if default is not None and said not in spellings(default):
+                problems.append(f"{_rel(doc.path)}: {env} defaults to {default!r}, not {cell!r}")
+    problems += [f"{_rel(doc.path)}: no row names {env}" for env in sorted(set(fields) - named)]
+    return problems
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[Doc]:
+    return [Doc.parse(path) for path in DOCS]
+
+
+def test_routes_in_the_docs_are_served(docs: list[Doc]) -> None:
+    routes = served_routes()
+    assert len(routes) > 50  # the table was reached
+    assert [p for doc in docs for p in route_problems(doc, routes)] == []
+
+
+@pytest.mark.parametrize("page", sorted(SETTINGS_TABLES))
+def test_the_settings_tables_give_every_setting_and_its_default(page: str) -> None:
+    doc = Doc.parse(REPO / page)
+    assert len(table_rows(doc.text)) >= 10  # the table was found
+    assert settings_problems(doc, SETTINGS_TABLES[page]) == []
+
+
+def test_the_checks_catch_made_up_claims() -> None:
+    fake = Doc.parse(
+        Path(REPO / "docs" / "made-up.md"),
+        "`POST /api/agents/{id}/frobnicate`, `GET /api/agents/:agentId` and\n"
+        "`PUT /api/agents/{id}/generate`.\n\n"
+        "| setting | env / flag | default | meaning |\n| --- | --- | --- | --- |\n"
+        "| http_host, http_port | `PROCMESH_HTTP_HOST`, `PROCMESH_HTTP_PORT` | `127.0.0.1`, `8080` | |\n"
+        "| max_request_bytes | `PROCMESH_MAX_REQUEST_BYTES` | 4 MiB | |\n"
+        "| abort_on_disconnect | `PROCMESH_ABORT_ON_DISCONNECT` | false | |\n",
+    )
+    assert route_problems(fake, served_routes()) == [
+        "docs/made-up.md: POST /api/agents/{id}/frobnicate is no route of the HTTP API",
+        "docs/made-up.md: PUT /api/agents/{id}/generate is no route of the HTTP API",
+    ]
+    problems = settings_problems(fake, OrchestratorSettings)
+    assert problems[:2] == [
+        "docs/made-up.md: PROCMESH_HTTP_PORT defaults to 4111, not '`8080`'",
+        "docs/made-up.md: PROCMESH_ABORT_ON_DISCONNECT defaults to True, not 'false'",
+    ]
+    assert "docs/made-up.md: no row names PROCMESH_API_KEYS" in problems

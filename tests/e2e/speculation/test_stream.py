@@ -297,3 +297,24 @@ async def test_a_rounds_parts_are_encoded_once_for_every_member(
     assert result["text"] == "".join(DELTAS)
     assert built
     assert len(asked) == 3 * len(built)  # the three members, one encoding
+
+
+async def test_parts_that_waited_go_to_each_member_in_one_message(
+    ready: dict[str, SidecarProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scripted model's deltas all arrive before the group's first turn: every member gets
+    them in one message (what waited goes at once, issue 32 item 2), not one message per part."""
+    rounds: list[int] = []
+    encoded = SpeculativeGroup.encoded
+
+    def counted(group: SpeculativeGroup, parts: list[tuple[int, Any]]) -> bytes:
+        if not any(same == parts for same, _ in group._encodings):
+            rounds.append(len(parts))
+        return encoded(group, parts)
+
+    monkeypatch.setattr(SpeculativeGroup, "encoded", counted)
+    log = tmp_path / "rec.jsonl"
+    async with App(config(ready, log, ["pass", "cnt", "pass"], "speculative")) as app:
+        result = await trace(app, log)
+    assert result["text"] == "".join(DELTAS)
+    assert rounds[0] >= len(DELTAS)  # the first message carries every delta

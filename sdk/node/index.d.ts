@@ -218,7 +218,14 @@ export interface GatewayModel {
   /** Ask the model (keys stay in the orchestrator); rejects with an InternalError on a gateway error. */
   generate(
     messages: string | Array<{ role: 'system' | 'user' | 'assistant'; content: string | MastraDBMessage['content'] }>,
-    options?: { schema?: Record<string, unknown>; temperature?: number; maxOutputTokens?: number; timeoutMs?: number },
+    options?: {
+      schema?: Record<string, unknown>;
+      temperature?: number;
+      maxOutputTokens?: number;
+      timeoutMs?: number;
+      /** A typed verdict the gateway may merge with other guards' about the same content (needs `schema`). */
+      section?: { content: string; instructions: string; question: string; phase?: 'input' | 'output' };
+    },
   ): Promise<GatewayModelResult>;
 }
 

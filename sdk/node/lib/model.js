@@ -99,10 +99,12 @@ class Model {
   /**
    * Ask the model. `messages`: one user message's text, or `{role, content}` messages. Options:
    * `schema` (a JSON schema: the result's `object` is the parsed answer), `temperature`,
-   * `maxOutputTokens`, `timeoutMs` (capped by the hook's deadline). Resolves to
-   * `{text, object, usage, finishReason, model, attempts}`; rejects with a ModelError.
+   * `maxOutputTokens`, `timeoutMs` (capped by the hook's deadline), `section` (with `schema`:
+   * `{content, instructions, question, phase}`, a typed verdict the gateway may judge in one call
+   * with other guards' about the same content; the answer is this call's own section either way).
+   * Resolves to `{text, object, usage, finishReason, model, attempts}`; rejects with a ModelError.
    */
-  generate(messages, { schema, temperature, maxOutputTokens, timeoutMs } = {}) {
+  generate(messages, { schema, temperature, maxOutputTokens, timeoutMs, section } = {}) {
     const { stub, key } = gateway();
     const list = typeof messages === 'string' ? [{ role: 'user', content: messages }] : messages;
     const request = {
@@ -114,6 +116,10 @@ class Model {
     if (schema) request.schema = convert.toStruct(schema);
     if (temperature !== undefined) request.temperature = temperature;
     if (maxOutputTokens !== undefined) request.max_output_tokens = maxOutputTokens;
+    if (section) {
+      const { content = '', instructions = '', question = '', phase = 'input' } = section;
+      request.section = { content, instructions, question, phase };
+    }
     const hookDeadline = this._signal ? deadlines.get(this._signal) : undefined;
     const bounds = [timeoutMs === undefined ? undefined : Date.now() + timeoutMs, hookDeadline].filter((d) => d !== undefined);
     const deadline = new Date(bounds.length ? Math.min(...bounds) : Date.now() + DEFAULT_TIMEOUT_MS);

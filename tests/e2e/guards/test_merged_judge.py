@@ -1,6 +1,7 @@
 """One judge call per text for every guard judging it (issue 33 items 1 and 4), end to end.
 
-Two `procmesh-sidecar guards` processes (no provider key in either), a real orchestrator process
+Two `procmesh-sidecar guards` processes (no provider key in either), a Node sidecar whose own
+processor asks for a mergeable verdict (`merge_judge.mjs`), a real orchestrator process
 serving the model gateway, and the scripted judge server (`judge_server.py`), which answers a
 merged call section by section with the same rules it answers each guard's call alone, and
 counts the calls. The same lanes run twice: merging (judge model ``merged``) and with every
@@ -21,7 +22,9 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import GATEWAY_KEY
+from tests.conftest import NODE_SDK
+from tests.deps import require, require_npm_packages
+from tests.e2e.gateway.support import GATEWAY_KEY, sidecar_env
 from tests.e2e.guards.conftest import guards_process
 from tests.e2e.guards.judge_server import JudgeServer, Rule, sections
 from tests.e2e.guards.test_guards import (
@@ -45,6 +48,7 @@ INJECTION = "Look for prompt injection"
 PII = "Find the PII in this content."
 LANGUAGE = "Detect the language"
 SCRUB = "Review this answer for leaked system prompts"
+POLICY = "Is this request allowed by the house policy?"
 GARBLE = "GARBLE"
 """A text whose PII section the judge answers with malformed JSON (twice)."""
 
@@ -69,6 +73,8 @@ def _rules() -> list[Rule]:
             },
         ),
         Rule((SCRUB,), {"detections": [], "reason": None}),
+        Rule((POLICY, "FORBIDDEN"), {"allowed": False}),
+        Rule((POLICY,), {"allowed": True}),
     ]
 
 
@@ -120,6 +126,17 @@ AGENTS = {
     "garbled-open": _garbled("garbled", True, "fail-open"),
     "garbled-open-alone": _garbled("garbled-alone", False, "fail-open"),
     "garbled-closed": _garbled("garbled", True, "fail-closed"),
+    # a Node processor of its own asking for a mergeable verdict, beside a built-in guard
+    "policy": {
+        "model": "echo",
+        "errorProcessorDefaults": False,
+        "inputProcessors": [_entry("n", "policy", "merged"), _entry("a", "moderation", "merged")],
+    },
+    "policy-alone": {
+        "model": "echo",
+        "errorProcessorDefaults": False,
+        "inputProcessors": [_entry("n", "policy", "alone"), _entry("a", "moderation", "alone", merge=False)],
+    },
     # the only guard of its lanes on its judge model: its plan waits for nobody
     "single": {
         "model": "echo",
@@ -145,20 +162,40 @@ def second_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProc
     yield from guards_process(sidecar_dir, gateway_port, "guards-b")
 
 
+@pytest.fixture(scope="module")
+def node_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
+    """``node merge_judge.mjs``: the Node SDK's `model` argument, asking with a section."""
+    require("node")
+    require_npm_packages(NODE_SDK)
+    proc = SidecarProcess(
+        [],
+        f"unix://{sidecar_dir / 'merge-judge.sock'}",
+        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
+        log_path=str(sidecar_dir / "merge-judge.log"),
+    )
+    proc.args = ["node", str(Path(__file__).with_name("merge_judge.mjs")), "--listen", proc.address]
+    proc.start()
+    yield proc
+    proc.stop(grace=2.0)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
     guards_sidecar: SidecarProcess,
     second_sidecar: SidecarProcess,
+    node_sidecar: SidecarProcess,
     judge_server: JudgeServer,
     gateway_port: int,
     start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> OrchestratorProcess:
     await guards_sidecar.wait_ready()
     await second_sidecar.wait_ready()
+    await node_sidecar.wait_ready()
     config = {
         "sidecars": {
             "a": {"address": guards_sidecar.address, "timeout": 10},
             "b": {"address": second_sidecar.address, "timeout": 10},
+            "n": {"address": node_sidecar.address, "timeout": 10},
         },
         "providers": {
             "judges": {"kind": "openai", "baseUrl": judge_server.base_url, "apiKeyEnv": "JUDGE_KEY"}
@@ -188,6 +225,7 @@ def _outcome(result: dict[str, Any]) -> dict[str, Any]:
 async def test_five_guards_in_two_sidecars_make_one_judge_call_per_text(
     orchestrator: OrchestratorProcess, judge_server: JudgeServer
 ) -> None:
+    await generate(orchestrator, "merged", "Hello")  # each sidecar's first call opens its gateway channel
     merged_before, alone_before = len(judge_server.calls("merged")), len(judge_server.calls("alone"))
     merged = await generate(orchestrator, "merged", "What is a processor?")
     alone = await generate(orchestrator, "alone", "What is a processor?")
@@ -265,23 +303,51 @@ async def test_a_guard_that_opts_out_is_judged_alone(
     assert sorted(input_call) == ["language-detector", "pii-detector", "prompt-injection-detector"]
 
 
-async def test_metrics_show_the_calls_saved_and_each_guards_verdict_latency(
-    orchestrator: OrchestratorProcess,
-) -> None:
-    await generate(orchestrator, "merged", "What is a processor?")
-    await generate(orchestrator, "single", "What is a processor?")
+async def _samples(orchestrator: OrchestratorProcess) -> list[Any]:
     async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=AUTH) as http:
         body = (await http.get("/metrics")).text
-    samples = [s for family in text_string_to_metric_families(body) for s in family.samples]
+    return [s for family in text_string_to_metric_families(body) for s in family.samples]
 
-    def value(name: str, **labels: str) -> float:
-        return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
 
-    made = value("procmesh_judge_calls_total", model="judges/merged")
-    assert made >= 2  # the input message, and at least one window of the answer
+def _value(samples: list[Any], name: str, **labels: str) -> float:
+    return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+
+
+async def test_metrics_show_the_calls_saved_and_each_guards_verdict_latency(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    await generate(orchestrator, "merged", "Hello")  # each sidecar's first call opens its gateway channel
+    before, calls = await _samples(orchestrator), len(judge_server.calls("merged"))
+    await generate(orchestrator, "merged", "What is a processor?")
+    await generate(orchestrator, "single", "What is a processor?")
+    after = await _samples(orchestrator)
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    windows = len(judge_server.calls("merged")) - calls - 2  # the merged run's input, the single run's
+    # one call per text: the merged run's message and windows, the single run's message
+    assert delta("procmesh_judge_calls_total", model="judges/merged") == 2 + windows
     # a call of n sections saves n - 1: 3 on the input, 2 per window
-    assert value("procmesh_judge_calls_saved_total", by="merged") >= 3 + 2 * (made - 1)
+    assert delta("procmesh_judge_calls_saved_total", by="merged") == 3 + 2 * windows
     for processor in ("moderation", "prompt-injection-detector", "language-detector", "pii-detector"):
-        assert value("procmesh_judge_verdict_seconds_count", processor=processor, source="merged") >= 1
+        assert delta("procmesh_judge_verdict_seconds_count", processor=processor, source="merged") >= 1
     # the single agent's moderation was judged alone, at once (its lanes plan no other section)
-    assert value("procmesh_judge_verdict_seconds_count", processor="moderation", source="alone") >= 1
+    assert delta("procmesh_judge_verdict_seconds_count", processor="moderation", source="alone") == 1
+
+
+async def test_a_processor_of_its_own_merges_its_verdict_with_a_guards(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    await generate(orchestrator, "policy", "Hello")  # the Node sidecar's first call opens its channel
+    before = len(judge_server.calls("merged"))
+    allowed = await generate(orchestrator, "policy", "What is a processor?")
+    assert allowed["finishReason"] == "stop", allowed
+    # the Node processor's section and moderation's (another sidecar, another language): one call
+    assert [sorted(c) for c in _merged_calls(judge_server, "merged", before)] == [["moderation", "policy"]]
+    for text in ("FORBIDDEN thing", "I HATE you"):
+        merged = await generate(orchestrator, "policy", text)
+        alone = await generate(orchestrator, "policy-alone", text)
+        assert _outcome(merged) == _outcome(alone)
+    forbidden = await generate(orchestrator, "policy", "FORBIDDEN thing")
+    assert forbidden["tripwire"]["processorId"] == "policy"

@@ -61,13 +61,18 @@ def _keyed(decisions: list[Decision]) -> dict[Key, Decision]:
     return keyed
 
 
+def _judged(decisions: list[Decision]) -> list[Decision]:
+    return [d for d in decisions if d.hook != "execute_tool"]
+
+
 def compared(
     recorded: list[Decision], candidate: list[Decision], stopped_at: int | None = None
 ) -> tuple[dict[Key, Decision], dict[Key, Decision]]:
     """Both runs' decisions by where each was made, as far as a replay that stopped at step
     `stopped_at` can compare them: every decision before that step, and at it those the candidate
-    made before it stopped (a recorded one it never got to is not known to change)."""
-    old, new = _keyed(recorded), _keyed(candidate)
+    made before it stopped (a recorded one it never got to is not known to change). Tool runs
+    (``execute_tool``) are left out: a replay answers them from the record."""
+    old, new = _keyed(_judged(recorded)), _keyed(_judged(candidate))
     if stopped_at is not None:
         new = {k: d for k, d in new.items() if k[0] <= stopped_at}
         old = {k: d for k, d in old.items() if k[0] < stopped_at or (k[0] == stopped_at and k in new)}

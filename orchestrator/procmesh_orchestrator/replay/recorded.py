@@ -4,19 +4,27 @@
 the candidate shows the model what the recorded run showed it (the prompt hash,
 `ModelRequest.digest`); otherwise the recorded answer no longer applies and the replay of the run
 stops there (`ReplayStopped`) rather than pretend. `RecordedTool` answers a tool call with its
-recorded result.
+recorded result, `RecordedCaller` a tool a processor added to a step and would run itself
+(ExecuteTool), and `RecordedModels` a processor's switch to another model.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from procmesh_orchestrator.replay.source import RecordedRun
 from procmesh_orchestrator.run.base import RunCore
-from procmesh_orchestrator.run.hooks import RunInfo
-from procmesh_orchestrator.run.models import Chunk, ModelRequest
+from procmesh_orchestrator.run.hooks import (
+    ExecuteToolArgs,
+    ExecuteToolResult,
+    HookArgs,
+    HookCaller,
+    Reply,
+    RunInfo,
+)
+from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest
 from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, Writer
 
 _OTHER_PROMPT = "the candidate shows the model another prompt than the recorded run did"
@@ -49,6 +57,17 @@ class RecordedModel:
         """Stop the replay of the run at `step` (the first stop is the one reported)."""
         self.stopped = self.stopped or ReplayStopped(step, reason)
         return self.stopped
+
+    def tool_result(self, step: int, call_id: str, name: str | None, args: Any) -> Any:
+        """The recorded result of a tool call (same id, tool and arguments), or ReplayStopped."""
+        recorded = self.run.tool_results.get(call_id)
+        if recorded is None or (name is not None and recorded.get("toolName") != name):
+            raise self.stop_at(
+                step, f"no recorded result of tool call {call_id!r} ({name or 'a processor tool'})"
+            )
+        if recorded.get("args") != args:
+            raise self.stop_at(step, f"tool call {call_id!r} ({name}): other arguments than recorded")
+        return recorded.get("result")
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """The recorded raw chunks of this call; ReplayStopped when the record has none or the
@@ -83,23 +102,53 @@ class RecordedTool:
     description: str
     input_schema: dict[str, Any]
     requires_approval: bool
-    run: RecordedRun
     model: RecordedModel
     """Where a call the record cannot answer stops the replay (`RecordedModel.stopped`)."""
 
     @classmethod
-    def of(cls, tool: Tool, run: RecordedRun, model: RecordedModel) -> RecordedTool:
-        """`tool`, answered from `run`'s record."""
-        return cls(tool.name, tool.description, tool.input_schema, tool.requires_approval, run, model)
+    def of(cls, tool: Tool, model: RecordedModel) -> RecordedTool:
+        """`tool`, answered from `model`'s run's record."""
+        return cls(tool.name, tool.description, tool.input_schema, tool.requires_approval, model)
 
     async def execute(self, run: RunCore, call: ToolCall, writer: Writer) -> ToolOutcome | None:
         """The recorded result of this call (same id, tool and arguments), or ReplayStopped."""
-        recorded = self.run.tool_results.get(call.call_id)
-        step = run.info.step_number
-        if recorded is None or recorded.get("toolName") != call.name:
-            raise self.model.stop_at(step, f"no recorded result of tool call {call.call_id!r} ({call.name})")
-        if recorded.get("args") != call.args:
-            raise self.model.stop_at(
-                step, f"tool call {call.call_id!r} ({call.name}) has other arguments than recorded"
-            )
-        return ToolOutcome(recorded.get("result"))
+        return ToolOutcome(self.model.tool_result(run.info.step_number, call.call_id, call.name, call.args))
+
+
+class RecordedCaller:
+    """A run's hook caller whose ExecuteTool calls (a tool a processor added to a step and runs
+    itself) are answered from the record; every other hook goes to the real sidecar."""
+
+    def __init__(self, caller: HookCaller, model: RecordedModel) -> None:
+        self._caller = caller
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._caller, name)
+
+    async def call(self, item: Any, args: HookArgs[Any]) -> Reply[Any]:
+        """The recorded result for ExecuteTool, else the sidecar's answer."""
+        if isinstance(args, ExecuteToolArgs):
+            step = self._model.info.step_number if self._model.info is not None else 0
+            result = self._model.tool_result(step, args.tool_call_id, None, args.args)
+            return Reply(ExecuteToolResult(result=result))
+        return await self._caller.call(item, args)
+
+
+class RecordedModels(dict[str, ModelProvider]):
+    """The agent's models by reference, each the recorded model: a processor's switch to another
+    model resolves as in a live run (a reference the candidate cannot resolve fails alike) and
+    calls nothing."""
+
+    def __init__(self, models: Mapping[str, ModelProvider], model: RecordedModel) -> None:
+        super().__init__({ref: model for ref in models})
+        self._models = models
+        self._model = model
+
+    def __missing__(self, ref: str) -> ModelProvider:
+        self._models[ref]  # KeyError as the candidate's registry raises it
+        return self._model
+
+    def get(self, ref: str, default: ModelProvider | None = None) -> ModelProvider | None:  # type: ignore[override]
+        """The recorded model for a reference the candidate resolves, else `default`."""
+        return self._model if self._models.get(ref) is not None else default

@@ -22,7 +22,13 @@ from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors.decisions import DecisionLog
-from procmesh_orchestrator.replay.recorded import RecordedModel, RecordedTool, ReplayStopped
+from procmesh_orchestrator.replay.recorded import (
+    RecordedCaller,
+    RecordedModel,
+    RecordedModels,
+    RecordedTool,
+    ReplayStopped,
+)
 from procmesh_orchestrator.replay.source import RecordedRun, ReplayError
 from procmesh_orchestrator.run import Agent, CallOptions, RunInfo
 from procmesh_orchestrator.store.decisions import Decision
@@ -82,14 +88,14 @@ class Replayer:
             model.info = info
             if isinstance(info.decisions, DecisionLog):
                 logs.append(info.decisions)
-            return caller
+            return RecordedCaller(caller, model)
 
         replaying = dataclasses.replace(
             spec,
             model=model,
             fallbacks=(),
-            models={name: model for name in spec.models},  # a processor's model switch too
-            tools={name: RecordedTool.of(tool, run, model) for name, tool in spec.tools.items()},
+            models=RecordedModels(spec.models, model),  # a processor's model switch too
+            tools={name: RecordedTool.of(tool, model) for name, tool in spec.tools.items()},
             memory=None,
             store=None,
             cost=None,

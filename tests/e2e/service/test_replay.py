@@ -48,9 +48,9 @@ RUNS = 50
 PROCMESH = str(Path(sys.executable).parent / "procmesh")
 
 
-def recorded_config(guards: str, db: str) -> dict[str, Any]:
+def recorded_config(guards: str, adder: str, db: str) -> dict[str, Any]:
     return {
-        "sidecars": {"guards": {"address": guards}},
+        "sidecars": {"guards": {"address": guards}, "adder": {"address": adder}},
         "models": {"demo": {"provider": "demo"}},
         "storage": {"path": db},
         "decisions": {"record": True},
@@ -76,6 +76,12 @@ def recorded_config(guards: str, db: str) -> dict[str, Any]:
                 "recordInputs": True,
                 "memory": {"lastMessages": 10},
                 "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+            },
+            "adder": {
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "recordInputs": True,
+                "inputProcessors": [{"processor": "adder/weather-adder"}],
             },
             "norec": {
                 "model": "demo",
@@ -174,8 +180,9 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     tmp = tmp_path_factory.mktemp("replay")
     guards = start_sidecar("examples", name="replay-guards")
-    await guards.wait_ready()
-    recorded = recorded_config(guards.address, str(tmp / "recorded.db"))
+    adder = start_sidecar(name="replay-adder", module="tests.fixtures.adder_sidecar")
+    await asyncio.gather(guards.wait_ready(), adder.wait_ready())
+    recorded = recorded_config(guards.address, adder.address, str(tmp / "recorded.db"))
     candidate = candidate_of(recorded)
     live_cfg = {**copy.deepcopy(candidate), "storage": {"path": str(tmp / "live.db")}}
     env = {"PROCMESH_API_KEYS": KEYS}
@@ -450,3 +457,13 @@ async def test_a_replay_posts_no_violation_webhook(stack: Stack) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_a_tool_a_processor_adds_and_runs_is_answered_from_the_record(stack: Stack) -> None:
+    """The adder's tool counts its calls: run again, it would answer otherwise and the next step's
+    prompt would differ. The replay answers the call from the record, so nothing changes."""
+    run_id = await stack.generate(stack.recorded, "what is the weather", agent="adder")
+    out = await stack.replay_here(run_id, "--config", str(stack.recorded_path), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert (run["changed"], run["stopped"]) == (False, None)

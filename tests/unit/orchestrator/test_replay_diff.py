@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from procmesh_orchestrator.replay.diff import compared, diff
-from procmesh_orchestrator.replay.recorded import RecordedModel, ReplayStopped
+from procmesh_orchestrator.replay.recorded import RecordedModel, RecordedModels, ReplayStopped
 from procmesh_orchestrator.replay.source import RecordedRun
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.store.decisions import Decision
@@ -123,3 +123,11 @@ async def test_an_output_the_recorded_run_stopped_reading_stops_the_replay_where
         await _read(model, ModelRequest(prompt=PROMPT), seen)
     assert seen == ANSWER[:1]
     assert "ends here" in stopped.value.reason
+
+
+def test_a_processors_model_switch_gets_the_recorded_model_where_the_candidate_resolves_it() -> None:
+    model = RecordedModel(_run(PROMPT, ANSWER), "m")
+    models = RecordedModels({"fast": RecordedModel(_run(PROMPT, ANSWER), "fast")}, model)
+    assert models.get("fast") is model
+    assert models["fast"] is model
+    assert models.get("unknown") is None  # as the candidate's registry answers it: the run fails alike

@@ -335,6 +335,12 @@ async def test_a_replay_job_over_http(stack: Stack) -> None:
     unknown_key = await stack.http.post(url, json={**body, "dryRun": True}, headers=OPERATOR)
     assert unknown_key.status_code == 400
     assert "dryRun" in unknown_key.text
+    twice = await stack.http.post(url, json={**body, "config": "agents: {}\nagents: {}\n"}, headers=OPERATOR)
+    assert twice.status_code == 400
+    assert "duplicate key 'agents'" in twice.text
+    bad_candidate = await stack.http.post(url, json={**body, "config": {"bogus": 1}}, headers=OPERATOR)
+    assert bad_candidate.status_code == 400
+    assert "bogus" in bad_candidate.text
     started = await stack.http.post(url, json=body, headers=OPERATOR)
     assert started.status_code == 202, started.text
     job_id = started.json()["id"]

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.config.loading import load_yaml
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.replay import Selection, replay
 from procmesh_orchestrator.service._auth import Caller
@@ -32,7 +33,7 @@ def _candidate(raw: Any) -> Any:
     """The body's ``config``: a mapping, or YAML (or JSON) text of one."""
     if isinstance(raw, str):
         try:
-            raw = yaml.safe_load(raw)
+            raw = load_yaml(raw)  # as the config file is read: a key given twice is refused
         except yaml.YAMLError as exc:
             raise BadRequestError(f"config: not YAML: {exc}") from None
     if not isinstance(raw, dict):

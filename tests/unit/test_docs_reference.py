@@ -1,0 +1,299 @@
+"""The docs' reference claims hold: they name only routes the HTTP API serves and subcommands
+`procmesh` has; their settings tables give every setting with its real default (docs/service.md:
+`OrchestratorSettings`; docs/processors.md: the SDK's `ProcessorSettings`); their config tables
+give each key's real default, and `required` exactly for the keys the schema requires.
+
+Like tests/unit/test_docs.py, each check reads the truth from the code (the HTTP app's route table,
+the CLI's parser, the settings classes, the config models), and `test_the_checks_catch_made_up_claims`
+feeds them made-up documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NoReturn
+
+import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
+from starlette.routing import BaseRoute, Match
+
+from procmesh import ProcessorSettings
+from procmesh_orchestrator import OrchestratorSettings
+from procmesh_orchestrator.service.http.app import build_http_app
+from tests.conftest import REPO
+from tests.unit.test_docs import DOCS, Doc, _command_lines, _rel
+
+SETTINGS_TABLES = {"docs/service.md": OrchestratorSettings, "docs/processors.md": ProcessorSettings}
+MIB = 1024 * 1024
+
+# -- routes --------------------------------------------------------------------------------------
+
+
+def served_routes() -> list[BaseRoute]:
+    """The HTTP app's route table (its 501 routes too: the docs list those as answered 501)."""
+    settings = OrchestratorSettings(config_file="unused.yaml")
+    app = build_http_app(SimpleNamespace(settings=settings))  # type: ignore[arg-type]
+    return list(app._app.routes)  # type: ignore[attr-defined]  # the Starlette app inside the Boundary
+
+
+def route_problems(doc: Doc, routes: list[BaseRoute]) -> list[str]:
+    """Every ``METHOD /path`` the doc names is a route of the table; a path parameter is written
+    ``{name}`` or ``:name``, an optional tail ``[/{toolId}]``."""
+    problems = []
+    for method, path in sorted(set(re.findall(r"\b(GET|POST|PUT|PATCH|DELETE) (/[^\s`|),;]*)", doc.text))):
+        concrete = re.sub(r"\{[^}]*\}|:[A-Za-z]\w*", "x", path.split("?")[0]).rstrip(".")
+        variants = {re.sub(r"\[[^\]]*\]", "", concrete), re.sub(r"[\[\]]", "", concrete)}
+        scopes = [{"type": "http", "path": v, "method": method, "root_path": ""} for v in variants]
+        if not all(any(r.matches(s)[0] == Match.FULL for r in routes) for s in scopes):
+            problems.append(f"{_rel(doc.path)}: {method} {path} is no route of the HTTP API")
+    return problems
+
+
+# -- settings tables -----------------------------------------------------------------------------
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """Every row of the doc's tables that have a default column, by header."""
+    rows: list[dict[str, str]] = []
+    header: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = []
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if not header:
+            header = cells
+        elif not set("".join(cells)) <= {"-", ":", " "} and "default" in header:
+            rows.append(dict(zip(header, cells, strict=False)))
+    return rows
+
+
+def spellings(value: Any) -> set[str]:
+    """How a table may write a default: `true`, `30` for 30.0, `4 MiB`, `["a"]` or `a`, `{}`."""
+    if isinstance(value, bool):
+        return {str(value).lower()}
+    if isinstance(value, int | float):
+        found = {str(int(value)) if float(value).is_integer() else str(value)}
+        return found | ({f"{value / MIB:g} MiB"} if value >= MIB and value % MIB == 0 else set())
+    if isinstance(value, list):
+        return {
+            json.dumps(value),
+            *([str(value[0])] if len(value) == 1 else []),
+            *([] if value else ["none"]),
+        }
+    if isinstance(value, dict):
+        return {json.dumps(value)}
+    return {str(value)}
+
+
+def settings_problems(doc: Doc, settings: type[BaseSettings]) -> list[str]:
+    """Each setting of the class is named in a row's env column (``PROCMESH_<FIELD>``), and the row's
+    default is the field's (a default computed at start, None here, is the doc's to explain)."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    fields = {f"{prefix}{name}".upper(): field for name, field in settings.model_fields.items()}
+    problems, named = [], set()
+    for row in table_rows(doc.text):
+        envs = [
+            e
+            for e in re.findall(r"PROCMESH_[A-Z0-9_]*[A-Z0-9]", row.get("env / flag", row.get("env", "")))
+            if e in fields
+        ]
+        named |= set(envs)
+        given = [d.strip() for d in row["default"].split(", ")] if len(envs) > 1 else [row["default"]]
+        for env, cell in zip(envs, given if len(given) == len(envs) else [""] * len(envs), strict=True):
+            default = fields[env].default
+            said = cell.replace("`", "").split(" (")[0].strip()
+            if default is not None and said not in spellings(default):
+                problems.append(f"{_rel(doc.path)}: {env} defaults to {default!r}, not {cell!r}")
+    problems += [f"{_rel(doc.path)}: no row names {env}" for env in sorted(set(fields) - named)]
+    return problems
+
+
+# -- config tables -------------------------------------------------------------------------------
+
+
+def config_models() -> dict[str, type[BaseModel]]:
+    """The model of each key prefix the config tables write (`agents.ID.maxSteps`: AgentConfig's)."""
+    from procmesh_orchestrator.config import schema, tools
+
+    return {
+        "sidecars.NAME.": schema.SidecarConfig,
+        "models.NAME.": schema.ModelConfig,
+        "tools.NAME.": tools.ToolConfig,
+        "agents.ID.memory.": schema.AgentMemoryConfig,
+        "agents.ID.": schema.AgentConfig,
+        "storage.": schema.StorageConfig,
+    }
+
+
+def _field(key: str, models: dict[str, type[BaseModel]]) -> FieldInfo | None:
+    for prefix, model in models.items():
+        if key.startswith(prefix):
+            name = key.removeprefix(prefix)
+            return next((f for n, f in model.model_fields.items() if (f.alias or n) == name), None)
+    return None
+
+
+def config_table_problems(doc: Doc, models: dict[str, type[BaseModel]]) -> list[str]:
+    """Each row of a ``| key | default |`` table whose keys are all fields of `models` gives each
+    field's default: `required` for a required field, its value for a fixed one (None, a default
+    the code works out, as is "", is the row's to explain). ``.inputSchema`` after
+    ``tools.NAME.description`` is its sibling."""
+    problems = []
+    for row in table_rows(doc.text):
+        if "key" not in row:
+            continue
+        keys: list[str] = []
+        for key in re.findall(r"`([^`]+)`", row["key"]):
+            keys.append(keys[-1].rsplit(".", 1)[0] + key if key.startswith(".") and keys else key)
+        fields = [_field(key, models) for key in keys]
+        cells = [c.strip() for c in row["default"].split(", ")] if len(keys) > 1 else [row["default"]]
+        prose = re.sub(r"`[^`]+`|[, ]", "", row["key"])  # `agents.ID.model` as a list: another form
+        if not keys or prose or None in fields or len(cells) != len(keys):
+            continue
+        for key, field, cell in zip(keys, fields, cells, strict=True):
+            assert field is not None
+            said = cell.replace("`", "").split(" (")[0].strip()
+            if field.is_required():
+                wrong = said != "required"
+            elif field.default_factory is not None:
+                wrong = said not in spellings(field.default_factory())  # type: ignore[call-arg]
+            else:  # None or "": a default the code works out (`baseUrl`: the kind's public API)
+                wrong = field.default not in (None, "") and said not in spellings(field.default)
+            if wrong:
+                want = "required" if field.is_required() else "its default"
+                problems.append(f"{_rel(doc.path)}: {key}'s default is not {cell!r} ({want})")
+    return problems
+
+
+# -- procmesh subcommands --------------------------------------------------------------------------
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def procmesh_parser() -> argparse.ArgumentParser:
+    """The `procmesh` CLI's parser, taken where it parses (as test_docs.cli_flags takes it)."""
+    from procmesh_orchestrator.cli.main import main
+
+    class Parsed(Exception):
+        pass
+
+    def parsed(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> NoReturn:
+        raise Parsed(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", parsed)
+        try:
+            main([])
+        except Parsed as caught:
+            return caught.args[0]  # type: ignore[no-any-return]
+    raise AssertionError("procmesh's main never parsed its arguments")
+
+
+def subcommand_problems(doc: Doc, parser: argparse.ArgumentParser) -> list[str]:
+    """Every `procmesh WORD [WORD]` command line names subcommands the parser has (a placeholder in
+    capitals and `generate|stream` alternatives are read as such)."""
+    problems = []
+    for line in _command_lines(doc):
+        words = line.split("#", 1)[0].split()
+        if len(words) < 2 or words[0] != "procmesh":
+            continue
+        choices = _subcommands(parser)
+        for word in words[1:3]:
+            if not choices or word.startswith(("-", "<")) or word.isupper():
+                break
+            for name in word.split("|"):
+                if name not in choices:
+                    problems.append(f"{_rel(doc.path)}: `{line[:60]}`: procmesh has no subcommand {name}")
+            choices = _subcommands(choices.get(word.split("|")[0], argparse.ArgumentParser()))
+    return problems
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[Doc]:
+    return [Doc.parse(path) for path in DOCS]
+
+
+def test_routes_in_the_docs_are_served(docs: list[Doc]) -> None:
+    routes = served_routes()
+    assert len(routes) > 50  # the table was reached
+    assert [p for doc in docs for p in route_problems(doc, routes)] == []
+
+
+@pytest.mark.parametrize("page", sorted(SETTINGS_TABLES))
+def test_the_settings_tables_give_every_setting_and_its_default(page: str) -> None:
+    doc = Doc.parse(REPO / page)
+    assert len(table_rows(doc.text)) >= 10  # the table was found
+    assert settings_problems(doc, SETTINGS_TABLES[page]) == []
+
+
+def test_the_checks_catch_made_up_claims() -> None:
+    fake = Doc.parse(
+        Path(REPO / "docs" / "made-up.md"),
+        "`POST /api/agents/{id}/frobnicate`, `GET /api/agents/:agentId` and\n"
+        "`PUT /api/agents/{id}/generate`.\n\n"
+        "| setting | env / flag | default | meaning |\n| --- | --- | --- | --- |\n"
+        "| http_host, http_port | `PROCMESH_HTTP_HOST`, `PROCMESH_HTTP_PORT` | `127.0.0.1`, `8080` | |\n"
+        "| max_request_bytes | `PROCMESH_MAX_REQUEST_BYTES` | 4 MiB | |\n"
+        "| abort_on_disconnect | `PROCMESH_ABORT_ON_DISCONNECT` | false | |\n",
+    )
+    assert route_problems(fake, served_routes()) == [
+        "docs/made-up.md: POST /api/agents/{id}/frobnicate is no route of the HTTP API",
+        "docs/made-up.md: PUT /api/agents/{id}/generate is no route of the HTTP API",
+    ]
+    problems = settings_problems(fake, OrchestratorSettings)
+    assert problems[:2] == [
+        "docs/made-up.md: PROCMESH_HTTP_PORT defaults to 4111, not '`8080`'",
+        "docs/made-up.md: PROCMESH_ABORT_ON_DISCONNECT defaults to True, not 'false'",
+    ]
+    assert "docs/made-up.md: no row names PROCMESH_API_KEYS" in problems
+    config = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "| key | default | meaning |\n|---|---|---|\n| `sidecars.NAME.address` | `localhost` | |\n"
+        "| `sidecars.NAME.timeout`, `.onFailure` | `10`, `fail-open` | |\n| `agents.ID.maxSteps` | `5` | |\n"
+        "| `agents.ID.memory.lastMessages` | required | |\n| `storage.maxConnections` | `10` | |\n",
+    )
+    assert config_table_problems(config, config_models()) == [
+        "docs/made-up.md: sidecars.NAME.address's default is not '`localhost`' (required)",
+        "docs/made-up.md: sidecars.NAME.timeout's default is not '`10`' (its default)",
+        "docs/made-up.md: sidecars.NAME.onFailure's default is not '`fail-open`' (its default)",
+        "docs/made-up.md: agents.ID.memory.lastMessages's default is not 'required' (its default)",
+    ]
+    commands = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "```sh\nprocmesh frob a\nprocmesh scenario walk x\nprocmesh generate|stream AGENT TEXT\n```\n",
+    )
+    assert subcommand_problems(commands, procmesh_parser()) == [
+        "docs/made-up.md: `procmesh frob a`: procmesh has no subcommand frob",
+        "docs/made-up.md: `procmesh scenario walk x`: procmesh has no subcommand walk",
+    ]
+
+
+def test_procmesh_subcommands_in_the_docs_exist(docs: list[Doc]) -> None:
+    parser = procmesh_parser()
+    assert {"generate", "stream", "replay"} <= set(_subcommands(parser))
+    assert [p for doc in docs for p in subcommand_problems(doc, parser)] == []
+
+
+@pytest.mark.parametrize("page", ["docs/configuration.md", "docs/providers.md"])
+def test_the_config_tables_give_each_keys_default(page: str) -> None:
+    from procmesh_orchestrator.config import schema
+
+    models = config_models()
+    if page == "docs/providers.md":
+        models = {"": schema.ProviderConfig}
+    assert config_table_problems(Doc.parse(REPO / page), models) == []

@@ -58,8 +58,9 @@ class RecordedModel:
         self.stopped = self.stopped or ReplayStopped(step, reason)
         return self.stopped
 
-    def tool_result(self, step: int, call_id: str, name: str | None, args: Any) -> Any:
-        """The recorded result of a tool call (same id, tool and arguments), or ReplayStopped."""
+    def tool_answer(self, step: int, call_id: str, name: str | None, args: Any) -> dict[str, Any]:
+        """The recorded answer of a tool call (same id, tool and arguments: `RecordedRun.tool_results`),
+        or ReplayStopped."""
         recorded = self.run.tool_results.get(call_id)
         if recorded is None or (name is not None and recorded.get("toolName") != name):
             raise self.stop_at(
@@ -67,7 +68,7 @@ class RecordedModel:
             )
         if recorded.get("args") != args:
             raise self.stop_at(step, f"tool call {call_id!r} ({name}): other arguments than recorded")
-        return recorded.get("result")
+        return recorded
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """The recorded raw chunks of this call; ReplayStopped when the record has none or the
@@ -112,7 +113,8 @@ class RecordedTool:
 
     async def execute(self, run: RunCore, call: ToolCall, writer: Writer) -> ToolOutcome | None:
         """The recorded result of this call (same id, tool and arguments), or ReplayStopped."""
-        return ToolOutcome(self.model.tool_result(run.info.step_number, call.call_id, call.name, call.args))
+        answer = self.model.tool_answer(run.info.step_number, call.call_id, call.name, call.args)
+        return ToolOutcome(answer.get("result"), answer.get("error"), model_output=answer.get("modelOutput"))
 
 
 class RecordedCaller:
@@ -130,8 +132,10 @@ class RecordedCaller:
         """The recorded result for ExecuteTool, else the sidecar's answer."""
         if isinstance(args, ExecuteToolArgs):
             step = self._model.info.step_number if self._model.info is not None else 0
-            result = self._model.tool_result(step, args.tool_call_id, None, args.args)
-            return Reply(ExecuteToolResult(result=result))
+            answer = self._model.tool_answer(step, args.tool_call_id, None, args.args)
+            return Reply(
+                ExecuteToolResult(answer.get("result"), answer.get("error"), answer.get("modelOutput"))
+            )
         return await self._caller.call(item, args)
 
 

@@ -34,7 +34,9 @@ class RecordedRun:
     outputs: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
     """Each model call's step and raw chunks, in call order."""
     tool_results: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Each tool call's recorded result (``toolCallId``, ``toolName``, ``args``, ``result``) by id."""
+    """Each tool call's recorded answer by id (``toolCallId``, ``toolName``, ``args``, then
+    ``result`` and ``modelOutput`` or ``error``): the tool's own (``tool-output``), else, in a
+    recording that has none, the result as processToolResult left it."""
     truncated: bool = False
     """The recording stopped at ``decisions.maxInputBytes``: what is missing was not kept."""
 
@@ -64,8 +66,11 @@ async def load_run(store: DecisionStore, run_id: str) -> RecordedRun:
             run.prompts.append((item.step, str(body.get("sha256", ""))))
         elif item.kind == "model-output":
             run.outputs.append((item.step, list(body)))
+        elif item.kind == "tool-output":
+            run.tool_results[str(body.get("toolCallId"))] = body
         elif item.kind == "tool-results":
-            run.tool_results.update({str(r.get("toolCallId")): r for r in body})
+            for result in body:  # the tool's own answer, when recorded, is the one to give
+                run.tool_results.setdefault(str(result.get("toolCallId")), result)
         elif item.kind == "truncated":
             run.truncated = True
     return run

@@ -104,6 +104,19 @@ def answer_for(pending: PendingTools, decision: Decision, run_id: str) -> Decisi
 _APPROVAL = json.loads(APPROVAL_SCHEMA)
 
 
+def _record_output(run: RunCore, step_number: int, call: ToolCall, outcome: ToolOutcome) -> None:
+    """The tool's own answer, before processToolResult (an error too), for replay
+    (``agents.ID.recordInputs``): a replay gives it to the candidate's processors as the tool did."""
+    body: dict[str, Any] = {"toolCallId": call.call_id, "toolName": call.name, "args": call.args}
+    if outcome.error is not None:
+        body["error"] = outcome.error
+    else:
+        body["result"] = outcome.result
+        if outcome.model_output is not None:
+            body["modelOutput"] = outcome.model_output
+    run.record_input("tool-output", step_number, body)
+
+
 async def run_tools(
     run: RunCore,
     assistant: dict[str, Any],
@@ -226,6 +239,7 @@ async def run_tools(
                     suspended.append((calls[index], _suspension(outcome.suspended)))
                     yield _suspended_chunk(call, outcome.suspended)
                     continue
+                _record_output(run, step_number, call, outcome)
                 if outcome.error is not None:
                     run.metrics.tool_calls.labels(call.name, "error").inc()
                     yield failed(call, outcome.error)

@@ -55,10 +55,14 @@ class Decision:
         return out
 
 
-INPUT_KINDS = ("input", "request-context", "model-prompt", "model-output", "tool-results", "truncated")
+INPUT_KINDS = (
+    "input", "request-context", "model-prompt", "model-output", "tool-output", "tool-results", "truncated"
+)  # fmt: skip
 """What a recorded input is: the run's input, its request context, a model call's prompt hash
-(``{"sha256"}``, `ModelRequest.digest`) and raw output (before any processor), a step's tool
-results; ``truncated`` marks where the run's size bound stopped the recording."""
+(``{"sha256"}``, `ModelRequest.digest`) and raw output (before any processor), a tool call's own
+answer (before processToolResult: ``result`` and ``modelOutput``, or ``error``), a step's tool
+results (as the run gave them on); ``truncated`` marks where the run's size bound stopped the
+recording."""
 
 
 @dataclass(slots=True)

@@ -186,6 +186,7 @@ async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Sta
         ("request-context", 0),
         ("model-prompt", 0),
         ("model-output", 0),
+        ("tool-output", 0),
         ("model-prompt", 1),
         ("model-output", 1),
         ("tool-results", 0),
@@ -195,6 +196,7 @@ async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Sta
     assert any(c["type"] == "tool-call" for c in bodies["model-output0"])  # raw: before any processor
     assert bodies["tool-results0"][0]["result"] == {"celsius": 21, "forecast": "sunny"}
     assert len(bodies["model-prompt1"]["sha256"]) == 64  # what the model was shown, as a hash
+    assert bodies["tool-output0"]["result"] == {"celsius": 21, "forecast": "sunny"}  # the tool's own
     deleted = await stack.http.delete(
         "/api/memory/threads/t9", params={"resourceId": "ada", "agentId": "rec"}, headers=ADA
     )

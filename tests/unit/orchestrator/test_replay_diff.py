@@ -5,14 +5,16 @@ one, a stop naming the step otherwise)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from procmesh_orchestrator.replay.diff import compared, diff
-from procmesh_orchestrator.replay.recorded import RecordedModel, RecordedModels, ReplayStopped
+from procmesh_orchestrator.replay.recorded import RecordedModel, RecordedModels, RecordedTool, ReplayStopped
 from procmesh_orchestrator.replay.source import RecordedRun
 from procmesh_orchestrator.run.models import ModelRequest
+from procmesh_orchestrator.run.tools import ToolCall
 from procmesh_orchestrator.store.decisions import Decision
 
 IN, OUT, STEP = "process_input", "process_output_stream", "process_output_step"
@@ -131,3 +133,24 @@ def test_a_processors_model_switch_gets_the_recorded_model_where_the_candidate_r
     assert models.get("fast") is model
     assert models["fast"] is model
     assert models.get("unknown") is None  # as the candidate's registry answers it: the run fails alike
+
+
+async def test_a_tool_call_gets_the_tools_recorded_answer_an_error_too() -> None:
+    answered = {"toolCallId": "c1", "toolName": "weather", "args": {"city": "Paris"}, "error": "down"}
+    run = RecordedRun("r", "a", [], input="hi", tool_results={"c1": answered})
+    model = RecordedModel(run, "m")
+    schema = {"type": "object"}
+    tool = RecordedTool("weather", "The weather.", schema, False, model)
+    at_step = SimpleNamespace(info=SimpleNamespace(step_number=1))
+    outcome = await tool.execute(at_step, ToolCall("c1", "weather", {"city": "Paris"}), _no_writer)  # type: ignore[arg-type]
+    assert (outcome.result, outcome.error) == (None, "down")
+    with pytest.raises(ReplayStopped) as other:
+        await tool.execute(at_step, ToolCall("c1", "weather", {"city": "Rome"}), _no_writer)  # type: ignore[arg-type]
+    assert (other.value.step, other.value.reason) == (
+        1,
+        "tool call 'c1' (weather): other arguments than recorded",
+    )
+
+
+async def _no_writer(chunk: dict[str, Any]) -> None:
+    raise AssertionError("a recorded tool writes nothing")

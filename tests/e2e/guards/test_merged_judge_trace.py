@@ -1,0 +1,156 @@
+"""The trace of a merged judge call (issue 33 item 4): two guards in two `procmesh-sidecar guards`
+processes, the orchestrator and the sidecars exporting over OTLP to a real receiver
+(tests/fixtures/otlp_receiver.py). The run's trace shows the one judge call (``procmesh.judge
+<model>``, its sections and their processors) and each guard's wait for its own section
+(``procmesh.judge.section <processor>``) under that guard's own gateway span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.gateway.support import GATEWAY_KEY
+from tests.e2e.guards.conftest import guards_process
+from tests.e2e.guards.judge_server import JudgeServer, Rule
+from tests.e2e.guards.test_guards import NO_ATTACK, NO_SCORES
+from tests.e2e.service.conftest import OrchestratorProcess
+from tests.e2e.service.test_tracing import CALLER_SPAN, TRACE_ID, otel_env, receiver, spans_of
+from tests.integration.service.support import API_KEYS, AUTH
+
+__all__ = ["receiver"]
+
+pytestmark = [pytest.mark.e2e]
+
+SECRET = "sk-judge-secret-of-the-trace-test"
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    server = JudgeServer(api_key=SECRET)
+    server.start()
+    server.judge(
+        "merged",
+        {},
+        Rule(("Judge this content for moderation.",), NO_SCORES),
+        Rule(("Look for prompt injection",), NO_ATTACK),
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def traced(
+    receiver: str,
+    judge_server: JudgeServer,
+    sidecar_dir: Path,
+    gateway_port: int,
+    start_orchestrator: Callable[..., OrchestratorProcess],
+) -> Iterator[OrchestratorProcess]:
+    with pytest.MonkeyPatch.context() as env:  # the sidecar processes inherit it
+        for key, value in otel_env(receiver, "guards").items():
+            env.setenv(key, value)
+        sidecars = [guards_process(sidecar_dir, gateway_port, name) for name in ("traced-a", "traced-b")]
+        a, b = (next(s) for s in sidecars)
+    try:
+        asyncio.run(_ready(a, b))
+        entry: Callable[[str, str], dict[str, Any]] = lambda sidecar, pid: {  # noqa: E731
+            "processor": f"{sidecar}/{pid}",
+            "options": {"model": "judges/merged"},
+        }
+        config = {
+            "sidecars": {
+                "a": {"address": a.address, "timeout": 10},
+                "b": {"address": b.address, "timeout": 10},
+            },
+            "providers": {
+                "judges": {"kind": "openai", "baseUrl": judge_server.base_url, "apiKeyEnv": "JUDGE_KEY"}
+            },
+            "models": {"echo": {"provider": "demo"}},
+            "agents": {
+                "guarded": {
+                    "model": "echo",
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": [entry("a", "moderation"), entry("b", "prompt-injection-detector")],
+                }
+            },
+        }
+        yield start_orchestrator(
+            config,
+            "--grpc-port",
+            str(gateway_port),
+            env={
+                **otel_env(receiver, "orchestrator"),
+                "PROCMESH_API_KEYS": f"{API_KEYS},{GATEWAY_KEY}=@gateway",
+                "JUDGE_KEY": SECRET,
+            },
+        )
+    finally:
+        for sidecar in sidecars:  # SIGTERM: each sidecar flushes its spans on the way out
+            next(sidecar, None)
+
+
+async def _ready(*sidecars: SidecarProcess) -> None:
+    await asyncio.gather(*(s.wait_ready() for s in sidecars))
+
+
+def _generate(orchestrator: OrchestratorProcess, text: str, headers: dict[str, str] | None = None) -> None:
+    with httpx.stream(
+        "POST",
+        f"{orchestrator.http_url}/api/agents/guarded/stream",
+        json={"messages": text},
+        headers={**AUTH, **(headers or {})},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert "[DONE]" in "".join(response.iter_text())
+
+
+def test_a_merged_judge_call_and_each_guards_section_are_traced(
+    traced: OrchestratorProcess, receiver: str, judge_server: JudgeServer
+) -> None:
+    _generate(traced, "Hello")  # each sidecar's first call opens its gateway channel
+    before = len(judge_server.calls("merged"))
+    _generate(traced, "What is a processor?", {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"})
+    assert len(judge_server.calls("merged")) - before == 1
+    for _ in range(100):  # the sidecars' hook spans may come in a later export than the run's
+        spans = spans_of(receiver, {"orchestrator", "guards"}, ("orchestrator", "invoke_agent guarded"))
+        by_id = {s["spanId"]: s for s in spans}
+        gateway_calls = [s for s in spans if s["name"] == "procmesh.model_gateway judges/merged"]
+        if len(gateway_calls) == 2 and all(g["parentSpanId"] in by_id for g in gateway_calls):
+            break
+        time.sleep(0.05)
+    (call,) = [s for s in spans if s["name"] == "procmesh.judge judges/merged"]
+    assert call["attributes"]["procmesh.judge.sections"] == 2
+    assert sorted(call["attributes"]["procmesh.judge.guards"].split(",")) == [
+        "moderation",
+        "prompt-injection-detector",
+    ]
+    sections = {s["name"]: s for s in spans if s["name"].startswith("procmesh.judge.section ")}
+    assert sorted(sections) == [
+        "procmesh.judge.section moderation",
+        "procmesh.judge.section prompt-injection-detector",
+    ]
+    gateways = []
+    for section in sections.values():
+        assert section["attributes"]["procmesh.judge.sections"] == 2
+        gateway = by_id[section["parentSpanId"]]  # under its own guard's gateway call
+        assert gateway["name"] == "procmesh.model_gateway judges/merged"
+        gateways.append(gateway)
+        hook = by_id[gateway["parentSpanId"]]  # which the guard's hook made, in its sidecar
+        assert hook["service"] == "guards"
+    assert {g["attributes"]["procmesh.processor.id"] for g in gateways} == {
+        "moderation",
+        "prompt-injection-detector",
+    }
+    # the one call runs under the gateway span of the guard whose request opened the group
+    assert by_id[call["parentSpanId"]]["spanId"] in {s["spanId"] for s in sections.values()} | {
+        g["spanId"] for g in gateways
+    }

@@ -67,9 +67,8 @@ class Replayer:
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.app.stop(
-            drain=False
-        )  # the serving App's background calls are not the replay's to wait for
+        # the process's background calls and webhook posts are the serving App's, not the replay's
+        await self.app.stop(drain=False)
 
     async def replay(self, run: RecordedRun) -> Replayed:
         """Run the candidate's agent on the run's recorded input and request context; its model

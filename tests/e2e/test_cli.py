@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import select
 import socket
@@ -18,6 +19,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import BIN
+from tests.integration.providers.fakes import FakeOpenAI, error
 
 pytestmark = pytest.mark.e2e
 
@@ -123,6 +125,26 @@ def test_a_tripwire_exits_3_and_is_reported_the_same_way_by_both_commands(
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1] == "[tripwire] topic-guard: Blocked: the request mentions 'jailbreak'"
     assert "You said" not in proc.stdout  # the model was never called
+
+
+@pytest.mark.parametrize("command", ["generate", "stream"])
+def test_a_failed_run_exits_1_and_is_reported_the_same_way_by_both_commands(
+    command: str, tmp_path: Path
+) -> None:
+    api = FakeOpenAI().start()
+    api.script("m", error(400, "Invalid parameter: no such thing."))
+    config = tmp_path / "failing.yaml"
+    agent = {"model": "fake/m", "errorProcessorDefaults": False}
+    provider = {"kind": "openai", "baseUrl": api.base_url}
+    config.write_text(json.dumps({"providers": {"fake": provider}, "agents": {"failing": agent}}))
+    try:
+        proc = procmesh(command, "failing", "hi", "--config", str(config))
+    finally:
+        api.stop()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("[error] "), proc.stderr
+    assert "Invalid parameter: no such thing." in last
 
 
 @pytest.fixture

@@ -89,7 +89,12 @@ async def _call(args: argparse.Namespace) -> int:
     async with App(load_config(args.config)) as app:
         agent = app.agent(args.agent)
         if args.command == "generate":
-            result = await agent.generate(args.text, options)
+            try:
+                result = await agent.generate(args.text, options)
+            except OrchestratorError as exc:
+                if exc.result is None:  # refused before a run started (its request context)
+                    raise
+                result = exc.result  # a failed run: reported as stream reports one
             if args.json:  # the body POST /api/agents/{id}/generate answers
                 print(dumps(result_json(result)))
             else:

@@ -3,8 +3,8 @@
 P1 one no-op unary hook vs a raw grpc.aio echo of the same bytes (unix socket and TCP).
 P2 a 1,000-delta streamed run through 3 speculative pass-through sidecars vs the reference engine
    (@mastra/core) with 3 in-process processors; beside it no processors, and the 3 in-process.
-P3 added p99 latency per chunk at 50 chunks/s through 3 speculative sidecars, and the 3 fused in
-   one sidecar, vs the p99 of one raw grpc.aio bidi echo hop.
+P3 added p99 latency per chunk at 50 chunks/s through 3 speculative sidecars (vs the p99 of 3
+   parallel raw grpc.aio bidi echo hops, and of one), and the 3 fused in one sidecar (vs one hop).
 P4 200 concurrent streamed runs through 3 sidecars vs in-process: errors, runs/s, peak memory.
 P5 a sidecar slower than a 200 ms run deadline: how far past it the run ends.
 P6 three 50 ms speculative input guards: what they add vs the reference (sequential there), and

@@ -100,8 +100,10 @@ def _five(judge: str, merge: bool = True, opt_out: str = "") -> dict[str, Any]:
             entry("b", "pii-detector"),
             entry("a", "language-detector", options={"strategy": "warn"}),
         ],
+        # moderation holds each window until its verdict: the scrubber and PII after it are rewound
+        # onto the parts it lets go, and find their verdicts again (no second call)
         "outputProcessors": [
-            entry("a", "moderation", name="moderation-out", options={"strategy": "warn"}),
+            entry("a", "moderation", name="moderation-out"),
             entry("b", "system-prompt-scrubber"),
             entry("a", "pii-detector", name="pii-out"),
         ],

@@ -27,7 +27,7 @@ from procmesh import ProcessorSettings
 from procmesh_orchestrator import OrchestratorSettings
 from procmesh_orchestrator.service.http.app import build_http_app
 from tests.conftest import REPO
-from tests.unit.test_docs import DOCS, Doc, _command_lines, _rel
+from tests.unit.test_docs import DOCS, Doc, _command_lines, _rel, missing_packages
 
 SETTINGS_TABLES = {"docs/service.md": OrchestratorSettings, "docs/processors.md": ProcessorSettings}
 MIB = 1024 * 1024
@@ -297,3 +297,10 @@ def test_the_config_tables_give_each_keys_default(page: str) -> None:
     if page == "docs/providers.md":
         models = {"": schema.ProviderConfig}
     assert config_table_problems(Doc.parse(REPO / page), models) == []
+
+
+def test_the_orchestrators_page_names_every_package() -> None:
+    """orchestrator/README.md's split by role names each top-level package (`store/`)."""
+    page = Doc.parse(REPO / "orchestrator" / "README.md")
+    named = {f"orchestrator/procmesh_orchestrator/{span}" for span in page.spans if span.endswith("/")}
+    assert missing_packages(named) == []

@@ -174,7 +174,9 @@ class OrchestratorMetrics:
         self.judge_calls_saved = Counter(
             "procmesh_judge_calls_saved_total",
             "Judge model calls not made, by processor and what saved them: cache (a stored or in-flight "
-            "verdict), cheap-first (a judge never asked: a deterministic check before it ended the run).",
+            "verdict), cheap-first (a judge never asked: a deterministic check before it ended the run), "
+            "merged (a section answered in another guard's judge call), repeat (a section asked again in "
+            "its run, answered with its verdict of moments ago).",
             ["processor", "by"],
             registry=r,
         )

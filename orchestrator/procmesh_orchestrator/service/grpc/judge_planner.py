@@ -17,6 +17,10 @@ first request (a guard that judges no text this time, or one behind a processor 
 speculative, is not waited for longer). A group of one is the guard's own call, made alone with
 its own prompt: exactly what it was without the planner.
 
+**Repeats.** The orchestrator may ask a speculative entry again with the same text (an entry
+before it changed only its input's metadata, as language detection does): the very same
+question in the same run, answered less than `REPEAT_SECONDS` ago, gets that verdict at once.
+
 **Failures.** A call that fails (the provider, the deadline, cost control) fails every section
 in it. A section whose value does not match its guard's schema gets one retry, merged with the
 other failed sections and told what was wrong, as a call alone gets one; after that only its
@@ -24,8 +28,8 @@ guard's request fails (FAILED_PRECONDITION), and its processor's ``onFailure`` a
 
 **Metrics.** ``procmesh_judge_calls_total{model}`` counts the judge calls made for sections,
 ``procmesh_judge_calls_saved_total{processor,by}`` the calls not made (``by="merged"``: a merged
-call of n sections counts one under each processor but the first's; a cache or cheap-first
-wrapper counts ``cache`` / ``cheap-first``), and ``procmesh_judge_verdict_seconds{processor,
+call of n sections counts one under each processor but the first's; ``repeat``: a verdict given
+again; a cache or cheap-first wrapper counts ``cache`` / ``cheap-first``), and ``procmesh_judge_verdict_seconds{processor,
 source}`` each guard's wait for its verdict (the gateway's ``source``: ``alone`` or ``merged``).
 The merged call is traced as ``procmesh.judge <model>`` (its sections and their processors as
 attributes), each guard's wait as ``procmesh.judge.section <processor>`` under its gateway span.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +65,12 @@ log = logging.getLogger(__name__)
 
 MERGE_WINDOW = 0.05
 """Seconds a group waits at most for the requests its plan expects (from its first request)."""
+REPEAT_SECONDS = 30.0
+"""Seconds a section's verdict answers the very same question again in the same run: a
+speculative call the orchestrator discarded (an entry before it changed its input's metadata)
+and asks again gets the verdict at once, with no second call and no wait for a group."""
+_REPEATS = 4096
+"""Verdicts kept for repeats (the oldest out first)."""
 
 Judge = Callable[[SectionRequest], Awaitable[SectionVerdict]]
 """One guard's verdict: the planner's entry point, and the shape of anything wrapping it."""
@@ -145,6 +156,7 @@ class JudgePlanner:
         self._window = window
         self._open: dict[str, _Group] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answered: OrderedDict[str, tuple[float, SectionVerdict]] = OrderedDict()
 
     def _plan(self) -> JudgePlan:
         """The serving config's plan (made again after a reload)."""
@@ -156,6 +168,10 @@ class JudgePlanner:
     async def judge(self, request: SectionRequest) -> SectionVerdict:
         """`request`'s own verdict, from a call shared with every request merged with it."""
         loop = asyncio.get_running_loop()
+        answered = self._answered.get(_repeat_key(request))
+        if answered is not None and loop.time() - answered[0] < REPEAT_SECONDS:
+            self._metrics.judge_calls_saved.labels(request.processor, "repeat").inc()
+            return answered[1]
         key = request.merge_key()
         group = self._open.get(key)
         if group is None:
@@ -201,7 +217,12 @@ class JudgePlanner:
                 outcomes = await self._merged(requests)
         except Exception as exc:  # the call failed: every section of it fails alike
             outcomes = [exc] * len(members)
-        for (_, future), outcome in zip(members, outcomes, strict=True):
+        now = asyncio.get_running_loop().time()
+        for (request, future), outcome in zip(members, outcomes, strict=True):
+            if not isinstance(outcome, BaseException) and request.run_id:
+                self._answered[_repeat_key(request)] = (now, outcome)
+                while len(self._answered) > _REPEATS:
+                    self._answered.popitem(last=False)
             if future.done():
                 continue
             if isinstance(outcome, BaseException):
@@ -264,6 +285,11 @@ class JudgePlanner:
                 f"its schema in 2 attempts: {problems[i]}",
             )
         return [o for o in out if o is not None]
+
+
+def _repeat_key(request: SectionRequest) -> str:
+    """The same question in the same run (a run-less call is never a repeat: run "" is many)."""
+    return f"{request.run_id}\0{request.cache_key()}" if request.run_id else ""
 
 
 def _json(value: Any) -> str:

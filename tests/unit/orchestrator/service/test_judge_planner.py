@@ -188,3 +188,19 @@ async def test_the_call_is_cancelled_once_no_caller_waits(metrics: OrchestratorM
     await asyncio.gather(*calls, return_exceptions=True)
     await asyncio.sleep(0.01)
     assert judge.cancelled == 1
+
+
+async def test_the_same_question_asked_again_in_the_run_is_answered_at_once(
+    metrics: OrchestratorMetrics,
+) -> None:
+    judge = Judge({"pii": {"flag": True}})
+    planner = _planner(judge, metrics, window=30)
+    await asyncio.gather(*(planner.judge(_request(g)) for g in ("moderation", "pii", "injection")))
+    # a discarded speculative call asked again: no call, no wait for a group the plan expects
+    again = await asyncio.wait_for(planner.judge(_request("pii")), 5)
+    assert again.value == {"flag": True}
+    assert judge.merged == [["moderation", "pii", "injection"]]
+    assert metrics.judge_calls_saved.labels("pii", "repeat")._value.get() == 1
+    # another run's question is its own (a lone guard there: judged alone at once)
+    await asyncio.wait_for(planner.judge(_request("pii", agent="one", run="r2")), 5)
+    assert judge.alone == ["pii"]

@@ -141,7 +141,8 @@ def _field(key: str, models: dict[str, type[BaseModel]]) -> FieldInfo | None:
 
 
 def config_table_problems(doc: Doc, models: dict[str, type[BaseModel]]) -> list[str]:
-    """Each row of a ``| key | default |`` table whose keys are all fields of `models` gives each
+    """A key under a prefix of `models` (`agents.ID.maxSteps`) is a field of its model, and each
+    row of a ``| key | default |`` table whose keys are all fields of `models` gives each
     field's default: `required` for a required field, its value for a fixed one (None, a default
     the code works out, as is "", is the row's to explain). ``.inputSchema`` after
     ``tools.NAME.description`` is its sibling."""
@@ -154,6 +155,11 @@ def config_table_problems(doc: Doc, models: dict[str, type[BaseModel]]) -> list[
             keys.append(keys[-1].rsplit(".", 1)[0] + key if key.startswith(".") and keys else key)
         fields = [_field(key, models) for key in keys]
         cells = [c.strip() for c in row["default"].split(", ")] if len(keys) > 1 else [row["default"]]
+        problems += [
+            f"{_rel(doc.path)}: {key} is no config key"
+            for key, field in zip(keys, fields, strict=True)
+            if field is None and any(key.startswith(p) and "." not in key.removeprefix(p) for p in models)
+        ]
         prose = re.sub(r"`[^`]+`|[, ]", "", row["key"])  # `agents.ID.model` as a list: another form
         if not keys or prose or None in fields or len(cells) != len(keys):
             continue
@@ -265,13 +271,15 @@ def test_the_checks_catch_made_up_claims() -> None:
         REPO / "docs" / "made-up.md",
         "| key | default | meaning |\n|---|---|---|\n| `sidecars.NAME.address` | `localhost` | |\n"
         "| `sidecars.NAME.timeout`, `.onFailure` | `10`, `fail-open` | |\n| `agents.ID.maxSteps` | `5` | |\n"
-        "| `agents.ID.memory.lastMessages` | required | |\n| `storage.maxConnections` | `10` | |\n",
+        "| `agents.ID.memory.lastMessages` | required | |\n| `storage.maxConnections` | `10` | |\n"
+        "| `agents.ID.maxStep` | `5` | |\n",
     )
     assert config_table_problems(config, config_models()) == [
         "docs/made-up.md: sidecars.NAME.address's default is not '`localhost`' (required)",
         "docs/made-up.md: sidecars.NAME.timeout's default is not '`10`' (its default)",
         "docs/made-up.md: sidecars.NAME.onFailure's default is not '`fail-open`' (its default)",
         "docs/made-up.md: agents.ID.memory.lastMessages's default is not 'required' (its default)",
+        "docs/made-up.md: agents.ID.maxStep is no config key",
     ]
     commands = Doc.parse(
         REPO / "docs" / "made-up.md",

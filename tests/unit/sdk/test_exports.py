@@ -18,6 +18,7 @@ EXPECTED_ALL = [
     "SERVICE_NAME",
     "TRACE_ID",
     "JsonFormatter",
+    "JudgeSection",
     "MessageList",
     "Processor",
     "ProcessorClient",

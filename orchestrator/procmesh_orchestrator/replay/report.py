@@ -1,10 +1,11 @@
 """A replay's report: per run, its decision changes (or why it stopped, or why it could not be
 replayed), and a summary: the runs whose outcome changes, what each processor of the candidate
-blocks, masks and retries (a monitor's would-be counted), and the latency each adds."""
+blocks, masks and retries (a monitor's would-be counted), the latency each adds, and the judge
+model calls the candidate's guards made through its gateway."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ class Report:
         self._counts: dict[str, dict[str, float]] = defaultdict(
             lambda: {"block": 0, "mask": 0, "retry": 0, "addedLatencyMs": 0.0}
         )
+        self._judge_calls: Counter[str] = Counter()
 
     def not_replayable(self, run: RecordedRun) -> None:
         """A run with a decision record but no recorded inputs: listed, not skipped."""
@@ -71,6 +73,7 @@ class Report:
         recorded, candidate = compared(run.decisions, replayed.decisions, stopped_at)
         report = RunReport(run.run_id, run.agent_id, diff(recorded, candidate), replayed.stopped)
         report.seconds = replayed.seconds
+        self._judge_calls.update(replayed.judge_calls)
         for d in candidate.values():
             counts = self._counts[processor(d)]
             kind = _COUNTED.get(d.would or d.outcome)
@@ -89,7 +92,8 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         """Runs replayed and changed, stops, runs not replayable, and per processor of either side:
-        the candidate's block / mask / retry counts and its added latency (ms, summed over runs)."""
+        the candidate's block / mask / retry counts and its added latency (ms, summed over runs);
+        the judge model calls, in total and per calling processor (as the gateway names it)."""
         processors = {
             name: {**counts, "addedLatencyMs": round(counts["addedLatencyMs"], 3)}
             for name, counts in sorted(self._counts.items())
@@ -101,6 +105,10 @@ class Report:
             "stopped": [r.to_json()["stopped"] | {"runId": r.run_id} for r in self.runs if r.stopped],
             "notReplayable": [r.run_id for r in self.runs if r.not_replayable],
             "processors": processors,
+            "judgeCalls": {
+                "total": sum(self._judge_calls.values()),
+                "processors": dict(sorted(self._judge_calls.items())),
+            },
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -131,4 +139,6 @@ class Report:
                 f"  {name}: block {counts['block']:g}, mask {counts['mask']:g}, retry {counts['retry']:g}, "
                 f"added latency {counts['addedLatencyMs']:+.1f} ms"
             )
+        judged = ", ".join(f"{name} {n}" for name, n in s["judgeCalls"]["processors"].items())
+        lines.append(f"judge calls: {s['judgeCalls']['total']}" + (f" ({judged})" if judged else ""))
         return "\n".join(lines)

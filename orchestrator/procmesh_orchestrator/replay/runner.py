@@ -3,17 +3,19 @@ started, as the config says), its agents' model and tools answered from each run
 (`recorded`), its processors' decisions collected as a live run's are (`DecisionLog`), never
 written to the store.
 
-The candidate runs without memory, durability, cost control and violation routes (no webhook is
-posted): the record holds what the model was given at each step (its hash), not the thread's
-history, so a run whose recorded prompt held history stops at its first model call, said so
-(`ReplayStopped`), rather than pretend.
+Its judging guards call the candidate's judge models for real, through the candidate's model
+gateway (`gateway`), counted per run. The candidate runs without memory, durability, cost control
+and violation routes (no webhook is posted): the record holds what the model was given at each
+step (its hash), not the thread's history, so a run whose recorded prompt held history stops at
+its first model call, said so (`ReplayStopped`), rather than pretend.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +24,7 @@ from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors.decisions import DecisionLog
+from procmesh_orchestrator.replay.gateway import ReplayGateway
 from procmesh_orchestrator.replay.recorded import (
     RecordedCaller,
     RecordedModel,
@@ -36,11 +39,13 @@ from procmesh_orchestrator.store.decisions import Decision
 
 def offline(candidate: Config) -> Config:
     """The candidate as a replay runs it: decisions collected, inputs not recorded, no memory,
-    no durable runs (nothing of a replay goes to the store)."""
-    agents = {
-        agent_id: agent.model_copy(update={"memory": None, "durable": False, "record_inputs": False})
-        for agent_id, agent in candidate.agents.items()
-    }
+    no durable runs, no cost control (nothing of a replay goes to the store: its gateway's judge
+    calls are not charged to the ledger)."""
+    agents = {}
+    for agent_id, agent in candidate.agents.items():
+        update = {"memory": None, "durable": False, "record_inputs": False, "cost_control": None}
+        agents[agent_id] = copy = agent.model_copy(update=update)
+        copy._lane_cost = None  # a token-cost-control entry's limit, read at validation
     decisions = candidate.decisions.model_copy(update={"record": True, "record_content": False})
     return candidate.model_copy(update={"agents": agents, "decisions": decisions})
 
@@ -52,6 +57,8 @@ class Replayed:
     decisions: list[Decision]
     stopped: ReplayStopped | None
     seconds: float
+    judge_calls: Counter[str] = field(default_factory=Counter)
+    """The model calls its judging guards made through the gateway, by calling processor."""
 
 
 class Replayer:
@@ -59,9 +66,14 @@ class Replayer:
 
     def __init__(self, candidate: Config, *, metrics: OrchestratorMetrics | None = None) -> None:
         self.app = App(offline(candidate), metrics=metrics or OrchestratorMetrics())
+        self.gateway = ReplayGateway(self.app)
 
     async def __aenter__(self) -> Replayer:
-        await self.app.start()
+        try:
+            await self.app.start(gateway=await self.gateway.start())
+        except BaseException:
+            await self.gateway.stop()
+            raise
         return self
 
     async def __aexit__(
@@ -69,6 +81,7 @@ class Replayer:
     ) -> None:
         # the process's background calls and webhook posts are the serving App's, not the replay's
         await self.app.stop(drain=False)
+        await self.gateway.stop()
 
     async def replay(self, run: RecordedRun) -> Replayed:
         """Run the candidate's agent on the run's recorded input and request context; its model
@@ -102,6 +115,7 @@ class Replayer:
             violation_routes={},  # a replay posts no violation webhook
         )
         options = CallOptions(request_context=dict(run.request_context), resource_id=run.resource_id)
+        judged = self.gateway.judge_calls()
         started = time.perf_counter()
         try:
             await Agent(replaying, self.app.metrics).generate(run.input, options)
@@ -110,4 +124,4 @@ class Replayer:
                 raise
         took = time.perf_counter() - started
         decisions = [d for log in logs for d in log.take(run.run_id, run.agent_id)[0]]
-        return Replayed(decisions, model.stopped, took)
+        return Replayed(decisions, model.stopped, took, self.gateway.judge_calls() - judged)

@@ -37,6 +37,7 @@ from procmesh_orchestrator.cli import replay as replay_cli
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.run import violation_routes
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -45,6 +46,7 @@ KEYS = "op-key=@operator,ada-key=ada"
 OPERATOR = {"Authorization": "Bearer op-key"}
 ADA = {"Authorization": "Bearer ada-key"}
 RUNS = 50
+HATE = {"category_scores": [{"category": "hate", "score": 0.9}], "reason": "hateful"}
 PROCMESH = str(Path(sys.executable).parent / "procmesh")
 
 
@@ -473,3 +475,47 @@ async def test_a_tool_a_processor_adds_and_runs_is_answered_from_the_record(stac
     assert out.returncode == 0, out.stdout + out.stderr
     (run,) = json.loads(out.stdout)["runs"]
     assert (run["changed"], run["stopped"]) == (False, None)
+
+
+async def test_a_judging_guard_the_candidate_adds_judges_through_its_gateway(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The candidate adds the built-in moderation guard: the sidecar the replay starts judges
+    through the candidate's model gateway, so the scripted judge (a real server) is asked for real,
+    blocks the runs whose text it flags, and the summary counts exactly the calls it answered."""
+    judge = JudgeServer(api_key="sk-judge-of-the-replay")
+    judge.start()
+    try:
+        judge.judge("mod", {"category_scores": [], "reason": None}, Rule(("banana",), HATE))
+        monkeypatch.setenv("JUDGE_KEY", "sk-judge-of-the-replay")  # the replay's own, never its sidecar's
+        cfg = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))
+        cfg["providers"] = {"judges": {"kind": "openai", "baseUrl": judge.base_url, "apiKeyEnv": "JUDGE_KEY"}}
+        moderation = {
+            "processor": "builtins/moderation",
+            "options": {"model": "judges/mod", "categories": ["hate"]},
+        }
+        cfg["agents"]["rec"]["inputProcessors"].append(moderation)
+        path = tmp_path / "moderated.yaml"
+        path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+        out = await stack.replay_here(
+            "--config", str(path), "--agent", "rec", "--since", stack.since, "--until", stack.until, "--json"
+        )
+        assert out.returncode == 3, out.stdout + out.stderr
+        summary = json.loads(out.stdout)["summary"]
+        # the topic guard before it blocks the jailbreaks: every other run is judged, the bananas flagged
+        flagged = {stack.run_ids[i] for i in range(RUNS) if "banana" in text_of(i) and i % 9 != 2}
+        assert flagged
+        assert set(summary["changed"]) == flagged
+        assert summary["processors"]["builtins/moderation"]["block"] == len(flagged)
+        judged = summary["judgeCalls"]
+        assert judged["total"] == len(judge.calls("mod")) >= RUNS - sum(1 for i in range(RUNS) if i % 9 == 2)
+        assert sum(judged["processors"].values()) == judged["total"]
+        asked = len(judge.calls("mod"))
+        (run_id,) = sorted(flagged)[:1]
+        text = await stack.replay_here(run_id, "--config", str(path))
+        assert text.returncode == 3, text.stdout + text.stderr
+        (name,) = judged["processors"]
+        assert f"judge calls: 1 ({name} 1)" in text.stdout
+        assert len(judge.calls("mod")) == asked + 1
+    finally:
+        judge.stop()

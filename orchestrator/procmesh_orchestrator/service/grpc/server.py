@@ -98,6 +98,15 @@ class GrpcServer:
         await self._server.stop(grace)
 
 
+def gateway_server(service: ServiceCore, socket: str) -> grpc.aio.Server:
+    """ModelService alone, behind the same guard, on the unix socket `socket`: the model gateway of
+    a replay's candidate (`procmesh replay`), which serves its sidecars and no agent."""
+    server = grpc.aio.server(interceptors=[Guard(service)])
+    model_gateway.add_model_gateway(service, server)
+    _bind_unix(server, socket)
+    return server
+
+
 def _bind_unix(server: grpc.aio.Server, path: str) -> None:
     """Listen on the unix socket `path` as well; a stale socket file (a crashed process's) goes."""
     if os.path.exists(path):

@@ -28,7 +28,10 @@ from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest
 from procmesh_orchestrator.run.tools import Tool, ToolCall, ToolOutcome, Writer
 
 _OTHER_PROMPT = "the candidate shows the model another prompt than the recorded run did"
-_THREAD = " (the recorded run's memory thread, whose history its prompt held, is not replayed)"
+_THREAD = (
+    " (the recorded run's memory thread, whose history its prompt held, is not replayed: its"
+    " recording kept no memory-context)"
+)
 
 
 class ReplayStopped(Exception):
@@ -84,7 +87,7 @@ class RecordedModel:
         step = recorded_step if self.info is None else self.info.step_number
         recorded = self.run.prompts[index][1] if index < len(self.run.prompts) else ""
         if recorded != request.digest():
-            why = _OTHER_PROMPT + (_THREAD if self.run.thread_id else "")
+            why = _OTHER_PROMPT + (_THREAD if self.run.thread_id and self.run.memory is None else "")
             raise self.stop_at(step, f"recorded model output no longer applies from step {step}: {why}")
         for chunk in chunks:
             yield chunk

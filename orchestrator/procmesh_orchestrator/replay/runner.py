@@ -5,9 +5,9 @@ written to the store.
 
 Its judging guards call the candidate's judge models for real, through the candidate's model
 gateway (`gateway`), counted per run. The candidate runs without memory, durability, cost control
-and violation routes (no webhook is posted): the record holds what the model was given at each
-step (its hash), not the thread's history, so a run whose recorded prompt held history stops at
-its first model call, said so (`ReplayStopped`), rather than pretend.
+and violation routes (no webhook is posted): a run whose agent had memory gets what memory made
+of its recorded prompt (`memory`; no store is read, no thread written); one recorded without that
+stops at its first model call, said so (`ReplayStopped`), rather than pretend.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors.decisions import DecisionLog
 from procmesh_orchestrator.replay.gateway import ReplayGateway
+from procmesh_orchestrator.replay.memory import answered_from_record
 from procmesh_orchestrator.replay.recorded import (
     RecordedCaller,
     RecordedModel,
     RecordedModels,
-    RecordedTool,
     ReplayStopped,
 )
 from procmesh_orchestrator.replay.source import RecordedRun, ReplayError
@@ -107,7 +107,7 @@ class Replayer:
             model=model,
             fallbacks=(),
             models=RecordedModels(spec.models, model),  # a processor's model switch too
-            tools={name: RecordedTool.of(tool, model) for name, tool in spec.tools.items()},
+            **answered_from_record(run, spec, model),  # its tools, and its memory as recorded
             memory=None,
             store=None,
             cost=None,

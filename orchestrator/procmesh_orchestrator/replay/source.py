@@ -28,7 +28,7 @@ class RecordedRun:
     request_context: dict[str, Any] = field(default_factory=dict)
     resource_id: str = ""
     thread_id: str = ""
-    """The memory thread it ran on ("" for none): its history is not in the record."""
+    """The memory thread it ran on ("" for none)."""
     prompts: list[tuple[int, str]] = field(default_factory=list)
     """Each model call's step and prompt hash (`ModelRequest.digest`), in call order."""
     outputs: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
@@ -37,6 +37,9 @@ class RecordedRun:
     """Each tool call's recorded answer by id (``toolCallId``, ``toolName``, ``args``, then
     ``result`` and ``modelOutput`` or ``error``): the tool's own (``tool-output``), else, in a
     recording that has none, the result as processToolResult left it."""
+    memory: dict[str, Any] | None = None
+    """What memory made of its prompt (``memory-context``), when its agent had memory and recorded
+    it: the replay gives the candidate exactly this (`replay.memory`)."""
     truncated: bool = False
     """The recording stopped at ``decisions.maxInputBytes``: what is missing was not kept."""
 
@@ -71,6 +74,8 @@ async def load_run(store: DecisionStore, run_id: str) -> RecordedRun:
         elif item.kind == "tool-results":
             for result in body:  # the tool's own answer, when recorded, is the one to give
                 run.tool_results.setdefault(str(result.get("toolCallId")), result)
+        elif item.kind == "memory-context":
+            run.memory = body
         elif item.kind == "truncated":
             run.truncated = True
     return run

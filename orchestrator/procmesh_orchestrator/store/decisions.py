@@ -56,9 +56,12 @@ class Decision:
 
 
 INPUT_KINDS = (
-    "input", "request-context", "model-prompt", "model-output", "tool-output", "tool-results", "truncated"
+    "input", "request-context", "memory-context", "model-prompt", "model-output", "tool-output",
+    "tool-results", "truncated",
 )  # fmt: skip
-"""What a recorded input is: the run's input, its request context, a model call's prompt hash
+"""What a recorded input is: the run's input, its request context, what memory made of its
+prompt (system messages, the messages once the history loaded, memory's tools:
+`run.framework.memory.MessageHistory`), a model call's prompt hash
 (``{"sha256"}``, `ModelRequest.digest`) and raw output (before any processor), a tool call's own
 answer (before processToolResult: ``result`` and ``modelOutput``, or ``error``), a step's tool
 results (as the run gave them on); ``truncated`` marks where the run's size bound stopped the

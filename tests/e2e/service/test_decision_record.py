@@ -165,8 +165,8 @@ async def test_a_run_records_exactly_its_decisions_with_hashes_and_no_content(st
 
 
 async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Stack) -> None:
-    """Item 2: the run's input, its request context, each step's raw model output and the tool
-    results, in the store with the run, deleted with its thread."""
+    """Item 2: the run's input, its request context, what memory made of its prompt, each step's
+    raw model output and the tool results, in the store with the run, deleted with its thread."""
     result = (
         await stack.http.post(
             "/api/agents/rec/generate",
@@ -184,6 +184,7 @@ async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Sta
     assert kinds == [
         ("input", 0),
         ("request-context", 0),
+        ("memory-context", 0),
         ("model-prompt", 0),
         ("model-output", 0),
         ("tool-output", 0),
@@ -197,6 +198,8 @@ async def test_an_agent_recording_inputs_keeps_what_its_run_was_given(stack: Sta
     assert bodies["tool-results0"][0]["result"] == {"celsius": 21, "forecast": "sunny"}
     assert len(bodies["model-prompt1"]["sha256"]) == 64  # what the model was shown, as a hash
     assert bodies["tool-output0"]["result"] == {"celsius": 21, "forecast": "sunny"}  # the tool's own
+    # what memory made of the prompt (a new thread: no history, the input as given)
+    assert [source for _, source in bodies["memory-context0"]["messages"]] == ["input"]
     deleted = await stack.http.delete(
         "/api/memory/threads/t9", params={"resourceId": "ada", "agentId": "rec"}, headers=ADA
     )

@@ -17,6 +17,7 @@ import http.server
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -423,12 +424,56 @@ async def test_the_same_config_with_a_lane_changed_by_set(stack: Stack) -> None:
     assert "--set 'agents.rec': give KEY=VALUE" in bad.stderr
 
 
-async def test_a_run_whose_prompt_held_its_threads_history_stops_saying_so(stack: Stack) -> None:
-    """Replay runs without memory: the thread's first run replays unchanged, the second (whose
-    prompt held the first turn) stops at step 0 naming the reason."""
+def thread_rows(stack: Stack, thread: str) -> list[tuple[Any, ...]]:
+    """The thread and its messages as the recorded store's file holds them."""
+    db = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))["storage"]["path"]
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        threads = conn.execute("SELECT * FROM threads WHERE thread_id = ?", (thread,)).fetchall()
+        messages = conn.execute("SELECT * FROM messages WHERE thread_id = ?", (thread,)).fetchall()
+    return [*threads, *messages]
+
+
+async def test_a_run_with_memory_replays_what_memory_gave_its_prompt(stack: Stack, tmp_path: Path) -> None:
+    """Three turns of one thread (lastMessages): the third's prompt held the first two, which its
+    record kept, so the unchanged config replays it without a stop and no change; a guard blocking
+    a word of the first turn blocks it (the candidate's processors see the recorded history); the
+    thread in the store is as the three turns left it."""
+    memory = {"thread": "three-turns", "resource": "ada"}
+    texts = ["hello, my fruit is apricot", "hello again", "which fruit did I name"]
+    runs = [await stack.generate(stack.recorded, text, agent="mem", memory=memory) for text in texts]
+    before = thread_rows(stack, "three-turns")
+    assert len(before) == 1 + 2 * len(texts)  # the thread, a question and an answer per turn
+    unchanged = await stack.replay_here(runs[2], "--config", str(stack.recorded_path), "--json")
+    assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+    (run,) = json.loads(unchanged.stdout)["runs"]
+    assert (run["stopped"], run["changes"], run["changed"]) == (None, [], False)
+    cfg = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))
+    guard = {"processor": "guards/topic-guard", "name": "fruit-guard", "options": {"words": ["apricot"]}}
+    cfg["agents"]["mem"]["inputProcessors"].append(guard)
+    path = tmp_path / "fruit-guard.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    blocked = await stack.replay_here(runs[2], "--config", str(path), "--json")
+    assert blocked.returncode == 3, blocked.stderr
+    (run,) = json.loads(blocked.stdout)["runs"]
+    assert run["stopped"] is None
+    assert [(c["step"], c["entry"], c["hook"], c["recorded"], c["candidate"]) for c in run["changes"]] == [
+        (0, "fruit-guard", "process_input", None, "abort")
+    ]
+    assert thread_rows(stack, "three-turns") == before  # a replay writes no thread
+
+
+async def test_a_run_recorded_without_its_memory_stops_saying_so(stack: Stack) -> None:
+    """A recording that kept no memory-context (as one made before memory was recorded): the
+    thread's first run replays unchanged (nothing was loaded), the second stops at step 0 naming
+    the reason."""
     memory = {"thread": "replayed-thread", "resource": "ada"}
     first = await stack.generate(stack.recorded, "hello there", agent="mem", memory=memory)
     second = await stack.generate(stack.recorded, "hello again", agent="mem", memory=memory)
+    db = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))["storage"]["path"]
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute(
+            "DELETE FROM run_inputs WHERE kind = 'memory-context' AND run_id IN (?, ?)", (first, second)
+        )
     unchanged = await stack.replay_here(first, "--config", str(stack.recorded_path), "--json")
     assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
     out = await stack.replay_here(second, "--config", str(stack.recorded_path), "--json")

@@ -135,6 +135,7 @@ class AgentMemory:
             working = WorkingMemoryProcessor(
                 self.store, self.working_memory, resource_id, thread_id, read_only
             )
+        history.working = working
         return CallMemory(history, ContextWindowRecovery(history), working)
 
 
@@ -224,6 +225,8 @@ class MessageHistory(FrameworkProcessor):
             self.hooks = frozenset({*self.hooks, "process_input_step"})
         self.read_only = read_only
         self.key = f"memory:{self.processor_id}"
+        self.working: WorkingMemoryProcessor | None = None
+        """The call's working memory, which ran just before: its system message is memory's too."""
 
     async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
         if isinstance(args, InputArgs):
@@ -271,6 +274,7 @@ class MessageHistory(FrameworkProcessor):
         history = [m for m in stored if m.get("role") != "system" and not _is_transient_signal(m)]
         run.ml.prepend(history, msgs.MEMORY)
         drop_echoes(run, tail)
+        recalled_from = len(run.system)
         if self.recall is not None:
             try:
                 await self.recall.recall(run, self.thread_id, self.resource_id)
@@ -280,6 +284,21 @@ class MessageHistory(FrameworkProcessor):
         run.unsettled_results = run.ml.settle_tool_calls(run.unsettled_results, msgs.INPUT)
         if self.budget is not None:
             await self._trim(run, self.budget)
+        added = self.working.added if self.working is not None else None
+        self._record(run, [*([added] if added else []), *run.system[recalled_from:]])
+
+    def _record(self, run: RunCore, system: list[Message]) -> None:
+        """What memory made of the call's prompt, for replay (``agents.ID.recordInputs``): its
+        system messages, the message list once it loaded (history, recalled messages, the input
+        without what the client echoed), and the tools it offers; a replay gives the candidate
+        exactly this instead of reading the store (`replay.memory`)."""
+        tools = [
+            {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+            for t in run.memory_tools.values()
+        ]
+        messages = [[m, source] for m, source in run.ml.dump()]
+        body = {"system": system, "messages": messages, "unsettled": run.unsettled_results, "tools": tools}
+        run.record_input("memory-context", 0, body)
 
     async def _window(self, run: RunCore) -> tuple[list[Message], list[Message]]:
         """The last `window` stored messages, and a tail long enough to find what the client

@@ -393,6 +393,8 @@ class WorkingMemoryProcessor(FrameworkProcessor):
         self.thread_id = thread_id
         self.read_only = read_only
         self.key = f"memory:{self.processor_id}"
+        self.added: dict[str, Any] | None = None
+        """The system message it added (what memory's record for replay keeps of it)."""
 
     async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
         if isinstance(args, InputArgs):
@@ -404,7 +406,8 @@ class WorkingMemoryProcessor(FrameworkProcessor):
                 log.error("run %s: loading the working memory failed: %s", run.run_id, exc)
                 raise type(exc)(f"memory: loading the working memory failed: {client_message(exc)}") from exc
             text = instruction(self.settings, stored.text if stored else None, read_only=self.read_only)
-            run.system.append(msgs.text_message("system", text))
+            self.added = msgs.text_message("system", text)
+            run.system.append(self.added)
         return None
 
     def tool(self) -> UpdateWorkingMemoryTool | None:

@@ -80,6 +80,13 @@ def recorded_config(guards: str, adder: str, db: str) -> dict[str, Any]:
                 "memory": {"lastMessages": 10},
                 "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
             },
+            "notes": {  # memory with working memory: a system message and updateWorkingMemory
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "recordInputs": True,
+                "memory": {"lastMessages": 10, "workingMemory": {"template": "# Notes\n- fruit:"}},
+                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+            },
             "adder": {
                 "model": "demo",
                 "errorProcessorDefaults": False,
@@ -434,13 +441,14 @@ def thread_rows(stack: Stack, thread: str) -> list[tuple[Any, ...]]:
 
 
 async def test_a_run_with_memory_replays_what_memory_gave_its_prompt(stack: Stack, tmp_path: Path) -> None:
-    """Three turns of one thread (lastMessages): the third's prompt held the first two, which its
-    record kept, so the unchanged config replays it without a stop and no change; a guard blocking
+    """Three turns of one thread (lastMessages, working memory): the third's prompt held the first
+    two, the working memory's instruction and its tool, which its record kept, so the unchanged
+    config replays it without a stop and no change; a guard blocking
     a word of the first turn blocks it (the candidate's processors see the recorded history); the
     thread in the store is as the three turns left it."""
     memory = {"thread": "three-turns", "resource": "ada"}
     texts = ["hello, my fruit is apricot", "hello again", "which fruit did I name"]
-    runs = [await stack.generate(stack.recorded, text, agent="mem", memory=memory) for text in texts]
+    runs = [await stack.generate(stack.recorded, text, agent="notes", memory=memory) for text in texts]
     before = thread_rows(stack, "three-turns")
     assert len(before) == 1 + 2 * len(texts)  # the thread, a question and an answer per turn
     unchanged = await stack.replay_here(runs[2], "--config", str(stack.recorded_path), "--json")
@@ -449,7 +457,7 @@ async def test_a_run_with_memory_replays_what_memory_gave_its_prompt(stack: Stac
     assert (run["stopped"], run["changes"], run["changed"]) == (None, [], False)
     cfg = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))
     guard = {"processor": "guards/topic-guard", "name": "fruit-guard", "options": {"words": ["apricot"]}}
-    cfg["agents"]["mem"]["inputProcessors"].append(guard)
+    cfg["agents"]["notes"]["inputProcessors"].append(guard)
     path = tmp_path / "fruit-guard.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     blocked = await stack.replay_here(runs[2], "--config", str(path), "--json")

@@ -114,6 +114,14 @@ class GoldenJudge(FakeOpenAI):
         self._counts: Counter[str] = Counter()
         self._count_lock = threading.Lock()
 
+    def start(self) -> GoldenJudge:
+        super().start()
+        assert self._server is not None
+        # a planned lane sends a whole turn's judge calls at once (76 for ten turns' history): the
+        # socketserver's backlog of 5 reset the connections beyond it, failing the guards' calls
+        self._server.socket.listen(256)
+        return self
+
     def count(self, model: str) -> int:
         """Requests for `model` so far."""
         with self._count_lock:

@@ -12,9 +12,10 @@ section. How long to wait is planned from the lanes, not guessed: `JudgePlan` co
 judge model and phase, the entries of one lane that name that model without ``merge_judge:
 false`` (the run's agent's when the run is live on this replica, else the most any agent has).
 A group goes out as soon as that many requests are in it, at once when
-the plan says one (a lone guard waits for nothing), and at the latest `MERGE_WINDOW` after its
-first request (a guard that judges no text this time, or one behind a processor that is not
-speculative, is not waited for longer). A group of one is the guard's own call, made alone with
+the plan says one (a lone guard waits for nothing), else once its lane (the run's phase on that
+model) has sent nothing for `MERGE_WINDOW`, and at the latest `MERGE_CAP` after its first request
+(a guard that judges no text this time, or one behind a processor that is not speculative, is
+not waited for longer). A group of one is the guard's own call, made alone with
 its own prompt: exactly what it was without the planner.
 
 **Repeats.** The orchestrator may ask a speculative entry again with the same text (an entry
@@ -29,8 +30,9 @@ guard's request fails (FAILED_PRECONDITION), and its processor's ``onFailure`` a
 **Metrics.** ``procmesh_judge_calls_total{model}`` counts the judge calls made for sections,
 ``procmesh_judge_calls_saved_total{processor,by}`` the calls not made (``by="merged"``: a merged
 call of n sections counts one under each processor but the first's; ``repeat``: a verdict given
-again; a cache or cheap-first wrapper counts ``cache`` / ``cheap-first``), and ``procmesh_judge_verdict_seconds{processor,
-source}`` each guard's wait for its verdict (the gateway's ``source``: ``alone`` or ``merged``).
+again; a cache or cheap-first wrapper counts ``cache`` / ``cheap-first``), and
+``procmesh_judge_verdict_seconds{processor,source}`` each guard's wait for its verdict (the
+gateway's ``source``: ``alone`` or ``merged``).
 The merged call is traced as ``procmesh.judge <model>`` (its sections and their processors as
 attributes), each guard's wait as ``procmesh.judge.section <processor>`` under its gateway span.
 """
@@ -64,7 +66,9 @@ from procmesh_orchestrator.service.grpc.judge_sections import (
 log = logging.getLogger(__name__)
 
 MERGE_WINDOW = 0.05
-"""Seconds a group waits at most for the requests its plan expects (from its first request)."""
+"""Seconds a group still missing requests its plan expects waits after its lane's last request."""
+MERGE_CAP = 1.0
+"""Seconds a group waits at most (from its first request), however long its lane keeps sending."""
 REPEAT_SECONDS = 30.0
 """Seconds a section's verdict answers the very same question again in the same run: a
 speculative call the orchestrator discarded (an entry before it changed its input's metadata)
@@ -131,6 +135,8 @@ def _lane_options(config: Config, lane: list[Any]) -> Iterator[Mapping[str, Any]
 @dataclass
 class _Group:
     expected: int
+    lane: str
+    started: float
     members: list[tuple[SectionRequest, asyncio.Future[SectionVerdict]]] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
 
@@ -155,6 +161,8 @@ class JudgePlanner:
         self._label = model_label
         self._window = window
         self._open: dict[str, _Group] = {}
+        self._lanes: dict[str, set[str]] = {}
+        """A lane's groups still waiting (by merge key): its every request keeps them waiting."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._answered: OrderedDict[str, tuple[float, SectionVerdict]] = OrderedDict()
 
@@ -172,22 +180,40 @@ class JudgePlanner:
         if answered is not None and loop.time() - answered[0] < REPEAT_SECONDS:
             self._metrics.judge_calls_saved.labels(request.processor, "repeat").inc()
             return answered[1]
-        key = request.merge_key()
+        key, lane = request.merge_key(), request.lane_key()
         group = self._open.get(key)
         if group is None:
-            group = _Group(self._plan().count(request))
+            group = _Group(self._plan().count(request), lane, loop.time())
             self._open[key] = group
-            if group.expected > 1:
-                group.timer = loop.call_later(self._window, self._dispatch, key, group)
+            self._lanes.setdefault(lane, set()).add(key)
         future: asyncio.Future[SectionVerdict] = loop.create_future()
         group.members.append((request, future))
         if len(group.members) >= group.expected:  # all the plan expects are in
             self._dispatch(key, group)
+        self._hold(lane)
         return await future
+
+    def _hold(self, lane: str) -> None:
+        """The lane is still sending: each of its waiting groups waits `window` more (capped).
+
+        Guards send their questions about a run's texts one after another (a guard judging
+        twenty messages sends twenty), so a group's last member may come long after its first
+        while the lane's requests keep arriving; once they stop, what is in goes out."""
+        loop = asyncio.get_running_loop()
+        for key in self._lanes.get(lane, ()):
+            group = self._open[key]
+            if group.timer is not None:
+                group.timer.cancel()
+            at = min(loop.time() + self._window, group.started + MERGE_CAP)
+            group.timer = loop.call_at(at, self._dispatch, key, group)
 
     def _dispatch(self, key: str, group: _Group) -> None:
         if self._open.get(key) is group:
             del self._open[key]
+            waiting = self._lanes[group.lane]
+            waiting.discard(key)
+            if not waiting:
+                del self._lanes[group.lane]
         if group.timer is not None:
             group.timer.cancel()
         live = [(r, f) for r, f in group.members if not f.done()]  # a caller gone (cancelled) is left out

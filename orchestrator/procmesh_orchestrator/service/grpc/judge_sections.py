@@ -60,11 +60,13 @@ class SectionRequest:
     agent: str | None = None
     """The agent of the run, when the run is live on this replica (its lanes plan the merge)."""
 
+    def lane_key(self) -> str:
+        """Questions with equal keys come from one lane of one run (any content)."""
+        return _digest([self.model, self.run_id, self.resource, self.phase, dict(self.settings)])
+
     def merge_key(self) -> str:
-        """Questions with equal keys may share one model call."""
-        return _digest(
-            [self.model, self.run_id, self.resource, self.phase, self.content, dict(self.settings)]
-        )
+        """Questions with equal keys may share one model call: one lane's, about one content."""
+        return _digest([self.lane_key(), self.content])
 
     def cache_key(self) -> str:
         """Everything the section's answer depends on (a verdict cache's address)."""

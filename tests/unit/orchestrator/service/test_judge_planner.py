@@ -204,3 +204,20 @@ async def test_the_same_question_asked_again_in_the_run_is_answered_at_once(
     # another run's question is its own (a lone guard there: judged alone at once)
     await asyncio.wait_for(planner.judge(_request("pii", agent="one", run="r2")), 5)
     assert judge.alone == ["pii"]
+
+
+async def test_a_lane_still_sending_keeps_its_groups_waiting(metrics: OrchestratorMetrics) -> None:
+    judge = Judge()
+    planner = _planner(judge, metrics, window=0.05)
+    first = asyncio.ensure_future(planner.judge(_request("moderation", content="m1")))
+    # moderation's questions about other messages keep coming, 30 ms apart, for 150 ms
+    others = []
+    for i in range(5):
+        await asyncio.sleep(0.03)
+        others.append(asyncio.ensure_future(planner.judge(_request("moderation", content=f"m{i + 2}"))))
+    assert judge.merged == []  # m1's group, 150 ms old, still waits: its lane is not done
+    late = [asyncio.ensure_future(planner.judge(_request(g, content="m1"))) for g in ("pii", "injection")]
+    await asyncio.gather(first, *late)
+    assert ["moderation", "pii", "injection"] in judge.merged
+    await asyncio.gather(*others)  # the rest go out alone once the lane is quiet
+    assert judge.alone == ["moderation"] * 5

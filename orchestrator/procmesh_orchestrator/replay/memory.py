@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from procmesh_orchestrator.replay.recorded import RecordedModel, RecordedTool
 from procmesh_orchestrator.replay.source import RecordedRun
 from procmesh_orchestrator.run.framework import FrameworkProcessor
-from procmesh_orchestrator.run.hooks import HookArgs, InputArgs, LaneEntry
+from procmesh_orchestrator.run.framework.history_budget import HistoryBudget
+from procmesh_orchestrator.run.framework.memory import trim_prompt
+from procmesh_orchestrator.run.hooks import HookArgs, InputArgs, InputStepArgs, LaneEntry
 from procmesh_orchestrator.run.types import AgentSpec, Lanes
 
 if TYPE_CHECKING:
@@ -28,14 +30,17 @@ R = TypeVar("R")
 
 class RecordedMemory(FrameworkProcessor):
     """processInput: the call's messages, system messages and unsettled tool results become
-    what they were once the recorded run's memory ran."""
+    what they were once the recorded run's memory ran. With a recorded token budget,
+    processInputStep trims the history from the prompt as memory did (its boundary unwritten)."""
 
     processor_id = "recorded-memory"
-    hooks = frozenset({"process_input"})
     key = "memory:recorded-memory"
 
     def __init__(self, context: Mapping[str, Any]) -> None:
         self.context = context
+        budget = context.get("budget")
+        self.budget = HistoryBudget.of(budget["maxTokens"], budget["atMaxRemoveTokens"]) if budget else None
+        self.hooks = frozenset({"process_input", "process_input_step"} if budget else {"process_input"})
 
     async def run_hook(self, run: RunCore, args: HookArgs[R]) -> R | None:
         if isinstance(args, InputArgs):
@@ -46,6 +51,8 @@ class RecordedMemory(FrameworkProcessor):
                 run.ml.add(msg, source)
             run.system.extend(context["system"])
             run.unsettled_results = list(context["unsettled"])
+        elif isinstance(args, InputStepArgs) and self.budget is not None:
+            trim_prompt(run, self.budget)
         return None
 
 

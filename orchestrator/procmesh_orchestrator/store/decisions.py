@@ -60,7 +60,7 @@ INPUT_KINDS = (
     "tool-results", "truncated",
 )  # fmt: skip
 """What a recorded input is: the run's input, its request context, what memory made of its
-prompt (system messages, the messages once the history loaded, memory's tools:
+prompt (system messages, the messages once the history loaded, memory's tools, its token budget:
 `run.framework.memory.MessageHistory`), a model call's prompt hash
 (``{"sha256"}``, `ModelRequest.digest`) and raw output (before any processor), a tool call's own
 answer (before processToolResult: ``result`` and ``modelOutput``, or ``error``), a step's tool

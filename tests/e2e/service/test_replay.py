@@ -87,6 +87,13 @@ def recorded_config(guards: str, adder: str, db: str) -> dict[str, Any]:
                 "memory": {"lastMessages": 10, "workingMemory": {"template": "# Notes\n- fruit:"}},
                 "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
             },
+            "budgeted": {  # a token budget the third turn's tool result outgrows at step 1
+                "model": "demo",
+                "errorProcessorDefaults": False,
+                "tools": ["weather"],
+                "recordInputs": True,
+                "memory": {"lastMessages": 10, "messageHistory": {"maxTokens": 140, "atMaxRemoveTokens": 0}},
+            },
             "adder": {
                 "model": "demo",
                 "errorProcessorDefaults": False,
@@ -468,6 +475,33 @@ async def test_a_run_with_memory_replays_what_memory_gave_its_prompt(stack: Stac
         (0, "fruit-guard", "process_input", None, "abort")
     ]
     assert thread_rows(stack, "three-turns") == before  # a replay writes no thread
+
+
+async def test_a_token_budget_trims_the_replayed_history_as_it_trimmed_the_recorded(stack: Stack) -> None:
+    """The third turn loads both earlier turns, asks for the weather, and its tool result makes the
+    prompt outgrow the budget at step 1, where memory trimmed the oldest history (the thread's
+    boundary moved): the replay trims it alike from the recorded budget, so nothing stops."""
+    memory = {"thread": "budgeted-turns", "resource": "ada"}
+    texts = ["hello, my fruit is apricot", "hello again", "what is the weather"]
+    runs = [await stack.generate(stack.recorded, text, agent="budgeted", memory=memory) for text in texts]
+    db = yaml.safe_load(stack.recorded_path.read_text(encoding="utf-8"))["storage"]["path"]
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        (body,) = conn.execute(
+            "SELECT body FROM run_inputs WHERE run_id = ? AND kind = 'memory-context'", (runs[2],)
+        ).fetchone()
+        (metadata,) = conn.execute(
+            "SELECT metadata FROM threads WHERE thread_id = 'budgeted-turns'"
+        ).fetchone()
+    context = json.loads(body)
+    assert [s for _, s in context["messages"]].count("memory") == 4  # all history loaded at step 0
+    assert context["budget"] == {"maxTokens": 140, "atMaxRemoveTokens": 0}
+    assert "memoryTokenLimiter" in json.loads(metadata)  # trimmed later, at step 1
+    before = thread_rows(stack, "budgeted-turns")
+    out = await stack.replay_here(runs[2], "--config", str(stack.recorded_path), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = json.loads(out.stdout)["runs"]
+    assert (run["stopped"], run["changes"]) == (None, [])
+    assert thread_rows(stack, "budgeted-turns") == before  # the boundary is not moved again
 
 
 async def test_a_run_recorded_without_its_memory_stops_saying_so(stack: Stack) -> None:

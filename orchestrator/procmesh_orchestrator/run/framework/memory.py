@@ -298,6 +298,8 @@ class MessageHistory(FrameworkProcessor):
         ]
         messages = [[m, source] for m, source in run.ml.dump()]
         body = {"system": system, "messages": messages, "unsettled": run.unsettled_results, "tools": tools}
+        if self.budget is not None:  # the trims before each step follow from it
+            body["budget"] = self.budget.as_json()
         run.record_input("memory-context", 0, body)
 
     async def _window(self, run: RunCore) -> tuple[list[Message], list[Message]]:
@@ -328,11 +330,7 @@ class MessageHistory(FrameworkProcessor):
     async def _trim(self, run: RunCore, budget: HistoryBudget) -> None:
         """The reference's ``memory-token-limiter``: over budget, the oldest history goes from
         the prompt (never from the store) and the thread's boundary moves past it."""
-        removable = {m["id"] for m in run.ml.view(msgs.MEMORY)}
-        system = [msgs.message_text(m) for m in run.system]
-        removed = history_budget.trim(budget, system, run.ml.items, removable)
-        for msg in removed:
-            run.ml.remove(msg["id"])
+        removed = trim_prompt(run, budget)
         local = [m for m in removed if m.get("threadId", self.thread_id) == self.thread_id]
         if self.read_only or not local:
             return
@@ -372,6 +370,17 @@ class MessageHistory(FrameworkProcessor):
             if isinstance(exc, FencedWriteError):  # a durable run another replica holds now
                 run.fenced("memory", exc)
             raise self._failed(run, "saving a turn to", exc) from exc
+
+
+def trim_prompt(run: RunCore, budget: HistoryBudget) -> list[Message]:
+    """Take the oldest history (loaded or recalled) from the prompt until it fits `budget`
+    (`history_budget.trim`); what went, for the thread's boundary."""
+    removable = {m["id"] for m in run.ml.view(msgs.MEMORY)}
+    system = [msgs.message_text(m) for m in run.system]
+    removed = history_budget.trim(budget, system, run.ml.items, removable)
+    for msg in removed:
+        run.ml.remove(msg["id"])
+    return removed
 
 
 def _turns(loaded: list[Message]) -> list[list[Message]]:

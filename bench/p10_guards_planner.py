@@ -14,9 +14,12 @@ through the HTTP API, as a client's runs do.
   ``bench/reference.mjs``) made on the same conversation and judge. The reference's calls are
   counted with the judge answering at once: they are awaited one after another, so their number
   does not depend on the delay, and at 200 ms each the conversation would take minutes.
-- Added time to the first streamed chunk: the conversation's tenth turn (history and answer new in
-  every round, so no verdict is reused from an earlier round) with the guards against without,
-  alternating; beside it the judge's own round trip.
+- Added time to the first streamed chunk: a conversation's tenth turn, after its first nine turns
+  ran through the same guards (a new conversation in every round, so no verdict comes from an
+  earlier round; its own history's verdicts come from the verdict cache, as in the counted
+  conversation), with the guards against without, alternating; beside it the judge's own round
+  trip. The guarded agents run as a user runs guarded streams: `judgeCache` on and
+  `optimisticFirstStep` (the model starts while the input guards judge).
 - Equal verdicts: the golden set (tests/fixtures/guard_golden_windows.json) through each guard
   alone and the five together (`golden.judge_all`), with a judge that answers at once.
 """
@@ -93,9 +96,13 @@ def _config(judge_url: str, scripts: dict[str, list[str]]) -> str:
     for name, answers in scripts.items():
         models[name] = {"provider": "scripted", "responses": [{"deltas": words(a)} for a in answers]}
         guarded = golden.lanes("judges/p8") if name.endswith("-guarded") else {}
+        if guarded:  # what a user turns on for guarded streams: the model starts while guards judge
+            guarded["optimisticFirstStep"] = True
         agents[name] = {"model": name, "errorProcessorDefaults": False, **guarded}
     providers = {"judges": {"kind": "openai", "baseUrl": judge_url, "apiKeyEnv": "JUDGE_KEY"}}
-    return json.dumps({"providers": providers, "models": models, "agents": agents})  # JSON is YAML
+    # the verdict cache (in process): history re-sent every turn is judged once
+    config = {"providers": providers, "models": models, "agents": agents, "judgeCache": {"enabled": True}}
+    return json.dumps(config)  # JSON is YAML
 
 
 async def _stream(http: httpx.AsyncClient, agent: str, messages: list[dict[str, str]]) -> tuple[float, str]:
@@ -145,6 +152,7 @@ async def measure(reference: Reference | None) -> dict[str, Any]:
     convo = conversation("C")
     scripts = {
         "p8-convo-guarded": [answer for _, answer in convo],
+        "p8-warm-guarded": [answer for tag in round_tags for _, answer in conversation(tag)[:-1]],
         "p8-turn-guarded": [conversation(tag)[-1][1] for tag in round_tags],
         "p8-turn-bare": [conversation(tag)[-1][1] for tag in round_tags],
     }
@@ -220,7 +228,10 @@ async def _measure(
     guarded: list[float] = []
     bare: list[float] = []
     for i, tag in enumerate(round_tags):  # alternating; the first round is a warm-up
-        messages = conversation(tag)[-1][0]  # a tenth turn no earlier round has seen
+        turns = conversation(tag)  # a conversation no earlier round has seen
+        for messages, _ in turns[:-1]:  # its first nine turns, as the client had them judged
+            await _stream(http, "p8-warm-guarded", messages)
+        messages = turns[-1][0]  # the tenth turn, timed: its history was judged in those turns
         g, _ = await _stream(http, "p8-turn-guarded", messages)
         b, _ = await _stream(http, "p8-turn-bare", messages)
         if i:

@@ -146,7 +146,7 @@ async def test_other_content_or_another_run_is_another_call(metrics: Orchestrato
         planner.judge(_request("pii", content="other")),
         planner.judge(_request("injection", run="r2")),
     )
-    assert judge.alone == ["moderation", "pii", "injection"]
+    assert sorted(judge.alone) == ["injection", "moderation", "pii"]  # three groups: their timers race
     assert judge.merged == []
 
 

@@ -178,3 +178,22 @@ def test_the_section_is_strict() -> None:
         JudgeCacheConfig.model_validate({"redis": {}})
     with pytest.raises(ConfigError, match="PM_NO_SUCH_VAR"):
         JudgeCacheConfig.model_validate({"redis": {"urlEnv": "PM_NO_SUCH_VAR"}}).redis.redis_url({})  # type: ignore[union-attr]
+
+
+async def test_an_unset_cache_url_variable_refuses_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start-up, not at the first judge call: a replica that would run without the shared tier
+    (every verdict paid again, unseen) is refused naming the variable."""
+    from procmesh_orchestrator.app import App
+    from procmesh_orchestrator.config.loading import parse_config
+
+    monkeypatch.delenv("PM_VERDICTS_URL", raising=False)
+    config = parse_config(
+        {
+            "judgeCache": {"enabled": True, "redis": {"urlEnv": "PM_VERDICTS_URL"}},
+            "models": {"m": {"provider": "demo"}},
+            "agents": {"a": {"model": "m", "errorProcessorDefaults": False}},
+        }
+    )
+    with pytest.raises(ConfigError, match="PM_VERDICTS_URL is not set"):
+        async with App(config):
+            pass

@@ -47,11 +47,14 @@ log = logging.getLogger(__name__)
 
 def secret_variables(config: Config) -> set[str]:
     """The variables the orchestrator reads a secret from: each provider's `apiKeyEnv` (the
-    built-in providers' included), the store's `dsnEnv`, the event log's `urlEnv`, and its own API
-    keys (``PROCMESH_API_KEYS``). A sidecar it starts gets none of them (`sidecar_environment`)."""
+    built-in providers' included), the store's `dsnEnv`, the event log's and the judge cache's Redis
+    `urlEnv`, and its own API keys (``PROCMESH_API_KEYS``). A sidecar it starts gets none of them
+    (`sidecar_environment`)."""
     providers = {**DEFAULT_PROVIDERS, **config.providers}
     names = {p.api_key_env for p in providers.values()}
     names |= {config.storage.dsn_env, config.durable.event_log.url_env, "PROCMESH_API_KEYS"}
+    if config.judge_cache.redis is not None:
+        names.add(config.judge_cache.redis.url_env)
     return {name for name in names if name}
 
 
@@ -210,6 +213,9 @@ class App:
         """Start `pipeline` against this App's built-in sidecar and store (ConfigError naming the
         key on anything start-up refuses; what it opened is closed then)."""
         try:
+            cache = pipeline.config.judge_cache
+            if cache.enabled and cache.redis is not None:
+                cache.redis.redis_url()  # an unset urlEnv refuses the config now, not at the first judge call
             await self._with_builtins(pipeline)
             store = None
             if any(a.memory is not None for a in pipeline.config.agents.values()):

@@ -14,6 +14,7 @@ CONFIG = parse_config(
         },
         "storage": {"backend": "postgres", "dsnEnv": "PG_DSN"},
         "durable": {"eventLog": {"backend": "redis", "urlEnv": "REDIS_URL"}},
+        "judgeCache": {"enabled": True, "redis": {"urlEnv": "VERDICTS_URL"}},
         "agents": {"a": {"model": "local/m"}},
     }
 )
@@ -26,6 +27,7 @@ def test_every_variable_the_config_reads_a_secret_from_is_a_secret() -> None:
         "ANTHROPIC_API_KEY",
         "PG_DSN",
         "REDIS_URL",
+        "VERDICTS_URL",
         "PROCMESH_API_KEYS",
     }
 
@@ -36,6 +38,7 @@ def test_the_secrets_are_dropped_and_the_rest_kept() -> None:
         "LOCAL_TOKEN": "t",
         "PG_DSN": "postgresql://u:pw@db/x",
         "REDIS_URL": "redis://:pw@r",
+        "VERDICTS_URL": "redis://:pw@v",
         "PROCMESH_API_KEYS": "k1,k2=user",
         "GEMINI_API_KEY": "g",  # named like a key: dropped whatever the config says
         "PROCMESH_CONFIG__STORAGE__DSN": "postgresql://u:pw@db/y",

@@ -13,7 +13,8 @@ judge model and phase, the entries of one lane that name that model without ``me
 false`` (the run's agent's when the run is live on this replica, else the most any agent has).
 A group goes out as soon as that many requests are in it, at once when
 the plan says one (a lone guard waits for nothing), else once its lane (the run's phase on that
-model) has sent nothing for `MERGE_WINDOW`, and at the latest `MERGE_CAP` after its first request
+model) has sent nothing for `MERGE_WINDOW` (a question the verdict cache answers counts:
+`JudgePlanner.sending`), and at the latest `MERGE_CAP` after its first request
 (a guard that judges no text this time, or one behind a processor that is not speculative, is
 not waited for longer). A group of one is the guard's own call, made alone with
 its own prompt: exactly what it was without the planner.
@@ -50,12 +51,14 @@ from typing import Any
 import grpc
 
 from procmesh import tracing
+from procmesh.v1 import model_pb2 as mpb
 from procmesh_orchestrator.config import Config, WorkflowRef
 from procmesh_orchestrator.config.lanes import workflow_processors
 from procmesh_orchestrator.service.grpc.judge_sections import (
     Refused,
     SectionRequest,
     SectionVerdict,
+    lane_key,
     merged_prompt,
     merged_schema,
     section_names,
@@ -192,6 +195,20 @@ class JudgePlanner:
             self._dispatch(key, group)
         self._hold(lane)
         return await future
+
+    def sending(
+        self, request: mpb.ModelServiceGenerateRequest, resource: str | None, settings: Mapping[str, Any]
+    ) -> None:
+        """A gateway request came in that may never reach `judge` (a verdict cache may answer it):
+        when it carries a section, its lane is still sending, and its waiting groups wait on.
+
+        Guards send their questions about a run's texts together, and the gateway takes them one
+        after another: with the history's answers in the cache, one guard's question about a new
+        text and the next guard's about the same text have the cached ones between them, and a
+        group that went out at that pause would leave short, the others in calls of their own."""
+        if request.HasField("section"):
+            section = request.section
+            self._hold(lane_key(request.model, request.run_id, resource, section.phase, settings))
 
     def _hold(self, lane: str) -> None:
         """The lane is still sending: each of its waiting groups waits `window` more (capped).

@@ -62,7 +62,7 @@ class SectionRequest:
 
     def lane_key(self) -> str:
         """Questions with equal keys come from one lane of one run (any content)."""
-        return _digest([self.model, self.run_id, self.resource, self.phase, dict(self.settings)])
+        return lane_key(self.model, self.run_id, self.resource, self.phase, self.settings)
 
     def merge_key(self) -> str:
         """Questions with equal keys may share one model call: one lane's, about one content."""
@@ -195,6 +195,11 @@ def shares(usage: Mapping[str, int], count: int) -> list[dict[str, int]]:
     for k, v in usage.items():
         out[0][k] += v % count
     return out
+
+
+def lane_key(model: str, run_id: str, resource: str | None, phase: str, settings: Mapping[str, Any]) -> str:
+    """`SectionRequest.lane_key` of a request with these fields."""
+    return _digest([model, run_id, resource, phase, dict(settings)])
 
 
 def section_request(

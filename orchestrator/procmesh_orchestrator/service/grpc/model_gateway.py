@@ -192,11 +192,10 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         self._gateway_models = GatewayModels.of(service.app.config)
         self._cache: VerdictCache | None = None
         labels, metrics = (lambda model: self._models.model_label(model)), service.app.metrics
-        planner = JudgePlanner(
+        self._planner = JudgePlanner(
             lambda: service.app.config, self._judge_once, self._judge_alone, metrics, labels
         )
-        self.judge: Judge = planner.judge
-        """A guard's section verdict (`judge_planner`): what a verdict cache or cheap-first wraps."""
+        self.judge: Judge = self._planner.judge  # a section's verdict: what a cache or cheap-first wraps
 
     @property
     def _verdicts(self) -> VerdictCache | None:
@@ -349,6 +348,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         if cache is None:
             return await self._ask(request, resource, schema, settings, model, prompt, costs)
         processor = self._models.processor_label(request.processor_id)
+        self._planner.sending(request, resource, settings)  # a section the cache answers still holds its lane
         ask = lambda: self._ask(request, resource, schema, settings, model, prompt, costs)  # noqa: E731
         response, reused = await cache.answer(request, schema, settings, resource, processor, ask)
         if reused:

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from procmesh.v1 import model_pb2 as mpb
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.service.grpc.judge_planner import JudgePlan, JudgePlanner
@@ -221,3 +222,20 @@ async def test_a_lane_still_sending_keeps_its_groups_waiting(metrics: Orchestrat
     assert ["moderation", "pii", "injection"] in judge.merged
     await asyncio.gather(*others)  # the rest go out alone once the lane is quiet
     assert judge.alone == ["moderation"] * 5
+
+
+async def test_questions_the_cache_answers_keep_their_lane_waiting(metrics: OrchestratorMetrics) -> None:
+    # the gateway calls `sending` for each sectioned request before its verdict cache looks it up
+    judge = Judge()
+    planner = _planner(judge, metrics, window=0.2)
+    first = asyncio.ensure_future(planner.judge(_request("injection", content="new")))
+    hit = mpb.ModelServiceGenerateRequest(model="judge", run_id="r1", processor_id="moderation")
+    hit.section.CopyFrom(mpb.JudgeSection(content="old", instructions="i", question="q", phase="input"))
+    for _ in range(5):  # 250 ms of the lane's questions about the history, answered from the cache
+        await asyncio.sleep(0.05)
+        planner.sending(hit, None, {"temperature": 0})
+    assert judge.alone == []  # the group, older than its window, still waits
+    assert judge.merged == []
+    late = [asyncio.ensure_future(planner.judge(_request(g, content="new"))) for g in ("moderation", "pii")]
+    await asyncio.gather(first, *late)
+    assert judge.merged == [["injection", "moderation", "pii"]]

@@ -10,6 +10,7 @@ its own schema, so one guard's malformed section is only that guard's problem.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -158,6 +159,23 @@ def parse_json(text: str) -> tuple[Any, str | None]:
         return json.loads(fenced["body"] if fenced else text), None
     except ValueError as exc:
         return None, f"the answer is not JSON ({exc})"
+
+
+def schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """What makes `schema` not a JSON schema, or None."""
+    return _schema_problem(json.dumps(schema, sort_keys=True, ensure_ascii=False))
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(text: str) -> str | None:
+    # Checked once per schema: the check against the meta-schema takes milliseconds, and a guard
+    # sends its schema with every question (a turn's history, every window of the answer).
+    schema = json.loads(text)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return str(exc.message)
+    return None
 
 
 def problem(value: Any, schema: Mapping[str, Any]) -> str | None:

@@ -32,7 +32,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
-import jsonschema
 
 from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
@@ -57,6 +56,7 @@ from procmesh_orchestrator.service.grpc.judge_sections import (
     as_response,
     parse_json,
     problem,
+    schema_problem,
     section_request,
 )
 from procmesh_orchestrator.service.grpc.verdict_cache import VerdictCache
@@ -161,12 +161,11 @@ def _schema(request: mpb.ModelServiceGenerateRequest) -> dict[str, Any] | None:
     if not request.HasField("schema"):
         return None
     schema = convert.from_struct(request.schema)
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
+    wrong = schema_problem(schema)
+    if wrong is not None:
         raise _Refused(
-            grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", f"schema: not a JSON schema: {exc.message}"
-        ) from None
+            grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", f"schema: not a JSON schema: {wrong}"
+        )
     return schema
 
 

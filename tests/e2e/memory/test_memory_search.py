@@ -1,6 +1,6 @@
 """client-js ``searchMemory``'s route with semantic recall, on real processes: the orchestrator,
-the local embeddings server (WordLlama) and a recording chat model (test_semantic_recall's). The
-search is the recall's: "what is my pet called" finds the dog, not the report, with a score."""
+the local embeddings server (WordLlama) and the fake OpenAI API test_semantic_recall chats with.
+The search is the recall's: "what is my pet called" finds the dog, not the report, with a score."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from tests.e2e.memory.test_semantic_recall import (
     REPORT,
     TEA,
     TRUSTED,
-    RecordingModel,
     ask,
     chat_model,
     config,
     embeddings_url,
 )
 from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
+from tests.integration.providers.fakes import FakeOpenAI
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ def search(orchestrator: OrchestratorProcess, query: str, **extra: str) -> dict[
 def test_search_memory_is_the_semantic_recalls_search(
     tmp_path: Path,
     start_orchestrator: Callable[..., OrchestratorProcess],
-    chat_model: RecordingModel,
+    chat_model: FakeOpenAI,
     embeddings_url: str,
 ) -> None:
     storage = {"backend": "sqlite", "path": str(tmp_path / "memory.db")}

@@ -45,6 +45,10 @@ class OrchestratorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # Label children of the per-call series, kept: `labels()` takes a lock and builds its key
+        # on every call (two per unary hook call, bench P1); none of these series is ever removed.
+        self._calls: dict[tuple[str, ...], Any] = {}
+        self._took: dict[tuple[str, ...], Any] = {}
         self.processor_calls = Counter(
             "procmesh_processor_calls_total",
             "Processor hook calls by outcome (ok, abort, failed, failed_open, input_refused; monitor for "
@@ -331,9 +335,21 @@ class OrchestratorMetrics:
 
     def processor_call(self, labels: Series, hook: str, outcome: str) -> None:
         """Count one processor call (`series` gives the labels)."""
-        self.processor_calls.labels(*labels, hook, outcome).inc()
+        key = (*labels, hook, outcome)
+        calls = self._calls.get(key)
+        if calls is None:
+            calls = self._calls[key] = self.processor_calls.labels(*key)
+        calls.inc()
         if outcome == "failed_open":
             self.processor_failures_let_through.labels(*labels, hook).inc()
+
+    def processor_call_took(self, labels: Series, hook: str, seconds: float) -> None:
+        """Time one processor call (`series` gives the labels)."""
+        key = (*labels, hook)
+        took = self._took.get(key)
+        if took is None:
+            took = self._took[key] = self.processor_call_duration.labels(*key)
+        took.observe(seconds)
 
     def tripwire(self, agent: str, abort: Any) -> None:
         """Count an abort the run applies (a `TripwireAbort`: its entry, hook and source)."""

@@ -142,7 +142,7 @@ class HookAttempt(Generic[R]):
         labels = self.caller.series(handle)
         if self.speculative:
             metrics.speculative_calls.labels(*labels, hook, "committed").inc()
-        metrics.processor_call_duration.labels(*labels, hook).observe(self.took)
+        metrics.processor_call_took(labels, hook, self.took)
         record = self.caller.decisions
         if self.failure:
             self.caller.fail(

@@ -10,6 +10,9 @@ again by the later parts it had been given speculatively. An abort or a fail-clo
 the group there; later answers are never applied. Each answer applies only when it commits, so
 a withdrawn answer's effects (signals, chunks, violations, abort) never show: the output is the
 sequential pipeline's. ``committed_through`` tells each processor, in batches, what it can forget.
+The common case, a run of answers that pass their parts on unchanged, commits at once
+(`SpeculativeGroup._passes`): one check per part, the part handed on as the object the next
+processor was given in advance, so its guess is confirmed by identity.
 A session ends at an abort (the SDKs' rule), so a processor whose abort on a part it got in
 advance is withdrawn gets a new session, given again the parts it committed (`Member.restart`).
 Each member's session, its books and its time limits are in `speculative_member`.
@@ -121,7 +124,7 @@ class SpeculativeGroup:
             for j in range(len(self.members)):
                 if self.cut_at is not None and j <= self.cut_at:
                     continue
-                while self._step(j):
+                while self._passes(j) or self._step(j):
                     progress = True
                 if self.done:
                     break
@@ -196,6 +199,81 @@ class SpeculativeGroup:
             member.parts.decided(head.part, member.parts.last)
         self._hand_on(j, items, origin)
         return True
+
+    def _passes(self, j: int) -> bool:
+        """Commit at once the run of plain pass-through answers (each part handed on as it came,
+        nothing else) at the head of member j's committed input, with the marks between them;
+        whether it committed any. This is `_step`, `_hand_on` and the next member's `_reconcile`
+        for the common case, in one loop: each part is compared with its answer once, and handed
+        on as the very object the next member was given in advance, so confirming that guess is
+        an identity check. Anything else (effects, a rewrite, a drop, a part it does not take,
+        an answer still to come, an end) stops the run and is `_step`'s."""
+        member = self.members[j]
+        inbox, fed, answers, arrived = member.inbox, member.fed, member.answers, member.arrived
+        parts = member.parts
+        if not inbox or member.failed_open or parts.recording:
+            return False
+        following = self.members[j + 1] if j + 1 < len(self.members) else None
+        guessing = following is not None and not following.failed_open and self.cut_at is None
+        ahead = following.fed if following is not None else fed
+        moved = confirmed = passed = 0
+        took, same = -1.0, 0
+        while inbox:
+            kind, value, origin = inbox[0]
+            if kind == _MARK:
+                inbox.popleft()
+                moved += 1
+                if following is not None:
+                    at = following.firm
+                    if guessing and at < len(ahead) and ahead[at].origin == origin:
+                        self._reconcile(following, origin, None)  # its guess was not confirmed
+                    following.inbox.append((kind, value, origin))
+                continue
+            if kind != CHUNK or not fed or (not member.data_parts and value.type.startswith("data-")):
+                break
+            head = fed[0]
+            answer = answers.get(head.seq)
+            if (
+                answer is None
+                or answer.extra_parts
+                or answer.HasField("effects")
+                or not answer.HasField("part")
+                or answer.part != head.part
+            ):
+                break
+            inbox.popleft()
+            fed.popleft()
+            seq, part = head.seq, head.part
+            del answers[seq]
+            member.live.discard(seq)
+            now = arrived.pop(seq, head.sent_at) - head.sent_at
+            if now != took:
+                if same:
+                    parts.passed(max(0.0, took), same)
+                took, same = now, 0
+            same += 1
+            member.replay.append(part)
+            member.committed = seq
+            passed += 1
+            if following is None:
+                self.outq.put_nowait((CHUNK, part))
+                continue
+            if guessing and (following.data_parts or not part.type.startswith("data-")):
+                at = following.firm
+                guess = ahead[at] if at < len(ahead) and ahead[at].origin == origin else None
+                if guess is not None and (guess.part is part or guess.part == part):
+                    guess.origin = None
+                    following.firm += 1
+                    confirmed += 1
+                else:
+                    self._reconcile(following, origin, part)
+            following.inbox.append((CHUNK, part, origin))
+        if same:
+            parts.passed(max(0.0, took), same)
+        if following is not None and confirmed:
+            self.count(following, "committed", confirmed)
+        member.firm -= passed
+        return bool(moved or passed)
 
     def _store_states(self, member: Member) -> None:
         """Its stream's end committed: the states it carries are the run's now."""

@@ -297,6 +297,24 @@ class PartCounts:
         else:
             self.last = "pass"
 
+    def passed(self, took: float, n: int) -> None:
+        """Count `n` answers that passed their part on unchanged, each having added `took`
+        (`answered` for a run of pass-throughs, which the run keeps no record of)."""
+        counts = self._counts
+        counts[0] += n
+        counts[1] += n
+        self.offset += n
+        if took != self._took:
+            self._observe()
+            self._took = took
+        self._same += n
+        self.last = "pass"
+
+    @property
+    def recording(self) -> bool:
+        """Whether each answer's decision goes on the run's record (`decided`)."""
+        return self._record is not None
+
     def decided(self, original: tpb.Chunk, outcome: str, would: str = "") -> None:
         """Put the last answered part's decision on the run's record (when it keeps one)."""
         if self._record is not None:

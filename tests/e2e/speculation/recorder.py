@@ -8,7 +8,8 @@
   ``options.word``, in ``process_output_stream``; otherwise passes its input on unchanged.
 - ``slow`` (speculative): waits ``options.delay`` seconds in its unary hooks, then returns its
   input unchanged; while it waits it counts itself in flight in ``options.log``'s directory, so a
-  test can see two calls overlap without timing anything.
+  test can see two calls overlap without timing anything. In ``process_output_stream`` it waits
+  ``options.delay`` per part and passes it on (the speculative members after it answer first).
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ class Slow(Processor):
 
     async def process_llm_request(self, options: Any) -> None:
         await self._wait(options, "process_llm_request")
+
+    async def process_output_stream(self, part: dict[str, Any], options: Any) -> dict[str, Any]:
+        await asyncio.sleep(float(options.get("delay", 0.05)))
+        return part
 
 
 class Flaky(Processor):

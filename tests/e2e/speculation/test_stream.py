@@ -45,6 +45,11 @@ PROCESSORS: list[dict[str, Any]] = [
         "speculative": True,
         "processOutputStream": [rule({"textContains": "secret"}, {"drop": True})],
     },
+    {  # drops the last text delta: the parts after it are of other types
+        "id": "dropend",
+        "speculative": True,
+        "processOutputStream": [rule({"textContains": "sweet"}, {"drop": True})],
+    },
     {
         "id": "cnt",
         "speculative": True,
@@ -97,6 +102,8 @@ def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode
     def ref(i: int, pid: str) -> dict[str, Any]:
         if pid == "recorder":
             return {"processor": "rec/recorder", "options": {"log": str(log)}}
+        if pid == "slow":  # a member whose answers come after the later members'
+            return {"processor": "rec/slow", "options": {"log": str(log), "delay": 0.02}}
         # fused: all on one sidecar; both: blocks of two per sidecar, fused, the blocks speculative
         sidecar = {"fused": "s0", "both": f"s{i // 2 % 3}"}.get(mode, f"s{i % 3}")
         entry: dict[str, Any] = {"processor": f"{sidecar}/{pid}"}
@@ -160,6 +167,15 @@ CASES = {
     # applegate's session ends at its abort on "apple"; rw's "pear" withdraws it: a new session
     # is given the parts applegate committed again, then the rest
     "withdrawn-abort": ["cnt", "rw", "applegate", "pass", "recorder"],
+    # runs of plain pass-through answers commit at once (`SpeculativeGroup._passes`): a rewrite,
+    # a drop or an abort at part k in the middle of such runs, and a member answering last
+    "rewrite-amid-passes": ["pass", "rw", "pass", "pass", "recorder"],
+    "drop-amid-passes": ["pass", "drop", "pass", "recorder"],
+    "abort-amid-passes": ["pass", "rw", "pass", "gate", "pass", "recorder"],
+    "abort-after-passes": ["pass", "pass", "late", "pass", "recorder"],
+    "drop-last-amid-passes": ["pass", "dropend", "pass", "total", "recorder"],
+    "late-member-passes": ["slow", "pass", "rw", "pass", "recorder"],
+    "late-member-rewritten": ["pass", "rw", "slow", "drop", "pass", "recorder"],
 }
 
 

@@ -271,18 +271,23 @@ class Member:
                         count_session(self.group.caller, self.handles, "ok")
                     break
                 now = time.monotonic()
+                sent, skip, live, answers = self.seq, self.skip, self.live, self.answers
+                top = 0
                 for res in resp.results:
-                    if res.seq > self.seq:
-                        raise MalformedResponseError(f"result for part {res.seq}, never sent")
-                    while self.unanswered and self.unanswered[0][0] <= res.seq:
-                        self.unanswered.popleft()
-                    if res.seq in self.skip:
-                        self.skip.discard(res.seq)
-                    elif res.seq in self.live:
-                        self.answers[res.seq] = res
-                        self.arrived[res.seq] = now
+                    seq = res.seq
+                    if seq > sent:
+                        raise MalformedResponseError(f"result for part {seq}, never sent")
+                    top = max(top, seq)
+                    if skip and seq in skip:
+                        skip.discard(seq)
+                    elif seq in live:
+                        answers[seq] = res
+                        self.arrived[seq] = now
                     elif aborts(res):
                         self.lost = True  # a withdrawn part's abort ended the session
+                unanswered = self.unanswered  # every part up to the newest answered one is
+                while unanswered and unanswered[0][0] <= top:
+                    unanswered.popleft()
                 if resp.HasField("end"):
                     self.end_state = resp.end
                     self.ended = True

@@ -126,14 +126,15 @@ class Member:
         """Give it `part` in this round's request."""
         if self.call is None:
             self._open()
-        if self.out is None:
-            self.out = []
-        self.seq += 1
-        self.out.append((self.seq, part))
+        out = self.out
+        if out is None:
+            out = self.out = []
+        seq = self.seq = self.seq + 1
         now = self.group.now
-        self.fed.append(_Fed(self.seq, part, origin, now))
-        self.live.add(self.seq)
-        self.unanswered.append((self.seq, now))
+        out.append((seq, part))
+        self.fed.append(_Fed(seq, part, origin, now))
+        self.live.add(seq)
+        self.unanswered.append((seq, now))
         if origin is None:
             self.firm += 1
 

@@ -10,6 +10,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.conftest import NODE_SDK
+from tests.deps import require, require_npm_packages
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import API_KEY, AUTH
 
@@ -35,6 +37,22 @@ def start_judge(sidecar_dir: Path, gateway: str) -> SidecarProcess:
         env=sidecar_env(gateway),
         log_path=str(sidecar_dir / "judge.log"),
     )
+    proc.start()
+    return proc
+
+
+def start_node_judge(sidecar_dir: Path, gateway: str, script: Path, name: str) -> SidecarProcess:
+    """``node <script> --listen unix://<name>.sock``: a Node SDK sidecar asking the gateway at
+    `gateway`, with no provider key."""
+    require("node")
+    require_npm_packages(NODE_SDK)
+    proc = SidecarProcess(
+        [],
+        f"unix://{sidecar_dir / f'{name}.sock'}",
+        env=sidecar_env(gateway),
+        log_path=str(sidecar_dir / f"{name}.log"),
+    )
+    proc.args = ["node", str(script), "--listen", proc.address]
     proc.start()
     return proc
 

@@ -21,9 +21,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.conftest import NODE_SDK
-from tests.deps import require, require_npm_packages
-from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, sidecar_env, start_judge
+from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, start_judge, start_node_judge
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import AUTH, free_port
 
@@ -105,16 +103,8 @@ def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProce
 @pytest.fixture(scope="module")
 def node_judge(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
     """``node tests/e2e/gateway/judge.mjs`` (the Node SDK's `model` argument), same environment."""
-    require("node")
-    require_npm_packages(NODE_SDK)
-    proc = SidecarProcess(
-        [],
-        f"unix://{sidecar_dir / 'judge-node.sock'}",
-        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
-        log_path=str(sidecar_dir / "judge-node.log"),
-    )
-    proc.args = ["node", str(Path(__file__).with_name("judge.mjs")), "--listen", proc.address]
-    proc.start()
+    script = Path(__file__).with_name("judge.mjs")
+    proc = start_node_judge(sidecar_dir, f"127.0.0.1:{gateway_port}", script, "judge-node")
     yield proc
     proc.stop(grace=2.0)
 

@@ -22,9 +22,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.conftest import NODE_SDK
-from tests.deps import require, require_npm_packages
-from tests.e2e.gateway.support import GATEWAY_KEY, sidecar_env
+from tests.e2e.gateway.support import GATEWAY_KEY, start_node_judge
 from tests.e2e.guards.conftest import guards_process
 from tests.e2e.guards.judge_server import JudgeServer, Rule, sections
 from tests.e2e.guards.test_guards import (
@@ -169,16 +167,8 @@ def second_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProc
 @pytest.fixture(scope="module")
 def node_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
     """``node merge_judge.mjs``: the Node SDK's `model` argument, asking with a section."""
-    require("node")
-    require_npm_packages(NODE_SDK)
-    proc = SidecarProcess(
-        [],
-        f"unix://{sidecar_dir / 'merge-judge.sock'}",
-        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
-        log_path=str(sidecar_dir / "merge-judge.log"),
-    )
-    proc.args = ["node", str(Path(__file__).with_name("merge_judge.mjs")), "--listen", proc.address]
-    proc.start()
+    script = Path(__file__).with_name("merge_judge.mjs")
+    proc = start_node_judge(sidecar_dir, f"127.0.0.1:{gateway_port}", script, "merge-judge")
     yield proc
     proc.stop(grace=2.0)
 

@@ -1,14 +1,17 @@
 """What the prepareStep tests share (tests/e2e/test_prepare_step.py in process,
 tests/e2e/service/test_prepare_steps.py over HTTP): a scripted processor in a real sidecar process
 that asks for ``toolChoice: required`` at every step, an agent over a fake OpenAI API calling it,
-and readers of what that API received."""
+readers of what that API received, and the fixtures `api` and `model`, which both modules import
+under their function names (so that a test's `model` argument does not shadow an import)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.integration.providers.fakes import FakeOpenAI, Recorded
@@ -46,7 +49,16 @@ def agent_config(sidecar: str, api: FakeOpenAI) -> dict[str, Any]:
     }
 
 
-def scripted(api: FakeOpenAI) -> FakeOpenAI:
+@pytest.fixture(scope="module", name="api")
+def api_fixture() -> Iterator[FakeOpenAI]:
+    """The fake OpenAI API on a real socket, one per test module importing it."""
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(name="model")
+def model_fixture(api: FakeOpenAI) -> FakeOpenAI:
     """The fake API, scripted afresh: ``big`` calls the weather tool, then answers; ``small`` answers."""
     api.reset()
     api.script("big", WEATHER_CALL, {"text": "from big"})

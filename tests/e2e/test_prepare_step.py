@@ -9,7 +9,7 @@ and its own override wins, because it runs after the lane (as the reference plac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,17 @@ from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.framework.prepare_step import StepContext, StepOverride, StepRule
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.prepare_step_support import agent_config, force_tools_sidecar, scripted, systems, tools
+from tests.e2e.prepare_step_support import (  # noqa: F401 (fixtures)
+    agent_config,
+    api_fixture,
+    force_tools_sidecar,
+    model_fixture,
+    systems,
+    tools,
+)
 from tests.integration.providers.fakes import FakeOpenAI
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
-
-
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -43,12 +43,6 @@ async def app(
     config = agent_config(sidecar, api)
     async with App(parse_config(config, "test config")) as app:
         yield app
-
-
-@pytest.fixture
-def model(api: FakeOpenAI) -> FakeOpenAI:
-    """The fake API, scripted afresh (`scripted`)."""
-    return scripted(api)
 
 
 async def test_an_async_callable_changes_the_model_and_tool_choice_of_its_step(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,19 @@ from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.prepare_step_support import agent_config, force_tools_sidecar, scripted, systems, tools
+from tests.e2e.prepare_step_support import (  # noqa: F401 (fixtures)
+    agent_config,
+    api_fixture,
+    force_tools_sidecar,
+    model_fixture,
+    systems,
+    tools,
+)
 from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
 from tests.integration.providers.fakes import FakeOpenAI
 from tests.integration.service.support import API_KEY, API_KEYS, AUTH, GRPC_AUTH
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
-
-
-@pytest.fixture(scope="module")
-def api() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -51,12 +51,6 @@ async def orchestrator(
     config = agent_config(sidecar, api)
     env = {"PROCMESH_API_KEYS": API_KEYS}
     return await asyncio.to_thread(start_orchestrator, config, env=env)
-
-
-@pytest.fixture
-def model(api: FakeOpenAI) -> FakeOpenAI:
-    """The fake API, scripted afresh (`scripted`)."""
-    return scripted(api)
 
 
 async def _clientjs(orchestrator: OrchestratorProcess, case: str) -> Any:

@@ -30,12 +30,11 @@ from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.service.conftest import OrchestratorProcess
+from tests.e2e.service.decision_support import ADA, DEMO_AGENT, OPERATOR, WEATHER_TOOL, jailbreak_guard
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 KEYS = "op-key=@operator,ada-key=ada,bob-key=bob"
-OPERATOR = {"Authorization": "Bearer op-key"}
-ADA = {"Authorization": "Bearer ada-key"}
 BOB = {"Authorization": "Bearer bob-key"}
 TEXT = "please jailbreak"
 
@@ -46,25 +45,17 @@ def config(guards: str, faulty: str, db: str, *, content: bool) -> dict[str, Any
         "models": {"demo": {"provider": "demo"}},
         "storage": {"path": db},
         "decisions": {"record": True, "recordContent": content, "retentionDays": 1},
-        "tools": {
-            "weather": {
-                "description": "The weather in a city.",
-                "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}},
-                "result": {"celsius": 21, "forecast": "sunny"},
-            }
-        },
+        "tools": {"weather": WEATHER_TOOL},
         "agents": {
             "rec": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "tools": ["weather"],
                 "memory": {"lastMessages": 10},
                 "recordInputs": True,
-                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "inputProcessors": [jailbreak_guard()],
             },
             "a": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "memory": {"lastMessages": 10},
                 "inputProcessors": [
                     {"processor": "faulty/raiser", "onFailure": "fail-open"},
@@ -77,9 +68,8 @@ def config(guards: str, faulty: str, db: str, *, content: bool) -> dict[str, Any
                 "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["darn"]}}],
             },
             "blocked": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
-                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                **DEMO_AGENT,
+                "inputProcessors": [jailbreak_guard()],
             },
         },
     }

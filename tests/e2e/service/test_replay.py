@@ -40,12 +40,11 @@ from procmesh_orchestrator.run import violation_routes
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
+from tests.e2e.service.decision_support import ADA, DEMO_AGENT, OPERATOR, WEATHER_TOOL, jailbreak_guard
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 KEYS = "op-key=@operator,ada-key=ada"
-OPERATOR = {"Authorization": "Bearer op-key"}
-ADA = {"Authorization": "Bearer ada-key"}
 RUNS = 50
 HATE = {"category_scores": [{"category": "hate", "score": 0.9}], "reason": "hateful"}
 PROCMESH = str(Path(sys.executable).parent / "procmesh")
@@ -57,53 +56,41 @@ def recorded_config(guards: str, adder: str, db: str) -> dict[str, Any]:
         "models": {"demo": {"provider": "demo"}},
         "storage": {"path": db},
         "decisions": {"record": True},
-        "tools": {
-            "weather": {
-                "description": "The weather in a city.",
-                "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}},
-                "result": {"celsius": 21, "forecast": "sunny"},
-            }
-        },
+        "tools": {"weather": WEATHER_TOOL},
         "agents": {
             "rec": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "tools": ["weather"],
                 "recordInputs": True,
-                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "inputProcessors": [jailbreak_guard()],
                 "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["zebra"]}}],
             },
             "mem": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "recordInputs": True,
                 "memory": {"lastMessages": 10},
-                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "inputProcessors": [jailbreak_guard()],
             },
             "notes": {  # memory with working memory: a system message and updateWorkingMemory
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "recordInputs": True,
                 "memory": {"lastMessages": 10, "workingMemory": {"template": "# Notes\n- fruit:"}},
-                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                "inputProcessors": [jailbreak_guard()],
             },
             "budgeted": {  # a token budget the third turn's tool result outgrows at step 1
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "tools": ["weather"],
                 "recordInputs": True,
                 "memory": {"lastMessages": 10, "messageHistory": {"maxTokens": 140, "atMaxRemoveTokens": 0}},
             },
             "adder": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
+                **DEMO_AGENT,
                 "recordInputs": True,
                 "inputProcessors": [{"processor": "adder/weather-adder"}],
             },
             "norec": {
-                "model": "demo",
-                "errorProcessorDefaults": False,
-                "inputProcessors": [{"processor": "guards/topic-guard", "options": {"words": ["jailbreak"]}}],
+                **DEMO_AGENT,
+                "inputProcessors": [jailbreak_guard()],
             },
         },
     }

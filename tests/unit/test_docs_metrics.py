@@ -1,0 +1,80 @@
+"""The docs give metrics their real labels: every ``procmesh_name{label,...}`` a doc writes names
+only labels the metric's definition declares (tests/unit/test_docs.py checks the names alone, so a
+label renamed in the code would leave a dashboard query in the docs that matches nothing).
+
+The truth is read from the source: each call whose first argument is a ``procmesh_*`` string
+(``Counter(...)``, ``Histogram(...)``, a custom collector's ``GaugeMetricFamily(...)``) and its
+label names (third positional argument, ``labelnames=`` or ``labels=``).
+`test_the_check_catches_made_up_labels` feeds it a made-up document.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.unit.test_docs import DOCS, Doc, _rel
+
+SOURCES = ("sdk/procmesh", "orchestrator/procmesh_orchestrator", "sidecars/procmesh_sidecars")
+
+
+def _labels(call: ast.Call) -> set[str] | None:
+    """The label names a metric definition declares; None where they are computed (not checked)."""
+    given = [k.value for k in call.keywords if k.arg in ("labelnames", "labels")] + call.args[2:3]
+    if not given:
+        return set()
+    try:
+        return set(ast.literal_eval(given[0]))
+    except ValueError:
+        return None
+
+
+def metric_labels() -> dict[str, list[set[str] | None]]:
+    """Each procmesh_* metric the source defines: the label sets of its definitions."""
+    found: dict[str, list[set[str] | None]] = {}
+    for folder in SOURCES:
+        for path in (REPO / folder).rglob("*.py"):
+            if "v1" in path.relative_to(REPO).parts:
+                continue  # generated code defines no metric
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                    name = node.args[0].value
+                    if isinstance(name, str) and re.fullmatch(r"procmesh_[a-z_]+", name):
+                        found.setdefault(name, []).append(_labels(node))
+    return found
+
+
+def label_problems(doc: Doc, defined: dict[str, list[set[str] | None]]) -> list[str]:
+    """Every ``procmesh_name{a,b}`` in the doc names labels one definition of the metric declares
+    (a counter's ``_total`` and a histogram's ``_bucket``/``_count``/``_sum`` are its own name)."""
+    problems = []
+    for name, labels in sorted(set(re.findall(r"\b(procmesh_[a-z_]+)\{([a-z_, ]+)\}", doc.text))):
+        said = {label.strip() for label in labels.split(",")}
+        base = re.sub(r"_(total|bucket|count|sum)$", "", name)
+        sets = defined.get(name) or defined.get(base) or []
+        if sets and not any(declared is None or said <= declared for declared in sets):
+            known = " or ".join(sorted(",".join(sorted(d or ())) for d in sets))
+            problems.append(f"{_rel(doc.path)}: {name}{{{labels}}}: its labels are {{{known}}}")
+    return problems
+
+
+def test_metric_labels_in_the_docs_are_declared() -> None:
+    defined = metric_labels()
+    assert len(defined) >= 20  # the source was read
+    docs = [Doc.parse(path) for path in DOCS]
+    said = [m for doc in docs for m in re.findall(r"\bprocmesh_[a-z_]+\{[a-z_, ]+\}", doc.text)]
+    assert len(said) >= 20  # the docs write labels this way
+    assert [p for doc in docs for p in label_problems(doc, defined)] == []
+
+
+def test_the_check_catches_made_up_labels() -> None:
+    fake = Doc.parse(
+        Path(REPO / "docs" / "made-up.md"),
+        "`procmesh_sidecar_serving{sidecar}`, `procmesh_sidecar_serving{pod}` and "
+        "`procmesh_frobs_total{x}` (no such metric: test_docs.py says so).\n",
+    )
+    assert label_problems(fake, metric_labels()) == [
+        "docs/made-up.md: procmesh_sidecar_serving{pod}: its labels are {sidecar}"
+    ]

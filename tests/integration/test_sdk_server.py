@@ -36,6 +36,7 @@ from procmesh import (
 from procmesh._processor import HOOK_ARGUMENTS
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
+from tests.fixtures.censor import Censor, DataCensor
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -225,45 +226,6 @@ class Guard(Processor):
         report_violation("long answer", {"chars": len(text)})
         state["history"].append(len(text))
         state["flags"][f"call{len(state['history'])}"] = True
-
-
-class Censor(Processor):
-    """process_output_stream: keep, replace (up:), drop, abort (stop), emit, raise, bad return."""
-
-    id = "censor"
-
-    async def process_output_stream(
-        self,
-        part: Chunk,
-        stream_parts: list[Chunk],
-        abort: Any,
-        writer: Any,
-        state: dict[str, Any],
-    ) -> Any:
-        state["calls"] = state.get("calls", 0) + 1
-        if part["type"].startswith("data-"):
-            return {"type": part["type"], "data": {"seen_by": self.id}}
-        text = part["payload"].get("text", "")
-        if text == "drop":
-            return None
-        if text == "stop":
-            abort("stop word", metadata={"at": len(stream_parts)})
-        if text == "emit":
-            await writer.custom({"type": "data-note", "data": {"parts_so_far": len(stream_parts)}})
-        if text == "boom":
-            raise RuntimeError("stream exploded")
-        if text == "bad":
-            return "not a chunk"
-        if text.startswith("up:"):
-            return {**part, "payload": {**part["payload"], "text": text[3:].upper()}}
-        return part
-
-
-class DataCensor(Censor):
-    """The same hook, but it also receives data-* parts."""
-
-    id = "data-censor"
-    process_data_parts = True
 
 
 class Faulty(Processor):

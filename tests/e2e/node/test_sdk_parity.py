@@ -31,6 +31,7 @@ from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import processor_pb2_grpc as pgrpc
 from procmesh.v1 import types_pb2 as tpb
 from tests.e2e.node.conftest import HERE, NODE_SDK, Sidecars, node_sidecar, wait_all
+from tests.fixtures.censor import Censor, DataCensor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -193,36 +194,6 @@ class Effects(Processor):
                 },
             ],
         }
-
-
-class Censor(Processor):
-    id = "censor"
-
-    async def process_output_stream(
-        self, part: dict[str, Any], stream_parts: list[Any], abort: Any, writer: Any, state: dict[str, Any]
-    ) -> Any:
-        state["calls"] = state.get("calls", 0) + 1
-        if part["type"].startswith("data-"):
-            return {"type": part["type"], "data": {"seen_by": self.id}}
-        text = part["payload"].get("text", "")
-        if text == "drop":
-            return None
-        if text == "stop":
-            abort("stop word", metadata={"at": len(stream_parts)})
-        if text == "emit":
-            await writer.custom({"type": "data-note", "data": {"parts_so_far": len(stream_parts)}})
-        if text == "boom":
-            raise RuntimeError("stream exploded")
-        if text == "bad":
-            return "not a chunk"
-        if text.startswith("up:"):
-            return {**part, "payload": {**part["payload"], "text": text[3:].upper()}}
-        return part
-
-
-class DataCensor(Censor):
-    id = "data-censor"
-    process_data_parts = True
 
 
 class Faulty(Processor):

@@ -180,7 +180,8 @@ class OrchestratorMetrics:
             "Judge model calls not made, by processor and what saved them: cache (a stored or in-flight "
             "verdict), cheap-first (a judge never asked: a deterministic check before it ended the run), "
             "merged (a section answered in another guard's judge call), repeat (a section asked again in "
-            "its run, answered with its verdict of moments ago).",
+            "its run, answered with its verdict of moments ago), cancelled (a question in flight when its "
+            "run ended, a trip or a cancel: the judge call stopped, nothing cached).",
             ["processor", "by"],
             registry=r,
         )

@@ -59,6 +59,7 @@ from procmesh_orchestrator.service.grpc.judge_sections import (
     schema_problem,
     section_request,
 )
+from procmesh_orchestrator.service.grpc.run_judging import RunJudging
 from procmesh_orchestrator.service.grpc.verdict_cache import VerdictCache
 
 if TYPE_CHECKING:
@@ -172,8 +173,7 @@ def _schema(request: mpb.ModelServiceGenerateRequest) -> dict[str, Any] | None:
 async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, str, dict[str, int]]:
     """One model call, its stream collected: text, finish reason, usage."""
     text: list[str] = []
-    finish = "stop"
-    usage: dict[str, int] = {}
+    finish, usage = "stop", dict[str, int]()
     async for chunk in model.stream(request):
         payload = chunk.get("payload") or {}
         if chunk.get("type") == "text-delta":
@@ -195,6 +195,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
             lambda: service.app.config, self._judge_once, self._judge_alone, metrics, labels
         )
         self.judge: Judge = self._planner.judge  # a section's verdict: what a cache or cheap-first wraps
+        self._judging = RunJudging(metrics.judge_calls_saved, service.runs.ended)  # cancelled at a run's end
 
     @property
     def _verdicts(self) -> VerdictCache | None:
@@ -229,8 +230,8 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         """A section with nothing to merge: the guard's own call, as if it had sent no section."""
         model = self._service.app.models.resolve(request.model, "model")
         costs = self._costs(request.run_id, request.model, request.resource)
-        schema = dict(request.schema)
-        out = await self._attempts(model, list(request.messages), schema, dict(request.settings), costs)
+        prompt, schema, settings = list(request.messages), dict(request.schema), dict(request.settings)
+        out = await self._attempts(model, prompt, schema, settings, costs)
         value, usage = convert.from_value(out.object), convert.usage_from_proto(out.usage)
         return SectionVerdict(value, out.text, usage, out.model, out.finish_reason, out.attempts, 1)
 
@@ -372,7 +373,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         asked = section_request(request, processor, resource, prompt, schema, settings, agent)
         started = time.perf_counter()
         with tracing.span(f"procmesh.judge.section {processor}") as span:
-            verdict = await self.judge(asked)
+            verdict = await self._judging.judging(request.run_id, processor, self.judge(asked))
             span.set("procmesh.judge.sections", verdict.sections)
         source = "merged" if verdict.sections > 1 else "alone"
         seconds = time.perf_counter() - started

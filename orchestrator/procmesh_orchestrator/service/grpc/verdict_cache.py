@@ -160,7 +160,7 @@ class VerdictCache:
             try:
                 value = await asyncio.shield(flying)
             except asyncio.CancelledError:
-                if _cancelled_here():
+                if cancelled_here():
                     raise  # this caller is cancelled; else the other one was: ask ourselves
             except Exception:  # the other caller's call failed: this one asks itself
                 pass
@@ -234,6 +234,7 @@ class VerdictCache:
         return response, found != "miss"
 
 
-def _cancelled_here() -> bool:
+def cancelled_here() -> bool:
+    """Whether the running task itself is being cancelled (not only a future it awaited)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0

@@ -1,0 +1,73 @@
+"""The judge calls a run has in flight at the gateway, cancelled when the run ends.
+
+A guard's verdict task outlives the hook that started it (a streamed window is judged while later
+parts arrive), so when a cheap check trips and ends the run, or the run is cancelled, the judge
+questions its guards already asked would keep running and paying for verdicts nobody reads. The
+gateway runs each run's section requests here; `end` (called when the run ends) cancels them: the
+planner then cancels a judge call once every section waiting for it is gone (a merged call with a
+section of live work goes on), so the judge model's connection is closed. The caller gets
+CANCELLED (``outcome="run_ended"``), never a verdict: nothing is cached or kept as a repeat, and
+each section is counted in ``procmesh_judge_calls_saved_total{processor,by="cancelled"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from procmesh_orchestrator.service.grpc.judge_sections import Refused
+from procmesh_orchestrator.service.grpc.verdict_cache import cancelled_here
+
+T = TypeVar("T")
+
+
+class RunJudging:
+    """Section requests in flight, by run id."""
+
+    def __init__(self, saved: Any, ends: list[Callable[[str], object]]) -> None:
+        """`saved`: the ``procmesh_judge_calls_saved_total`` counter; `ends`: the run-ended
+        callbacks (`ActiveRuns.ended`) this adds its `end` to."""
+        self._saved = saved
+        ends.append(self.end)
+        self._flying: dict[str, set[asyncio.Task[Any]]] = {}
+        self._ended: set[asyncio.Task[Any]] = set()
+
+    async def judging(self, run_id: str, processor: str, call: Awaitable[T]) -> T:
+        """`call`'s result; `Refused` (CANCELLED) when `end(run_id)` came first. A run-less
+        request ("" is many callers) is never cancelled here."""
+        if not run_id:
+            return await call
+        task: asyncio.Task[T] = asyncio.ensure_future(call)
+        flying = self._flying.setdefault(run_id, set())
+        flying.add(task)
+        try:
+            return await task  # the caller cancelled (it hung up): the task is cancelled with it
+        except asyncio.CancelledError:
+            if task not in self._ended or cancelled_here():
+                raise
+            self._saved.labels(processor, "cancelled").inc()
+            raise Refused(
+                grpc.StatusCode.CANCELLED,
+                "run_ended",
+                f"run {run_id[:64]!r} ended before its judge answered: the question was cancelled",
+            ) from None
+        finally:
+            self._ended.discard(task)
+            flying.discard(task)
+            if not flying and self._flying.get(run_id) is flying:
+                del self._flying[run_id]
+
+    def end(self, run_id: str) -> int:
+        """Cancel the run's section requests in flight; how many there were."""
+        tasks = self._flying.get(run_id, set())
+        for task in tasks:
+            if not task.done():
+                self._ended.add(task)
+                task.cancel()
+        return len(tasks)
+
+    def __len__(self) -> int:
+        return sum(len(tasks) for tasks in self._flying.values())

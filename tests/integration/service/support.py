@@ -1,13 +1,20 @@
-"""Helpers shared by the service tests (integration and e2e): configs, SSE parsing, ports."""
+"""Helpers shared by the service tests (integration and e2e): configs, clients, SSE parsing, ports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import httpx
+
+from procmesh.v1 import agent_pb2_grpc as agrpc
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.service import Service
 
 API_KEY = "test-key-0123456789"
 API_KEYS = f"{API_KEY}=@operator"
@@ -79,3 +86,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def http_client(service: Service, headers: dict[str, str], timeout: float = 20) -> httpx.AsyncClient:
+    """A client of an in-process `Service`'s HTTP API, calling with `headers`."""
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{service.http_port}", headers=headers, timeout=timeout
+    )
+
+
+@contextlib.asynccontextmanager
+async def agent_stub(service: Service) -> AsyncIterator[agrpc.AgentServiceAsyncStub]:
+    """An `AgentService` stub on a channel to an in-process `Service`'s gRPC port."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        yield agrpc.AgentServiceStub(channel)

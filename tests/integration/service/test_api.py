@@ -38,7 +38,9 @@ from tests.integration.service.support import (
     AUTH,
     GRPC_AUTH,
     SECRET,
+    agent_stub,
     demo_answer,
+    http_client,
     service_config,
     stream_chunks,
 )
@@ -69,16 +71,14 @@ async def service(start_sidecar: Callable[..., SidecarProcess]) -> AsyncIterator
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{service.http_port}", headers=AUTH, timeout=10
-    ) as client:
+    async with http_client(service, AUTH, timeout=10) as client:
         yield client
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def stub(service: Service) -> AsyncIterator[agrpc.AgentServiceAsyncStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-        yield agrpc.AgentServiceStub(channel)
+    async with agent_stub(service) as stub:
+        yield stub
 
 
 # -- HTTP: agents ------------------------------------------------------------------------

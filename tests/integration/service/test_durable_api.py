@@ -26,6 +26,7 @@ from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.service.support import agent_stub, http_client
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -68,16 +69,14 @@ async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Ser
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{service.http_port}", headers=ADMIN, timeout=20
-    ) as client:
+    async with http_client(service, ADMIN) as client:
         yield client
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def stub(service: Service) -> AsyncIterator[agrpc.AgentServiceAsyncStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-        yield agrpc.AgentServiceStub(channel)
+    async with agent_stub(service) as stub:
+        yield stub
 
 
 Event = tuple[int | None, Any]

@@ -4,12 +4,13 @@ Real processes: the orchestrator with its self-started `builtins` sidecar (`rege
 `procmesh-sidecar guards` (`moderation`, judging through the gateway) and a scripted judge that
 answers after a long pause. The answer's first sentence is judged while the stream goes on; a
 later part trips regex-filter, and the run ends with the judge's question unanswered: the gateway
-cancels it (``procmesh_judge_calls_saved_total{by="cancelled"}``, outcome ``run_ended``), nothing
-is cached, and the run does not wait for the judge.
+cancels it (``procmesh_judge_calls_saved_total{by="cancelled"}``, outcome ``run_ended``), the judge
+sees its connection closed, nothing is cached, and the run does not wait for the judge.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,21 @@ from tests.e2e.guards.test_cheap_first import REGEX
 from tests.e2e.guards.test_guards import NO_SCORES, stream
 from tests.e2e.guards.test_judge_cache import metric, start_replica
 from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.providers.fakes import Reply
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 SECRET = "sk-judge-secret-of-the-cancel-tests"
-PAUSE = 20.0
-"""The judge's pause: longer than the run may take, so the question is still in flight at its end."""
+
+
+class HoldingJudge(JudgeServer):
+    """A judge that sends its answer's head and then nothing until its caller hangs up (the fake's
+    ``holdAfter``): its `released` event is set when the gateway closed the connection."""
+
+    def respond(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Reply:
+        return {**super().respond(path, headers, body), "holdAfter": 0}
+
+
 TICKET = {"deltas": ["A first sentence is judged. ", "A second one. ", "Then TICKET-9", " and the end."]}
 """An answer whose first sentence is asked about before regex-filter aborts on a later part."""
 
@@ -45,9 +55,9 @@ def _config(sidecar: str, judges_url: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def judge_server() -> Iterator[JudgeServer]:
-    server = JudgeServer(api_key=SECRET)
+    server = HoldingJudge(api_key=SECRET)
     server.start()
-    server.judge("slow", NO_SCORES, delay=PAUSE)
+    server.judge("slow", NO_SCORES)
     yield server
     server.stop()
 
@@ -79,6 +89,7 @@ async def test_a_trip_cancels_the_judge_question_in_flight_and_caches_nothing(
     chunks = await stream(orchestrator, "tripped")
     tripwire = [c for c in chunks if c["type"] == "tripwire"]
     assert [t["payload"]["processorId"] for t in tripwire] == ["regex-filter"], chunks
+    assert await asyncio.to_thread(judge_server.released.wait, 10)  # the judge saw the hang-up
     asked = _asked(judge_server)
     assert asked == 1  # the first sentence's question reached the judge, paced 300 ms a part
     cancelled = saved().get("cancelled", 0) - before

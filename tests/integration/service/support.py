@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import httpx
+import pytest
+from google.protobuf import struct_pb2
 
+from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 
 if TYPE_CHECKING:
@@ -100,3 +103,15 @@ async def agent_stub(service: Service) -> AsyncIterator[agrpc.AgentServiceAsyncS
     """An `AgentService` stub on a channel to an in-process `Service`'s gRPC port."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
         yield agrpc.AgentServiceStub(channel)
+
+
+async def grpc_generate_refused(service: Service, context: dict[str, Any], key: str) -> grpc.aio.AioRpcError:
+    """`Generate` (agent ``a``, text ``hi``) with the request context `context`, over gRPC with
+    the API key `key`: the error it must fail with."""
+    request_context = struct_pb2.Struct()
+    request_context.update(context)
+    request = apb.GenerateRequest(agent_id="a", text="hi", request_context=request_context)
+    async with agent_stub(service) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Generate(request, metadata=(("authorization", f"Bearer {key}"),))
+    return info.value

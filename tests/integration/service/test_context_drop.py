@@ -20,6 +20,7 @@ from procmesh.v1 import agent_pb2_grpc as apb_grpc
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.service.support import grpc_generate_refused
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -188,14 +189,6 @@ async def test_over_grpc_the_initial_metadata_names_them(service: Service, rpc: 
 
 
 async def test_over_grpc_a_reserved_key_is_still_invalid_argument(service: Service) -> None:
-    context = struct_pb2.Struct()
-    context.update({"tenant": "acme", "resourceId": "someone-else"})
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-        stub = apb_grpc.AgentServiceStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.Generate(
-                apb.GenerateRequest(agent_id="a", text="hi", request_context=context),
-                metadata=(("authorization", "Bearer k-acme"),),
-            )
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "'resourceId' reserved" in (info.value.details() or "")
+    error = await grpc_generate_refused(service, {"tenant": "acme", "resourceId": "someone-else"}, "k-acme")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'resourceId' reserved" in (error.details() or "")

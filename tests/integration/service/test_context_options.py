@@ -12,16 +12,14 @@ import grpc
 import httpx
 import pytest
 import pytest_asyncio
-from google.protobuf import struct_pb2
 from pydantic import BaseModel, Field
 
 from procmesh import Processor, ProcessorServer
-from procmesh.v1 import agent_pb2 as apb
-from procmesh.v1 import agent_pb2_grpc as apb_grpc
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.service.support import grpc_generate_refused
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -103,14 +101,6 @@ async def test_a_value_the_schema_refuses_is_a_400_before_any_run(service: Servi
 
 
 async def test_over_grpc_it_is_invalid_argument(service: Service) -> None:
-    context = struct_pb2.Struct()
-    context.update({"limit": "lots"})
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-        stub = apb_grpc.AgentServiceStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.Generate(
-                apb.GenerateRequest(agent_id="a", text="hi", request_context=context),
-                metadata=(("authorization", "Bearer k-acme"),),
-            )
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "option limit (request-context key 'limit')" in (info.value.details() or "")
+    error = await grpc_generate_refused(service, {"limit": "lots"}, "k-acme")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "option limit (request-context key 'limit')" in (error.details() or "")

@@ -11,15 +11,13 @@ import grpc
 import httpx
 import pytest
 import pytest_asyncio
-from google.protobuf import struct_pb2
 
 from procmesh import Processor, ProcessorServer
-from procmesh.v1 import agent_pb2 as apb
-from procmesh.v1 import agent_pb2_grpc as apb_grpc
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.service.support import grpc_generate_refused
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -106,14 +104,6 @@ async def test_trust_is_checked_before_the_schema(service: Service) -> None:
 
 
 async def test_over_grpc_it_is_invalid_argument_naming_the_key(service: Service) -> None:
-    context = struct_pb2.Struct()
-    context.update({"tier": "gold"})
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-        stub = apb_grpc.AgentServiceStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.Generate(
-                apb.GenerateRequest(agent_id="a", text="hi", request_context=context),
-                metadata=(("authorization", "Bearer k-acme"),),
-            )
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "requires 'tenant'" in (info.value.details() or "")
+    error = await grpc_generate_refused(service, {"tier": "gold"}, "k-acme")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "requires 'tenant'" in (error.details() or "")

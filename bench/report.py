@@ -73,7 +73,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
         (
             f"P4 {r['p4_runs']} concurrent runs",
             f"{f(r['p4_runs_per_s'], 1)} runs/s vs in-process {f(r['p4_runs_per_s_inprocess'], 1)} runs/s;"
-            f" peak RSS orchestrator {f(r['p4_peak_rss_mb_orchestrator'], 0)} MiB, sidecars "
+            f" peak RSS orchestrator {f(r['p4_peak_rss_mb_orchestrator'], 0)} MiB"
+            f" ({f(r.get('p4_rss_mb_orchestrator_at_start'), 0)} at its start), sidecars "
             f"{r['p4_peak_rss_mb_sidecars']} MiB",
             f"errors {r['p4_errors']} (goal 0) {'met' if r['p4_errors'] == 0 else 'MISSED'}",
         ),

@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 from starlette.routing import BaseRoute, Match
 
-from procmesh import ProcessorSettings
+from procmesh import ProcessorSettings, settings_parser
 from procmesh_orchestrator import OrchestratorSettings
 from procmesh_orchestrator.service.http.app import build_http_app
 from tests.conftest import REPO
@@ -312,3 +312,13 @@ def test_the_orchestrators_page_names_every_package() -> None:
     page = Doc.parse(REPO / "orchestrator" / "README.md")
     named = {f"orchestrator/procmesh_orchestrator/{span}" for span in page.spans if span.endswith("/")}
     assert missing_packages(named) == []
+
+
+def test_the_sdk_page_lists_every_flag_of_a_sidecar() -> None:
+    """sdk/README.md's flags table names each flag `procmesh.run` takes (the other checks only
+    require that the flags the docs name exist)."""
+    text = (REPO / "sdk" / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Serving: flags and environment") : text.index("## Logs and metrics")]
+    flags = {o for a in settings_parser()._actions for o in a.option_strings if o.startswith("--")}
+    assert {"--listen", "--model-gateway-key"} <= flags  # the parser was read
+    assert sorted(f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", table)) == []

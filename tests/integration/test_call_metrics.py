@@ -13,32 +13,22 @@ from procmesh_orchestrator import RunInfo
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
-from procmesh_orchestrator.run.hooks import InputStepArgs
+from procmesh_orchestrator.run.hooks import InputArgs
 
 
 class Judge(Processor):
-    """Aborts a step whose last message says "stop"."""
+    """Aborts an input whose last message says "stop"."""
 
     id = "judge"
 
-    async def process_input_step(self, messages: list[dict[str, Any]], abort: Any) -> None:
+    async def process_input(self, messages: list[dict[str, Any]], abort: Any) -> None:
         if messages and messages[-1]["content"]["parts"][0]["text"] == "stop":
             abort("stopped")
 
 
-def args(text: str) -> InputStepArgs:
+def args(text: str) -> InputArgs:
     message = {"id": "m", "role": "user", "content": {"format": 2, "parts": [{"type": "text", "text": text}]}}
-    return InputStepArgs(
-        model="m",
-        messages=[message],
-        system_messages=[],
-        tools=[],
-        tool_choice=None,
-        active_tools=None,
-        provider_options={},
-        model_settings={},
-        steps=[],
-    )
+    return InputArgs(messages=[message], all_messages=[message], system_messages=[])
 
 
 async def test_calls_and_their_latency_add_up_over_runs_and_outcomes() -> None:
@@ -49,7 +39,7 @@ async def test_calls_and_their_latency_add_up_over_runs_and_outcomes() -> None:
             processor_id="judge",
             client=client,
             options=struct_pb2.Struct(),
-            hooks=frozenset({"process_input_step"}),
+            hooks=frozenset({"process_input"}),
             process_data_parts=False,
             timeout=10.0,
             on_failure="fail-closed",
@@ -61,8 +51,8 @@ async def test_calls_and_their_latency_add_up_over_runs_and_outcomes() -> None:
                 reply = await caller.call(handle, args(text))
                 assert (reply.effects.abort is not None) == (text == "stop")
     calls = "procmesh_processor_calls_total"
-    assert metrics.total(calls, agent="a", hook="process_input_step", outcome="ok") == 3
-    assert metrics.total(calls, agent="a", hook="process_input_step", outcome="abort") == 2
+    assert metrics.total(calls, agent="a", hook="process_input", outcome="ok") == 3
+    assert metrics.total(calls, agent="a", hook="process_input", outcome="abort") == 2
     assert metrics.total("procmesh_processor_call_duration_seconds_count", agent="a") == 5
     scraped = generate_latest(metrics.registry).decode()
     assert 'outcome="ok",processor="judge",sidecar="side"} 3.0' in scraped

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,23 +31,12 @@ from psycopg.conninfo import make_conninfo
 
 from procmesh_orchestrator.store import StorageConfig, open_store
 from tests.conftest import REPO
-from tests.integration.memory.pg import DSN_ENV, PostgresServer, fresh_dsn
+from tests.integration.memory.conftest import postgres_dsn  # noqa: F401 (the fixture, by getfixturevalue)
+from tests.integration.memory.pg import fresh_dsn
 
 pytestmark = pytest.mark.e2e
 
 THREADS = 20
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn() -> Iterator[str]:
-    external = os.environ.get(DSN_ENV)
-    if external:
-        yield external
-        return
-    server = PostgresServer()
-    server.start()
-    yield server.dsn
-    server.stop()
 
 
 @dataclass

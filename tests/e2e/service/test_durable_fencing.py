@@ -7,7 +7,9 @@ written (its row, its thread's messages, its event stream and fence) just before
 runs again and once it has reported its first refused write: nothing may differ. The thread holds
 the turn once; the client, reattached to the other replica, has the whole run once. Leases are
 short (1 s) so twenty trials take about two minutes; the figures are printed (``pytest -s``) and
-written to a JSON file.
+written to a JSON file. A trial whose freeze lands after the serving replica finished the run (its
+client reads behind it; CI saw it once on a loaded machine) tests nothing: it is tried again, and
+counted.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ LEASE = 1.0
 FROM_END = (2, 3, 4, 6)
 """How many events before the run's last the serving replica is frozen, trial by trial: in the
 answer's last deltas, so it wakes before its memory save, its finish or its next delta."""
+MAX_LATE_FREEZES = 10
+"""How many trials may be tried again because the freeze came after the run's end (see
+`one_trial`); more says the freeze point is wrong, not that the machine is loaded."""
 REFUSED = re.compile(r"run (\S+): its (\w+) under epoch (\d+) was refused: the run is at epoch (\S+)")
 
 
@@ -135,11 +140,13 @@ def test_a_replica_woken_after_its_run_was_taken_over_writes_nothing(
     total = len(reference.events)
     witness = Witness(dsn, redis_server)
     trials: list[dict[str, Any]] = []
+    late: list[str] = []
     try:
-        for n in range(TRIALS):
+        n = 0
+        while len(trials) < TRIALS:
             serving, other = replicas[n % 2], replicas[(n + 1) % 2]  # each replica frozen in turn
             try:
-                trials.append(one_trial(n, serving, other, witness, reference, total))
+                trial = one_trial(n, serving, other, witness, reference, total)
             except AssertionError:  # the replicas' last words say why
                 for name, replica in (("frozen", serving), ("other", other)):
                     print(
@@ -147,6 +154,12 @@ def test_a_replica_woken_after_its_run_was_taken_over_writes_nothing(
                         + "\n".join(replica.log().splitlines()[-20:])
                     )
                 raise
+            n += 1
+            if trial is None:  # the freeze landed after the run's end: not a take-over; again
+                late.append(f"th-fence-{n - 1}")
+                assert len(late) <= MAX_LATE_FREEZES, f"the freeze came after the run's end {late}"
+                continue
+            trials.append(trial)
     finally:
         for replica in replicas:
             if replica.proc.poll() is None:
@@ -167,6 +180,7 @@ def test_a_replica_woken_after_its_run_was_taken_over_writes_nothing(
         "chunksLostOrDuplicatedForTheClient": sum(t["clientBroken"] for t in trials),
         "eventLogFencesAtTheTakeOversEpoch": sum(t["fence"] == "2" for t in trials),
         "frozenAtEventsFromTheEnd": dict(Counter(t["frozenFromEnd"] for t in trials)),
+        "freezesThatCameAfterTheRunsEndAndWereTriedAgain": len(late),
     }
     path = tmp_path / "durable-fencing-figures.json"
     path.write_text(json.dumps(figures, indent=2), encoding="utf-8")
@@ -186,7 +200,10 @@ def one_trial(
     witness: Witness,
     reference: Received,
     total: int,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    """One freeze, take-over and wake-up; None when the serving replica had finished the run
+    before SIGSTOP reached it (its client reads behind what the replica sends: on a loaded
+    machine the last events may already be written), which tests nothing."""
     thread = f"th-fence-{n}"
     from_end = FROM_END[n % len(FROM_END)]
     got = Received()
@@ -204,6 +221,8 @@ def one_trial(
         )
         row = witness.row(run_id)
         assert row is not None
+        if row[2] == 1:  # done under the serving replica's epoch: it finished before the freeze
+            return None
         before = witness.state(run_id, thread)
     finally:
         signal_group(serving, signal.SIGCONT)

@@ -1,6 +1,7 @@
-"""The docs give metrics their real labels: every ``procmesh_name{label,...}`` a doc writes names
-only labels the metric's definition declares (tests/unit/test_docs.py checks the names alone, so a
-label renamed in the code would leave a dashboard query in the docs that matches nothing).
+"""The docs name only metrics that exist, with their real labels: every ``procmesh_*`` name a doc
+writes is one a collector registers, and every ``procmesh_name{label,...}`` names only labels the
+metric's definition declares (a label renamed in the code would leave a dashboard query in the docs
+that matches nothing).
 
 The truth is read from the source: each call whose first argument is a ``procmesh_*`` string
 (``Counter(...)``, ``Histogram(...)``, a custom collector's ``GaugeMetricFamily(...)``) and its
@@ -15,7 +16,7 @@ import re
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.unit.test_docs import DOCS, Doc, _rel
+from tests.unit.doc_pages import DOCS, PACKAGES, Doc, _rel
 
 SOURCES = ("sdk/procmesh", "orchestrator/procmesh_orchestrator", "sidecars/procmesh_sidecars")
 
@@ -73,8 +74,34 @@ def test_the_check_catches_made_up_labels() -> None:
     fake = Doc.parse(
         Path(REPO / "docs" / "made-up.md"),
         "`procmesh_sidecar_serving{sidecar}`, `procmesh_sidecar_serving{pod}` and "
-        "`procmesh_frobs_total{x}` (no such metric: test_docs.py says so).\n",
+        "`procmesh_frobs_total{x}` (no such metric: metric_problems says so).\n",
     )
     assert label_problems(fake, metric_labels()) == [
         "docs/made-up.md: procmesh_sidecar_serving{pod}: its labels are {sidecar}"
     ]
+
+
+# -- metric names --------------------------------------------------------------------------------
+
+
+def metric_problems(doc: Doc) -> list[str]:
+    """Every procmesh_* metric name in the doc is one a collector registers (a string in the source)."""
+    source = "\n".join(
+        path.read_text(encoding="utf-8")
+        for folder in ("sdk/procmesh", "orchestrator/procmesh_orchestrator")
+        for path in (REPO / folder).rglob("*.py")
+    )
+    names = set(re.findall(r"\bprocmesh_[a-z_]*[a-z]\b", doc.text)) - set(PACKAGES)
+    missing = [name for name in sorted(names) if f'"{name}"' not in source]
+    return [f"{_rel(doc.path)}: metric {name} is not registered" for name in missing]
+
+
+def test_metric_names_are_registered(docs: list[Doc]) -> None:
+    assert [p for doc in docs for p in metric_problems(doc)] == []
+
+
+def test_the_check_catches_made_up_metric_names() -> None:
+    fake = Doc.parse(
+        REPO / "docs" / "made-up.md", "Count `procmesh_runs_total` and `procmesh_frobs_total`.\n"
+    )
+    assert metric_problems(fake) == ["docs/made-up.md: metric procmesh_frobs_total is not registered"]

@@ -5,6 +5,7 @@ telling authors in other languages to read what no longer comes).
 
 The truth is the generated descriptors (sdk/procmesh/v1, checked against the .proto files by
 `make proto-check`); `test_the_check_catches_made_up_fields` feeds it a made-up document.
+Every "has N RPCs" is checked against the .proto files' services (`test_rpc_counts_match_the_protos`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from google.protobuf.descriptor import Descriptor
 
 from procmesh.v1 import agent_pb2, model_pb2, processor_pb2, types_pb2
 from tests.conftest import REPO
-from tests.unit.test_docs import DOCS, Doc, _rel
+from tests.unit.doc_pages import DOCS, Doc, _rel
 
 
 def _members(message: Descriptor) -> set[str]:
@@ -68,4 +69,62 @@ def test_the_check_catches_made_up_fields() -> None:
     )
     assert field_problems(fake, proto_messages()) == [
         "docs/made-up.md: StreamEnd.states: StreamEnd has no field states"
+    ]
+
+
+# -- RPC counts ----------------------------------------------------------------------------------
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+"""Counts the docs may spell out."""
+
+
+def proto_services() -> dict[str, tuple[str, list[str]]]:
+    """Each service of proto/procmesh/v1: its file name and its RPCs' names, in order."""
+    services = {}
+    for path in sorted((REPO / "proto" / "procmesh" / "v1").glob("*.proto")):
+        text = path.read_text(encoding="utf-8")
+        for name, body in re.findall(r"^service (\w+) \{(.*?)^\}", text, flags=re.M | re.S):
+            services[name] = (path.name, re.findall(r"^\s*rpc (\w+)\(", body, flags=re.M))
+    return services
+
+
+def rpc_count_problems(doc: Doc, services: dict[str, tuple[str, list[str]]]) -> list[str]:
+    """Every "has N RPCs" names the count of the service the text before it last named (by its
+    name or its .proto file), and every RPC listed after it in backticks is one of that service's."""
+    problems = []
+    for match in re.finditer(r"\bhas (\d+|[a-z]+) RPCs\b(:[^.]*)?", doc.text):
+        before = doc.text[: match.start()]
+        named = [
+            (before.rfind(key), service) for service, (file, _) in services.items() for key in (service, file)
+        ]
+        where, service = max(named)
+        if where < 0:
+            problems.append(f"{_rel(doc.path)}: '{match[0][:40]}' names no service before it")
+            continue
+        rpcs = services[service][1]
+        said = int(match[1]) if match[1].isdigit() else NUMBERS.get(match[1], -1)
+        if said != len(rpcs):
+            problems.append(f"{_rel(doc.path)}: {service} has {len(rpcs)} RPCs, not {match[1]}")
+        listed = re.findall(r"`(\w+)`", match[2] or "")
+        problems += [f"{_rel(doc.path)}: {service} has no RPC {name}" for name in listed if name not in rpcs]
+    return problems
+
+
+def test_rpc_counts_match_the_protos(docs: list[Doc]) -> None:
+    services = proto_services()
+    assert len(services["AgentService"][1]) >= 8  # the parse found them
+    assert [p for doc in docs for p in rpc_count_problems(doc, services)] == []
+    said = [doc for doc in docs if re.search(r"AgentService.{0,80}has \d+ RPCs", doc.text, flags=re.S)]
+    assert said, "docs/service.md says how many RPCs AgentService has"
+
+
+def test_the_rpc_count_check_catches_made_up_claims() -> None:
+    services = proto_services()
+    fake = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "`procmesh.v1.AgentService` has two RPCs: `Generate` and `Frobnicate`.\n",
+    )
+    assert rpc_count_problems(fake, services) == [
+        f"docs/made-up.md: AgentService has {len(services['AgentService'][1])} RPCs, not two",
+        "docs/made-up.md: AgentService has no RPC Frobnicate",
     ]

@@ -1,16 +1,18 @@
 """The docs' reference claims hold: they name only routes the HTTP API serves and subcommands
 `procmesh` has; their settings tables give every setting with its real default (docs/service.md:
 `OrchestratorSettings`; docs/processors.md: the SDK's `ProcessorSettings`); their config tables
-give each key's real default, and `required` exactly for the keys the schema requires.
+give each key's real default, and `required` exactly for the keys the schema requires; the
+configuration page names every key a user writes, and the python API page every `CallOptions` field.
 
-Like tests/unit/test_docs.py, each check reads the truth from the code (the HTTP app's route table,
-the CLI's parser, the settings classes, the config models), and `test_the_checks_catch_made_up_claims`
-feeds them made-up documents.
+Like the other tests/unit/test_docs_*.py, each check reads the truth from the code (the HTTP app's
+route table, the CLI's parser, the settings classes, the config models), and
+`test_the_checks_catch_made_up_claims` feeds them made-up documents.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -24,10 +26,10 @@ from pydantic_settings import BaseSettings
 from starlette.routing import BaseRoute, Match
 
 from procmesh import ProcessorSettings, settings_parser
-from procmesh_orchestrator import OrchestratorSettings
+from procmesh_orchestrator import CallOptions, OrchestratorSettings
 from procmesh_orchestrator.service.http.app import build_http_app
 from tests.conftest import REPO
-from tests.unit.test_docs import DOCS, Doc, _command_lines, _rel, missing_packages
+from tests.unit.doc_pages import Doc, _command_lines, _rel, missing_packages
 
 SETTINGS_TABLES = {"docs/service.md": OrchestratorSettings, "docs/processors.md": ProcessorSettings}
 MIB = 1024 * 1024
@@ -189,7 +191,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def procmesh_parser() -> argparse.ArgumentParser:
-    """The `procmesh` CLI's parser, taken where it parses (as test_docs.cli_flags takes it)."""
+    """The `procmesh` CLI's parser, taken where it parses (as test_docs_commands.cli_flags takes it)."""
     from procmesh_orchestrator.cli.main import main
 
     class Parsed(Exception):
@@ -227,11 +229,6 @@ def subcommand_problems(doc: Doc, parser: argparse.ArgumentParser) -> list[str]:
 
 
 # -- the tests -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def docs() -> list[Doc]:
-    return [Doc.parse(path) for path in DOCS]
 
 
 def test_routes_in_the_docs_are_served(docs: list[Doc]) -> None:
@@ -322,3 +319,54 @@ def test_the_sdk_page_lists_every_flag_of_a_sidecar() -> None:
     flags = {o for a in settings_parser()._actions for o in a.option_strings if o.startswith("--")}
     assert {"--listen", "--model-gateway-key"} <= flags  # the parser was read
     assert sorted(f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", table)) == []
+
+
+# -- the config reference ------------------------------------------------------------------------
+
+
+def config_keys() -> dict[str, set[str]]:
+    """The keys a user writes, by config model (`agents.ID.costControl`: AgentConfig's costControl)."""
+    from procmesh_orchestrator.config import schema, tools
+
+    models: list[type[BaseModel]] = [
+        schema.Config,
+        schema.AgentConfig,
+        schema.SidecarConfig,
+        schema.ProcessorRef,
+    ]
+    models += [schema.StorageConfig, schema.AgentMemoryConfig, schema.ModelConfig]
+    models += [tools.ToolConfig, tools.McpServerConfig]
+    return {
+        model.__name__: {
+            field.alias or name for name, field in model.model_fields.items() if not field.exclude
+        }
+        for model in models
+    }
+
+
+def config_problems(doc: Doc, keys: dict[str, set[str]]) -> list[str]:
+    """Every key of those models appears in the configuration page's prose or tables."""
+    return [
+        f"{_rel(doc.path)}: {model}'s key {key} is not documented"
+        for model, names in keys.items()
+        for key in sorted(names)
+        if not re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", doc.text)
+    ]
+
+
+def test_the_configuration_page_names_every_key() -> None:
+    page = Doc.parse(REPO / "docs" / "configuration.md")
+    assert [p for p in config_problems(page, config_keys())] == []
+
+
+def test_the_python_api_page_names_every_call_option() -> None:
+    page = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
+    table = page.split("## CallOptions", 1)[1].split("\n## ", 1)[0]
+    assert [f.name for f in dataclasses.fields(CallOptions) if f"`{f.name}`" not in table] == []
+
+
+def test_the_key_check_catches_undocumented_keys() -> None:
+    keys = config_keys()
+    assert config_problems(Doc.parse(REPO / "docs" / "made-up.md", "`sidecars` and `agents`"), keys)[:1] == [
+        "docs/made-up.md: Config's key decisions is not documented"
+    ]

@@ -1,7 +1,8 @@
 """The README is a front door: at most 16 KB, the two commands for a fresh machine fenced at the top of
 its first screen, and its Python example imports only the public face, which has what it imports.
 
-Every other page's python blocks, links and flags are checked in test_docs.py."""
+Every other page's python blocks, links and flags are checked in test_docs_code.py,
+test_docs_paths.py and test_docs_commands.py."""
 
 from __future__ import annotations
 

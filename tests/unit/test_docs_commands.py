@@ -1,0 +1,254 @@
+"""The docs' commands run what exists: every `procmesh*` program is a console script of one of the
+three distributions (and the README names each), every --flag is one that command's parser takes,
+every `make X` a Makefile target, and every PROCMESH_* variable one the code reads.
+
+Each check reads the truth from the code (the three pyproject.toml files and the parsers of their
+console scripts, the Makefile, the settings classes and the source), and
+`test_the_checks_catch_made_up_commands` feeds them made-up documents. This module's own source is
+left out of the variables the code reads: its made-up documents name variables nobody reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from procmesh import ProcessorSettings, settings_parser
+from procmesh_orchestrator import OrchestratorSettings
+from procmesh_orchestrator.config import ENV_PREFIX
+from tests.conftest import REPO
+from tests.unit.doc_pages import Doc, _command_lines, _rel
+
+RETIRED_ENV = {"PROCMESH_CONFIG": "renamed PROCMESH_CONFIG_FILE; the code reads it only to say so"}
+
+SOURCE_DIRS = (
+    "sdk/procmesh",
+    "sdk/node/lib",
+    "sdk/node/scripted",
+    "orchestrator",
+    "sidecars",
+    "bench",
+    "tests",
+)
+
+SOURCE_SUFFIXES = {".py", ".js", ".mjs"}
+
+
+# -- command-line flags --------------------------------------------------------------------------
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """A parser's option strings, its subcommands' included."""
+    found = set()
+    for action in parser._actions:
+        found |= {o for o in action.option_strings if o.startswith("--")}
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
+
+
+def cli_flags() -> dict[str, set[str]]:
+    """The flags each console script's parser takes, read from the parser itself: each script's
+    entry point (pyproject.toml) runs until it parses, and the parser is taken there. `python
+    SCRIPT.py` stands for a processor served with procmesh.run (the SDK's settings parser)."""
+    import importlib
+
+    def parsed(*args: object, **kwargs: object) -> NoReturn:
+        raise _Parsed(args[0])  # type: ignore[arg-type]
+
+    flags: dict[str, set[str]] = {"python": _options(settings_parser())}
+    scripts: list[dict[str, str]] = [p["project"].get("scripts", {}) for p in pyprojects()]  # type: ignore[attr-defined]
+    entry_points = {name: ref for table in scripts for name, ref in table.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", parsed)
+        patch.setattr(argparse.ArgumentParser, "parse_known_args", parsed)
+        for name, ref in entry_points.items():
+            module, function = ref.split(":")
+            try:
+                getattr(importlib.import_module(module), function)([])
+            except _Parsed as caught:
+                flags[name] = _options(caught.parser)
+    flags["procmesh"] |= flags["procmesh-check-sidecar"]  # `procmesh check-sidecar` is that checker
+    return flags
+
+
+def flag_problems(doc: Doc, flags: dict[str, set[str]]) -> list[str]:
+    """Every --flag of a command that runs one of ours (a console script, or `python SCRIPT.py` serving
+    processors) is one its parser takes; a lone `--flag` span is one some parser of ours takes."""
+    problems = []
+    everyone = set().union(*flags.values())
+    for line in _command_lines(doc):
+        program = _program(line)
+        words = line.split()
+        if program.startswith("python"):  # your own processor script, not `python -m grpc_tools.protoc`
+            ours = len(words) > 1 and words[1].endswith(".py") and "/" not in words[1]  # nor ../shared/...
+            program = "python" if ours else ""
+        if program not in flags:
+            continue
+        code = line.split("#", 1)[0]  # a shell comment
+        code = re.sub(r"\"[^\"]*\"|'[^']*'", "", code)  # a quoted argument (another command's flags)
+        for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", code):
+            if flag not in flags[program]:
+                problems.append(f"{_rel(doc.path)}: `{line.strip()[:60]}`: {program} takes no {flag}")
+    for span in doc.spans:
+        for flag in re.findall(r"^--[a-z][a-z0-9-]*(?=[ =]|$)", span):
+            if flag not in everyone:
+                problems.append(f"{_rel(doc.path)}: `{span[:40]}`: no command of ours takes {flag}")
+    return problems
+
+
+# -- environment variables -----------------------------------------------------------------------
+
+
+def known_env() -> set[str]:
+    """The PROCMESH_* variables the code reads: settings fields with their prefix, and source literals."""
+    names = set()
+    for settings in (OrchestratorSettings, ProcessorSettings):
+        prefix = settings.model_config.get("env_prefix", "")
+        names |= {f"{prefix}{field}".upper() for field in settings.model_fields}
+    for folder in SOURCE_DIRS:
+        for path in (REPO / folder).rglob("*"):
+            if path.suffix not in SOURCE_SUFFIXES or "node_modules" in path.parts or path == Path(__file__):
+                continue
+            names |= set(re.findall(r"PROCMESH_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
+    names |= set(re.findall(r"PROCMESH_[A-Z0-9_]*[A-Z0-9]", (REPO / "Makefile").read_text(encoding="utf-8")))
+    return names - set(RETIRED_ENV)
+
+
+def env_problems(doc: Doc, known: set[str]) -> list[str]:
+    """Every PROCMESH_* name in the doc that no code reads (PROCMESH_CONFIG__<KEY> overrides aside)."""
+    problems = []
+    for name in sorted(set(re.findall(r"PROCMESH_[A-Z0-9_]*", doc.text))):
+        if name == "PROCMESH_" or name.startswith(ENV_PREFIX):  # `PROCMESH_*`, the family
+            continue  # the documented override pattern: PROCMESH_CONFIG__<KEY>__<KEY>...
+        if name.rstrip("_") not in known:
+            why = RETIRED_ENV.get(name.rstrip("_"), "no code reads it")
+            problems.append(f"{_rel(doc.path)}: {name}: {why}")
+    return problems
+
+
+# -- console scripts -----------------------------------------------------------------------------
+
+
+def pyprojects() -> list[dict[str, object]]:
+    folders = ("sdk", "orchestrator", "sidecars")
+    return [tomllib.loads((REPO / folder / "pyproject.toml").read_text()) for folder in folders]
+
+
+def console_scripts() -> set[str]:
+    """Every [project.scripts] name of the three distributions."""
+    return {name for p in pyprojects() for name in p["project"].get("scripts", {})}  # type: ignore[attr-defined]
+
+
+def _program(line: str) -> str:
+    """The program a command line runs: past `VAR=value` assignments, `$ ` and a `.venv/bin/` path."""
+    words = line.strip().removeprefix("$ ").split()
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words = words[1:]
+    return words[0].rsplit("/", 1)[-1] if words else ""
+
+
+def script_problems(doc: Doc, scripts: set[str]) -> list[str]:
+    """Every `procmesh*` program a command runs that no distribution declares as a console script."""
+    problems = []
+    for line in doc.commands():
+        program = _program(line)
+        if re.fullmatch(r"procmesh[\w-]*", program) and program not in scripts:
+            problems.append(f"{_rel(doc.path)}: `{line.strip()}` runs {program}, not a console script")
+    return problems
+
+
+# -- make targets --------------------------------------------------------------------------------
+
+
+def make_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([a-zA-Z][\w-]*):", text, flags=re.M))
+
+
+def make_problems(doc: Doc, targets: set[str]) -> list[str]:
+    """Every `make X` in a code span or block whose target the Makefile lacks."""
+    code = "\n".join([*doc.spans, *(body for _, body in doc.blocks)])
+    return [
+        f"{_rel(doc.path)}: make {target}: no such target"
+        for target in sorted(set(re.findall(r"(?<![\w-])make ([a-z][\w-]*)", code)))
+        if target not in targets
+    ]
+
+
+def test_environment_variables_are_read_by_the_code(docs: list[Doc]) -> None:
+    known = known_env()
+    assert [p for doc in docs for p in env_problems(doc, known)] == []
+
+
+def test_console_scripts_are_declared(docs: list[Doc]) -> None:
+    scripts = console_scripts()
+    assert [p for doc in docs for p in script_problems(doc, scripts)] == []
+    readme = next(doc for doc in docs if doc.path == REPO / "README.md")
+    assert [s for s in sorted(scripts) if f"`{s}" not in readme.text] == []  # and the README names each
+
+
+def test_make_targets_exist(docs: list[Doc]) -> None:
+    targets = make_targets()
+    assert [p for doc in docs for p in make_problems(doc, targets)] == []
+
+
+def test_settings_names_come_from_the_classes() -> None:
+    """The derived names are the real ones: a field the service reads, and one of the SDK's."""
+    known = known_env()
+    assert {"PROCMESH_CONFIG_FILE", "PROCMESH_HTTP_PORT", "PROCMESH_LISTEN", "PROCMESH_METRICS_PORT"} <= known
+    assert "PROCMESH_CONFIG" not in known
+
+
+def test_flags_in_the_docs_are_taken_by_the_commands(docs: list[Doc]) -> None:
+    flags = cli_flags()
+    assert set(console_scripts()) <= set(flags)  # every script's parser was reached
+    assert {"--hook-threads", "--no-hook-threads"} <= flags["procmesh-sidecar"]
+    assert "--grpc-socket" in flags["procmesh-orchestrator"]
+    assert [p for doc in docs for p in flag_problems(doc, flags)] == []
+
+
+def test_the_checks_catch_made_up_commands() -> None:
+    fake = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "Set `PROCMESH_CONFIG=x.yaml` or\n"
+        "`PROCMESH_NO_SUCH_SETTING`; `PROCMESH_CONFIG__AGENTS__A__MAX_STEPS=3` and `PROCMESH_CONFIG_FILE`\n"
+        "are fine. Run `procmesh-frobnicate --now` or `make frobnicate`, not `make test`.\n\n"
+        "```sh\n.venv/bin/procmesh-sidecar examples\nPROCMESH_X=1 procmesh-nothing\n```\n",
+    )
+    assert env_problems(fake, known_env()) == [
+        f"docs/made-up.md: PROCMESH_CONFIG: {RETIRED_ENV['PROCMESH_CONFIG']}",
+        "docs/made-up.md: PROCMESH_NO_SUCH_SETTING: no code reads it",
+        "docs/made-up.md: PROCMESH_X: no code reads it",
+    ]
+    assert script_problems(fake, console_scripts()) == [
+        "docs/made-up.md: `PROCMESH_X=1 procmesh-nothing` runs procmesh-nothing, not a console script",
+        "docs/made-up.md: `procmesh-frobnicate --now` runs procmesh-frobnicate, not a console script",
+    ]
+    assert make_problems(fake, make_targets()) == ["docs/made-up.md: make frobnicate: no such target"]
+    flagged = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "Run `procmesh-orchestrator --config x.yaml --frob` or `procmesh-sidecar examples --hook-threads`,\n"
+        "`python mine.py --listen x --nope`; `--no-such-flag` and `--listen ADDR` alone.\n\n"
+        "```sh\nprocmesh stream a hi \\\n  --config c.yaml --made-up   # --in-a-comment\n"
+        "kubectl apply --whatever\n```\n",
+    )
+    made_up = "docs/made-up.md: `procmesh stream a hi --config c.yaml --made-up # --in-a-comm`"
+    assert flag_problems(flagged, cli_flags()) == [
+        f"{made_up}: procmesh takes no --made-up",
+        "docs/made-up.md: `procmesh-orchestrator --config x.yaml --frob`: "
+        "procmesh-orchestrator takes no --frob",
+        "docs/made-up.md: `python mine.py --listen x --nope`: python takes no --nope",
+        "docs/made-up.md: `--no-such-flag`: no command of ours takes --no-such-flag",
+    ]

@@ -94,6 +94,33 @@ class Judge:
         return SectionVerdict({"flag": True}, '{"flag": true}', {}, "m", "stop", 1, 1)
 
 
+class LoopClock:
+    """The running loop's clock, moved only by the test.
+
+    The planner times its groups with the loop (`loop.time`, `loop.call_at`): on this clock a
+    window passes when the test says so, not when a loaded machine gets round to it (two cores
+    at load 15 once woke a 30 ms sleep after the 50 ms window, and the group went out short).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        loop = asyncio.get_running_loop()
+        self.now = loop.time()
+        monkeypatch.setattr(loop, "time", lambda: self.now)
+
+    async def advance(self, seconds: float) -> None:
+        """Let what is ready run (the requests sent so far reach the planner), then move the
+        clock on and let what came due run (a group's timer, the call it makes)."""
+        await _settle()
+        self.now += seconds
+        await _settle()
+
+
+async def _settle() -> None:
+    """Give every ready callback and task its turns; no time passes on a `LoopClock`."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 def _planner(judge: Judge, metrics: OrchestratorMetrics, window: float = 0.05) -> JudgePlanner:
     return JudgePlanner(lambda: CONFIG, judge.once, judge.alone_call, metrics, lambda m: m, window=window)
 
@@ -207,32 +234,40 @@ async def test_the_same_question_asked_again_in_the_run_is_answered_at_once(
     assert judge.alone == ["pii"]
 
 
-async def test_a_lane_still_sending_keeps_its_groups_waiting(metrics: OrchestratorMetrics) -> None:
+async def test_a_lane_still_sending_keeps_its_groups_waiting(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = LoopClock(monkeypatch)
     judge = Judge()
     planner = _planner(judge, metrics, window=0.05)
     first = asyncio.ensure_future(planner.judge(_request("moderation", content="m1")))
     # moderation's questions about other messages keep coming, 30 ms apart, for 150 ms
     others = []
     for i in range(5):
-        await asyncio.sleep(0.03)
+        await clock.advance(0.03)
         others.append(asyncio.ensure_future(planner.judge(_request("moderation", content=f"m{i + 2}"))))
-    assert judge.merged == []  # m1's group, 150 ms old, still waits: its lane is not done
+    # m1's group, 150 ms old, still waits: its lane is not done
+    assert (judge.merged, judge.alone) == ([], [])
     late = [asyncio.ensure_future(planner.judge(_request(g, content="m1"))) for g in ("pii", "injection")]
     await asyncio.gather(first, *late)
     assert ["moderation", "pii", "injection"] in judge.merged
+    await clock.advance(0.05)  # the lane is quiet for its window
     await asyncio.gather(*others)  # the rest go out alone once the lane is quiet
     assert judge.alone == ["moderation"] * 5
 
 
-async def test_questions_the_cache_answers_keep_their_lane_waiting(metrics: OrchestratorMetrics) -> None:
+async def test_questions_the_cache_answers_keep_their_lane_waiting(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # the gateway calls `sending` for each sectioned request before its verdict cache looks it up
+    clock = LoopClock(monkeypatch)
     judge = Judge()
     planner = _planner(judge, metrics, window=0.2)
     first = asyncio.ensure_future(planner.judge(_request("injection", content="new")))
     hit = mpb.ModelServiceGenerateRequest(model="judge", run_id="r1", processor_id="moderation")
     hit.section.CopyFrom(mpb.JudgeSection(content="old", instructions="i", question="q", phase="input"))
     for _ in range(5):  # 250 ms of the lane's questions about the history, answered from the cache
-        await asyncio.sleep(0.05)
+        await clock.advance(0.05)
         planner.sending(hit, None, {"temperature": 0})
     assert judge.alone == []  # the group, older than its window, still waits
     assert judge.merged == []

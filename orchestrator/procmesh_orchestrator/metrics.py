@@ -181,7 +181,8 @@ class OrchestratorMetrics:
             "verdict), cheap-first (a judge never asked: a deterministic check before it ended the run), "
             "merged (a section answered in another guard's judge call), repeat (a section asked again in "
             "its run, answered with its verdict of moments ago), cancelled (a question in flight when its "
-            "run ended, a trip or a cancel: the judge call stopped, nothing cached).",
+            "run ended, a trip or a cancel: the judge call stopped, nothing cached), precheck (a question "
+            "the guard's own pre-check settled, reported by its sidecar through ModelService.ReportSaved).",
             ["processor", "by"],
             registry=r,
         )

@@ -227,6 +227,9 @@ export interface GatewayModel {
       section?: { content: string; instructions: string; question: string; phase?: 'input' | 'output' };
     },
   ): Promise<GatewayModelResult>;
+  /** Report `count` questions (default 1) settled without asking this model (a cheap pre-check):
+   * counted as judge calls saved, `by="precheck"`. Returns at once; never throws. */
+  reportSaved(count?: number): void;
 }
 
 export interface ProcessInputArgs<O = any, S extends Record<string, any> = Record<string, any>> extends ProcessorContext<O, S> {

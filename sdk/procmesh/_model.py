@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import os
 import time
 import weakref
@@ -32,6 +33,8 @@ from procmesh import convert, tracing
 from procmesh.errors import InternalError, translate_rpc_error
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a gateway call may take when the hook has no deadline (and none is given)."""
@@ -286,6 +289,59 @@ class Model:
             model=response.model,
             attempts=response.attempts,
         )
+
+    def report_saved(self, count: int = 1) -> None:
+        """Tell the gateway this processor settled `count` questions for this model without asking
+        it (a cheap pre-check): the orchestrator counts them as judge calls saved, ``by="precheck"``.
+
+        Returns at once and never raises: the report goes in the background, reports made while
+        one is on its way go together in the next, and one the gateway refuses (or no gateway is
+        configured) is logged at DEBUG and dropped: a count must never fail or slow a hook.
+        """
+        try:
+            config = _current_config()
+        except ModelError:
+            return  # no gateway: nothing asks the judge, nothing to count
+        if count >= 1:
+            _saved_reports().add(config, self._processor_id, self._run_id, count)
+
+
+class _SavedReports:
+    """The reports of one event loop not sent yet, by (processor, run), and the task sending them."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[GatewayConfig, str, str], int] = {}
+        self.sending: asyncio.Task[None] | None = None
+
+    def add(self, config: GatewayConfig, processor_id: str, run_id: str, count: int) -> None:
+        key = (config, processor_id, run_id)
+        self.pending[key] = self.pending.get(key, 0) + count
+        if self.sending is None or self.sending.done():
+            self.sending = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, {}
+            for (config, processor_id, run_id), count in batch.items():
+                request = mpb.ModelServiceReportSavedRequest(
+                    processor_id=processor_id, run_id=run_id, count=count
+                )
+                metadata = (("authorization", f"Bearer {config.key}"),) if config.key else ()
+                try:
+                    await _stub(config).ReportSaved(request, timeout=DEFAULT_TIMEOUT, metadata=metadata)
+                except (grpc.aio.AioRpcError, ModelError) as exc:
+                    log.debug("model gateway: a report of %d judge calls saved was dropped: %s", count, exc)
+
+
+_reports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SavedReports] = weakref.WeakKeyDictionary()
+
+
+def _saved_reports() -> _SavedReports:
+    loop = asyncio.get_running_loop()
+    reports = _reports.get(loop)
+    if reports is None:
+        reports = _reports[loop] = _SavedReports()
+    return reports
 
 
 class Models:

@@ -148,6 +148,26 @@ class Model {
       if (this._signal) this._signal.addEventListener('abort', cancel, { once: true });
     });
   }
+
+  /**
+   * Tell the gateway this processor settled `count` questions for this model without asking it
+   * (a cheap pre-check): the orchestrator counts them as judge calls saved, `by="precheck"`.
+   * Returns at once and never throws: a report the gateway refuses (or no gateway configured) is
+   * dropped, since a count must never fail or slow a hook.
+   */
+  reportSaved(count = 1) {
+    if (!(count >= 1)) return;
+    let gw;
+    try {
+      gw = gateway();
+    } catch {
+      return; // no gateway: nothing asks the judge, nothing to count
+    }
+    const metadata = new grpc.Metadata();
+    if (gw.key) metadata.set('authorization', `Bearer ${gw.key}`);
+    const request = { processor_id: this._processorId, run_id: this._runId, count: Math.floor(count) };
+    gw.stub.ReportSaved(request, metadata, { deadline: new Date(Date.now() + DEFAULT_TIMEOUT_MS) }, () => {});
+  }
 }
 
 /** The `model` hook argument: `model(ref)` is the orchestrator's model `ref`. */

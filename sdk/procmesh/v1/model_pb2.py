@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from procmesh.v1 import types_pb2 as procmesh_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17procmesh/v1/model.proto\x12\x0bprocmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17procmesh/v1/types.proto\"*\n\x0cModelMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb4\x02\n\x1bModelServiceGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.procmesh.v1.ModelMessage\x12\'\n\x06schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0cprocessor_id\x18\x06 \x01(\t\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12*\n\x07section\x18\x08 \x01(\x0b\x32\x19.procmesh.v1.JudgeSectionB\x0e\n\x0c_temperatureB\x14\n\x12_max_output_tokens\"V\n\x0cJudgeSection\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x14\n\x0cinstructions\x18\x02 \x01(\t\x12\x10\n\x08question\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\"\xaf\x01\n\x1cModelServiceGenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12&\n\x06object\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.procmesh.v1.Usage\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\x05\x32o\n\x0cModelService\x12_\n\x08Generate\x12(.procmesh.v1.ModelServiceGenerateRequest\x1a).procmesh.v1.ModelServiceGenerateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17procmesh/v1/model.proto\x12\x0bprocmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17procmesh/v1/types.proto\"*\n\x0cModelMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb4\x02\n\x1bModelServiceGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.procmesh.v1.ModelMessage\x12\'\n\x06schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0cprocessor_id\x18\x06 \x01(\t\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x12*\n\x07section\x18\x08 \x01(\x0b\x32\x19.procmesh.v1.JudgeSectionB\x0e\n\x0c_temperatureB\x14\n\x12_max_output_tokens\"V\n\x0cJudgeSection\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x14\n\x0cinstructions\x18\x02 \x01(\t\x12\x10\n\x08question\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\"\xaf\x01\n\x1cModelServiceGenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12&\n\x06object\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.procmesh.v1.Usage\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\x05\"U\n\x1eModelServiceReportSavedRequest\x12\x14\n\x0cprocessor_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"!\n\x1fModelServiceReportSavedResponse2\xd9\x01\n\x0cModelService\x12_\n\x08Generate\x12(.procmesh.v1.ModelServiceGenerateRequest\x1a).procmesh.v1.ModelServiceGenerateResponse\x12h\n\x0bReportSaved\x12+.procmesh.v1.ModelServiceReportSavedRequest\x1a,.procmesh.v1.ModelServiceReportSavedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,6 +41,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JUDGESECTION']._serialized_end=536
   _globals['_MODELSERVICEGENERATERESPONSE']._serialized_start=539
   _globals['_MODELSERVICEGENERATERESPONSE']._serialized_end=714
-  _globals['_MODELSERVICE']._serialized_start=716
-  _globals['_MODELSERVICE']._serialized_end=827
+  _globals['_MODELSERVICEREPORTSAVEDREQUEST']._serialized_start=716
+  _globals['_MODELSERVICEREPORTSAVEDREQUEST']._serialized_end=801
+  _globals['_MODELSERVICEREPORTSAVEDRESPONSE']._serialized_start=803
+  _globals['_MODELSERVICEREPORTSAVEDRESPONSE']._serialized_end=836
+  _globals['_MODELSERVICE']._serialized_start=839
+  _globals['_MODELSERVICE']._serialized_end=1056
 # @@protoc_insertion_point(module_scope)

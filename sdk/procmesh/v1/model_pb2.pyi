@@ -219,3 +219,52 @@ class ModelServiceGenerateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelServiceGenerateResponse: _TypeAlias = ModelServiceGenerateResponse  # noqa: Y015
+
+@_typing.final
+class ModelServiceReportSavedRequest(_message.Message):
+    """Judge calls a processor did not make (its pre-check settled the questions)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESSOR_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    processor_id: _builtins.str
+    """The processor that saved them (as in ModelServiceGenerateRequest: the
+    `processor` label, `other` when the config does not name it).
+    """
+    run_id: _builtins.str
+    """The run the questions were about (RunContext.run_id), for logs."""
+    count: _builtins.int
+    """How many questions were settled without the model (at least 1)."""
+    def __init__(
+        self,
+        *,
+        processor_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "processor_id", b"processor_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelServiceReportSavedRequest: _TypeAlias = ModelServiceReportSavedRequest  # noqa: Y015
+
+@_typing.final
+class ModelServiceReportSavedResponse(_message.Message):
+    """The report was counted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelServiceReportSavedResponse: _TypeAlias = ModelServiceReportSavedResponse  # noqa: Y015

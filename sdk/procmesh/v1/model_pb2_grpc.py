@@ -50,6 +50,11 @@ class ModelServiceStub:
                 request_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateResponse.FromString,
                 _registered_method=True)
+        self.ReportSaved = channel.unary_unary(
+                '/procmesh.v1.ModelService/ReportSaved',
+                request_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
@@ -73,6 +78,18 @@ class ModelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSaved(self, request, context):
+        """Report judge calls the processor saved itself: questions its own cheap
+        pre-check settled without asking the model (a built-in guard's `precheck`).
+        No model is called; the orchestrator counts them in
+        `procmesh_judge_calls_saved_total{processor,by="precheck"}`, beside the
+        calls it saved (merged, cached, cheap-first, cancelled). The same access as
+        Generate; INVALID_ARGUMENT for a count below 1.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +97,11 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateResponse.SerializeToString,
+            ),
+            'ReportSaved': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSaved,
+                    request_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -120,6 +142,33 @@ class ModelService:
             '/procmesh.v1.ModelService/Generate',
             procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateRequest.SerializeToString,
             procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSaved(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/procmesh.v1.ModelService/ReportSaved',
+            procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedRequest.SerializeToString,
+            procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,14 @@ class ModelServiceStub:
     def __new__(cls, channel: _aio.Channel) -> ModelServiceAsyncStub: ...
     Generate: _grpc.UnaryUnaryMultiCallable[_model_pb2.ModelServiceGenerateRequest, _model_pb2.ModelServiceGenerateResponse]
     """Send `messages` to the model `model` and return its whole answer."""
+    ReportSaved: _grpc.UnaryUnaryMultiCallable[_model_pb2.ModelServiceReportSavedRequest, _model_pb2.ModelServiceReportSavedResponse]
+    """Report judge calls the processor saved itself: questions its own cheap
+    pre-check settled without asking the model (a built-in guard's `precheck`).
+    No model is called; the orchestrator counts them in
+    `procmesh_judge_calls_saved_total{processor,by="precheck"}`, beside the
+    calls it saved (merged, cached, cheap-first, cancelled). The same access as
+    Generate; INVALID_ARGUMENT for a count below 1.
+    """
 
 @_typing.type_check_only
 class ModelServiceAsyncStub(ModelServiceStub):
@@ -72,6 +80,14 @@ class ModelServiceAsyncStub(ModelServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryUnaryMultiCallable[_model_pb2.ModelServiceGenerateRequest, _model_pb2.ModelServiceGenerateResponse]  # type: ignore[assignment]
     """Send `messages` to the model `model` and return its whole answer."""
+    ReportSaved: _aio.UnaryUnaryMultiCallable[_model_pb2.ModelServiceReportSavedRequest, _model_pb2.ModelServiceReportSavedResponse]  # type: ignore[assignment]
+    """Report judge calls the processor saved itself: questions its own cheap
+    pre-check settled without asking the model (a built-in guard's `precheck`).
+    No model is called; the orchestrator counts them in
+    `procmesh_judge_calls_saved_total{processor,by="precheck"}`, beside the
+    calls it saved (merged, cached, cheap-first, cancelled). The same access as
+    Generate; INVALID_ARGUMENT for a count below 1.
+    """
 
 class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
     """Calls a configured model once, non-streaming. Over TCP send `authorization:
@@ -94,5 +110,19 @@ class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_model_pb2.ModelServiceGenerateResponse, _abc.Awaitable[_model_pb2.ModelServiceGenerateResponse]]:
         """Send `messages` to the model `model` and return its whole answer."""
+
+    @_abc_1.abstractmethod
+    def ReportSaved(
+        self,
+        request: _model_pb2.ModelServiceReportSavedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.ModelServiceReportSavedResponse, _abc.Awaitable[_model_pb2.ModelServiceReportSavedResponse]]:
+        """Report judge calls the processor saved itself: questions its own cheap
+        pre-check settled without asking the model (a built-in guard's `precheck`).
+        No model is called; the orchestrator counts them in
+        `procmesh_judge_calls_saved_total{processor,by="precheck"}`, beside the
+        calls it saved (merged, cached, cheap-first, cancelled). The same access as
+        Generate; INVALID_ARGUMENT for a count below 1.
+        """
 
 def add_ModelServiceServicer_to_server(servicer: ModelServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

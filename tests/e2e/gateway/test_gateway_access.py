@@ -116,12 +116,13 @@ def _request(model: str, processor: str = "judge", run_id: str = "") -> mpb.Mode
     )
 
 
-async def _call(target: str, request: mpb.ModelServiceGenerateRequest, key: str | None) -> Any:
-    """One Generate: the response, or the AioRpcError it was refused with."""
+async def _call(target: str, request: Any, key: str | None, method: str = "Generate") -> Any:
+    """One call of `method` (Generate): the response, or the AioRpcError it was refused with."""
     metadata = (("authorization", f"Bearer {key}"),) if key else None
     async with grpc.aio.insecure_channel(target) as channel:
         try:
-            return await mgrpc.ModelServiceStub(channel).Generate(request, metadata=metadata, timeout=10)
+            call = getattr(mgrpc.ModelServiceStub(channel), method)
+            return await call(request, metadata=metadata, timeout=10)
         except grpc.aio.AioRpcError as exc:
             return exc
 
@@ -175,6 +176,31 @@ async def test_any_caller_on_the_unix_socket_is_served(
         assert answer.text == "ok"
     wrong = await _call(f"unix://{gateway_socket}", _request("fake/judge"), "not-a-key")
     assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED  # a key that is sent is checked
+
+
+async def test_a_reported_saving_is_counted_under_the_gateways_access_rules(
+    orchestrator: OrchestratorProcess, provider: FakeOpenAI
+) -> None:
+    def saved() -> float:
+        lines = _metrics(orchestrator).splitlines()
+        mine = [line for line in lines if line.startswith(SAVED) and 'by="precheck"' in line]
+        return sum(float(line.rpartition(" ")[2]) for line in mine)
+
+    report = mpb.ModelServiceReportSavedRequest(processor_id="judge", run_id="r1", count=2)
+    before, asked = saved(), len(provider.calls("judge"))
+    refused = await _call(orchestrator.grpc_address, report, TENANT_KEY, "ReportSaved")
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    none = mpb.ModelServiceReportSavedRequest(processor_id="judge", count=0)
+    invalid = await _call(orchestrator.grpc_address, none, GATEWAY_KEY, "ReportSaved")
+    assert invalid.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert saved() == before
+    answer = await _call(orchestrator.grpc_address, report, GATEWAY_KEY, "ReportSaved")
+    assert isinstance(answer, mpb.ModelServiceReportSavedResponse), answer
+    assert saved() == before + 2
+    assert len(provider.calls("judge")) == asked  # no model is called
+
+
+SAVED = "procmesh_judge_calls_saved_total{"
 
 
 async def test_a_model_the_config_does_not_name_is_refused(

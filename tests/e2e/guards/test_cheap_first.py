@@ -18,6 +18,7 @@ from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.guards.test_guards import HATE, NO_SCORES, generate
 from tests.e2e.guards.test_judge_cache import metric, start_replica
 from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.service.test_lifecycle import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -134,11 +135,21 @@ async def test_a_guards_precheck_settles_clear_cases_without_the_judge(
     orchestrator: OrchestratorProcess, judge_server: JudgeServer, text: str, blocked: bool, asked: bool
 ) -> None:
     before = len(judge_server.judged("mod"))
+    saved = prechecked(orchestrator)
     result = await generate(orchestrator, "prechecked", text)
     assert (result.get("tripwire") is not None) == blocked
     assert bool([c for c in judge_server.judged("mod")[before:] if text in c]) == asked
     if blocked and not asked:
         assert result["tripwire"]["metadata"]["precheck"] == "deny"
+    # a settled text is a judge call saved, in the orchestrator's own counter (the sidecar
+    # reports it through the gateway in the background, so it may land just after the answer)
+    expected = saved if asked else saved + 1
+    await eventually(lambda: prechecked(orchestrator) == expected)
+
+
+def prechecked(orchestrator: OrchestratorProcess) -> float:
+    """``procmesh_judge_calls_saved_total{by="precheck"}`` now."""
+    return metric(orchestrator, "procmesh_judge_calls_saved_total", "by").get("precheck", 0)
 
 
 async def test_in_the_stream_a_part_regex_aborts_on_never_reaches_the_judge(

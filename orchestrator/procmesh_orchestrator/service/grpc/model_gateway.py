@@ -281,6 +281,21 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 "none" if remaining is None else f"{remaining:.3f}s",
             )
 
+    async def ReportSaved(
+        self, request: mpb.ModelServiceReportSavedRequest, context: Context
+    ) -> mpb.ModelServiceReportSavedResponse:
+        """Judge calls a processor's own pre-check saved (no model called): counted as
+        ``by="precheck"``, so one series shows every judge call not made, wherever it was saved."""
+        try:
+            _caller_resource(self._service, context)
+            if request.count < 1:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", "count: at least 1")
+        except _Refused as exc:
+            await self._abort(context, exc)
+        processor = self._models.processor_label(request.processor_id)
+        self._service.app.metrics.judge_calls_saved.labels(processor, "precheck").inc(request.count)
+        return mpb.ModelServiceReportSavedResponse()
+
     async def _abort(self, context: Context, exc: _Refused) -> NoReturn:
         await context.abort(exc.code, str(exc)[:1024])
         raise AssertionError("context.abort() returns only by raising")  # pragma: no cover

@@ -228,11 +228,14 @@ class JudgedGuard(Processor):
         raise NotImplementedError
 
     async def _decide(self, text: str, options: Any, model: Any, phase: Phase) -> Verdict:
-        """`verdict`, unless the guard's pre-check settles `text` without the judge."""
+        """`verdict`, unless the guard's pre-check settles `text` without the judge (then the
+        gateway is told, in the background, so ``procmesh_judge_calls_saved_total{by="precheck"}``
+        counts the call not made)."""
         settled = options.precheck.settle(text) if options.precheck is not None else None
         if settled is None:
             return await self.verdict(text, options, model, phase)
         kind, index = settled
+        model(options.model).report_saved()  # counted by the orchestrator with the calls it saved
         if kind == "allow":
             return PASS
         detail = self.detail(options, phase, precheck="deny", pattern=index)

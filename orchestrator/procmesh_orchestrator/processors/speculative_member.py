@@ -110,6 +110,10 @@ class Member:
         """Its committed parts' metrics (a fused session's under its first processor)."""
         self.arrived: dict[int, float] = {}
         """When each answer in `answers` came (the latency it added counts to then)."""
+        self.quiet = quiet_effects(len(self.handles))
+        """The effects of an answer in which none of its processors did anything: empty, and for a
+        fused session one empty outcome per further processor (the SDKs send them even when
+        empty), so a fused pass-through answer commits as a plain one (`SpeculativeGroup._passes`)."""
 
     def takes(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.data_parts or not chunk.type.startswith("data-"))
@@ -311,6 +315,14 @@ class Member:
             self.call.cancel()
         for task in self.tasks:
             task.cancel()
+
+
+def quiet_effects(processors: int) -> tpb.HookEffects:
+    """A session's answer effects when none of its `processors` did anything (`Member.quiet`)."""
+    quiet = tpb.HookEffects()
+    for _ in range(processors - 1):
+        quiet.fused.add().effects.SetInParent()
+    return quiet
 
 
 def aborts(res: ppb.StreamPartResult) -> bool:

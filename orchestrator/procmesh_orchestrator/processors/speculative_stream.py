@@ -206,11 +206,13 @@ class SpeculativeGroup:
         whether it committed any. This is `_step`, `_hand_on` and the next member's `_reconcile`
         for the common case, in one loop: each part is compared with its answer once, and handed
         on as the very object the next member was given in advance, so confirming that guess is
-        an identity check. Anything else (effects, a rewrite, a drop, a part it does not take,
-        an answer still to come, an end) stops the run and is `_step`'s."""
+        an identity check. A fused session's answer whose processors all passed (its effects
+        `Member.quiet`: an empty outcome each) is such an answer too. Anything else (effects, a
+        rewrite, a drop, a part it does not take, an answer still to come, an end) stops the run
+        and is `_step`'s."""
         member = self.members[j]
         inbox, fed, answers, arrived = member.inbox, member.fed, member.answers, member.arrived
-        parts = member.parts
+        parts, quiet = member.parts, member.quiet
         if not inbox or member.failed_open or parts.recording:
             return False
         following = self.members[j + 1] if j + 1 < len(self.members) else None
@@ -236,7 +238,7 @@ class SpeculativeGroup:
             if (
                 answer is None
                 or answer.extra_parts
-                or answer.HasField("effects")
+                or (answer.HasField("effects") and answer.effects != quiet)
                 or not answer.HasField("part")
                 or answer.part != head.part
             ):

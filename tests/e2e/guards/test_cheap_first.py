@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from tests.e2e.guards.judge_server import JudgeServer, Rule
-from tests.e2e.guards.test_guards import HATE, NO_SCORES, generate
+from tests.e2e.guards.support import HATE, NO_SCORES, generate
 from tests.e2e.guards.test_judge_cache import metric, start_replica
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.test_lifecycle import eventually

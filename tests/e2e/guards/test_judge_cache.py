@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.gateway.support import GATEWAY_KEY, sidecar_env
 from tests.e2e.guards.judge_server import JudgeServer, Rule
-from tests.e2e.guards.test_guards import MILD, NO_SCORES, generate, guard
+from tests.e2e.guards.support import MILD, NO_SCORES, generate, guard
 from tests.e2e.service.conftest import OrchestratorProcess, redis_server
 from tests.e2e.service.durable_harness import RedisServer
 from tests.integration.service.support import API_KEYS, AUTH, free_port

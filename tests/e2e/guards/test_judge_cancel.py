@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 
 from tests.e2e.guards.judge_server import JudgeServer
+from tests.e2e.guards.support import NO_SCORES, stream
 from tests.e2e.guards.test_cheap_first import REGEX
-from tests.e2e.guards.test_guards import NO_SCORES, stream
 from tests.e2e.guards.test_judge_cache import metric, start_replica
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import Reply

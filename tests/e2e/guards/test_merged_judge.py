@@ -25,7 +25,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.gateway.support import GATEWAY_KEY, start_node_judge
 from tests.e2e.guards.conftest import guards_process
 from tests.e2e.guards.judge_server import JudgeServer, Rule, sections
-from tests.e2e.guards.test_guards import (
+from tests.e2e.guards.support import (
     ATTACK,
     CONTACT,
     EMAIL,

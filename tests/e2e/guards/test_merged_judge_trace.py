@@ -20,7 +20,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.gateway.support import GATEWAY_KEY
 from tests.e2e.guards.conftest import guards_process
 from tests.e2e.guards.judge_server import JudgeServer, Rule
-from tests.e2e.guards.test_guards import NO_ATTACK, NO_SCORES
+from tests.e2e.guards.support import NO_ATTACK, NO_SCORES
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.e2e.service.test_tracing import CALLER_SPAN, TRACE_ID, otel_env, receiver, spans_of
 from tests.integration.service.support import API_KEYS, AUTH

@@ -1,19 +1,24 @@
 """The guards' sidecar (`procmesh-sidecar guards`, no provider key in its environment) and the
-gateway port it is told about; the service tests' `start_orchestrator` starts the orchestrator."""
+gateway port it is told about; the service tests' `start_orchestrator` starts the orchestrator.
+
+`orchestrator` starts, for a module whose `replica` fixture says what (support.Replica), a guards
+sidecar of its own and the orchestrator whose gateway it calls (support.start_replica). A module
+with its own `orchestrator` (support's guards world, test_merged_judge.py...) overrides it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import sidecar_env
-from tests.e2e.service.conftest import start_orchestrator
+from tests.e2e.guards.support import Replica, guards_sidecar_process, start_replica
+from tests.e2e.service.conftest import OrchestratorProcess, start_orchestrator
 from tests.integration.service.support import free_port
 
-__all__ = ["gateway_port", "guards_process", "guards_sidecar", "start_orchestrator"]
+__all__ = ["gateway_port", "guards_process", "guards_sidecar", "orchestrator", "start_orchestrator"]
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +29,7 @@ def gateway_port() -> int:
 def guards_process(sidecar_dir: Path, gateway_port: int, name: str) -> Iterator[SidecarProcess]:
     """``procmesh-sidecar guards`` on ``<name>.sock``, its environment holding the gateway and no
     provider key (started, yielded, stopped)."""
-    proc = SidecarProcess(
-        ["guards"],
-        f"unix://{sidecar_dir / f'{name}.sock'}",
-        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
-        log_path=str(sidecar_dir / f"{name}.log"),
-    )
+    proc = guards_sidecar_process(sidecar_dir, gateway_port, name)
     proc.start()
     yield proc
     proc.stop(grace=2.0)
@@ -39,3 +39,15 @@ def guards_process(sidecar_dir: Path, gateway_port: int, name: str) -> Iterator[
 def guards_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
     """``procmesh-sidecar guards``, its environment holding the gateway and no provider key."""
     yield from guards_process(sidecar_dir, gateway_port, "guards")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def orchestrator(
+    replica: Replica, sidecar_dir: Path, start_orchestrator: Callable[..., OrchestratorProcess]
+) -> AsyncIterator[OrchestratorProcess]:
+    """The orchestrator of the module's `replica`, its own guards sidecar stopped after it."""
+    sidecar, started = await start_replica(
+        sidecar_dir, replica.name, replica.config, start_orchestrator, replica.env
+    )
+    yield started
+    sidecar.stop(grace=2.0)

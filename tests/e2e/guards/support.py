@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,16 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import GATEWAY_KEY
+from tests.e2e.gateway.support import GATEWAY_KEY, sidecar_env
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEYS, AUTH, sse_events
+from tests.integration.service.support import API_KEYS, AUTH, free_port, sse_events
 
 PROVIDER_SECRET = "sk-judge-provider-secret-only-the-orchestrator-has"
 MEMORY_KEY = "memory-key-0123456789"
+ACME, GLOBEX = "acme-key-0123456789", "globex-key-0123456789"
+TENANT_KEYS = f"{ACME}=acme,{GLOBEX}=globex"
+"""Two tenants' keys every `start_replica` orchestrator takes (test_judge_cache.py's tenants)."""
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "moderation.yaml"
 
 NO_SCORES: dict[str, Any] = {"category_scores": [], "reason": None}
@@ -377,3 +381,47 @@ def only_violation(result: dict[str, Any]) -> dict[str, Any]:
     assert len(violations) == 1, violations
     found: dict[str, Any] = violations[0]
     return found
+
+
+@dataclass(frozen=True)
+class Replica:
+    """What the folder's `orchestrator` fixture (conftest.py) starts for a module that names it in
+    a `replica` fixture: `start_replica`'s arguments but the fixtures'."""
+
+    name: str
+    """The guards sidecar's name (its socket and log file in the sidecar directory)."""
+    config: Callable[[str], dict[str, Any]]
+    """The orchestrator's config, given the guards sidecar's address."""
+    env: dict[str, str]
+    """The orchestrator's environment besides its API keys (a judge provider's key)."""
+
+
+def guards_sidecar_process(sidecar_dir: Path, gateway_port: int, name: str) -> SidecarProcess:
+    """``procmesh-sidecar guards`` on ``<name>.sock`` (not started yet), its environment holding
+    the gateway and no provider key."""
+    return SidecarProcess(
+        ["guards"],
+        f"unix://{sidecar_dir / f'{name}.sock'}",
+        env=sidecar_env(f"127.0.0.1:{gateway_port}"),
+        log_path=str(sidecar_dir / f"{name}.log"),
+    )
+
+
+async def start_replica(
+    sidecar_dir: Path,
+    name: str,
+    config: Callable[[str], dict[str, Any]],
+    start: Callable[..., OrchestratorProcess],
+    env: dict[str, str],
+) -> tuple[SidecarProcess, OrchestratorProcess]:
+    """A guards sidecar (`name`) and the orchestrator whose gateway it calls, its gRPC port pinned
+    first; `config` is the orchestrator's config given the sidecar's address."""
+    port = free_port()
+    sidecar = guards_sidecar_process(sidecar_dir, port, name)
+    sidecar.start()
+    await sidecar.wait_ready()
+    keys = f"{API_KEYS},{TENANT_KEYS},{GATEWAY_KEY}=@gateway"
+    orchestrator = await asyncio.to_thread(
+        start, config(sidecar.address), "--grpc-port", str(port), env={"PROCMESH_API_KEYS": keys, **env}
+    )
+    return sidecar, orchestrator

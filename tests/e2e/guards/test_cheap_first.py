@@ -7,16 +7,15 @@ scripted judge server, which records every question it is asked.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from tests.e2e.guards.judge_server import JudgeServer, Rule
-from tests.e2e.guards.support import HATE, NO_SCORES, generate
-from tests.e2e.guards.test_judge_cache import metric, start_replica
+from tests.e2e.guards.support import HATE, NO_SCORES, Replica, generate
+from tests.e2e.guards.test_judge_cache import metric
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.test_lifecycle import eventually
 
@@ -77,19 +76,11 @@ def judge_server() -> Iterator[JudgeServer]:
     server.stop()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def orchestrator(
-    sidecar_dir: Path, judge_server: JudgeServer, start_orchestrator: Callable[..., OrchestratorProcess]
-) -> AsyncIterator[OrchestratorProcess]:
-    sidecar, orchestrator = await start_replica(
-        sidecar_dir,
-        "cheap",
-        lambda address: _config(address, judge_server.base_url),
-        start_orchestrator,
-        {"JUDGE_KEY": SECRET},
-    )
-    yield orchestrator
-    sidecar.stop(grace=2.0)
+@pytest.fixture(scope="module")
+def replica(judge_server: JudgeServer) -> Replica:
+    """What conftest.py's `orchestrator` starts for this module."""
+    config = functools.partial(_config, judges_url=judge_server.base_url)
+    return Replica("cheap", config, {"JUDGE_KEY": SECRET})
 
 
 def _outcome(result: dict[str, Any]) -> tuple[str, Any]:

@@ -19,21 +19,17 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import GATEWAY_KEY, sidecar_env
 from tests.e2e.guards.judge_server import JudgeServer, Rule
-from tests.e2e.guards.support import MILD, NO_SCORES, generate, guard
+from tests.e2e.guards.support import ACME, GLOBEX, MILD, NO_SCORES, generate, guard, start_replica
 from tests.e2e.service.conftest import OrchestratorProcess, redis_server
 from tests.e2e.service.durable_harness import RedisServer
-from tests.integration.service.support import API_KEYS, AUTH, free_port
+from tests.integration.service.support import AUTH
 
 __all__ = ["redis_server"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 SECRET = "sk-judge-secret-of-the-cache-tests"
-ACME, GLOBEX = "acme-key-0123456789", "globex-key-0123456789"
-TENANT_KEYS = f"{ACME}=acme,{GLOBEX}=globex"
 
 
 def _agent(**options: Any) -> dict[str, Any]:
@@ -73,31 +69,6 @@ def judge_server() -> Iterator[JudgeServer]:
     server.judge("mod", NO_SCORES, Rule(("acme policy", "MILD"), MILD), Rule(("threshold MILD",), MILD))
     yield server
     server.stop()
-
-
-async def start_replica(
-    sidecar_dir: Path,
-    name: str,
-    config: Callable[[str], dict[str, Any]],
-    start: Callable[..., OrchestratorProcess],
-    env: dict[str, str],
-) -> tuple[SidecarProcess, OrchestratorProcess]:
-    """A guards sidecar (`name`) and the orchestrator whose gateway it calls, its gRPC port pinned
-    first; `config` is the orchestrator's config given the sidecar's address."""
-    port = free_port()
-    sidecar = SidecarProcess(
-        ["guards"],
-        f"unix://{sidecar_dir / f'{name}.sock'}",
-        env=sidecar_env(f"127.0.0.1:{port}"),
-        log_path=str(sidecar_dir / f"{name}.log"),
-    )
-    sidecar.start()
-    await sidecar.wait_ready()
-    keys = f"{API_KEYS},{TENANT_KEYS},{GATEWAY_KEY}=@gateway"
-    orchestrator = await asyncio.to_thread(
-        start, config(sidecar.address), "--grpc-port", str(port), env={"PROCMESH_API_KEYS": keys, **env}
-    )
-    return sidecar, orchestrator
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

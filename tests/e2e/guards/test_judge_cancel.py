@@ -11,17 +11,16 @@ sees its connection closed, nothing is cached, and the run does not wait for the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from tests.e2e.guards.judge_server import JudgeServer
-from tests.e2e.guards.support import NO_SCORES, stream
+from tests.e2e.guards.support import NO_SCORES, Replica, stream
 from tests.e2e.guards.test_cheap_first import REGEX
-from tests.e2e.guards.test_judge_cache import metric, start_replica
+from tests.e2e.guards.test_judge_cache import metric
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import Reply
 
@@ -62,19 +61,11 @@ def judge_server() -> Iterator[JudgeServer]:
     server.stop()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def orchestrator(
-    sidecar_dir: Path, judge_server: JudgeServer, start_orchestrator: Callable[..., OrchestratorProcess]
-) -> AsyncIterator[OrchestratorProcess]:
-    sidecar, orchestrator = await start_replica(
-        sidecar_dir,
-        "cancel",
-        lambda address: _config(address, judge_server.base_url),
-        start_orchestrator,
-        {"JUDGE_KEY": SECRET},
-    )
-    yield orchestrator
-    sidecar.stop(grace=2.0)
+@pytest.fixture(scope="module")
+def replica(judge_server: JudgeServer) -> Replica:
+    """What conftest.py's `orchestrator` starts for this module."""
+    config = functools.partial(_config, judges_url=judge_server.base_url)
+    return Replica("cancel", config, {"JUDGE_KEY": SECRET})
 
 
 def _asked(judge_server: JudgeServer) -> int:

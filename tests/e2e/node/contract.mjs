@@ -1,4 +1,4 @@
-// Node twins of the Python processors in test_sdk_parity.py: the same behaviour written with
+// Node twins of the Python processors in parity_twins.py: the same behaviour written with
 // @procmesh/sdk, so the two SDKs can be sent identical requests and their answers compared.
 //   node tests/e2e/node/contract.mjs --listen ADDR     (SETUP_DELAY_MS: a slow setup())
 import { Processor, TripWire, run } from '../../../sdk/node/index.js';

@@ -102,7 +102,13 @@ class App:
         self.on_swap: list[Callable[[Pipeline], None]] = []
         """Called with the new pipeline right after each `swap` (what a Service derives from the
         config: the health poll's optional sidecars, the model gateway's models)."""
-        self.pipeline = Pipeline(config, self.metrics, connect_timeout=connect_timeout, lanes=self.lanes)
+        self.run_ended: list[Callable[[str], object]] = []
+        """Told each run's id as the run ends, however it started (generate with or without a
+        ``runId``, stream, resume, durable): the model gateway cancels the run's judge questions
+        still in flight (`service.grpc.run_judging`)."""
+        self.pipeline = Pipeline(
+            config, self.metrics, connect_timeout=connect_timeout, lanes=self.lanes, ended=self.ended
+        )
         """The serving pipeline: the config's sidecars, tools, models and agents, bound."""
         self.clients: dict[str, ProcessorClient] = {}
         """The serving pipeline's sidecar channels (one dict, updated in place by `swap`)."""
@@ -128,6 +134,11 @@ class App:
         self.durable: DurableRuns | None = None
         """Durable runs of this replica and the take-over of others' (`durable` package)."""
         self._durable_lock = asyncio.Lock()
+
+    def ended(self, run_id: str) -> None:
+        """A run of this App ended: tell each of `run_ended`."""
+        for ended in self.run_ended:
+            ended(run_id)
 
     # -- the serving pipeline's parts, as App attributes ------------------------------------
 

@@ -75,8 +75,11 @@ class Pipeline:
         sidecars: Mapping[str, SidecarConfig] | None = None,
         connect_timeout: float = 10.0,
         lanes: Mapping[str, Mapping[str, LaneSource]] | None = None,
+        ended: Callable[[str], object] | None = None,
     ) -> None:
         self.config = config
+        self.ended = ended
+        """Told each run's id as the run ends (`AgentSpec.ended`; the App's `run_ended`)."""
         self.lane_functions = lanes or {}
         """Lanes given as functions of the request context, by agent and lane (`App`'s ``lanes=``)."""
         self.version = config_hash(config)
@@ -140,6 +143,7 @@ class Pipeline:
                 request_context_schema=agent.request_context_schema,
                 bind_lanes=functools.partial(call_lanes.bind, self.binder, lanes),
                 pin=self.pin,
+                ended=self.ended,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
             self._held.add(self.agents[agent_id])

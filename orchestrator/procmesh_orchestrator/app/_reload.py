@@ -135,7 +135,9 @@ class ConfigReloader:
             except OSError as exc:
                 raise ConfigError(f"cannot read config {self.path}: {exc.strerror}") from None
             config = config_from_text(text, self.path, self._environ)
-            pipeline = Pipeline(config, app.metrics, connect_timeout=app.connect_timeout, lanes=app.lanes)
+            pipeline = Pipeline(
+                config, app.metrics, connect_timeout=app.connect_timeout, lanes=app.lanes, ended=app.ended
+            )
             if pipeline.version == app.version:
                 log.info("config reload (%s): version %s unchanged, nothing to swap", reason, app.version)
                 return "unchanged"

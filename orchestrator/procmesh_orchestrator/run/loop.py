@@ -136,6 +136,8 @@ class Run(RunCore):
                 return result, failure
         finally:
             background.ended(self)  # its turn is saved: background results go to the store now
+            if self.agent.ended is not None:
+                self.agent.ended(self.run_id)  # its guards' judge questions in flight are cancelled
             RUN_ID.reset(token)
 
     async def _execute(self) -> tuple[RunResult, BaseException | None]:

@@ -164,6 +164,9 @@ class AgentSpec:
     pin: Callable[[], AbstractContextManager[object]] | None = None
     """Held by each run from start to end: the App's pipeline counts its runs, so a reload closes
     the old sidecar channels only after the runs that use them (`app._pipeline.Pipeline.pin`)."""
+    ended: Callable[[str], object] | None = None
+    """Told each run's id as the run ends, however it started (`App.run_ended`: the model gateway
+    cancels the judge questions the run's guards still have in flight)."""
     warned_implicit_cap: bool = False
     violation_routes: Mapping[str, Route] = field(default_factory=dict)
     """Each processor instance's own onViolation (the seeds' per-processor property), by the id

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,8 +92,6 @@ class ActiveRuns:
         self._runs: dict[str, ActiveRun] = {}
         self._reserved: set[str] = set()
         """Run ids callers chose, held from admission to the run's end (`reserve`)."""
-        self.ended: list[Callable[[str], object]] = []
-        """Told each run id given back (the model gateway cancels the run's judge calls)."""
 
     def reserve(self, run_id: str) -> bool:
         """Hold a caller-chosen run id for its call; False when a run here has it or holds it."""
@@ -111,8 +109,6 @@ class ActiveRuns:
         """Forget a run that ended, its id free again (no error when it is unknown)."""
         self._runs.pop(run_id, None)
         self._reserved.discard(run_id)
-        for ended in self.ended:
-            ended(run_id)
 
     def find(self, agent_id: str, run_id: str, caller: Caller) -> ActiveRun | None:
         """The agent's run by this id, when the caller may act on it (None otherwise, as for none)."""

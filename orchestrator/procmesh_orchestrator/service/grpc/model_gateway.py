@@ -195,7 +195,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
             lambda: service.app.config, self._judge_once, self._judge_alone, metrics, labels
         )
         self.judge: Judge = self._planner.judge  # a section's verdict: what a cache or cheap-first wraps
-        self._judging = RunJudging(metrics.judge_calls_saved, service.runs.ended)  # cancelled at a run's end
+        self._judging = RunJudging(metrics.judge_calls_saved, service.app.run_ended)  # at each run's end
 
     @property
     def _verdicts(self) -> VerdictCache | None:
@@ -381,9 +381,12 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         costs: list[RunCost],
     ) -> mpb.ModelServiceGenerateResponse:
         """The model's answer; a guard's section goes through the judge planner (merged if it can)."""
-        if schema is None or not request.HasField("section"):
+        if schema is None:  # free text: no judge's verdict, left to its caller
             return await self._attempts(model, prompt, schema, settings, costs)
         processor = self._models.processor_label(request.processor_id)
+        if not request.HasField("section"):  # a verdict asked alone: cancelled at its run's end too
+            alone = self._attempts(model, prompt, schema, settings, costs)
+            return await self._judging.judging(request.run_id, processor, alone)
         agent = self._service.runs.agent_of(request.run_id)
         asked = section_request(request, processor, resource, prompt, schema, settings, agent)
         started = time.perf_counter()

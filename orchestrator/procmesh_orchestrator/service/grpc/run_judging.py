@@ -3,11 +3,12 @@
 A guard's verdict task outlives the hook that started it (a streamed window is judged while later
 parts arrive), so when a cheap check trips and ends the run, or the run is cancelled, the judge
 questions its guards already asked would keep running and paying for verdicts nobody reads. The
-gateway runs each run's section requests here; `end` (called when the run ends) cancels them: the
-planner then cancels a judge call once every section waiting for it is gone (a merged call with a
-section of live work goes on), so the judge model's connection is closed. The caller gets
-CANCELLED (``outcome="run_ended"``), never a verdict: nothing is cached or kept as a repeat, and
-each section is counted in ``procmesh_judge_calls_saved_total{processor,by="cancelled"}``.
+gateway runs each run's typed-verdict requests here (sections, and verdicts asked alone); `end`
+(called as the run ends, `App.run_ended`: every run, whether or not its caller chose its id)
+cancels them: the planner then cancels a judge call once every section waiting for it is gone (a
+merged call with a section of live work goes on), so the judge model's connection is closed. The
+caller gets CANCELLED (``outcome="run_ended"``), never a verdict: nothing is cached or kept as a
+repeat, and each is counted in ``procmesh_judge_calls_saved_total{processor,by="cancelled"}``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class RunJudging:
 
     def __init__(self, saved: Any, ends: list[Callable[[str], object]]) -> None:
         """`saved`: the ``procmesh_judge_calls_saved_total`` counter; `ends`: the run-ended
-        callbacks (`ActiveRuns.ended`) this adds its `end` to."""
+        callbacks (`App.run_ended`: every run's end, however it started) this adds its `end` to."""
         self._saved = saved
         ends.append(self.end)
         self._flying: dict[str, set[asyncio.Task[Any]]] = {}

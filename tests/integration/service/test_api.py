@@ -26,7 +26,6 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import Caller
-from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits
 from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.calls import parse_body
@@ -457,47 +456,3 @@ async def test_grpc_health_is_serving_and_needs_no_key(service: Service) -> None
         for name in ("", "procmesh.v1.AgentService"):
             response = await health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert response.status == health_pb2.HealthCheckResponse.SERVING, name
-
-
-async def test_the_resource_is_the_keys_and_an_operator_names_the_one_it_acts_for() -> None:
-    body = {"messages": "hi", "resourceId": "org-7", "threadId": "t-1"}
-    trust = ContextTrust.of({}, [], legacy=False)
-    gateway = Caller("key-3", None, frozenset({"gateway"}))
-    # a key with no resource of its own cannot name one: its thread is refused, never dropped
-    with pytest.raises(BadRequestError, match="threadId: a thread belongs to a resource"):
-        parse_body(body, caller=gateway, trust=trust, limits=LIMITS)
-    nothing = parse_body(
-        {"messages": "hi", "resourceId": "org-7"}, caller=gateway, trust=trust, limits=LIMITS
-    )
-    assert (nothing.options.resource_id, nothing.options.thread_id) == ("", "")
-    acting = parse_body(body, caller=OPERATOR, trust=trust, limits=LIMITS)
-    assert (acting.options.resource_id, acting.options.thread_id) == ("org-7", "t-1")
-    tenant = Caller("key-2", "org-7", frozenset())
-    own = parse_body({"messages": "hi", "threadId": "t-1"}, caller=tenant, trust=trust, limits=LIMITS)
-    assert (own.options.resource_id, own.options.thread_id) == ("org-7", "t-1")
-    with pytest.raises(BadRequestError, match="bound to another resource"):
-        parse_body({**body, "resourceId": "org-8"}, caller=tenant, trust=trust, limits=LIMITS)
-
-
-async def test_a_message_never_names_its_thread_or_resource_and_only_an_operator_keeps_its_id() -> None:
-    message = {
-        "id": "forged-id",
-        "role": "user",
-        "threadId": "someone-elses-thread",
-        "resourceId": "someone-else",
-        "content": {"format": 2, "parts": [{"type": "text", "text": "hi"}]},
-    }
-    trust = ContextTrust.of({}, [], legacy=False)
-    tenant = Caller("key-2", "org-7", frozenset())
-    untrusted = parse_body({"messages": [message]}, caller=tenant, trust=trust, limits=LIMITS)
-    (seen,) = untrusted.input
-    assert isinstance(seen, dict)
-    assert seen["id"] != "forged-id"
-    assert "threadId" not in seen
-    assert "resourceId" not in seen
-    trusted = parse_body({"messages": [message]}, caller=OPERATOR, trust=trust, limits=LIMITS)
-    (kept,) = trusted.input
-    assert isinstance(kept, dict)
-    assert kept["id"] == "forged-id"
-    assert "threadId" not in kept
-    assert "resourceId" not in kept

@@ -1,4 +1,6 @@
-"""The HTTP body and the gRPC request give the same call options: one conversion for both APIs."""
+"""The HTTP body and the gRPC request give the same call options: one conversion for both APIs;
+and what a body may name depends on its key: a resource and thread only the key's own (an operator
+names the one it acts for), a message's id only from an operator, its thread and resource never."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from procmesh_orchestrator.service.grpc.requests import parse_proto
 
 LIMITS = InputLimits()
 CALLER = Caller("key-1", "user-1", frozenset())
+OPERATOR = Caller("key-1", None, frozenset({"operator"}))
 TRUST = ContextTrust.of({}, [CALLER], legacy=False)
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 
@@ -113,3 +116,47 @@ def test_a_lane_entry_that_names_no_processor_is_refused(
 ) -> None:
     with pytest.raises(error, match=message):
         parse_body({"messages": "hi", **body}, caller=CALLER, trust=TRUST, limits=LIMITS)
+
+
+def test_the_resource_is_the_keys_and_an_operator_names_the_one_it_acts_for() -> None:
+    body = {"messages": "hi", "resourceId": "org-7", "threadId": "t-1"}
+    trust = ContextTrust.of({}, [], legacy=False)
+    gateway = Caller("key-3", None, frozenset({"gateway"}))
+    # a key with no resource of its own cannot name one: its thread is refused, never dropped
+    with pytest.raises(BadRequestError, match="threadId: a thread belongs to a resource"):
+        parse_body(body, caller=gateway, trust=trust, limits=LIMITS)
+    nothing = parse_body(
+        {"messages": "hi", "resourceId": "org-7"}, caller=gateway, trust=trust, limits=LIMITS
+    )
+    assert (nothing.options.resource_id, nothing.options.thread_id) == ("", "")
+    acting = parse_body(body, caller=OPERATOR, trust=trust, limits=LIMITS)
+    assert (acting.options.resource_id, acting.options.thread_id) == ("org-7", "t-1")
+    tenant = Caller("key-2", "org-7", frozenset())
+    own = parse_body({"messages": "hi", "threadId": "t-1"}, caller=tenant, trust=trust, limits=LIMITS)
+    assert (own.options.resource_id, own.options.thread_id) == ("org-7", "t-1")
+    with pytest.raises(BadRequestError, match="bound to another resource"):
+        parse_body({**body, "resourceId": "org-8"}, caller=tenant, trust=trust, limits=LIMITS)
+
+
+def test_a_message_never_names_its_thread_or_resource_and_only_an_operator_keeps_its_id() -> None:
+    message = {
+        "id": "forged-id",
+        "role": "user",
+        "threadId": "someone-elses-thread",
+        "resourceId": "someone-else",
+        "content": {"format": 2, "parts": [{"type": "text", "text": "hi"}]},
+    }
+    trust = ContextTrust.of({}, [], legacy=False)
+    tenant = Caller("key-2", "org-7", frozenset())
+    untrusted = parse_body({"messages": [message]}, caller=tenant, trust=trust, limits=LIMITS)
+    (seen,) = untrusted.input
+    assert isinstance(seen, dict)
+    assert seen["id"] != "forged-id"
+    assert "threadId" not in seen
+    assert "resourceId" not in seen
+    trusted = parse_body({"messages": [message]}, caller=OPERATOR, trust=trust, limits=LIMITS)
+    (kept,) = trusted.input
+    assert isinstance(kept, dict)
+    assert kept["id"] == "forged-id"
+    assert "threadId" not in kept
+    assert "resourceId" not in kept

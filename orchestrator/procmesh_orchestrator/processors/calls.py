@@ -19,6 +19,7 @@ from procmesh_orchestrator.errors import MalformedResponseError, ProcessorFailed
 from procmesh_orchestrator.metrics import OrchestratorMetrics, Series, series
 from procmesh_orchestrator.processors import wire
 from procmesh_orchestrator.processors.decisions import DecisionLog
+from procmesh_orchestrator.processors.encodings import MessageEncodings
 from procmesh_orchestrator.processors.lanes import (
     Gated,
     ParallelGroup,
@@ -195,6 +196,8 @@ class GrpcHookCaller:
         self._context = struct_pb2.Struct()
         self.decisions: DecisionLog | None = None
         """The run's decision record (also its `RunInfo.decisions`), when the config keeps one."""
+        self.encodings = MessageEncodings()
+        """The run's messages as encoded for its requests, reused while unchanged (bench P1)."""
 
     def request_context(self) -> struct_pb2.Struct:
         """The run's request context as sent: converted once per value of it (a hook that sets a
@@ -361,7 +364,9 @@ class GrpcHookCaller:
         if isinstance(lane_item, TryCatch):
             return await self._try(lane_item, args)
         if isinstance(lane_item, ParallelGroup):
-            answered, effects = await self._invoke_parallel(lane_item, args.hook, wire.build_request(args))
+            answered, effects = await self._invoke_parallel(
+                lane_item, args.hook, wire.build_request(args, self.encodings)
+            )
             # an empty result when no branch answered: the branches' effects still apply
             return Reply(_mapped(lane_item, args.hook, answered), effects)
         # awaited here, not through `send`'s task: a task costs a turn of the event loop (its
@@ -385,7 +390,7 @@ class GrpcHookCaller:
 
     def _prepared(self, handles: list[ProcessorHandle], args: HookArgs[Any]) -> tuple[Any, float]:
         """The request for `handles` (the first's context, the others fused) and its timeout."""
-        request = wire.build_request(args)
+        request = wire.build_request(args, self.encodings)
         self.fill_context(request.context, handles[0])
         if len(handles) > 1:
             self.fill_fused(request.context, handles[1:])

@@ -18,17 +18,22 @@ from procmesh.errors import ProcmeshError
 from procmesh.hooks import BY_NAME
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError, TripwireAbort
+from procmesh_orchestrator.processors.encodings import MessageEncodings
 from procmesh_orchestrator.run import hooks as h
 
-Build = Callable[[Any, Any], None]
-"""(hook arguments, an empty request) -> fills the request (its context aside)."""
+Fill = Callable[[Any, str, list[dict[str, Any]]], None]
+"""(request, a repeated ``Message`` field's name, message dicts) -> appends them to that field."""
+Build = Callable[[Any, Any, Fill], None]
+"""(hook arguments, an empty request, how messages go in) -> fills the request (its context aside)."""
 Read = Callable[[Any], Any]
 """A response -> the hook's result."""
 
 
-def _fill(field: Any, messages: list[dict[str, Any]]) -> None:
+def _convert(request: Any, field: str, messages: list[dict[str, Any]]) -> None:
+    """Messages converted for this request alone (no run's `MessageEncodings` to reuse)."""
+    repeated = getattr(request, field)
     for m in messages:
-        convert.message_to_proto(m, field.add())
+        convert.message_to_proto(m, repeated.add())
 
 
 def _steps(field: Any, steps: list[dict[str, Any]]) -> None:
@@ -40,10 +45,10 @@ def _returned(field: Any) -> list[dict[str, Any]]:
     return [convert.message_from_proto(m) for m in field]
 
 
-def _build_input(a: h.InputArgs, req: Any) -> None:
-    _fill(req.messages, a.messages)
-    _fill(req.all_messages, a.all_messages)
-    _fill(req.system_messages, a.system_messages)
+def _build_input(a: h.InputArgs, req: Any, fill: Fill) -> None:
+    fill(req, "messages", a.messages)
+    fill(req, "all_messages", a.all_messages)
+    fill(req, "system_messages", a.system_messages)
 
 
 def _read_input(resp: Any) -> h.InputResult:
@@ -54,10 +59,10 @@ def _read_input(resp: Any) -> h.InputResult:
     )
 
 
-def _build_input_step(a: h.InputStepArgs, req: Any) -> None:
+def _build_input_step(a: h.InputStepArgs, req: Any, fill: Fill) -> None:
     req.model = a.model
-    _fill(req.messages, a.messages)
-    _fill(req.system_messages, a.system_messages)
+    fill(req, "messages", a.messages)
+    fill(req, "system_messages", a.system_messages)
     for tool in a.tools:
         t = req.tools.add(name=tool["name"], description=tool.get("description", ""))
         t.input_schema.CopyFrom(convert.to_struct(tool.get("inputSchema")))
@@ -100,7 +105,7 @@ def _read_input_step(resp: Any) -> h.InputStepResult:
     return out
 
 
-def _build_llm_request(a: h.LLMRequestArgs, req: Any) -> None:
+def _build_llm_request(a: h.LLMRequestArgs, req: Any, fill: Fill) -> None:
     req.model = a.model
     req.model_spec_version = a.model_spec_version
     convert.prompt_to_proto(a.prompt, req.prompt)
@@ -127,7 +132,7 @@ def _read_llm_request(resp: Any) -> h.LLMRequestResult:
     )
 
 
-def _build_llm_response(a: h.LLMResponseArgs, req: Any) -> None:
+def _build_llm_response(a: h.LLMResponseArgs, req: Any, fill: Fill) -> None:
     req.model = a.model
     req.from_cache = a.from_cache
     for chunk in a.chunks:
@@ -135,11 +140,11 @@ def _build_llm_response(a: h.LLMResponseArgs, req: Any) -> None:
     _steps(req.steps, a.steps)
 
 
-def _build_output_step(a: h.OutputStepArgs, req: Any) -> None:
+def _build_output_step(a: h.OutputStepArgs, req: Any, fill: Fill) -> None:
     req.text = a.text
     req.finish_reason = a.finish_reason
-    _fill(req.messages, a.messages)
-    _fill(req.system_messages, a.system_messages)
+    fill(req, "messages", a.messages)
+    fill(req, "system_messages", a.system_messages)
     for call in a.tool_calls:
         tc = req.tool_calls.add(tool_call_id=call["toolCallId"], tool_name=call["toolName"])
         tc.args.CopyFrom(convert.to_value(call.get("args")))
@@ -151,12 +156,12 @@ def _read_messages(resp: Any) -> h.MessagesResult:
     return h.MessagesResult(messages=_returned(resp.messages) if resp.replace_messages else None)
 
 
-def _build_tool_result(a: h.ToolResultArgs, req: Any) -> None:
+def _build_tool_result(a: h.ToolResultArgs, req: Any, fill: Fill) -> None:
     req.tool_name = a.tool_name
     req.tool_call_id = a.tool_call_id
     req.args.CopyFrom(convert.to_value(a.args))
     req.result.CopyFrom(convert.to_value(a.result))
-    _fill(req.messages, a.messages)
+    fill(req, "messages", a.messages)
     _steps(req.steps, a.steps)
 
 
@@ -166,22 +171,22 @@ def _read_tool_result(resp: Any) -> h.ToolResultResult:
     return h.ToolResultResult(replaced=True, result=convert.from_value(resp.result))
 
 
-def _build_output_result(a: h.OutputResultArgs, req: Any) -> None:
-    _fill(req.messages, a.messages)
+def _build_output_result(a: h.OutputResultArgs, req: Any, fill: Fill) -> None:
+    fill(req, "messages", a.messages)
     req.result.text = a.text
     req.result.finish_reason = a.finish_reason
     convert.usage_to_proto(a.usage, req.result.usage)
     _steps(req.result.steps, a.steps)
 
 
-def _build_api_error(a: h.APIErrorArgs, req: Any) -> None:
+def _build_api_error(a: h.APIErrorArgs, req: Any, fill: Fill) -> None:
     req.error.status = a.status
     req.error.message = a.message
     req.error.body = a.body
     req.error.retryable = a.retryable
     req.error.id = a.error_id
     req.error.details.CopyFrom(convert.to_struct(a.details))
-    _fill(req.messages, a.messages)
+    fill(req, "messages", a.messages)
     _steps(req.steps, a.steps)
 
 
@@ -193,11 +198,11 @@ def _read_api_error(resp: Any) -> h.APIErrorResult:
     )
 
 
-def _build_execute_tool(a: h.ExecuteToolArgs, req: Any) -> None:
+def _build_execute_tool(a: h.ExecuteToolArgs, req: Any, fill: Fill) -> None:
     req.tool_name = a.tool_name
     req.tool_call_id = a.tool_call_id
     req.args.CopyFrom(convert.to_value(a.args))
-    _fill(req.messages, a.messages)
+    fill(req, "messages", a.messages)
     if a.resumed is not None:
         req.resume_data.CopyFrom(convert.to_value(a.resumed.data))
         req.suspend_payload.CopyFrom(convert.to_value(a.resumed.suspend_payload))
@@ -232,10 +237,15 @@ WIRE: dict[str, tuple[Build, Read]] = {
 assert set(WIRE) == {hook.name for hook in BY_NAME.values() if not hook.streaming}, "a hook lacks its wire"
 
 
-def build_request(args: h.HookArgs[Any]) -> Any:
-    """The request message for `args` (its RunContext is filled per call)."""
+def build_request(args: h.HookArgs[Any], encodings: MessageEncodings | None = None) -> Any:
+    """The request message for `args` (its RunContext is filled per call); with the run's
+    `encodings`, each message's encoding is reused while the message is unchanged."""
     request = BY_NAME[args.hook].request()
-    WIRE[args.hook][0](args, request)
+    if encodings is None:
+        WIRE[args.hook][0](args, request, _convert)
+    else:
+        WIRE[args.hook][0](args, request, encodings.fill)
+        encodings.built()
     return request
 
 

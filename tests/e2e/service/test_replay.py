@@ -9,22 +9,16 @@ over HTTP give the same report; bad input is refused naming what.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import copy
 import http.server
-import io
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,146 +28,24 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from procmesh_orchestrator.cli import replay as replay_cli
-from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.run import violation_routes
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.guards.judge_server import JudgeServer, Rule
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.e2e.service.decision_support import ADA, DEMO_AGENT, OPERATOR, WEATHER_TOOL, jailbreak_guard
+from tests.e2e.service.decision_support import ADA, OPERATOR
+from tests.e2e.service.replay_stack import (
+    HATE,
+    KEYS,
+    RUNS,
+    Stack,
+    candidate_of,
+    changed_steps,
+    each_run,
+    recorded_config,
+    text_of,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
-
-KEYS = "op-key=@operator,ada-key=ada"
-RUNS = 50
-HATE = {"category_scores": [{"category": "hate", "score": 0.9}], "reason": "hateful"}
-PROCMESH = str(Path(sys.executable).parent / "procmesh")
-
-
-def recorded_config(guards: str, adder: str, db: str) -> dict[str, Any]:
-    return {
-        "sidecars": {"guards": {"address": guards}, "adder": {"address": adder}},
-        "models": {"demo": {"provider": "demo"}},
-        "storage": {"path": db},
-        "decisions": {"record": True},
-        "tools": {"weather": WEATHER_TOOL},
-        "agents": {
-            "rec": {
-                **DEMO_AGENT,
-                "tools": ["weather"],
-                "recordInputs": True,
-                "inputProcessors": [jailbreak_guard()],
-                "outputProcessors": [{"processor": "guards/word-filter", "options": {"words": ["zebra"]}}],
-            },
-            "mem": {
-                **DEMO_AGENT,
-                "recordInputs": True,
-                "memory": {"lastMessages": 10},
-                "inputProcessors": [jailbreak_guard()],
-            },
-            "notes": {  # memory with working memory: a system message and updateWorkingMemory
-                **DEMO_AGENT,
-                "recordInputs": True,
-                "memory": {"lastMessages": 10, "workingMemory": {"template": "# Notes\n- fruit:"}},
-                "inputProcessors": [jailbreak_guard()],
-            },
-            "budgeted": {  # a token budget the third turn's tool result outgrows at step 1
-                **DEMO_AGENT,
-                "tools": ["weather"],
-                "recordInputs": True,
-                "memory": {"lastMessages": 10, "messageHistory": {"maxTokens": 140, "atMaxRemoveTokens": 0}},
-            },
-            "adder": {
-                **DEMO_AGENT,
-                "recordInputs": True,
-                "inputProcessors": [{"processor": "adder/weather-adder"}],
-            },
-            "norec": {
-                **DEMO_AGENT,
-                "inputProcessors": [jailbreak_guard()],
-            },
-        },
-    }
-
-
-def candidate_of(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A blocking guard added, an option changed (the word filter masks one word more)."""
-    cfg = copy.deepcopy(recorded)
-    agent = cfg["agents"]["rec"]
-    guard = {
-        "processor": "guards/topic-guard",
-        "name": "forbidden-guard",
-        "options": {"words": ["forbidden"]},
-    }
-    agent["inputProcessors"].append(guard)
-    agent["outputProcessors"][0]["options"]["words"] = ["zebra", "banana"]
-    return cfg
-
-
-def text_of(i: int) -> str:
-    words = [f"hello number {i}"]
-    if i % 7 == 3:
-        words.append("what is the weather")  # a tool call, then a second step
-    if i % 4 == 1:
-        words.append("banana")  # echoed by the model: the changed option masks it
-    if i % 6 == 4:
-        words.append("zebra")  # masked either way
-    if i % 5 == 0:
-        words.append("forbidden")  # the candidate's new guard blocks it
-    if i % 9 == 2:
-        words.append("jailbreak")  # blocked either way
-    return " ".join(words)
-
-
-@dataclass
-class Stack:
-    recorded: OrchestratorProcess
-    live: OrchestratorProcess
-    http: httpx.AsyncClient
-    recorded_path: Path
-    candidate_path: Path
-    candidate: dict[str, Any]
-    run_ids: list[str]
-    live_ids: list[str]
-    since: str
-    until: str
-    env: dict[str, str]
-
-    async def generate(self, proc: OrchestratorProcess, text: str, agent: str = "rec", **body: Any) -> str:
-        response = await self.http.post(
-            f"{proc.http_url}/api/agents/{agent}/generate", json={"messages": text, **body}, headers=OPERATOR
-        )
-        assert response.status_code == 200, response.text
-        return str(response.json()["runId"])
-
-    async def decisions(self, proc: OrchestratorProcess, run_id: str) -> list[dict[str, Any]]:
-        response = await self.http.get(f"{proc.http_url}/api/runs/{run_id}/decisions", headers=OPERATOR)
-        assert response.status_code == 200, response.text
-        return list(response.json()["decisions"])
-
-    async def replay(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """`procmesh replay ARGS` as a process (its exit code as CI sees it)."""
-        return await asyncio.to_thread(
-            subprocess.run, [PROCMESH, "replay", *args], capture_output=True, text=True, env=self.env
-        )
-
-    async def replay_here(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The same command's code run in this process (a process start costs seconds on loaded
-        cores): its exit code, what it printed, and an error's message as `main` prints it."""
-        parser = argparse.ArgumentParser()
-        replay_cli.add_parser(parser.add_subparsers())
-        parsed = parser.parse_args(["replay", *args, "--store-config", str(self.recorded_path)])
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                code, err = await replay_cli.run(parsed), ""
-        except OrchestratorError as exc:  # main's exit code for one
-            code, err = 2, f"procmesh: error: {exc}"
-        return subprocess.CompletedProcess(args, code, out.getvalue(), err)
-
-
-async def _all(make: Callable[[int], Any]) -> list[Any]:
-    return await asyncio.gather(*(make(i) for i in range(RUNS)))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -200,31 +72,16 @@ async def stack(
     async with httpx.AsyncClient(timeout=60) as http:
         s = Stack(*procs, http, *paths, candidate, [], [], "", "", {})
         s.since = datetime.now(UTC).isoformat()
-        s.run_ids = await _all(lambda i: s.generate(s.recorded, text_of(i)))
+        s.run_ids = await each_run(lambda i: s.generate(s.recorded, text_of(i)))
         s.until = datetime.now(UTC).isoformat()
-        s.live_ids = await _all(lambda i: s.generate(s.live, text_of(i)))
+        s.live_ids = await each_run(lambda i: s.generate(s.live, text_of(i)))
         s.env = {**os.environ, "PROCMESH_CONFIG_FILE": str(s.recorded_path)}
         yield s
 
 
-def changed_steps(recorded: list[dict[str, Any]], candidate: list[dict[str, Any]]) -> set[int]:
-    """The steps where the two runs' decisions differ (by where each was made and its outcome): a
-    pass that only one run made did nothing, so only the rest is compared."""
-
-    def at(decisions: list[dict[str, Any]], step: int) -> Counter[tuple[Any, ...]]:
-        return Counter(
-            (d["entry"], d["processor"], d["hook"], d["part"], d["outcome"], d["would"])
-            for d in decisions
-            if d["step"] == step and d["outcome"] != "pass"
-        )
-
-    steps = {d["step"] for d in recorded + candidate}
-    return {step for step in steps if at(recorded, step) != at(candidate, step)}
-
-
 async def test_replay_names_exactly_the_runs_and_steps_a_live_candidate_changes(stack: Stack) -> None:
-    recorded = await _all(lambda i: stack.decisions(stack.recorded, stack.run_ids[i]))
-    live = await _all(lambda i: stack.decisions(stack.live, stack.live_ids[i]))
+    recorded = await each_run(lambda i: stack.decisions(stack.recorded, stack.run_ids[i]))
+    live = await each_run(lambda i: stack.decisions(stack.live, stack.live_ids[i]))
     expected = {(stack.run_ids[i], step) for i in range(RUNS) for step in changed_steps(recorded[i], live[i])}
     started = time.perf_counter()
     out = await stack.replay(

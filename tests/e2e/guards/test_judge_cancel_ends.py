@@ -1,9 +1,11 @@
 """Every run's end cancels its guards' judge questions in flight, however the run started (issue 33
 item 2): a generate without a ``runId`` has only the id it made itself, and its end reaches the
-model gateway too (`App.run_ended`).
+model gateway too (`App.run_ended`); a verdict asked alone (``merge_judge: false``) is cancelled as
+a section is; a step retry leaves nothing of the rejected attempt in flight to cancel.
 
-Real processes: the orchestrator, `procmesh-sidecar guards` (`moderation`, judging through the
-gateway) and a scripted judge that holds its answer until its caller hangs up.
+Real processes: the orchestrator (with its self-started builtins sidecar), `procmesh-sidecar
+guards` (`moderation`, judging through the gateway), `procmesh-sidecar examples` (`length-check`)
+and a scripted judge whose ``held`` model holds its answer until its caller hangs up.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest_asyncio
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.gateway.support import GATEWAY_KEY, sidecar_env
 from tests.e2e.guards.judge_server import JudgeServer
-from tests.e2e.guards.support import stream
+from tests.e2e.guards.support import NO_SCORES, generate, stream
 from tests.e2e.guards.test_judge_cache import metric
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import Reply
@@ -30,8 +32,6 @@ from tests.integration.service.support import API_KEYS, AUTH, free_port
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 SECRET = "sk-judge-secret-of-the-run-end-tests"
-PASSES = {"categories": [], "reason": ""}
-"""The judge's verdict, were it ever sent: nothing flagged."""
 
 
 REGEX = {
@@ -40,20 +40,25 @@ REGEX = {
 }
 TICKET = {"deltas": ["A first sentence is judged. ", "A second one. ", "Then TICKET-9", " and the end."]}
 """An answer whose first sentence is asked about before regex-filter aborts on a later part."""
+LONG = "One two three four five six seven eight nine ten."
+"""Over length-check's 5 words: its processOutputStep asks for a retry."""
 
 
 class _Holding(JudgeServer):
-    """Sends its answer's head, then nothing until the caller hangs up (`released` is set then)."""
+    """The ``held`` judge sends its answer's head, then nothing until the caller hangs up
+    (`released` is set then); the ``quick`` one answers at once."""
 
     def respond(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Reply:
-        return {**super().respond(path, headers, body), "holdAfter": 0}
+        reply = super().respond(path, headers, body)
+        return {**reply, "holdAfter": 0} if body.get("model") == "held" else reply
 
 
 @pytest.fixture(scope="module")
 def judge_server() -> Iterator[JudgeServer]:
     server = _Holding(api_key=SECRET)
     server.start()
-    server.judge("held", PASSES)
+    server.judge("held", NO_SCORES)
+    server.judge("quick", NO_SCORES)
     yield server
     server.stop()
 
@@ -69,26 +74,40 @@ async def orchestrator(
         env=sidecar_env(f"127.0.0.1:{port}"),
         log_path=str(sidecar_dir / "run-ends.log"),
     )
-    sidecar.start()
-    await sidecar.wait_ready()
+    examples = SidecarProcess(["examples"], f"unix://{sidecar_dir / 'run-ends-examples.sock'}")
+    for process in (sidecar, examples):
+        process.start()
+        await process.wait_ready()
     lane = [{"processor": "g/moderation", "options": {"model": "judges/held"}}]
     alone = [REGEX, {"processor": "g/moderation", "options": {"model": "judges/held", "merge_judge": False}}]
+    retried = [
+        {"processor": "g/moderation", "options": {"model": "judges/quick"}},
+        {"processor": "e/length-check", "options": {"max_words": 5}},
+    ]
     judges = {"kind": "openai", "baseUrl": judge_server.base_url, "apiKeyEnv": "JUDGE_KEY"}
     config = {
-        "sidecars": {"g": {"address": sidecar.address, "timeout": 60}},
+        "sidecars": {"g": {"address": sidecar.address, "timeout": 60}, "e": {"address": examples.address}},
         "providers": {"judges": judges},
         "models": {
             "answer": {"provider": "scripted", "responses": [{"text": "An answer to judge."}] * 4},
             "ticket": {"provider": "scripted", "delayMs": 300, "responses": [TICKET] * 4},
+            "wordy": {"provider": "scripted", "responses": [{"text": LONG}, {"text": "Short answer."}] * 2},
         },
         "agents": {
             "judged": {"model": "answer", "errorProcessorDefaults": False, "outputProcessors": lane},
             "alone": {"model": "ticket", "errorProcessorDefaults": False, "outputProcessors": alone},
+            "retried": {
+                "model": "wordy",
+                "errorProcessorDefaults": False,
+                "maxProcessorRetries": 1,
+                "outputProcessors": retried,
+            },
         },
     }
     env = {"PROCMESH_API_KEYS": f"{API_KEYS},{GATEWAY_KEY}=@gateway", "JUDGE_KEY": SECRET}
     yield await asyncio.to_thread(start_orchestrator, config, "--grpc-port", str(port), env=env)
-    sidecar.stop(grace=2.0)
+    for process in (sidecar, examples):
+        process.stop(grace=2.0)
 
 
 async def test_a_generate_without_a_run_id_cancels_its_judge_question_when_it_ends(
@@ -123,3 +142,24 @@ async def test_a_verdict_asked_alone_is_cancelled_at_its_runs_end_too(
     assert await asyncio.to_thread(judge_server.released.wait, 10)  # the judge saw the hang-up
     assert saved().get("cancelled", 0) - before >= 1
     assert ended().get("run_ended", 0) - gone >= 1
+
+
+async def test_a_step_retry_leaves_no_judge_question_of_the_rejected_attempt_in_flight(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+) -> None:
+    # What "a trip that ends one stream while the run retries" is in procmesh: a stream abort
+    # (retry or not) ends the run, and a retry comes from processOutputStep, after the step's
+    # stream, whose guards wait for every verdict at the step's end. So the rejected attempt's
+    # question is answered, not cancelled, before the step runs again (operations.md says so).
+    saved = lambda: metric(orchestrator, "procmesh_judge_calls_saved_total", "by")  # noqa: E731
+    ended = lambda: metric(orchestrator, "procmesh_gateway_calls_total", "outcome")  # noqa: E731
+    before, gone, answered = saved().get("cancelled", 0), ended().get("run_ended", 0), ended().get("ok", 0)
+    result = await generate(orchestrator, "retried", "go")
+    assert result.get("tripwire") is None, result
+    assert result["text"] == "Short answer."
+    tripped = [(step.get("tripwire") or {}).get("processorId") for step in result["steps"]]
+    assert tripped == ["length-check", None]  # the first attempt rejected, the second kept
+    assert [LONG in c for c in judge_server.judged("quick")] == [True, False]  # each attempt judged
+    assert ended().get("ok", 0) - answered == 2  # both verdicts were given
+    assert saved().get("cancelled", 0) == before
+    assert ended().get("run_ended", 0) == gone

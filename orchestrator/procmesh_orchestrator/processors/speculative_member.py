@@ -71,8 +71,9 @@ class Member:
         self.fed: deque[_Fed] = deque()
         """Committed input first (`firm` of them), then the parts given in advance, by origin."""
         self.firm = 0
-        self.unanswered: deque[tuple[int, float]] = deque()
-        """(seq, sent at) of the parts sent and not answered, oldest first (answers come in order)."""
+        self.answered = 0
+        """The highest seq answered (answers come in order): the parts in `fed` after it are the
+        unanswered ones, the time limit counting from the oldest one's send (`_waiting_since`)."""
         self.answers: dict[int, ppb.StreamPartResult] = {}
         self.inbox: deque[tuple[str, Any, int]] = deque()
         """Its committed input, in order: (kind, value, the group input it came from)."""
@@ -96,8 +97,10 @@ class Member:
         self.closing = False
         self.counts: dict[str, int] = {}
         """Parts given in advance, by outcome (committed, discarded)."""
-        self.live: set[int] = set()
-        """The seqs of `fed`: an answer for another one is a withdrawn part's."""
+        self.dead: set[int] = set()
+        """Seqs withdrawn after they were sent and before their answer came: that answer is a
+        withdrawn part's (every other answer is for a part in `fed`; a set per member rather than
+        one of the seqs in `fed`, which would hold an entry per part in flight)."""
         self.replay: list[tpb.Chunk] = []
         """Every part it committed, in order: what a new session is given again (`restart`)."""
         self.skip: set[int] = set()
@@ -137,8 +140,6 @@ class Member:
         now = self.group.now
         out.append((seq, part))
         self.fed.append(_Fed(seq, part, origin, now))
-        self.live.add(seq)
-        self.unanswered.append((seq, now))
         if origin is None:
             self.firm += 1
 
@@ -154,16 +155,15 @@ class Member:
             return []
         first = withdrawn[0].seq
         self.firm -= sum(1 for e in withdrawn if e.origin is None)
-        while self.unanswered and self.unanswered[-1][0] >= first:
-            self.unanswered.pop()
+        unsent = {seq for seq, _ in self.out} if self.out is not None else set()
         for entry in withdrawn:
-            self.live.discard(entry.seq)
             answer = self.answers.pop(entry.seq, None)
             self.arrived.pop(entry.seq, None)
             if answer is not None and aborts(answer):
                 self.lost = True  # the SDK ended the session at that abort
+            elif entry.seq > self.answered and entry.seq not in unsent:
+                self.dead.add(entry.seq)  # sent, its answer still to come
         self.group.count(self, "discarded", sum(1 for e in withdrawn if e.origin is not None))
-        unsent = {seq for seq, _ in self.out} if self.out is not None else set()
         if self.out is not None and unsent:
             self.out = [(seq, part) for seq, part in self.out if seq < first]
         if first not in unsent:
@@ -245,11 +245,10 @@ class Member:
         self.rewind = self.told = 0
         self.answers.clear()
         self.arrived.clear()
-        self.unanswered.clear()
+        self.dead.clear()  # the old session's: it is read no more
         self.out = self.head = None
         held = list(self.fed)
         self.fed.clear()
-        self.live.clear()
         self.firm = 0
         self._open()
         assert self.out is not None
@@ -263,7 +262,7 @@ class Member:
 
     async def _read(self, call: StreamCall, clock: SessionClock) -> None:
         # the oldest unanswered part's time limit counts from when it was sent
-        clock.watch(call, lambda: self.unanswered[0][1] if self.unanswered else None)
+        clock.watch(call, self._waiting_since)
         try:
             while True:
                 resp = await clock.read()
@@ -276,7 +275,7 @@ class Member:
                         count_session(self.group.caller, self.handles, "ok")
                     break
                 now = time.monotonic()
-                sent, skip, live, answers = self.seq, self.skip, self.live, self.answers
+                sent, skip, dead, answers = self.seq, self.skip, self.dead, self.answers
                 top = 0
                 for res in resp.results:
                     seq = res.seq
@@ -285,14 +284,16 @@ class Member:
                     top = max(top, seq)
                     if skip and seq in skip:
                         skip.discard(seq)
-                    elif seq in live:
+                    elif dead and seq in dead:
+                        dead.discard(seq)
+                        if aborts(res):
+                            self.lost = True  # a withdrawn part's abort ended the session
+                    else:
                         answers[seq] = res
                         self.arrived[seq] = now
-                    elif aborts(res):
-                        self.lost = True  # a withdrawn part's abort ended the session
-                unanswered = self.unanswered  # every part up to the newest answered one is
-                while unanswered and unanswered[0][0] <= top:
-                    unanswered.popleft()
+                self.answered = max(self.answered, top)  # and every part before it
+                if dead:  # a withdrawn part not answered by now never will be
+                    dead.difference_update([seq for seq in dead if seq <= top])
                 if resp.HasField("end"):
                     self.end_state = resp.end
                     self.ended = True
@@ -309,6 +310,14 @@ class Member:
             if call is self.call:
                 self.ended = True
                 self.span.end()
+
+    def _waiting_since(self) -> float | None:
+        """When the oldest unanswered part was sent (None: every part sent was answered)."""
+        answered = self.answered
+        for entry in self.fed:  # in seq order, the answered ones first
+            if entry.seq > answered:
+                return entry.sent_at
+        return None
 
     def cancel(self) -> None:
         if self.call is not None and not self.call.done():

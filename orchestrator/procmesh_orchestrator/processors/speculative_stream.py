@@ -179,7 +179,6 @@ class SpeculativeGroup:
             return self._failure(j)
         member.inbox.popleft()
         member.fed.popleft()
-        member.live.discard(head.seq)
         member.parts.now = member.arrived.pop(head.seq, head.sent_at)
         member.parts.answered(head.part, answer, head.sent_at)
         member.replay.append(head.part)
@@ -247,7 +246,6 @@ class SpeculativeGroup:
             fed.popleft()
             seq, part = head.seq, head.part
             del answers[seq]
-            member.live.discard(seq)
             now = arrived.pop(seq, head.sent_at) - head.sent_at
             if now != took:
                 if same:

@@ -67,3 +67,14 @@ def gateway_calls(orchestrator: OrchestratorProcess) -> dict[tuple[str, str, str
                 labels = sample.labels
                 out[(labels["model"], labels["processor"], labels["outcome"])] = sample.value
     return out
+
+
+def judge_calls_saved(orchestrator: OrchestratorProcess, by: str) -> float:
+    """procmesh_judge_calls_saved_total{by=`by`}, every processor's."""
+    text = httpx.get(f"{orchestrator.http_url}/metrics", headers=AUTH).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "procmesh_judge_calls_saved_total" and sample.labels["by"] == by
+    )

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
-from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls
+from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, judge_calls_saved
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.providers.fakes import FakeOpenAI
 from tests.integration.service.support import API_KEY, AUTH
@@ -181,11 +181,7 @@ async def test_any_caller_on_the_unix_socket_is_served(
 async def test_a_reported_saving_is_counted_under_the_gateways_access_rules(
     orchestrator: OrchestratorProcess, provider: FakeOpenAI
 ) -> None:
-    def saved() -> float:
-        lines = _metrics(orchestrator).splitlines()
-        mine = [line for line in lines if line.startswith(SAVED) and 'by="precheck"' in line]
-        return sum(float(line.rpartition(" ")[2]) for line in mine)
-
+    saved = lambda: judge_calls_saved(orchestrator, "precheck")  # noqa: E731
     report = mpb.ModelServiceReportSavedRequest(processor_id="judge", run_id="r1", count=2)
     before, asked = saved(), len(provider.calls("judge"))
     refused = await _call(orchestrator.grpc_address, report, TENANT_KEY, "ReportSaved")
@@ -198,9 +194,6 @@ async def test_a_reported_saving_is_counted_under_the_gateways_access_rules(
     assert isinstance(answer, mpb.ModelServiceReportSavedResponse), answer
     assert saved() == before + 2
     assert len(provider.calls("judge")) == asked  # no model is called
-
-
-SAVED = "procmesh_judge_calls_saved_total{"
 
 
 async def test_a_model_the_config_does_not_name_is_refused(

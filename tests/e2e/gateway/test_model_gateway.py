@@ -21,9 +21,17 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, start_judge, start_node_judge
+from tests.e2e.gateway.support import (
+    GATEWAY_KEY,
+    KEYS,
+    gateway_calls,
+    judge_calls_saved,
+    start_judge,
+    start_node_judge,
+)
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import AUTH, free_port
+from tests.integration.service.test_lifecycle import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -40,6 +48,10 @@ JUDGES = {
     "node-no": [{"text": '{"allowed": false}'}],
     "node-bad": [{"text": "not json"}, {"text": "still not json"}],
 }
+
+
+SETTLING = {"processor": "jn/judge", "options": {"model": "node-ok", "settle": "SETTLED"}}
+"""The Node judge passes a text holding ``SETTLED`` without asking, and reports the call it saved."""
 
 
 def _agent(judge: str, on_failure: str = "fail-closed", sidecar: str = "j", **extra: Any) -> dict[str, Any]:
@@ -74,6 +86,7 @@ def _config(sidecar: str, node: str, silent_port: int) -> dict[str, Any]:
             "node-ok": _agent("node-ok", sidecar="jn"),
             "node-no": _agent("node-no", sidecar="jn"),
             "node-bad": _agent("node-bad", sidecar="jn"),
+            "node-settled": _agent("node-ok", sidecar="jn") | {"inputProcessors": [SETTLING]},
         },
     }
 
@@ -252,9 +265,30 @@ async def test_the_gateway_call_carries_the_hooks_deadline(orchestrator: Orchest
     body = await _generate(orchestrator, "slow")
     assert body["finishReason"] == "error", body
     assert time.monotonic() - started < 5
-    for _ in range(60):
-        calls = await asyncio.to_thread(gateway_calls, orchestrator)
-        if calls.get(("slow/judge", "judge", "deadline")):
-            break
+    # The call ends at that deadline, or just before it when the run, failed at the hook's 1 s,
+    # ends first and cancels its question (outcome run_ended): either way within the hook's time.
+    line = await _gateway_log_line(orchestrator, "slow/judge")
+    deadline = float(line.rpartition("(deadline ")[2].rstrip("s)"))
+    assert deadline < 2, line  # the hook's 1 s (gRPC adds a few ms), not the SDK's 30 s default
+    assert "outcome=deadline " in line or "outcome=run_ended " in line, line
+
+
+async def _gateway_log_line(orchestrator: OrchestratorProcess, model: str) -> str:
+    """The gateway's log line of its call of `model` (polled: it is written as the call ends)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 5
+    while True:
+        text = orchestrator.log_path.read_text(errors="replace")
+        lines = [ln for ln in text.splitlines() if f"model gateway model={model!r}" in ln]
+        if lines or loop.time() > until:
+            assert lines, f"no gateway log line for {model}"
+            return lines[-1]
         await asyncio.sleep(0.05)
-    assert calls.get(("slow/judge", "judge", "deadline")) == 1, calls
+
+
+async def test_a_node_hook_reports_the_judge_calls_it_saved(orchestrator: OrchestratorProcess) -> None:
+    precheck = lambda: judge_calls_saved(orchestrator, "precheck")  # noqa: E731
+    before, asked = precheck(), _model_calls(orchestrator, "node-ok")
+    assert (await _generate(orchestrator, "node-settled", "SETTLED by its own check"))["text"] == "fine"
+    await eventually(lambda: precheck() == before + 1)  # reportSaved sends in the background
+    assert _model_calls(orchestrator, "node-ok") == asked  # the judge was not asked

@@ -121,10 +121,12 @@ class HookAttempt(Generic[R]):
         return self
 
     def answered(self, response: Any, effects: tpb.HookEffects) -> None:
+        self.response = response
+        if not effects.ListFields():  # no effects (most answers): nothing to read
+            return
         self.effects = wire.read_effects(
             self.handle.processor_id, self.hook, effects, source=self.handle.source
         )
-        self.response = response
         if effects.HasField("state"):
             self.state = effects.state
 

@@ -82,7 +82,8 @@ class MessageEncodings:
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Message, Any, bytes]] = {}
         self._tags: dict[tuple[str, str], bytes] = {}
-        self._sent: set[int] = set()
+        self._sent: list[list[Message]] = []
+        self._count = 0
 
     def _framed(self, msg: Message) -> bytes:
         """`msg` as serialized ``procmesh.v1.Message`` bytes, after their length."""
@@ -110,11 +111,14 @@ class MessageEncodings:
         framed: list[bytes] = []
         for msg in messages:
             framed += (tag, self._framed(msg))
-            self._sent.add(id(msg))
         request.MergeFromString(b"".join(framed))
+        self._sent.append(messages)
+        self._count += len(messages)
 
     def built(self) -> None:
         """A request is complete: prune the entries it did not use if they are many."""
-        if len(self._by_id) > 2 * len(self._sent) + _PRUNE_SLACK:
-            self._by_id = {k: v for k, v in self._by_id.items() if k in self._sent}
+        if len(self._by_id) > 2 * self._count + _PRUNE_SLACK:
+            sent = {id(m) for messages in self._sent for m in messages}
+            self._by_id = {k: v for k, v in self._by_id.items() if k in sent}
         self._sent.clear()
+        self._count = 0

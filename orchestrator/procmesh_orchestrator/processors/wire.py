@@ -41,6 +41,14 @@ def _steps(field: Any, steps: list[dict[str, Any]]) -> None:
         convert.step_to_proto(step, field.add())
 
 
+def _struct(field: Any, value: dict[str, Any] | None) -> None:
+    """Set a Struct field, present even when empty (as a copied empty Struct leaves it)."""
+    if value:
+        field.CopyFrom(convert.to_struct(value))
+    else:
+        field.SetInParent()
+
+
 def _returned(field: Any) -> list[dict[str, Any]]:
     return [convert.message_from_proto(m) for m in field]
 
@@ -72,8 +80,8 @@ def _build_input_step(a: h.InputStepArgs, req: Any, fill: Fill) -> None:
     elif a.tool_choice:
         req.tool_choice.mode = a.tool_choice
     req.active_tools.extend(a.active_tools or [])
-    req.provider_options.CopyFrom(convert.to_struct(a.provider_options))
-    req.model_settings.CopyFrom(convert.to_struct(a.model_settings))
+    _struct(req.provider_options, a.provider_options)
+    _struct(req.model_settings, a.model_settings)
     _steps(req.steps, a.steps)
 
 

@@ -33,6 +33,9 @@ async def model_step(
     run.emit({"type": "step-start", "payload": {"stepNumber": run.info.step_number}})
     model_id = cfg.model.model_id
     metrics = run.metrics
+    # The model's chunks as they came are kept only for what reads them (`StepOutcome.raw_chunks`):
+    # a dict or two per delta, alive to the step's end, is most of a long stream's own memory.
+    keep_raw = run.info.decisions is not None or any(i.has("process_llm_response") for i in run.input_lane)
 
     async def source() -> AsyncIterator[Chunk]:
         if cached is not None:
@@ -56,7 +59,8 @@ async def model_step(
         error: BaseException | None = None
         try:
             async for chunk in chunks:
-                outcome.raw_chunks.append(chunk)
+                if keep_raw:
+                    outcome.raw_chunks.append(chunk)
                 if chunk["type"] == "finish":
                     payload = chunk.get("payload") or {}
                     outcome.finish_reason = payload.get("finishReason", "stop")

@@ -42,6 +42,8 @@ class StepOutcome:
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)
     raw_chunks: list[Chunk] = field(default_factory=list)
+    """The model's chunks as they came, kept only when read: by the input lane's processLLMResponse
+    processors (`llm_response`) or the run's recording (``recordInputs``); empty otherwise."""
     abort: TripwireAbort | None = None
     from_cache: bool = False
     sources: list[dict[str, Any]] = field(default_factory=list)

@@ -48,15 +48,21 @@ def p1_args() -> InputStepArgs:
     )
 
 
-def batch(call: Callable[[], Awaitable[Any]], size: int) -> Callable[[], Awaitable[list[float]]]:
-    """`size` calls one after another; their latencies in seconds."""
+def batch(
+    call: Callable[[], Awaitable[Any]], size: int, cpu: list[float] | None = None
+) -> Callable[[], Awaitable[list[float]]]:
+    """`size` calls one after another; their latencies in seconds. With `cpu`, each batch also
+    appends the CPU this thread (the event loop's) spent per call, in seconds."""
 
     async def run() -> list[float]:
         out = []
+        c0 = time.thread_time()
         for _ in range(size):
             t0 = time.perf_counter()
             await call()
             out.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append((time.thread_time() - c0) / size)
         return out
 
     return run
@@ -85,9 +91,17 @@ async def p1(app: App, sidecar: str, address_echo: str, n: int) -> dict[str, Any
         await hook(addressed, timeout=30.0)
 
     size = max(10, n // ROUNDS)
+    # the event loop's CPU per call, SDK calls against a raw client sending the same request's
+    # bytes to the same sidecar: the orchestrator client's own cost between real calls
+    cpu: dict[str, list[float]] = {"sdk": [], "sidecar": []}
     got = await rounds(
-        {"sdk": batch(sdk_call, size), "raw": batch(raw_call, size), "sidecar": batch(sidecar_call, size)}
+        {
+            "sdk": batch(sdk_call, size, cpu["sdk"]),
+            "raw": batch(raw_call, size),
+            "sidecar": batch(sidecar_call, size, cpu["sidecar"]),
+        }
     )
+    cpu = {k: v[1:] for k, v in cpu.items()}  # the warm-up round's batches
     await channel.close()
     await direct.close()
 
@@ -107,6 +121,10 @@ async def p1(app: App, sidecar: str, address_echo: str, n: int) -> dict[str, Any
         "raw_p50_us": pct(raw, 0.5) * 1e6,
         "raw_p99_us": pct(raw, 0.99) * 1e6,
         "sidecar_alone_p50_us": pct([x for b in got["sidecar"] for x in b], 0.5) * 1e6,
+        "client_cpu_us_above_raw": statistics.median(
+            s - r for s, r in zip(cpu["sdk"], cpu["sidecar"], strict=True)
+        )
+        * 1e6,
         "ratio": ratio,
         "spread": spread,
         "alone": alone,

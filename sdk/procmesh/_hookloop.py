@@ -149,10 +149,13 @@ class HookLoop:
             raise RuntimeError(f"{self._name} is not running (ProcessorServer.start() starts it)")
         return self._loop
 
-    def _take_turn(self, fn: Callable[[], Awaitable[Any]], caller: asyncio.AbstractEventLoop) -> Any:
+    def _take_turn(
+        self, fn: Callable[[], Awaitable[Any]], caller: asyncio.AbstractEventLoop, began: float
+    ) -> Any:
         """Start ``fn()`` as a task of this loop and run the loop from the calling thread while
         its thread is idle, until the task is done or has had its CPU budget; the task, or None
-        when the loop is not idle (or not proven quick): then the thread must be woken.
+        when the loop is not idle (or not proven quick): then the thread must be woken. `began`:
+        the calling thread's CPU clock (``time.thread_time``) read before.
 
         No other thread runs the loop meanwhile: its thread waits for `lock` to leave ``select``.
         """
@@ -165,11 +168,18 @@ class HookLoop:
         asyncio._set_running_loop(loop)
         try:
             task = loop.create_task(_awaited(fn))
+            # A step's CPU is bounded by its wall time (perf_counter: no syscall); only a step
+            # longer than the budget reads the thread's CPU clock (a syscall, several µs on a busy
+            # VM: read around every step, it was a third of a fused part's time in the SDK). The
+            # thread's CPU since `began` bounds the step's too, so a step the OS preempted is not
+            # taken for a slow one.
             spent = 0.0
             while not task.done() and loop._ready and spent <= turns.budget:  # type: ignore[attr-defined]
-                t0 = time.thread_time()
+                t0 = time.perf_counter()
                 loop._run_once()  # type: ignore[attr-defined]
-                cpu = time.thread_time() - t0
+                cpu = time.perf_counter() - t0
+                if cpu > turns.budget:
+                    cpu = min(cpu, time.thread_time() - began)
                 turns.record(cpu)
                 spent += cpu
         finally:
@@ -204,8 +214,9 @@ async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) 
     caller = asyncio.get_running_loop()
     at = 0
     taken: asyncio.Task[Any] | None = None
+    began = time.thread_time()  # once for all the turns taken here (`HookLoop._take_turn`)
     while at < len(steps):
-        taken = steps[at][0]._take_turn(steps[at][1], caller)
+        taken = steps[at][0]._take_turn(steps[at][1], caller, began)
         if taken is None or not taken.done():
             break
         if at + 1 == len(steps) or taken.cancelled() or taken.exception() is not None:

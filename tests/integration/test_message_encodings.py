@@ -15,11 +15,11 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, wire
 from procmesh_orchestrator.processors.encodings import MessageEncodings
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
-from procmesh_orchestrator.run.hooks import InputStepArgs
+from procmesh_orchestrator.run.hooks import InputArgs
 
 
 class Recorder(Processor):
-    """Keeps the messages of every processInputStep it is given."""
+    """Keeps the messages of every processInput it is given."""
 
     id = "recorder"
 
@@ -27,22 +27,12 @@ class Recorder(Processor):
         super().__init__()
         self.seen: list[list[dict[str, Any]]] = []
 
-    async def process_input_step(self, messages: list[dict[str, Any]]) -> None:
+    async def process_input(self, messages: list[dict[str, Any]]) -> None:
         self.seen.append(messages)
 
 
-def step(messages: list[dict[str, Any]]) -> InputStepArgs:
-    return InputStepArgs(
-        model="m",
-        messages=messages,
-        system_messages=[],
-        tools=[],
-        tool_choice=None,
-        active_tools=None,
-        provider_options={},
-        model_settings={},
-        steps=[],
-    )
+def step(messages: list[dict[str, Any]]) -> InputArgs:
+    return InputArgs(messages=messages, all_messages=messages, system_messages=[])
 
 
 def conversation() -> list[dict[str, Any]]:
@@ -102,13 +92,5 @@ def test_encodings_of_replaced_messages_do_not_pile_up() -> None:
 
 
 def wire_handle(client: ProcessorClient) -> ProcessorHandle:
-    return ProcessorHandle(
-        key="recorder",
-        processor_id="recorder",
-        client=client,
-        options=struct_pb2.Struct(),
-        hooks=frozenset({"process_input_step"}),
-        process_data_parts=False,
-        timeout=10.0,
-        on_failure="fail-closed",
-    )
+    hooks, options = frozenset({"process_input"}), struct_pb2.Struct()
+    return ProcessorHandle("recorder", "recorder", client, options, hooks, False, 10.0, "fail-closed")

@@ -96,7 +96,7 @@ async def main() -> dict[str, Any]:
             transports = [("uds", "sdk", uds["echo"]), ("tcp", "tcp", tcp_echo)]
             results.update(await p1_unary.measure(app, transports, 300 if QUICK else 2000))
             results.update(await p2_throughput.measure(app, reference, 1000))
-            results.update(await p3_chunk_latency.measure(app, uds["echo"], 30 if QUICK else 100))
+            results.update(await p3_chunk_latency.measure(app, uds["echo"], 30 if QUICK else 300))
             results.update(await p4_concurrency.measure(app, sidecars, 50 if QUICK else 200))
             results.update(await p5_deadline.measure(app, 5 if QUICK else 20))
             results.update(await p6_guards.measure(app, reference))

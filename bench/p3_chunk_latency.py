@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,12 @@ from procmesh_orchestrator import App, ModelRequest, ScriptedModel
 
 INTERVAL = 0.02
 """50 chunks/s."""
+P3_ROUNDS = 7
+"""Rounds of P3 (the issue's floor): a round of 300 chunks takes 6 s per system, so the bench's 9
+rounds of them would add more than a minute for little (the p99 of 300 chunks is what steadies
+the figure: with 100 it was the second largest, one scheduling delay)."""
+WARMUP_CHUNKS = 30
+"""The warm-up round's chunks per system (not counted: connections, caches)."""
 _CHUNK = convert.chunk_to_proto({"type": "text-delta", "payload": {"text": "7 "}})
 PAYLOAD = ppb.ProcessOutputStreamRequest(parts=[ppb.StreamPart(seq=1, part=_CHUNK)]).SerializeToString()
 """A raw hop's message: one chunk-sized part."""
@@ -107,7 +113,8 @@ def beside(address: str, i: int) -> str:
 
 
 async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
-    """Per round: no processors, 3 sidecars, 3 fused, one raw hop, 3 raw hops; the figures are the
+    """After a short warm-up round, per round (`P3_ROUNDS`, `n` chunks each): no processors, 3
+    sidecars, 3 fused, one raw hop, 3 raw hops, 3 parallel raw hops; the figures are the
     median over rounds of (that round's p99 through the processors - its no-processor p50) / that
     round's one-hop p99; and the 3 sidecars' added p99 / that round's p99 of 3 parallel hops."""
     others = [beside(echo_address, i) for i in (2, 3)]
@@ -115,16 +122,19 @@ async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
     await asyncio.sleep(0.3)  # their start (an echo server has no health service)
     channel = grpc.aio.insecure_channel(echo_address)
     channels = [channel, *(grpc.aio.insecure_channel(address) for address in others)]
-    got = await rounds(
-        {
-            "base": lambda: chunk_latencies(app, "none", n),
-            "sidecars": lambda: chunk_latencies(app, "sidecars-3", n),
-            "fused": lambda: chunk_latencies(app, "fused-3", n),
-            "one_hop": lambda: raw_hops(channel, 1, n),
-            "three_hops": lambda: raw_hops(channel, 3, n),
-            "parallel_hops": lambda: parallel_hops(channels, n),
+
+    def systems(chunks: int) -> dict[str, Callable[[], Awaitable[list[float]]]]:
+        return {
+            "base": lambda: chunk_latencies(app, "none", chunks),
+            "sidecars": lambda: chunk_latencies(app, "sidecars-3", chunks),
+            "fused": lambda: chunk_latencies(app, "fused-3", chunks),
+            "one_hop": lambda: raw_hops(channel, 1, chunks),
+            "three_hops": lambda: raw_hops(channel, 3, chunks),
+            "parallel_hops": lambda: parallel_hops(channels, chunks),
         }
-    )
+
+    await rounds(systems(min(n, WARMUP_CHUNKS)), 0, warmup=1)
+    got = await rounds(systems(n), P3_ROUNDS, warmup=0)
     for each in channels:
         await each.close()
     for echo in echoes:

@@ -19,6 +19,7 @@ from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
+from procmesh_orchestrator.processors.speculative_member import quiet_effects
 from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
 from procmesh_orchestrator.processors.stream_call import (
     ABORT,
@@ -101,6 +102,8 @@ class _Stage:
         under its first processor)."""
         self.worst = ""
         """A monitor entry: the most severe thing it would have done in this session (its span)."""
+        self.quiet = quiet_effects(len(self.members))
+        """A fused answer's effects when none of its processors did anything (`_apply_fused`)."""
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
         # a fused session gets data parts when one of its processors takes them (the sidecar
@@ -289,6 +292,9 @@ class _Stage:
         count_session(self.caller, self.members, outcome, abort)
 
     def _apply_fused(self, res: ppb.StreamPartResult) -> None:
+        if res.effects == self.quiet and not res.extra_parts and res.HasField("part"):
+            self.outq.put_nowait((CHUNK, res.part))  # `fused_items` of it, without a read per processor
+            return
         for kind, value in fused_items(self.caller, self.members, res):
             if kind in (ABORT, ERROR):
                 if kind == ABORT:

@@ -73,6 +73,8 @@ class Member:
         self.fed: deque[_Fed] = deque()
         """Committed input first (`firm` of them), then the parts given in advance, by origin."""
         self.firm = 0
+        self.again: deque[_Fed] = deque()
+        """Guesses withdrawn in this round, to be given again at its end (`SpeculativeGroup._give_again`)."""
         self.answered = 0
         """The highest seq answered (answers come in order): the parts in `fed` after it are the
         unanswered ones, the time limit counting from the oldest one's send (`_waiting_since`)."""

@@ -1,0 +1,132 @@
+"""A holding guard ahead of judged guards given the parts in advance (issue 33, P8's first chunk).
+
+The built-in output moderation guard holds every part of a window until the window's verdict
+comes; the system-prompt scrubber and PII guards after it are speculative (their questions merge
+with moderation's at the gateway), so the orchestrator gives them each part in advance, guessing
+that moderation passes it on as it came. Moderation's answer to a held part is nothing, so that
+guess is withdrawn at every part, and with it the guesses for the later parts. Those were given
+again at once, each time: a round of n held parts fed O(n²) parts (a 2,000-character answer:
+174,000 feeds, about 0.3 s with the orchestrator's loop blocked, the guards' judge questions
+waiting at the gateway behind it). They are given again once, at the round's end, now.
+
+Through a real orchestrator process and the real ``procmesh-sidecar guards``: the answer comes
+through unchanged, and the parts the later guards were given in advance and that were then
+discarded (``procmesh_speculative_calls_total{outcome="discarded"}``) stay a few times the
+answer's parts, not the square of a round's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from procmesh_orchestrator.sidecar_process import SidecarProcess
+from tests.e2e.gateway.support import GATEWAY_KEY
+from tests.e2e.guards.judge_server import JudgeServer, Rule
+from tests.e2e.guards.support import NO_SCORES, stream, streamed_text
+from tests.e2e.service.conftest import OrchestratorProcess
+from tests.integration.service.support import API_KEYS, AUTH
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+SECRET = "sk-judge-secret-of-the-held-guesses-test"
+MODERATE = "Judge this content for moderation."
+SCRUB = "Review this answer for leaked system prompts"
+PII = "Find the PII in this content."
+WORDS = 400
+"""The answer's deltas: one round of the group holds up to 256 of them (`MAX_BATCH`)."""
+
+
+def _answer() -> list[str]:
+    """About 2,800 characters, a word a delta, a sentence every ten words."""
+    return [("" if i == 1 else " ") + f"w{i:04d}" + ("." if i % 10 == 0 else "") for i in range(1, WORDS + 1)]
+
+
+def _entry(pid: str) -> dict[str, Any]:
+    return {"processor": f"a/{pid}", "options": {"model": "judges/held"}}
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    server = JudgeServer(api_key=SECRET)
+    server.start()
+    assert server._server is not None
+    # every window's three questions at once: the socketserver's backlog of 5 would reset some
+    server._server.socket.listen(256)
+    # moderation's verdicts come after the whole answer arrived: every part is held meanwhile
+    server.judge(
+        "held",
+        {},
+        Rule((MODERATE,), NO_SCORES, 0.3),
+        Rule((SCRUB,), {"detections": [], "reason": None}),
+        Rule((PII,), {"categories": [], "detections": []}),
+    )
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def orchestrator(
+    guards_sidecar: SidecarProcess,
+    judge_server: JudgeServer,
+    gateway_port: int,
+    start_orchestrator: Callable[..., OrchestratorProcess],
+) -> OrchestratorProcess:
+    await guards_sidecar.wait_ready()
+    config = {
+        "sidecars": {"a": {"address": guards_sidecar.address, "timeout": 10}},
+        "providers": {
+            "judges": {"kind": "openai", "baseUrl": judge_server.base_url, "apiKeyEnv": "JUDGE_KEY"}
+        },
+        "models": {"long": {"provider": "scripted", "responses": [{"deltas": _answer()}] * 4}},
+        "agents": {
+            "held": {
+                "model": "long",
+                "errorProcessorDefaults": False,
+                "outputProcessors": [
+                    _entry("moderation"),
+                    _entry("system-prompt-scrubber"),
+                    _entry("pii-detector"),
+                ],
+            }
+        },
+    }
+    return await asyncio.to_thread(
+        start_orchestrator,
+        config,
+        "--grpc-port",
+        str(gateway_port),
+        env={"PROCMESH_API_KEYS": f"{API_KEYS},{GATEWAY_KEY}=@gateway", "JUDGE_KEY": SECRET},
+    )
+
+
+def _discarded(body: str, processor: str) -> float:
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name == "procmesh_speculative_calls_total"
+        and s.labels.get("agent") == "held"
+        and s.labels.get("processor") == processor
+        and s.labels.get("outcome") == "discarded"
+    )
+
+
+async def test_guesses_behind_a_holding_guard_are_given_again_once_a_round(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    chunks = await stream(orchestrator, "held")
+    assert not [c for c in chunks if c["type"] in ("tripwire", "error")], chunks[-3:]
+    assert streamed_text(chunks) == "".join(_answer())  # moderation passed every window
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=AUTH) as http:
+        body = (await http.get("/metrics")).text
+    for processor in ("system-prompt-scrubber", "pii-detector"):
+        discarded = _discarded(body, processor)
+        # given again at once, 400 held parts in rounds of up to 256 discarded tens of thousands
+        assert 0 < discarded <= 4 * WORDS, (processor, discarded)

@@ -32,7 +32,7 @@ import numpy as np
 import psycopg
 
 from bench.harness import QUICK, pct
-from procmesh_orchestrator.config.schema import ProviderConfig
+from procmesh_orchestrator.config.providers import ProviderConfig
 from procmesh_orchestrator.providers._base import ProviderConnection
 from procmesh_orchestrator.providers.embeddings import EmbeddingModel
 from procmesh_orchestrator.store import MemoryStore

@@ -122,15 +122,16 @@ def settings_problems(doc: Doc, settings: type[BaseSettings]) -> list[str]:
 
 def config_models() -> dict[str, type[BaseModel]]:
     """The model of each key prefix the config tables write (`agents.ID.maxSteps`: AgentConfig's)."""
-    from procmesh_orchestrator.config import schema, tools
+    from procmesh_orchestrator.config import agents, providers, sidecars, tools
+    from procmesh_orchestrator.store import StorageConfig
 
     return {
-        "sidecars.NAME.": schema.SidecarConfig,
-        "models.NAME.": schema.ModelConfig,
+        "sidecars.NAME.": sidecars.SidecarConfig,
+        "models.NAME.": providers.ModelConfig,
         "tools.NAME.": tools.ToolConfig,
-        "agents.ID.memory.": schema.AgentMemoryConfig,
-        "agents.ID.": schema.AgentConfig,
-        "storage.": schema.StorageConfig,
+        "agents.ID.memory.": agents.AgentMemoryConfig,
+        "agents.ID.": agents.AgentConfig,
+        "storage.": StorageConfig,
     }
 
 
@@ -296,11 +297,11 @@ def test_procmesh_subcommands_in_the_docs_exist(docs: list[Doc]) -> None:
 
 @pytest.mark.parametrize("page", ["docs/configuration.md", "docs/providers.md"])
 def test_the_config_tables_give_each_keys_default(page: str) -> None:
-    from procmesh_orchestrator.config import schema
+    from procmesh_orchestrator.config import providers
 
     models = config_models()
     if page == "docs/providers.md":
-        models = {"": schema.ProviderConfig}
+        models = {"": providers.ProviderConfig}
     assert config_table_problems(Doc.parse(REPO / page), models) == []
 
 
@@ -326,15 +327,16 @@ def test_the_sdk_page_lists_every_flag_of_a_sidecar() -> None:
 
 def config_keys() -> dict[str, set[str]]:
     """The keys a user writes, by config model (`agents.ID.costControl`: AgentConfig's costControl)."""
-    from procmesh_orchestrator.config import schema, tools
+    from procmesh_orchestrator.config import agents, lanes, providers, schema, sidecars, tools
+    from procmesh_orchestrator.store import StorageConfig
 
     models: list[type[BaseModel]] = [
         schema.Config,
-        schema.AgentConfig,
-        schema.SidecarConfig,
-        schema.ProcessorRef,
+        agents.AgentConfig,
+        sidecars.SidecarConfig,
+        lanes.ProcessorRef,
     ]
-    models += [schema.StorageConfig, schema.AgentMemoryConfig, schema.ModelConfig]
+    models += [StorageConfig, agents.AgentMemoryConfig, providers.ModelConfig]
     models += [tools.ToolConfig, tools.McpServerConfig]
     return {
         model.__name__: {

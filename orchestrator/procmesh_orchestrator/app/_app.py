@@ -23,7 +23,7 @@ from procmesh_orchestrator.config import (
     SidecarConfig,
     workflow_refs,
 )
-from procmesh_orchestrator.config.schema import DEFAULT_PROVIDERS
+from procmesh_orchestrator.config.providers import DEFAULT_PROVIDERS
 from procmesh_orchestrator.durable import DurableRuns, config_version
 from procmesh_orchestrator.durable.events import EventLog, open_event_log
 from procmesh_orchestrator.errors import ConfigError

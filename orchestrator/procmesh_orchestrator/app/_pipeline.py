@@ -21,9 +21,9 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from procmesh_orchestrator.config import Config, SidecarConfig
+from procmesh_orchestrator.config.agents import AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.config.lanes import violation_routes
 from procmesh_orchestrator.config.memory import WorkingMemoryConfig
-from procmesh_orchestrator.config.schema import AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, call_lanes

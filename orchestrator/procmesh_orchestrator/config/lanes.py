@@ -1,7 +1,7 @@
 """Lanes as the configuration states them: processor references, workflows (parallel and
 conditional steps), and lanes chosen from the request context.
 
-`schema.py` holds the rest of the configuration and re-exports these names.
+Agents name them (agents.py); `schema.py`'s `Config` checks what they refer to.
 """
 
 from __future__ import annotations

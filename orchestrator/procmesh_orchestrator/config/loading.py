@@ -11,8 +11,9 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
+from procmesh_orchestrator.config.cost import SETTING_TAGS
 from procmesh_orchestrator.config.lanes import _UNION_TAGS
-from procmesh_orchestrator.config.schema import SETTING_TAGS, Config
+from procmesh_orchestrator.config.schema import Config
 from procmesh_orchestrator.errors import ConfigError
 
 

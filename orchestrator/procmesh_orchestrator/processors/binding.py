@@ -21,10 +21,10 @@ from procmesh_orchestrator.config import (
     ProcessorRef,
     WorkflowRef,
 )
+from procmesh_orchestrator.config.agents import AgentConfig
 from procmesh_orchestrator.config.conditions import decided_per_call
 from procmesh_orchestrator.config.cost import PROCESSOR_NAMES as COST_NAMES
 from procmesh_orchestrator.config.lanes import LaneByContext, TryStep, WorkflowConfig, option_models
-from procmesh_orchestrator.config.schema import AgentConfig
 from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.processors import options
 from procmesh_orchestrator.processors.catalog import SidecarCatalog

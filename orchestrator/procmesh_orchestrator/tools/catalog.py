@@ -18,7 +18,7 @@ from google.protobuf import struct_pb2
 
 from procmesh import convert
 from procmesh_orchestrator.config import Config, ToolConfig
-from procmesh_orchestrator.config.schema import AgentConfig
+from procmesh_orchestrator.config.agents import AgentConfig
 from procmesh_orchestrator.errors import ConfigError, McpError, ProcessorFailedError
 from procmesh_orchestrator.processors.catalog import SidecarCatalog
 from procmesh_orchestrator.processors.lanes import ProcessorHandle

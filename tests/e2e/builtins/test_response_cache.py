@@ -18,9 +18,10 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from procmesh_orchestrator.app import App
-from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
+from procmesh_orchestrator.config.agents import AgentMemoryConfig
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.store import StorageConfig
 from procmesh_sidecars.builtins.response_cache import ResponseCache
 from tests.deps import require
 from tests.e2e.builtins.harness import call, make_config, model_requests, ref, start

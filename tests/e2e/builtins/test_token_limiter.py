@@ -10,10 +10,11 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.app import App
-from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
+from procmesh_orchestrator.config.agents import AgentMemoryConfig
 from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError, RequestContextError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.store import StorageConfig
 from tests.e2e.builtins.harness import call, make_config, model_requests, prompt_texts, ref, run, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

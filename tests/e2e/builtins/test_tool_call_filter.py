@@ -11,9 +11,10 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.app import App
-from procmesh_orchestrator.config.schema import AgentMemoryConfig, StorageConfig
+from procmesh_orchestrator.config.agents import AgentMemoryConfig
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
+from procmesh_orchestrator.store import StorageConfig
 from tests.e2e.builtins.harness import call, make_config, ref, run, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]

@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from procmesh import tracing
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.config.providers import ProviderConfig
 from procmesh_orchestrator.config.recall import SemanticRecallConfig
-from procmesh_orchestrator.config.schema import ProviderConfig
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.providers._base import ProviderConnection

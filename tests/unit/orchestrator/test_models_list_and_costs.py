@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from procmesh_orchestrator.config import Config
-from procmesh_orchestrator.config.schema import PriceConfig
+from procmesh_orchestrator.config.cost import PriceConfig
 from procmesh_orchestrator.run.framework.cost import cost_nanos
 from procmesh_orchestrator.run.structured import structuring_input
 

@@ -12,15 +12,15 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator.config.lanes import TryStep
-from procmesh_orchestrator.config.schema import (
-    DEFAULT_PROVIDERS,
+from procmesh_orchestrator.config.lanes import (
     ConditionalStep,
     ParallelStep,
     ProcessorRef,
+    TryStep,
     WorkflowRef,
     workflow_refs,
 )
+from procmesh_orchestrator.config.providers import DEFAULT_PROVIDERS
 from procmesh_orchestrator.errors import ProcessorFailedError, TripwireAbort
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.run.background import BackgroundTool
@@ -35,7 +35,8 @@ from procmesh_orchestrator.service._errors import (
 from procmesh_orchestrator.store import label
 
 if TYPE_CHECKING:
-    from procmesh_orchestrator.config.schema import AgentConfig, Config
+    from procmesh_orchestrator.config.agents import AgentConfig
+    from procmesh_orchestrator.config.schema import Config
     from procmesh_orchestrator.service.api.core import ServiceCore
 
 BUILTIN_MODEL_PROVIDERS = ("demo", "scripted")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from procmesh_orchestrator.config.schema import ProcessorRef, WorkflowRef, workflow_refs
+from procmesh_orchestrator.config.lanes import ProcessorRef, WorkflowRef, workflow_refs
 from procmesh_orchestrator.errors import ConfigError, RequestContextError
 from procmesh_orchestrator.processors import call_lanes
 from procmesh_orchestrator.processors.call_lanes import Hosted

@@ -1,5 +1,5 @@
 """A run's decision record as it runs: `DecisionLog`, filled where each call's outcome is
-classified (`calls.HookAttempt.settle`, the failure policy, an output-stream session's parts) and
+classified (`attempts.HookAttempt.settle`, the failure policy, an output-stream session's parts) and
 written to the store in one transaction at the run's end or suspension (`store.decisions`).
 
 The hot path pays one tuple appended to a list per decision, and per unary request one hash of

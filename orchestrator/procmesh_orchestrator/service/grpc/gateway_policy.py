@@ -12,16 +12,33 @@
   before any provider is asked.
 - **Labels**: a metric label is never caller text: a model or processor the config does not name
   is counted as ``other``, an absent processor id as ``unknown``.
+
+`access_check` is the who, run by the gRPC server's interceptor before a request is decoded;
+`caller_resource` the same rule inside the servicer, giving the resource the caller's key is
+bound to (cost control's scope, and the tenant a verdict is cached and merged under).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
 
 from procmesh_orchestrator.config import AgentConfig, Config, ProcessorRef, WorkflowRef, workflow_refs
 from procmesh_orchestrator.config.lanes import option_models, workflow_processors
-from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR
+from procmesh_orchestrator.service._auth import GATEWAY, OPERATOR, grpc_caller
+from procmesh_orchestrator.service._errors import ServiceError
+from procmesh_orchestrator.service.grpc.judge_sections import Refused
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.service.api.core import ServiceCore
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 OTHER = "other"
 """The label of every model or processor name the config does not know."""
@@ -99,3 +116,45 @@ class GatewayModels:
         if not processor_id:
             return UNKNOWN
         return processor_id if processor_id in self.processors else OTHER
+
+
+def caller_resource(service: ServiceCore, context: Context) -> str | None:
+    """Let the caller in (`Refused` otherwise); the resource its key is bound to, if any.
+
+    On the unix socket any caller is served (a key it sends is still checked); on the TCP port a
+    key with the ``gateway`` or ``operator`` role; with no keys configured, every caller."""
+    keys = service.keys
+    if not keys.enabled:
+        return None
+    local = on_local_socket(context.peer() or "")
+    if local and not any(k == "authorization" for k, _ in context.invocation_metadata() or ()):
+        return None
+    try:
+        caller = grpc_caller(keys, context)
+    except ServiceError as exc:
+        raise Refused(exc.grpc_code, "unauthenticated", str(exc)) from None
+    if not local and not caller.roles & GATEWAY_ROLES:
+        raise Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "permission_denied",
+            "the model gateway serves sidecars only: on the gRPC port it needs a key with the 'gateway' "
+            "role (an entry KEY=@gateway in PROCMESH_API_KEYS) or the 'operator' role; a sidecar in the "
+            "pod may call it over the orchestrator's unix socket (--grpc-socket) instead",
+        )
+    return caller.resource
+
+
+def access_check(service: ServiceCore) -> Callable[[Context], Awaitable[None]]:
+    """The check the gRPC server runs before it decodes a ModelService request, so a caller the
+    gateway refuses learns nothing about decoding; counted with the labels ``unknown`` (the
+    request is not read) and logged in one line."""
+
+    async def check(context: Context) -> None:
+        try:
+            caller_resource(service, context)
+        except Refused as exc:
+            service.app.metrics.gateway_calls.labels(UNKNOWN, UNKNOWN, exc.outcome).inc()
+            log.info("model gateway refused a caller at %s: %s", shown(context.peer() or ""), exc.outcome)
+            await context.abort(exc.code, str(exc))
+
+    return check

@@ -16,6 +16,7 @@ from procmesh_orchestrator.service._errors import ServiceError
 from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.grpc import model_gateway
+from procmesh_orchestrator.service.grpc.gateway_policy import access_check
 from procmesh_orchestrator.service.grpc.servicer import AGENT_SERVICE, Context
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Guard(grpc.aio.ServerInterceptor):
 
     def __init__(self, service: ServiceCore) -> None:
         self._service = service
-        self._gateway_check = model_gateway.access_check(service)
+        self._gateway_check = access_check(service)
 
     async def _check_key(self, context: Context) -> None:
         try:

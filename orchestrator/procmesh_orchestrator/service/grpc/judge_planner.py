@@ -3,7 +3,7 @@
 **The entry point** is `JudgePlanner.judge` (type `Judge`): one guard's `SectionRequest` in, its
 `SectionVerdict` out (or `Refused`). The model gateway calls it for every request that carries a
 ``section`` (proto ``JudgeSection``); a verdict cache or a cheap-first check wraps it, keeping the
-signature, at the one line where the gateway's servicer sets ``self.judge``.
+signature, at the one line where the gateway's judging (`gateway_judging`) sets ``self.judge``.
 
 **Merging.** Requests with the same `SectionRequest.merge_key` (model, run, phase, content,
 settings, the caller's tenant) that arrive together become ONE model call (`judge_sections`: a

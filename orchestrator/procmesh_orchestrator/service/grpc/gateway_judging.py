@@ -1,0 +1,132 @@
+"""The model gateway's typed verdicts: the verdict cache, the judge planner and each run's
+questions in flight, in the order a request meets them.
+
+A request with a schema is a judge's question. With ``judgeCache`` the cache answers one asked
+before (`verdict_cache`); else a request with a ``section`` goes to the judge planner
+(`judge_planner`: merged with the other guards' questions about the same text), one without to
+its own model call; either is cancelled at its run's end (`run_judging`). A request without a
+schema is free text, left to its caller: one model call, never cached, merged or cancelled here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from procmesh import convert, tracing
+from procmesh.v1 import model_pb2 as mpb
+from procmesh_orchestrator.run.framework.cost import RunCost
+from procmesh_orchestrator.run.models import ModelProvider
+from procmesh_orchestrator.service.grpc.gateway_calls import GatewayCalls, instruction
+from procmesh_orchestrator.service.grpc.gateway_policy import GatewayModels
+from procmesh_orchestrator.service.grpc.judge_planner import Judge, JudgePlanner
+from procmesh_orchestrator.service.grpc.judge_sections import (
+    SectionRequest,
+    SectionVerdict,
+    as_response,
+    section_request,
+)
+from procmesh_orchestrator.service.grpc.run_judging import RunJudging
+from procmesh_orchestrator.service.grpc.verdict_cache import VerdictCache
+
+if TYPE_CHECKING:
+    from procmesh_orchestrator.service.api.core import ServiceCore
+
+
+class GatewayJudging:
+    """The answers to `service`'s gateway requests, through `calls` (`models`: the serving config's)."""
+
+    def __init__(
+        self, service: ServiceCore, calls: GatewayCalls, models: Callable[[], GatewayModels]
+    ) -> None:
+        self._service = service
+        self._calls = calls
+        self._models = models
+        self._cache: VerdictCache | None = None
+        labels, metrics = (lambda model: models().model_label(model)), service.app.metrics
+        self._planner = JudgePlanner(
+            lambda: service.app.config, self._judge_once, self._judge_alone, metrics, labels
+        )
+        self.judge: Judge = self._planner.judge  # a section's verdict: what a cache or cheap-first wraps
+        self._judging = RunJudging(metrics.judge_calls_saved, service.app.run_ended)  # at each run's end
+
+    @property
+    def _verdicts(self) -> VerdictCache | None:
+        """The judge verdict cache the serving config asks for (rebuilt when its section changes)."""
+        config = self._service.app.config.judge_cache
+        if not config.enabled:
+            return None
+        if self._cache is None or self._cache.config != config:
+            metrics = self._service.app.metrics
+            self._cache = VerdictCache(config, lambda p, r: metrics.judge_cache_lookups.labels(p, r).inc())
+        return self._cache
+
+    async def _judge_once(
+        self, request: SectionRequest, prompt: list[dict[str, Any]], schema: dict[str, Any]
+    ) -> tuple[str, str, dict[str, int], str]:
+        """A merged judge call, metered as `request`'s (every section shares its run and caller)."""
+        model = self._service.app.models.resolve(request.model, "model")
+        costs = self._calls.costs(request.run_id, request.model, request.resource)
+        prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
+        text, finish, usage = await self._calls.once(model, prompt, schema, dict(request.settings), costs)
+        return text, finish, usage, model.model_id
+
+    async def _judge_alone(self, request: SectionRequest) -> SectionVerdict:
+        """A section with nothing to merge: the guard's own call, as if it had sent no section."""
+        model = self._service.app.models.resolve(request.model, "model")
+        costs = self._calls.costs(request.run_id, request.model, request.resource)
+        prompt, schema, settings = list(request.messages), dict(request.schema), dict(request.settings)
+        out = await self._calls.attempts(model, prompt, schema, settings, costs)
+        value, usage = convert.from_value(out.object), convert.usage_from_proto(out.usage)
+        return SectionVerdict(value, out.text, usage, out.model, out.finish_reason, out.attempts, 1)
+
+    async def answer(
+        self,
+        request: mpb.ModelServiceGenerateRequest,
+        resource: str | None,
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+        model: ModelProvider,
+        prompt: list[dict[str, Any]],
+        costs: list[RunCost],
+    ) -> mpb.ModelServiceGenerateResponse:
+        """The model's answer, or the verdict cache's for a question asked before."""
+        cache = self._verdicts
+        if cache is None:
+            return await self._ask(request, resource, schema, settings, model, prompt, costs)
+        processor = self._models().processor_label(request.processor_id)
+        self._planner.sending(request, resource, settings)  # a section the cache answers still holds its lane
+        ask = lambda: self._ask(request, resource, schema, settings, model, prompt, costs)  # noqa: E731
+        response, reused = await cache.answer(request, schema, settings, resource, processor, ask)
+        if reused:
+            self._service.app.metrics.judge_calls_saved.labels(processor, "cache").inc()
+        return response
+
+    async def _ask(
+        self,
+        request: mpb.ModelServiceGenerateRequest,
+        resource: str | None,
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+        model: ModelProvider,
+        prompt: list[dict[str, Any]],
+        costs: list[RunCost],
+    ) -> mpb.ModelServiceGenerateResponse:
+        """The model's answer; a guard's section goes through the judge planner (merged if it can)."""
+        if schema is None:  # free text: no judge's verdict, left to its caller
+            return await self._calls.attempts(model, prompt, schema, settings, costs)
+        processor = self._models().processor_label(request.processor_id)
+        if not request.HasField("section"):  # a verdict asked alone: cancelled at its run's end too
+            alone = self._calls.attempts(model, prompt, schema, settings, costs)
+            return await self._judging.judging(request.run_id, processor, alone)
+        agent = self._service.runs.agent_of(request.run_id)
+        asked = section_request(request, processor, resource, prompt, schema, settings, agent)
+        started = time.perf_counter()
+        with tracing.span(f"procmesh.judge.section {processor}") as span:
+            verdict = await self._judging.judging(request.run_id, processor, self.judge(asked))
+            span.set("procmesh.judge.sections", verdict.sections)
+        source = "merged" if verdict.sections > 1 else "alone"
+        seconds = time.perf_counter() - started
+        self._service.app.metrics.judge_verdict_seconds.labels(processor, source).observe(seconds)
+        return as_response(verdict)

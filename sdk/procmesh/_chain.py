@@ -23,13 +23,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from procmesh import convert
-from procmesh._encode import fill_effects
+from procmesh._encode import fill_effects, quiet_effects
 from procmesh._guard import clip
 from procmesh._hookloop import relay
 from procmesh._processor import HookEffects
 from procmesh.errors import InternalError, ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
-from procmesh.v1 import types_pb2 as tpb
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -160,21 +159,6 @@ async def through_all(
     return [_result(part, stages) for part in parts], bool(aborts)
 
 
-_QUIET: dict[int, tpb.HookEffects] = {}
-"""The effects of a part no processor did anything to, by the number of further processors: one
-empty outcome each (the orchestrator commits such an answer at once, as a plain pass)."""
-
-
-def _quiet(further: int) -> tpb.HookEffects:
-    quiet = _QUIET.get(further)
-    if quiet is None:
-        quiet = tpb.HookEffects()
-        for _ in range(further):
-            quiet.fused.add().effects.SetInParent()
-        _QUIET[further] = quiet
-    return quiet
-
-
 def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:
     res = ppb.StreamPartResult(seq=part.seq)
     for i, chunk in enumerate(part.flow):
@@ -187,7 +171,7 @@ def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:
     if not any(part.errors) and all(
         d.abort is None and not d.signals and not d.custom_chunks and not d.violations for d in part.did
     ):  # what `fill_effects` writes for each, in one copy
-        res.effects.CopyFrom(_quiet(len(part.did) - 1))
+        res.effects.CopyFrom(quiet_effects(len(part.did)))
         return res
     fill_effects(res.effects, part.did[0], None)
     for did, error in zip(part.did[1:], part.errors[1:], strict=True):

@@ -75,6 +75,27 @@ def fill_effects(out: tpb.HookEffects, effects: HookEffects, state: dict[str, An
         ) from exc
 
 
+_QUIET: dict[int, tpb.HookEffects] = {}
+
+
+def quiet_effects(processors: int) -> tpb.HookEffects:
+    """The effects of an answer in which none of a call's `processors` did anything: empty, and
+    for a fused call one empty outcome per further processor (present even when empty, as the
+    outcomes `fill_effects` is given to fill).
+
+    A fused pass-through answer carries exactly these (`_chain`), and the orchestrator commits an
+    answer carrying them at once, as a plain pass; anything else goes its long way. One message
+    per count, shared: copy it, never change it.
+    """
+    quiet = _QUIET.get(processors)
+    if quiet is None:
+        quiet = tpb.HookEffects()
+        for _ in range(processors - 1):
+            quiet.fused.add().effects.SetInParent()
+        _QUIET[processors] = quiet
+    return quiet
+
+
 def _fill_effects_unchecked(out: tpb.HookEffects, effects: HookEffects, state: dict[str, Any] | None) -> None:
     if effects.abort is not None:
         convert.abort_to_proto(

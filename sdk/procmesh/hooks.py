@@ -157,3 +157,8 @@ BY_ENUM: dict[int, Hook] = {hook.enum: hook for hook in HOOKS}
 """Hooks by ``procmesh.v1.Hook`` value."""
 BY_RPC: dict[str, Hook] = {hook.rpc: hook for hook in HOOKS}
 """Hooks by ``ProcessorService`` method name."""
+
+quiet_effects = _encode.quiet_effects
+"""The effects of an answer in which none of a call's processors did anything (one empty outcome
+per further processor of a fused call): what a sidecar sends for a fused pass-through part and
+the orchestrator commits at once."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from procmesh import tracing
+from procmesh.hooks import quiet_effects
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
@@ -331,14 +332,6 @@ class Member:
             self.call.cancel()
         for task in self.tasks:
             task.cancel()
-
-
-def quiet_effects(processors: int) -> tpb.HookEffects:
-    """A session's answer effects when none of its `processors` did anything (`Member.quiet`)."""
-    quiet = tpb.HookEffects()
-    for _ in range(processors - 1):
-        quiet.fused.add().effects.SetInParent()
-    return quiet
 
 
 def aborts(res: ppb.StreamPartResult) -> bool:

@@ -15,11 +15,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, 
 from typing import TYPE_CHECKING, Any
 
 from procmesh import convert, tracing
+from procmesh.hooks import quiet_effects
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ParallelGroup, ProcessorHandle, RunLaneItem
-from procmesh_orchestrator.processors.speculative_member import quiet_effects
 from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
 from procmesh_orchestrator.processors.stream_call import (
     ABORT,

@@ -2,8 +2,12 @@
 gateway port it is told about; the service tests' `start_orchestrator` starts the orchestrator.
 
 `orchestrator` starts, for a module whose `replica` fixture says what (support.Replica), a guards
-sidecar of its own and the orchestrator whose gateway it calls (support.start_replica). A module
-with its own `orchestrator` (support's guards world, test_merged_judge.py...) overrides it."""
+sidecar of its own and the orchestrator whose gateway it calls (support.start_replica): the way
+for a module whose orchestrator has one guards sidecar. A module that needs several sidecars on
+one gateway (test_merged_judge.py, test_merged_judge_trace.py) or the sidecar process itself
+(support's guards world: test_guards.py and test_guards_judging.py read its Describe and its
+environment) starts them from `gateway_port`, `guards_sidecar` and `guards_process` and overrides
+`orchestrator`."""
 
 from __future__ import annotations
 

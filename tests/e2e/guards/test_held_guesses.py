@@ -17,21 +17,18 @@ answer's parts, not the square of a round's.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import GATEWAY_KEY
 from tests.e2e.guards.judge_server import JudgeServer, Rule
-from tests.e2e.guards.support import NO_SCORES, stream, streamed_text
+from tests.e2e.guards.support import NO_SCORES, Replica, stream, streamed_text
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import API_KEYS, AUTH
+from tests.integration.service.support import AUTH
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -71,19 +68,10 @@ def judge_server() -> Iterator[JudgeServer]:
     server.stop()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def orchestrator(
-    guards_sidecar: SidecarProcess,
-    judge_server: JudgeServer,
-    gateway_port: int,
-    start_orchestrator: Callable[..., OrchestratorProcess],
-) -> OrchestratorProcess:
-    await guards_sidecar.wait_ready()
-    config = {
-        "sidecars": {"a": {"address": guards_sidecar.address, "timeout": 10}},
-        "providers": {
-            "judges": {"kind": "openai", "baseUrl": judge_server.base_url, "apiKeyEnv": "JUDGE_KEY"}
-        },
+def _config(sidecar: str, judges_url: str) -> dict[str, Any]:
+    return {
+        "sidecars": {"a": {"address": sidecar, "timeout": 10}},
+        "providers": {"judges": {"kind": "openai", "baseUrl": judges_url, "apiKeyEnv": "JUDGE_KEY"}},
         "models": {"long": {"provider": "scripted", "responses": [{"deltas": _answer()}] * 4}},
         "agents": {
             "held": {
@@ -97,13 +85,13 @@ async def orchestrator(
             }
         },
     }
-    return await asyncio.to_thread(
-        start_orchestrator,
-        config,
-        "--grpc-port",
-        str(gateway_port),
-        env={"PROCMESH_API_KEYS": f"{API_KEYS},{GATEWAY_KEY}=@gateway", "JUDGE_KEY": SECRET},
-    )
+
+
+@pytest.fixture(scope="module")
+def replica(judge_server: JudgeServer) -> Replica:
+    """What conftest.py's `orchestrator` starts for this module."""
+    config = functools.partial(_config, judges_url=judge_server.base_url)
+    return Replica("held", config, {"JUDGE_KEY": SECRET})
 
 
 def _discarded(body: str, processor: str) -> float:

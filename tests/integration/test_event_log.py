@@ -1,22 +1,17 @@
 """The event log contract, run against both backends: in memory, and Redis Streams on a real
-redis-server this module starts on a private unix socket (stopped and restarted by the outage tests)."""
+redis-server of this module's on a private unix socket (`redis_server`, the durable-run tests'
+one; stopped and restarted by the outage tests)."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-import redis
 
 from procmesh_orchestrator.durable.events import (
     EventLog,
@@ -32,58 +27,13 @@ from procmesh_orchestrator.errors import (
     EventLogNotFoundError,
     EventLogUnavailableError,
 )
-from tests.deps import require
+from tests.e2e.service.conftest import redis_server
+from tests.e2e.service.durable_harness import RedisServer
+
+__all__ = ["redis_server"]  # a fixture, imported for this module
 
 WAIT = 15.0
 """The bound on every wait for something to happen (never an assertion on how long it took)."""
-
-
-class RedisServer:
-    """redis-server (Debian's package) on a unix socket in a private folder, without persistence."""
-
-    def __init__(self) -> None:
-        self.binary = require("redis-server")
-        self.folder = Path(tempfile.mkdtemp(prefix="pm-eventlog-"))
-        self.socket = self.folder / "redis.sock"
-        self.url = f"unix://{self.socket}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = ["--port", "0", "--unixsocket", str(self.socket), "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [self.binary, *args, "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(unix_socket_path=str(self.socket))
-        deadline = time.monotonic() + WAIT
-        try:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except (redis.ConnectionError, OSError):
-                    if time.monotonic() > deadline or self.proc.poll() is not None:
-                        self.proc.kill()
-                        raise
-                    time.sleep(0.05)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=WAIT)
-            self.proc = None
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.folder, ignore_errors=True)
 
 
 @pytest_asyncio.fixture(params=["memory", "redis"])
@@ -338,7 +288,7 @@ async def test_redis_going_away_is_unavailability_and_it_recovers(redis_server: 
                 await log.finish("r", 60)
     finally:
         if redis_server.proc is None:
-            redis_server.start()  # the server starts empty (no persistence)
+            redis_server.start()  # its scripts are gone: Redis keeps none across a restart
     try:
         async with asyncio.timeout(WAIT):
             await log.ping()

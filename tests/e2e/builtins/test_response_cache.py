@@ -1,15 +1,11 @@
 """response-cache through a real `procmesh-sidecar response-cache` process, with the in-memory
-backend and with a real redis-server that this module starts on a unix socket."""
+backend and with a real redis-server of this module's on a unix socket (`redis_server`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +19,13 @@ from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from procmesh_orchestrator.store import StorageConfig
 from procmesh_sidecars.builtins.response_cache import ResponseCache
-from tests.deps import require
 from tests.e2e.builtins.harness import call, make_config, model_requests, ref, start
+from tests.e2e.service.conftest import redis_server
+from tests.e2e.service.durable_harness import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+__all__ = ["redis_server"]  # a fixture, imported for this module
 
 RESPONSES = [{"text": "first answer"}, {"text": "second answer"}, {"text": "third answer"}]
 
@@ -34,48 +33,6 @@ RESPONSES = [{"text": "first answer"}, {"text": "second answer"}, {"text": "thir
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def address(start_sidecar: Callable[..., SidecarProcess]) -> str:
     return await start(start_sidecar, "response-cache")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def redis_url() -> AsyncIterator[str]:
-    """A real redis-server (Debian's package) on a private unix socket, without persistence."""
-    binary = require("redis-server")
-    folder = Path(tempfile.mkdtemp(prefix="pm-redis-"))
-    sock = folder / "redis.sock"
-    proc = subprocess.Popen(  # noqa: ASYNC220 (started once per module, before any request)
-        [
-            binary,
-            "--port",
-            "0",
-            "--unixsocket",
-            str(sock),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"unix://{sock}"
-    client = aioredis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            await client.ping()
-            break
-        except (aioredis.ConnectionError, FileNotFoundError, OSError):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            await asyncio.sleep(0.05)
-    await client.aclose()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def cfg(address: str, responses: list[dict] | None = None, **options: object) -> object:
@@ -200,14 +157,16 @@ async def test_ttl_expires_entries(address: str) -> None:
         assert (await call(app, "q")).result.text == "second answer"
 
 
-async def test_redis_backend_shares_entries_and_writes_ttl_in_ms(address: str, redis_url: str) -> None:
-    options = {"backend": "redis", "url": redis_url, "ttl": 120, "scope": None}
+async def test_redis_backend_shares_entries_and_writes_ttl_in_ms(
+    address: str, redis_server: RedisServer
+) -> None:
+    options = {"backend": "redis", "url": redis_server.url, "ttl": 120, "scope": None}
     async with App(cfg(address, **options)) as one:
         assert (await call(one, "shared question")).result.text == "first answer"
     async with App(cfg(address, **options)) as other:  # another orchestrator, same Redis
         assert (await call(other, "shared question")).result.text == "first answer"
         assert model_requests(other) == []
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
         keys = await client.keys("procmesh:agent-response:a:*")
         assert len(keys) == 1

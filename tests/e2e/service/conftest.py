@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -152,8 +153,9 @@ def postgres() -> Iterator[PostgresServer]:
 
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[RedisServer]:
-    """A private Redis server, each module its own."""
+    """A private Redis server, each module its own (its folder removed after)."""
     server = RedisServer()
     server.start()
     yield server
     server.stop()
+    shutil.rmtree(server.folder, ignore_errors=True)

@@ -106,8 +106,17 @@ class App:
         """Told each run's id as the run ends, however it started (generate with or without a
         ``runId``, stream, resume, durable): the model gateway cancels the run's judge questions
         still in flight (`service.grpc.run_judging`)."""
+        self.attempt_failed: list[Callable[[str], object]] = []
+        """Told a run's id when one of its model calls failed (its attempt is given up, whether
+        the call is retried, falls back or ends the run): the model gateway cancels the judge
+        questions the failed attempt's guards still have in flight (`service.grpc.run_judging`)."""
         self.pipeline = Pipeline(
-            config, self.metrics, connect_timeout=connect_timeout, lanes=self.lanes, ended=self.ended
+            config,
+            self.metrics,
+            connect_timeout=connect_timeout,
+            lanes=self.lanes,
+            ended=self.ended,
+            failed=self.failed,
         )
         """The serving pipeline: the config's sidecars, tools, models and agents, bound."""
         self.clients: dict[str, ProcessorClient] = {}
@@ -139,6 +148,11 @@ class App:
         """A run of this App ended: tell each of `run_ended`."""
         for ended in self.run_ended:
             ended(run_id)
+
+    def failed(self, run_id: str) -> None:
+        """A model call of a run of this App failed: tell each of `attempt_failed`."""
+        for failed in self.attempt_failed:
+            failed(run_id)
 
     # -- the serving pipeline's parts, as App attributes ------------------------------------
 

@@ -76,10 +76,14 @@ class Pipeline:
         connect_timeout: float = 10.0,
         lanes: Mapping[str, Mapping[str, LaneSource]] | None = None,
         ended: Callable[[str], object] | None = None,
+        failed: Callable[[str], object] | None = None,
     ) -> None:
         self.config = config
         self.ended = ended
         """Told each run's id as the run ends (`AgentSpec.ended`; the App's `run_ended`)."""
+        self.failed = failed
+        """Told a run's id when one of its model calls failed (`AgentSpec.attempt_failed`; the
+        App's `attempt_failed`)."""
         self.lane_functions = lanes or {}
         """Lanes given as functions of the request context, by agent and lane (`App`'s ``lanes=``)."""
         self.version = config_hash(config)
@@ -144,6 +148,7 @@ class Pipeline:
                 bind_lanes=functools.partial(call_lanes.bind, self.binder, lanes),
                 pin=self.pin,
                 ended=self.ended,
+                attempt_failed=self.failed,
             )
             self.agents[agent_id] = Agent(spec, self.metrics)
             self._held.add(self.agents[agent_id])

@@ -136,7 +136,12 @@ class ConfigReloader:
                 raise ConfigError(f"cannot read config {self.path}: {exc.strerror}") from None
             config = config_from_text(text, self.path, self._environ)
             pipeline = Pipeline(
-                config, app.metrics, connect_timeout=app.connect_timeout, lanes=app.lanes, ended=app.ended
+                config,
+                app.metrics,
+                connect_timeout=app.connect_timeout,
+                lanes=app.lanes,
+                ended=app.ended,
+                failed=app.failed,
             )
             if pipeline.version == app.version:
                 log.info("config reload (%s): version %s unchanged, nothing to swap", reason, app.version)

@@ -29,7 +29,8 @@ class ScriptedModel:
 
     A response is ``{"text": ...}`` (optionally ``"deltas": [...]``),
     ``{"toolCalls": [{"name", "args"}]}`` (with optional text first),
-    or ``{"error": {"status", "message", "retryable"}}``; ``"usage"`` is optional.
+    or ``{"error": {"status", "message", "retryable"}}``; ``"usage"`` is optional. An error with
+    text (or deltas) streams the text, then fails: a call that fails mid-stream.
     """
 
     def __init__(
@@ -57,6 +58,13 @@ class ScriptedModel:
             else {"text": "(script exhausted)"}
         )
         self._next += 1
+        deltas = list(spec["deltas"]) if "deltas" in spec else split_deltas(spec.get("text", ""))
+        if deltas and not request.streaming:
+            deltas = ["".join(deltas)]
+        for i, text in enumerate(deltas):
+            if self._delay and i:
+                await asyncio.sleep(self._delay)
+            yield {"type": "text-delta", "payload": {"id": "t0", "text": text}}
         if "error" in spec:
             err = spec["error"]
             raise APICallError(
@@ -65,13 +73,6 @@ class ScriptedModel:
                 retryable=bool(err.get("retryable", False)),
                 body=str(err.get("body", "")),
             )
-        deltas = list(spec["deltas"]) if "deltas" in spec else split_deltas(spec.get("text", ""))
-        if deltas and not request.streaming:
-            deltas = ["".join(deltas)]
-        for i, text in enumerate(deltas):
-            if self._delay and i:
-                await asyncio.sleep(self._delay)
-            yield {"type": "text-delta", "payload": {"id": "t0", "text": text}}
         calls = spec.get("toolCalls") or []
         for call in calls:
             self._tool_call_ids += 1

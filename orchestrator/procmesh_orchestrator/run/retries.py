@@ -57,7 +57,12 @@ def error_retry_cap(run: RunCore) -> int | None:
 
 
 async def api_error(run: RunCore, err: APICallError) -> bool:
-    """Run processAPIError (every lane, once each, until one asks for a retry); True to retry."""
+    """Run processAPIError (every lane, once each, until one asks for a retry); True to retry.
+
+    The failed call's attempt is over whatever they decide: its guards' judge questions still in
+    flight are given up first (`AgentSpec.attempt_failed`), not left to run to their end."""
+    if run.agent.attempt_failed is not None:
+        run.agent.attempt_failed(run.run_id)
     retry = False
 
     def build(item: Processor) -> APIErrorArgs:

@@ -167,6 +167,10 @@ class AgentSpec:
     ended: Callable[[str], object] | None = None
     """Told each run's id as the run ends, however it started (`App.run_ended`: the model gateway
     cancels the judge questions the run's guards still have in flight)."""
+    attempt_failed: Callable[[str], object] | None = None
+    """Told a run's id when one of its model calls failed, before the error processors are asked
+    (`App.attempt_failed`: the model gateway cancels the judge questions the failed attempt's
+    guards still have in flight; the retried attempt asks its own)."""
     warned_implicit_cap: bool = False
     violation_routes: Mapping[str, Route] = field(default_factory=dict)
     """Each processor instance's own onViolation (the seeds' per-processor property), by the id

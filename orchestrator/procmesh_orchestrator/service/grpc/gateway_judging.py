@@ -49,7 +49,10 @@ class GatewayJudging:
             lambda: service.app.config, self._judge_once, self._judge_alone, metrics, labels
         )
         self.judge: Judge = self._planner.judge  # a section's verdict: what a cache or cheap-first wraps
-        self._judging = RunJudging(metrics.judge_calls_saved, service.app.run_ended)  # at each run's end
+        # at each run's end, and as a model call fails (its attempt's questions)
+        self._judging = RunJudging(
+            metrics.judge_calls_saved, service.app.run_ended, service.app.attempt_failed
+        )
 
     @property
     def _verdicts(self) -> VerdictCache | None:

@@ -5,12 +5,13 @@ not only those an API registered under a caller's ``runId`` (issue 33 item 2).""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.run import CallOptions
-from procmesh_orchestrator.run.hooks import InputResult
+from procmesh_orchestrator.run.hooks import APIErrorResult, InputResult, Reply
 from tests.unit.orchestrator.run.fakes import FakeModel, FakeProcessor, abort, agent, reply
 
 
@@ -43,4 +44,24 @@ async def test_an_aborted_run_tells_its_id() -> None:
     result = await agent(FakeModel({"text": "hi"}), [], ended=ended.append).generate(
         "go", CallOptions(abort_signal=signal)
     )
+    assert ended == [result.run_id]
+
+
+async def test_a_failed_model_call_tells_its_run_id_before_the_error_processors_and_the_run_goes_on() -> None:
+    # `AgentSpec.attempt_failed` (the App's `attempt_failed`): the model gateway cancels the
+    # failed attempt's judge questions then, before a retry can ask its own
+    told: list[str] = []
+    ended: list[str] = []
+
+    def retry(args: Any, info: Any) -> Reply[Any]:
+        told.append("processAPIError")
+        return reply(APIErrorResult(retry=True))
+
+    model = FakeModel({"error": "overloaded"}, {"text": "fine now"})
+    retrier = FakeProcessor("retrier", {"process_api_error": retry})
+    result = await agent(
+        model, [], error=(retrier,), max_processor_retries=1, attempt_failed=told.append, ended=ended.append
+    ).generate("go")
+    assert result.text == "fine now "
+    assert told == [result.run_id, "processAPIError"]  # once, first
     assert ended == [result.run_id]

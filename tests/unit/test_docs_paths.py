@@ -1,6 +1,7 @@
-"""The docs name only repository paths that exist: paths in code spans, relative links and their
-anchors, and the entries of docs/architecture.md's "Project layout" block, which must also list
-every package folder of the orchestrator.
+"""The docs name only repository paths that exist: paths in code spans (from the repository's root,
+or from a package's, as `run/loop.py`), relative links and their anchors, the test files they cite
+by name, and the entries of docs/architecture.md's "Project layout" block and the files its
+descriptions name; the block must also list every package folder of the orchestrator.
 
 Each check reads the file system for the truth rather than a list kept by hand, so a rename that
 forgets the docs fails here; `test_the_checks_catch_made_up_paths` feeds them made-up documents.
@@ -9,6 +10,7 @@ The other claims of the same pages are checked beside this module (tests/unit/te
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -29,6 +31,18 @@ def _expand(token: str) -> list[str]:
     parts = re.split(r"\{([^{}]*)\}", token)
     choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
     return ["".join(c) for c in itertools.product(*choices)]
+
+
+PACKAGE_ROOTS = [REPO / folder / package for package, folder in PACKAGES.items()] + [REPO / "sdk" / "node"]
+"""Where a path that starts inside a package (`run/loop.py`, `lib/hooks.js`) is looked for."""
+
+
+def package_folders() -> set[str]:
+    """The folders of the packages' roots (`run`, `service`, `lib`), top-level names aside."""
+    folders = {p.name for root in PACKAGE_ROOTS for p in root.iterdir() if p.is_dir()}
+    return {f for f in folders if not f.startswith((".", "__")) and f != "node_modules"} - {
+        p.name for p in REPO.iterdir()
+    }
 
 
 def _exists(path: str, base: Path) -> bool:
@@ -68,12 +82,30 @@ def path_problems(doc: Doc) -> list[str]:
                 bases = [here]  # e.g. `../shared/SPEC.md` lies outside the repository: checked if inside
                 if not (here / token).resolve().is_relative_to(REPO):
                     continue
+            elif first in package_folders() and re.search(r"\.[a-z]+$|/$", words[i].strip(".,:;()'\"")):
+                # `run/loop.py`, `service/grpc/`: inside a package (a file or a folder, so that the
+                # processor reference `builtins/moderation` and the MCP method `tools/call` are not)
+                bases = [*PACKAGE_ROOTS, here]
             else:
                 continue  # relative to something the prose names (`overlays/dev/...` under deploy/k8s)
             for path in _expand(token):
                 if not any(_exists(path, base) for base in bases) and not _generated(path):
                     problems.append(f"{_rel(doc.path)}: `{path}` does not exist")
     return problems + link_problems(doc)
+
+
+@functools.cache
+def cited_test_files() -> frozenset[str]:
+    found = [*(REPO / "tests").rglob("test_*.py"), *(REPO / "sdk" / "node" / "test").rglob("*.test.*js")]
+    return frozenset(p.name for p in found)
+
+
+def evidence_problems(doc: Doc) -> list[str]:
+    """Every test module a doc cites by its name alone (`test_stream.py`, "pinned by ...") is one
+    under tests/, and every Node test file (`server.test.js`) one of the Node SDK's."""
+    tests = cited_test_files()
+    named = re.findall(r"(?<![\w/.-])(test_\w+\.py|[\w-]+\.test\.m?js)\b", doc.text)
+    return [f"{_rel(doc.path)}: no test file {name}" for name in sorted(set(named)) if name not in tests]
 
 
 def slugs(text: str) -> set[str]:
@@ -118,44 +150,56 @@ def link_problems(doc: Doc) -> list[str]:
     return problems
 
 
-def layout_problems(doc: Doc) -> list[str]:
-    """A "Project layout" block (docs/architecture.md's): every entry in its first column exists.
-
-    An indented entry (`  app.py`) lies in the last unindented directory above it; a line indented
-    further continues the description of the entry before it.
-    """
-    problems: list[str] = []
+def _layout(doc: Doc) -> list[tuple[list[str], str]]:
+    """A "Project layout" block's (docs/architecture.md's) lines: the entries in each line's first
+    column and its description. An indented entry (`  app.py`) lies in the last unindented
+    directory above it; a line indented further continues the description of the entry before it."""
     if "## Project layout" not in doc.text:
-        return problems
+        return []
     block = doc.text.split("## Project layout", 1)[1].split("```", 2)[1]
+    lines: list[tuple[list[str], str]] = []
     parent = ""
     for line in block.splitlines()[1:]:
-        if not line.strip() or line.startswith(" " * 4):
+        if not line.strip():
+            continue
+        if line.startswith(" " * 4):
+            if lines:
+                lines[-1] = (lines[-1][0], f"{lines[-1][1]} {line.strip()}")
             continue
         column = re.split(r"\s{2,}", line.strip())[0]
+        entries = []
         for name in column.split(", "):
-            path = f"{parent}{name}" if line.startswith(" ") else name
+            entries.append(f"{parent}{name}" if line.startswith(" ") else name)
             if not line.startswith(" ") and name.endswith("/"):
                 parent = name
-            if not (REPO / path).exists():
-                problems.append(f"{_rel(doc.path)}: layout entry {path} does not exist")
+        lines.append((entries, line.strip()[len(column) :]))
+    return lines
+
+
+def layout_problems(doc: Doc) -> list[str]:
+    """Every entry of a "Project layout" block exists, and so does every file (`loop.py`) or folder
+    (`mcp/`) a folder's description names, somewhere under that folder."""
+    problems = []
+    for entries, description in _layout(doc):
+        problems += [
+            f"{_rel(doc.path)}: layout entry {e} does not exist" for e in entries if not (REPO / e).exists()
+        ]
+        folder = REPO / entries[0]
+        if len(entries) > 1 or not folder.is_dir():
+            continue
+        files = re.findall(r"(?<![\w./-])([\w/]+\.(?:py|js|proto))\b", description)
+        folders = re.findall(r"(?<![\w./-])(\w+/)(?=[\s,;)]|$)", description)
+        problems += [
+            f"{_rel(doc.path)}: layout entry {entries[0]} names {name}, not under it"
+            for name in [*files, *folders]
+            if not (folder / name).exists() and not any(folder.rglob(name.rstrip("/")))
+        ]
     return problems
 
 
 def layout_entries(doc: Doc) -> set[str]:
     """The repository paths a "Project layout" block names in its first column."""
-    if "## Project layout" not in doc.text:
-        return set()
-    block = doc.text.split("## Project layout", 1)[1].split("```", 2)[1]
-    entries, parent = set(), ""
-    for line in block.splitlines()[1:]:
-        if not line.strip() or line.startswith(" " * 4):
-            continue
-        for name in re.split(r"\s{2,}", line.strip())[0].split(", "):
-            entries.add(f"{parent}{name}" if line.startswith(" ") else name)
-            if not line.startswith(" ") and name.endswith("/"):
-                parent = name
-    return entries
+    return {entry for entries, _ in _layout(doc) for entry in entries}
 
 
 def test_every_doc_is_checked() -> None:
@@ -165,6 +209,10 @@ def test_every_doc_is_checked() -> None:
 
 def test_repository_paths_exist(docs: list[Doc]) -> None:
     assert [p for doc in docs for p in path_problems(doc)] == []
+
+
+def test_test_files_cited_exist(docs: list[Doc]) -> None:
+    assert [p for doc in docs for p in evidence_problems(doc)] == []
 
 
 def test_the_layout_block_lists_what_exists(docs: list[Doc]) -> None:
@@ -182,17 +230,32 @@ def test_the_checks_catch_made_up_paths() -> None:
     fake = Doc.parse(
         REPO / "docs" / "made-up.md",
         "The loop is in `orchestrator/agent.py` and `orchestrator/procmesh_orchestrator/run/loop.py`;\n"
-        "see [it](architecture.md) and [that](nowhere.md).\n\n"
+        "see [it](architecture.md) and [that](nowhere.md). `run/loop.py` and `run/looping.py`,\n"
+        "`service/grpc/` and `service/rest/`, `lib/hooks.js`; `builtins/moderation` is a reference.\n\n"
         "## Project layout\n\n```\norchestrator/procmesh_orchestrator/\n  errors.py   the errors\n"
-        "  agent.py    gone\n              a description, not an entry\nMakefile, frob/   two\n```\n",
+        "  agent.py    gone\n              a description, not an entry\n"
+        "  run/        loop.py, agent.py (`Agent`), mcp/\n              loops.py\n"
+        "Makefile, frob/   two\n```\n",
     )
     assert path_problems(fake) == [
         "docs/made-up.md: `orchestrator/agent.py` does not exist",
+        "docs/made-up.md: `run/looping.py` does not exist",
+        "docs/made-up.md: `service/rest` does not exist",
         "docs/made-up.md: link target nowhere.md does not exist",
     ]
     assert layout_problems(fake) == [
         "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/agent.py does not exist",
+        "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/run/ names loops.py, not under it",
+        "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/run/ names mcp/, not under it",
         "docs/made-up.md: layout entry frob/ does not exist",
+    ]
+    cited = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "Pinned by test_boundaries.py, `test_made_up.py` and server.test.js, not gone.test.js.\n",
+    )
+    assert evidence_problems(cited) == [
+        "docs/made-up.md: no test file gone.test.js",
+        "docs/made-up.md: no test file test_made_up.py",
     ]
     linked = Doc.parse(
         REPO / "docs" / "made-up.md",

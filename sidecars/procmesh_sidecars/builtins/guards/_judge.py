@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+import grpc
 from pydantic import Field, model_validator
 
 from procmesh import JudgeSection, Processor
@@ -332,7 +333,7 @@ class JudgedGuard(Processor):
         """The window's verdict task (started now unless it runs already)."""
         key = (run_id, str(window["id"]), str(window["text"]))
         task = self._tasks.get(key)
-        if task is None:
+        if task is None or _withdrawn(task):
             task = asyncio.create_task(self._decide(window["text"], options, model, "output"))
             task.add_done_callback(_retrieve)
             self._tasks[key] = task
@@ -366,6 +367,8 @@ class JudgedGuard(Processor):
             try:
                 verdict = await task
             except ProcmeshError as exc:  # the judge call failed (the model gateway's error)
+                if _withdrawn(task):
+                    continue  # asked again: this session's text is not the failed call's
                 if not fail_open:
                     raise  # fail-closed: the orchestrator ends the run
                 return out + self._fail_open(state, options, report, exc)
@@ -387,6 +390,15 @@ class JudgedGuard(Processor):
         log.warning("%s: %s", self.id, message)
         report(message, self.detail(options, "output", error=str(exc), released=len(parts)))
         return parts
+
+
+def _withdrawn(task: asyncio.Task[Verdict]) -> bool:
+    """Whether the gateway withdrew the task's question (CANCELLED): the model call whose text it
+    judged failed (or its run ended). A session of the retried call reaching a window with the
+    same id and text asks again rather than taking the withdrawal for its verdict."""
+    if not task.done() or task.cancelled():
+        return False
+    return getattr(task.exception(), "status", None) == grpc.StatusCode.CANCELLED
 
 
 def _retrieve(task: asyncio.Task[Verdict]) -> None:

@@ -5,7 +5,9 @@ telling authors in other languages to read what no longer comes).
 
 The truth is the generated descriptors (sdk/procmesh/v1, checked against the .proto files by
 `make proto-check`); `test_the_check_catches_made_up_fields` feeds it a made-up document.
-Every "has N RPCs" is checked against the .proto files' services (`test_rpc_counts_match_the_protos`).
+Every "has N RPCs" (and the list after it) is checked against the .proto files' services
+(`test_rpc_counts_match_the_protos`), and proto/README.md's RPCs table and the RPCs it names against
+them too (`test_the_contract_page_lists_every_rpc`).
 """
 
 from __future__ import annotations
@@ -107,7 +109,31 @@ def rpc_count_problems(doc: Doc, services: dict[str, tuple[str, list[str]]]) -> 
             problems.append(f"{_rel(doc.path)}: {service} has {len(rpcs)} RPCs, not {match[1]}")
         listed = re.findall(r"`(\w+)`", match[2] or "")
         problems += [f"{_rel(doc.path)}: {service} has no RPC {name}" for name in listed if name not in rpcs]
+        if listed:  # a list after the count is the whole list
+            problems += [
+                f"{_rel(doc.path)}: {service}'s list lacks {name}" for name in rpcs if name not in listed
+            ]
     return problems
+
+
+def contract_page_problems(text: str, services: dict[str, tuple[str, list[str]]]) -> list[str]:
+    """proto/README.md's "## RPCs" table has a row for each ProcessorService RPC but `Describe`
+    (its own section) and no other, and the page names every RPC of every service."""
+    section = text.split("\n## RPCs\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
+    want = [rpc for rpc in services["ProcessorService"][1] if rpc != "Describe"]
+    problems = [f"proto/README.md: the RPCs table lacks {rpc}" for rpc in want if rpc not in rows]
+    problems += [
+        f"proto/README.md: the RPCs table's {rpc} is no ProcessorService RPC"
+        for rpc in rows
+        if rpc not in want
+    ]
+    return problems + [
+        f"proto/README.md: {service}'s {rpc} is named nowhere"
+        for service, (_, rpcs) in services.items()
+        for rpc in rpcs
+        if f"`{rpc}" not in text
+    ]
 
 
 def test_rpc_counts_match_the_protos(docs: list[Doc]) -> None:
@@ -118,13 +144,29 @@ def test_rpc_counts_match_the_protos(docs: list[Doc]) -> None:
     assert said, "docs/service.md says how many RPCs AgentService has"
 
 
+def test_the_contract_page_lists_every_rpc() -> None:
+    services = proto_services()
+    assert {"ProcessorService", "AgentService", "ModelService"} <= set(services)
+    assert contract_page_problems((REPO / "proto" / "README.md").read_text(encoding="utf-8"), services) == []
+
+
 def test_the_rpc_count_check_catches_made_up_claims() -> None:
     services = proto_services()
     fake = Doc.parse(
         REPO / "docs" / "made-up.md",
         "`procmesh.v1.AgentService` has two RPCs: `Generate` and `Frobnicate`.\n",
     )
-    assert rpc_count_problems(fake, services) == [
+    assert rpc_count_problems(fake, services)[:3] == [
         f"docs/made-up.md: AgentService has {len(services['AgentService'][1])} RPCs, not two",
         "docs/made-up.md: AgentService has no RPC Frobnicate",
+        f"docs/made-up.md: AgentService's list lacks {services['AgentService'][1][1]}",
     ]
+    page = "# Contract\n\n## RPCs\n\n| RPC | called |\n|---|---|\n| `ProcessInput` | once |\n"
+    page += "| `ProcessFrob` | never |\n\n## Next\n"
+    problems = contract_page_problems(page, services)
+    assert problems[:2] == [
+        "proto/README.md: the RPCs table lacks ProcessInputStep",
+        "proto/README.md: the RPCs table lacks ProcessLLMRequest",
+    ]
+    assert "proto/README.md: the RPCs table's ProcessFrob is no ProcessorService RPC" in problems
+    assert "proto/README.md: ModelService's ReportSaved is named nowhere" in problems

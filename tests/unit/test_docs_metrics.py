@@ -6,7 +6,8 @@ that matches nothing).
 The truth is read from the source: each call whose first argument is a ``procmesh_*`` string
 (``Counter(...)``, ``Histogram(...)``, a custom collector's ``GaugeMetricFamily(...)``) and its
 label names (third positional argument, ``labelnames=`` or ``labels=``).
-`test_the_check_catches_made_up_labels` feeds it a made-up document.
+`test_the_check_catches_made_up_labels` feeds it a made-up document. The other way round, every
+metric a collector registers is named on some page (`test_every_registered_metric_is_documented`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,31 @@ def _labels(call: ast.Call) -> set[str] | None:
         return set(ast.literal_eval(given[0]))
     except ValueError:
         return None
+
+
+METRIC_TYPES = ("Counter", "Gauge", "Histogram", "Summary", "Info", "Enum")
+"""The prometheus_client classes (and their *MetricFamily twins) a metric is registered with."""
+
+
+def registered_metrics() -> set[str]:
+    """The procmesh_* metrics a collector registers (not a ContextVar that shares the prefix)."""
+    found = set()
+    for folder in SOURCES:
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                    func = node.func
+                    kind = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                    name = str(node.args[0].value)
+                    if kind.removesuffix("MetricFamily") in METRIC_TYPES and name.startswith("procmesh_"):
+                        found.add(name)
+    return found
+
+
+def undocumented(metrics: set[str], texts: list[str]) -> list[str]:
+    """The metrics no page names (a counter by its name with or without `_total`)."""
+    said = set(re.findall(r"\bprocmesh_[a-z_]*[a-z]", "\n".join(texts)))
+    return sorted(m for m in metrics if m not in said and f"{m}_total" not in said)
 
 
 def metric_labels() -> dict[str, list[set[str] | None]]:
@@ -105,3 +131,13 @@ def test_the_check_catches_made_up_metric_names() -> None:
         REPO / "docs" / "made-up.md", "Count `procmesh_runs_total` and `procmesh_frobs_total`.\n"
     )
     assert metric_problems(fake) == ["docs/made-up.md: metric procmesh_frobs_total is not registered"]
+
+
+def test_every_registered_metric_is_documented(docs: list[Doc]) -> None:
+    metrics = registered_metrics()
+    assert {"procmesh_sidecar_serving", "procmesh_processor_call_duration_seconds"} <= metrics  # read
+    assert "procmesh_run_id" not in metrics  # a ContextVar, not a metric
+    assert undocumented(metrics, [doc.text for doc in docs]) == []
+    assert undocumented({"procmesh_runs_total", "procmesh_frobs"}, ["`procmesh_runs_total`"]) == [
+        "procmesh_frobs"
+    ]

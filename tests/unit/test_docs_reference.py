@@ -1,8 +1,9 @@
 """The docs' reference claims hold: they name only routes the HTTP API serves and subcommands
 `procmesh` has; their settings tables give every setting with its real default (docs/service.md:
-`OrchestratorSettings`; docs/processors.md: the SDK's `ProcessorSettings`); their config tables
-give each key's real default, and `required` exactly for the keys the schema requires; the
-configuration page names every key a user writes, and the python API page every `CallOptions` field.
+`OrchestratorSettings`; docs/processors.md: the SDK's `ProcessorSettings`), each with its own flags;
+their config tables give each key's real default, and `required` exactly for the keys the schema
+requires; the configuration page names every key a user writes, and the python API page every
+`CallOptions` field.
 
 Like the other tests/unit/test_docs_*.py, each check reads the truth from the code (the HTTP app's
 route table, the CLI's parser, the settings classes, the config models), and
@@ -15,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
@@ -117,6 +119,37 @@ def settings_problems(doc: Doc, settings: type[BaseSettings]) -> list[str]:
     return problems
 
 
+def settings_parser_of(settings: type[BaseSettings]) -> argparse.ArgumentParser:
+    """The parser whose flags set the class's settings: the SDK's, or procmesh-orchestrator's."""
+    from procmesh_orchestrator.__main__ import main
+
+    return settings_parser() if settings is ProcessorSettings else parser_of(main)
+
+
+def flag_pairing_problems(
+    doc: Doc, settings: type[BaseSettings], parser: argparse.ArgumentParser
+) -> list[str]:
+    """A settings row's flags are exactly the flags of the settings its env column names (a row
+    giving `PROCMESH_HTTP_PORT` beside `--grpc-port` sends the reader to the wrong flag)."""
+    prefix = str(settings.model_config.get("env_prefix", "")).upper()
+    flags: dict[str, set[str]] = {}
+    for action in parser._actions:
+        flags.setdefault(f"{prefix}{action.dest}".upper(), set()).update(
+            o for o in action.option_strings if o.startswith("--")
+        )
+    problems = []
+    for row in table_rows(doc.text):
+        column = row.get("env / flag", row.get("env", "")) + " " + row.get("flag", "")
+        envs = re.findall(r"PROCMESH_[A-Z0-9_]*[A-Z0-9]", column)
+        said = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", column))
+        want = set().union(*(flags.get(env, set()) for env in envs)) if envs else set()
+        if said != want:
+            problems.append(
+                f"{_rel(doc.path)}: {', '.join(envs)}: the flags are {sorted(want)}, not {sorted(said)}"
+            )
+    return problems
+
+
 # -- config tables -------------------------------------------------------------------------------
 
 
@@ -192,8 +225,14 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def procmesh_parser() -> argparse.ArgumentParser:
-    """The `procmesh` CLI's parser, taken where it parses (as test_docs_commands.cli_flags takes it)."""
+    """The `procmesh` CLI's parser."""
     from procmesh_orchestrator.cli.main import main
+
+    return parser_of(main)
+
+
+def parser_of(main: Callable[[list[str]], object]) -> argparse.ArgumentParser:
+    """A console script's parser, taken where it parses (as test_docs_commands.cli_flags takes it)."""
 
     class Parsed(Exception):
         pass
@@ -207,7 +246,7 @@ def procmesh_parser() -> argparse.ArgumentParser:
             main([])
         except Parsed as caught:
             return caught.args[0]  # type: ignore[no-any-return]
-    raise AssertionError("procmesh's main never parsed its arguments")
+    raise AssertionError(f"{main.__module__}.main never parsed its arguments")
 
 
 def subcommand_problems(doc: Doc, parser: argparse.ArgumentParser) -> list[str]:
@@ -243,6 +282,7 @@ def test_the_settings_tables_give_every_setting_and_its_default(page: str) -> No
     doc = Doc.parse(REPO / page)
     assert len(table_rows(doc.text)) >= 10  # the table was found
     assert settings_problems(doc, SETTINGS_TABLES[page]) == []
+    assert flag_pairing_problems(doc, SETTINGS_TABLES[page], settings_parser_of(SETTINGS_TABLES[page])) == []
 
 
 def test_the_checks_catch_made_up_claims() -> None:
@@ -265,6 +305,15 @@ def test_the_checks_catch_made_up_claims() -> None:
         "docs/made-up.md: PROCMESH_ABORT_ON_DISCONNECT defaults to True, not 'false'",
     ]
     assert "docs/made-up.md: no row names PROCMESH_API_KEYS" in problems
+    flagged = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "| setting | env / flag | default |\n| --- | --- | --- |\n"
+        "| http_port | `PROCMESH_HTTP_PORT` / `--grpc-port` | `4111` |\n"
+        "| log_level | `PROCMESH_LOG_LEVEL` / `--log-level` | `INFO` |\n",
+    )
+    assert flag_pairing_problems(flagged, OrchestratorSettings, settings_parser_of(OrchestratorSettings)) == [
+        "docs/made-up.md: PROCMESH_HTTP_PORT: the flags are ['--http-port'], not ['--grpc-port']"
+    ]
     config = Doc.parse(
         REPO / "docs" / "made-up.md",
         "| key | default | meaning |\n|---|---|---|\n| `sidecars.NAME.address` | `localhost` | |\n"

@@ -1,6 +1,7 @@
 """The docs' commands run what exists: every `procmesh*` program is a console script of one of the
 three distributions (and the README names each), every --flag is one that command's parser takes,
-every `make X` a Makefile target, and every PROCMESH_* variable one the code reads.
+every set `procmesh-sidecar` serves one it has, every `make X` a Makefile target, and every
+PROCMESH_* variable one the code reads.
 
 Each check reads the truth from the code (the three pyproject.toml files and the parsers of their
 console scripts, the Makefile, the settings classes and the source), and
@@ -105,6 +106,22 @@ def flag_problems(doc: Doc, flags: dict[str, set[str]]) -> list[str]:
         for flag in re.findall(r"^--[a-z][a-z0-9-]*(?=[ =]|$)", span):
             if flag not in everyone:
                 problems.append(f"{_rel(doc.path)}: `{span[:40]}`: no command of ours takes {flag}")
+    return problems
+
+
+def sidecar_set_problems(doc: Doc, sets: set[str]) -> list[str]:
+    """Every processor set a `procmesh-sidecar` (or `python -m procmesh_sidecars`) command serves is
+    one it has (`examples`, `builtins`, a built-in's id); `SET...` and `...` are placeholders."""
+    problems = []
+    for line in _command_lines(doc):
+        found = re.search(
+            r"(?:procmesh-sidecar|python3? -m procmesh_sidecars)((?: [^-\s|;&#>$[][^\s|;&#>]*)+)", line
+        )
+        for word in found[1].split() if found else []:
+            if word.strip(".") and not word.strip(".[]").isupper() and word not in sets:
+                problems.append(
+                    f"{_rel(doc.path)}: `{line.strip()[:60]}`: procmesh-sidecar has no set {word}"
+                )
     return problems
 
 
@@ -219,6 +236,13 @@ def test_flags_in_the_docs_are_taken_by_the_commands(docs: list[Doc]) -> None:
     assert [p for doc in docs for p in flag_problems(doc, flags)] == []
 
 
+def test_sidecar_sets_exist(docs: list[Doc]) -> None:
+    from procmesh_sidecars.__main__ import SETS
+
+    assert {"examples", "builtins", "guards"} <= set(SETS)
+    assert [p for doc in docs for p in sidecar_set_problems(doc, set(SETS))] == []
+
+
 def test_the_checks_catch_made_up_commands() -> None:
     fake = Doc.parse(
         REPO / "docs" / "made-up.md",
@@ -244,6 +268,16 @@ def test_the_checks_catch_made_up_commands() -> None:
         "```sh\nprocmesh stream a hi \\\n  --config c.yaml --made-up   # --in-a-comment\n"
         "kubectl apply --whatever\n```\n",
     )
+    from procmesh_sidecars.__main__ import SETS
+
+    served = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "`procmesh-sidecar SET... [--listen ADDR]`, `procmesh-sidecar examples guards --listen x`,\n"
+        "`python -m procmesh_sidecars ... --listen ADDR` and `procmesh-sidecar exampels`.\n",
+    )
+    assert sidecar_set_problems(served, set(SETS)) == [
+        "docs/made-up.md: `procmesh-sidecar exampels`: procmesh-sidecar has no set exampels"
+    ]
     made_up = "docs/made-up.md: `procmesh stream a hi --config c.yaml --made-up # --in-a-comm`"
     assert flag_problems(flagged, cli_flags()) == [
         f"{made_up}: procmesh takes no --made-up",

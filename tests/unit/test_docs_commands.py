@@ -1,7 +1,8 @@
 """The docs' commands run what exists: every `procmesh*` program is a console script of one of the
 three distributions (and the README names each), every --flag is one that command's parser takes,
-every set `procmesh-sidecar` serves one it has, every `make X` a Makefile target, and every
-PROCMESH_* variable one the code reads.
+every set `procmesh-sidecar` serves one it has, every `make X` a Makefile target, every
+PROCMESH_* variable one the code reads; and docs/running.md names every Debian package `make deps`
+installs.
 
 Each check reads the truth from the code (the three pyproject.toml files and the parsers of their
 console scripts, the Makefile, the settings classes and the source), and
@@ -125,6 +126,18 @@ def sidecar_set_problems(doc: Doc, sets: set[str]) -> list[str]:
     return problems
 
 
+def deps_problems(text: str) -> list[str]:
+    """Every Debian package `make deps` installs (tests/deps.py's table) is named on the page."""
+    from tests import deps
+
+    packages = {p.package for p in deps.PROGRAMS if p.package} | {s.package for s in deps.SOURCES}
+    return [
+        f"docs/running.md: `make deps` installs {p}, unnamed"
+        for p in sorted(packages)
+        if f"`{p}`" not in text
+    ]
+
+
 # -- environment variables -----------------------------------------------------------------------
 
 
@@ -234,6 +247,11 @@ def test_flags_in_the_docs_are_taken_by_the_commands(docs: list[Doc]) -> None:
     assert {"--hook-threads", "--no-hook-threads"} <= flags["procmesh-sidecar"]
     assert "--grpc-socket" in flags["procmesh-orchestrator"]
     assert [p for doc in docs for p in flag_problems(doc, flags)] == []
+
+
+def test_the_packages_make_deps_installs_are_named() -> None:
+    assert deps_problems((REPO / "docs" / "running.md").read_text(encoding="utf-8")) == []
+    assert deps_problems("`redis-server`")[:1] == ["docs/running.md: `make deps` installs g++, unnamed"]
 
 
 def test_sidecar_sets_exist(docs: list[Doc]) -> None:

@@ -29,6 +29,7 @@ from procmesh_orchestrator.processors.lanes import (
     TryCatch,
 )
 from procmesh_orchestrator.processors.stream import OutputPipeline
+from procmesh_orchestrator.processors.stream_rehearsal import StreamRehearsal
 from procmesh_orchestrator.run.hooks import (
     Attempt,
     Chunk,
@@ -407,3 +408,9 @@ class GrpcHookCaller:
         plain = [i.attempt if isinstance(i, TryCatch) else i for i in items if not isinstance(i, Gated)]
         pipeline = OutputPipeline(self, plain, announce_signals=announce_signals)
         return pipeline.run(source)
+
+    def rehearse(
+        self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
+    ) -> StreamRehearsal:
+        """`stream`, started now on a guess of its source, everything it gives held (`StreamRehearsal`)."""
+        return StreamRehearsal(self, lane, source, announce_signals=announce_signals)

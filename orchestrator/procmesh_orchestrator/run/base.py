@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procmesh_orchestrator.errors import TripwireAbort
@@ -25,6 +25,7 @@ from procmesh_orchestrator.run.hooks import (
     Reply,
     RunInfo,
     StreamEffects,
+    StreamItem,
     Violation,
     expand_lane,
 )
@@ -273,12 +274,22 @@ class RunCore:
             self.metrics.chunk_emitted(chunk["type"])
             self._sink(chunk)
 
+    def stream_lane(self) -> list[Processor]:
+        """The output lane as its stream runs it (the run's own processors stream nothing)."""
+        return [p for p in self.output_lane if not isinstance(p, FrameworkProcessor)]
+
     async def through_output(
         self, source: AsyncIterator[Chunk], on_chunk: Callable[[Chunk], None]
     ) -> TripwireAbort | None:
         """Run chunks through the output-stream processors; the abort that stopped them, if any."""
-        lane = [p for p in self.output_lane if not isinstance(p, FrameworkProcessor)]
-        stream = self.caller.stream(lane, source, announce_signals=self.streaming)
+        stream = self.caller.stream(self.stream_lane(), source, announce_signals=self.streaming)
+        return await self.take_output(stream, on_chunk)
+
+    async def take_output(
+        self, stream: AsyncGenerator[StreamItem, None], on_chunk: Callable[[Chunk], None]
+    ) -> TripwireAbort | None:
+        """Apply what the output stream gives (`HookCaller.stream`'s items) in order: chunks to
+        `on_chunk`, effects to the run; the abort that ended it, if any."""
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 if isinstance(item, dict):

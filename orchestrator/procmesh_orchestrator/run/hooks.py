@@ -428,6 +428,29 @@ class HookCaller(Protocol):
         """
         ...
 
+    def rehearse(
+        self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
+    ) -> RehearsedStream:
+        """`stream`, started now on a guess of `source` (`run.optimistic`): what it gives is
+        held until the run adopts it, and nothing of it reaches the run if it is cancelled."""
+        ...
+
+
+class RehearsedStream(Protocol):
+    """An output stream run ahead on a guess (`HookCaller.rehearse`)."""
+
+    def stands(self) -> bool:
+        """Whether its sessions opened as they would open now (then what they answered stands)."""
+        ...
+
+    def adopt(self) -> AsyncGenerator[StreamItem, None]:
+        """What it held, in order, then the rest as it comes (as `HookCaller.stream` gives it)."""
+        ...
+
+    async def cancel(self) -> None:
+        """Stop it; nothing more of it is held or given."""
+        ...
+
 
 CallerFactory = Callable[[RunInfo, OrchestratorMetrics], HookCaller]
 """Builds a run's `HookCaller`; the caller counts and times its calls on the metrics object."""

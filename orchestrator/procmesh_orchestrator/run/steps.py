@@ -51,6 +51,20 @@ class StepOutcome:
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The model's reasoning blocks by id, in order: ``{text, providerMetadata}``."""
 
+    def finished(self, chunk: Chunk) -> bool:
+        """Whether `chunk` is the model's finish (its reason and usage are the step's now): the
+        output stream gets `step_finish` in its place, last."""
+        if chunk["type"] != "finish":
+            return False
+        payload = chunk.get("payload") or {}
+        self.finish_reason = payload.get("finishReason", "stop")
+        self.usage = payload.get("usage") or {}
+        return True
+
+    def step_finish(self) -> Chunk:
+        """The step's end as the output stream gets it (a processor holding parts lets them go)."""
+        return {"type": "step-finish", "payload": {"finishReason": self.finish_reason, "usage": self.usage}}
+
     def reasoning_parts(self) -> list[dict[str, Any]]:
         """The reasoning as the assistant message's parts (a signature in `providerMetadata`)."""
         return [

@@ -333,7 +333,7 @@ class JudgedGuard(Processor):
         """The window's verdict task (started now unless it runs already)."""
         key = (run_id, str(window["id"]), str(window["text"]))
         task = self._tasks.get(key)
-        if task is None or _withdrawn(task):
+        if task is None or task.cancelled() or _withdrawn(task):
             task = asyncio.create_task(self._decide(window["text"], options, model, "output"))
             task.add_done_callback(_retrieve)
             self._tasks[key] = task
@@ -365,7 +365,9 @@ class JudgedGuard(Processor):
             if not task.done() and not wait:
                 break
             try:
-                verdict = await task
+                # shielded: a session cancelled while it waits (a rehearsal the orchestrator
+                # discarded) leaves the verdict to the session that asks next about the window
+                verdict = await asyncio.shield(task)
             except ProcmeshError as exc:  # the judge call failed (the model gateway's error)
                 if _withdrawn(task):
                     continue  # asked again: this session's text is not the failed call's

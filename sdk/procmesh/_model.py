@@ -45,6 +45,12 @@ hook_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 """The running hook call's deadline (``time.monotonic()``), set by the servicer around each call;
 it reaches the processor's hook loop with the call's context."""
 
+hook_span: contextvars.ContextVar[tracing.Span | None] = contextvars.ContextVar(
+    "procmesh_hook_span", default=None
+)
+"""The sidecar's span of the running hook call (an output-stream session's for its parts), set
+by the servicer as `hook_deadline` is: `Model.report_saved` counts on it."""
+
 
 class ModelError(InternalError):
     """The model gateway refused or failed a call; `status` is the gateway's gRPC status code."""
@@ -296,8 +302,13 @@ class Model:
 
         Returns at once and never raises: the report goes in the background, reports made while
         one is on its way go together in the next, and one the gateway refuses (or no gateway is
-        configured) is logged at DEBUG and dropped: a count must never fail or slow a hook.
+        configured) is logged at DEBUG and dropped: a count must never fail or slow a hook. The
+        hook's span counts them too (``procmesh.judge.precheck_saved``), so the run's trace shows
+        which processor settled how many questions itself.
         """
+        span = hook_span.get()
+        if span is not None and count >= 1:
+            span.add("procmesh.judge.precheck_saved", count)
         try:
             config = _current_config()
         except ModelError:

@@ -31,6 +31,7 @@ from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
 from procmesh._hosted import Hosted, Tally
 from procmesh._metrics import SidecarMetrics
 from procmesh._model import Models, hook_deadline
+from procmesh._model import hook_span as current_span
 from procmesh._processor import HookEffects, TripWire, Writer
 from procmesh._stream import output_stream_handler
 from procmesh._tool import HostedTool, ToolContext, error_text, lifecycle
@@ -333,6 +334,7 @@ class Servicer:
         with hook_span(hook.name, hosted.id, context) as span:
             left = context.time_remaining()
             hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
+            current_span.set(span)  # a pre-check's saved judge calls are counted on it
             resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
             span.outcome(outcome_of(resp))
             return resp

@@ -23,6 +23,7 @@ from procmesh._chain import through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._hosted import Tally
+from procmesh._model import hook_span
 from procmesh._processor import HookEffects, Writer
 from procmesh._rewind import History
 from procmesh.errors import FailedPreconditionError, ProcmeshError
@@ -186,6 +187,7 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                         parent=context.invocation_metadata() if tracing.enabled() else None,
                     )
                     span.outcome("pass")
+                    hook_span.set(span)  # its parts' pre-checks count their saved judge calls on it
                 results, aborted = await session.answer(req)
                 yield ppb.ProcessOutputStreamResponse(results=results)
                 if aborted:

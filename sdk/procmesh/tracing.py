@@ -94,11 +94,19 @@ class Span:
 
     def __init__(self, span: Any = None) -> None:
         self._span = span
+        self._counts: dict[str, int] = {}
 
     def set(self, key: str, value: Any) -> None:
         """Set an attribute (str, bool, int, float, or a list of them)."""
         if self._span is not None and value is not None:
             self._span.set_attribute(key, value)
+
+    def add(self, key: str, value: int) -> None:
+        """Add `value` to a counting attribute of a span still open (an ended one keeps its own)."""
+        if self._span is None or not self._span.is_recording():
+            return
+        self._counts[key] = self._counts.get(key, 0) + value
+        self._span.set_attribute(key, self._counts[key])
 
     def outcome(self, value: str) -> None:
         """The ``procmesh.outcome`` attribute (pass, rewrite, abort, retry, failure, ...)."""

@@ -2,12 +2,15 @@
 processes, the orchestrator and the sidecars exporting over OTLP to a real receiver
 (tests/fixtures/otlp_receiver.py). The run's trace shows the one judge call (``procmesh.judge
 <model>``, its sections and their processors) and each guard's wait for its own section
-(``procmesh.judge.section <processor>``) under that guard's own gateway span.
+(``procmesh.judge.section <processor>``) under that guard's own gateway span. A guard's pre-check
+that settles a question without the judge counts it on its sidecar's hook span
+(``procmesh.judge.precheck_saved``), as ``procmesh_judge_calls_saved_total{by="precheck"}`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +33,8 @@ __all__ = ["receiver"]
 pytestmark = [pytest.mark.e2e]
 
 SECRET = "sk-judge-secret-of-the-trace-test"
+PRECHECKED_TRACE = "5d0e8b6f2c4a41b3a9e7d1c3b5a79f21"
+"""The pre-check test's own trace (another than the merged call's)."""
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,14 @@ def traced(
                     "model": "echo",
                     "errorProcessorDefaults": False,
                     "inputProcessors": [entry("a", "moderation"), entry("b", "prompt-injection-detector")],
-                }
+                },
+                # every text settled by the pre-checks (any text passes): the input, each window
+                "prechecked": {
+                    "model": "echo",
+                    "errorProcessorDefaults": False,
+                    "inputProcessors": [_prechecked(entry("a", "moderation"))],
+                    "outputProcessors": [_prechecked(entry("a", "moderation"))],
+                },
             },
         }
         yield start_orchestrator(
@@ -97,14 +109,23 @@ def traced(
             next(sidecar, None)
 
 
+def _prechecked(entry: dict[str, Any]) -> dict[str, Any]:
+    return {**entry, "options": {**entry["options"], "precheck": {"allow": ["(?s).*"]}}}
+
+
 async def _ready(*sidecars: SidecarProcess) -> None:
     await asyncio.gather(*(s.wait_ready() for s in sidecars))
 
 
-def _generate(orchestrator: OrchestratorProcess, text: str, headers: dict[str, str] | None = None) -> None:
+def _generate(
+    orchestrator: OrchestratorProcess,
+    text: str,
+    headers: dict[str, str] | None = None,
+    agent: str = "guarded",
+) -> None:
     with httpx.stream(
         "POST",
-        f"{orchestrator.http_url}/api/agents/guarded/stream",
+        f"{orchestrator.http_url}/api/agents/{agent}/stream",
         json={"messages": text},
         headers={**AUTH, **(headers or {})},
         timeout=30,
@@ -154,3 +175,24 @@ def test_a_merged_judge_call_and_each_guards_section_are_traced(
     assert by_id[call["parentSpanId"]]["spanId"] in {s["spanId"] for s in sections.values()} | {
         g["spanId"] for g in gateways
     }
+
+
+def test_a_guards_precheck_counts_the_judge_calls_it_saved_on_its_hook_span(
+    traced: OrchestratorProcess, receiver: str, judge_server: JudgeServer
+) -> None:
+    before = len(judge_server.calls("merged"))
+    headers = {"traceparent": f"00-{PRECHECKED_TRACE}-{CALLER_SPAN}-01"}
+    _generate(traced, "Hello.", headers, agent="prechecked")
+    assert len(judge_server.calls("merged")) == before  # every question settled by a pre-check
+    names = ("procmesh.hook process_input moderation", "procmesh.hook process_output_stream moderation")
+    hooks: dict[str, dict[str, Any]] = {}
+    for _ in range(200):  # the sidecars export their hook spans in batches of their own
+        lines = httpx.get(f"{receiver}/spans").text.splitlines()
+        spans = [s for s in map(json.loads, lines) if s["traceId"] == PRECHECKED_TRACE]
+        hooks = {s["name"]: s for s in spans if s["service"] == "guards" and s["name"] in names}
+        if len(hooks) == len(names):
+            break
+        time.sleep(0.05)
+    assert sorted(hooks) == sorted(names)
+    assert hooks[names[0]]["attributes"]["procmesh.judge.precheck_saved"] == 1  # the one message
+    assert hooks[names[1]]["attributes"]["procmesh.judge.precheck_saved"] >= 1  # each window's

@@ -3,7 +3,7 @@
 `OrchestratorSettings`; docs/processors.md: the SDK's `ProcessorSettings`), each with its own flags;
 their config tables give each key's real default, and `required` exactly for the keys the schema
 requires; the configuration page names every key a user writes, and the python API page every
-`CallOptions` field.
+field of `CallOptions`, `RunResult` and `MemoryCallOptions`.
 
 Like the other tests/unit/test_docs_*.py, each check reads the truth from the code (the HTTP app's
 route table, the CLI's parser, the settings classes, the config models), and
@@ -28,7 +28,7 @@ from pydantic_settings import BaseSettings
 from starlette.routing import BaseRoute, Match
 
 from procmesh import ProcessorSettings, settings_parser
-from procmesh_orchestrator import CallOptions, OrchestratorSettings
+from procmesh_orchestrator import CallOptions, MemoryCallOptions, OrchestratorSettings, RunResult
 from procmesh_orchestrator.service.http.app import build_http_app
 from tests.conftest import REPO
 from tests.unit.doc_pages import Doc, _command_lines, _rel, missing_packages
@@ -410,10 +410,20 @@ def test_the_configuration_page_names_every_key() -> None:
     assert [p for p in config_problems(page, config_keys())] == []
 
 
-def test_the_python_api_page_names_every_call_option() -> None:
+def unnamed_fields(cls: type, section: str) -> list[str]:
+    """The dataclass's fields the section names in no code span (`run_id`, `Memory(a, b)`)."""
+    spans = Doc.parse(REPO / "docs" / "python-api.md", section).spans
+    return [f.name for f in dataclasses.fields(cls) if not any(re.search(rf"\b{f.name}\b", s) for s in spans)]
+
+
+@pytest.mark.parametrize("cls", [CallOptions, RunResult, MemoryCallOptions], ids=lambda c: c.__name__)
+def test_the_python_api_page_names_every_field(cls: type) -> None:
+    """Every field of CallOptions (its table), RunResult (its section) and MemoryCallOptions."""
     page = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
-    table = page.split("## CallOptions", 1)[1].split("\n## ", 1)[0]
-    assert [f.name for f in dataclasses.fields(CallOptions) if f"`{f.name}`" not in table] == []
+    heading = "## RunResult" if cls is RunResult else "## CallOptions"
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert unnamed_fields(cls, section) == []
+    assert unnamed_fields(cls, "`run_id`") != []
 
 
 def test_the_key_check_catches_undocumented_keys() -> None:

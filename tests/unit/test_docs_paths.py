@@ -102,10 +102,16 @@ def cited_test_files() -> frozenset[str]:
 
 def evidence_problems(doc: Doc) -> list[str]:
     """Every test module a doc cites by its name alone (`test_stream.py`, "pinned by ...") is one
-    under tests/, and every Node test file (`server.test.js`) one of the Node SDK's."""
+    under tests/, every Node test file (`server.test.js`) one of the Node SDK's, and every
+    `tests/...py::test_name` a test that module defines."""
     tests = cited_test_files()
     named = re.findall(r"(?<![\w/.-])(test_\w+\.py|[\w-]+\.test\.m?js)\b", doc.text)
-    return [f"{_rel(doc.path)}: no test file {name}" for name in sorted(set(named)) if name not in tests]
+    problems = [f"{_rel(doc.path)}: no test file {name}" for name in sorted(set(named)) if name not in tests]
+    for path, test in re.findall(r"\b(tests/[\w/.-]+\.py)::(?:\w+::)*(\w+)", doc.text):
+        source = (REPO / path).read_text(encoding="utf-8") if (REPO / path).exists() else ""
+        if not re.search(rf"^\s*(?:async def|def|class) {test}\b", source, flags=re.M):
+            problems.append(f"{_rel(doc.path)}: {path} has no {test}")
+    return problems
 
 
 def slugs(text: str) -> set[str]:
@@ -211,7 +217,7 @@ def test_repository_paths_exist(docs: list[Doc]) -> None:
     assert [p for doc in docs for p in path_problems(doc)] == []
 
 
-def test_test_files_cited_exist(docs: list[Doc]) -> None:
+def test_files_cited_exist(docs: list[Doc]) -> None:
     assert [p for doc in docs for p in evidence_problems(doc)] == []
 
 
@@ -251,11 +257,13 @@ def test_the_checks_catch_made_up_paths() -> None:
     ]
     cited = Doc.parse(
         REPO / "docs" / "made-up.md",
-        "Pinned by test_boundaries.py, `test_made_up.py` and server.test.js, not gone.test.js.\n",
+        "Pinned by test_boundaries.py, `test_made_up.py` and server.test.js, not gone.test.js;\n"
+        "`tests/unit/test_docs_paths.py::test_files_cited_exist`, `tests/unit/test_readme.py::test_gone`.\n",
     )
     assert evidence_problems(cited) == [
         "docs/made-up.md: no test file gone.test.js",
         "docs/made-up.md: no test file test_made_up.py",
+        "docs/made-up.md: tests/unit/test_readme.py has no test_gone",
     ]
     linked = Doc.parse(
         REPO / "docs" / "made-up.md",

@@ -2,8 +2,8 @@
 `procmesh` has; their settings tables give every setting with its real default (docs/service.md:
 `OrchestratorSettings`; docs/processors.md: the SDK's `ProcessorSettings`), each with its own flags;
 their config tables give each key's real default, and `required` exactly for the keys the schema
-requires; the configuration page names every key a user writes, and the python API page every
-field of `CallOptions`, `RunResult` and `MemoryCallOptions`.
+requires; the configuration page names every key a user writes, the python API page every field of
+`CallOptions`, `RunResult` and `MemoryCallOptions`, and the processors page every hook argument.
 
 Like the other tests/unit/test_docs_*.py, each check reads the truth from the code (the HTTP app's
 route table, the CLI's parser, the settings classes, the config models), and
@@ -369,6 +369,39 @@ def test_the_sdk_page_lists_every_flag_of_a_sidecar() -> None:
     flags = {o for a in settings_parser()._actions for o in a.option_strings if o.startswith("--")}
     assert {"--listen", "--model-gateway-key"} <= flags  # the parser was read
     assert sorted(f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", table)) == []
+
+
+# -- hook arguments ------------------------------------------------------------------------------
+
+
+def hook_argument_problems(text: str) -> list[str]:
+    """docs/processors.md's "Every hook can take" table names every argument the SDK gives every
+    hook (procmesh.hooks.BASE_ARGUMENTS), and its hook table's row for each hook names every
+    argument of that hook's own (the SDK's one hook table, which its server decodes by)."""
+    from procmesh.hooks import BASE_ARGUMENTS, HOOKS
+
+    every = text.split("Every hook can take:", 1)[1].split("\n\n", 2)[1]
+    problems = [
+        f"docs/processors.md: no hook argument {a}" for a in sorted(BASE_ARGUMENTS) if f"`{a}" not in every
+    ]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", text, flags=re.M))
+    for hook in HOOKS:
+        said = set(re.findall(r"`(\w+)`", rows.get(hook.name, "")))
+        problems += [
+            f"docs/processors.md: {hook.name} takes {a}, unnamed"
+            for a in sorted(hook.arguments - BASE_ARGUMENTS - said)
+        ]
+    return problems
+
+
+def test_the_processors_page_names_every_hook_argument() -> None:
+    text = (REPO / "docs" / "processors.md").read_text(encoding="utf-8")
+    assert hook_argument_problems(text) == []
+    made_up = "Every hook can take:\n\n| `abort` | |\n\nHooks:\n\n| `process_input` | `messages` | a list |\n"
+    problems = hook_argument_problems(made_up)
+    assert "docs/processors.md: no hook argument model" in problems
+    assert "docs/processors.md: process_input takes message_list, unnamed" in problems
+    assert "docs/processors.md: process_input takes messages, unnamed" not in problems
 
 
 # -- the config reference ------------------------------------------------------------------------

@@ -7,7 +7,9 @@ The truth is read from the source: each call whose first argument is a ``procmes
 (``Counter(...)``, ``Histogram(...)``, a custom collector's ``GaugeMetricFamily(...)``) and its
 label names (third positional argument, ``labelnames=`` or ``labels=``).
 `test_the_check_catches_made_up_labels` feeds it a made-up document. The other way round, every
-metric a collector registers is named on some page (`test_every_registered_metric_is_documented`).
+metric a collector registers is named on some page (`test_every_registered_metric_is_documented`),
+and the Alerts table of docs/operations.md lists deploy/prometheus/alerts.yml's rules with their
+severities (`test_the_alerts_table_is_the_rules`).
 """
 
 from __future__ import annotations
@@ -141,3 +143,35 @@ def test_every_registered_metric_is_documented(docs: list[Doc]) -> None:
     assert undocumented({"procmesh_runs_total", "procmesh_frobs"}, ["`procmesh_runs_total`"]) == [
         "procmesh_frobs"
     ]
+
+
+# -- alerts --------------------------------------------------------------------------------------
+
+
+def alert_problems(text: str, rules: dict[str, str]) -> list[str]:
+    """docs/operations.md's Alerts table has a row for each rule of deploy/prometheus/alerts.yml,
+    with its severity, and no other row."""
+    rows = dict(re.findall(r"^\| `(Procmesh\w+)` \|[^|]*\| (\w+) \|", text, flags=re.M))
+    problems = [f"docs/operations.md: alert {name} has no row" for name in sorted(set(rules) - set(rows))]
+    problems += [f"docs/operations.md: alert {name} is no rule" for name in sorted(set(rows) - set(rules))]
+    return problems + [
+        f"docs/operations.md: alert {name} is {rules[name]}, not {rows[name]}"
+        for name in sorted(set(rows) & set(rules))
+        if rows[name] != rules[name]
+    ]
+
+
+def test_the_alerts_table_is_the_rules() -> None:
+    import yaml
+
+    groups = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))[
+        "groups"
+    ]
+    rules = {r["alert"]: r["labels"]["severity"] for g in groups for r in g["rules"] if "alert" in r}
+    assert len(rules) >= 10  # the rules were read
+    assert alert_problems((REPO / "docs" / "operations.md").read_text(encoding="utf-8"), rules) == []
+    made_up = "| `ProcmeshSidecarDown` | down | warning | |\n| `ProcmeshFrob` | never | info | |\n"
+    problems = alert_problems(made_up, rules)
+    assert "docs/operations.md: alert ProcmeshSidecarDown is critical, not warning" in problems
+    assert "docs/operations.md: alert ProcmeshFrob is no rule" in problems
+    assert "docs/operations.md: alert ProcmeshOrchestratorDown has no row" in problems

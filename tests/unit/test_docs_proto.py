@@ -7,7 +7,8 @@ The truth is the generated descriptors (sdk/procmesh/v1, checked against the .pr
 `make proto-check`); `test_the_check_catches_made_up_fields` feeds it a made-up document.
 Every "has N RPCs" (and the list after it) is checked against the .proto files' services
 (`test_rpc_counts_match_the_protos`), and proto/README.md's RPCs table and the RPCs it names against
-them too (`test_the_contract_page_lists_every_rpc`).
+them too (`test_the_contract_page_lists_every_rpc`); each hook's section names every field of its
+request and response (`test_each_hooks_section_names_its_fields`).
 """
 
 from __future__ import annotations
@@ -170,3 +171,46 @@ def test_the_rpc_count_check_catches_made_up_claims() -> None:
     ]
     assert "proto/README.md: the RPCs table's ProcessFrob is no ProcessorService RPC" in problems
     assert "proto/README.md: ModelService's ReportSaved is named nowhere" in problems
+
+
+# -- each hook's fields --------------------------------------------------------------------------
+
+
+def hook_field_problems(text: str) -> list[str]:
+    """proto/README.md's section of each ProcessorService RPC (`### ProcessInput`) names every
+    field of its request before "Response" and every field of its response after it (`context`
+    and `effects` have sections of their own)."""
+    problems = []
+    for rpc, body in re.findall(r"^### (\w+)\n(.*?)(?=^##)", text, flags=re.M | re.S):
+        request = getattr(processor_pb2, f"{rpc}Request", None)
+        if request is None or "Request fields" not in body:
+            continue
+        asked, _, answered = body.split("Request fields", 1)[1].partition("Response")
+        response = getattr(processor_pb2, f"{rpc}Response")
+        for part, message in ((asked, request), (answered, response)):
+            said = set(re.findall(r"`(\w+)`", part))
+            problems += [
+                f"proto/README.md: {rpc}: {message.DESCRIPTOR.name}.{field.name} is not described"
+                for field in message.DESCRIPTOR.fields
+                if field.name not in said | {"context", "effects"}
+            ]
+    return problems
+
+
+def test_each_hooks_section_names_its_fields() -> None:
+    text = (REPO / "proto" / "README.md").read_text(encoding="utf-8")
+    assert (
+        len(re.findall(r"^### (?:Process\w+|ExecuteTool)\n", text, flags=re.M)) >= 9
+    )  # the sections were found
+    assert hook_field_problems(text) == []
+    made_up = (
+        "### ProcessToolResult\n\nRequest fields: `messages`, `result`.\n\nResponse: `result`.\n\n## Next\n"
+    )
+    assert hook_field_problems(made_up)[:2] == [
+        "proto/README.md: ProcessToolResult: ProcessToolResultRequest.tool_name is not described",
+        "proto/README.md: ProcessToolResult: ProcessToolResultRequest.tool_call_id is not described",
+    ]
+    assert (
+        "proto/README.md: ProcessToolResult: ProcessToolResultResponse.replace_result is not described"
+        in (hook_field_problems(made_up))
+    )

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from procmesh._server import DEFAULT_MAX_MESSAGE_BYTES, SERVICE_NAME
@@ -25,11 +27,13 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 # Only unary RPCs may be retried: a retried ProcessOutputStream would replay parts mid-stream.
 # Every unary hook is safe to repeat, because a processor gets the run's state with each call
 # and returns its effects as data; nothing is applied until the orchestrator reads the answer.
-_UNARY_METHODS = sorted(
-    m.name
+_RESPONSES: dict[str, Any] = {
+    m.name: message_factory.GetMessageClass(m.output_type)
     for m in ppb.DESCRIPTOR.services_by_name["ProcessorService"].methods
     if not (m.client_streaming or m.server_streaming)
-)
+}
+"""Each unary RPC's response class, by method name."""
+_UNARY_METHODS = sorted(_RESPONSES)
 
 SERVICE_CONFIG: dict[str, Any] = {
     # round_robin everywhere: over `ipv4:a,b,c` or `dns:///name:port` (a headless Service) it
@@ -110,6 +114,14 @@ class ProcessorClient:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = pgrpc.ProcessorServiceStub(self._channel)
+        # Unary calls send bytes (`call`): a request the caller already holds encoded, or in
+        # parts (the orchestrator keeps each message's and each RunContext's encoding), goes as is.
+        self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, Any]] = {
+            name: self._channel.unary_unary(
+                f"/{SERVICE_NAME}/{name}", request_serializer=None, response_deserializer=response.FromString
+            )
+            for name, response in _RESPONSES.items()
+        }
         # The same stream with requests written as bytes already encoded (`open_stream`).
         self._encoded_stream: grpc.aio.StreamStreamMultiCallable[bytes, ppb.ProcessOutputStreamResponse] = (
             self._channel.stream_stream(
@@ -125,14 +137,18 @@ class ProcessorClient:
         response: ppb.DescribeResponse = await self.call("Describe", ppb.DescribeRequest(), timeout)
         return response
 
-    async def call(self, method: str, request: Any, timeout: float | None, metadata: Metadata = ()) -> Any:
-        """Call a unary RPC of ProcessorService by name, raising procmesh errors; `metadata`
-        travels with it (the trace context: `procmesh.tracing.metadata`)."""
+    async def call(
+        self, method: str, request: Message | bytes, timeout: float | None, metadata: Metadata = ()
+    ) -> Any:
+        """Call a unary RPC of ProcessorService by name, raising procmesh errors; `request` is the
+        request message or its serialized bytes; `metadata` travels with the call (the trace
+        context: `procmesh.tracing.metadata`)."""
+        data = request if isinstance(request, bytes) else request.SerializeToString()
         try:
             # Fail fast while every replica is down (no wait_for_ready: the failure policy
             # decides, after the retries); the channel keeps reconnecting with backoff, so calls
             # succeed again once one is back.
-            return await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata or None)
+            return await self._unary[method](data, timeout=timeout, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:
             raise translate_rpc_error(exc) from exc
 

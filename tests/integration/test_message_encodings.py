@@ -1,6 +1,7 @@
 """A run's caller reuses each message's encoding while the message is unchanged
-(`processors.encodings`): a sidecar sees exactly what a fresh conversion would send, also after a
-message dict was changed in place, down to a boolean that became the number it equals."""
+(`processors.encodings`), and each processor's RunContext while what it carries is
+(`GrpcHookCaller.context_field`): a sidecar sees exactly what a fresh conversion would send, also
+after a message dict was changed in place, down to a boolean that became the number it equals."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from procmesh import Processor, ProcessorClient, ProcessorServer, convert
+from procmesh import MessageList, Processor, ProcessorClient, ProcessorServer, convert
+from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator import RunInfo
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import GrpcHookCaller, wire
@@ -78,16 +80,71 @@ async def test_a_sidecar_sees_each_in_place_change_of_a_reused_message() -> None
             await caller.call(handle, step(messages))
             assert recorder.seen[-1] == sent(messages)
             # compared as messages: a Struct's map entries may serialize in either order
-            assert wire.build_request(step(messages), caller.encodings) == wire.build_request(step(messages))
+            encoded = wire.encode_request(step(messages), caller.encodings)
+            assert ppb.ProcessInputRequest.FromString(encoded) == wire.build_request(step(messages))
     assert metadata == {"flag": 1, "score": 1.5}
     assert recorder.seen[3][1]["content"]["metadata"]["flag"] == 1
     assert recorder.seen[2][1]["content"]["metadata"]["flag"] is True
 
 
+class ContextRecorder(Processor):
+    """Keeps what each processInput's RunContext gave it."""
+
+    id = "recorder"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Any, ...]] = []
+
+    async def process_input(
+        self,
+        step_number: int,
+        retry_count: int,
+        state: dict[str, Any],
+        request_context: dict[str, Any],
+        message_list: MessageList,
+    ) -> None:
+        sources = tuple(m["id"] for m in message_list.get.response.db())
+        self.seen.append((step_number, retry_count, dict(state), dict(request_context), sources))
+
+
+async def test_a_sidecar_sees_each_change_of_a_reused_run_context() -> None:
+    recorder = ContextRecorder()
+    info = RunInfo(run_id="r", agent_id="a", request_context={"user": "u1"})
+    messages = conversation()
+    changes: list[Callable[[], object]] = [
+        lambda: None,  # unchanged: the encoding is reused
+        lambda: setattr(info, "step_number", 1),
+        lambda: setattr(info, "retry_count", 1),
+        lambda: info.states.update(recorder=convert.to_struct({"n": 1})),
+        lambda: info.states.update(recorder=convert.to_struct({"n": True})),  # equal as JSON, not sent so
+        lambda: setattr(info, "request_context", {"user": "u1", "flag": 1}),
+        lambda: info.message_sources.update(a="response"),  # the run's live map, changed in place
+    ]
+    async with ProcessorServer([recorder]) as server, ProcessorClient(server.addresses[0]) as client:
+        handle = wire_handle(client)
+        caller = GrpcHookCaller(info, OrchestratorMetrics())
+        for change in changes:
+            change()
+            await caller.call(handle, step(messages))
+            state = info.states.get("recorder")
+            expected = convert.from_struct(state) if isinstance(state, struct_pb2.Struct) else {}
+            sources = tuple(k for k, v in info.message_sources.items() if v == "response")
+            assert recorder.seen[-1] == (
+                info.step_number,
+                info.retry_count,
+                expected,
+                info.request_context,
+                sources,
+            )
+    assert recorder.seen[4][2] == {"n": True}
+    assert recorder.seen[5][3] == {"user": "u1", "flag": 1}
+
+
 def test_encodings_of_replaced_messages_do_not_pile_up() -> None:
     encodings = MessageEncodings()
     for _ in range(50):
-        wire.build_request(step(conversation()), encodings)  # new dicts every time
+        wire.encode_request(step(conversation()), encodings)  # new dicts every time
     assert len(encodings._by_id) <= 2 * 2 + 64 + 2
 
 

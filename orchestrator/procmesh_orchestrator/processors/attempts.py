@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
+_STATE = tpb.HookEffects.DESCRIPTOR.fields_by_name["state"]
+
 
 def _outcome(response: Any, effects: Effects) -> str:
     """A hook call's outcome for its span: abort, retry (an abort that replays), rewrite, pass."""
@@ -56,7 +58,11 @@ class HookAttempt(Generic[R]):
 
     def answered(self, response: Any, effects: tpb.HookEffects) -> None:
         self.response = response
-        if not effects.ListFields():  # no effects (most answers): nothing to read
+        listed = effects.ListFields()
+        if not listed:  # no effects: nothing to read
+            return
+        if len(listed) == 1 and listed[0][0] is _STATE:  # its state alone (most answers)
+            self.state = effects.state
             return
         self.effects = wire.read_effects(
             self.handle.processor_id, self.hook, effects, source=self.handle.source

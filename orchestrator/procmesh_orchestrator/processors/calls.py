@@ -46,13 +46,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
-def _copy(request: Any) -> Any:
-    """A request for one parallel branch (each fills its own context)."""
-    clone = type(request)()
-    clone.CopyFrom(request)
-    return clone
-
-
 def _as_handle(item: Processor) -> ProcessorHandle:
     assert isinstance(item, ProcessorHandle), f"only a processor handle is sent on its own: {item!r}"
     return item
@@ -85,6 +78,18 @@ def _mapped(group: ParallelGroup, hook: str, answered: list[tuple[ProcessorHandl
     return out
 
 
+@dataclasses.dataclass(slots=True)
+class _Kept:
+    """A processor's RunContext as encoded (`GrpcHookCaller.context_field`) and what it was made of."""
+
+    handle: ProcessorHandle
+    key: tuple[Any, ...]
+    request_context: dict[str, Any]
+    state: object
+    sources: dict[str, str]
+    field: bytes
+
+
 class GrpcHookCaller:
     """Calls one run's processors over gRPC and applies each one's failure policy.
 
@@ -101,6 +106,8 @@ class GrpcHookCaller:
         """The run's decision record (also its `RunInfo.decisions`), when the config keeps one."""
         self.encodings = MessageEncodings()
         """The run's messages as encoded for its requests, reused while unchanged (bench P1)."""
+        self._contexts: dict[int, _Kept] = {}
+        """Each processor's RunContext as last sent (`context_field`), by its handle's id."""
 
     def request_context(self) -> struct_pb2.Struct:
         """The run's request context as sent: converted once per value of it (a hook that sets a
@@ -134,6 +141,45 @@ class GrpcHookCaller:
         ctx.on_failure = handle.on_failure
         if info.message_sources:  # a map's update() goes through Python's generic MutableMapping
             ctx.message_sources.update(info.message_sources)
+
+    def context_field(self, handles: Sequence[ProcessorHandle]) -> bytes:
+        """The RunContext of a request to `handles` (the first's, the others fused) as the request's
+        encoded ``context`` field. A processor's is encoded once while what it carries is unchanged:
+        every call of a step sends it the same (bench P1). The request context is replaced, never
+        changed in place, so it is compared by identity (as `request_context` does); a state is
+        compared as protobuf (each answer brings a new one, most often equal); the message
+        sources are the run's live map, compared by value."""
+        handle, info = handles[0], self.info
+        if len(handles) > 1:  # a fused request's context names its further processors
+            ctx = tpb.RunContext()
+            self.fill_context(ctx, handle)
+            self.fill_fused(ctx, handles[1:])
+            return wire.context_field(ctx.SerializeToString())
+        key = (
+            info.step_number,
+            info.retry_count,
+            info.run_id,
+            info.agent_id,
+            info.thread_id,
+            info.resource_id,
+        )
+        state = info.states.get(handle.processor_id)
+        kept = self._contexts.get(id(handle))
+        if (
+            kept is not None
+            and kept.handle is handle
+            and kept.key == key
+            and kept.request_context is info.request_context
+            and (kept.state is state or kept.state == state)
+            and kept.sources == info.message_sources
+        ):
+            return kept.field
+        ctx = tpb.RunContext()
+        self.fill_context(ctx, handle)
+        field = wire.context_field(ctx.SerializeToString())
+        sources = dict(info.message_sources)
+        self._contexts[id(handle)] = _Kept(handle, key, info.request_context, state, sources, field)
+        return field
 
     def fill_fused(self, ctx: tpb.RunContext, handles: Sequence[ProcessorHandle]) -> None:
         """Name the further processors of a fused request, each with its options and state."""
@@ -268,7 +314,7 @@ class GrpcHookCaller:
             return await self._try(lane_item, args)
         if isinstance(lane_item, ParallelGroup):
             answered, effects = await self._invoke_parallel(
-                lane_item, args.hook, wire.build_request(args, self.encodings)
+                lane_item, args.hook, wire.encode_request(args, self.encodings)
             )
             # an empty result when no branch answered: the branches' effects still apply
             return Reply(_mapped(lane_item, args.hook, answered), effects)
@@ -291,74 +337,92 @@ class GrpcHookCaller:
         request, timeout = self._prepared(handles, args)
         return asyncio.create_task(self._attempts(handles, args.hook, request, timeout, speculative))
 
-    def _prepared(self, handles: list[ProcessorHandle], args: HookArgs[Any]) -> tuple[Any, float]:
-        """The request for `handles` (the first's context, the others fused) and its timeout."""
-        request = wire.build_request(args, self.encodings)
-        self.fill_context(request.context, handles[0])
+    def _prepared(self, handles: list[ProcessorHandle], args: HookArgs[Any]) -> tuple[bytes, float]:
+        """The serialized request for `handles` (the first's context, the others fused) and its
+        timeout."""
+        request = wire.encode_request(args, self.encodings) + self.context_field(handles)
         if len(handles) > 1:
-            self.fill_fused(request.context, handles[1:])
             return request, self.timeout_for(min(handles, key=lambda h: h.timeout))
         return request, self.timeout_for(handles[0])
 
     async def _attempts(
-        self, handles: list[ProcessorHandle], hook: str, request: Any, timeout: float, speculative: bool
+        self, handles: list[ProcessorHandle], hook: str, request: bytes, timeout: float, speculative: bool
     ) -> list[Attempt[R]]:
         return list(await self._exchange(handles, hook, request, timeout, speculative))
 
     async def _exchange(
-        self, handles: list[ProcessorHandle], hook: str, request: Any, timeout: float, speculative: bool
+        self, handles: list[ProcessorHandle], hook: str, request: bytes, timeout: float, speculative: bool
     ) -> list[HookAttempt[Any]]:
         first = handles[0]
-        traced = tracing.enabled()  # the span's attributes and outcome are work only when recorded
-        attributes: dict[str, Any] | None = None
-        if traced:
-            attributes = {"procmesh.processor.id": first.processor_id, "procmesh.hook": hook}
-            if len(handles) > 1:
-                attributes["procmesh.fused"] = [h.processor_id for h in handles[1:]]
         record = self.decisions
-        seen = ("", None) if record is None else record.seen(request)
-        with tracing.span(
-            f"procmesh.hook {hook} {first.processor_id}", kind="client", attributes=attributes
-        ) as span:
-            started = time.perf_counter()
-            try:
-                response = await first.client.call(
-                    BY_NAME[hook].rpc, request, timeout, metadata=tracing.metadata()
-                )
-            except ProcmeshError as exc:
-                span.outcome("failure")
-                failure = wire.call_error(exc)
-                failed: HookAttempt[Any] = HookAttempt(
-                    self, first, hook, speculative, time.perf_counter() - started
-                )
-                failed.seen = seen
-                return [failed.failed(str(failure), refused=failure.input_refused)]
-            took = time.perf_counter() - started
-            outcomes: list[tuple[ProcessorHandle, tpb.HookEffects, str]] = [(first, response.effects, "")]
-            for handle, fused in zip(handles[1:], response.effects.fused, strict=False):
-                outcomes.append((handle, fused.effects, fused.error))
-            attempts: list[HookAttempt[Any]] = []
-            last = len(outcomes) - 1
-            for i, (handle, effects_pb, error) in enumerate(outcomes):
-                attempt: HookAttempt[Any] = HookAttempt(self, handle, hook, speculative, took)
-                attempt.seen = seen
-                attempts.append(attempt)
-                if error:
-                    attempt.failed(error)
-                    break
-                # a fused request's result fields are the last processor's: the ones before it
-                # returned their input unchanged
-                answer = response if i == last else wire.empty_response(hook)
-                try:
-                    attempt.answered(answer, effects_pb)
-                except MalformedResponseError as exc:
-                    attempt.failed(f"malformed response: {exc}")
-                    break
-            if traced:
-                span.outcome(attempts[0].span_outcome())
-                if first.shadow and not attempts[0].failure:
-                    span.set("procmesh.monitor.would", attempts[0].would())
+        seen = ("", None) if record is None else record.seen(BY_NAME[hook].request.FromString(request))
+        if not tracing.enabled():  # the span's name, attributes and outcome are work only when recorded
+            return await self._answers(handles, hook, request, timeout, speculative, seen, None)
+        attributes: dict[str, Any] = {"procmesh.processor.id": first.processor_id, "procmesh.hook": hook}
+        if len(handles) > 1:
+            attributes["procmesh.fused"] = [h.processor_id for h in handles[1:]]
+        name = f"procmesh.hook {hook} {first.processor_id}"
+        with tracing.span(name, kind="client", attributes=attributes) as span:
+            attempts = await self._answers(handles, hook, request, timeout, speculative, seen, span)
+            span.outcome(attempts[0].span_outcome())
+            if first.shadow and not attempts[0].failure:
+                span.set("procmesh.monitor.would", attempts[0].would())
             return attempts
+
+    async def _answers(
+        self,
+        handles: list[ProcessorHandle],
+        hook: str,
+        request: bytes,
+        timeout: float,
+        speculative: bool,
+        seen: tuple[str, str | None],
+        span: tracing.Span | None,
+    ) -> list[HookAttempt[Any]]:
+        """The call and an attempt for each processor that ran (the first's, then the fused)."""
+        first = handles[0]
+        metadata = () if span is None else tracing.metadata()
+        started = time.perf_counter()
+        try:
+            response = await first.client.call(BY_NAME[hook].rpc, request, timeout, metadata)
+        except ProcmeshError as exc:
+            failure = wire.call_error(exc)
+            failed: HookAttempt[Any] = HookAttempt(
+                self, first, hook, speculative, time.perf_counter() - started
+            )
+            failed.seen = seen
+            return [failed.failed(str(failure), refused=failure.input_refused)]
+        took = time.perf_counter() - started
+        attempt: HookAttempt[Any] = HookAttempt(self, first, hook, speculative, took)
+        attempt.seen = seen
+        if len(handles) == 1:
+            try:
+                attempt.answered(response, response.effects)
+            except MalformedResponseError as exc:
+                attempt.failed(f"malformed response: {exc}")
+            return [attempt]
+        outcomes = [(first, response.effects, "")]
+        for handle, fused in zip(handles[1:], response.effects.fused, strict=False):
+            outcomes.append((handle, fused.effects, fused.error))
+        attempts: list[HookAttempt[Any]] = []
+        last = len(outcomes) - 1
+        for i, (handle, effects_pb, error) in enumerate(outcomes):
+            if i:
+                attempt = HookAttempt(self, handle, hook, speculative, took)
+                attempt.seen = seen
+            attempts.append(attempt)
+            if error:
+                attempt.failed(error)
+                break
+            # a fused request's result fields are the last processor's: the ones before it
+            # returned their input unchanged
+            answer = response if i == last else wire.empty_response(hook)
+            try:
+                attempt.answered(answer, effects_pb)
+            except MalformedResponseError as exc:
+                attempt.failed(f"malformed response: {exc}")
+                break
+        return attempts
 
     async def _try(self, step: TryCatch, args: HookArgs[R]) -> Reply[R]:
         """An error step: the attempt, or the fallback when the attempt's failure would fail the run
@@ -372,12 +436,12 @@ class GrpcHookCaller:
             return await self.call(step.fallback, args)
 
     async def _invoke_parallel(
-        self, group: ParallelGroup, hook: str, request: Any
+        self, group: ParallelGroup, hook: str, request: bytes
     ) -> tuple[list[tuple[ProcessorHandle, Any]], Effects]:
         """Every branch with `hook`, concurrently: the branches that answered (in listed order)
         with their responses, and all their effects."""
         branches = [b for b in group.branches if b.has(hook)]
-        answers = await asyncio.gather(*(self._branch(b, hook, _copy(request)) for b in branches))
+        answers = await asyncio.gather(*(self._branch(b, hook, request) for b in branches))
         merged = Effects()
         answered: list[tuple[ProcessorHandle, Any]] = []
         for branch, (response, effects) in zip(branches, answers, strict=True):
@@ -390,9 +454,10 @@ class GrpcHookCaller:
             answered.append((branch, response))
         return answered, merged
 
-    async def _branch(self, handle: ProcessorHandle, hook: str, request: Any) -> tuple[Any, Effects]:
-        """One parallel branch's call, applied at once (a group is never speculative)."""
-        self.fill_context(request.context, handle)
+    async def _branch(self, handle: ProcessorHandle, hook: str, request: bytes) -> tuple[Any, Effects]:
+        """One parallel branch's call (`request` without its context), applied at once (a group is
+        never speculative)."""
+        request += self.context_field([handle])
         (attempt,) = await self._exchange([handle], hook, request, self.timeout_for(handle), False)
         return attempt.settle()
 

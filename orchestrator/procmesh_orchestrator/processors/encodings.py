@@ -9,15 +9,22 @@ The snapshot copies the containers and wraps every number and boolean so that it
 value of the same type: plain ``==`` would find ``True`` equal to ``1`` and ``1`` to ``1.0``,
 which the conversion tells apart (a bool becomes ``bool_value``). Strings and bytes are shared,
 which makes comparing them an identity check.
+
+The request itself goes as bytes (`encode`): its other fields serialized, then the messages'
+encodings, each framed as its field. Merging them into a request message first (and gRPC
+serializing it all again) parsed and re-encoded every message on every call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from procmesh import convert
 
 Message = dict[str, Any]
+Fill = Callable[[Any, str, list[Message]], None]
+"""(request, a repeated ``Message`` field's name, message dicts) -> adds them to that field."""
 
 _DICT_EQ: Any = dict.__eq__
 
@@ -32,6 +39,12 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def length_delimited(number: int, data: bytes) -> bytes:
+    """`data` framed as the length-delimited field `number` of a message (appended to a message's
+    bytes, it sets that submessage field, or adds an element to that repeated field)."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
 
 
 class _Typed:
@@ -76,12 +89,14 @@ class MessageEncodings:
 
     Entries hold their dict (so its ``id`` is not reused while cached); once there are more than
     twice as many as the last request sent (rewritten messages left behind), the cache keeps only
-    that request's (`built`).
+    that request's (`encode`).
     """
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Message, Any, bytes]] = {}
         self._tags: dict[tuple[str, str], bytes] = {}
+        self._frames: list[bytes] = [b""]
+        """The request's own fields (set by `encode`), then the messages `fill` added."""
         self._sent: list[list[Message]] = []
         self._count = 0
 
@@ -99,8 +114,8 @@ class MessageEncodings:
         return framed
 
     def fill(self, request: Any, field: str, messages: list[Message]) -> None:
-        """Append `messages` to the repeated ``Message`` field `field` of `request` (one merge of
-        their encodings, each framed as that field)."""
+        """Add `messages` to the repeated ``Message`` field `field` of `request`, in the bytes
+        `encode` gives for it (each message's encoding framed as that field)."""
         if not messages:
             return
         key = (request.DESCRIPTOR.full_name, field)
@@ -108,17 +123,24 @@ class MessageEncodings:
         if tag is None:
             number = request.DESCRIPTOR.fields_by_name[field].number
             tag = self._tags[key] = _varint(number << 3 | 2)  # wire type 2: length-delimited
-        framed: list[bytes] = []
+        frames = self._frames
         for msg in messages:
-            framed += (tag, self._framed(msg))
-        request.MergeFromString(b"".join(framed))
+            frames += (tag, self._framed(msg))
         self._sent.append(messages)
         self._count += len(messages)
 
-    def built(self) -> None:
-        """A request is complete: prune the entries it did not use if they are many."""
+    def encode(self, request: Any, build: Callable[[Fill], None]) -> bytes:
+        """`request` as `build` fills it, serialized: `build` is given `fill`, which adds messages
+        by their kept encodings. Then the cache keeps only this request's entries if the others
+        are many."""
+        frames = self._frames
+        del frames[1:]  # what a build that raised left
+        self._sent.clear()
+        self._count = 0
+        build(self.fill)
+        frames[0] = request.SerializeToString()
+        data = b"".join(frames)
         if len(self._by_id) > 2 * self._count + _PRUNE_SLACK:
             sent = {id(m) for messages in self._sent for m in messages}
             self._by_id = {k: v for k, v in self._by_id.items() if k in sent}
-        self._sent.clear()
-        self._count = 0
+        return data

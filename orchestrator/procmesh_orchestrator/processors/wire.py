@@ -18,11 +18,9 @@ from procmesh.errors import ProcmeshError
 from procmesh.hooks import BY_NAME
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError, TripwireAbort
-from procmesh_orchestrator.processors.encodings import MessageEncodings
+from procmesh_orchestrator.processors.encodings import Fill, MessageEncodings, length_delimited
 from procmesh_orchestrator.run import hooks as h
 
-Fill = Callable[[Any, str, list[dict[str, Any]]], None]
-"""(request, a repeated ``Message`` field's name, message dicts) -> appends them to that field."""
 Build = Callable[[Any, Any, Fill], None]
 """(hook arguments, an empty request, how messages go in) -> fills the request (its context aside)."""
 Read = Callable[[Any], Any]
@@ -245,16 +243,33 @@ WIRE: dict[str, tuple[Build, Read]] = {
 assert set(WIRE) == {hook.name for hook in BY_NAME.values() if not hook.streaming}, "a hook lacks its wire"
 
 
-def build_request(args: h.HookArgs[Any], encodings: MessageEncodings | None = None) -> Any:
-    """The request message for `args` (its RunContext is filled per call); with the run's
-    `encodings`, each message's encoding is reused while the message is unchanged."""
+CONTEXT_FIELD = 1
+"""Every unary hook's request carries its RunContext as field 1 (``context``)."""
+
+assert all(
+    BY_NAME[hook].request.DESCRIPTOR.fields_by_name["context"].number == CONTEXT_FIELD for hook in WIRE
+), "a unary request's context is not field 1"
+
+
+def build_request(args: h.HookArgs[Any]) -> Any:
+    """The request message for `args`, its RunContext empty, every message converted afresh
+    (what `encode_request` must equal: the tests' and the bench's reference)."""
     request = BY_NAME[args.hook].request()
-    if encodings is None:
-        WIRE[args.hook][0](args, request, _convert)
-    else:
-        WIRE[args.hook][0](args, request, encodings.fill)
-        encodings.built()
+    WIRE[args.hook][0](args, request, _convert)
     return request
+
+
+def encode_request(args: h.HookArgs[Any], encodings: MessageEncodings) -> bytes:
+    """The request for `args` serialized, its RunContext aside (`context_field` appends it): each
+    message's encoding is the run's `encodings`', reused while the message is unchanged."""
+    request = BY_NAME[args.hook].request()
+    build = WIRE[args.hook][0]
+    return encodings.encode(request, lambda fill: build(args, request, fill))
+
+
+def context_field(context: bytes) -> bytes:
+    """A serialized RunContext as the ``context`` field of a serialized request (appended to it)."""
+    return length_delimited(CONTEXT_FIELD, context)
 
 
 def read_result(hook: str, response: Any) -> Any:

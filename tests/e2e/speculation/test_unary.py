@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from procmesh.hooks import HOOKS
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
@@ -176,6 +177,9 @@ def speculative_calls(app: App) -> Counter[str]:
     return out
 
 
+REQUESTS = {hook.rpc: hook.request for hook in HOOKS}
+
+
 class RequestLog:
     """Every request the App sends to one sidecar, counted on its real client (the wire is real)."""
 
@@ -185,8 +189,10 @@ class RequestLog:
         send = client.call
 
         async def counted(rpc: str, request: Any, *args: Any, **kwargs: Any) -> Any:
-            fused = [f.processor_id for f in request.context.fused]
-            self.requests.append((rpc, [request.context.processor_id, *fused]))
+            # the caller sends its requests serialized (`GrpcHookCaller.context_field`)
+            context = REQUESTS[rpc].FromString(request).context
+            fused = [f.processor_id for f in context.fused]
+            self.requests.append((rpc, [context.processor_id, *fused]))
             return await send(rpc, request, *args, **kwargs)
 
         client.call = counted  # type: ignore[method-assign]

@@ -31,6 +31,7 @@ loop outright (``threaded=False``; ``PROCMESH_HOOK_THREADS=false``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import selectors
 import sys
@@ -173,10 +174,18 @@ class HookLoop:
             # VM: read around every step, it was a third of a fused part's time in the SDK). The
             # thread's CPU since `began` bounds the step's too, so a step the OS preempted is not
             # taken for a slow one.
+            # The loop's ready callbacks are run here one by one, not through ``_run_once``: that
+            # would poll the selector (a syscall) and scan the timers at every step, and the
+            # loop is idle (its thread waits for `lock`), so only what the task schedules is ready.
+            # A timer that comes due meanwhile is the thread's to run once it has the loop back.
+            ready: collections.deque[asyncio.Handle] = loop._ready  # type: ignore[attr-defined]
             spent = 0.0
-            while not task.done() and loop._ready and spent <= turns.budget:  # type: ignore[attr-defined]
+            while not task.done() and ready and spent <= turns.budget:
+                handle = ready.popleft()
+                if handle._cancelled:
+                    continue
                 t0 = time.perf_counter()
-                loop._run_once()  # type: ignore[attr-defined]
+                handle._run()
                 cpu = time.perf_counter() - t0
                 if cpu > turns.budget:
                     cpu = min(cpu, time.thread_time() - began)

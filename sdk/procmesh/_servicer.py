@@ -331,12 +331,14 @@ class Servicer:
         member: tpb.FusedProcessor | None = None,
     ) -> Any:
         """A unary hook call on the processor's hook loop, inside the sidecar's span of it."""
+        traced = tracing.enabled()  # the span's outcome is work only when it records
         with hook_span(hook.name, hosted.id, context) as span:
             left = context.time_remaining()
             hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
             current_span.set(span)  # a pre-check's saved judge calls are counted on it
             resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
-            span.outcome(outcome_of(resp))
+            if traced:
+                span.outcome(outcome_of(resp))
             return resp
 
     def _execute_tool(self) -> Callable[[bytes, Context], Awaitable[Any]]:
@@ -382,7 +384,9 @@ class Servicer:
 
 def hook_span(hook: str, processor_id: str, context: Context, *, tool: str = "") -> Any:
     """The sidecar's span of one call, child of the caller's (the trace context in its metadata)."""
-    parent = context.invocation_metadata() if tracing.enabled() else None
+    if not tracing.enabled():
+        return tracing.span("")  # the shared no-op: no attributes, name or metadata to make
+    parent = context.invocation_metadata()
     attributes = {"procmesh.hook": hook, "procmesh.processor.id": processor_id or None}
     if tool:
         attributes["gen_ai.tool.name"] = tool

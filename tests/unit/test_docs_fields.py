@@ -1,0 +1,68 @@
+"""The API pages name every field and argument the code has: docs/python-api.md every field of
+`CallOptions` (its table), `RunResult` (its section) and `MemoryCallOptions`; docs/processors.md
+every argument the Python SDK gives every hook and each hook its own (procmesh.hooks, the table the
+SDK's server decodes by). A field or argument added without a word leaves the page short; each
+check reads the truth from the code and is fed a made-up page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from procmesh_orchestrator import CallOptions, MemoryCallOptions, RunResult
+from tests.conftest import REPO
+from tests.unit.doc_pages import Doc
+
+# -- the Python API --------------------------------------------------------------------------------
+
+
+def unnamed_fields(cls: type, section: str) -> list[str]:
+    """The dataclass's fields the section names in no code span (`run_id`, `Memory(a, b)`)."""
+    spans = Doc.parse(REPO / "docs" / "python-api.md", section).spans
+    return [f.name for f in dataclasses.fields(cls) if not any(re.search(rf"\b{f.name}\b", s) for s in spans)]
+
+
+@pytest.mark.parametrize("cls", [CallOptions, RunResult, MemoryCallOptions], ids=lambda c: c.__name__)
+def test_the_python_api_page_names_every_field(cls: type) -> None:
+    """Every field of CallOptions (its table), RunResult (its section) and MemoryCallOptions."""
+    page = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
+    heading = "## RunResult" if cls is RunResult else "## CallOptions"
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert unnamed_fields(cls, section) == []
+    assert unnamed_fields(cls, "`run_id`") != []
+
+
+# -- hook arguments ------------------------------------------------------------------------------
+
+
+def hook_argument_problems(text: str) -> list[str]:
+    """docs/processors.md's "Every hook can take" table names every argument the SDK gives every
+    hook (procmesh.hooks.BASE_ARGUMENTS), and its hook table's row for each hook names every
+    argument of that hook's own (the SDK's one hook table, which its server decodes by)."""
+    from procmesh.hooks import BASE_ARGUMENTS, HOOKS
+
+    every = text.split("Every hook can take:", 1)[1].split("\n\n", 2)[1]
+    problems = [
+        f"docs/processors.md: no hook argument {a}" for a in sorted(BASE_ARGUMENTS) if f"`{a}" not in every
+    ]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", text, flags=re.M))
+    for hook in HOOKS:
+        said = set(re.findall(r"`(\w+)`", rows.get(hook.name, "")))
+        problems += [
+            f"docs/processors.md: {hook.name} takes {a}, unnamed"
+            for a in sorted(hook.arguments - BASE_ARGUMENTS - said)
+        ]
+    return problems
+
+
+def test_the_processors_page_names_every_hook_argument() -> None:
+    text = (REPO / "docs" / "processors.md").read_text(encoding="utf-8")
+    assert hook_argument_problems(text) == []
+    made_up = "Every hook can take:\n\n| `abort` | |\n\nHooks:\n\n| `process_input` | `messages` | a list |\n"
+    problems = hook_argument_problems(made_up)
+    assert "docs/processors.md: no hook argument model" in problems
+    assert "docs/processors.md: process_input takes message_list, unnamed" in problems
+    assert "docs/processors.md: process_input takes messages, unnamed" not in problems

@@ -1,12 +1,14 @@
 """The API pages name every field and argument the code has: docs/python-api.md every field of
 `CallOptions` (its table), `RunResult` (its section) and `MemoryCallOptions`; docs/processors.md
 every argument the Python SDK gives every hook and each hook its own (procmesh.hooks, the table the
-SDK's server decodes by). A field or argument added without a word leaves the page short; each
+SDK's server decodes by); docs/other-languages.md every check procmesh-check-sidecar reports (its
+source's report lines). A field, argument or check added without a word leaves the page short; each
 check reads the truth from the code and is fed a made-up page.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 
@@ -66,3 +68,73 @@ def test_the_processors_page_names_every_hook_argument() -> None:
     assert "docs/processors.md: no hook argument model" in problems
     assert "docs/processors.md: process_input takes message_list, unnamed" in problems
     assert "docs/processors.md: process_input takes messages, unnamed" not in problems
+
+
+# -- the contract checker's checks -----------------------------------------------------------------
+
+PLACEHOLDERS = {
+    "pid": "<id>",
+    "STREAM": "ProcessOutputStream",
+    "hook": "<RPC>",
+    "first": "<a>",
+    "second": "<b>",
+}
+"""How the checks table writes the names the checker fills in."""
+
+
+def _rendered(node: ast.expr) -> str | None:
+    """A check's name as the table writes it (`f"{pid}: state round-trip"` -> `<id>: state
+    round-trip`); None when it holds a value the table does not name (`{what}`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    out = ""
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            out += str(value.value)
+        elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name):
+            if value.value.id not in PLACEHOLDERS:
+                return None
+            out += PLACEHOLDERS[value.value.id]
+        else:
+            return None
+    return out
+
+
+def checker_checks() -> set[str]:
+    """The checks procmesh-check-sidecar reports: each `report.check(...)` and `still_serving(...)`
+    name of sdk/procmesh/_check (through a `name = ...` the call passes)."""
+    found = set()
+    for path in (REPO / "sdk" / "procmesh" / "_check").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        named = [
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["name"]
+        ]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("check", "still_serving"):
+                first = node.args[0] if node.args else None
+                given = named if isinstance(first, ast.Name) and first.id == "name" else [first]
+                found |= {r for r in map(_rendered, [g for g in given if g is not None]) if r}
+    return found
+
+
+def unlisted_checks(page: str, checks: set[str]) -> list[str]:
+    """The checks the page's `## procmesh-check-sidecar` section names nowhere (a fused stream's
+    check is the table's `fused <RPC> [<a>, <b>]`)."""
+    section = page.split("## procmesh-check-sidecar", 1)[1].split("\n## ", 1)[0]
+    return sorted(
+        c for c in checks if f"`{c.replace('fused ProcessOutputStream', 'fused <RPC>')}`" not in section
+    )
+
+
+def test_the_checker_page_lists_every_check() -> None:
+    checks = checker_checks()
+    assert {"health", "Describe", "<id>: state round-trip", "<id> <RPC>: valid requests"} <= checks  # read
+    page = (REPO / "docs" / "other-languages.md").read_text(encoding="utf-8")
+    assert unlisted_checks(page, checks) == []
+    assert unlisted_checks("## procmesh-check-sidecar\n\n| `health` | |\n", {"health", "hosted tools"}) == [
+        "hosted tools"
+    ]

@@ -264,9 +264,13 @@ class JudgedGuard(Processor):
         chosen = {id(m) for m in selected}
         texts = [message_text(m).strip() if id(m) in chosen else "" for m in messages]
         judged = [bool(t) and len(t) >= self.min_length(options) for t in texts]
-        verdicts = await asyncio.gather(
-            *(self._decide(t, options, model, "input") for t, j in zip(texts, judged, strict=True) if j)
-        )
+        # Asked newest first: a conversation re-sends its history every turn, whose verdicts the
+        # gateway's cache holds, and its new message, which the judge must answer; asked in order,
+        # that question waited behind every cached one (70 ms of a ten-turn history under load).
+        asked = [t for t, j in zip(texts, judged, strict=True) if j]
+        verdicts = (
+            await asyncio.gather(*(self._decide(t, options, model, "input") for t in reversed(asked)))
+        )[::-1]
         out: list[Message] = []
         changed = False
         pending = iter(verdicts)

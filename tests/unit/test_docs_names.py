@@ -2,8 +2,9 @@
 (`procmesh._encode.quiet_effects`, `procmesh_orchestrator.service._health`) imports; every
 `procmesh.v1.Name` is a message, enum or service of the contract; any other `procmesh.a.b` (a span
 attribute: `procmesh.processor.id`) is a string the code writes; every `Class.member` of a
-class the public faces export (`App.run_ended`, `RunStream.detach()`) is one of its members; and
-every `python -m MODULE` of ours runs a module that exists.
+class the public faces export (`App.run_ended`, `RunStream.detach()`) is one of its members; every
+CamelCase name alone in a span (`SessionClock`) is one the repository defines; and every
+`python -m MODULE` of ours runs a module that exists.
 
 Code moves (this session split config/schema.py, the model gateway and processors/calls.py) leave
 such names behind in prose; the path checks (test_docs_paths.py) only see `a/b.py` paths.
@@ -13,12 +14,14 @@ such names behind in prose; the path checks (test_docs_paths.py) only see `a/b.p
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import importlib
 import importlib.util
 import inspect
 import re
 import textwrap
+from pathlib import Path
 
 import procmesh
 import procmesh_orchestrator
@@ -131,6 +134,49 @@ def member_problems(doc: Doc) -> list[str]:
     return problems
 
 
+# -- class names ---------------------------------------------------------------------------------
+
+OTHERS = {"EventSource", "PrometheusRule"}
+"""CamelCase names the docs give that are other projects' (the browser's SSE client, the
+Prometheus Operator's resource)."""
+
+
+@functools.cache
+def defined_names() -> frozenset[str]:
+    """Every CamelCase word of the repository's source (Python, JavaScript, proto, Go, the deploy
+    files: classes, messages, alert names) and Python's builtins (`ValueError`). A word, not a
+    definition: a name a move deletes leaves the source with it (and parsing every module costs
+    seconds this check need not). This module is left out: its made-up document names a class
+    nobody defines."""
+    names = set(dir(builtins))
+    suffixes = (".py", ".js", ".mjs", ".ts", ".proto", ".go", ".yml", ".yaml")
+    for folder in ("sdk", "orchestrator", "sidecars", "bench", "tests", "examples", "proto", "deploy"):
+        for path in (REPO / folder).rglob("*"):
+            if (
+                path.suffix in suffixes
+                and "node_modules" not in path.parts
+                and path != Path(__file__).resolve()
+            ):
+                names |= set(re.findall(r"\b[A-Z]\w+", path.read_text(encoding="utf-8", errors="replace")))
+    return frozenset(names)
+
+
+def class_problems(doc: Doc) -> list[str]:
+    """Every span that is one CamelCase name (`SessionClock`, `GrpcHookCaller`, `RunStream(...)`) is
+    a name the repository defines, or another project's (`OTHERS`)."""
+    problems = []
+    for span in doc.spans:
+        found = re.fullmatch(r"([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)(\(.*\))?", span)
+        if found and found[1] not in defined_names() and found[1] not in OTHERS:
+            problems.append(f"{_rel(doc.path)}: {found[1]} is defined nowhere")
+    return problems
+
+
+def test_class_names_exist(docs: list[Doc]) -> None:
+    assert {"SessionClock", "GrpcHookCaller", "ProcessorService", "ProcmeshSidecarDown"} <= defined_names()
+    assert [p for doc in docs for p in class_problems(doc)] == []
+
+
 # -- python -m -----------------------------------------------------------------------------------
 
 
@@ -177,3 +223,5 @@ def test_the_checks_catch_made_up_names() -> None:
     ]
     assert member_problems(fake) == ["docs/made-up.md: `App.frob()`: App has no frob"]
     assert module_problems(fake) == ["docs/made-up.md: python -m procmesh_sidecars.nothing: no such module"]
+    named = Doc.parse(REPO / "docs" / "made-up.md", "`SessionClock`, `HookAttempts` and `RunStream(x)`.\n")
+    assert class_problems(named) == ["docs/made-up.md: HookAttempts is defined nowhere"]

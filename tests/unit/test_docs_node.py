@@ -71,3 +71,35 @@ def test_the_node_hook_tables_name_every_argument() -> None:
     problems = node_argument_problems(made_up, source)
     assert "docs/other-languages.md: no hook argument onFailure" in problems
     assert "docs/other-languages.md: processInput takes messageList, unnamed" in problems
+
+
+def node_setting_problems(page: str, settings: str, sources: str) -> list[str]:
+    """The Node SDK's settings table (docs/other-languages.md) names every flag of
+    lib/settings.js, and the page every PROCMESH_* variable the SDK's lib/ reads: by its name, or
+    as a row's `_SUFFIX` after a first variable it extends (`PROCMESH_TLS_CERT`, `_KEY`)."""
+    table = page.split("| env | flag / option | default |", 1)[1].split("\n\n", 1)[0]
+    flags = re.findall(r"\['(--[\w-]+)', '\w+'", settings)
+    problems = [
+        f"docs/other-languages.md: the Node settings table lacks {f}" for f in flags if f"`{f}" not in table
+    ]
+    shortened = set()
+    for line in page.splitlines():
+        first = re.search(r"`(PROCMESH_[A-Z_]+)`", line)
+        for suffix in re.findall(r"`(_[A-Z_]+)`", line) if first else []:
+            shortened |= {first[1] + suffix, first[1].rsplit("_", 1)[0] + suffix}
+    for name in sorted(set(re.findall(r"\bPROCMESH_[A-Z]+(?:_[A-Z]+)*\b", sources))):
+        if not re.search(rf"\b{name}\b", page) and name not in shortened:
+            problems.append(f"docs/other-languages.md: the Node SDK reads {name}, unnamed")
+    return problems
+
+
+def test_the_node_settings_table_names_every_setting() -> None:
+    settings = (NODE / "lib" / "settings.js").read_text(encoding="utf-8")
+    sources = "\n".join(p.read_text(encoding="utf-8") for p in (NODE / "lib").rglob("*.js"))
+    page = (REPO / "docs" / "other-languages.md").read_text(encoding="utf-8")
+    assert "--grace-seconds" in settings
+    assert node_setting_problems(page, settings, sources) == []
+    made_up = "| env | flag / option | default |\n|---|---|---|\n| `PROCMESH_LISTEN` | `--listen` | |\n"
+    problems = node_setting_problems(made_up, settings, sources)
+    assert "docs/other-languages.md: the Node settings table lacks --grace-seconds" in problems
+    assert "docs/other-languages.md: the Node SDK reads PROCMESH_MODEL_GATEWAY, unnamed" in problems

@@ -184,7 +184,8 @@ def _layout(doc: Doc) -> list[tuple[list[str], str]]:
 
 def layout_problems(doc: Doc) -> list[str]:
     """Every entry of a "Project layout" block exists, and so does every file (`loop.py`) or folder
-    (`mcp/`) a folder's description names, somewhere under that folder."""
+    (`mcp/`) a folder's description names, somewhere under that folder, and every class its
+    description puts in a file (`lanes.py (ProcessorHandle, ...)`) is in that file."""
     problems = []
     for entries, description in _layout(doc):
         problems += [
@@ -200,6 +201,14 @@ def layout_problems(doc: Doc) -> list[str]:
             for name in [*files, *folders]
             if not (folder / name).exists() and not any(folder.rglob(name.rstrip("/")))
         ]
+        # `lanes.py (ProcessorHandle, workflow steps)`: the class is in that module
+        for file, inside in re.findall(r"([\w/]+\.py) \(([^()]*(?:\([^()]*\)[^()]*)*)\)", description):
+            source = "\n".join(p.read_text(encoding="utf-8") for p in folder.rglob(file.rsplit("/", 1)[-1]))
+            problems += [
+                f"{_rel(doc.path)}: layout entry {entries[0]}: {name} is not in {file}"
+                for name in re.findall(r"\b([A-Z][a-z]+(?:[A-Z][a-z0-9]*)+)\b", inside)
+                if source and not re.search(rf"\b{name}\b", source)
+            ]
     return problems
 
 
@@ -240,7 +249,7 @@ def test_the_checks_catch_made_up_paths() -> None:
         "`service/grpc/` and `service/rest/`, `lib/hooks.js`; `builtins/moderation` is a reference.\n\n"
         "## Project layout\n\n```\norchestrator/procmesh_orchestrator/\n  errors.py   the errors\n"
         "  agent.py    gone\n              a description, not an entry\n"
-        "  run/        loop.py, agent.py (`Agent`), mcp/\n              loops.py\n"
+        "  run/        loop.py (SessionClock), agent.py (`Agent`), mcp/\n              loops.py\n"
         "Makefile, frob/   two\n```\n",
     )
     assert path_problems(fake) == [
@@ -253,6 +262,8 @@ def test_the_checks_catch_made_up_paths() -> None:
         "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/agent.py does not exist",
         "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/run/ names loops.py, not under it",
         "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/run/ names mcp/, not under it",
+        "docs/made-up.md: layout entry orchestrator/procmesh_orchestrator/run/: "
+        "SessionClock is not in loop.py",
         "docs/made-up.md: layout entry frob/ does not exist",
     ]
     cited = Doc.parse(

@@ -15,6 +15,7 @@ severities (`test_the_alerts_table_is_the_rules`).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -39,7 +40,8 @@ METRIC_TYPES = ("Counter", "Gauge", "Histogram", "Summary", "Info", "Enum")
 """The prometheus_client classes (and their *MetricFamily twins) a metric is registered with."""
 
 
-def registered_metrics() -> set[str]:
+@functools.cache
+def registered_metrics() -> frozenset[str]:
     """The procmesh_* metrics a collector registers (not a ContextVar that shares the prefix)."""
     found = set()
     for folder in SOURCES:
@@ -51,7 +53,7 @@ def registered_metrics() -> set[str]:
                     name = str(node.args[0].value)
                     if kind.removesuffix("MetricFamily") in METRIC_TYPES and name.startswith("procmesh_"):
                         found.add(name)
-    return found
+    return frozenset(found)
 
 
 def undocumented(metrics: set[str], texts: list[str]) -> list[str]:
@@ -175,3 +177,43 @@ def test_the_alerts_table_is_the_rules() -> None:
     assert "docs/operations.md: alert ProcmeshSidecarDown is critical, not warning" in problems
     assert "docs/operations.md: alert ProcmeshFrob is no rule" in problems
     assert "docs/operations.md: alert ProcmeshOrchestratorDown has no row" in problems
+
+
+# -- lists of a sidecar's series -----------------------------------------------------------------
+
+
+def sidecar_list_problems(doc: Doc, series: set[str]) -> list[str]:
+    """A passage that lists what a sidecar serves (a paragraph or table row naming both
+    `procmesh_sidecar_hook_calls_total` and `procmesh_sidecar_build_info`) names every series the
+    SDK registers (`series`)."""
+    problems = []
+    passages = [
+        line
+        for part in re.split(r"\n\s*\n", doc.text)
+        for line in (part.split("\n|") if "|" in part else [part])
+    ]
+    for passage in passages:
+        if "procmesh_sidecar_hook_calls_total" in passage and "procmesh_sidecar_build_info" in passage:
+            problems += [
+                f"{_rel(doc.path)}: a list of a sidecar's series lacks {name}"
+                for name in sorted(series)
+                if not re.search(rf"\b{name}\b", passage)
+            ]
+    return problems
+
+
+def test_lists_of_a_sidecars_series_are_complete(docs: list[Doc]) -> None:
+    sdk = {
+        n
+        for n in registered_metrics()
+        if n.startswith("procmesh_sidecar_") and n != "procmesh_sidecar_serving"
+    }
+    assert "procmesh_sidecar_tool_calls_total" in sdk  # the SDK's series were read
+    assert [p for doc in docs for p in sidecar_list_problems(doc, sdk)] == []
+    fake = Doc.parse(
+        REPO / "docs" / "made-up.md",
+        "It serves `procmesh_sidecar_hook_calls_total` and `procmesh_sidecar_build_info`.\n",
+    )
+    assert "docs/made-up.md: a list of a sidecar's series lacks procmesh_sidecar_tool_calls_total" in (
+        sidecar_list_problems(fake, sdk)
+    )

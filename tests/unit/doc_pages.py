@@ -75,3 +75,8 @@ def missing_packages(entries: set[str]) -> list[str]:
     """Every package folder of the orchestrator (a folder with an __init__.py) the listing lacks."""
     packages = sorted(p.parent for p in (REPO / ORCHESTRATOR).glob("*/__init__.py"))
     return [f"{_rel(p)}/" for p in packages if f"{_rel(p)}/" not in entries]
+
+
+def made_up(text: str) -> Doc:
+    """A made-up page, docs/made-up.md, for a check to show it fails."""
+    return Doc.parse(REPO / "docs" / "made-up.md", text)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 from tests.fixtures import snippets
-from tests.unit.doc_pages import Doc, _rel
+from tests.unit.doc_pages import Doc, _rel, made_up
 
 OURS = ("procmesh", "procmesh_orchestrator", "procmesh_sidecars")
 
@@ -57,8 +57,7 @@ def test_python_examples_import_what_exists(docs: list[Doc]) -> None:
 
 
 def test_the_check_catches_made_up_imports() -> None:
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    fake = made_up(
         "```python\nfrom procmesh_orchestrator import App, GrpcThing\n"
         "from procmesh_orchestrator.run import Agent\n```\n",
     )

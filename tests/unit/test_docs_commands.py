@@ -24,7 +24,7 @@ from procmesh import ProcessorSettings, settings_parser
 from procmesh_orchestrator import OrchestratorSettings
 from procmesh_orchestrator.config import ENV_PREFIX
 from tests.conftest import REPO
-from tests.unit.doc_pages import Doc, _command_lines, _rel
+from tests.unit.doc_pages import Doc, _command_lines, _rel, made_up
 
 RETIRED_ENV = {"PROCMESH_CONFIG": "renamed PROCMESH_CONFIG_FILE; the code reads it only to say so"}
 
@@ -262,8 +262,7 @@ def test_sidecar_sets_exist(docs: list[Doc]) -> None:
 
 
 def test_the_checks_catch_made_up_commands() -> None:
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    fake = made_up(
         "Set `PROCMESH_CONFIG=x.yaml` or\n"
         "`PROCMESH_NO_SUCH_SETTING`; `PROCMESH_CONFIG__AGENTS__A__MAX_STEPS=3` and `PROCMESH_CONFIG_FILE`\n"
         "are fine. Run `procmesh-frobnicate --now` or `make frobnicate`, not `make test`.\n\n"
@@ -279,8 +278,7 @@ def test_the_checks_catch_made_up_commands() -> None:
         "docs/made-up.md: `procmesh-frobnicate --now` runs procmesh-frobnicate, not a console script",
     ]
     assert make_problems(fake, make_targets()) == ["docs/made-up.md: make frobnicate: no such target"]
-    flagged = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    flagged = made_up(
         "Run `procmesh-orchestrator --config x.yaml --frob` or `procmesh-sidecar examples --hook-threads`,\n"
         "`python mine.py --listen x --nope`; `--no-such-flag` and `--listen ADDR` alone.\n\n"
         "```sh\nprocmesh stream a hi \\\n  --config c.yaml --made-up   # --in-a-comment\n"
@@ -288,17 +286,16 @@ def test_the_checks_catch_made_up_commands() -> None:
     )
     from procmesh_sidecars.__main__ import SETS
 
-    served = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    served = made_up(
         "`procmesh-sidecar SET... [--listen ADDR]`, `procmesh-sidecar examples guards --listen x`,\n"
         "`python -m procmesh_sidecars ... --listen ADDR` and `procmesh-sidecar exampels`.\n",
     )
     assert sidecar_set_problems(served, set(SETS)) == [
         "docs/made-up.md: `procmesh-sidecar exampels`: procmesh-sidecar has no set exampels"
     ]
-    made_up = "docs/made-up.md: `procmesh stream a hi --config c.yaml --made-up # --in-a-comm`"
+    streamed = "docs/made-up.md: `procmesh stream a hi --config c.yaml --made-up # --in-a-comm`"
     assert flag_problems(flagged, cli_flags()) == [
-        f"{made_up}: procmesh takes no --made-up",
+        f"{streamed}: procmesh takes no --made-up",
         "docs/made-up.md: `procmesh-orchestrator --config x.yaml --frob`: "
         "procmesh-orchestrator takes no --frob",
         "docs/made-up.md: `python mine.py --listen x --nope`: python takes no --nope",

@@ -17,10 +17,9 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from pathlib import Path
 
 from tests.conftest import REPO
-from tests.unit.doc_pages import DOCS, PACKAGES, Doc, _rel
+from tests.unit.doc_pages import DOCS, PACKAGES, Doc, _rel, made_up
 
 SOURCES = ("sdk/procmesh", "orchestrator/procmesh_orchestrator", "sidecars/procmesh_sidecars")
 
@@ -101,8 +100,7 @@ def test_metric_labels_in_the_docs_are_declared() -> None:
 
 
 def test_the_check_catches_made_up_labels() -> None:
-    fake = Doc.parse(
-        Path(REPO / "docs" / "made-up.md"),
+    fake = made_up(
         "`procmesh_sidecar_serving{sidecar}`, `procmesh_sidecar_serving{pod}` and "
         "`procmesh_frobs_total{x}` (no such metric: metric_problems says so).\n",
     )
@@ -131,9 +129,7 @@ def test_metric_names_are_registered(docs: list[Doc]) -> None:
 
 
 def test_the_check_catches_made_up_metric_names() -> None:
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md", "Count `procmesh_runs_total` and `procmesh_frobs_total`.\n"
-    )
+    fake = made_up("Count `procmesh_runs_total` and `procmesh_frobs_total`.\n")
     assert metric_problems(fake) == ["docs/made-up.md: metric procmesh_frobs_total is not registered"]
 
 
@@ -210,8 +206,7 @@ def test_lists_of_a_sidecars_series_are_complete(docs: list[Doc]) -> None:
     }
     assert "procmesh_sidecar_tool_calls_total" in sdk  # the SDK's series were read
     assert [p for doc in docs for p in sidecar_list_problems(doc, sdk)] == []
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    fake = made_up(
         "It serves `procmesh_sidecar_hook_calls_total` and `procmesh_sidecar_build_info`.\n",
     )
     assert "docs/made-up.md: a list of a sidecar's series lacks procmesh_sidecar_tool_calls_total" in (

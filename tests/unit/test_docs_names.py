@@ -28,7 +28,7 @@ import procmesh
 import procmesh_orchestrator
 from procmesh.v1 import agent_pb2, model_pb2, processor_pb2, types_pb2
 from tests.conftest import REPO
-from tests.unit.doc_pages import Doc, _command_lines, _rel
+from tests.unit.doc_pages import Doc, _command_lines, _rel, made_up
 
 SOURCES = ("sdk/procmesh", "sdk/node/lib", "orchestrator/procmesh_orchestrator", "sidecars/procmesh_sidecars")
 
@@ -216,8 +216,7 @@ def test_python_m_modules_exist(docs: list[Doc]) -> None:
 
 
 def test_the_checks_catch_made_up_names() -> None:
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    fake = made_up(
         "`procmesh._encode.quiet_effects` and `procmesh._chain._quiet`;\n"
         "`procmesh_orchestrator.config.schema` and `procmesh_orchestrator.config.frob`;\n"
         "`procmesh.v1.Hook`, `procmesh.v1.Hooks`; `procmesh.processor.id`, `procmesh.judge.frobs`;\n"
@@ -235,8 +234,7 @@ def test_the_checks_catch_made_up_names() -> None:
     ]
     assert member_problems(fake) == ["docs/made-up.md: `App.frob()`: App has no frob"]
     assert module_problems(fake) == ["docs/made-up.md: python -m procmesh_sidecars.nothing: no such module"]
-    named = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    named = made_up(
         "`SessionClock`, `HookAttempts`, `RunStream(x)`, `fused_items`, `quiet_effect`.\n",
     )
     assert name_problems(named) == [

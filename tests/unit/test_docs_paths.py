@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.unit.doc_pages import DOCS, PACKAGES, Doc, _rel, missing_packages
+from tests.unit.doc_pages import DOCS, PACKAGES, Doc, _rel, made_up, missing_packages
 
 GITHUB = "https://github.com/procmesh/procmesh/"
 """Where the package pages (sdk/README.md is PyPI's page) link into the repository: checked like a
@@ -242,8 +242,7 @@ def test_the_layout_lists_every_orchestrator_package() -> None:
 
 
 def test_the_checks_catch_made_up_paths() -> None:
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    fake = made_up(
         "The loop is in `orchestrator/agent.py` and `orchestrator/procmesh_orchestrator/run/loop.py`;\n"
         "see [it](architecture.md) and [that](nowhere.md). `run/loop.py` and `run/looping.py`,\n"
         "`service/grpc/` and `service/rest/`, `lib/hooks.js`; `builtins/moderation` is a reference.\n\n"
@@ -266,8 +265,7 @@ def test_the_checks_catch_made_up_paths() -> None:
         "SessionClock is not in loop.py",
         "docs/made-up.md: layout entry frob/ does not exist",
     ]
-    cited = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    cited = made_up(
         "Pinned by test_boundaries.py, `test_made_up.py` and server.test.js, not gone.test.js;\n"
         "`tests/unit/test_docs_paths.py::test_files_cited_exist`, `tests/unit/test_readme.py::test_gone`.\n",
     )
@@ -276,8 +274,7 @@ def test_the_checks_catch_made_up_paths() -> None:
         "docs/made-up.md: no test file test_made_up.py",
         "docs/made-up.md: tests/unit/test_readme.py has no test_gone",
     ]
-    linked = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    linked = made_up(
         "# Title\n\n## A section\n\nSee [this](#a-section), [that](#nowhere), [it](service.md#no-such),\n"
         "[the face](https://github.com/procmesh/procmesh/blob/main/docs/nothing.md) and\n"
         "[home](https://github.com/procmesh/procmesh/issues).\n",

@@ -14,13 +14,12 @@ request and response (`test_each_hooks_section_names_its_fields`).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from google.protobuf.descriptor import Descriptor
 
 from procmesh.v1 import agent_pb2, model_pb2, processor_pb2, types_pb2
 from tests.conftest import REPO
-from tests.unit.doc_pages import DOCS, Doc, _rel
+from tests.unit.doc_pages import DOCS, Doc, _rel, made_up
 
 
 def _members(message: Descriptor) -> set[str]:
@@ -65,8 +64,7 @@ def test_proto_fields_named_in_the_docs_exist() -> None:
 
 
 def test_the_check_catches_made_up_fields() -> None:
-    fake = Doc.parse(
-        Path(REPO / "docs" / "made-up.md"),
+    fake = made_up(
         "`StreamEnd.state` and `StreamEnd.states`; `RunContext.request_context`, "
         "`ToolChoice.mode`, `Part.kind` (a oneof) and `CallOptions.nothing` (no proto message).\n",
     )
@@ -153,8 +151,7 @@ def test_the_contract_page_lists_every_rpc() -> None:
 
 def test_the_rpc_count_check_catches_made_up_claims() -> None:
     services = proto_services()
-    fake = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    fake = made_up(
         "`procmesh.v1.AgentService` has two RPCs: `Generate` and `Frobnicate`.\n",
     )
     assert rpc_count_problems(fake, services)[:3] == [

@@ -16,7 +16,6 @@ import argparse
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
@@ -30,7 +29,7 @@ from procmesh import ProcessorSettings, settings_parser
 from procmesh_orchestrator import OrchestratorSettings
 from procmesh_orchestrator.service.http.app import build_http_app
 from tests.conftest import REPO
-from tests.unit.doc_pages import Doc, _command_lines, _rel, missing_packages
+from tests.unit.doc_pages import Doc, _command_lines, _rel, made_up, missing_packages
 
 SETTINGS_TABLES = {"docs/service.md": OrchestratorSettings, "docs/processors.md": ProcessorSettings}
 MIB = 1024 * 1024
@@ -285,8 +284,7 @@ def test_the_settings_tables_give_every_setting_and_its_default(page: str) -> No
 
 
 def test_the_checks_catch_made_up_claims() -> None:
-    fake = Doc.parse(
-        Path(REPO / "docs" / "made-up.md"),
+    fake = made_up(
         "`POST /api/agents/{id}/frobnicate`, `GET /api/agents/:agentId` and\n"
         "`PUT /api/agents/{id}/generate`.\n\n"
         "| setting | env / flag | default | meaning |\n| --- | --- | --- | --- |\n"
@@ -304,8 +302,7 @@ def test_the_checks_catch_made_up_claims() -> None:
         "docs/made-up.md: PROCMESH_ABORT_ON_DISCONNECT defaults to True, not 'false'",
     ]
     assert "docs/made-up.md: no row names PROCMESH_API_KEYS" in problems
-    flagged = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    flagged = made_up(
         "| setting | env / flag | default |\n| --- | --- | --- |\n"
         "| http_port | `PROCMESH_HTTP_PORT` / `--grpc-port` | `4111` |\n"
         "| log_level | `PROCMESH_LOG_LEVEL` / `--log-level` | `INFO` |\n",
@@ -313,8 +310,7 @@ def test_the_checks_catch_made_up_claims() -> None:
     assert flag_pairing_problems(flagged, OrchestratorSettings, settings_parser_of(OrchestratorSettings)) == [
         "docs/made-up.md: PROCMESH_HTTP_PORT: the flags are ['--http-port'], not ['--grpc-port']"
     ]
-    config = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    config = made_up(
         "| key | default | meaning |\n|---|---|---|\n| `sidecars.NAME.address` | `localhost` | |\n"
         "| `sidecars.NAME.timeout`, `.onFailure` | `10`, `fail-open` | |\n| `agents.ID.maxSteps` | `5` | |\n"
         "| `agents.ID.memory.lastMessages` | required | |\n| `storage.maxConnections` | `10` | |\n"
@@ -327,8 +323,7 @@ def test_the_checks_catch_made_up_claims() -> None:
         "docs/made-up.md: agents.ID.memory.lastMessages's default is not 'required' (its default)",
         "docs/made-up.md: agents.ID.maxStep is no config key",
     ]
-    commands = Doc.parse(
-        REPO / "docs" / "made-up.md",
+    commands = made_up(
         "```sh\nprocmesh frob a\nprocmesh scenario walk x\nprocmesh generate|stream AGENT TEXT\n```\n",
     )
     assert subcommand_problems(commands, procmesh_parser()) == [
@@ -446,6 +441,6 @@ def test_the_configuration_page_names_every_key() -> None:
 
 def test_the_key_check_catches_undocumented_keys() -> None:
     keys = config_keys()
-    assert config_problems(Doc.parse(REPO / "docs" / "made-up.md", "`sidecars` and `agents`"), keys)[:1] == [
+    assert config_problems(made_up("`sidecars` and `agents`"), keys)[:1] == [
         "docs/made-up.md: Config's key decisions is not documented"
     ]

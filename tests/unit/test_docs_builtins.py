@@ -1,6 +1,8 @@
 """docs/builtins.md's option tables hold: under each built-in's heading (`## token-limiter`), every
 option a `| option | default |` table names is a field of that processor's `Options` model, and
-its default is the field's (`required` for a required one; a list written as its items).
+its default is the field's (`required` for a required one; a list written as its items); and
+every option of every built-in is named (builtins.md, or configuration.md for the default error
+processors).
 
 The truth is the processors themselves (procmesh_sidecars' sets); a renamed option or a changed
 default leaves the page telling users to write a key the processor refuses.
@@ -87,4 +89,28 @@ def test_the_check_catches_made_up_options() -> None:
         "docs/builtins.md: token-limiter: strategy's default is not '`abort`'",
         "docs/builtins.md: token-limiter: no option frob",
         "docs/builtins.md: unicode-normalizer: strip_control_chars's default is not '`true`'",
+    ]
+
+
+def unnamed_options(text: str, processors: dict[str, Processor]) -> list[str]:
+    """Every option of every built-in is named on the pages (`name` in backticks, or `name:` or
+    `name.` in one): an option added without a word is one no user finds."""
+    return [
+        f"{pid}: option {key} is named nowhere"
+        for pid, processor in sorted(processors.items())
+        if processor.Options is not None
+        for key in [field.alias or name for name, field in processor.Options.model_fields.items()]
+        if not re.search(rf"`{re.escape(key)}[`.:= ]", text)
+    ]
+
+
+def test_every_option_of_a_builtin_is_documented() -> None:
+    """builtins.md, or configuration.md for the default error processors' options."""
+    text = "\n".join(
+        (REPO / "docs" / page).read_text(encoding="utf-8") for page in ("builtins.md", "configuration.md")
+    )
+    processors = builtin_processors()
+    assert unnamed_options(text, processors) == []
+    assert unnamed_options("`limit`", {"token-limiter": processors["token-limiter"]})[:1] == [
+        "token-limiter: option strategy is named nowhere"
     ]

@@ -383,6 +383,16 @@ def test_the_sections_defaults_are_real() -> None:
     ]
 
 
+def test_the_example_config_shown_is_the_file() -> None:
+    """configuration.md shows examples/config.yaml ("This is examples/config.yaml:"): the block is
+    the file, its header comment aside, so the page cannot show a config the repository lost."""
+    page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    shown = re.search(r"```yaml\n(.*?)```", page.split("(../examples/config.yaml):", 1)[1], flags=re.S)
+    lines = (REPO / "examples" / "config.yaml").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert shown is not None
+    assert shown[1] == "".join(line for line in lines if not line.startswith("#")).lstrip("\n")
+
+
 def test_the_orchestrators_page_names_every_package() -> None:
     """orchestrator/README.md's split by role names each top-level package (`store/`)."""
     page = Doc.parse(REPO / "orchestrator" / "README.md")

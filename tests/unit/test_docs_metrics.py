@@ -9,7 +9,8 @@ label names (third positional argument, ``labelnames=`` or ``labels=``).
 `test_the_check_catches_made_up_labels` feeds it a made-up document. The other way round, every
 metric a collector registers is named on some page (`test_every_registered_metric_is_documented`),
 and the Alerts table of docs/operations.md lists deploy/prometheus/alerts.yml's rules with their
-severities (`test_the_alerts_table_is_the_rules`).
+severities (`test_the_alerts_table_is_the_rules`); a query's label values are strings the code
+writes (`test_label_values_in_the_docs_are_written_by_the_code`).
 """
 
 from __future__ import annotations
@@ -212,3 +213,44 @@ def test_lists_of_a_sidecars_series_are_complete(docs: list[Doc]) -> None:
     assert "docs/made-up.md: a list of a sidecar's series lacks procmesh_sidecar_tool_calls_total" in (
         sidecar_list_problems(fake, sdk)
     )
+
+
+# -- label values --------------------------------------------------------------------------------
+
+
+@functools.cache
+def source_strings() -> str:
+    """The packages' Python and the Node SDK's JavaScript, where label values are string literals."""
+    folders = (*SOURCES, "sdk/node/lib")
+    paths = [
+        p
+        for f in folders
+        for p in (REPO / f).rglob("*")
+        if p.suffix in (".py", ".js") and "v1" not in p.parts
+    ]
+    return "\n".join(p.read_text(encoding="utf-8") for p in paths)
+
+
+def label_value_problems(doc: Doc, source: str) -> list[str]:
+    """Every value a doc's query gives a label (`{outcome="run_ended"}`, `{outcome=~"a|b"}`) is a
+    string the source writes: a renamed outcome leaves no query in the docs that matches nothing."""
+    problems = []
+    for name, inner in re.findall(r"\b(procmesh_[a-z_]+)\{([^}]*=[^}]*)\}", doc.text):
+        for label, values in re.findall(r'(\w+)=~?"([^"]*)"', inner):
+            problems += [
+                f'{_rel(doc.path)}: {name}{{{label}="{value}"}}: no code writes {value!r}'
+                for value in values.split("|")
+                if value and not re.search(rf"[\"']{re.escape(value)}[\"']", source)
+            ]
+    return problems
+
+
+def test_label_values_in_the_docs_are_written_by_the_code(docs: list[Doc]) -> None:
+    source = source_strings()
+    assert [p for doc in docs for p in label_value_problems(doc, source)] == []
+    fake = made_up(
+        '`procmesh_judge_calls_saved_total{by="precheck"}` and `procmesh_runs_total{status="frobbed"}`.\n'
+    )
+    assert label_value_problems(fake, source) == [
+        "docs/made-up.md: procmesh_runs_total{status=\"frobbed\"}: no code writes 'frobbed'"
+    ]

@@ -25,6 +25,9 @@ const Weather = z.object({ city: z.string(), temp: z.number() });
 out.structured = pick(await client.getAgent("json").generate("weather?", { structuredOutput: { schema: Weather } }));
 out.strict = pick(await client.getAgent("prose").generate("weather?", { structuredOutput: { schema: Weather } }));
 out.structuredStream = await streamed("json", "weather?", { structuredOutput: { schema: Weather } });
+out.injected = pick(await client.getAgent("json").generate("weather?", {
+  structuredOutput: { schema: Weather, jsonPromptInjection: true },
+}));
 out.options = pick(await client.getAgent("assistant").generate("hello", {
   modelSettings: { temperature: 0.1, maxOutputTokens: 200, topP: 0.5 },
   toolChoice: "none",

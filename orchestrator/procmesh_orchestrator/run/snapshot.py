@@ -157,6 +157,7 @@ def _step_options(options: CallOptions) -> dict[str, Any]:
             "fallbackValue": structured.fallback_value,
             "instructions": structured.instructions,
             "model": structured.model,
+            "jsonPromptInjection": structured.json_prompt_injection,
         },
     }
 
@@ -286,5 +287,10 @@ def _structured(data: dict[str, Any] | None) -> StructuredOutput | None:
     if data is None:
         return None
     return StructuredOutput(
-        data["schema"], data["errorStrategy"], data["fallbackValue"], data["instructions"], data.get("model")
+        data["schema"],
+        data["errorStrategy"],
+        data["fallbackValue"],
+        data["instructions"],
+        data.get("model"),
+        bool(data.get("jsonPromptInjection")),  # absent from a snapshot written before it existed
     )

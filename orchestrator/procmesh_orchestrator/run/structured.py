@@ -62,8 +62,12 @@ def offered_tools(
     return [] if tool_choice == "none" and answered is not None else tools
 
 
-def response_format(so: StructuredOutput) -> dict[str, Any]:
-    """The model request's response format (a provider with a JSON-schema mode uses it)."""
+def response_format(so: StructuredOutput) -> dict[str, Any] | None:
+    """The model request's response format (a provider with a JSON-schema mode uses it); None with
+    `StructuredOutput.json_prompt_injection`, as the reference sends none then: the schema reaches
+    the model in the prompt alone (`instruction`, `structuring_instructions`)."""
+    if so.json_prompt_injection:
+        return None
     return {"type": "json", "schema": dict(so.schema), "name": "response"}
 
 

@@ -258,6 +258,10 @@ class StructuredOutput:
     model: str | None = None
     """A second model that turns the agent's answer into the schema (the agent's model then
     answers freely); None: the agent's model answers in JSON itself."""
+    json_prompt_injection: bool = False
+    """The reference's ``jsonPromptInjection``: the schema goes to the model only in the prompt (the
+    `structured.instruction` system message, or the structuring model's instructions), with no
+    native response format, for a provider whose JSON-schema mode is missing or broken."""
 
 
 @dataclass

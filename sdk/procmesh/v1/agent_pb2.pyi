@@ -400,6 +400,7 @@ class StructuredOutput(_message.Message):
     FALLBACK_VALUE_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    JSON_PROMPT_INJECTION_FIELD_NUMBER: _builtins.int
     error_strategy: _builtins.str
     """What a mismatch does: "strict" (default: the run fails), "warn" (no
     object, logged) or "fallback" (`fallback_value`).
@@ -411,6 +412,11 @@ class StructuredOutput(_message.Message):
     model: _builtins.str
     """A second model that turns the agent's answer into the schema (a `models`
     key or "provider/model-id"); unset: the agent's model answers in JSON.
+    """
+    json_prompt_injection: _builtins.bool
+    """The reference's jsonPromptInjection: true sends the schema only in the
+    prompt (a system message), with no native response format, for providers
+    whose JSON-schema mode is missing or broken; unset or false: both.
     """
     @_builtins.property
     def schema(self) -> _struct_pb2.Struct:
@@ -428,17 +434,22 @@ class StructuredOutput(_message.Message):
         fallback_value: _struct_pb2.Value | None = ...,
         instructions: _builtins.str | None = ...,
         model: _builtins.str | None = ...,
+        json_prompt_injection: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_model", b"_model", "fallback_value", b"fallback_value", "instructions", b"instructions", "model", b"model", "schema", b"schema"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_json_prompt_injection", b"_json_prompt_injection", "_model", b"_model", "fallback_value", b"fallback_value", "instructions", b"instructions", "json_prompt_injection", b"json_prompt_injection", "model", b"model", "schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_model", b"_model", "error_strategy", b"error_strategy", "fallback_value", b"fallback_value", "instructions", b"instructions", "model", b"model", "schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_instructions", b"_instructions", "_json_prompt_injection", b"_json_prompt_injection", "_model", b"_model", "error_strategy", b"error_strategy", "fallback_value", b"fallback_value", "instructions", b"instructions", "json_prompt_injection", b"json_prompt_injection", "model", b"model", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__instructions: _TypeAlias = _typing.Literal["instructions"]  # noqa: Y015
     _WhichOneofArgType__instructions: _TypeAlias = _typing.Literal["_instructions", b"_instructions"]  # noqa: Y015
+    _WhichOneofReturnType__json_prompt_injection: _TypeAlias = _typing.Literal["json_prompt_injection"]  # noqa: Y015
+    _WhichOneofArgType__json_prompt_injection: _TypeAlias = _typing.Literal["_json_prompt_injection", b"_json_prompt_injection"]  # noqa: Y015
     _WhichOneofReturnType__model: _TypeAlias = _typing.Literal["model"]  # noqa: Y015
     _WhichOneofArgType__model: _TypeAlias = _typing.Literal["_model", b"_model"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__instructions) -> _WhichOneofReturnType__instructions | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__json_prompt_injection) -> _WhichOneofReturnType__json_prompt_injection | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__model) -> _WhichOneofReturnType__model | None: ...
 

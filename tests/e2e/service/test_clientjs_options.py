@@ -69,6 +69,10 @@ async def test_structured_output_gives_the_object(out: dict[str, Any]) -> None:
     assert "structured output: the answer is not JSON" in strict["error"]
     (chunk,) = [c for c in out["structuredStream"] if c["type"] == "object-result"]
     assert chunk["object"] == {"city": "Paris", "temp": 21}
+    # the client sends jsonPromptInjection as the user gave it (the prompt-only request it makes:
+    # test_body_options.test_json_prompt_injection_sends_the_schema_in_the_prompt_alone)
+    injected = out["injected"]
+    assert (injected["status"], injected["object"]) == ("success", {"city": "Paris", "temp": 21})
 
 
 async def test_options_and_image_parts_are_accepted(out: dict[str, Any]) -> None:

@@ -363,6 +363,21 @@ async def test_structured_output_parses_and_validates_the_answer(
     assert obj["object"] == {"city": "Paris", "temp": 21}
 
 
+async def test_json_prompt_injection_sends_the_schema_in_the_prompt_alone(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    so = {"schema": SCHEMA, "jsonPromptInjection": True}
+    body = await _generate(http, "json", {"messages": "weather?", "structuredOutput": so})
+    assert (body["status"], body["object"]) == ("success", {"city": "Paris", "temp": 21})
+    request = _last_request(service, "json")
+    assert request.response_format is None  # the reference sends no native format then
+    assert json.dumps(SCHEMA) in _systems(request)[-1]
+    so["jsonPromptInjection"] = False
+    await _generate(http, "json", {"messages": "weather?", "structuredOutput": so})
+    native = _last_request(service, "json").response_format
+    assert native == {"type": "json", "schema": SCHEMA, "name": "response"}
+
+
 @pytest.mark.parametrize(
     ("strategy", "status", "obj"),
     [
@@ -389,6 +404,8 @@ async def test_a_mismatch_follows_the_error_strategy(
         ({"schema": {"type": "objekt"}}, "structuredOutput.schema: not a valid JSON schema"),
         ({"schema": SCHEMA, "model": {"modelId": "gpt-4o-mini"}}, "structuredOutput.model"),
         ({"schema": SCHEMA, "errorStrategy": "ignore"}, "structuredOutput.errorStrategy"),
+        ({"schema": SCHEMA, "jsonPromptInjection": "auto"}, "structuredOutput.jsonPromptInjection"),
+        ({"schema": SCHEMA, "useAgent": True}, "structuredOutput.useAgent: Extra inputs"),
     ],
 )
 async def test_a_bad_structured_output_is_a_400(

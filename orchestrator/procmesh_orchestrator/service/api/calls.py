@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from procmesh_orchestrator.config.history import MessageHistoryConfig
 from procmesh_orchestrator.run import CallOptions, stop
@@ -122,16 +122,18 @@ class _MemoryBody(BaseModel):
 
 
 class _StructuredOutputBody(BaseModel):
-    """``structuredOutput``: a JSON schema, what a mismatch does, and an optional structuring model."""
+    """``structuredOutput``: a JSON schema, what a mismatch does, an optional structuring model, and
+    the keys the reference server takes; any other (``providerOptions``, ``useAgent``: options
+    the reference's server does not take either) is refused by name."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     schema_: dict[str, Any] = Field(alias="schema")
     error_strategy: Literal["strict", "warn", "fallback"] = Field(default="strict", alias="errorStrategy")
     fallback_value: Any = Field(default=None, alias="fallbackValue")
     instructions: str | None = None
     model: Any = None
-    json_prompt_injection: bool | None = Field(default=None, alias="jsonPromptInjection")
+    json_prompt_injection: StrictBool = Field(default=False, alias="jsonPromptInjection")
 
 
 class StepOptions(BaseModel):
@@ -371,7 +373,12 @@ def _structured_output(body: _StructuredOutputBody | None) -> StructuredOutput |
     except jsonschema.SchemaError as exc:
         raise BadRequestError(f"structuredOutput.schema: not a valid JSON schema: {exc.message}") from None
     return StructuredOutput(
-        body.schema_, body.error_strategy, body.fallback_value, body.instructions, body.model
+        body.schema_,
+        body.error_strategy,
+        body.fallback_value,
+        body.instructions,
+        body.model,
+        body.json_prompt_injection,
     )
 
 

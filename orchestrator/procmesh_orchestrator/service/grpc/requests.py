@@ -142,6 +142,8 @@ def _proto_options(request: Any) -> dict[str, Any]:
             structured["instructions"] = so.instructions
         if so.HasField("model"):
             structured["model"] = so.model
+        if so.HasField("json_prompt_injection"):
+            structured["jsonPromptInjection"] = so.json_prompt_injection
         out["structuredOutput"] = structured
     for kind in LANES:
         if request.HasField(f"{kind}_processors"):

@@ -11,6 +11,8 @@ from google.protobuf import struct_pb2
 
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import types_pb2 as tpb
+from procmesh_orchestrator.providers.builtin import ScriptedModel
+from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError, NotSupportedError
 from procmesh_orchestrator.service._limits import InputLimits
@@ -44,7 +46,12 @@ BODY = {
     },
     "toolChoice": {"type": "tool", "toolName": "weather"},
     "activeTools": ["weather"],
-    "structuredOutput": {"schema": SCHEMA, "errorStrategy": "fallback", "fallbackValue": {"city": "?"}},
+    "structuredOutput": {
+        "schema": SCHEMA,
+        "errorStrategy": "fallback",
+        "fallbackValue": {"city": "?"},
+        "jsonPromptInjection": True,
+    },
     "inputProcessors": ["pii-redactor", {"id": "topic-guard", "name": "mine"}],
     "outputProcessors": [],
 }
@@ -62,6 +69,7 @@ REQUEST = apb.GenerateRequest(
         schema=_struct(SCHEMA),
         error_strategy="fallback",
         fallback_value=struct_pb2.Value(struct_value=_struct({"city": "?"})),
+        json_prompt_injection=True,
     ),
     input_processors=apb.ProcessorList(ids=["pii-redactor", "topic-guard"]),
     output_processors=apb.ProcessorList(),
@@ -82,7 +90,19 @@ def test_both_apis_give_the_same_options() -> None:
         "seed": 7,
     }
     assert list(http.options.system) == ["Answer in English.", "No emoji."]
+    assert http.options.structured_output is not None
+    assert http.options.structured_output.json_prompt_injection is True
     assert http.lanes == grpc.lanes == {"input": ["pii-redactor", "topic-guard"], "output": []}
+
+
+def test_a_durable_or_resumed_run_keeps_the_structured_output_whole() -> None:
+    # the snapshot's copy of the call: without jsonPromptInjection a resumed run would send the
+    # native response format the caller turned off
+    body = {k: v for k, v in BODY.items() if not k.endswith("Processors")}  # lists need a binder
+    options = parse_body(body, caller=CALLER, trust=TRUST, limits=LIMITS).options
+    agent = AgentSpec("a", ScriptedModel([]), lambda *_: None)
+    resumed = snapshot.resumed_options(snapshot.call_data(options), CallOptions(), agent)
+    assert resumed.structured_output == options.structured_output
 
 
 def test_unset_options_are_the_agents() -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.providers.builtin import ScriptedModel
     from procmesh_orchestrator.run import Agent, AgentSpec, CallOptions, Lanes, RunInfo, RunResult, RunStream
     from procmesh_orchestrator.run.background import BackgroundOptions, BackgroundTool
+    from procmesh_orchestrator.run.framework.history_budget import HistoryBudget
     from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
     from procmesh_orchestrator.run.framework.prepare_step import StepContext, StepOverride, StepRule
     from procmesh_orchestrator.run.function_tool import FunctionTool, FunctionToolContext
@@ -52,6 +53,7 @@ __all__ = [
     "FunctionTool",
     "FunctionToolContext",
     "HasToolCall",
+    "HistoryBudget",
     "Lanes",
     "MemoryCallOptions",
     "ModelProvider",
@@ -89,6 +91,7 @@ _EXPORTS = {
     "FunctionTool": "procmesh_orchestrator.run.function_tool",
     "FunctionToolContext": "procmesh_orchestrator.run.function_tool",
     "HasToolCall": "procmesh_orchestrator.run.stop",
+    "HistoryBudget": "procmesh_orchestrator.run.framework.history_budget",
     "Lanes": "procmesh_orchestrator.run",
     "MemoryCallOptions": "procmesh_orchestrator.run.framework.memory",
     "ModelProvider": "procmesh_orchestrator.run.models",

@@ -20,6 +20,7 @@ EXPECTED_ALL = [
     "FunctionTool",
     "FunctionToolContext",
     "HasToolCall",
+    "HistoryBudget",
     "Lanes",
     "MemoryCallOptions",
     "ModelProvider",

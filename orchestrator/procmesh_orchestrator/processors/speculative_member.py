@@ -150,6 +150,16 @@ class Member:
         if origin is None:
             self.firm += 1
 
+    def open_guess(self, origin: int) -> _Fed | None:
+        """The oldest guess still open, if given for group input `origin` or an earlier one (a
+        part the processor before holds may come with a later input)."""
+        at = self.firm
+        if at < len(self.fed):
+            entry = self.fed[at]
+            if entry.origin is not None and entry.origin <= origin:
+                return entry
+        return None
+
     def withdraw(self, at: int) -> list[_Fed]:
         """Withdraw its answers from fed position `at` on; the withdrawn entries.
 

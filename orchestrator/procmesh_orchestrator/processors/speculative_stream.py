@@ -3,17 +3,18 @@
 Sequentially, processor j receives what processor j-1 handed on. Here processor j also receives
 each part as it entered the group, *speculatively*, at the same time as the processors before it.
 Results commit strictly in lane order: processor j's answer to a part it got speculatively stands
-when what processor j-1 committed for that part is exactly that part (it passed it on unchanged).
-Otherwise (j-1 rewrote, dropped or added to it) processor j is rewound (``rewind_to``: its answers
-from that part on are withdrawn and its state goes back) and given the committed parts, followed
-again by the later parts it had been given speculatively. An abort or a fail-closed failure ends
-the group there; later answers are never applied. Each answer applies only when it commits, so
-a withdrawn answer's effects (signals, chunks, violations, abort) never show: the output is the
-sequential pipeline's. ``committed_through`` tells each processor, in batches, what it can forget.
-The common case, a run of answers that pass their parts on unchanged, commits at once
-(`SpeculativeGroup._passes`): one check per part, the part handed on as the object the next
-processor was given in advance, so its guess is confirmed by identity.
-A session ends at an abort (the SDKs' rule), so a processor whose abort on a part it got in
+when what processor j-1 committed for that part is exactly that part (it passed it on unchanged),
+then or with a later part (it held the part, a guard waiting for its window's verdict, and let it
+go unchanged). Otherwise (j-1 rewrote, dropped or added to it) processor j is rewound
+(``rewind_to``: its answers from that part on are withdrawn and its state goes back) and given
+the committed parts, followed again by the later parts it had been given speculatively. An abort
+or a fail-closed failure ends the group there; later answers are never applied. Each answer
+applies only when it commits, so a withdrawn answer's effects (signals, chunks, violations,
+abort) never show: the output is the sequential pipeline's. ``committed_through`` tells each
+processor, in batches, what it can forget. The common case, a run of answers that pass their
+parts on unchanged, commits at once (`SpeculativeGroup._passes`): one check per part, the part
+handed on as the object the next processor was given in advance, so its guess is confirmed by
+identity. A session ends at an abort (the SDKs' rule), so a processor whose abort on a part it got in
 advance is withdrawn gets a new session, given again the parts it committed (`Member.restart`).
 Each member's session, its books and its time limits are in `speculative_member`.
 """
@@ -263,7 +264,7 @@ class SpeculativeGroup:
                 continue
             if guessing and (following.data_parts or not part.type.startswith("data-")):
                 at = following.firm
-                guess = ahead[at] if at < len(ahead) and ahead[at].origin == origin else None
+                guess = following.open_guess(origin)
                 if guess is not None and (guess.part is part or guess.part == part):
                     guess.origin = None
                     following.firm += 1
@@ -322,31 +323,43 @@ class SpeculativeGroup:
         for kind, value in items:
             if kind == _MARK or (kind == CHUNK and following.takes(value)):
                 self._reconcile(following, origin, value if kind == CHUNK else None)
+            elif kind == END:
+                self._close_guesses(following)
             following.inbox.append((kind, value, origin))
+
+    def _close_guesses(self, member: Member) -> None:
+        """The stream ends: the guesses still open were never let go; they are withdrawn, so the
+        state its session ends with is that of its committed input alone."""
+        if not member.failed_open and self.cut_at is None:
+            member.withdraw(member.firm)
 
     def _reconcile(self, member: Member, origin: int, part: tpb.Chunk | None) -> None:
         """Make what `member` was fed agree with its committed input, one committed part (or the
         mark that group input `origin` is done) at a time, in order.
 
-        The first committed part of an origin that equals what the member was given for it in
-        advance confirms that guess (its answer stands). Any other committed part goes in before
-        the guesses for later origins, which are withdrawn and given again after it; an origin
-        done without confirming its guess withdraws the guess (and the later ones, given again).
+        A committed part that equals the oldest guess still open (given for this origin or an
+        earlier one) confirms that guess (its answer stands). Any other committed part goes in
+        before the open guesses, which are withdrawn, those for later origins given again after
+        it. An origin done without its part leaves its guess open: the processor before may hold
+        the part and let it go unchanged with a later one (a guard waiting for its window's
+        verdict), and then the answer given in advance stands, with no second trip to the
+        sidecar; what is still open at the stream's end is withdrawn (`_close_guesses`).
         """
         if member.failed_open or self.cut_at is not None:
             return
         _settled(member, origin)
-        fed = member.fed
-        # the guesses of earlier origins are all settled (each origin's mark came before this)
         at = member.firm
-        guess = fed[at] if at < len(fed) and fed[at].origin == origin else None
+        guess = member.open_guess(origin)
         if guess is not None and part is not None and part == guess.part:
             guess.origin = None
             member.firm += 1
             self.count(member, "committed")
             return
-        if guess is None and part is None:
-            return  # the origin is done and nothing was guessed for it
+        if part is None:
+            # The origin is done without its part (or nothing was guessed for it): a guess left
+            # is kept, for the processor before may let the part go unchanged later (a guard
+            # holding a window until its verdict); a later part that differs withdraws it.
+            return
         withdrawn = member.withdraw(at)
         if part is not None:
             member.feed(part, None)

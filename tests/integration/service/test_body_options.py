@@ -140,6 +140,36 @@ async def test_the_references_other_settings_run_with_a_warning_or_apply(
     assert plain["warnings"] == []
 
 
+async def test_model_and_provider_options_apply_to_every_step(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    # they were accepted and ignored: the run used the agent's model
+    options = {"openai": {"user": "u1"}}
+    body = await _generate(http, "plain", {"messages": "hi", "model": "prose", "providerOptions": options})
+    assert (body["text"], body["warnings"]) == ("It is 21 degrees in Paris.", [])
+    assert _last_request(service, "prose").provider_options == options
+
+
+async def test_options_procmesh_does_not_apply_run_with_a_warning(http: httpx.AsyncClient) -> None:
+    extra = {"tracingOptions": {"metadata": {}}, "toolCallConcurency": 2}
+    body = await _generate(http, "plain", {"messages": "hi", **extra})
+    assert body["status"] == "success"
+    assert [(w["setting"], w["details"]) for w in body["warnings"]] == [
+        ("toolCallConcurency", "neither procmesh nor the reference server takes this option"),
+        ("tracingOptions", "procmesh continues the caller's W3C traceparent header instead"),
+    ]
+    metrics = (await http.get("/metrics")).text
+    assert 'procmesh_call_settings_ignored_total{setting="tracingOptions"} 1.0' in metrics
+    assert 'procmesh_call_settings_ignored_total{setting="other"} 1.0' in metrics  # never the key
+    response = await http.post(
+        "/api/agents/json/generate", json={"messages": "x", "output": {"type": "object"}}
+    )
+    assert (response.status_code, response.json()["error"]) == (
+        400,
+        "output: give the schema as structuredOutput: {schema}",
+    )
+
+
 @pytest.mark.parametrize(
     ("settings", "named"),
     [

@@ -19,6 +19,7 @@ from procmesh_orchestrator.config.history import MessageHistoryConfig
 from procmesh_orchestrator.run import CallOptions, stop
 from procmesh_orchestrator.run.context import ContextSchema
 from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
+from procmesh_orchestrator.run.framework.prepare_step import StepOverride, StepRule
 from procmesh_orchestrator.run.hooks import Resumed
 from procmesh_orchestrator.run.tools import ClientTool
 from procmesh_orchestrator.run.types import StructuredOutput
@@ -28,6 +29,7 @@ from procmesh_orchestrator.service._limits import InputLimits, check_input, chec
 from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.messages import input_message, own_ids
 from procmesh_orchestrator.service.api.step_settings import (
+    IGNORED_OPTIONS,
     IGNORED_SETTINGS,
     ModelSettingsBody,
     PrepareStepBody,
@@ -55,14 +57,27 @@ class AgentCall:
     (PROCMESH_UNTRUSTED_CONTEXT=drop): the response names them."""
     ignored_settings: list[str] = field(default_factory=list)
     """The ``modelSettings`` keys given that procmesh does not apply (`IGNORED_SETTINGS`)."""
+    ignored_options: list[str] = field(default_factory=list)
+    """The body's keys procmesh does not apply (`IGNORED_OPTIONS`, or ones neither side knows)."""
 
     @property
     def warnings(self) -> list[dict[str, Any]]:
         """The call's warnings, in the reference's shape (the result's ``warnings``)."""
+        unknown = "neither procmesh nor the reference server takes this option"
         return [
             {"type": "unsupported-setting", "setting": name, "details": IGNORED_SETTINGS[name]}
             for name in self.ignored_settings
+        ] + [
+            {"type": "unsupported-setting", "setting": name, "details": IGNORED_OPTIONS.get(name, unknown)}
+            for name in self.ignored_options
         ]
+
+    @property
+    def ignored_labels(self) -> list[str]:
+        """What `ignored_settings` and `ignored_options` count under (a key neither side knows:
+        ``other``, so that a caller's keys never become metric labels)."""
+        options = [name if name in IGNORED_OPTIONS else "other" for name in self.ignored_options]
+        return [*self.ignored_settings, *options]
 
     def drop_undeclared(self, trust: ContextTrust, schema: ContextSchema | None) -> AgentCall:
         """In drop mode, the call without the request-context keys `schema` (the agent's
@@ -108,13 +123,22 @@ class _MemoryOptions(BaseModel):
 
 
 class _MemoryBody(BaseModel):
-    """The body's ``memory``: the thread as its id or ``{id, ...}``, the resource, the options."""
+    """The body's ``memory``: the thread as its id or ``{id, ...}``, the resource, the options, and
+    ``readOnly`` (the reference's shorthand for ``options.readOnly``, which wins when both are given);
+    any other key is refused by name."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     thread: str | _ThreadRef | None = None
     resource: str | None = None
     options: _MemoryOptions | None = None
+    read_only: bool | None = Field(default=None, alias="readOnly")
+
+    def call_options(self) -> MemoryCallOptions:
+        options = self.options.options() if self.options else MemoryCallOptions()
+        if options.read_only is None and self.read_only is not None:
+            return replace(options, read_only=self.read_only)
+        return options
 
     @property
     def thread_id(self) -> str | None:
@@ -165,7 +189,10 @@ logs, the store, SSE headers and URLs)."""
 
 
 class _Body(StepOptions):
-    """The reference server's body for /generate and /stream (unknown keys are ignored)."""
+    """The reference server's body for /generate and /stream; a key it does not take is kept aside
+    (``model_extra``) for the call's warnings (`IGNORED_OPTIONS`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     messages: str | list[str | dict[str, Any]]
     max_steps: int | None = Field(default=None, ge=1, alias="maxSteps")
@@ -185,6 +212,17 @@ class _Body(StepOptions):
     """Run durably: checkpointed, taken over by another replica, reattachable (``observe``)."""
     run_id: str | None = Field(default=None, alias="runId", max_length=128, pattern=RUN_ID_PATTERN)
     """The run's id, the caller's choice (a new UUID when absent): in use by another run: 409."""
+    model: str | None = Field(default=None, min_length=1)
+    """Every step's model (a key of the agent's ``models``), before ``prepareSteps``."""
+    provider_options: dict[str, dict[str, Any]] | None = Field(default=None, alias="providerOptions")
+    """Every step's provider options, before ``prepareSteps``."""
+
+    def call_rule(self) -> tuple[StepRule, ...]:
+        """``model`` and ``providerOptions`` as a rule from step 0, so ``prepareSteps`` (later
+        rules) override them per step, as the reference's prepareStep does the call's."""
+        if self.model is None and self.provider_options is None:
+            return ()
+        return (StepRule(StepOverride(model=self.model, provider_options=self.provider_options), None, 0),)
 
     @field_validator("messages")
     @classmethod
@@ -265,6 +303,8 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             "([{when: {stepNumber | fromStepNumber}, override: {model, toolChoice, activeTools, system, "
             "providerOptions, modelSettings}}]), or an inputProcessors lane with a processInputStep processor"
         )
+    if "output" in data:  # the reference's deprecated form of structuredOutput: no object otherwise
+        raise BadRequestError("output: give the schema as structuredOutput: {schema}")
     body = validated(_Body, data)
     if isinstance(body.messages, str):
         agent_input: str | list[dict[str, Any]] = body.messages
@@ -281,6 +321,8 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         stop_when = stop.parse(body.stop_when) if body.stop_when is not None else None
     except ValueError as exc:
         raise BadRequestError(str(exc)) from None
+    kwargs = step_kwargs(body)
+    kwargs["prepare_steps"] = (*body.call_rule(), *kwargs["prepare_steps"])
     return AgentCall(
         agent_input,
         CallOptions(
@@ -293,14 +335,15 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             stop_when=stop_when,
             require_tool_approval=body.require_tool_approval,
             client_tools=client_tools(body.client_tools or {}),
-            memory=memory.options.options() if memory.options else MemoryCallOptions(),
+            memory=memory.call_options(),
             announce_violations=True,  # a remote caller has no onViolation: its stream tells it
-            **step_kwargs(body),
+            **kwargs,
         ),
         durable=body.durable,
         lanes=lane_ids(body),
         dropped_context=dropped,
         ignored_settings=body.model_settings.ignored() if body.model_settings else [],
+        ignored_options=sorted(body.model_extra or {}),
     )
 
 

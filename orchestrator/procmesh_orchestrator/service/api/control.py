@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,6 +32,8 @@ from procmesh_orchestrator.service.api.results import Chunk
 from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner, store_errors
 from procmesh_orchestrator.store import DurableRun, label
 
+log = logging.getLogger(__name__)
+
 
 def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> None:
     """Bind the call's per-call lanes (checked against its request context) and take a run slot
@@ -45,7 +48,10 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
             f"{exc} (dropped: {key_names(call.dropped_context)}, PROCMESH_UNTRUSTED_CONTEXT=drop)"
         ) from None
     core.gate.enter()
-    for name in call.ignored_settings:
+    ignored = [*(f"modelSettings.{name}" for name in call.ignored_settings), *call.ignored_options]
+    if ignored:  # the warning the caller gets in its result, for the operator too
+        log.warning("agent %r: a call's options not applied: %s", agent_id, key_names(ignored))
+    for name in call.ignored_labels:
         core.metrics.settings_ignored.labels(name).inc()
 
 

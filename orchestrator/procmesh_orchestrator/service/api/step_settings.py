@@ -32,6 +32,22 @@ IGNORED_SETTINGS = {
 runs, with a warning in its result and ``procmesh_call_settings_ignored_total{setting}``."""
 
 
+IGNORED_OPTIONS = {
+    "context": "procmesh takes the conversation in messages (and memory), not as extra context",
+    "savePerStep": "procmesh saves a thread's turn once, when the run ends",
+    "versions": "procmesh has no stored agent versions: the agent is the configured one",
+    "toolsets": "procmesh runs the agent's configured tools and the call's clientTools",
+    "scorers": "procmesh runs no scorers",
+    "returnScorerData": "procmesh runs no scorers",
+    "tracingOptions": "procmesh continues the caller's W3C traceparent header instead",
+    "untilIdle": "procmesh ends a generate call with its run",
+}
+"""The reference server's generate / stream body keys procmesh accepts but does not apply, and
+why; a key neither side knows is ignored the same way (``other``): the call runs, with a warning
+naming the key in its result and ``procmesh_call_settings_ignored_total{setting}`` (the reference
+server passes unknown keys through, and @mastra/client-js sends every option its caller gives)."""
+
+
 class ModelSettingsBody(BaseModel):
     """``modelSettings``: what the providers send, ``maxRetries`` (the provider's retries of this
     call's model calls) and the reference's settings procmesh ignores with a warning

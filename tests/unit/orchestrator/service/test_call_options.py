@@ -105,6 +105,18 @@ def test_a_durable_or_resumed_run_keeps_the_structured_output_whole() -> None:
     assert resumed.structured_output == options.structured_output
 
 
+def test_memory_read_only_is_the_options_unless_they_say() -> None:
+    def read_only(memory: dict[str, Any]) -> bool | None:
+        body = {"messages": "hi", "memory": {"thread": "t", "resource": "r", **memory}}
+        return parse_body(body, caller=OPERATOR, trust=TRUST, limits=LIMITS).options.memory.read_only
+
+    assert read_only({"readOnly": True}) is True
+    assert read_only({"readOnly": True, "options": {"readOnly": False}}) is False
+    assert read_only({}) is None
+    with pytest.raises(BadRequestError, match=r"memory\.title: Extra inputs are not permitted"):
+        read_only({"title": "x"})
+
+
 def test_unset_options_are_the_agents() -> None:
     http = parse_body({"messages": "hi"}, caller=CALLER, trust=TRUST, limits=LIMITS)
     grpc = parse_proto(

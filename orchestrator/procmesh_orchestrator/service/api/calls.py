@@ -100,7 +100,10 @@ class AgentCall:
 
 
 class _ThreadRef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """``memory.thread`` as ``{id, ...}``: the reference's other keys (``title``, ``metadata``) are
+    kept aside for the call's warnings (`IGNORED_OPTIONS`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     id: str
 
@@ -133,6 +136,11 @@ class _MemoryBody(BaseModel):
     resource: str | None = None
     options: _MemoryOptions | None = None
     read_only: bool | None = Field(default=None, alias="readOnly")
+
+    def ignored(self) -> list[str]:
+        """The thread object's keys procmesh does not apply, by their body path."""
+        thread = self.thread if isinstance(self.thread, _ThreadRef) else None
+        return [f"memory.thread.{key}" for key in sorted(thread.model_extra or {})] if thread else []
 
     def call_options(self) -> MemoryCallOptions:
         options = self.options.options() if self.options else MemoryCallOptions()
@@ -343,7 +351,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         lanes=lane_ids(body),
         dropped_context=dropped,
         ignored_settings=body.model_settings.ignored() if body.model_settings else [],
-        ignored_options=sorted(body.model_extra or {}),
+        ignored_options=sorted(body.model_extra or {}) + memory.ignored(),
     )
 
 

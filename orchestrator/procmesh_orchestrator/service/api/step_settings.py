@@ -41,6 +41,8 @@ IGNORED_OPTIONS = {
     "returnScorerData": "procmesh runs no scorers",
     "tracingOptions": "procmesh continues the caller's W3C traceparent header instead",
     "untilIdle": "procmesh ends a generate call with its run",
+    "memory.thread.title": "procmesh creates a thread with its id alone (the memory API renames it)",
+    "memory.thread.metadata": "procmesh creates a thread with its id alone (the memory API sets it)",
 }
 """The reference server's generate / stream body keys procmesh accepts but does not apply, and
 why; a key neither side knows is ignored the same way (``other``): the call runs, with a warning

@@ -117,6 +117,19 @@ def test_memory_read_only_is_the_options_unless_they_say() -> None:
         read_only({"title": "x"})
 
 
+def test_a_thread_objects_title_and_metadata_are_warned_of_never_dropped_silently() -> None:
+    thread = {"id": "t", "title": "Trip", "metadata": {"a": 1}, "colour": "red"}
+    body = {"messages": "hi", "memory": {"thread": thread, "resource": "r"}}
+    call = parse_body(body, caller=OPERATOR, trust=TRUST, limits=LIMITS)
+    assert call.options.thread_id == "t"
+    assert [w["setting"] for w in call.warnings] == [
+        "memory.thread.colour",
+        "memory.thread.metadata",
+        "memory.thread.title",
+    ]
+    assert call.ignored_labels == ["other", "memory.thread.metadata", "memory.thread.title"]
+
+
 def test_unset_options_are_the_agents() -> None:
     http = parse_body({"messages": "hi"}, caller=CALLER, trust=TRUST, limits=LIMITS)
     grpc = parse_proto(

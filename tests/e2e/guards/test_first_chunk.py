@@ -80,8 +80,6 @@ class OrderedJudge(JudgeServer):
 def judge_server() -> Iterator[OrderedJudge]:
     server = OrderedJudge(api_key=SECRET)
     server.start()
-    assert server._server is not None
-    server._server.socket.listen(256)  # a window's three questions at once, and the input's
     delay = INPUT_DELAY
     server.judge(
         "in",

@@ -34,6 +34,10 @@ class Stream:
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5. A guard judges a streamed answer's windows at
+    # once (up to the providers' 64 pooled connections); under load the accept loop falls behind,
+    # the kernel drops or cookie-answers the overflow, and some of those connections are reset.
+    request_queue_size = 256
 
     def __init__(self, api: FakeAPI) -> None:
         super().__init__(("127.0.0.1", 0), Handler)

@@ -102,6 +102,8 @@ class Member:
         self.failed_open = False
         self.ended = False
         self.closing = False
+        self.counted = False
+        """Its session's "ok" counted (at its `end` answer, or at the end of its stream)."""
         self.counts: dict[str, int] = {}
         """Parts given in advance, by outcome (committed, discarded)."""
         self.dead: set[int] = set()
@@ -259,7 +261,7 @@ class Member:
         self.cancel()
         self.span.end()
         self.call, self.tasks, self.writes = None, [], Pipe()
-        self.lost = self.ended = False
+        self.lost = self.ended = self.counted = False
         self.rewind = self.told = 0
         self.answers.clear()
         self.arrived.clear()
@@ -289,8 +291,7 @@ class Member:
                 if resp is None:
                     if not self.closing and not self.ended:
                         raise MalformedResponseError("stream ended before every part was answered")
-                    if self.closing:  # its end after everything was sent (not a cut)
-                        count_session(self.group.caller, self.handles, "ok")
+                    self._count_ok()
                     break
                 now = time.monotonic()
                 sent, skip, dead, answers = self.seq, self.skip, self.dead, self.answers
@@ -315,6 +316,9 @@ class Member:
                 if resp.HasField("end"):
                     self.end_state = resp.end
                     self.ended = True
+                    # counted now: once the stage has its END the run may end and cancel this
+                    # reader before the stream's own end arrives, and the session would go uncounted
+                    self._count_ok()
                 self.group.advance()
         except ProcessorCallError as exc:  # the gRPC status (translated by StreamCall) or a broken contract
             if call is self.call:
@@ -328,6 +332,11 @@ class Member:
             if call is self.call:
                 self.ended = True
                 self.span.end()
+
+    def _count_ok(self) -> None:
+        if self.closing and not self.counted:  # its end after everything was sent (not a cut)
+            self.counted = True
+            count_session(self.group.caller, self.handles, "ok")
 
     def _waiting_since(self) -> float | None:
         """When the oldest unanswered part was sent (None: every part sent was answered)."""

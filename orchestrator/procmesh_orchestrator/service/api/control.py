@@ -25,10 +25,11 @@ from procmesh_orchestrator.service._errors import (
     RunNotActiveError,
 )
 from procmesh_orchestrator.service.api import durable, runs
-from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
+from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.processors import bind_lanes
 from procmesh_orchestrator.service.api.results import Chunk
+from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner, store_errors
 from procmesh_orchestrator.store import DurableRun, label
 

@@ -24,7 +24,7 @@ from procmesh_orchestrator.service._errors import (
     ResumeRefusedError,
     resume_error,
 )
-from procmesh_orchestrator.service.api.calls import ResumeRequest
+from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.store import SUSPENDED, SuspendedRun
 
 GateState = Literal["open", "draining"]

@@ -14,16 +14,16 @@ from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits, check_input, check_message_count
 from procmesh_orchestrator.service._trust import ContextTrust
-from procmesh_orchestrator.service.api.calls import (
+from procmesh_orchestrator.service.api.call_memory import memory_scope
+from procmesh_orchestrator.service.api.call_options import (
     LANES,
-    AgentCall,
     StepOptions,
     client_tools,
     lane_ids,
-    memory_scope,
     step_kwargs,
     validated,
 )
+from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.messages import ROLES, own_ids
 from procmesh_orchestrator.service.grpc.memory import memory_options
 

@@ -28,9 +28,10 @@ from procmesh_orchestrator.service._errors import BadRequestError, DurableUnavai
 from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
 from procmesh_orchestrator.service.api import control, decisions
 from procmesh_orchestrator.service.api import durable as _durable
-from procmesh_orchestrator.service.api.calls import AgentCall, ResumeRequest
+from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.grpc import memory
 from procmesh_orchestrator.service.grpc.requests import parse_proto
 from procmesh_orchestrator.service.grpc.responses import (

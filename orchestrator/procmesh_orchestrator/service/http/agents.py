@@ -20,17 +20,16 @@ from procmesh_orchestrator.service._auth import Caller, caller_of
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._trust import DROPPED_HEADER, dropped_header, report_dropped
 from procmesh_orchestrator.service.api import control, durable
-from procmesh_orchestrator.service.api.calls import (
-    AgentCall,
-    ResumeParser,
-    ResumeRequest,
-    parse_body,
-    parse_resume,
-    parse_resume_data,
-)
+from procmesh_orchestrator.service.api.calls import AgentCall, parse_body
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import Framing, dumps, failed_json, result_json, wire_chunk
+from procmesh_orchestrator.service.api.resume import (
+    ResumeParser,
+    ResumeRequest,
+    parse_resume,
+    parse_resume_data,
+)
 from procmesh_orchestrator.service.api.runs import store_errors, suspended_run_json
 from procmesh_orchestrator.service.http import sse
 from procmesh_orchestrator.service.http.bodies import (

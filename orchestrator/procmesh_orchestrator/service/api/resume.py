@@ -1,0 +1,83 @@
+"""Resuming a suspended run: the approve / decline bodies and resume-stream's, validated into a
+`ResumeRequest` (the HTTP routes parse them here; the gRPC API builds the same request)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from procmesh_orchestrator.run.hooks import Resumed
+from procmesh_orchestrator.service._auth import Caller
+from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service._limits import InputLimits, check_input
+from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.call_options import validated
+from procmesh_orchestrator.store import MAX_ID_CHARS
+
+
+@dataclass
+class ResumeRequest:
+    """A validated approve / decline request: which run, which call, and why (a decline); or a
+    resume-stream request, with the data a suspended tool asked for (`data`)."""
+
+    run_id: str
+    tool_call_id: str | None
+    """None (resume-stream only): the run's only awaited call."""
+    reason: str | None
+    request_context: dict[str, Any]
+    data: Resumed | None = None
+    """resume-stream's ``resumeData`` (the tool sees it); None for approve / decline."""
+
+
+class _ResumeBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
+    tool_call_id: str = Field(alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
+    reason: str | None = Field(default=None, max_length=4096)
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+
+
+class _ResumeDataBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # the snapshot decides the rest: an option is an error
+
+    run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
+    tool_call_id: str | None = Field(default=None, alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
+    resume_data: Any = Field(alias="resumeData")
+    request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+
+
+def parse_resume_data(
+    data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits
+) -> ResumeRequest:
+    """The body of resume-stream (`@mastra/client-js` ``resumeStream(resumeData, {runId,
+    toolCallId?})``: without ``toolCallId``, the run's only awaited call); its request context as
+    `trust` allows `caller`. ``resumeData`` is required (null included); any other key is refused
+    by name."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with 'runId', 'resumeData' and 'toolCallId'?")
+    check_input(data, limits)
+    body = validated(_ResumeDataBody, data)
+    context = trust.check(caller, body.request_context or {})
+    return ResumeRequest(body.run_id, body.tool_call_id, None, context, Resumed(body.resume_data, None))
+
+
+def parse_resume(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> ResumeRequest:
+    """The body of approve-tool-call / decline-tool-call (and the -generate routes); its request
+    context as `trust` allows `caller`."""
+    if not isinstance(data, dict):
+        raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
+    check_input(data, limits)
+    body = validated(_ResumeBody, data)
+    context = trust.check(caller, body.request_context or {})
+    return ResumeRequest(body.run_id, body.tool_call_id, body.reason, context)
+
+
+class ResumeParser(Protocol):
+    """`parse_resume` or `parse_resume_data`: a resume route's body as a `ResumeRequest`."""
+
+    def __call__(
+        self, data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits
+    ) -> ResumeRequest: ...

@@ -672,6 +672,7 @@ class ProcessOutputStreamRequest(_message.Message):
     PARTS_FIELD_NUMBER: _builtins.int
     REWIND_TO_FIELD_NUMBER: _builtins.int
     COMMITTED_THROUGH_FIELD_NUMBER: _builtins.int
+    PARTIAL_RESULTS_FIELD_NUMBER: _builtins.int
     rewind_to: _builtins.int
     """Speculative processors only. Non-zero: the parts from this seq on (results sent or not)
     are withdrawn: the processor's state goes back to what it was before that part, and
@@ -681,6 +682,10 @@ class ProcessOutputStreamRequest(_message.Message):
     committed_through: _builtins.int
     """Speculative processors only: no rewind will reach parts up to this seq, so the processor
     may forget what it kept to undo them.
+    """
+    partial_results: _builtins.bool
+    """First message only: this orchestrator takes partial results (`StreamPartResult.more`) on
+    this stream. Unset (an older orchestrator, or a fused, shadow or side session): never send one.
     """
     @_builtins.property
     def context(self) -> _types_pb2.RunContext:
@@ -697,10 +702,11 @@ class ProcessOutputStreamRequest(_message.Message):
         parts: _abc.Iterable[Global___StreamPart] | None = ...,
         rewind_to: _builtins.int = ...,
         committed_through: _builtins.int = ...,
+        partial_results: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_through", b"committed_through", "context", b"context", "parts", b"parts", "rewind_to", b"rewind_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_through", b"committed_through", "context", b"context", "partial_results", b"partial_results", "parts", b"parts", "rewind_to", b"rewind_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -777,8 +783,16 @@ class StreamPartResult(_message.Message):
     PART_FIELD_NUMBER: _builtins.int
     EFFECTS_FIELD_NUMBER: _builtins.int
     EXTRA_PARTS_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """The answered part's `seq`; results come in the parts' order."""
+    more: _builtins.bool
+    """A partial result: what the processor lets go now, before the rest of this part's answer
+    (parts it held, e.g. a window whose verdict came); more results for this `seq` follow, the
+    last one without `more`. The part's answer is its results' chunks in order (each result's
+    effects before its parts); `effects` here may carry signals, custom chunks and violations,
+    never an abort. Only on a stream whose first request set `partial_results`.
+    """
     @_builtins.property
     def part(self) -> _types_pb2.Chunk:
         """Absent: the part is dropped (the hook returned nothing)."""
@@ -800,10 +814,11 @@ class StreamPartResult(_message.Message):
         part: _types_pb2.Chunk | None = ...,
         effects: _types_pb2.HookEffects | None = ...,
         extra_parts: _abc.Iterable[_types_pb2.Chunk] | None = ...,
+        more: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "part", b"part"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "extra_parts", b"extra_parts", "part", b"part", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "extra_parts", b"extra_parts", "more", b"more", "part", b"part", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -109,7 +109,9 @@ async function suspendStream() {
 }
 async function suspendGenerate() {
   const result = await helper.generate(ASK, approval);
-  return { runId: result.runId, toolCallId: result.suspendPayload?.toolCallId, status: result.status };
+  probes.suspendedGenerate = { runId: result.runId, status: result.status };
+  // the ids alone: approve / decline refuse a key they do not take (status) with a 400
+  return { runId: result.runId, toolCallId: result.suspendPayload?.toolCallId };
 }
 let ids = await suspendStream();
 methods["agent.listSuspendedRuns"] = await attempt(() => helper.listSuspendedRuns());
@@ -118,7 +120,6 @@ methods["agent.approveToolCall"] = await attempt(async () => chunksOf(await help
 ids = await suspendStream();
 methods["agent.declineToolCall"] = await attempt(async () => chunksOf(await helper.declineToolCall({ ...ids, reason: "not now" })));
 ids = await suspendGenerate();
-probes.suspendedGenerate = ids;
 methods["agent.approveToolCallGenerate"] = await attempt(async () => pick(await helper.approveToolCallGenerate(ids)));
 probes.approveAgain = await attempt(() => helper.approveToolCallGenerate(ids));
 ids = await suspendGenerate();

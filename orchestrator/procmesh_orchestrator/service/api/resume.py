@@ -14,7 +14,7 @@ from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits, check_input
 from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.call_options import validated
-from procmesh_orchestrator.store import MAX_ID_CHARS
+from procmesh_orchestrator.store import MAX_ID_CHARS, label
 
 
 @dataclass
@@ -31,13 +31,38 @@ class ResumeRequest:
     """resume-stream's ``resumeData`` (the tool sees it); None for approve / decline."""
 
 
-class _ResumeBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _ApproveBody(BaseModel):
+    """approve-tool-call's body (and -generate's): the keys the reference's route takes, each
+    honoured or refused; any other key is refused by name (@mastra/client-js sends what its caller
+    gives, but strips ``abortSignal``)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
     tool_call_id: str = Field(alias="toolCallId", min_length=1, max_length=MAX_ID_CHARS)
-    reason: str | None = Field(default=None, max_length=4096)
     request_context: dict[str, Any] | None = Field(default=None, alias="requestContext")
+    model: Any = None
+    """The reference's model for the resumed run: refused (`_refuse_unhonoured`)."""
+    format: Any = None
+    """The reference's stream format: ``"mastra"`` (what procmesh streams) or refused."""
+
+
+class _DeclineBody(_ApproveBody):
+    """decline-tool-call's body: approve's and the ``reason`` the model is told."""
+
+    reason: str | None = Field(default=None, max_length=4096)
+
+
+def _refuse_unhonoured(body: _ApproveBody) -> None:
+    """A 400 for the reference's keys procmesh cannot honour on a resume: running the resumed
+    run on another model than asked, or in another stream format, would be a silent change."""
+    if body.model is not None:
+        raise BadRequestError(
+            "model: procmesh resumes a run with the model it ran with (its call's model and "
+            "prepareSteps); leave model out"
+        )
+    if body.format not in (None, "mastra"):
+        raise BadRequestError(f"format: procmesh streams the 'mastra' format only, got {label(body.format)}")
 
 
 class _ResumeDataBody(BaseModel):
@@ -64,19 +89,28 @@ def parse_resume_data(
     return ResumeRequest(body.run_id, body.tool_call_id, None, context, Resumed(body.resume_data, None))
 
 
-def parse_resume(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> ResumeRequest:
-    """The body of approve-tool-call / decline-tool-call (and the -generate routes); its request
-    context as `trust` allows `caller`."""
-    if not isinstance(data, dict):
-        raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
-    check_input(data, limits)
-    body = validated(_ResumeBody, data)
-    context = trust.check(caller, body.request_context or {})
-    return ResumeRequest(body.run_id, body.tool_call_id, body.reason, context)
+def parse_approval(approved: bool) -> ResumeParser:
+    """The parser of approve-tool-call's body (`approved`) or decline-tool-call's (and of the
+    -generate routes'); its request context as `trust` allows `caller`. A key the route does not
+    take (``reason`` on an approval included) or cannot honour (``model``, a ``format`` other than
+    ``"mastra"``) is a 400 naming it: the decision is not taken, the run stays suspended."""
+    model = _ApproveBody if approved else _DeclineBody
+
+    def parse(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits) -> ResumeRequest:
+        if not isinstance(data, dict):
+            raise BadRequestError("the body must be a JSON object with 'runId' and 'toolCallId'")
+        check_input(data, limits)
+        body = validated(model, data)
+        _refuse_unhonoured(body)
+        context = trust.check(caller, body.request_context or {})
+        reason = body.reason if isinstance(body, _DeclineBody) else None
+        return ResumeRequest(body.run_id, body.tool_call_id, reason, context)
+
+    return parse
 
 
 class ResumeParser(Protocol):
-    """`parse_resume` or `parse_resume_data`: a resume route's body as a `ResumeRequest`."""
+    """`parse_approval`'s parsers or `parse_resume_data`: a resume route's body as a `ResumeRequest`."""
 
     def __call__(
         self, data: Any, *, caller: Caller, trust: ContextTrust, limits: InputLimits

@@ -27,7 +27,7 @@ from procmesh_orchestrator.service.api.results import Framing, dumps, failed_jso
 from procmesh_orchestrator.service.api.resume import (
     ResumeParser,
     ResumeRequest,
-    parse_resume,
+    parse_approval,
     parse_resume_data,
 )
 from procmesh_orchestrator.service.api.runs import store_errors, suspended_run_json
@@ -171,7 +171,7 @@ class AgentRoutes:
         return self._streamed(control.stream(core, agent_id, agent, call))
 
     async def _decision(
-        self, request: Request, parse: ResumeParser = parse_resume
+        self, request: Request, parse: ResumeParser
     ) -> tuple[str, Agent, ResumeRequest, Caller]:
         core = self.core
         agent_id = request.path_params["agent_id"]
@@ -191,7 +191,7 @@ class AgentRoutes:
         """``approve-tool-call`` / ``decline-tool-call``: the resumed run, streamed."""
 
         async def resume(request: Request) -> Response:
-            agent_id, agent, decision, caller = await self._decision(request)
+            agent_id, agent, decision, caller = await self._decision(request, parse_approval(approved))
             live = await control.resume(
                 self.core, agent_id, agent, decision, approved=approved, caller=caller
             )
@@ -203,7 +203,7 @@ class AgentRoutes:
         """``approve-tool-call-generate`` / ``decline-tool-call-generate``: the resumed run to its end."""
 
         async def resume(request: Request) -> Response:
-            agent_id, agent, decision, caller = await self._decision(request)
+            agent_id, agent, decision, caller = await self._decision(request, parse_approval(approved))
             self.core.gate.enter()
             release = releaser(self.core)
             try:

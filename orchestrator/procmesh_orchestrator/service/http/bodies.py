@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -22,7 +22,7 @@ from procmesh_orchestrator.service._errors import (
 )
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.store import MAX_PAGE
+from procmesh_orchestrator.store import MAX_PAGE, label
 
 Release = Callable[[], Awaitable[None]]
 
@@ -107,6 +107,14 @@ async def _read_json(request: Request, limit: int, timeout: float) -> Any:
 async def read_body(core: ServiceCore, request: Request) -> Any:
     """The request's JSON body under the service's size and time limits."""
     return await _read_json(request, core.settings.max_request_bytes, core.settings.body_timeout_seconds)
+
+
+def refuse_unknown(body: dict[str, Any], allowed: Collection[str], hint: str = "") -> None:
+    """A 400 naming the body's keys outside `allowed` (and `hint`, why): nothing is ignored."""
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        names = ", ".join(label(k) for k in unknown)
+        raise BadRequestError(f"unknown keys: {names}{f' ({hint})' if hint else ''}")
 
 
 def query_int(raw: str | None, name: str, default: int, low: int) -> int:

@@ -30,6 +30,7 @@ from procmesh_orchestrator.service.api.processors import (
     workflow_processor_json,
 )
 from procmesh_orchestrator.service.api.results import dumps
+from procmesh_orchestrator.service.http.bodies import refuse_unknown
 from procmesh_orchestrator.service.http.unsupported import WORKFLOW_RUNS, not_supported
 from procmesh_orchestrator.store import label
 
@@ -87,6 +88,7 @@ class CatalogRoutes:
 
     async def _execute(self, request: Request, agent_id: str, tool: Tool) -> Response:
         body = await self._body(request)
+        refuse_unknown(body, ("data", "requestContext"), "a tool's execute body is {data, requestContext?}")
         data = body.get("data")
         catalog.check_tool_call(tool, data)
         options = CallOptions(

@@ -12,7 +12,7 @@ import base64
 import binascii
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from procmesh_orchestrator.service.api.memory import (
 )
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
+from procmesh_orchestrator.service.http.bodies import refuse_unknown
 from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread, label
 
 ReadJson = Callable[[Request], Awaitable[Any]]
@@ -114,10 +115,22 @@ class MemoryRoutes:
             agent_required=agent_required,
         )
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _body(self, request: Request, allowed: Collection[str], hint: str = "") -> dict[str, Any]:
+        """The body as a JSON object of the `allowed` keys only (a 400 names any other), and the
+        copies of the query's ``agentId`` and ``requestContext`` that @mastra/client-js puts in
+        some bodies (``createMemoryThread``, ``saveMessageToMemory``: ``body: params``) checked
+        against the query's: the query's are the ones used, so a body's that differs is a 400
+        rather than ignored."""
         body = await self._read_json(request)
         if not isinstance(body, dict):
             raise BadRequestError("the body must be a JSON object")
+        refuse_unknown(body, allowed, hint)
+        if "agentId" in body and body["agentId"] != request.query_params.get("agentId"):
+            raise BadRequestError("agentId: the body's differs from the query's agentId (the one used)")
+        if "requestContext" in body and (body["requestContext"] or {}) != _request_context(request):
+            raise BadRequestError(
+                "requestContext: the body's differs from the query's (base64 JSON), the one used"
+            )
         return body
 
     async def status(self, request: Request) -> Response:
@@ -174,10 +187,10 @@ class MemoryRoutes:
         )
 
     async def create_thread(self, request: Request) -> Response:
-        body = await self._body(request)
+        body = await self._body(request, _THREAD_KEYS | {"threadId", *_ECHOES})
         store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
         thread_id = body.get("threadId") or str(uuid.uuid4())
-        title, metadata = body.get("title") or "", body.get("metadata") or {}
+        title, metadata = _title(body) or "", _metadata(body) or {}
         with store_errors(store, "creating the thread"):
             thread = await store.create_thread(
                 Thread(
@@ -191,14 +204,13 @@ class MemoryRoutes:
         return _json(thread_json(await owned(store, request.path_params["thread_id"], resource)))
 
     async def update_thread(self, request: Request) -> Response:
-        body = await self._body(request)
+        body = await self._body(request, _THREAD_KEYS | set(_ECHOES))
         store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
         thread_id = check_id("threadId", request.path_params["thread_id"])
+        title, metadata = _title(body), _metadata(body)
         with store_errors(store, "updating the thread", thread_id):
             # One statement, on the caller's resource's thread only (none: 404).
-            updated = await store.update_thread(
-                thread_id, resource, title=body.get("title"), metadata=body.get("metadata")
-            )
+            updated = await store.update_thread(thread_id, resource, title=title, metadata=metadata)
         return _json(thread_json(updated))
 
     async def delete_thread(self, request: Request) -> Response:
@@ -253,7 +265,7 @@ class MemoryRoutes:
         )
 
     async def save_messages(self, request: Request) -> Response:
-        body = await self._body(request)
+        body = await self._body(request, {"messages", *_ECHOES})
         items = body.get("messages")
         if not isinstance(items, list) or not items:
             raise BadRequestError("messages: a non-empty list of messages, each with its threadId")
@@ -282,7 +294,7 @@ class MemoryRoutes:
 
     async def delete_messages(self, request: Request) -> Response:
         """``{messageIds}``: ids, ``{id}`` objects, or one of either; the caller's resource's only."""
-        body = await self._body(request)
+        body = await self._body(request, {"messageIds", *_ECHOES})
         raw = body.get("messageIds")
         if raw is None:
             raise BadRequestError("messageIds is required")
@@ -304,10 +316,7 @@ class MemoryRoutes:
         source's messages (new ids; ``options.messageLimit`` keeps the last N, ``messageFilter``
         by ``messageIds``, ``startDate``, ``endDate``), ``metadata.clone`` naming the source, and a
         thread-scoped working memory copied. ``{thread, clonedMessages, messageIdMap}``."""
-        body = await self._body(request)
-        unknown = sorted(set(body) - {"newThreadId", "resourceId", "title", "metadata", "options"})
-        if unknown:
-            raise BadRequestError(f"unknown keys: {', '.join(label(k) for k in unknown)}")
+        body = await self._body(request, {"newThreadId", *_THREAD_KEYS, "options", *_ECHOES})
         store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
         source = await owned(store, request.path_params["thread_id"], resource)
         new_id = check_id("newThreadId", body.get("newThreadId") or str(uuid.uuid4()))
@@ -320,10 +329,8 @@ class MemoryRoutes:
             clone: dict[str, Any] = {"sourceThreadId": source.id, "clonedAt": _now()}
             if messages:
                 clone["lastMessageId"] = messages[-1]["id"]
-            metadata = body.get("metadata") or {}
-            if not isinstance(metadata, dict):
-                raise BadRequestError("metadata: must be an object")
-            title = body.get("title") or (f"Clone of {source.title}" if source.title else "")
+            metadata = _metadata(body) or {}
+            title = _title(body) or (f"Clone of {source.title}" if source.title else "")
             thread = await store.create_thread(
                 Thread(id=new_id, resource_id=resource, title=title, metadata={**metadata, "clone": clone})
             )
@@ -336,6 +343,25 @@ class MemoryRoutes:
                 raise
             cloned = await store.messages(new_id, resource)
         return _json({"thread": thread_json(thread), "clonedMessages": cloned, "messageIdMap": id_map})
+
+
+_THREAD_KEYS = frozenset({"resourceId", "title", "metadata"})
+_ECHOES = ("agentId", "requestContext")
+"""The query's keys @mastra/client-js may copy into a body (`MemoryRoutes._body` checks them)."""
+
+
+def _title(body: dict[str, Any]) -> str | None:
+    title = body.get("title")
+    if title is not None and not isinstance(title, str):
+        raise BadRequestError("title: must be a string")
+    return title
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise BadRequestError("metadata: must be an object")
+    return metadata
 
 
 def _now() -> str:

@@ -13,10 +13,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from procmesh_orchestrator.errors import EventLogError, OrchestratorError
 from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service.api.call_options import validated
 from procmesh_orchestrator.service.api.durable import LOG_CUT, check_run_id
 from procmesh_orchestrator.service.api.results import Chunk, Framing, dumps, wire_chunk
 from procmesh_orchestrator.store import MAX_ID_CHARS
@@ -62,7 +63,11 @@ async def with_heartbeats(items: AsyncIterator[T], every: float) -> AsyncIterato
 
 
 class _ObserveBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """observe's body, as @mastra/client-js ``observe({runId, offset?})`` sends it: any other key
+    is refused by name (a reattach that silently took another meaning would replay the wrong
+    events)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     run_id: str = Field(alias="runId", min_length=1, max_length=MAX_ID_CHARS)
     offset: int | None = Field(default=None, ge=0, strict=True)
@@ -73,13 +78,7 @@ def parse_observe(data: Any, last_event_id: str | None) -> tuple[str, int]:
     ``Last-Event-ID``, else 0."""
     if not isinstance(data, dict):
         raise BadRequestError("the body must be a JSON object with 'runId'")
-    try:
-        body = _ObserveBody.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
-        )
-        raise BadRequestError(problems) from None
+    body = validated(_ObserveBody, data)
     check_run_id(body.run_id)
     if body.offset is not None:
         return body.run_id, body.offset

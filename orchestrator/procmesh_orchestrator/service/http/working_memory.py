@@ -12,10 +12,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from procmesh_orchestrator.run.framework import working_memory
-from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api.memory import check_id, input_errors, owned, store_errors
 from procmesh_orchestrator.service.http.memory import MemoryRoutes, _json
-from procmesh_orchestrator.store import label
 
 
 class WorkingMemoryRoutes(MemoryRoutes):
@@ -53,12 +51,7 @@ class WorkingMemoryRoutes(MemoryRoutes):
 
     async def update(self, request: Request) -> Response:
         """``{workingMemory, resourceId?}``: replaces the working memory (``{success: true}``)."""
-        body = await self._body(request)
-        unknown = sorted(set(body) - {"workingMemory", "resourceId"})
-        if unknown:
-            raise BadRequestError(
-                f"unknown keys: {', '.join(label(k) for k in unknown)} (memoryConfig is per agent)"
-            )
+        body = await self._body(request, {"workingMemory", "resourceId"}, "memoryConfig is per agent")
         store, resource = self._scope(request, claimed=body.get("resourceId"), agent_required=True)
         agent_id = request.query_params["agentId"]
         thread = await owned(store, request.path_params["thread_id"], resource)

@@ -1,0 +1,159 @@
+"""No key of a request body is ignored silently (issue: the bodies beside generate / stream's):
+approve / decline (and their -generate routes), observe, the memory writes and a tool's execute
+refuse a key they do not take, or one of the reference's they cannot honour, with a 400 naming it,
+through a real `procmesh-orchestrator` and the real `@mastra/client-js`
+(tests/clientjs/strict_bodies.mjs); the refused request changes nothing, so the same call without
+the key then works."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
+from tests.e2e.service.test_clientjs import tools_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+KEY, RESOURCE = "key-ada", "user-ada"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+ASK = "What is the weather like?"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def orchestrator(
+    start_orchestrator: Callable[..., OrchestratorProcess], tmp_path_factory: pytest.TempPathFactory
+) -> OrchestratorProcess:
+    config = tools_config(str(tmp_path_factory.mktemp("strict")))  # teller: `weather` needs approval
+    config["tools"]["clock"] = {
+        "description": "The time.",
+        "inputSchema": {"type": "object"},
+        "result": "noon",
+    }
+    config["agents"]["teller"]["tools"].append("clock")
+    return await asyncio.to_thread(start_orchestrator, config, env={"PROCMESH_API_KEYS": f"{KEY}={RESOURCE}"})
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http(orchestrator: OrchestratorProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=HEADERS, timeout=30) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def seen(orchestrator: OrchestratorProcess) -> dict[str, Any]:
+    out: dict[str, Any] = await asyncio.to_thread(
+        run_clientjs, "strict_bodies.mjs", orchestrator, KEY, RESOURCE
+    )
+    return out
+
+
+def refused(answer: dict[str, Any], *names: str) -> None:
+    assert answer.get("status") == 400, answer
+    error = str(answer["body"]["error"])
+    for name in names:
+        assert name in error, (name, error)
+
+
+async def test_client_js_approve_with_model_is_refused_and_the_run_stays_suspended(
+    seen: dict[str, Any],
+) -> None:
+    refused(seen["approveWithModel"], "model")
+    after = seen["approveAfter"]["ok"]  # the approval the refused request did not take
+    assert "tool-result" in after
+    assert after[-1] == "finish"
+
+
+async def test_client_js_decline_with_an_unknown_key_is_refused_then_declined(seen: dict[str, Any]) -> None:
+    refused(seen["declineWithExtra"], "colour")
+    assert seen["declineAfter"] == {"ok": "stop"}
+
+
+async def test_client_js_observe_with_an_unknown_key_is_refused_and_replays_all(seen: dict[str, Any]) -> None:
+    refused(seen["observeWithExtra"], "from")
+    assert seen["observeAfter"]["ok"] == seen["durableTypes"]
+
+
+async def test_client_js_memory_writes_take_its_copies_and_refuse_the_rest(seen: dict[str, Any]) -> None:
+    refused(seen["createWithExtra"], "titel")
+    assert seen["threadAfterRefusal"]["status"] == 404  # the refused create made no thread
+    assert seen["create"] == {"ok": "Strict"}  # agentId and requestContext in the body: the query's
+    refused(seen["saveWithExtra"], "format")
+    assert seen["save"] == {"ok": 1}
+    assert seen["messages"] == {"ok": ["m-x"]}
+
+
+async def _suspended(http: httpx.AsyncClient, thread: str) -> dict[str, str]:
+    body = {"messages": ASK, "memory": {"thread": thread, "resource": RESOURCE}}
+    result = (await http.post("/api/agents/teller/generate", json=body)).json()
+    return {"runId": result["runId"], "toolCallId": result["suspendPayload"]["toolCallId"]}
+
+
+@pytest.mark.parametrize(
+    ("route", "extra", "named"),
+    [
+        ("approve-tool-call-generate", {"reason": "why not"}, "reason"),  # only a decline has one
+        ("approve-tool-call-generate", {"format": "aisdk"}, "format"),
+        ("approve-tool-call", {"runtimeContext": {}}, "runtimeContext"),
+        ("decline-tool-call", {"model": "demo"}, "model"),
+    ],
+)
+async def test_a_resume_key_not_honoured_is_a_400_and_the_decision_is_still_open(
+    http: httpx.AsyncClient, route: str, extra: dict[str, Any], named: str
+) -> None:
+    ids = await _suspended(http, f"th-{route}-{named}")
+    answer = await http.post(f"/api/agents/teller/{route}", json={**ids, **extra})
+    assert answer.status_code == 400, answer.text
+    assert named in answer.json()["error"]
+    listed = (await http.get("/api/agents/teller/suspended-runs")).json()["runs"]
+    assert ids["runId"] in [r["runId"] for r in listed]  # still suspended: nothing was decided
+    done = await http.post("/api/agents/teller/approve-tool-call-generate", json={**ids, "format": "mastra"})
+    assert done.status_code == 200, done.text
+    assert done.json()["finishReason"] == "stop"
+
+
+async def test_observe_refuses_an_unknown_key(http: httpx.AsyncClient) -> None:
+    answer = await http.post("/api/agents/teller/observe", json={"runId": "r-1", "fromOffset": 3})
+    assert answer.status_code == 400
+    assert "fromOffset" in answer.json()["error"]
+
+
+async def test_thread_update_and_message_delete_refuse_unknown_keys(http: httpx.AsyncClient) -> None:
+    query = {"agentId": "teller"}
+    made = await http.post("/api/memory/threads", params=query, json={"threadId": "t-up", "title": "A"})
+    assert made.status_code == 200, made.text
+    for body, named in (({"titel": "B"}, "titel"), ({"title": 7}, "title"), ({"metadata": [1]}, "metadata")):
+        answer = await http.patch("/api/memory/threads/t-up", params=query, json=body)
+        assert answer.status_code == 400, (body, answer.text)
+        assert named in answer.json()["error"]
+    assert (await http.get("/api/memory/threads/t-up", params=query)).json()["title"] == "A"
+    other = await http.post(
+        "/api/memory/threads", params=query, json={"threadId": "t-up2", "agentId": "someone-else"}
+    )
+    assert other.status_code == 400
+    assert "agentId" in other.json()["error"]
+    saved = await http.post(
+        "/api/memory/save-messages",
+        params=query,
+        json={"messages": [{"id": "m-1", "role": "user", "content": "hi", "threadId": "t-up"}]},
+    )
+    assert saved.status_code == 200, saved.text
+    gone = await http.post(
+        "/api/memory/messages/delete", params=query, json={"messageIds": ["m-1"], "threadId": "t-up"}
+    )
+    assert gone.status_code == 400
+    assert "threadId" in gone.json()["error"]
+    listed = await http.get("/api/memory/threads/t-up/messages", params=query)
+    assert [m["id"] for m in listed.json()["messages"]] == ["m-1"]  # the refused delete kept it
+
+
+async def test_a_tool_execute_body_takes_data_and_request_context_only(http: httpx.AsyncClient) -> None:
+    answer = await http.post("/api/tools/clock/execute", json={"data": {}, "args": {}})
+    assert answer.status_code == 400
+    assert "args" in answer.json()["error"]
+    assert (await http.post("/api/tools/clock/execute", json={"data": {}})).json() == "noon"

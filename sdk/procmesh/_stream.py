@@ -9,17 +9,25 @@ part: the orchestrator batches whatever is queued, so the thread hop is paid onc
 A fused stream (``context.fused``) runs each part through every processor it names (`_chain`).
 A stream whose processors are all speculative keeps what undoes its uncommitted batches
 (`_rewind`), so ``rewind_to`` can withdraw parts; any other stream refuses it.
+
+A hook that declares ``release`` may let parts go while it is processing a part (a guard whose
+window's verdict came): on a stream whose orchestrator takes partial results
+(``partial_results``) and that runs one processor, each ``release(parts)`` is sent at once as a
+partial result (``more``) behind the batch's results so far (`_Outbox`); otherwise what it let go
+leads the part's result, as if returned first, so the stream is the same either way.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from procmesh import convert, tracing
-from procmesh._chain import through_all
+from procmesh._chain import returned_chunks, through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._hosted import Tally
@@ -63,10 +71,65 @@ class Stage:
         return not self.error and (self.data_parts or not kind.startswith("data-"))
 
 
+class _Outbox:
+    """Partial results a hook let go, for the server loop to send while the batch goes on.
+
+    `put` may be called from the hook loop's thread: the results go in a deque (appends are
+    atomic) and the server loop is woken; everything put before the batch ended is in the deque
+    when the server loop sees the batch end, so nothing is sent out of order.
+    """
+
+    def __init__(self) -> None:
+        self.items: deque[list[ppb.StreamPartResult]] = deque()
+        self.loop = asyncio.get_running_loop()
+        self.wake: asyncio.Future[None] | None = None
+
+    def put(self, results: list[ppb.StreamPartResult]) -> None:
+        self.items.append(results)
+        self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+
+class Release:
+    """A hook's ``release(parts)``: let parts go now, ahead of the rest of the part's answer.
+
+    `parts` is what a hook may return (a chunk, a list of them, or None). Sent at once as a
+    partial result when the stream takes them (`_Session.partial`), with the signals, custom
+    chunks and violations the hook produced so far; otherwise kept (`kept`) to lead its result.
+    After an abort nothing more goes out.
+    """
+
+    __slots__ = ("_effects", "_hook", "_send", "kept")
+
+    def __init__(
+        self,
+        effects: HookEffects,
+        hook: str,
+        send: Callable[[list[dict[str, Any]], HookEffects], None] | None,
+    ) -> None:
+        self._effects = effects
+        self._hook = hook
+        self._send = send
+        self.kept: list[dict[str, Any]] = []
+
+    def __call__(self, parts: Any) -> None:
+        chunks = returned_chunks(parts, self._hook)
+        if self._effects.abort is not None:
+            return
+        if self._send is None or self.kept:
+            self.kept += chunks
+        elif chunks:
+            self._send(chunks, self._effects)
+
+
 class _Session:
     """One ProcessOutputStream call's processors, their hook calls, and its rewind history."""
 
-    def __init__(self, servicer: Servicer, hook: Hook, ctx: tpb.RunContext) -> None:
+    def __init__(self, servicer: Servicer, hook: Hook, req: ppb.ProcessOutputStreamRequest) -> None:
+        ctx = req.context
         self.servicer = servicer
         self.hook = hook
         first = servicer.lookup(ctx, hook.name)
@@ -76,6 +139,15 @@ class _Session:
         self.announce = ctx.announce_signals
         speculative = all(s.hosted.processor.speculative for s in self.stages)
         self.history = History(self.stages) if speculative else None
+        params = first.params[hook.name]
+        self.outbox: _Outbox | None = None
+        """Partial results to send (a stream that takes them, of one processor whose hook releases)."""
+        if req.partial_results and not fused and (params is None or "release" in params):
+            self.outbox = _Outbox()
+        self._results: list[ppb.StreamPartResult] = []
+        """The batch's results not sent yet (`_alone`): a partial result goes behind them."""
+        self._seq = 0
+        """The seq of the part being processed (`_alone`)."""
 
     async def call(self, stage: Stage, part: dict[str, Any], effects: HookEffects, quiet: bool) -> Any:
         """One part through one processor's hook (on its hook loop)."""
@@ -86,12 +158,28 @@ class _Session:
         kwargs["send_signal"] = effects.send_signal
         kwargs["writer"] = Writer(effects)
         kwargs["report_violation"] = effects.report_violation
+        send = self._send_partial if self.outbox is not None and not quiet else None
+        release = kwargs["release"] = Release(effects, self.hook.name, send)
         out = await self.servicer.invoke(
             stage.hosted, self.hook.name, kwargs, effects, quiet=quiet, tally=stage.tally
         )
         if effects.abort is not None and not quiet:
             stage.aborted = True
+        if release.kept and effects.abort is None:  # let go as if returned first
+            out = release.kept + returned_chunks(out, self.hook.name)
         return out
+
+    def _send_partial(self, chunks: list[dict[str, Any]], effects: HookEffects) -> None:
+        """A partial result for the part being processed: the effects so far, then `chunks`;
+        sent behind the batch's results before it."""
+        assert self.outbox is not None
+        res = self.hook.encode(chunks, self.stages[0].kwargs)
+        res.seq = self._seq
+        res.more = True
+        fill_effects(res.effects, effects, None)
+        effects.signals, effects.custom_chunks, effects.violations = [], [], []
+        results, self._results = [*self._results, res], []
+        self.outbox.put(results)
 
     async def batch(self, items: Any, *, quiet: bool = False) -> tuple[list[ppb.StreamPartResult], bool]:
         """One request's parts through the processors; True when one aborted (the stream ends).
@@ -109,22 +197,23 @@ class _Session:
 
     async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
-        results = []
+        self._results = []
         for item in items:
+            self._seq = item.seq
             if not stage.takes(item.part.type):
                 passed = ppb.StreamPartResult(seq=item.seq)
                 passed.part.CopyFrom(item.part)
-                results.append(passed)
+                self._results.append(passed)
                 continue
             effects = HookEffects(stage.hosted.id)
             out = await self.call(stage, convert.chunk_from_proto(item.part), effects, quiet)
             res = ppb.StreamPartResult() if effects.abort is not None else self.hook.encode(out, stage.kwargs)
             res.seq = item.seq
             fill_effects(res.effects, effects, None)
-            results.append(res)
+            self._results.append(res)  # behind those a partial result did not send
             if effects.abort is not None:
-                return results, True
-        return results, False
+                return self._results, True
+        return self._results, False
 
     async def answer(self, req: ppb.ProcessOutputStreamRequest) -> tuple[list[ppb.StreamPartResult], bool]:
         """A request: its rewind, its commit, then its parts."""
@@ -178,7 +267,7 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
             async for raw in request_iterator:
                 req = decode(hook.request, raw, name, servicer.rejects)
                 if session is None:
-                    session = _Session(servicer, hook, req.context)
+                    session = _Session(servicer, hook, req)
                     pid = session.stages[0].hosted.id
                     span = tracing.start(
                         f"procmesh.hook {name} {pid}",
@@ -188,7 +277,24 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                     )
                     span.outcome("pass")
                     hook_span.set(span)  # its parts' pre-checks count their saved judge calls on it
-                results, aborted = await session.answer(req)
+                if session.outbox is None:
+                    results, aborted = await session.answer(req)
+                else:  # partial results go out while the batch is processed
+                    outbox = session.outbox
+                    batch = asyncio.ensure_future(session.answer(req))
+                    try:
+                        while not batch.done():
+                            outbox.wake = outbox.loop.create_future()
+                            if not outbox.items:
+                                waits: set[asyncio.Future[Any]] = {batch, outbox.wake}
+                                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                            while outbox.items:
+                                yield ppb.ProcessOutputStreamResponse(results=outbox.items.popleft())
+                    finally:
+                        batch.cancel()
+                    while outbox.items:
+                        yield ppb.ProcessOutputStreamResponse(results=outbox.items.popleft())
+                    results, aborted = batch.result()
                 yield ppb.ProcessOutputStreamResponse(results=results)
                 if aborted:
                     span.outcome("abort")

@@ -115,7 +115,7 @@ HOOKS: tuple[Hook, ...] = (
         "process_output_stream",
         "ProcessOutputStream",
         ppb.HOOK_PROCESS_OUTPUT_STREAM,
-        ("part", "stream_parts"),
+        ("part", "stream_parts", "release"),
         streaming=True,
     ),
     _hook(

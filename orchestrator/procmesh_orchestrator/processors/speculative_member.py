@@ -122,6 +122,15 @@ class Member:
         """Its committed parts' metrics (a fused session's under its first processor)."""
         self.arrived: dict[int, float] = {}
         """When each answer in `answers` came (the latency it added counts to then)."""
+        self.partials: dict[int, list[ppb.StreamPartResult]] = {}
+        """Partial results (``more``) per seq, in order, until the part's answer commits."""
+        self.handed: dict[int, int] = {}
+        """How many of a seq's partial results were handed on already (`SpeculativeGroup._early`)."""
+        self.early: deque[tuple[int, tpb.Chunk]] = deque()
+        """Parts handed on from partial results of guesses not yet confirmed (with their seq), in
+        order; seq 0: their guess was withdrawn, so its answers given again must start with them."""
+        self.dropped: deque[tpb.Chunk] = deque()
+        """Committed parts it dropped (held) and has not let go since, in order."""
         self.quiet = quiet_effects(len(self.handles))
         """The effects of an answer in which none of its processors did anything: empty, and for a
         fused session one empty outcome per further processor (the SDKs send them even when
@@ -176,6 +185,9 @@ class Member:
         self.firm -= sum(1 for e in withdrawn if e.origin is None)
         unsent = {seq for seq, _ in self.out} if self.out is not None else set()
         for entry in withdrawn:
+            self.partials.pop(entry.seq, None)
+            if self.handed.pop(entry.seq, 0):
+                self._orphan(entry.seq)
             answer = self.answers.pop(entry.seq, None)
             self.arrived.pop(entry.seq, None)
             if answer is not None and aborts(answer):
@@ -188,6 +200,18 @@ class Member:
         if first not in unsent:
             self.rewind = min(self.rewind, first) if self.rewind else first
         return withdrawn
+
+    def _orphan(self, since: int = 0) -> None:
+        """The guesses from seq `since` on whose parts were handed on early are withdrawn: those
+        parts must come first again in what it commits (`SpeculativeGroup._unahead`)."""
+        self.early = deque((0 if seq >= since else seq, part) for seq, part in self.early)
+
+    def forget_partials(self) -> None:
+        """It failed open: what its partial results kept is no longer needed."""
+        self.partials.clear()
+        self.handed.clear()
+        self.early.clear()
+        self.dropped.clear()
 
     def flush(self) -> None:
         """Send this round's request: the rewind, the commit mark, the parts."""
@@ -223,7 +247,7 @@ class Member:
                 self.clock.grpc_timeout(caller), metadata=self.span.metadata(), encoded=True
             )
         )
-        self.out, self.head = [], ppb.ProcessOutputStreamRequest()
+        self.out, self.head = [], ppb.ProcessOutputStreamRequest(partial_results=len(self.handles) == 1)
         caller.fill_context(self.head.context, self.handle)
         if len(self.handles) > 1:
             caller.fill_fused(self.head.context, self.handles[1:])
@@ -265,6 +289,10 @@ class Member:
         self.rewind = self.told = 0
         self.answers.clear()
         self.arrived.clear()
+        self.partials.clear()
+        if self.handed:
+            self.handed.clear()
+            self._orphan()
         self.dead.clear()  # the old session's: it is read no more
         self.out = self.head = None
         held = list(self.fed)
@@ -300,6 +328,12 @@ class Member:
                     seq = res.seq
                     if seq > sent:
                         raise MalformedResponseError(f"result for part {seq}, never sent")
+                    if res.more:  # parts let go early: the part's answer is still to come
+                        if len(self.handles) > 1 or res.effects.HasField("abort"):
+                            raise MalformedResponseError(f"partial result for part {seq} not allowed")
+                        if seq not in skip and seq not in dead:
+                            self.partials.setdefault(seq, []).append(res)
+                        continue
                     top = max(top, seq)
                     if skip and seq in skip:
                         skip.discard(seq)

@@ -17,6 +17,9 @@ handed on as the object the next processor was given in advance, so its guess is
 identity. A session ends at an abort (the SDKs' rule), so a processor whose abort on a part it got in
 advance is withdrawn gets a new session, given again the parts it committed (`Member.restart`).
 Each member's session, its books and its time limits are in `speculative_member`.
+
+Partial results (``more``: parts a processor lets go while it still processes a part) are handed
+on as soon as they can be, some before their guess is confirmed (`speculative_partial`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.processors.speculative_member import Member
+from procmesh_orchestrator.processors.speculative_partial import ahead, early, held, unahead
 from procmesh_orchestrator.processors.stream_call import (
     ABORT,
     CHUNK,
@@ -41,6 +45,7 @@ from procmesh_orchestrator.processors.stream_call import (
     Item,
     Pipe,
     count_session,
+    merged,
     session_policy,
 )
 
@@ -125,7 +130,7 @@ class SpeculativeGroup:
             for j in range(len(self.members)):
                 if self.cut_at is not None and j <= self.cut_at:
                     continue
-                while self._passes(j) or self._step(j):
+                while self._passes(j) or self._step(j) or ahead(self, j):
                     progress = True
                 if self.done:
                     break
@@ -158,6 +163,9 @@ class SpeculativeGroup:
             return False
         kind, value, origin = member.inbox[0]
         if kind == END:
+            if member.early and not member.failed_open:  # parts let go early were never let go again
+                member.broken = member.broken or "parts let go early were withdrawn and not let go again"
+                return self._failure(j)
             if member.call is not None and not member.failed_open:
                 if member.broken is not None:
                     return self._failure(j)  # its end (the states) never came
@@ -177,21 +185,28 @@ class SpeculativeGroup:
         answer = member.answers.pop(head.seq, None)
         if answer is None:
             if member.broken is None:
-                return False
+                return early(self, j, head.seq, origin)
             return self._failure(j)
         member.inbox.popleft()
         member.fed.popleft()
+        partials = member.partials.pop(head.seq, [])
+        handed = member.handed.pop(head.seq, 0)
+        while member.early and member.early[0][0] == head.seq:
+            member.early.popleft()  # handed on before their guess was confirmed: it is now
         member.parts.now = member.arrived.pop(head.seq, head.sent_at)
-        member.parts.answered(head.part, answer, head.sent_at)
+        member.parts.answered(head.part, merged(partials, answer), head.sent_at)
         member.replay.append(head.part)
         member.firm -= 1
         member.committed = head.seq
         try:
-            items = member.items(answer, self.announce_signals)
+            items = [i for p in partials[handed:] for i in member.items(p, self.announce_signals)]
+            items += member.items(answer, self.announce_signals)
+            items = unahead(member, items)
         except MalformedResponseError as exc:
             member.broken = str(exc)
             member.inbox.appendleft((kind, value, origin))
             return self._failure(j)
+        held(member, head.part, items)
         if items and items[-1][0] == ABORT:
             member.parts.decided(head.part, "retry" if items[-1][1].retry else "abort")
             member.span.outcome("abort")
@@ -214,7 +229,7 @@ class SpeculativeGroup:
         member = self.members[j]
         inbox, fed, answers, arrived = member.inbox, member.fed, member.answers, member.arrived
         parts, quiet = member.parts, member.quiet
-        if not inbox or member.failed_open or parts.recording:
+        if not inbox or member.failed_open or parts.recording or member.partials or member.early:
             return False
         following = self.members[j + 1] if j + 1 < len(self.members) else None
         guessing = following is not None and not following.failed_open and self.cut_at is None
@@ -300,6 +315,7 @@ class SpeculativeGroup:
             self._hand_on(j, [(ERROR, error)], self.taken)
             return True
         member.failed_open = True  # from here on its input passes by unchanged
+        member.forget_partials()
         member.fed.clear()
         member.firm = 0
         member.answers.clear()

@@ -38,6 +38,8 @@ from procmesh_orchestrator.processors.stream_call import (
     answer_items,
     count_session,
     fused_items,
+    merged,
+    partial_items,
     session_policy,
 )
 from procmesh_orchestrator.processors.stream_plan import may_follow, speculative_groups
@@ -105,6 +107,8 @@ class _Stage:
         """A monitor entry: the most severe thing it would have done in this session (its span)."""
         self.quiet = quiet_effects(len(self.members))
         """A fused answer's effects when none of its processors did anything (`_apply_fused`)."""
+        self.partial = len(self.members) == 1 and not self.handle.shadow and not side
+        self.partials: list[ppb.StreamPartResult] = []  # the head part's, handed on as they came
 
     def _eligible(self, chunk: tpb.Chunk) -> bool:
         # a fused session gets data parts when one of its processors takes them (the sidecar
@@ -185,7 +189,7 @@ class _Stage:
         )
         self.call = StreamCall(raw)
         self.reader = asyncio.create_task(self._read(self.call))
-        first = ppb.ProcessOutputStreamRequest()
+        first = ppb.ProcessOutputStreamRequest(partial_results=self.partial)
         self.caller.fill_context(first.context, self.handle)
         if len(self.members) > 1:
             self.caller.fill_fused(first.context, self.members[1:])
@@ -242,11 +246,17 @@ class _Stage:
             self._flush_one()
         if not self.pending:
             raise MalformedResponseError("more results than parts sent")
+        if res.more:  # parts let go early: on at once, the part's answer is still to come
+            self.partials.append(res)
+            for item in partial_items(self.handle, res, self.sent[0][0], self.partial, self.announce_signals):
+                self.outq.put_nowait(item)
+            return
         _, original, _ = self.pending.popleft()
         seq, sent_at = self.sent.popleft()
         if res.seq != seq:
             raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
-        self.parts.answered(original, res, sent_at)
+        self.parts.answered(original, merged(self.partials, res), sent_at)
+        self.partials.clear()
         if len(self.members) > 1:
             self.parts.decided(original, self.parts.last)
             self._apply_fused(res)

@@ -17,7 +17,7 @@ import grpc
 from procmesh import convert, translate_rpc_error
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
-from procmesh_orchestrator.errors import ProcessorCallError
+from procmesh_orchestrator.errors import MalformedResponseError, ProcessorCallError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
 from procmesh_orchestrator.processors.wire import call_error, read_effects
 from procmesh_orchestrator.run.hooks import StreamEffects, Violation
@@ -383,6 +383,34 @@ def answer_items(
             items.append((CHUNK, res.part))
         items += [(CHUNK, extra) for extra in res.extra_parts]
     return items
+
+
+def partial_items(
+    handle: ProcessorHandle, res: ppb.StreamPartResult, seq: int, accepted: bool, announce_signals: bool
+) -> list[Item]:
+    """What a partial result (``more``) for part `seq` hands on at once: its effects, then its
+    parts (`answer_items`). Malformed for another part, on a stream that did not take partial
+    results, or with an abort (an abort comes in a part's last result)."""
+    if res.seq != seq:
+        raise MalformedResponseError(f"result for part {res.seq} where part {seq} was expected")
+    if not accepted:
+        raise MalformedResponseError(f"partial result for part {res.seq} on a stream that takes none")
+    if res.effects.HasField("abort"):
+        raise MalformedResponseError(f"partial result for part {res.seq} carries an abort")
+    return answer_items(handle, res, announce_signals=announce_signals)
+
+
+def merged(partials: Sequence[ppb.StreamPartResult], res: ppb.StreamPartResult) -> ppb.StreamPartResult:
+    """A part's answer given in several results (its partial ones, then `res`) as one result's
+    parts, as the metrics and the decision record count it."""
+    if not partials:
+        return res
+    chunks = [c for r in (*partials, res) if r.HasField("part") for c in (r.part, *r.extra_parts)]
+    out = ppb.StreamPartResult(seq=res.seq)
+    if chunks:
+        out.part.CopyFrom(chunks[0])
+        out.extra_parts.extend(chunks[1:])
+    return out
 
 
 def fused_items(

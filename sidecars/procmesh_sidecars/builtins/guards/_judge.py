@@ -17,7 +17,9 @@ stream unjudged, as the orchestrator does with a stage that failed open.
 
 Streams are judged per window (`_windows`), pipelined: a closed window's judge call runs as a task
 while later parts keep arriving (each answered at once: held, or let go when nothing is held);
-verdicts leave in window order, and the step's end waits for every one. A verdict task is kept
+verdicts leave in window order, and the step's end waits for every one, letting each window's
+parts go as its verdict comes (the SDK's ``release``: a partial result where the orchestrator
+takes them), not all after the last window's. A verdict task is kept
 per run, window id and text (a bounded map; ids are numbered in the run's state, which a rewind
 puts back), so a window the SDK's rewind puts back finds its verdict,
 and a window whose task is gone is judged again from the text its state kept.
@@ -297,12 +299,14 @@ class JudgedGuard(Processor):
         report: Any,
         on_failure: str | None,
         run_id: str = "",
+        release: Any = None,
     ) -> Chunk | list[Chunk] | None:
         """One streamed part: held, let go, or (at the step's end) everything judged and let go.
 
         `on_failure` is the processor's failure policy: under ``fail-open`` a failed judge call
         lets everything go unjudged (`_fail_open`) instead of failing the hook. `run_id` scopes
-        the verdicts kept per window (window ids are numbered per run).
+        the verdicts kept per window (window ids are numbered per run). `release` (the SDK's)
+        lets each window's parts go at the step's end as its verdict comes.
         """
         kind = str(part.get("type", ""))
         if state.get(_FAILED_OPEN):
@@ -323,7 +327,7 @@ class JudgedGuard(Processor):
             self._judge(closed, options, model, run_id)
         if kind in _windows.STEP_ENDS:
             out = await self._release(
-                state, options, model, abort, report, run_id, wait=True, fail_open=fail_open
+                state, options, model, abort, report, run_id, wait=True, fail_open=fail_open, now=release
             )
             state.pop(_FAILED_OPEN, None)  # failed at the step's end: the step is over
             return [*out, part]
@@ -357,13 +361,17 @@ class JudgedGuard(Processor):
         *,
         wait: bool,
         fail_open: bool,
+        now: Any = None,
     ) -> list[Chunk]:
-        """The parts of every judged window at the head, in order (all of them when `wait`)."""
+        """The parts of every judged window at the head, in order (all of them when `wait`);
+        with `now` (``release``) each window's go through it as its verdict comes, the rest
+        (a fail-open's) are returned."""
         out: list[Chunk] = []
+        let_go = now if now is not None else out.extend
         while (window := _windows.head(state)) is not None:
             if not window["text"]:
                 _windows.pop_head(state)
-                out += window["parts"]
+                let_go(list(window["parts"]))
                 continue
             task = self._judge(window, options, model, run_id)
             if not task.done() and not wait:
@@ -379,7 +387,7 @@ class JudgedGuard(Processor):
                     raise  # fail-closed: the orchestrator ends the run
                 return out + self._fail_open(state, options, report, exc)
             _windows.pop_head(state)  # its task stays (bounded): a rewind that puts it back reuses it
-            out += _apply_to_window(window, verdict, abort, report)
+            let_go(_apply_to_window(window, verdict, abort, report))
         return out
 
     def _fail_open(self, state: dict[str, Any], options: Any, report: Any, exc: ProcmeshError) -> list[Chunk]:
@@ -464,7 +472,8 @@ class StreamHook(JudgedGuard):
         report_violation: Any,
         on_failure: str | None,
         run_id: str,
+        release: Any,
     ) -> Chunk | list[Chunk] | None:
         return await self.judge_stream(
-            part, options, state, model, abort, report_violation, on_failure, run_id
+            part, options, state, model, abort, report_violation, on_failure, run_id, release
         )

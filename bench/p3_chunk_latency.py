@@ -1,12 +1,21 @@
 """P3: added latency per chunk at 50 chunks/s through 3 speculative sidecars, and through the same
 3 processors fused in one sidecar, against ONE raw grpc.aio bidi echo hop measured in the same
 rounds; the 3 sidecars also against 3 PARALLEL raw hops to 3 echo processes (the topology's own
-limit: a chunk waits for the slowest of three), and for the record 3 raw hops in a row."""
+limit: a chunk waits for the slowest of three), and for the record 3 raw hops in a row.
+
+`python -m bench.p3_chunk_latency --fused-only` runs P3 fused alone (its own sidecar and echo
+server, no processors / fused / one raw hop alternating) and prints one JSON line: the figure
+and each round's ratio, to compare commits (run it from a worktree of each, alternating)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,7 +24,7 @@ from typing import Any
 import grpc
 
 from bench.echo_server import STREAM_METHOD
-from bench.harness import agent, figure, free_port, pct, rounds, start
+from bench.harness import agent, bench_app, figure, free_port, pct, rounds, start
 from procmesh import convert
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator import App, ModelRequest, ScriptedModel
@@ -178,3 +187,81 @@ async def measure(app: App, echo_address: str, n: int) -> dict[str, Any]:
         "p3_ratio_p99_fused_vs_one_hop": fused_ratio,
         "p3_ratio_p99_fused_vs_one_hop_spread": fused_spread,
     }
+
+
+async def fused_only(n: int, n_rounds: int) -> dict[str, Any]:
+    """P3 fused alone: no processors, the 3 fused in one sidecar and one raw hop, alternating,
+    `n_rounds` rounds of `n` chunks after a warm-up round; the figure as `measure` computes it."""
+    tmp = Path(tempfile.mkdtemp(prefix="pm-p3-"))
+    echo, sidecar = f"unix://{tmp}/echo.sock", f"unix://{tmp}/s1.sock"
+    procs = [start("bench.echo_server", echo), start("bench.processors", sidecar)]
+    try:
+        await procs[1].wait_ready()
+        await asyncio.sleep(0.3)  # the echo server's start (it has no health service)
+        agents = {"none": {}, "fused-3": {"outputProcessors": [f"s1/pass-{i}" for i in (1, 2, 3)]}}
+        async with bench_app({"s1": sidecar}, agents) as app:
+            channel = grpc.aio.insecure_channel(echo)
+
+            cpu = {"orchestrator": 0.0, "sidecar": 0.0}
+            assert procs[1].proc is not None
+            sidecar_pid = procs[1].proc.pid
+
+            async def fused(chunks: int) -> list[float]:
+                """A fused run, its CPU (this process's, every thread; the sidecar's) counted."""
+                t0, s0 = time.process_time(), process_cpu(sidecar_pid)
+                lat = await chunk_latencies(app, "fused-3", chunks)
+                cpu["orchestrator"] += time.process_time() - t0
+                cpu["sidecar"] += process_cpu(sidecar_pid) - s0
+                return lat
+
+            def systems(chunks: int) -> dict[str, Callable[[], Awaitable[list[float]]]]:
+                return {
+                    "base": lambda: chunk_latencies(app, "none", chunks),
+                    "fused": lambda: fused(chunks),
+                    "one_hop": lambda: raw_hops(channel, 1, chunks),
+                }
+
+            await rounds(systems(min(n, WARMUP_CHUNKS)), 0, warmup=1)
+            cpu = {"orchestrator": 0.0, "sidecar": 0.0}
+            got = await rounds(systems(n), n_rounds, warmup=0)
+            await channel.close()
+    finally:
+        for proc in procs:
+            proc.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    added = [pct(lat, 0.99) - pct(base, 0.5) for lat, base in zip(got["fused"], got["base"], strict=True)]
+    hop = [pct(lat, 0.99) for lat in got["one_hop"]]
+    ratios = [a / h for a, h in zip(added, hop, strict=True)]
+    ratio, spread = figure(ratios)
+    fused = [x for run in got["fused"] for x in run]
+    return {
+        "p3_ratio_p99_fused_vs_one_hop": ratio,
+        "spread": spread,
+        "rounds": ratios,
+        "fused_added_p99_ms": statistics.median(added),
+        "one_hop_p99_ms": statistics.median(hop),
+        "fused_p50_ms": pct(fused, 0.5),
+        "fused_p99_ms": pct(fused, 0.99),
+        "base_p50_ms": pct([x for run in got["base"] for x in run], 0.5),
+        "fused_cpu_us_per_chunk": {k: v * 1e6 / (n * n_rounds) for k, v in cpu.items()},
+        "loadavg": os.getloadavg()[0],
+    }
+
+
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU process `pid` has used (user + system, every thread: /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fused-only", action="store_true", required=True)
+    parser.add_argument("--chunks", type=int, default=300, help="chunks a round (300 as in make bench)")
+    parser.add_argument("--rounds", type=int, default=P3_ROUNDS)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(fused_only(args.chunks, args.rounds))))
+
+
+if __name__ == "__main__":
+    main()

@@ -425,3 +425,29 @@ async def start_replica(
         start, config(sidecar.address), "--grpc-port", str(port), env={"PROCMESH_API_KEYS": keys, **env}
     )
     return sidecar, orchestrator
+
+
+async def start_judged(
+    start: Callable[..., OrchestratorProcess],
+    gateway_port: int,
+    sidecars: dict[str, SidecarProcess],
+    judge_url: str,
+    secret: str,
+    agents: dict[str, Any],
+    models: dict[str, Any] | None = None,
+) -> OrchestratorProcess:
+    """An orchestrator serving the model gateway on `gateway_port` (its sidecars told it first),
+    a ``judges`` provider at `judge_url` keyed with `secret`, the demo model ``echo`` (or
+    `models`) and `agents`; each sidecar waited for, with a 10 s timeout."""
+    for proc in sidecars.values():
+        await proc.wait_ready()
+    config = {
+        "sidecars": {name: {"address": proc.address, "timeout": 10} for name, proc in sidecars.items()},
+        "providers": {"judges": {"kind": "openai", "baseUrl": judge_url, "apiKeyEnv": "JUDGE_KEY"}},
+        "models": models or {"echo": {"provider": "demo"}},
+        "agents": agents,
+    }
+    keys = f"{API_KEYS},{GATEWAY_KEY}=@gateway"
+    return await asyncio.to_thread(
+        start, config, "--grpc-port", str(gateway_port), env={"PROCMESH_API_KEYS": keys, "JUDGE_KEY": secret}
+    )

@@ -104,6 +104,7 @@ class GatewayJudging:
         response, reused = await cache.answer(request, schema, settings, resource, processor, ask)
         if reused:
             self._service.app.metrics.judge_calls_saved.labels(processor, "cache").inc()
+            self._planner.answered(request, resource, settings)  # its text's group: one fewer to wait for
         return response
 
     async def _ask(

@@ -8,16 +8,20 @@ signature, at the one line where the gateway's judging (`gateway_judging`) sets 
 **Merging.** Requests with the same `SectionRequest.merge_key` (model, run, phase, content,
 settings, the caller's tenant) that arrive together become ONE model call (`judge_sections`: a
 section per guard, each with its own instructions and schema), and each caller gets its own
-section. How long to wait is planned from the lanes, not guessed: `JudgePlan` counts, per agent,
-judge model and phase, the entries of one lane that name that model without ``merge_judge:
-false`` (the run's agent's when the run is live on this replica, else the most any agent has).
-A group goes out as soon as that many requests are in it, at once when
-the plan says one (a lone guard waits for nothing), else once its lane (the run's phase on that
+section. How long to wait is planned from the lanes, not guessed (`judge_plan`): `JudgePlan`
+counts, per agent, judge model and phase, the entries of one lane that name that model without
+``merge_judge: false`` (the run's agent's when the run is live on this replica, else the most any
+agent has). A group goes out as soon as that many requests are in it (a guard the verdict cache
+or a repeat answered about the text counts as in: `JudgePlanner.answered`), at once when the
+plan says one (a lone guard waits for nothing), else once its lane (the run's phase on that
 model) has sent nothing for `MERGE_WINDOW` (a question the verdict cache answers counts:
-`JudgePlanner.sending`), and at the latest `MERGE_CAP` after its first request
-(a guard that judges no text this time, or one behind a processor that is not speculative, is
-not waited for longer). A group of one is the guard's own call, made alone with
-its own prompt: exactly what it was without the planner.
+`JudgePlanner.sending`), and at the latest `MERGE_CAP` after its first request. A guard the plan
+knows asks about every text (`JudgePlan.sure`) is waited for past the window, to the cap: under
+load a sidecar wakes late; a guard that may judge no text this time (a pre-check, the newest
+message only, a condition, not speculative behind a holding guard) is not. A window's timer that
+fires late (`_fire`: the loop was away, the requests that came meanwhile are unread) waits one
+window more. A group of one is the guard's own call, made alone with its own prompt: exactly
+what it was without the planner.
 
 **Repeats.** The orchestrator may ask a speculative entry again with the same text (an entry
 before it changed only its input's metadata, as language detection does): the very same
@@ -44,7 +48,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,13 +56,14 @@ import grpc
 
 from procmesh import tracing
 from procmesh.v1 import model_pb2 as mpb
-from procmesh_orchestrator.config import Config, WorkflowRef
-from procmesh_orchestrator.config.lanes import workflow_processors
+from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.service.grpc.judge_plan import JudgePlan
 from procmesh_orchestrator.service.grpc.judge_sections import (
     Refused,
     SectionRequest,
     SectionVerdict,
     lane_key,
+    merge_key,
     merged_prompt,
     merged_schema,
     section_names,
@@ -72,6 +77,9 @@ MERGE_WINDOW = 0.05
 """Seconds a group still missing requests its plan expects waits after its lane's last request."""
 MERGE_CAP = 1.0
 """Seconds a group waits at most (from its first request), however long its lane keeps sending."""
+_STALL = 0.02
+"""Seconds late a group's timer may fire and still show its lane was quiet (later: the loop was
+away, and what came meanwhile is unread)."""
 REPEAT_SECONDS = 30.0
 """Seconds a section's verdict answers the very same question again in the same run: a
 speculative call the orchestrator discarded (an entry before it changed its input's metadata)
@@ -89,59 +97,40 @@ Once = Callable[
 Alone = Callable[[SectionRequest], Awaitable[SectionVerdict]]
 """A request's own call, with its own prompt and the gateway's retry (nothing merged)."""
 
-_LANES = {"input": "inputProcessors", "output": "outputProcessors"}
 
+@dataclass
+class _Text:
+    """The guards that asked about one text of a run's lane (by the id their questions carry)."""
 
-@dataclass(frozen=True)
-class JudgePlan:
-    """How many requests of one judge model and phase a run may send about one text."""
-
-    expected: Mapping[tuple[str, str, str], int]
-    """(agent, model, phase) -> the most entries of one of its lanes asking that model."""
-
-    @classmethod
-    def of(cls, config: Config) -> JudgePlan:
-        """Per agent, model and phase: the entries of a lane naming the model, merging on."""
-        expected: dict[tuple[str, str, str], int] = {}
-        for agent_id, agent in config.agents.items():
-            for name, lane in agent.named_lanes():
-                phase = next((p for p, field_ in _LANES.items() if name.startswith(field_)), None)
-                if phase is None:
-                    continue
-                counts: dict[str, int] = {}
-                for options in _lane_options(config, lane):
-                    model = options.get("model")
-                    if isinstance(model, str) and options.get("merge_judge", True) is not False:
-                        counts[model] = counts.get(model, 0) + 1
-                for model, n in counts.items():
-                    key = (agent_id, model, phase)
-                    expected[key] = max(expected.get(key, 0), n)
-        return cls(expected)
-
-    def count(self, request: SectionRequest) -> int:
-        """Requests to wait for (1: none but this one): the run's agent's, when the run is live
-        here; else the most any agent may send (the window bounds the wait)."""
-        if request.agent is not None:
-            return max(self.expected.get((request.agent, request.model, request.phase), 1), 1)
-        found = [n for (_, m, p), n in self.expected.items() if (m, p) == (request.model, request.phase)]
-        return max([1, *found])
-
-
-def _lane_options(config: Config, lane: list[Any]) -> Iterator[Mapping[str, Any]]:
-    for entry in lane:
-        if isinstance(entry, WorkflowRef):
-            yield from (ref.options for _, ref in workflow_processors(entry.workflow, config.workflows, ""))
-        else:
-            yield entry.options
+    arrived: set[str] = field(default_factory=set)
+    """Every guard whose question reached the gateway (whatever answered it)."""
+    settled: set[str] = field(default_factory=set)
+    """The guards answered without a call (the verdict cache, a repeat): none of theirs to wait for."""
 
 
 @dataclass
 class _Group:
     expected: int
+    sure: frozenset[frozenset[str]]
+    """The guards known to ask about the text (each by the ids its questions may carry)."""
     lane: str
     started: float
+    text: _Text
     members: list[tuple[SectionRequest, asyncio.Future[SectionVerdict]]] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
+    due: float = 0.0
+    """When `timer` was due (a timer that fires late found the loop away: see `_fire`)."""
+    arrived: list[float] = field(default_factory=list)
+
+    def complete(self) -> bool:
+        """Every question the plan expects is in: the members, with the guards answered without a
+        call counted, make the plan's number."""
+        ids = {r.guard_id for r, _ in self.members}
+        return len(self.members) + len(self.text.settled - ids) >= self.expected
+
+    def awaiting(self) -> bool:
+        """A guard known to ask about the text has not asked yet."""
+        return any(not (ids & self.text.arrived) for ids in self.sure)
 
 
 class JudgePlanner:
@@ -168,6 +157,8 @@ class JudgePlanner:
         """A lane's groups still waiting (by merge key): its every request keeps them waiting."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._answered: OrderedDict[str, tuple[float, SectionVerdict]] = OrderedDict()
+        self._texts: OrderedDict[str, _Text] = OrderedDict()
+        """The guards that asked about each recent text (by merge key), the oldest out first."""
 
     def _plan(self) -> JudgePlan:
         """The serving config's plan (made again after a reload)."""
@@ -179,19 +170,24 @@ class JudgePlanner:
     async def judge(self, request: SectionRequest) -> SectionVerdict:
         """`request`'s own verdict, from a call shared with every request merged with it."""
         loop = asyncio.get_running_loop()
+        key, lane = request.merge_key(), request.lane_key()
+        text = self._text(key)
+        text.arrived.add(request.guard_id)
         answered = self._answered.get(_repeat_key(request))
         if answered is not None and loop.time() - answered[0] < REPEAT_SECONDS:
             self._metrics.judge_calls_saved.labels(request.processor, "repeat").inc()
+            self._settled(key, request.guard_id)
             return answered[1]
-        key, lane = request.merge_key(), request.lane_key()
         group = self._open.get(key)
         if group is None:
-            group = _Group(self._plan().count(request), lane, loop.time())
+            plan = self._plan()
+            group = _Group(plan.count(request), plan.sure(request), lane, loop.time(), text)
             self._open[key] = group
             self._lanes.setdefault(lane, set()).add(key)
         future: asyncio.Future[SectionVerdict] = loop.create_future()
         group.members.append((request, future))
-        if len(group.members) >= group.expected:  # all the plan expects are in
+        group.arrived.append(loop.time())
+        if group.complete():  # all the plan expects are in
             self._dispatch(key, group)
         self._hold(lane)
         return await future
@@ -205,10 +201,45 @@ class JudgePlanner:
         Guards send their questions about a run's texts together, and the gateway takes them one
         after another: with the history's answers in the cache, one guard's question about a new
         text and the next guard's about the same text have the cached ones between them, and a
-        group that went out at that pause would leave short, the others in calls of their own."""
+        group that went out at that pause would leave short, the others in calls of their own.
+        Its guard has asked about its text: a group waiting for it as a guard known to ask stops
+        waiting for it longer than its lane's window."""
         if request.HasField("section"):
-            section = request.section
-            self._hold(lane_key(request.model, request.run_id, resource, section.phase, settings))
+            lane = self._lane_of(request, resource, settings)
+            self._text(merge_key(lane, request.section.content)).arrived.add(request.processor_id)
+            self._hold(lane)
+
+    def answered(
+        self, request: mpb.ModelServiceGenerateRequest, resource: str | None, settings: Mapping[str, Any]
+    ) -> None:
+        """A sectioned request was answered without reaching `judge` (the verdict cache): a group
+        about its text counts it as in (it goes out once the rest the plan expects are)."""
+        if request.HasField("section"):
+            key = merge_key(self._lane_of(request, resource, settings), request.section.content)
+            self._settled(key, request.processor_id)
+
+    @staticmethod
+    def _lane_of(
+        request: mpb.ModelServiceGenerateRequest, resource: str | None, settings: Mapping[str, Any]
+    ) -> str:
+        return lane_key(request.model, request.run_id, resource, request.section.phase, settings)
+
+    def _text(self, key: str) -> _Text:
+        """What the planner knows of the guards that asked about one text (by merge key)."""
+        text = self._texts.get(key)
+        if text is None:
+            text = self._texts[key] = _Text()
+            while len(self._texts) > _REPEATS:
+                self._texts.popitem(last=False)
+        return text
+
+    def _settled(self, key: str, guard_id: str) -> None:
+        text = self._text(key)
+        text.arrived.add(guard_id)
+        text.settled.add(guard_id)
+        group = self._open.get(key)
+        if group is not None and group.complete():
+            self._dispatch(key, group)
 
     def _hold(self, lane: str) -> None:
         """The lane is still sending: each of its waiting groups waits `window` more (capped).
@@ -216,13 +247,36 @@ class JudgePlanner:
         Guards send their questions about a run's texts one after another (a guard judging
         twenty messages sends twenty), so a group's last member may come long after its first
         while the lane's requests keep arriving; once they stop, what is in goes out."""
-        loop = asyncio.get_running_loop()
+        now = asyncio.get_running_loop().time()
         for key in self._lanes.get(lane, ()):
             group = self._open[key]
-            if group.timer is not None:
-                group.timer.cancel()
-            at = min(loop.time() + self._window, group.started + MERGE_CAP)
-            group.timer = loop.call_at(at, self._dispatch, key, group)
+            self._arm(key, group, min(now + self._window, group.started + MERGE_CAP))
+
+    def _arm(self, key: str, group: _Group, at: float) -> None:
+        if group.timer is not None:
+            group.timer.cancel()
+        group.due = at
+        group.timer = asyncio.get_running_loop().call_at(at, self._fire, key, group)
+
+    def _fire(self, key: str, group: _Group) -> None:
+        """A group's lane was quiet for its window: it goes out, unless the loop was away or a
+        guard known to ask has not asked yet (it waits on, to the cap).
+
+        A timer that fires late found the loop busy or not scheduled (a loaded machine): the
+        requests that came in meanwhile are still unread in gRPC's queues, and the lane only
+        looked quiet. Measured at load 6-8: the loop away 250 ms, the timers due in it fired
+        before the third guard's questions about eleven windows were read, and each went out
+        short, the third guard's question in a call of its own."""
+        now = asyncio.get_running_loop().time()
+        cap = group.started + MERGE_CAP
+        if now < cap:
+            if now - group.due > _STALL:
+                self._arm(key, group, min(now + self._window, cap))
+                return
+            if group.awaiting():
+                self._arm(key, group, cap)
+                return
+        self._dispatch(key, group)
 
     def _dispatch(self, key: str, group: _Group) -> None:
         if self._open.get(key) is group:
@@ -233,6 +287,15 @@ class JudgePlanner:
                 del self._lanes[group.lane]
         if group.timer is not None:
             group.timer.cancel()
+        if len(group.members) < group.expected and log.isEnabledFor(logging.DEBUG):
+            log.debug(  # what an operator needs to see why a group went out short
+                "judge group short: %d of %d sections (%s) arriving at +%s ms, sent at +%.0f ms",
+                len(group.members),
+                group.expected,
+                ",".join(r.guard_id for r, _ in group.members),
+                ",".join(f"{(t - group.started) * 1000:.0f}" for t in group.arrived),
+                (asyncio.get_running_loop().time() - group.started) * 1000,
+            )
         live = [(r, f) for r, f in group.members if not f.done()]  # a caller gone (cancelled) is left out
         if not live:
             return

@@ -67,7 +67,7 @@ class SectionRequest:
 
     def merge_key(self) -> str:
         """Questions with equal keys may share one model call: one lane's, about one content."""
-        return _digest([self.lane_key(), self.content])
+        return merge_key(self.lane_key(), self.content)
 
     def cache_key(self) -> str:
         """Everything the section's answer depends on (a verdict cache's address)."""
@@ -218,6 +218,11 @@ def shares(usage: Mapping[str, int], count: int) -> list[dict[str, int]]:
 def lane_key(model: str, run_id: str, resource: str | None, phase: str, settings: Mapping[str, Any]) -> str:
     """`SectionRequest.lane_key` of a request with these fields."""
     return _digest([model, run_id, resource, phase, dict(settings)])
+
+
+def merge_key(lane: str, content: str) -> str:
+    """`SectionRequest.merge_key` of a request of `lane` about `content`."""
+    return _digest([lane, content])
 
 
 def section_request(

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from procmesh.v1 import model_pb2 as mpb
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.service.grpc.judge_planner import JudgePlan, JudgePlanner
+from procmesh_orchestrator.service.grpc.judge_plan import JudgePlan
+from procmesh_orchestrator.service.grpc.judge_planner import JudgePlanner
 from procmesh_orchestrator.service.grpc.judge_sections import Refused, SectionRequest, SectionVerdict
 
 SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]}
@@ -38,6 +39,15 @@ CONFIG = Config.model_validate(
                 ],
             },
             "one": {"model": "demo", "inputProcessors": [_guard("moderation")]},
+            # injection may settle a text without the judge, pii judges the newest message only
+            "unsure": {
+                "model": "demo",
+                "inputProcessors": [
+                    _guard("moderation"),
+                    _guard("pii", last_message_only=True),
+                    _guard("injection", precheck={"deny": ["x"]}),
+                ],
+            },
         },
     }
 )
@@ -252,7 +262,10 @@ async def test_a_lane_still_sending_keeps_its_groups_waiting(
     await asyncio.gather(first, *late)
     assert ["moderation", "pii", "injection"] in judge.merged
     await clock.advance(0.05)  # the lane is quiet for its window
-    await asyncio.gather(*others)  # the rest go out alone once the lane is quiet
+    # pii and injection ask about every message (known to ask): the rest wait for them to the cap
+    assert judge.alone == []
+    await clock.advance(1.0)
+    await asyncio.gather(*others)
     assert judge.alone == ["moderation"] * 5
 
 
@@ -274,3 +287,63 @@ async def test_questions_the_cache_answers_keep_their_lane_waiting(
     late = [asyncio.ensure_future(planner.judge(_request(g, content="new"))) for g in ("moderation", "pii")]
     await asyncio.gather(first, *late)
     assert judge.merged == [["injection", "moderation", "pii"]]
+
+
+def test_the_plan_knows_which_guards_ask_about_every_text() -> None:
+    plan = JudgePlan.of(CONFIG)
+    assert plan.sure(_request("moderation")) == {frozenset({g}) for g in ("moderation", "pii", "injection")}
+    assert plan.sure(_request("moderation", agent="unsure")) == {frozenset({"moderation"})}
+    assert plan.sure(_request("moderation", agent=None)) == frozenset()  # not live here: nobody's
+
+
+def _two_asked(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch, agent: str
+) -> tuple[LoopClock, Judge, JudgePlanner, list[asyncio.Future[SectionVerdict]]]:
+    """A planner (50 ms window) on a test clock, moderation and pii asked about "hello" (of 3)."""
+    clock, judge = LoopClock(monkeypatch), Judge()
+    planner = _planner(judge, metrics, window=0.05)
+    asked = [asyncio.ensure_future(planner.judge(_request(g, agent=agent))) for g in ("moderation", "pii")]
+    return clock, judge, planner, asked
+
+
+async def test_a_question_known_to_come_is_waited_for_past_the_window(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, judge, planner, early = _two_asked(metrics, monkeypatch, "three")
+    for _ in range(6):  # 300 ms, six windows: injection (sure) has not asked yet
+        await clock.advance(0.05)
+    assert (judge.merged, judge.alone) == ([], [])
+    await asyncio.gather(*early, planner.judge(_request("injection")))
+    assert judge.merged == [["moderation", "pii", "injection"]]
+
+
+async def test_a_question_not_known_to_come_is_not_waited_for(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, judge, _, early = _two_asked(metrics, monkeypatch, "unsure")
+    await clock.advance(0.05)  # the lane quiet for its window: injection may settle it without the judge
+    await asyncio.gather(*early)
+    assert judge.merged == [["moderation", "pii"]]
+
+
+async def test_a_window_the_loop_was_away_for_is_waited_again(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, judge, planner, early = _two_asked(metrics, monkeypatch, "unsure")
+    await clock.advance(0.3)  # the timer fires 250 ms late: what came meanwhile is not read yet
+    assert judge.merged == []
+    await asyncio.gather(*early, planner.judge(_request("injection", agent="unsure")))
+    assert judge.merged == [["moderation", "pii", "injection"]]
+
+
+async def test_a_guard_the_cache_answered_is_not_waited_for(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, judge, planner, early = _two_asked(metrics, monkeypatch, "three")  # no time passes
+    await _settle()
+    hit = mpb.ModelServiceGenerateRequest(model="judge", run_id="r1", processor_id="injection")
+    hit.section.CopyFrom(mpb.JudgeSection(content="hello", instructions="i", question="q", phase="input"))
+    planner.sending(hit, None, {"temperature": 0})
+    planner.answered(hit, None, {"temperature": 0})  # the group goes out as the cache answers injection
+    await asyncio.gather(*early)
+    assert judge.merged == [["moderation", "pii"]]

@@ -110,6 +110,8 @@ class App:
         """Told a run's id when one of its model calls failed (its attempt is given up, whether
         the call is retried, falls back or ends the run): the model gateway cancels the judge
         questions the failed attempt's guards still have in flight (`service.grpc.run_judging`)."""
+        self._failed_attempts: set[str] = set()
+        """Runs whose model call failed and whose next attempt has not begun (`failed_attempt`)."""
         self.pipeline = Pipeline(
             config,
             self.metrics,
@@ -117,6 +119,7 @@ class App:
             lanes=self.lanes,
             ended=self.ended,
             failed=self.failed,
+            began=self.began,
         )
         """The serving pipeline: the config's sidecars, tools, models and agents, bound."""
         self.clients: dict[str, ProcessorClient] = {}
@@ -146,13 +149,28 @@ class App:
 
     def ended(self, run_id: str) -> None:
         """A run of this App ended: tell each of `run_ended`."""
+        self._failed_attempts.discard(run_id)
         for ended in self.run_ended:
             ended(run_id)
 
     def failed(self, run_id: str) -> None:
-        """A model call of a run of this App failed: tell each of `attempt_failed`."""
+        """A model call of a run of this App failed: tell each of `attempt_failed`. Until the
+        run's next attempt begins (`began`) the run's attempt is a failed one (`failed_attempt`)."""
+        self._failed_attempts.add(run_id)
         for failed in self.attempt_failed:
             failed(run_id)
+
+    def began(self, run_id: str) -> None:
+        """The run called a processor hook other than ``process_api_error`` (the failure's own
+        hooks): a failed attempt's retry, fallback or next step has begun."""
+        if self._failed_attempts:
+            self._failed_attempts.discard(run_id)
+
+    def failed_attempt(self, run_id: str) -> bool:
+        """True between a failure of one of the run's model calls and its next attempt: whatever
+        the run's guards ask now is about the failed attempt's text (the model gateway refuses
+        it, as it cancels the questions in flight at the failure)."""
+        return run_id in self._failed_attempts
 
     # -- the serving pipeline's parts, as App attributes ------------------------------------
 

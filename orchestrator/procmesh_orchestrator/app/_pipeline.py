@@ -20,6 +20,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
+from procmesh_orchestrator.app._attempts import AttemptCaller
 from procmesh_orchestrator.config import Config, SidecarConfig
 from procmesh_orchestrator.config.agents import AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.config.lanes import violation_routes
@@ -77,6 +78,7 @@ class Pipeline:
         lanes: Mapping[str, Mapping[str, LaneSource]] | None = None,
         ended: Callable[[str], object] | None = None,
         failed: Callable[[str], object] | None = None,
+        began: Callable[[str], object] | None = None,
     ) -> None:
         self.config = config
         self.ended = ended
@@ -84,6 +86,9 @@ class Pipeline:
         self.failed = failed
         """Told a run's id when one of its model calls failed (`AgentSpec.attempt_failed`; the
         App's `attempt_failed`)."""
+        self.began = began
+        """Told a run's id as it calls a hook other than ``process_api_error`` (`AttemptCaller`;
+        the App's `began`: a failed attempt's next one has begun)."""
         self.lane_functions = lanes or {}
         """Lanes given as functions of the request context, by agent and lane (`App`'s ``lanes=``)."""
         self.version = config_hash(config)
@@ -155,7 +160,8 @@ class Pipeline:
 
     def _caller(self, info: RunInfo, metrics: OrchestratorMetrics) -> GrpcHookCaller:
         """A run's hook caller (`GrpcHookCaller`), kept track of: it lives as long as its run."""
-        caller = GrpcHookCaller(info, metrics)
+        began = self.began
+        caller = GrpcHookCaller(info, metrics) if began is None else AttemptCaller(info, metrics, began)
         if self.config.decisions.record:
             inputs = self.config.agents[info.agent_id].record_inputs
             caller.decisions = info.decisions = DecisionLog(self.config.decisions, inputs=inputs)

@@ -142,6 +142,7 @@ class ConfigReloader:
                 lanes=app.lanes,
                 ended=app.ended,
                 failed=app.failed,
+                began=app.began,
             )
             if pipeline.version == app.version:
                 log.info("config reload (%s): version %s unchanged, nothing to swap", reason, app.version)

@@ -50,8 +50,9 @@ class GatewayJudging:
         )
         self.judge: Judge = self._planner.judge  # a section's verdict: what a cache or cheap-first wraps
         # at each run's end, and as a model call fails (its attempt's questions)
+        app = service.app
         self._judging = RunJudging(
-            metrics.judge_calls_saved, service.app.run_ended, service.app.attempt_failed
+            metrics.judge_calls_saved, app.run_ended, app.attempt_failed, app.failed_attempt
         )
 
     @property
@@ -95,6 +96,8 @@ class GatewayJudging:
         costs: list[RunCost],
     ) -> mpb.ModelServiceGenerateResponse:
         """The model's answer, or the verdict cache's for a question asked before."""
+        if schema is not None:  # a question sent after its attempt failed: refused, not asked
+            self._judging.refuse(request.run_id, self._models().processor_label(request.processor_id))
         cache = self._verdicts
         if cache is None:
             return await self._ask(request, resource, schema, settings, model, prompt, costs)

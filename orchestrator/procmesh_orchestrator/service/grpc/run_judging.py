@@ -17,7 +17,11 @@ the questions its guards asked about the failed attempt's text are cancelled the
 at that moment is the failed attempt's: the step's input processors answered before its model was
 called, and a step's output processors wait for every verdict at its end. The retried attempt's
 questions come after it and are its own; one identical to a cancelled question is asked again (the
-verdict cache's join asks for itself when the question it joined is cancelled).
+verdict cache's join asks for itself when the question it joined is cancelled). A question the
+failed attempt's guards send after the failure (a window closed as the stream broke, a verdict
+task that woke late) is refused the same way (`refuse`: CANCELLED, ``outcome="attempt_failed"``,
+counted as cancelled) without being asked, until the run's next attempt begins
+(`App.failed_attempt`: its next hook call other than the failure's own ``process_api_error``).
 """
 
 from __future__ import annotations
@@ -41,12 +45,18 @@ class RunJudging:
     """Section requests in flight, by run id."""
 
     def __init__(
-        self, saved: Any, ends: list[Callable[[str], object]], failures: list[Callable[[str], object]]
+        self,
+        saved: Any,
+        ends: list[Callable[[str], object]],
+        failures: list[Callable[[str], object]],
+        failed_attempt: Callable[[str], bool] = lambda _: False,
     ) -> None:
         """`saved`: the ``procmesh_judge_calls_saved_total`` counter; `ends`: the run-ended
         callbacks (`App.run_ended`: every run's end, however it started) this adds its `end` to;
-        `failures`: the failed-attempt callbacks (`App.attempt_failed`) it adds `failed` to."""
+        `failures`: the failed-attempt callbacks (`App.attempt_failed`) it adds `failed` to;
+        `failed_attempt`: whether a run is between a failed model call and its next attempt."""
         self._saved = saved
+        self._failed_attempt = failed_attempt
         ends.append(self.end)
         failures.append(self.failed)
         self._flying: dict[str, set[asyncio.Task[Any]]] = {}
@@ -78,6 +88,17 @@ class RunJudging:
             flying.discard(task)
             if not flying and self._flying.get(run_id) is flying:
                 del self._flying[run_id]
+
+    def refuse(self, run_id: str, processor: str) -> None:
+        """Refuse (CANCELLED) a question of a run whose attempt failed and whose next has not begun:
+        it is about the failed attempt's text, as those cancelled at the failure were."""
+        if run_id and self._failed_attempt(run_id):
+            self._saved.labels(processor, "cancelled").inc()
+            raise Refused(
+                grpc.StatusCode.CANCELLED,
+                "attempt_failed",
+                f"run {run_id[:64]!r}: {_WHY['attempt_failed']} before the question came: it is refused",
+            )
 
     def end(self, run_id: str) -> int:
         """Cancel the run's section requests in flight; how many there were."""

@@ -266,6 +266,9 @@ export interface ProcessOutputStreamArgs<O = any, S extends Record<string, any> 
   part: ChunkType;
   /** The parts this processor has seen in the current stream, this one included. */
   streamParts: ChunkType[];
+  /** Let held parts go now, ahead of the rest of this part's answer (a partial result where the
+   * orchestrator takes them, else at the head of what the hook returns); final once released. */
+  release(parts: ChunkType | ChunkType[] | null | undefined): void;
 }
 export interface ProcessOutputStepArgs<O = any, S extends Record<string, any> = Record<string, any>> extends ProcessorContext<O, S> {
   messages: MastraDBMessage[];

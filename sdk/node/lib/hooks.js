@@ -62,7 +62,7 @@ const HOOKS = Object.freeze([
   ]),
   hook('processLLMRequest', 'ProcessLLMRequest', 3, 'HOOK_PROCESS_LLM_REQUEST', ['prompt', 'model', 'modelSpecVersion', 'steps']),
   hook('processLLMResponse', 'ProcessLLMResponse', 4, 'HOOK_PROCESS_LLM_RESPONSE', ['chunks', 'model', 'steps', 'fromCache']),
-  hook('processOutputStream', 'ProcessOutputStream', 5, 'HOOK_PROCESS_OUTPUT_STREAM', ['part', 'streamParts'], { streaming: true }),
+  hook('processOutputStream', 'ProcessOutputStream', 5, 'HOOK_PROCESS_OUTPUT_STREAM', ['part', 'streamParts', 'release'], { streaming: true }),
   hook('processOutputStep', 'ProcessOutputStep', 6, 'HOOK_PROCESS_OUTPUT_STEP', [
     ...MESSAGES,
     'text',

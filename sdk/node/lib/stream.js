@@ -3,7 +3,10 @@
 // part by part, with the state carried across the whole stream. A fused stream (context.fused)
 // runs each part through every processor it names (./chain); a stream whose processors are all
 // speculative keeps what undoes its uncommitted batches (./rewind), so rewind_to can withdraw
-// parts; any other stream refuses it (FAILED_PRECONDITION).
+// parts; any other stream refuses it (FAILED_PRECONDITION). A hook's `release(parts)` lets held
+// parts go while it still processes a part: on a stream whose first request set partial_results
+// and that runs one processor, each is sent at once as a partial result (more), behind the
+// batch's results so far; otherwise the parts lead the part's one result.
 
 const convert = require('./convert');
 const { fillEffects, quote, toStatus } = require('./effects');
@@ -36,11 +39,16 @@ class Stage {
   }
 }
 
+/** What a hook returned (or released): a chunk, an array of them, or nothing, as an array. */
+function chunksOf(out) {
+  if (out === undefined || out === null) return [];
+  return Array.isArray(out) ? out : [out];
+}
+
 /** The encoded result of what a lone processor's hook returned for one part. */
 function encodeReturn(hook, out, result) {
-  if (out === undefined || out === null) return;
   // an array turns one part into several (empty: dropped)
-  const parts = Array.isArray(out) ? out : [out];
+  const parts = chunksOf(out);
   parts.forEach((chunk, i) => {
     if (!chunk || typeof chunk !== 'object' || Array.isArray(chunk) || typeof chunk.type !== 'string') {
       throw new InternalError(`${hook} returned ${convert.describe(chunk)}; expected a chunk object, an array of them, or nothing`);
@@ -58,16 +66,29 @@ function encodeReturn(hook, out, result) {
 
 /** One ProcessOutputStream call's processors, their hook calls, and its rewind history. */
 class Session {
-  constructor(servicer, hook, ctx, signal) {
+  constructor(servicer, hook, req, signal, send) {
+    const ctx = req.context;
     this.servicer = servicer;
     this.hook = hook;
     const first = servicer.lookup(ctx, hook);
     const fused = servicer.lookupFused(ctx, hook);
+    /** Sends a response's results now: partial results go out this way (none when null). */
+    this.send = req.partial_results && !fused.length ? send : null;
+    /** The batch's results not sent yet (a partial result goes behind them), and the part's seq. */
+    this.results = [];
+    this.seq = 0;
     this.stages = [new Stage(servicer, first, ctx, signal), ...fused.map((h, i) => new Stage(servicer, h, ctx, signal, ctx.fused[i]))];
     this.announce = Boolean(ctx.announce_signals);
     this.history = this.stages.every((s) => s.hosted.processor.speculative) ? new History(this.stages) : null;
     this.call = (stage, part, effects, quiet) => {
       stage.streamParts.push(part);
+      const kept = [];
+      const release = (parts) => {
+        const chunks = chunksOf(parts);
+        if (effects.abort) return;
+        if (this.send === null || quiet || kept.length) kept.push(...chunks);
+        else if (chunks.length) this.sendPartial(chunks, effects);
+      };
       const args = {
         ...stage.args,
         part,
@@ -75,12 +96,28 @@ class Session {
         sendSignal: effects.sendSignal,
         writer: new Writer(effects),
         reportViolation: effects.reportViolation,
+        release,
       };
       return this.servicer.callHook(stage.hosted, this.hook, args, effects, quiet).then((out) => {
         if (effects.abort && !quiet) stage.aborted = true;
-        return out;
+        return kept.length && !effects.abort ? [...kept, ...chunksOf(out)] : out; // let go as if returned first
       });
     };
+  }
+
+  /** A partial result for the part being processed: the effects so far, then `chunks`; sent
+   * behind the batch's results before it. */
+  sendPartial(chunks, effects) {
+    const result = { seq: this.seq, more: true };
+    encodeReturn(this.hook, chunks, result);
+    const fx = fillEffects(effects, undefined);
+    if (fx.signals.length || fx.custom_chunks.length || fx.violations.length) result.effects = fx;
+    effects.signals.length = 0;
+    effects.customChunks.length = 0;
+    effects.violations.length = 0;
+    const results = [...this.results, result];
+    this.results = [];
+    this.send(results);
   }
 
   /** Count the session as one call of each of its processors: `outcome`, or abort for one whose
@@ -103,12 +140,13 @@ class Session {
     }
     if (this.stages.length > 1) return throughAll(this.stages, items, this.call, { hook: this.hook, announce: this.announce, quiet });
     const stage = this.stages[0];
-    const results = [];
+    this.results = [];
     for (const item of items) {
       const result = { seq: item.seq || 0 };
+      this.seq = result.seq;
       if (!stage.takes(item.part.type)) {
         result.part = item.part; // passed through untouched
-        results.push(result);
+        this.results.push(result);
         continue;
       }
       const effects = new HookEffects(stage.hosted.id);
@@ -116,10 +154,10 @@ class Session {
       if (!effects.abort) encodeReturn(this.hook, out, result);
       const fx = fillEffects(effects, undefined);
       if (fx.abort || fx.signals.length || fx.custom_chunks.length || fx.violations.length) result.effects = fx;
-      results.push(result);
-      if (effects.abort) return [results, true];
+      this.results.push(result); // behind those a partial result did not send
+      if (effects.abort) return [this.results, true];
     }
-    return [results, false];
+    return [this.results, false];
   }
 
   /** A request: its rewind, its commit, then its parts. */
@@ -196,7 +234,10 @@ function outputStream(servicer, hook, call, decodeRequest) {
     if (finished) return;
     const req = decodeRequest(buf);
     if (session === null) {
-      session = new Session(servicer, hook, req.context, controller.signal);
+      const send = (results) => {
+        if (!finished) call.write({ results });
+      };
+      session = new Session(servicer, hook, req, controller.signal, send);
       const id = session.stages[0].hosted.id;
       const wire = tracing.wireHook(hook);
       span = tracing.start(`procmesh.hook ${wire} ${id}`, {

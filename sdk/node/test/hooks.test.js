@@ -37,8 +37,8 @@ test('the base arguments and each codec hand a hook exactly the arguments the ta
   const base = new Servicer(new Map([['p', hosted]]), null).baseArgs(hosted, {}, new HookEffects('p'), new AbortController().signal);
   assert.deepEqual(Object.keys(base), [...BASE_ARGUMENTS]);
   for (const hook of HOOKS) {
-    // The output stream adds these two itself (./stream); every other hook through its codec.
-    const own = hook.streaming ? ['part', 'streamParts'] : Object.keys(CODECS[hook.name].decode({}).args);
+    // The output stream adds these three itself (./stream); every other hook through its codec.
+    const own = hook.streaming ? ['part', 'streamParts', 'release'] : Object.keys(CODECS[hook.name].decode({}).args);
     assert.deepEqual([...BASE_ARGUMENTS, ...own].sort(), [...hook.arguments].sort(), hook.name);
   }
   assert.deepEqual(Object.keys(CODECS).sort(), HOOKS.filter((h) => !h.streaming).map((h) => h.name).sort());

@@ -56,4 +56,10 @@ out.create = await attempt(async () => (await client.createMemoryThread({ agentI
 out.saveWithExtra = await attempt(() => client.saveMessageToMemory({ agentId: "teller", messages: [{ id: "m-x", role: "user", content: "kept?", threadId: "t-strict", resourceId: resource }], format: "v2" }));
 out.save = await attempt(async () => (await client.saveMessageToMemory({ agentId: "teller", messages: [{ id: "m-x", role: "user", content: "kept", threadId: "t-strict", resourceId: resource }] })).messages.length);
 out.messages = await attempt(async () => (await client.listThreadMessages("t-strict", { agentId: "teller" })).messages.map((m) => m.id));
+
+// Query parameters: what the client adds is taken (requestContext, partial, a tool's runId); a
+// stored agent version procmesh does not have is refused by name, not answered with the config.
+out.listPartial = await attempt(async () => Object.keys(await client.listAgents({ tier: "gold" }, true)));
+out.versioned = await attempt(() => client.getAgent("teller", { versionId: "v2" }).details());
+out.toolRunId = await attempt(() => client.getTool("clock").execute({ data: {}, runId: "run-7" }));
 process.stdout.write(JSON.stringify(out));

@@ -157,3 +157,35 @@ async def test_a_tool_execute_body_takes_data_and_request_context_only(http: htt
     assert answer.status_code == 400
     assert "args" in answer.json()["error"]
     assert (await http.post("/api/tools/clock/execute", json={"data": {}})).json() == "noon"
+
+
+async def test_client_js_query_parameters_are_taken_or_refused_by_name(seen: dict[str, Any]) -> None:
+    assert seen["listPartial"] == {"ok": ["helper", "keeper", "teller"]}  # requestContext, partial: taken
+    refused(seen["versioned"], "versionId")  # no stored versions: not the configured agent instead
+    assert seen["toolRunId"] == {"ok": "noon"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "named"),
+    [
+        ("POST", "/api/agents/teller/generate", {"stream": "true"}, "stream"),
+        ("GET", "/api/agents/teller", {"requestContext": "not base64"}, "requestContext"),
+        ("GET", "/api/memory/threads", {"agentId": "teller", "sort": "asc"}, "sort"),
+        ("GET", "/api/runs", {"limit": "5"}, "limit"),
+        ("GET", "/api/agents/teller/suspended-runs", {"pageSize": "5"}, "pageSize"),
+        ("POST", "/api/tools/clock/execute", {"runId": "not a run id"}, "runId"),
+    ],
+)
+async def test_a_query_parameter_a_route_does_not_take_is_a_400_naming_it(
+    http: httpx.AsyncClient, method: str, path: str, params: dict[str, str], named: str
+) -> None:
+    body = {"messages": "hi"} if path.endswith("generate") else {"data": {}} if method == "POST" else None
+    answer = await http.request(method, path, params=params, json=body)
+    assert answer.status_code == 400, answer.text
+    assert named in answer.json()["error"]
+    runs = (await http.get("/api/agents/teller/suspended-runs")).json()["total"]
+    again = await http.request(
+        method, path, params={k: v for k, v in params.items() if k == "agentId"}, json=body
+    )
+    assert again.status_code == 200, again.text  # the same request without it works
+    assert (await http.get("/api/agents/teller/suspended-runs")).json()["total"] == runs

@@ -42,12 +42,17 @@ from procmesh_orchestrator.service.http.bodies import (
     query_int,
     read_body,
     releaser,
+    route,
 )
 from procmesh_orchestrator.service.http.sse import HEARTBEAT, with_heartbeats
 
 log = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+
+_SUSPENDED_QUERY = ("threadId", "resourceId", "fromDate", "toDate", "page", "perPage", "requestContext")
+"""suspended-runs' filters, and the request context client-js adds (checked, not used: the list
+is the caller's resource's, whatever its context)."""
 
 
 class AgentRoutes:
@@ -60,16 +65,16 @@ class AgentRoutes:
         """The routes, in the order the route table takes them."""
         base = "/api/agents/{agent_id}"
         return [
-            Route(f"{base}/generate", self.generate, methods=["POST"]),
-            Route(f"{base}/stream", self.stream, methods=["POST"]),
-            Route(f"{base}/approve-tool-call", self._resume(True), methods=["POST"]),
-            Route(f"{base}/decline-tool-call", self._resume(False), methods=["POST"]),
-            Route(f"{base}/approve-tool-call-generate", self._resume_generate(True), methods=["POST"]),
-            Route(f"{base}/decline-tool-call-generate", self._resume_generate(False), methods=["POST"]),
-            Route(f"{base}/resume-stream", self.resume_with_data, methods=["POST"]),
-            Route(f"{base}/suspended-runs", self.suspended_runs, methods=["GET"]),
-            Route(f"{base}/runs/{{run_id}}/cancel", self.cancel_run, methods=["POST"]),
-            Route(f"{base}/observe", self.observe, methods=["POST"]),
+            route(f"{base}/generate", self.generate, "POST"),
+            route(f"{base}/stream", self.stream, "POST"),
+            route(f"{base}/approve-tool-call", self._resume(True), "POST"),
+            route(f"{base}/decline-tool-call", self._resume(False), "POST"),
+            route(f"{base}/approve-tool-call-generate", self._resume_generate(True), "POST"),
+            route(f"{base}/decline-tool-call-generate", self._resume_generate(False), "POST"),
+            route(f"{base}/resume-stream", self.resume_with_data, "POST"),
+            route(f"{base}/suspended-runs", self.suspended_runs, "GET", *_SUSPENDED_QUERY),
+            route(f"{base}/runs/{{run_id}}/cancel", self.cancel_run, "POST"),
+            route(f"{base}/observe", self.observe, "POST"),
         ]
 
     async def _admit(self, request: Request) -> tuple[str, Agent, AgentCall]:

@@ -5,12 +5,15 @@ back once they are sent (or their client left)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from procmesh_orchestrator.service._errors import (
@@ -115,6 +118,48 @@ def refuse_unknown(body: dict[str, Any], allowed: Collection[str], hint: str = "
     if unknown:
         names = ", ".join(label(k) for k in unknown)
         raise BadRequestError(f"unknown keys: {names}{f' ({hint})' if hint else ''}")
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def takes_query(endpoint: Endpoint, *names: str) -> Endpoint:
+    """`endpoint`, refusing a query parameter outside `names` with a 400 naming it (a parameter
+    no route reads would otherwise change nothing, silently), and checking ``requestContext``
+    (when taken) is client-js's base64 JSON object wherever the route reads it or not."""
+    allowed = frozenset(names)
+
+    async def checked(request: Request) -> Response:
+        query = request.query_params
+        if unknown := sorted(set(query) - allowed):
+            taken = f"this route takes {', '.join(sorted(allowed))}" if allowed else "this route takes none"
+            raise BadRequestError(
+                f"unknown query parameters: {', '.join(label(k) for k in unknown)} ({taken})"
+            )
+        if "requestContext" in allowed:
+            query_context(request)
+        return await endpoint(request)
+
+    return checked
+
+
+def route(path: str, endpoint: Endpoint, method: str, *query: str) -> Route:
+    """A route of the API taking the `query` parameters named and no other (`takes_query`)."""
+    return Route(path, takes_query(endpoint, *query), methods=[method])
+
+
+def query_context(request: Request) -> dict[str, Any]:
+    """The ``requestContext`` query parameter as client-js sends it: base64 of its JSON object."""
+    raw = request.query_params.get("requestContext")
+    if not raw:
+        return {}
+    try:
+        context = json.loads(base64.b64decode(raw, validate=True))
+    except (ValueError, binascii.Error):
+        raise BadRequestError("requestContext: must be base64 of a JSON object") from None
+    if not isinstance(context, dict):
+        raise BadRequestError("requestContext: must be base64 of a JSON object")
+    return context
 
 
 def query_int(raw: str | None, name: str, default: int, low: int) -> int:

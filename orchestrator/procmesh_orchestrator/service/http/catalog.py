@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service._errors import BadRequestError, CatalogNotFoundError
 from procmesh_orchestrator.service._limits import check_input
 from procmesh_orchestrator.service.api import catalog
+from procmesh_orchestrator.service.api.calls import RUN_ID_PATTERN
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.processor_execute import check_body, execute_phase
 from procmesh_orchestrator.service.api.processors import (
@@ -30,7 +32,7 @@ from procmesh_orchestrator.service.api.processors import (
     workflow_processor_json,
 )
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.service.http.bodies import refuse_unknown
+from procmesh_orchestrator.service.http.bodies import refuse_unknown, route
 from procmesh_orchestrator.service.http.unsupported import WORKFLOW_RUNS, not_supported
 from procmesh_orchestrator.store import label
 
@@ -51,27 +53,25 @@ class CatalogRoutes:
     def routes(self) -> list[Route]:
         """The routes, in the order the route table takes them."""
         return [
-            Route("/api/agents", self.list_agents, methods=["GET"]),
-            Route("/api/agents/providers", self.list_providers, methods=["GET"]),
-            Route("/api/agents/{agent_id}", self.get_agent, methods=["GET"]),
-            Route("/api/agents/{agent_id}/tools/{tool_id}", self.get_agent_tool, methods=["GET"]),
-            Route(
-                "/api/agents/{agent_id}/tools/{tool_id}/execute", self.execute_agent_tool, methods=["POST"]
-            ),
-            Route("/api/tools", self.list_tools, methods=["GET"]),
-            Route("/api/tools/{tool_id}", self.get_tool, methods=["GET"]),
-            Route("/api/tools/{tool_id}/execute", self.execute_tool, methods=["POST"]),
-            Route("/api/processors", self.list_processors, methods=["GET"]),
-            Route("/api/processors/{processor_id}", self.get_processor, methods=["GET"]),
-            Route("/api/processors/{processor_id}/execute", self.execute_processor, methods=["POST"]),
-            Route("/api/workflows", self.list_workflows, methods=["GET"]),
+            route("/api/agents", self.list_agents, "GET", _CONTEXT, "partial"),
+            route("/api/agents/providers", self.list_providers, "GET"),
+            route("/api/agents/{agent_id}", self.get_agent, "GET", _CONTEXT),
+            route("/api/agents/{agent_id}/tools/{tool_id}", self.get_agent_tool, "GET", _CONTEXT),
+            route("/api/agents/{agent_id}/tools/{tool_id}/execute", self.execute_agent_tool, "POST"),
+            route("/api/tools", self.list_tools, "GET", _CONTEXT),
+            route("/api/tools/{tool_id}", self.get_tool, "GET", _CONTEXT),
+            route("/api/tools/{tool_id}/execute", self.execute_tool, "POST", "runId"),
+            route("/api/processors", self.list_processors, "GET", _CONTEXT),
+            route("/api/processors/{processor_id}", self.get_processor, "GET", _CONTEXT),
+            route("/api/processors/{processor_id}/execute", self.execute_processor, "POST"),
+            route("/api/workflows", self.list_workflows, "GET", _CONTEXT, "partial"),
             # before /api/workflows/{workflow_id}, which would take it for a workflow's id
             Route(
                 "/api/workflows/run-counts",
                 not_supported(self.core, "workflow run counts", WORKFLOW_RUNS),
                 methods=["GET"],
             ),
-            Route("/api/workflows/{workflow_id}", self.get_workflow, methods=["GET"]),
+            route("/api/workflows/{workflow_id}", self.get_workflow, "GET", _CONTEXT),
         ]
 
     async def _body(self, request: Request) -> dict[str, Any]:
@@ -94,6 +94,7 @@ class CatalogRoutes:
         options = CallOptions(
             request_context=self._request_context(request, body),
             resource_id=caller_of(request).resource or "",
+            run_id=_run_id(request),
         )
         return _json(await catalog.run_tool(self.core, agent_id, tool, data, options))
 
@@ -184,3 +185,20 @@ class CatalogRoutes:
                 f"no workflow {label(name)} (processor workflows: {sorted(workflows)})"
             )
         return _json(catalog.workflow_json(self.core, name))
+
+
+_CONTEXT = "requestContext"
+"""What @mastra/client-js adds to a catalog read: checked (base64 JSON) and not used, since no
+catalog answer of procmesh's depends on the request context (its agents are configured, not
+resolved per call); ``partial`` (the reference's lighter listing) is answered in full."""
+
+
+def _run_id(request: Request) -> str | None:
+    """``POST /api/tools/{id}/execute?runId=``: the run id the tool's context gets (client-js's
+    ``getTool(id).execute({runId})``), under the rule for a caller's run id."""
+    run_id = request.query_params.get("runId")
+    if run_id is None:
+        return None
+    if not re.fullmatch(RUN_ID_PATTERN, run_id) or len(run_id) > 128:
+        raise BadRequestError("runId: letters, digits and ._:- (at most 128 characters)")
+    return run_id

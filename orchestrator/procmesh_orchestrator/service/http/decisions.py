@@ -12,7 +12,7 @@ from starlette.routing import Route
 from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service.api import decisions
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.http.bodies import json_response, query_int
+from procmesh_orchestrator.service.http.bodies import json_response, query_int, route
 
 
 class DecisionRoutes:
@@ -23,8 +23,8 @@ class DecisionRoutes:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/api/runs/decisions", self.between, methods=["GET"]),
-            Route("/api/runs/{run_id}/decisions", self.get, methods=["GET"]),
+            route("/api/runs/decisions", self.between, "GET", "since", "until", "agentId", "limit"),
+            route("/api/runs/{run_id}/decisions", self.get, "GET"),
         ]
 
     async def get(self, request: Request) -> Response:

@@ -14,7 +14,7 @@ from starlette.routing import Route
 from procmesh_orchestrator.service._errors import CatalogNotFoundError, NotSupportedError
 from procmesh_orchestrator.service.api.catalog import all_tools
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.http.bodies import json_response, query_int
+from procmesh_orchestrator.service.http.bodies import json_response, query_int, route
 from procmesh_orchestrator.store import label
 from procmesh_orchestrator.tools.catalog import McpServerTool
 
@@ -32,10 +32,10 @@ class McpRoutes:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/api/mcp/v0/servers", self.list_servers, methods=["GET"]),
-            Route("/api/mcp/v0/servers/{server_id}", self.get_server, methods=["GET"]),
-            Route("/api/mcp/{server_id}/tools", self.list_tools, methods=["GET"]),
-            Route("/api/mcp/{server_id}/tools/{tool_id}", self.get_tool, methods=["GET"]),
+            route("/api/mcp/v0/servers", self.list_servers, "GET", "page", "perPage", "limit", "offset"),
+            route("/api/mcp/v0/servers/{server_id}", self.get_server, "GET"),
+            route("/api/mcp/{server_id}/tools", self.list_tools, "GET"),
+            route("/api/mcp/{server_id}/tools/{tool_id}", self.get_tool, "GET", "requestContext"),
             *(
                 Route(f"/api/mcp/{{server_id}}/{path}", self.not_hosted, methods=[method])
                 for method, path in (

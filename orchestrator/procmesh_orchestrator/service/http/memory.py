@@ -8,8 +8,6 @@ whose it is, the thread of it a route names and the store's errors as answers ar
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Collection
@@ -37,10 +35,16 @@ from procmesh_orchestrator.service.api.memory import (
 )
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.service.http.bodies import refuse_unknown
+from procmesh_orchestrator.service.http.bodies import query_context, refuse_unknown, route
 from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread, label
 
 ReadJson = Callable[[Request], Awaitable[Any]]
+
+_SCOPE = ("agentId", "resourceId", "requestContext")
+"""The query every memory route takes: the agent whose memory it is, the resource claimed and the
+request context (`scope`); any other parameter is a 400 naming it (`takes_query`)."""
+_THREADS_QUERY = ("page", "perPage", "orderBy[field]", "orderBy[direction]", "metadata")
+_MESSAGES_QUERY = ("page", "perPage", "orderBy", "filter", "include", "includeSystemReminders")
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -65,20 +69,6 @@ def _json_param(request: Request, name: str) -> Any:
         raise BadRequestError(f"{name}: must be JSON") from None
 
 
-def _request_context(request: Request) -> dict[str, Any]:
-    """The ``requestContext`` query parameter as client-js sends it: base64 of its JSON."""
-    raw = request.query_params.get("requestContext")
-    if not raw:
-        return {}
-    try:
-        context = json.loads(base64.b64decode(raw, validate=True))
-    except (ValueError, binascii.Error):
-        raise BadRequestError("requestContext: must be base64 of a JSON object") from None
-    if not isinstance(context, dict):
-        raise BadRequestError("requestContext: must be base64 of a JSON object")
-    return context
-
-
 class MemoryRoutes:
     """The ``/api/memory/*`` routes; `read_json` reads a body within the service's limits."""
 
@@ -89,17 +79,23 @@ class MemoryRoutes:
     def routes(self) -> list[Route]:
         """The routes, in the order the route table takes them."""
         return [
-            Route("/api/memory/status", self.status, methods=["GET"]),
-            Route("/api/memory/config", self.config, methods=["GET"]),
-            Route("/api/memory/threads", self.list_threads, methods=["GET"]),
-            Route("/api/memory/threads", self.create_thread, methods=["POST"]),
-            Route("/api/memory/threads/{thread_id}", self.get_thread, methods=["GET"]),
-            Route("/api/memory/threads/{thread_id}", self.update_thread, methods=["PATCH"]),
-            Route("/api/memory/threads/{thread_id}", self.delete_thread, methods=["DELETE"]),
-            Route("/api/memory/threads/{thread_id}/messages", self.list_messages, methods=["GET"]),
-            Route("/api/memory/save-messages", self.save_messages, methods=["POST"]),
-            Route("/api/memory/messages/delete", self.delete_messages, methods=["POST"]),
-            Route("/api/memory/threads/{thread_id}/clone", self.clone_thread, methods=["POST"]),
+            route("/api/memory/status", self.status, "GET", *_SCOPE, "threadId"),
+            route("/api/memory/config", self.config, "GET", "agentId", "requestContext"),
+            route("/api/memory/threads", self.list_threads, "GET", *_SCOPE, *_THREADS_QUERY),
+            route("/api/memory/threads", self.create_thread, "POST", *_SCOPE),
+            route("/api/memory/threads/{thread_id}", self.get_thread, "GET", *_SCOPE),
+            route("/api/memory/threads/{thread_id}", self.update_thread, "PATCH", *_SCOPE),
+            route("/api/memory/threads/{thread_id}", self.delete_thread, "DELETE", *_SCOPE),
+            route(
+                "/api/memory/threads/{thread_id}/messages",
+                self.list_messages,
+                "GET",
+                *_SCOPE,
+                *_MESSAGES_QUERY,
+            ),
+            route("/api/memory/save-messages", self.save_messages, "POST", *_SCOPE),
+            route("/api/memory/messages/delete", self.delete_messages, "POST", *_SCOPE),
+            route("/api/memory/threads/{thread_id}/clone", self.clone_thread, "POST", *_SCOPE),
         ]
 
     def _scope(
@@ -111,7 +107,7 @@ class MemoryRoutes:
             caller_of(request),
             agent_id=request.query_params.get("agentId"),
             claimed=claimed if claimed is not None else request.query_params.get("resourceId"),
-            request_context=lambda: _request_context(request),
+            request_context=lambda: query_context(request),
             agent_required=agent_required,
         )
 
@@ -127,7 +123,7 @@ class MemoryRoutes:
         refuse_unknown(body, allowed, hint)
         if "agentId" in body and body["agentId"] != request.query_params.get("agentId"):
             raise BadRequestError("agentId: the body's differs from the query's agentId (the one used)")
-        if "requestContext" in body and (body["requestContext"] or {}) != _request_context(request):
+        if "requestContext" in body and (body["requestContext"] or {}) != query_context(request):
             raise BadRequestError(
                 "requestContext: the body's differs from the query's (base64 JSON), the one used"
             )

@@ -22,7 +22,8 @@ from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.run.framework.recall import message_text, search_messages
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api.memory import MemoryStoreDownError, owned, store_errors
-from procmesh_orchestrator.service.http.memory import MemoryRoutes, _int, _json
+from procmesh_orchestrator.service.http.bodies import route
+from procmesh_orchestrator.service.http.memory import _SCOPE, MemoryRoutes, _int, _json
 from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class MemorySearchRoutes(MemoryRoutes):
     """``GET /api/memory/search``."""
 
     def routes(self) -> list[Route]:
-        return [Route("/api/memory/search", self.search, methods=["GET"])]
+        query = (*_SCOPE, "searchQuery", "threadId", "limit", "memoryConfig")
+        return [route("/api/memory/search", self.search, "GET", *query)]
 
     async def search(self, request: Request) -> Response:
         query = request.query_params

@@ -13,7 +13,7 @@ from starlette.routing import Route
 from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.replays import ReplayJobs
-from procmesh_orchestrator.service.http.bodies import json_response
+from procmesh_orchestrator.service.http.bodies import json_response, route
 
 
 class ReplayRoutes:
@@ -25,8 +25,8 @@ class ReplayRoutes:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/api/replays", self.start, methods=["POST"]),
-            Route("/api/replays/{job_id}", self.get, methods=["GET"]),
+            route("/api/replays", self.start, "POST"),
+            route("/api/replays/{job_id}", self.get, "GET"),
         ]
 
     async def start(self, request: Request) -> Response:

@@ -12,7 +12,7 @@ from starlette.routing import Route
 from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service.api import control, durable
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.http.bodies import json_response, query_int
+from procmesh_orchestrator.service.http.bodies import json_response, query_int, route
 from procmesh_orchestrator.store import DurableRun
 
 
@@ -25,9 +25,9 @@ class RunRoutes:
     def routes(self) -> list[Route]:
         """The routes, in the order the route table takes them."""
         return [
-            Route("/api/runs", self.list_runs, methods=["GET"]),
-            Route("/api/runs/{run_id}", self.get_run, methods=["GET"]),
-            Route("/api/runs/{run_id}/cancel", self.cancel, methods=["POST"]),
+            route("/api/runs", self.list_runs, "GET", "resourceId", "agentId", "status", "page", "perPage"),
+            route("/api/runs/{run_id}", self.get_run, "GET"),
+            route("/api/runs/{run_id}/cancel", self.cancel, "POST"),
         ]
 
     async def list_runs(self, request: Request) -> Response:

@@ -13,7 +13,8 @@ from starlette.routing import Route
 
 from procmesh_orchestrator.run.framework import working_memory
 from procmesh_orchestrator.service.api.memory import check_id, input_errors, owned, store_errors
-from procmesh_orchestrator.service.http.memory import MemoryRoutes, _json
+from procmesh_orchestrator.service.http.bodies import route
+from procmesh_orchestrator.service.http.memory import _SCOPE, MemoryRoutes, _json
 
 
 class WorkingMemoryRoutes(MemoryRoutes):
@@ -21,7 +22,10 @@ class WorkingMemoryRoutes(MemoryRoutes):
 
     def routes(self) -> list[Route]:
         path = "/api/memory/threads/{thread_id}/working-memory"
-        return [Route(path, self.get, methods=["GET"]), Route(path, self.update, methods=["POST"])]
+        return [
+            route(path, self.get, "GET", *_SCOPE),
+            route(path, self.update, "POST", *_SCOPE),
+        ]
 
     async def get(self, request: Request) -> Response:
         """``{workingMemory, source, workingMemoryTemplate, threadExists}`` (the reference's)."""

@@ -3,7 +3,8 @@ approve / decline (and their -generate routes), observe, the memory writes and a
 refuse a key they do not take, or one of the reference's they cannot honour, with a 400 naming it,
 through a real `procmesh-orchestrator` and the real `@mastra/client-js`
 (tests/clientjs/strict_bodies.mjs); the refused request changes nothing, so the same call without
-the key then works."""
+the key then works. AgentService refuses a request holding fields its contract lacks the same way
+(INVALID_ARGUMENT naming them)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
+from google.protobuf.message import Message
 
+from procmesh.v1 import agent_pb2 as apb
+from procmesh.v1 import agent_pb2_grpc as agrpc
 from tests.e2e.service.conftest import OrchestratorProcess, run_clientjs
 from tests.e2e.service.test_clientjs import tools_config
 
@@ -179,7 +184,9 @@ async def test_client_js_query_parameters_are_taken_or_refused_by_name(seen: dic
 async def test_a_query_parameter_a_route_does_not_take_is_a_400_naming_it(
     http: httpx.AsyncClient, method: str, path: str, params: dict[str, str], named: str
 ) -> None:
-    body = {"messages": "hi"} if path.endswith("generate") else {"data": {}} if method == "POST" else None
+    body: dict[str, Any] | None = {"messages": "hi"} if path.endswith("generate") else None
+    if method == "POST" and body is None:
+        body = {"data": {}}
     answer = await http.request(method, path, params=params, json=body)
     assert answer.status_code == 400, answer.text
     assert named in answer.json()["error"]
@@ -189,3 +196,49 @@ async def test_a_query_parameter_a_route_does_not_take_is_a_400_naming_it(
     )
     assert again.status_code == 200, again.text  # the same request without it works
     assert (await http.get("/api/agents/teller/suspended-runs")).json()["total"] == runs
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes([*out, value])
+
+
+def _with_field(message: Message, number: int, value: int = 1) -> bytes:
+    """`message` on the wire with a varint field `number` its contract lacks (a newer client's)."""
+    wire: bytes = message.SerializeToString()
+    return wire + _varint(number << 3) + _varint(value)
+
+
+async def test_a_grpc_request_with_a_field_this_contract_lacks_is_invalid_argument(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    metadata = (("authorization", f"Bearer {KEY}"),)
+    async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
+        generate = channel.unary_unary(
+            "/procmesh.v1.AgentService/Generate",
+            request_serializer=lambda raw: raw,
+            response_deserializer=apb.GenerateResponse.FromString,
+        )
+        request = apb.GenerateRequest(agent_id="teller", text="hi")
+        nested = apb.GenerateRequest(agent_id="teller", text="hi")
+        options = _with_field(apb.MemoryOptions(last_messages=3), 9)
+        wire = nested.SerializeToString() + _varint((22 << 3) | 2) + _varint(len(options)) + options
+        for raw, named in ((_with_field(request, 99), "field 99"), (wire, "memory_options: field 9")):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await generate(raw, metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert named in (refused.value.details() or "")
+        answer = await generate(request.SerializeToString(), metadata=metadata)  # without it: runs
+        assert answer.finish_reason == "stop"
+        stub = agrpc.AgentServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as observed:
+            await channel.unary_stream(
+                "/procmesh.v1.AgentService/Observe", request_serializer=lambda raw: raw
+            )(_with_field(apb.ObserveRequest(run_id="r-1"), 3), metadata=metadata).read()
+        assert observed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "field 3" in (observed.value.details() or "")
+        listed = await stub.ListRuns(apb.ListRunsRequest(), metadata=metadata)
+        assert listed.total >= 0

@@ -17,28 +17,39 @@ from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.grpc import model_gateway
 from procmesh_orchestrator.service.grpc.gateway_policy import access_check
+from procmesh_orchestrator.service.grpc.known_fields import unknown_fields
 from procmesh_orchestrator.service.grpc.servicer import AGENT_SERVICE, Context
 
 log = logging.getLogger(__name__)
 _malformed = RateLimitedLog(log, "malformed gRPC request refused")
 
 
-def _raw(handler: Any, decode: Any, check: Any, take: Any = None) -> Any:
+def _raw(handler: Any, decode: Any, check: Any, take: Any = None, *, strict: bool = False) -> Any:
     """`handler` taking raw bytes: a request that does not decode is INVALID_ARGUMENT, not UNKNOWN.
 
     grpc decodes before any handler runs and reports a failure as UNKNOWN with an ERROR traceback
     per request; decoding here makes it the contract's INVALID_ARGUMENT and one rate-limited line.
     `check` runs first (the API key), so an unauthenticated caller learns nothing about decoding.
     `take` (AgentService) then takes one of the key's slots (`KeyLimits`), given back at the end.
+    `strict` (AgentService): a request holding fields this contract lacks is INVALID_ARGUMENT
+    naming them (`known_fields`), never run without them.
     """
 
     async def parse(raw: bytes, context: Context) -> Any:
         await check(context)
         try:
-            return decode(raw)
+            request = decode(raw)
         except Exception as exc:  # DecodeError, RecursionError: whatever the bytes make protobuf do
             _malformed.warning(type(exc).__name__)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed request: it does not decode")
+        if strict and (unknown := unknown_fields(request)):
+            name = request.DESCRIPTOR.name
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name} has fields this server's procmesh.v1 does not know: {', '.join(unknown[:10])} "
+                "(a newer client's: upgrade the orchestrator, or leave them out)",
+            )
+        return request
 
     if handler.unary_unary is not None:
         unary: Any = handler.unary_unary
@@ -114,7 +125,8 @@ class Guard(grpc.aio.ServerInterceptor):
         if handler.request_deserializer is None:
             return handler
         if method.startswith(f"/{AGENT_SERVICE}/"):
-            return _raw(handler, handler.request_deserializer, self._check_agent_key, self._take_slot)
+            deserialize = handler.request_deserializer
+            return _raw(handler, deserialize, self._check_agent_key, self._take_slot, strict=True)
         if method.startswith(f"/{model_gateway.MODEL_SERVICE}/"):
             # the gateway's own access rule (the unix socket, or a key with the gateway role)
             return _raw(handler, handler.request_deserializer, self._gateway_check)

@@ -317,13 +317,14 @@ class OrchestratorMetrics:
                 self.config_info.remove(previous)
         self.config_info.labels(version).set(1)
 
-    def chunk_emitted(self, kind: str) -> None:
-        """Count a chunk sent to a caller (once per chunk: the labelled child is kept)."""
+    def chunk_emitted(self, kind: str, n: int = 1) -> None:
+        """Count `n` chunks of type `kind` sent to a caller (the labelled child is kept; an
+        output stream's are counted per batch, `RunCore.take_output`)."""
         counter = self._chunk_counters.get(kind)
         if counter is None:
             family = "data" if kind.startswith("data-") else kind
             counter = self._chunk_counters[kind] = self.chunks.labels(family)
-        counter.inc()
+        counter.inc(n)
 
     def total(self, name: str, **labels: str) -> float:
         """The sum of sample `name`'s values whose labels include `labels` (over every agent,

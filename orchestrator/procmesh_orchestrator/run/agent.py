@@ -37,7 +37,7 @@ class RunStream:
     def __init__(self, run: Run, queue: ChunkBuffer, *, store: MemoryStore | None = None) -> None:
         self._queue = queue
         self._run = run
-        run.room = queue.room  # the run pauses while its reader is far behind
+        run.reader = queue  # the run pauses while its reader is far behind
         self._store = store
         """A resumed run's store: the suspended record goes once the run is done."""
         self._task = asyncio.create_task(self._drive())

@@ -2,7 +2,7 @@
 does not read pauses its own run instead of filling the process's memory.
 
 The run puts chunks without waiting (`put_nowait`: a hook's few chunks, the step's start and end)
-and, after each chunk of its output stream (the model's deltas), awaits `room`: while `limit`
+and, after each chunk of its output stream (the model's deltas), awaits `room` when `full`: while `limit`
 chunks wait for the reader, the run stops pulling the model stream, and the model stream (a gRPC
 or HTTP response) stops being read, so its sender is paused by the transport's own flow control.
 The reader of a `RunStream` that stops reading for good calls `discard` (``RunStream.result``
@@ -58,6 +58,11 @@ class ChunkBuffer:
         if len(self._items) < self._limit:
             self._room.set()
         return item
+
+    @property
+    def full(self) -> bool:
+        """Whether `room` would wait: `limit` chunks wait for the reader (and it reads)."""
+        return not self._room.is_set()
 
     async def room(self) -> None:
         """Return once fewer than `limit` chunks wait (at once when they do, or when discarding)."""

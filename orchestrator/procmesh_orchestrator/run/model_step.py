@@ -41,13 +41,14 @@ async def model_step(
         if cached is not None:
             if early is not None:
                 await early.cancel()
-            chunks: AsyncIterator[Chunk] = _replay(cached)
         else:
             run.model_requests.append(request)
-            chunks = optimistic.stream(early, cfg.model, request)
         call = _ModelCall(run, cfg.model.model_id, outcome, keep_raw, cached=cached is not None)
         error: BaseException | None = None
         try:
+            # the model's own stream (`optimistic.stream`), called here so that what it raises
+            # at once is the call's failure, as when it raises at its first chunk
+            chunks = _replay(cached) if cached is not None else optimistic.stream(early, cfg.model, request)
             async for chunk in chunks:
                 if call.took(chunk):
                     yield chunk

@@ -156,15 +156,20 @@ async def adopted(
     return None
 
 
-async def stream(
-    early: EarlyCall | None, model: ModelProvider, request: ModelRequest
-) -> AsyncIterator[Chunk]:
-    """The model call for `request`: the early one when it made exactly this call, else a new one."""
-    if early is not None:
-        if early.matches(model, request):
-            async for chunk in early.replay():
-                yield chunk
-            return
-        await early.cancel()
+def stream(early: EarlyCall | None, model: ModelProvider, request: ModelRequest) -> AsyncIterator[Chunk]:
+    """The model call for `request`: the early one when it made exactly this call, else a new one.
+    Without an early call it is the model's own stream: no generator between it and the run,
+    whose every delta would resume one more."""
+    if early is None:
+        return model.stream(request)
+    return _after_early(early, model, request)
+
+
+async def _after_early(early: EarlyCall, model: ModelProvider, request: ModelRequest) -> AsyncIterator[Chunk]:
+    if early.matches(model, request):
+        async for chunk in early.replay():
+            yield chunk
+        return
+    await early.cancel()
     async for chunk in model.stream(request):
         yield chunk

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from procmesh_orchestrator.run.agent import Agent
+from procmesh_orchestrator.run.base import TALLY
 from procmesh_orchestrator.run.chunk_buffer import DEFAULT_LIMIT, ChunkBuffer
 from procmesh_orchestrator.run.hooks import Chunk
 from procmesh_orchestrator.run.models import ModelRequest
@@ -71,12 +73,15 @@ async def test_the_buffer_waits_for_room_and_keeps_order() -> None:
     buffer = ChunkBuffer(limit=2)
     buffer.put_nowait(1)
     await asyncio.wait_for(buffer.room(), 1)  # one of two: room
+    assert not buffer.full
     buffer.put_nowait(2)
+    assert buffer.full
     waiting = asyncio.ensure_future(buffer.room())
     await settle()
     assert not waiting.done()  # full: the producer waits
     assert await buffer.get() == 1
     await asyncio.wait_for(waiting, 1)  # a get made room
+    assert not buffer.full
     assert await buffer.get() == 2
     getter = asyncio.ensure_future(buffer.get())
     await settle()
@@ -100,3 +105,41 @@ async def test_a_discarding_buffer_never_waits_and_keeps_only_the_last_item() ->
 def test_a_buffer_holds_at_least_one_chunk() -> None:
     with pytest.raises(ValueError, match="at least 1 chunk"):
         ChunkBuffer(limit=0)
+
+
+def emitted(stream_agent: Agent, kind: str) -> float:
+    return stream_agent.metrics.total("procmesh_stream_chunks_total", kind=kind)
+
+
+async def test_every_chunk_of_an_output_stream_is_counted_though_per_batch() -> None:
+    """The emitted-chunks metric is updated once per `TALLY` chunks of an output stream, and what
+    is left at the stream's end: a run of deltas that is no multiple of it counts every one."""
+    a = agent(CountingModel(), [])
+    stream = a.stream("go")
+    read = 0
+    async for chunk in stream:
+        read += chunk["type"] == "text-delta"
+        if read == TALLY + 1:  # one batch counted, the next one not yet
+            assert emitted(a, "text-delta") == TALLY
+    await stream.result()
+    assert DELTAS % TALLY
+    assert emitted(a, "text-delta") == DELTAS
+    assert emitted(a, "step-start") == 1  # outside the output stream: at once, as before
+    assert emitted(a, "finish") == 1
+
+
+async def test_the_chunks_of_a_cancelled_stream_are_counted() -> None:
+    """A stream cut short counts what it emitted (the reader gets each of them) at its end."""
+    a = agent(CountingModel(), [])
+    stream = a.stream("go")
+    chunks = aiter(stream)
+    read = 0
+    while read < 10:
+        read += (await anext(chunks))["type"] == "text-delta"
+    await settle()  # the run goes on until the buffer is full
+    result = await asyncio.wait_for(stream.cancel(), 10)
+    assert result.status != "success"
+    read += sum([c["type"] == "text-delta" async for c in chunks])
+    assert read < DELTAS
+    assert read % TALLY
+    assert emitted(a, "text-delta") == read

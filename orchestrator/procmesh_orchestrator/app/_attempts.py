@@ -36,7 +36,11 @@ _FAILURE = APIErrorArgs.hook
 class AttemptCaller(GrpcHookCaller):
     """A run's hook caller that tells `began` of each hook call but the failure's own."""
 
-    def __init__(self, info: RunInfo, metrics: OrchestratorMetrics, began: Callable[[str], object]) -> None:
+    def __init__(
+        self, info: RunInfo, metrics: OrchestratorMetrics, began: Callable[[str], object] = lambda _: None
+    ) -> None:
+        # `began` has a default: a caller may be built again from its type with the base class's
+        # arguments (a rehearsal's own caller, `StreamRehearsal`); the run's caller tells for it
         super().__init__(info, metrics)
         self._began = began
 

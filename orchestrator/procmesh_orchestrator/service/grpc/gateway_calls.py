@@ -17,10 +17,12 @@ is told what was wrong); a second miss is FAILED_PRECONDITION naming the problem
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -103,6 +105,20 @@ async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, st
     return "".join(text), finish, usage
 
 
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call as the gateway makes it: the model, what it is asked, and what it is metered against."""
+
+    model: ModelProvider
+    prompt: list[dict[str, Any]]
+    schema: dict[str, Any] | None
+    """The answer's JSON schema (None: free text)."""
+    settings: dict[str, Any]
+    """``temperature``, ``maxOutputTokens`` when the caller gave them."""
+    costs: list[RunCost]
+    """The limits it counts against (`GatewayCalls.costs`)."""
+
+
 class GatewayCalls:
     """The gateway's model calls for `service`'s App (`models`: the serving config's models)."""
 
@@ -148,24 +164,20 @@ class GatewayCalls:
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "cost_limit", str(exc)) from None
         return held
 
-    async def once(
-        self,
-        model: ModelProvider,
-        prompt: list[dict[str, Any]],
-        schema: dict[str, Any] | None,
-        settings: dict[str, Any],
-        costs: list[RunCost],
-    ) -> tuple[str, str, dict[str, int]]:
-        """One model call, metered against `costs` and counted: text, finish reason, usage."""
+    async def once(self, call: ModelCall) -> tuple[str, str, dict[str, int]]:
+        """One model call, metered against its costs and counted: text, finish reason, usage."""
         metrics = self._service.app.metrics
+        model, schema = call.model, call.schema
         request = ModelRequest(
-            prompt=prompt,
+            prompt=call.prompt,
             streaming=False,
-            model_settings=dict(settings),
+            model_settings=dict(call.settings),
             response_format=None if schema is None else {"type": "json", "schema": schema},
         )
         started = time.perf_counter()
-        held = await self._reserve(costs, model.model_id, prompt, settings.get("maxOutputTokens"))
+        held = await self._reserve(
+            call.costs, model.model_id, call.prompt, call.settings.get("maxOutputTokens")
+        )
         try:
             text, finish, usage = await _collect(model, request)
         except APICallError as exc:
@@ -183,19 +195,13 @@ class GatewayCalls:
             metrics.model_tokens.labels(model.model_id, direction).inc(usage.get(key, 0))
         return text, finish, usage
 
-    async def attempts(
-        self,
-        model: ModelProvider,
-        prompt: list[dict[str, Any]],
-        schema: dict[str, Any] | None,
-        settings: dict[str, Any],
-        costs: list[RunCost],
-    ) -> mpb.ModelServiceGenerateResponse:
-        """Call the model (twice when the first answer does not match the schema)."""
+    async def attempts(self, call: ModelCall) -> mpb.ModelServiceGenerateResponse:
+        """Make `call` (twice when the first answer does not match its schema)."""
+        model, schema = call.model, call.schema
         totals = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0}
         problem = ""
         for attempt in (1, 2):
-            text, finish, usage = await self.once(model, prompt, schema, settings, costs)
+            text, finish, usage = await self.once(call)
             for key in totals:
                 totals[key] += usage.get(key, 0)
             out = mpb.ModelServiceGenerateResponse(
@@ -210,8 +216,8 @@ class GatewayCalls:
                 return out
             problem = problem_or_none
             log.warning("model gateway: %s off-schema (try %d): %r", model.model_id, attempt, problem)
-            prompt = [
-                *prompt,
+            retry = [
+                *call.prompt,
                 {"role": "assistant", "content": [{"type": "text", "text": text}]},
                 {
                     "role": "user",
@@ -223,6 +229,7 @@ class GatewayCalls:
                     ],
                 },
             ]
+            call = dataclasses.replace(call, prompt=retry)
         raise Refused(
             grpc.StatusCode.FAILED_PRECONDITION,
             "invalid_output",

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
-from procmesh_orchestrator.run.framework.cost import RunCost
-from procmesh_orchestrator.run.models import ModelProvider
-from procmesh_orchestrator.service.grpc.gateway_calls import GatewayCalls, instruction
+from procmesh_orchestrator.service.grpc.gateway_calls import GatewayCalls, ModelCall, instruction
 from procmesh_orchestrator.service.grpc.gateway_policy import GatewayModels
 from procmesh_orchestrator.service.grpc.judge_planner import Judge, JudgePlanner
 from procmesh_orchestrator.service.grpc.judge_sections import (
@@ -32,6 +31,16 @@ from procmesh_orchestrator.service.grpc.verdict_cache import VerdictCache
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service.api.core import ServiceCore
+
+
+@dataclass(frozen=True)
+class Question:
+    """One gateway request as its answer is sought: the request, the resource its caller's key is
+    bound to (a verdict's tenant), and the model call that answers it when nothing else does."""
+
+    request: mpb.ModelServiceGenerateRequest
+    resource: str | None
+    call: ModelCall
 
 
 class GatewayJudging:
@@ -73,62 +82,53 @@ class GatewayJudging:
         model = self._service.app.models.resolve(request.model, "model")
         costs = self._calls.costs(request.run_id, request.model, request.resource)
         prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
-        text, finish, usage = await self._calls.once(model, prompt, schema, dict(request.settings), costs)
+        text, finish, usage = await self._calls.once(
+            ModelCall(model, prompt, schema, dict(request.settings), costs)
+        )
         return text, finish, usage, model.model_id
 
     async def _judge_alone(self, request: SectionRequest) -> SectionVerdict:
         """A section with nothing to merge: the guard's own call, as if it had sent no section."""
         model = self._service.app.models.resolve(request.model, "model")
         costs = self._calls.costs(request.run_id, request.model, request.resource)
-        prompt, schema, settings = list(request.messages), dict(request.schema), dict(request.settings)
-        out = await self._calls.attempts(model, prompt, schema, settings, costs)
+        call = ModelCall(model, list(request.messages), dict(request.schema), dict(request.settings), costs)
+        out = await self._calls.attempts(call)
         value, usage = convert.from_value(out.object), convert.usage_from_proto(out.usage)
         return SectionVerdict(value, out.text, usage, out.model, out.finish_reason, out.attempts, 1)
 
-    async def answer(
-        self,
-        request: mpb.ModelServiceGenerateRequest,
-        resource: str | None,
-        schema: dict[str, Any] | None,
-        settings: dict[str, Any],
-        model: ModelProvider,
-        prompt: list[dict[str, Any]],
-        costs: list[RunCost],
-    ) -> mpb.ModelServiceGenerateResponse:
+    async def answer(self, question: Question) -> mpb.ModelServiceGenerateResponse:
         """The model's answer, or the verdict cache's for a question asked before."""
-        if schema is not None:  # a question sent after its attempt failed: refused, not asked
+        request, resource, call = question.request, question.resource, question.call
+        if call.schema is not None:  # a question sent after its attempt failed: refused, not asked
             self._judging.refuse(request.run_id, self._models().processor_label(request.processor_id))
         cache = self._verdicts
         if cache is None:
-            return await self._ask(request, resource, schema, settings, model, prompt, costs)
+            return await self._ask(question)
         processor = self._models().processor_label(request.processor_id)
-        self._planner.sending(request, resource, settings)  # a section the cache answers still holds its lane
-        ask = lambda: self._ask(request, resource, schema, settings, model, prompt, costs)  # noqa: E731
-        response, reused = await cache.answer(request, schema, settings, resource, processor, ask)
+        self._planner.sending(
+            request, resource, call.settings
+        )  # a section the cache answers still holds its lane
+        ask = lambda: self._ask(question)  # noqa: E731
+        response, reused = await cache.answer(request, call.schema, call.settings, resource, processor, ask)
         if reused:
             self._service.app.metrics.judge_calls_saved.labels(processor, "cache").inc()
-            self._planner.answered(request, resource, settings)  # its text's group: one fewer to wait for
+            self._planner.answered(
+                request, resource, call.settings
+            )  # its text's group: one fewer to wait for
         return response
 
-    async def _ask(
-        self,
-        request: mpb.ModelServiceGenerateRequest,
-        resource: str | None,
-        schema: dict[str, Any] | None,
-        settings: dict[str, Any],
-        model: ModelProvider,
-        prompt: list[dict[str, Any]],
-        costs: list[RunCost],
-    ) -> mpb.ModelServiceGenerateResponse:
+    async def _ask(self, question: Question) -> mpb.ModelServiceGenerateResponse:
         """The model's answer; a guard's section goes through the judge planner (merged if it can)."""
-        if schema is None:  # free text: no judge's verdict, left to its caller
-            return await self._calls.attempts(model, prompt, schema, settings, costs)
+        request, call = question.request, question.call
+        if call.schema is None:  # free text: no judge's verdict, left to its caller
+            return await self._calls.attempts(call)
         processor = self._models().processor_label(request.processor_id)
         if not request.HasField("section"):  # a verdict asked alone: cancelled at its run's end too
-            alone = self._calls.attempts(model, prompt, schema, settings, costs)
-            return await self._judging.judging(request.run_id, processor, alone)
+            return await self._judging.judging(request.run_id, processor, self._calls.attempts(call))
         agent = self._service.runs.agent_of(request.run_id)
-        asked = section_request(request, processor, resource, prompt, schema, settings, agent)
+        asked = section_request(
+            request, processor, question.resource, call.prompt, call.schema, call.settings, agent
+        )
         started = time.perf_counter()
         with tracing.span(f"procmesh.judge.section {processor}") as span:
             verdict = await self._judging.judging(request.run_id, processor, self.judge(asked))

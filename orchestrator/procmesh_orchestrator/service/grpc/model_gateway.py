@@ -26,8 +26,14 @@ from procmesh import tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
 from procmesh_orchestrator.errors import ConfigError, LeaseLostError
-from procmesh_orchestrator.service.grpc.gateway_calls import GatewayCalls, instruction, prompt_of, schema_of
-from procmesh_orchestrator.service.grpc.gateway_judging import GatewayJudging
+from procmesh_orchestrator.service.grpc.gateway_calls import (
+    GatewayCalls,
+    ModelCall,
+    instruction,
+    prompt_of,
+    schema_of,
+)
+from procmesh_orchestrator.service.grpc.gateway_judging import GatewayJudging, Question
 from procmesh_orchestrator.service.grpc.gateway_policy import Context, GatewayModels, caller_resource, shown
 from procmesh_orchestrator.service.grpc.judge_sections import Refused
 
@@ -161,7 +167,9 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         costs = self._calls.costs(request.run_id, request.model, resource)
         try:
             async with asyncio.timeout(remaining):
-                return await self._judging.answer(request, resource, schema, settings, model, prompt, costs)
+                return await self._judging.answer(
+                    Question(request, resource, ModelCall(model, prompt, schema, settings, costs))
+                )
         except TimeoutError:
             raise Refused(
                 grpc.StatusCode.DEADLINE_EXCEEDED,

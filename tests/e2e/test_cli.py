@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -223,6 +224,39 @@ def test_a_scenario_with_a_key_twice_exits_2_naming_it(tmp_path: Path) -> None:
     proc = procmesh("scenario", "run", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"scenario {path}: duplicate key 'call' in one JSON object" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"model": [{"text": "hi", "toolCall": [{"name": "t"}]}]}, "model.0.toolCall"),
+        ({"call": {"method": "steam", "input": "hi"}}, "call.method: generate or stream, got 'steam'"),
+        (
+            {"agent": {"inputProcessors": [{"id": "p", "processInput": [{"then": [{"count": "n"}]}]}]}},
+            "agent.inputProcessors.0.processInput.0.then",
+        ),
+        (
+            {
+                "agent": {
+                    "inputProcessors": [{"id": "p", "processInput": [{"do": [{"abort": {"reson": "x"}}]}]}]
+                }
+            },
+            "agent.inputProcessors.0.processInput.0.do.0.abort.reson",
+        ),
+    ],
+)
+def test_a_scenario_key_at_any_depth_the_runner_would_ignore_exits_2_naming_it(
+    tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    # each was ignored before: a text answer with no tool call, a generate for a stream, a rule
+    # that did nothing, an abort without its reason; all with exit 0 and a wrong trace
+    path = tmp_path / "typo.json"
+    scenario = {"name": "typo", "model": [{"text": "hi"}], "call": {"input": "hi"}, **change}
+    path.write_text(json.dumps(scenario), encoding="utf-8")
+    proc = procmesh("scenario", "run", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -3,15 +3,21 @@
 A key this runner does not know would otherwise be ignored and the scenario run as if it were
 absent: a wrong trace with exit 0, the worst way to fail a conformance check. So every object of
 the format is checked against the keys FORMAT.md gives it, and an unknown one is a
-`ScenarioError` naming its path (``agent.stopWhenn``). RULE, COND and ACTION are the scripted
-sidecar's to read (it refuses what it does not know); the runner checks everything around them.
+`ScenarioError` naming its path (``agent.stopWhenn``), down to each RESPONSE of ``model`` (the
+config's `ScriptedResponse`), each RULE, COND and ACTION of a PROCESSOR (the scripted sidecar
+reads only the keys it knows, and judges a COND only once its rule is reached: a misspelt
+``then`` for ``do`` would make a rule do nothing) and the values that choose a path
+(``method``, an input message's ``role``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from procmesh import hooks
+from procmesh_orchestrator.config.providers import ScriptedResponse
 from procmesh_orchestrator.errors import ScenarioError
 from procmesh_orchestrator.run import stop
 
@@ -31,13 +37,35 @@ _AGENT = {
 }
 _CALL = {"method", "input", "options"}
 _OPTIONS = {"maxSteps", "maxProcessorRetries", "stopWhen", "requestContext", "memory", *LANES}
-_PROCESSOR = {
-    "id",
-    "processDataParts",
-    "onViolation",
-    "speculative",
-    *(h.rpc[0].lower() + h.rpc[1:] for h in hooks.HOOKS if h.name != "execute_tool"),
+_HOOKS = {h.rpc[0].lower() + h.rpc[1:] for h in hooks.HOOKS if h.name != "execute_tool"}
+_PROCESSOR = {"id", "processDataParts", "onViolation", "speculative", *_HOOKS}
+_RULE = {"when", "do"}
+_COND = {
+    "textContains",
+    "textMatches",
+    "stepNumber",
+    "stepNumberGte",
+    "retryCountLt",
+    "partType",
+    "stateGte",
+    "errorStatus",
 }
+_ACTIONS: dict[str, set[str] | None] = {
+    "abort": {"reason", "retry", "metadata"},
+    "replaceText": {"pattern", "with"},
+    "signal": {"contents", "attributes", "transient"},
+    "custom": {"type", "data", "dataFromState"},
+    "drop": None,
+    "toolChoice": None,
+    "systemMessage": None,
+    "count": None,
+    "metadata": None,
+    "retry": None,
+    "setResult": None,
+}
+"""Each ACTION's one key, and the keys of its object (None: a value, not an object of keys)."""
+_METHODS = ("generate", "stream")
+_ROLES = ("user", "assistant", "system")
 _BY_CONTEXT = {"key", "cases", "default"}
 _TOOL = {"description", "result", "custom"}
 
@@ -68,7 +96,51 @@ def _list(value: Any, where: str) -> list[Any]:
 
 def _processors(value: Any, where: str) -> None:
     for i, spec in enumerate(_list(value, where)):
-        _keys(spec, _PROCESSOR, f"{where}.{i}")
+        processor = _keys(spec, _PROCESSOR, f"{where}.{i}")
+        for hook in sorted(_HOOKS & set(processor)):
+            for j, rule in enumerate(_list(processor[hook], f"{where}.{i}.{hook}")):
+                _rule(rule, f"{where}.{i}.{hook}.{j}")
+
+
+def _rule(value: Any, where: str) -> None:
+    rule = _keys(value, _RULE, where)
+    when = _keys(rule.get("when") or {}, _COND, f"{where}.when")
+    if "stateGte" in when:
+        _keys(when["stateGte"], {"key", "value"}, f"{where}.when.stateGte")
+    for k, action in enumerate(_list(rule.get("do") or [], f"{where}.do")):
+        at = f"{where}.do.{k}"
+        names = sorted(_object(action, at))
+        if len(names) != 1 or names[0] not in _ACTIONS:
+            raise ScenarioError(
+                f"{at}: an action is one of {', '.join(sorted(_ACTIONS))}, got {', '.join(names) or 'none'}"
+            )
+        inner = _ACTIONS[names[0]]
+        if inner is not None:
+            _keys(action[names[0]], inner, f"{at}.{names[0]}")
+
+
+def _responses(value: Any) -> None:
+    """Each RESPONSE of ``model`` as the scripted model takes it (`ScriptedResponse`)."""
+    for i, response in enumerate(_list(value, "model")):
+        try:
+            ScriptedResponse.model_validate(response)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            path = ".".join(str(p) for p in (i, *err["loc"]))
+            raise ScenarioError(f"model.{path}: {err['msg']}") from None
+
+
+def _call(call: Any, where: str) -> dict[str, Any]:
+    checked = _keys(call, _CALL, where)
+    if checked.get("method", "generate") not in _METHODS:
+        raise ScenarioError(f"{where}.method: {' or '.join(_METHODS)}, got {checked['method']!r}")
+    given = checked.get("input")
+    if not isinstance(given, str):
+        for i, message in enumerate(_list(given, f"{where}.input")):
+            msg = _keys(message, {"role", "text"}, f"{where}.input.{i}")
+            if msg.get("role") not in _ROLES or not isinstance(msg.get("text"), str):
+                raise ScenarioError(f"{where}.input.{i}: {{role: {' | '.join(_ROLES)}, text: a string}}")
+    return checked
 
 
 def _lanes(source: dict[str, Any], where: str, *, by_context: bool) -> None:
@@ -97,22 +169,29 @@ def _lanes(source: dict[str, Any], where: str, *, by_context: bool) -> None:
 def check(scenario: dict[str, Any]) -> None:
     """Refuse any key FORMAT.md does not give its object, naming its path."""
     _keys(scenario, _TOP, "")
+    _responses(scenario.get("model", []))
     agent = _keys(scenario.get("agent", {}), _AGENT, "agent")
     _lanes(agent, "agent", by_context=True)
     if "memory" in agent:
         _keys(agent["memory"], {"lastMessages"}, "agent.memory")
     for name, tool in _object(scenario.get("tools", {}), "tools").items():
-        _keys(tool, _TOOL, f"tools.{name}")
+        if "custom" in _keys(tool, _TOOL, f"tools.{name}"):
+            _keys(tool["custom"], {"type", "data"}, f"tools.{name}.custom")
     calls = (
         [(f"calls.{i}", c) for i, c in enumerate(_list(scenario["calls"], "calls"))]
         if "calls" in scenario
         else [("call", scenario["call"])]
     )
     for where, call in calls:
-        options = _keys(_keys(call, _CALL, where).get("options", {}), _OPTIONS, f"{where}.options")
+        options = _keys(_call(call, where).get("options", {}), _OPTIONS, f"{where}.options")
         _lanes(options, f"{where}.options", by_context=False)
         if "memory" in options:
-            _keys(options["memory"], {"thread", "resource"}, f"{where}.options.memory")
+            memory = _keys(options["memory"], {"thread", "resource"}, f"{where}.options.memory")
+            if not all(isinstance(v, str) for v in memory.values()):
+                raise ScenarioError(f"{where}.options.memory: thread and resource are strings")
+        context = _object(options.get("requestContext", {}), f"{where}.options.requestContext")
+        if not all(isinstance(v, str) for v in context.values()):
+            raise ScenarioError(f"{where}.options.requestContext: an object of string values")
 
 
 def lane_specs(source: dict[str, Any]) -> list[dict[str, Any]]:

@@ -5,12 +5,47 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=True)
+
+
+class _Scripted(BaseModel):
+    """A scripted response's objects: their camelCase keys only (the model reads no other)."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
+
+
+class _ScriptedToolCall(_Scripted):
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = {}
+
+
+class _ScriptedError(_Scripted):
+    status: int = 400
+    message: str = "API error"
+    retryable: bool = False
+    body: str = ""
+
+
+class _ScriptedUsage(_Scripted):
+    input_tokens: int = Field(default=10, ge=0)
+    output_tokens: int = Field(default=5, ge=0)
+
+
+class ScriptedResponse(_Scripted):
+    """One ``scripted`` response, its keys checked (a misspelt ``toolCall`` would otherwise answer
+    with text and no tool call); the model reads the dict as given (`ScriptedModel`)."""
+
+    text: str = ""
+    deltas: list[str] | None = None
+    tool_calls: list[_ScriptedToolCall] = []
+    error: _ScriptedError | None = None
+    usage: _ScriptedUsage | None = None
+    finish_reason: str | None = None
 
 
 class ModelConfig(_Model):
@@ -21,12 +56,24 @@ class ModelConfig(_Model):
 
     provider: Literal["demo", "scripted"]
     responses: list[dict[str, Any]] = []
-    """``scripted`` only: one response per model call (shapes: docs/configuration.md)."""
+    """``scripted`` only: one response per model call (shapes: docs/configuration.md; each
+    checked as a `ScriptedResponse`, an unknown key refused by its path)."""
     delay_ms: float = Field(default=0.0, ge=0)
     """Pause between streamed deltas (demo pacing, benchmarks)."""
     specification_version: Literal["v2", "v3"] = "v2"
     """The model specification version the model reports (the reference's ``specificationVersion``:
     ``v2`` for AI SDK 5 providers, ``v3`` for AI SDK 6): part of ``response-cache`` keys."""
+
+    @field_validator("responses")
+    @classmethod
+    def _scripted(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, response in enumerate(value):
+            try:
+                ScriptedResponse.model_validate(response)
+            except ValidationError as exc:
+                where = (f"{i}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                raise ValueError("; ".join(where)) from None
+        return value
 
 
 ProviderKind = Literal["openai", "anthropic"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 FailurePolicy = Literal["fail-closed", "fail-open"]
@@ -27,6 +27,13 @@ class BackgroundConfig(_Model):
     """Attempts after a failed one."""
     retry_delay: float = Field(default=1.0, ge=0)
     """Seconds before the first retry, doubled for each next one (at most 30 s)."""
+
+
+class CustomChunkConfig(_Model):
+    """A fixed-result tool's ``custom``: the ``data-*`` chunk it emits, ``{type, data}``."""
+
+    type: str = Field(pattern=r"^data-.+")
+    data: Any = None
 
 
 class ToolConfig(_Model):
@@ -56,6 +63,13 @@ class ToolConfig(_Model):
     """Each call waits for a decision (approve / decline); the run suspends meanwhile."""
     background: BackgroundConfig | None = None
     """Run each call in the background (absent: in the step, the foreground)."""
+
+    @field_validator("custom")
+    @classmethod
+    def _custom(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            CustomChunkConfig.model_validate(value)  # {type: data-*, data}: no other key
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolConfig:

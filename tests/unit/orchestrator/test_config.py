@@ -140,11 +140,55 @@ def test_unknown_tool_names_the_agent() -> None:
         ({**base(), "sidecarz": {}}, "sidecarz"),
         (base(maxStepz=3), "agents.a.maxStepz"),
         (base(inputProcessors=[{"processor": "s/p", "option": {}}]), "agents.a.inputProcessors.0.option"),
+        # a scripted response and a tool's custom chunk: read by key, so a misspelt one was dropped
+        (
+            {
+                **base(),
+                "models": {"m": {"provider": "scripted", "responses": [{"text": "a"}, {"toolCall": []}]}},
+            },
+            "1.toolCall",
+        ),
+        (
+            {**base(), "models": {"m": {"provider": "scripted", "responses": [{"tool_calls": []}]}}},
+            "0.tool_calls",  # the model reads toolCalls only: no snake_case twin here
+        ),
+        (
+            {**base(), "models": {"m": {"provider": "scripted", "responses": [{"error": {"retry": True}}]}}},
+            "0.error.retry",
+        ),
+        (
+            {
+                **base(),
+                "models": {
+                    "m": {"provider": "scripted", "responses": [{"toolCalls": [{"name": "t", "input": {}}]}]}
+                },
+            },
+            "0.toolCalls.0.input",
+        ),
+        (
+            {**base(), "tools": {"t": {"result": 1, "custom": {"type": "data-x", "dat": {}}}}},
+            "tools.t.custom.dat",
+        ),
     ],
 )
 def test_extra_key_is_named(data: dict[str, Any], where: str) -> None:
     message = error_of(data)
-    assert f"{where}: Extra inputs are not permitted" in message
+    assert f"{where}: Extra inputs are not permitted" in message, message
+
+
+def test_every_key_a_scripted_response_has_is_accepted() -> None:
+    response = {
+        "text": "a",
+        "deltas": ["a"],
+        "toolCalls": [{"name": "t", "args": {"x": 1}}],
+        "error": {"status": 500, "message": "m", "retryable": True, "body": "b"},
+        "usage": {"inputTokens": 1, "outputTokens": 2},
+        "finishReason": "length",
+    }
+    config = parse_config(
+        {**base(model="m"), "models": {"m": {"provider": "scripted", "responses": [response]}}}
+    )
+    assert config.models["m"].responses == [response]  # the model reads it as given
 
 
 @pytest.mark.parametrize(

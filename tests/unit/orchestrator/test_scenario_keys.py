@@ -11,7 +11,19 @@ import pytest
 from procmesh_orchestrator.cli import scenario_keys
 from procmesh_orchestrator.errors import ScenarioError
 
-CHECKER = {"id": "checker", "processInput": [{"do": [{"count": "n"}]}], "onViolation": False}
+CHECKER = {
+    "id": "checker",
+    "processInput": [
+        {"do": [{"count": "n"}]},
+        {
+            "when": {"textContains": "x", "stateGte": {"key": "n", "value": 2}},
+            "do": [{"abort": {"reason": "r", "retry": True, "metadata": {"k": 1}}}],
+        },
+        {"do": [{"replaceText": {"pattern": "a", "with": "b"}}, {"systemMessage": "s"}]},
+    ],
+    "processInputStep": [{"do": [{"signal": {"contents": "c", "attributes": {}, "transient": True}}]}],
+    "onViolation": False,
+}
 VALID: dict[str, Any] = {
     "name": "every-key",
     "description": "free text",
@@ -27,12 +39,16 @@ VALID: dict[str, Any] = {
         "outputProcessors": [{"id": "out", "processOutputStream": []}],
         "errorProcessors": [{"id": "err", "processAPIError": []}],
     },
-    "model": [{"text": "hi"}],
+    "model": [
+        {"text": "hi", "usage": {"inputTokens": 1, "outputTokens": 2}},
+        {"deltas": ["a", "b"], "toolCalls": [{"name": "weather", "args": {}}], "finishReason": "stop"},
+        {"error": {"status": 500, "message": "m", "retryable": True}},
+    ],
     "tools": {"weather": {"description": "d", "result": {"t": 1}, "custom": {"type": "data-x", "data": {}}}},
     "calls": [
         {
             "method": "stream",
-            "input": "hello",
+            "input": [{"role": "system", "text": "s"}, {"role": "user", "text": "hello"}],
             "options": {
                 "maxSteps": 2,
                 "maxProcessorRetries": 0,
@@ -78,6 +94,28 @@ def test_every_key_the_format_defines_is_accepted() -> None:
         (["calls", 0, "stream"], "unknown key calls.0.stream"),
         (["calls", 0, "options", "inputProcessorsByContext"], "calls.0.options.inputProcessorsByContext"),
         (["calls", 0, "options", "memory", "user"], "calls.0.options.memory.user"),
+        (["calls", 0, "input", 1, "content"], "calls.0.input.1.content"),
+        (["tools", "weather", "custom", "dat"], "tools.weather.custom.dat"),
+        (
+            ["agent", "inputProcessorsByContext", "cases", "acme", 0, "processInput", 0, "then"],
+            ".processInput.0.then",
+        ),
+        (
+            ["calls", 0, "options", "inputProcessors", 0, "processInput", 1, "when", "textContain"],
+            ".when.textContain",
+        ),
+        (
+            ["calls", 0, "options", "inputProcessors", 0, "processInput", 1, "when", "stateGte", "gte"],
+            "stateGte.gte",
+        ),
+        (
+            ["calls", 0, "options", "inputProcessors", 0, "processInput", 1, "do", 0, "abort", "retyr"],
+            "abort.retyr",
+        ),
+        (
+            ["calls", 0, "options", "inputProcessors", 0, "processInputStep", 0, "do", 0, "signal", "tag"],
+            "signal.tag",
+        ),
     ],
 )
 def test_an_unknown_key_is_refused_naming_its_path(path: list[str | int], named: str) -> None:
@@ -98,6 +136,23 @@ def test_a_static_lane_beside_one_chosen_by_context_is_refused() -> None:
         (["calls", 0, "options", "stopWhen"], "soon", "calls.0.options.stopWhen must be a list"),
         (["agent", "inputProcessorsByContext", "key"], "", "agent.inputProcessorsByContext.key"),
         (["agent", "outputProcessors"], {"id": "x"}, "agent.outputProcessors: expected a list"),
+        (["model", 1, "toolCall"], [], "model.1.toolCall: Extra inputs are not permitted"),
+        (["model", 1, "toolCalls", 0, "arguments"], {}, "model.1.toolCalls.0.arguments"),
+        (["model", 2, "error", "retry"], True, "model.2.error.retry"),
+        (["calls", 0, "method"], "steam", "calls.0.method: generate or stream, got 'steam'"),
+        (["calls", 0, "input", 0, "role"], "tool", "calls.0.input.0: {role: user | assistant | system"),
+        (["calls", 0, "options", "requestContext", "tier"], 2, "requestContext: an object of string values"),
+        (["calls", 0, "options", "memory", "thread"], 7, "calls.0.options.memory: thread and resource"),
+        (
+            ["agent", "inputProcessorsByContext", "cases", "acme", 0, "processInput", 0, "do", 0],
+            {"count": "n", "drop": True},
+            "processInput.0.do.0: an action is one of",
+        ),
+        (
+            ["calls", 0, "options", "inputProcessors", 0, "processInput", 0, "do", 0],
+            {"shout": 1},
+            "got shout",
+        ),
     ],
 )
 def test_a_malformed_value_is_refused_naming_its_path(path: list[str | int], value: Any, named: str) -> None:

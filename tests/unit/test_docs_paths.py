@@ -14,10 +14,11 @@ import functools
 import itertools
 import os
 import re
+import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.unit.doc_pages import DOCS, PACKAGES, Doc, _rel, made_up, missing_packages
+from tests.unit.doc_pages import DOCS, ORCHESTRATOR, PACKAGES, Doc, _rel, made_up, missing_packages
 
 GITHUB = "https://github.com/procmesh/procmesh/"
 """Where the package pages (sdk/README.md is PyPI's page) link into the repository: checked like a
@@ -192,6 +193,14 @@ def layout_problems(doc: Doc) -> list[str]:
             f"{_rel(doc.path)}: layout entry {e} does not exist" for e in entries if not (REPO / e).exists()
         ]
         folder = REPO / entries[0]
+        if len(entries) == 1 and folder.suffix == ".py" and folder.is_file():
+            # `run/agent.py   Agent: ...`: a module's line names classes of that module
+            source = folder.read_text(encoding="utf-8")
+            problems += [
+                f"{_rel(doc.path)}: layout entry {entries[0]}: {name} is not in it"
+                for name in re.findall(r"\b([A-Z][a-z]+(?:[A-Z][a-z0-9]*)+)\b", description)
+                if not re.search(rf"\b{name}\b", source)
+            ]
         if len(entries) > 1 or not folder.is_dir():
             continue
         files = re.findall(r"(?<![\w./-])([\w/]+\.(?:py|js|proto))\b", description)
@@ -217,6 +226,19 @@ def layout_entries(doc: Doc) -> set[str]:
     return {entry for entries, _ in _layout(doc) for entry in entries}
 
 
+def missing_modules(doc: Doc) -> list[str]:
+    """Every module of the orchestrator (a ``.py`` file under procmesh_orchestrator/, package
+    ``__init__.py`` files aside) that is not an entry of the "Project layout" block."""
+    entries = layout_entries(doc)
+    tracked = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "--", f"{ORCHESTRATOR}*.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()  # what the tree holds, not another checkout's files in progress
+    return [p for p in sorted(tracked) if not p.endswith("/__init__.py") and p not in entries]
+
+
 def test_every_doc_is_checked() -> None:
     assert len(DOCS) >= 10
     assert all(path.exists() for path in DOCS)
@@ -239,6 +261,25 @@ def test_the_layout_lists_every_orchestrator_package() -> None:
     entries = layout_entries(architecture)
     assert entries, "docs/architecture.md has the Project layout block"
     assert missing_packages(entries) == []
+
+
+def test_the_layout_lists_every_orchestrator_module() -> None:
+    assert missing_modules(Doc.parse(REPO / "docs" / "architecture.md")) == []
+
+
+def test_the_module_check_catches_a_missing_module_and_a_made_up_one() -> None:
+    real = Doc.parse(REPO / "docs" / "architecture.md").text
+    fake = made_up(real.replace("  run/loop.py ", "  run/loops.py ", 1))
+    assert missing_modules(fake) == [f"{ORCHESTRATOR}run/loop.py"]
+    assert layout_problems(fake) == [
+        f"docs/made-up.md: layout entry {ORCHESTRATOR}run/loops.py does not exist",
+    ]
+    wrong = made_up(
+        real.replace("  run/agent.py                       Agent:", "  run/agent.py  RunCore:", 1)
+    )
+    assert layout_problems(wrong) == [
+        f"docs/made-up.md: layout entry {ORCHESTRATOR}run/agent.py: RunCore is not in it",
+    ]
 
 
 def test_the_checks_catch_made_up_paths() -> None:

@@ -14,6 +14,7 @@ const protoLoader = require('@grpc/proto-loader');
 const convert = require('./convert');
 const { LOADER_OPTIONS, protoDir } = require('./contract');
 const { InternalError } = require('./errors');
+const tracing = require('./tracing');
 
 const DEFAULT_TIMEOUT_MS = 30_000;
 
@@ -153,10 +154,12 @@ class Model {
    * Tell the gateway this processor settled `count` questions for this model without asking it
    * (a cheap pre-check): the orchestrator counts them as judge calls saved, `by="precheck"`.
    * Returns at once and never throws: a report the gateway refuses (or no gateway configured) is
-   * dropped, since a count must never fail or slow a hook.
+   * dropped, since a count must never fail or slow a hook. The hook's span counts them too
+   * (`procmesh.judge.precheck_saved`, when tracing is on), as the Python SDK's does.
    */
   reportSaved(count = 1) {
     if (!(count >= 1)) return;
+    tracing.addToCurrent('procmesh.judge.precheck_saved', Math.floor(count));
     let gw;
     try {
       gw = gateway();

@@ -204,6 +204,24 @@ function hookSpan(hook, processorId, metadata, fn, { tool = '' } = {}) {
   return span(`procmesh.hook ${wire} ${processorId || tool}`, { kind: 'server', attributes, parent: metadata }, fn);
 }
 
+/** What `addToCurrent` added to each span, so a second report adds to the first. */
+const added = new WeakMap();
+
+/**
+ * Add `count` to the numeric attribute `key` of the current span (the hook's, while a unary hook
+ * runs); a no-op when tracing is off or no span is current (the Python SDK's span.add on the
+ * hook's span).
+ */
+function addToCurrent(key, count) {
+  if (otel === null) return;
+  const current = otel.api.trace.getActiveSpan();
+  if (current === undefined || !current.isRecording()) return;
+  const sums = added.get(current) || {};
+  sums[key] = (sums[key] || 0) + count;
+  added.set(current, sums);
+  current.setAttribute(key, sums[key]);
+}
+
 function isSet(value) {
   if (value === undefined || value === null || value === false || value === 0 || value === '') return false;
   return !(Array.isArray(value) && value.length === 0);
@@ -219,4 +237,4 @@ function outcomeOf(response) {
   return Object.entries(response || {}).some(([k, v]) => k !== 'effects' && isSet(v)) ? 'rewrite' : 'pass';
 }
 
-module.exports = { Span, enabled, flush, hookSpan, outcomeOf, setup, shutdown, span, start, wireHook };
+module.exports = { Span, addToCurrent, enabled, flush, hookSpan, outcomeOf, setup, shutdown, span, start, wireHook };

@@ -71,7 +71,12 @@ def capture(run: RunCore, *, pending: PendingTools | None = None, next_step: int
         "stopWhen": stop.dump(run.stop_when),
         "requireToolApproval": run.options.require_tool_approval,
         "clientTools": [
-            {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+            {
+                "name": t.name,
+                "description": t.description,
+                "inputSchema": t.input_schema,
+                "requiresApproval": t.requires_approval,
+            }
             for t in run.tools.values()
             if isinstance(t, ClientTool)
         ],
@@ -124,7 +129,12 @@ def call_data(options: CallOptions) -> dict[str, Any]:
         "stopWhen": None if options.stop_when is None else stop.dump(options.stop_when),
         "requireToolApproval": options.require_tool_approval,
         "clientTools": [
-            {"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+            {
+                "name": t.name,
+                "description": t.description,
+                "inputSchema": t.input_schema,
+                "requiresApproval": t.requires_approval,
+            }
             for t in options.client_tools
         ],
         "callInstructions": options.instructions,
@@ -210,7 +220,10 @@ def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec
         system=tuple(data.get("callSystem") or ()),
         stop_when=stop_when,
         require_tool_approval=data["requireToolApproval"],
-        client_tools=[ClientTool(t["name"], t["description"], t["inputSchema"]) for t in data["clientTools"]],
+        client_tools=[
+            ClientTool(t["name"], t["description"], t["inputSchema"], t.get("requiresApproval", False))
+            for t in data["clientTools"]
+        ],
         input_processors=lists.get("input"),
         output_processors=lists.get("output"),
         error_processors=lists.get("error"),

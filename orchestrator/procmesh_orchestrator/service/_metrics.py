@@ -94,9 +94,10 @@ class ServiceMetrics:
         )
         self.settings_ignored = Counter(
             "procmesh_call_settings_ignored_total",
-            "Agent calls that named a model setting or body option procmesh does not apply "
-            "(modelSettings.headers, reasoning, timeout; tracingOptions, scorers, ...; other: a key "
-            "neither side knows), by setting: the call ran, with a warning.",
+            "Agent calls that named a model setting, body option or client tool key procmesh does "
+            "not apply (modelSettings.headers, reasoning, timeout; tracingOptions, scorers, ...; "
+            "clientTools.outputSchema, ...; other: a key neither side knows), by setting: the call "
+            "ran, with a warning.",
             ["setting"],
             registry=self.registry,
         )

@@ -9,6 +9,7 @@ the key then works. AgentService refuses a request holding fields its contract l
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -242,3 +243,48 @@ async def test_a_grpc_request_with_a_field_this_contract_lacks_is_invalid_argume
         assert "field 3" in (observed.value.details() or "")
         listed = await stub.ListRuns(apb.ListRunsRequest(), metadata=metadata)
         assert listed.total >= 0
+
+
+async def test_a_client_tools_keys_are_taken_or_warned_of_by_name(http: httpx.AsyncClient) -> None:
+    # as client-js sends a createTool object: requireApproval is honoured (the call waits for a
+    # decision before the client may run it), the keys procmesh does not apply are warned of
+    weather = {
+        "id": "weather",
+        "description": "The weather where the user is.",
+        "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "requireApproval": True,
+        "outputSchema": {"type": "object"},
+        "strict": True,
+        "colour": "red",
+    }
+    before = await _ignored_counts(http)
+    answer = await http.post(
+        "/api/agents/helper/generate", json={"messages": ASK, "clientTools": {"weather": weather}}
+    )
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    assert (result["status"], result["suspendPayload"]["toolName"]) == ("suspended", "weather")
+    warned = {w["setting"] for w in result["warnings"]}
+    assert warned == {
+        "clientTools.weather.outputSchema",
+        "clientTools.weather.strict",
+        "clientTools.weather.colour",
+    }
+    after = await _ignored_counts(http)
+    for label in ("clientTools.outputSchema", "clientTools.strict", "other"):
+        assert after.get(label, 0) == before.get(label, 0) + 1, label
+    ids = {"runId": result["runId"], "toolCallId": result["suspendPayload"]["toolCallId"]}
+    resumed = (await http.post("/api/agents/helper/approve-tool-call-generate", json=ids)).json()
+    assert resumed["finishReason"] == "tool-calls"  # approved: now the client runs it
+    bad = await http.post(
+        "/api/agents/helper/generate",
+        json={"messages": ASK, "clientTools": {"weather": {**weather, "requireApproval": "yes"}}},
+    )
+    assert bad.status_code == 400
+    assert "clientTools.weather.requireApproval" in bad.json()["error"]
+
+
+async def _ignored_counts(http: httpx.AsyncClient) -> dict[str, float]:
+    text = (await http.get("/metrics")).text
+    found = re.findall(r'^procmesh_call_settings_ignored_total\{setting="([^"]+)"\} (\S+)$', text, re.M)
+    return {label: float(value) for label, value in found}

@@ -82,8 +82,27 @@ def client_tools(tools: dict[str, Any], field: str = "clientTools") -> list[Clie
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise BadRequestError(f"{where}.{key}: not a valid JSON schema: {exc.message}") from None
-        out.append(ClientTool(name, description, schema))
+        approval = tool.get("requireApproval", False)
+        if not isinstance(approval, bool):
+            raise BadRequestError(f"{where}.requireApproval: must be a boolean")
+        out.append(ClientTool(name, description, schema, requires_approval=approval))
     return out
+
+
+CLIENT_TOOL_KEYS = frozenset({"id", "description", "inputSchema", "parameters", "requireApproval"})
+"""The keys of a ``clientTools`` entry procmesh takes (`client_tools`); the others are
+`client_tool_extras`."""
+
+
+def client_tool_extras(tools: dict[str, Any], field: str = "clientTools") -> list[str]:
+    """The keys of the ``clientTools`` entries procmesh does not apply, as ``clientTools.NAME.KEY``
+    (the call's warnings: `step_settings.IGNORED_CLIENT_TOOL_KEYS`)."""
+    return [
+        f"{field}.{name}.{key}"
+        for name, tool in tools.items()
+        if isinstance(tool, dict)
+        for key in sorted(set(tool) - CLIENT_TOOL_KEYS)
+    ]
 
 
 _M = TypeVar("_M", bound=BaseModel)

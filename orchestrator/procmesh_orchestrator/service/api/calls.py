@@ -25,13 +25,18 @@ from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.call_memory import MemoryBody, memory_scope
 from procmesh_orchestrator.service.api.call_options import (
     StepOptions,
+    client_tool_extras,
     client_tools,
     lane_ids,
     step_kwargs,
     validated,
 )
 from procmesh_orchestrator.service.api.messages import input_message, own_ids
-from procmesh_orchestrator.service.api.step_settings import IGNORED_OPTIONS, IGNORED_SETTINGS
+from procmesh_orchestrator.service.api.step_settings import (
+    IGNORED_CLIENT_TOOL_KEYS,
+    IGNORED_OPTIONS,
+    IGNORED_SETTINGS,
+)
 
 
 @dataclass
@@ -56,12 +61,11 @@ class AgentCall:
     @property
     def warnings(self) -> list[dict[str, Any]]:
         """The call's warnings, in the reference's shape (the result's ``warnings``)."""
-        unknown = "neither procmesh nor the reference server takes this option"
         return [
             {"type": "unsupported-setting", "setting": name, "details": IGNORED_SETTINGS[name]}
             for name in self.ignored_settings
         ] + [
-            {"type": "unsupported-setting", "setting": name, "details": IGNORED_OPTIONS.get(name, unknown)}
+            {"type": "unsupported-setting", "setting": name, "details": _ignored(name)[1]}
             for name in self.ignored_options
         ]
 
@@ -69,8 +73,7 @@ class AgentCall:
     def ignored_labels(self) -> list[str]:
         """What `ignored_settings` and `ignored_options` count under (a key neither side knows:
         ``other``, so that a caller's keys never become metric labels)."""
-        options = [name if name in IGNORED_OPTIONS else "other" for name in self.ignored_options]
-        return [*self.ignored_settings, *options]
+        return [*self.ignored_settings, *(_ignored(name)[0] for name in self.ignored_options)]
 
     def drop_undeclared(self, trust: ContextTrust, schema: ContextSchema | None) -> AgentCall:
         """In drop mode, the call without the request-context keys `schema` (the agent's
@@ -95,6 +98,18 @@ class AgentCall:
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 """A caller's run id: letters, digits and ``._:-``, at most 128 characters (it names the run in
 logs, the store, SSE headers and URLs)."""
+
+
+def _ignored(name: str) -> tuple[str, str]:
+    """An ignored option's counter label and why it is ignored: a body key (`IGNORED_OPTIONS`) or a
+    client tool's (``clientTools.NAME.KEY``: `IGNORED_CLIENT_TOOL_KEYS`, labelled without NAME)."""
+    unknown = "neither procmesh nor the reference server takes this option"
+    if name.startswith("clientTools."):
+        key = name.rsplit(".", 1)[1]
+        if key in IGNORED_CLIENT_TOOL_KEYS:
+            return f"clientTools.{key}", IGNORED_CLIENT_TOOL_KEYS[key]
+        return "other", unknown
+    return (name, IGNORED_OPTIONS[name]) if name in IGNORED_OPTIONS else ("other", unknown)
 
 
 class _Body(StepOptions):
@@ -195,5 +210,9 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         lanes=lane_ids(body),
         dropped_context=dropped,
         ignored_settings=body.model_settings.ignored() if body.model_settings else [],
-        ignored_options=sorted(body.model_extra or {}) + memory.ignored(),
+        ignored_options=[
+            *sorted(body.model_extra or {}),
+            *memory.ignored(),
+            *client_tool_extras(body.client_tools or {}),
+        ],
     )

@@ -49,6 +49,24 @@ why; a key neither side knows is ignored the same way (``other``): the call runs
 naming the key in its result and ``procmesh_call_settings_ignored_total{setting}`` (the reference
 server passes unknown keys through, and @mastra/client-js sends every option its caller gives)."""
 
+IGNORED_CLIENT_TOOL_KEYS = {
+    "outputSchema": "procmesh does not check a client tool's result against a schema (the client runs it)",
+    "strict": "procmesh sends no provider strict mode for a tool's schema",
+    "providerOptions": "procmesh sends no per-tool provider options",
+    "inputExamples": "procmesh shows the model no input examples of a tool",
+    "background": "a client tool runs in the client, never in procmesh's background",
+    "suspendSchema": "a client tool suspends in the client, not in procmesh",
+    "resumeSchema": "a client tool suspends in the client, not in procmesh",
+    "requestContextSchema": "procmesh checks the request context with the agent's requestContextSchema",
+    "mcp": "a client tool is the caller's, not an MCP server's",
+    "mcpMetadata": "a client tool is the caller's, not an MCP server's",
+}
+"""The keys of a ``clientTools`` entry procmesh accepts but does not apply (@mastra/client-js sends
+a ``createTool`` object's fields as they are; functions do not survive JSON), and why: the call
+runs, with a warning naming ``clientTools.NAME.KEY`` and the counter's ``clientTools.KEY`` (any
+other key: ``other``). Taken: ``id`` (the entry's key names the tool), ``description``,
+``inputSchema`` / ``parameters`` and ``requireApproval``."""
+
 
 class ModelSettingsBody(BaseModel):
     """``modelSettings``: what the providers send, ``maxRetries`` (the provider's retries of this

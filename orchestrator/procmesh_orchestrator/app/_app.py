@@ -44,6 +44,9 @@ from procmesh_orchestrator.tools import ToolCatalog
 
 log = logging.getLogger(__name__)
 
+MAX_LIVE = 100_000
+"""Runs `App.agent_of` keeps at most (a run ends and is forgotten; this bounds one that never did)."""
+
 
 def secret_variables(config: Config) -> set[str]:
     """The variables the orchestrator reads a secret from: each provider's `apiKeyEnv` (the
@@ -112,6 +115,8 @@ class App:
         questions the failed attempt's guards still have in flight (`service.grpc.run_judging`)."""
         self._failed_attempts: set[str] = set()
         """Runs whose model call failed and whose next attempt has not begun (`failed_attempt`)."""
+        self._live: dict[str, str] = {}
+        """The agent of each run in flight here, by run id (`agent_of`), however it started."""
         self.pipeline = Pipeline(
             config,
             self.metrics,
@@ -120,6 +125,7 @@ class App:
             ended=self.ended,
             failed=self.failed,
             began=self.began,
+            started=self.started,
         )
         """The serving pipeline: the config's sidecars, tools, models and agents, bound."""
         self.clients: dict[str, ProcessorClient] = {}
@@ -147,9 +153,22 @@ class App:
         """Durable runs of this replica and the take-over of others' (`durable` package)."""
         self._durable_lock = asyncio.Lock()
 
+    def started(self, run_id: str, agent_id: str) -> None:
+        """A run of `agent_id` started here (its hook caller was made): `agent_of` knows it until
+        it ends (the oldest forgotten past `MAX_LIVE`, should a run never end)."""
+        self._live[run_id] = agent_id
+        while len(self._live) > MAX_LIVE:
+            self._live.pop(next(iter(self._live)))
+
+    def agent_of(self, run_id: str) -> str | None:
+        """The agent of the run in flight here by this id (generate, stream, resume, durable), or
+        None: the judge planner reads its lanes."""
+        return self._live.get(run_id) if run_id else None
+
     def ended(self, run_id: str) -> None:
         """A run of this App ended: tell each of `run_ended`."""
         self._failed_attempts.discard(run_id)
+        self._live.pop(run_id, None)
         for ended in self.run_ended:
             ended(run_id)
 

@@ -79,6 +79,7 @@ class Pipeline:
         ended: Callable[[str], object] | None = None,
         failed: Callable[[str], object] | None = None,
         began: Callable[[str], object] | None = None,
+        started: Callable[[str, str], object] | None = None,
     ) -> None:
         self.config = config
         self.ended = ended
@@ -89,6 +90,8 @@ class Pipeline:
         self.began = began
         """Told a run's id as it calls a hook other than ``process_api_error`` (`AttemptCaller`;
         the App's `began`: a failed attempt's next one has begun)."""
+        self.started = started
+        """Told each run's id and agent as its hook caller is made (the App's `started`)."""
         self.lane_functions = lanes or {}
         """Lanes given as functions of the request context, by agent and lane (`App`'s ``lanes=``)."""
         self.version = config_hash(config)
@@ -160,6 +163,8 @@ class Pipeline:
 
     def _caller(self, info: RunInfo, metrics: OrchestratorMetrics) -> GrpcHookCaller:
         """A run's hook caller (`GrpcHookCaller`), kept track of: it lives as long as its run."""
+        if self.started is not None:
+            self.started(info.run_id, info.agent_id)
         began = self.began
         caller = GrpcHookCaller(info, metrics) if began is None else AttemptCaller(info, metrics, began)
         if self.config.decisions.record:

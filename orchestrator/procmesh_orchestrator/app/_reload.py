@@ -143,6 +143,7 @@ class ConfigReloader:
                 ended=app.ended,
                 failed=app.failed,
                 began=app.began,
+                started=app.started,
             )
             if pipeline.version == app.version:
                 log.info("config reload (%s): version %s unchanged, nothing to swap", reason, app.version)

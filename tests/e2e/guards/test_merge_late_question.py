@@ -1,8 +1,8 @@
 """A question the planner knows is coming is merged however late it comes; one it does not know
 of is not waited for (issue 33 item 1, under load), end to end.
 
-A streamed run (the planner reads the lanes of a run live on its replica: a streamed one), a
-Node sidecar's processor (`merge_judge.mjs`) asks the model gateway 300 ms after its hook is
+A run (streamed or not: the planner reads the lanes of any run live on its replica), a Node
+sidecar's processor (`merge_judge.mjs`) asks the model gateway 300 ms after its hook is
 called, six times the planner's 50 ms merge window: what a sidecar woken late on a loaded
 machine does. Beside it, the built-in moderation guard (another sidecar) asks about the same
 text at once. With the Node processor's entry sure to ask (no option that lets it skip a text),
@@ -97,13 +97,19 @@ def _asked(server: JudgeServer, model: str) -> list[list[str]]:
     return out
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "generate"])
 async def test_a_question_known_to_come_is_merged_however_late(
-    orchestrator: OrchestratorProcess, judge_server: JudgeServer
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer, streamed: bool
 ) -> None:
-    chunks = await stream(orchestrator, "late-known")
-    assert chunks[-1]["type"] == "finish", chunks[-1]
+    before = len(judge_server.calls("known"))
+    if streamed:
+        chunks = await stream(orchestrator, "late-known")
+        assert chunks[-1]["type"] == "finish", chunks[-1]
+    else:
+        result = await generate(orchestrator, "late-known", "What is a processor?")
+        assert result["finishReason"] == "stop", result
     # the policy question came 300 ms after moderation's, and still shared its call
-    assert _asked(judge_server, "known") == [["moderation", "policy"]]
+    assert _asked(judge_server, "known")[before:] == [["moderation", "policy"]]
 
 
 async def test_a_question_not_known_to_come_is_not_waited_for(

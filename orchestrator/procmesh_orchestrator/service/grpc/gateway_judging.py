@@ -125,7 +125,7 @@ class GatewayJudging:
         processor = self._models().processor_label(request.processor_id)
         if not request.HasField("section"):  # a verdict asked alone: cancelled at its run's end too
             return await self._judging.judging(request.run_id, processor, self._calls.attempts(call))
-        agent = self._service.runs.agent_of(request.run_id)
+        agent = self._service.app.agent_of(request.run_id)
         asked = section_request(
             request, processor, question.resource, call.prompt, call.schema, call.settings, agent
         )

@@ -288,3 +288,28 @@ async def _ignored_counts(http: httpx.AsyncClient) -> dict[str, float]:
     text = (await http.get("/metrics")).text
     found = re.findall(r'^procmesh_call_settings_ignored_total\{setting="([^"]+)"\} (\S+)$', text, re.M)
     return {label: float(value) for label, value in found}
+
+
+TWICE = {"memory": {"thread": "t-a", "resource": RESOURCE}}
+
+
+@pytest.mark.parametrize(
+    ("given", "same", "named"),
+    [
+        ({"threadId": "t-b", **TWICE}, {"threadId": "t-a", **TWICE}, "threadId and memory.thread"),
+        ({"resourceId": "other", **TWICE}, {"resourceId": RESOURCE, **TWICE}, "memory.resource"),
+        (
+            {"requestContext": {"k": "a"}, "runtimeContext": {"k": "b"}},
+            {"requestContext": {}, "runtimeContext": {}},
+            "requestContext and runtimeContext differ",
+        ),
+    ],
+)
+async def test_one_value_given_twice_differently_is_a_400_not_one_dropped(
+    http: httpx.AsyncClient, given: dict[str, Any], same: dict[str, Any], named: str
+) -> None:
+    answer = await http.post("/api/agents/teller/generate", json={"messages": "hi", **given})
+    assert answer.status_code == 400, answer.text
+    assert named in answer.json()["error"]
+    taken = await http.post("/api/agents/teller/generate", json={"messages": "hi", **same})
+    assert taken.status_code == 200, taken.text  # one value, or the same under both names

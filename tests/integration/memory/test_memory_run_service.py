@@ -149,11 +149,15 @@ def test_the_body_names_the_thread_as_the_client_sends_it() -> None:
     shapes: list[dict[str, Any]] = [
         {"memory": {"thread": "t1", "resource": "u1"}},
         {"memory": {"thread": {"id": "t1", "title": "x"}, "resource": "u1", "options": {}}},
-        {"threadId": "t1", "resourceId": "u1", "memory": {"thread": "other", "resource": "u1"}},
+        {"threadId": "t1", "resourceId": "u1", "memory": {"thread": "t1", "resource": "u1"}},
     ]
     for shape in shapes:
         call = parse_body({"messages": "hi", **shape}, caller=ANONYMOUS, trust=TRUST, limits=LIMITS)
         assert (call.options.thread_id, call.options.resource_id) == ("t1", "u1"), shape
+    # two different threads named: a 400, never one of them dropped
+    both = {"threadId": "t1", "resourceId": "u1", "memory": {"thread": "other", "resource": "u1"}}
+    with pytest.raises(BadRequestError, match=r"threadId and memory\.thread differ"):
+        parse_body({"messages": "hi", **both}, caller=ANONYMOUS, trust=TRUST, limits=LIMITS)
 
 
 def test_only_the_key_or_an_operator_names_the_resource() -> None:

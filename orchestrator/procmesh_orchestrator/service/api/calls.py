@@ -126,7 +126,8 @@ class _Body(StepOptions):
     resource_id: str | None = Field(default=None, alias="resourceId")
     thread_id: str | None = Field(default=None, alias="threadId")
     memory: MemoryBody | None = None
-    """``{thread, resource}`` as @mastra/client-js sends it (``threadId``/``resourceId`` win)."""
+    """``{thread, resource}`` as @mastra/client-js sends it (``threadId``/``resourceId`` the same
+    values, if given too: `_one_of`)."""
     client_tools: dict[str, Any] | None = Field(default=None, alias="clientTools")
     """Tools the caller runs: name -> ``{id?, description, inputSchema | parameters}``."""
     require_tool_approval: bool | None = Field(default=None, alias="requireToolApproval")
@@ -178,9 +179,14 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
     else:
         agent_input = [input_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
         own_ids(agent_input, caller)
+    memory = body.memory or MemoryBody()
+    # each pair is one value under two names: the first wins only when the other is absent or the
+    # same, never by dropping a different value the caller also gave
+    _one_of("requestContext", body.request_context, "runtimeContext", body.runtime_context)
+    _one_of("threadId", body.thread_id, "memory.thread", memory.thread_id)
+    _one_of("resourceId", body.resource_id, "memory.resource", memory.resource)
     named = "requestContext" if body.request_context else "runtimeContext"
     context, dropped = trust.admit(caller, body.request_context or body.runtime_context or {}, named)
-    memory = body.memory or MemoryBody()
     thread, resource = memory_scope(
         body.thread_id or memory.thread_id, body.resource_id or memory.resource, caller=caller
     )
@@ -216,3 +222,9 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             *client_tool_extras(body.client_tools or {}),
         ],
     )
+
+
+def _one_of(name: str, value: Any, other: str, other_value: Any) -> None:
+    """A 400 when a body gives one value under both of its names, differently."""
+    if value and other_value and value != other_value:
+        raise BadRequestError(f"{name} and {other} differ: give one of them (they name the same thing)")

@@ -97,8 +97,13 @@ async def test_a_call_failing_mid_stream_cancels_its_attempts_judge_questions_an
     assert await asyncio.to_thread(judge_server.released.wait, 10)  # the judge saw the hang-up
     assert judge_server.released_before == [True, True]  # as the call failed, before the retry
     judged = judge_server.judged("judge")
-    assert [FAILED[0] in t for t in judged] == [True, True, False]  # the sentence asked again
-    assert KEPT in judged[2]
+    # the held question first; the retried answer's two windows are asked together, in either
+    # order (on a loaded machine the second window's question may reach the judge first)
+    assert len(judged) == 3
+    assert FAILED[0] in judged[0]
+    retried = sorted(judged[1:], key=lambda t: KEPT in t)
+    assert [FAILED[0] in t for t in retried] == [True, False]  # the sentence asked again
+    assert [KEPT in t for t in retried] == [False, True]
     outcomes = metric(orchestrator, "procmesh_gateway_calls_total", "outcome")
     assert outcomes.get("attempt_failed", 0) == 1  # the failed attempt's question, cancelled
     assert outcomes.get("run_ended", 0) == 0  # not at the run's end

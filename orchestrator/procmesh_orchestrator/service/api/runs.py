@@ -117,11 +117,6 @@ class ActiveRuns:
             return None
         return entry
 
-    def agent_of(self, run_id: str) -> str | None:
-        """The agent of the run live here by this id (the judge planner reads its lanes), or None."""
-        entry = self._runs.get(run_id)
-        return None if entry is None else entry.agent_id
-
     def __len__(self) -> int:
         return len(self._runs)
 

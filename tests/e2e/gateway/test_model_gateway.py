@@ -292,3 +292,44 @@ async def test_a_node_hook_reports_the_judge_calls_it_saved(orchestrator: Orches
     assert (await _generate(orchestrator, "node-settled", "SETTLED by its own check"))["text"] == "fine"
     await eventually(lambda: precheck() == before + 1)  # reportSaved sends in the background
     assert _model_calls(orchestrator, "node-ok") == asked  # the judge was not asked
+
+
+async def test_a_gateway_request_with_a_field_this_contract_lacks_is_invalid_argument(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    """A newer sidecar's field (at the top or inside the judge section) is refused by name, never
+    dropped: the model call it shaped would otherwise run without it. Without it the call runs."""
+    import grpc
+
+    from procmesh.v1 import model_pb2 as mpb
+    from tests.e2e.service.test_strict_bodies import _varint, _with_field
+
+    metadata = (("authorization", f"Bearer {GATEWAY_KEY}"),)
+    request = mpb.ModelServiceGenerateRequest(
+        model="judge-ok", messages=[mpb.ModelMessage(role="user", text="hi")], processor_id="x"
+    )
+    section = _with_field(mpb.JudgeSection(content="hi"), 9)
+    nested = request.SerializeToString() + _varint((8 << 3) | 2) + _varint(len(section)) + section
+    async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
+        generate = channel.unary_unary(
+            "/procmesh.v1.ModelService/Generate",
+            request_serializer=lambda raw: raw,
+            response_deserializer=mpb.ModelServiceGenerateResponse.FromString,
+        )
+        report = channel.unary_unary(
+            "/procmesh.v1.ModelService/ReportSaved",
+            request_serializer=lambda raw: raw,
+            response_deserializer=mpb.ModelServiceReportSavedResponse.FromString,
+        )
+        saved = mpb.ModelServiceReportSavedRequest(processor_id="x", count=1)
+        for call, raw, named in (
+            (generate, _with_field(request, 99), "field 99"),
+            (generate, nested, "section: field 9"),
+            (report, _with_field(saved, 7), "field 7"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(raw, timeout=5, metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert named in (refused.value.details() or "")
+        answer = await generate(request.SerializeToString(), timeout=5, metadata=metadata)
+        assert answer.model == "judge-ok"

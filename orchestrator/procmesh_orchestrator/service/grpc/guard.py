@@ -31,8 +31,8 @@ def _raw(handler: Any, decode: Any, check: Any, take: Any = None, *, strict: boo
     per request; decoding here makes it the contract's INVALID_ARGUMENT and one rate-limited line.
     `check` runs first (the API key), so an unauthenticated caller learns nothing about decoding.
     `take` (AgentService) then takes one of the key's slots (`KeyLimits`), given back at the end.
-    `strict` (AgentService): a request holding fields this contract lacks is INVALID_ARGUMENT
-    naming them (`known_fields`), never run without them.
+    `strict` (AgentService, the model gateway): a request holding fields this contract lacks is
+    INVALID_ARGUMENT naming them (`known_fields`), never run without them.
     """
 
     async def parse(raw: bytes, context: Context) -> Any:
@@ -128,8 +128,9 @@ class Guard(grpc.aio.ServerInterceptor):
             deserialize = handler.request_deserializer
             return _raw(handler, deserialize, self._check_agent_key, self._take_slot, strict=True)
         if method.startswith(f"/{model_gateway.MODEL_SERVICE}/"):
-            # the gateway's own access rule (the unix socket, or a key with the gateway role)
-            return _raw(handler, handler.request_deserializer, self._gateway_check)
+            # the gateway's own access rule (the unix socket, or a key with the gateway role); a
+            # model call holding fields this contract lacks is refused as AgentService's is
+            return _raw(handler, handler.request_deserializer, self._gateway_check, strict=True)
         return handler
 
     def _reflection(self, handler: Any) -> Any:

@@ -1,14 +1,15 @@
-"""A question the planner knows is coming is merged however late it comes; one it does not know
-of is not waited for (issue 33 item 1, under load), end to end.
+"""A question the planner is certain will come is waited for; one it cannot be certain of is
+not waited for past the merge window (issue 33 item 1, under load), end to end.
 
-A run (streamed or not: the planner reads the lanes of any run live on its replica), a Node
-sidecar's processor (`merge_judge.mjs`) asks the model gateway 300 ms after its hook is
+A Node sidecar's processor (`merge_judge.mjs`) asks the model gateway 300 ms after its hook is
 called, six times the planner's 50 ms merge window: what a sidecar woken late on a loaded
-machine does. Beside it, the built-in moderation guard (another sidecar) asks about the same
-text at once. With the Node processor's entry sure to ask (no option that lets it skip a text),
-the planner waits for its question and both are answered by one call; with a ``precheck`` option
-(it may settle a text without the judge) the planner does not know it will ask, and moderation's
-question goes out once its lane is quiet for the window, alone, before the late one arrives.
+machine does. Beside it, built-in guards (the ``builtins`` sidecar, declared here) ask about the
+same text at once. The planner waits past the window only for a built-in guard whose skip rules
+it models (`judge_plan`): a processor of one's own may skip any text (it declares nothing), so
+its late question is not waited for, with a ``precheck`` or without; and the language detector
+does not ask about a text shorter than its ``min_text_length`` (10), so beside a short message
+the other guards' merged call goes once their lane is quiet, without it. Each case would be one
+call at 1 s (the planner's cap) if the planner waited: the late question would be in it.
 """
 
 from __future__ import annotations
@@ -34,22 +35,33 @@ MODERATE = "Judge this content for moderation."
 DELAY_MS = 300
 
 
+def _builtin(pid: str, judge: str) -> dict[str, Any]:
+    return {"processor": f"builtins/{pid}", "options": {"model": f"judges/{judge}"}}
+
+
 def _agent(judge: str, policy_options: dict[str, Any]) -> dict[str, Any]:
+    policy = {"processor": "n/policy", "options": {"model": f"judges/{judge}", **policy_options}}
     return {
         "model": "echo",
         "errorProcessorDefaults": False,
-        "inputProcessors": [
-            {"processor": "n/policy", "options": {"model": f"judges/{judge}", **policy_options}},
-            {"processor": "a/moderation", "options": {"model": f"judges/{judge}"}},
-        ],
+        "inputProcessors": [policy, _builtin("moderation", judge)],
     }
 
 
 AGENTS = {
-    "late-known": _agent("known", {"delay_ms": DELAY_MS}),
-    # a precheck may settle a text without the judge: the plan cannot know this one will ask
-    "late-unknown": _agent("unknown", {"delay_ms": DELAY_MS, "precheck": {"allow": ["^never$"]}}),
+    "late-custom": _agent("custom", {"delay_ms": DELAY_MS}),
+    "late-precheck": _agent("precheck", {"delay_ms": DELAY_MS, "precheck": {"allow": ["^never$"]}}),
     "warm": _agent("warm", {}),
+    # the language detector skips texts shorter than 10 characters; the policy asks 300 ms late
+    # (first: it is not speculative, so the guards after it are called with it)
+    "language": {
+        "model": "echo",
+        "errorProcessorDefaults": False,
+        "inputProcessors": [
+            {"processor": "n/policy", "options": {"model": "judges/language", "delay_ms": DELAY_MS}},
+            *(_builtin(g, "language") for g in ("moderation", "language-detector", "pii-detector")),
+        ],
+    },
 }
 
 
@@ -57,8 +69,13 @@ AGENTS = {
 def judge_server() -> Iterator[JudgeServer]:
     server = JudgeServer(api_key=SECRET)
     server.start()
-    rules = [Rule((POLICY,), {"allowed": True}), Rule((MODERATE,), NO_SCORES)]
-    for model in ("known", "unknown", "warm"):
+    rules = [
+        Rule((POLICY,), {"allowed": True}),
+        Rule((MODERATE,), NO_SCORES),
+        Rule(("Detect the language",), {"iso_code": "en", "confidence": 0.99}),
+        Rule(("PII",), {"categories": [], "detections": []}),
+    ]
+    for model in ("custom", "precheck", "warm", "language"):
         server.judge(model, {}, *rules)
     yield server
     server.stop()
@@ -80,7 +97,7 @@ async def orchestrator(
     gateway_port: int,
     start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> OrchestratorProcess:
-    sidecars = {"a": guards_sidecar, "n": node_sidecar}
+    sidecars = {"builtins": guards_sidecar, "n": node_sidecar}  # declared: the built-ins as ours
     started = await start_judged(
         start_orchestrator, gateway_port, sidecars, judge_server.base_url, SECRET, AGENTS
     )
@@ -98,24 +115,43 @@ def _asked(server: JudgeServer, model: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["stream", "generate"])
-async def test_a_question_known_to_come_is_merged_however_late(
+async def test_a_late_question_of_a_processor_of_ones_own_is_not_waited_for(
     orchestrator: OrchestratorProcess, judge_server: JudgeServer, streamed: bool
 ) -> None:
-    before = len(judge_server.calls("known"))
+    before = len(judge_server.calls("custom"))
     if streamed:
-        chunks = await stream(orchestrator, "late-known")
+        chunks = await stream(orchestrator, "late-custom")
         assert chunks[-1]["type"] == "finish", chunks[-1]
     else:
-        result = await generate(orchestrator, "late-known", "What is a processor?")
+        result = await generate(orchestrator, "late-custom", "What is a processor?")
         assert result["finishReason"] == "stop", result
-    # the policy question came 300 ms after moderation's, and still shared its call
-    assert _asked(judge_server, "known")[before:] == [["moderation", "policy"]]
+    # moderation's went out alone once its lane was quiet, the late one in a call of its own
+    assert _asked(judge_server, "custom")[before:] == [["moderation"], ["policy"]]
 
 
-async def test_a_question_not_known_to_come_is_not_waited_for(
+async def test_a_late_question_behind_a_precheck_is_not_waited_for(
     orchestrator: OrchestratorProcess, judge_server: JudgeServer
 ) -> None:
-    chunks = await stream(orchestrator, "late-unknown")
+    chunks = await stream(orchestrator, "late-precheck")
     assert chunks[-1]["type"] == "finish", chunks[-1]
-    # moderation's went out alone once its lane was quiet, the late one in a call of its own
-    assert _asked(judge_server, "unknown") == [["moderation"], ["policy"]]
+    assert _asked(judge_server, "precheck") == [["moderation"], ["policy"]]
+
+
+@pytest.mark.parametrize(
+    ("text", "merged"),
+    [
+        ("Hello!", ["moderation", "pii-detector"]),  # 6 characters: language does not ask
+        ("What should a first-time visitor know?", ["language-detector", "moderation", "pii-detector"]),
+    ],
+    ids=["short", "long"],
+)
+async def test_the_merged_call_goes_without_a_question_that_will_not_come(
+    orchestrator: OrchestratorProcess, judge_server: JudgeServer, text: str, merged: list[str]
+) -> None:
+    before = len(judge_server.calls("language"))
+    result = await generate(orchestrator, "language", text)
+    assert result["finishReason"] == "stop", result
+    # the built-ins' call went once the lane was quiet (50 ms), before the policy's came (300 ms):
+    # waiting for the language detector's question about a short text would have held it to 1 s,
+    # the policy's question in it
+    assert _asked(judge_server, "language")[before:] == [merged, ["policy"]]

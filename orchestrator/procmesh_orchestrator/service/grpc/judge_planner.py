@@ -16,12 +16,15 @@ or a repeat answered about the text counts as in: `JudgePlanner.answered`), at o
 plan says one (a lone guard waits for nothing), else once its lane (the run's phase on that
 model) has sent nothing for `MERGE_WINDOW` (a question the verdict cache answers counts:
 `JudgePlanner.sending`), and at the latest `MERGE_CAP` after its first request. A guard the plan
-knows asks about every text (`JudgePlan.sure`) is waited for past the window, to the cap: under
-load a sidecar wakes late; a guard that may judge no text this time (a pre-check, the newest
-message only, a condition, not speculative behind a holding guard) is not. A window's timer that
-fires late (`_fire`: the loop was away, the requests that came meanwhile are unread) waits one
-window more. A group of one is the guard's own call, made alone with its own prompt: exactly
-what it was without the planner.
+knows is certain to ask about the text (`JudgePlan.sure`: a built-in guard whose skip rules it
+models, the text long enough for it) is waited for past the window, to the cap: under load a
+sidecar wakes late. Any other guard is not, nor a sure one whose question failed earlier in the
+lane (a guard failed open judges no more of its step), nor any while no sure guard has asked
+about the text (their sidecar may be down). A window's timer that fires late (`_fire`: the loop
+was away, the requests that came meanwhile are unread) waits one window more. Each group's
+going is logged at DEBUG with why (``complete``, ``quiet``, ``cap``) when it went short. A
+group of one is the guard's own call, made alone with its own prompt: exactly what it was
+without the planner.
 
 **Repeats.** The orchestrator may ask a speculative entry again with the same text (an entry
 before it changed only its input's metadata, as language detection does): the very same
@@ -106,6 +109,8 @@ class _Text:
     """Every guard whose question reached the gateway (whatever answered it)."""
     settled: set[str] = field(default_factory=set)
     """The guards answered without a call (the verdict cache, a repeat): none of theirs to wait for."""
+    failed: set[str] = field(default_factory=set)
+    """The guards whose question failed earlier in the text's lane (never waited for again)."""
 
 
 @dataclass
@@ -129,8 +134,12 @@ class _Group:
         return len(self.members) + len(self.text.settled - ids) >= self.expected
 
     def awaiting(self) -> bool:
-        """A guard known to ask about the text has not asked yet."""
-        return any(not (ids & self.text.arrived) for ids in self.sure)
+        """A guard certain to ask about the text has not asked yet: one of them has (their
+        sidecar is up), and its question did not fail earlier in the lane."""
+        arrived = self.text.arrived
+        if not any(ids & arrived for ids in self.sure):
+            return False
+        return any(not (ids & arrived) and not (ids & self.text.failed) for ids in self.sure)
 
 
 class JudgePlanner:
@@ -159,6 +168,8 @@ class JudgePlanner:
         self._answered: OrderedDict[str, tuple[float, SectionVerdict]] = OrderedDict()
         self._texts: OrderedDict[str, _Text] = OrderedDict()
         """The guards that asked about each recent text (by merge key), the oldest out first."""
+        self._failed: OrderedDict[str, set[str]] = OrderedDict()
+        """Per recent lane, the guards whose question failed in it (the oldest lane out first)."""
 
     def _plan(self) -> JudgePlan:
         """The serving config's plan (made again after a reload)."""
@@ -171,12 +182,12 @@ class JudgePlanner:
         """`request`'s own verdict, from a call shared with every request merged with it."""
         loop = asyncio.get_running_loop()
         key, lane = request.merge_key(), request.lane_key()
-        text = self._text(key)
+        text = self._text(key, lane)
         text.arrived.add(request.guard_id)
         answered = self._answered.get(_repeat_key(request))
         if answered is not None and loop.time() - answered[0] < REPEAT_SECONDS:
             self._metrics.judge_calls_saved.labels(request.processor, "repeat").inc()
-            self._settled(key, request.guard_id)
+            self._settled(key, lane, request.guard_id)
             return answered[1]
         group = self._open.get(key)
         if group is None:
@@ -188,9 +199,14 @@ class JudgePlanner:
         group.members.append((request, future))
         group.arrived.append(loop.time())
         if group.complete():  # all the plan expects are in
-            self._dispatch(key, group)
+            self._dispatch(key, group, "complete")
         self._hold(lane)
-        return await future
+        try:
+            return await future
+        except Exception:
+            # a guard failed open judges no more of its step: its later questions are not waited for
+            self._failed_in(lane).add(request.guard_id)
+            raise
 
     def sending(
         self, request: mpb.ModelServiceGenerateRequest, resource: str | None, settings: Mapping[str, Any]
@@ -206,7 +222,7 @@ class JudgePlanner:
         waiting for it longer than its lane's window."""
         if request.HasField("section"):
             lane = self._lane_of(request, resource, settings)
-            self._text(merge_key(lane, request.section.content)).arrived.add(request.processor_id)
+            self._text(merge_key(lane, request.section.content), lane).arrived.add(request.processor_id)
             self._hold(lane)
 
     def answered(
@@ -215,8 +231,8 @@ class JudgePlanner:
         """A sectioned request was answered without reaching `judge` (the verdict cache): a group
         about its text counts it as in (it goes out once the rest the plan expects are)."""
         if request.HasField("section"):
-            key = merge_key(self._lane_of(request, resource, settings), request.section.content)
-            self._settled(key, request.processor_id)
+            lane = self._lane_of(request, resource, settings)
+            self._settled(merge_key(lane, request.section.content), lane, request.processor_id)
 
     @staticmethod
     def _lane_of(
@@ -224,22 +240,31 @@ class JudgePlanner:
     ) -> str:
         return lane_key(request.model, request.run_id, resource, request.section.phase, settings)
 
-    def _text(self, key: str) -> _Text:
-        """What the planner knows of the guards that asked about one text (by merge key)."""
+    def _text(self, key: str, lane: str) -> _Text:
+        """What the planner knows of the guards that asked about one text (by merge key) of `lane`."""
         text = self._texts.get(key)
         if text is None:
-            text = self._texts[key] = _Text()
+            text = self._texts[key] = _Text(failed=self._failed_in(lane))
             while len(self._texts) > _REPEATS:
                 self._texts.popitem(last=False)
         return text
 
-    def _settled(self, key: str, guard_id: str) -> None:
-        text = self._text(key)
+    def _failed_in(self, lane: str) -> set[str]:
+        """The guards whose question failed in `lane` (one set, shared by the lane's texts)."""
+        failed = self._failed.get(lane)
+        if failed is None:
+            failed = self._failed[lane] = set()
+            while len(self._failed) > _REPEATS:
+                self._failed.popitem(last=False)
+        return failed
+
+    def _settled(self, key: str, lane: str, guard_id: str) -> None:
+        text = self._text(key, lane)
         text.arrived.add(guard_id)
         text.settled.add(guard_id)
         group = self._open.get(key)
         if group is not None and group.complete():
-            self._dispatch(key, group)
+            self._dispatch(key, group, "complete")
 
     def _hold(self, lane: str) -> None:
         """The lane is still sending: each of its waiting groups waits `window` more (capped).
@@ -276,9 +301,11 @@ class JudgePlanner:
             if group.awaiting():
                 self._arm(key, group, cap)
                 return
-        self._dispatch(key, group)
+        self._dispatch(key, group, "quiet" if now < cap else "cap")
 
-    def _dispatch(self, key: str, group: _Group) -> None:
+    def _dispatch(self, key: str, group: _Group, why: str) -> None:
+        """`group` goes out: every question it expects is in (`why` ``complete``), its lane was
+        quiet and no sure guard is missing (``quiet``), or it reached `MERGE_CAP` (``cap``)."""
         if self._open.get(key) is group:
             del self._open[key]
             waiting = self._lanes[group.lane]
@@ -289,7 +316,8 @@ class JudgePlanner:
             group.timer.cancel()
         if len(group.members) < group.expected and log.isEnabledFor(logging.DEBUG):
             log.debug(  # what an operator needs to see why a group went out short
-                "judge group short: %d of %d sections (%s) arriving at +%s ms, sent at +%.0f ms",
+                "judge group short (%s): %d of %d sections (%s) arriving at +%s ms, sent at +%.0f ms",
+                why,
                 len(group.members),
                 group.expected,
                 ",".join(r.guard_id for r, _ in group.members),

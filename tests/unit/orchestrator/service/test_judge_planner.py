@@ -22,8 +22,12 @@ from procmesh_orchestrator.service.grpc.judge_sections import Refused, SectionRe
 SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]}
 
 
-def _guard(pid: str, model: str = "judge", **options: Any) -> dict[str, Any]:
-    return {"processor": f"g/{pid}", "options": {"model": model, **options}}
+_BUILTINS = {"moderation": "moderation", "pii": "pii-detector", "injection": "prompt-injection-detector"}
+
+
+def _guard(name: str, model: str = "judge", **options: Any) -> dict[str, Any]:
+    """A built-in guard (the plan models their skip rules), its instance named `name`."""
+    return {"processor": f"builtins/{_BUILTINS[name]}", "name": name, "options": {"model": model, **options}}
 
 
 CONFIG = Config.model_validate(
@@ -291,8 +295,10 @@ async def test_questions_the_cache_answers_keep_their_lane_waiting(
 
 def test_the_plan_knows_which_guards_ask_about_every_text() -> None:
     plan = JudgePlan.of(CONFIG)
-    assert plan.sure(_request("moderation")) == {frozenset({g}) for g in ("moderation", "pii", "injection")}
+    ids = {frozenset({g, p}) for g, p in _BUILTINS.items()}
+    assert plan.sure(_request("moderation")) == ids
     assert plan.sure(_request("moderation", agent="unsure")) == {frozenset({"moderation"})}
+    assert plan.sure(_request("moderation", content="")) == frozenset()  # no guard asks about ""
     assert plan.sure(_request("moderation", agent=None)) == frozenset()  # not live here: nobody's
 
 
@@ -347,3 +353,44 @@ async def test_a_guard_the_cache_answered_is_not_waited_for(
     planner.answered(hit, None, {"temperature": 0})  # the group goes out as the cache answers injection
     await asyncio.gather(*early)
     assert judge.merged == [["moderation", "pii"]]
+
+
+async def test_a_guard_whose_question_failed_in_the_lane_is_not_waited_for_again(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # failed open, a stream guard judges no more of its step: its next question will not come
+    judge = Judge({"injection": "not an object"})
+    planner = _planner(judge, metrics, window=0.05)
+    first = [planner.judge(_request(g, content="m1")) for g in ("moderation", "pii", "injection")]
+    await asyncio.gather(*first, return_exceptions=True)
+    clock = LoopClock(monkeypatch)
+    second = [asyncio.ensure_future(planner.judge(_request(g, content="m2"))) for g in ("moderation", "pii")]
+    await clock.advance(0.05)  # the lane quiet for its window: injection's question is not awaited
+    assert judge.merged[-1] == ["moderation", "pii"]
+    await asyncio.gather(*second)
+
+
+async def test_sure_guards_are_awaited_only_once_one_of_them_asked(
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a processor of one's own asks beside the built-ins; their sidecar may be down: none asked
+    config = Config.model_validate(
+        {
+            "sidecars": {"g": {"address": "unix:///run/procmesh/guards.sock"}},
+            "agents": {
+                "mixed": {
+                    "model": "demo",
+                    "inputProcessors": [
+                        _guard("moderation"),
+                        {"processor": "g/policy", "options": {"model": "judge"}},
+                    ],
+                }
+            },
+        }
+    )
+    clock, judge = LoopClock(monkeypatch), Judge()
+    planner = JudgePlanner(lambda: config, judge.once, judge.alone_call, metrics, lambda m: m, window=0.05)
+    asked = asyncio.ensure_future(planner.judge(_request("policy", agent="mixed")))
+    await clock.advance(0.05)  # the lane quiet for its window: moderation's question is not awaited
+    assert judge.alone == ["policy"]
+    await asyncio.gather(asked)

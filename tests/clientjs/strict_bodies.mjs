@@ -62,4 +62,10 @@ out.messages = await attempt(async () => (await client.listThreadMessages("t-str
 out.listPartial = await attempt(async () => Object.keys(await client.listAgents({ tier: "gold" }, true)));
 out.versioned = await attempt(() => client.getAgent("teller", { versionId: "v2" }).details());
 out.toolRunId = await attempt(() => client.getTool("clock").execute({ data: {}, runId: "run-7" }));
+// generate / stream with the reference's `format` (client-js sends it as given): "aisdk" is refused
+// by name, "mastra" (what procmesh streams) is taken.
+out.generateAisdk = await attempt(() => teller.generate("hello", { format: "aisdk" }));
+out.streamAisdk = await attempt(async () => types(await chunksOf(await teller.stream("hello", { format: "aisdk" }))));
+out.generateMastra = await attempt(async () => (await teller.generate("hello", { format: "mastra" })).finishReason);
+out.streamMastra = await attempt(async () => types(await chunksOf(await teller.stream("hello", { format: "mastra" }))));
 process.stdout.write(JSON.stringify(out));

@@ -313,3 +313,26 @@ async def test_one_value_given_twice_differently_is_a_400_not_one_dropped(
     assert named in answer.json()["error"]
     taken = await http.post("/api/agents/teller/generate", json={"messages": "hi", **same})
     assert taken.status_code == 200, taken.text  # one value, or the same under both names
+
+
+async def test_client_js_generate_and_stream_take_the_mastra_format_only(seen: dict[str, Any]) -> None:
+    refused(seen["generateAisdk"], "format", "aisdk")
+    refused(seen["streamAisdk"], "format", "aisdk")
+    assert seen["generateMastra"] == {"ok": "stop"}
+    assert seen["streamMastra"]["ok"][-1] == "finish"
+
+
+async def test_a_format_other_than_mastra_on_generate_or_stream_is_a_400_naming_it(
+    http: httpx.AsyncClient,
+) -> None:
+    for route in ("generate", "stream"):
+        for given in ("aisdk", 7):
+            answer = await http.post(f"/api/agents/teller/{route}", json={"messages": "hi", "format": given})
+            assert answer.status_code == 400, answer.text
+            assert "format" in answer.json()["error"], answer.text
+            assert str(given) in answer.json()["error"], answer.text
+        taken = await http.post(f"/api/agents/teller/{route}", json={"messages": "hi", "format": "mastra"})
+        assert taken.status_code == 200, taken.text
+        assert "unsupported-setting" not in taken.text  # taken, not warned of as ignored
+    answer = await http.post("/api/agents/teller/generate", json={"messages": "hi", "format": "mastra"})
+    assert answer.json()["finishReason"] == "stop"

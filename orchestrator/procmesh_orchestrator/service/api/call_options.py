@@ -20,6 +20,7 @@ from procmesh_orchestrator.service.api.step_settings import (
     system_texts,
     tool_choice,
 )
+from procmesh_orchestrator.store import label
 
 
 class _StructuredOutputBody(BaseModel):
@@ -106,6 +107,13 @@ def client_tool_extras(tools: dict[str, Any], field: str = "clientTools") -> lis
 
 
 _M = TypeVar("_M", bound=BaseModel)
+
+
+def check_stream_format(value: Any) -> None:
+    """The reference's ``format`` (generate, stream, approve / decline): ``"mastra"``, what procmesh
+    streams, is taken; any other (``"aisdk"``) is a 400 naming it, never a run in another format."""
+    if value not in (None, "mastra"):
+        raise BadRequestError(f"format: procmesh streams the 'mastra' format only, got {label(value)}")
 
 
 def validated(model: type[_M], data: Any) -> _M:

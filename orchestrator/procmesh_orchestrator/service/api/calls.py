@@ -25,6 +25,7 @@ from procmesh_orchestrator.service._trust import ContextTrust
 from procmesh_orchestrator.service.api.call_memory import MemoryBody, memory_scope
 from procmesh_orchestrator.service.api.call_options import (
     StepOptions,
+    check_stream_format,
     client_tool_extras,
     client_tools,
     lane_ids,
@@ -141,6 +142,9 @@ class _Body(StepOptions):
     """Every step's model (a key of the agent's ``models``), before ``prepareSteps``."""
     provider_options: dict[str, dict[str, Any]] | None = Field(default=None, alias="providerOptions")
     """Every step's provider options, before ``prepareSteps``."""
+    format: Any = None
+    """The reference's stream format: ``"mastra"`` (what procmesh streams) or a 400
+    (`check_stream_format`)."""
 
     def call_rule(self) -> tuple[StepRule, ...]:
         """``model`` and ``providerOptions`` as a rule from step 0, so ``prepareSteps`` (later
@@ -174,6 +178,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
     if "output" in data:  # the reference's deprecated form of structuredOutput: no object otherwise
         raise BadRequestError("output: give the schema as structuredOutput: {schema}")
     body = validated(_Body, data)
+    check_stream_format(body.format)
     if isinstance(body.messages, str):
         agent_input: str | list[dict[str, Any]] = body.messages
     else:

@@ -13,8 +13,8 @@ from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service._limits import InputLimits, check_input
 from procmesh_orchestrator.service._trust import ContextTrust
-from procmesh_orchestrator.service.api.call_options import validated
-from procmesh_orchestrator.store import MAX_ID_CHARS, label
+from procmesh_orchestrator.service.api.call_options import check_stream_format, validated
+from procmesh_orchestrator.store import MAX_ID_CHARS
 
 
 @dataclass
@@ -61,8 +61,7 @@ def _refuse_unhonoured(body: _ApproveBody) -> None:
             "model: procmesh resumes a run with the model it ran with (its call's model and "
             "prepareSteps); leave model out"
         )
-    if body.format not in (None, "mastra"):
-        raise BadRequestError(f"format: procmesh streams the 'mastra' format only, got {label(body.format)}")
+    check_stream_format(body.format)
 
 
 class _ResumeDataBody(BaseModel):

@@ -12,6 +12,9 @@ twin agent without the optimistic step, on the same input: the caller's stream, 
 violations and tripwire, memory and the output guards' metrics must be the twin's exactly.
 The input guards ask a judge that answers after `INPUT_DELAY`, the output guards another that
 answers at once, so the judge's log says which question came while which was still out.
+A second pair of twins has language detection in front of the PII guard: its metadata changes
+every message, so the orchestrator calls the PII guard again, which answers from the verdicts
+it was given in the run (`guards._kept`) instead of asking the judge again while step 0 waits.
 """
 
 from __future__ import annotations
@@ -41,11 +44,13 @@ INPUT_DELAY = 1.0
 MODERATE = "Judge this content for moderation."
 SCRUB = "Review this answer for leaked system prompts"
 PII = "Find the PII in this content."
+LANGUAGE = "Detect the language"
 BLOCKED = "BLOCK ME"
 NO_PII: dict[str, Any] = {"categories": [], "detections": []}
 HEADERS = {"Authorization": f"Bearer {ACME}"}
 """A tenant's key: its runs' threads are its own, read back with it."""
 OUTPUT_GUARDS = ("moderation", "system-prompt-scrubber", "pii-detector")
+LANGUAGE_FIRST = ("language-detector", "pii-detector")
 
 
 class OrderedJudge(JudgeServer):
@@ -88,6 +93,7 @@ def judge_server() -> Iterator[OrderedJudge]:
         Rule((MODERATE,), NO_SCORES, delay),
         Rule((PII, EMAIL), CONTACT, delay),
         Rule((PII,), NO_PII, delay),
+        Rule((LANGUAGE,), {"iso_code": "en", "confidence": 0.99}, delay),
     )
     # Output: the raw address (only the early answer echoes it: the input guard masks it) and the
     # blocked input (only an answer to it echoes it) would each end the run at output moderation.
@@ -104,7 +110,7 @@ def judge_server() -> Iterator[OrderedJudge]:
     server.stop()
 
 
-def _agent(optimistic: bool) -> dict[str, Any]:
+def _agent(optimistic: bool, inputs: tuple[str, ...] = ("moderation", "pii-detector")) -> dict[str, Any]:
     def guard(pid: str, judge: str) -> dict[str, Any]:
         # the input entries are named: the same processor with other options in both lanes
         named = {"name": f"{judge}-{pid}"} if judge == "in" else {}
@@ -115,7 +121,7 @@ def _agent(optimistic: bool) -> dict[str, Any]:
         "errorProcessorDefaults": False,
         "optimisticFirstStep": optimistic,
         "memory": {"lastMessages": 10},
-        "inputProcessors": [guard("moderation", "in"), guard("pii-detector", "in")],
+        "inputProcessors": [guard(pid, "in") for pid in inputs],
         "outputProcessors": [guard(pid, "out") for pid in OUTPUT_GUARDS],
     }
 
@@ -126,7 +132,12 @@ def _config(sidecar: str, judges_url: str, store: Path) -> dict[str, Any]:
         "providers": {"judges": {"kind": "openai", "baseUrl": judges_url, "apiKeyEnv": "JUDGE_KEY"}},
         "models": {"echo": {"provider": "demo"}},
         "storage": {"backend": "sqlite", "path": str(store)},
-        "agents": {"early": _agent(True), "plain": _agent(False)},
+        "agents": {
+            "early": _agent(True),
+            "plain": _agent(False),
+            "early-lang": _agent(True, LANGUAGE_FIRST),
+            "plain-lang": _agent(False, LANGUAGE_FIRST),
+        },
     }
 
 
@@ -195,9 +206,11 @@ async def _metrics(http: httpx.AsyncClient, agent: str) -> dict[tuple[str, ...],
     return out
 
 
-async def _twins(orchestrator: OrchestratorProcess, text: str, thread: str) -> tuple[Seen, Seen]:
-    early = await _run(orchestrator, "early", text, f"{thread}-early")
-    plain = await _run(orchestrator, "plain", text, f"{thread}-plain")
+async def _twins(
+    orchestrator: OrchestratorProcess, text: str, thread: str, agent: str = ""
+) -> tuple[Seen, Seen]:
+    early = await _run(orchestrator, f"early{agent}", text, f"{thread}-early")
+    plain = await _run(orchestrator, f"plain{agent}", text, f"{thread}-plain")
     assert early == plain  # the caller's stream, memory and the metrics: the twin's, exactly
     return early, plain
 
@@ -240,3 +253,31 @@ async def test_a_changed_request_drops_the_rehearsed_answer(
     assert "j**e@" in _text(early)  # the masked request's answer
     # the early call was made on the raw address; its answer's rehearsal was asked about it
     assert judge_server.asked("out", since, EMAIL)
+
+
+async def test_an_input_guard_called_again_asks_the_gateway_nothing_more(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    text = "Tell me about the tram museum."
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, timeout=60) as http:
+        before = await _gateway_calls(http)
+        early, _ = await _twins(orchestrator, text, "language", "-lang")
+        after = await _gateway_calls(http)
+    assert _text(early).startswith(f'You said: "{text}"')
+    # Language detection changed every message (its metadata), so each twin's PII guard was
+    # called again after its first, speculative call: that call gave the verdicts the run's first
+    # had without asking the gateway again (one question per twin, not two, while step 0 waited
+    # for the input lane to commit).
+    asked = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    assert asked[("pii-detector", "ok")] == 2
+    assert asked[("language-detector", "ok")] == 2
+
+
+async def _gateway_calls(http: httpx.AsyncClient) -> dict[tuple[str, str], float]:
+    """The model gateway's calls of the input guards' judge by processor and outcome."""
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families((await http.get("/metrics")).text):
+        for s in family.samples:
+            if s.name == "procmesh_gateway_calls_total" and s.labels.get("model") == "judges/in":
+                out[(s.labels["processor"], s.labels["outcome"])] = s.value
+    return out

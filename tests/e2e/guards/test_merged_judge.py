@@ -96,7 +96,8 @@ def _five(judge: str, merge: bool = True, opt_out: str = "") -> dict[str, Any]:
             entry("a", "moderation"),
             entry("b", "prompt-injection-detector"),
             # language detection records the language in the message's metadata: PII after it is
-            # asked again (its input changed), the same question, answered at once (a repeat)
+            # called again (its input changed) and answers from the verdicts its run was given
+            # (guards._kept), asking nothing again
             entry("a", "language-detector", options={"strategy": "warn"}),
             entry("b", "pii-detector"),
         ],
@@ -236,8 +237,8 @@ async def test_five_guards_in_two_sidecars_make_one_judge_call_per_text(
     # the answer's windows: moderation (sidecar a), the scrubber (b), PII (a) in one call each
     assert all(sorted(c) == ["moderation", "pii-detector", "system-prompt-scrubber"] for c in calls[1:])
     alone_calls = _merged_calls(judge_server, "alone", alone_before)
-    # alone: a call per guard and text, none merged, and PII's second one (asked again)
-    assert alone_calls == [{}] * (4 + 1 + 3 * windows)
+    # alone: a call per guard and text, none merged (PII, called again, asks nothing again)
+    assert alone_calls == [{}] * (4 + 3 * windows)
     assert len(calls) == 1 + windows
 
 
@@ -325,8 +326,9 @@ async def test_metrics_show_the_calls_saved_and_each_guards_verdict_latency(
     assert delta("procmesh_judge_calls_total", model="judges/merged") == 2 + windows
     # a call of n sections saves n - 1: 3 on the input, 2 per window
     assert delta("procmesh_judge_calls_saved_total", by="merged") == 3 + 2 * windows
-    # PII, asked again once language detection changed its input's metadata: the verdict repeated
-    assert delta("procmesh_judge_calls_saved_total", by="repeat", processor="pii-detector") == 1
+    # PII, called again once language detection changed its input's metadata, asks the gateway
+    # nothing again (the verdicts its run was given answer it): no repeat to save
+    assert delta("procmesh_judge_calls_saved_total", by="repeat", processor="pii-detector") == 0
     for processor in ("moderation", "prompt-injection-detector", "language-detector", "pii-detector"):
         assert delta("procmesh_judge_verdict_seconds_count", processor=processor, source="merged") >= 1
     # the single agent's moderation was judged alone, at once (its lanes plan no other section)

@@ -23,6 +23,8 @@ takes them), not all after the last window's. A verdict task is kept
 per run, window id and text (a bounded map; ids are numbered in the run's state, which a rewind
 puts back), so a window the SDK's rewind puts back finds its verdict,
 and a window whose task is gone is judged again from the text its state kept.
+An input message's verdict is kept per run, options and text (`_kept`): a ``processInput`` call
+the orchestrator makes again in the run asks the gateway nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from procmesh import JudgeSection, Processor
 from procmesh.errors import ProcmeshError
 from procmesh_sidecars.builtins._common import Chunk, Message, message_text
 from procmesh_sidecars.builtins.guards import _windows
+from procmesh_sidecars.builtins.guards._kept import KeptVerdicts
 from procmesh_sidecars.builtins.guards._precheck import FLAGGED, Precheck, check_strategy
 from procmesh_sidecars.builtins.guards._windows import WindowOptions
 
@@ -225,6 +228,7 @@ class JudgedGuard(Processor):
     def __init__(self) -> None:
         # keyed by run, window id and text: a rewind into an open window gives it other text to close on
         self._tasks: OrderedDict[tuple[str, str, str], asyncio.Task[Verdict]] = OrderedDict()
+        self._input_verdicts: KeptVerdicts[Verdict] = KeptVerdicts(_MAX_TASKS)
 
     async def verdict(self, text: str, options: Any, model: Any, phase: Phase) -> Verdict:
         """Judge `text` (an input message's, or a window of the answer) under `options`."""
@@ -259,9 +263,16 @@ class JudgedGuard(Processor):
     # -- input messages ---------------------------------------------------------------------
 
     async def judge_messages(
-        self, messages: list[Message], options: Any, model: Any, abort: Any, report: Any
+        self,
+        messages: list[Message],
+        options: Any,
+        model: Any,
+        abort: Any,
+        report: Any,
+        run_id: str = "",
     ) -> list[Message] | None:
-        """Judge each selected message (concurrently) and apply the verdicts in order."""
+        """Judge each selected message (concurrently) and apply the verdicts in order; a text the
+        run's earlier call of this guard judged under the same options keeps its verdict."""
         selected = messages[-1:] if options.last_message_only else messages
         chosen = {id(m) for m in selected}
         texts = [message_text(m).strip() if id(m) in chosen else "" for m in messages]
@@ -271,7 +282,7 @@ class JudgedGuard(Processor):
         # that question waited behind every cached one (70 ms of a ten-turn history under load).
         asked = [t for t, j in zip(texts, judged, strict=True) if j]
         verdicts = (
-            await asyncio.gather(*(self._decide(t, options, model, "input") for t in reversed(asked)))
+            await asyncio.gather(*(self._input_verdict(t, options, model, run_id) for t in reversed(asked)))
         )[::-1]
         out: list[Message] = []
         changed = False
@@ -286,6 +297,10 @@ class JudgedGuard(Processor):
             if result is not None:
                 out.append(result)
         return out if changed else None
+
+    async def _input_verdict(self, text: str, options: Any, model: Any, run_id: str) -> Verdict:
+        decide = lambda: self._decide(text, options, model, "input")  # noqa: E731
+        return await self._input_verdicts.get(run_id, options, text, decide)
 
     # -- the stream -------------------------------------------------------------------------
 
@@ -454,9 +469,15 @@ class InputHook(JudgedGuard):
     """``processInput``: each input message judged (`JudgedGuard.judge_messages`)."""
 
     async def process_input(
-        self, messages: list[Message], options: Any, model: Any, abort: Any, report_violation: Any
+        self,
+        messages: list[Message],
+        options: Any,
+        model: Any,
+        abort: Any,
+        report_violation: Any,
+        run_id: str,
     ) -> list[Message] | None:
-        return await self.judge_messages(messages, options, model, abort, report_violation)
+        return await self.judge_messages(messages, options, model, abort, report_violation, run_id)
 
 
 class StreamHook(JudgedGuard):

@@ -19,7 +19,9 @@ through the HTTP API, as a client's runs do.
   earlier round; its own history's verdicts come from the verdict cache, as in the counted
   conversation), with the guards against without, alternating; beside it the judge's own round
   trip. The guarded agents run as a user runs guarded streams: `judgeCache` on and
-  `optimisticFirstStep` (the model starts while the input guards judge).
+  `optimisticFirstStep` (the model starts while the input guards judge). Beside it a one-message
+  turn under 10 characters (``p8_first_chunk_short_added_ms``): the language detector does not
+  ask about it, and the other guards' merged call must not wait for its question.
 - Equal verdicts: the golden set (tests/fixtures/guard_golden_windows.json) through each guard
   alone and the five together (`golden.judge_all`), with a judge that answers at once.
 """
@@ -45,6 +47,7 @@ JUDGE_SECONDS = 0.2
 KEY = "bench-key-0123456789"
 JUDGE_KEY = "sk-bench-judge"
 TURNS = 10
+SHORT_ANSWER = "Hi there, welcome to the old harbour."
 _TOPICS = [
     "the old harbour", "the river walk", "the hill fort", "the glass market", "the tram museum",
     "the botanic garden", "the north beach", "the stone bridge", "the clock tower", "the night market",
@@ -155,6 +158,8 @@ async def measure(reference: Reference | None) -> dict[str, Any]:
         "p8-warm-guarded": [answer for tag in round_tags for _, answer in conversation(tag)[:-1]],
         "p8-turn-guarded": [conversation(tag)[-1][1] for tag in round_tags],
         "p8-turn-bare": [conversation(tag)[-1][1] for tag in round_tags],
+        "p8-short-guarded": [SHORT_ANSWER for _ in round_tags],
+        "p8-short-bare": [SHORT_ANSWER for _ in round_tags],
     }
     # only P8's own judge model and the round trip wait: the counted and the checked ones need not
     delays = {"golden": 0.0, "golden-together": 0.0, "reference": 0.0}
@@ -239,12 +244,22 @@ async def _measure(
             bare.append(b)
     added = [g - b for g, b in zip(guarded, bare, strict=True)]
     median_added, spread = figure(added)
+    short: list[float] = []
+    for i, tag in enumerate(round_tags):  # "Hi R0!": new each round, so no verdict is cached
+        messages = [{"role": "user", "content": f"Hi {tag}!"}]
+        g, _ = await _stream(http, "p8-short-guarded", messages)
+        b, _ = await _stream(http, "p8-short-bare", messages)
+        if i:
+            short.append(g - b)
+    short_added, short_spread = figure(short)
     results.update(
         p8_first_chunk_ms_guarded=statistics.median(guarded),
         p8_first_chunk_ms_bare=statistics.median(bare),
         p8_first_chunk_added_ms=median_added,
         p8_first_chunk_added_ms_spread=spread,
         p8_first_chunk_added_vs_round_trip=median_added / results["p8_judge_round_trip_ms"],
+        p8_first_chunk_short_added_ms=short_added,
+        p8_first_chunk_short_added_ms_spread=short_spread,
     )
     windows = load_golden()
     problems = await golden.judge_all(http, windows)

@@ -143,7 +143,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
 def guard_planner_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
     """P8 of issue 33: five LLM-judged guards (bench/p10_guards_planner.py)."""
     ratio, added = r["p8_judge_calls_ratio_vs_reference"], r["p8_first_chunk_added_ms"]
-    trip = r["p8_judge_round_trip_ms"]
+    trip, short = r["p8_judge_round_trip_ms"], r["p8_first_chunk_short_added_ms"]
     return [
         (
             "P8 five judged guards, judge calls",
@@ -157,6 +157,13 @@ def guard_planner_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{f(r['p8_first_chunk_ms_guarded'], 1)} ms, bare {f(r['p8_first_chunk_ms_bare'], 1)} ms",
             f"{f(added, 1)} ms vs one judge round trip {f(trip, 1)} ms (goal: no more) "
             f"{verdict(added, trip)}",
+        ),
+        (
+            "P8 five judged guards, a short message's first chunk",
+            f"added {f(short, 1)} ms ({spread(r['p8_first_chunk_short_added_ms_spread'], 0)}): one "
+            "message under 10 characters, which the language detector does not judge",
+            f"{f(short, 1)} ms vs one judge round trip {f(trip, 1)} ms (goal: no more) "
+            f"{verdict(short, trip)}",
         ),
         (
             "P8 five judged guards, golden set",

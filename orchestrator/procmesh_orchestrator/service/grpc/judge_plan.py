@@ -3,8 +3,10 @@ and which of them are certain to ask about a given text.
 
 The orchestrator knows each agent's lanes: per agent, judge model and phase, `JudgePlan` keeps
 the entries of a lane that name the model (an option ``model``) without ``merge_judge: false``.
-Their number is how many questions a text may get (`JudgePlan.count`); the planner sends a group
-at once when that many are in.
+Their number is how many questions a text may get (`JudgePlan.count`), less the built-in guards
+certain not to ask about it (no hook in the phase, or a text shorter than their minimum length:
+the language detector's ``min_text_length``); the planner sends a group at once when that many
+are in.
 
 Some of those entries are **sure** to ask about a text another guard asked about
 (`JudgePlan.sure`): the planner waits for a sure guard's question even when it comes late (a
@@ -93,6 +95,14 @@ class PlannedGuard:
     skip any (see the module's doc)."""
     window: tuple[Any, ...]
     """How it cuts a streamed answer (output: guards with other windows judge other texts)."""
+    asks: bool = True
+    """It has a hook in its lane's phase (a built-in without one never asks there)."""
+    least: int = 0
+    """It never asks about a text shorter than this (a built-in's minimum length)."""
+
+    def may_ask(self, length: int) -> bool:
+        """Whether it may ask about a text `length` long."""
+        return self.asks and length >= self.least
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,15 @@ def planned_guard(ref: ProcessorRef, at: int, phase: str, in_workflow: bool = Fa
     """`ref`, the `at`-th entry of a `phase` lane, as the plan sees it."""
     window = tuple(ref.options.get(k, default) for k, default in _WINDOW_DEFAULTS.items())
     ids = frozenset({ref.processor_id, ref.instance})
-    return PlannedGuard(ids, at, _sure_min_length(ref, phase, in_workflow), window)
+    sure = _sure_min_length(ref, phase, in_workflow)
+    builtin = BUILTIN_GUARDS.get(ref.processor_id) if ref.sidecar == BUILTINS else None
+    if builtin is None:
+        return PlannedGuard(ids, at, sure, window)
+    least = 1  # no built-in asks about an empty text
+    if builtin.min_length is not None:
+        value = ref.options.get(builtin.min_length, builtin.min_length_default)
+        least = max(value, 1) if isinstance(value, int) and not isinstance(value, bool) else 1
+    return PlannedGuard(ids, at, sure, window, phase in builtin.phases, least)
 
 
 @dataclass(frozen=True)
@@ -196,7 +214,8 @@ class JudgePlan:
 
     def count(self, request: SectionRequest) -> int:
         """Requests to wait for (1: none but this one): the run's agent's, when the run is live
-        here; else the most any agent may send (the window bounds the wait)."""
+        here, else the most any agent may send (the window bounds the wait); the built-ins
+        certain not to ask about `request`'s text left out."""
         if request.agent is not None:
             found = self.lanes.get((request.agent, request.model, request.phase), ())
         else:
@@ -206,7 +225,8 @@ class JudgePlan:
                 if (m, p) == (request.model, request.phase)
                 for lane in lanes
             )
-        return max([1, *(len(lane.guards) for lane in found)])
+        length = len(request.content)
+        return max([1, *(sum(g.may_ask(length) for g in lane.guards) for lane in found)])
 
     def sure(self, request: SectionRequest) -> frozenset[frozenset[str]]:
         """The guards certain to ask about `request`'s text too, each as the ids its questions may

@@ -31,7 +31,11 @@ def _plan(phase: str, *lane: dict[str, Any]) -> JudgePlan:
 
 
 def _sure(plan: JudgePlan, asker: str, phase: str = "input", content: str = LONG) -> set[str]:
-    request = SectionRequest(
+    return {min(ids) for ids in plan.sure(_ask(asker, phase, content))}
+
+
+def _ask(asker: str, phase: str = "input", content: str = LONG) -> SectionRequest:
+    return SectionRequest(
         guard_id=asker,
         processor=asker,
         model="judge",
@@ -46,7 +50,6 @@ def _sure(plan: JudgePlan, asker: str, phase: str = "input", content: str = LONG
         settings={},
         agent="a",
     )
-    return {min(ids) for ids in plan.sure(request)}
 
 
 def test_only_built_in_guards_whose_skip_rules_are_modelled_are_sure() -> None:
@@ -60,6 +63,7 @@ def test_only_built_in_guards_whose_skip_rules_are_modelled_are_sure() -> None:
     )
     assert _sure(plan, "moderation") == {"moderation"}
     assert _sure(plan, "policy") == set()  # the entries between may run apart and change its text
+    assert plan.count(_ask("moderation")) == 4  # the scrubber never asks about an input
 
 
 def test_the_language_detector_is_sure_only_of_texts_as_long_as_its_minimum() -> None:
@@ -67,6 +71,8 @@ def test_the_language_detector_is_sure_only_of_texts_as_long_as_its_minimum() ->
     plan = _plan("input", *lane)
     assert _sure(plan, "moderation", content="Hello!") == {"moderation", "pii-detector"}
     assert _sure(plan, "moderation") == {"moderation", "language-detector", "pii-detector"}
+    # and it is not counted among the questions a short text gets: its group goes once the rest are in
+    assert (plan.count(_ask("moderation", content="Hello!")), plan.count(_ask("moderation"))) == (2, 3)
     plan = _plan("input", lane[0], _b("language-detector", min_text_length=3))
     assert _sure(plan, "moderation", content="Hello!") == {"moderation", "language-detector"}
     from_context = _b("language-detector", min_text_length={"fromContext": "min", "default": 3})

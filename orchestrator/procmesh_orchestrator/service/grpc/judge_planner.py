@@ -7,24 +7,24 @@ signature, at the one line where the gateway's judging (`gateway_judging`) sets 
 
 **Merging.** Requests with the same `SectionRequest.merge_key` (model, run, phase, content,
 settings, the caller's tenant) that arrive together become ONE model call (`judge_sections`: a
-section per guard, each with its own instructions and schema), and each caller gets its own
-section. How long to wait is planned from the lanes, not guessed (`judge_plan`): `JudgePlan`
-counts, per agent, judge model and phase, the entries of one lane that name that model without
-``merge_judge: false`` (the run's agent's when the run is live on this replica, else the most any
-agent has). A group goes out as soon as that many requests are in it (a guard the verdict cache
-or a repeat answered about the text counts as in: `JudgePlanner.answered`), at once when the
-plan says one (a lone guard waits for nothing), else once its lane (the run's phase on that
-model) has sent nothing for `MERGE_WINDOW` (a question the verdict cache answers counts:
-`JudgePlanner.sending`), and at the latest `MERGE_CAP` after its first request. A guard the plan
-knows is certain to ask about the text (`JudgePlan.sure`: a built-in guard whose skip rules it
-models, the text long enough for it) is waited for past the window, to the cap: under load a
-sidecar wakes late. Any other guard is not, nor a sure one whose question failed earlier in the
-lane (a guard failed open judges no more of its step), nor any while no sure guard has asked
-about the text (their sidecar may be down). A window's timer that fires late (`_fire`: the loop
-was away, the requests that came meanwhile are unread) waits one window more. Each group's
-going is logged at DEBUG with why (``complete``, ``quiet``, ``cap``) when it went short. A
-group of one is the guard's own call, made alone with its own prompt: exactly what it was
-without the planner.
+section per guard, each with its own instructions and schema), and each caller gets its own section.
+How long to wait is planned from the lanes, not guessed (`judge_plan`): `JudgePlan` counts, per
+agent, judge model and phase, the entries of one lane that name that model without
+``merge_judge: false``, less the built-ins certain not to ask about the text (the run's agent's when
+the run is live on this replica, else the most any agent has). A group goes out as soon as that many
+requests are in it (a guard the verdict cache or a repeat answered about the text counts as in:
+`JudgePlanner.answered`), at once when the plan says one (a lone guard waits for nothing), else once
+its lane (the run's phase on that model) has sent nothing for `MERGE_WINDOW` (a question the verdict
+cache answers counts: `JudgePlanner.sending`), and at the latest `MERGE_CAP` after its first
+request. A guard the plan knows is certain to ask about the text (`JudgePlan.sure`: a built-in guard
+whose skip rules it models, the text long enough for it) is waited for past the window, to the cap:
+under load a sidecar wakes late. Any other guard is not, nor a sure one whose question failed
+earlier in the lane (a guard failed open judges no more of its step), nor any while no sure guard
+has asked about the text (their sidecar may be down). A window's timer that fires late (`_fire`: the
+loop was away, the requests that came meanwhile are unread) waits one window more. Each group's
+going is logged at DEBUG with why (``complete``, ``quiet``, ``cap``) when it went short. A group of
+one is the guard's own call, made alone with its own prompt: exactly what it was without the
+planner.
 
 **Repeats.** The orchestrator may ask a speculative entry again with the same text (an entry
 before it changed only its input's metadata, as language detection does): the very same

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -13,10 +14,14 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from procmesh import __version__, configure_logging, tracing
-from procmesh_orchestrator.config import load_config
+from procmesh.environment import check_environment
+from procmesh_orchestrator.app import secret_variables
+from procmesh_orchestrator.config import Config, load_config
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.service import serve
 from procmesh_orchestrator.settings import OrchestratorSettings
+
+log = logging.getLogger("procmesh_orchestrator")
 
 
 def _environment_help() -> str:
@@ -81,17 +86,32 @@ def _parse(argv: Sequence[str] | None) -> tuple[OrchestratorSettings, str | None
             "PROCMESH_CONFIG was renamed PROCMESH_CONFIG_FILE (PROCMESH_CONFIG__<KEY> variables override "
             "keys of the file)"
         )
+    # Before the config names its own variables, a settings failure names what may have caused
+    # it: a misspelt PROCMESH_CONFIG_FILE leaves the path unset (`_check_environment` follows).
+    unknown = check_environment("orchestrator", os.environ).error()
+    hint = f" ({unknown})" if unknown else ""
     overrides = {key: value for key, value in vars(args).items() if value is not None}
     try:
         settings = OrchestratorSettings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        parser.error(f"invalid settings: {problems}")
+        parser.error(f"invalid settings: {problems}{hint}")
     except SettingsError as exc:
-        parser.error(f"invalid settings: {exc}")
+        parser.error(f"invalid settings: {exc}{hint}")
     if settings.config_file is None:
-        parser.error("--config FILE (or PROCMESH_CONFIG_FILE) is required")
+        parser.error(f"--config FILE (or PROCMESH_CONFIG_FILE) is required{hint}")
     return settings, log_format
+
+
+def _check_environment(config: Config) -> None:
+    """Exit (status 2) naming a ``PROCMESH_*`` variable no procmesh component reads and the config
+    does not name (a typo must not serve on defaults); log the ones another component reads."""
+    check = check_environment("orchestrator", os.environ, also=secret_variables(config))
+    if (error := check.error()) is not None:
+        print(f"procmesh-orchestrator: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if (note := check.note()) is not None:
+        log.info(note)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -105,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     disable_created_metrics()  # type: ignore[no-untyped-call]
     tracing.setup("procmesh-orchestrator")  # the OTEL_* variables decide; off by default
     try:
-        asyncio.run(serve(settings, load_config(settings.config_file or "")))
+        config = load_config(settings.config_file or "")
+        _check_environment(config)
+        asyncio.run(serve(settings, config))
     except (OrchestratorError, OSError) as exc:
         print(f"procmesh-orchestrator: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -23,6 +23,7 @@ from procmesh._processor import Processor
 from procmesh._server import ProcessorServer, server_credentials
 from procmesh._tool import Tool
 from procmesh._version import __version__
+from procmesh.environment import check_environment
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +172,15 @@ def settings_from_args(argv: Sequence[str] | argparse.Namespace | None = None) -
         argv: The arguments (``sys.argv[1:]`` when None), parsed strictly by `settings_parser`;
             or a namespace a program's own parser (built on `settings_parser`) already returned.
 
-    Bad settings (an unknown flag, ``PROCMESH_LISTEN`` that does not parse, ...) print one line
-    and exit with status 2.
+    Bad settings (an unknown flag, ``PROCMESH_LISTEN`` that does not parse, a ``PROCMESH_*``
+    variable no procmesh component reads: `procmesh.environment`) print one line and exit with
+    status 2.
     """
     args = argv if isinstance(argv, argparse.Namespace) else settings_parser().parse_args(argv)
+    # A PROCMESH_ variable no procmesh component reads is a typo: never serve on the defaults it
+    # was meant to change (another component's, from a shared ConfigMap, is only noted by `run`).
+    if (unknown := check_environment("python-sidecar", os.environ).error()) is not None:
+        _fail(unknown)
     fields = ProcessorSettings.model_fields
     overrides = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     try:
@@ -286,6 +292,8 @@ def run(
     """
     settings = settings or settings_from_args()
     configure_logging(settings.log_level, settings.log_format)
+    if (note := check_environment("python-sidecar", os.environ).note()) is not None:
+        log.info(note)  # another component's variables (a shared ConfigMap): named, not read
     # A `_created` series per counter and histogram doubles what is scraped and stored for a
     # timestamp no dashboard uses; the switch is process-wide, so only programs flip it.
     disable_created_metrics()  # type: ignore[no-untyped-call]

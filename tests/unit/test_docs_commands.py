@@ -28,6 +28,10 @@ from tests.unit.doc_pages import Doc, _command_lines, _rel, made_up
 
 RETIRED_ENV = {"PROCMESH_CONFIG": "renamed PROCMESH_CONFIG_FILE; the code reads it only to say so"}
 
+REFUSED_EXAMPLES = {"PROCMESH_API_KEY", "PROCMESH_HOOK_THREAD", "PROCMESH_METRIC_PORT"}
+"""Typos the docs show being refused at start (`procmesh.environment`): no code reads them, on
+purpose (`test_the_typos_the_docs_show_are_refused`)."""
+
 SOURCE_DIRS = (
     "sdk/procmesh",
     "sdk/node/lib",
@@ -162,7 +166,7 @@ def env_problems(doc: Doc, known: set[str]) -> list[str]:
     for name in sorted(set(re.findall(r"PROCMESH_[A-Z0-9_]*", doc.text))):
         if name == "PROCMESH_" or name.startswith(ENV_PREFIX):  # `PROCMESH_*`, the family
             continue  # the documented override pattern: PROCMESH_CONFIG__<KEY>__<KEY>...
-        if name.rstrip("_") not in known:
+        if name.rstrip("_") not in known and name not in REFUSED_EXAMPLES:
             why = RETIRED_ENV.get(name.rstrip("_"), "no code reads it")
             problems.append(f"{_rel(doc.path)}: {name}: {why}")
     return problems
@@ -220,6 +224,14 @@ def make_problems(doc: Doc, targets: set[str]) -> list[str]:
 def test_environment_variables_are_read_by_the_code(docs: list[Doc]) -> None:
     known = known_env()
     assert [p for doc in docs for p in env_problems(doc, known)] == []
+
+
+def test_the_typos_the_docs_show_are_refused() -> None:
+    from procmesh.environment import check_environment
+
+    for component in ("orchestrator", "python-sidecar", "node-sidecar"):
+        check = check_environment(component, dict.fromkeys(REFUSED_EXAMPLES, "x"))
+        assert set(check.unknown) == REFUSED_EXAMPLES
 
 
 def test_console_scripts_are_declared(docs: list[Doc]) -> None:

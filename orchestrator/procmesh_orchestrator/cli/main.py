@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from procmesh import __version__, configure_logging
+from procmesh.environment import check_environment
 from procmesh_orchestrator.cli import memory, replay, runs
 from procmesh_orchestrator.errors import OrchestratorError
 
@@ -45,6 +46,24 @@ def _config_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
     if not path:
         parser.error(f"{args.command}: --config FILE (or PROCMESH_CONFIG_FILE) is required")
     return path
+
+
+def _check_environment(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A ``PROCMESH_*`` variable no procmesh component reads (nor the command's config names, a
+    ``dsnEnv`` say) is a usage error naming it: a typo must not run on defaults."""
+    check = check_environment("cli", os.environ)
+    path = getattr(args, "config", None) or os.environ.get("PROCMESH_CONFIG_FILE")
+    if check.unknown and path:
+        from procmesh_orchestrator.app import secret_variables
+        from procmesh_orchestrator.config import load_config
+
+        try:
+            named = secret_variables(load_config(path))
+        except (OrchestratorError, OSError):
+            named = set()  # the command itself says what is wrong with its config
+        check = check_environment("cli", os.environ, also=named)
+    if (error := check.error()) is not None:
+        parser.error(error)
 
 
 EXIT_FAILED = 1
@@ -224,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command in ("generate", "stream", "memory", "runs"):
         args.config = _config_path(parser, args)
+    _check_environment(parser, args)
     try:
         configure_logging(args.log_level or "WARNING", args.log_format)
     except ValueError as exc:  # PROCMESH_LOG_FORMAT

@@ -18,6 +18,7 @@ const { quote } = require('./effects');
 const { rawService } = require('./guard');
 const { SidecarMetrics, outcomeOf, serveMetrics } = require('./metrics');
 const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, settingsFromArgs, usage } = require('./settings');
+const { checkEnvironment } = require('./environment');
 const { Hosted, Servicer } = require('./servicer');
 const { HostedTool } = require('./tools');
 const tracing = require('./tracing');
@@ -314,6 +315,8 @@ async function serve(processors, options = {}) {
   if (options.address) opts.addresses = [options.address];
   if (!opts.credentials) opts.credentials = tlsCredentials(opts);
   const server = new ProcessorServer(processors, opts);
+  const foreign = checkEnvironment('node-sidecar', process.env).note();
+  if (foreign) server.log.info(foreign); // another component's variables: named, not read
   tracing.setup('procmesh-node-sidecar', server.log); // OTEL_* decide; off by default
   // grpc-js reports a failed bind with a log line of its own and a vague error: a test bind
   // first says which address and why, on one line.

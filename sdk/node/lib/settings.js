@@ -4,6 +4,7 @@
 // into one line.
 
 const net = require('net');
+const { checkEnvironment } = require('./environment');
 
 const LEVELS = { DEBUG: 10, INFO: 20, WARNING: 30, WARN: 30, ERROR: 40, CRITICAL: 50 };
 const LOG_FORMATS = ['text', 'json'];
@@ -99,13 +100,18 @@ function usage(prog = 'procmesh-node-sidecar', extraFlags = []) {
 /**
  * Settings from the environment (PROCMESH_LISTEN, PROCMESH_METRICS_PORT, PROCMESH_LOG_FORMAT, ...:
  * see FLAGS), overridden by flags (--listen ADDR, repeatable; --metrics-port N; --log-format json;
- * ...). An unknown flag, or a value that does not parse, throws a SettingsError: a misspelt flag
- * must not leave a sidecar on its defaults. `extraFlags` names the program's own flags (each
+ * ...). An unknown flag, a value that does not parse, or a PROCMESH_ variable no procmesh component
+ * reads (environment.js), throws a SettingsError: a misspelt flag or variable must not leave a
+ * sidecar on its defaults. `extraFlags` names the program's own flags (each
  * takes a value), which are accepted and returned in `settings.extra`. `--help` and `--version`
  * set `settings.action`.
  */
 function settingsFromArgs(argv = process.argv.slice(2), env = process.env, { extraFlags = [] } = {}) {
   const settings = { addresses: ['127.0.0.1:50051'], graceSeconds: 10, logLevel: 'INFO', logFormat: 'text', extra: {} };
+  // A PROCMESH_ variable no procmesh component reads is a typo: never serve on the defaults it was
+  // meant to change. Another component's (a shared ConfigMap) is named at start (`serve`).
+  const unknown = checkEnvironment('node-sidecar', env).error();
+  if (unknown) throw new SettingsError(unknown);
   for (const [name, key, parse] of FLAGS) {
     const variable = `PROCMESH_${name.slice(2).replace(/-/g, '_').toUpperCase()}`;
     if (env[variable] === undefined || env[variable] === '') continue;

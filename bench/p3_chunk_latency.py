@@ -4,8 +4,9 @@ rounds; the 3 sidecars also against 3 PARALLEL raw hops to 3 echo processes (the
 limit: a chunk waits for the slowest of three), and for the record 3 raw hops in a row.
 
 `python -m bench.p3_chunk_latency --fused-only` runs P3 fused alone (its own sidecar and echo
-server, no processors / fused / one raw hop alternating) and prints one JSON line: the figure
-and each round's ratio, to compare commits (run it from a worktree of each, alternating)."""
+server, no processors / fused / one raw hop alternating) and prints one JSON line: the figure,
+each round's ratio and the CPU per fused chunk; without `--fused-only`, all of P3 as `make bench`
+runs it. Both are for comparing commits (run it from a worktree of each, alternating)."""
 
 from __future__ import annotations
 
@@ -254,13 +255,39 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def alone(n: int) -> dict[str, Any]:
+    """All of P3 (`measure`) as `make bench` runs it, with its own 3 sidecars and echo server."""
+    tmp = Path(tempfile.mkdtemp(prefix="pm-p3-"))
+    echo = f"unix://{tmp}/echo.sock"
+    sidecars = {name: f"unix://{tmp}/{name}.sock" for name in ("s1", "s2", "s3")}
+    procs = [start("bench.echo_server", echo), *(start("bench.processors", a) for a in sidecars.values())]
+    try:
+        for proc in procs[1:]:
+            await proc.wait_ready()
+        await asyncio.sleep(0.3)  # the echo server's start
+        agents = {
+            "none": {},
+            "sidecars-3": {"outputProcessors": [f"{s}/pass-{i}" for i, s in enumerate(sidecars, start=1)]},
+            "fused-3": {"outputProcessors": [f"s1/pass-{i}" for i in (1, 2, 3)]},
+        }
+        async with bench_app(sidecars, agents) as app:
+            results = await measure(app, echo, n)
+    finally:
+        for proc in procs:
+            proc.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    results["loadavg"] = os.getloadavg()[0]
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fused-only", action="store_true", required=True)
+    parser.add_argument("--fused-only", action="store_true", help="P3 fused alone (else all of P3)")
     parser.add_argument("--chunks", type=int, default=300, help="chunks a round (300 as in make bench)")
-    parser.add_argument("--rounds", type=int, default=P3_ROUNDS)
+    parser.add_argument("--rounds", type=int, default=P3_ROUNDS, help="with --fused-only")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(fused_only(args.chunks, args.rounds))))
+    run = fused_only(args.chunks, args.rounds) if args.fused_only else alone(args.chunks)
+    print(json.dumps(asyncio.run(run)))
 
 
 if __name__ == "__main__":

@@ -287,12 +287,18 @@ def run(
 ) -> None:
     """Serve processors (and hosted `tools`) until SIGTERM/SIGINT (a sidecar's ``main()``).
 
-    A setting that fails at start (an address in use, a missing certificate) prints one line
-    and exits with status 2, like a bad flag.
+    A setting that fails at start (an address in use, a missing certificate, a ``PROCMESH_*``
+    variable no procmesh component reads, given `settings` or not) prints one line and exits with
+    status 2, like a bad flag.
     """
     settings = settings or settings_from_args()
+    # Settings built in code read the environment too (ProcessorSettings is a BaseSettings): the
+    # check of `settings_from_args` holds for them as well.
+    check = check_environment("python-sidecar", os.environ)
+    if (unknown := check.error()) is not None:
+        _fail(unknown)
     configure_logging(settings.log_level, settings.log_format)
-    if (note := check_environment("python-sidecar", os.environ).note()) is not None:
+    if (note := check.note()) is not None:
         log.info(note)  # another component's variables (a shared ConfigMap): named, not read
     # A `_created` series per counter and histogram doubles what is scraped and stored for a
     # timestamp no dashboard uses; the switch is process-wide, so only programs flip it.

@@ -108,6 +108,19 @@ async def test_a_python_sidecar_refuses_a_misspelt_variable_and_serves_beside_an
     assert f"PROCMESH_API_KEYS, PROCMESH_HTTP_PORT: {FOREIGN}" in out
 
 
+async def test_a_program_passing_its_own_settings_to_run_is_checked_too() -> None:
+    """`ProcessorSettings` built in code reads the environment as well: `run` checks it."""
+    code = (
+        "import procmesh\n"
+        "from procmesh_sidecars import examples\n"
+        "procmesh.run(examples.processors(), procmesh.ProcessorSettings(listen=['127.0.0.1:0']))\n"
+    )
+    err = await asyncio.to_thread(
+        _refused, [str(BIN / "python"), "-c", code], _environ(PROCMESH_GRACE_SECOND="1")
+    )
+    assert "PROCMESH_GRACE_SECOND (did you mean PROCMESH_GRACE_SECONDS?)" in err
+
+
 async def test_a_node_sidecar_refuses_a_misspelt_variable_and_serves_beside_anothers() -> None:
     node = require("node")
     require_npm_packages(NODE_SDK)

@@ -4,7 +4,9 @@ The built-in moderation, prompt-injection, PII, language and system-prompt-scrub
 (input lane: injection, moderation, language, PII; output lane: moderation, scrubber, PII; the
 options of ``tests/e2e/guards/golden.py``) judged by a scripted OpenAI-compatible judge
 (``tests/e2e/guards/golden_judge.py``) that answers any schema, a merged one with a section per
-guard too, after 200 ms, and counts requests per judge model. A real orchestrator process starts
+guard too, after 200 ms, and counts requests per judge model; it runs in a process of its own
+(``bench/p8_judge.py``), as a real judge is a remote service, and the reference engine asks the
+same judge process. A real orchestrator process starts
 the built-in sidecar, whose guards reach the judge through its model gateway; everything goes
 through the HTTP API, as a client's runs do.
 
@@ -39,8 +41,9 @@ from typing import Any
 import httpx
 
 from bench.harness import ROUNDS, Reference, figure, start_orchestrator
+from bench.p8_judge import JudgeProcess
 from tests.e2e.guards import golden
-from tests.e2e.guards.golden_judge import GoldenJudge, load_golden
+from tests.e2e.guards.golden_judge import load_golden
 from tests.integration.service.support import sse_events
 
 JUDGE_SECONDS = 0.2
@@ -132,7 +135,7 @@ async def _stream(http: httpx.AsyncClient, agent: str, messages: list[dict[str, 
 _ANY = {"type": "object"}
 
 
-async def _round_trip(http: httpx.AsyncClient, judge: GoldenJudge, n: int = 5) -> float:
+async def _round_trip(http: httpx.AsyncClient, judge: JudgeProcess, n: int = 5) -> float:
     """Median milliseconds of a judge call made directly (what one judge round trip costs)."""
     body = {
         "model": "round-trip",
@@ -163,8 +166,7 @@ async def measure(reference: Reference | None) -> dict[str, Any]:
     }
     # only P8's own judge model and the round trip wait: the counted and the checked ones need not
     delays = {"golden": 0.0, "golden-together": 0.0, "reference": 0.0}
-    judge = GoldenJudge(load_golden(), delay=JUDGE_SECONDS, api_key=JUDGE_KEY, delays=delays)
-    judge.start()
+    judge = await JudgeProcess.start(JUDGE_SECONDS, JUDGE_KEY, delays)
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="pm-bench-p8-guards-") as tmp:
@@ -183,13 +185,13 @@ async def measure(reference: Reference | None) -> dict[str, Any]:
             finally:
                 await orchestrator.stop()
     finally:
-        judge.stop()
+        await judge.stop()
     return results
 
 
 async def _measure(
     http: httpx.AsyncClient,
-    judge: GoldenJudge,
+    judge: JudgeProcess,
     reference: Reference | None,
     convo: list[tuple[list[dict[str, str]], str]],
     round_tags: list[str],
@@ -197,11 +199,11 @@ async def _measure(
     results: dict[str, Any] = {"p8_judge_round_trip_ms": await _round_trip(http, judge)}
     per_turn = []
     for messages, answer in convo:
-        before = judge.count("p8")
+        before = await judge.count("p8")
         _, text = await _stream(http, "p8-convo-guarded", messages)
         if text != answer:
             raise RuntimeError(f"P8: the guarded conversation changed an answer: {text[:200]!r}")
-        per_turn.append(judge.count("p8") - before)
+        per_turn.append(await judge.count("p8") - before)
     calls = sum(per_turn)
     results.update(
         p8_answer_chars=len(convo[-1][1]),
@@ -214,7 +216,7 @@ async def _measure(
     if reference is not None:
         ref_turns = []
         for messages, answer in convo:
-            before = judge.count("reference")
+            before = await judge.count("reference")
             await reference.ask(
                 run="judged",
                 messages=messages,
@@ -223,7 +225,7 @@ async def _measure(
                 judgeModel="reference",
                 judgeKey=JUDGE_KEY,
             )
-            ref_turns.append(judge.count("reference") - before)
+            ref_turns.append(await judge.count("reference") - before)
         results.update(
             p8_judge_calls_reference=sum(ref_turns),
             p8_judge_calls_reference_per_turn=ref_turns,

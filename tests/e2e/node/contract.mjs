@@ -3,7 +3,7 @@
 //   node tests/e2e/node/contract.mjs --listen ADDR     (SETUP_DELAY_MS: a slow setup())
 import { Processor, TripWire, run } from '../../../sdk/node/index.js';
 
-const SKIP = new Set(['abort', 'sendSignal', 'writer', 'reportViolation', 'messageList', 'state', 'abortSignal', 'model']);
+const SKIP = new Set(['abort', 'release', 'sendSignal', 'writer', 'reportViolation', 'messageList', 'state', 'abortSignal', 'model']);
 
 /** JSON-safe copy: bytes become {base64}, undefined becomes null (Python's None). */
 function plain(value) {

@@ -31,7 +31,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_SKIP = {"abort", "send_signal", "writer", "report_violation", "message_list", "state", "model"}
+_SKIP = {"abort", "release", "send_signal", "writer", "report_violation", "message_list", "state", "model"}
 
 
 def _record(hook: str, kw: dict[str, Any]) -> None:

@@ -12,7 +12,8 @@ P6 three 50 ms speculative input guards: what they add vs the reference (sequent
 P7 the per-chunk cost of each pass-through processor in lanes of 1, 3, 6 and 10.
 P8 an HTTP request on a kept-alive connection vs on a fresh one (a real orchestrator process).
 P8 (issue 33, p10_guards_planner) five LLM-judged guards on a 200 ms scripted judge: judge calls vs
-   the reference's own guards, added time to the first chunk, equal verdicts on the golden set.
+   the reference's own guards, added time to the first chunk, equal verdicts on the golden set;
+   the judge is a process of its own (p8_judge), which both engines ask, as a remote judge is.
 P9 semantic recall at 10k and 100k stored messages, SQLite (exact) and PostgreSQL (pgvector HNSW).
 
 Compared systems run in alternating rounds (harness.rounds: A, B, A, B, ...), each figure is the

@@ -101,6 +101,15 @@ class ServiceMetrics:
             ["setting"],
             registry=self.registry,
         )
+        self.message_keys_ignored = Counter(
+            "procmesh_message_keys_ignored_total",
+            "Requests (generate, stream, memory saves, processor executes) whose input messages held "
+            "a key procmesh accepts but does not apply (textPart.providerOptions, "
+            "toolResultPart.isError, ...: docs/service.md lists them), by shape and key: the "
+            "request went on without it.",
+            ["key"],
+            registry=self.registry,
+        )
         self.inflight = Gauge(
             "procmesh_inflight_runs", "Agent runs in flight (HTTP and gRPC).", registry=self.registry
         )

@@ -32,6 +32,7 @@ from procmesh_orchestrator.service.api.call_options import (
     step_kwargs,
     validated,
 )
+from procmesh_orchestrator.service.api.message_keys import Keys, ignored_labels
 from procmesh_orchestrator.service.api.messages import input_message, own_ids
 from procmesh_orchestrator.service.api.step_settings import (
     IGNORED_CLIENT_TOOL_KEYS,
@@ -58,17 +59,19 @@ class AgentCall:
     """The ``modelSettings`` keys given that procmesh does not apply (`IGNORED_SETTINGS`)."""
     ignored_options: list[str] = field(default_factory=list)
     """The body's keys procmesh does not apply (`IGNORED_OPTIONS`, or ones neither side knows)."""
+    ignored_message_keys: list[tuple[str, str]] = field(default_factory=list)
+    """The input messages' keys procmesh takes but does not apply, each once: its label
+    (``textPart.providerOptions``) and why (`message_keys`)."""
 
     @property
     def warnings(self) -> list[dict[str, Any]]:
         """The call's warnings, in the reference's shape (the result's ``warnings``)."""
-        return [
-            {"type": "unsupported-setting", "setting": name, "details": IGNORED_SETTINGS[name]}
-            for name in self.ignored_settings
-        ] + [
-            {"type": "unsupported-setting", "setting": name, "details": _ignored(name)[1]}
-            for name in self.ignored_options
+        named = [
+            *((name, IGNORED_SETTINGS[name]) for name in self.ignored_settings),
+            *((name, _ignored(name)[1]) for name in self.ignored_options),
+            *((f"messages.{name}", why) for name, why in self.ignored_message_keys),
         ]
+        return [{"type": "unsupported-setting", "setting": name, "details": why} for name, why in named]
 
     @property
     def ignored_labels(self) -> list[str]:
@@ -179,10 +182,11 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
         raise BadRequestError("output: give the schema as structuredOutput: {schema}")
     body = validated(_Body, data)
     check_stream_format(body.format)
+    ignored: list[tuple[Keys, str]] = []
     if isinstance(body.messages, str):
         agent_input: str | list[dict[str, Any]] = body.messages
     else:
-        agent_input = [input_message(m, f"messages.{i}") for i, m in enumerate(body.messages)]
+        agent_input = [input_message(m, f"messages.{i}", ignored) for i, m in enumerate(body.messages)]
         own_ids(agent_input, caller)
     memory = body.memory or MemoryBody()
     # each pair is one value under two names: the first wins only when the other is absent or the
@@ -226,6 +230,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             *memory.ignored(),
             *client_tool_extras(body.client_tools or {}),
         ],
+        ignored_message_keys=ignored_labels(ignored),
     )
 
 

@@ -27,6 +27,7 @@ from procmesh_orchestrator.service._errors import (
 from procmesh_orchestrator.service.api import durable, runs
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.message_keys import count_ignored
 from procmesh_orchestrator.service.api.processors import bind_lanes
 from procmesh_orchestrator.service.api.results import Chunk
 from procmesh_orchestrator.service.api.resume import ResumeRequest
@@ -54,6 +55,7 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
         log.warning("agent %r: a call's options not applied: %s", agent_id, key_names(ignored))
     for name in call.ignored_labels:
         core.metrics.settings_ignored.labels(name).inc()
+    count_ignored(core.metrics, f"agent {agent_id!r}: a call's", call.ignored_message_keys)
 
 
 async def reserve_run_id(core: ServiceCore, agent: Agent, call: AgentCall) -> None:

@@ -4,7 +4,8 @@ A message may be a string, ``{role, content}`` (a string, text and file parts, o
 message's content), an AI SDK model message (an assistant's tool-call parts, a ``tool`` message's
 tool-result parts) or a UI message (``parts`` with ``tool-invocation`` parts): what
 @mastra/client-js sends, including to go on after a client tool. A malformed one is a 400 naming
-where it is (``messages.2.content.0``).
+where it is (``messages.2.content.0``); so is a key its shape does not take, and the keys taken but
+not applied go to `ignored` (`message_keys`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,22 @@ from procmesh.parts import with_flat_text
 from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service.api import message_keys as mk
 
 ROLES = ("user", "assistant", "system")
 
+Ignored = list[tuple[mk.Keys, str]] | None
+"""Where the keys a message holds that procmesh takes but does not apply go (None: not noted)."""
 
-def db_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
+
+def _with_id(message: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    """`message` under the item's own id, when it gives one (`own_ids` decides whether it stays)."""
+    if isinstance(item.get("id"), str) and item["id"]:
+        message["id"] = item["id"]
+    return message
+
+
+def db_message(item: str | dict[str, Any], where: str, ignored: Ignored = None) -> dict[str, Any]:
     """One input message as a MastraDBMessage dict; raises BadRequestError naming `where`."""
     if isinstance(item, str):
         return msgs.text_message("user", item)
@@ -28,42 +40,62 @@ def db_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
     if role not in ROLES:
         raise BadRequestError(f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}")
     content = item.get("content")
+    if isinstance(content, dict):  # a MastraDBMessage (format 2); only `content.content`: its text
+        return _stored(item, role, content, where, ignored)
+    mk.check(item, where, mk.MODEL_MESSAGE, ignored)
     if isinstance(content, str):
-        return msgs.text_message(role, content)
+        return _with_id(msgs.text_message(role, content), item)
     if isinstance(content, list):
         parts: list[dict[str, Any]] = []
         for i, part in enumerate(content):
             at = f"{where}.content.{i}"
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                mk.check(part, at, mk.TEXT, ignored)
                 parts.append({"type": "text", "text": part["text"]})
             elif isinstance(part, dict) and part.get("type") in _FILE_PARTS and role == "user":
-                parts.append(_file_part(part, at))
+                parts.append(_file_part(part, at, ignored))
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 allowed = "text, image, file" if role == "user" else "text parts {type, text}"
                 raise BadRequestError(f"{at}: unsupported part {kind!r} ({allowed} only)")
         message = msgs.text_message(role, "")
         message["content"]["parts"] = parts
-        return message
-    if isinstance(content, dict):  # a MastraDBMessage (format 2); only `content.content`: its text
-        content = {**content, "parts": with_flat_text(content)}
-        message = {**item, "role": role, "id": item.get("id") or msgs.new_id(), "content": content}
-        try:
-            convert.message_to_proto(message)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise BadRequestError(f"{where}.content: {exc}") from None
-        return message
+        return _with_id(message, item)
     raise BadRequestError(f"{where}.content: must be a string, a list of text parts or a message content")
+
+
+def _stored(
+    item: dict[str, Any], role: str, content: dict[str, Any], where: str, ignored: Ignored
+) -> dict[str, Any]:
+    """A MastraDBMessage, kept as given once its keys are its type's (`message_keys.DB_*`)."""
+    mk.check(item, where, mk.DB_MESSAGE, ignored)
+    mk.check(content, f"{where}.content", mk.DB_CONTENT, ignored)
+    for i, part in enumerate(content.get("parts") or []):
+        keys = mk.db_part_keys(part.get("type")) if isinstance(part, dict) else None
+        if keys is None:  # not a part, or a type the contract's conversion refuses below
+            continue
+        at = f"{where}.content.parts.{i}"
+        mk.check(part, at, keys, ignored)
+        if isinstance(part.get("toolInvocation"), dict):
+            mk.check(part["toolInvocation"], f"{at}.toolInvocation", mk.DB_INVOCATION, ignored)
+    content = {**content, "parts": with_flat_text(content)}
+    message = {**item, "role": role, "id": item.get("id") or msgs.new_id(), "content": content}
+    try:
+        convert.message_to_proto(message)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise BadRequestError(f"{where}.content: {exc}") from None
+    return message
 
 
 _FILE_PARTS = ("image", "file")
 _IMAGE_MAGIC = {"/9j/": "image/jpeg", "iVBOR": "image/png", "R0lGOD": "image/gif", "UklGR": "image/webp"}
 
 
-def _file_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+def _file_part(part: dict[str, Any], where: str, ignored: Ignored = None) -> dict[str, Any]:
     """An image or file part (AI SDK model or UI message, either version) as the run's file part
     ``{type: "file", mediaType, data, filename?}``; ``data`` is a URL, a data URL or base64."""
     kind = part["type"]
+    mk.check(part, where, mk.IMAGE if kind == "image" else mk.FILE, ignored)
     keys = ("image", "url", "data") if kind == "image" else ("data", "url")
     data = next((part[k] for k in keys if isinstance(part.get(k), str) and part[k]), None)
     if data is None:
@@ -84,6 +116,25 @@ def _file_part(part: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def _attachments(item: dict[str, Any], role: str, where: str) -> list[dict[str, Any]]:
+    """A v4 UI message's ``experimental_attachments`` (``[{url, contentType?, name?}]``) as file
+    parts, as the AI SDK puts them in the prompt: a user message's only."""
+    raw = item.get("experimental_attachments")
+    if raw is None:
+        return []
+    at = f"{where}.experimental_attachments"
+    if role != "user" or not isinstance(raw, list):
+        raise BadRequestError(f"{at}: a user message's list of {{url, contentType?, name?}}")
+    parts = []
+    for i, attachment in enumerate(raw):
+        if not isinstance(attachment, dict):
+            raise BadRequestError(f"{at}.{i}: must be an object {{url, contentType?, name?}}")
+        mk.check(attachment, f"{at}.{i}", mk.ATTACHMENT, None)
+        file = {"type": "file", "data": attachment.get("url"), "mediaType": attachment.get("contentType")}
+        parts.append(_file_part({**file, "filename": attachment.get("name")}, f"{at}.{i}"))
+    return parts
+
+
 def _unwrap_output(output: Any) -> Any:
     """An AI SDK tool-result ``output`` (``{type: "json" | "text" | ..., value}``) as its value."""
     if isinstance(output, dict) and isinstance(output.get("type"), str) and "value" in output:
@@ -91,7 +142,8 @@ def _unwrap_output(output: Any) -> Any:
     return output
 
 
-def _tool_result(part: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(part: dict[str, Any], where: str, ignored: Ignored) -> dict[str, Any]:
+    mk.check(part, where, mk.TOOL_RESULT, ignored)
     call_id, name = part.get("toolCallId"), part.get("toolName")
     if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
         raise BadRequestError(f"{where}: a tool-result needs toolCallId and toolName strings")
@@ -99,29 +151,57 @@ def _tool_result(part: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "tool-result", "toolCallId": call_id, "toolName": name, "result": result}
 
 
-def _invocation(call_id: Any, name: Any, args: Any, where: str, **extra: Any) -> dict[str, Any]:
+def _invocation(
+    call_id: Any, name: Any, args: Any, where: str, part: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """A tool call as the run's tool-invocation part, with the part's provenance (`providerExecuted`,
+    and a UI part's `providerMetadata`: the provider, a tool's model output) when it has one."""
     if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
         raise BadRequestError(f"{where}: a tool call needs toolCallId and toolName strings")
-    return {
+    out: dict[str, Any] = {
         "type": "tool-invocation",
         "toolInvocation": {"state": "call", "toolCallId": call_id, "toolName": name, "args": args, **extra},
     }
+    if part.get("providerExecuted") is True:
+        out["providerExecuted"] = True
+    if isinstance(part.get("providerMetadata"), dict) and part["providerMetadata"]:
+        out["providerMetadata"] = part["providerMetadata"]
+    return out
 
 
 def _format2(role: str, parts: list[dict[str, Any]], item: dict[str, Any]) -> dict[str, Any]:
     message = msgs.text_message(role, "")
     message["content"]["parts"] = parts
-    if isinstance(item.get("id"), str) and item["id"]:
-        message["id"] = item["id"]
-    return message
+    return _with_id(message, item)
 
 
 _DROPPED_UI_PARTS = ("step-start", "reasoning", "source")
 """UI parts that carry nothing the run reads back (the reference drops them from the prompt too)."""
 
 
-def _ui_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+def _ui_tool(part: dict[str, Any], at: str, ignored: Ignored) -> dict[str, Any]:
+    """A v4 UI ``tool-invocation`` part in state ``call`` or ``result``."""
+    mk.check(part, at, mk.UI_TOOL, ignored)
+    inv = part["toolInvocation"]
+    mk.check(inv, f"{at}.toolInvocation", mk.UI_INVOCATION, ignored)
+    part = {**{k: inv[k] for k in ("providerExecuted", "providerMetadata") if k in inv}, **part}
+    state = inv.get("state")
+    if state == "call":
+        return _invocation(inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, part)
+    if state == "result" and "result" in inv:
+        out = _invocation(
+            inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, part, result=inv["result"]
+        )
+        out["toolInvocation"]["state"] = "result"
+        return out
+    raise BadRequestError(f"{at}.toolInvocation.state: must be 'call' or 'result' (with a result)")
+
+
+def _ui_message(item: dict[str, Any], role: str, where: str, ignored: Ignored) -> dict[str, Any]:
     """A UI message ``{id, role, parts}`` (what the client keeps of a streamed answer)."""
+    mk.check(item, where, mk.UI_MESSAGE, ignored)
+    if "content" in item and not isinstance(item["content"], str):
+        raise BadRequestError(f"{where}.content: a UI message's content is its text (a string)")
     parts: list[dict[str, Any]] = []
     for i, part in enumerate(item["parts"]):
         at = f"{where}.parts.{i}"
@@ -129,37 +209,25 @@ def _ui_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
         if not isinstance(part, dict) or not isinstance(kind, str):
             raise BadRequestError(f"{at}: must be an object with a type")
         if kind == "text" and isinstance(part.get("text"), str):
+            mk.check(part, at, mk.UI_TEXT, ignored)
             parts.append({"type": "text", "text": part["text"]})
         elif (
             kind == "tool-invocation" and role == "assistant" and isinstance(part.get("toolInvocation"), dict)
         ):
-            inv = part["toolInvocation"]
-            state = inv.get("state")
-            if state == "call":
-                parts.append(_invocation(inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at))
-            elif state == "result" and "result" in inv:
-                parts.append(
-                    _invocation(
-                        inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, result=inv["result"]
-                    )
-                )
-                parts[-1]["toolInvocation"]["state"] = "result"
-            else:
-                raise BadRequestError(
-                    f"{at}.toolInvocation.state: must be 'call' or 'result' (with a result)"
-                )
+            parts.append(_ui_tool(part, at, ignored))
         elif kind in _FILE_PARTS and role == "user":
-            parts.append(_file_part(part, at))
+            parts.append(_file_part(part, at, ignored))
         elif kind in _DROPPED_UI_PARTS:
             continue
         else:
             raise BadRequestError(f"{at}: unsupported part {kind!r} (text, file, tool-invocation)")
-    return _format2(role, parts, item)
+    return _format2(role, parts + _attachments(item, role, where), item)
 
 
-def _model_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+def _model_message(item: dict[str, Any], role: str, where: str, ignored: Ignored) -> dict[str, Any]:
     """An AI SDK model message with a list content: text, and for the assistant tool-call parts;
     a ``tool`` message's tool-result parts."""
+    mk.check(item, where, mk.MODEL_MESSAGE, ignored)
     parts: list[dict[str, Any]] = []
     for i, part in enumerate(item["content"]):
         at = f"{where}.content.{i}"
@@ -169,14 +237,16 @@ def _model_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any
         if role == "tool":
             if kind != "tool-result":
                 raise BadRequestError(f"{at}: a tool message holds tool-result parts only, got {kind!r}")
-            parts.append(_tool_result(part, at))
+            parts.append(_tool_result(part, at, ignored))
         elif kind == "text" and isinstance(part.get("text"), str):
+            mk.check(part, at, mk.TEXT, ignored)
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "tool-call" and role == "assistant":
+            mk.check(part, at, mk.TOOL_CALL, ignored)
             args = part["input"] if "input" in part else part.get("args")
-            parts.append(_invocation(part.get("toolCallId"), part.get("toolName"), args, at))
+            parts.append(_invocation(part.get("toolCallId"), part.get("toolName"), args, at, part))
         elif kind in _FILE_PARTS and role == "user":
-            parts.append(_file_part(part, at))
+            parts.append(_file_part(part, at, ignored))
         elif kind == "reasoning" and role == "assistant":
             continue
         else:
@@ -185,7 +255,7 @@ def _model_message(item: dict[str, Any], role: str, where: str) -> dict[str, Any
     return _format2(role, parts, item)
 
 
-def input_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
+def input_message(item: str | dict[str, Any], where: str, ignored: Ignored = None) -> dict[str, Any]:
     """One message of a generate / stream body: `db_message`'s shapes, plus what the client sends to
     go on after a client tool: AI SDK model messages (an assistant's tool-call parts, a ``tool``
     message's tool-result parts) and UI messages (``parts`` with ``tool-invocation`` parts)."""
@@ -197,14 +267,14 @@ def input_message(item: str | dict[str, Any], where: str) -> dict[str, Any]:
             raise BadRequestError(
                 f"{where}.role: a UI message is from the user or the assistant, got {role!r}"
             )
-        return _ui_message(item, role, where)
+        return _ui_message(item, role, where, ignored)
     if role == "tool":
         if not isinstance(item.get("content"), list) or not item["content"]:
             raise BadRequestError(f"{where}.content: a tool message holds a list of tool-result parts")
-        return _model_message(item, role, where)
+        return _model_message(item, role, where, ignored)
     if role in ("user", "assistant") and isinstance(item.get("content"), list):
-        return _model_message(item, role, where)
-    return db_message(item, where)
+        return _model_message(item, role, where, ignored)
+    return db_message(item, where, ignored)
 
 
 _CALLER_SET_IDS = ("threadId", "resourceId")

@@ -31,6 +31,7 @@ from procmesh_orchestrator.run.hooks import (
 )
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service._errors import BadRequestError
+from procmesh_orchestrator.service.api.message_keys import Keys, count_ignored, ignored_labels
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.processors import find_processor, hosted_processors, workflow_phases
 from procmesh_orchestrator.service.api.results import dumps
@@ -217,7 +218,10 @@ def _messages(service: ServiceCore, raw: Any) -> list[dict[str, Any]]:
         raise BadRequestError("messages: must be a list of messages")
     if len(raw) > service.limits.max_messages:
         raise BadRequestError(f"messages: at most {service.limits.max_messages}")
-    return [db_message(m, f"messages.{i}") for i, m in enumerate(raw)]
+    ignored: list[tuple[Keys, str]] = []
+    messages = [db_message(m, f"messages.{i}", ignored) for i, m in enumerate(raw)]
+    count_ignored(service.metrics, "a processor execute's", ignored_labels(ignored))
+    return messages
 
 
 async def execute_phase(

@@ -33,6 +33,7 @@ from procmesh_orchestrator.service.api.memory import (
     thread_json,
     ui_message,
 )
+from procmesh_orchestrator.service.api.message_keys import Keys, count_ignored, ignored_labels
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
 from procmesh_orchestrator.service.http.bodies import query_context, refuse_unknown, route
@@ -270,16 +271,18 @@ class MemoryRoutes:
             raise BadRequestError("messages: all must belong to one resource")
         store, resource = self._scope(request, claimed=next(iter(claims), None), agent_required=True)
         turns: dict[str, list[dict[str, Any]]] = {}
+        ignored: list[tuple[Keys, str]] = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise BadRequestError(f"messages.{i}: must be an object")
             thread_id = check_id(f"messages.{i}.threadId", item.get("threadId"))
-            message = db_message(item, f"messages.{i}")
+            message = db_message(item, f"messages.{i}", ignored)
             if item.get("id"):  # the caller's id makes a retried save replace, not duplicate
                 message["id"] = check_id(f"messages.{i}.id", item["id"])
             if isinstance(item.get("createdAt"), str):
                 message["createdAt"] = item["createdAt"]
             turns.setdefault(thread_id, []).append(message)
+        count_ignored(self.core.metrics, "a memory save's", ignored_labels(ignored))
         saved: list[dict[str, Any]] = []
         for thread_id, messages in turns.items():
             # one transaction per thread: all of a thread's messages or none of them

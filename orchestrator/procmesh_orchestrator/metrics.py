@@ -203,11 +203,18 @@ class OrchestratorMetrics:
         )
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
-            "Model gateway calls (ModelService.Generate) by model, calling processor and outcome (ok, "
+            "Model gateway calls (ModelService.Generate, and each call of a GenerateBatch) by model, calling processor and outcome (ok, "
             "invalid_output, not_found, not_in_config, invalid_argument, unauthenticated, "
             "permission_denied, api_error, deadline, cancelled, cost_limit, lease_lost); a model or "
             "processor the config does not name is 'other', none 'unknown'.",
             ["model", "processor", "outcome"],
+            registry=r,
+        )
+        self.gateway_batch_size = Histogram(
+            "procmesh_gateway_batch_size",
+            "Calls per ModelService.GenerateBatch (a sidecar's calls made at once, sent together; each "
+            "is counted in procmesh_gateway_calls_total as a Generate call is).",
+            buckets=(2, 4, 8, 16, 32, 64, 128, 256, 1024),
             registry=r,
         )
         self.model_fallbacks = Counter(

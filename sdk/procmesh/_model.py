@@ -30,7 +30,8 @@ from typing import Any
 import grpc
 
 from procmesh import convert, tracing
-from procmesh.errors import InternalError, translate_rpc_error
+from procmesh._model_batch import GatewayStatus, batches
+from procmesh.errors import InternalError, error_for_status
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
 
@@ -276,10 +277,10 @@ class Model:
         metadata: list[tuple[str, str | bytes]] = list(tracing.metadata())
         if config.key:
             metadata.append(("authorization", f"Bearer {config.key}"))
-        try:
-            response = await _stub(config).Generate(request, timeout=bound, metadata=tuple(metadata))
-        except grpc.aio.AioRpcError as exc:
-            err = translate_rpc_error(exc)
+        try:  # calls made at once go in one GenerateBatch (`_model_batch`)
+            response = await batches().generate(_stub(config), config, request, bound, tuple(metadata))
+        except GatewayStatus as exc:
+            err = error_for_status(exc.code, exc.details)
             message = f"model gateway: {self.ref!r} failed with {err.code.name}: {err}"
             raise ModelError(message, err.code) from None
         usage = {

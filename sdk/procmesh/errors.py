@@ -122,7 +122,8 @@ def error_for_status(code: grpc.StatusCode, details: str) -> ProcmeshError:
 
 
 def translate_rpc_error(exc: grpc.aio.AioRpcError) -> ProcmeshError:
-    """The procmesh error for a failed gRPC call: the one place a call's status becomes an
-    exception (`ProcessorClient`'s calls, the model gateway client and the orchestrator's output
-    stream all come here); its message is the status details, or the code's name without any."""
+    """The procmesh error for a failed gRPC call (`ProcessorClient`'s calls, the model gateway
+    client's Generate and the orchestrator's output stream all come here; a GenerateBatch call's
+    status, given per call, goes to `error_for_status` itself); its message is the status details,
+    or the code's name without any."""
     return error_for_status(exc.code(), exc.details() or exc.code().name)

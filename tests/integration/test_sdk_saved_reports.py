@@ -15,6 +15,7 @@ import pytest_asyncio
 from procmesh import _model
 from procmesh.v1 import model_pb2 as mpb
 from procmesh.v1 import model_pb2_grpc as mgrpc
+from tests.integration.fake_gateway import serve_gateway
 from tests.integration.service.test_lifecycle import eventually
 
 
@@ -33,17 +34,8 @@ class _Gateway(mgrpc.ModelServiceServicer):
 
 @pytest_asyncio.fixture
 async def gateway() -> AsyncIterator[_Gateway]:
-    servicer = _Gateway()
-    server = grpc.aio.server()
-    mgrpc.add_ModelServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    _model.configure(f"127.0.0.1:{port}")
-    try:
+    async for servicer in serve_gateway(_Gateway()):
         yield servicer
-    finally:
-        _model.configure(None)
-        await server.stop(None)
 
 
 async def test_reports_made_while_one_is_sent_go_together_in_the_next(gateway: _Gateway) -> None:

@@ -268,3 +268,101 @@ class ModelServiceReportSavedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelServiceReportSavedResponse: _TypeAlias = ModelServiceReportSavedResponse  # noqa: Y015
+
+@_typing.final
+class ModelServiceGenerateBatchRequest(_message.Message):
+    """Model calls sent together (GenerateBatch)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelServiceGenerateBatchItem]:
+        """The calls, 1 to 1,024 of them."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ModelServiceGenerateBatchItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelServiceGenerateBatchRequest: _TypeAlias = ModelServiceGenerateBatchRequest  # noqa: Y015
+
+@_typing.final
+class ModelServiceGenerateBatchItem(_message.Message):
+    """One call of a batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    timeout_seconds: _builtins.float
+    """Seconds this call may take from the batch's arrival (Generate's deadline
+    for it alone); never past the batch call's own deadline. Unset: the batch
+    call's deadline.
+    """
+    @_builtins.property
+    def request(self) -> Global___ModelServiceGenerateRequest:
+        """The call, as Generate takes it."""
+
+    def __init__(
+        self,
+        *,
+        request: Global___ModelServiceGenerateRequest | None = ...,
+        timeout_seconds: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_seconds", b"_timeout_seconds", "request", b"request", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_seconds", b"_timeout_seconds", "request", b"request", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__timeout_seconds: _TypeAlias = _typing.Literal["timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__timeout_seconds: _TypeAlias = _typing.Literal["_timeout_seconds", b"_timeout_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_seconds) -> _WhichOneofReturnType__timeout_seconds | None: ...
+
+Global___ModelServiceGenerateBatchItem: _TypeAlias = ModelServiceGenerateBatchItem  # noqa: Y015
+
+@_typing.final
+class ModelServiceGenerateBatchResponse(_message.Message):
+    """One call's answer (GenerateBatch streams one per item, in the order they
+    are ready).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The item answered: its position in ModelServiceGenerateBatchRequest.items."""
+    code: _builtins.int
+    """The call's gRPC status code when it failed (the number of
+    google.rpc.Code: 5 NOT_FOUND, 4 DEADLINE_EXCEEDED, ...), as Generate's
+    status would have been; 0 when `response` is set.
+    """
+    message: _builtins.str
+    """The failure's message (Generate's status details); empty on success."""
+    @_builtins.property
+    def response(self) -> Global___ModelServiceGenerateResponse:
+        """The answer, when the call succeeded (code 0)."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        response: Global___ModelServiceGenerateResponse | None = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "index", b"index", "message", b"message", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelServiceGenerateBatchResponse: _TypeAlias = ModelServiceGenerateBatchResponse  # noqa: Y015

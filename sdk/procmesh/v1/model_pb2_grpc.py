@@ -55,6 +55,11 @@ class ModelServiceStub:
                 request_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedRequest.SerializeToString,
                 response_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedResponse.FromString,
                 _registered_method=True)
+        self.GenerateBatch = channel.unary_stream(
+                '/procmesh.v1.ModelService/GenerateBatch',
+                request_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateBatchRequest.SerializeToString,
+                response_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateBatchResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
@@ -90,6 +95,24 @@ class ModelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateBatch(self, request, context):
+        """Several Generate calls in one: each item is answered exactly as Generate
+        answers it alone (the same access, checks, verdict cache, judge planner,
+        cost control, metrics, span and log line per item), and each answer is
+        streamed back as soon as it is ready, tagged with its item's index: a
+        verdict the cache holds comes back at once, a question for the judge when
+        the judge answers. One item's failure is that item's answer (its status
+        code and message, as Generate would have returned them), never the
+        others'. What a sidecar sends when a hook asks several questions at once
+        (an input guard judging a conversation's every message): one call instead
+        of one per question. The call's access is checked as Generate's; its
+        deadline bounds every item. INVALID_ARGUMENT for an empty batch or one of
+        more than 1,024 items.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -102,6 +125,11 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.ReportSaved,
                     request_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedRequest.FromString,
                     response_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedResponse.SerializeToString,
+            ),
+            'GenerateBatch': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateBatchRequest.FromString,
+                    response_serializer=procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -169,6 +197,33 @@ class ModelService:
             '/procmesh.v1.ModelService/ReportSaved',
             procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedRequest.SerializeToString,
             procmesh_dot_v1_dot_model__pb2.ModelServiceReportSavedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/procmesh.v1.ModelService/GenerateBatch',
+            procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateBatchRequest.SerializeToString,
+            procmesh_dot_v1_dot_model__pb2.ModelServiceGenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,20 @@ class ModelServiceStub:
     calls it saved (merged, cached, cheap-first, cancelled). The same access as
     Generate; INVALID_ARGUMENT for a count below 1.
     """
+    GenerateBatch: _grpc.UnaryStreamMultiCallable[_model_pb2.ModelServiceGenerateBatchRequest, _model_pb2.ModelServiceGenerateBatchResponse]
+    """Several Generate calls in one: each item is answered exactly as Generate
+    answers it alone (the same access, checks, verdict cache, judge planner,
+    cost control, metrics, span and log line per item), and each answer is
+    streamed back as soon as it is ready, tagged with its item's index: a
+    verdict the cache holds comes back at once, a question for the judge when
+    the judge answers. One item's failure is that item's answer (its status
+    code and message, as Generate would have returned them), never the
+    others'. What a sidecar sends when a hook asks several questions at once
+    (an input guard judging a conversation's every message): one call instead
+    of one per question. The call's access is checked as Generate's; its
+    deadline bounds every item. INVALID_ARGUMENT for an empty batch or one of
+    more than 1,024 items.
+    """
 
 @_typing.type_check_only
 class ModelServiceAsyncStub(ModelServiceStub):
@@ -87,6 +101,20 @@ class ModelServiceAsyncStub(ModelServiceStub):
     `procmesh_judge_calls_saved_total{processor,by="precheck"}`, beside the
     calls it saved (merged, cached, cheap-first, cancelled). The same access as
     Generate; INVALID_ARGUMENT for a count below 1.
+    """
+    GenerateBatch: _aio.UnaryStreamMultiCallable[_model_pb2.ModelServiceGenerateBatchRequest, _model_pb2.ModelServiceGenerateBatchResponse]  # type: ignore[assignment]
+    """Several Generate calls in one: each item is answered exactly as Generate
+    answers it alone (the same access, checks, verdict cache, judge planner,
+    cost control, metrics, span and log line per item), and each answer is
+    streamed back as soon as it is ready, tagged with its item's index: a
+    verdict the cache holds comes back at once, a question for the judge when
+    the judge answers. One item's failure is that item's answer (its status
+    code and message, as Generate would have returned them), never the
+    others'. What a sidecar sends when a hook asks several questions at once
+    (an input guard judging a conversation's every message): one call instead
+    of one per question. The call's access is checked as Generate's; its
+    deadline bounds every item. INVALID_ARGUMENT for an empty batch or one of
+    more than 1,024 items.
     """
 
 class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -123,6 +151,26 @@ class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
         `procmesh_judge_calls_saved_total{processor,by="precheck"}`, beside the
         calls it saved (merged, cached, cheap-first, cancelled). The same access as
         Generate; INVALID_ARGUMENT for a count below 1.
+        """
+
+    @_abc_1.abstractmethod
+    def GenerateBatch(
+        self,
+        request: _model_pb2.ModelServiceGenerateBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_model_pb2.ModelServiceGenerateBatchResponse], _abc.AsyncIterator[_model_pb2.ModelServiceGenerateBatchResponse]]:
+        """Several Generate calls in one: each item is answered exactly as Generate
+        answers it alone (the same access, checks, verdict cache, judge planner,
+        cost control, metrics, span and log line per item), and each answer is
+        streamed back as soon as it is ready, tagged with its item's index: a
+        verdict the cache holds comes back at once, a question for the judge when
+        the judge answers. One item's failure is that item's answer (its status
+        code and message, as Generate would have returned them), never the
+        others'. What a sidecar sends when a hook asks several questions at once
+        (an input guard judging a conversation's every message): one call instead
+        of one per question. The call's access is checked as Generate's; its
+        deadline bounds every item. INVALID_ARGUMENT for an empty batch or one of
+        more than 1,024 items.
         """
 
 def add_ModelServiceServicer_to_server(servicer: ModelServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -10,8 +10,7 @@ is refused by the gateway itself (RESOURCE_EXHAUSTED), and the guard's failure p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,9 +18,9 @@ import pytest
 import pytest_asyncio
 
 from procmesh_orchestrator.sidecar_process import SidecarProcess
-from tests.e2e.gateway.support import KEYS, gateway_calls, start_judge
+from tests.e2e.gateway.support import KEYS, gateway_calls
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import AUTH, free_port
+from tests.integration.service.support import AUTH
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -47,18 +46,6 @@ def _config(sidecar: str) -> dict[str, Any]:
             }
         },
     }
-
-
-@pytest.fixture(scope="module")
-def gateway_port() -> int:
-    return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
-
-
-@pytest.fixture(scope="module")
-def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    proc = start_judge(sidecar_dir, f"127.0.0.1:{gateway_port}")
-    yield proc
-    proc.stop(grace=2.0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

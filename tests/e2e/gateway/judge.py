@@ -6,6 +6,7 @@ Run as ``python -m tests.e2e.gateway.judge --listen ADDRESS``; the gateway comes
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import procmesh
@@ -42,5 +43,27 @@ class Judge(procmesh.Processor):
         return messages
 
 
+class JudgeEach(procmesh.Processor):
+    """Asks about every message at once, as the built-in guards do (one GenerateBatch); aborts
+    naming the messages not allowed."""
+
+    id = "judge-each"
+
+    async def process_input(
+        self, messages: list[dict[str, Any]], model: Any, abort: Any, options: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        texts = [
+            " ".join(p.get("text", "") for p in m["content"]["parts"] if p.get("type") == "text")
+            for m in messages
+        ]
+        verdicts = await asyncio.gather(
+            *(model(options["model"]).generate(text, schema=VERDICT, temperature=0) for text in texts)
+        )
+        refused = [i for i, v in enumerate(verdicts) if not v.object["allowed"]]
+        if refused:
+            abort(f"judge-each: not allowed: {refused}")
+        return messages
+
+
 if __name__ == "__main__":
-    procmesh.run([Judge()])
+    procmesh.run([Judge(), JudgeEach()])

@@ -9,7 +9,6 @@ orchestrator's HTTP API; the gateway's counter is read from its /metrics.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,11 +25,10 @@ from tests.e2e.gateway.support import (
     KEYS,
     gateway_calls,
     judge_calls_saved,
-    start_judge,
     start_node_judge,
 )
 from tests.e2e.service.conftest import OrchestratorProcess
-from tests.integration.service.support import AUTH, free_port
+from tests.integration.service.support import AUTH
 from tests.integration.service.test_lifecycle import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -89,28 +87,6 @@ def _config(sidecar: str, node: str, silent_port: int) -> dict[str, Any]:
             "node-settled": _agent("node-ok", sidecar="jn") | {"inputProcessors": [SETTLING]},
         },
     }
-
-
-@pytest.fixture(scope="module")
-def silent_port() -> Iterator[int]:
-    """A port that takes connections (the kernel's backlog) and never answers: a hung provider."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def gateway_port() -> int:
-    return free_port()  # the sidecar starts first, so the orchestrator's gRPC port is pinned
-
-
-@pytest.fixture(scope="module")
-def judge_sidecar(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    """``python -m tests.e2e.gateway.judge`` with an environment holding no provider key."""
-    proc = start_judge(sidecar_dir, f"127.0.0.1:{gateway_port}")
-    yield proc
-    proc.stop(grace=2.0)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -46,6 +47,8 @@ MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
 """``procmesh.v1.ModelService``."""
 
 _MAX_ATTRIBUTE = 64  # a span attribute from the caller: never an unbounded string
+MAX_BATCH = 1024
+"""Calls one GenerateBatch may carry."""
 
 
 def add_model_gateway(service: ServiceCore, server: grpc.aio.Server) -> None:
@@ -73,11 +76,74 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
     async def Generate(
         self, request: mpb.ModelServiceGenerateRequest, context: Context
     ) -> mpb.ModelServiceGenerateResponse:
+        try:
+            return await self._serve(request, context, context.time_remaining())
+        except Refused as exc:
+            await self._abort(context, exc)
+
+    async def GenerateBatch(
+        self, request: mpb.ModelServiceGenerateBatchRequest, context: Context
+    ) -> AsyncIterator[mpb.ModelServiceGenerateBatchResponse]:
+        """Each item served as Generate serves it alone, its answer (or its status) streamed back
+        as it is ready: a cached verdict at once, a judged one when the judge answers."""
+        items = request.items
+        if not 1 <= len(items) <= MAX_BATCH:
+            await self._abort(
+                context,
+                Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "invalid_argument",
+                    f"items: give 1 to {MAX_BATCH} calls, got {len(items)}",
+                ),
+            )
+        self._service.app.metrics.gateway_batch_size.observe(len(items))
+        call_remaining = context.time_remaining()
+        tasks = [
+            asyncio.create_task(self._serve_item(i, item, context, call_remaining))
+            for i, item in enumerate(items)
+        ]
+        try:
+            for ready in asyncio.as_completed(tasks):
+                yield await ready
+        finally:  # the caller left or the call's deadline passed: what is still asked is cancelled
+            for task in tasks:
+                task.cancel()
+
+    async def _serve_item(
+        self,
+        index: int,
+        item: mpb.ModelServiceGenerateBatchItem,
+        context: Context,
+        call_remaining: float | None,
+    ) -> mpb.ModelServiceGenerateBatchResponse:
+        remaining = call_remaining
+        try:
+            if item.HasField("timeout_seconds"):
+                if not item.timeout_seconds > 0:
+                    raise Refused(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "invalid_argument",
+                        f"items.{index}.timeout_seconds: above 0, got {item.timeout_seconds}",
+                    )
+                remaining = (
+                    item.timeout_seconds if remaining is None else min(remaining, item.timeout_seconds)
+                )
+            response = await self._serve(item.request, context, remaining)
+        except Refused as exc:
+            return mpb.ModelServiceGenerateBatchResponse(
+                index=index, code=exc.code.value[0], message=str(exc)[:1024]
+            )
+        return mpb.ModelServiceGenerateBatchResponse(index=index, response=response)
+
+    async def _serve(
+        self, request: mpb.ModelServiceGenerateRequest, context: Context, remaining: float | None
+    ) -> mpb.ModelServiceGenerateResponse:
+        """One model call within `remaining` seconds, traced, counted and logged; Refused as its
+        status (Generate's, or a batch item's)."""
         metrics = self._service.app.metrics
         processor = self._models.processor_label(request.processor_id)
         model_label = self._models.model_label(request.model)
         started = time.perf_counter()
-        remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         metadata = list(context.invocation_metadata() or ())
         attributes = {
@@ -92,11 +158,11 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
                 f"procmesh.model_gateway {model_label}", kind="server", attributes=attributes, parent=parent
             ) as span:
                 try:
-                    response = await self._generate(request, context)
+                    response = await self._generate(request, context, remaining)
                 except Refused as exc:
                     outcome = exc.outcome
                     span.outcome(outcome)
-                    await self._abort(context, exc)
+                    raise
                 span.outcome("ok")
                 return response
         except asyncio.CancelledError:
@@ -136,7 +202,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
     async def _generate(
-        self, request: mpb.ModelServiceGenerateRequest, context: Context
+        self, request: mpb.ModelServiceGenerateRequest, context: Context, remaining: float | None
     ) -> mpb.ModelServiceGenerateResponse:
         service = self._service
         resource = caller_resource(service, context)
@@ -163,7 +229,6 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
             settings["maxOutputTokens"] = request.max_output_tokens
         if schema is not None:
             prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
-        remaining = context.time_remaining()
         costs = self._calls.costs(request.run_id, request.model, resource)
         try:
             async with asyncio.timeout(remaining):

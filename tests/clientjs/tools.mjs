@@ -93,4 +93,17 @@ out.declineGenerate.result = await teller.declineToolCallGenerate({
   reason: "not now",
 });
 out.listedAtEnd = await listed();
+
+// A client tool with toModelOutput: the client runs the mapping and sends what it made on the tool
+// result (providerOptions.mastra.modelOutput); the model answers from that, not from the result.
+const mapped = {
+  weather: {
+    description: "The weather, mapped for the model.",
+    inputSchema: { type: "object", properties: { city: { type: "string" } } },
+    execute: async (args) => ({ forecast: "hail", city: args.city }),
+    toModelOutput: (result) => ({ type: "text", value: `mapped ${result.forecast}` }),
+  },
+};
+out.mappedGenerate = (await helper.generate(ASK, { clientTools: mapped })).text;
+out.mappedStream = await chunksOf(await helper.stream(ASK, { clientTools: mapped }));
 process.stdout.write(JSON.stringify(out));

@@ -155,6 +155,8 @@ class RunMessages:
                 invocation = next((i for i in invocations if i.get("toolCallId") == call_id), None)
                 if invocation is not None:
                     invocation.update(state="result", result=result.get("result"))
+                    if result.get("modelOutput") is not None:  # a client tool's toModelOutput
+                        keep_model_output(msg, str(call_id), result["modelOutput"])
                     self.sources[msg_id] = source
                     break
             else:

@@ -160,6 +160,17 @@ async def test_generate_runs_the_client_tool_and_answers_from_its_result(
     assert all(e["args"] == {"city": "Paris"} for e in tools_output["executed"])
 
 
+async def test_a_client_tools_model_output_is_what_the_model_answers_from(
+    tools_output: dict[str, Any],
+) -> None:
+    """toModelOutput runs in the client, which sends its output on the tool result
+    (providerOptions.mastra.modelOutput): the model sees it instead of the result, as the
+    reference server's does (generate and stream, no thread)."""
+    for text in (tools_output["mappedGenerate"], text_of(tools_output["mappedStream"])):
+        assert "mapped hail" in text
+        assert "forecast" not in text
+
+
 async def test_stream_runs_the_client_tool_and_streams_the_continuation(tools_output: dict[str, Any]) -> None:
     chunks = tools_output["stream"]
     kinds = [c["type"] for c in chunks]

@@ -74,6 +74,14 @@ async def _thread_messages(http: httpx.AsyncClient, thread: str) -> httpx.Respon
     return await http.get(f"/api/memory/threads/{thread}/messages?agentId=keeper")
 
 
+def _tool_outputs(service: Service) -> list[Any]:
+    """What the caller agent's model saw of the tool results in its last request."""
+    scripted = service.app.models["caller"]
+    assert isinstance(scripted, ScriptedModel)
+    prompt = scripted.requests[-1].prompt
+    return [p.get("output") for m in prompt if m["role"] == "tool" for p in m["content"]]
+
+
 def _counted(text: str) -> dict[str, float]:
     found = re.findall(r'^procmesh_message_keys_ignored_total\{key="([^"]+)"\} (\S+)$', text, re.M)
     return {key: float(value) for key, value in found}
@@ -283,8 +291,32 @@ async def test_client_js_continuations_after_a_client_tool_are_taken(
     assert answer.json()["text"] == "sunny it is"
     assert {w["setting"] for w in answer.json()["warnings"]} == {
         f"messages.toolResultPart.{key}"
-        for key in ("providerOptions", "experimental_providerMetadata", "isError", "experimental_content")
-    } | {"messages.toolResultPart.__mastraObservability"}
+        for key in (
+            "experimental_providerMetadata",
+            "isError",
+            "experimental_content",
+            "__mastraObservability",
+        )
+    }
+    # the client tool's toModelOutput (providerOptions.mastra.modelOutput) is what the model saw
+    assert _tool_outputs(service) == [{"type": "text", "value": "clear"}]
+    # provider options beside it are not applied: named and counted
+    first = await http.post(
+        "/api/agents/caller/generate", json={"messages": "weather?", "clientTools": tools}
+    )
+    call_id = first.json()["toolCalls"][0]["payload"]["toolCallId"]
+    options = {"mastra": {"modelOutput": {"type": "text", "value": "dry"}}, "openai": {"cache": True}}
+    result = {"type": "tool-result", "toolCallId": call_id, "toolName": "weather", "result": 2}
+    resent = [
+        *first.json()["response"]["messages"],
+        {"role": "tool", "content": [{**result, "providerOptions": options}]},
+    ]
+    answer = await http.post(
+        "/api/agents/caller/generate", json={"messages": ["weather?", *resent], "clientTools": tools}
+    )
+    assert [w["setting"] for w in answer.json()["warnings"]] == ["messages.toolResultPart.providerOptions"]
+    assert _tool_outputs(service) == [{"type": "text", "value": "dry"}]
+    result = {**CLIENT_JS_RESULT["content"][0], "toolCallId": call_id}
     # the stream route's continuation without a thread: the UI message the client built
     ui = {**UI_ASSISTANT, "parts": [*UI_ASSISTANT["parts"]]}
     ui["parts"][1] = {

@@ -131,17 +131,26 @@ TOOL_CALL = _keys(
 TOOL_RESULT = _keys(
     "toolResultPart",
     "a tool-result part",
-    "type toolCallId toolName result output",
+    "type toolCallId toolName result output providerOptions",
     {"input": "@mastra/client-js's copy of the call's input, which the call holds"},
     {
-        "providerOptions": "the model sees the result: a client tool's toModelOutput "
-        "(providerOptions.mastra.modelOutput) is not applied",
         "experimental_providerMetadata": _PROVIDER_OPTIONS,
         "isError": _IS_ERROR,
         "experimental_content": "the model sees the result, not v4's multi-part content",
         "__mastraObservability": _CLIENT_SPANS,
     },
 )
+TOOL_RESULT_OPTIONS = _keys(
+    "toolResultPart",
+    "a tool-result part",
+    "providerOptions",
+    None,
+    {
+        "providerOptions": "only its mastra.modelOutput (a client tool's toModelOutput) is read: "
+        + _PROVIDER_OPTIONS
+    },
+)
+"""A tool-result's ``providerOptions`` holding more than ``mastra.modelOutput`` (`messages._tool_result`)."""
 UI_TOOL = _keys(
     "uiToolPart", "a tool-invocation part", "type toolInvocation providerMetadata providerExecuted"
 )

@@ -143,12 +143,24 @@ def _unwrap_output(output: Any) -> Any:
 
 
 def _tool_result(part: dict[str, Any], where: str, ignored: Ignored) -> dict[str, Any]:
+    """A client tool's result; its ``providerOptions.mastra.modelOutput`` (the tool's toModelOutput,
+    which @mastra/client-js runs) is what the prompt shows of it, as the reference server does."""
     mk.check(part, where, mk.TOOL_RESULT, ignored)
     call_id, name = part.get("toolCallId"), part.get("toolName")
     if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
         raise BadRequestError(f"{where}: a tool-result needs toolCallId and toolName strings")
     result = part["result"] if "result" in part else _unwrap_output(part.get("output"))
-    return {"type": "tool-result", "toolCallId": call_id, "toolName": name, "result": result}
+    out = {"type": "tool-result", "toolCallId": call_id, "toolName": name, "result": result}
+    options = part.get("providerOptions")
+    mastra = options.get("mastra") if isinstance(options, dict) else None
+    if isinstance(mastra, dict) and mastra.get("modelOutput") is not None:
+        out["modelOutput"] = mastra["modelOutput"]
+    beside = set(options) - {"mastra"} if isinstance(options, dict) else set()
+    if isinstance(options, dict) and "mastra" in options:
+        beside |= set(mastra) - {"modelOutput"} if isinstance(mastra, dict) else {"mastra"}
+    if beside and ignored is not None:  # provider options beside the model output: not applied
+        ignored.append((mk.TOOL_RESULT_OPTIONS, "providerOptions"))
+    return out
 
 
 def _invocation(

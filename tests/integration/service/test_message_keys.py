@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 from pydantic import SecretStr
 
+from procmesh import Processor, ProcessorServer
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.service import Service
@@ -44,6 +45,19 @@ ADA = {"Authorization": "Bearer key-ada"}
 CALL = {"toolCalls": [{"name": "weather", "args": {"city": "Paris"}}]}
 
 
+class Shout(Processor):
+    """Upper-cases the user's text (what `execute` runs the messages through)."""
+
+    id = "shout"
+
+    async def process_input(self, messages: list[Any]) -> list[Any]:
+        for message in messages:
+            for part in message["content"]["parts"]:
+                if part["type"] == "text":
+                    part["text"] = part["text"].upper()
+        return messages
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
     data_dir = Path(tmp_path_factory.mktemp("message-keys"))
@@ -59,8 +73,10 @@ async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Ser
         },
     }
     settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=[SecretStr("key-ada=user-ada")])
-    async with Service(settings, parse_config(config)) as svc:
-        yield svc
+    async with ProcessorServer([Shout()], ["127.0.0.1:0"]) as sidecar:
+        config["sidecars"] = {"p": {"address": sidecar.addresses[0]}}
+        async with Service(settings, parse_config(config)) as svc:
+            yield svc
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -177,6 +193,28 @@ async def test_a_memory_save_with_an_unknown_message_key_is_a_400_and_saves_noth
     assert answer.status_code == 400, answer.text
     assert named.replace("messages.0", "messages.1") in answer.json()["error"]
     assert (await _thread_messages(http, thread)).status_code == 404  # not even the good one
+
+
+async def test_a_processor_execute_refuses_an_unknown_message_key_and_counts_an_unapplied_one(
+    http: httpx.AsyncClient,
+) -> None:
+    text = {"type": "text", "text": "hi", "providerOptions": {"openai": {}}}
+    for message, status in [
+        ({"role": "user", "content": [text], "nick": "ada"}, 400),
+        ({"role": "user", "content": [text]}, 200),
+    ]:
+        before = _counted((await http.get("/metrics")).text).get("textPart.providerOptions", 0)
+        answer = await http.post(
+            "/api/processors/shout/execute", json={"phase": "input", "messages": [message]}
+        )
+        assert answer.status_code == status, answer.text
+        after = _counted((await http.get("/metrics")).text).get("textPart.providerOptions", 0)
+        if status == 400:
+            assert "messages.0.nick: unknown key" in answer.json()["error"]
+            assert after == before  # refused before anything ran or was counted
+        else:
+            assert answer.json()["messages"][0]["content"]["parts"] == [{"type": "text", "text": "HI"}]
+            assert after == before + 1
 
 
 # -- every key the senders write is taken -------------------------------------------------------

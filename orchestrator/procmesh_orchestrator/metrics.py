@@ -203,7 +203,8 @@ class OrchestratorMetrics:
         )
         self.gateway_calls = Counter(
             "procmesh_gateway_calls_total",
-            "Model gateway calls (ModelService.Generate, and each call of a GenerateBatch) by model, calling processor and outcome (ok, "
+            "Model gateway calls (ModelService.Generate, and each call of a GenerateBatch) by model, "
+            "calling processor and outcome (ok, "
             "invalid_output, not_found, not_in_config, invalid_argument, unauthenticated, "
             "permission_denied, api_error, deadline, cancelled, cost_limit, lease_lost); a model or "
             "processor the config does not name is 'other', none 'unknown'.",

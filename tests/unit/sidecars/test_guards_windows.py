@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from procmesh_orchestrator.config import parse_config
 from procmesh_sidecars.builtins.guards import GUARDS, _windows
-from procmesh_sidecars.builtins.guards._judge import with_text
+from procmesh_sidecars.builtins.guards._verdicts import with_text
 from procmesh_sidecars.builtins.guards._windows import WindowOptions
 from procmesh_sidecars.builtins.guards.language import code_of, is_target, name_of
 from procmesh_sidecars.builtins.guards.pii import PIIOptions, mask, redact

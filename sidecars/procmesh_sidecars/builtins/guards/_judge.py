@@ -33,7 +33,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import grpc
@@ -45,15 +45,22 @@ from procmesh_sidecars.builtins._common import Chunk, Message, message_text
 from procmesh_sidecars.builtins.guards import _windows
 from procmesh_sidecars.builtins.guards._kept import KeptVerdicts
 from procmesh_sidecars.builtins.guards._precheck import FLAGGED, Precheck, check_strategy
+from procmesh_sidecars.builtins.guards._verdicts import (
+    PASS,
+    Verdict,
+    apply_to_message,
+    apply_to_window,
+)
 from procmesh_sidecars.builtins.guards._windows import WindowOptions
 
 log = logging.getLogger(__name__)
 
-Action = Literal["pass", "warn", "block", "drop", "replace"]
 Phase = Literal["input", "output"]
 
 _MAX_TASKS = 4096
 """Verdict tasks kept per processor (windows of streams in flight, plus recent ones for rewinds)."""
+_ASKED = "judge_first_asked"
+"""Set in the run state once the step's first window's question was let go (`_let_questions_go`)."""
 _FAILED_OPEN = "judge_failed_open"
 """Set in the run state when a judge failed under fail-open: the step's stream passes unjudged."""
 
@@ -81,28 +88,6 @@ class GuardOptions(WindowOptions):
     merge_judge: bool = True
     """Let the gateway judge this guard's question in one call with other guards' questions about
     the same text and judge model (its own section, its own verdict); false: always a call alone."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a guard decided about one text (a message's or a window's).
-
-    ``pass`` leaves it; ``warn`` leaves it and reports a violation; ``block`` aborts (the abort
-    reaches onViolation); ``drop`` removes it; ``replace`` puts `text` in its place. Every action
-    but ``pass`` reports `message` with `detail` as a violation, unless `message` is empty (a
-    translation is no violation).
-    """
-
-    action: Action
-    message: str = ""
-    detail: dict[str, Any] = field(default_factory=dict)
-    text: str | None = None
-    """The replacement (``replace`` only)."""
-    metadata: dict[str, Any] | None = None
-    """Merged into an input message's ``content.metadata`` (language detection)."""
-
-
-PASS = Verdict("pass")
 
 
 @dataclass(frozen=True)
@@ -181,35 +166,6 @@ def verdict_object(properties: dict[str, Any]) -> dict[str, Any]:
         "required": list(properties),
         "additionalProperties": False,
     }
-
-
-def with_text(message: Message, text: str) -> Message:
-    """`message` with its text parts replaced by one part holding `text` (other parts are kept)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": text}
-    content = dict(content or {})
-    parts = list(content.get("parts") or [])
-    first = next((i for i, p in enumerate(parts) if p.get("type") == "text"), None)
-    others = [p for p in parts if p.get("type") != "text"]
-    text_part = {"type": "text", "text": text}
-    if first is None:
-        content["parts"] = [text_part, *others]
-    else:
-        kept = [p for i, p in enumerate(parts) if p.get("type") != "text" or i == first]
-        content["parts"] = [text_part if p.get("type") == "text" else p for p in kept]
-    if isinstance(content.get("content"), str):
-        content["content"] = text
-    return {**message, "content": content}
-
-
-def with_metadata(message: Message, metadata: dict[str, Any]) -> Message:
-    """`message` with `metadata` merged into its ``content.metadata``."""
-    content = message.get("content")
-    if not isinstance(content, dict):
-        return message
-    merged = {**(content.get("metadata") or {}), **metadata}
-    return {**message, "content": {**content, "metadata": merged}}
 
 
 class JudgedGuard(Processor):
@@ -292,7 +248,7 @@ class JudgedGuard(Processor):
                 out.append(message)
                 continue
             verdict = next(pending)
-            result = _apply_to_message(message, verdict, abort, report)
+            result = apply_to_message(message, verdict, abort, report)
             changed = changed or result is not message
             if result is not None:
                 out.append(result)
@@ -331,8 +287,12 @@ class JudgedGuard(Processor):
         fail_open = on_failure == "fail-open"
         hold = self.holds(options)
         if kind == "text-delta":
-            for window in _windows.add_text(state, part, options, hold=hold):
+            closed_windows = _windows.add_text(state, part, options, hold=hold)
+            for window in closed_windows:
                 self._judge(window, options, model, run_id)
+            if closed_windows and not state.get(_ASKED):
+                state[_ASKED] = True  # the step's first question: the first chunk waits for it
+                await _let_questions_go()
             out = await self._release(
                 state, options, model, abort, report, run_id, wait=False, fail_open=fail_open
             )
@@ -345,6 +305,7 @@ class JudgedGuard(Processor):
                 state, options, model, abort, report, run_id, wait=True, fail_open=fail_open, now=release
             )
             state.pop(_FAILED_OPEN, None)  # failed at the step's end: the step is over
+            state.pop(_ASKED, None)
             return [*out, part]
         held = _windows.hold_behind(state, part)
         out = await self._release(
@@ -402,7 +363,7 @@ class JudgedGuard(Processor):
                     raise  # fail-closed: the orchestrator ends the run
                 return out + self._fail_open(state, options, report, exc)
             _windows.pop_head(state)  # its task stays (bounded): a rewind that puts it back reuses it
-            let_go(_apply_to_window(window, verdict, abort, report))
+            let_go(apply_to_window(window, verdict, abort, report))
         return out
 
     def _fail_open(self, state: dict[str, Any], options: Any, report: Any, exc: ProcmeshError) -> list[Chunk]:
@@ -421,6 +382,22 @@ class JudgedGuard(Processor):
         return parts
 
 
+async def _let_questions_go() -> None:
+    """A few turns of the event loop, so the step's first window's question leaves now.
+
+    A request of the output stream can carry hundreds of parts (the optimistic first step hands
+    over the whole kept answer at once) and the SDK runs the hook on each in turn, the loop
+    running nothing else while no hook awaits: the question, a task, left after the last part.
+    Its task needs a turn to ask, the gateway client one to send (`_model_batch`) and gRPC one
+    to start the call. Later windows' questions go together at the request's end, one batch.
+    """
+    for _ in range(_TURNS_TO_SEND):
+        await asyncio.sleep(0)
+
+
+_TURNS_TO_SEND = 4
+
+
 def _withdrawn(task: asyncio.Task[Verdict]) -> bool:
     """Whether the gateway withdrew the task's question (CANCELLED): the model call whose text it
     judged failed (or its run ended). A session of the retried call reaching a window with the
@@ -434,35 +411,6 @@ def _retrieve(task: asyncio.Task[Verdict]) -> None:
     """Read a finished task's exception, so one never awaited (a rewound window) logs nothing."""
     if not task.cancelled() and task.exception() is not None:
         log.debug("judge call failed: %s", task.exception())
-
-
-def _apply_to_message(message: Message, verdict: Verdict, abort: Any, report: Any) -> Message | None:
-    if verdict.action == "block":
-        abort(verdict.message, metadata=verdict.detail)
-    if verdict.action != "pass" and verdict.message:
-        report(verdict.message, verdict.detail)
-    if verdict.action == "drop":
-        return None
-    result = message
-    if verdict.action == "replace" and verdict.text is not None:
-        result = with_text(result, verdict.text)
-    if verdict.metadata:
-        result = with_metadata(result, verdict.metadata)
-    return result
-
-
-def _apply_to_window(window: _windows.Window, verdict: Verdict, abort: Any, report: Any) -> list[Chunk]:
-    if verdict.action == "block":
-        abort(verdict.message, metadata=verdict.detail)
-    if verdict.action == "pass":
-        return list(window["parts"])
-    if verdict.message:
-        report(verdict.message, verdict.detail)
-    if verdict.action == "drop":
-        return _windows.other_parts(window)
-    if verdict.action == "replace" and verdict.text is not None:
-        return _windows.replaced(window, verdict.text)
-    return list(window["parts"])
 
 
 class InputHook(JudgedGuard):

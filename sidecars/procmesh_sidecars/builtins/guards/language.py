@@ -20,11 +20,11 @@ from procmesh_sidecars.builtins.guards._judge import (
     InputHook,
     Phase,
     Question,
-    Verdict,
     ask,
     nullable,
     verdict_object,
 )
+from procmesh_sidecars.builtins.guards._verdicts import Verdict
 
 LANGUAGES = {
     "en": "English",

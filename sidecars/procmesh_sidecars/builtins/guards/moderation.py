@@ -14,14 +14,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from procmesh_sidecars.builtins.guards._judge import (
-    PASS,
-    Action,
     GuardOptions,
     InputHook,
     Phase,
     Question,
     StreamHook,
-    Verdict,
     ask,
     flag_message,
     nullable,
@@ -29,6 +26,7 @@ from procmesh_sidecars.builtins.guards._judge import (
     scored,
     verdict_object,
 )
+from procmesh_sidecars.builtins.guards._verdicts import PASS, Action, Verdict
 
 DEFAULT_CATEGORIES = [
     "hate",

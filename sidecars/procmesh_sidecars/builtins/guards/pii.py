@@ -18,20 +18,18 @@ from typing import Any, Literal
 from pydantic import Field
 
 from procmesh_sidecars.builtins.guards._judge import (
-    PASS,
-    Action,
     GuardOptions,
     InputHook,
     Phase,
     Question,
     StreamHook,
-    Verdict,
     ask,
     nullable,
     quoted,
     scored,
     verdict_object,
 )
+from procmesh_sidecars.builtins.guards._verdicts import PASS, Action, Verdict
 
 DEFAULT_DETECTION_TYPES = [
     "email",

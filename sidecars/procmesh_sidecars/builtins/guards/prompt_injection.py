@@ -13,13 +13,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from procmesh_sidecars.builtins.guards._judge import (
-    PASS,
-    Action,
     GuardOptions,
     InputHook,
     Phase,
     Question,
-    Verdict,
     ask,
     flag_message,
     nullable,
@@ -27,6 +24,7 @@ from procmesh_sidecars.builtins.guards._judge import (
     scored,
     verdict_object,
 )
+from procmesh_sidecars.builtins.guards._verdicts import PASS, Action, Verdict
 
 DEFAULT_DETECTION_TYPES = [
     "injection",

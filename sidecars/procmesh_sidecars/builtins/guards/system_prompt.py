@@ -17,18 +17,16 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from procmesh_sidecars.builtins._linear_re import Pattern, PatternError, compile_pattern
 from procmesh_sidecars.builtins.guards._judge import (
-    PASS,
-    Action,
     GuardOptions,
     Phase,
     Question,
     StreamHook,
-    Verdict,
     ask,
     nullable,
     quoted,
     verdict_object,
 )
+from procmesh_sidecars.builtins.guards._verdicts import PASS, Action, Verdict
 
 
 class SystemPromptOptions(GuardOptions):

@@ -5,8 +5,10 @@
 // gateway is PROCMESH_MODEL_GATEWAY (the orchestrator's unix:///path.sock, no key needed, or its
 // host:port with PROCMESH_MODEL_GATEWAY_KEY, a key with the gateway role, and
 // PROCMESH_MODEL_GATEWAY_CA/_CERT/_CERT_KEY when that port serves TLS); each call carries the hook's remaining deadline (30 s without one),
-// is cancelled with the hook (its abortSignal), and carries the hook span's trace context. A
-// gateway error is a ModelError (an InternalError): the processor's failure policy applies.
+// is cancelled with the hook (its abortSignal), and carries the hook span's trace context. Calls
+// made at once (a Promise.all over a conversation's messages) leave in one GenerateBatch call
+// (./model_batch), each with its own deadline, answer and error. A gateway error is a ModelError
+// (an InternalError): the processor's failure policy applies.
 
 const fs = require('fs');
 const grpc = require('@grpc/grpc-js');
@@ -14,9 +16,11 @@ const protoLoader = require('@grpc/proto-loader');
 const convert = require('./convert');
 const { LOADER_OPTIONS, protoDir } = require('./contract');
 const { InternalError } = require('./errors');
+const { Batches } = require('./model_batch');
 const tracing = require('./tracing');
 
 const DEFAULT_TIMEOUT_MS = 30_000;
+const batches = new Batches();
 
 /** The gateway refused or failed a call; `status` is its gRPC status code. */
 class ModelError extends InternalError {
@@ -90,11 +94,12 @@ function textOf(message) {
 
 /** One of the orchestrator's models, as a hook calls it: `model(ref)`. */
 class Model {
-  constructor(ref, processorId, runId, signal) {
+  constructor(ref, processorId, runId, signal, log = undefined) {
     this.ref = ref;
     this._processorId = processorId;
     this._runId = runId;
     this._signal = signal;
+    this._log = log;
   }
 
   /**
@@ -123,31 +128,28 @@ class Model {
     }
     const hookDeadline = this._signal ? deadlines.get(this._signal) : undefined;
     const bounds = [timeoutMs === undefined ? undefined : Date.now() + timeoutMs, hookDeadline].filter((d) => d !== undefined);
-    const deadline = new Date(bounds.length ? Math.min(...bounds) : Date.now() + DEFAULT_TIMEOUT_MS);
+    const deadline = bounds.length ? Math.min(...bounds) : Date.now() + DEFAULT_TIMEOUT_MS;
     const metadata = new grpc.Metadata();
     if (key) metadata.set('authorization', `Bearer ${key}`);
     traceMetadata(metadata);
-    return new Promise((resolve, reject) => {
-      const call = stub.Generate(request, metadata, { deadline }, (err, resp) => {
-        if (this._signal) this._signal.removeEventListener('abort', cancel);
-        if (err) {
-          const name = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
-          reject(new ModelError(`model gateway: '${this.ref}' failed with ${name}: ${err.details || ''}`, err.code));
-          return;
-        }
+    // calls made in the same turn of the event loop go in one GenerateBatch (./model_batch)
+    return batches.generate(stub, request, deadline, metadata, this._signal, this._log).then(
+      (resp) => {
         const usage = resp.usage || {};
-        resolve({
+        return {
           text: resp.text || '',
           object: resp.object ? convert.fromValue(resp.object) : undefined,
           usage: { inputTokens: usage.input_tokens || 0, outputTokens: usage.output_tokens || 0, totalTokens: usage.total_tokens || 0 },
           finishReason: resp.finish_reason || '',
           model: resp.model || '',
           attempts: resp.attempts || 1,
-        });
-      });
-      const cancel = () => call.cancel();
-      if (this._signal) this._signal.addEventListener('abort', cancel, { once: true });
-    });
+        };
+      },
+      (err) => {
+        const name = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
+        throw new ModelError(`model gateway: '${this.ref}' failed with ${name}: ${err.details || ''}`, err.code);
+      },
+    );
   }
 
   /**
@@ -173,11 +175,11 @@ class Model {
   }
 }
 
-/** The `model` hook argument: `model(ref)` is the orchestrator's model `ref`. */
-function models(ctx, signal) {
+/** The `model` hook argument: `model(ref)` is the orchestrator's model `ref` (`log`: the sidecar's). */
+function models(ctx, signal, log = undefined) {
   const processorId = (ctx && ctx.processor_id) || '';
   const runId = (ctx && ctx.run_id) || '';
-  return (ref) => new Model(ref, processorId, runId, signal);
+  return (ref) => new Model(ref, processorId, runId, signal, log);
 }
 
 module.exports = { Model, ModelError, models, noteDeadline };

@@ -136,7 +136,7 @@ class Servicer {
       writer: new Writer(effects),
       reportViolation: effects.reportViolation,
       abortSignal: signal,
-      model: models({ ...ctx, processor_id: hosted.id }, signal),
+      model: models({ ...ctx, processor_id: hosted.id }, signal, this.log),
     };
   }
 

@@ -1,6 +1,7 @@
 // The Node twin of judge.py: processInput asks the orchestrator's model gateway for a verdict
 // (PROCMESH_MODEL_GATEWAY, PROCMESH_MODEL_GATEWAY_KEY) and aborts when the input is not allowed;
 // a text holding its `settle` option passes unasked, reported to the gateway as a judge call saved.
+// `judge-each` asks about every message at once (one GenerateBatch).
 //   node tests/e2e/gateway/judge.mjs --listen unix:///tmp/judge-node.sock
 import sdk from '../../../sdk/node/index.js';
 
@@ -34,4 +35,22 @@ class Judge extends Processor {
   }
 }
 
-await run([new Judge()]);
+// Asks about every message at once, as the built-in guards do (judge.py's JudgeEach: one
+// GenerateBatch); a message holding the `flag` option is asked of the `refuse` model instead, so a
+// verdict applied to the wrong message shows; aborts naming the messages not allowed.
+class JudgeEach extends Processor {
+  id = 'judge-each';
+
+  async processInput({ messages, model, abort, options }) {
+    const texts = messages.map((m) => m.content.parts.filter((p) => p.type === 'text').map((p) => p.text).join(' '));
+    const verdicts = await Promise.all(texts.map((text) => {
+      const ref = options.flag && text.includes(options.flag) ? options.refuse : options.model;
+      return model(ref).generate(text, { schema: VERDICT, temperature: 0 });
+    }));
+    const refused = verdicts.flatMap((v, i) => (v.object.allowed ? [] : [i]));
+    if (refused.length) abort(`judge-each: not allowed: [${refused.join(', ')}]`);
+    return messages;
+  }
+}
+
+await run([new Judge(), new JudgeEach()]);

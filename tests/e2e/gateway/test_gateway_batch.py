@@ -1,6 +1,7 @@
 """ModelService.GenerateBatch end to end: a real orchestrator process, called directly over gRPC and
-through a Python sidecar process whose hook asks about every message at once (`judge.py`'s
-``judge-each``, the way the built-in guards ask about a conversation's history).
+through a Python and a Node sidecar process whose hook asks about every message at once
+(`judge.py`'s and `judge.mjs`'s ``judge-each``, the way the built-in guards ask about a
+conversation's history).
 
 Each call of a batch is answered as Generate answers it alone, as soon as it is ready, and fails
 alone; the whole batch is refused only for what is wrong with the batch itself.
@@ -36,21 +37,32 @@ REFUSED = '{"allowed": false}'
 METADATA = (("authorization", f"Bearer {GATEWAY_KEY}"),)
 
 
-def _agent(judge: str, **extra: Any) -> dict[str, Any]:
-    ref = {"processor": "j/judge-each", "options": {"model": judge}, "onFailure": "fail-closed", **extra}
+def _agent(
+    judge: str, sidecar: str = "j", options: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
+    ref = {
+        "processor": f"{sidecar}/judge-each",
+        "options": {"model": judge, **(options or {})},
+        "onFailure": "fail-closed",
+        **extra,
+    }
     return {"model": "main", "errorProcessorDefaults": False, "inputProcessors": [ref]}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def orchestrator(
     judge_sidecar: SidecarProcess,
+    node_judge: SidecarProcess,
     gateway_port: int,
     silent_port: int,
     start_orchestrator: Callable[..., OrchestratorProcess],
 ) -> OrchestratorProcess:
-    await judge_sidecar.wait_ready()
+    await asyncio.gather(judge_sidecar.wait_ready(), node_judge.wait_ready())
     config = {
-        "sidecars": {"j": {"address": judge_sidecar.address, "timeout": 10}},
+        "sidecars": {
+            "j": {"address": judge_sidecar.address, "timeout": 10},
+            "jn": {"address": node_judge.address, "timeout": 10},
+        },
         "providers": {
             "slow": {
                 "kind": "openai",
@@ -67,6 +79,8 @@ async def orchestrator(
             "each": _agent("allow"),
             "each-denied": _agent("deny"),
             "hung": _agent("slow/judge", timeout=1.0),
+            "node-each": _agent("allow", "jn", {"flag": "BAD", "refuse": "deny"}),
+            "node-hung": _agent("slow/judge", "jn", timeout=1.0),
         },
     }
     return await asyncio.to_thread(
@@ -197,4 +211,37 @@ async def test_a_hung_batch_fails_the_hook_at_its_deadline(orchestrator: Orchest
     body = response.json()
     assert (body["status"], body["text"]) == ("failed", ""), response.text
     assert body["error"].startswith("processor 'judge-each' failed in process_input: DEADLINE_EXCEEDED")
+    await eventually(lambda: ended() - before == 2)  # both calls of the hook's batch ended, none left running
+
+
+async def test_a_node_hook_asking_about_every_message_sends_one_batch(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    count, total = _batch_sizes(orchestrator)
+    before = gateway_calls(orchestrator)
+    texts = ["node 0", "node 1 BAD", "node 2", "node 3", "node 4 BAD", "node 5"]
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=AUTH, timeout=30) as http:
+        response = await http.post("/api/agents/node-each/generate", json={"messages": texts})
+    assert response.status_code == 200, response.text
+    assert response.json()["tripwire"]["reason"] == "judge-each: not allowed: [1, 4]"  # each verdict its own
+    assert _batch_sizes(orchestrator) == (count + 1, total + 6)
+    after = gateway_calls(orchestrator)
+    for key, added in {("allow", "judge-each", "ok"): 4, ("deny", "judge-each", "ok"): 2}.items():
+        assert after.get(key, 0) - before.get(key, 0) == added, key
+
+
+async def test_a_hung_node_batch_fails_the_hook_at_its_deadline(orchestrator: OrchestratorProcess) -> None:
+    def ended() -> float:  # the Node hook's callers gone at its deadline: the batch call cancelled
+        calls = gateway_calls(orchestrator)
+        outcomes = ("run_ended", "deadline", "cancelled")
+        return sum(calls.get(("slow/judge", "judge-each", outcome), 0) for outcome in outcomes)
+
+    before = ended()
+    count, total = _batch_sizes(orchestrator)
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, headers=AUTH, timeout=30) as http:
+        response = await http.post("/api/agents/node-hung/generate", json={"messages": ["a", "b"]})
+    body = response.json()
+    assert (body["status"], body["text"]) == ("failed", ""), response.text
+    assert body["error"].startswith("processor 'judge-each' failed in process_input: DEADLINE_EXCEEDED")
+    assert _batch_sizes(orchestrator) == (count + 1, total + 2)
     await eventually(lambda: ended() - before == 2)  # both calls of the hook's batch ended, none left running

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from tests.e2e.gateway.support import (
     KEYS,
     gateway_calls,
     judge_calls_saved,
-    start_node_judge,
 )
 from tests.e2e.service.conftest import OrchestratorProcess
 from tests.integration.service.support import AUTH
@@ -87,15 +86,6 @@ def _config(sidecar: str, node: str, silent_port: int) -> dict[str, Any]:
             "node-settled": _agent("node-ok", sidecar="jn") | {"inputProcessors": [SETTLING]},
         },
     }
-
-
-@pytest.fixture(scope="module")
-def node_judge(sidecar_dir: Path, gateway_port: int) -> Iterator[SidecarProcess]:
-    """``node tests/e2e/gateway/judge.mjs`` (the Node SDK's `model` argument), same environment."""
-    script = Path(__file__).with_name("judge.mjs")
-    proc = start_node_judge(sidecar_dir, f"127.0.0.1:{gateway_port}", script, "judge-node")
-    yield proc
-    proc.stop(grace=2.0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

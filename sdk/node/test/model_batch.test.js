@@ -185,3 +185,14 @@ test('a call the gateway leaves unanswered fails alone', async (t) => {
   assert.equal(second.value.text, 'seen: b');
   assert.equal(dropping.batches.length, 1);
 });
+
+test('a caller gone before the flush is not sent; the calls left go together', async (t) => {
+  const seen = await serveGateway(t);
+  const hook = new AbortController();
+  const gone = ask('judge', 'gone', {}, hook.signal);
+  const left = Promise.all([ask('judge', 'a'), ask('judge', 'b')]);
+  hook.abort(); // in the same turn of the loop: before the batch leaves
+  await assert.rejects(gone, (err) => err.status === grpc.status.CANCELLED);
+  assert.deepEqual((await left).map((a) => a.text), ['seen: a', 'seen: b']);
+  assert.deepEqual(seen.batches.map((b) => b.map(([text]) => text)), [['a', 'b']]);
+});

@@ -236,10 +236,14 @@ class JudgedGuard(Processor):
         # Asked newest first: a conversation re-sends its history every turn, whose verdicts the
         # gateway's cache holds, and its new message, which the judge must answer; asked in order,
         # that question waited behind every cached one (70 ms of a ten-turn history under load).
-        asked = [t for t, j in zip(texts, judged, strict=True) if j]
-        verdicts = (
-            await asyncio.gather(*(self._input_verdict(t, options, model, run_id) for t in reversed(asked)))
-        )[::-1]
+        asked = [t for t, j in zip(texts, judged, strict=True) if j][::-1]
+        verdicts: list[Verdict] = []
+        if asked:
+            newest = asyncio.ensure_future(self._input_verdict(asked[0], options, model, run_id))
+            if len(asked) > 1:
+                await _hand_over()
+            history = [self._input_verdict(t, options, model, run_id) for t in asked[1:]]
+            verdicts = (await asyncio.gather(newest, *history))[::-1]
         out: list[Message] = []
         changed = False
         pending = iter(verdicts)
@@ -380,6 +384,23 @@ class JudgedGuard(Processor):
         log.warning("%s: %s", self.id, message)
         report(message, self.detail(options, "output", error=str(exc), released=len(parts)))
         return parts
+
+
+async def _hand_over() -> None:
+    """Let the newest message's question leave alone, then let the sidecar's other hooks run.
+
+    The lane's input guards are called at once, and the sidecar runs their hooks one after
+    another (the CPU is one): each asked its every question before the next started, so the
+    last guard's question about the new message, the one the judge must answer and the planner
+    waits for, left after every guard's history (1.5-2 ms of work each; 36-55 ms into P8's tenth
+    turn). Sent first, alone, and then a short sleep (the hook's loop idle, its turn ends), each
+    guard's new question leaves before any guard's history is asked about.
+    """
+    await _let_questions_go()
+    await asyncio.sleep(_HAND_OVER_SECONDS)
+
+
+_HAND_OVER_SECONDS = 0.0005
 
 
 async def _let_questions_go() -> None:

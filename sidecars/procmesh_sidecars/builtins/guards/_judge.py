@@ -296,7 +296,7 @@ class JudgedGuard(Processor):
                 self._judge(window, options, model, run_id)
             if closed_windows and not state.get(_ASKED):
                 state[_ASKED] = True  # the step's first question: the first chunk waits for it
-                await _let_questions_go()
+                await _hand_over()
             out = await self._release(
                 state, options, model, abort, report, run_id, wait=False, fail_open=fail_open
             )
@@ -387,14 +387,15 @@ class JudgedGuard(Processor):
 
 
 async def _hand_over() -> None:
-    """Let the newest message's question leave alone, then let the sidecar's other hooks run.
+    """Let the question just asked leave alone, then let the sidecar's other hooks run.
 
-    The lane's input guards are called at once, and the sidecar runs their hooks one after
-    another (the CPU is one): each asked its every question before the next started, so the
-    last guard's question about the new message, the one the judge must answer and the planner
-    waits for, left after every guard's history (1.5-2 ms of work each; 36-55 ms into P8's tenth
-    turn). Sent first, alone, and then a short sleep (the hook's loop idle, its turn ends), each
-    guard's new question leaves before any guard's history is asked about.
+    The guards of a lane are called at once, and the sidecar runs their hooks one after another
+    (the CPU is one): each went through its whole request before the next started. So the last
+    input guard's question about the new message, which the judge must answer and the planner's
+    group waits for, left after every guard's history (1.5-2 ms of work each; 36-55 ms into P8's
+    tenth turn), and the last output guard's question about the step's first window after the
+    others had been through the whole kept answer. Sent alone, then a short sleep (the hook's
+    loop idle, its turn ends): each guard's question leaves before any guard's other work.
     """
     await _let_questions_go()
     await asyncio.sleep(_HAND_OVER_SECONDS)

@@ -18,6 +18,7 @@ is told what was wrong); a second miss is FAILED_PRECONDITION naming the problem
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf import struct_pb2
 
 from procmesh import convert
 from procmesh.v1 import model_pb2 as mpb
@@ -44,11 +46,24 @@ _ROLES = ("system", "user", "assistant")
 
 
 def instruction(schema: dict[str, Any]) -> str:
-    """The system message asking for JSON matching `schema` (inlined: every model reads it)."""
-    return (
+    """The system message asking for JSON matching `schema` (inlined: every model reads it); a
+    request's schema (`schema_of`, one dict per schema) has its text made once."""
+    made = _instructions.get(id(schema))
+    if made is not None and made[0] is schema:  # the entry holds the dict: its id is not reused
+        return made[1]
+    text = (
         "Answer with one JSON value that matches this JSON schema, and nothing else "
         f"(no prose, no code fence):\n{json.dumps(schema, ensure_ascii=False)}"
     )
+    if len(_instructions) >= _SCHEMAS:
+        _instructions.pop(next(iter(_instructions)))
+    _instructions[id(schema)] = (schema, text)
+    return text
+
+
+_SCHEMAS = 256
+"""Schemas whose checked dict and instruction are kept (a deployment's guards ask with a few)."""
+_instructions: dict[int, tuple[dict[str, Any], str]] = {}
 
 
 def parse_answer(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
@@ -79,10 +94,19 @@ def prompt_of(request: mpb.ModelServiceGenerateRequest) -> list[dict[str, Any]]:
 
 
 def schema_of(request: mpb.ModelServiceGenerateRequest) -> dict[str, Any] | None:
-    """The request's answer schema, if it has one (INVALID_ARGUMENT when it is no JSON schema)."""
+    """The request's answer schema, if it has one (INVALID_ARGUMENT when it is no JSON schema).
+
+    A guard asks every question with one of a few schemas: each is converted and checked once
+    (by its bytes) and the same dict returned after; callers never change it.
+    """
     if not request.HasField("schema"):
         return None
-    schema = convert.from_struct(request.schema)
+    return _checked_schema(request.schema.SerializeToString(deterministic=True))
+
+
+@functools.lru_cache(maxsize=_SCHEMAS)
+def _checked_schema(raw: bytes) -> dict[str, Any]:
+    schema = convert.from_struct(struct_pb2.Struct.FromString(raw))
     wrong = schema_problem(schema)
     if wrong is not None:
         raise Refused(

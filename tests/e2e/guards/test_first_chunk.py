@@ -281,3 +281,34 @@ async def _gateway_calls(http: httpx.AsyncClient) -> dict[tuple[str, str], float
             if s.name == "procmesh_gateway_calls_total" and s.labels.get("model") == "judges/in":
                 out[(s.labels["processor"], s.labels["outcome"])] = s.value
     return out
+
+
+async def test_an_input_guard_asks_about_the_new_message_alone_and_the_history_together(
+    orchestrator: OrchestratorProcess,
+) -> None:
+    """Each input guard sends the question the judge must answer (the newest message) as a call of
+    its own, before its history's, which go as one GenerateBatch (`guards._judge._hand_over`)."""
+    thread = "history-batched"
+    await _run(orchestrator, "plain", "Tell me about the river walk.", thread)  # one message: no batch
+    async with httpx.AsyncClient(base_url=orchestrator.http_url, timeout=60) as http:
+        before, sizes = await _gateway_calls(http), await _batch_sizes(http)
+        seen = await _run(orchestrator, "plain", "And the hill fort?", thread)
+        after, sized = await _gateway_calls(http), await _batch_sizes(http)
+    assert _text(seen).startswith('You said: "')
+    # the history: the first turn's question and answer; each of the two input guards asked three
+    # questions, the new message's alone and the history's two in one batch
+    asked = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    assert asked[("moderation", "ok")] == 3
+    assert asked[("pii-detector", "ok")] == 3
+    assert (sized[0] - sizes[0], sized[1] - sizes[1]) == (2, 4)
+
+
+async def _batch_sizes(http: httpx.AsyncClient) -> tuple[float, float]:
+    """procmesh_gateway_batch_size's count and sum."""
+    found = {
+        s.name: s.value
+        for family in text_string_to_metric_families((await http.get("/metrics")).text)
+        for s in family.samples
+        if s.name.startswith("procmesh_gateway_batch_size")
+    }
+    return found["procmesh_gateway_batch_size_count"], found["procmesh_gateway_batch_size_sum"]

@@ -46,24 +46,20 @@ _ROLES = ("system", "user", "assistant")
 
 
 def instruction(schema: dict[str, Any]) -> str:
-    """The system message asking for JSON matching `schema` (inlined: every model reads it); a
-    request's schema (`schema_of`, one dict per schema) has its text made once."""
-    made = _instructions.get(id(schema))
-    if made is not None and made[0] is schema:  # the entry holds the dict: its id is not reused
-        return made[1]
-    text = (
+    """The system message asking for JSON matching `schema` (inlined: every model reads it)."""
+    return (
         "Answer with one JSON value that matches this JSON schema, and nothing else "
         f"(no prose, no code fence):\n{json.dumps(schema, ensure_ascii=False)}"
     )
-    if len(_instructions) >= _SCHEMAS:
-        _instructions.pop(next(iter(_instructions)))
-    _instructions[id(schema)] = (schema, text)
-    return text
 
 
-_SCHEMAS = 256
-"""Schemas whose checked dict and instruction are kept (a deployment's guards ask with a few)."""
-_instructions: dict[int, tuple[dict[str, Any], str]] = {}
+@dataclass(frozen=True)
+class AnswerSchema:
+    """A request's answer schema, checked, and the instruction that asks for it."""
+
+    value: dict[str, Any]
+    """The JSON schema (shared by every request sending it: never changed)."""
+    instruction: str
 
 
 def parse_answer(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
@@ -93,26 +89,26 @@ def prompt_of(request: mpb.ModelServiceGenerateRequest) -> list[dict[str, Any]]:
     return prompt
 
 
-def schema_of(request: mpb.ModelServiceGenerateRequest) -> dict[str, Any] | None:
+def schema_of(request: mpb.ModelServiceGenerateRequest) -> AnswerSchema | None:
     """The request's answer schema, if it has one (INVALID_ARGUMENT when it is no JSON schema).
 
-    A guard asks every question with one of a few schemas: each is converted and checked once
-    (by its bytes) and the same dict returned after; callers never change it.
+    A guard asks every question with one of a few schemas: each is converted, checked and made
+    into its instruction once (keyed by its bytes), the same `AnswerSchema` returned after.
     """
     if not request.HasField("schema"):
         return None
     return _checked_schema(request.schema.SerializeToString(deterministic=True))
 
 
-@functools.lru_cache(maxsize=_SCHEMAS)
-def _checked_schema(raw: bytes) -> dict[str, Any]:
+@functools.lru_cache(maxsize=256)  # a deployment's guards ask with a few schemas
+def _checked_schema(raw: bytes) -> AnswerSchema:
     schema = convert.from_struct(struct_pb2.Struct.FromString(raw))
     wrong = schema_problem(schema)
     if wrong is not None:
         raise Refused(
             grpc.StatusCode.INVALID_ARGUMENT, "invalid_argument", f"schema: not a JSON schema: {wrong}"
         )
-    return schema
+    return AnswerSchema(schema, instruction(schema))
 
 
 async def _collect(model: ModelProvider, request: ModelRequest) -> tuple[str, str, dict[str, int]]:

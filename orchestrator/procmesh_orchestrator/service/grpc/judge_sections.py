@@ -36,6 +36,10 @@ class Refused(Exception):
         self.code = code
         self.outcome = outcome
 
+    def details(self) -> str:
+        """The status details a caller gets: the message, cut to 1 KiB."""
+        return str(self)[:1024]
+
 
 @dataclass(frozen=True)
 class SectionRequest:

@@ -30,7 +30,6 @@ from procmesh_orchestrator.errors import ConfigError, LeaseLostError
 from procmesh_orchestrator.service.grpc.gateway_calls import (
     GatewayCalls,
     ModelCall,
-    instruction,
     prompt_of,
     schema_of,
 )
@@ -131,7 +130,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
             response = await self._serve(item.request, context, remaining)
         except Refused as exc:
             return mpb.ModelServiceGenerateBatchResponse(
-                index=index, code=exc.code.value[0], message=str(exc)[:1024]
+                index=index, code=exc.code.value[0], message=exc.details()
             )
         return mpb.ModelServiceGenerateBatchResponse(index=index, response=response)
 
@@ -198,7 +197,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         return mpb.ModelServiceReportSavedResponse()
 
     async def _abort(self, context: Context, exc: Refused) -> NoReturn:
-        await context.abort(exc.code, str(exc)[:1024])
+        await context.abort(exc.code, exc.details())
         raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
     async def _generate(
@@ -221,14 +220,16 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         except ConfigError as exc:
             raise Refused(grpc.StatusCode.NOT_FOUND, "not_found", str(exc)) from None
         prompt = prompt_of(request)
-        schema = schema_of(request)
+        answer_schema = schema_of(request)
         settings: dict[str, Any] = {}
         if request.HasField("temperature"):
             settings["temperature"] = request.temperature
         if request.HasField("max_output_tokens"):
             settings["maxOutputTokens"] = request.max_output_tokens
-        if schema is not None:
-            prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
+        schema = None
+        if answer_schema is not None:
+            schema = answer_schema.value
+            prompt = [{"role": "system", "content": answer_schema.instruction}, *prompt]
         costs = self._calls.costs(request.run_id, request.model, resource)
         try:
             async with asyncio.timeout(remaining):

@@ -1,4 +1,4 @@
-"""The gateway's answer schema (`gateway_calls.schema_of`, `instruction`): checked and converted
+"""The gateway's answer schema (`gateway_calls.schema_of`): checked, converted and its instruction made
 once per schema, the same dict and instruction after; a schema that is no JSON schema refused every
 time it is sent."""
 
@@ -29,12 +29,14 @@ def test_a_schema_sent_again_is_the_same_checked_dict_and_instruction() -> None:
     gateway_calls._checked_schema.cache_clear()
     first = gateway_calls.schema_of(_request(VERDICT))
     again = gateway_calls.schema_of(_request(dict(reversed(list(VERDICT.items())))))  # another key order
-    assert first == VERDICT
+    assert first is not None
+    assert first.value == VERDICT
     assert again is first
     assert gateway_calls._checked_schema.cache_info().misses == 1
-    text = gateway_calls.instruction(first)
-    assert text.endswith(json.dumps(first, ensure_ascii=False))
-    assert gateway_calls.instruction(first) is text
+    text = first.instruction
+    assert text == gateway_calls.instruction(first.value)
+    assert text.endswith(json.dumps(first.value, ensure_ascii=False))
+    assert again.instruction is text
     other = {"type": "object", "properties": {"score": {"type": "number"}}}
     assert gateway_calls.instruction(other).endswith(json.dumps(other))  # a dict of its own: its own text
 

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Coroutine, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -56,18 +56,12 @@ class _Call:
     answer: asyncio.Future[mpb.ModelServiceGenerateResponse]
 
 
-@dataclass
-class _Group:
-    """Calls waiting for the loop's next turn with the same gateway and metadata."""
-
-    calls: list[_Call] = field(default_factory=list)
-
-
 class Batches:
     """One event loop's calls waiting to be sent, by gateway and metadata."""
 
     def __init__(self) -> None:
-        self._waiting: dict[tuple[Hashable, tuple[tuple[str, Any], ...]], _Group] = {}
+        self._waiting: dict[tuple[Hashable, tuple[tuple[str, Any], ...]], list[_Call]] = {}
+        """The calls waiting for the loop's next turn, by gateway and metadata."""
         self._single: set[Hashable] = set()  # gateways without GenerateBatch
         self._sending: set[asyncio.Future[None]] = set()
 
@@ -83,16 +77,16 @@ class Batches:
         loop = asyncio.get_running_loop()
         call = _Call(request, timeout, loop.create_future())
         key = (gateway, metadata)
-        group = self._waiting.get(key)
-        if group is None:
-            group = self._waiting[key] = _Group()
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = []
             loop.call_soon(self._flush, stub, gateway, metadata)
-        group.calls.append(call)
+        waiting.append(call)
         return await call.answer
 
     def _flush(self, stub: Any, gateway: Hashable, metadata: tuple[tuple[str, Any], ...]) -> None:
-        group = self._waiting.pop((gateway, metadata))
-        calls = [c for c in group.calls if not c.answer.done()]  # a caller cancelled meanwhile
+        waiting = self._waiting.pop((gateway, metadata))
+        calls = [c for c in waiting if not c.answer.done()]  # a caller cancelled meanwhile
         for start in range(0, len(calls), MAX_BATCH):
             chunk = calls[start : start + MAX_BATCH]
             if len(chunk) == 1 or gateway in self._single:
@@ -143,7 +137,7 @@ class Batches:
                     self._single.add(gateway)
                 await asyncio.gather(*(_alone(stub, c, metadata) for c in calls if not c.answer.done()))
                 return
-            _fail(calls, GatewayStatus(exc.code(), exc.details() or exc.code().name))
+            _fail(calls, _status(exc))
             return
         except asyncio.CancelledError:
             _fail(calls, GatewayStatus(grpc.StatusCode.CANCELLED, "the batch call was cancelled"))
@@ -165,6 +159,11 @@ class Batches:
         task.add_done_callback(self._sending.discard)
 
 
+def _status(exc: grpc.aio.AioRpcError) -> GatewayStatus:
+    """A failed call's status: its details, or its code's name without any (`translate_rpc_error`'s)."""
+    return GatewayStatus(exc.code(), exc.details() or exc.code().name)
+
+
 def _fail(calls: list[_Call], error: GatewayStatus) -> None:
     for c in calls:
         if not c.answer.done():
@@ -177,7 +176,7 @@ async def _alone(stub: Any, call: _Call, metadata: tuple[tuple[str, Any], ...]) 
         response = await stub.Generate(call.request, timeout=call.timeout, metadata=metadata)
     except grpc.aio.AioRpcError as exc:
         if not call.answer.done():
-            call.answer.set_exception(GatewayStatus(exc.code(), exc.details() or exc.code().name))
+            call.answer.set_exception(_status(exc))
         return
     except asyncio.CancelledError:
         if not call.answer.done():

@@ -60,7 +60,7 @@ Phase = Literal["input", "output"]
 _MAX_TASKS = 4096
 """Verdict tasks kept per processor (windows of streams in flight, plus recent ones for rewinds)."""
 _ASKED = "judge_first_asked"
-"""Set in the run state once the step's first window's question was let go (`_let_questions_go`)."""
+"""Set in the run state once the step's first window's question was let go (`_hand_over`)."""
 _FAILED_OPEN = "judge_failed_open"
 """Set in the run state when a judge failed under fail-open: the step's stream passes unjudged."""
 
@@ -390,34 +390,23 @@ async def _hand_over() -> None:
     """Let the question just asked leave alone, then let the sidecar's other hooks run.
 
     The guards of a lane are called at once, and the sidecar runs their hooks one after another
-    (the CPU is one): each went through its whole request before the next started. So the last
-    input guard's question about the new message, which the judge must answer and the planner's
-    group waits for, left after every guard's history (1.5-2 ms of work each; 36-55 ms into P8's
-    tenth turn), and the last output guard's question about the step's first window after the
-    others had been through the whole kept answer. Sent alone, then a short sleep (the hook's
-    loop idle, its turn ends): each guard's question leaves before any guard's other work.
-    """
-    await _let_questions_go()
-    await asyncio.sleep(_HAND_OVER_SECONDS)
-
-
-_HAND_OVER_SECONDS = 0.0005
-
-
-async def _let_questions_go() -> None:
-    """A few turns of the event loop, so the step's first window's question leaves now.
-
-    A request of the output stream can carry hundreds of parts (the optimistic first step hands
-    over the whole kept answer at once) and the SDK runs the hook on each in turn, the loop
-    running nothing else while no hook awaits: the question, a task, left after the last part.
-    Its task needs a turn to ask, the gateway client one to send (`_model_batch`) and gRPC one
-    to start the call. Later windows' questions go together at the request's end, one batch.
+    (the CPU is one): each went through its whole request before the next started, the loop
+    running nothing else while no hook awaited (a stream request can carry hundreds of parts: the
+    optimistic first step hands over the whole kept answer at once). So the last input guard's
+    question about the new message, which the judge must answer and the planner's group waits
+    for, left after every guard's history (1.5-2 ms of work each; 36-55 ms into P8's tenth turn),
+    and an output guard's question about the step's first window after its request's last part.
+    The question's task needs a turn of the loop to ask, the gateway client one to send
+    (`_model_batch`) and gRPC one to start the call; then a short sleep (the hook's loop idle,
+    its turn ends): each guard's question leaves before any guard's other work.
     """
     for _ in range(_TURNS_TO_SEND):
         await asyncio.sleep(0)
+    await asyncio.sleep(_HAND_OVER_SECONDS)
 
 
 _TURNS_TO_SEND = 4
+_HAND_OVER_SECONDS = 0.0005
 
 
 def _withdrawn(task: asyncio.Task[Verdict]) -> bool:

@@ -7,7 +7,10 @@
 //     and aborts the stream on a word of its `abortOn` option.
 //
 // Usage: go-sidecar [--listen ADDR] [--grace-seconds S]. ADDR is host:port (port 0 picks
-// one) or unix:///path.sock; the default is $PROCMESH_LISTEN, else 127.0.0.1:50051.
+// one) or unix:///path.sock; the default is $PROCMESH_LISTEN, else 127.0.0.1:50051. S defaults to
+// $PROCMESH_GRACE_SECONDS, else 10. Any other PROCMESH_* variable is checked as the SDKs check it
+// (environment.go): another component's is logged and not read, a name no component reads is an
+// error at start (exit status 2).
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -37,12 +41,28 @@ const serviceName = "procmesh.v1.ProcessorService"
 const maxMessage = 16 << 20
 
 func main() {
+	// A misspelt variable must not leave the sidecar on the default it was meant to change.
+	env := checkEnvironment(os.Environ())
+	if msg := env.error(); msg != "" {
+		fmt.Fprintf(os.Stderr, "go-sidecar: error: %s\n", msg)
+		os.Exit(2)
+	}
 	defaultListen := os.Getenv("PROCMESH_LISTEN")
 	if defaultListen == "" {
 		defaultListen = "127.0.0.1:50051"
 	}
-	listen := flag.String("listen", defaultListen, "host:port or unix:///path.sock")
-	grace := flag.Float64("grace-seconds", 10, "how long in-flight calls may run on shutdown")
+	defaultGrace := 10.0
+	if value, ok := os.LookupEnv("PROCMESH_GRACE_SECONDS"); ok {
+		parsed, err := strconv.ParseFloat(value, 64)
+		if err != nil || parsed < 0 {
+			fmt.Fprintf(os.Stderr, "go-sidecar: error: PROCMESH_GRACE_SECONDS=%q is not a number of seconds\n", value)
+			os.Exit(2)
+		}
+		defaultGrace = parsed
+	}
+	listen := flag.String("listen", defaultListen, "host:port or unix:///path.sock (env PROCMESH_LISTEN)")
+	grace := flag.Float64("grace-seconds", defaultGrace,
+		"how long in-flight calls may run on shutdown (env PROCMESH_GRACE_SECONDS)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		// A stray word is a typo, not something to ignore (the flag package stops at the first one).
@@ -51,6 +71,9 @@ func main() {
 	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	log.SetPrefix("go-sidecar ")
+	if note := env.note(); note != "" {
+		log.Print(note)
+	}
 
 	lis, cleanup, err := listenOn(*listen)
 	if err != nil {

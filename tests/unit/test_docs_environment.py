@@ -1,7 +1,8 @@
 """The one list of procmesh's PROCMESH_* variables (`procmesh.environment`) is true: each
 component's set is what its code reads (the settings classes, the Node SDK's flags, the literals
-of the product's source), the Node SDK's copy is equal, every variable is documented on its
-component's page and the table of docs/running.md names no variable outside the list."""
+of the product's source), the Node SDK's and the Go example's copies are equal, every variable is
+documented on its component's page and the table of docs/running.md names no variable outside the
+list."""
 
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ def test_the_node_component_is_its_flags_and_the_variables_its_library_reads() -
     assert set(COMPONENTS["node-sidecar"]) == from_flags | literals
 
 
-def test_the_node_sdks_copy_is_equal() -> None:
-    copy = json.loads((REPO / "sdk" / "node" / "lib" / "environment.json").read_text())
+@pytest.mark.parametrize("path", ["sdk/node/lib/environment.json", "examples/go/environment.json"])
+def test_the_node_sdks_and_the_go_examples_copies_are_equal(path: str) -> None:
+    copy = json.loads((REPO / path).read_text())
     assert copy["components"] == {c: sorted(names) for c, names in COMPONENTS.items()}
     assert copy["prefixes"] == {c: list(p) for c, p in PREFIXES.items()}
     assert copy["renamed"] == dict(RENAMED)

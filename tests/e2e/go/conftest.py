@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,15 @@ def go_sidecar(binary: Path, address: str, log_path: Path, *args: str) -> Sideca
     proc.args = [str(binary), "--listen", address, *args]
     proc.start()
     return proc
+
+
+def run_go(
+    binary: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`go-sidecar ARGS` run to its exit (an error at start), with its output; 10 s at the most."""
+    return subprocess.run(
+        [str(binary), *args], env=env, capture_output=True, text=True, timeout=10, check=False
+    )
 
 
 @pytest.fixture(scope="package")

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.e2e.go.conftest import go_sidecar
+from tests.e2e.go.conftest import go_sidecar, run_go
 from tests.e2e.node.conftest import wait_all
 from tests.e2e.node.test_check_sidecar import assert_all_pass, check
 
@@ -107,12 +106,6 @@ def test_sigterm_drains_and_exits_0_and_a_stray_argument_is_an_error(
     proc.proc.send_signal(signal.SIGTERM)
     assert proc.proc.wait(10) == 0
     assert not sock.exists()  # the socket is removed on the way out
-    stray = subprocess.run(
-        [str(go_binary), "--listen", "127.0.0.1:0", "extra"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    )
+    stray = run_go(go_binary, "--listen", "127.0.0.1:0", "extra")
     assert stray.returncode == 2
     assert 'unexpected argument "extra"' in stray.stderr

@@ -5,69 +5,25 @@ asked): the model gateway cancels the judge questions its guards have in flight,
 those they send after it (a window closed as the stream broke, a verdict task that woke late)
 until the run's next attempt begins. That moment is the run's first hook call after the failure
 other than the failure's own ``process_api_error``: a retry's or a fallback's output stream (or
-its rehearsal), the next step's hooks, the run's end. `AttemptCaller` tells the App of it.
+its rehearsal), the next step's hooks, the run's end. The run's hook caller tells the App of it
+(`GrpcHookCaller.on_call`, made by `attempt_beginnings`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable
 
-from procmesh_orchestrator.metrics import OrchestratorMetrics
-from procmesh_orchestrator.processors import GrpcHookCaller
-from procmesh_orchestrator.processors.stream_rehearsal import StreamRehearsal
-from procmesh_orchestrator.run.hooks import (
-    APIErrorArgs,
-    Attempt,
-    Chunk,
-    HookArgs,
-    Processor,
-    Reply,
-    RunInfo,
-    StreamItem,
-)
-
-R = TypeVar("R")
+from procmesh_orchestrator.run.hooks import APIErrorArgs, RunInfo
 
 _FAILURE = APIErrorArgs.hook
 
 
-class AttemptCaller(GrpcHookCaller):
-    """A run's hook caller that tells `began` of each hook call but the failure's own."""
+def attempt_beginnings(info: RunInfo, began: Callable[[str], object]) -> Callable[[str], None]:
+    """A run's hook caller's ``on_call``: tells `began` the run's id at each hook call but the
+    failure's own (``process_api_error``)."""
 
-    def __init__(
-        self, info: RunInfo, metrics: OrchestratorMetrics, began: Callable[[str], object] = lambda _: None
-    ) -> None:
-        # `began` has a default: a caller may be built again from its type with the base class's
-        # arguments (a rehearsal's own caller, `StreamRehearsal`); the run's caller tells for it
-        super().__init__(info, metrics)
-        self._began = began
+    def called(hook: str) -> None:
+        if hook != _FAILURE:
+            began(info.run_id)
 
-    async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
-        """`GrpcHookCaller.call`, told."""
-        if args.hook != _FAILURE:
-            self._began(self.info.run_id)
-        return await super().call(item, args)
-
-    def send(
-        self, group: Sequence[Processor], args: HookArgs[R], *, speculative: bool = False
-    ) -> asyncio.Task[list[Attempt[R]]]:
-        """`GrpcHookCaller.send`, told."""
-        if args.hook != _FAILURE:
-            self._began(self.info.run_id)
-        return super().send(group, args, speculative=speculative)
-
-    def stream(
-        self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
-    ) -> AsyncGenerator[StreamItem, None]:
-        """`GrpcHookCaller.stream`, told."""
-        self._began(self.info.run_id)
-        return super().stream(lane, source, announce_signals=announce_signals)
-
-    def rehearse(
-        self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
-    ) -> StreamRehearsal:
-        """`GrpcHookCaller.rehearse`, told."""
-        self._began(self.info.run_id)
-        return super().rehearse(lane, source, announce_signals=announce_signals)
+    return called

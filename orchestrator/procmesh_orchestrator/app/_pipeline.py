@@ -20,7 +20,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
-from procmesh_orchestrator.app._attempts import AttemptCaller
+from procmesh_orchestrator.app._attempts import attempt_beginnings
 from procmesh_orchestrator.config import Config, SidecarConfig
 from procmesh_orchestrator.config.agents import AgentConfig, AgentMemoryConfig
 from procmesh_orchestrator.config.lanes import violation_routes
@@ -88,7 +88,7 @@ class Pipeline:
         """Told a run's id when one of its model calls failed (`AgentSpec.attempt_failed`; the
         App's `attempt_failed`)."""
         self.began = began
-        """Told a run's id as it calls a hook other than ``process_api_error`` (`AttemptCaller`;
+        """Told a run's id as it calls a hook other than ``process_api_error`` (`attempt_beginnings`;
         the App's `began`: a failed attempt's next one has begun)."""
         self.started = started
         """Told each run's id and agent as its hook caller is made (the App's `started`)."""
@@ -165,8 +165,10 @@ class Pipeline:
         """A run's hook caller (`GrpcHookCaller`), kept track of: it lives as long as its run."""
         if self.started is not None:
             self.started(info.run_id, info.agent_id)
-        began = self.began
-        caller = GrpcHookCaller(info, metrics) if began is None else AttemptCaller(info, metrics, began)
+        if self.began is None:
+            caller = GrpcHookCaller(info, metrics)
+        else:
+            caller = GrpcHookCaller(info, metrics, on_call=attempt_beginnings(info, self.began))
         if self.config.decisions.record:
             inputs = self.config.agents[info.agent_id].record_inputs
             caller.decisions = info.decisions = DecisionLog(self.config.decisions, inputs=inputs)

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf import struct_pb2
@@ -44,6 +44,9 @@ from procmesh_orchestrator.run.hooks import (
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+_STREAM = "process_output_stream"
+"""The hook `stream` and `rehearse` call (`on_call` is told it)."""
 
 
 def _as_handle(item: Processor) -> ProcessorHandle:
@@ -94,12 +97,17 @@ class GrpcHookCaller:
     """Calls one run's processors over gRPC and applies each one's failure policy.
 
     Built per run (`CallerFactory`): it fills every request's RunContext from the run's
-    `RunInfo` and counts and times each call on the metrics object.
+    `RunInfo` and counts and times each call on the metrics object. `on_call`, when given, is told
+    each hook's name as the run calls it (`call`, `send`, `stream`, `rehearse`), before anything is
+    sent: the App learns from it that a failed attempt's next one has begun (`app._attempts`).
     """
 
-    def __init__(self, info: RunInfo, metrics: OrchestratorMetrics) -> None:
+    def __init__(
+        self, info: RunInfo, metrics: OrchestratorMetrics, on_call: Callable[[str], object] = lambda _: None
+    ) -> None:
         self.info = info
         self.metrics = metrics
+        self.on_call = on_call
         self._context_of: dict[str, Any] | None = None
         self._context = struct_pb2.Struct()
         self.decisions: DecisionLog | None = None
@@ -305,6 +313,7 @@ class GrpcHookCaller:
 
     async def call(self, item: Processor, args: HookArgs[R]) -> Reply[R]:
         """Call a unary hook with the run's arguments; an empty reply when failed open."""
+        self.on_call(args.hook)
         lane_item = _as_lane_item(item)
         if isinstance(lane_item, Gated):
             if not lane_item.runs(args, self.info):
@@ -333,6 +342,7 @@ class GrpcHookCaller:
         attempt for each processor that ran, in order (the others did not run). The request's
         contexts are filled now, so the run's counters at this moment are the ones sent.
         """
+        self.on_call(args.hook)
         handles = [_as_handle(item) for item in group]
         request, timeout = self._prepared(handles, args)
         return asyncio.create_task(self._attempts(handles, args.hook, request, timeout, speculative))
@@ -469,6 +479,7 @@ class GrpcHookCaller:
         """Run `source` through the lane's process_output_stream processors (`OutputPipeline`)."""
         # an error step streams as its attempt: a stream is not replayed through the catch midway
         # (a step that tests the last user message has no stream hook: binding refused that)
+        self.on_call(_STREAM)
         items = [_as_lane_item(i) for i in lane]
         plain = [i.attempt if isinstance(i, TryCatch) else i for i in items if not isinstance(i, Gated)]
         pipeline = OutputPipeline(self, plain, announce_signals=announce_signals)
@@ -478,4 +489,5 @@ class GrpcHookCaller:
         self, lane: Sequence[Processor], source: AsyncIterator[Chunk], *, announce_signals: bool
     ) -> StreamRehearsal:
         """`stream`, started now on a guess of its source, everything it gives held (`StreamRehearsal`)."""
+        self.on_call(_STREAM)
         return StreamRehearsal(self, lane, source, announce_signals=announce_signals)

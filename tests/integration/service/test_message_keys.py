@@ -400,3 +400,58 @@ async def test_a_memory_save_takes_every_key_of_its_message_shapes(http: httpx.A
     assert kept[0]["createdAt"] == "2026-01-01T00:00:00.000Z"  # a save keeps the caller's time
     assert kept[2]["content"]["metadata"] == {"k": 1}  # a stored message is kept as given
     assert _counted((await http.get("/metrics")).text).get("textPart.providerOptions", 0) >= 1
+
+
+async def test_a_tool_results_is_error_is_counted_and_reaches_the_model_and_memory_as_in_the_reference(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    # The reference engine (@mastra/core 1.71, the conformance oracle) sends a result marked
+    # isError to the model as a plain result, {type: "text"}, whichever shape brought it; procmesh
+    # does the same, and names the key as not applied, with that reason (docs/service.md).
+    failed = {"type": "tool-result", "toolName": "weather", "result": "no such city", "isError": True}
+    ui_failed = {
+        "id": "a-err",
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "tool-invocation",
+                "toolInvocation": {**failed, "state": "result", "toolCallId": "c-e2", "args": {}},
+            }
+        ],
+    }
+    del ui_failed["parts"][0]["toolInvocation"]["type"]
+    messages = [
+        {"role": "user", "content": "weather in Atlantis?"},
+        {"role": "assistant", "content": [{**TOOL_CALL, "toolCallId": "c-e1"}]},
+        {"role": "tool", "content": [{**failed, "toolCallId": "c-e1"}]},
+        {"role": "user", "content": "and in Lemuria?"},
+        ui_failed,
+        {"role": "user", "content": "never mind"},
+    ]
+    body = {"messages": messages, "memory": {"thread": "t-is-error", "resource": "user-ada"}}
+    answer = await http.post("/api/agents/keeper/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    reason = mk.TOOL_RESULT.reason("isError")
+    assert "the reference engine drops it too" in reason
+    assert answer.json()["warnings"] == [
+        {"type": "unsupported-setting", "setting": f"messages.{label}.isError", "details": reason}
+        for label in ("toolResultPart", "uiToolInvocation")
+    ]
+    scripted = service.app.models["answer"]
+    assert isinstance(scripted, ScriptedModel)
+    prompt = scripted.requests[-1].prompt
+    results = [p for m in prompt if m["role"] == "tool" for p in m["content"]]
+    assert [(p["toolCallId"], p["output"]) for p in results] == [
+        ("c-e1", "no such city"),
+        ("c-e2", "no such city"),
+    ]
+    assert not any("isError" in p for p in results), results  # a plain result, as the reference's
+    stored = (await _thread_messages(http, "t-is-error")).json()["messages"]
+    invocations = [
+        p["toolInvocation"] for m in stored for p in m["content"]["parts"] if p["type"] == "tool-invocation"
+    ]
+    assert [(i["toolCallId"], i["state"], i["result"]) for i in invocations] == [
+        ("c-e1", "result", "no such city"),
+        ("c-e2", "result", "no such city"),
+    ]
+    assert "isError" not in str(stored)  # the reference stores a v4 CoreMessage's mark nowhere either

@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 _PROVIDER_OPTIONS = "procmesh sends no per-message or per-part provider options to model providers"
 _PROVIDER_METADATA = "provider metadata of an earlier answer: procmesh does not send it back to the model"
 _CLIENT_SPANS = "@mastra/client-js's tracing of its client tool: procmesh traces with traceparent"
-_IS_ERROR = "the result is settled as the call's result, whether it reports an error or not"
+_IS_ERROR = "the model is sent the result as a plain one, without the mark: the reference engine drops it too"
+"""A tool result's ``isError``: @mastra/core (1.71, the conformance oracle) sends such a result as
+``{type: "text"}`` from a v4 CoreMessage (whose mark it does not store), a v4 UI invocation (whose
+mark it keeps in the stored part) and a v5 ``error-text`` output alike (docs/service.md)."""
 _STAMPED = "generate / stream stamp their own time (a memory save keeps it)"
 
 

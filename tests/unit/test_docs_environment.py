@@ -20,7 +20,8 @@ NAME = re.compile(r"PROCMESH_[A-Z0-9_]*[A-Z0-9]")
 
 PRODUCT_SOURCES = ("sdk/procmesh", "sdk/node/lib", "sdk/node/scripted", "orchestrator", "sidecars", "bench")
 """What ships or is run against it: every PROCMESH_ name these read must be on the list (tests/
-name made-up and config-named variables of their own)."""
+name made-up and config-named variables of their own), as must the Makefile's and the Go
+example's (examples/go/*.go; its build/ holds generated code only)."""
 
 PAGES = {
     "orchestrator": ("docs/running.md", "docs/service.md"),
@@ -78,7 +79,8 @@ def test_every_variable_the_product_reads_is_on_the_list() -> None:
         for path in (REPO / folder).rglob("*"):
             if path.suffix in {".py", ".js", ".mjs"} and "node_modules" not in path.parts:
                 unlisted |= {n for n in NAME.findall(path.read_text()) if not _known(n)}
-    unlisted |= {n for n in NAME.findall((REPO / "Makefile").read_text()) if not _known(n)}
+    for path in [REPO / "Makefile", *(REPO / "examples" / "go").glob("*.go")]:
+        unlisted |= {n for n in NAME.findall(path.read_text()) if not _known(n)}
     assert unlisted - set(RENAMED) == set()
 
 

@@ -14,8 +14,9 @@ environment against this list at start-up (`check_environment`):
 The orchestrator also takes the variables its configuration names (a provider's ``apiKeyEnv``, the
 store's ``dsnEnv``, a Redis ``urlEnv``): no other component can know those, so give them a name
 without the ``PROCMESH_`` prefix, or keep them out of the sidecars' environment (they are secrets a
-sidecar should not hold anyway). The Node SDK holds a copy of this list
-(``sdk/node/lib/environment.json``); a unit test keeps the two equal.
+sidecar should not hold anyway). The Node SDK (``sdk/node/lib/environment.json``) and the Go
+example sidecar (``examples/go/environment.json``) each hold a copy of this list; a unit test
+keeps every copy equal to it.
 """
 
 from __future__ import annotations

@@ -109,6 +109,12 @@ async def through_all(
     aborts: dict[int, int] = {}  # stage -> the part it aborted on
 
     async def one_stage(index: int) -> None:  # on the stage's hook loop
+        try:
+            await through(index)
+        finally:
+            stages[index].tally.end()  # the batch's latency observation, on the loop that counted it
+
+    async def through(index: int) -> None:
         nonlocal parts
         stage = stages[index]
         for at, part in enumerate(parts):

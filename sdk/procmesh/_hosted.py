@@ -9,39 +9,40 @@ from pydantic import BaseModel, ValidationError
 
 from procmesh import convert
 from procmesh._hookloop import HookLoop
-from procmesh._metrics import SidecarMetrics
+from procmesh._metrics import Series, SidecarMetrics
 from procmesh._processor import HOOK_ARGUMENTS, Processor, hook_parameters
 from procmesh.errors import InvalidInputError
 from procmesh.hooks import BASE_ARGUMENTS, BY_NAME
 from procmesh.v1 import processor_pb2 as ppb
 
 STREAM_HOOK = "process_output_stream"
-"""Its calls are counted per session; each part in procmesh_sidecar_stream_parts_total."""
+"""Its calls are counted per session; each part in procmesh_sidecar_stream_parts_total (its `Series`)."""
 
 _OPTIONS_CACHE_SIZE = 256
 """Validated options kept per processor (a config has few distinct option sets)."""
 
 
 class Tally:
-    """A stream batch's parts through one processor's hook: how many by outcome, and their time."""
+    """A stream batch's parts through one processor's hook: each counted at once in its `Series`,
+    their time observed once, as their mean, when the batch ends (`end`, on the hook loop)."""
 
-    __slots__ = ("outcomes", "parts", "seconds")
+    __slots__ = ("parts", "seconds", "series")
 
-    def __init__(self) -> None:
-        self.outcomes: dict[str, int] = {}
+    def __init__(self, series: Series) -> None:
+        self.series = series
         self.parts = 0
         self.seconds = 0.0
 
     def add(self, outcome: str, seconds: float) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.series.count(outcome)
         self.parts += 1
         self.seconds += seconds
 
-    def take(self) -> tuple[dict[str, int], int, float]:
-        """What it holds, emptied (a cancelled batch's hook may still add to it, on its own thread)."""
-        taken = self.outcomes, self.parts, self.seconds
-        self.outcomes, self.parts, self.seconds = {}, 0, 0.0
-        return taken
+    def end(self) -> None:
+        """The batch ended: its latency observation, and the tally emptied for the next one."""
+        if self.parts:
+            self.series.observe(self.seconds / self.parts)
+        self.parts, self.seconds = 0, 0.0
 
 
 class Hosted:
@@ -66,43 +67,19 @@ class Hosted:
             for name, params in self.params.items()
         }
         """Per hook: whether it reads anything of its request beyond the context (else it is not decoded)."""
-        self._calls: dict[tuple[str, str], Any] = {}
-        self._latency: dict[str, Any] = {}
+        self.series = {name: Series() for name in self.hooks}
+        """Per hook: its calls (a stream's parts) and latencies, carried into the metrics when
+        they are collected (`Series`; `track`)."""
         self.options_cache: dict[bytes, Any] = {}
         name = f"procmesh-hooks:{self.id[:32]}"
         self.loop = HookLoop(name, threaded=threaded, quick=processor.quick_hooks)
         """Where this processor's setup, hooks and teardown run (started by the server)."""
 
-    def observe(self, metrics: SidecarMetrics, hook: str, outcome: str, seconds: float) -> None:
-        """Record one unary hook call (label children cached)."""
-        self._latency_of(metrics, hook).observe(seconds)
-        self._count_of(metrics, hook, outcome).inc()
-
-    def observe_batch(self, metrics: SidecarMetrics, tally: Tally) -> None:
-        """Record a stream batch's parts: each outcome's count at once, and one latency
-        observation, their mean (per-part updates cost a tenth of a sidecar's samples)."""
-        outcomes, parts, seconds = tally.take()
-        if parts:
-            self._latency_of(metrics, STREAM_HOOK).observe(seconds / parts)
-        for outcome, n in outcomes.items():
-            self._count_of(metrics, STREAM_HOOK, outcome).inc(n)
-
-    def _latency_of(self, metrics: SidecarMetrics, hook: str) -> Any:
-        latency = self._latency.get(hook)
-        if latency is None:
-            latency = self._latency[hook] = metrics.hook_latency.labels(self.id, hook)
-        return latency
-
-    def _count_of(self, metrics: SidecarMetrics, hook: str, outcome: str) -> Any:
-        calls = self._calls.get((hook, outcome))
-        if calls is None:
-            counter = (
-                metrics.stream_parts.labels(self.id, outcome)
-                if hook == STREAM_HOOK
-                else metrics.hook_calls.labels(self.id, hook, outcome)
-            )
-            calls = self._calls[(hook, outcome)] = counter
-        return calls
+    def track(self, metrics: SidecarMetrics) -> None:
+        """Have `metrics` carry this processor's `series` into its prometheus series."""
+        for hook, series in self.series.items():
+            counter = metrics.stream_parts if hook == STREAM_HOOK else metrics.hook_calls
+            metrics.flush.track(series, self.id, hook, counter)
 
     def session_ended(self, metrics: SidecarMetrics, outcome: str) -> None:
         """Count one output-stream session of this processor as one hook call."""

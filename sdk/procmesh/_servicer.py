@@ -68,6 +68,8 @@ class Servicer:
         self._hosted = hosted
         self._tools = tools or {}
         self._metrics = metrics
+        for each in hosted.values():
+            each.track(metrics)
         self.metrics = metrics
         """The SDK's series (the stream handler counts sessions on it)."""
         self.rejects = RejectLog()
@@ -185,7 +187,8 @@ class Servicer:
 
         `quiet`: a replay that rebuilds state after a rewind (`_rewind`), neither timed nor counted:
         the call it repeats already was. `tally`: a stream part, counted into its batch's tally
-        (recorded once per batch) rather than in the metrics at once.
+        (its latency observed once per batch) rather than as a call. Runs on the hook loop, the
+        only writer of the processor's `Series`.
         """
         params = hosted.params[hook]
         args = kwargs if params is None else {k: kwargs[k] for k in params}
@@ -221,7 +224,9 @@ class Servicer:
             ) from exc
         finally:
             if tally is None:
-                hosted.observe(self._metrics, hook, outcome, time.perf_counter() - started)
+                series = hosted.series[hook]
+                series.count(outcome)
+                series.observe(time.perf_counter() - started)
             else:
                 tally.add(outcome, time.perf_counter() - started)
 

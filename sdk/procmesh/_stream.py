@@ -30,7 +30,7 @@ from procmesh import convert, tracing
 from procmesh._chain import returned_chunks, through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
-from procmesh._hosted import Tally
+from procmesh._hosted import STREAM_HOOK, Tally
 from procmesh._model import hook_span
 from procmesh._processor import HookEffects, Writer
 from procmesh._rewind import History
@@ -63,8 +63,8 @@ class Stage:
         """Why its hook failed (a fused stream's further processor then passes parts through)."""
         self.aborted = False
         """Its hook aborted (the session's call is counted as its abort)."""
-        self.tally = Tally()
-        """The current batch's parts through its hook, recorded in the metrics at the batch's end."""
+        self.tally = Tally(hosted.series[STREAM_HOOK])
+        """The current batch's parts through its hook; its latency observed at the batch's end."""
 
     def takes(self, kind: str) -> bool:
         """Whether a chunk of this type goes to its hook."""
@@ -183,20 +183,22 @@ class _Session:
 
     async def batch(self, items: Any, *, quiet: bool = False) -> tuple[list[ppb.StreamPartResult], bool]:
         """One request's parts through the processors; True when one aborted (the stream ends).
-        Its parts are counted in the metrics once, at its end."""
-        try:
-            if len(self.stages) > 1:
-                return await through_all(
-                    self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
-                )
-            stage = self.stages[0]
-            return await stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
-        finally:
-            for each in self.stages:
-                each.hosted.observe_batch(self.servicer.metrics, each.tally)
+        Each processor observes its latency once for the batch, at its end (`Tally`)."""
+        if len(self.stages) > 1:
+            return await through_all(
+                self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
+            )
+        stage = self.stages[0]
+        return await stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
 
     async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
+        try:
+            return await self._parts(stage, items, quiet)
+        finally:
+            stage.tally.end()
+
+    async def _parts(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         self._results = []
         for item in items:
             self._seq = item.seq

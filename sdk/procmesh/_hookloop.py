@@ -42,6 +42,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+_UNTRIED: Any = object()
+"""`relay`'s first step had no turn tried yet."""
 _FIRST_PROOF = 16
 """Quick turns of its loop a processor shows before the server thread takes turns for it."""
 _MAX_PROOF = 1 << 20
@@ -140,7 +142,10 @@ class HookLoop:
         """
         if not self._threaded:
             return await fn()
-        result: T = await relay([(self, fn)])
+        taken = self._take_turn(fn, asyncio.get_running_loop(), time.thread_time())
+        if taken is not None and taken.done():  # the common case, without `relay`'s set-up
+            return taken.result()  # type: ignore[no-any-return]
+        result: T = await relay([(self, fn)], taken)
         return result
 
     def _target(self, caller: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
@@ -168,7 +173,10 @@ class HookLoop:
         first = scheduled[0] if scheduled else None
         asyncio._set_running_loop(loop)
         try:
-            task = loop.create_task(_awaited(fn))
+            # `fn` called here, with this loop running, as `_awaited` would call it on the loop's
+            # thread; a coroutine becomes the task itself (no wrapper frame, nor create_task's).
+            made = fn()
+            task = asyncio.Task(made if asyncio.iscoroutine(made) else _awaited(lambda: made), loop=loop)
             # A step's CPU is bounded by its wall time (perf_counter: no syscall); only a step
             # longer than the budget reads the thread's CPU clock (a syscall, several µs on a busy
             # VM: read around every step, it was a third of a fused part's time in the SDK). The
@@ -210,8 +218,9 @@ class HookLoop:
         await asyncio.to_thread(thread.join, timeout)
 
 
-async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) -> Any:
-    """Await each step's ``fn()`` on its loop in turn; the last one's result.
+async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]], taken: Any = _UNTRIED) -> Any:
+    """Await each step's ``fn()`` on its loop in turn; the last one's result. `taken`: what
+    the first step's `HookLoop._take_turn` already gave (a task still running, or None).
 
     A step whose loop is idle runs in a turn the caller's thread takes (`HookLoop._take_turn`):
     no wake-up. Otherwise each loop hands on to the next directly, so n steps cost n + 1 thread
@@ -222,10 +231,10 @@ async def relay(steps: Sequence[tuple[HookLoop, Callable[[], Awaitable[Any]]]]) 
     """
     caller = asyncio.get_running_loop()
     at = 0
-    taken: asyncio.Task[Any] | None = None
     began = time.thread_time()  # once for all the turns taken here (`HookLoop._take_turn`)
     while at < len(steps):
-        taken = steps[at][0]._take_turn(steps[at][1], caller, began)
+        if taken is _UNTRIED or at > 0:
+            taken = steps[at][0]._take_turn(steps[at][1], caller, began)
         if taken is None or not taken.done():
             break
         if at + 1 == len(steps) or taken.cancelled() or taken.exception() is not None:

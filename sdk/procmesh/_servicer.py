@@ -44,7 +44,7 @@ from procmesh.errors import (
     ProcmeshError,
     UnimplementedError,
 )
-from procmesh.hooks import BY_NAME, HOOKS, Hook
+from procmesh.hooks import BASE_ARGUMENTS, BY_NAME, HOOKS, Hook
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 
@@ -147,6 +147,8 @@ class Servicer:
         options with an ``Options`` model are validated either way.
         """
         own = ctx if member is None else member
+        if wanted is not None and wanted.isdisjoint(BASE_ARGUMENTS) and hosted.processor.Options is None:
+            return {}  # a hook that declares none of them (its own request's fields at most)
         kwargs: dict[str, Any] = {
             "abort": effects.abort_hook,
             "retry_count": ctx.retry_count,
@@ -336,14 +338,14 @@ class Servicer:
         member: tpb.FusedProcessor | None = None,
     ) -> Any:
         """A unary hook call on the processor's hook loop, inside the sidecar's span of it."""
-        traced = tracing.enabled()  # the span's outcome is work only when it records
+        left = context.time_remaining()
+        hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
+        if not tracing.enabled():  # no span to make, name or count on (`current_span` stays None)
+            return await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
         with hook_span(hook.name, hosted.id, context) as span:
-            left = context.time_remaining()
-            hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
             current_span.set(span)  # a pre-check's saved judge calls are counted on it
             resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
-            if traced:
-                span.outcome(outcome_of(resp))
+            span.outcome(outcome_of(resp))
             return resp
 
     def _execute_tool(self) -> Callable[[bytes, Context], Awaitable[Any]]:

@@ -46,10 +46,14 @@ if TYPE_CHECKING:
 StreamHandler = Callable[[AsyncIterator[bytes], "Context"], AsyncIterator[ppb.ProcessOutputStreamResponse]]
 
 
+_PER_PART = frozenset({"abort", "send_signal", "writer", "report_violation", "release"})
+"""A stream hook's arguments bound to each part's own effects."""
+
+
 class Stage:
     """One processor of a stream session: its arguments for the whole stream and what it has seen."""
 
-    __slots__ = ("aborted", "data_parts", "error", "hosted", "kwargs", "stream_parts", "tally")
+    __slots__ = ("aborted", "data_parts", "error", "hosted", "kwargs", "stream_parts", "tally", "wants")
 
     def __init__(self, servicer: Servicer, hosted: Hosted, ctx: tpb.RunContext, member: Any = None) -> None:
         self.hosted = hosted
@@ -65,6 +69,9 @@ class Stage:
         """Its hook aborted (the session's call is counted as its abort)."""
         self.tally = Tally(hosted.series[STREAM_HOOK])
         """The current batch's parts through its hook; its latency observed at the batch's end."""
+        params = hosted.params[STREAM_HOOK]
+        self.wants = _PER_PART if params is None else _PER_PART & params
+        """The arguments made afresh for each part that its hook declares (`_Session.call`)."""
 
     def takes(self, kind: str) -> bool:
         """Whether a chunk of this type goes to its hook."""
@@ -154,18 +161,25 @@ class _Session:
         stage.stream_parts.append(part)
         kwargs = stage.kwargs
         kwargs["part"] = part
-        kwargs["abort"] = effects.abort_hook
-        kwargs["send_signal"] = effects.send_signal
-        kwargs["writer"] = Writer(effects)
-        kwargs["report_violation"] = effects.report_violation
-        send = self._send_partial if self.outbox is not None and not quiet else None
-        release = kwargs["release"] = Release(effects, self.hook.name, send)
+        wants, release = stage.wants, None
+        if wants:  # only the per-part arguments its hook declares are made
+            if "abort" in wants:
+                kwargs["abort"] = effects.abort_hook
+            if "send_signal" in wants:
+                kwargs["send_signal"] = effects.send_signal
+            if "writer" in wants:
+                kwargs["writer"] = Writer(effects)
+            if "report_violation" in wants:
+                kwargs["report_violation"] = effects.report_violation
+            if "release" in wants:
+                send = self._send_partial if self.outbox is not None and not quiet else None
+                release = kwargs["release"] = Release(effects, self.hook.name, send)
         out = await self.servicer.invoke(
             stage.hosted, self.hook.name, kwargs, effects, quiet=quiet, tally=stage.tally
         )
         if effects.abort is not None and not quiet:
             stage.aborted = True
-        if release.kept and effects.abort is None:  # let go as if returned first
+        if release is not None and release.kept and effects.abort is None:  # let go as if returned first
             out = release.kept + returned_chunks(out, self.hook.name)
         return out
 

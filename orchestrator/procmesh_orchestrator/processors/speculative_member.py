@@ -41,7 +41,11 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
 
 COMMIT_BATCH = 64
-"""Commits a processor is told about at once (``committed_through``), when nothing else goes out."""
+"""Commits a processor is told about at once (``committed_through``) when nothing else goes out:
+only once every part sent to it is committed (while parts are in flight or uncommitted it holds
+their records anyway, and the next request with parts carries the mark), and never just before
+its half-close (which ends the session). A mark alone costs a write, the sidecar's empty answer
+and its read: in a 1,000-delta run through 3 members, 12 of the run's 24 writes."""
 
 _WRITE = "write"
 """A request for the writer (the serialized bytes); an `END` item half-closes the call."""
@@ -213,13 +217,17 @@ class Member:
         self.early.clear()
         self.dropped.clear()
 
-    def flush(self) -> None:
-        """Send this round's request: the rewind, the commit mark, the parts."""
+    def flush(self, closing: bool = False) -> None:
+        """Send this round's request: the rewind, the commit mark, the parts (a mark alone only
+        as `COMMIT_BATCH` says)."""
         out, head = self.out, self.head
         self.out = self.head = None
         if self.call is None or self.failed_open or self.closing:
             return
-        tell = self.committed > self.told and (out is not None or self.committed - self.told >= COMMIT_BATCH)
+        untold = self.committed - self.told
+        tell = untold > 0 and (
+            out is not None or (untold >= COMMIT_BATCH and not closing and self.committed >= self.seq)
+        )
         if out is None and not self.rewind and not tell:
             return
         # fields concatenated are one message: the context, the shared parts, this member's marks
@@ -271,7 +279,7 @@ class Member:
     def close(self) -> None:
         """Half-close: everything it will get has been sent."""
         if self.call is not None and not self.closing and not self.failed_open:
-            self.flush()
+            self.flush(closing=True)
             self.closing = True
             assert self.clock is not None
             self.clock.close()  # the end is due from now, even if the half-close waits

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
+from procmesh_orchestrator.processors.stream_call import StreamCall
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.speculation.test_unary import _plain, speculative_calls, take_log
 
@@ -96,7 +98,9 @@ def sidecars(start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path) ->
     return procs
 
 
-def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode: str) -> Any:
+def config(
+    sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode: str, deltas: list[str] = DELTAS
+) -> Any:
     """`lane`: processor ids; sequential and speculative modes put each on its own sidecar."""
 
     def ref(i: int, pid: str) -> dict[str, Any]:
@@ -116,7 +120,7 @@ def config(sidecars: dict[str, SidecarProcess], log: Path, lane: list[str], mode
     return parse_config(
         {
             "sidecars": {name: {"address": proc.address} for name, proc in sidecars.items()},
-            "models": {"scripted": {"provider": "scripted", "responses": [{"deltas": DELTAS}]}},
+            "models": {"scripted": {"provider": "scripted", "responses": [{"deltas": deltas}]}},
             "fuse": mode in ("fused", "both"),
             "agents": {
                 "a": {
@@ -334,3 +338,33 @@ async def test_parts_that_waited_go_to_each_member_in_one_message(
         result = await trace(app, log)
     assert result["text"] == "".join(DELTAS)
     assert rounds[0] >= len(DELTAS)  # the first message carries every delta
+
+
+async def test_a_commit_mark_goes_alone_only_when_it_frees_something(
+    ready: dict[str, SidecarProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 deltas, all there at once, through three speculative members: each member is sent
+    them in two messages (`MAX_BATCH`) and answers 256 first. A ``committed_through`` alone (a
+    write, the sidecar's empty answer, its read) goes only once everything sent to the member is
+    committed, never while parts are in flight (their records are held anyway; the next parts
+    carry the mark): issue 32, 12 of a 1,000-delta run's 24 writes were such marks."""
+    sent: dict[int, int] = {}  # parts sent per call (seqs 1..n: nothing is withdrawn here)
+    alone: list[tuple[int, int]] = []  # (committed_through, parts sent on that call by then)
+    write = StreamCall.write
+
+    async def recorded(call: StreamCall, request: Any) -> None:
+        req = ppb.ProcessOutputStreamRequest.FromString(request)
+        sent[id(call)] = sent.get(id(call), 0) + len(req.parts)
+        if not req.parts and req.committed_through:
+            alone.append((req.committed_through, sent[id(call)]))
+        await write(call, request)
+
+    monkeypatch.setattr(StreamCall, "write", recorded)
+    deltas = [f"d{i} " for i in range(300)]
+    log = tmp_path / "rec.jsonl"
+    async with App(config(ready, log, ["pass", "pass", "pass"], "speculative", deltas)) as app:
+        result = await trace(app, log)
+    assert result["text"] == "".join(deltas)
+    assert len(sent) == 3
+    assert min(sent.values()) > 256  # each member got every part, in two messages
+    assert all(mark == total for mark, total in alone), alone

@@ -43,17 +43,7 @@ METRIC_TYPES = ("Counter", "Gauge", "Histogram", "Summary", "Info", "Enum")
 @functools.cache
 def registered_metrics() -> frozenset[str]:
     """The procmesh_* metrics a collector registers (not a ContextVar that shares the prefix)."""
-    found = set()
-    for folder in SOURCES:
-        for path in (REPO / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-                    func = node.func
-                    kind = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                    name = str(node.args[0].value)
-                    if kind.removesuffix("MetricFamily") in METRIC_TYPES and name.startswith("procmesh_"):
-                        found.add(name)
-    return frozenset(found)
+    return frozenset(metric_kinds())
 
 
 def undocumented(metrics: set[str], texts: list[str]) -> list[str]:
@@ -253,4 +243,56 @@ def test_label_values_in_the_docs_are_written_by_the_code(docs: list[Doc]) -> No
     )
     assert label_value_problems(fake, source) == [
         "docs/made-up.md: procmesh_runs_total{status=\"frobbed\"}: no code writes 'frobbed'"
+    ]
+
+
+# -- metric types ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def metric_kinds() -> dict[str, frozenset[str]]:
+    """Each procmesh_* metric a collector registers: the prometheus_client types it is registered
+    with (`Histogram`, `Counter`, ...; a custom collector's `*MetricFamily` by its type)."""
+    found: dict[str, set[str]] = {}
+    for folder in SOURCES:
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                    func = node.func
+                    kind = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                    name = str(node.args[0].value)
+                    if kind.removesuffix("MetricFamily") in METRIC_TYPES and name.startswith("procmesh_"):
+                        found.setdefault(name, set()).add(kind.removesuffix("MetricFamily"))
+    return {name: frozenset(kinds) for name, kinds in found.items()}
+
+
+def kind_problems(doc: Doc, kinds: dict[str, frozenset[str]]) -> list[str]:
+    """A metric table's row (`| `procmesh_x` (histogram; ...) | labels |`) says `histogram` exactly
+    for a metric registered as a Histogram: a query needs its `_bucket` series, and a counter
+    has none."""
+    problems = []
+    for name, said in re.findall(r"^\| `(procmesh_[a-z_]+)(?:\{[^}]*\})?`([^|]*)\|", doc.text, flags=re.M):
+        registered = kinds.get(name) or kinds.get(name.removesuffix("_total"))
+        if registered is None:
+            continue  # not registered: test_metric_names_are_registered says so
+        if ("histogram" in said) != ("Histogram" in registered):
+            kind = "a histogram" if "Histogram" in registered else f"a {'/'.join(sorted(registered)).lower()}"
+            problems.append(f"{_rel(doc.path)}: {name} is {kind}, and its row says otherwise")
+    return problems
+
+
+def test_metric_tables_say_which_metrics_are_histograms(docs: list[Doc]) -> None:
+    kinds = metric_kinds()
+    assert kinds["procmesh_gateway_batch_size"] == {"Histogram"}  # the source was read
+    rows = [r for doc in docs for r in re.findall(r"^\| `procmesh_", doc.text, flags=re.M)]
+    assert len(rows) >= 30  # the tables were found
+    assert [p for doc in docs for p in kind_problems(doc, kinds)] == []
+    fake = made_up(
+        "| metric | labels |\n|---|---|\n| `procmesh_run_duration_seconds` | `agent` |\n"
+        "| `procmesh_runs_total` (histogram) | `agent` |\n"
+        "| `procmesh_judge_verdict_seconds` (histogram) | |\n"
+    )
+    assert kind_problems(fake, kinds) == [
+        "docs/made-up.md: procmesh_run_duration_seconds is a histogram, and its row says otherwise",
+        "docs/made-up.md: procmesh_runs_total is a counter, and its row says otherwise",
     ]

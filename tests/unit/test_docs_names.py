@@ -3,8 +3,8 @@
 `procmesh.v1.Name` is a message, enum or service of the contract; any other `procmesh.a.b` (a span
 attribute: `procmesh.processor.id`) is a string the code writes; every `Class.member` of a
 class the public faces export (`App.run_ended`, `RunStream.detach()`) is one of its members; every
-CamelCase or snake_case name alone in a span (`SessionClock`, `fused_items`) is a word of the
-repository's source; and every
+CamelCase, snake_case or UPPER_SNAKE name alone in a span (`SessionClock`, `fused_items`,
+`MERGE_WINDOW`) is a word of the repository's source; and every
 `python -m MODULE` of ours runs a module that exists.
 
 Code moves (this session split config/schema.py, the model gateway and processors/calls.py) leave
@@ -142,6 +142,7 @@ OTHERS = {
     *("chunk_window", "structured_output_options", "worker_threads", "grpc_health_probe"),  # others'
     *("go_package", "java_package", "ef_search"),  # protoc options; pgvector's HNSW setting
     "p9_postgres_100000_recall_ms_p50",  # a result key bench/p9_recall.py composes
+    "MY_KEY",  # deploy.md's placeholder for a variable a provider's apiKeyEnv names
 }
 """Names the docs give that are other projects' (or composed at run time), not this source's."""
 
@@ -171,13 +172,16 @@ def defined_names() -> frozenset[str]:
 
 
 def name_problems(doc: Doc) -> list[str]:
-    """Every span that is one CamelCase or snake_case name (`SessionClock`, `RunStream(...)`,
-    `fused_items`, `translate_rpc_error`) is a word of the repository's source, or another
-    project's name (`OTHERS`)."""
+    """Every span that is one CamelCase, snake_case or UPPER_SNAKE name (`SessionClock`,
+    `RunStream(...)`, `fused_items`, `translate_rpc_error`, `MERGE_WINDOW`) is a word of the
+    repository's source, or another project's name (`OTHERS`); a `PROCMESH_*` variable is
+    test_docs_environment.py's, an `OTEL_*` one OpenTelemetry's."""
     problems = []
     for span in doc.spans:
         found = re.fullmatch(
-            r"([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)(\(.*\))?", span
+            r"([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+"
+            r"|(?!PROCMESH_|OTEL_)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)(\(.*\))?",
+            span,
         )
         if found and found[1] not in defined_names() and found[1] not in OTHERS:
             problems.append(f"{_rel(doc.path)}: {found[1]} is defined nowhere")
@@ -235,9 +239,11 @@ def test_the_checks_catch_made_up_names() -> None:
     assert member_problems(fake) == ["docs/made-up.md: `App.frob()`: App has no frob"]
     assert module_problems(fake) == ["docs/made-up.md: python -m procmesh_sidecars.nothing: no such module"]
     named = made_up(
-        "`SessionClock`, `HookAttempts`, `RunStream(x)`, `fused_items`, `quiet_effect`.\n",
+        "`SessionClock`, `HookAttempts`, `RunStream(x)`, `fused_items`, `quiet_effect`,"
+        " `MERGE_WINDOW`, `MERGE_WINDOWS`, `PROCMESH_LISTEN`, `OTEL_SDK_DISABLED`.\n",
     )
     assert name_problems(named) == [
         "docs/made-up.md: HookAttempts is defined nowhere",
         "docs/made-up.md: quiet_effect is defined nowhere",
+        "docs/made-up.md: MERGE_WINDOWS is defined nowhere",
     ]

@@ -103,3 +103,43 @@ def test_the_node_settings_table_names_every_setting() -> None:
     problems = node_setting_problems(made_up, settings, sources)
     assert "docs/other-languages.md: the Node settings table lacks --grace-seconds" in problems
     assert "docs/other-languages.md: the Node SDK reads PROCMESH_MODEL_GATEWAY, unnamed" in problems
+
+
+def node_default_problems(page: str, settings: str) -> list[str]:
+    """A row of the Node settings table whose option has a default in lib/settings.js (its
+    `const settings = {addresses: [...], graceSeconds: 10, ...}`) gives that default."""
+    literal = re.search(r"const settings = \{(.*?)\};", settings)
+    assert literal is not None, "lib/settings.js: no `const settings = {...}` of defaults"
+    defaults = {
+        key: value.strip("[]'")
+        for key, value in re.findall(r"(\w+): (\['[^']*'\]|'[^']*'|[\d.]+|true|false)", literal[1])
+    }
+    table = page.split("| env | flag / option | default |", 1)[1].split("\n\n", 1)[0]
+    problems = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        options = re.findall(r"`(\w+)`", cells[1].rsplit(" / ", 1)[-1]) if len(cells) == 3 else []
+        for option in (o for o in options if o in defaults):
+            said = cells[2].replace("`", "").split(" (")[0].strip()
+            if said != defaults[option]:
+                problems.append(
+                    f"docs/other-languages.md: {option} defaults to {defaults[option]}, not {said}"
+                )
+    return problems
+
+
+def test_the_node_settings_table_gives_the_defaults() -> None:
+    settings = (NODE / "lib" / "settings.js").read_text(encoding="utf-8")
+    page = (REPO / "docs" / "other-languages.md").read_text(encoding="utf-8")
+    assert "graceSeconds: 10" in settings  # the defaults are where the check reads them
+    assert node_default_problems(page, settings) == []
+    made_up = (
+        "| env | flag / option | default |\n|---|---|---|\n"
+        "| `PROCMESH_LISTEN` | `--listen ADDR` / `address`, `addresses` | `127.0.0.1:50052` |\n"
+        "| `PROCMESH_GRACE_SECONDS` | `--grace-seconds S` / `graceSeconds` | `10` |\n"
+        "| `PROCMESH_LOG_LEVEL` | `--log-level L` / `logLevel` | `DEBUG` |\n"
+    )
+    assert node_default_problems(made_up, settings) == [
+        "docs/other-languages.md: addresses defaults to 127.0.0.1:50051, not 127.0.0.1:50052",
+        "docs/other-languages.md: logLevel defaults to INFO, not DEBUG",
+    ]

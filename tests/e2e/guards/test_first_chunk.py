@@ -283,24 +283,27 @@ async def _gateway_calls(http: httpx.AsyncClient) -> dict[tuple[str, str], float
     return out
 
 
-async def test_an_input_guard_asks_about_the_new_message_alone_and_the_history_together(
+async def test_an_input_guard_asks_first_what_the_judge_must_answer_then_the_history_together(
     orchestrator: OrchestratorProcess,
 ) -> None:
-    """Each input guard sends the question the judge must answer (the newest message) as a call of
-    its own, before its history's, which go as one GenerateBatch (`guards._judge._hand_over`)."""
+    """Each input guard first sends the questions the judge must answer (the newest message, and
+    the last answer, which it has not asked about before), then the history it asked about in
+    earlier turns, as one GenerateBatch (`guards._judge._hand_over`, `_kept.asked_before`)."""
     thread = "history-batched"
     await _run(orchestrator, "plain", "Tell me about the river walk.", thread)  # one message: no batch
+    await _run(orchestrator, "plain", "And the hill fort?", thread)
     async with httpx.AsyncClient(base_url=orchestrator.http_url, timeout=60) as http:
         before, sizes = await _gateway_calls(http), await _batch_sizes(http)
-        seen = await _run(orchestrator, "plain", "And the hill fort?", thread)
+        seen = await _run(orchestrator, "plain", "And the night market?", thread)
         after, sized = await _gateway_calls(http), await _batch_sizes(http)
     assert _text(seen).startswith('You said: "')
-    # the history: the first turn's question and answer; each of the two input guards asked three
-    # questions, the new message's alone and the history's two in one batch
+    # the third turn's history: two questions and two answers, of which the second answer is new
+    # to the input guards; each of the two guards asked five questions: the new message and the
+    # second answer in one batch, then the three it asked about before in another
     asked = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    assert asked[("moderation", "ok")] == 3
-    assert asked[("pii-detector", "ok")] == 3
-    assert (sized[0] - sizes[0], sized[1] - sizes[1]) == (2, 4)
+    assert asked[("moderation", "ok")] == 5
+    assert asked[("pii-detector", "ok")] == 5
+    assert (sized[0] - sizes[0], sized[1] - sizes[1]) == (4, 10)
 
 
 async def _batch_sizes(http: httpx.AsyncClient) -> tuple[float, float]:

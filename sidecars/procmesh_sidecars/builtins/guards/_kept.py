@@ -11,6 +11,13 @@ A verdict is kept per run, the guard's options and the text (its digest), in a b
 only once decided: a failed call keeps nothing (the call made again asks again). It is the one
 the run was given for that text: the verdict cache would give the same, and without a cache the
 judge is asked once per text, as when the lane's guards run one after another.
+
+It also remembers which texts the guard asked about before under the same options, in any run
+(`asked_before`, bounded too): only to choose which questions leave first. A conversation re-sends
+its history every turn; the gateway's verdict cache answers what was asked before, so the
+questions the judge must answer (the new message, and the last answer, which the input guards
+see for the first time) go ahead of the ones it will answer at once. Nothing is answered from
+that memory: every verdict still comes from the gateway (and its cache, with its tenancy).
 """
 
 from __future__ import annotations
@@ -24,23 +31,41 @@ V = TypeVar("V")
 
 
 class KeptVerdicts(Generic[V]):
-    """Verdicts by (run, options, text), the `limit` most recent."""
+    """Verdicts by (run, options, text), and the texts asked about by (options, text): the
+    `limit` most recent of each. `options` is the guard's options as their JSON text (one
+    ``model_dump_json`` per call, not per message)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._kept: OrderedDict[tuple[str, str, bytes], V] = OrderedDict()
+        self._asked: OrderedDict[tuple[str, bytes], None] = OrderedDict()
 
-    async def get(self, run_id: str, options: Any, text: str, decide: Callable[[], Awaitable[V]]) -> V:
+    def asked_before(self, options: str, text: str) -> bool:
+        """Whether a question about `text` under `options` was answered before, in any run."""
+        return (options, _digest(text)) in self._asked
+
+    async def get(self, run_id: str, options: str, text: str, decide: Callable[[], Awaitable[V]]) -> V:
         """The verdict the run was given for `text` under `options`, else `decide`'s (then kept).
-        Without a run id nothing is kept."""
-        if not run_id:
-            return await decide()
-        key = (run_id, options.model_dump_json(), hashlib.sha256(text.encode()).digest())
-        kept = self._kept.get(key)
+        Without a run id no verdict is kept (the question is still remembered as asked)."""
+        digest = _digest(text)
+        key = (run_id, options, digest)
+        kept = self._kept.get(key) if run_id else None
         if kept is not None:
             return kept
         verdict = await decide()
-        self._kept[key] = verdict
-        while len(self._kept) > self._limit:
-            self._kept.popitem(last=False)
+        _bounded(self._asked, (options, digest), None, self._limit)
+        if run_id:
+            _bounded(self._kept, key, verdict, self._limit)
         return verdict
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _bounded(kept: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """`key` set to `value` as the newest entry; the oldest dropped past `limit`."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > limit:
+        kept.popitem(last=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,6 +56,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # A head and its body are two writes: with Nagle's algorithm on, the body waited for the
+        # head's ACK, which a kept-alive client delays up to 40 ms (P8's judge round trip was 244
+        # ms for its 200 ms delay, and the orchestrator's judge calls paid it at random). Servers
+        # of real providers answer without that stall; so does this one.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def do_POST(self) -> None:
         api = self.server.api

@@ -12,7 +12,8 @@ if (process.argv.includes('--remove')) {
   const source = path.join(__dirname, '..', '..', '..', 'proto', 'procmesh', 'v1');
   fs.rmSync(target, { recursive: true, force: true });
   fs.mkdirSync(path.join(target, 'procmesh', 'v1'), { recursive: true });
-  for (const name of ['processor.proto', 'types.proto']) {
+  // every file lib/ loads (processor.proto: the server; model.proto: `model(ref)`), and what they import
+  for (const name of ['processor.proto', 'model.proto', 'types.proto']) {
     fs.copyFileSync(path.join(source, name), path.join(target, 'procmesh', 'v1', name));
   }
 }

@@ -98,6 +98,9 @@ def test_the_install_snippets_install_the_sdk_from_a_lock_and_from_a_tarball(tmp
         pack,
     )
     assert loads.stdout.split() == ["function", "function"], loads.stdout + loads.stderr
+    # the contract it carries is every file the SDK loads: the server's and the model gateway's
+    carried = pack / "node_modules" / "@procmesh" / "sdk" / "proto" / "procmesh" / "v1"
+    assert sorted(p.name for p in carried.iterdir()) == ["model.proto", "processor.proto", "types.proto"]
 
 
 def test_the_word_counter_passes_the_checker_and_runs_with_the_pages_config(tmp_path: Path) -> None:

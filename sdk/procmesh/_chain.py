@@ -135,15 +135,16 @@ async def through_all(
                     stage.error = part.errors[index] = f"{exc.code.name}: {clip(str(exc))}"
                     out.extend(part.flow[position:])  # failed open: from here on, unchanged
                     break
-                did.signals += effects.signals
-                did.custom_chunks += effects.custom_chunks
-                did.violations += effects.violations
-                if announce:
-                    out += [announced(signal) for signal in effects.signals]
-                out += effects.custom_chunks
-                if effects.abort is not None:
-                    did.abort = effects.abort
-                    break
+                if not effects.quiet():  # (most parts: their chunks alone go on)
+                    did.signals += effects.signals
+                    did.custom_chunks += effects.custom_chunks
+                    did.violations += effects.violations
+                    if announce:
+                        out += [announced(signal) for signal in effects.signals]
+                    out += effects.custom_chunks
+                    if effects.abort is not None:
+                        did.abort = effects.abort
+                        break
                 out += chunks
             part.flow = out
             if did.abort is not None:

@@ -100,6 +100,8 @@ class HookEffects:
     """What a hook did besides its return value: abort, signals, custom chunks, violations, and
     the request-context values it set."""
 
+    __slots__ = ("abort", "context_updates", "custom_chunks", "processor_id", "signals", "violations")
+
     def __init__(self, processor_id: str) -> None:
         self.processor_id = processor_id
         self.signals: list[dict[str, Any]] = []
@@ -109,6 +111,16 @@ class HookEffects:
         self.context_updates: dict[str, Any] | None = {}
         """Request-context values the hook set (`request_context.set`), in order; None where it
         cannot set any (an output-stream session)."""
+
+    def quiet(self) -> bool:
+        """It did nothing of these (`fill_effects` would write nothing but the state)."""
+        return (
+            self.abort is None
+            and not self.signals
+            and not self.custom_chunks
+            and not self.violations
+            and not self.context_updates
+        )
 
     def abort_hook(self, reason: str | None = None, *, retry: bool = False, metadata: Any = None) -> NoReturn:
         """The hook's ``abort(reason, retry=..., metadata=...)``."""

@@ -258,7 +258,8 @@ class Servicer:
             return ppb.ExecuteToolResponse(error=error_text(raised.__cause__ or raised))
         resp = hook.response() if effects.abort is not None else hook.encode(result, kwargs)
         state = kwargs.get("state")
-        fill_effects(resp.effects, effects, state)
+        if state is not None or not effects.quiet():
+            fill_effects(resp.effects, effects, state)
         if state is None:  # the hook did not take its state: it goes back as it came
             resp.effects.state.CopyFrom((request.context if member is None else member).state)
         return resp

@@ -225,7 +225,8 @@ class _Session:
             out = await self.call(stage, convert.chunk_from_proto(item.part), effects, quiet)
             res = ppb.StreamPartResult() if effects.abort is not None else self.hook.encode(out, stage.kwargs)
             res.seq = item.seq
-            fill_effects(res.effects, effects, None)
+            if not effects.quiet():
+                fill_effects(res.effects, effects, None)
             self._results.append(res)  # behind those a partial result did not send
             if effects.abort is not None:
                 return self._results, True

@@ -17,7 +17,7 @@ from procmesh_orchestrator.service._logs import RateLimitedLog
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.grpc import model_gateway
 from procmesh_orchestrator.service.grpc.gateway_policy import access_check
-from procmesh_orchestrator.service.grpc.known_fields import unknown_fields
+from procmesh_orchestrator.service.grpc.known_fields import unknown_fields_of
 from procmesh_orchestrator.service.grpc.servicer import AGENT_SERVICE, Context
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _raw(handler: Any, decode: Any, check: Any, take: Any = None, *, strict: boo
         except Exception as exc:  # DecodeError, RecursionError: whatever the bytes make protobuf do
             _malformed.warning(type(exc).__name__)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed request: it does not decode")
-        if strict and (unknown := unknown_fields(request)):
+        if strict and (unknown := unknown_fields_of(request, raw, decode)):
             name = request.DESCRIPTOR.name
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

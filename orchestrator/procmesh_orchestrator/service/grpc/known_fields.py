@@ -5,8 +5,26 @@ rather than running it without what the caller asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
+
+
+def unknown_fields_of(request: Message, raw: bytes, decode: Callable[[bytes], Message]) -> list[str]:
+    """`unknown_fields` of `request`, decoded from `raw` by `decode`; [] at once when it holds none.
+
+    The walk below is Python over every message in the request: 120 µs for a judge's question
+    with its schema (a Struct of Structs), against 5 µs to decode it, and the gateway takes
+    thousands a minute. protobuf keeps unknown fields to serialize them back, so the request's
+    size with them and without them (`DiscardUnknownFields`, recursive; both sizes computed in
+    C) tells whether there are any; only then is `raw` decoded again, the discarded ones named.
+    """
+    size = request.ByteSize()
+    request.DiscardUnknownFields()
+    if request.ByteSize() == size:
+        return []
+    return unknown_fields(decode(raw))
 
 
 def unknown_fields(message: Message, path: str = "") -> list[str]:

@@ -165,6 +165,25 @@ class Member:
         if origin is None:
             self.firm += 1
 
+    def feed_all(self, parts: list[tuple[tpb.Chunk, int]], firm: bool) -> None:
+        """Give it `parts` (each with its group input) in this round's request, as committed
+        input (`firm`) or in advance: `feed` for a batch."""
+        if not parts:
+            return
+        if self.call is None:
+            self._open()
+        out = self.out
+        if out is None:
+            out = self.out = []
+        seq, now, fed = self.seq, self.group.now, self.fed
+        for part, origin in parts:
+            seq += 1
+            out.append((seq, part))
+            fed.append(_Fed(seq, part, None if firm else origin, now))
+        self.seq = seq
+        if firm:
+            self.firm += len(parts)
+
     def open_guess(self, origin: int) -> _Fed | None:
         """The oldest guess still open, if given for group input `origin` or an earlier one (a
         part the processor before holds may come with a later input)."""
@@ -231,15 +250,17 @@ class Member:
         if out is None and not self.rewind and not tell:
             return
         # fields concatenated are one message: the context, the shared parts, this member's marks
-        marks = ppb.ProcessOutputStreamRequest()
-        if self.rewind:
-            marks.rewind_to, self.rewind = self.rewind, 0
-        if tell:
-            marks.committed_through = self.told = self.committed
         data = self.group.encoded(out) if out else b""
         if head is not None:
             data = head.SerializeToString() + data
-        self.writes.put_nowait((_WRITE, data + marks.SerializeToString()))
+        if self.rewind or tell:
+            marks = ppb.ProcessOutputStreamRequest()
+            if self.rewind:
+                marks.rewind_to, self.rewind = self.rewind, 0
+            if tell:
+                marks.committed_through = self.told = self.committed
+            data += marks.SerializeToString()
+        self.writes.put_nowait((_WRITE, data))
 
     def _open(self) -> None:
         pid = self.handle.processor_id
@@ -331,6 +352,7 @@ class Member:
                     break
                 now = time.monotonic()
                 sent, skip, dead, answers = self.seq, self.skip, self.dead, self.answers
+                arrived = self.arrived
                 top = 0
                 for res in resp.results:
                     seq = res.seq
@@ -342,7 +364,8 @@ class Member:
                         if seq not in skip and seq not in dead:
                             self.partials.setdefault(seq, []).append(res)
                         continue
-                    top = max(top, seq)
+                    if seq > top:
+                        top = seq
                     if skip and seq in skip:
                         skip.discard(seq)
                     elif dead and seq in dead:
@@ -351,7 +374,7 @@ class Member:
                             self.lost = True  # a withdrawn part's abort ended the session
                     else:
                         answers[seq] = res
-                        self.arrived[seq] = now
+                        arrived[seq] = now
                 self.answered = max(self.answered, top)  # and every part before it
                 if dead:  # a withdrawn part not answered by now never will be
                     dead.difference_update([seq for seq in dead if seq <= top])

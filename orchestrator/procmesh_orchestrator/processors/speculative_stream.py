@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
@@ -102,24 +102,36 @@ class SpeculativeGroup:
         while not last and self.cut_at is None:
             batch = await self.inq.get()
             self.now = time.monotonic()
-            for kind, value in batch:
-                self._take(kind, value)
-                if kind not in FLOWING:  # an end, an abort or an error: nothing follows it
-                    last = True
-                    break
+            last = self._take(batch)
             self.advance()
 
-    def _take(self, kind: str, value: Any) -> None:
+    def _take(self, batch: list[Item]) -> bool:
+        """Put upstream items in the first member's committed input, each part followed by its
+        mark, and give every member the parts it takes, a member's all at once (`Member.feed_all`:
+        the first's as committed, the others' in advance); whether the stream ended there (an
+        end, an abort or an error: nothing follows it)."""
+        inbox = self.members[0].inbox
         origin = self.taken
-        self.taken += 1
-        self.members[0].inbox.append((kind, value, origin))
-        if kind != CHUNK:
-            return
-        self.members[0].inbox.append((_MARK, None, origin))
-        data = value.type.startswith("data-")
-        for j, member in enumerate(self.members):
-            if not member.failed_open and (member.data_parts or not data):  # `Member.takes`
-                member.feed(value, None if j == 0 else origin)
+        parts: list[tuple[tpb.Chunk, int]] = []
+        data = False
+        last = False
+        for kind, value in batch:
+            inbox.append((kind, value, origin))
+            if kind == CHUNK:
+                inbox.append((_MARK, None, origin))
+                parts.append((value, origin))
+                data = data or value.type.startswith("data-")
+            origin += 1
+            if kind not in FLOWING:
+                last = True
+                break
+        self.taken = origin
+        if parts:
+            plain = [(p, o) for p, o in parts if not p.type.startswith("data-")] if data else parts
+            for j, member in enumerate(self.members):
+                if not member.failed_open:  # `Member.takes`
+                    member.feed_all(parts if member.data_parts else plain, j == 0)
+        return last
 
     def advance(self) -> None:
         """Commit, member by member in lane order, every answer that can commit now; then send."""
@@ -249,9 +261,12 @@ class SpeculativeGroup:
                         _settled(following, origin)
                     following.inbox.append((kind, value, origin))
                 continue
-            if kind != CHUNK or not fed or (not member.data_parts and value.type.startswith("data-")):
+            if kind != CHUNK or not fed:
                 break
             head = fed[0]
+            # a part it was fed is one it takes (the committed head is what it was fed, or equal)
+            if head.part is not value and not member.data_parts and value.type.startswith("data-"):
+                break
             answer = answers.get(head.seq)
             if (
                 answer is None
@@ -277,15 +292,22 @@ class SpeculativeGroup:
             if following is None:
                 self.outq.put_nowait((CHUNK, part))
                 continue
-            if guessing and (following.data_parts or not part.type.startswith("data-")):
-                at = following.firm
-                guess = following.open_guess(origin)
-                if guess is not None and (guess.part is part or guess.part == part):
-                    guess.origin = None
-                    following.firm += 1
-                    confirmed += 1
+            if guessing:
+                at = following.firm  # `Member.open_guess`, inline
+                guess = ahead[at] if at < len(ahead) else None
+                if guess is not None and (guess.origin is None or guess.origin > origin):
+                    guess = None
+                if guess is not None and guess.part is part:
+                    taken = True  # given this very part in advance: a part it takes
                 else:
-                    self._reconcile(following, origin, part)
+                    taken = following.data_parts or not part.type.startswith("data-")
+                if taken:
+                    if guess is not None and (guess.part is part or guess.part == part):
+                        guess.origin = None
+                        following.firm += 1
+                        confirmed += 1
+                    else:
+                        self._reconcile(following, origin, part)
             following.inbox.append((CHUNK, part, origin))
         if same:
             parts.passed(max(0.0, took), same)

@@ -368,3 +368,25 @@ async def test_a_commit_mark_goes_alone_only_when_it_frees_something(
     assert len(sent) == 3
     assert min(sent.values()) > 256  # each member got every part, in two messages
     assert all(mark == total for mark, total in alone), alone
+
+
+async def test_data_parts_entering_a_group_go_only_to_members_that_take_them(
+    ready: dict[str, SidecarProcess], tmp_path: Path
+) -> None:
+    """cnt's data-count parts pass the (not speculative) recorder and enter the group of pass
+    and total, which do not take data parts: they pass the group by, given to neither member
+    (`SpeculativeGroup._take`), so each member's parts are the sequential pipeline's."""
+    log = tmp_path / "rec.jsonl"
+    parts, texts = {}, {}
+    for mode in ("sequential", "speculative"):
+        async with App(config(ready, log, ["cnt", "recorder", "pass", "total"], mode)) as app:
+            result = await trace(app, log)
+            parts[mode] = {
+                entry: app.metrics.total("procmesh_stream_parts_total", entry=entry, outcome="in")
+                for entry in ("pass", "total")
+            }
+        texts[mode] = [c["type"] for c in result["chunks"]]
+    assert texts["speculative"] == texts["sequential"]
+    assert texts["sequential"].count("data-count") == len(DELTAS)  # they went through the group
+    assert parts["speculative"] == parts["sequential"]
+    assert 0 < parts["sequential"]["pass"] < 2 * len(DELTAS)  # the deltas, not the data parts

@@ -275,7 +275,11 @@ class JudgePlanner:
         now = asyncio.get_running_loop().time()
         for key in self._lanes.get(lane, ()):
             group = self._open[key]
-            self._arm(key, group, min(now + self._window, group.started + MERGE_CAP))
+            due = min(now + self._window, group.started + MERGE_CAP)
+            if group.timer is None:
+                self._arm(key, group, due)
+            else:  # later only: the armed timer finds it moved (`_fire`), no timer made per request
+                group.due = due
 
     def _arm(self, key: str, group: _Group, at: float) -> None:
         if group.timer is not None:
@@ -293,6 +297,9 @@ class JudgePlanner:
         before the third guard's questions about eleven windows were read, and each went out
         short, the third guard's question in a call of its own."""
         now = asyncio.get_running_loop().time()
+        if now < group.due:  # its lane sent more since the timer was set (`_hold`): wait on to it
+            group.timer = asyncio.get_running_loop().call_at(group.due, self._fire, key, group)
+            return
         cap = group.started + MERGE_CAP
         if now < cap:
             if now - group.due > _STALL:

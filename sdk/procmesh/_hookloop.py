@@ -134,19 +134,20 @@ class HookLoop:
             loop.close()
             turns.lock.release()
 
-    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """Await ``fn()`` on this loop; cancelling the caller cancels it there too.
+    def run(self, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """``fn()`` on this loop, to be awaited at once; cancelling the caller cancels it there too.
 
         `fn` is called on the hook loop, so even the synchronous part of a hook (before its first
-        ``await``) runs there. Not threaded: awaited on the caller's loop.
+        ``await``) runs there. Not threaded: awaited on the caller's loop. Not a coroutine itself:
+        most calls are done in the turn taken here, and awaiting their finished task gives the
+        result (or raises) without another frame or `relay`'s set-up.
         """
         if not self._threaded:
-            return await fn()
+            return fn()
         taken = self._take_turn(fn, asyncio.get_running_loop(), time.thread_time())
-        if taken is not None and taken.done():  # the common case, without `relay`'s set-up
-            return taken.result()  # type: ignore[no-any-return]
-        result: T = await relay([(self, fn)], taken)
-        return result
+        if taken is not None and taken.done():
+            return taken  # type: ignore[no-any-return]
+        return relay([(self, fn)], taken)
 
     def _target(self, caller: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
         if not self._threaded:

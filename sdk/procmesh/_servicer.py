@@ -330,19 +330,25 @@ class Servicer:
             self._metrics.tool_calls.labels(tool.name, outcome).inc()
             self._metrics.tool_latency.labels(tool.name).observe(time.perf_counter() - started)
 
-    async def run_hook(
+    def run_hook(
         self,
         hosted: Hosted,
         hook: Hook,
         request: Any,
         context: Context,
         member: tpb.FusedProcessor | None = None,
-    ) -> Any:
-        """A unary hook call on the processor's hook loop, inside the sidecar's span of it."""
+    ) -> Awaitable[Any]:
+        """A unary hook call on the processor's hook loop, inside the sidecar's span of it (to be
+        awaited at once: the deadline is set in the caller's context, which the hook's task copies)."""
         left = context.time_remaining()
         hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
         if not tracing.enabled():  # no span to make, name or count on (`current_span` stays None)
-            return await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
+            return hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
+        return self._traced(hosted, hook, request, context, member)
+
+    async def _traced(
+        self, hosted: Hosted, hook: Hook, request: Any, context: Context, member: tpb.FusedProcessor | None
+    ) -> Any:
         with hook_span(hook.name, hosted.id, context) as span:
             current_span.set(span)  # a pre-check's saved judge calls are counted on it
             resp = await hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))

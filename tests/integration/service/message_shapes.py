@@ -219,3 +219,33 @@ UI_ASSISTANT = {
         },
     ],
 }
+UI_V5_ASSISTANT = {
+    "id": "a-v5",
+    "role": "assistant",
+    "parts": [
+        {"type": "step-start"},
+        {
+            "type": "tool-weather",
+            "toolCallId": "c1",
+            "state": "output-available",
+            "input": {"city": "Paris"},
+            "output": {"tempC": 21},
+            "providerExecuted": False,
+            "callProviderMetadata": META,
+            "preliminary": False,
+            "title": "Weather",
+            "approval": {"id": "ap-1", "approved": True},
+        },
+        {
+            "type": "dynamic-tool",
+            "toolName": "forecast",
+            "dynamic": False,
+            "toolCallId": "c2",
+            "state": "output-error",
+            "input": None,
+            "rawInput": '{"city": "Par',
+            "errorText": "invalid input",
+        },
+    ],
+}
+"""An AI SDK v5 / v6 UI assistant message with tool parts holding every key `UI_V5_TOOL` takes."""

@@ -37,6 +37,7 @@ from tests.integration.service.message_shapes import (
     TOOL_CALL,
     UI_ASSISTANT,
     UI_USER,
+    UI_V5_ASSISTANT,
 )
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -244,6 +245,7 @@ async def test_the_shapes_sent_hold_every_key_the_tables_take() -> None:
         "toolResultPart": _keys_of(*CLIENT_JS_RESULT["content"]),
         "uiToolPart": _keys_of(*UI_ASSISTANT["parts"][1:]),
         "uiToolInvocation": _keys_of(*(p["toolInvocation"] for p in UI_ASSISTANT["parts"][1:])),
+        "uiV5ToolPart": _keys_of(*UI_V5_ASSISTANT["parts"][1:]),  # sent by test_ui_tool_parts.py
         "dbStepStart": _keys_of(stored_parts[0]),
         "dbTextPart": _keys_of(stored_parts[1]),
         "dbDataPart": _keys_of(stored_parts[2]),

@@ -172,6 +172,19 @@ UI_INVOCATION = _keys(
         "isError": _IS_ERROR,
     },
 )
+UI_V5_TOOL = _keys(
+    "uiV5ToolPart",
+    "a v5 UI tool part",
+    "type toolCallId toolName state input output errorText rawInput approval providerExecuted "
+    "callProviderMetadata",
+    {
+        "title": "the UI's title of the tool",
+        "dynamic": "v5's mark of a static tool part normalized to a dynamic one",
+        "preliminary": "v5's mark of a tool's streamed output: the reference takes the output as the result",
+    },
+)
+"""An AI SDK v5 / v6 UI tool part (``tool-<name>``, ``dynamic-tool``), read as @mastra/core 1.71's
+``AIV5Adapter.fromUIMessage`` reads it (`messages._ui_tool_v5`)."""
 
 _STORED_PART = "providerMetadata createdAt"
 DB_PARTS = {

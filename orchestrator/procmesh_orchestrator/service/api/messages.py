@@ -2,8 +2,8 @@
 
 A message may be a string, ``{role, content}`` (a string, text and file parts, or a stored
 message's content), an AI SDK model message (an assistant's tool-call parts, a ``tool`` message's
-tool-result parts) or a UI message (``parts`` with ``tool-invocation`` parts): what
-@mastra/client-js sends, including to go on after a client tool. A malformed one is a 400 naming
+tool-result parts) or a UI message (``parts`` with v4 ``tool-invocation`` or v5 / v6 ``tool-<name>``
+parts): what @mastra/client-js sends, including to go on after a client tool. A malformed one is a 400 naming
 where it is (``messages.2.content.0``); so is a key its shape does not take, and the keys taken but
 not applied go to `ignored` (`message_keys`).
 """
@@ -15,6 +15,7 @@ from typing import Any
 from procmesh import convert
 from procmesh.parts import with_flat_text
 from procmesh_orchestrator.run import messages as msgs
+from procmesh_orchestrator.run.tool_calls import DECLINED
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api import message_keys as mk
@@ -187,6 +188,13 @@ def _format2(role: str, parts: list[dict[str, Any]], item: dict[str, Any]) -> di
     return _with_id(message, item)
 
 
+_NO_APPROVAL = (
+    "procmesh's messages hold no approval state, which the reference keeps and leaves out of the "
+    "prompt; answer a call awaiting approval with approve-tool-call / decline-tool-call"
+)
+_APPROVAL_PARTS = ("tool-approval-request", "tool-approval-response")
+"""AI SDK v6 model message parts: an assistant's request for a call's approval, a tool message's answer."""
+
 _DROPPED_UI_PARTS = ("step-start", "reasoning", "source")
 """UI parts that carry nothing the run reads back (the reference drops them from the prompt too)."""
 
@@ -201,12 +209,67 @@ def _ui_tool(part: dict[str, Any], at: str, ignored: Ignored) -> dict[str, Any]:
     if state == "call":
         return _invocation(inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, part)
     if state == "result" and "result" in inv:
-        out = _invocation(
-            inv.get("toolCallId"), inv.get("toolName"), inv.get("args"), at, part, result=inv["result"]
+        return _invocation(
+            inv.get("toolCallId"),
+            inv.get("toolName"),
+            inv.get("args"),
+            at,
+            part,
+            state="result",
+            result=inv["result"],
         )
-        out["toolInvocation"]["state"] = "result"
-        return out
     raise BadRequestError(f"{at}.toolInvocation.state: must be 'call' or 'result' (with a result)")
+
+
+_UNHONOURED_V5_STATES = {
+    "input-streaming": "a call whose input is still streaming (partial): procmesh would hand the "
+    "model and processors a call as if its input were whole",
+    "approval-requested": _NO_APPROVAL,
+    "approval-responded": _NO_APPROVAL,
+}
+"""The v5 / v6 UI tool states procmesh refuses, and why (docs/service.md, "Keys inside a message")."""
+
+
+def _ui_tool_v5(part: dict[str, Any], kind: str, at: str, ignored: Ignored) -> dict[str, Any]:
+    """An AI SDK v5 / v6 UI tool part (``tool-<name>``, ``dynamic-tool``) as the run's tool-invocation
+    part, as the reference's ``AIV5Adapter.fromUIMessage`` converts it: ``input-available`` a call,
+    ``output-available`` a result (an output object's ``value`` if it has one), ``output-error`` a
+    failed call (its ``errorText``, and ``rawInput`` kept); ``output-denied`` a declined call, whose
+    result is the approval's reason (what the reference's prompt shows, and procmesh's own declined
+    calls hold)."""
+    mk.check(part, at, mk.UI_V5_TOOL, ignored)
+    name = part.get("toolName") if kind == "dynamic-tool" else kind.removeprefix("tool-")
+    call_id, args, state = part.get("toolCallId"), part.get("input"), part.get("state")
+    origin = {
+        "providerExecuted": part.get("providerExecuted"),
+        "providerMetadata": part.get("callProviderMetadata"),
+    }
+    if state == "input-available":
+        return _invocation(call_id, name, args, at, origin)
+    if state == "output-available" and "output" in part:
+        output = part["output"]
+        result = output["value"] if isinstance(output, dict) and "value" in output else output
+        return _invocation(call_id, name, args, at, origin, state="result", result=result)
+    if state == "output-error" and isinstance(part.get("errorText"), str):
+        raw = {"rawInput": part["rawInput"]} if part.get("rawInput") is not None else {}
+        return _invocation(
+            call_id, name, args, at, origin, state="output-error", errorText=part["errorText"], **raw
+        )
+    if state == "output-denied":
+        approval = part.get("approval")
+        reason = approval.get("reason") if isinstance(approval, dict) else None
+        result = reason if isinstance(reason, str) and reason else DECLINED
+        return _invocation(call_id, name, args, at, origin, state="result", result=result)
+    if state in _UNHONOURED_V5_STATES:
+        raise BadRequestError(f"{at}.state: {state!r} is not taken: {_UNHONOURED_V5_STATES[state]}")
+    raise BadRequestError(
+        f"{at}.state: must be input-available, output-available (with an output), output-error (with "
+        f"an errorText string) or output-denied, got {state!r}"
+    )
+
+
+def _is_v5_tool(kind: str) -> bool:
+    return kind == "dynamic-tool" or (kind.startswith("tool-") and kind != "tool-invocation")
 
 
 def _ui_message(item: dict[str, Any], role: str, where: str, ignored: Ignored) -> dict[str, Any]:
@@ -227,12 +290,16 @@ def _ui_message(item: dict[str, Any], role: str, where: str, ignored: Ignored) -
             kind == "tool-invocation" and role == "assistant" and isinstance(part.get("toolInvocation"), dict)
         ):
             parts.append(_ui_tool(part, at, ignored))
+        elif _is_v5_tool(kind) and role == "assistant":
+            parts.append(_ui_tool_v5(part, kind, at, ignored))
         elif kind in _FILE_PARTS and role == "user":
             parts.append(_file_part(part, at, ignored))
         elif kind in _DROPPED_UI_PARTS:
             continue
         else:
-            raise BadRequestError(f"{at}: unsupported part {kind!r} (text, file, tool-invocation)")
+            raise BadRequestError(
+                f"{at}: unsupported part {kind!r} (text, file, tool-invocation, tool-<name>)"
+            )
     return _format2(role, parts + _attachments(item, role, where), item)
 
 
@@ -246,6 +313,8 @@ def _model_message(item: dict[str, Any], role: str, where: str, ignored: Ignored
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
         if not isinstance(part, dict):
             raise BadRequestError(f"{at}: unsupported part {kind!r}")
+        if kind in _APPROVAL_PARTS:
+            raise BadRequestError(f"{at}: a {kind} part is not taken: {_NO_APPROVAL}")
         if role == "tool":
             if kind != "tool-result":
                 raise BadRequestError(f"{at}: a tool message holds tool-result parts only, got {kind!r}")
@@ -270,7 +339,7 @@ def _model_message(item: dict[str, Any], role: str, where: str, ignored: Ignored
 def input_message(item: str | dict[str, Any], where: str, ignored: Ignored = None) -> dict[str, Any]:
     """One message of a generate / stream body: `db_message`'s shapes, plus what the client sends to
     go on after a client tool: AI SDK model messages (an assistant's tool-call parts, a ``tool``
-    message's tool-result parts) and UI messages (``parts`` with ``tool-invocation`` parts)."""
+    message's tool-result parts) and UI messages (``parts`` with tool parts)."""
     if isinstance(item, str):
         return db_message(item, where)
     role = item.get("role", "user")

@@ -1,0 +1,267 @@
+"""AI SDK v5 / v6 UI tool parts (``tool-<name>``, ``dynamic-tool``) and v6 approval parts in input
+messages, read as the reference engine reads them (service/api/messages.py, docs/service.md).
+
+What the reference does was measured on the conformance oracle's @mastra/core 1.71.0
+(``AIV5Adapter.fromUIMessage``) with a mock model recording its prompt and a memory store: a
+completed part reaches the model as a tool call and its result and is stored as a result; an
+``output-error`` part as the call and its error text; an ``output-denied`` part as the call and the
+approval's reason. Through one in-process `Service` (its real HTTP server, a SQLite store, a
+scripted model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from pydantic import SecretStr
+
+from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.providers.builtin import ScriptedModel
+from procmesh_orchestrator.service import Service
+from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.service.message_shapes import UI_V5_ASSISTANT
+from tests.integration.service.support import http_client
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+KEY = {"Authorization": "Bearer key-bo"}
+ASKED = {"role": "user", "content": "weather in Paris?"}
+THANKS = {"role": "user", "content": "thanks"}
+PARIS = {"city": "Paris"}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
+    config = {
+        "storage": {"backend": "sqlite", "dataDir": str(Path(tmp_path_factory.mktemp("ui-tools")))},
+        "models": {"echo": {"provider": "scripted", "responses": [{"text": "noted"}] * 50}},
+        "agents": {
+            "keeper": {"model": "echo", "errorProcessorDefaults": False, "memory": {"lastMessages": 20}}
+        },
+    }
+    settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=[SecretStr("key-bo=user-bo")])
+    async with Service(settings, parse_config(config)) as svc:
+        yield svc
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
+    async with http_client(service, KEY) as client:
+        yield client
+
+
+def _weather(call_id: str, state: str, **keys: Any) -> dict[str, Any]:
+    """A ``tool-weather`` UI part for Paris in `state`, with `keys`."""
+    return {"type": "tool-weather", "toolCallId": call_id, "state": state, "input": PARIS, **keys}
+
+
+def _assistant(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "a-ui", "role": "assistant", "parts": [{"type": "step-start"}, *parts]}
+
+
+async def _generate(http: httpx.AsyncClient, thread: str, *messages: Any) -> httpx.Response:
+    body = {"messages": [ASKED, *messages, THANKS], "memory": {"thread": thread, "resource": "user-bo"}}
+    return await http.post("/api/agents/keeper/generate", json=body)
+
+
+def _prompt_tools(service: Service) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The tool calls and results of the model's last prompt: (role, parts) per message."""
+    scripted = service.app.models["echo"]
+    assert isinstance(scripted, ScriptedModel)
+    prompt = scripted.requests[-1].prompt
+    return [
+        (m["role"], [{k: p[k] for k in ("type", "toolCallId", "toolName", "input", "output") if k in p}])
+        for m in prompt
+        for p in m["content"]
+        if isinstance(p, dict) and p["type"] in ("tool-call", "tool-result")
+    ]
+
+
+async def _stored_invocations(http: httpx.AsyncClient, thread: str) -> list[dict[str, Any]]:
+    answer = await http.get(f"/api/memory/threads/{thread}/messages?agentId=keeper")
+    assert answer.status_code == 200, answer.text
+    return [
+        p["toolInvocation"]
+        for m in answer.json()["messages"]
+        for p in m["content"]["parts"]
+        if p["type"] == "tool-invocation"
+    ]
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "tool-weather", "output": {"tempC": 21}},
+        {"type": "tool-weather", "output": {"type": "json", "value": {"tempC": 21}}, "preliminary": False},
+        {"type": "dynamic-tool", "toolName": "weather", "output": {"tempC": 21}, "title": "Weather"},
+    ],
+    ids=["static", "wrapped-output", "dynamic"],
+)
+async def test_a_completed_tool_part_reaches_the_prompt_as_a_call_and_result_and_is_stored(
+    http: httpx.AsyncClient, service: Service, part: dict[str, Any]
+) -> None:
+    thread = f"t-done-{part['type']}-{len(part)}"
+    done = {**part, "toolCallId": "c1", "state": "output-available", "input": PARIS}
+    answer = await _generate(http, thread, _assistant(done, {"type": "text", "text": "21 degrees"}))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["warnings"] == []  # title, preliminary: kept, not data to apply
+    call = {"type": "tool-call", "toolCallId": "c1", "toolName": "weather", "input": PARIS}
+    result = {"type": "tool-result", "toolCallId": "c1", "toolName": "weather", "output": {"tempC": 21}}
+    assert _prompt_tools(service) == [("assistant", [call]), ("tool", [result])]
+    assert await _stored_invocations(http, thread) == [
+        {"state": "result", "toolCallId": "c1", "toolName": "weather", "args": PARIS, "result": {"tempC": 21}}
+    ]
+
+
+async def test_an_output_error_part_reaches_the_prompt_as_the_call_and_its_error_text(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    failed = _weather("c2", "output-error", errorText="the weather service is down")
+    answer = await _generate(http, "t-error", _assistant(failed))
+    assert answer.status_code == 200, answer.text
+    call = {"type": "tool-call", "toolCallId": "c2", "toolName": "weather", "input": PARIS}
+    error = {"type": "tool-result", "toolCallId": "c2", "toolName": "weather"}
+    assert _prompt_tools(service) == [
+        ("assistant", [call]),
+        ("tool", [{**error, "output": "the weather service is down"}]),
+    ]
+    assert await _stored_invocations(http, "t-error") == [
+        {
+            "state": "output-error",
+            "toolCallId": "c2",
+            "toolName": "weather",
+            "args": PARIS,
+            "errorText": "the weather service is down",
+        }
+    ]
+
+
+async def test_an_output_denied_part_tells_the_model_the_approvals_reason(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    denied = _weather("c3", "output-denied")
+    for approval, told in [
+        ({"id": "ap1", "approved": False, "reason": "not now"}, "not now"),
+        ({"id": "ap2", "approved": False}, "Tool call was not approved by the user"),
+    ]:
+        answer = await _generate(
+            http, f"t-denied-{approval['id']}", _assistant({**denied, "approval": approval})
+        )
+        assert answer.status_code == 200, answer.text
+        result = {"type": "tool-result", "toolCallId": "c3", "toolName": "weather", "output": told}
+        assert _prompt_tools(service)[1] == ("tool", [result])
+
+
+@pytest.mark.parametrize(
+    ("part", "named"),
+    [
+        (
+            {"type": "tool-weather", "state": "input-streaming", "input": {"ci": None}},
+            "messages.1.parts.1.state: 'input-streaming' is not taken",
+        ),
+        (
+            {"type": "tool-weather", "state": "approval-requested", "input": PARIS, "approval": {"id": "a"}},
+            "messages.1.parts.1.state: 'approval-requested' is not taken",
+        ),
+        (
+            {
+                "type": "tool-weather",
+                "state": "approval-responded",
+                "input": PARIS,
+                "approval": {"id": "a", "approved": True},
+            },
+            "messages.1.parts.1.state: 'approval-responded' is not taken",
+        ),
+        ({"type": "tool-weather", "state": "output-available", "input": PARIS}, "messages.1.parts.1.state"),
+        ({"type": "tool-weather", "state": "done", "output": 1}, "messages.1.parts.1.state: must be"),
+        ({"type": "tool-weather", "state": "input-available", "args": {}}, "messages.1.parts.1.args"),
+    ],
+    ids=["streaming", "approval-requested", "approval-responded", "no-output", "bad-state", "v4-key"],
+)
+async def test_a_tool_part_in_a_state_procmesh_cannot_honour_is_a_400_naming_it(
+    http: httpx.AsyncClient, part: dict[str, Any], named: str
+) -> None:
+    thread = f"t-refused-{named.split(':')[-1][:20].strip()}-{len(part)}"
+    answer = await _generate(http, thread, _assistant({**part, "toolCallId": "c4"}))
+    assert answer.status_code == 400, answer.text
+    assert named in answer.json()["error"]
+    listed = await http.get(f"/api/memory/threads/{thread}/messages?agentId=keeper")
+    assert listed.status_code == 404  # nothing saved
+
+
+@pytest.mark.parametrize(
+    ("messages", "named"),
+    [
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool-call", "toolCallId": "c5", "toolName": "weather", "input": PARIS},
+                        {"type": "tool-approval-request", "approvalId": "ap5", "toolCallId": "c5"},
+                    ],
+                }
+            ],
+            "messages.1.content.1: a tool-approval-request part is not taken",
+        ),
+        (
+            [
+                {
+                    "role": "tool",
+                    "content": [{"type": "tool-approval-response", "approvalId": "ap5", "approved": True}],
+                }
+            ],
+            "messages.1.content.0: a tool-approval-response part is not taken",
+        ),
+    ],
+    ids=["request", "response"],
+)
+async def test_a_v6_approval_part_is_a_400_naming_it_and_the_routes_that_answer_an_approval(
+    http: httpx.AsyncClient, messages: list[dict[str, Any]], named: str
+) -> None:
+    answer = await _generate(http, f"t-approval-{named[11:18]}", *messages)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert named in error
+    assert "approve-tool-call / decline-tool-call" in error
+
+
+async def test_an_input_available_part_is_a_call_that_a_tool_message_settles(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    # A client tool's continuation as a v5 client builds it: the call, then the tool's result.
+    asked = _weather("c6", "input-available", callProviderMetadata={"mastra": {"modelOutput": "mild"}})
+    result = {"type": "tool-result", "toolCallId": "c6", "toolName": "weather", "result": {"tempC": 18}}
+    answer = await _generate(http, "t-input", _assistant(asked), {"role": "tool", "content": [result]})
+    assert answer.status_code == 200, answer.text
+    call = {"type": "tool-call", "toolCallId": "c6", "toolName": "weather", "input": PARIS}
+    shown = {"type": "tool-result", "toolCallId": "c6", "toolName": "weather", "output": "mild"}
+    assert _prompt_tools(service) == [("assistant", [call]), ("tool", [shown])]  # its model output
+    assert await _stored_invocations(http, "t-input") == [
+        {"state": "result", "toolCallId": "c6", "toolName": "weather", "args": PARIS, "result": {"tempC": 18}}
+    ]
+
+
+async def test_a_v5_assistant_message_with_every_tool_part_key_is_taken(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    answer = await _generate(http, "t-v5-keys", UI_V5_ASSISTANT)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["warnings"] == []  # its keys are read or kept (title, dynamic, preliminary)
+    assert [(role, [p["type"] for p in parts]) for role, parts in _prompt_tools(service)] == [
+        ("assistant", ["tool-call"]),
+        ("assistant", ["tool-call"]),
+        ("tool", ["tool-result"]),
+        ("tool", ["tool-result"]),
+    ]
+    stored = await _stored_invocations(http, "t-v5-keys")
+    assert [(i["toolName"], i["state"]) for i in stored] == [
+        ("weather", "result"),
+        ("forecast", "output-error"),
+    ]
+    assert stored[1]["rawInput"] == '{"city": "Par'  # the reference's stored part keeps it too

@@ -64,9 +64,11 @@ def _assistant(*parts: dict[str, Any]) -> dict[str, Any]:
     return {"id": "a-ui", "role": "assistant", "parts": [{"type": "step-start"}, *parts]}
 
 
-async def _generate(http: httpx.AsyncClient, thread: str, *messages: Any) -> httpx.Response:
+async def _generate(
+    http: httpx.AsyncClient, thread: str, *messages: Any, route: str = "generate"
+) -> httpx.Response:
     body = {"messages": [ASKED, *messages, THANKS], "memory": {"thread": thread, "resource": "user-bo"}}
-    return await http.post("/api/agents/keeper/generate", json=body)
+    return await http.post(f"/api/agents/keeper/{route}", json=body)
 
 
 def _prompt_tools(service: Service) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -102,14 +104,17 @@ async def _stored_invocations(http: httpx.AsyncClient, thread: str) -> list[dict
     ],
     ids=["static", "wrapped-output", "dynamic"],
 )
+@pytest.mark.parametrize("route", ["generate", "stream"])
 async def test_a_completed_tool_part_reaches_the_prompt_as_a_call_and_result_and_is_stored(
-    http: httpx.AsyncClient, service: Service, part: dict[str, Any]
+    http: httpx.AsyncClient, service: Service, part: dict[str, Any], route: str
 ) -> None:
-    thread = f"t-done-{part['type']}-{len(part)}"
+    thread = f"t-done-{route}-{part['type']}-{len(part)}"
     done = {**part, "toolCallId": "c1", "state": "output-available", "input": PARIS}
-    answer = await _generate(http, thread, _assistant(done, {"type": "text", "text": "21 degrees"}))
+    said = {"type": "text", "text": "21 degrees"}
+    answer = await _generate(http, thread, _assistant(done, said), route=route)
     assert answer.status_code == 200, answer.text
-    assert answer.json()["warnings"] == []  # title, preliminary: kept, not data to apply
+    if route == "generate":
+        assert answer.json()["warnings"] == []  # title, preliminary: kept, not data to apply
     call = {"type": "tool-call", "toolCallId": "c1", "toolName": "weather", "input": PARIS}
     result = {"type": "tool-result", "toolCallId": "c1", "toolName": "weather", "output": {"tempC": 21}}
     assert _prompt_tools(service) == [("assistant", [call]), ("tool", [result])]
@@ -183,11 +188,12 @@ async def test_an_output_denied_part_tells_the_model_the_approvals_reason(
     ],
     ids=["streaming", "approval-requested", "approval-responded", "no-output", "bad-state", "v4-key"],
 )
+@pytest.mark.parametrize("route", ["generate", "stream"])
 async def test_a_tool_part_in_a_state_procmesh_cannot_honour_is_a_400_naming_it(
-    http: httpx.AsyncClient, part: dict[str, Any], named: str
+    http: httpx.AsyncClient, part: dict[str, Any], named: str, route: str
 ) -> None:
-    thread = f"t-refused-{named.split(':')[-1][:20].strip()}-{len(part)}"
-    answer = await _generate(http, thread, _assistant({**part, "toolCallId": "c4"}))
+    thread = f"t-refused-{route}-{named.split(':')[-1][:20].strip()}-{len(part)}"
+    answer = await _generate(http, thread, _assistant({**part, "toolCallId": "c4"}), route=route)
     assert answer.status_code == 400, answer.text
     assert named in answer.json()["error"]
     listed = await http.get(f"/api/memory/threads/{thread}/messages?agentId=keeper")

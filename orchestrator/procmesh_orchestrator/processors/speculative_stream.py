@@ -248,6 +248,8 @@ class SpeculativeGroup:
         ahead = following.fed if following is not None else fed
         moved = confirmed = passed = 0
         took, same = -1.0, 0
+        seq = member.committed
+        out: list[Item] = []  # the last member's: handed downstream at once
         while inbox:
             kind, value, origin = inbox[0]
             if kind == _MARK:
@@ -287,10 +289,9 @@ class SpeculativeGroup:
                 took, same = now, 0
             same += 1
             member.replay.append(part)
-            member.committed = seq
             passed += 1
             if following is None:
-                self.outq.put_nowait((CHUNK, part))
+                out.append((CHUNK, part))
                 continue
             if guessing:
                 at = following.firm  # `Member.open_guess`, inline
@@ -313,6 +314,9 @@ class SpeculativeGroup:
             parts.passed(max(0.0, took), same)
         if following is not None and confirmed:
             self.count(following, "committed", confirmed)
+        if out:
+            self.outq.put_all(out)
+        member.committed = seq
         member.firm -= passed
         return bool(moved or passed)
 

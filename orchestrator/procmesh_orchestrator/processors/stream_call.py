@@ -63,6 +63,13 @@ class Pipe:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def put_all(self, items: list[Item]) -> None:
+        """`put_nowait` for several items, in order: one wake-up check."""
+        self._items += items
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def get(self) -> list[Item]:
         """Everything handed over so far (at least one item, at most `MAX_BATCH`), in order."""
         while not self._items:

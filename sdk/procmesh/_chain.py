@@ -109,49 +109,46 @@ async def through_all(
     aborts: dict[int, int] = {}  # stage -> the part it aborted on
 
     async def one_stage(index: int) -> None:  # on the stage's hook loop
-        try:
-            await through(index)
-        finally:
-            stages[index].tally.end()  # the batch's latency observation, on the loop that counted it
-
-    async def through(index: int) -> None:
         nonlocal parts
         stage = stages[index]
-        for at, part in enumerate(parts):
-            did = HookEffects(stage.hosted.id)
-            part.did.append(did)
-            part.errors.append("")
-            out: list[Chunk] = []
-            for position, chunk in enumerate(part.flow):
-                if not stage.takes(chunk["type"]):
-                    out.append(chunk)
-                    continue
-                effects = HookEffects(stage.hosted.id)
-                try:
-                    chunks = returned_chunks(await call(stage, chunk, effects, quiet), hook)
-                except ProcmeshError as exc:
-                    if index == 0:
-                        raise  # the first processor's failure fails the stream, as its own would
-                    stage.error = part.errors[index] = f"{exc.code.name}: {clip(str(exc))}"
-                    out.extend(part.flow[position:])  # failed open: from here on, unchanged
-                    break
-                if not effects.quiet():  # (most parts: their chunks alone go on)
-                    did.signals += effects.signals
-                    did.custom_chunks += effects.custom_chunks
-                    did.violations += effects.violations
-                    if announce:
-                        out += [announced(signal) for signal in effects.signals]
-                    out += effects.custom_chunks
-                    if effects.abort is not None:
-                        did.abort = effects.abort
+        try:
+            for at, part in enumerate(parts):
+                did = HookEffects(stage.hosted.id)
+                part.did.append(did)
+                part.errors.append("")
+                out: list[Chunk] = []
+                for position, chunk in enumerate(part.flow):
+                    if not stage.takes(chunk["type"]):
+                        out.append(chunk)
+                        continue
+                    effects = HookEffects(stage.hosted.id)
+                    try:
+                        chunks = returned_chunks(await call(stage, chunk, effects, quiet), hook)
+                    except ProcmeshError as exc:
+                        if index == 0:
+                            raise  # the first processor's failure fails the stream, as its own would
+                        stage.error = part.errors[index] = f"{exc.code.name}: {clip(str(exc))}"
+                        out.extend(part.flow[position:])  # failed open: from here on, unchanged
                         break
-                out += chunks
-            part.flow = out
-            if did.abort is not None:
-                aborts[index] = at
-                break
-        if aborts:
-            parts = parts[: min(aborts.values()) + 1]  # the parts after an abort are never answered
+                    if not effects.quiet():  # (most parts: their chunks alone go on)
+                        did.signals += effects.signals
+                        did.custom_chunks += effects.custom_chunks
+                        did.violations += effects.violations
+                        if announce:
+                            out += [announced(signal) for signal in effects.signals]
+                        out += effects.custom_chunks
+                        if effects.abort is not None:
+                            did.abort = effects.abort
+                            break
+                    out += chunks
+                part.flow = out
+                if did.abort is not None:
+                    aborts[index] = at
+                    break
+            if aborts:
+                parts = parts[: min(aborts.values()) + 1]  # the parts after an abort are never answered
+        finally:
+            stage.tally.end()  # the batch's latency observation, on the loop that counted it
 
     # Each processor's loop hands the batch on to the next one's directly (`relay`).
     await relay([(stage.hosted.loop, partial(one_stage, i)) for i, stage in enumerate(stages)])

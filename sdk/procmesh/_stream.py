@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -195,42 +195,41 @@ class _Session:
         results, self._results = [*self._results, res], []
         self.outbox.put(results)
 
-    async def batch(self, items: Any, *, quiet: bool = False) -> tuple[list[ppb.StreamPartResult], bool]:
-        """One request's parts through the processors; True when one aborted (the stream ends).
-        Each processor observes its latency once for the batch, at its end (`Tally`)."""
+    def batch(self, items: Any, *, quiet: bool = False) -> Awaitable[tuple[list[ppb.StreamPartResult], bool]]:
+        """One request's parts through the processors, to be awaited at once; True when one
+        aborted (the stream ends). Each processor observes its latency once for the batch, at its
+        end (`Tally`)."""
         if len(self.stages) > 1:
-            return await through_all(
+            return through_all(
                 self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
             )
         stage = self.stages[0]
-        return await stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
+        return stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
 
     async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
+        self._results = []
         try:
-            return await self._parts(stage, items, quiet)
+            for item in items:
+                self._seq = item.seq
+                if not stage.takes(item.part.type):
+                    passed = ppb.StreamPartResult(seq=item.seq)
+                    passed.part.CopyFrom(item.part)
+                    self._results.append(passed)
+                    continue
+                effects = HookEffects(stage.hosted.id)
+                out = await self.call(stage, convert.chunk_from_proto(item.part), effects, quiet)
+                aborted = effects.abort is not None
+                res = ppb.StreamPartResult() if aborted else self.hook.encode(out, stage.kwargs)
+                res.seq = item.seq
+                if not effects.quiet():
+                    fill_effects(res.effects, effects, None)
+                self._results.append(res)  # behind those a partial result did not send
+                if aborted:
+                    return self._results, True
+            return self._results, False
         finally:
             stage.tally.end()
-
-    async def _parts(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
-        self._results = []
-        for item in items:
-            self._seq = item.seq
-            if not stage.takes(item.part.type):
-                passed = ppb.StreamPartResult(seq=item.seq)
-                passed.part.CopyFrom(item.part)
-                self._results.append(passed)
-                continue
-            effects = HookEffects(stage.hosted.id)
-            out = await self.call(stage, convert.chunk_from_proto(item.part), effects, quiet)
-            res = ppb.StreamPartResult() if effects.abort is not None else self.hook.encode(out, stage.kwargs)
-            res.seq = item.seq
-            if not effects.quiet():
-                fill_effects(res.effects, effects, None)
-            self._results.append(res)  # behind those a partial result did not send
-            if effects.abort is not None:
-                return self._results, True
-        return self._results, False
 
     async def answer(self, req: ppb.ProcessOutputStreamRequest) -> tuple[list[ppb.StreamPartResult], bool]:
         """A request: its rewind, its commit, then its parts."""

@@ -322,11 +322,18 @@ def build_prompt(
     system_messages: list[Message], messages: list[Message], *, user_first: bool = True
 ) -> list[dict[str, Any]]:
     """The provider-shaped prompt: system messages first, then the conversation (which, with
-    `user_first`, starts with a user turn)."""
+    `user_first`, starts with a user turn).
+
+    A tool call without a result (a client's unanswered call, an aborted run's) is left out, as
+    the reference leaves it out (`sanitizeV5UIMessages`): a provider rejects a call with no result
+    after it. A provider-executed one stays on the open turn only (`_open_turn`), where the
+    provider may still answer it. An assistant message left with nothing is left out whole.
+    """
     prompt: list[dict[str, Any]] = [
         {"role": "system", "content": message_text(m)} for m in system_messages if message_text(m)
     ]
-    for msg in messages:
+    open_turn = _open_turn(messages)
+    for index, msg in enumerate(messages):
         role = msg.get("role")
         parts = (msg.get("content") or {}).get("parts") or []
         if role == "signal":
@@ -335,45 +342,7 @@ def build_prompt(
             content = [_user_part(p) for p in parts if p.get("type") in ("text", "file", "image")]
             prompt.append({"role": "user", "content": attachments.with_placeholders(msg, content)})
         elif role == "assistant":
-            parts_out: list[dict[str, Any]] = []
-            results: list[dict[str, Any]] = []
-            for part in parts:
-                kind = part.get("type")
-                if kind == "text" and part.get("text"):
-                    parts_out.append({"type": kind, "text": part["text"]})
-                elif kind == "reasoning" and part.get("text"):
-                    parts_out.append({"type": kind, "text": part["text"], **part_provenance(part)})
-                elif kind == "tool-invocation":
-                    inv = part["toolInvocation"]
-                    parts_out.append(
-                        {
-                            "type": "tool-call",
-                            "toolCallId": inv["toolCallId"],
-                            "toolName": inv["toolName"],
-                            "input": inv.get("args"),
-                            **part_provenance(part, inv),
-                        }
-                    )
-                    if inv.get("state") == "result":
-                        results.append(
-                            {
-                                "type": "tool-result",
-                                "toolCallId": inv["toolCallId"],
-                                "toolName": inv["toolName"],
-                                "output": _prompt_output(part, inv),
-                                **part_provenance(part, inv),
-                            }
-                        )
-                    elif inv.get("state") == "output-error":  # the model sees why the call failed
-                        results.append(
-                            {
-                                "type": "tool-result",
-                                "toolCallId": inv["toolCallId"],
-                                "toolName": inv["toolName"],
-                                "output": inv.get("errorText", ""),
-                                "isError": True,
-                            }
-                        )
+            parts_out, results = _assistant_turn(parts, open_turn=index == open_turn)
             if parts_out:
                 prompt.append({"role": "assistant", "content": parts_out})
             if results:
@@ -384,6 +353,74 @@ def build_prompt(
     if user_first and first is not None and first["role"] == "assistant":
         prompt.insert(prompt.index(first), {"role": "user", "content": [{"type": "text", "text": "."}]})
     return prompt
+
+
+def _open_turn(messages: list[Message]) -> int:
+    """The index of the open turn: the last assistant message that shows the model anything, when
+    no user turn (a signal is one) follows it; -1 when there is none. Only there may a
+    provider-executed call be left without its result (the provider may defer it to its next
+    request); anywhere else such a call is an orphan (the reference's rule)."""
+    for index in range(len(messages) - 1, -1, -1):
+        msg = messages[index]
+        role = msg.get("role")
+        if role in ("user", "signal"):
+            return -1
+        if role == "assistant" and any(_assistant_turn((msg.get("content") or {}).get("parts") or [], True)):
+            return index
+    return -1
+
+
+def _assistant_turn(
+    parts: list[dict[str, Any]], open_turn: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An assistant message's prompt content and its tool results. A call with neither a result
+    nor an error is left out, but for a provider-executed call on the open turn."""
+    parts_out: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for part in parts:
+        kind = part.get("type")
+        if kind == "text" and part.get("text"):
+            parts_out.append({"type": kind, "text": part["text"]})
+        elif kind == "reasoning" and part.get("text"):
+            parts_out.append({"type": kind, "text": part["text"], **part_provenance(part)})
+        elif kind == "tool-invocation":
+            inv = part["toolInvocation"]
+            state = inv.get("state")
+            provenance = part_provenance(part, inv)
+            if state not in ("result", "output-error") and not (
+                open_turn and provenance.get("providerExecuted")
+            ):
+                continue
+            parts_out.append(
+                {
+                    "type": "tool-call",
+                    "toolCallId": inv["toolCallId"],
+                    "toolName": inv["toolName"],
+                    "input": inv.get("args"),
+                    **provenance,
+                }
+            )
+            if state == "result":
+                results.append(
+                    {
+                        "type": "tool-result",
+                        "toolCallId": inv["toolCallId"],
+                        "toolName": inv["toolName"],
+                        "output": _prompt_output(part, inv),
+                        **provenance,
+                    }
+                )
+            elif state == "output-error":  # the model sees why the call failed
+                results.append(
+                    {
+                        "type": "tool-result",
+                        "toolCallId": inv["toolCallId"],
+                        "toolName": inv["toolName"],
+                        "output": inv.get("errorText", ""),
+                        "isError": True,
+                    }
+                )
+    return parts_out, results
 
 
 def _user_part(part: dict[str, Any]) -> dict[str, Any]:

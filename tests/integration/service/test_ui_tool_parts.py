@@ -5,7 +5,9 @@ What the reference does was measured on the conformance oracle's @mastra/core 1.
 (``AIV5Adapter.fromUIMessage``) with a mock model recording its prompt and a memory store: a
 completed part reaches the model as a tool call and its result and is stored as a result; an
 ``output-error`` part as the call and its error text; an ``output-denied`` part as the call and the
-approval's reason. Through one in-process `Service` (its real HTTP server, a SQLite store, a
+approval's reason; a call without a result (an unanswered client call, an ``input-available``
+part) is left out of the prompt, a provider-executed one kept on the open turn only. Through one
+in-process `Service` (its real HTTP server, a SQLite store, a
 scripted model).
 """
 
@@ -39,9 +41,16 @@ PARIS = {"city": "Paris"}
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
     config = {
         "storage": {"backend": "sqlite", "dataDir": str(Path(tmp_path_factory.mktemp("ui-tools")))},
-        "models": {"echo": {"provider": "scripted", "responses": [{"text": "noted"}] * 50}},
+        "models": {
+            "echo": {"provider": "scripted", "responses": [{"text": "noted"}] * 50},
+            "caller": {
+                "provider": "scripted",
+                "responses": [{"toolCalls": [{"name": "weather", "args": PARIS}]}, {"text": "sunny"}],
+            },
+        },
         "agents": {
-            "keeper": {"model": "echo", "errorProcessorDefaults": False, "memory": {"lastMessages": 20}}
+            "keeper": {"model": "echo", "errorProcessorDefaults": False, "memory": {"lastMessages": 20}},
+            "asker": {"model": "caller", "errorProcessorDefaults": False, "memory": {"lastMessages": 20}},
         },
     }
     settings = OrchestratorSettings(http_port=0, grpc_port=0, api_keys=[SecretStr("key-bo=user-bo")])
@@ -85,7 +94,11 @@ def _prompt_tools(service: Service) -> list[tuple[str, list[dict[str, Any]]]]:
 
 
 async def _stored_invocations(http: httpx.AsyncClient, thread: str) -> list[dict[str, Any]]:
-    answer = await http.get(f"/api/memory/threads/{thread}/messages?agentId=keeper")
+    return await _stored_invocations_of(http, thread, "keeper")
+
+
+async def _stored_invocations_of(http: httpx.AsyncClient, thread: str, agent: str) -> list[dict[str, Any]]:
+    answer = await http.get(f"/api/memory/threads/{thread}/messages?agentId={agent}")
     assert answer.status_code == 200, answer.text
     return [
         p["toolInvocation"]
@@ -271,3 +284,106 @@ async def test_a_v5_assistant_message_with_every_tool_part_key_is_taken(
         ("forecast", "output-error"),
     ]
     assert stored[1]["rawInput"] == '{"city": "Par'  # the reference's stored part keeps it too
+
+
+# -- calls without a result --------------------------------------------------------------------
+# The reference (``sanitizeV5UIMessages`` in agent/message-list/conversion/output-converter.ts, as
+# MessageList builds the prompt) keeps a tool call only with its result or error: a provider
+# rejects a call with no result after it. An unresolved provider-executed call stays on the open
+# turn only (the last assistant message, no user turn after it).
+
+V4_CALL = {
+    "type": "tool-invocation",
+    "toolInvocation": {"state": "call", "toolCallId": "c7", "toolName": "weather", "args": PARIS},
+}
+SAID = {"type": "text", "text": "Let me check."}
+
+
+def _prompt(service: Service) -> list[dict[str, Any]]:
+    """The model's last prompt, without its system messages."""
+    scripted = service.app.models["echo"]
+    assert isinstance(scripted, ScriptedModel)
+    return [m for m in scripted.requests[-1].prompt if m["role"] != "system"]
+
+
+@pytest.mark.parametrize("part", [V4_CALL, _weather("c7", "input-available")], ids=["v4-call", "v5"])
+@pytest.mark.parametrize("route", ["generate", "stream"])
+async def test_an_unanswered_call_in_the_history_is_left_out_of_the_prompt(
+    http: httpx.AsyncClient, service: Service, part: dict[str, Any], route: str
+) -> None:
+    thread = f"t-open-{route}-{part['type']}"
+    answer = await _generate(http, thread, {**_assistant(SAID, part), "id": thread}, route=route)
+    assert answer.status_code == 200, answer.text
+    assert _prompt_tools(service) == []  # before: a tool-call c7 with no result after it
+    assert [(m["role"], m["content"][0]["text"]) for m in _prompt(service)] == [
+        ("user", "weather in Paris?"),
+        ("assistant", "Let me check."),  # the message's text stays
+        ("user", "thanks"),
+    ]
+
+
+async def test_a_client_tools_call_kept_in_memory_and_never_answered_is_left_out_of_the_next_prompt(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    # A turn that ends for a client tool keeps its call in the thread (the client's next call
+    # would settle it); a next call that sends a new question instead leaves it unanswered.
+    memory = {"thread": "t-client-open", "resource": "user-bo"}
+    tools = {"weather": {"description": "Weather", "inputSchema": {"type": "object"}}}
+    first = await http.post(
+        "/api/agents/asker/generate", json={"messages": ["weather?"], "memory": memory, "clientTools": tools}
+    )
+    assert first.json()["finishReason"] == "tool-calls", first.text
+    assert [i["state"] for i in await _stored_invocations_of(http, "t-client-open", "asker")] == ["call"]
+    answer = await http.post(
+        "/api/agents/asker/generate", json={"messages": ["never mind"], "memory": memory}
+    )
+    assert answer.status_code == 200, answer.text
+    scripted = service.app.models["caller"]
+    assert isinstance(scripted, ScriptedModel)
+    prompt = [m for m in scripted.requests[-1].prompt if m["role"] != "system"]
+    assert prompt == [  # before: the stored call as a tool-call with no result after it
+        {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "never mind"}]},
+    ]
+
+
+async def test_an_assistant_message_holding_only_an_unanswered_call_is_left_out_whole(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    answer = await _generate(http, "t-only-call", _assistant(_weather("c8", "input-available")))
+    assert answer.status_code == 200, answer.text
+    assert _prompt(service) == [
+        {"role": "user", "content": [{"type": "text", "text": "weather in Paris?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "thanks"}]},
+    ]
+
+
+async def test_the_answered_calls_of_a_message_stay_beside_an_unanswered_one(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    done = _weather("c9", "output-available", output={"tempC": 21})
+    answer = await _generate(http, "t-mixed", _assistant(done, _weather("c10", "input-available")))
+    assert answer.status_code == 200, answer.text
+    assert [(role, [p["type"] for p in parts]) for role, parts in _prompt_tools(service)] == [
+        ("assistant", ["tool-call"]),
+        ("tool", ["tool-result"]),
+    ]
+
+
+@pytest.mark.parametrize(("after", "kept"), [([], ["p1"]), ([THANKS], [])], ids=["open-turn", "user-after"])
+async def test_an_unanswered_provider_executed_call_stays_on_the_open_turn_only(
+    http: httpx.AsyncClient, service: Service, after: list[dict[str, Any]], kept: list[str]
+) -> None:
+    # A provider may defer its own call (a web search) to its next request: the reference keeps
+    # the call while its assistant turn is the last one, and leaves it out once a user turn follows.
+    searching = _weather("p1", "input-available", providerExecuted=True)
+    thread = f"t-provider-{len(after)}"
+    body = {
+        "messages": [ASKED, {**_assistant(SAID, searching), "id": thread}, *after],
+        "memory": {"thread": thread, "resource": "user-bo"},
+    }
+    answer = await http.post("/api/agents/keeper/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    calls = [p for m in _prompt(service) for p in m["content"] if p["type"] == "tool-call"]
+    assert [p["toolCallId"] for p in calls] == kept
+    assert all(p.get("providerExecuted") is True for p in calls)

@@ -49,15 +49,49 @@ def test_prompt_assistant_tool_calls_then_tool_results() -> None:
     ]
     prompt = build_prompt([], messages)
     assert [m["role"] for m in prompt] == ["user", "assistant", "tool", "user"]
+    # the call without a result is left out (a provider rejects a call with no result after it)
     assert prompt[1]["content"] == [
         {"type": "text", "text": "Let me check."},
         {"type": "tool-call", "toolCallId": "c1", "toolName": "weather", "input": {"city": "Paris"}},
-        {"type": "tool-call", "toolCallId": "c2", "toolName": "clock", "input": {}},
     ]
-    # only the finished invocation has a result
     assert prompt[2]["content"] == [
         {"type": "tool-result", "toolCallId": "c1", "toolName": "weather", "output": {"temp": 21}}
     ]
+
+
+def _called(call_id: str, *, provider: bool = False) -> dict[str, Any]:
+    """An invocation in state ``call`` (no result), provider-executed with `provider`."""
+    inv = {"state": "call", "toolCallId": call_id, "toolName": "web_search", "args": {"q": "x"}}
+    return {**inv, "providerExecuted": True} if provider else inv
+
+
+def _call_ids(prompt: list[dict[str, Any]]) -> list[str]:
+    return [
+        p["toolCallId"] for m in prompt if m["role"] != "system" for p in m["content"] if "toolCallId" in p
+    ]
+
+
+def test_prompt_leaves_out_an_assistant_message_holding_only_unanswered_calls() -> None:
+    messages = [text_message("user", "weather?"), assistant("", _called("c1"))]
+    assert build_prompt([], messages) == [{"role": "user", "content": [{"type": "text", "text": "weather?"}]}]
+
+
+@pytest.mark.parametrize(
+    ("after", "kept"),
+    [
+        ([], ["p1"]),  # the open turn: the provider may still answer it
+        ([text_message("user", "and?")], []),  # a user turn followed it
+        ([signal(contents="note")], []),  # a signal is a user turn
+        ([assistant("later")], []),  # a later assistant message is the open turn
+        ([assistant("", _called("c9"))], ["p1"]),  # one showing nothing is not
+    ],
+    ids=["open", "user-after", "signal-after", "assistant-after", "empty-assistant-after"],
+)
+def test_prompt_keeps_an_unanswered_provider_executed_call_on_the_open_turn_only(
+    after: list[dict[str, Any]], kept: list[str]
+) -> None:
+    messages = [text_message("user", "search"), assistant("looking", _called("p1", provider=True)), *after]
+    assert _call_ids(build_prompt([], messages)) == kept
 
 
 def test_prompt_renders_signals_as_user_turns() -> None:

@@ -152,22 +152,12 @@ class Member:
     # -- feeding --------------------------------------------------------------------------------
 
     def feed(self, part: tpb.Chunk, origin: int | None) -> None:
-        """Give it `part` in this round's request."""
-        if self.call is None:
-            self._open()
-        out = self.out
-        if out is None:
-            out = self.out = []
-        seq = self.seq = self.seq + 1
-        now = self.group.now
-        out.append((seq, part))
-        self.fed.append(_Fed(seq, part, origin, now))
-        if origin is None:
-            self.firm += 1
+        """Give it `part` in this round's request: committed input (`origin` None) or in advance."""
+        self.feed_all([(part, origin)], origin is None)
 
-    def feed_all(self, parts: list[tuple[tpb.Chunk, int]], firm: bool) -> None:
+    def feed_all(self, parts: Sequence[tuple[tpb.Chunk, int | None]], firm: bool) -> None:
         """Give it `parts` (each with its group input) in this round's request, as committed
-        input (`firm`) or in advance: `feed` for a batch."""
+        input (`firm`) or in advance."""
         if not parts:
             return
         if self.call is None:

@@ -1,8 +1,8 @@
 """The docs' commands run what exists: every `procmesh*` program is a console script of one of the
 three distributions (and the README names each), every --flag is one that command's parser takes,
 every set `procmesh-sidecar` serves one it has, every `make X` a Makefile target, every
-PROCMESH_* variable one the code reads; and docs/running.md names every Debian package `make deps`
-installs.
+PROCMESH_* variable one the code reads, every value given to a setting (`PROCMESH_API_KEYS=...`)
+one its settings class takes; and docs/running.md names every Debian package `make deps` installs.
 
 Each check reads the truth from the code (the three pyproject.toml files and the parsers of their
 console scripts, the Makefile, the settings classes and the source), and
@@ -172,6 +172,46 @@ def env_problems(doc: Doc, known: set[str]) -> list[str]:
     return problems
 
 
+SETTING = re.compile(r"""(PROCMESH_[A-Z0-9_]*[A-Z0-9])=('[^']*'|"[^"]*"|[^\s`'")]*[^\s`'"):;.,])""")
+
+
+def _settings_given(doc: Doc) -> list[tuple[str, str]]:
+    """Every `PROCMESH_NAME=VALUE` a command line or span sets (a span that is one assignment
+    whole: its value may hold spaces, `PROCMESH_TRUSTED_CONTEXT={"*": ["*"]}`), unquoted."""
+    given = []
+    for line in [*_command_lines(doc), *doc.spans]:
+        whole = re.fullmatch(r"(PROCMESH_[A-Z0-9_]*[A-Z0-9])=(.+)", line)
+        found = [whole.groups()] if whole and line in doc.spans else SETTING.findall(line.split(" #", 1)[0])
+        given += [(name, value[1:-1] if value[:1] in "'\"" else value) for name, value in found]
+    return given
+
+
+def setting_value_problems(doc: Doc) -> list[str]:
+    """Every value the doc gives a setting of the orchestrator or a sidecar (`PROCMESH_<FIELD>=...`)
+    is one the settings class takes from the environment, and an API key list one
+    `procmesh-orchestrator` starts with (every entry bound: `key=resource`, `key=@operator`);
+    `$(...)`, `<...>` and `...` are placeholders."""
+    from procmesh_orchestrator.service._auth import KeyListError, parse_keys
+
+    problems = []
+    for name, value in _settings_given(doc):
+        if any(mark in value for mark in ("$", "<", "...")):
+            continue
+        for settings in (OrchestratorSettings, ProcessorSettings):
+            if name.removeprefix("PROCMESH_").lower() not in settings.model_fields:
+                continue
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv(name, value)
+                try:
+                    taken = settings()
+                    if isinstance(taken, OrchestratorSettings):
+                        parse_keys([key.get_secret_value() for key in taken.api_keys])
+                except (ValueError, KeyListError) as error:
+                    why = " ".join(str(error).split())[:90]
+                    problems.append(f"{_rel(doc.path)}: {name}={value}: {settings.__name__}: {why}")
+    return problems
+
+
 # -- console scripts -----------------------------------------------------------------------------
 
 
@@ -224,6 +264,11 @@ def make_problems(doc: Doc, targets: set[str]) -> list[str]:
 def test_environment_variables_are_read_by_the_code(docs: list[Doc]) -> None:
     known = known_env()
     assert [p for doc in docs for p in env_problems(doc, known)] == []
+
+
+def test_the_settings_values_in_the_docs_are_taken(docs: list[Doc]) -> None:
+    assert len([given for doc in docs for given in _settings_given(doc)]) > 10  # the values were found
+    assert [p for doc in docs for p in setting_value_problems(doc)] == []
 
 
 def test_the_typos_the_docs_show_are_refused() -> None:
@@ -290,6 +335,17 @@ def test_the_checks_catch_made_up_commands() -> None:
         "docs/made-up.md: `procmesh-frobnicate --now` runs procmesh-frobnicate, not a console script",
     ]
     assert make_problems(fake, make_targets()) == ["docs/made-up.md: make frobnicate: no such target"]
+    valued = made_up(
+        'Set `PROCMESH_TRUSTED_CONTEXT={"*": ["*"]}`, `PROCMESH_HTTP_PORT=lots` or\n'
+        "`PROCMESH_HOOK_THREADS=maybe`.\n\n"
+        "```sh\nPROCMESH_API_KEYS=change-me procmesh-orchestrator   # unbound\n"
+        "PROCMESH_API_KEYS='k1=tenant-a,k2=@operator' PROCMESH_LISTEN=$ADDR procmesh-orchestrator\n```\n",
+    )
+    assert [p.split(": ")[1] for p in setting_value_problems(valued)] == [
+        "PROCMESH_API_KEYS=change-me",
+        "PROCMESH_HTTP_PORT=lots",
+        "PROCMESH_HOOK_THREADS=maybe",
+    ]
     flagged = made_up(
         "Run `procmesh-orchestrator --config x.yaml --frob` or `procmesh-sidecar examples --hook-threads`,\n"
         "`python mine.py --listen x --nope`; `--no-such-flag` and `--listen ADDR` alone.\n\n"

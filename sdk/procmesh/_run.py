@@ -233,6 +233,12 @@ async def serve(
 ) -> None:
     """Serve processors and `tools` until SIGTERM or SIGINT, then stop within the grace period."""
     credentials = None
+    if settings.tls_client_ca and not (settings.tls_cert or settings.tls_key):
+        # a client CA alone would serve plaintext, requiring no client certificate: never mTLS
+        # silently turned off
+        raise _StartError(
+            "--tls-client-ca (mTLS) needs --tls-cert and --tls-key: the sidecar must serve TLS first"
+        )
     if settings.tls_cert or settings.tls_key:
         if not (settings.tls_cert and settings.tls_key):
             raise _StartError("TLS needs both --tls-cert and --tls-key")

@@ -286,7 +286,11 @@ class ProcessorServer {
 // -- serve / run -------------------------------------------------------------------------------------
 
 function tlsCredentials({ tlsCert, tlsKey, tlsClientCa }) {
-  if (!tlsCert && !tlsKey) return undefined;
+  if (!tlsCert && !tlsKey) {
+    // a client CA alone would serve plaintext, requiring no client certificate: never mTLS silently off
+    if (tlsClientCa) throw new SettingsError('--tls-client-ca (mTLS) needs --tls-cert and --tls-key: the sidecar must serve TLS first');
+    return undefined;
+  }
   if (!(tlsCert && tlsKey)) throw new SettingsError('TLS needs both --tls-cert and --tls-key');
   const ca = tlsClientCa ? fs.readFileSync(tlsClientCa) : null;
   return grpc.ServerCredentials.createSsl(ca, [{ private_key: fs.readFileSync(tlsKey), cert_chain: fs.readFileSync(tlsCert) }], Boolean(ca));

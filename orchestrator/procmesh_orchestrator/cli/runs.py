@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     decisions.add_argument("--since", help="ISO 8601: decisions from this time on, every run's, oldest first")
     decisions.add_argument("--until", help="ISO 8601: and before this time (default: now)")
     decisions.add_argument("--agent", help="with --since: only this agent's runs")
-    decisions.add_argument("--limit", type=int, default=1000, help="with --since: at most this many")
+    decisions.add_argument(
+        "--limit",
+        type=int,
+        default=1000,
+        help="with --since: at most this many (1 to 9999); more in the range: a note on stderr",
+    )
     decisions.add_argument("--config", help="YAML configuration file (default: PROCMESH_CONFIG_FILE)")
     decisions.add_argument("--json", action="store_true", help="one JSON object per line")
     return runs
@@ -41,19 +47,24 @@ def _line(d: Decision, run: bool) -> str:
 async def run(args: argparse.Namespace) -> int:
     """Print the decisions; exit 1 when the store keeps none of the run (2: neither RUN nor --since)."""
     from procmesh_orchestrator.config import load_config
+    from procmesh_orchestrator.service.api.decisions import MAX_BETWEEN, between_page
     from procmesh_orchestrator.store import open_store
 
     if (args.run is None) == (args.since is None):
         print("procmesh runs decisions: give a RUN or --since, not both", flush=True)
         return 2
+    if not 1 <= args.limit <= MAX_BETWEEN:
+        print(f"procmesh runs decisions: --limit must be from 1 to {MAX_BETWEEN}", flush=True)
+        return 2
     store = open_store(load_config(args.config).storage)
     await store.start()
+    more = False
     try:
         if args.run is not None:
             found = await store.run_decisions(args.run)
         else:
             until = args.until or datetime.now(UTC).isoformat()
-            found = await store.decisions_between(args.since, until, agent_id=args.agent, limit=args.limit)
+            found, more = await between_page(store, args.since, until, args.agent, args.limit)
     finally:
         await store.close()
     if not found and args.run is not None:
@@ -64,4 +75,11 @@ async def run(args: argparse.Namespace) -> int:
             print(json.dumps({"runId": d.run_id, **d.to_json()}, ensure_ascii=False))
         else:
             print(_line(d, run=args.run is None))
+    if more:  # the lines above are the range's first ones only: never a cut list passed off as whole
+        print(
+            f"procmesh runs decisions: the range holds more than --limit {args.limit} decisions; "
+            "these are its first (oldest): narrow --since/--until or raise --limit",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0

@@ -309,7 +309,8 @@ async def test_decisions_by_time_over_http_are_an_operators_to_read(stack: Stack
     assert [d["at"] for d in decisions] == sorted(d["at"] for d in decisions)  # oldest first
     later = {"since": "2999-01-01T00:00:00Z", "until": "3000-01-01T00:00:00Z"}
     assert (await stack.http.get("/api/runs/decisions", params=later, headers=OPERATOR)).json() == {
-        "decisions": []
+        "decisions": [],
+        "hasMore": False,
     }
     tenant = await stack.http.get("/api/runs/decisions", params=query, headers=ADA)
     assert tenant.status_code == 403  # every tenant's decisions: not a tenant key's to read
@@ -318,6 +319,40 @@ async def test_decisions_by_time_over_http_are_an_operators_to_read(stack: Stack
     assert "since" in missing.text
     bad = await stack.http.get("/api/runs/decisions", params={"since": "yesterday"}, headers=OPERATOR)
     assert bad.status_code == 400
+
+
+async def test_decisions_by_time_cut_at_the_limit_say_so(stack: Stack) -> None:
+    """A read by time that stops at its limit says the range holds more (HTTP ``hasMore``, the
+    CLI a line on stderr), never a first page passed off as the whole range."""
+    for _ in range(2):
+        await stack.generate("blocked", OPERATOR)
+    query = {"since": "2000-01-01T00:00:00Z", "agentId": "blocked"}
+    whole = (await stack.http.get("/api/runs/decisions", params=query, headers=OPERATOR)).json()
+    assert len(whole["decisions"]) >= 2
+    assert whole["hasMore"] is False
+    cut = await stack.http.get("/api/runs/decisions", params={**query, "limit": 1}, headers=OPERATOR)
+    assert cut.status_code == 200, cut.text
+    assert cut.json() == {"decisions": whole["decisions"][:1], "hasMore": True}
+    exact = {**query, "limit": len(whole["decisions"])}
+    assert (await stack.http.get("/api/runs/decisions", params=exact, headers=OPERATOR)).json() == whole
+    too_many = await stack.http.get(
+        "/api/runs/decisions", params={**query, "limit": 10_000}, headers=OPERATOR
+    )
+    assert too_many.status_code == 400
+    assert "limit: must be an integer from 1 to 9999" in too_many.text
+    procmesh = str(Path(sys.executable).parent / "procmesh")
+    env = {**os.environ, "PROCMESH_CONFIG_FILE": str(stack.config_path)}
+    command = [procmesh, "runs", "decisions", "--since", "2000-01-01", "--agent", "blocked", "--json"]
+    out = await asyncio.to_thread(
+        subprocess.run, [*command, "--limit", "1"], capture_output=True, text=True, env=env, check=True
+    )
+    assert len(out.stdout.splitlines()) == 1
+    assert "the range holds more than --limit 1 decisions" in out.stderr
+    out = await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, env=env, check=True
+    )
+    assert len(out.stdout.splitlines()) == len(whole["decisions"])
+    assert out.stderr == ""
 
 
 async def test_retention_and_thread_deletion_purge_records(stack: Stack) -> None:

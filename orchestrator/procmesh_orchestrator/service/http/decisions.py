@@ -12,7 +12,7 @@ from starlette.routing import Route
 from procmesh_orchestrator.service._auth import caller_of
 from procmesh_orchestrator.service.api import decisions
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.http.bodies import json_response, query_int, route
+from procmesh_orchestrator.service.http.bodies import json_response, route
 
 
 class DecisionRoutes:
@@ -37,8 +37,11 @@ class DecisionRoutes:
         """Every run's decisions in the range, oldest first, each with its run id."""
         query = request.query_params
         until = query.get("until") or datetime.now(UTC).isoformat()
-        limit = query_int(query.get("limit"), "limit", 1000, 1)
-        found = await decisions.decisions_between(
+        raw = query.get("limit") or "1000"  # its range is checked with the call (MAX_BETWEEN)
+        limit = int(raw) if raw.isdigit() and len(raw) <= 9 else 0
+        found, more = await decisions.decisions_between(
             self.core, caller_of(request), query.get("since"), until, query.get("agentId"), limit
         )
-        return json_response({"decisions": [{"runId": d.run_id, **d.to_json()} for d in found]})
+        return json_response(
+            {"decisions": [{"runId": d.run_id, **d.to_json()} for d in found], "hasMore": more}
+        )

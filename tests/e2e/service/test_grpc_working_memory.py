@@ -106,6 +106,13 @@ async def test_the_refusals_are_status_codes(stub: agrpc.AgentServiceStub) -> No
     thread_scoped = apb.GetWorkingMemoryRequest(agent_id="notes")
     code, details = await refused(stub.GetWorkingMemory(thread_scoped, metadata=ADA))
     assert (code, "threadId: required" in details) == (grpc.StatusCode.INVALID_ARGUMENT, True)
+    # a thread-scoped text goes to a thread of the caller's resource, never to one not there
+    typo = apb.UpdateWorkingMemoryRequest(agent_id="notes", thread_id="t1-typo", working_memory='{"a": 0}')
+    code, details = await refused(stub.UpdateWorkingMemory(typo, metadata=ADA))
+    assert (code, "no thread 't1-typo'" in details) == (grpc.StatusCode.NOT_FOUND, True)
+    await stub.Generate(apb.GenerateRequest(agent_id="notes", text="hi", thread_id="t1"), metadata=ADA)
+    bobs = apb.UpdateWorkingMemoryRequest(agent_id="notes", thread_id="t1", working_memory='{"b": 1}')
+    assert (await refused(stub.UpdateWorkingMemory(bobs, metadata=BOB)))[0] == grpc.StatusCode.NOT_FOUND
     not_json = apb.UpdateWorkingMemoryRequest(agent_id="notes", thread_id="t1", working_memory="{oops")
     code, details = await refused(stub.UpdateWorkingMemory(not_json, metadata=ADA))
     assert (code, "is JSON" in details) == (grpc.StatusCode.INVALID_ARGUMENT, True)

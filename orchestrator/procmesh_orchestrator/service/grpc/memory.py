@@ -13,7 +13,7 @@ from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.api.memory import input_errors, scope, store_errors
+from procmesh_orchestrator.service.api.memory import input_errors, owned, scope, store_errors
 
 
 def memory_options(request: Any) -> MemoryCallOptions:
@@ -72,12 +72,16 @@ async def get_working_memory(
 async def update_working_memory(
     service: ServiceCore, request: apb.UpdateWorkingMemoryRequest, caller: Caller
 ) -> apb.UpdateWorkingMemoryResponse:
-    """Replace the agent's working memory for the caller's resource (or its thread)."""
+    """Replace the agent's working memory for the caller's resource (or its thread: one of the
+    caller's resource, NOT_FOUND otherwise, as over HTTP; a text kept for a thread that is not
+    there would be lost without a word)."""
     store, resource = _whose(service, request, caller)
     memory = service.agent(request.agent_id).spec.memory
     with input_errors():
         _, settings, key = working_memory.locate(request.agent_id, memory, request.thread_id)
         text = working_memory.check_text(settings, request.working_memory)
+    if settings.scope == "thread":
+        await owned(store, request.thread_id, resource)
     with store_errors(store, "updating the working memory", request.thread_id):
         await store.update_working_memory(resource, key, lambda old: text)
     return apb.UpdateWorkingMemoryResponse()

@@ -70,6 +70,11 @@ def parse_answer(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
     return (None, wrong) if wrong else (value, None)
 
 
+def messages_valid(request: mpb.ModelServiceGenerateRequest) -> bool:
+    """Whether `prompt_of` takes the request's messages (else it refuses them)."""
+    return bool(request.messages) and all(message.role in _ROLES for message in request.messages)
+
+
 def prompt_of(request: mpb.ModelServiceGenerateRequest) -> list[dict[str, Any]]:
     """The request's messages in the providers' prompt shape."""
     if not request.messages:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from procmesh import convert, tracing
 from procmesh.v1 import model_pb2 as mpb
 from procmesh_orchestrator.service.grpc.gateway_calls import GatewayCalls, ModelCall, instruction
-from procmesh_orchestrator.service.grpc.gateway_policy import GatewayModels
+from procmesh_orchestrator.service.grpc.gateway_policy import Children, GatewayModels
 from procmesh_orchestrator.service.grpc.judge_planner import Judge, JudgePlanner
 from procmesh_orchestrator.service.grpc.judge_sections import (
     SectionRequest,
@@ -47,9 +47,14 @@ class GatewayJudging:
     """The answers to `service`'s gateway requests, through `calls` (`models`: the serving config's)."""
 
     def __init__(
-        self, service: ServiceCore, calls: GatewayCalls, models: Callable[[], GatewayModels]
+        self,
+        service: ServiceCore,
+        calls: GatewayCalls,
+        models: Callable[[], GatewayModels],
+        children: Children,
     ) -> None:
         self._service = service
+        self._children = children
         self._calls = calls
         self._models = models
         self._cache: VerdictCache | None = None
@@ -70,9 +75,9 @@ class GatewayJudging:
         config = self._service.app.config.judge_cache
         if not config.enabled:
             return None
-        if self._cache is None or self._cache.config != config:
-            metrics = self._service.app.metrics
-            self._cache = VerdictCache(config, lambda p, r: metrics.judge_cache_lookups.labels(p, r).inc())
+        if self._cache is None or (self._cache.config is not config and self._cache.config != config):
+            lookups, children = self._service.app.metrics.judge_cache_lookups, self._children
+            self._cache = VerdictCache(config, lambda p, r: children(lookups, p, r).inc())
         return self._cache
 
     async def _judge_once(
@@ -96,26 +101,49 @@ class GatewayJudging:
         value, usage = convert.from_value(out.object), convert.usage_from_proto(out.usage)
         return SectionVerdict(value, out.text, usage, out.model, out.finish_reason, out.attempts, 1)
 
-    async def answer(self, question: Question) -> mpb.ModelServiceGenerateResponse:
-        """The model's answer, or the verdict cache's for a question asked before."""
+    def at_once(
+        self,
+        request: mpb.ModelServiceGenerateRequest,
+        resource: str | None,
+        schema: dict[str, Any],
+        settings: dict[str, Any],
+        processor: str,
+    ) -> mpb.ModelServiceGenerateResponse | None:
+        """`answer`'s answer when the verdict cache holds it in this process, counted as `answer`
+        counts it, without awaiting; else None, nothing counted (`answer` then serves it)."""
+        cache = self._verdicts
+        if cache is None or self._judging.refuses(request.run_id):
+            return None
+        address = cache.address(request, schema, settings, resource)
+        if address is None:
+            return None
+        response = cache.stored(address, processor)
+        if response is None:
+            return None
+        self._children(self._service.app.metrics.judge_calls_saved, processor, "cache").inc()
+        self._planner.cached(request, resource, settings)  # held its lane, and one fewer to wait for
+        return response
+
+    async def answer(self, question: Question) -> tuple[mpb.ModelServiceGenerateResponse, bool]:
+        """The model's answer, or the verdict cache's for a question asked before (then True)."""
         request, resource, call = question.request, question.resource, question.call
+        processor = self._models().processor_label(request.processor_id)
         if call.schema is not None:  # a question sent after its attempt failed: refused, not asked
-            self._judging.refuse(request.run_id, self._models().processor_label(request.processor_id))
+            self._judging.refuse(request.run_id, processor)
         cache = self._verdicts
         if cache is None:
-            return await self._ask(question)
-        processor = self._models().processor_label(request.processor_id)
+            return await self._ask(question), False
         self._planner.sending(
             request, resource, call.settings
         )  # a section the cache answers still holds its lane
         ask = lambda: self._ask(question)  # noqa: E731
         response, reused = await cache.answer(request, call.schema, call.settings, resource, processor, ask)
         if reused:
-            self._service.app.metrics.judge_calls_saved.labels(processor, "cache").inc()
+            self._children(self._service.app.metrics.judge_calls_saved, processor, "cache").inc()
             self._planner.answered(
                 request, resource, call.settings
             )  # its text's group: one fewer to wait for
-        return response
+        return response, reused
 
     async def _ask(self, question: Question) -> mpb.ModelServiceGenerateResponse:
         """The model's answer; a guard's section goes through the judge planner (merged if it can)."""

@@ -55,6 +55,23 @@ def shown(value: str) -> str:
     return repr(value[:MAX_SHOWN] + ("..." if len(value) > MAX_SHOWN else ""))
 
 
+class Children:
+    """Metrics' children by label values, each looked up once: prometheus_client's ``labels()``
+    takes a lock and checks its values on every call, and the gateway counts several series per
+    call (labels are config names or ``other``/``unknown``: a bounded set)."""
+
+    def __init__(self) -> None:
+        self._of: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: Any, *labels: str) -> Any:
+        """`metric`'s child for `labels` (``metric.labels(*labels)``)."""
+        key = (metric, labels)
+        child = self._of.get(key)
+        if child is None:
+            child = self._of[key] = metric.labels(*labels)
+        return child
+
+
 def on_local_socket(peer: str) -> bool:
     """True for a gRPC peer connected over a unix socket (grpc reports ``unix:...``)."""
     return peer.startswith("unix:")

@@ -234,6 +234,17 @@ class JudgePlanner:
             lane = self._lane_of(request, resource, settings)
             self._settled(merge_key(lane, request.section.content), lane, request.processor_id)
 
+    def cached(
+        self, request: mpb.ModelServiceGenerateRequest, resource: str | None, settings: Mapping[str, Any]
+    ) -> None:
+        """`sending` and `answered` at once, for a request the verdict cache answered without awaiting."""
+        if request.HasField("section"):
+            lane = self._lane_of(request, resource, settings)
+            key = merge_key(lane, request.section.content)
+            self._text(key, lane).arrived.add(request.processor_id)
+            self._hold(lane)
+            self._settled(key, lane, request.processor_id)
+
     @staticmethod
     def _lane_of(
         request: mpb.ModelServiceGenerateRequest, resource: str | None, settings: Mapping[str, Any]

@@ -89,10 +89,14 @@ class RunJudging:
             if not flying and self._flying.get(run_id) is flying:
                 del self._flying[run_id]
 
+    def refuses(self, run_id: str) -> bool:
+        """Whether `refuse` refuses the run's questions now."""
+        return bool(run_id) and self._failed_attempt(run_id)
+
     def refuse(self, run_id: str, processor: str) -> None:
         """Refuse (CANCELLED) a question of a run whose attempt failed and whose next has not begun:
         it is about the failed attempt's text, as those cancelled at the failure were."""
-        if run_id and self._failed_attempt(run_id):
+        if self.refuses(run_id):
             self._saved.labels(processor, "cancelled").inc()
             raise Refused(
                 grpc.StatusCode.CANCELLED,

@@ -63,8 +63,11 @@ def key(
         "settings": settings,
         "tenant": tenant or "",
     }
-    text = json.dumps(question, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(_canonical(question).encode()).hexdigest()
+
+
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+"""`json.dumps` with these options, its encoder made once (``dumps`` makes one per call)."""
 
 
 class MemoryVerdicts:
@@ -199,6 +202,35 @@ class VerdictCache:
         if self._redis is not None:
             await self._redis.close()
 
+    def address(
+        self,
+        request: mpb.ModelServiceGenerateRequest,
+        schema: dict[str, Any] | None,
+        settings: dict[str, Any],
+        tenant: str | None,
+    ) -> str | None:
+        """`request`'s key when it is a deterministic question (a schema, temperature 0), else None."""
+        if schema is None or settings.get("temperature") != 0:
+            return None
+        return key(
+            model=request.model,
+            processor=request.processor_id,
+            messages=[(m.role, m.text) for m in request.messages],
+            schema=schema,
+            settings=settings,
+            tenant=tenant,
+        )
+
+    def stored(self, address: str, processor: str) -> mpb.ModelServiceGenerateResponse | None:
+        """The answer this process holds for `address` (counted ``memory``, no usage: this caller
+        spent no tokens), without awaiting; None (not counted) when it holds none: `answer` then
+        looks further."""
+        value = self._memory.get(address)
+        if value is None:
+            return None
+        self._count(processor, "memory")
+        return _reused(value)
+
     async def answer(
         self,
         request: mpb.ModelServiceGenerateRequest,
@@ -211,16 +243,9 @@ class VerdictCache:
         """The gateway's answer to `request` through the cache when it is a deterministic question
         (a schema, temperature 0), else `call()`'s; and whether it was reused. A reused answer
         reports no usage: this caller spent no tokens."""
-        if schema is None or settings.get("temperature") != 0:
+        address = self.address(request, schema, settings, tenant)
+        if address is None:
             return await call(), False
-        address = key(
-            model=request.model,
-            processor=request.processor_id,
-            messages=[(m.role, m.text) for m in request.messages],
-            schema=schema,
-            settings=settings,
-            tenant=tenant,
-        )
 
         async def ask() -> bytes:
             return (await call()).SerializeToString()
@@ -228,10 +253,16 @@ class VerdictCache:
         with tracing.span(f"procmesh.judge_cache {processor}") as span:
             data, found = await self.through(address, processor, ask)
             span.set("procmesh.judge_cache.result", found)
-        response = mpb.ModelServiceGenerateResponse.FromString(data)
-        if found != "miss":
-            response.ClearField("usage")
-        return response, found != "miss"
+        if found == "miss":
+            return mpb.ModelServiceGenerateResponse.FromString(data), False
+        return _reused(data), True
+
+
+def _reused(data: bytes) -> mpb.ModelServiceGenerateResponse:
+    """A stored answer as a caller that reused it gets it: no usage."""
+    response = mpb.ModelServiceGenerateResponse.FromString(data)
+    response.ClearField("usage")
+    return response
 
 
 def cancelled_here() -> bool:

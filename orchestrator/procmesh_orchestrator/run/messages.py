@@ -332,7 +332,7 @@ def build_prompt(
     prompt: list[dict[str, Any]] = [
         {"role": "system", "content": message_text(m)} for m in system_messages if message_text(m)
     ]
-    open_turn = _open_turn(messages)
+    open_turn, open_content = _open_turn(messages)
     for index, msg in enumerate(messages):
         role = msg.get("role")
         parts = (msg.get("content") or {}).get("parts") or []
@@ -342,7 +342,7 @@ def build_prompt(
             content = [_user_part(p) for p in parts if p.get("type") in ("text", "file", "image")]
             prompt.append({"role": "user", "content": attachments.with_placeholders(msg, content)})
         elif role == "assistant":
-            parts_out, results = _assistant_turn(parts, open_turn=index == open_turn)
+            parts_out, results = open_content if index == open_turn else _assistant_turn(parts, False)
             if parts_out:
                 prompt.append({"role": "assistant", "content": parts_out})
             if results:
@@ -355,19 +355,22 @@ def build_prompt(
     return prompt
 
 
-def _open_turn(messages: list[Message]) -> int:
-    """The index of the open turn: the last assistant message that shows the model anything, when
-    no user turn (a signal is one) follows it; -1 when there is none. Only there may a
-    provider-executed call be left without its result (the provider may defer it to its next
-    request); anywhere else such a call is an orphan (the reference's rule)."""
+def _open_turn(messages: list[Message]) -> tuple[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """The index of the open turn and its prompt content (`_assistant_turn`'s, converted once):
+    the last assistant message that shows the model anything, when no user turn (a signal is
+    one) follows it; -1 and nothing when there is none. Only there may a provider-executed call
+    be left without its result (the provider may defer it to its next request); anywhere else
+    such a call is an orphan (the reference's rule)."""
     for index in range(len(messages) - 1, -1, -1):
         msg = messages[index]
         role = msg.get("role")
         if role in ("user", "signal"):
-            return -1
-        if role == "assistant" and any(_assistant_turn((msg.get("content") or {}).get("parts") or [], True)):
-            return index
-    return -1
+            break
+        if role == "assistant":
+            content = _assistant_turn((msg.get("content") or {}).get("parts") or [], True)
+            if any(content):
+                return index, content
+    return -1, ([], [])
 
 
 def _assistant_turn(

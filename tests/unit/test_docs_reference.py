@@ -410,51 +410,6 @@ def test_the_sdk_page_lists_every_flag_of_a_sidecar() -> None:
     assert sorted(f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", table)) == []
 
 
-# -- the client's methods ------------------------------------------------------------------------
-
-METHODS = re.compile(
-    r"\((\d+) methods: (\d+) work, (\d+) answer 501\):\n\n"
-    r"\| client method \| result \|\n\|[^\n]*\n((?:\|[^\n]*\n)+)"
-)
-
-
-def client_method_problems(text: str, measured: tuple[int, int]) -> list[str]:
-    """service.md's "(N methods: W work, F answer 501)" adds up, counts the table after it (a span is
-    one method, or the N of its "(N methods)"), and is what tests/e2e/service/test_clientjs_api.py
-    finds the real client's methods do (its `(len(rows), len(works))`)."""
-    found = METHODS.search(text)
-    if found is None:
-        return ["docs/service.md: no (N methods: W work, F answer 501) before the client methods' table"]
-    total, works, refused = (int(found[i]) for i in (1, 2, 3))
-    counted = {"works": 0, "501": 0}
-    for row in found[4].splitlines():
-        methods, result = row.strip("|").split(" | ", 1)
-        many = re.findall(r"`[^`]+`(?: \((\d+) methods\))?", methods)
-        counted["works" if result.startswith("works") else "501"] += sum(int(n or 1) for n in many)
-    problems = []
-    if total != works + refused:
-        problems.append(f"docs/service.md: {works} work and {refused} answer 501 is not {total} methods")
-    if (total, works) != measured:
-        problems.append(f"docs/service.md: {total} methods, {works} work; the e2e test finds {measured}")
-    if (counted["works"] + counted["501"], counted["works"]) != (total, works):
-        problems.append(f"docs/service.md: the table has {counted['works']} working and {counted['501']} 501")
-    return problems
-
-
-def test_the_client_method_counts_are_the_tables_and_the_tests() -> None:
-    source = (REPO / "tests" / "e2e" / "service" / "test_clientjs_api.py").read_text(encoding="utf-8")
-    asserted = re.search(r"\(len\(rows\), len\(works\)\) == \((\d+), (\d+)\)", source)
-    assert asserted is not None  # what the e2e test measures
-    measured = (int(asserted[1]), int(asserted[2]))
-    assert client_method_problems((REPO / "docs" / "service.md").read_text(encoding="utf-8"), measured) == []
-    made_up = "(3 methods: 1 work, 1 answer 501):\n\n| client method | result |\n| --- | --- |\n"
-    made_up += "| `a` | works |\n| `b(id).*` (2 methods) | 501: no |\n"
-    assert client_method_problems(made_up, (3, 2)) == [
-        "docs/service.md: 1 work and 1 answer 501 is not 3 methods",
-        "docs/service.md: 3 methods, 1 work; the e2e test finds (3, 2)",
-    ]
-
-
 # -- the config reference ------------------------------------------------------------------------
 
 

@@ -25,7 +25,9 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.run.messages import message_text
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.service._auth import split_binding
+from procmesh_orchestrator.service.api import memory as api_memory
 from procmesh_orchestrator.settings import OrchestratorSettings
+from procmesh_orchestrator.store import _threads
 from procmesh_orchestrator.store.postgres import PostgresMemoryStore
 from tests.integration.memory.conftest import Backend, backend, postgres_dsn  # noqa: F401
 from tests.integration.memory.pg import PostgresServer
@@ -116,6 +118,32 @@ async def test_a_thread_lives_through_create_get_update_generate_list_and_delete
     deleted = await http.delete("/api/memory/threads/t-1?agentId=assistant", headers=ADA)
     assert deleted.json() == {"result": "Thread deleted"}
     assert (await http.get("/api/memory/threads/t-1", headers=ADA)).status_code == 404
+
+
+async def test_a_resource_with_more_threads_than_the_store_reads_at_once_lists_them_all(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store reads at most MAX_PAGE threads at once (10 000; 2 here, on both stores): the
+    listing and the text search read on until they have every thread, so ``total`` counts them all
+    and no page beyond the first read is silently empty."""
+    monkeypatch.setattr(_threads, "MAX_PAGE", 2)  # what the store gives at once
+    monkeypatch.setattr(api_memory, "MAX_PAGE", 2)  # what the API asks it for
+    for i in range(5):
+        await _create(http, ADA, threadId=f"many-{i}", title=f"Thread {i}")
+    listed = (await http.get("/api/memory/threads?agentId=assistant&perPage=10", headers=ADA)).json()
+    assert listed["total"] == 5
+    assert sorted(t["id"] for t in listed["threads"]) == [f"many-{i}" for i in range(5)]
+    last = await http.get("/api/memory/threads?agentId=assistant&perPage=2&page=2", headers=ADA)
+    assert [t["id"] for t in last.json()["threads"]] == [listed["threads"][4]["id"]]
+    assert last.json()["hasMore"] is False
+    save = {"messages": [{"threadId": "many-0", "role": "user", "content": "the oldest one"}]}
+    saved = await http.post("/api/memory/save-messages?agentId=assistant", json=save, headers=ADA)
+    assert saved.status_code == 200, saved.text
+    for i in (5, 6):  # many-0, updated by the save, is no longer among the two newest
+        await _create(http, ADA, threadId=f"many-{i}")
+    search = "/api/memory/search?agentId=assistant&searchQuery=oldest"
+    found = (await http.get(search, headers=ADA)).json()
+    assert [r["threadId"] for r in found["results"]] == ["many-0"]
 
 
 async def _bobs_answers(http: httpx.AsyncClient, thread: str) -> list[tuple[int, Any]]:

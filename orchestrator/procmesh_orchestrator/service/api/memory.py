@@ -28,7 +28,7 @@ from procmesh_orchestrator.errors import (
 )
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError, ServiceError
-from procmesh_orchestrator.store import MAX_ID_CHARS, MemoryStore, Thread, client_message, label
+from procmesh_orchestrator.store import MAX_ID_CHARS, MAX_PAGE, MemoryStore, Thread, client_message, label
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.service.api.core import ServiceCore
@@ -171,3 +171,19 @@ async def owned(store: MemoryStore, thread_id: str, resource: str) -> Thread:
     if thread is None:
         raise MemoryNotFoundError(f"no thread {label(thread_id)}")
     return thread
+
+
+async def every_thread(store: MemoryStore, resource: str) -> list[Thread]:
+    """Every thread of the resource, most recently updated first, read `MAX_PAGE` at a time (the
+    most the store gives at once): a listing that counts, filters and pages them itself must see
+    them all, never the first `MAX_PAGE` passed off as the whole (a wrong ``total``, the rest
+    hidden). A thread a concurrent update moves between two reads is listed once."""
+    threads: dict[str, Thread] = {}
+    offset = 0
+    while True:
+        page = await store.list_threads(resource, limit=MAX_PAGE, offset=offset)
+        for thread in page:
+            threads.setdefault(thread.id, thread)
+        if len(page) < MAX_PAGE:
+            return list(threads.values())
+        offset += len(page)

@@ -27,6 +27,7 @@ from procmesh_orchestrator.service.api.memory import (
     DEFAULT_THREADS_PER_PAGE,
     MemoryNotFoundError,
     check_id,
+    every_thread,
     owned,
     scope,
     store_errors,
@@ -165,9 +166,9 @@ class MemoryRoutes:
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequestError("metadata: must be a JSON object")
         with store_errors(store, "listing threads"):
-            # A resource's threads, at most MAX_PAGE of them, are ordered and paged here: the store's
+            # A resource's threads, every one of them, are ordered and paged here: the store's
             # contract pages by recency only, and the reference server also filters by metadata.
-            threads = await store.list_threads(resource, limit=MAX_PAGE)
+            threads = await every_thread(store, resource)
         if metadata:
             threads = [t for t in threads if all(t.metadata.get(k) == v for k, v in metadata.items())]
         key = "created_at" if field == "createdAt" else "updated_at"

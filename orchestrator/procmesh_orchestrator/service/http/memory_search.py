@@ -21,7 +21,7 @@ from starlette.routing import Route
 from procmesh_orchestrator.errors import APICallError
 from procmesh_orchestrator.run.framework.recall import message_text, search_messages
 from procmesh_orchestrator.service._errors import BadRequestError
-from procmesh_orchestrator.service.api.memory import MemoryStoreDownError, owned, store_errors
+from procmesh_orchestrator.service.api.memory import MemoryStoreDownError, every_thread, owned, store_errors
 from procmesh_orchestrator.service.http.bodies import route
 from procmesh_orchestrator.service.http.memory import _SCOPE, MemoryRoutes, _int, _json
 from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread
@@ -95,7 +95,7 @@ class MemorySearchRoutes(MemoryRoutes):
 
 async def _threads(store: MemoryStore, resource: str) -> list[Thread]:
     with store_errors(store, "listing threads"):
-        return await store.list_threads(resource, limit=MAX_PAGE)
+        return await every_thread(store, resource)
 
 
 def _result(

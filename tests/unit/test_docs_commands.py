@@ -212,6 +212,37 @@ def setting_value_problems(doc: Doc) -> list[str]:
     return problems
 
 
+KEY_TABLES = {"docs/service.md": "| mistake | message |", "docs/operations.md": "| start-up error |"}
+"""The tables of `PROCMESH_API_KEYS` mistakes: a row's first cell shows a list in its first span,
+its last span the start-up error it gives."""
+
+
+def key_table_problems(path: str, text: str) -> list[str]:
+    """Every example list of the page's key-mistake table is refused at start with the message the
+    row quotes (`...` and `(...)` elide; `entry N` is any entry's number, a number is that one)."""
+    from procmesh_orchestrator.service._auth import KeyListError, parse_keys
+
+    table = text[text.index(KEY_TABLES[path]) :].split("\n\n", 1)[0].splitlines()[2:]
+    problems = []
+    for row in table:
+        cells = row.strip("|").split(" | ")
+        given, quoted = re.findall(r"`([^`]+)`", cells[0])[:1], re.findall(r"`([^`]+)`", cells[-1])[-1:]
+        if not given or not quoted:
+            continue
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PROCMESH_API_KEYS", given[0])
+            try:
+                parse_keys([key.get_secret_value() for key in OrchestratorSettings().api_keys])
+                said = "(started)"
+            except KeyListError as error:
+                said = str(error)
+        fragments = [re.escape(f.strip()) for f in re.split(r"\(\.\.\.\)|\.\.\.", quoted[0]) if f.strip()]
+        pattern = ".*?".join(f.replace("entry\\ N", "entry\\ \\d+") for f in fragments)
+        if not re.match(pattern, said):
+            problems.append(f"{path}: {given[0]!r} gives {said[:90]!r}, not {quoted[0][:60]!r}")
+    return problems
+
+
 # -- console scripts -----------------------------------------------------------------------------
 
 
@@ -269,6 +300,16 @@ def test_environment_variables_are_read_by_the_code(docs: list[Doc]) -> None:
 def test_the_settings_values_in_the_docs_are_taken(docs: list[Doc]) -> None:
     assert len([given for doc in docs for given in _settings_given(doc)]) > 10  # the values were found
     assert [p for doc in docs for p in setting_value_problems(doc)] == []
+
+
+@pytest.mark.parametrize("path", sorted(KEY_TABLES))
+def test_the_api_key_mistakes_give_the_errors_the_tables_quote(path: str) -> None:
+    text = (REPO / path).read_text(encoding="utf-8")
+    assert key_table_problems(path, text) == []
+    made_up = text.replace("repeats the key of entry 1", "repeats the key of entry 7", 1)
+    assert [p.split(": ")[1] for p in key_table_problems(path, made_up)] == [
+        "'k1=t1,k1=t2' gives 'PROCMESH_API_KEYS entry 2 repeats the key of entry 1"
+    ]
 
 
 def test_the_typos_the_docs_show_are_refused() -> None:

@@ -264,6 +264,9 @@ async def test_saved_messages_are_listed_and_a_retried_save_does_not_duplicate(
         "/api/memory/threads/t/messages?page=-1",
         "/api/memory/threads?perPage=0",
         "/api/memory/threads/t/messages?orderBy=notjson",
+        '/api/memory/threads/t/messages?filter={"roles":["users"]}',  # a typo matches nothing
+        '/api/memory/threads/t/messages?filter={"roles":5}',
+        '/api/memory/threads/t/messages?filter={"roles":"user"}',
     ],
 )
 async def test_malformed_ids_and_parameters_are_400(http: httpx.AsyncClient, path: str) -> None:

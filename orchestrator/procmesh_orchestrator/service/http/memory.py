@@ -239,7 +239,7 @@ class MemoryRoutes:
         filters = _json_param(request, "filter") or {}
         if not isinstance(filters, dict) or set(filters) - {"roles"}:
             raise BadRequestError('filter: only {"roles": [...]} is supported by this server')
-        roles = filters.get("roles")
+        roles = _roles(filters.get("roles"))
         # Persisted signals stay hidden from default recall, as in the run's UI messages.
         signals = query.get("includeSystemReminders") == "true"
         thread = await owned(store, request.path_params["thread_id"], resource)
@@ -348,6 +348,23 @@ class MemoryRoutes:
 _THREAD_KEYS = frozenset({"resourceId", "title", "metadata"})
 _ECHOES = ("agentId", "requestContext")
 """The query's keys @mastra/client-js may copy into a body (`MemoryRoutes._body` checks them)."""
+
+
+_ROLES = ("user", "assistant", "system", "tool", "signal")
+"""The roles a stored message has: what ``filter.roles`` may name."""
+
+
+def _roles(value: Any) -> list[str] | None:
+    """``filter.roles`` as a list of roles: a role no message has (a typo) is a 400 naming it,
+    never a filter that silently matches nothing."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise BadRequestError(f"filter.roles: a list of roles ({', '.join(_ROLES)})")
+    if unknown := sorted(set(value) - set(_ROLES)):
+        names = ", ".join(label(r) for r in unknown)
+        raise BadRequestError(f"filter.roles: no message has the role {names} (roles: {', '.join(_ROLES)})")
+    return value
 
 
 def _title(body: dict[str, Any]) -> str | None:

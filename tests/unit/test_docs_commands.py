@@ -1,11 +1,13 @@
 """The docs' commands run what exists: every `procmesh*` program is a console script of one of the
-three distributions (and the README names each), every --flag is one that command's parser takes,
-every set `procmesh-sidecar` serves one it has, every `make X` a Makefile target, every
-PROCMESH_* variable one the code reads, every value given to a setting (`PROCMESH_API_KEYS=...`)
-one its settings class takes; and docs/running.md names every Debian package `make deps` installs.
+three distributions (and the README names each), every --flag is one that command's parser takes
+(a console script's, or a `python -m MODULE` of ours), every set `procmesh-sidecar` serves one it
+has, every `make X` a Makefile target, every PROCMESH_* variable one the code reads, every value
+given to a setting (`PROCMESH_API_KEYS=...`) one its settings class takes, and every API key list
+of the mistake tables refused with the error the row quotes; and docs/running.md names every
+Debian package `make deps` installs.
 
 Each check reads the truth from the code (the three pyproject.toml files and the parsers of their
-console scripts, the Makefile, the settings classes and the source), and
+console scripts and modules, the Makefile, the settings classes and the source), and
 `test_the_checks_catch_made_up_commands` feeds them made-up documents. This module's own source is
 left out of the variables the code reads: its made-up documents name variables nobody reads.
 """
@@ -13,8 +15,11 @@ left out of the variables the code reads: its made-up documents name variables n
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -64,28 +69,61 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return found
 
 
-def cli_flags() -> dict[str, set[str]]:
-    """The flags each console script's parser takes, read from the parser itself: each script's
-    entry point (pyproject.toml) runs until it parses, and the parser is taken there. `python
-    SCRIPT.py` stands for a processor served with procmesh.run (the SDK's settings parser)."""
-    import importlib
+def _parser_flags(main: Callable[[], object]) -> set[str] | None:
+    """The flags of the parser `main` builds: it runs until it parses, and the parser is taken
+    there (None: it parsed nothing)."""
 
     def parsed(*args: object, **kwargs: object) -> NoReturn:
         raise _Parsed(args[0])  # type: ignore[arg-type]
 
-    flags: dict[str, set[str]] = {"python": _options(settings_parser())}
-    scripts: list[dict[str, str]] = [p["project"].get("scripts", {}) for p in pyprojects()]  # type: ignore[attr-defined]
-    entry_points = {name: ref for table in scripts for name, ref in table.items()}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(argparse.ArgumentParser, "parse_args", parsed)
         patch.setattr(argparse.ArgumentParser, "parse_known_args", parsed)
-        for name, ref in entry_points.items():
-            module, function = ref.split(":")
-            try:
-                getattr(importlib.import_module(module), function)([])
-            except _Parsed as caught:
-                flags[name] = _options(caught.parser)
+        try:
+            main()
+        except _Parsed as caught:
+            return _options(caught.parser)
+    return None
+
+
+def cli_flags() -> dict[str, set[str]]:
+    """The flags each console script's parser takes, read from the parser itself: each script's
+    entry point (pyproject.toml) runs until it parses. `python SCRIPT.py` stands for a processor
+    served with procmesh.run (the SDK's settings parser)."""
+    import importlib
+
+    flags: dict[str, set[str]] = {"python": _options(settings_parser())}
+    scripts: list[dict[str, str]] = [p["project"].get("scripts", {}) for p in pyprojects()]  # type: ignore[attr-defined]
+    for name, ref in {name: ref for table in scripts for name, ref in table.items()}.items():
+        module, function = ref.split(":")
+        found = _parser_flags(functools.partial(getattr(importlib.import_module(module), function), []))
+        if found is not None:
+            flags[name] = found
     flags["procmesh"] |= flags["procmesh-check-sidecar"]  # `procmesh check-sidecar` is that checker
+    return flags
+
+
+OUR_MODULES = ("procmesh", "procmesh_orchestrator", "procmesh_sidecars", "bench")
+
+
+def module_flags(docs: list[Doc]) -> dict[str, set[str]]:
+    """The flags of each `python -m MODULE` of ours the docs run (`-m bench.p3_chunk_latency`), read
+    from its parser as `cli_flags` reads a console script's: its `main` (a package's `__main__`'s)."""
+    import importlib
+
+    lines = [line for doc in docs for line in _command_lines(doc)]
+    named = {m for line in lines for m in re.findall(r"python3? -m ([\w.]+)", line)}
+    flags: dict[str, set[str]] = {}
+    for name in sorted(m for m in named if m.split(".")[0] in OUR_MODULES):
+        module = importlib.import_module(name)
+        if hasattr(module, "__path__"):  # a package runs its __main__
+            module = importlib.import_module(f"{name}.__main__")
+        main = getattr(module, "main", None)
+        if main is None or inspect.iscoroutinefunction(main):  # no parser (`python -m bench`)
+            continue
+        found = _parser_flags(main)
+        if found is not None:
+            flags[f"-m {name}"] = found
     return flags
 
 
@@ -99,7 +137,8 @@ def flag_problems(doc: Doc, flags: dict[str, set[str]]) -> list[str]:
         words = line.split()
         if program.startswith("python"):  # your own processor script, not `python -m grpc_tools.protoc`
             ours = len(words) > 1 and words[1].endswith(".py") and "/" not in words[1]  # nor ../shared/...
-            program = "python" if ours else ""
+            module = f"-m {words[words.index('-m') + 1]}" if "-m" in words[:-1] else ""
+            program = "python" if ours else module
         if program not in flags:
             continue
         code = line.split("#", 1)[0]  # a shell comment
@@ -340,7 +379,8 @@ def test_settings_names_come_from_the_classes() -> None:
 
 
 def test_flags_in_the_docs_are_taken_by_the_commands(docs: list[Doc]) -> None:
-    flags = cli_flags()
+    flags = cli_flags() | module_flags(docs)
+    assert {"--fused-only", "--chunks"} <= flags["-m bench.p3_chunk_latency"]  # a module's parser was read
     assert set(console_scripts()) <= set(flags)  # every script's parser was reached
     assert {"--hook-threads", "--no-hook-threads"} <= flags["procmesh-sidecar"]
     assert "--grpc-socket" in flags["procmesh-orchestrator"]
@@ -389,7 +429,9 @@ def test_the_checks_catch_made_up_commands() -> None:
     ]
     flagged = made_up(
         "Run `procmesh-orchestrator --config x.yaml --frob` or `procmesh-sidecar examples --hook-threads`,\n"
-        "`python mine.py --listen x --nope`; `--no-such-flag` and `--listen ADDR` alone.\n\n"
+        "`python mine.py --listen x --nope`; `--no-such-flag` and `--listen ADDR` alone;\n"
+        "`python -m bench.p3_chunk_latency --chunks 30 --frob`,\n"
+        "`python -m procmesh_sidecars examples --nah`.\n\n"
         "```sh\nprocmesh stream a hi \\\n  --config c.yaml --made-up   # --in-a-comment\n"
         "kubectl apply --whatever\n```\n",
     )
@@ -403,10 +445,13 @@ def test_the_checks_catch_made_up_commands() -> None:
         "docs/made-up.md: `procmesh-sidecar exampels`: procmesh-sidecar has no set exampels"
     ]
     streamed = "docs/made-up.md: `procmesh stream a hi --config c.yaml --made-up # --in-a-comm`"
-    assert flag_problems(flagged, cli_flags()) == [
+    assert flag_problems(flagged, cli_flags() | module_flags([flagged])) == [
         f"{streamed}: procmesh takes no --made-up",
         "docs/made-up.md: `procmesh-orchestrator --config x.yaml --frob`: "
         "procmesh-orchestrator takes no --frob",
         "docs/made-up.md: `python mine.py --listen x --nope`: python takes no --nope",
+        "docs/made-up.md: `python -m bench.p3_chunk_latency --chunks 30 --frob`: "
+        "-m bench.p3_chunk_latency takes no --frob",
+        "docs/made-up.md: `python -m procmesh_sidecars examples --nah`: -m procmesh_sidecars takes no --nah",
         "docs/made-up.md: `--no-such-flag`: no command of ours takes --no-such-flag",
     ]

@@ -204,6 +204,32 @@ async def test_a_prepare_step_is_a_400_not_dropped(http: httpx.AsyncClient) -> N
     assert response.json()["error"].startswith("prepareStep is a function and cannot cross HTTP")
 
 
+async def test_a_thread_and_memory_options_for_an_agent_without_memory_run_with_a_warning(
+    http: httpx.AsyncClient,
+) -> None:
+    """`plain` has no memory: the turn is neither loaded nor saved, and the caller is told so (the
+    reference logs that they "will not work"); a resource alone is no memory option."""
+    memory = {"thread": "t1", "resource": "ada", "options": {"lastMessages": 3}}
+    body = await _generate(http, "plain", {"messages": "hi", "memory": memory})
+    assert body["status"] == "success"
+    assert [(w["setting"], w["details"]) for w in body["warnings"]] == [
+        (
+            "memory.thread",
+            "the agent has no memory: the thread is neither loaded nor saved (hooks see its id)",
+        ),
+        ("memory.options", "the agent has no memory: the call's memory options apply to nothing"),
+    ]
+    shorthand = {"messages": "hi", "threadId": "t1", "resourceId": "ada", "memory": {"readOnly": True}}
+    assert [w["setting"] for w in (await _generate(http, "plain", shorthand))["warnings"]] == [
+        "memory.thread",
+        "memory.options",
+    ]
+    assert (await _generate(http, "plain", {"messages": "hi", "resourceId": "ada"}))["warnings"] == []
+    metrics = (await http.get("/metrics")).text
+    assert 'procmesh_call_settings_ignored_total{setting="memory.thread"} 2.0' in metrics
+    assert 'procmesh_call_settings_ignored_total{setting="memory.options"} 2.0' in metrics
+
+
 @pytest.mark.parametrize(
     "body",
     [{"threadId": "t1"}, {"memory": {"thread": "t1"}}, {"memory": {"thread": {"id": "t1"}}}],

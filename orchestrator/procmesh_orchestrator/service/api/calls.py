@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from procmesh_orchestrator.run import CallOptions, stop
 from procmesh_orchestrator.run.context import ContextSchema
+from procmesh_orchestrator.run.framework.memory import MemoryCallOptions
 from procmesh_orchestrator.run.framework.prepare_step import StepOverride, StepRule
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import BadRequestError
@@ -90,6 +91,18 @@ class AgentCall:
             self.options = replace(self.options, request_context=kept)
             self.dropped_context = sorted({*self.dropped_context, *undeclared})
         return self
+
+    def note_memoryless(self, has_memory: bool) -> None:
+        """For an agent without memory, the thread and memory options the call gives noted in
+        `ignored_options` (its warnings, the log line and the counter): the run goes on, as the
+        reference's does, but the caller learns that nothing of the turn is kept."""
+        if has_memory:
+            return
+        given = [
+            *(["memory.thread"] if self.options.thread_id else []),
+            *(["memory.options"] if self.options.memory != MemoryCallOptions() else []),
+        ]
+        self.ignored_options = [*self.ignored_options, *given]
 
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""

@@ -43,11 +43,17 @@ IGNORED_OPTIONS = {
     "untilIdle": "procmesh ends a generate call with its run",
     "memory.thread.title": "procmesh creates a thread with its id alone (the memory API renames it)",
     "memory.thread.metadata": "procmesh creates a thread with its id alone (the memory API sets it)",
+    "memory.thread": "the agent has no memory: the thread is neither loaded nor saved (hooks see its id)",
+    "memory.options": "the agent has no memory: the call's memory options apply to nothing",
 }
 """The reference server's generate / stream body keys procmesh accepts but does not apply, and
 why; a key neither side knows is ignored the same way (``other``): the call runs, with a warning
 naming the key in its result and ``procmesh_call_settings_ignored_total{setting}`` (the reference
-server passes unknown keys through, and @mastra/client-js sends every option its caller gives)."""
+server passes unknown keys through, and @mastra/client-js sends every option its caller gives).
+``memory.thread`` and ``memory.options`` are the call's thread (``threadId`` or ``memory.thread``)
+and memory options (``memory.options``, ``memory.readOnly``; gRPC ``thread_id``,
+``memory_options``) given to an agent without memory (`AgentCall.note_memoryless`): the reference
+runs such a call too, with a log line that they "will not work"."""
 
 IGNORED_CLIENT_TOOL_KEYS = {
     "outputSchema": "procmesh does not check a client tool's result against a schema (the client runs it)",

@@ -83,7 +83,21 @@ async def load_run(store: DecisionStore, run_id: str) -> RecordedRun:
 
 async def runs_between(store: DecisionStore, since: str, until: str, agent_id: str) -> list[str]:
     """The agent's runs from `since` to before `until`: those with recorded inputs (oldest first),
-    then those with only a decision record (listed as not replayable, not skipped)."""
-    recorded = await store.recorded_runs(since, until, agent_id=agent_id, limit=MAX_PAGE)
-    decided = await store.decisions_between(since, until, agent_id=agent_id, limit=MAX_PAGE)
-    return list(dict.fromkeys([*recorded, *(d.run_id for d in decided)]))
+    then those with only a decision record (listed as not replayable, not skipped). Both are read
+    `MAX_PAGE` at a time (the most the store gives at once) until the range has given them all: a
+    busy range is replayed whole, never cut at the first page without a word."""
+    recorded: list[str] = []
+    while True:
+        ids = await store.recorded_runs(since, until, agent_id=agent_id, limit=MAX_PAGE, offset=len(recorded))
+        recorded += ids
+        if len(ids) < MAX_PAGE:
+            break
+    decided: dict[str, None] = {}
+    read = 0
+    while True:
+        page = await store.decisions_between(since, until, agent_id=agent_id, limit=MAX_PAGE, offset=read)
+        decided.update(dict.fromkeys(d.run_id for d in page))
+        read += len(page)
+        if len(page) < MAX_PAGE:
+            break
+    return list(dict.fromkeys([*recorded, *decided]))

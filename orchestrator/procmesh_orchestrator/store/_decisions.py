@@ -144,39 +144,42 @@ class DecisionMethods(StoreHooks):
         ]
 
     def _between(
-        self, since: str, until: str, agent_id: str | None, limit: int
+        self, since: str, until: str, agent_id: str | None, limit: int, offset: int
     ) -> tuple[str, tuple[Any, ...]]:
-        """The WHERE clause (and its arguments, `limit` last) of rows from `since` to before
-        `until`, of one agent when given."""
+        """The WHERE clause (and its arguments, `limit` and `offset` last) of rows from `since` to
+        before `until`, of one agent when given."""
         low, high = check_date(self.name, "since", since), check_date(self.name, "until", until)
         assert low is not None
         assert high is not None
         limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
+        offset = check_count(self.name, "offset", offset, low=0, high=2**62)
         p = self.placeholder
         args: tuple[Any, ...] = (time_text(low), time_text(high))
         where = f"at >= {p} AND at < {p}"
         if agent_id is not None:
             where += f" AND agent_id = {p}"
             args += (check_id(self.name, "agent", agent_id),)
-        return where, (*args, limit)
+        return where, (*args, limit, offset)
 
     async def decisions_between(
-        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[Decision]:
         """Decisions made from `since` to before `until`, oldest first (of one agent when given)."""
-        where, args = self._between(since, until, agent_id, limit)
-        sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE {where} ORDER BY at, id LIMIT {self.placeholder}"
+        where, args = self._between(since, until, agent_id, limit, offset)
+        p = self.placeholder
+        sql = f"SELECT {_COLUMNS} FROM run_decisions WHERE {where} ORDER BY at, id LIMIT {p} OFFSET {p}"
         rows = await self._read(sql, args, "reading decisions by time")
         return [_decision(row) for row in rows]
 
     async def recorded_runs(
-        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[str]:
         """Runs whose input was recorded from `since` to before `until`, oldest first."""
-        where, args = self._between(since, until, agent_id, limit)
+        where, args = self._between(since, until, agent_id, limit, offset)
+        p = self.placeholder
         sql = (
             f"SELECT run_id FROM run_inputs WHERE kind = 'input' AND {where} "
-            f"ORDER BY at, id LIMIT {self.placeholder}"
+            f"ORDER BY at, id LIMIT {p} OFFSET {p}"
         )
         rows = await self._read(sql, args, "reading recorded runs by time")
         return [row[0] for row in rows]

@@ -103,12 +103,14 @@ class DecisionStore(Protocol):
         """A run's decisions in the order they were made ([] for a run with none)."""
 
     async def decisions_between(
-        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[Decision]:
-        """Decisions made from `since` to before `until` (ISO 8601), oldest first, at most `limit`."""
+        """Decisions made from `since` to before `until` (ISO 8601), oldest first, at most `limit`
+        (at most `MAX_PAGE`) after the first `offset`."""
 
     async def recorded_runs(
-        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000
+        self, since: str, until: str, *, agent_id: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[str]:
         """The ids of runs whose inputs were recorded from `since` to before `until` (ISO 8601),
-        oldest first, at most `limit`: what a replay of a time range replays."""
+        oldest first, at most `limit` (at most `MAX_PAGE`) after the first `offset`: what a replay
+        of a time range replays."""

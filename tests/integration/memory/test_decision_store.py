@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from procmesh_orchestrator.store import Decision, MemoryStore, Thread
+import pytest
+
+from procmesh_orchestrator.replay import source
+from procmesh_orchestrator.store import Decision, MemoryStore, Thread, _decisions
 from procmesh_orchestrator.store.decisions import RecordedInput
 
 DAY = 86400.0
@@ -143,3 +146,20 @@ async def test_runs_recorded_in_a_time_range_are_listed_oldest_first(store: Memo
     assert await store.recorded_runs(since, until, agent_id="support") == ["r-early", "r-late"]
     assert await store.recorded_runs(since, until) == ["r-early", "r-other", "r-late"]
     assert await store.recorded_runs(since, until, agent_id="support", limit=1) == ["r-early"]
+
+
+async def test_a_replay_range_busier_than_one_store_read_lists_every_run(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store reads at most MAX_PAGE rows at once (10 000; 2 here): `procmesh replay --agent A
+    --since T --until T` reads on, page after page, so every recorded run of a busy range and every
+    run with only a decision record (three decisions each here) is replayed or listed."""
+    monkeypatch.setattr(_decisions, "MAX_PAGE", 2)  # what the store gives at once
+    monkeypatch.setattr(source, "MAX_PAGE", 2)  # what a replay asks it for
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    at = [base + timedelta(seconds=s) for s in range(20)]
+    recorded = [_input(f"r-{i}", "input", at[i]) for i in range(5)]
+    decided = [_decision(f"d-{i // 3}", "pass", at[5 + i]) for i in range(9)]
+    await store.save_decisions(decided, retention_seconds=3650 * DAY, inputs=recorded)
+    runs = await source.runs_between(store, at[0].isoformat(), at[19].isoformat(), "support")
+    assert runs == [f"r-{i}" for i in range(5)] + ["d-0", "d-1", "d-2"]

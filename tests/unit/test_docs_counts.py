@@ -2,8 +2,9 @@
 "(N methods: W work, F answer 501)" of `@mastra/client-js`'s methods adds up, counts the table after
 it, and equals what tests/e2e/service/test_clientjs_api.py asserts the real client finds; its
 "(N methods: W work, F answer 501 ...)" of the memory methods is the sets
-tests/e2e/service/test_clientjs_memory_api.py checks (`WORKS`, `NOT_SUPPORTED`). The unit tier runs
-no Node: the e2e tests' numbers are read from their source.
+tests/e2e/service/test_clientjs_memory_api.py checks (`WORKS`, `NOT_SUPPORTED`); and the requests
+tests/e2e/service/test_fuzz.py "sends" are its examples' sum (`max_examples`, one request each).
+The unit tier runs no Node: the e2e tests' numbers are read from their source.
 `test_the_client_method_counts_are_the_tables_and_the_tests` also feeds the check a made-up table.
 """
 
@@ -77,4 +78,29 @@ def test_the_memory_method_counts_are_the_tests_sets() -> None:
         sizes["WORKS"] + sizes["NOT_SUPPORTED"],
         sizes["WORKS"],
         sizes["NOT_SUPPORTED"],
+    )
+
+
+def fuzz_requests(source: str) -> int:
+    """The requests the fuzz module sends: one per example, so its tests' `max_examples` summed."""
+    return sum(
+        int(keyword.value.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        for keyword in node.keywords
+        if keyword.arg == "max_examples" and isinstance(keyword.value, ast.Constant)
+    )
+
+
+def test_the_fuzz_request_count_is_the_tests_examples() -> None:
+    source = (REPO / "tests" / "e2e" / "service" / "test_fuzz.py").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "service.md").read_text(encoding="utf-8")
+    said = re.search(r"`tests/e2e/service/test_fuzz.py` sends (?:about )?([\d,]+) ", text)
+    assert said is not None
+    assert int(said[1].replace(",", "")) == fuzz_requests(source) > 1000
+    assert (
+        fuzz_requests(
+            "@settings(FUZZ, max_examples=5)\ndef t(): ...\n@settings(max_examples=7)\ndef u(): ..."
+        )
+        == 12
     )

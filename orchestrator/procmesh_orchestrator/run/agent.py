@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.errors import OrchestratorError, SuspendedRunNotFoundError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
+from procmesh_orchestrator.run import snapshot
 from procmesh_orchestrator.run.base import call_lanes
 from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
 from procmesh_orchestrator.run.context import ContextSchema
@@ -261,6 +262,10 @@ class Agent:
             raise SuspendedRunNotFoundError(f"run {run_id!r} is not a run of agent {self.spec.id!r}")
         queue = ChunkBuffer()
         try:
+            # held to a generate's rule: the context the resumed run goes on with (the snapshot's,
+            # the resuming call's keys over it) is one the agent's requestContextSchema accepts
+            context = snapshot.resumed_context(saved.snapshot, options or CallOptions())
+            self.check_context(replace(options or CallOptions(), request_context=context))
             run = Run.resume(
                 self.spec,
                 saved.snapshot,

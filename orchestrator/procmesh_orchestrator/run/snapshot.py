@@ -191,6 +191,12 @@ def _processor_lists(options: CallOptions) -> dict[str, list[str]]:
     return {kind: list(names) for kind, names in options.processor_names.items()}
 
 
+def resumed_context(data: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+    """The request context a resumed run goes on with: the suspended call's, the resuming call's
+    keys over it."""
+    return {**data["requestContext"], **options.request_context}
+
+
 def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec) -> CallOptions:
     """The resuming call's options, with what the suspended call decided (ids, limits, tools, its
     processor lists bound again by `agent`). SuspendError naming a list entry this orchestrator
@@ -204,7 +210,7 @@ def resumed_options(data: dict[str, Any], options: CallOptions, agent: AgentSpec
         options,
         thread_id=data["threadId"],
         resource_id=data["resourceId"],
-        request_context={**data["requestContext"], **options.request_context},
+        request_context=resumed_context(data, options),
         max_steps=data["maxSteps"],
         max_processor_retries=data["maxProcessorRetries"],
         timeout=options.timeout if options.timeout is not None else data.get("timeout"),

@@ -32,12 +32,25 @@ class Tenant(Processor):
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def service() -> AsyncIterator[Service]:
+async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
     async with ProcessorServer([Tenant()], ["127.0.0.1:0"]) as sidecar:
         config = {
             "sidecars": {"s": {"address": sidecar.addresses[0]}},
-            "models": {"answer": {"provider": "scripted", "responses": [{"text": "ok"}] * 20}},
+            "storage": {"backend": "sqlite", "path": str(tmp_path_factory.mktemp("ctx") / "memory.db")},
+            "models": {
+                "answer": {"provider": "scripted", "responses": [{"text": "ok"}] * 20},
+                "demo": {"provider": "demo"},
+            },
+            "tools": {
+                "weather": {"description": "Weather", "inputSchema": {"type": "object"}, "result": "sunny"}
+            },
             "agents": {
+                "t": {
+                    "model": "demo",
+                    "errorProcessorDefaults": False,
+                    "tools": ["weather"],
+                    "requestContextSchema": {"properties": {"tier": {"enum": ["gold", "free"]}}},
+                },
                 "a": {
                     "model": "answer",
                     "errorProcessorDefaults": False,
@@ -46,7 +59,7 @@ async def service() -> AsyncIterator[Service]:
                         "properties": {"tenant": {"type": "string"}, "tier": {"enum": ["gold", "free"]}},
                         "required": ["tenant"],
                     },
-                }
+                },
             },
         }
         settings = OrchestratorSettings(
@@ -107,3 +120,31 @@ async def test_over_grpc_it_is_invalid_argument_naming_the_key(service: Service)
     error = await grpc_generate_refused(service, {"tier": "gold"}, "k-acme")
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "requires 'tenant'" in (error.details() or "")
+
+
+async def test_a_resume_is_held_to_the_schema_and_a_refused_one_leaves_the_run_suspended(
+    service: Service,
+) -> None:
+    """An approval's (or decline's, or resume-stream's) requestContext goes over the suspended
+    call's into the resumed run: the agent's requestContextSchema checks what it runs with, as it
+    checks a generate's, and a refusal takes no decision (the run can still be approved)."""
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{service.http_port}", headers={"Authorization": "Bearer k-acme"}
+    ) as http:
+        body = {"messages": "weather?", "requireToolApproval": True, "requestContext": {"tier": "gold"}}
+        suspended = (await http.post("/api/agents/t/generate", json=body)).json()
+        assert suspended["status"] == "suspended", suspended
+        decision = {"runId": suspended["runId"], "toolCallId": suspended["suspendPayload"]["toolCallId"]}
+        for route, extra in [
+            ("approve-tool-call-generate", {}),
+            ("decline-tool-call", {}),
+            ("resume-stream", {"resumeData": {"approved": True}}),
+        ]:
+            bad = {**decision, **extra, "requestContext": {"tier": "platinum"}}
+            refused = await http.post(f"/api/agents/t/{route}", json=bad)
+            assert refused.status_code == 400, (route, refused.text)
+            assert refused.json()["error"].startswith("requestContext.tier: 'platinum' is not one of")
+        approved = await http.post(
+            "/api/agents/t/approve-tool-call-generate", json={**decision, "requestContext": {"tier": "free"}}
+        )
+        assert approved.json()["status"] == "success", approved.text

@@ -15,10 +15,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from procmesh_orchestrator.errors import MemoryStoreError, ResumeMismatchError, SuspendError
+from procmesh_orchestrator.errors import (
+    MemoryStoreError,
+    RequestContextError,
+    ResumeMismatchError,
+    SuspendError,
+)
 from procmesh_orchestrator.run import Agent, CallOptions, RunResult, RunStream
 from procmesh_orchestrator.service._auth import Caller
 from procmesh_orchestrator.service._errors import (
+    BadRequestError,
     DrainingError,
     ResumeAnswerError,
     ResumeRefusedError,
@@ -125,9 +131,11 @@ class ActiveRuns:
 def store_errors() -> Iterator[None]:
     """Store errors of resuming and listing as the APIs' answers (404, 409, 400, 503); a snapshot
     this orchestrator cannot resume (a processor list naming what it lacks) is a 409, the run
-    still suspended."""
+    still suspended; so is a request context the agent's requestContextSchema refuses (a 400)."""
     try:
         yield
+    except RequestContextError as exc:
+        raise BadRequestError(str(exc)) from None
     except MemoryStoreError as exc:
         raise resume_error(exc) from None
     except ResumeMismatchError as exc:
@@ -191,7 +199,7 @@ async def resume_generate(
         return await agent.decline_tool_call(
             request.run_id, request.tool_call_id, request.reason, options, resource_id=scope
         )
-    except (MemoryStoreError, SuspendError) as exc:
+    except (MemoryStoreError, SuspendError, RequestContextError) as exc:
         if getattr(exc, "result", None) is not None:
             raise  # the run started and failed on its store: a failed run, not a refused request
         with store_errors():

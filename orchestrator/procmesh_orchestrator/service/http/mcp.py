@@ -11,12 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from procmesh_orchestrator.service._errors import CatalogNotFoundError, NotSupportedError
+from procmesh_orchestrator.service._errors import BadRequestError, CatalogNotFoundError, NotSupportedError
 from procmesh_orchestrator.service.api.catalog import all_tools
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.http.bodies import json_response, query_int, route
 from procmesh_orchestrator.store import label
 from procmesh_orchestrator.tools.catalog import McpServerTool
+
+_PAGING = ("page", "perPage", "limit", "offset")
 
 SERVED_BY_NONE = (
     "procmesh is a client of the configured MCP servers and hosts none: their tools run inside "
@@ -32,7 +34,7 @@ class McpRoutes:
 
     def routes(self) -> list[Route]:
         return [
-            route("/api/mcp/v0/servers", self.list_servers, "GET", "page", "perPage", "limit", "offset"),
+            route("/api/mcp/v0/servers", self.list_servers, "GET", *_PAGING),
             route("/api/mcp/v0/servers/{server_id}", self.get_server, "GET"),
             route("/api/mcp/{server_id}/tools", self.list_tools, "GET"),
             route("/api/mcp/{server_id}/tools/{tool_id}", self.get_tool, "GET", "requestContext"),
@@ -55,14 +57,29 @@ class McpRoutes:
         return str(server_id)
 
     async def list_servers(self, request: Request) -> Response:
-        """``getMcpServers({page, perPage})``: one page of the configured servers, by name."""
+        """``getMcpServers({page, perPage})`` (or the older ``{offset, limit}``): one page of the
+        configured servers, by name, and ``next``, the next page's URL in the form asked (null on
+        the last page). Both forms of one setting at once is a 400 naming them: one would be
+        ignored."""
         query = request.query_params
-        per_page = query_int(query.get("perPage") or query.get("limit"), "perPage", 100, 1)
-        start = query_int(query.get("offset"), "offset", 0, 0)
-        start = start or per_page * query_int(query.get("page"), "page", 0, 0)
+        for new, old in (("perPage", "limit"), ("page", "offset")):
+            if query.get(new) is not None and query.get(old) is not None:
+                raise BadRequestError(f"{new} and {old}: give one ({old} is the older name of {new})")
+        legacy = query.get("offset") is not None or query.get("limit") is not None
+        per_page = query_int(query.get("perPage", query.get("limit")), "perPage", 100, 1)
+        if query.get("offset") is not None:
+            start = query_int(query.get("offset"), "offset", 0, 0)
+        else:
+            start = per_page * query_int(query.get("page"), "page", 0, 0)
         names = sorted(self.core.app.config.mcp_servers)
         servers = [_server_json(n) for n in names[start : start + per_page]]
-        return json_response({"servers": servers, "total_count": len(names), "next": None})
+        following: str | None = None
+        if start + per_page < len(names):
+            more = {"offset": start + per_page, "limit": per_page}
+            if not legacy:
+                more = {"page": (start + per_page) // per_page, "perPage": per_page}
+            following = str(request.url.remove_query_params(_PAGING).include_query_params(**more))
+        return json_response({"servers": servers, "total_count": len(names), "next": following})
 
     async def get_server(self, request: Request) -> Response:
         """``getMcpServerDetails(id)``: the server and how procmesh reaches it (never its secrets)."""

@@ -228,10 +228,33 @@ def _check_bindable(address: str) -> None:
             raise _StartError(f"cannot listen on {address}: {exc.strerror or exc}") from None
 
 
+def idle_settings(settings: ProcessorSettings) -> list[str]:
+    """A line for each setting given that does nothing without another (a shared ConfigMap may set
+    it on purpose, so it is no error: `serve` logs each as a WARNING naming it and why)."""
+    lines = []
+    if settings.metrics_host and settings.metrics_port is None:
+        lines.append(
+            "--metrics-host (PROCMESH_METRICS_HOST) does nothing: no --metrics-port "
+            "(PROCMESH_METRICS_PORT), so no metrics endpoint is served"
+        )
+    if not settings.model_gateway:
+        for name in ("model_gateway_key", "model_gateway_ca", "model_gateway_cert", "model_gateway_cert_key"):
+            if getattr(settings, name):
+                flag, variable = "--" + name.replace("_", "-"), "PROCMESH_" + name.upper()
+                lines.append(
+                    f"{flag} ({variable}) does nothing: no --model-gateway (PROCMESH_MODEL_GATEWAY), "
+                    "so hooks cannot call models"
+                )
+    return lines
+
+
 async def serve(
     processors: Sequence[Processor], settings: ProcessorSettings, *, tools: Sequence[Tool] = ()
 ) -> None:
-    """Serve processors and `tools` until SIGTERM or SIGINT, then stop within the grace period."""
+    """Serve processors and `tools` until SIGTERM or SIGINT, then stop within the grace period.
+    A setting that does nothing without another is served anyway, with a WARNING (`idle_settings`)."""
+    for line in idle_settings(settings):
+        log.warning(line)
     credentials = None
     if settings.tls_client_ca and not (settings.tls_cert or settings.tls_key):
         # a client CA alone would serve plaintext, requiring no client certificate: never mTLS

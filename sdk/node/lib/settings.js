@@ -143,6 +143,24 @@ function settingsFromArgs(argv = process.argv.slice(2), env = process.env, { ext
   return settings;
 }
 
+/**
+ * A line for each setting given that does nothing without another (a shared ConfigMap may set it on
+ * purpose, so it is no error: `serve` logs each as a WARNING naming it and why; the Python SDK's
+ * idle_settings says the same).
+ */
+function idleSettings(settings, env = process.env) {
+  const lines = [];
+  if (settings.metricsHost && (settings.metricsPort === undefined || settings.metricsPort === null)) {
+    lines.push('--metrics-host (PROCMESH_METRICS_HOST) does nothing: no --metrics-port (PROCMESH_METRICS_PORT), so no metrics endpoint is served');
+  }
+  if (!(env.PROCMESH_MODEL_GATEWAY || '').trim()) {
+    for (const variable of ['PROCMESH_MODEL_GATEWAY_KEY', 'PROCMESH_MODEL_GATEWAY_CA', 'PROCMESH_MODEL_GATEWAY_CERT', 'PROCMESH_MODEL_GATEWAY_CERT_KEY']) {
+      if (env[variable]) lines.push(`${variable} does nothing: no PROCMESH_MODEL_GATEWAY, so hooks cannot call models`);
+    }
+  }
+  return lines;
+}
+
 /** Throw a SettingsError now if a TCP address cannot be bound (in use, not an interface here). */
 function checkBindable(address) {
   if (address.startsWith('unix:')) return Promise.resolve();
@@ -157,4 +175,4 @@ function checkBindable(address) {
   });
 }
 
-module.exports = { LEVELS, LOG_FORMATS, SettingsError, checkBindable, settingsFromArgs, usage };
+module.exports = { LEVELS, LOG_FORMATS, SettingsError, checkBindable, idleSettings, settingsFromArgs, usage };

@@ -367,9 +367,32 @@ class ResponseCache(Processor):
                 log.warning("response-cache: write failed", exc_info=True)
 
 
+_PER_CALL: dict[str, tuple[type, ...]] = {"key": (str,), "scope": (str, type(None)), "bust": (bool,)}
+"""What a call may override (the seeds: key a string, scope a string or null, bust a boolean)."""
+
+
 def _per_call(request_context: dict[str, Any]) -> dict[str, Any]:
+    """The call's overrides, each of the seeds' type; InvalidInputError naming anything else, never
+    ignored (a ``scope`` of another type once fell back to no scope: an entry shared by every
+    caller; ``ttl``, ``agentId`` and the backend are the instance's, never a call's)."""
     for name in CONTEXT_KEYS:
         value = request_context.get(name)
-        if isinstance(value, dict):
-            return value
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise InvalidInputError(f"response-cache: request_context[{name!r}] must be an object")
+        for field, given in value.items():
+            if field not in _PER_CALL:
+                raise InvalidInputError(
+                    f"response-cache: request_context[{name!r}].{field} is not a per-call setting "
+                    f"(the seeds' are {', '.join(_PER_CALL)}; ttl, agentId and the backend are the "
+                    "lane entry's options)"
+                )
+            if not isinstance(given, _PER_CALL[field]):
+                wanted = {"key": "a string", "scope": "a string or null", "bust": "true or false"}[field]
+                raise InvalidInputError(
+                    f"response-cache: request_context[{name!r}].{field} must be {wanted}, "
+                    f"not {type(given).__name__}"
+                )
+        return value
     return {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,27 @@ async def test_scope_by_resource_id_explicit_scope_and_shared_null(address: str)
         assert (await call(app, "q", options=shared_alice)).result.text == "third answer"
         assert (await call(app, "q", options=shared_bob)).result.text == "third answer"
         assert len(model_requests(app)) == 3
+
+
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [
+        ({"scope": 7}, "request_context['responseCache'].scope must be a string or null, not int"),
+        ({"key": ["k"]}, "request_context['responseCache'].key must be a string, not list"),
+        ({"bust": "yes"}, "request_context['responseCache'].bust must be true or false, not str"),
+        ({"ttl": 5}, "request_context['responseCache'].ttl is not a per-call setting"),
+    ],
+)
+async def test_a_per_call_setting_of_another_type_is_refused_naming_it(
+    address: str, entry: dict[str, Any], named: str
+) -> None:
+    """A per-call scope that is not a string (nor null) once fell back to no scope: alice's answer
+    was served to bob, whose call gave the same scope. The call fails, naming the setting."""
+    async with App(cfg(address)) as app:
+        alice = ctx(mastra__resourceId="alice", responseCache=entry)
+        with pytest.raises(Exception, match=re.escape(named)):
+            await call(app, "q", options=alice)
+        assert model_requests(app) == []
 
 
 async def test_default_scope_is_the_memory_resource(address: str, tmp_path: Path) -> None:

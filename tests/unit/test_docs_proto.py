@@ -1,7 +1,8 @@
 """The docs name only proto fields that exist: every ``Message.field`` in backticks whose
 ``Message`` is a message of proto/procmesh/v1 names one of its fields, oneofs or nested enum
 values (proto/README.md documents the wire by such names, and a renamed field would leave it
-telling authors in other languages to read what no longer comes).
+telling authors in other languages to read what no longer comes), and so does every field a
+`Message{a, b}` or `RunRecord {run_id, ...}` list names (`test_the_brace_check_catches_made_up_fields`).
 
 The truth is the generated descriptors (sdk/procmesh/v1, checked against the .proto files by
 `make proto-check`); `test_the_check_catches_made_up_fields` feeds it a made-up document.
@@ -54,6 +55,37 @@ def field_problems(doc: Doc, messages: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _closing(text: str, start: int) -> int:
+    """The index of the brace that closes the one at `start` (-1: none)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return -1
+
+
+def brace_field_problems(doc: Doc, messages: dict[str, set[str]]) -> tuple[int, list[str]]:
+    """Every field a `Message{a, b}` / `Message {a, b, ...}` list names (snake_case, its
+    parenthesized notes and nested braces aside) is one of that message's: how many were named,
+    and the ones it lacks."""
+    text = " ".join(doc.text.split())
+    named, problems = 0, []
+    for match in re.finditer(r"\b([A-Z]\w*) ?\{", text):
+        if match[1] not in messages:
+            continue
+        body = text[match.end() : _closing(text, match.end() - 1)]
+        while re.search(r"\([^()]*\)|\{[^{}]*\}", body):
+            body = re.sub(r"\([^()]*\)|\{[^{}]*\}", "", body)
+        for item in body.split(","):
+            word = item.strip().strip("`").split(" ")[0].split(":")[0]
+            if re.fullmatch(r"[a-z_][a-z0-9_]*", word):
+                named += 1
+                if word not in messages[match[1]]:
+                    problems.append(f"{_rel(doc.path)}: {match[1]}{{{word}}}: {match[1]} has no field {word}")
+    return named, problems
+
+
 def test_proto_fields_named_in_the_docs_exist() -> None:
     messages = proto_messages()
     assert {"Part", "StreamEnd", "RunContext"} <= set(messages)  # the contract was read
@@ -61,6 +93,24 @@ def test_proto_fields_named_in_the_docs_exist() -> None:
     named = [s for doc in docs for s in doc.spans if re.fullmatch(r"([A-Z]\w*)\.[a-z_]\w*", s)]
     assert sum(s.split(".")[0] in messages for s in named) >= 20  # the docs name fields this way
     assert [p for doc in docs for p in field_problems(doc, messages)] == []
+    braced = [brace_field_problems(doc, messages) for doc in docs]
+    assert sum(named for named, _ in braced) >= 50  # `RunRecord {run_id, ...}` lists were read
+    assert [p for _, problems in braced for p in problems] == []
+
+
+def test_the_brace_check_catches_made_up_fields() -> None:
+    fake = made_up(
+        "`StreamEnd{state}`, `ObserveRequest {run_id, offsett}`, `RunDecision {agent_id, part (unset: a\n"
+        "unary hook), colour, ...}`, `MemoryOptions {message_history {max_tokens}, read_only}` and\n"
+        "`Unknown{x}` (no message).\n",
+    )
+    assert brace_field_problems(fake, proto_messages()) == (
+        8,
+        [
+            "docs/made-up.md: ObserveRequest{offsett}: ObserveRequest has no field offsett",
+            "docs/made-up.md: RunDecision{colour}: RunDecision has no field colour",
+        ],
+    )
 
 
 def test_the_check_catches_made_up_fields() -> None:

@@ -289,7 +289,13 @@ class ResponseCache(Processor):
             scope = options.scope
         else:
             context_resource = request_context.get(RESOURCE_ID_KEY)
-            scope = resource_id or (context_resource if isinstance(context_resource, str) else None)
+            if context_resource is not None and not isinstance(context_resource, str):
+                # taken for no resource, the entry would be shared by every caller
+                raise InvalidInputError(
+                    f"response-cache: request_context[{RESOURCE_ID_KEY!r}] must be a string, "
+                    f"not {type(context_resource).__name__}"
+                )
+            scope = resource_id or context_resource
         cache = self.cache_for(options)
         inputs = KeyInputs(
             agent_id=options.agent_id or agent_id,

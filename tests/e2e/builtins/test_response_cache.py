@@ -123,15 +123,16 @@ async def test_scope_by_resource_id_explicit_scope_and_shared_null(address: str)
         ({"key": ["k"]}, "request_context['responseCache'].key must be a string, not list"),
         ({"bust": "yes"}, "request_context['responseCache'].bust must be true or false, not str"),
         ({"ttl": 5}, "request_context['responseCache'].ttl is not a per-call setting"),
+        (None, "request_context['mastra__resourceId'] must be a string, not int"),
     ],
 )
 async def test_a_per_call_setting_of_another_type_is_refused_naming_it(
-    address: str, entry: dict[str, Any], named: str
+    address: str, entry: dict[str, Any] | None, named: str
 ) -> None:
-    """A per-call scope that is not a string (nor null) once fell back to no scope: alice's answer
-    was served to bob, whose call gave the same scope. The call fails, naming the setting."""
+    """A per-call scope (or a resource id) that is not a string (nor null) once fell back to no
+    scope: one caller's answer was served to another. The call fails, naming the setting."""
     async with App(cfg(address)) as app:
-        alice = ctx(mastra__resourceId="alice", responseCache=entry)
+        alice = ctx(mastra__resourceId="alice", responseCache=entry) if entry else ctx(mastra__resourceId=7)
         with pytest.raises(Exception, match=re.escape(named)):
             await call(app, "q", options=alice)
         assert model_requests(app) == []

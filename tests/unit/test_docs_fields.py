@@ -2,8 +2,9 @@
 `CallOptions` (its table), `RunResult` (its section) and `MemoryCallOptions`; docs/processors.md
 every argument the Python SDK gives every hook and each hook its own (procmesh.hooks, the table the
 SDK's server decodes by); docs/other-languages.md every check procmesh-check-sidecar reports (its
-source's report lines). A field, argument or check added without a word leaves the page short; each
-check reads the truth from the code and is fed a made-up page.
+source's report lines); docs/service.md the fields of a durable run's record (`GET /api/runs`) and of
+a decision (`GET /api/runs/{runId}/decisions`), exactly. A field, argument or check added without a
+word leaves the page short; each check reads the truth from the code and is fed a made-up page.
 """
 
 from __future__ import annotations
@@ -138,3 +139,39 @@ def test_the_checker_page_lists_every_check() -> None:
     assert unlisted_checks("## procmesh-check-sidecar\n\n| `health` | |\n", {"health", "hosted tools"}) == [
         "hosted tools"
     ]
+
+
+# -- the HTTP API's record shapes ------------------------------------------------------------------
+
+
+def listed_keys(text: str, route: str) -> set[str]:
+    """The keys of the records a route's row lists in its `{..., name: [{a, b}]}` answer."""
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{route}` |"))
+    items = re.search(r"\[\{([^{}\]]+)\}\]", row)
+    assert items is not None, row
+    return {name.strip() for name in items[1].split(",")}
+
+
+def shown_record_keys() -> dict[str, set[str]]:
+    """What the code shows of a durable run (`GET /api/runs`) and of a decision (a run's record)."""
+    from procmesh_orchestrator.service.http.runs import run_json
+    from procmesh_orchestrator.store.decisions import Decision
+    from procmesh_orchestrator.store.runs import DurableRun
+
+    decision = Decision(**{f.name: None for f in dataclasses.fields(Decision)})
+    return {
+        "GET /api/runs": set(run_json(DurableRun(run_id="r", agent_id="a"))),
+        "GET /api/runs/{runId}/decisions": set(decision.to_json()),
+    }
+
+
+@pytest.mark.parametrize("route", sorted(shown_record_keys()))
+def test_the_service_page_lists_the_records_fields(route: str) -> None:
+    text = (REPO / "docs" / "service.md").read_text(encoding="utf-8")
+    assert listed_keys(text, route) == shown_record_keys()[route]
+
+
+def test_the_record_check_reads_the_rows_list() -> None:
+    made_up = "| `GET /api/runs` | `page` | `{runs: [{runId, agentId, colour}], total}`, newest first |\n"
+    assert listed_keys(made_up, "GET /api/runs") == {"runId", "agentId", "colour"}
+    assert listed_keys(made_up, "GET /api/runs") != shown_record_keys()["GET /api/runs"]

@@ -294,6 +294,13 @@ class OrchestratorMetrics:
             ["sidecar"],
             registry=r,
         )
+        self.store_writes_failed = Counter(
+            "procmesh_store_writes_failed_total",
+            "Store writes a run's result does not wait on that failed (each logged): its decision "
+            "record (what=decision-record), a background tool's result (what=background-result).",
+            ["agent", "what"],
+            registry=r,
+        )
         self.chunks = Counter(
             "procmesh_stream_chunks_total",
             "Stream chunks emitted to callers by type family.",

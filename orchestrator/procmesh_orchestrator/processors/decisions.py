@@ -155,15 +155,18 @@ class DecisionLog:
         thread_id: str,
         resource_id: str,
         store: Callable[[], Awaitable[DecisionStore]],
-    ) -> None:
+    ) -> bool:
         """Write what was recorded since the last flush, in one transaction. A store that fails is
-        logged: the run's own result does not depend on its record."""
+        logged, and False returned for the run to count: the run's own result does not depend on
+        its record."""
         decisions, inputs = self.take(run_id, agent_id, thread_id, resource_id)
         if not decisions and not inputs:
-            return
+            return True
         try:
             target = await store()
             retention = self.config.retention_days * 86400
             await target.save_decisions(decisions, retention_seconds=retention, inputs=inputs)
         except Exception:
             log.exception("run %s: its decision record could not be written", run_id)
+            return False
+        return True

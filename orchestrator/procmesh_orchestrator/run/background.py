@@ -199,8 +199,9 @@ async def _work(run: RunCore, tool: BackgroundTool, call: ToolCall, task_id: str
     await state.ended.wait()  # the run's turn is saved: the stored copy takes the result
     try:
         await _persist(run, call.call_id, outcome)
-    except Exception:
+    except Exception:  # the run is over: logged and counted, the stored thread keeps the placeholder
         log.exception("run %s: storing background tool %s's result failed", run.run_id, call.name)
+        run.metrics.store_writes_failed.labels(run.agent.id, "background-result").inc()
 
 
 def _reconcile(messages: list[dict[str, Any]], call_id: str, outcome: ToolOutcome) -> dict[str, Any] | None:

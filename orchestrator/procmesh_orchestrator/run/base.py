@@ -200,13 +200,16 @@ class RunCore:
 
     async def record_decisions(self) -> None:
         """Write the decisions recorded since the run (or its resumption) began to the store, in
-        one transaction: at the run's end, a suspension included (`DecisionLog.flush`)."""
+        one transaction: at the run's end, a suspension included (`DecisionLog.flush`). A write
+        the store fails is logged and counted (``procmesh_store_writes_failed_total``), the run's
+        result stands."""
         decisions, store, info = self.info.decisions, self.agent.store, self.info
         if decisions is not None and store is not None:
             for step in self.steps:  # each finished step's tool results, as the run gave them on
                 if step.get("toolResults"):
                     self.record_input("tool-results", int(step.get("stepNumber", 0)), step["toolResults"])
-            await decisions.flush(self.run_id, self.agent.id, info.thread_id, info.resource_id, store)
+            if not await decisions.flush(self.run_id, self.agent.id, info.thread_id, info.resource_id, store):
+                self.metrics.store_writes_failed.labels(self.agent.id, "decision-record").inc()
 
     def record_input(self, kind: str, step: int, body: Any) -> None:
         """Keep what the run was given, for replay (``agents.ID.recordInputs``): nothing without."""

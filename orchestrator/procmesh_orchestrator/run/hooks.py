@@ -110,8 +110,9 @@ class DecisionRecord(Protocol):
         thread_id: str,
         resource_id: str,
         store: Callable[[], Awaitable[Any]],
-    ) -> None:
-        """Write the decisions (and inputs) recorded since the last flush (one transaction)."""
+    ) -> bool:
+        """Write the decisions (and inputs) recorded since the last flush (one transaction); False
+        when the store failed the write (logged; the run's result stands)."""
 
 
 @dataclass

@@ -5,6 +5,7 @@ store. The test decides when background work lands (a gate file the tool waits f
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,44 @@ async def test_a_result_landing_after_the_run_ended_is_stored_without_a_signal(
 
         await run(app, "and?")  # a later turn sees the real result
         assert tool_outputs(prompts(app)[-1])[call_id] == real
+
+
+def refuse_writes(store: Path, *tables: str) -> None:
+    """Make the SQLite store fail every write to `tables` (those it has), as a full or read-only
+    disk would: a trigger raising on INSERT and UPDATE."""
+    with sqlite3.connect(store) as db:
+        have = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table in sorted(have & set(tables)):
+            for event in ("INSERT", "UPDATE"):
+                db.execute(
+                    f"CREATE TRIGGER refuse_{event.lower()}_{table} BEFORE {event} ON {table} "
+                    "BEGIN SELECT RAISE(ABORT, 'the disk says no'); END"
+                )
+
+
+def failed_writes(app: App, what: str) -> float:
+    return app.metrics.total("procmesh_store_writes_failed_total", agent="a", what=what)
+
+
+async def test_a_late_result_the_store_refuses_is_logged_and_counted(
+    sidecars: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run is over when its background result lands: a store that fails the write leaves the
+    stored thread with the placeholder, logged and counted (``what="background-result"``)."""
+    gate = tmp_path / "gate"
+    responses = [{"toolCalls": [call("research", topic="moon", gate=str(gate))]}, {"text": "started"}]
+    cfg = bg_config(sidecars, tmp_path / "m.db", responses, {"research": {"sidecar": "bg", "background": {}}})
+    async with App(cfg) as app:
+        chunks, result = await run(app, "research the moon")
+        assert result.status == "success", result.error
+        (started,) = of_type(chunks, "tool-result")
+        refuse_writes(tmp_path / "m.db", "messages", "messages_scoped")
+        assert failed_writes(app, "background-result") == 0
+        gate.touch()  # the work lands now, the run long over
+        await background.drain()
+        assert failed_writes(app, "background-result") == 1
+        assert "storing background tool research's result failed" in caplog.text
+        assert (await stored_invocations(app))[started["toolCallId"]]["result"].startswith(STARTED)
 
 
 async def test_an_awaited_call_waits_for_its_result(sidecars: dict[str, str], tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from procmesh import Processor
 from procmesh_sidecars.builtins._common import Chunk, Message, map_message_text
@@ -19,7 +19,10 @@ Preset = Literal["pii", "secrets", "urls"]
 
 
 class RegexRule(BaseModel):
-    """One rule: a name (reported), a pattern and the redaction replacement."""
+    """One rule: a name (reported), a pattern and the redaction replacement; another key is an
+    error naming it (a misspelt ``replacement`` would redact with the default)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str
     pattern: str

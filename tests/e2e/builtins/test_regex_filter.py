@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from procmesh_orchestrator.errors import ProcessorFailedError
+from procmesh_orchestrator.errors import ConfigError, ProcessorFailedError
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.builtins.harness import make_config, prompt_texts, ref, run, start
 
@@ -126,6 +126,16 @@ async def test_a_pattern_re2_refuses_fails_the_call_naming_the_rule(address: str
     rule = {"name": "doubled", "pattern": r"(\w)\1"}
     with pytest.raises(ProcessorFailedError, match=r"rule 'doubled': invalid pattern .*RE2 syntax"):
         await run(make_config(address, input_processors=[ref("regex-filter", rules=[rule])]))
+
+
+async def test_a_misspelt_key_in_a_rule_is_refused_at_start_up_naming_it(address: str) -> None:
+    # the rule's schema is closed too: "replacment" once left the default "[REDACTED]" in place
+    rule = {"name": "ssn", "pattern": r"\d{3}-\d{2}-\d{4}", "replacment": "[SSN]"}
+    with pytest.raises(ConfigError, match="regex-filter") as info:
+        await run(
+            make_config(address, input_processors=[ref("regex-filter", rules=[rule], strategy="redact")])
+        )
+    assert "'replacment' was unexpected" in str(info.value)
 
 
 @pytest.mark.timeout(60)

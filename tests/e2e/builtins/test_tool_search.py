@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from procmesh_orchestrator.errors import ConfigError
 from procmesh_orchestrator.run.models import ModelRequest
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.builtins.harness import make_config, prompt_texts, ref, run, start
@@ -122,3 +123,20 @@ async def test_unknown_tool_gets_suggestions_and_resolved_tools_stay_by_default(
         "message": 'Tool "mail" not found. Did you mean: send_email_v2?',
         "toolName": "mail",
     }
+
+
+@pytest.mark.parametrize(
+    ("options", "unexpected"),
+    [
+        ({"search": {"topK": 2}}, "'topK' was unexpected"),  # the reference's name: here top_k
+        ({"tools": [{"name": "weather", "descripton": "Current weather."}]}, "'descripton' was unexpected"),
+    ],
+)
+async def test_a_nested_key_it_does_not_take_is_refused_at_start_up_naming_it(
+    address: str, options: dict[str, Any], unexpected: str
+) -> None:
+    """A key of `search` or of a catalog tool the options do not have was ignored: `topK` left
+    top_k at 5, a misspelt description left the tool undescribed. Start-up now fails naming it."""
+    with pytest.raises(ConfigError, match="tool-search") as info:
+        await run(make_config(address, input_processors=[ref("tool-search", **options)]))
+    assert unexpected in str(info.value)

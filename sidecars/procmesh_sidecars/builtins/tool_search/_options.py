@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class ToolSpecModel(BaseModel):
     """A tool as the model sees it."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")  # a misspelt key is an error
 
     name: str
     description: str = ""
@@ -18,7 +18,9 @@ class ToolSpecModel(BaseModel):
 
 
 class SearchOptions(BaseModel):
-    """`search` options."""
+    """`search` options (the reference's ``topK``/``minScore`` are refused by name, not ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     top_k: int = Field(default=5, ge=1)
     min_score: float = 0.0

@@ -140,8 +140,9 @@ class ModelCall:
     """The answer's JSON schema (None: free text)."""
     settings: dict[str, Any]
     """``temperature``, ``maxOutputTokens`` when the caller gave them."""
-    costs: list[RunCost]
-    """The limits it counts against (`GatewayCalls.costs`)."""
+    costs: Callable[[], list[RunCost]]
+    """The limits it counts against (`GatewayCalls.costs`), found as the call is made: a question
+    the verdict cache or a merged call answers needs none."""
 
 
 class GatewayCalls:
@@ -201,7 +202,7 @@ class GatewayCalls:
         )
         started = time.perf_counter()
         held = await self._reserve(
-            call.costs, model.model_id, call.prompt, call.settings.get("maxOutputTokens")
+            call.costs(), model.model_id, call.prompt, call.settings.get("maxOutputTokens")
         )
         try:
             text, finish, usage = await _collect(model, request)

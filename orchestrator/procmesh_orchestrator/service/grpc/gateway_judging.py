@@ -10,6 +10,7 @@ schema is free text, left to its caller: one model call, never cached, merged or
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class GatewayJudging:
     ) -> tuple[str, str, dict[str, int], str]:
         """A merged judge call, metered as `request`'s (every section shares its run and caller)."""
         model = self._service.app.models.resolve(request.model, "model")
-        costs = self._calls.costs(request.run_id, request.model, request.resource)
+        costs = functools.partial(self._calls.costs, request.run_id, request.model, request.resource)
         prompt = [{"role": "system", "content": instruction(schema)}, *prompt]
         text, finish, usage = await self._calls.once(
             ModelCall(model, prompt, schema, dict(request.settings), costs)
@@ -95,7 +96,7 @@ class GatewayJudging:
     async def _judge_alone(self, request: SectionRequest) -> SectionVerdict:
         """A section with nothing to merge: the guard's own call, as if it had sent no section."""
         model = self._service.app.models.resolve(request.model, "model")
-        costs = self._calls.costs(request.run_id, request.model, request.resource)
+        costs = functools.partial(self._calls.costs, request.run_id, request.model, request.resource)
         call = ModelCall(model, list(request.messages), dict(request.schema), dict(request.settings), costs)
         out = await self._calls.attempts(call)
         value, usage = convert.from_value(out.object), convert.usage_from_proto(out.usage)

@@ -67,14 +67,27 @@ class SectionRequest:
 
     def lane_key(self) -> str:
         """Questions with equal keys come from one lane of one run (any content)."""
-        return lane_key(self.model, self.run_id, self.resource, self.phase, self.settings)
+        return self._lane_key
 
     def merge_key(self) -> str:
         """Questions with equal keys may share one model call: one lane's, about one content."""
-        return merge_key(self.lane_key(), self.content)
+        return self._merge_key
 
     def cache_key(self) -> str:
         """Everything the section's answer depends on (a verdict cache's address)."""
+        return self._cache_key
+
+    # each digest made once (the planner asks for them as the request comes and as it is answered)
+    @functools.cached_property
+    def _lane_key(self) -> str:
+        return lane_key(self.model, self.run_id, self.resource, self.phase, self.settings)
+
+    @functools.cached_property
+    def _merge_key(self) -> str:
+        return merge_key(self._lane_key, self.content)
+
+    @functools.cached_property
+    def _cache_key(self) -> str:
         return _digest(
             [
                 self.model,

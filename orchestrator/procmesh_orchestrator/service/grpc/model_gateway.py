@@ -16,6 +16,7 @@ planner and its run's questions in flight in `gateway_judging`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -322,7 +323,7 @@ class _ModelServicer(mgrpc.ModelServiceServicer):
         if answer_schema is not None:
             schema = answer_schema.value
             prompt = [{"role": "system", "content": answer_schema.instruction}, *prompt]
-        costs = self._calls.costs(request.run_id, request.model, resource)
+        costs = functools.partial(self._calls.costs, request.run_id, request.model, resource)
         try:
             async with asyncio.timeout(remaining):
                 return await self._judging.answer(

@@ -247,14 +247,17 @@ class VerdictCache:
         if address is None:
             return await call(), False
 
+        asked: list[mpb.ModelServiceGenerateResponse] = []
+
         async def ask() -> bytes:
-            return (await call()).SerializeToString()
+            asked.append(await call())
+            return asked[0].SerializeToString()
 
         with tracing.span(f"procmesh.judge_cache {processor}") as span:
             data, found = await self.through(address, processor, ask)
             span.set("procmesh.judge_cache.result", found)
-        if found == "miss":
-            return mpb.ModelServiceGenerateResponse.FromString(data), False
+        if found == "miss":  # the answer this call asked for, not decoded again
+            return asked[0], False
         return _reused(data), True
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,11 +20,11 @@ import pytest
 import procmesh
 from procmesh import ProcessorSettings
 from tests.conftest import BIN, NODE_SDK
+from tests.deps import require
 
 pytestmark = pytest.mark.e2e
 
 SCRIPTS = ["procmesh", "procmesh-orchestrator", "procmesh-sidecar"]
-NODE = shutil.which("node")
 NODE_SERVE = NODE_SDK / "examples" / "serve.mjs"
 
 
@@ -190,15 +189,14 @@ def test_the_python_sidecar_logs_json_lines() -> None:
         assert {"time", "level", "logger", "message"} <= set(entry)
 
 
-@pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_the_node_sidecar_is_strict_versioned_and_logs_json() -> None:
-    assert NODE is not None
-    version = run(NODE, str(NODE_SERVE), "--version")
+    node = require("node")  # a missing node fails with its install hint: the suite never skips
+    version = run(node, str(NODE_SERVE), "--version")
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip().endswith(procmesh.__version__)
-    one_line_error(run(NODE, str(NODE_SERVE), "--listne", "127.0.0.1:0", timeout=10), "unknown flag --listne")
-    one_line_error(run(NODE, str(NODE_SERVE), env={"PROCMESH_LOG_FORMAT": "xml"}, timeout=10), "xml")
-    out = serve_briefly([NODE, str(NODE_SERVE), "--listen", "127.0.0.1:0", "--log-format", "json"], {})
+    one_line_error(run(node, str(NODE_SERVE), "--listne", "127.0.0.1:0", timeout=10), "unknown flag --listne")
+    one_line_error(run(node, str(NODE_SERVE), env={"PROCMESH_LOG_FORMAT": "xml"}, timeout=10), "xml")
+    out = serve_briefly([node, str(NODE_SERVE), "--listen", "127.0.0.1:0", "--log-format", "json"], {})
     entries = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert any(e["message"].startswith("serving processors") for e in entries), out
     for entry in entries:

@@ -15,7 +15,7 @@ from procmesh_orchestrator.errors import (
     StoreUnavailableError,
     SuspendedRunNotFoundError,
 )
-from procmesh_orchestrator.store import client_message
+from procmesh_orchestrator.store import about_the_request, client_message
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +184,11 @@ class StoreDownError(ServiceError):
 
 def resume_error(exc: MemoryStoreError) -> ServiceError:
     """A store error met while resuming or listing suspended runs, as the API answers it: what
-    happened, never the store's address or the driver's text (`client_message`; the log has it)."""
+    happened, never the store's address or the driver's text (`client_message`; the log has it).
+    A refusal of the request itself (an unknown run, a bad id) is the caller's answer alone: not
+    logged as the store failing."""
     message = client_message(exc)
-    if message != str(exc):
+    if not about_the_request(exc):
         log.warning("suspended runs: the store failed: %s", exc)
     for kind, answer in _RESUME_ERRORS:
         if isinstance(exc, kind):

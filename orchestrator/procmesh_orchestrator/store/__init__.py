@@ -11,7 +11,7 @@ loads psycopg.
 """
 
 from procmesh_orchestrator.store._checks import MAX_ID_CHARS, MAX_PAGE, label
-from procmesh_orchestrator.store._redact import client_message
+from procmesh_orchestrator.store._redact import about_the_request, client_message
 from procmesh_orchestrator.store.config import StorageConfig, open_store
 from procmesh_orchestrator.store.contract import MemoryStore
 from procmesh_orchestrator.store.decisions import Decision, DecisionStore
@@ -59,6 +59,7 @@ __all__ = [
     "SuspendedRun",
     "Thread",
     "ThreadStore",
+    "about_the_request",
     "client_message",
     "label",
     "open_store",

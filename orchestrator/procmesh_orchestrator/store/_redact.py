@@ -35,6 +35,12 @@ deployment: a client may read them, without the store's name."""
 _STORE_PREFIX = re.compile(r"^memory store \S+: ")
 
 
+def about_the_request(exc: MemoryStoreError) -> bool:
+    """Whether `exc` is about the caller's own request (a bad id, an unknown run), not the store
+    failing: the answer tells the caller all of it, and the log need not."""
+    return isinstance(exc, _SHOWN)
+
+
 def client_message(exc: MemoryStoreError, store: str | None = None) -> str:
     """What a client may read of `exc`. `store` is the store's name as its errors start with it;
     without it, a name without spaces is recognized (one with spaces is not guessed at: the general

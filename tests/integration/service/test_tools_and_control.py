@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -239,11 +240,17 @@ async def test_decline_streams_the_rest_of_the_run(http: httpx.AsyncClient) -> N
     assert {c["runId"] for c in chunks[:-1]} == {body["runId"]}
 
 
-async def test_unknown_runs_are_404_and_bad_decisions_400(http: httpx.AsyncClient) -> None:
-    missing = await http.post(
-        "/api/agents/tools/approve-tool-call", json={"runId": "nope", "toolCallId": "x"}
-    )
+async def test_unknown_runs_are_404_and_bad_decisions_400(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        missing = await http.post(
+            "/api/agents/tools/approve-tool-call", json={"runId": "nope", "toolCallId": "x"}
+        )
     assert missing.status_code == 404
+    assert "nope" in missing.json()["error"]
+    # the caller's own mistake: its answer, not a store failure in the operator's log
+    assert not [r for r in caplog.records if "store failed" in r.getMessage()]
     bad = await http.post("/api/agents/tools/approve-tool-call-generate", json={"runId": "nope"})
     assert bad.status_code == 400
     assert "toolCallId" in bad.json()["error"]

@@ -90,3 +90,8 @@ def configure_logging(level: str | int = "INFO", log_format: str | None = None) 
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if chosen == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper() if isinstance(level, str) else level, handlers=[handler])
+    # httpx logs every request it makes at INFO with its URL (a provider's call, the orchestrator's
+    # read of its built-in sidecar's metrics every 2 s): a URL may carry a key, and no request
+    # content goes in a log above DEBUG. Its lines show at DEBUG only.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
 import sys
 from typing import Any
 
@@ -95,3 +96,29 @@ async def test_the_orchestrator_sets_the_run_id_for_the_length_of_a_run() -> Non
     assert inside["run_id"] == result.run_id
     assert "run_id" not in after
     assert RUN_ID.get() == ""
+
+
+_HTTPX_PROGRAM = """
+import http.server, sys, threading
+import httpx
+from procmesh import configure_logging
+configure_logging(sys.argv[1])
+class Quiet(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+assert httpx.get(f"http://127.0.0.1:{server.server_port}/metrics?key=secret").status_code == 200
+"""
+
+
+@pytest.mark.parametrize(("level", "shown"), [("INFO", False), ("DEBUG", True)])
+def test_httpx_request_lines_show_at_debug_only(level: str, shown: bool) -> None:
+    """A real request through httpx in a program that called configure_logging: its per-request
+    line (the URL, which may carry a key) is in the log at DEBUG and not at INFO."""
+    done = subprocess.run(
+        [sys.executable, "-c", _HTTPX_PROGRAM, level], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert ("/metrics?key=secret" in done.stderr) is shown, done.stderr

@@ -102,15 +102,22 @@ class Slow(Tool):
 
 
 class Busy(Tool):
-    """Computes without awaiting for `seconds`."""
+    """Computes without awaiting until `release` is set (or `seconds` pass); records start and end."""
 
     name = "busy"
 
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
     async def execute(self, args: dict[str, Any], context: ToolContext) -> Any:
+        self.started.set()
         end = time.monotonic() + float(args["seconds"])
         n = 0
-        while time.monotonic() < end:
+        while not self.release.is_set() and time.monotonic() < end:
             n += 1
+        self.finished.set()
         return n > 0
 
 
@@ -129,11 +136,12 @@ class Adder(Processor):
 
 
 SLOW = Slow()
+BUSY = Busy()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server() -> AsyncIterator[ProcessorServer]:
-    tools = [Weather(), Broken(), Refusing(), NotJson(), SLOW, Busy()]
+    tools = [Weather(), Broken(), Refusing(), NotJson(), SLOW, BUSY]
     async with ProcessorServer([Adder()], ["127.0.0.1:0"], tools=tools) as srv:
         yield srv
 
@@ -308,15 +316,23 @@ async def test_a_passed_deadline_cancels_the_tool(stub: pgrpc.ProcessorServiceSt
 async def test_a_computing_tool_does_not_hold_up_health_checks(
     stub: pgrpc.ProcessorServiceStub, channel: grpc.aio.Channel
 ) -> None:
-    busy = asyncio.ensure_future(stub.ExecuteTool(tool_request("busy", {"seconds": 1.5}), timeout=TIMEOUT))
-    await asyncio.sleep(0.2)
-    health = health_pb2_grpc.HealthStub(channel)
-    started = time.monotonic()
-    resp = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=TIMEOUT)
-    assert resp.status == health_pb2.HealthCheckResponse.SERVING
-    assert time.monotonic() - started < 0.5
-    assert not busy.done()
+    # The tool computes until released (at most TIMEOUT): a health check held up by it would only
+    # be answered once the tool had finished, which `finished` shows (no clock is asserted).
+    BUSY.started.clear()
+    BUSY.release.clear()
+    BUSY.finished.clear()
+    request = tool_request("busy", {"seconds": TIMEOUT})
+    busy = asyncio.ensure_future(stub.ExecuteTool(request, timeout=2 * TIMEOUT))
+    try:
+        assert await asyncio.to_thread(BUSY.started.wait, TIMEOUT)
+        health = health_pb2_grpc.HealthStub(channel)
+        resp = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=2 * TIMEOUT)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        assert not BUSY.finished.is_set(), "the health check waited for the computing tool"
+    finally:
+        BUSY.release.set()
     assert convert.from_value((await busy).result) is True
+    assert BUSY.finished.is_set()
 
 
 async def test_tool_calls_are_counted_by_tool_and_outcome(

@@ -173,15 +173,15 @@ async def test_a_tool_that_raises_is_an_error_result_not_an_exception(conn: McpC
 async def test_a_timeout_is_an_mcp_error_naming_the_server_and_cancels_the_call(
     conn: McpConnection, event_lines: Callable[[], list[str]]
 ) -> None:
-    started = time.monotonic()
+    # The tool would sleep past the test's own time limit (pytest-timeout, 120 s): a call held until
+    # the tool answers cannot pass, and no clock is asserted.
     with pytest.raises(
         McpError, match=r"MCP server 'fixture': tools/call 'slow' timed out after 0.3s"
     ) as info:
-        await conn.call_tool("slow", {"seconds": 7}, timeout=0.3)
-    assert time.monotonic() - started < 2
+        await conn.call_tool("slow", {"seconds": 600}, timeout=0.3)
     assert isinstance(info.value, OrchestratorError)
     assert info.value.server == "fixture"
-    await _wait_for(event_lines, "cancelled 7")
+    await _wait_for(event_lines, "cancelled 600")
     assert (await conn.call_tool("add", {"a": 1, "b": 2})).content == {"result": 3}  # the session lives on
 
 
@@ -284,12 +284,11 @@ async def test_an_unreachable_url_is_a_clear_error() -> None:
 
 
 async def test_a_server_that_never_answers_times_out_at_start_up() -> None:
-    silent = [sys.executable, "-c", "import time; time.sleep(30)"]
+    # silent past the test's own time limit (120 s): only the start-up timeout can end the start
+    silent = [sys.executable, "-c", "import time; time.sleep(600)"]
     conn = McpConnection(McpServerConfig(name="mute", command=silent, timeout=0.5))
-    started = time.monotonic()
     with pytest.raises(McpError, match=r"'mute': start-up took over 0.5s"):
         await conn.start()
-    assert time.monotonic() - started < 10
 
 
 def test_a_config_takes_exactly_one_of_command_and_url() -> None:

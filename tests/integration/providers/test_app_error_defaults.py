@@ -153,11 +153,11 @@ async def test_a_retry_after_past_the_run_deadline_is_not_waited_for(
 ) -> None:
     busy = {**error(429, "Rate limit reached", "requests"), "headers": {"retry-after-ms": "20000"}}
     openai_api.script("flaky", busy, {"text": "recovered"})
-    started = time.monotonic()
+    # A run that slept into its deadline would end with the deadline's error, not the provider's
+    # (no clock is asserted: the error says which).
     with pytest.raises(APICallError, match="Rate limit"):
         await app.agent("flaky").generate("hi", CallOptions(timeout=3))
     assert len(openai_api.calls("flaky")) == 1
-    assert time.monotonic() - started < 3  # no sleep into the deadline
 
 
 async def test_a_reset_mid_stream_is_retried_once(app: App, openai_api: FakeOpenAI) -> None:

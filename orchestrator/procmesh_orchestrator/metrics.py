@@ -301,6 +301,13 @@ class OrchestratorMetrics:
             ["agent", "what"],
             registry=r,
         )
+        self.violation_routes_failed = Counter(
+            "procmesh_violation_routes_failed_total",
+            "Violations an onViolation route failed to deliver (a webhook that failed or timed out, "
+            "a Python route that raised; each logged): the run's result has them all the same.",
+            ["agent", "processor"],
+            registry=r,
+        )
         self.chunks = Counter(
             "procmesh_stream_chunks_total",
             "Stream chunks emitted to callers by type family.",

@@ -25,15 +25,17 @@ PER_CALL = 0.005
 ANSWER = {"text": "ok", "usage": {"inputTokens": 10, "outputTokens": 5}}
 
 
-@pytest.fixture
-def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A local HTTP server recording the JSON bodies POSTed to it."""
+@pytest.fixture(params=[204])
+def webhook(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A local HTTP server recording the JSON bodies POSTed to it, answering each with the
+    parametrized status (204 unless a test asks for another)."""
     received: list[dict[str, Any]] = []
+    status: int = request.param
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
+            self.send_response(status)
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
@@ -104,6 +106,25 @@ async def test_each_processor_s_violations_reach_its_own_route(
     assert len(logged) == 1
     assert logged[0].startswith("violation of token-cost-control (agent a, run ")
     assert [v["processorId"] for v in mine] == ["regex-filter", "regex-filter"]
+
+
+@pytest.mark.parametrize("webhook", [503], indirect=True)
+async def test_a_webhook_that_fails_is_logged_and_counted(
+    tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run never waits on its webhook, so a failing one is no failure of the run: each
+    violation it did not take is logged and counted, for an alert on the alerting path itself."""
+    url, posted = webhook
+    async with App(_config(tmp_path, url)) as app:
+        results = [await app.agent("a").generate("the password is swordfish") for _ in range(2)]
+        await violation_routes.flush()
+        failed = app.metrics.total(
+            "procmesh_violation_routes_failed_total", agent="a", processor="regex-filter"
+        )
+    assert [r.status for r in results] == ["success", "success"]
+    assert len(posted) == 2  # the webhook got them, and answered 503
+    assert failed == 2
+    assert caplog.text.count(f"onViolation webhook {url} failed for regex-filter") == 2
 
 
 def test_two_routes_for_one_instance_are_refused(tmp_path: Path) -> None:

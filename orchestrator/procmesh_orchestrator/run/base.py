@@ -263,7 +263,13 @@ class RunCore:
             self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
         violation_routes.for_caller(self.options.on_violation, entry)
         route = self.agent.violation_routes.get(processor_id)
-        violation_routes.deliver(route, entry, self.agent.id, self.run_id)
+        violation_routes.deliver(
+            route,
+            entry,
+            self.agent.id,
+            self.run_id,
+            lambda: self.metrics.violation_routes_failed.labels(self.agent.id, processor_id).inc(),
+        )
 
     def fenced(self, write: str, exc: BaseException) -> None:
         """A write of this run (``memory``, ``suspension``, ``cost``) was refused for its fence:

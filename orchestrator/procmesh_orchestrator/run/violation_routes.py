@@ -3,7 +3,8 @@
 A processor is remote, so its ``onViolation`` property becomes a route of its lane entry
 (`AgentSpec.violation_routes`, by the processor instance id a violation carries): ``log`` (one
 WARNING line), ``{webhook: URL}`` (the violation POSTed as JSON, in the background: a slow or
-failing hook never holds the run up, its failure is logged), or, in the Python API, a callable.
+failing hook never holds the run up, its failure is logged and counted), or, in the Python API, a
+callable (its exception likewise).
 The caller's `CallOptions.on_violation` (one callable, or one per processor id) sees it too.
 """
 
@@ -40,8 +41,15 @@ _posting: set[asyncio.Task[None]] = set()
 """Webhook posts in flight (held so they are not collected before they end)."""
 
 
-def deliver(route: Route | None, entry: dict[str, Any], agent_id: str, run_id: str) -> None:
-    """Send one violation (`{processorId, message, detail}`) where `route` says; never raises."""
+def deliver(
+    route: Route | None,
+    entry: dict[str, Any],
+    agent_id: str,
+    run_id: str,
+    failed: Callable[[], None] = lambda: None,
+) -> None:
+    """Send one violation (`{processorId, message, detail}`) where `route` says; never raises: a
+    webhook or a callable route that fails is logged, and `failed` is called (the run counts it)."""
     if route is None:
         return
     if route == "log":
@@ -54,21 +62,24 @@ def deliver(route: Route | None, entry: dict[str, Any], agent_id: str, run_id: s
             extra={"run_id": run_id, "detail": entry["detail"]},
         )
     elif callable(route):
-        call(route, entry)
+        if not call(route, entry):
+            failed()
     elif not isinstance(route, str):
         task = asyncio.get_running_loop().create_task(
-            _post(route, {"agentId": agent_id, "runId": run_id, **entry})
+            _post(route, {"agentId": agent_id, "runId": run_id, **entry}, failed)
         )
         _posting.add(task)
         task.add_done_callback(_posting.discard)
 
 
-def call(callback: Callable[[dict[str, Any]], Any], entry: dict[str, Any]) -> None:
-    """A Python onViolation callback; its exception is logged, never raised (SPEC §4)."""
+def call(callback: Callable[[dict[str, Any]], Any], entry: dict[str, Any]) -> bool:
+    """A Python onViolation callback; its exception is logged, never raised (SPEC §4): False."""
     try:
         callback(entry)
     except Exception:
         log.exception("onViolation callback raised (ignored)")
+        return False
+    return True
 
 
 def for_caller(
@@ -82,13 +93,14 @@ def for_caller(
         call(callback, entry)
 
 
-async def _post(route: WebhookRoute, payload: dict[str, Any]) -> None:
+async def _post(route: WebhookRoute, payload: dict[str, Any], failed: Callable[[], None]) -> None:
     try:
         async with httpx.AsyncClient(timeout=route.timeout) as http:
             response = await http.post(route.webhook, json=payload, headers=route.headers)
             response.raise_for_status()
-    except Exception as exc:  # a route's failure is the operator's to see, never the run's
+    except Exception as exc:  # a route's failure is the operator's to see (logged, counted), never the run's
         log.warning("onViolation webhook %s failed for %s: %s", route.webhook, payload["processorId"], exc)
+        failed()
 
 
 async def flush() -> None:

@@ -33,8 +33,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 FAULTY = "tests.fixtures.faulty"
 ANSWER = "all is well"  # the scripted model streams it as 3 deltas
 TIMEOUT = 0.3
-SLEEP = 2.0
-SLACK = 1.5  # generous: the claim is "not held until the sleeper wakes", not a latency figure
+# The sleeper outlasts the test's own time limit (pytest-timeout, 120 s), and so does a "long"
+# processor timeout: a run held until the sleeper wakes, or until that timeout, cannot pass. This is
+# how "not held" is shown without asserting the clock (which fails correct code under load).
+SLEEP = 600.0
+LONG_TIMEOUT = 300
 LET_THROUGH = "procmesh_processor_failures_let_through_total"
 
 
@@ -160,10 +163,8 @@ def assert_error_ending(chunks: list[dict[str, Any]], result: RunResult, process
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 async def test_fail_closed_generate_raises_naming_processor_and_hook(faulty: Faulty, case: Case) -> None:
     async with App(case.config(faulty, "fail-closed")) as app:
-        started = time.monotonic()
         with pytest.raises(ProcessorFailedError) as info:
-            await app.agent("a").generate("hi")
-        elapsed = time.monotonic() - started
+            await app.agent("a").generate("hi")  # never held until a sleeper wakes: see SLEEP
         exc = info.value
         assert (exc.processor_id, exc.hook) == (case.processor, case.hook)
         assert_names(str(exc), case.processor, case.hook)
@@ -171,7 +172,6 @@ async def test_fail_closed_generate_raises_naming_processor_and_hook(faulty: Fau
         if case.hook == "process_input_step":
             assert model_calls(app) == 0  # the failed input hook stopped the run before the model
         assert let_through(app, case.processor, case.hook) == 0
-        assert elapsed < SLEEP, "fail-closed must not wait for a slow processor to finish"
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -242,10 +242,10 @@ async def test_slow_processor_never_holds_the_run_past_its_timeout(
 ) -> None:
     async with App(case.config(faulty, policy)) as app:
         started = time.monotonic()
-        _, result = await collect(app)
+        _, result = await collect(app)  # held until the sleeper wakes, it could not pass: see SLEEP
         elapsed = time.monotonic() - started
+    # a lower bound only (load can lengthen a run, never shorten it): the timeout was waited for
     assert elapsed >= TIMEOUT * 0.9, "the processor's timeout was not waited for at all"
-    assert elapsed < TIMEOUT + SLACK, f"run took {elapsed:.2f}s with a {TIMEOUT}s processor timeout"
     assert (result.error is None) == (policy == "fail-open")
 
 
@@ -256,19 +256,18 @@ async def test_run_deadline_caps_processor_calls(faulty: Faulty, hook: str, poli
     ref = {"processor": "faulty/sleeper", "options": {"seconds": SLEEP}}
     lanes = "input_processors" if hook == "process_input_step" else "output_processors"
     cfg = make_config(
-        {"faulty": {"address": faulty.address, "timeout": 30, "onFailure": policy}}, **{lanes: [ref]}
+        {"faulty": {"address": faulty.address, "timeout": LONG_TIMEOUT, "onFailure": policy}},
+        **{lanes: [ref]},
     )
     run_timeout = 0.4
     async with App(cfg) as app:
-        started = time.monotonic()
+        # only the run's deadline can end the call in the test's time: see SLEEP and LONG_TIMEOUT
         chunks, result = await collect(app, options=CallOptions(timeout=run_timeout))
-        elapsed = time.monotonic() - started
         assert let_through(app, "sleeper", hook) == (1 if policy == "fail-open" else 0)
-    assert elapsed < run_timeout + SLACK, f"run took {elapsed:.2f}s with a {run_timeout}s run timeout"
     if policy == "fail-closed":
         assert_error_ending(chunks, result, "sleeper", hook)
         assert result.error is not None
-        assert "after 30" not in result.error, "the cause must not claim the 30s processor timeout"
+        assert f"after {LONG_TIMEOUT}" not in result.error, "the cause must not claim the processor timeout"
     else:
         # The slow processor is skipped at the deadline; the run then has at most the 50 ms grace
         # left, so it either finishes within it or ends with the run timeout, never later.
@@ -278,14 +277,13 @@ async def test_run_deadline_caps_processor_calls(faulty: Faulty, hook: str, poli
 
 async def test_run_deadline_fails_generate_with_deadline_exceeded(faulty: Faulty) -> None:
     ref = {"processor": "faulty/sleeper", "options": {"seconds": SLEEP}}
-    cfg = make_config({"faulty": {"address": faulty.address, "timeout": 30}}, input_processors=[ref])
+    cfg = make_config(
+        {"faulty": {"address": faulty.address, "timeout": LONG_TIMEOUT}}, input_processors=[ref]
+    )
     async with App(cfg) as app:
-        started = time.monotonic()
-        with pytest.raises(ProcessorFailedError) as info:
+        with pytest.raises(ProcessorFailedError) as info:  # only the run's deadline ends it: see SLEEP
             await app.agent("a").generate("hi", CallOptions(timeout=0.4))
-        elapsed = time.monotonic() - started
     assert "DEADLINE_EXCEEDED" in info.value.cause
-    assert elapsed < 0.4 + SLACK
 
 
 async def test_idle_stream_longer_than_the_timeout_is_not_a_failure(faulty: Faulty) -> None:

@@ -8,12 +8,14 @@ PostgreSQL (the DSN in an environment variable, as `dsnEnv` keeps a password out
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.memory.test_store_safety import postgres_dsn
-from tests.e2e.test_cli import procmesh
+from tests.e2e.test_cli import PROCMESH, procmesh
 from tests.integration.memory.pg import fresh_dsn
 
 pytestmark = pytest.mark.e2e
@@ -85,8 +87,46 @@ def test_two_calls_on_a_thread_are_stored_and_listed(config: str) -> None:
 def test_a_missing_thread_and_a_thread_without_resource_are_clear_errors(config: str) -> None:
     proc = procmesh("memory", "messages", "nope", "--resource", "alice", "--config", config)
     assert proc.returncode == 1
-    assert "no thread 'nope' of resource 'alice'" in proc.stdout
+    assert "no thread 'nope' of resource 'alice'" in proc.stderr
+    assert proc.stdout == ""  # an error is never read as output
     proc = procmesh("generate", "chat", "hi", "--config", config, "--thread", "t1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "without a resource" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_thread_list_cut_at_its_limit_says_so(config: str) -> None:
+    for thread in ("t1", "t2"):
+        ok("generate", "chat", "hi", "--config", config, "--thread", thread, "--resource", "alice")
+    cut = procmesh("memory", "threads", "--resource", "alice", "--limit", "1", "--config", config)
+    assert cut.returncode == 0, cut.stderr
+    assert [line.split("\t")[0] for line in cut.stdout.splitlines()] == ["t2"]  # the most recent
+    assert "has more than --limit 1 threads" in cut.stderr
+    whole = procmesh("memory", "threads", "--resource", "alice", "--limit", "2", "--config", config)
+    assert [line.split("\t")[0] for line in whole.stdout.splitlines()] == ["t2", "t1"]
+    assert whole.stderr == ""
+    bad = procmesh("memory", "threads", "--resource", "alice", "--limit", "0", "--config", config)
+    assert bad.returncode == 2
+    assert "--limit must be from 1 to 9999" in bad.stderr
+
+
+def test_a_reader_that_stops_reading_is_no_traceback(config: str) -> None:
+    """`procmesh memory messages ... | head -0`: the pipe is closed before the command writes; it
+    ends with 141, as a shell reports a command a closed pipe ended, and no traceback."""
+    ok("generate", "chat", "hi", "--config", config, "--thread", "t1", "--resource", "alice")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command starts
+    try:
+        proc = subprocess.run(
+            [str(PROCMESH), "memory", "messages", "t1", "--resource", "alice", "--config", config, "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "BrokenPipe" not in proc.stderr

@@ -250,6 +250,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     try:
         code = args.func(args)
+        sys.stdout.flush()  # here, where a reader that went away is handled, not at the interpreter's exit
+    except BrokenPipeError:
+        # whoever read the output stopped reading (`procmesh runs decisions --json | head`): no
+        # traceback; stdout goes to /dev/null so nothing tries to write to the pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141  # what a shell reports for a command a closed pipe ended (128 + SIGPIPE)
     except OrchestratorError as exc:  # every expected failure is in the tree; anything else is a bug
         print(f"procmesh: error: {exc}", file=sys.stderr)
         code = 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the store code is imported when the command runs, not for every `procmesh`
@@ -23,7 +24,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     actions = memory.add_subparsers(dest="action", required=True)
     threads = actions.add_parser("threads", help="a resource's threads, most recently updated first")
     threads.add_argument("--resource", required=True, help="whose threads (a user, an org)")
-    threads.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    threads.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="at most this many, the most recent (1 to 9999, default 100); more: a note on stderr",
+    )
     messages = actions.add_parser("messages", help="a thread's stored messages, oldest first")
     messages.add_argument("thread", help="the thread id")
     messages.add_argument(
@@ -69,21 +75,36 @@ def _text(msg: Message) -> str:
 async def run(args: argparse.Namespace) -> int:
     """List threads or messages; exit 1 when the thread asked for does not exist."""
     from procmesh_orchestrator.config import load_config
-    from procmesh_orchestrator.store import open_store
+    from procmesh_orchestrator.store import MAX_PAGE, open_store
 
+    if args.action == "threads" and not 1 <= args.limit < MAX_PAGE:
+        print(
+            f"procmesh memory threads: --limit must be from 1 to {MAX_PAGE - 1}", file=sys.stderr, flush=True
+        )
+        return 2
     store = open_store(load_config(args.config).storage)
     await store.start()
     try:
         if args.action == "threads":
-            for thread in await store.list_threads(args.resource, limit=args.limit):
+            # one more than asked: a list cut at --limit says so, never passed off as all of them
+            threads = await store.list_threads(args.resource, limit=args.limit + 1)
+            for thread in threads[: args.limit]:
                 if args.json:
                     print(json.dumps(_thread_json(thread), ensure_ascii=False))
                 else:
                     print(f"{thread.id}\t{thread.updated_at}\t{thread.title}")
+            if len(threads) > args.limit:
+                print(
+                    f"procmesh memory threads: resource {args.resource!r} has more than --limit "
+                    f"{args.limit} threads; these are its most recently updated: raise --limit",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return 0
         if await store.get_thread(args.thread, args.resource) is None:
             print(
                 f"procmesh memory: no thread {args.thread!r} of resource {args.resource!r} in the store",
+                file=sys.stderr,
                 flush=True,
             )
             return 1

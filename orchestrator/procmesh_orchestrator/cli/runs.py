@@ -51,10 +51,12 @@ async def run(args: argparse.Namespace) -> int:
     from procmesh_orchestrator.store import open_store
 
     if (args.run is None) == (args.since is None):
-        print("procmesh runs decisions: give a RUN or --since, not both", flush=True)
+        print("procmesh runs decisions: give a RUN or --since, not both", file=sys.stderr, flush=True)
         return 2
     if not 1 <= args.limit <= MAX_BETWEEN:
-        print(f"procmesh runs decisions: --limit must be from 1 to {MAX_BETWEEN}", flush=True)
+        print(
+            f"procmesh runs decisions: --limit must be from 1 to {MAX_BETWEEN}", file=sys.stderr, flush=True
+        )
         return 2
     store = open_store(load_config(args.config).storage)
     await store.start()
@@ -68,7 +70,9 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await store.close()
     if not found and args.run is not None:
-        print(f"procmesh runs: no decision record of run {args.run!r} in the store", flush=True)
+        print(
+            f"procmesh runs: no decision record of run {args.run!r} in the store", file=sys.stderr, flush=True
+        )
         return 1
     for d in found:
         if args.json:

@@ -266,6 +266,8 @@ async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
         env=env,
     )
     assert missing.returncode == 1
+    assert missing.stdout == ""  # an error is never read as output
+    assert "no decision record of run 'no-such-run'" in missing.stderr
     # by time: every run's decisions from a moment on, the run's id on each line
     by_time = await asyncio.to_thread(
         subprocess.run,

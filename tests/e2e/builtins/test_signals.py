@@ -52,6 +52,7 @@ async def test_steering_reminder_is_resent_each_step_and_never_stored(address: s
     expected = (
         "<system-reminder>Stay on the current task and keep answers under three sentences.</system-reminder>"
     )
+    assert len(out.requests) == 2  # the tool call's step and the answer's: the loop below is not empty
     for request in out.requests:
         texts = prompt_texts(request)
         assert texts.count(expected) == 1  # one fresh copy, near the newest turn

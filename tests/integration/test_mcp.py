@@ -189,7 +189,7 @@ async def test_cancelling_the_caller_cancels_the_request_on_the_server(
     conn: McpConnection, event_lines: Callable[[], list[str]]
 ) -> None:
     call = asyncio.create_task(conn.call_tool("slow", {"seconds": 8}))
-    await asyncio.sleep(0.3)
+    await _wait_for(event_lines, "sleeping 8")  # not a fixed sleep: under load 0.3 s was not enough
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

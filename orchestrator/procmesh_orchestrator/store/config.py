@@ -24,6 +24,10 @@ DEFAULT_DATA_DIR = ".procmesh"
 """Where the SQLite file goes when the configuration names no data directory (relative to the cwd)."""
 
 
+_POSTGRES_ONLY = frozenset({"dsn", "dsn_env", "min_connections", "max_connections"})
+_SQLITE_ONLY = frozenset({"data_dir", "path"})
+
+
 class StorageConfig(BaseModel):
     """Where memory lives: an embedded SQLite file (the default) or PostgreSQL (several replicas)."""
 
@@ -47,6 +51,15 @@ class StorageConfig(BaseModel):
     def _postgres(self) -> StorageConfig:
         if self.backend == "postgres" and not (self.dsn or self.dsn_env):
             raise ValueError("the postgres backend needs dsnEnv (an environment variable) or dsn")
+        # a key of the other backend would be ignored: replicas meant to share PostgreSQL would
+        # each run on a SQLite file of their own, without a word
+        given = self.model_fields_set
+        other = _POSTGRES_ONLY if self.backend == "sqlite" else _SQLITE_ONLY
+        if ignored := sorted(to_camel(name) for name in other & given):
+            raise ValueError(
+                f"{', '.join(ignored)}: not read by the {self.backend} backend"
+                + (" (set backend: postgres to use PostgreSQL)" if self.backend == "sqlite" else "")
+            )
         return self
 
     def sqlite_path(self) -> Path:

@@ -101,6 +101,13 @@ class EventLogConfig(BaseModel):
     def _redis(self) -> EventLogConfig:
         if self.backend == "redis" and not (self.url or self.url_env):
             raise ValueError("the redis event log needs url or urlEnv")
+        if self.backend == "memory" and (
+            given := sorted(to_camel(n) for n in {"url", "url_env"} & self.model_fields_set)
+        ):
+            # ignored, replicas would each keep their own log: a reattach elsewhere finds nothing
+            raise ValueError(
+                f"{', '.join(given)}: not read by the memory event log (set backend: redis to use it)"
+            )
         return self
 
     def redis_url(self, environ: Mapping[str, str] | None = None) -> str:

@@ -1,0 +1,50 @@
+"""A key of a storage or event-log backend the config does not choose is refused at start-up,
+through the real ``procmesh-orchestrator`` process: ``dsnEnv`` without ``backend: postgres`` once
+started each replica on a SQLite file of its own (memory, suspended and durable runs not shared),
+``url`` without ``backend: redis`` on an event log of its own, without a word."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN
+from tests.e2e.test_cli_strict import run
+
+pytestmark = pytest.mark.e2e
+
+AGENTS = "models: {demo: {provider: demo}}\nagents: {a: {model: demo, errorProcessorDefaults: false}}\n"
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ("storage: {dsnEnv: MEMORY_DSN}", "dsnEnv: not read by the sqlite backend (set backend: postgres"),
+        (
+            "storage: {backend: postgres, dsnEnv: MEMORY_DSN, path: m.db}",
+            "path: not read by the postgres backend",
+        ),
+        (
+            "durable: {eventLog: {urlEnv: EVENTS_URL}}",
+            "urlEnv: not read by the memory event log (set backend: redis",
+        ),
+    ],
+)
+def test_a_key_of_a_backend_not_chosen_stops_the_start(tmp_path: Path, section: str, named: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{section}\n{AGENTS}")
+    env = {"MEMORY_DSN": "postgresql://nobody@127.0.0.1:1/none", "EVENTS_URL": "redis://127.0.0.1:1/0"}
+    command = [
+        str(BIN / "procmesh-orchestrator"),
+        "--config",
+        str(config),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+    ]
+    proc = run(*command, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr
+    assert "Traceback" not in proc.stderr

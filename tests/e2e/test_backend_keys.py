@@ -1,7 +1,8 @@
-"""A key of a storage or event-log backend the config does not choose is refused at start-up,
-through the real ``procmesh-orchestrator`` process: ``dsnEnv`` without ``backend: postgres`` once
-started each replica on a SQLite file of its own (memory, suspended and durable runs not shared),
-``url`` without ``backend: redis`` on an event log of its own, without a word."""
+"""A key of a storage or event-log backend (or MCP transport) the config does not choose is
+refused at start-up, through the real ``procmesh-orchestrator`` process: ``dsnEnv`` without
+``backend: postgres`` once started each replica on a SQLite file of its own (memory, suspended and
+durable runs not shared), ``url`` without ``backend: redis`` on an event log of its own, a stdio
+MCP server's ``headers`` were never sent, without a word."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ AGENTS = "models: {demo: {provider: demo}}\nagents: {a: {model: demo, errorProce
         (
             "durable: {eventLog: {urlEnv: EVENTS_URL}}",
             "urlEnv: not read by the memory event log (set backend: redis",
+        ),
+        (
+            "mcpServers: {docs: {command: [python, s.py], headers: {Authorization: Bearer t}}}",
+            "headers: not read by a stdio (`command`) MCP server",
+        ),
+        (
+            "mcpServers: {docs: {url: 'http://127.0.0.1:1/mcp', env: {A: b}}}",
+            "env: not read by a streamable HTTP",
         ),
     ],
 )

@@ -100,4 +100,9 @@ class McpServerConfig(_Model):
     def _one_transport(self) -> McpServerConfig:
         if bool(self.command) == bool(self.url):
             raise ValueError("an MCP server has exactly one of `command` (stdio) and `url` (streamable HTTP)")
+        # a key of the other transport would never be read (headers not sent, env not set)
+        other = ("headers",) if self.command else ("env", "cwd")
+        if ignored := [name for name in other if getattr(self, name)]:
+            transport = "stdio (`command`)" if self.command else "streamable HTTP (`url`)"
+            raise ValueError(f"{', '.join(ignored)}: not read by a {transport} MCP server")
         return self

@@ -9,7 +9,6 @@ orchestrator's HTTP API; the gateway's counter is read from its /metrics.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -226,11 +225,10 @@ async def test_a_node_hook_calls_the_gateway_too(orchestrator: OrchestratorProce
 async def test_the_gateway_call_carries_the_hooks_deadline(orchestrator: OrchestratorProcess) -> None:
     # The processor's timeout is 1 s and the provider never answers: the sidecar's gateway call
     # has what is left of the hook's 1 s (not the SDK's 30 s default), so the gateway itself sees
-    # its deadline pass.
-    started = time.monotonic()
+    # its deadline pass. (What shows it is the deadline the gateway logged, not the clock: a run
+    # fails at the hook's 1 s either way.)
     body = await _generate(orchestrator, "slow")
     assert body["finishReason"] == "error", body
-    assert time.monotonic() - started < 5
     # The call ends at that deadline, or just before it when the run, failed at the hook's 1 s,
     # ends first and cancels its question (outcome run_ended): either way within the hook's time.
     line = await _gateway_log_line(orchestrator, "slow/judge")

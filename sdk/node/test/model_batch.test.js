@@ -116,10 +116,13 @@ test('each call keeps its own deadline (the hook\'s too); the batch call has the
   noteDeadline(hook.signal, Date.now() + 4000);
   await Promise.all([ask('judge', 'short', { timeoutMs: 2000 }), ask('judge', 'long', { timeoutMs: 9000 }), ask('judge', 'hook', {}, hook.signal)]);
   const [[[, short], [, long], [, bounded]]] = seen.batches;
-  assert.ok(Math.abs(short - 2) < 0.2, `short: ${short}`);
-  assert.ok(Math.abs(long - 9) < 0.2, `long: ${long}`);
-  assert.ok(Math.abs(bounded - 4) < 0.2, `the hook's deadline: ${bounded}`);
-  assert.ok(Math.abs(seen.batchDeadlines[0] - 9) < 0.5, `batch: ${seen.batchDeadlines[0]}`); // not the shortest
+  // Ordered, not timed: load only shortens what is left of a deadline, so each is at most its own
+  // bound and above the next shorter one (a tolerance around the bound fails a correct SDK under load).
+  const batch = seen.batchDeadlines[0];
+  assert.ok(short > 0 && short <= 2, `short: ${short}`);
+  assert.ok(bounded > 2 && bounded <= 4, `the hook's deadline: ${bounded}`);
+  assert.ok(long > 4 && long <= 9, `long: ${long}`);
+  assert.ok(batch > 4 && batch <= 9, `batch: ${batch}`); // the longest, not the shortest
 });
 
 test('a call alone is a Generate', async (t) => {

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config.agents import AgentMemoryConfig
+from procmesh_orchestrator.errors import APICallError, ProcessorFailedError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from procmesh_orchestrator.store import StorageConfig
@@ -73,7 +74,7 @@ async def test_failed_steps_are_never_written(address: str) -> None:
         {"text": "unused"},
     ]
     async with App(cfg(address, responses, scope="t-failed")) as app:
-        with pytest.raises(Exception, match="bad request"):
+        with pytest.raises(APICallError, match="bad request"):
             await call(app, "q")
         assert (await call(app, "q")).result.text == "filtered"  # not cached: odd finish reason
         assert (await call(app, "q")).result.text == "good"
@@ -133,7 +134,7 @@ async def test_a_per_call_setting_of_another_type_is_refused_naming_it(
     scope: one caller's answer was served to another. The call fails, naming the setting."""
     async with App(cfg(address)) as app:
         alice = ctx(mastra__resourceId="alice", responseCache=entry) if entry else ctx(mastra__resourceId=7)
-        with pytest.raises(Exception, match=re.escape(named)):
+        with pytest.raises(ProcessorFailedError, match=re.escape(named)):
             await call(app, "q", options=alice)
         assert model_requests(app) == []
 
@@ -270,7 +271,7 @@ async def test_a_run_that_fails_after_a_clean_step_leaves_no_entry(with_guards: 
     responses = [*lookup, *failure, {"text": "done"}]
     tools = {"lookup": {"result": {"v": 1}}}
     async with App(guarded(with_guards, responses, output=[], tools=tools)) as app:
-        with pytest.raises(Exception, match="bad request"):
+        with pytest.raises(APICallError, match="bad request"):
             await call(app, "q-fail")
         [step_zero, _] = model_requests(app)
         second = await call(app, "q-fail")

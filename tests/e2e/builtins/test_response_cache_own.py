@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.errors import ProcessorFailedError
 from procmesh_orchestrator.run import CallOptions
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from procmesh_sidecars.builtins.response_cache import ResponseCache
@@ -82,6 +83,6 @@ async def test_a_per_call_key_still_wins(address: str, cache_dir: Path) -> None:
 
 async def test_the_options_cannot_choose_another_backend(address: str) -> None:
     async with App(cfg(address, max_size=10)) as app:
-        with pytest.raises(Exception, match=r"sets its own backend; remove \['max_size'\]"):
+        with pytest.raises(ProcessorFailedError, match=r"sets its own backend; remove \['max_size'\]"):
             await call(app, "q")
         assert model_requests(app) == []

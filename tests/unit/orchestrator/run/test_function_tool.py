@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from procmesh_orchestrator.errors import ResumeMismatchError
 from procmesh_orchestrator.run.function_tool import FunctionTool, FunctionToolContext
 from procmesh_orchestrator.store.sqlite import SqliteMemoryStore
 from tests.unit.orchestrator.run.fakes import Call, FakeModel, agent
@@ -69,7 +70,7 @@ async def test_a_function_tool_suspends_resumes_with_data_and_calls_its_hooks_in
         second = agent(
             FakeModel({"text": "done"}), log, tools={"weather": weather_tool(events)}, store=opened
         )
-        with pytest.raises(Exception, match="awaits resume data, not an approval"):
+        with pytest.raises(ResumeMismatchError, match="awaits resume data, not an approval"):
             await second.approve_tool_call(suspended.run_id, "c0")
         resumed = await second.resume_generate(suspended.run_id, "c0", {"unit": "celsius"})
         assert resumed.status == "success", resumed.error

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import grpc
@@ -194,14 +195,21 @@ async def test_refusals_log_one_warning_per_interval_with_a_count(
     assert server._servicer.rejects.total == 30
 
 
-def test_a_later_warning_counts_the_refusals_left_out(caplog: pytest.LogCaptureFixture) -> None:
-    from procmesh._guard import RejectLog
+def test_a_later_warning_counts_the_refusals_left_out(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from procmesh import _guard
 
+    # the log's own clock, moved by hand: with a 50-ms interval and real time, a pause of the
+    # loaded machine between the first five notes gave a second warning
+    now = [1000.0]
+    monkeypatch.setattr(_guard, "time", SimpleNamespace(monotonic=lambda: now[0]))
     caplog.set_level(logging.WARNING)
-    rejects = RejectLog(interval=0.05)
+    rejects = _guard.RejectLog(interval=60)
     for _ in range(5):
         rejects.note("process_input", "ValueError")
-    time.sleep(0.06)
+        now[0] += 10  # all five within the interval
+    now[0] += 20
     rejects.note("process_input", "ValueError")
     assert [r.getMessage() for r in caplog.records] == [
         "refused a malformed process_input request: ValueError",

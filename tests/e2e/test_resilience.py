@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.e2e
 
 FAULTY = "tests.fixtures.faulty"
 RUNS = 100
+WORDS = 40  # streamed 40 ms apart: each run is mid-stream for 1.6 s
 
 
 def config(
@@ -63,9 +65,17 @@ def decisions(app: App, hook: str) -> dict[str, float]:
     return {w: n for w, n in counts.items() if n}
 
 
-async def stream(app: App, text: str = "hi") -> tuple[list[dict[str, Any]], RunResult]:
+async def stream(
+    app: App, text: str = "hi", first_delta: Callable[[], None] | None = None
+) -> tuple[list[dict[str, Any]], RunResult]:
+    """The run's chunks and result; `first_delta` is called as its first text delta arrives."""
     run = app.agent("a").stream(text)
-    chunks = [c async for c in run]
+    chunks = []
+    async for chunk in run:
+        if first_delta is not None and chunk["type"] == "text-delta":
+            first_delta()
+            first_delta = None
+        chunks.append(chunk)
     return chunks, await run.result()
 
 
@@ -80,13 +90,28 @@ async def test_sidecar_killed_mid_stream_under_100_runs(tmp_path: Path, policy: 
     sidecar.start()
     try:
         await sidecar.wait_ready()
-        slow = {"provider": "scripted", "delayMs": 40, "responses": [{"text": " ".join(["w"] * 20)}] * RUNS}
+        slow = {
+            "provider": "scripted",
+            "delayMs": 40,
+            "responses": [{"text": " ".join(["w"] * WORDS)}] * RUNS,
+        }
         cfg = config(
             {"address": address, "timeout": 5, "onFailure": policy}, output=["s/counter"], model=slow
         )
         async with App(cfg) as app:
-            runs = [asyncio.create_task(stream(app)) for _ in range(RUNS)]
-            await asyncio.sleep(0.3)  # every run is mid-stream (20 deltas, 40 ms apart)
+            streaming: list[None] = []
+            all_streaming = asyncio.Event()
+
+            def one_more() -> None:
+                streaming.append(None)
+                if len(streaming) == RUNS:
+                    all_streaming.set()
+
+            runs = [asyncio.create_task(stream(app, first_delta=one_more)) for _ in range(RUNS)]
+            # every run is mid-stream: its first delta came through the counter, and none has ended
+            # (a condition, not a fixed sleep: under load 0.3 s left some runs not yet started)
+            await asyncio.wait_for(all_streaming.wait(), timeout=30)
+            assert not any(run.done() for run in runs), "a run ended before the kill"
             assert sidecar.proc is not None
             os.kill(sidecar.proc.pid, signal.SIGKILL)
             done = await asyncio.wait_for(asyncio.gather(*runs), timeout=30)  # no run hangs
@@ -108,7 +133,7 @@ async def test_sidecar_killed_mid_stream_under_100_runs(tmp_path: Path, policy: 
                 )
             else:
                 assert failed == []
-                assert all(r.text == " ".join(["w"] * 20) for r in results)
+                assert all(r.text == " ".join(["w"] * WORDS) for r in results)
                 assert (
                     sample(
                         app,

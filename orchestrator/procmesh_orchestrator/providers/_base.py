@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -90,6 +90,9 @@ class ProviderConnection:
 class HTTPModel:
     """Base of the HTTP models: `stream()` wraps one attempt in the provider's retry policy."""
 
+    settings: ClassVar[dict[str, str]] = {}
+    """The reference's model settings the API takes, by their wire names (the model's body)."""
+
     def __init__(self, connection: ProviderConnection, model: str) -> None:
         self.connection = connection
         self.model = model
@@ -112,6 +115,13 @@ class HTTPModel:
         ) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    def unsupported_settings(self, model_settings: dict[str, Any]) -> list[str]:
+        """The reference's call settings given (not None) that this API has no field for: the
+        body leaves them out, and the step's warnings name them (`run.models.setting_warnings`)."""
+        return [
+            key for key in CALL_SETTINGS if model_settings.get(key) is not None and key not in self.settings
+        ]
 
     def model_fetches(self, media_type: str) -> bool:
         """Whether the model fetches a URL of `media_type` itself (else the provider downloads it)."""
@@ -230,3 +240,15 @@ def stream_cut(model_id: str, expected: str) -> APICallError:
 
 # Mastra modelSettings -> body keys shared by both wire formats.
 COMMON_SETTINGS = {"temperature": "temperature", "topP": "top_p"}
+CALL_SETTINGS = (
+    "temperature",
+    "maxOutputTokens",
+    "topP",
+    "topK",
+    "presencePenalty",
+    "frequencyPenalty",
+    "stopSequences",
+    "seed",
+)
+"""The reference's call settings a model API may take (AI SDK ``CallSettings`` sent to the model;
+``maxRetries`` is the provider's own retry count, never sent)."""

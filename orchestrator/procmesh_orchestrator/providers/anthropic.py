@@ -6,7 +6,7 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from procmesh_orchestrator.providers._base import (
     COMMON_SETTINGS,
@@ -222,6 +222,8 @@ def _finish(stop_reason: str | None, input_tokens: Any, output_tokens: Any) -> C
 class AnthropicModel(HTTPModel):
     """A Messages API model (``max_tokens`` from the provider's ``maxTokens``, default 4096)."""
 
+    settings: ClassVar[dict[str, str]] = _SETTINGS
+
     def body(self, request: ModelRequest) -> dict[str, Any]:
         """The request body for `request` (without the stream flag)."""
         system, messages = convert_prompt(request.prompt)
@@ -232,7 +234,7 @@ class AnthropicModel(HTTPModel):
         }
         if system:
             body["system"] = system
-        for key, wire in _SETTINGS.items():
+        for key, wire in self.settings.items():
             if request.model_settings.get(key) is not None:
                 body[wire] = request.model_settings[key]
         if request.tools:

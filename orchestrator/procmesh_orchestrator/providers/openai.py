@@ -7,7 +7,7 @@ import json
 import uuid
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from procmesh_orchestrator.providers._base import (
     COMMON_SETTINGS,
@@ -191,12 +191,14 @@ def _finish(reason: str | None, raw_usage: dict[str, Any]) -> Chunk:
 class OpenAIModel(HTTPModel):
     """A chat-completions model: streams with ``stream_options.include_usage``; bearer key."""
 
+    settings: ClassVar[dict[str, str]] = _SETTINGS
+
     def body(self, request: ModelRequest) -> dict[str, Any]:
         """The request body for `request` (without the stream flags)."""
         body: dict[str, Any] = {"model": self.model, "messages": convert_prompt(request.prompt)}
         if self.connection.config.max_tokens is not None:
             body["max_tokens"] = self.connection.config.max_tokens
-        for key, wire in _SETTINGS.items():
+        for key, wire in self.settings.items():
             if request.model_settings.get(key) is not None:
                 body[wire] = request.model_settings[key]
         if request.tools:

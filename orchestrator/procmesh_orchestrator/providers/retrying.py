@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 from procmesh_orchestrator.providers._base import HTTPModel
 from procmesh_orchestrator.providers._http import RetryPolicy, with_retries
-from procmesh_orchestrator.run.models import Chunk, ModelProvider, ModelRequest, specification_version
+from procmesh_orchestrator.run.models import (
+    Chunk,
+    ModelProvider,
+    ModelRequest,
+    setting_warnings,
+    specification_version,
+)
 
 
 class RetryingModel:
@@ -20,6 +27,10 @@ class RetryingModel:
         # an HTTP model's provider sets the first backoff (retryBackoffMs); built-in models: 500 ms
         backoff = model.connection.config.retry_backoff_ms if isinstance(model, HTTPModel) else 500.0
         self._policy = RetryPolicy(max_retries=max_retries, backoff_ms=backoff)
+
+    def unsupported_settings(self, model_settings: dict[str, Any]) -> list[str]:
+        """The model's (`run.models.setting_warnings`)."""
+        return [w["setting"] for w in setting_warnings(self.model, model_settings)]
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Stream the model's answer, retried as the policy allows."""

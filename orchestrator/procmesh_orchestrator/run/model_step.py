@@ -14,7 +14,7 @@ from procmesh_orchestrator.run import messages as msgs
 from procmesh_orchestrator.run import optimistic
 from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import Chunk, RehearsedStream
-from procmesh_orchestrator.run.models import ModelRequest
+from procmesh_orchestrator.run.models import ModelRequest, setting_warnings
 from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
 
 
@@ -31,7 +31,12 @@ async def model_step(
     replayed when `request` is still the one it sent, else cancelled); its output, rehearsed
     meanwhile, is adopted when it stands (`optimistic.adopted`)."""
     outcome = StepOutcome(from_cache=cached is not None)
-    run.emit({"type": "step-start", "payload": {"stepNumber": run.info.step_number}})
+    start: Chunk = {"type": "step-start", "payload": {"stepNumber": run.info.step_number}}
+    if cached is None:  # a replayed response called no model
+        outcome.warnings = setting_warnings(cfg.model, request.model_settings)
+    if outcome.warnings:  # as the reference's step start, which carries the call's warnings
+        start["payload"]["warnings"] = outcome.warnings
+    run.emit(start)
     # The model's chunks as they came are kept only for what reads them (`StepOutcome.raw_chunks`):
     # a dict or two per delta, alive to the step's end, is most of a long stream's own memory.
     keep_raw = run.info.decisions is not None or any(i.has("process_llm_response") for i in run.input_lane)
@@ -213,6 +218,7 @@ def step_record(
         "reasoning": [{"id": rid, **block} for rid, block in outcome.reasoning.items() if block["text"]],
         "reasoningText": "".join(r["text"] for r in outcome.reasoning.values()) or None,
         "sources": outcome.sources,
+        **({"warnings": outcome.warnings} if outcome.warnings else {}),
     }
 
 

@@ -42,6 +42,16 @@ def specification_version(model: ModelProvider) -> str:
     return str(getattr(model, "specification_version", "") or "")
 
 
+def setting_warnings(model: ModelProvider, model_settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The call settings `model`'s API has no field for, as the reference's call warnings
+    (``{type: "unsupported-setting", setting, details}``): a model that can say lists them in an
+    ``unsupported_settings(settings)`` method (the HTTP providers); others send none."""
+    unsupported = getattr(model, "unsupported_settings", None)
+    names: list[str] = unsupported(model_settings) if unsupported is not None else []
+    why = f"{model.model_id}'s API has no such setting: it was not sent"
+    return [{"type": "unsupported-setting", "setting": name, "details": why} for name in names]
+
+
 class ModelProvider(Protocol):
     """A model: streams ``text-delta`` and ``tool-call`` chunks, then one ``finish`` chunk.
 

@@ -50,6 +50,8 @@ class StepOutcome:
     """The sources the model cited (``source`` chunks' payloads: ``{id, sourceType, url, title}``)."""
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The model's reasoning blocks by id, in order: ``{text, providerMetadata}``."""
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    """The call's warnings: settings the model's API has no field for (`models.setting_warnings`)."""
 
     def finished(self, chunk: Chunk) -> bool:
         """Whether `chunk` is the model's finish (its reason and usage are the step's now): the

@@ -59,6 +59,18 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
     count_ignored(core.metrics, f"agent {agent_id!r}: a call's", call.ignored_message_keys)
 
 
+def note_model_warnings(core: ServiceCore, agent_id: str, warnings: list[dict[str, Any]]) -> None:
+    """A run's model-call warnings (`results.model_warnings`: settings a model's API has no field
+    for, left out of its body), for the operator: a WARNING line and
+    ``procmesh_call_settings_ignored_total{setting}``, once per run and setting."""
+    if not warnings:
+        return
+    names = [f"modelSettings.{w['setting']}" for w in warnings]
+    log.warning("agent %r: a run's model settings its model does not take: %s", agent_id, key_names(names))
+    for warning in warnings:
+        core.metrics.settings_ignored.labels(str(warning["setting"])).inc()
+
+
 async def reserve_run_id(core: ServiceCore, agent: Agent, call: AgentCall) -> None:
     """Hold the caller's chosen run id for the call (given back with `release_run_id`), once no
     other run has it: one in flight on this replica, or one the agent's store keeps (suspended,
@@ -103,12 +115,19 @@ class LiveRun:
         """The resource the run is for ("" when none): only its tenant's keys and operators cancel it."""
         self.run_id = ""
         self._closed = False
+        self._warned: list[dict[str, Any]] = []
 
     def see(self, chunk: Chunk) -> None:
-        """Note a chunk on its way to the client: the ``start`` chunk registers the run."""
-        if chunk.get("type") == "start":
+        """Note a chunk on its way to the client: the ``start`` chunk registers the run; a
+        ``step-start`` chunk's warnings are counted (`note_model_warnings`)."""
+        kind = chunk.get("type")
+        if kind == "start":
             self.run_id = str((chunk.get("payload") or {}).get("runId", ""))
             self.core.runs.add(self.run_id, ActiveRun(self.agent_id, self.run, self.owner))
+        elif kind == "step-start" and (chunk.get("payload") or {}).get("warnings"):
+            new = [w for w in chunk["payload"]["warnings"] if w not in self._warned]
+            self._warned += new
+            note_model_warnings(self.core, self.agent_id, new)
 
     async def close(self, *, abort: bool) -> None:
         """Give the run's slot back (once). With `abort` (its reader left) the run is detached

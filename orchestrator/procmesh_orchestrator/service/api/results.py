@@ -145,7 +145,7 @@ def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None)
         "reasoning": [r for s in steps for r in s["reasoning"]],
         "sources": [source for s in steps for source in s["sources"]],
         "reasoningText": "".join(s["reasoningText"] or "" for s in steps) or None,
-        "warnings": list(warnings or []),
+        "warnings": [*(warnings or []), *model_warnings(result)],
         "runId": run_id,
         "status": result.status,
         "text": result.text,
@@ -172,6 +172,15 @@ def result_json(result: RunResult, warnings: list[dict[str, Any]] | None = None)
             out["suspendPayload"]["suspendPayload"] = first["suspendPayload"]
     if result.error is not None:  # `error` is undefined in the client's type unless the run failed
         out["error"] = result.error
+    return out
+
+
+def model_warnings(result: RunResult) -> list[dict[str, Any]]:
+    """The warnings of the run's model calls (each step's ``warnings``: settings a model's API has
+    no field for), each once, in order: the result's, after the call's own."""
+    out: list[dict[str, Any]] = []
+    for step in result.steps:
+        out += [w for w in step.get("warnings") or [] if w not in out]
     return out
 
 

@@ -31,6 +31,7 @@ from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.results import model_warnings
 from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.grpc import memory
 from procmesh_orchestrator.service.grpc.requests import parse_proto
@@ -122,7 +123,9 @@ class AgentServicer(agrpc.AgentServiceServicer):
         work = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
         try:
             try:
-                response = result_to_proto(await asyncio.shield(work))
+                done = await asyncio.shield(work)
+                response = result_to_proto(done)
+                control.note_model_warnings(self._service, request.agent_id, model_warnings(done))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 response = failed_proto(exc)  # a store error names the store
             except asyncio.CancelledError:

@@ -23,7 +23,14 @@ from procmesh_orchestrator.service.api import control, durable
 from procmesh_orchestrator.service.api.calls import AgentCall, parse_body
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.api.results import Framing, dumps, failed_json, result_json, wire_chunk
+from procmesh_orchestrator.service.api.results import (
+    Framing,
+    dumps,
+    failed_json,
+    model_warnings,
+    result_json,
+    wire_chunk,
+)
 from procmesh_orchestrator.service.api.resume import (
     ResumeParser,
     ResumeRequest,
@@ -120,6 +127,7 @@ class AgentRoutes:
                         503, "the durable run goes on elsewhere: observe it with its runId", runId=run_id
                     )
                 body = result_json(done, call.warnings)
+                control.note_model_warnings(core, agent_id, model_warnings(done))
                 log.info(
                     "generate agent=%s durable run=%s finish=%s %.3fs",
                     agent_id,
@@ -131,6 +139,7 @@ class AgentRoutes:
             try:  # the client leaving aborts the run as it aborts a stream's
                 done = await control.generate(agent, call, self._client_gone(request))
                 body = result_json(done, call.warnings)
+                control.note_model_warnings(core, agent_id, model_warnings(done))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 # a failed run, not a failed request (a store error names the store)
                 body = failed_json(exc, call.warnings)

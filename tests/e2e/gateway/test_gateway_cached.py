@@ -4,13 +4,15 @@
 A question asked before is answered at once, as the call that asked it was answered (its verdict,
 its model, no usage), counted as ever (``ok``, a ``memory`` lookup, a call saved by the cache), and
 logged at DEBUG (``outcome=ok cached``): no model was asked, and such calls are most of a guarded
-turn's. A call that asked a model keeps its INFO line.
+turn's. A call that asked a model keeps its INFO line. With tracing on, each call keeps its
+gateway span and its verdict cache span (``memory`` for the answers reused).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import httpx
@@ -23,8 +25,11 @@ from procmesh.v1 import model_pb2_grpc as mgrpc
 from tests.e2e.gateway.judge import VERDICT
 from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, judge_calls_saved
 from tests.e2e.service.conftest import OrchestratorProcess
+from tests.e2e.service.test_tracing import CALLER_SPAN, TRACE_ID, otel_env, receiver, spans_of
 from tests.integration.service.support import AUTH
 from tests.integration.service.test_lifecycle import eventually
+
+__all__ = ["receiver"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -57,17 +62,19 @@ def _memory_lookups(orchestrator: OrchestratorProcess) -> float:
     )
 
 
-async def _ask(orchestrator: OrchestratorProcess) -> list[mpb.ModelServiceGenerateResponse]:
+async def _ask(
+    orchestrator: OrchestratorProcess, metadata: tuple[tuple[str, str], ...] = METADATA
+) -> list[mpb.ModelServiceGenerateResponse]:
     """A question judged, asked again alone, then in a batch three times beside a new one: the
     answers in that order (the batch's by index)."""
     async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
         stub = mgrpc.ModelServiceStub(channel)
-        first = await stub.Generate(_call("hello"), timeout=10, metadata=METADATA)
-        again = await stub.Generate(_call("hello"), timeout=10, metadata=METADATA)
+        first = await stub.Generate(_call("hello"), timeout=10, metadata=metadata)
+        again = await stub.Generate(_call("hello"), timeout=10, metadata=metadata)
         items = [mpb.ModelServiceGenerateBatchItem(request=_call(t)) for t in ("hello", "new", "hello")]
         items.append(mpb.ModelServiceGenerateBatchItem(request=_call("hello"), timeout_seconds=5))
         batch = mpb.ModelServiceGenerateBatchRequest(items=items)
-        answers = [a async for a in stub.GenerateBatch(batch, timeout=10, metadata=METADATA)]
+        answers = [a async for a in stub.GenerateBatch(batch, timeout=10, metadata=metadata)]
     assert all(a.code == 0 for a in answers), answers
     return [first, again, *(a.response for a in sorted(answers, key=lambda a: a.index))]
 
@@ -109,3 +116,26 @@ async def test_a_question_asked_before_is_answered_counted_and_logged_at_debug(
     assert len(cached) == (4 if level == "DEBUG" else 0), lines
     assert all("processor='g' run='' outcome=ok cached " in line for line in cached), lines
     assert any(line.endswith("(deadline 5.000s)") for line in cached) == (level == "DEBUG")  # its own
+
+
+async def test_with_tracing_a_question_asked_before_keeps_its_spans(
+    receiver: str, start_orchestrator: Callable[..., OrchestratorProcess]
+) -> None:
+    env = {"PROCMESH_API_KEYS": KEYS, **otel_env(receiver, "cached")}
+    orchestrator = await asyncio.to_thread(start_orchestrator, CONFIG, env=env)
+    parent = ("traceparent", f"00-{TRACE_ID}-{CALLER_SPAN}-01")
+    answers = await _ask(orchestrator, (*METADATA, parent))
+    assert [a.HasField("usage") for a in answers] == [True, False, False, True, False, False]
+
+    def exported() -> list[dict[str, Any]]:
+        spans = spans_of(receiver, {"cached"}, ("cached", "procmesh.model_gateway allow"))
+        return [s for s in spans if s["service"] == "cached"]
+
+    await eventually(lambda: len(exported()) >= 12)
+    spans = exported()
+    gateways = {s["spanId"] for s in spans if s["name"] == "procmesh.model_gateway allow"}
+    lookups = [s for s in spans if s["name"] == "procmesh.judge_cache other"]
+    assert len(gateways) == 6
+    assert all(s["parentSpanId"] in gateways for s in lookups)
+    results = sorted(s["attributes"]["procmesh.judge_cache.result"] for s in lookups)
+    assert results == ["memory"] * 4 + ["miss"] * 2

@@ -106,6 +106,7 @@ class DurableRuns(TakeOver):
         """Runs left to other replicas (run id: why), each counted once; those it could not resume
         (``resume``) are not claimed again here."""
         self._left_logged = -math.inf
+        self._left_after: str | None = None
         self._claimer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -31,6 +31,10 @@ _KEEP_LEFT = 1024
 """Run ids remembered as left to other replicas (each counted once)."""
 _LEFT_LOG_EVERY = 60.0
 """Seconds between two log lines about runs left to other replicas."""
+_LEFT_PAGE = 100
+"""Runs left to other replicas read at once (`TakeOver._note_unclaimable`)."""
+_LEFT_PAGES = 10
+"""Pages of them one look reads at most: beyond, the next look goes on."""
 _OTHER_VERSIONS_AFTER = 3
 """Claim intervals a run started under another config version of its agent waits (past its
 lease) for a replica of its own version, before this one takes it over."""
@@ -54,6 +58,8 @@ class TakeOver:
     local: dict[str, Any]
     _left: OrderedDict[str, str]
     _left_logged: float
+    _left_after: str | None
+    """The last run of the last page of runs left to other replicas read (None: from the oldest)."""
 
     def _launch(self, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]) -> Any:
         raise NotImplementedError
@@ -99,21 +105,33 @@ class TakeOver:
             await self.events.fence(record.run_id, record.epoch)
 
     async def _note_unclaimable(self, store: MemoryStore) -> None:
-        """Count (once per run) and log (at most once a minute) the expired runs of agents this
-        replica has not: they are left for a replica that has them, never failed here."""
-        others = await store.unclaimable_durable_runs(agents=list(self.agents), limit=100)
-        new = [r for r in others if r.run_id not in self._left]
+        """Count (once per run) and log (at most once a minute, with their true number) the expired
+        runs of agents this replica has not: they are left for a replica that has them, never
+        failed here. A look reads up to `_LEFT_PAGES` pages of them, from where the last one
+        stopped (a keyset cursor), and starts over from the oldest once it read the last page."""
+        agents = list(self.agents)
+        new: list[DurableRun] = []
+        for _ in range(_LEFT_PAGES):
+            page = await store.unclaimable_durable_runs(
+                agents=agents, limit=_LEFT_PAGE, after=self._left_after
+            )
+            new += [r for r in page if r.run_id not in self._left]
+            self._left_after = page[-1].run_id if len(page) == _LEFT_PAGE else None
+            if self._left_after is None:
+                break
         for record in new:
             self._leave(record.run_id, "agent")
         now = time.monotonic()
         if new and now - self._left_logged >= _LEFT_LOG_EVERY:
             self._left_logged = now
-            agents = sorted({r.agent_id for r in others})
+            total = await store.count_unclaimable_durable_runs(agents=agents)
+            names = sorted({r.agent_id for r in new})
             log.warning(
-                "%d expired durable run(s) of agent(s) this replica's config lacks (%s) are left for a "
-                "replica that has them",
-                len(others),
-                ", ".join(repr(a) for a in agents[:10]),
+                "%d expired durable run(s) of agent(s) this replica's config lacks (%s%s) are left for "
+                "a replica that has them",
+                total,
+                ", ".join(repr(a) for a in names[:10]),
+                ", ..." if len(names) > 10 else "",
             )
 
     def _leave(self, run_id: str, why: str) -> None:

@@ -383,20 +383,35 @@ class DurableRunMethods(StoreHooks):
             )
         return names
 
-    async def unclaimable_durable_runs(self, *, agents: Collection[str], limit: int) -> list[DurableRun]:
+    async def unclaimable_durable_runs(
+        self, *, agents: Collection[str], limit: int, after: str | None = None
+    ) -> list[DurableRun]:
         """Up to `limit` running runs whose lease expired and whose agent is none of `agents`
-        (what a replica with these agents leaves for another), oldest lease first, without
-        snapshots."""
-        names = self._names("agent", agents)
+        (what a replica with these agents leaves for another), oldest first (the order they were
+        created in), without snapshots; with `after` (the last run of the page before) the next
+        page, none once that run is gone."""
+        where, args = self._unclaimable(agents)
         limit = check_count(self.name, "limit", limit, low=1, high=MAX_CLAIM)
         p = self.placeholder
-        other = f" AND agent_id NOT IN ({', '.join([p] * len(names))})" if names else ""
-        sql = (
-            f"SELECT {LISTED_COLUMNS} FROM durable_runs WHERE status = '{RUNNING}' "
-            f"AND lease_expires_at < {self._now}{other} ORDER BY lease_expires_at, run_id LIMIT {p}"
-        )
-        rows = await self._read(sql, (*names, limit), "listing the durable runs left to other replicas")
+        if after is not None:  # keyset: seq is unique and follows creation (a run id's never changes)
+            where += f" AND seq > (SELECT seq FROM durable_runs WHERE run_id = {p})"
+            args = (*args, check_id(self.name, "run", after))
+        sql = f"SELECT {LISTED_COLUMNS} FROM durable_runs WHERE {where} ORDER BY seq LIMIT {p}"
+        rows = await self._read(sql, (*args, limit), "listing the durable runs left to other replicas")
         return [durable_run(row, self._moment) for row in rows]
+
+    async def count_unclaimable_durable_runs(self, *, agents: Collection[str]) -> int:
+        """How many runs `unclaimable_durable_runs` lists, all its pages together."""
+        where, args = self._unclaimable(agents)
+        sql = f"SELECT COUNT(*) FROM durable_runs WHERE {where}"
+        rows = await self._read(sql, args, "counting the durable runs left to other replicas")
+        return int(rows[0][0])
+
+    def _unclaimable(self, agents: Collection[str]) -> tuple[str, tuple[Any, ...]]:
+        """The condition of a running run whose lease expired and whose agent is none of `agents`."""
+        names = self._names("agent", agents)
+        other = f" AND agent_id NOT IN ({', '.join([self.placeholder] * len(names))})" if names else ""
+        return f"status = '{RUNNING}' AND lease_expires_at < {self._now}{other}", tuple(names)
 
     async def release_durable_run(self, run_id: str, *, owner: str, epoch: int) -> None:
         """Give a claimed run up at once, still running (another replica claims it at its next

@@ -194,9 +194,15 @@ class RunStore(Protocol):
         there, so no writer of the old epoch is heard from once the claim is visible; if it
         raises, nothing is claimed."""
 
-    async def unclaimable_durable_runs(self, *, agents: Collection[str], limit: int) -> list[DurableRun]:
+    async def unclaimable_durable_runs(
+        self, *, agents: Collection[str], limit: int, after: str | None = None
+    ) -> list[DurableRun]:
         """Up to `limit` running runs whose lease expired and whose agent is none of `agents`, oldest
-        lease first, without snapshots: what a replica with these agents leaves to others."""
+        first (by creation), without snapshots: what a replica with these agents leaves to others.
+        `after`: the last run of the page before (a keyset page; none once that run is gone)."""
+
+    async def count_unclaimable_durable_runs(self, *, agents: Collection[str]) -> int:
+        """How many runs `unclaimable_durable_runs` lists, all its pages together."""
 
     async def release_durable_run(self, run_id: str, *, owner: str, epoch: int) -> None:
         """Give a claimed run up at once, still running, for another replica to claim (this one

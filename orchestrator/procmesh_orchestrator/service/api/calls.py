@@ -92,11 +92,17 @@ class AgentCall:
             self.dropped_context = sorted({*self.dropped_context, *undeclared})
         return self
 
-    def note_memoryless(self, has_memory: bool) -> None:
+    def note_memoryless(self, has_memory: bool, has_recall: bool = False) -> None:
         """For an agent without memory, the thread and memory options the call gives noted in
         `ignored_options` (its warnings, the log line and the counter): the run goes on, as the
-        reference's does, but the caller learns that nothing of the turn is kept."""
+        reference's does, but the caller learns that nothing of the turn is kept. For an agent
+        with memory but no semantic recall, a call's ``semanticRecall: true`` the same way
+        (``memory.options.semanticRecall``): the reference merges it over the memory's config and
+        recalls with the memory's vector store and embedder; procmesh's come with the agent's
+        ``semanticRecall`` config, so without it there is nothing to recall with."""
         if has_memory:
+            if self.options.memory.semantic_recall and not has_recall:
+                self.ignored_options = [*self.ignored_options, "memory.options.semanticRecall"]
             return
         given = [
             *(["memory.thread"] if self.options.thread_id else []),

@@ -50,7 +50,8 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
             f"{exc} (dropped: {key_names(call.dropped_context)}, PROCMESH_UNTRUSTED_CONTEXT=drop)"
         ) from None
     core.gate.enter()
-    call.note_memoryless(core.agent(agent_id).spec.memory is not None)
+    memory = core.agent(agent_id).spec.memory
+    call.note_memoryless(memory is not None, memory is not None and memory.recall is not None)
     ignored = [*(f"modelSettings.{name}" for name in call.ignored_settings), *call.ignored_options]
     if ignored:  # the warning the caller gets in its result, for the operator too
         log.warning("agent %r: a call's options not applied: %s", agent_id, key_names(ignored))

@@ -45,6 +45,8 @@ IGNORED_OPTIONS = {
     "memory.thread.metadata": "procmesh creates a thread with its id alone (the memory API sets it)",
     "memory.thread": "the agent has no memory: the thread is neither loaded nor saved (hooks see its id)",
     "memory.options": "the agent has no memory: the call's memory options apply to nothing",
+    "memory.options.semanticRecall": "the agent's memory has no semanticRecall (no embedder): nothing is "
+    "recalled, only its message history loaded",
 }
 """The reference server's generate / stream body keys procmesh accepts but does not apply, and
 why; a key neither side knows is ignored the same way (``other``): the call runs, with a warning
@@ -53,7 +55,10 @@ server passes unknown keys through, and @mastra/client-js sends every option its
 ``memory.thread`` and ``memory.options`` are the call's thread (``threadId`` or ``memory.thread``)
 and memory options (``memory.options``, ``memory.readOnly``; gRPC ``thread_id``,
 ``memory_options``) given to an agent without memory (`AgentCall.note_memoryless`): the reference
-runs such a call too, with a log line that they "will not work"."""
+runs such a call too, with a log line that they "will not work". ``memory.options.semanticRecall``
+is a call's ``semanticRecall: true`` for an agent whose memory configures no semantic recall: the
+reference's per-call option turns recall on over the memory's own vector store and embedder, and
+procmesh's agent has none to turn on."""
 
 IGNORED_CLIENT_TOOL_KEYS = {
     "outputSchema": "procmesh does not check a client tool's result against a schema (the client runs it)",

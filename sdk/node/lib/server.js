@@ -17,7 +17,7 @@ const { LOADER_OPTIONS, SERVICE_NAME, loadContract, protoDir } = require('./cont
 const { quote } = require('./effects');
 const { rawService } = require('./guard');
 const { SidecarMetrics, outcomeOf, serveMetrics } = require('./metrics');
-const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, idleSettings, settingsFromArgs, usage } = require('./settings');
+const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, idleSettings, overriddenTls, settingsFromArgs, usage } = require('./settings');
 const { checkEnvironment } = require('./environment');
 const { Hosted, Servicer } = require('./servicer');
 const { HostedTool } = require('./tools');
@@ -322,6 +322,7 @@ async function serve(processors, options = {}) {
   const foreign = checkEnvironment('node-sidecar', process.env).note();
   if (foreign) server.log.info(foreign); // another component's variables: named, not read
   for (const line of idleSettings(opts, process.env)) server.log.warn(line); // given, doing nothing
+  if (options.credentials) for (const line of overriddenTls(opts)) server.log.warn(line); // the program's win
   tracing.setup('procmesh-node-sidecar', server.log); // OTEL_* decide; off by default
   // grpc-js reports a failed bind with a log line of its own and a vague error: a test bind
   // first says which address and why, on one line.

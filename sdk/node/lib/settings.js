@@ -161,6 +161,20 @@ function idleSettings(settings, env = process.env) {
   return lines;
 }
 
+/**
+ * A line for each TLS setting (--tls-cert, --tls-key, --tls-client-ca, or their PROCMESH_TLS_*
+ * variables) a program's own `credentials` override: `serve` serves with those and reads none of
+ * these, so it logs each as a WARNING naming it (a shared ConfigMap may set them: no error).
+ */
+function overriddenTls(settings) {
+  const lines = [];
+  for (const [flag, key] of [['--tls-cert', 'tlsCert'], ['--tls-key', 'tlsKey'], ['--tls-client-ca', 'tlsClientCa']]) {
+    const variable = `PROCMESH_${flag.slice(2).replace(/-/g, '_').toUpperCase()}`;
+    if (settings[key]) lines.push(`${flag} (${variable}) is ignored: the program passes its own credentials to run() / serve(), which the sidecar serves with`);
+  }
+  return lines;
+}
+
 /** Throw a SettingsError now if a TCP address cannot be bound (in use, not an interface here). */
 function checkBindable(address) {
   if (address.startsWith('unix:')) return Promise.resolve();
@@ -175,4 +189,4 @@ function checkBindable(address) {
   });
 }
 
-module.exports = { LEVELS, LOG_FORMATS, SettingsError, checkBindable, idleSettings, settingsFromArgs, usage };
+module.exports = { LEVELS, LOG_FORMATS, SettingsError, checkBindable, idleSettings, overriddenTls, settingsFromArgs, usage };

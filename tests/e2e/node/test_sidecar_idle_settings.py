@@ -36,11 +36,14 @@ def _command(language: str, *flags: str) -> list[str]:
 
 def _started_log(language: str, env: dict[str, str], *flags: str, tmp_path: Path) -> str:
     """The sidecar's log once it serves (its gRPC port answers a connect), then it is stopped."""
-    log = tmp_path / f"{language}.log"
+    command = _command(language, "--listen", "127.0.0.1:0", *flags)
+    return started_log(command, env, tmp_path / f"{language}.log")
+
+
+def started_log(command: list[str], env: dict[str, str], log: Path) -> str:
+    """`command`'s log (in `log`) once it says it serves, then it is stopped."""
     with log.open("w") as out:
-        process = subprocess.Popen(
-            _command(language, "--listen", "127.0.0.1:0", *flags), env=env, stdout=out, stderr=out, text=True
-        )
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=out, text=True)
         try:
             deadline = time.monotonic() + 30
             while "serving" not in log.read_text().lower():

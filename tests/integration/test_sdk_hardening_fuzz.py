@@ -3,18 +3,24 @@
 Raw random bytes, mutated valid requests, deep nesting, invalid UTF-8 and huge values go to every
 RPC, the output stream included. Malformed input must get a clear status (INVALID_ARGUMENT, or
 NOT_FOUND for an id nobody hosts), never UNKNOWN or INTERNAL from the framework; the server stays
-SERVING; nothing above DEBUG in the log carries the input. The server runs on its own thread and
-loop so that the tests can be plain hypothesis functions with a blocking channel.
+SERVING; nothing above DEBUG in the log carries the input. The server is a real sidecar process
+(`tests.fixtures.fuzz_sidecar`, logging at DEBUG as JSON lines to a file the last test reads), so
+the tests can be plain hypothesis functions with a blocking channel: only the blocking gRPC
+runtime runs in the test process (an aio server beside it in one process is a mix gRPC does not
+support; it once crashed in a collection there).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import logging
+import json
+import os
 import re
-import threading
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from procmesh import SERVICE_NAME, Processor, ProcessorServer, hooks
+from procmesh import SERVICE_NAME, hooks
 from procmesh._server import DEFAULT_MAX_MESSAGE_BYTES
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
@@ -53,73 +59,67 @@ CONTENT_FREE = re.compile(
 """The only log lines above DEBUG the fuzzing may cause; none of them can carry request content."""
 
 
-class Everything(Processor):
-    """Implements every hook and changes nothing: what reaches a hook must not fail the framework."""
+class Sidecar:
+    """`tests.fixtures.fuzz_sidecar` as a child process on a unix socket, its log (DEBUG, JSON lines)
+    in a file; started and stopped with blocking calls only."""
 
-    id = "fuzz"
+    def __init__(self, folder: Path) -> None:
+        self.address = f"unix://{folder}/fuzz.sock"
+        self.log = folder / "sidecar.log"
+        # none of the runner's own PROCMESH_* settings (each would be a start-up line to explain)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROCMESH_")}
+        env.update(PROCMESH_LOG_LEVEL="DEBUG", PROCMESH_LOG_FORMAT="json")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.fixtures.fuzz_sidecar", "--listen", self.address],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
 
-    async def process_input(self) -> None: ...
-    async def process_input_step(self) -> None: ...
-    async def process_llm_request(self) -> None: ...
-    async def process_llm_response(self) -> None: ...
-    async def process_output_stream(self, part: Any) -> Any:
-        return part
+    def wait_serving(self, channel: grpc.Channel) -> None:
+        stub = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.proc.poll() is None, self.log.read_text(errors="replace")[-3000:]
+            try:
+                check = stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1)
+                if check.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            assert time.monotonic() < deadline, "the fuzz sidecar did not report SERVING"
+            time.sleep(0.05)
 
-    async def process_output_step(self) -> None: ...
-    async def process_tool_result(self) -> None: ...
-    async def process_output_result(self) -> None: ...
-    async def process_api_error(self) -> None: ...
-    async def execute_tool(self) -> Any:
-        return {"ok": True}
+    def above_debug(self) -> list[dict[str, Any]]:
+        """The log's records above DEBUG (every line is one JSON object)."""
+        records = [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        return [r for r in records if r["level"] != "DEBUG"]
 
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.above_debug: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno > logging.DEBUG:
-            self.above_debug.append(record)
-
-
-class Background:
-    """A ProcessorServer on its own thread and loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.server = ProcessorServer([Everything()], ["127.0.0.1:0"])
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    def __enter__(self) -> Background:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(TIMEOUT)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(grace=0), self.loop).result(TIMEOUT)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(TIMEOUT)
-        self.loop.close()
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(20)
 
 
 @pytest.fixture(scope="module")
-def records() -> Iterator[Records]:
-    handler = Records()
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)  # DEBUG lines may carry content: they must still not break anything
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    side = Sidecar(tmp_path_factory.mktemp("fuzz"))
     try:
-        yield handler
+        yield side
     finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+        side.stop()
 
 
 @pytest.fixture(scope="module")
-def channel(records: Records) -> Iterator[grpc.Channel]:
-    with Background() as bg, grpc.insecure_channel(bg.server.addresses[0]) as chan:
+def channel(sidecar: Sidecar) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(sidecar.address) as chan:
+        sidecar.wait_serving(chan)
         yield chan
 
 
@@ -266,11 +266,14 @@ def test_a_request_over_the_size_limit_is_resource_exhausted(channel: grpc.Chann
     assert unary(channel, "ProcessInput", req.SerializeToString()) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_the_server_is_healthy_and_the_log_carries_no_input(channel: grpc.Channel, records: Records) -> None:
+def test_the_server_is_healthy_and_the_log_carries_no_input(channel: grpc.Channel, sidecar: Sidecar) -> None:
     """Runs last in the module: after everything above."""
     assert_healthy(channel)
-    offending = [r.getMessage()[:200] for r in records.above_debug if not CONTENT_FREE.match(r.getMessage())]
+    assert sidecar.proc.poll() is None  # still serving: no input crashed it
+    above_debug = sidecar.above_debug()
+    assert any(r["message"].startswith("serving processors") for r in above_debug)  # the log is read
+    offending = [r["message"][:200] for r in above_debug if not CONTENT_FREE.match(r["message"])]
     assert offending == []
-    assert not [r for r in records.above_debug if r.exc_info]
+    assert not [r for r in above_debug if "exception" in r]
     assert STATUS["UNKNOWN"] == STATUS["INTERNAL"] == 0
     print(f"\nfuzz cases: {sum(STATUS.values())}; statuses: {dict(sorted(STATUS.items()))}")

@@ -73,3 +73,10 @@ async def test_both_forms_of_one_setting_are_a_400_naming_them(
     response = await http.get(f"/api/mcp/v0/servers?{query}")
     assert response.status_code == 400
     assert response.json()["error"].startswith(f"{named}: give one")
+
+
+@pytest.mark.parametrize("query", ["perPage=%C2%B2", "page=%C2%B2", "offset=%C2%B2", "limit=%C2%B2"])
+async def test_a_number_in_digits_int_does_not_read_is_a_400(http: httpx.AsyncClient, query: str) -> None:
+    # "²" is a digit to str.isdigit, not to int(): once a 500 (ValueError) instead of the 400
+    response = await http.get(f"/api/mcp/v0/servers?{query}")
+    assert response.status_code == 400, response.text

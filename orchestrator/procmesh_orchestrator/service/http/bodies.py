@@ -165,7 +165,8 @@ def query_context(request: Request) -> dict[str, Any]:
 def query_int(raw: str | None, name: str, default: int, low: int) -> int:
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or int(raw) < low or int(raw) > MAX_PAGE:
+    # isascii: str.isdigit takes '²' too, which int() refuses (a 500, not this 400)
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < low or int(raw) > MAX_PAGE:
         raise BadRequestError(f"{name}: must be an integer from {low} to {MAX_PAGE}")
     return int(raw)
 

@@ -38,7 +38,7 @@ class DecisionRoutes:
         query = request.query_params
         until = query.get("until") or datetime.now(UTC).isoformat()
         raw = query.get("limit") or "1000"  # its range is checked with the call (MAX_BETWEEN)
-        limit = int(raw) if raw.isdigit() and len(raw) <= 9 else 0
+        limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 9 else 0  # '²' isdigit
         found, more = await decisions.decisions_between(
             self.core, caller_of(request), query.get("since"), until, query.get("agentId"), limit
         )

@@ -56,7 +56,7 @@ def _json(body: Any, status: int = 200) -> Response:
 def _int(name: str, raw: str | None, default: int, *, low: int, high: int) -> int:
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:  # '²' isdigit, not int
         raise BadRequestError(f"{name}: must be an integer from {low} to {high}, got {label(raw)}")
     return int(raw)
 

@@ -162,9 +162,10 @@ function idleSettings(settings, env = process.env) {
 }
 
 /**
- * A line for each TLS setting (--tls-cert, --tls-key, --tls-client-ca, or their PROCMESH_TLS_*
- * variables) a program's own `credentials` override: `serve` serves with those and reads none of
- * these, so it logs each as a WARNING naming it (a shared ConfigMap may set them: no error).
+ * A line for each TLS setting (--tls-cert, --tls-key, --tls-client-ca, or PROCMESH_TLS_CERT,
+ * PROCMESH_TLS_KEY, PROCMESH_TLS_CLIENT_CA) a program's own `credentials` override: `serve`
+ * serves with those and reads none of these, so it logs each as a WARNING naming it (a shared
+ * ConfigMap may set them: no error).
  */
 function overriddenTls(settings) {
   const lines = [];

@@ -44,14 +44,16 @@ SERVICE_CONFIG: dict[str, Any] = {
     "methodConfig": [
         {
             "name": [{"service": SERVICE_NAME, "method": m} for m in _UNARY_METHODS],
-            # UNAVAILABLE: unreachable, or a replica starting or draining (NotReadyError); the
-            # retry goes to the next replica. Attempts stay inside the call's one deadline.
+            # UNAVAILABLE: unreachable, or a replica starting or draining (NotReadyError);
+            # CANCELLED from the server: a call that raced the replica's shutdown, which gRPC
+            # cancels (the hook never answered it). The retry goes to the next replica; hooks
+            # are safe to repeat. Attempts stay inside the call's one deadline.
             "retryPolicy": {
                 "maxAttempts": 3,
                 "initialBackoff": "0.05s",
                 "maxBackoff": "0.5s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
             },
         }
     ],

@@ -154,3 +154,31 @@ async def test_retries_carry_unary_hooks_past_a_replica_that_is_not_ready() -> N
         await start
         await starting.stop(grace=0)
         await ready.stop(grace=0)
+
+
+async def test_a_call_the_server_cancels_is_retried() -> None:
+    """A replica that cancels a call it took (gRPC does so to a call that races the server's
+    shutdown: the draining test above once saw CANCELLED, not UNAVAILABLE) has not run the hook
+    to its answer, so the client tries again, as for UNAVAILABLE: a raw gRPC server that cancels
+    the first ProcessInput and answers the second."""
+    attempts: list[str] = []
+
+    async def process_input(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        attempts.append("cancelled" if not attempts else "answered")
+        if len(attempts) == 1:
+            await context.abort(grpc.StatusCode.CANCELLED, "the server is shutting down")
+        return ppb.ProcessInputResponse().SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE_NAME, {"ProcessInput": grpc.unary_unary_rpc_method_handler(process_input)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with ProcessorClient(f"127.0.0.1:{port}") as client:
+            await client.call("ProcessInput", request(), TIMEOUT)
+        assert attempts == ["cancelled", "answered"]
+    finally:
+        await server.stop(0)

@@ -37,4 +37,4 @@ def test_every_unary_method_is_retried_on_unavailable_and_the_stream_never() -> 
     assert {"ProcessInput", "ExecuteTool", "Describe"} <= {m for _, m in retried}
     policy = method_config["retryPolicy"]
     assert policy["maxAttempts"] == 3
-    assert policy["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert policy["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]

@@ -177,7 +177,9 @@ async def every_thread(store: MemoryStore, resource: str) -> list[Thread]:
     """Every thread of the resource, most recently updated first, read `MAX_PAGE` at a time (the
     most the store gives at once): a listing that counts, filters and pages them itself must see
     them all, never the first `MAX_PAGE` passed off as the whole (a wrong ``total``, the rest
-    hidden). A thread a concurrent update moves between two reads is listed once."""
+    hidden). The store pages by offset in recency order, so a write between two reads shifts the
+    rows: a thread seen twice is listed once, but one updated (moved above the rows read) or one
+    deleted before the next read can make a thread go unlisted in this answer."""
     threads: dict[str, Thread] = {}
     offset = 0
     while True:

@@ -711,6 +711,7 @@ class GenerateResponse(_message.Message):
     OBJECT_FIELD_NUMBER: _builtins.int
     VIOLATIONS_FIELD_NUMBER: _builtins.int
     MODEL_ID_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, as processors see it in RunContext.run_id."""
     text: _builtins.str
@@ -776,6 +777,14 @@ class GenerateResponse(_message.Message):
     def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunViolation]:
         """What processors reported during the run, and every abort."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallWarning]:
+        """What the run did not apply, as the HTTP result's `warnings`: the call's
+        own (options, settings and message keys procmesh takes but does not
+        apply, e.g. a thread given to an agent without memory), then its model
+        calls' (settings the model's API has no field for), each once.
+        """
+
     def __init__(
         self,
         *,
@@ -796,14 +805,50 @@ class GenerateResponse(_message.Message):
         object: _struct_pb2.Value | None = ...,
         violations: _abc.Iterable[Global___RunViolation] | None = ...,
         model_id: _builtins.str = ...,
+        warnings: _abc.Iterable[Global___CallWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["object", b"object", "total_usage", b"total_usage", "tripwire", b"tripwire", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "model_id", b"model_id", "object", b"object", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tool_calls", b"tool_calls", "tool_results", b"tool_results", "total_usage", b"total_usage", "trace_id", b"trace_id", "tripwire", b"tripwire", "usage", b"usage", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "finish_reason", b"finish_reason", "model_id", b"model_id", "object", b"object", "response_messages", b"response_messages", "run_id", b"run_id", "status", b"status", "steps", b"steps", "suspended", b"suspended", "text", b"text", "tool_calls", b"tool_calls", "tool_results", b"tool_results", "total_usage", b"total_usage", "trace_id", b"trace_id", "tripwire", b"tripwire", "usage", b"usage", "violations", b"violations", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
+
+@_typing.final
+class CallWarning(_message.Message):
+    """A warning about a run's call, in the reference's shape (the AI SDK's
+    `{type: "unsupported-setting", setting, details}`).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    SETTING_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """"unsupported-setting" (the only type procmesh gives)."""
+    setting: _builtins.str
+    """What was not applied: a call option ("memory.thread"), a model setting
+    ("headers"; "topK" for a model whose API has no such field) or a message
+    key ("messages.textPart.providerOptions"), named as the HTTP result names it.
+    """
+    details: _builtins.str
+    """Why it was not applied."""
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        setting: _builtins.str = ...,
+        details: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["details", b"details", "setting", b"setting", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallWarning: _TypeAlias = CallWarning  # noqa: Y015
 
 @_typing.final
 class StreamRequest(_message.Message):
@@ -971,6 +1016,7 @@ class StreamResponse(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id, the same in every response of the stream."""
     status: _builtins.str
@@ -990,6 +1036,13 @@ class StreamResponse(_message.Message):
     def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
         """The last message only: the calls awaiting a decision when `status` is "suspended"."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallWarning]:
+        """The last message only: the call's own warnings (as in
+        GenerateResponse.warnings). Its model calls' warnings are in each
+        "step-start" chunk's payload (`other.warnings`), as the HTTP stream has them.
+        """
+
     def __init__(
         self,
         *,
@@ -998,10 +1051,11 @@ class StreamResponse(_message.Message):
         status: _builtins.str = ...,
         suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
         offset: _builtins.int | None = ...,
+        warnings: _abc.Iterable[Global___CallWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "chunk", b"chunk", "offset", b"offset", "run_id", b"run_id", "status", b"status", "suspended", b"suspended", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
     _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015

@@ -8,12 +8,13 @@ from typing import Any
 from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh_orchestrator.run import RunResult
-from procmesh_orchestrator.service.api.results import all_calls, all_results
+from procmesh_orchestrator.service.api.results import all_calls, all_results, model_warnings
 from procmesh_orchestrator.store import Decision, DurableRun
 
 
-def result_to_proto(result: RunResult) -> apb.GenerateResponse:
-    """A run result as a GenerateResponse."""
+def result_to_proto(result: RunResult, warnings: list[dict[str, Any]] | None = None) -> apb.GenerateResponse:
+    """A run result as a GenerateResponse; its ``warnings`` are the HTTP result's: `warnings` (the
+    call's own, `calls.AgentCall.warnings`), then its model calls' (`model_warnings`)."""
     out = apb.GenerateResponse(
         run_id=result.run_id,
         text=result.text,
@@ -50,7 +51,18 @@ def result_to_proto(result: RunResult) -> apb.GenerateResponse:
         )
         if violation.get("detail") is not None:
             entry.detail.CopyFrom(convert.to_value(violation["detail"]))
+    warnings_to_proto([*(warnings or []), *model_warnings(result)], out.warnings)
     return out
+
+
+def warnings_to_proto(warnings: list[dict[str, Any]], out: Any) -> None:
+    """Call warnings (``{type, setting, details}``) added to a repeated CallWarning field."""
+    for warning in warnings:
+        out.add(
+            type=str(warning.get("type", "")),
+            setting=str(warning.get("setting", "")),
+            details=str(warning.get("details", "") or ""),
+        )
 
 
 def calls_to_proto(calls: list[dict[str, Any]], out: Any) -> None:
@@ -68,10 +80,15 @@ def suspended_to_proto(result: RunResult, out: Any) -> None:
     calls_to_proto(result.suspended, out)
 
 
-def failed_proto(error: BaseException) -> apb.GenerateResponse:
-    """A failed run as a GenerateResponse: its partial result, when the error carries one."""
+def failed_proto(error: BaseException, warnings: list[dict[str, Any]] | None = None) -> apb.GenerateResponse:
+    """A failed run as a GenerateResponse: its partial result, when the error carries one (with
+    the call's `warnings` as `result_to_proto` has them)."""
     partial = getattr(error, "result", None)
-    out = result_to_proto(partial) if isinstance(partial, RunResult) else apb.GenerateResponse()
+    if isinstance(partial, RunResult):
+        out = result_to_proto(partial, warnings)
+    else:
+        out = apb.GenerateResponse()
+        warnings_to_proto(warnings or [], out.warnings)
     out.finish_reason = "error"
     out.error = str(error)
     out.status = "failed"

@@ -42,6 +42,7 @@ from procmesh_orchestrator.service.grpc.responses import (
     result_to_proto,
     run_record_to_proto,
     suspended_to_proto,
+    warnings_to_proto,
 )
 
 log = logging.getLogger(__name__)
@@ -124,10 +125,10 @@ class AgentServicer(agrpc.AgentServiceServicer):
         try:
             try:
                 done = await asyncio.shield(work)
-                response = result_to_proto(done)
+                response = result_to_proto(done, call.warnings)
                 control.note_model_warnings(self._service, request.agent_id, model_warnings(done))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
-                response = failed_proto(exc)  # a store error names the store
+                response = failed_proto(exc, call.warnings)  # a store error names the store
             except asyncio.CancelledError:
                 # The client cancelled (or its deadline passed): abort the run, so its in-flight
                 # processor, model and tool calls are cancelled and the partial result is recorded.
@@ -156,15 +157,19 @@ class AgentServicer(agrpc.AgentServiceServicer):
                     durable, run_id = await _durable.begin(self._service, request.agent_id, call)
                 except ServiceError as exc:
                     await self._refuse(context, exc)
-                async for reply in self._relay_durable(
-                    "stream", durable, run_id, durable.attach(run_id, 0), apb.StreamResponse, context
-                ):
+                events = durable.attach(run_id, 0)
+                relay = self._relay_durable("stream", durable, run_id, events, apb.StreamResponse, context)
+                async for reply in relay:
+                    if not reply.HasField("chunk"):  # the last message: the call's warnings
+                        warnings_to_proto(call.warnings, reply.warnings)
                     yield reply
             finally:
                 self._service.gate.leave()
             return
         live = control.stream(self._service, request.agent_id, agent, call)
         async for reply in self._relay("stream", live, apb.StreamResponse):
+            if not reply.HasField("chunk"):  # the last message: the call's warnings
+                warnings_to_proto(call.warnings, reply.warnings)
             yield reply
 
     async def _durable_generate(
@@ -195,7 +200,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
             time.perf_counter() - started,
         )
         self._service.metrics.requests.labels("grpc", "OK").inc()
-        return result_to_proto(done)
+        return result_to_proto(done, call.warnings)
 
     async def _relay_durable(
         self,

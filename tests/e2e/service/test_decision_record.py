@@ -342,6 +342,10 @@ async def test_decisions_by_time_cut_at_the_limit_say_so(stack: Stack) -> None:
     )
     assert too_many.status_code == 400
     assert "limit: must be an integer from 1 to 9999" in too_many.text
+    superscript = await stack.http.get(  # '²' is a digit to str.isdigit, not to int(): once a 500
+        "/api/runs/decisions", params={**query, "limit": "\u00b2"}, headers=OPERATOR
+    )
+    assert superscript.status_code == 400, superscript.text
     procmesh = str(Path(sys.executable).parent / "procmesh")
     env = {**os.environ, "PROCMESH_CONFIG_FILE": str(stack.config_path)}
     command = [procmesh, "runs", "decisions", "--since", "2000-01-01", "--agent", "blocked", "--json"]

@@ -1,12 +1,13 @@
 """AgentService carries a run's warnings as the HTTP API does: GenerateResponse.warnings holds the
 HTTP result's ``warnings`` (the call's own, then its model calls'), and a stream's last message the
 call's own (its model calls' ride in the ``step-start`` chunk, as over HTTP). Cases: a thread given
-to an agent without memory, and a model setting the model's API lacks. A fake OpenAI API on a real
-socket, the in-process service over real gRPC and HTTP."""
+to an agent without memory, and a model setting the model's API lacks; plain and durable runs. A
+fake OpenAI API on a real socket, the in-process service over real gRPC and HTTP."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,17 +38,22 @@ TOP_K = {
 def openai() -> Iterator[FakeOpenAI]:
     api = FakeOpenAI()
     api.start()
-    api.script("gpt", *[{"text": "Hi."}] * 12)
+    api.script("gpt", *[{"text": "Hi."}] * 16)
     yield api
     api.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def service(openai: FakeOpenAI) -> AsyncIterator[Service]:
-    """Agent ``gpt`` (no memory) on the fake OpenAI API."""
+async def service(openai: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
+    """Agent ``gpt`` (no memory) on the fake OpenAI API, and ``durable``, its durable twin."""
+    db: Path = tmp_path_factory.mktemp("warnings") / "store.db"
     config = {
+        "storage": {"backend": "sqlite", "path": str(db)},
         "providers": {"oa": {"kind": "openai", "baseUrl": openai.base_url}},
-        "agents": {"gpt": {"model": "oa/gpt", "errorProcessorDefaults": False}},
+        "agents": {
+            "gpt": {"model": "oa/gpt", "errorProcessorDefaults": False},
+            "durable": {"model": "oa/gpt", "durable": True, "errorProcessorDefaults": False},
+        },
     }
     svc = Service(OrchestratorSettings(http_port=0, grpc_port=0), parse_config(config))
     async with svc:
@@ -71,6 +77,21 @@ async def _http_warnings(service: Service, body: dict[str, Any]) -> list[dict[st
 
 def _dicts(warnings: Any) -> list[dict[str, Any]]:
     return [json_format.MessageToDict(w) for w in warnings]
+
+
+async def _stream_warned(stub: agrpc.AgentServiceAsyncStub, agent: str) -> list[apb.StreamResponse]:
+    """Stream `agent` with a thread (it has no memory) and ``topK`` (OpenAI lacks it): the last
+    message names ``memory.thread``, no other has warnings; the chunk messages."""
+    settings = apb.ModelSettings(top_k=5)
+    request = apb.StreamRequest(
+        agent_id=agent, text="hi", thread_id="t1", resource_id="r1", model_settings=settings
+    )
+    *chunks, last = [reply async for reply in stub.Stream(request)]
+    assert last.status == "success"
+    assert not last.HasField("chunk")
+    assert [w["setting"] for w in _dicts(last.warnings)] == [MEMORY_THREAD]
+    assert all(not r.warnings for r in chunks)
+    return chunks
 
 
 async def test_a_thread_given_to_an_agent_without_memory_is_a_warning_of_the_grpc_result(
@@ -107,15 +128,23 @@ async def test_settings_the_api_has_give_no_grpc_warning(stub: agrpc.AgentServic
 async def test_a_grpc_stream_gives_the_calls_warnings_last_and_the_models_at_its_step_start(
     stub: agrpc.AgentServiceAsyncStub,
 ) -> None:
-    settings = apb.ModelSettings(top_k=5)
-    request = apb.StreamRequest(
-        agent_id="gpt", text="hi", thread_id="t1", resource_id="r1", model_settings=settings
-    )
-    replies = [reply async for reply in stub.Stream(request)]
-    *chunks, last = replies
-    assert last.status == "success"
-    assert not last.HasField("chunk")
-    assert [w["setting"] for w in _dicts(last.warnings)] == [MEMORY_THREAD]
-    assert all(not r.warnings for r in chunks)
+    chunks = await _stream_warned(stub, "gpt")
     (start,) = [convert.chunk_from_proto(r.chunk) for r in chunks if r.chunk.type == "step-start"]
     assert start["payload"]["warnings"] == [TOP_K]
+
+
+async def test_a_durable_runs_grpc_answers_carry_the_calls_warnings(
+    stub: agrpc.AgentServiceAsyncStub,
+) -> None:
+    request = apb.GenerateRequest(
+        agent_id="durable",
+        text="hi",
+        thread_id="t1",
+        resource_id="r1",
+        model_settings=apb.ModelSettings(top_k=5),
+    )
+    response = await stub.Generate(request)
+    assert response.status == "success", response.error
+    assert [w["setting"] for w in _dicts(response.warnings)] == [MEMORY_THREAD, "topK"]
+    chunks = await _stream_warned(stub, "durable")
+    assert all(r.HasField("offset") for r in chunks)

@@ -35,6 +35,17 @@ _RESPONSES: dict[str, Any] = {
 """Each unary RPC's response class, by method name."""
 _UNARY_METHODS = sorted(_RESPONSES)
 
+
+def _retry_policy(*codes: str) -> dict[str, Any]:
+    return {
+        "maxAttempts": 3,
+        "initialBackoff": "0.05s",
+        "maxBackoff": "0.5s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": list(codes),
+    }
+
+
 SERVICE_CONFIG: dict[str, Any] = {
     # round_robin everywhere: over `ipv4:a,b,c` or `dns:///name:port` (a headless Service) it
     # spreads calls over every replica and skips one that is down; over one address or a unix
@@ -43,19 +54,20 @@ SERVICE_CONFIG: dict[str, Any] = {
     "loadBalancingConfig": [{"round_robin": {}}],
     "methodConfig": [
         {
-            "name": [{"service": SERVICE_NAME, "method": m} for m in _UNARY_METHODS],
+            "name": [{"service": SERVICE_NAME, "method": m} for m in _UNARY_METHODS if m != "ExecuteTool"],
             # UNAVAILABLE: unreachable, or a replica starting or draining (NotReadyError);
-            # CANCELLED from the server: a call that raced the replica's shutdown, which gRPC
-            # cancels (the hook never answered it). The retry goes to the next replica; hooks
-            # are safe to repeat. Attempts stay inside the call's one deadline.
-            "retryPolicy": {
-                "maxAttempts": 3,
-                "initialBackoff": "0.05s",
-                "maxBackoff": "0.5s",
-                "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
-            },
-        }
+            # CANCELLED from the server: a call that raced the replica's shutdown, or one its
+            # grace ran out on. The retry goes to the next replica; hooks are safe to repeat.
+            # Attempts stay inside the call's one deadline.
+            "retryPolicy": _retry_policy("UNAVAILABLE", "CANCELLED"),
+        },
+        {
+            # A tool's call the server cancelled may have done part of what the tool does
+            # (its grace ran out mid-call), and a tool is not bound to be safe to repeat: only
+            # UNAVAILABLE, which a replica not serving yet or any more answers before the tool runs.
+            "name": [{"service": SERVICE_NAME, "method": "ExecuteTool"}],
+            "retryPolicy": _retry_policy("UNAVAILABLE"),
+        },
     ],
 }
 

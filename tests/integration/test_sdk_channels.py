@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from procmesh import SERVICE_NAME, Processor, ProcessorClient, ProcessorServer
-from procmesh.errors import UnavailableError
+from procmesh.errors import ProcmeshError, UnavailableError
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import processor_pb2_grpc as pgrpc
 from procmesh.v1 import types_pb2 as tpb
@@ -156,21 +156,23 @@ async def test_retries_carry_unary_hooks_past_a_replica_that_is_not_ready() -> N
         await ready.stop(grace=0)
 
 
-async def test_a_call_the_server_cancels_is_retried() -> None:
+@pytest.mark.parametrize("method", ["ProcessInput", "ExecuteTool"])
+async def test_a_hook_call_the_server_cancels_is_retried_a_tool_call_not(method: str) -> None:
     """A replica that cancels a call it took (gRPC does so to a call that races the server's
-    shutdown: the draining test above once saw CANCELLED, not UNAVAILABLE) has not run the hook
-    to its answer, so the client tries again, as for UNAVAILABLE: a raw gRPC server that cancels
-    the first ProcessInput and answers the second."""
+    shutdown, or whose grace ran out: the draining test above once saw CANCELLED, not
+    UNAVAILABLE): a hook's call is tried again, as for UNAVAILABLE (hooks are safe to repeat);
+    a tool's is not (it may have done part of its work). A raw gRPC server cancels the first
+    call and answers the second."""
     attempts: list[str] = []
 
-    async def process_input(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def answer(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         attempts.append("cancelled" if not attempts else "answered")
         if len(attempts) == 1:
             await context.abort(grpc.StatusCode.CANCELLED, "the server is shutting down")
-        return ppb.ProcessInputResponse().SerializeToString()
+        return b""  # an empty response of either method
 
     handler = grpc.method_handlers_generic_handler(
-        SERVICE_NAME, {"ProcessInput": grpc.unary_unary_rpc_method_handler(process_input)}
+        SERVICE_NAME, {method: grpc.unary_unary_rpc_method_handler(answer)}
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
@@ -178,7 +180,12 @@ async def test_a_call_the_server_cancels_is_retried() -> None:
     await server.start()
     try:
         async with ProcessorClient(f"127.0.0.1:{port}") as client:
-            await client.call("ProcessInput", request(), TIMEOUT)
-        assert attempts == ["cancelled", "answered"]
+            if method == "ExecuteTool":
+                with pytest.raises(ProcmeshError, match="shutting down"):
+                    await client.call(method, ppb.ExecuteToolRequest(), TIMEOUT)
+                assert attempts == ["cancelled"]
+            else:
+                await client.call(method, request(), TIMEOUT)
+                assert attempts == ["cancelled", "answered"]
     finally:
         await server.stop(0)

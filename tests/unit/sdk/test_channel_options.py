@@ -28,13 +28,15 @@ def test_every_unary_method_is_retried_on_unavailable_and_the_stream_never() -> 
     assert json.loads(dict(channel_options())["grpc.service_config"]) == SERVICE_CONFIG
     assert dict(channel_options())["grpc.enable_retries"] == 1
     assert SERVICE_CONFIG["loadBalancingConfig"] == [{"round_robin": {}}]
-    (method_config,) = SERVICE_CONFIG["methodConfig"]
-    retried = {(n["service"], n["method"]) for n in method_config["name"]}
+    hooks, tools = SERVICE_CONFIG["methodConfig"]
+    retried = {(n["service"], n["method"]) for config in (hooks, tools) for n in config["name"]}
     methods = ppb.DESCRIPTOR.services_by_name["ProcessorService"].methods
     unary = {(SERVICE_NAME, m.name) for m in methods if not (m.client_streaming or m.server_streaming)}
     assert retried == unary
     assert (SERVICE_NAME, "ProcessOutputStream") not in retried
-    assert {"ProcessInput", "ExecuteTool", "Describe"} <= {m for _, m in retried}
-    policy = method_config["retryPolicy"]
-    assert policy["maxAttempts"] == 3
-    assert policy["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
+    assert {"ProcessInput", "Describe"} <= {n["method"] for n in hooks["name"]}
+    assert tools["name"] == [{"service": SERVICE_NAME, "method": "ExecuteTool"}]
+    assert hooks["retryPolicy"]["maxAttempts"] == tools["retryPolicy"]["maxAttempts"] == 3
+    # a hook the server cancelled is safe to repeat; a tool may have done part of its work
+    assert hooks["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
+    assert tools["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]

@@ -160,6 +160,18 @@ async def test_violations_reach_the_caller(stub: agrpc.AgentServiceStub) -> None
     assert kinds.index("data-procmesh-violation") < kinds.index("tripwire")
 
 
+async def test_a_thread_given_to_an_agent_without_memory_is_a_warning(stub: agrpc.AgentServiceStub) -> None:
+    """The HTTP result's `warnings` over gRPC: the run goes on, the caller learns nothing is kept."""
+    fields = {"agent_id": "json", "text": "weather?", "thread_id": "t1", "resource_id": "r1"}
+    response = await _generate(stub, **fields)
+    assert response.status == "success"
+    assert [(w.type, w.setting) for w in response.warnings] == [("unsupported-setting", "memory.thread")]
+    assert response.warnings[0].details
+    replies = [r async for r in stub.Stream(apb.StreamRequest(**fields), metadata=METADATA)]
+    assert [w.setting for w in replies[-1].warnings] == ["memory.thread"]
+    assert not (await _generate(stub, agent_id="json", text="weather?")).warnings
+
+
 def _with_file(file: tpb.FilePart) -> tpb.Message:
     parts = [tpb.Part(text=tpb.TextPart(text="what is this?")), tpb.Part(file=file)]
     return tpb.Message(role="user", content=tpb.MessageContent(format=2, parts=parts))

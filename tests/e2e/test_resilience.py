@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 FAULTY = "tests.fixtures.faulty"
 RUNS = 100
-WORDS = 40  # streamed 40 ms apart: each run is mid-stream for 1.6 s
+WORDS = 100  # streamed 40 ms apart: each run is mid-stream for 4 s, while 100 runs start under load
 
 
 def config(

@@ -93,5 +93,5 @@ def configure_logging(level: str | int = "INFO", log_format: str | None = None) 
     # httpx logs every request it makes at INFO with its URL (a provider's call, the orchestrator's
     # read of its built-in sidecar's metrics every 2 s): a URL may carry a key, and no request
     # content goes in a log above DEBUG. Its lines show at DEBUG only.
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet = logging.getLogger().getEffectiveLevel() > logging.DEBUG
+    logging.getLogger("httpx").setLevel(logging.WARNING if quiet else logging.NOTSET)

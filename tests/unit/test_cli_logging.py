@@ -99,9 +99,11 @@ async def test_the_orchestrator_sets_the_run_id_for_the_length_of_a_run() -> Non
 
 
 _HTTPX_PROGRAM = """
-import http.server, sys, threading
+import http.server, logging, sys, threading
 import httpx
 from procmesh import configure_logging
+configure_logging("INFO")
+logging.getLogger().handlers.clear()  # configured again, as a program may: the last level counts
 configure_logging(sys.argv[1])
 class Quiet(http.server.BaseHTTPRequestHandler):
     def do_GET(self):

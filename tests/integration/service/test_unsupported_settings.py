@@ -1,23 +1,28 @@
 """A model setting the model's API has no field for (OpenAI ``topK``, Anthropic ``seed``) is left
 out of the request body, and said so, as the reference reports it (a call warning
 ``{type: "unsupported-setting", setting}``): in the step's ``warnings``, the result's, the stream's
-``step-start`` and ``procmesh_call_settings_ignored_total{setting}``. Fake OpenAI and Anthropic
-APIs on real sockets, the in-process service over real HTTP."""
+``step-start`` and ``procmesh_call_settings_ignored_total{setting}`` with a WARNING line, however the
+run ends (failed, or suspended and then approved to its end). Fake OpenAI and Anthropic APIs on
+real sockets, the in-process service over real HTTP and gRPC."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 
+from procmesh.v1 import agent_pb2 as apb
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
-from tests.integration.providers.fakes import FakeAnthropic, FakeOpenAI
-from tests.integration.service.support import stream_chunks
+from tests.integration.providers.fakes import FakeAnthropic, FakeOpenAI, error
+from tests.integration.service.support import agent_stub, stream_chunks
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -30,30 +35,66 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
     openai.start()
     anthropic.start()
     openai.script("gpt", *[{"text": "Hi."}] * 4)
+    weather = {"toolCalls": [{"id": "c1", "name": "weather", "args": {"city": "Paris"}}]}
+    for model in ("fail-http", "fail-grpc"):  # a step, then a model call the API refuses
+        openai.script(model, weather, error(400, "no such thing"))
+    for model in ("ask-approve", "ask-decline"):  # the call awaits a decision, then answers
+        openai.script(model, weather, {"text": "Sunny."})
     anthropic.script("claude", *[{"text": "Hi."}] * 4)
     yield openai, anthropic
     openai.stop()
     anthropic.stop()
 
 
-def _config(openai: FakeOpenAI, anthropic: FakeAnthropic) -> dict[str, Any]:
-    """Agent ``gpt`` on the fake OpenAI API, ``claude`` on the fake Anthropic one."""
+def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str, Any]:
+    """Agent ``gpt`` on the fake OpenAI API, ``claude`` on the fake Anthropic one; ``fail-http``,
+    ``fail-grpc``, ``ask-approve`` and ``ask-decline`` on OpenAI with a ``weather`` tool."""
     kinds = {"oa": ("openai", openai), "an": ("anthropic", anthropic)}
     models = {"gpt": "oa/gpt", "claude": "an/claude"}
+    tooled = {name: f"oa/{name}" for name in ("fail-http", "fail-grpc", "ask-approve", "ask-decline")}
+    agents: dict[str, Any] = {
+        agent: {"model": model, "errorProcessorDefaults": False} for agent, model in models.items()
+    }
+    agents |= {
+        a: {"model": m, "errorProcessorDefaults": False, "tools": ["weather"]} for a, m in tooled.items()
+    }
     return {
+        "storage": {"backend": "sqlite", "path": str(db)},
         "providers": {name: {"kind": kind, "baseUrl": api.base_url} for name, (kind, api) in kinds.items()},
-        "agents": {
-            agent: {"model": model, "errorProcessorDefaults": False} for agent, model in models.items()
+        "tools": {
+            "weather": {"description": "Weather", "inputSchema": {"type": "object"}, "result": "sunny"}
         },
+        "agents": agents,
     }
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http(apis: tuple[FakeOpenAI, FakeAnthropic]) -> AsyncIterator[httpx.AsyncClient]:
+async def service(
+    apis: tuple[FakeOpenAI, FakeAnthropic], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Service]:
     settings = OrchestratorSettings(http_port=0, grpc_port=0)
-    svc = Service(settings, parse_config(_config(*apis)))
-    async with svc, httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=20) as client:
+    db = tmp_path_factory.mktemp("settings") / "memory.db"
+    async with Service(settings, parse_config(_config(*apis, db))) as svc:
+        yield svc
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}", timeout=20) as client:
         yield client
+
+
+async def _ignored(http: httpx.AsyncClient, setting: str) -> float:
+    """``procmesh_call_settings_ignored_total{setting}`` now (0 before its first count)."""
+    metrics = (await http.get("/metrics")).text
+    found = re.search(rf'^procmesh_call_settings_ignored_total{{setting="{setting}"}} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _warned(caplog: pytest.LogCaptureFixture, agent: str) -> list[str]:
+    """The WARNING lines naming the agent's model settings its model does not take."""
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    return [line for line in lines if f"agent {agent!r}: a run's model settings" in line]
 
 
 @pytest.mark.parametrize(
@@ -95,3 +136,48 @@ async def test_settings_the_api_has_give_no_warning(http: httpx.AsyncClient) -> 
     result = (await http.post("/api/agents/gpt/generate", json=body)).json()
     assert result["warnings"] == []
     assert result["steps"][0]["warnings"] == []
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+async def test_a_failed_runs_partial_warnings_are_logged_and_counted_once(
+    service: Service, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, transport: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    agent = f"fail-{transport}"
+    before = await _ignored(http, "topK")
+    if transport == "http":
+        body = {"messages": "weather?", "modelSettings": {"topK": 5}}
+        result = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
+        assert result["status"] == "failed", result
+        steps = result["steps"]
+    else:
+        request = apb.GenerateRequest(
+            agent_id=agent, text="weather?", model_settings=apb.ModelSettings(top_k=5)
+        )
+        async with agent_stub(service) as stub:
+            response = await stub.Generate(request)
+        assert response.finish_reason == "error", response
+        steps = list(response.steps)
+    assert steps, "the partial result keeps the step before the refused model call"
+    assert await _ignored(http, "topK") == before + 1
+    assert len(_warned(caplog, agent)) == 1
+
+
+@pytest.mark.parametrize("decision", ["approve", "decline"])
+async def test_a_run_resumed_to_its_end_logs_and_counts_its_warnings(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, decision: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    agent = f"ask-{decision}"
+    before = await _ignored(http, "topK")
+    body = {"messages": "weather?", "modelSettings": {"topK": 5}, "requireToolApproval": True}
+    suspended = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
+    assert suspended["status"] == "suspended", suspended
+    assert suspended["steps"] == [], suspended  # a suspended run's result has no step yet
+    caplog.clear()
+    ask = {"runId": suspended["runId"], "toolCallId": suspended["suspendPayload"]["toolCallId"]}
+    resumed = (await http.post(f"/api/agents/{agent}/{decision}-tool-call-generate", json=ask)).json()
+    assert resumed["status"] == "success", resumed
+    assert resumed["warnings"], "the resumed model call left topK out too"
+    assert await _ignored(http, "topK") == before + 1  # once, as the run ends
+    assert len(_warned(caplog, agent)) == 1

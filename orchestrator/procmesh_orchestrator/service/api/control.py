@@ -29,7 +29,7 @@ from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.message_keys import count_ignored
 from procmesh_orchestrator.service.api.processors import bind_lanes
-from procmesh_orchestrator.service.api.results import Chunk
+from procmesh_orchestrator.service.api.results import Chunk, model_warnings
 from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner, store_errors
 from procmesh_orchestrator.store import DurableRun, label
@@ -70,6 +70,22 @@ def note_model_warnings(core: ServiceCore, agent_id: str, warnings: list[dict[st
     log.warning("agent %r: a run's model settings its model does not take: %s", agent_id, key_names(names))
     for warning in warnings:
         core.metrics.settings_ignored.labels(str(warning["setting"])).inc()
+
+
+async def finished(core: ServiceCore, agent_id: str, run: Awaitable[RunResult]) -> RunResult:
+    """`run` to its end, its model warnings noted once (`note_model_warnings`) however it ends:
+    its result's, or a failed run's partial result's (the error's ``result``). Every run a route
+    takes to its end (a generate, a resume to its end, over HTTP or gRPC) goes through here; a
+    streamed one is noted at its ``step-start`` chunks (`LiveRun.see`)."""
+    try:
+        done = await run
+    except BaseException as exc:
+        partial = getattr(exc, "result", None)
+        if isinstance(partial, RunResult):
+            note_model_warnings(core, agent_id, model_warnings(partial))
+        raise
+    note_model_warnings(core, agent_id, model_warnings(done))
+    return done
 
 
 async def reserve_run_id(core: ServiceCore, agent: Agent, call: AgentCall) -> None:
@@ -183,16 +199,21 @@ def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> L
     return live
 
 
-async def generate(agent: Agent, call: AgentCall, client_gone: Awaitable[object]) -> RunResult:
-    """Run an admitted call to its end, aborted when its client leaves first (`until_gone`)."""
+async def generate(
+    core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall, client_gone: Awaitable[object]
+) -> RunResult:
+    """Run an admitted call to its end, aborted when its client leaves first (`until_gone`), its
+    model warnings noted (`finished`)."""
 
     def start(signal: asyncio.Event) -> Awaitable[RunResult]:
         return agent.generate(call.input, replace(call.options, abort_signal=signal))
 
-    return await until_gone(start, client_gone, call.options.abort_signal)
+    return await finished(core, agent_id, until_gone(start, client_gone, call.options.abort_signal))
 
 
 async def resume_generate(
+    core: ServiceCore,
+    agent_id: str,
     agent: Agent,
     request: ResumeRequest,
     *,
@@ -201,12 +222,13 @@ async def resume_generate(
     client_gone: Awaitable[object],
 ) -> RunResult:
     """Approve or decline a suspended run's tool call and run it to its end, aborted as a
-    generate is when its client leaves first (404 / 409 before it starts)."""
+    generate is when its client leaves first (404 / 409 before it starts), its model warnings
+    noted (`finished`)."""
 
     def start(signal: asyncio.Event) -> Awaitable[RunResult]:
         return runs.resume_generate(agent, request, approved=approved, caller=caller, abort_signal=signal)
 
-    return await until_gone(start, client_gone)
+    return await finished(core, agent_id, until_gone(start, client_gone))
 
 
 async def until_gone(

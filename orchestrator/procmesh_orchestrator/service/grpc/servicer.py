@@ -121,12 +121,12 @@ class AgentServicer(agrpc.AgentServiceServicer):
         if _durable.is_durable(self._service, request.agent_id, call):
             return await self._durable_generate(request.agent_id, call, context, started)
         signal = asyncio.Event()
-        work = asyncio.ensure_future(agent.generate(call.input, replace(call.options, abort_signal=signal)))
+        run = agent.generate(call.input, replace(call.options, abort_signal=signal))
+        work = asyncio.ensure_future(control.finished(self._service, request.agent_id, run))
         try:
             try:
                 done = await asyncio.shield(work)
                 response = result_to_proto(done, call.warnings)
-                control.note_model_warnings(self._service, request.agent_id, model_warnings(done))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 response = failed_proto(exc, call.warnings)  # a store error names the store
             except asyncio.CancelledError:
@@ -192,6 +192,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
                     f"durable run {run_id} goes on elsewhere: observe it with Observe(run_id)"
                 ),
             )
+        control.note_model_warnings(self._service, agent_id, model_warnings(done))
         log.info(
             "grpc generate agent=%s durable run=%s finish=%s %.3fs",
             agent_id,

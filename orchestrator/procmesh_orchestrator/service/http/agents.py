@@ -137,9 +137,8 @@ class AgentRoutes:
                 )
                 return GatedResponse(body, release)
             try:  # the client leaving aborts the run as it aborts a stream's
-                done = await control.generate(agent, call, self._client_gone(request))
+                done = await control.generate(core, agent_id, agent, call, self._client_gone(request))
                 body = result_json(done, call.warnings)
-                control.note_model_warnings(core, agent_id, model_warnings(done))
             except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:
                 # a failed run, not a failed request (a store error names the store)
                 body = failed_json(exc, call.warnings)
@@ -224,7 +223,13 @@ class AgentRoutes:
                 try:
                     gone = self._client_gone(request)  # as a generate's client leaving aborts it
                     done = await control.resume_generate(
-                        agent, decision, approved=approved, caller=caller, client_gone=gone
+                        self.core,
+                        agent_id,
+                        agent,
+                        decision,
+                        approved=approved,
+                        caller=caller,
+                        client_gone=gone,
                     )
                     body = result_json(done)
                 except (APICallError, ProcessorFailedError, MemoryStoreError) as exc:

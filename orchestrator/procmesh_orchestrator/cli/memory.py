@@ -74,13 +74,11 @@ def _text(msg: Message) -> str:
 
 async def run(args: argparse.Namespace) -> int:
     """List threads or messages; exit 1 when the thread asked for does not exist."""
+    from procmesh_orchestrator.cli._limit import limit_refused
     from procmesh_orchestrator.config import load_config
     from procmesh_orchestrator.store import MAX_PAGE, open_store
 
-    if args.action == "threads" and not 1 <= args.limit < MAX_PAGE:
-        print(
-            f"procmesh memory threads: --limit must be from 1 to {MAX_PAGE - 1}", file=sys.stderr, flush=True
-        )
+    if args.action == "threads" and limit_refused("memory threads", args.limit, MAX_PAGE - 1):
         return 2
     store = open_store(load_config(args.config).storage)
     await store.start()

@@ -46,6 +46,7 @@ def _line(d: Decision, run: bool) -> str:
 
 async def run(args: argparse.Namespace) -> int:
     """Print the decisions; exit 1 when the store keeps none of the run (2: neither RUN nor --since)."""
+    from procmesh_orchestrator.cli._limit import limit_refused
     from procmesh_orchestrator.config import load_config
     from procmesh_orchestrator.service.api.decisions import MAX_BETWEEN, between_page
     from procmesh_orchestrator.store import open_store
@@ -53,10 +54,7 @@ async def run(args: argparse.Namespace) -> int:
     if (args.run is None) == (args.since is None):
         print("procmesh runs decisions: give a RUN or --since, not both", file=sys.stderr, flush=True)
         return 2
-    if not 1 <= args.limit <= MAX_BETWEEN:
-        print(
-            f"procmesh runs decisions: --limit must be from 1 to {MAX_BETWEEN}", file=sys.stderr, flush=True
-        )
+    if limit_refused("runs decisions", args.limit, MAX_BETWEEN):
         return 2
     store = open_store(load_config(args.config).storage)
     await store.start()

@@ -4,12 +4,15 @@ store (``decisions.record`` and ``agents.ID.recordInputs`` wrote them, `store.de
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from procmesh_orchestrator.errors import OrchestratorError
 from procmesh_orchestrator.store import MAX_PAGE
 from procmesh_orchestrator.store.decisions import Decision, DecisionStore
+
+T = TypeVar("T")
 
 
 class ReplayError(OrchestratorError):
@@ -86,18 +89,21 @@ async def runs_between(store: DecisionStore, since: str, until: str, agent_id: s
     then those with only a decision record (listed as not replayable, not skipped). Both are read
     `MAX_PAGE` at a time (the most the store gives at once) until the range has given them all: a
     busy range is replayed whole, never cut at the first page without a word."""
-    recorded: list[str] = []
+    recorded = await _every(
+        lambda at: store.recorded_runs(since, until, agent_id=agent_id, limit=MAX_PAGE, offset=at)
+    )
+    decided = await _every(
+        lambda at: store.decisions_between(since, until, agent_id=agent_id, limit=MAX_PAGE, offset=at)
+    )
+    return list(dict.fromkeys([*recorded, *(d.run_id for d in decided)]))
+
+
+async def _every(read: Callable[[int], Awaitable[list[T]]]) -> list[T]:
+    """All that `read(offset)` gives, read `MAX_PAGE` at a time from offset 0 until a page comes
+    back short: the whole range, however busy."""
+    out: list[T] = []
     while True:
-        ids = await store.recorded_runs(since, until, agent_id=agent_id, limit=MAX_PAGE, offset=len(recorded))
-        recorded += ids
-        if len(ids) < MAX_PAGE:
-            break
-    decided: dict[str, None] = {}
-    read = 0
-    while True:
-        page = await store.decisions_between(since, until, agent_id=agent_id, limit=MAX_PAGE, offset=read)
-        decided.update(dict.fromkeys(d.run_id for d in page))
-        read += len(page)
+        page = await read(len(out))
+        out += page
         if len(page) < MAX_PAGE:
-            break
-    return list(dict.fromkeys([*recorded, *decided]))
+            return out

@@ -150,3 +150,26 @@ def test_error_strategy_points_at_on_failure(key: str) -> None:
     entry = {"processor": "builtins/moderation", key: "warn"}
     with pytest.raises(ConfigError, match="errorStrategy is onFailure here: onFailure: fail-open for"):
         parse_config({"agents": {"a": {"model": "demo", "inputProcessors": [entry]}}})
+
+
+async def test_a_callers_callback_that_raises_is_logged_and_counted(
+    tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A per-call `CallOptions.on_violation` that raises never fails the run: each violation it
+    did not take is logged and counted, as a route's failure is."""
+
+    def broken(entry: dict[str, Any]) -> None:
+        raise RuntimeError("the caller's bug")
+
+    url, posted = webhook
+    async with App(_config(tmp_path, url)) as app:
+        options = CallOptions(on_violation={"regex-filter": broken})
+        results = [await app.agent("a").generate("the password is swordfish", options) for _ in range(2)]
+        await violation_routes.flush()
+        failed = app.metrics.total(
+            "procmesh_violation_routes_failed_total", agent="a", processor="regex-filter"
+        )
+    assert [r.status for r in results] == ["success", "success"]
+    assert len(posted) == 2  # the entry's own webhook took them (204): only the callback failed
+    assert failed == 2
+    assert caplog.text.count("onViolation callback raised (ignored)") == 2

@@ -261,15 +261,13 @@ class RunCore:
         self.metrics.violation(self.agent.id, processor_id, source)
         if self.options.announce_violations:  # a remote caller's stream tells it as it happens
             self.emit({"type": "data-procmesh-violation", "data": entry, "transient": True})
-        violation_routes.for_caller(self.options.on_violation, entry)
+
+        def failed() -> None:  # a route, or the caller's callback, did not take it
+            self.metrics.violation_routes_failed.labels(self.agent.id, processor_id).inc()
+
+        violation_routes.for_caller(self.options.on_violation, entry, failed)
         route = self.agent.violation_routes.get(processor_id)
-        violation_routes.deliver(
-            route,
-            entry,
-            self.agent.id,
-            self.run_id,
-            lambda: self.metrics.violation_routes_failed.labels(self.agent.id, processor_id).inc(),
-        )
+        violation_routes.deliver(route, entry, self.agent.id, self.run_id, failed)
 
     def fenced(self, write: str, exc: BaseException) -> None:
         """A write of this run (``memory``, ``suspension``, ``cost``) was refused for its fence:

@@ -5,7 +5,8 @@ A processor is remote, so its ``onViolation`` property becomes a route of its la
 WARNING line), ``{webhook: URL}`` (the violation POSTed as JSON, in the background: a slow or
 failing hook never holds the run up, its failure is logged and counted), or, in the Python API, a
 callable (its exception likewise).
-The caller's `CallOptions.on_violation` (one callable, or one per processor id) sees it too.
+The caller's `CallOptions.on_violation` (one callable, or one per processor id) sees it too; one
+that raises is logged and counted as a route's failure is.
 """
 
 from __future__ import annotations
@@ -85,12 +86,14 @@ def call(callback: Callable[[dict[str, Any]], Any], entry: dict[str, Any]) -> bo
 def for_caller(
     callback: Callable[[dict[str, Any]], Any] | Mapping[str, Callable[[dict[str, Any]], Any]] | None,
     entry: dict[str, Any],
+    failed: Callable[[], None] = lambda: None,
 ) -> None:
-    """The caller's `CallOptions.on_violation`: every violation, or those of the processor ids it maps."""
+    """The caller's `CallOptions.on_violation`: every violation, or those of the processor ids it
+    maps. One that raises is logged and `failed` is called, as for a route (`deliver`)."""
     if isinstance(callback, Mapping):
         callback = callback.get(entry["processorId"])
-    if callback is not None:
-        call(callback, entry)
+    if callback is not None and not call(callback, entry):
+        failed()
 
 
 async def _post(route: WebhookRoute, payload: dict[str, Any], failed: Callable[[], None]) -> None:

@@ -63,7 +63,8 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
 def note_model_warnings(core: ServiceCore, agent_id: str, warnings: list[dict[str, Any]]) -> None:
     """A run's model-call warnings (`results.model_warnings`: settings a model's API has no field
     for, left out of its body), for the operator: a WARNING line and
-    ``procmesh_call_settings_ignored_total{setting}``, once per run and setting."""
+    ``procmesh_call_settings_ignored_total{setting}``, once per call and setting (`finished`,
+    `LiveRun.see`): a run suspended by a stream and taken on by another call is counted by both."""
     if not warnings:
         return
     names = [f"modelSettings.{w['setting']}" for w in warnings]

@@ -101,8 +101,9 @@ class ProcessorClient:
 
     The address is any gRPC target: ``host:port``, ``unix:///path.sock``, ``dns:///name:port``
     (every address the name resolves to) or ``ipv4:10.0.0.1:50051,10.0.0.2:50051`` (several
-    replicas). Calls are balanced round-robin over the replicas, and unary hooks that meet
-    UNAVAILABLE are retried (up to 3 attempts within the call's deadline; `SERVICE_CONFIG`).
+    replicas). Calls are balanced round-robin over the replicas, and unary calls that meet
+    UNAVAILABLE, or CANCELLED from the server (not ExecuteTool), are retried (up to 3 attempts
+    within the call's deadline; `SERVICE_CONFIG`).
 
     Args:
         address: The sidecar's address.

@@ -62,6 +62,12 @@ def test_two_calls_on_a_thread_are_stored_and_listed(config: str) -> None:
     ok("generate", "chat", "first question", "--config", config, "--thread", "t1", "--resource", "alice")
     ok("stream", "chat", "second question", "--config", config, "--thread", "t1", "--resource", "alice")
     ok("generate", "chat", "no thread: not saved", "--config", config)
+    # an agent without memory: the run goes on, and stderr says the thread is not kept
+    forgot = procmesh(
+        "generate", "forgetful", "hi", "--config", config, "--thread", "t9", "--resource", "alice"
+    )
+    assert forgot.returncode == 0, forgot.stderr
+    assert "agent 'forgetful' has no memory: --thread is not loaded or saved" in forgot.stderr
 
     threads = [
         json.loads(line)

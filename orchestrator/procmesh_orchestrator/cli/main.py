@@ -107,6 +107,13 @@ async def _call(args: argparse.Namespace) -> int:
     )
     async with App(load_config(args.config)) as app:
         agent = app.agent(args.agent)
+        if args.thread and agent.spec.memory is None:  # the run goes on, as over the APIs (a warning)
+            print(
+                f"procmesh: warning: agent {args.agent!r} has no memory: --thread is not loaded or "
+                "saved (nothing of this turn is kept)",
+                file=sys.stderr,
+                flush=True,
+            )
         if args.command == "generate":
             try:
                 result = await agent.generate(args.text, options)

@@ -261,6 +261,46 @@ def test_a_scenario_key_at_any_depth_the_runner_would_ignore_exits_2_naming_it(
 
 
 @pytest.mark.parametrize(
+    ("processor", "named"),
+    [
+        (
+            {
+                "id": "p",
+                "processOutputStream": [{"when": {"partType": "text-delta"}, "do": [{"drop": False}]}],
+            },
+            "agent.outputProcessors.0.processOutputStream.0.do.0.drop: true, got false",
+        ),
+        (
+            {"id": "p", "processOutputStream": [{"when": {"stepNumber": "0"}, "do": [{"drop": True}]}]},
+            'agent.outputProcessors.0.processOutputStream.0.when.stepNumber: an integer, got "0"',
+        ),
+        (
+            {"id": "p", "processDataParts": "false", "processOutputStream": []},
+            'agent.outputProcessors.0.processDataParts: a boolean, got "false"',
+        ),
+    ],
+)
+def test_a_scenario_value_of_another_type_exits_2_naming_it(
+    tmp_path: Path, processor: dict[str, Any], named: str
+) -> None:
+    # each ran before with exit 0 and a trace the reference's runner would not give: drop: false
+    # dropped every part (the reference's runner drops none), a step number given as a string never
+    # matched, the string "false" was a true processDataParts
+    path = tmp_path / "typed.json"
+    scenario = {
+        "name": "typed",
+        "agent": {"outputProcessors": [processor]},
+        "model": [{"text": "hi there"}],
+        "call": {"method": "stream", "input": "hi"},
+    }
+    path.write_text(json.dumps(scenario), encoding="utf-8")
+    proc = procmesh("scenario", "run", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (("stream", "nobody", "hi"), "unknown agent 'nobody'"),

@@ -8,10 +8,18 @@ config's `ScriptedResponse`), each RULE, COND and ACTION of a PROCESSOR (the scr
 reads only the keys it knows, and judges a COND only once its rule is reached: a misspelt
 ``then`` for ``do`` would make a rule do nothing) and the values that choose a path
 (``method``, an input message's ``role``).
+
+The values of a PROCESSOR, a COND and an ACTION are checked against the types FORMAT.md gives
+them too: the scripted sidecar compares them as given, so ``"stepNumber": "1"`` would never hold,
+``"drop": false`` would drop the part (the reference's runner does not) and
+``"processDataParts": "false"`` would be true; each is a `ScenarioError` naming its path.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,6 +72,77 @@ _ACTIONS: dict[str, set[str] | None] = {
     "setResult": None,
 }
 """Each ACTION's one key, and the keys of its object (None: a value, not an object of keys)."""
+_Check = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_regex(value: Any) -> bool:
+    try:
+        re.compile(value)
+    except (re.error, TypeError):
+        return False
+    return isinstance(value, str)
+
+
+_COND_VALUES: dict[str, tuple[_Check, str]] = {
+    "textContains": (_is_str, "a string"),
+    "textMatches": (_is_regex, "a regular expression (a string)"),
+    "stepNumber": (_is_int, "an integer"),
+    "stepNumberGte": (_is_int, "an integer"),
+    "retryCountLt": (_is_int, "an integer"),
+    "partType": (_is_str, "a string"),
+    "errorStatus": (_is_int, "an integer"),
+}
+"""Each COND's value (``stateGte`` is an object, checked on its own)."""
+_TOOL_CHOICES = ("auto", "none", "required")
+_ACTION_VALUES: dict[str, tuple[_Check, str]] = {
+    "drop": (lambda v: v is True, "true"),
+    "retry": (lambda v: v is True, "true"),
+    "count": (lambda v: isinstance(v, str) and bool(v), "a state key (a non-empty string)"),
+    "systemMessage": (_is_str, "a string"),
+    "metadata": (lambda v: isinstance(v, dict), "an object"),
+    "toolChoice": (
+        lambda v: (
+            v in _TOOL_CHOICES
+            or (
+                isinstance(v, dict)
+                and set(v) == {"type", "toolName"}
+                and v["type"] == "tool"
+                and _is_str(v["toolName"])
+            )
+        ),
+        f"{' | '.join(_TOOL_CHOICES)} or {{type: tool, toolName}}",
+    ),
+}
+"""The value of each ACTION that is a value, not an object (``setResult`` takes any)."""
+_ACTION_FIELDS: dict[str, dict[str, tuple[_Check, str]]] = {
+    "abort": {
+        "reason": (_is_str, "a string"),
+        "retry": (lambda v: isinstance(v, bool), "a boolean"),
+        "metadata": (lambda v: isinstance(v, dict), "an object"),
+    },
+    "replaceText": {"pattern": (_is_regex, "a regular expression (a string)"), "with": (_is_str, "a string")},
+    "signal": {
+        "contents": (_is_str, "a string"),
+        "attributes": (lambda v: isinstance(v, dict), "an object"),
+        "transient": (lambda v: isinstance(v, bool), "a boolean"),
+    },
+    "custom": {
+        "type": (lambda v: isinstance(v, str) and v.startswith("data-"), "a data-* chunk type"),
+        "dataFromState": (lambda v: isinstance(v, str) and bool(v), "a state key (a non-empty string)"),
+    },
+}
+"""The fields of each ACTION that is an object (``custom.data`` and ``abort.metadata``'s content:
+any JSON)."""
+_ACTION_REQUIRED = {"replaceText": ("pattern", "with"), "signal": ("contents",), "custom": ("type",)}
+_PROCESSOR_FLAGS = ("processDataParts", "onViolation", "speculative")
 _METHODS = ("generate", "stream")
 _ROLES = ("user", "assistant", "system")
 _BY_CONTEXT = {"key", "cases", "default"}
@@ -94,9 +173,24 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
+def _value(value: Any, check: tuple[_Check, str], where: str) -> None:
+    """A `ScenarioError` naming `where` when `value` is not what FORMAT.md says it is."""
+    ok, what = check
+    if not ok(value):
+        raise ScenarioError(f"{where}: {what}, got {json.dumps(value)[:80]}")
+
+
 def _processors(value: Any, where: str) -> None:
     for i, spec in enumerate(_list(value, where)):
         processor = _keys(spec, _PROCESSOR, f"{where}.{i}")
+        _value(
+            processor.get("id"),
+            (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+            f"{where}.{i}.id",
+        )
+        for flag in _PROCESSOR_FLAGS:
+            if flag in processor:
+                _value(processor[flag], (lambda v: isinstance(v, bool), "a boolean"), f"{where}.{i}.{flag}")
         for hook in sorted(_HOOKS & set(processor)):
             for j, rule in enumerate(_list(processor[hook], f"{where}.{i}.{hook}")):
                 _rule(rule, f"{where}.{i}.{hook}.{j}")
@@ -105,8 +199,12 @@ def _processors(value: Any, where: str) -> None:
 def _rule(value: Any, where: str) -> None:
     rule = _keys(value, _RULE, where)
     when = _keys(rule.get("when") or {}, _COND, f"{where}.when")
+    for key in sorted(set(when) & set(_COND_VALUES)):
+        _value(when[key], _COND_VALUES[key], f"{where}.when.{key}")
     if "stateGte" in when:
-        _keys(when["stateGte"], {"key", "value"}, f"{where}.when.stateGte")
+        gte = _keys(when["stateGte"], {"key", "value"}, f"{where}.when.stateGte")
+        _value(gte.get("key"), (_is_str, "a state key (a string)"), f"{where}.when.stateGte.key")
+        _value(gte.get("value"), (_is_int, "an integer"), f"{where}.when.stateGte.value")
     for k, action in enumerate(_list(rule.get("do") or [], f"{where}.do")):
         at = f"{where}.do.{k}"
         names = sorted(_object(action, at))
@@ -114,9 +212,21 @@ def _rule(value: Any, where: str) -> None:
             raise ScenarioError(
                 f"{at}: an action is one of {', '.join(sorted(_ACTIONS))}, got {', '.join(names) or 'none'}"
             )
-        inner = _ACTIONS[names[0]]
-        if inner is not None:
-            _keys(action[names[0]], inner, f"{at}.{names[0]}")
+        name = names[0]
+        inner = _ACTIONS[name]
+        if inner is None:
+            if name in _ACTION_VALUES:
+                _value(action[name], _ACTION_VALUES[name], f"{at}.{name}")
+            continue
+        fields = _keys(action[name], inner, f"{at}.{name}")
+        for field in _ACTION_REQUIRED.get(name, ()):
+            if field not in fields:
+                raise ScenarioError(f"{at}.{name}.{field}: required")
+        for field, check in _ACTION_FIELDS[name].items():
+            if field in fields:
+                _value(fields[field], check, f"{at}.{name}.{field}")
+        if name == "custom" and ("data" in fields) == ("dataFromState" in fields):
+            raise ScenarioError(f"{at}.custom: give data or dataFromState (one of them)")
 
 
 def _responses(value: Any) -> None:

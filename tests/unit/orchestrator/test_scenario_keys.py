@@ -161,6 +161,39 @@ def test_a_malformed_value_is_refused_naming_its_path(path: list[str | int], val
     assert named in str(info.value)
 
 
+RULE = ["calls", 0, "options", "inputProcessors", 0, "processInput", 1]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ([*RULE, "when", "textContains"], 5, ".when.textContains: a string, got 5"),
+        ([*RULE, "when", "textMatches"], "(", ".when.textMatches: a regular expression"),
+        ([*RULE, "when", "stepNumber"], "1", '.when.stepNumber: an integer, got "1"'),
+        ([*RULE, "when", "retryCountLt"], True, ".when.retryCountLt: an integer, got true"),
+        ([*RULE, "when", "stateGte", "value"], "2", '.when.stateGte.value: an integer, got "2"'),
+        ([*RULE, "do", 0], {"drop": False}, ".do.0.drop: true, got false"),
+        ([*RULE, "do", 0], {"retry": 1}, ".do.0.retry: true, got 1"),
+        ([*RULE, "do", 0], {"count": ""}, ".do.0.count: a state key"),
+        ([*RULE, "do", 0], {"toolChoice": "never"}, ".do.0.toolChoice: auto | none | required"),
+        ([*RULE, "do", 0], {"abort": {"reason": "r", "retry": "no"}}, ".do.0.abort.retry: a boolean"),
+        ([*RULE, "do", 0], {"replaceText": {"pattern": "a"}}, ".do.0.replaceText.with: required"),
+        ([*RULE, "do", 0], {"custom": {"type": "x", "data": {}}}, ".do.0.custom.type: a data-* chunk type"),
+        ([*RULE, "do", 0], {"custom": {"type": "data-x"}}, ".do.0.custom: give data or dataFromState"),
+        ([*RULE, "do", 0], {"signal": {"contents": "c", "transient": "yes"}}, ".signal.transient: a boolean"),
+        (["agent", "outputProcessors", 0, "processDataParts"], "false", "processDataParts: a boolean"),
+        (["agent", "outputProcessors", 0, "id"], "", "agent.outputProcessors.0.id: a non-empty string"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_naming_its_path(
+    path: list[str | int], value: Any, named: str
+) -> None:
+    # the scripted sidecar compares values as given: each would run with exit 0 and a wrong trace
+    with pytest.raises(ScenarioError) as info:
+        scenario_keys.check(with_change(path, value))
+    assert named in str(info.value)
+
+
 def test_lane_specs_include_every_case_and_the_default() -> None:
     source = {
         "inputProcessors": [{"id": "a"}],

@@ -7,6 +7,7 @@ real sockets, the in-process service over real HTTP and gRPC."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
@@ -48,7 +50,8 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
 
 def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str, Any]:
     """Agent ``gpt`` on the fake OpenAI API, ``claude`` on the fake Anthropic one; ``fail-http``,
-    ``fail-grpc``, ``ask-approve`` and ``ask-decline`` on OpenAI with a ``weather`` tool."""
+    ``fail-grpc``, ``ask-approve`` and ``ask-decline`` on OpenAI with a ``weather`` tool;
+    ``durable-http`` and ``durable-grpc``, durable twins of ``gpt``."""
     kinds = {"oa": ("openai", openai), "an": ("anthropic", anthropic)}
     models = {"gpt": "oa/gpt", "claude": "an/claude"}
     tooled = {name: f"oa/{name}" for name in ("fail-http", "fail-grpc", "ask-approve", "ask-decline")}
@@ -57,6 +60,10 @@ def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str,
     }
     agents |= {
         a: {"model": m, "errorProcessorDefaults": False, "tools": ["weather"]} for a, m in tooled.items()
+    }
+    agents |= {  # durable twins of gpt, one per transport
+        f"durable-{t}": {"model": "oa/gpt", "durable": True, "errorProcessorDefaults": False}
+        for t in ("http", "grpc")
     }
     return {
         "storage": {"backend": "sqlite", "path": str(db)},
@@ -181,3 +188,40 @@ async def test_a_run_resumed_to_its_end_logs_and_counts_its_warnings(
     assert resumed["warnings"], "the resumed model call left topK out too"
     assert await _ignored(http, "topK") == before + 1  # once, as the run ends
     assert len(_warned(caplog, agent)) == 1
+
+
+async def _counted(http: httpx.AsyncClient, setting: str, at_least: float) -> float:
+    """``procmesh_call_settings_ignored_total{setting}`` once it reached `at_least` (a durable
+    run is noted as it ends on its replica, which may be just after its client read its end)."""
+    for _ in range(500):
+        if (now := await _ignored(http, setting)) >= at_least:
+            break
+        await asyncio.sleep(0.02)
+    return now
+
+
+async def _streamed(service: Service, http: httpx.AsyncClient, transport: str, agent: str) -> list[Any]:
+    """The chunks of `agent`'s stream of "hi" with ``topK`` (OpenAI lacks it), over `transport`."""
+    if transport == "http":
+        body = {"messages": "hi", "modelSettings": {"topK": 5}}
+        return [c for c in await stream_chunks(http, agent, body) if isinstance(c, dict)]
+    request = apb.StreamRequest(agent_id=agent, text="hi", model_settings=apb.ModelSettings(top_k=5))
+    async with agent_stub(service) as stub:
+        replies = [reply async for reply in stub.Stream(request)]
+    assert replies[-1].status == "success"
+    return [convert.chunk_from_proto(r.chunk) for r in replies if r.HasField("chunk")]
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+async def test_a_durable_streams_warnings_are_logged_and_counted_once(
+    service: Service, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, transport: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    before = await _ignored(http, "topK")
+    chunks = await _streamed(service, http, transport, f"durable-{transport}")
+    (start,) = [c for c in chunks if c["type"] == "step-start"]
+    assert [w["setting"] for w in start["payload"]["warnings"]] == ["topK"]  # as a plain stream's
+    assert await _counted(http, "topK", before + 1) == before + 1
+    await asyncio.sleep(0.2)  # a second count would come as soon as the first
+    assert await _ignored(http, "topK") == before + 1
+    assert len(_warned(caplog, f"durable-{transport}")) == 1

@@ -64,7 +64,8 @@ def note_model_warnings(core: ServiceCore, agent_id: str, warnings: list[dict[st
     """A run's model-call warnings (`results.model_warnings`: settings a model's API has no field
     for, left out of its body), for the operator: a WARNING line and
     ``procmesh_call_settings_ignored_total{setting}``, once per call and setting (`finished`,
-    `LiveRun.see`): a run suspended by a stream and taken on by another call is counted by both."""
+    `LiveRun.see`, `durable_result`): a run suspended by a stream and taken on by another call is
+    counted by both."""
     if not warnings:
         return
     names = [f"modelSettings.{w['setting']}" for w in warnings]
@@ -77,7 +78,8 @@ async def finished(core: ServiceCore, agent_id: str, run: Awaitable[RunResult]) 
     """`run` to its end, its model warnings noted once (`note_model_warnings`) however it ends:
     its result's, or a failed run's partial result's (the error's ``result``). Every run a route
     takes to its end (a generate, a resume to its end, over HTTP or gRPC) goes through here; a
-    streamed one is noted at its ``step-start`` chunks (`LiveRun.see`)."""
+    streamed one is noted at its ``step-start`` chunks (`LiveRun.see`), a durable one at its end
+    (`durable_result`)."""
     try:
         done = await run
     except BaseException as exc:
@@ -87,6 +89,30 @@ async def finished(core: ServiceCore, agent_id: str, run: Awaitable[RunResult]) 
         raise
     note_model_warnings(core, agent_id, model_warnings(done))
     return done
+
+
+async def durable_result(
+    core: ServiceCore, agent_id: str, manager: DurableRuns, run_id: str
+) -> RunResult | None:
+    """A durable run's result once it ends on this replica (None: it stopped here and goes on
+    elsewhere), its model warnings noted once (`note_model_warnings`), as `finished` notes a plain
+    run's: a durable generate awaits it; a durable stream's run is noted by `watch_durable`."""
+    done = await manager.result(run_id)
+    if done is not None:
+        note_model_warnings(core, agent_id, model_warnings(done))
+    return done
+
+
+def watch_durable(core: ServiceCore, agent_id: str, manager: DurableRuns, run_id: str) -> None:
+    """A durable stream's run noted as it ends on this replica (`durable_result`, in the
+    background), whether or not its client still reads it: its chunks come from the event log,
+    which `LiveRun.see` never sees, and a client that leaves does not end the run."""
+
+    async def noted() -> None:
+        with contextlib.suppress(Exception):  # a run that fails has a result; the log says the rest
+            await durable_result(core, agent_id, manager, run_id)
+
+    core.spawn(noted())
 
 
 async def reserve_run_id(core: ServiceCore, agent: Agent, call: AgentCall) -> None:

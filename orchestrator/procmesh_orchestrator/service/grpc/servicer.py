@@ -31,7 +31,6 @@ from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
-from procmesh_orchestrator.service.api.results import model_warnings
 from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.grpc import memory
 from procmesh_orchestrator.service.grpc.requests import parse_proto
@@ -157,6 +156,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
                     durable, run_id = await _durable.begin(self._service, request.agent_id, call)
                 except ServiceError as exc:
                     await self._refuse(context, exc)
+                control.watch_durable(self._service, request.agent_id, durable, run_id)
                 events = durable.attach(run_id, 0)
                 relay = self._relay_durable("stream", durable, run_id, events, apb.StreamResponse, context)
                 async for reply in relay:
@@ -181,7 +181,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
                 durable, run_id = await _durable.begin(self._service, agent_id, call)
             except ServiceError as exc:
                 await self._refuse(context, exc)
-            done = await durable.result(run_id)
+            done = await control.durable_result(self._service, agent_id, durable, run_id)
         finally:
             self._service.gate.leave()
         if done is None:
@@ -192,7 +192,6 @@ class AgentServicer(agrpc.AgentServiceServicer):
                     f"durable run {run_id} goes on elsewhere: observe it with Observe(run_id)"
                 ),
             )
-        control.note_model_warnings(self._service, agent_id, model_warnings(done))
         log.info(
             "grpc generate agent=%s durable run=%s finish=%s %.3fs",
             agent_id,

@@ -27,7 +27,6 @@ from procmesh_orchestrator.service.api.results import (
     Framing,
     dumps,
     failed_json,
-    model_warnings,
     result_json,
     wire_chunk,
 )
@@ -119,7 +118,7 @@ class AgentRoutes:
             started = time.perf_counter()
             if durable.is_durable(core, agent_id, call):
                 manager, run_id = await durable.begin(core, agent_id, call)
-                done = await manager.result(run_id)
+                done = await control.durable_result(core, agent_id, manager, run_id)
                 if done is None:  # it stopped on this replica (drain, lost lease): observe it
                     await release()
                     log.info("generate agent=%s durable run=%s left this replica", agent_id, run_id)
@@ -127,7 +126,6 @@ class AgentRoutes:
                         503, "the durable run goes on elsewhere: observe it with its runId", runId=run_id
                     )
                 body = result_json(done, call.warnings)
-                control.note_model_warnings(core, agent_id, model_warnings(done))
                 log.info(
                     "generate agent=%s durable run=%s finish=%s %.3fs",
                     agent_id,
@@ -177,6 +175,7 @@ class AgentRoutes:
             finally:
                 control.release_run_id(core, call)  # the store has the run (or none started)
             # A client that leaves does not abort the run: it observes it again from its last id.
+            control.watch_durable(core, agent_id, manager, run_id)
             events = sse.durable_events(
                 run_id, manager.attach(run_id, 0), "stream", core.settings.sse_heartbeat_seconds
             )

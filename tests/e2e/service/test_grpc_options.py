@@ -194,6 +194,12 @@ async def test_file_parts_reach_the_run(stub: agrpc.AgentServiceStub) -> None:
     [
         ({"model_settings": apb.ModelSettings(top_p=2)}, "modelSettings.topP"),
         ({"tool_choice": tpb.ToolChoice(mode="sometimes")}, "toolChoice"),
+        # the named tool was dropped: a run where the model may call any tool, or none
+        (
+            {"tool_choice": tpb.ToolChoice(mode="required", tool_name="weather")},
+            "tool_choice.tool_name: names the tool of mode 'tool' only (mode is 'required')",
+        ),
+        ({"tool_choice": tpb.ToolChoice(tool_name="weather")}, "tool_choice.tool_name"),
         ({"structured_output": apb.StructuredOutput(error_strategy="strict")}, "structuredOutput.schema"),
         (
             {"structured_output": apb.StructuredOutput(schema=struct_pb2.Struct(), error_strategy="ignore")},

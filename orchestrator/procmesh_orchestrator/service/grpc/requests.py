@@ -126,6 +126,12 @@ def _proto_options(request: Any) -> dict[str, Any]:
         out["modelSettings"] = json_format.MessageToDict(request.model_settings)
     if request.HasField("tool_choice"):
         choice = request.tool_choice
+        if choice.tool_name and choice.mode != "tool":
+            # the one tool would not be forced: the model could call any tool, or none
+            raise BadRequestError(
+                f"tool_choice.tool_name: names the tool of mode 'tool' only (mode is {choice.mode!r}); "
+                "set mode 'tool' or leave tool_name out"
+            )
         out["toolChoice"] = (
             {"type": "tool", "toolName": choice.tool_name} if choice.mode == "tool" else choice.mode
         )

@@ -8,6 +8,7 @@ real sockets, the in-process service over real HTTP and gRPC."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +25,7 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 from tests.integration.providers.fakes import FakeAnthropic, FakeOpenAI, error
-from tests.integration.service.support import agent_stub, stream_chunks
+from tests.integration.service.support import agent_stub, sse_events, stream_chunks
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -40,7 +41,7 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
     weather = {"toolCalls": [{"id": "c1", "name": "weather", "args": {"city": "Paris"}}]}
     for model in ("fail-http", "fail-grpc"):  # a step, then a model call the API refuses
         openai.script(model, weather, error(400, "no such thing"))
-    for model in ("ask-approve", "ask-decline"):  # the call awaits a decision, then answers
+    for model in ("ask-approve", "ask-decline", "ask-stream"):  # awaits a decision, then answers
         openai.script(model, weather, {"text": "Sunny."})
     anthropic.script("claude", *[{"text": "Hi."}] * 4)
     yield openai, anthropic
@@ -50,11 +51,13 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
 
 def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str, Any]:
     """Agent ``gpt`` on the fake OpenAI API, ``claude`` on the fake Anthropic one; ``fail-http``,
-    ``fail-grpc``, ``ask-approve`` and ``ask-decline`` on OpenAI with a ``weather`` tool;
+    ``fail-grpc``, ``ask-approve``, ``ask-decline`` and ``ask-stream`` on OpenAI with a ``weather`` tool;
     ``durable-http`` and ``durable-grpc``, durable twins of ``gpt``."""
     kinds = {"oa": ("openai", openai), "an": ("anthropic", anthropic)}
     models = {"gpt": "oa/gpt", "claude": "an/claude"}
-    tooled = {name: f"oa/{name}" for name in ("fail-http", "fail-grpc", "ask-approve", "ask-decline")}
+    tooled = {
+        name: f"oa/{name}" for name in ("fail-http", "fail-grpc", "ask-approve", "ask-decline", "ask-stream")
+    }
     agents: dict[str, Any] = {
         agent: {"model": model, "errorProcessorDefaults": False} for agent, model in models.items()
     }
@@ -225,3 +228,46 @@ async def test_a_durable_streams_warnings_are_logged_and_counted_once(
     await asyncio.sleep(0.2)  # a second count would come as soon as the first
     assert await _ignored(http, "topK") == before + 1
     assert len(_warned(caplog, f"durable-{transport}")) == 1
+
+
+def _step_results(chunks: list[Any]) -> list[tuple[str, Any]]:
+    """Each ``step-finish`` and ``finish`` chunk's type and ``payload.stepResult.warnings``."""
+    ends = [c for c in chunks if isinstance(c, dict) and c["type"] in ("step-finish", "finish")]
+    return [(c["type"], c["payload"]["stepResult"].get("warnings")) for c in ends]
+
+
+@pytest.mark.parametrize("agent", ["gpt", "durable-http"])
+async def test_an_http_streams_step_finish_and_finish_carry_the_results_warnings(
+    http: httpx.AsyncClient, agent: str
+) -> None:
+    body = {"messages": "hi", "memory": {"thread": "t1", "resource": "r1"}, "modelSettings": {"topK": 5}}
+    result = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
+    assert [w["setting"] for w in result["warnings"]] == ["memory.thread", "topK"], result
+    chunks = await stream_chunks(http, agent, body)
+    # the call's own (a thread to an agent without memory), then its model call's (topK)
+    expected = [("step-finish", result["warnings"]), ("finish", result["warnings"])]
+    assert _step_results(chunks) == expected
+    if agent.startswith("durable"):  # an observer is not the caller: the model calls' only
+        run_id = next(c["runId"] for c in chunks if isinstance(c, dict))
+        async with http.stream("POST", f"/api/agents/{agent}/observe", json={"runId": run_id}) as seen:
+            observed = [json.loads(d) for d in [d async for d in sse_events(seen)] if d != "[DONE]"]
+        model = result["warnings"][1:]
+        assert _step_results(observed) == [("step-finish", model), ("finish", model)]
+
+
+async def test_an_approved_runs_http_stream_carries_its_model_calls_warnings(http: httpx.AsyncClient) -> None:
+    body = {"messages": "weather?", "modelSettings": {"topK": 5}, "requireToolApproval": True}
+    suspended = (await http.post("/api/agents/ask-stream/generate", json=body)).json()
+    assert suspended["status"] == "suspended", suspended
+    ask = {"runId": suspended["runId"], "toolCallId": suspended["suspendPayload"]["toolCallId"]}
+    async with http.stream("POST", "/api/agents/ask-stream/approve-tool-call", json=ask) as response:
+        chunks = [json.loads(d) for d in [d async for d in sse_events(response)] if d != "[DONE]"]
+    warnings = _step_results(chunks)
+    assert warnings, chunks
+    assert all([w["setting"] for w in found] == ["topK"] for _, found in warnings), warnings
+    assert warnings[-1][0] == "finish"
+
+
+async def test_a_stream_without_warnings_keeps_its_step_results_shape(http: httpx.AsyncClient) -> None:
+    chunks = await stream_chunks(http, "gpt", {"messages": "hi", "modelSettings": {"temperature": 0.2}})
+    assert _step_results(chunks) == [("step-finish", None), ("finish", None)]

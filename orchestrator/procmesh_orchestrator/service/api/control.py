@@ -29,7 +29,7 @@ from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.message_keys import count_ignored
 from procmesh_orchestrator.service.api.processors import bind_lanes
-from procmesh_orchestrator.service.api.results import Chunk, model_warnings
+from procmesh_orchestrator.service.api.results import Chunk, StreamWarnings, model_warnings
 from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.api.runs import ActiveRun, resume_stream, run_owner, store_errors
 from procmesh_orchestrator.store import DurableRun, label
@@ -151,7 +151,14 @@ class LiveRun:
     find it; `close` gives everything back once: the registration, the slot, the memory.
     """
 
-    def __init__(self, core: ServiceCore, agent_id: str, run: RunStream, owner: str) -> None:
+    def __init__(
+        self,
+        core: ServiceCore,
+        agent_id: str,
+        run: RunStream,
+        owner: str,
+        warnings: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.core = core
         self.agent_id = agent_id
         self.run = run
@@ -159,19 +166,17 @@ class LiveRun:
         """The resource the run is for ("" when none): only its tenant's keys and operators cancel it."""
         self.run_id = ""
         self._closed = False
-        self._warned: list[dict[str, Any]] = []
+        self.warnings = StreamWarnings(warnings)
+        """The call's own `warnings` and its model calls' seen so far (the HTTP stream's
+        ``step-finish`` and ``finish`` carry them)."""
 
     def see(self, chunk: Chunk) -> None:
         """Note a chunk on its way to the client: the ``start`` chunk registers the run; a
-        ``step-start`` chunk's warnings are counted (`note_model_warnings`)."""
-        kind = chunk.get("type")
-        if kind == "start":
+        ``step-start`` chunk's new warnings are counted (`note_model_warnings`)."""
+        if chunk.get("type") == "start":
             self.run_id = str((chunk.get("payload") or {}).get("runId", ""))
             self.core.runs.add(self.run_id, ActiveRun(self.agent_id, self.run, self.owner))
-        elif kind == "step-start" and (chunk.get("payload") or {}).get("warnings"):
-            new = [w for w in chunk["payload"]["warnings"] if w not in self._warned]
-            self._warned += new
-            note_model_warnings(self.core, self.agent_id, new)
+        note_model_warnings(self.core, self.agent_id, self.warnings.see(chunk))
 
     async def close(self, *, abort: bool) -> None:
         """Give the run's slot back (once). With `abort` (its reader left) the run is detached
@@ -221,7 +226,7 @@ def stream(core: ServiceCore, agent_id: str, agent: Agent, call: AgentCall) -> L
         core.gate.leave()
         release_run_id(core, call)
         raise
-    live = LiveRun(core, agent_id, run, call.options.resource_id)
+    live = LiveRun(core, agent_id, run, call.options.resource_id, call.warnings)
     live.run_id = call.options.run_id or ""  # given back at close, even before the run starts
     return live
 

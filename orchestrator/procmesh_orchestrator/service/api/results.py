@@ -199,18 +199,49 @@ def failed_json(error: BaseException, warnings: list[dict[str, Any]] | None = No
     return out
 
 
-def wire_chunk(chunk: Chunk, run_id: str) -> Chunk:
+def wire_chunk(chunk: Chunk, run_id: str, warnings: StreamWarnings | None = None) -> Chunk:
     """A chunk as the reference server streams it: ``runId`` and ``from: "AGENT"`` added.
 
     ``step-finish`` and ``finish`` also get ``payload.stepResult.reason`` (where the
-    reference client reads the finish reason), besides the ``finishReason`` we send.
+    reference client reads the finish reason), besides the ``finishReason`` we send, and
+    ``payload.stepResult.warnings`` when the stream's `warnings` has any (`StreamWarnings`).
     """
     out = {**chunk, "runId": run_id, "from": "AGENT"}
     if chunk.get("type") in ("finish", "step-finish"):
         payload = dict(chunk.get("payload") or {})
-        payload.setdefault("stepResult", {"reason": payload.get("finishReason", "stop")})
+        step = dict(payload.get("stepResult") or {"reason": payload.get("finishReason", "stop")})
+        if warnings is not None and warnings.all:
+            step["warnings"] = warnings.all
+        payload["stepResult"] = step
         out["payload"] = payload
     return out
+
+
+class StreamWarnings:
+    """What a stream's run did not apply, as its ``step-finish`` and ``finish`` chunks carry it
+    (`wire_chunk`): in ``payload.stepResult.warnings``, where the reference's stream has them
+    and its client's result takes them from (the last ``step-finish``'s). The call's own warnings
+    (`calls.AgentCall.warnings`; none for a resumed or observed run, which has no options of its
+    own), then its model calls' so far, gathered from each ``step-start`` (`see`), each once: at
+    the end, the generate result's ``warnings``. One per stream."""
+
+    def __init__(self, own: list[dict[str, Any]] | None = None) -> None:
+        self.own = list(own or [])
+        self.model: list[dict[str, Any]] = []
+        """The model calls' warnings seen so far (`model_warnings` for a whole result)."""
+
+    def see(self, chunk: Chunk) -> list[dict[str, Any]]:
+        """Note a chunk on its way: the model warnings its ``step-start`` adds (each once)."""
+        if chunk.get("type") != "step-start":
+            return []
+        new = [w for w in (chunk.get("payload") or {}).get("warnings") or [] if w not in self.model]
+        self.model += new
+        return new
+
+    @property
+    def all(self) -> list[dict[str, Any]]:
+        """The call's own warnings, then its model calls' so far."""
+        return [*self.own, *self.model]
 
 
 _DELTAS = {"text-delta": "text", "reasoning-delta": "reasoning"}

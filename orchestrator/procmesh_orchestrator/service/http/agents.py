@@ -25,6 +25,7 @@ from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.results import (
     Framing,
+    StreamWarnings,
     dumps,
     failed_json,
     result_json,
@@ -177,7 +178,11 @@ class AgentRoutes:
             # A client that leaves does not abort the run: it observes it again from its last id.
             control.watch_durable(core, agent_id, manager, run_id)
             events = sse.durable_events(
-                run_id, manager.attach(run_id, 0), "stream", core.settings.sse_heartbeat_seconds
+                run_id,
+                manager.attach(run_id, 0),
+                "stream",
+                core.settings.sse_heartbeat_seconds,
+                StreamWarnings(call.warnings),
             )
             return EventStreamResponse(events, releaser(core), {"X-Run-Id": run_id})
         return self._streamed(control.stream(core, agent_id, agent, call))
@@ -292,7 +297,9 @@ class AgentRoutes:
         )
         observed = await control.observe(core, run_id, offset, caller_of(request), agent_id=agent_id)
         return EventStreamResponse(
-            sse.durable_events(run_id, observed.events, "observe", core.settings.sse_heartbeat_seconds),
+            sse.durable_events(
+                run_id, observed.events, "observe", core.settings.sse_heartbeat_seconds, StreamWarnings()
+            ),
             no_release,
             {"X-Run-Id": run_id},
         )
@@ -322,7 +329,7 @@ async def _events(core: ServiceCore, live: LiveRun) -> AsyncIterator[bytes]:
         elif kind in ("tripwire", "abort"):
             finish = kind
         for framed in framing.frame(chunk):
-            yield f"data: {dumps(wire_chunk(framed, run_id))}\n\n".encode()
+            yield f"data: {dumps(wire_chunk(framed, run_id, live.warnings))}\n\n".encode()
     ending = framing.close()
     try:
         await run.result()

@@ -19,7 +19,13 @@ from procmesh_orchestrator.errors import EventLogError, OrchestratorError
 from procmesh_orchestrator.service._errors import BadRequestError
 from procmesh_orchestrator.service.api.call_options import validated
 from procmesh_orchestrator.service.api.durable import LOG_CUT, check_run_id
-from procmesh_orchestrator.service.api.results import Chunk, Framing, dumps, wire_chunk
+from procmesh_orchestrator.service.api.results import (
+    Chunk,
+    Framing,
+    StreamWarnings,
+    dumps,
+    wire_chunk,
+)
 from procmesh_orchestrator.store import MAX_ID_CHARS
 
 log = logging.getLogger(__name__)
@@ -91,7 +97,11 @@ def parse_observe(data: Any, last_event_id: str | None) -> tuple[str, int]:
 
 
 async def durable_events(
-    run_id: str, events: AsyncIterator[tuple[int, Chunk]], what: str, heartbeat: float
+    run_id: str,
+    events: AsyncIterator[tuple[int, Chunk]],
+    what: str,
+    heartbeat: float,
+    warnings: StreamWarnings,
 ) -> AsyncIterator[bytes]:
     """Server-sent events of a durable run: per event an ``id: <offset>`` event, then its
     ``data: <chunk>`` event, then ``data: [DONE]``, with a ``: ping`` comment line after every
@@ -102,7 +112,10 @@ async def durable_events(
     The id goes in an event of its own, written with its chunk: @mastra/client-js reads only
     events that are one ``data:`` line (an id line in them hides the chunk), while an
     ``EventSource`` takes the id of an event without data as the last event id, which the chunk's
-    event then carries (and a reconnect sends as ``Last-Event-ID``)."""
+    event then carries (and a reconnect sends as ``Last-Event-ID``). Its ``step-finish`` and
+    ``finish`` chunks carry `warnings` as a plain stream's do (`StreamWarnings`: the starting
+    call's own, none for an observer, and the model calls' from the log's ``step-start`` chunks;
+    an observer from a later offset has only those it read)."""
     started = asyncio.get_running_loop().time()
     sent = 0
     framing = Framing()
@@ -113,10 +126,11 @@ async def durable_events(
                 continue
             offset, chunk = event
             sent += 1
+            warnings.see(chunk)
             *framing_chunks, chunk = framing.frame(chunk)  # before the id: they are no event of the log
             for framed in framing_chunks:
                 yield f"data: {dumps(wire_chunk(framed, run_id))}\n\n".encode()
-            yield f"id: {offset}\n\ndata: {dumps(wire_chunk(chunk, run_id))}\n\n".encode()
+            yield f"id: {offset}\n\ndata: {dumps(wire_chunk(chunk, run_id, warnings))}\n\n".encode()
     except (EventLogError, OrchestratorError) as exc:
         log.warning("%s run=%s: event log failed after %d events: %s", what, run_id, sent, exc)
         error = {"type": "error", "payload": {"message": LOG_CUT}}

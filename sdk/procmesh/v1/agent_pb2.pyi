@@ -1038,9 +1038,10 @@ class StreamResponse(_message.Message):
 
     @_builtins.property
     def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallWarning]:
-        """The last message only: the call's own warnings (as in
-        GenerateResponse.warnings). Its model calls' warnings are in each
-        "step-start" chunk's payload (`other.warnings`), as the HTTP stream has them.
+        """The last message only: the run's warnings, as GenerateResponse.warnings
+        has them for the same call: the call's own, then its model calls' (each
+        also in its "step-start" chunk's payload, `other.warnings`), each once; the
+        HTTP stream's "finish" chunk has them in `stepResult.warnings`.
         """
 
     def __init__(
@@ -1103,6 +1104,7 @@ class ApproveToolCallResponse(_message.Message):
     CHUNK_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id (the suspended run's)."""
     status: _builtins.str
@@ -1115,6 +1117,13 @@ class ApproveToolCallResponse(_message.Message):
     def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
         """The last message only: the calls awaiting a decision when suspended again."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallWarning]:
+        """The last message only: the resumed run's warnings, as StreamResponse.warnings
+        (its model calls', each once: a resumed run has no options of its own, and
+        the settings it runs with are the suspended call's).
+        """
+
     def __init__(
         self,
         *,
@@ -1122,10 +1131,11 @@ class ApproveToolCallResponse(_message.Message):
         chunk: _types_pb2.Chunk | None = ...,
         status: _builtins.str = ...,
         suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        warnings: _abc.Iterable[Global___CallWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1179,6 +1189,7 @@ class ResumeToolCallResponse(_message.Message):
     CHUNK_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id (the suspended run's)."""
     status: _builtins.str
@@ -1191,6 +1202,13 @@ class ResumeToolCallResponse(_message.Message):
     def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
         """The last message only: the calls awaiting a decision when suspended again."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallWarning]:
+        """The last message only: the resumed run's warnings, as StreamResponse.warnings
+        (its model calls', each once: a resumed run has no options of its own, and
+        the settings it runs with are the suspended call's).
+        """
+
     def __init__(
         self,
         *,
@@ -1198,10 +1216,11 @@ class ResumeToolCallResponse(_message.Message):
         chunk: _types_pb2.Chunk | None = ...,
         status: _builtins.str = ...,
         suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        warnings: _abc.Iterable[Global___CallWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1251,6 +1270,7 @@ class DeclineToolCallResponse(_message.Message):
     CHUNK_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run's id (the suspended run's)."""
     status: _builtins.str
@@ -1263,6 +1283,13 @@ class DeclineToolCallResponse(_message.Message):
     def suspended(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolCall]:
         """The last message only: the calls awaiting a decision when suspended again."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallWarning]:
+        """The last message only: the resumed run's warnings, as StreamResponse.warnings
+        (its model calls', each once: a resumed run has no options of its own, and
+        the settings it runs with are the suspended call's).
+        """
+
     def __init__(
         self,
         *,
@@ -1270,10 +1297,11 @@ class DeclineToolCallResponse(_message.Message):
         chunk: _types_pb2.Chunk | None = ...,
         status: _builtins.str = ...,
         suspended: _abc.Iterable[_types_pb2.ToolCall] | None = ...,
+        warnings: _abc.Iterable[Global___CallWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "run_id", b"run_id", "status", b"status", "suspended", b"suspended", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,6 +1,6 @@
 """AgentService carries a run's warnings as the HTTP API does: GenerateResponse.warnings holds the
 HTTP result's ``warnings`` (the call's own, then its model calls'), and a stream's last message the
-call's own (its model calls' ride in the ``step-start`` chunk, as over HTTP). Cases: a thread given
+same (its model calls' also ride in the ``step-start`` chunk, as over HTTP). Cases: a thread given
 to an agent without memory, and a model setting the model's API lacks; plain and durable runs. A
 fake OpenAI API on a real socket, the in-process service over real gRPC and HTTP."""
 
@@ -81,7 +81,8 @@ def _dicts(warnings: Any) -> list[dict[str, Any]]:
 
 async def _stream_warned(stub: agrpc.AgentServiceAsyncStub, agent: str) -> list[apb.StreamResponse]:
     """Stream `agent` with a thread (it has no memory) and ``topK`` (OpenAI lacks it): the last
-    message names ``memory.thread``, no other has warnings; the chunk messages."""
+    message names ``memory.thread`` and ``topK``, as the result would, no other has warnings; the
+    chunk messages."""
     settings = apb.ModelSettings(top_k=5)
     request = apb.StreamRequest(
         agent_id=agent, text="hi", thread_id="t1", resource_id="r1", model_settings=settings
@@ -89,7 +90,8 @@ async def _stream_warned(stub: agrpc.AgentServiceAsyncStub, agent: str) -> list[
     *chunks, last = [reply async for reply in stub.Stream(request)]
     assert last.status == "success"
     assert not last.HasField("chunk")
-    assert [w["setting"] for w in _dicts(last.warnings)] == [MEMORY_THREAD]
+    assert [w["setting"] for w in _dicts(last.warnings)] == [MEMORY_THREAD, "topK"]
+    assert _dicts(last.warnings)[1] == TOP_K
     assert all(not r.warnings for r in chunks)
     return chunks
 
@@ -125,7 +127,7 @@ async def test_settings_the_api_has_give_no_grpc_warning(stub: agrpc.AgentServic
     assert list(response.warnings) == []
 
 
-async def test_a_grpc_stream_gives_the_calls_warnings_last_and_the_models_at_its_step_start(
+async def test_a_grpc_stream_gives_the_runs_warnings_last_and_the_models_at_its_step_start(
     stub: agrpc.AgentServiceAsyncStub,
 ) -> None:
     chunks = await _stream_warned(stub, "gpt")

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from google.protobuf import json_format
 
 from procmesh import convert
 from procmesh.v1 import agent_pb2 as apb
@@ -41,7 +42,8 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
     weather = {"toolCalls": [{"id": "c1", "name": "weather", "args": {"city": "Paris"}}]}
     for model in ("fail-http", "fail-grpc"):  # a step, then a model call the API refuses
         openai.script(model, weather, error(400, "no such thing"))
-    for model in ("ask-approve", "ask-decline", "ask-stream"):  # awaits a decision, then answers
+    asking = ("ask-approve", "ask-decline", "ask-stream", "ask-grpc-approve", "ask-grpc-decline")
+    for model in asking:  # the call awaits a decision, then answers
         openai.script(model, weather, {"text": "Sunny."})
     anthropic.script("claude", *[{"text": "Hi."}] * 4)
     yield openai, anthropic
@@ -51,13 +53,12 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
 
 def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str, Any]:
     """Agent ``gpt`` on the fake OpenAI API, ``claude`` on the fake Anthropic one; ``fail-http``,
-    ``fail-grpc``, ``ask-approve``, ``ask-decline`` and ``ask-stream`` on OpenAI with a ``weather`` tool;
+    ``fail-grpc`` and the ``ask-*`` agents on OpenAI with a ``weather`` tool;
     ``durable-http`` and ``durable-grpc``, durable twins of ``gpt``."""
     kinds = {"oa": ("openai", openai), "an": ("anthropic", anthropic)}
     models = {"gpt": "oa/gpt", "claude": "an/claude"}
-    tooled = {
-        name: f"oa/{name}" for name in ("fail-http", "fail-grpc", "ask-approve", "ask-decline", "ask-stream")
-    }
+    asking = ("ask-approve", "ask-decline", "ask-stream", "ask-grpc-approve", "ask-grpc-decline")
+    tooled = {name: f"oa/{name}" for name in ("fail-http", "fail-grpc", *asking)}
     agents: dict[str, Any] = {
         agent: {"model": model, "errorProcessorDefaults": False} for agent, model in models.items()
     }
@@ -271,3 +272,33 @@ async def test_an_approved_runs_http_stream_carries_its_model_calls_warnings(htt
 async def test_a_stream_without_warnings_keeps_its_step_results_shape(http: httpx.AsyncClient) -> None:
     chunks = await stream_chunks(http, "gpt", {"messages": "hi", "modelSettings": {"temperature": 0.2}})
     assert _step_results(chunks) == [("step-finish", None), ("finish", None)]
+
+
+@pytest.mark.parametrize("decision", ["approve", "decline"])
+async def test_a_resumed_runs_grpc_stream_ends_with_its_model_calls_warnings(
+    service: Service, decision: str
+) -> None:
+    agent = f"ask-grpc-{decision}"
+    ask = apb.GenerateRequest(
+        agent_id=agent, text="weather?", model_settings=apb.ModelSettings(top_k=5), require_tool_approval=True
+    )
+    async with agent_stub(service) as stub:
+        suspended = await stub.Generate(ask)
+        assert suspended.status == "suspended", suspended.error
+        call = {
+            "agent_id": agent,
+            "run_id": suspended.run_id,
+            "tool_call_id": suspended.suspended[0].tool_call_id,
+        }
+        if decision == "approve":
+            replies = [r async for r in stub.ApproveToolCall(apb.ApproveToolCallRequest(**call))]
+        else:
+            replies = [r async for r in stub.DeclineToolCall(apb.DeclineToolCallRequest(**call))]
+    *chunks, last = replies
+    assert last.status == "success"
+    # the suspended call's settings, which the resumed model call runs with (an approval has none)
+    assert [(w.type, w.setting) for w in last.warnings] == [("unsupported-setting", "topK")]
+    assert all(not r.warnings for r in chunks)
+    starts = [convert.chunk_from_proto(r.chunk) for r in chunks if r.chunk.type == "step-start"]
+    assert starts
+    assert all(s["payload"]["warnings"] == [json_format.MessageToDict(last.warnings[0])] for s in starts)

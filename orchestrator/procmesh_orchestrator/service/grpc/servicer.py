@@ -31,6 +31,7 @@ from procmesh_orchestrator.service.api import durable as _durable
 from procmesh_orchestrator.service.api.calls import AgentCall
 from procmesh_orchestrator.service.api.control import LiveRun
 from procmesh_orchestrator.service.api.core import ServiceCore
+from procmesh_orchestrator.service.api.results import StreamWarnings
 from procmesh_orchestrator.service.api.resume import ResumeRequest
 from procmesh_orchestrator.service.grpc import memory
 from procmesh_orchestrator.service.grpc.requests import parse_proto
@@ -158,18 +159,19 @@ class AgentServicer(agrpc.AgentServiceServicer):
                     await self._refuse(context, exc)
                 control.watch_durable(self._service, request.agent_id, durable, run_id)
                 events = durable.attach(run_id, 0)
-                relay = self._relay_durable("stream", durable, run_id, events, apb.StreamResponse, context)
+                warned = StreamWarnings(call.warnings)  # the last message's, as a plain stream's
+                relay = self._relay_durable(
+                    "stream", durable, run_id, events, apb.StreamResponse, context, warned
+                )
                 async for reply in relay:
-                    if not reply.HasField("chunk"):  # the last message: the call's warnings
-                        warnings_to_proto(call.warnings, reply.warnings)
+                    if not reply.HasField("chunk"):  # the last message: the run's warnings
+                        warnings_to_proto(warned.all, reply.warnings)
                     yield reply
             finally:
                 self._service.gate.leave()
             return
         live = control.stream(self._service, request.agent_id, agent, call)
         async for reply in self._relay("stream", live, apb.StreamResponse):
-            if not reply.HasField("chunk"):  # the last message: the call's warnings
-                warnings_to_proto(call.warnings, reply.warnings)
             yield reply
 
     async def _durable_generate(
@@ -210,9 +212,11 @@ class AgentServicer(agrpc.AgentServiceServicer):
         events: Any,
         reply: DurableReply,
         context: Context,
+        warnings: StreamWarnings | None = None,
     ) -> AsyncIterator[Any]:
-        """A durable run's events as `reply` messages with their offsets, then one with its status.
-        A client that cancels stops reading only: the run goes on."""
+        """A durable run's events as `reply` messages with their offsets, then one with its status;
+        `warnings` (a stream's: an observer is not the caller) sees each chunk. A client that
+        cancels stops reading only: the run goes on."""
         started = time.perf_counter()
         saw_tripwire = False
         sent = 0
@@ -221,6 +225,8 @@ class AgentServicer(agrpc.AgentServiceServicer):
             try:
                 async for offset, chunk in events:
                     saw_tripwire |= chunk.get("type") == "tripwire"
+                    if warnings is not None:
+                        warnings.see(chunk)
                     sent += 1
                     yield reply(run_id=run_id, chunk=convert.chunk_to_proto(chunk), offset=offset)
             except Exception as exc:  # the log failed mid-way: the client observes again
@@ -370,8 +376,9 @@ class AgentServicer(agrpc.AgentServiceServicer):
             await self._refuse(context, exc)
 
     async def _relay(self, kind: str, live: LiveRun, reply: StreamReply) -> AsyncIterator[Any]:
-        """Stream a run's chunks as `reply` messages, then one with its status; a client that
-        cancels aborts the run. The run slot is given back at the end."""
+        """Stream a run's chunks as `reply` messages, then one with its status and its warnings
+        (`LiveRun.warnings`: the call's own, then its model calls'); a client that cancels aborts
+        the run. The run slot is given back at the end."""
         run = live.run
         started = time.perf_counter()
         finished = False
@@ -382,6 +389,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
             result = await run.result()
             last = reply(run_id=live.run_id, status=result.status)
             suspended_to_proto(result, last.suspended)
+            warnings_to_proto(live.warnings.all, last.warnings)
             finished = True
             yield last
         finally:

@@ -239,6 +239,26 @@ def missing_modules(doc: Doc) -> list[str]:
     return [p for p in sorted(tracked) if not p.endswith("/__init__.py") and p not in entries]
 
 
+def makefile_problems(doc: Doc) -> list[str]:
+    """The layout's `Makefile` line names the Makefile's targets, every one and no other (its
+    description is the list of them: `install, deps, test, ...`)."""
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][\w-]*):", text, flags=re.M))
+    problems = []
+    for entries, description in _layout(doc):
+        if "Makefile" not in entries:
+            continue
+        named = set(re.findall(r"[a-z][\w-]*", description))
+        problems += [
+            f"{_rel(doc.path)}: the layout's Makefile line lacks target {t}" for t in sorted(targets - named)
+        ]
+        problems += [
+            f"{_rel(doc.path)}: the layout's Makefile line names {t}, no target"
+            for t in sorted(named - targets)
+        ]
+    return problems
+
+
 def test_every_doc_is_checked() -> None:
     assert len(DOCS) >= 10
     assert all(path.exists() for path in DOCS)
@@ -265,6 +285,23 @@ def test_the_layout_lists_every_orchestrator_package() -> None:
 
 def test_the_layout_lists_every_orchestrator_module() -> None:
     assert missing_modules(Doc.parse(REPO / "docs" / "architecture.md")) == []
+
+
+def test_the_layout_names_every_make_target() -> None:
+    architecture = Doc.parse(REPO / "docs" / "architecture.md")
+    assert any("Makefile" in entries for entries, _ in _layout(architecture))
+    assert makefile_problems(architecture) == []
+
+
+def test_the_makefile_check_catches_a_missing_and_a_made_up_target() -> None:
+    real = Doc.parse(REPO / "docs" / "architecture.md").text
+    assert real.count("conformance, demo, bench, clean") == 1
+    fake = made_up(real.replace("conformance, demo, bench, clean", "conformance, showcase, clean"))
+    assert makefile_problems(fake) == [
+        "docs/made-up.md: the layout's Makefile line lacks target bench",
+        "docs/made-up.md: the layout's Makefile line lacks target demo",
+        "docs/made-up.md: the layout's Makefile line names showcase, no target",
+    ]
 
 
 def test_the_module_check_catches_a_missing_module_and_a_made_up_one() -> None:

@@ -31,7 +31,7 @@ from procmesh_orchestrator.store.runs import (
     RunStore,
     SuspendedRun,
 )
-from procmesh_orchestrator.store.threads import Message, Thread, ThreadStore
+from procmesh_orchestrator.store.threads import Message, Thread, ThreadOrder, ThreadStore
 
 __all__ = [
     "CANCELLED",
@@ -58,6 +58,7 @@ __all__ = [
     "StorageConfig",
     "SuspendedRun",
     "Thread",
+    "ThreadOrder",
     "ThreadStore",
     "about_the_request",
     "client_message",

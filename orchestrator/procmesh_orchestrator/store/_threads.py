@@ -17,7 +17,7 @@ from procmesh_orchestrator.store._recall import embedding_statements
 from procmesh_orchestrator.store._sql import Query, StoreHooks
 from procmesh_orchestrator.store.recall import MessageEmbedding
 from procmesh_orchestrator.store.runs import RunFence
-from procmesh_orchestrator.store.threads import Message, Thread
+from procmesh_orchestrator.store.threads import Message, Thread, ThreadOrder
 
 MAX_TITLE_CHARS = 1024
 SIGNAL_ROLE = "signal"
@@ -122,20 +122,40 @@ class ThreadMethods(StoreHooks):
 
         return await self._transact(create, f"creating thread {key[1]!r}", key)
 
-    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
-        """The resource's threads, most recently updated first."""
+    async def list_threads(
+        self,
+        resource_id: str,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        order_by: ThreadOrder = "updated_at",
+        descending: bool = True,
+    ) -> list[Thread]:
+        """The resource's threads ordered by `order_by`, `limit` of them from `offset`."""
         resource_id = check_id(self.name, "resource", resource_id)
         limit = check_count(self.name, "limit", limit, low=1, high=MAX_PAGE)
         offset = check_count(self.name, "offset", offset, low=0, high=2**62)
+        if order_by not in ("created_at", "updated_at"):  # a column name goes into the SQL text
+            raise InvalidMemoryInputError(
+                f"memory store {self.name}: order_by must be created_at or updated_at, got {label(order_by)}"
+            )
         p = self.placeholder
         sql = (
             f"SELECT {THREAD_COLUMNS} FROM threads WHERE resource_id = {p} "
-            f"ORDER BY updated_at DESC, {self._thread_order} LIMIT {p} OFFSET {p}"
+            f"ORDER BY {order_by} {'DESC' if descending else 'ASC'}, {self._thread_order} "
+            f"LIMIT {p} OFFSET {p}"
         )
         rows = await self._read(
             sql, (resource_id, limit, offset), f"listing the threads of resource {resource_id!r}"
         )
         return [self._thread(row) for row in rows]
+
+    async def count_threads(self, resource_id: str) -> int:
+        """How many threads the resource has."""
+        resource_id = check_id(self.name, "resource", resource_id)
+        sql = f"SELECT COUNT(*) FROM threads WHERE resource_id = {self.placeholder}"
+        rows = await self._read(sql, (resource_id,), f"counting the threads of resource {resource_id!r}")
+        return int(rows[0][0])
 
     async def update_thread(
         self,

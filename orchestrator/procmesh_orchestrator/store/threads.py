@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from procmesh_orchestrator.store.runs import RunFence
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from procmesh_orchestrator.store.recall import MessageEmbedding
 
 Message = dict[str, Any]
+
+ThreadOrder = Literal["created_at", "updated_at"]
+"""What a thread listing orders by."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,20 @@ class ThreadStore(Protocol):
         """Create the thread of `thread.resource_id` (returns it with its timestamps); one of that
         resource with this id already is returned as it is."""
 
-    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
-        """The resource's threads, most recently updated first."""
+    async def list_threads(
+        self,
+        resource_id: str,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        order_by: ThreadOrder = "updated_at",
+        descending: bool = True,
+    ) -> list[Thread]:
+        """The resource's threads ordered by `order_by` (newest first unless not `descending`;
+        threads of one time in the store's fixed tie order), `limit` of them from `offset`."""
+
+    async def count_threads(self, resource_id: str) -> int:
+        """How many threads the resource has."""
 
     async def update_thread(
         self,

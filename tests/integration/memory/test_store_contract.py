@@ -107,6 +107,26 @@ async def test_list_threads_by_resource_most_recently_updated_first(store: Memor
     assert await store.list_threads("nobody") == []
 
 
+async def test_list_threads_in_either_order_and_count_them(store: MemoryStore) -> None:
+    for name in ("a", "b", "c"):
+        await store.create_thread(Thread(name, "alice"))
+    await store.create_thread(Thread("other", "bob"))
+    await store.save_turn("a", "alice", [msg("m1")])  # updated last, created first
+
+    async def listed(**order: Any) -> list[str]:
+        return [t.id for t in await store.list_threads("alice", **order)]
+
+    assert await listed(order_by="created_at") == ["c", "b", "a"]
+    assert await listed(order_by="created_at", descending=False) == ["a", "b", "c"]
+    assert await listed(order_by="updated_at", descending=False) == ["b", "c", "a"]
+    assert await listed(order_by="created_at", descending=False, limit=1, offset=1) == ["b"]
+    assert [await store.count_threads(r) for r in ("alice", "bob", "nobody")] == [3, 1, 0]
+    with pytest.raises(InvalidMemoryInputError, match="order_by"):
+        await store.list_threads("alice", order_by="title; DROP TABLE threads")  # type: ignore[arg-type]
+    with pytest.raises(InvalidMemoryInputError, match="resource"):
+        await store.count_threads("")
+
+
 async def test_update_thread_changes_only_what_is_given(store: MemoryStore) -> None:
     created = await store.create_thread(Thread("t1", "alice", title="old", metadata={"a": 1}))
     titled = await store.update_thread("t1", "alice", title="new")

@@ -123,19 +123,27 @@ async def test_a_thread_lives_through_create_get_update_generate_list_and_delete
 async def test_a_resource_with_more_threads_than_the_store_reads_at_once_lists_them_all(
     http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store reads at most MAX_PAGE threads at once (10 000; 2 here, on both stores): the
-    listing and the text search read on until they have every thread, so ``total`` counts them all
-    and no page beyond the first read is silently empty."""
+    """The store reads at most MAX_PAGE threads at once (10 000; 2 here, on both stores). A listing
+    is ordered, paged and counted by the store, so ``total`` counts every thread and each page
+    holds its own; a listing by metadata and the text search, which the store cannot filter,
+    read on until they have every thread."""
     monkeypatch.setattr(_threads, "MAX_PAGE", 2)  # what the store gives at once
-    monkeypatch.setattr(api_memory, "MAX_PAGE", 2)  # what the API asks it for
+    monkeypatch.setattr(api_memory, "MAX_PAGE", 2)  # what the API asks it for when reading them all
     for i in range(5):
-        await _create(http, ADA, threadId=f"many-{i}", title=f"Thread {i}")
-    listed = (await http.get("/api/memory/threads?agentId=assistant&perPage=10", headers=ADA)).json()
-    assert listed["total"] == 5
-    assert sorted(t["id"] for t in listed["threads"]) == [f"many-{i}" for i in range(5)]
-    last = await http.get("/api/memory/threads?agentId=assistant&perPage=2&page=2", headers=ADA)
-    assert [t["id"] for t in last.json()["threads"]] == [listed["threads"][4]["id"]]
-    assert last.json()["hasMore"] is False
+        await _create(http, ADA, threadId=f"many-{i}", title=f"Thread {i}", metadata={"kind": "many"})
+    pages = [
+        (await http.get(f"/api/memory/threads?agentId=assistant&perPage=2&page={n}", headers=ADA)).json()
+        for n in range(3)
+    ]
+    assert [p["total"] for p in pages] == [5, 5, 5]
+    assert [p["hasMore"] for p in pages] == [True, True, False]
+    newest_first = [f"many-{i}" for i in (4, 3, 2, 1, 0)]
+    assert [t["id"] for p in pages for t in p["threads"]] == newest_first
+    by_kind = '&metadata={"kind":"many"}'
+    listed = await http.get(f"/api/memory/threads?agentId=assistant&perPage=10{by_kind}", headers=ADA)
+    assert listed.status_code == 200, listed.text
+    assert [t["id"] for t in listed.json()["threads"]] == newest_first
+    assert listed.json()["total"] == 5
     save = {"messages": [{"threadId": "many-0", "role": "user", "content": "the oldest one"}]}
     saved = await http.post("/api/memory/save-messages?agentId=assistant", json=save, headers=ADA)
     assert saved.status_code == 200, saved.text
@@ -144,6 +152,28 @@ async def test_a_resource_with_more_threads_than_the_store_reads_at_once_lists_t
     search = "/api/memory/search?agentId=assistant&searchQuery=oldest"
     found = (await http.get(search, headers=ADA)).json()
     assert [r["threadId"] for r in found["results"]] == ["many-0"]
+
+
+async def test_threads_are_listed_in_the_order_asked_for(http: httpx.AsyncClient) -> None:
+    """``orderBy`` by creation or last update, either way, over pages the store cuts."""
+    for i in range(3):
+        await _create(http, ADA, threadId=f"o-{i}")
+    save = {"messages": [{"threadId": "o-0", "role": "user", "content": "an update"}]}
+    assert (
+        await http.post("/api/memory/save-messages?agentId=assistant", json=save, headers=ADA)
+    ).status_code == 200
+
+    async def listed(order: str) -> list[str]:
+        ids = []
+        for page in range(3):
+            url = f"/api/memory/threads?agentId=assistant&perPage=1&page={page}&{order}"
+            ids += [t["id"] for t in (await http.get(url, headers=ADA)).json()["threads"]]
+        return ids
+
+    assert await listed("") == ["o-2", "o-1", "o-0"]  # the default: newest created first
+    assert await listed("orderBy[field]=createdAt&orderBy[direction]=ASC") == ["o-0", "o-1", "o-2"]
+    assert await listed("orderBy[field]=updatedAt&orderBy[direction]=DESC") == ["o-0", "o-2", "o-1"]
+    assert await listed("orderBy[field]=updatedAt&orderBy[direction]=ASC") == ["o-1", "o-2", "o-0"]
 
 
 async def _bobs_answers(http: httpx.AsyncClient, thread: str) -> list[tuple[int, Any]]:

@@ -38,7 +38,7 @@ from procmesh_orchestrator.service.api.message_keys import Keys, count_ignored, 
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
 from procmesh_orchestrator.service.http.bodies import query_context, refuse_unknown, route
-from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread, label
+from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread, ThreadOrder, label
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 
@@ -165,22 +165,29 @@ class MemoryRoutes:
         metadata = _json_param(request, "metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequestError("metadata: must be a JSON object")
-        with store_errors(store, "listing threads"):
-            # A resource's threads, every one of them, are ordered and paged here: the store's
-            # contract pages by recency only, and the reference server also filters by metadata.
-            threads = await every_thread(store, resource)
+        key: ThreadOrder = "created_at" if field == "createdAt" else "updated_at"
+        descending = direction == "DESC"
         if metadata:
+            # The store cannot match metadata: every thread of the resource is read and filtered
+            # here (the reference server filters too), then ordered and paged.
+            with store_errors(store, "listing threads"):
+                threads = await every_thread(store, resource)
             threads = [t for t in threads if all(t.metadata.get(k) == v for k, v in metadata.items())]
-        key = "created_at" if field == "createdAt" else "updated_at"
-        threads.sort(key=lambda t: getattr(t, key), reverse=direction == "DESC")
-        shown = threads[page * per_page : (page + 1) * per_page]
+            threads.sort(key=lambda t: getattr(t, key), reverse=descending)
+            total, shown = len(threads), threads[page * per_page : (page + 1) * per_page]
+        else:  # ordered, paged and counted by the store: one page read, whatever the resource holds
+            with store_errors(store, "listing threads"):
+                total = await store.count_threads(resource)
+                shown = await store.list_threads(
+                    resource, limit=per_page, offset=page * per_page, order_by=key, descending=descending
+                )
         return _json(
             {
                 "threads": [thread_json(t) for t in shown],
-                "total": len(threads),
+                "total": total,
                 "page": page,
                 "perPage": per_page,
-                "hasMore": (page + 1) * per_page < len(threads),
+                "hasMore": (page + 1) * per_page < total,
             }
         )
 

@@ -47,10 +47,23 @@ class DictStore:
         self.rows[key] = []
         return thread
 
-    async def list_threads(self, resource_id: str, *, limit: int = 100, offset: int = 0) -> list[Thread]:
+    async def list_threads(
+        self,
+        resource_id: str,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        order_by: str = "updated_at",
+        descending: bool = True,
+    ) -> list[Thread]:
         self._up()
         own = [t for t in self.threads.values() if t.resource_id == resource_id]
+        own.sort(key=lambda t: getattr(t, order_by), reverse=descending)
         return own[offset : offset + limit]
+
+    async def count_threads(self, resource_id: str) -> int:
+        self._up()
+        return sum(1 for t in self.threads.values() if t.resource_id == resource_id)
 
     async def update_thread(
         self,

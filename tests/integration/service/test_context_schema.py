@@ -49,7 +49,10 @@ async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Ser
                     "model": "demo",
                     "errorProcessorDefaults": False,
                     "tools": ["weather"],
-                    "requestContextSchema": {"properties": {"tier": {"enum": ["gold", "free"]}}},
+                    "requestContextSchema": {
+                        "properties": {"tier": {"enum": ["gold", "free"]}},
+                        "required": ["tier"],
+                    },
                 },
                 "a": {
                     "model": "answer",
@@ -148,3 +151,19 @@ async def test_a_resume_is_held_to_the_schema_and_a_refused_one_leaves_the_run_s
             "/api/agents/t/approve-tool-call-generate", json={**decision, "requestContext": {"tier": "free"}}
         )
         assert approved.json()["status"] == "success", approved.text
+
+
+async def test_a_resume_without_a_context_goes_on_with_the_suspended_calls(service: Service) -> None:
+    """The schema checks the context the resumed run goes on with: the suspended call's, the
+    resuming call's keys over it. A resume that gives none holds the required key it saved."""
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{service.http_port}", headers={"Authorization": "Bearer k-acme"}
+    ) as http:
+        body = {"messages": "weather?", "requireToolApproval": True, "requestContext": {"tier": "gold"}}
+        for route in ["approve-tool-call-generate", "decline-tool-call-generate"]:
+            suspended = (await http.post("/api/agents/t/generate", json=body)).json()
+            assert suspended["status"] == "suspended", suspended
+            decision = {"runId": suspended["runId"], "toolCallId": suspended["suspendPayload"]["toolCallId"]}
+            resumed = await http.post(f"/api/agents/t/{route}", json=decision)
+            assert resumed.status_code == 200, (route, resumed.text)
+            assert resumed.json()["status"] == "success", resumed.text

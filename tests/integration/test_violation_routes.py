@@ -6,6 +6,7 @@ the regex filter's (a real `builtins` sidecar process), the log the cost control
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -19,7 +20,7 @@ import pytest
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.errors import ConfigError
-from procmesh_orchestrator.run import CallOptions, violation_routes
+from procmesh_orchestrator.run import Agent, CallOptions, violation_routes
 
 PER_CALL = 0.005
 ANSWER = {"text": "ok", "usage": {"inputTokens": 10, "outputTokens": 5}}
@@ -171,5 +172,28 @@ async def test_a_callers_callback_that_raises_is_logged_and_counted(
         )
     assert [r.status for r in results] == ["success", "success"]
     assert len(posted) == 2  # the entry's own webhook took them (204): only the callback failed
+    assert failed == 2
+    assert caplog.text.count("onViolation callback raised (ignored)") == 2
+
+
+async def test_a_callable_route_that_raises_is_logged_and_counted(
+    tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """In the Python API a processor's route may be a callable (`AgentSpec.violation_routes`): one
+    that raises never fails the run, each violation it did not take is logged and counted."""
+
+    def broken(entry: dict[str, Any]) -> None:
+        raise RuntimeError("the route's bug")
+
+    url, _ = webhook
+    async with App(_config(tmp_path, url)) as app:
+        spec = app.agent("a").spec
+        agent = Agent(dataclasses.replace(spec, violation_routes={"regex-filter": broken}), app.metrics)
+        results = [await agent.generate("the password is swordfish") for _ in range(2)]
+        failed = app.metrics.total(
+            "procmesh_violation_routes_failed_total", agent="a", processor="regex-filter"
+        )
+    assert [r.status for r in results] == ["success", "success"]
+    assert [v["processorId"] for v in results[0].violations] == ["regex-filter"]
     assert failed == 2
     assert caplog.text.count("onViolation callback raised (ignored)") == 2

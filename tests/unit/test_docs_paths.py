@@ -1,7 +1,8 @@
 """The docs name only repository paths that exist: paths in code spans (from the repository's root,
 or from a package's, as `run/loop.py`), relative links and their anchors, the test files they cite
 by name, and the entries of docs/architecture.md's "Project layout" block and the files its
-descriptions name; the block must also list every package folder of the orchestrator.
+descriptions name; the block must also list every package folder and module of the orchestrator,
+and its Makefile line every target of the Makefile.
 
 Each check reads the file system for the truth rather than a list kept by hand, so a rename that
 forgets the docs fails here; `test_the_checks_catch_made_up_paths` feeds them made-up documents.

@@ -117,6 +117,8 @@ CASES = [
     Case("slow-input", "faulty", "sleeper", "process_input_step", "DEADLINE_EXCEEDED", {"seconds": SLEEP}),
     Case("slow-stream", "faulty", "sleeper", "process_output_stream", "timed out", {"seconds": SLEEP}),
     Case("malformed", "liar", "liar", "process_input_step", "must start with 'data-'", {}),
+    # its rewrite was dropped before, without a word: a redaction that redacted nothing
+    Case("unflagged", "liar", "unflagged", "process_input_step", "messages is set but replace_messages", {}),
 ]
 IDS = [c.name for c in CASES]
 

@@ -57,6 +57,7 @@ class HookAttempt(Generic[R]):
         return self
 
     def answered(self, response: Any, effects: tpb.HookEffects) -> None:
+        wire.check_flags(self.hook, response)
         self.response = response
         listed = effects.ListFields()
         if not listed:  # no effects: nothing to read

@@ -243,6 +243,46 @@ WIRE: dict[str, tuple[Build, Read]] = {
 assert set(WIRE) == {hook.name for hook in BY_NAME.values() if not hook.streaming}, "a hook lacks its wire"
 
 
+def _flagged(response: Any) -> tuple[tuple[str, tuple[tuple[str, bool], ...]], ...]:
+    """A response's result fields read only when a flag is set, each with whether it is repeated:
+    ``replace_X`` / ``X``, and ``has_cached_response`` / its chunks and tool results."""
+    names = response.DESCRIPTOR.fields_by_name
+    pairs: list[tuple[str, tuple[str, ...]]] = [
+        (name, (name.removeprefix("replace_"),)) for name in names if name.startswith("replace_")
+    ]
+    if "has_cached_response" in names:
+        pairs.append(("has_cached_response", ("cached_response", "cached_tool_results")))
+    return tuple(
+        (flag, tuple((field, names[field].is_repeated) for field in fields)) for flag, fields in pairs
+    )
+
+
+_FLAGGED = {hook: _flagged(BY_NAME[hook].response) for hook in WIRE}
+
+
+def check_flags(hook: str, response: Any) -> None:
+    """`MalformedResponseError` naming a result field `response` sets while the flag it is read
+    under is false (and a ProcessInputStep ``tool_choice.tool_name`` whose mode is not ``tool``):
+    the run would go on without it, so a guard's redaction written without ``replace_messages``
+    would let the text through, without a word (proto/README.md, "The replace_* flags")."""
+    for flag, fields in _FLAGGED[hook]:
+        if getattr(response, flag):
+            continue
+        for field, repeated in fields:
+            if len(getattr(response, field)) if repeated else response.HasField(field):
+                raise MalformedResponseError(
+                    f"{field} is set but {flag} is false: the orchestrator reads {field} only with "
+                    f"{flag} set (set it, or leave {field} empty)"
+                )
+    if hook == "process_input_step":
+        choice = response.tool_choice
+        if choice.tool_name and choice.mode != "tool":
+            raise MalformedResponseError(
+                f"tool_choice.tool_name is set but tool_choice.mode is {choice.mode!r}: "
+                "a tool is named with mode 'tool' only"
+            )
+
+
 CONTEXT_FIELD = 1
 """Every unary hook's request carries its RunContext as field 1 (``context``)."""
 

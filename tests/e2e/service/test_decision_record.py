@@ -268,6 +268,19 @@ async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
     assert missing.returncode == 1
     assert missing.stdout == ""  # an error is never read as output
     assert "no decision record of run 'no-such-run'" in missing.stderr
+    for refused, said in [
+        ([result["runId"], "--since", "2000-01-01"], "give a RUN or --since, not both"),
+        (["--since", "2000-01-01", "--limit", "0"], "--limit must be from 1 to 9999"),
+    ]:
+        usage = await asyncio.to_thread(
+            subprocess.run,
+            [str(bin_dir / "procmesh"), "runs", "decisions", *refused],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert (usage.returncode, usage.stdout) == (2, ""), usage
+        assert said in usage.stderr
     # by time: every run's decisions from a moment on, the run's id on each line
     by_time = await asyncio.to_thread(
         subprocess.run,

@@ -119,6 +119,8 @@ CASES = [
     Case("malformed", "liar", "liar", "process_input_step", "must start with 'data-'", {}),
     # its rewrite was dropped before, without a word: a redaction that redacted nothing
     Case("unflagged", "liar", "unflagged", "process_input_step", "messages is set but replace_messages", {}),
+    # its parts were dropped before (emitted when the result carried effects), counted as emitted
+    Case("extras-only", "liar", "unflagged", "process_output_stream", "extra_parts but no part", {}),
 ]
 IDS = [c.name for c in CASES]
 

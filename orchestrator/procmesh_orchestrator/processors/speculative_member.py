@@ -33,6 +33,7 @@ from procmesh_orchestrator.processors.stream_call import (
     SessionClock,
     StreamCall,
     answer_items,
+    check_extras,
     count_session,
     fused_items,
 )
@@ -348,6 +349,7 @@ class Member:
                     seq = res.seq
                     if seq > sent:
                         raise MalformedResponseError(f"result for part {seq}, never sent")
+                    check_extras(res)
                     if res.more:  # parts let go early: the part's answer is still to come
                         if len(self.handles) > 1 or res.effects.HasField("abort"):
                             raise MalformedResponseError(f"partial result for part {seq} not allowed")

@@ -36,6 +36,7 @@ from procmesh_orchestrator.processors.stream_call import (
     SessionClock,
     StreamCall,
     answer_items,
+    check_extras,
     count_session,
     fused_items,
     merged,
@@ -246,6 +247,7 @@ class _Stage:
             self._flush_one()
         if not self.pending:
             raise MalformedResponseError("more results than parts sent")
+        check_extras(res)
         if res.more:  # parts let go early: on at once, the part's answer is still to come
             self.partials.append(res)
             for item in partial_items(self.handle, res, self.sent[0][0], self.partial, self.announce_signals):

@@ -407,6 +407,17 @@ def partial_items(
     return answer_items(handle, res, announce_signals=announce_signals)
 
 
+def check_extras(res: ppb.StreamPartResult) -> None:
+    """`MalformedResponseError` for a result with ``extra_parts`` and no ``part``: the chunks after
+    a dropped part have nothing to follow (proto/README.md), and reading them as emitted or as
+    dropped, silently, would each be a guess."""
+    if res.extra_parts and not res.HasField("part"):
+        raise MalformedResponseError(
+            f"result for part {res.seq} has {len(res.extra_parts)} extra_parts but no part: "
+            "put the first chunk in part, or leave extra_parts empty to drop the part"
+        )
+
+
 def merged(partials: Sequence[ppb.StreamPartResult], res: ppb.StreamPartResult) -> ppb.StreamPartResult:
     """A part's answer given in several results (its partial ones, then `res`) as one result's
     parts, as the metrics and the decision record count it."""

@@ -804,7 +804,8 @@ class StreamPartResult(_message.Message):
     @_builtins.property
     def extra_parts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Chunk]:
         """More parts emitted after `part`, in order: a hook may turn one part into several
-        (e.g. flushing a buffer when it sees `step-finish`). Ignored when `part` is absent.
+        (e.g. flushing a buffer when it sees `step-finish`). Empty when `part` is absent (else the
+        response is malformed).
         """
 
     def __init__(

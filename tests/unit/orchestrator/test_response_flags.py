@@ -1,6 +1,8 @@
 """A hook's response that sets a result field without the flag it is read under is malformed
-(`wire.check_flags`): the orchestrator would go on without it, silently. The failure policy then
-decides (tests/e2e/test_failure_policy.py, case ``unflagged``, through a real sidecar)."""
+(`wire.check_flags`), and so is a stream result with ``extra_parts`` and no ``part``
+(`check_extras`): the orchestrator would go on without them, silently. The failure policy then
+decides (tests/e2e/test_failure_policy.py, cases ``unflagged`` and ``extras-only``, through a real
+sidecar)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import pytest
 
 from procmesh import convert
 from procmesh.hooks import BY_NAME
+from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
 from procmesh_orchestrator.processors import wire
+from procmesh_orchestrator.processors.stream_call import check_extras
 
 
 def _message(response: Any, field: str) -> None:
@@ -90,3 +94,11 @@ def test_a_tool_choice_naming_a_tool_without_mode_tool_is_malformed(mode: str) -
         wire.check_flags("process_input_step", response)
     response.tool_choice.mode = "tool"
     wire.check_flags("process_input_step", response)
+
+
+def test_a_stream_result_with_extra_parts_and_no_part_is_malformed() -> None:
+    extras_only = ppb.StreamPartResult(seq=3, extra_parts=[tpb.Chunk(type="text-delta")])
+    with pytest.raises(MalformedResponseError, match="result for part 3 has 1 extra_parts but no part"):
+        check_extras(extras_only)
+    check_extras(ppb.StreamPartResult(seq=3))  # dropped
+    check_extras(ppb.StreamPartResult(seq=3, part=tpb.Chunk(type="text-delta"), extra_parts=[tpb.Chunk()]))

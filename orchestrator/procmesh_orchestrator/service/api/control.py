@@ -109,8 +109,10 @@ def watch_durable(core: ServiceCore, agent_id: str, manager: DurableRuns, run_id
     which `LiveRun.see` never sees, and a client that leaves does not end the run."""
 
     async def noted() -> None:
-        with contextlib.suppress(Exception):  # a run that fails has a result; the log says the rest
+        try:  # a run that fails has a result too: only a fault of the manager itself raises here
             await durable_result(core, agent_id, manager, run_id)
+        except Exception:
+            log.warning("durable run %s: its model warnings were not noted", run_id, exc_info=True)
 
     core.spawn(noted())
 

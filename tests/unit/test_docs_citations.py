@@ -101,7 +101,11 @@ def test_paths_in_comments_exist() -> None:
 
 
 def test_cited_sections_exist() -> None:
-    files = [p for p in tracked() if "/v1/" not in p.as_posix() and "node_modules" not in p.parts]
+    files = [
+        p
+        for p in tracked()
+        if "/v1/" not in p.as_posix() and "node_modules" not in p.parts and p != Path(__file__).resolve()
+    ]  # this module's made-up citations aside
     cited = [(path, text) for path in files if (text := _text(path)) is not None and _SECTION.search(text)]
     assert len(cited) >= 5  # the citations were found (deployment.yaml, sdk/README.md, ...)
     assert [p for path, text in cited for p in section_problems(path, text)] == []

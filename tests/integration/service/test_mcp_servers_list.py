@@ -44,23 +44,31 @@ async def _ids(http: httpx.AsyncClient, url: str) -> tuple[list[str], str | None
     return [s["id"] for s in body["servers"]], body["next"]
 
 
-@pytest.mark.parametrize("first", ["/api/mcp/v0/servers?perPage=2", "/api/mcp/v0/servers?limit=2&offset=0"])
-async def test_next_walks_every_page_to_the_last(http: httpx.AsyncClient, first: str) -> None:
+@pytest.mark.parametrize(
+    "query",
+    # an offset or a limit asks in the older form: next is in it too, with only its own keys
+    ["perPage=2", "page=0&perPage=2", "limit=2&offset=0", "limit=2", "perPage=2&offset=0"],
+)
+async def test_next_walks_every_page_to_the_last(http: httpx.AsyncClient, query: str) -> None:
+    older = "limit=" in query or "offset=" in query
     seen: list[str] = []
-    url: str | None = first
+    url: str | None = f"/api/mcp/v0/servers?{query}"
     pages = 0
     while url is not None:
         ids, url = await _ids(http, url)
         seen += ids
         pages += 1
-        if url is not None:
-            assert ("offset=" in url) == ("offset=" in first)  # the form the caller asked in
+        if url is not None:  # the form the caller asked in
+            assert ("offset=" in url, "page=" in url) == (older, not older), url
     assert (seen, pages) == (NAMES, 3)
 
 
 async def test_one_page_of_all_has_no_next(http: httpx.AsyncClient) -> None:
     assert await _ids(http, "/api/mcp/v0/servers") == (NAMES, None)
     assert await _ids(http, "/api/mcp/v0/servers?page=1&perPage=3") == (["m3", "m4"], None)
+    # a last page that ends at the last server: no next to an empty page
+    assert await _ids(http, f"/api/mcp/v0/servers?perPage={len(NAMES)}") == (NAMES, None)
+    assert await _ids(http, "/api/mcp/v0/servers?offset=3&limit=2") == (["m3", "m4"], None)
 
 
 @pytest.mark.parametrize(

@@ -297,6 +297,7 @@ async def test_saved_messages_are_listed_and_a_retried_save_does_not_duplicate(
         '/api/memory/threads/t/messages?filter={"roles":["users"]}',  # a typo matches nothing
         '/api/memory/threads/t/messages?filter={"roles":5}',
         '/api/memory/threads/t/messages?filter={"roles":"user"}',
+        '/api/memory/threads/t/messages?filter={"roles":[["user"]]}',  # unhashable: a 500 unchecked
         "/api/memory/threads?perPage=%C2%B2",  # a digit to str.isdigit, not to int()
     ],
 )

@@ -1,7 +1,8 @@
 """The docs name only Python names that exist: every dotted name of our packages in a code span
 (`procmesh._encode.quiet_effects`, `procmesh_orchestrator.service._health`) imports; every
 `procmesh.v1.Name` is a message, enum or service of the contract; any other `procmesh.a.b` (a span
-attribute: `procmesh.processor.id`) is a string the code writes; every `Class.member` of a
+attribute: `procmesh.processor.id`), and every `gen_ai.a.b` (`gen_ai.agent.name`), is a string
+the code writes; every `Class.member` of a
 class the public faces export (`App.run_ended`, `RunStream.detach()`) is one of its members; every
 CamelCase, snake_case or UPPER_SNAKE name alone in a span (`SessionClock`, `fused_items`,
 `MERGE_WINDOW`) is a word of the repository's source; and every
@@ -84,6 +85,10 @@ def dotted_problems(doc: Doc) -> list[str]:
                 problems.append(
                     f"{_rel(doc.path)}: {name} is no module, name, contract name or span attribute"
                 )
+        # the OpenTelemetry GenAI attributes the spans carry (`gen_ai.agent.name`): strings too
+        for name in re.findall(r"(?<![\w./:-])(gen_ai(?:\.\w+)+)", span):
+            if re.search(rf"[\"']{re.escape(name)}[\"']", source_text()) is None:
+                problems.append(f"{_rel(doc.path)}: {name} is no span attribute the code writes")
     return problems
 
 
@@ -224,6 +229,7 @@ def test_the_checks_catch_made_up_names() -> None:
         "`procmesh._encode.quiet_effects` and `procmesh._chain._quiet`;\n"
         "`procmesh_orchestrator.config.schema` and `procmesh_orchestrator.config.frob`;\n"
         "`procmesh.v1.Hook`, `procmesh.v1.Hooks`; `procmesh.processor.id`, `procmesh.judge.frobs`;\n"
+        "`gen_ai.agent.name`, `gen_ai.agent.names`, `gen_ai.usage.input_tokens`;\n"
         "`procmesh.yaml`, `dns:///a.procmesh.svc:1`.\n"
         "`App.run_ended`, `App.start()`, `App.frob()`, `RunStream.detach()`, `CompatRule.frob`.\n\n"
         "```sh\npython -m procmesh_sidecars builtins\npython -m procmesh_sidecars.nothing\n"
@@ -235,6 +241,7 @@ def test_the_checks_catch_made_up_names() -> None:
         f"docs/made-up.md: procmesh_orchestrator.config.frob {said}",
         f"docs/made-up.md: procmesh.v1.Hooks {said}",
         f"docs/made-up.md: procmesh.judge.frobs {said}",
+        "docs/made-up.md: gen_ai.agent.names is no span attribute the code writes",
     ]
     assert member_problems(fake) == ["docs/made-up.md: `App.frob()`: App has no frob"]
     assert module_problems(fake) == ["docs/made-up.md: python -m procmesh_sidecars.nothing: no such module"]

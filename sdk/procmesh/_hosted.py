@@ -18,6 +18,11 @@ from procmesh.v1 import processor_pb2 as ppb
 STREAM_HOOK = "process_output_stream"
 """Its calls are counted per session; each part in procmesh_sidecar_stream_parts_total (its `Series`)."""
 
+NO_OPTIONS_SCHEMA = json.dumps({"additionalProperties": False, "type": "object"}, sort_keys=True)
+"""What ``Describe`` publishes for a processor that takes no options (no ``Options`` model and no
+hook declaring ``options`` or ``**kwargs``): the orchestrator then refuses a config's options for
+it at start-up, instead of starting with options nothing reads."""
+
 _OPTIONS_CACHE_SIZE = 256
 """Validated options kept per processor (a config has few distinct option sets)."""
 
@@ -116,6 +121,8 @@ class Hosted:
         schema = ""
         if proc.Options is not None and issubclass(proc.Options, BaseModel):
             schema = json.dumps(published_schema(proc.Options), sort_keys=True)
+        elif proc.Options is None and not any(p is None or "options" in p for p in self.params.values()):
+            schema = NO_OPTIONS_SCHEMA
         return ppb.ProcessorInfo(
             id=self.id,
             name=proc.name or self.id,

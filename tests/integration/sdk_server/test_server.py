@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import procmesh
 from procmesh import SERVICE_NAME, Processor, ProcessorClient, ProcessorServer
+from procmesh._hosted import NO_OPTIONS_SCHEMA
 from procmesh.v1 import processor_pb2 as ppb
 from tests.integration.sdk_server.support import (
     HOSTED_IDS,
@@ -124,7 +125,12 @@ async def test_describe_lists_processors_hooks_and_options(
     # closed to unknown keys, as the hook's own check is: the orchestrator refuses them at start-up
     assert schema == {**ShoutOptions.model_json_schema(), "additionalProperties": False}
     assert schema["properties"]["mode"]["enum"] == ["list", "dict", "none"]
-    assert all(p.options_schema_json == "" for p in resp.processors if p.id != "shouter")
+    # no Options model: a processor none of whose hooks takes options publishes a schema taking
+    # none (the orchestrator refuses a config's options for it at start-up); one whose hooks take
+    # them (recorder's **kwargs) publishes none, as before
+    schemas = {p.id: p.options_schema_json for p in resp.processors if p.id != "shouter"}
+    assert schemas == {pid: NO_OPTIONS_SCHEMA for pid in schemas if pid != "recorder"} | {"recorder": ""}
+    assert json.loads(NO_OPTIONS_SCHEMA) == {"type": "object", "additionalProperties": False}
 
 
 # -- lifecycle (own servers: these stop them) ---------------------------------------------------

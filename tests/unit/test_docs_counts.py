@@ -4,7 +4,9 @@ it, and equals what tests/e2e/service/test_clientjs_api.py asserts the real clie
 "(N methods: W work, F answer 501 ...)" of the memory methods is the sets
 tests/e2e/service/test_clientjs_memory_api.py checks (`WORKS`, `NOT_SUPPORTED`); and the requests
 tests/e2e/service/test_fuzz.py "sends" are its examples' sum (`max_examples`, one request each).
-The unit tier runs no Node: the e2e tests' numbers are read from their source.
+The unit tier runs no Node: the e2e tests' numbers are read from their source. And the agents
+"`procmesh demo`" streams are as many as the pages say ("four agents on the demo model") and the
+ones docs/running.md's demo table lists (`cli/demo.py`'s `SHOWCASE`).
 `test_the_client_method_counts_are_the_tables_and_the_tests` also feeds the check a made-up table.
 """
 
@@ -104,3 +106,51 @@ def test_the_fuzz_request_count_is_the_tests_examples() -> None:
         )
         == 12
     )
+
+
+# -- the demo ------------------------------------------------------------------------------------
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+_DEMO_RUNS = re.compile(r"\b(\w+) (?:streamed )?(?:agents|runs) on (?:the|a) (?:offline )?demo model")
+
+
+def demo_problems(pages: dict[str, str], showcase: list[str]) -> list[str]:
+    """Every "four agents on the demo model" counts the agents `procmesh demo` streams (its
+    `SHOWCASE`), and docs/running.md's demo table (`| agent | shows |`) has a row for each, in order."""
+    problems = [
+        f"{name}: '{found[0]}': procmesh demo streams {len(showcase)}"
+        for name, text in pages.items()
+        for found in _DEMO_RUNS.finditer(text)
+        if NUMBERS.get(found[1].lower()) != len(showcase)
+    ]
+    table = pages.get("docs/running.md", "").split("| agent | shows |", 1)[-1].split("\n\n")[0]
+    rows = re.findall(r"^\| `([\w-]+)` \|", table, flags=re.M)
+    if rows != showcase:
+        problems.append(
+            f"docs/running.md: the demo table's agents are {rows}; procmesh demo streams {showcase}"
+        )
+    return problems
+
+
+def test_the_demo_the_docs_describe_is_the_demo() -> None:
+    from procmesh_orchestrator.cli.demo import SHOWCASE
+
+    showcase = [agent for agent, _title, _prompt in SHOWCASE]
+    names = ["README.md", "docs/running.md", "docs/architecture.md"]
+    pages = {name: (REPO / name).read_text(encoding="utf-8") for name in names}
+    assert sum(len(_DEMO_RUNS.findall(text)) for text in pages.values()) >= 3  # the claims were found
+    assert demo_problems(pages, showcase) == []
+
+
+def test_the_demo_check_catches_a_made_up_count() -> None:
+    pages = {
+        "README.md": "runs the offline showcase: five streamed agents on a demo model; no API key",
+        "docs/architecture.md": "procmesh demo: two sidecars, three runs on the demo model",
+        "docs/running.md": "| agent | shows |\n|---|---|\n| `rewrite` | x |\n| `filter` | y |\n\n## Sidecars",
+    }
+    assert demo_problems(pages, ["rewrite", "filter", "guarded"]) == [
+        "README.md: 'five streamed agents on a demo model': procmesh demo streams 3",
+        "docs/running.md: the demo table's agents are ['rewrite', 'filter']; "
+        "procmesh demo streams ['rewrite', 'filter', 'guarded']",
+    ]

@@ -199,6 +199,28 @@ async def test_a_query_parameter_a_route_does_not_take_is_a_400_naming_it(
     assert (await http.get("/api/agents/teller/suspended-runs")).json()["total"] == runs
 
 
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("/api/runs", "status=failed&status=completed"),
+        ("/api/memory/threads", "agentId=teller&agentId=teller"),
+        ("/api/agents/teller/suspended-runs", "page=0&page=1"),
+    ],
+)
+async def test_a_query_parameter_given_twice_is_a_400_naming_it(
+    http: httpx.AsyncClient, path: str, query: str
+) -> None:
+    # the route reads one value: the other was dropped without a word (starlette keeps the last)
+    named = query.rsplit("&", 1)[1].split("=")[0]
+    answer = await http.get(f"{path}?{query}")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == (
+        f"query parameters given more than once: '{named}' (give each once: the route reads one value)"
+    )
+    once = query.rsplit("&", 1)[0]
+    assert (await http.get(f"{path}?{once}")).status_code == 200  # each once: taken
+
+
 def _varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:

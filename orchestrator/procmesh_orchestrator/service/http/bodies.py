@@ -125,7 +125,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 def takes_query(endpoint: Endpoint, *names: str) -> Endpoint:
     """`endpoint`, refusing a query parameter outside `names` with a 400 naming it (a parameter
-    no route reads would otherwise change nothing, silently), and checking ``requestContext``
+    no route reads would otherwise change nothing, silently), and one given more than once (a
+    route reads one value: the others would be dropped, silently); checking ``requestContext``
     (when taken) is client-js's base64 JSON object wherever the route reads it or not."""
     allowed = frozenset(names)
 
@@ -135,6 +136,12 @@ def takes_query(endpoint: Endpoint, *names: str) -> Endpoint:
             taken = f"this route takes {', '.join(sorted(allowed))}" if allowed else "this route takes none"
             raise BadRequestError(
                 f"unknown query parameters: {', '.join(label(k) for k in unknown)} ({taken})"
+            )
+        if len(query.multi_items()) > len(query):
+            twice = sorted({k for k in query if len(query.getlist(k)) > 1})
+            raise BadRequestError(
+                f"query parameters given more than once: {', '.join(label(k) for k in twice)} "
+                "(give each once: the route reads one value)"
             )
         if "requestContext" in allowed:
             query_context(request)

@@ -124,11 +124,12 @@ async def test_scope_by_resource_id_explicit_scope_and_shared_null(address: str)
         ({"key": ["k"]}, "request_context['responseCache'].key must be a string, not list"),
         ({"bust": "yes"}, "request_context['responseCache'].bust must be true or false, not str"),
         ({"ttl": 5}, "request_context['responseCache'].ttl is not a per-call setting"),
+        ("bust", "request_context['responseCache'] must be an object"),  # once read as no setting
         (None, "request_context['mastra__resourceId'] must be a string, not int"),
     ],
 )
 async def test_a_per_call_setting_of_another_type_is_refused_naming_it(
-    address: str, entry: dict[str, Any] | None, named: str
+    address: str, entry: dict[str, Any] | str | None, named: str
 ) -> None:
     """A per-call scope (or a resource id) that is not a string (nor null) once fell back to no
     scope: one caller's answer was served to another. The call fails, naming the setting."""

@@ -2,7 +2,8 @@
 option a `| option | default |` table names is a field of that processor's `Options` model, and
 its default is the field's (`required` for a required one; a list written as its items); and
 every option of every built-in is named (builtins.md, or configuration.md for the default error
-processors).
+processors); and every built-in has a section of its own (a heading or bold lead of builtins.md,
+or an item of configuration.md's default error processors).
 
 The truth is the processors themselves (procmesh_sidecars' sets); a renamed option or a changed
 default leaves the page telling users to write a key the processor refuses.
@@ -114,3 +115,25 @@ def test_every_option_of_a_builtin_is_documented() -> None:
     assert unnamed_options("`limit`", {"token-limiter": processors["token-limiter"]})[:1] == [
         "token-limiter: option strategy is named nowhere"
     ]
+
+
+def unsectioned(builtins_page: str, configuration_page: str, ids: set[str]) -> list[str]:
+    """Every built-in has a place of its own: a heading of builtins.md (`## token-limiter`), a bold
+    lead there (`**\\`steering-reminder\\`**`), or an item of configuration.md's list of the
+    default error processors (`2. \\`prefill-error-handler\\``)."""
+    placed = set(re.findall(r"^#{2,3} ([\w-]+)\s*$", builtins_page, flags=re.M))
+    placed |= set(re.findall(r"^\*\*`([\w-]+)`\*\*", builtins_page, flags=re.M))
+    defaults = configuration_page.split("## Default error processors", 1)[-1].split("\n## ", 1)[0]
+    placed |= set(re.findall(r"^\d+\. `([\w-]+)`", defaults, flags=re.M))
+    return [f"built-in {pid} has no section in docs/builtins.md" for pid in sorted(ids - placed)]
+
+
+def test_every_builtin_has_a_section() -> None:
+    builtins_page = (REPO / "docs" / "builtins.md").read_text(encoding="utf-8")
+    configuration_page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    ids = set(builtin_processors())
+    assert len(ids) >= 20
+    assert unsectioned(builtins_page, configuration_page, ids) == []
+    assert unsectioned(
+        "## token-limiter\n\n**`steering-reminder`** (input lane)", "", {"token-limiter", "frob"}
+    ) == ["built-in frob has no section in docs/builtins.md"]

@@ -236,6 +236,26 @@ async def test_a_refused_input_is_never_let_through_by_fail_open(faulty: Faulty,
     assert "refused the input" in (result.error or "")
 
 
+async def test_a_refusal_that_ends_the_stream_during_a_write_is_still_a_refusal(faulty: Faulty) -> None:
+    """A sidecar that ends a stream while the orchestrator writes to it: grpc.aio then replaces
+    the status it sent with INTERNAL "Internal error from Core" (grpc/grpc#36066), in about 4 of
+    10 such streams. Its INVALID_ARGUMENT must still read as a refusal, or fail-open would let
+    through what the guard refused. A long answer keeps parts in flight as the refuser ends each
+    run's stream; every one of 30 runs is refused, none let through."""
+    runs = 30
+    deltas = [f"w{i} " for i in range(3000)]
+    ref = {"processor": "faulty/refuser", "options": {}}
+    sidecars = {"faulty": {"address": faulty.address, "timeout": 5, "onFailure": "fail-open"}}
+    config = make_config(sidecars, output_processors=[ref], responses=[{"deltas": deltas}] * runs)
+    async with App(config) as app:
+        errors = [(await collect(app))[1].error or "" for _ in range(runs)]
+        assert let_through(app, "refuser", "process_output_stream") == 0
+        outcome = {"processor": "refuser", "hook": "process_output_stream", "outcome": "input_refused"}
+        assert app.metrics.total("procmesh_processor_calls_total", **outcome) == runs
+    # the sidecar's INVALID_ARGUMENT, or (when gRPC kept its own status) a loss read as a refusal
+    assert all("refused the input" in e for e in errors), errors
+
+
 # -- time bounds and the run deadline ------------------------------------------------------
 
 

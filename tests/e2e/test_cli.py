@@ -217,6 +217,29 @@ def test_broken_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        (
+            "decisions:\n  recordContent: true\n",
+            "decisions.recordContent does nothing without decisions.record: true",
+        ),
+        (
+            "judgeCache:\n  ttlSeconds: 30\n  redis: {url: 'redis://127.0.0.1:1'}\n",
+            "judgeCache.redis, judgeCache.ttlSeconds do nothing without judgeCache.enabled: true",
+        ),
+    ],
+)
+def test_a_setting_its_section_leaves_off_exits_2_naming_it(tmp_path: Path, section: str, named: str) -> None:
+    # both ran before, with exit 0: no content recorded, no verdict cached, and nothing said so
+    path = tmp_path / "off.yaml"
+    path.write_text(f"agents:\n  a:\n    model: demo\n{section}", encoding="utf-8")
+    proc = procmesh("generate", "a", "hi", "--config", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_scenario_with_a_key_twice_exits_2_naming_it(tmp_path: Path) -> None:
     # json keeps the last of two equal keys: the first would be ignored without a word
     path = tmp_path / "twice.json"

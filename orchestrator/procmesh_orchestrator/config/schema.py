@@ -98,6 +98,22 @@ class Config(_Model):
         return self
 
     @model_validator(mode="after")
+    def _switched_off(self) -> Config:
+        # a section's settings shape what its switch turns on: given with it off, nothing reads them
+        for name, section, switch in (
+            ("decisions", self.decisions, "record"),
+            ("judgeCache", self.judge_cache, "enabled"),
+        ):
+            given = sorted(f"{name}.{to_camel(key)}" for key in section.model_fields_set - {switch})
+            if given and not getattr(section, switch):
+                them = "it" if len(given) == 1 else "them"
+                raise ValueError(
+                    f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without "
+                    f"{name}.{switch}: true (set {name}.{switch}: true, or leave {them} out)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _references(self) -> Config:
         check_workflows(self.workflows)
         for agent_id, agent in self.agents.items():

@@ -2,8 +2,9 @@
 
 A real orchestrator process with ``judgeCache`` on serves the model gateway on ``--grpc-socket``,
 where a tenant key is served and names the tenant (the resource it is bound to). The same
-deterministic question (a schema, temperature 0) asked with two tenants' keys is asked of the
-model twice; asked again with the first tenant's key it is that tenant's cached answer.
+deterministic question (a schema, temperature 0) asked with a key bound to no tenant, then with two
+tenants' keys, is asked of the model three times; asked again with the first tenant's key it is that
+tenant's cached answer.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from procmesh import convert
 from procmesh.v1 import model_pb2_grpc as mgrpc
-from tests.e2e.gateway.support import KEYS, gateway_calls, judge_calls_saved
+from tests.e2e.gateway.support import GATEWAY_KEY, KEYS, gateway_calls, judge_calls_saved
 from tests.e2e.gateway.test_gateway_cached import CONFIG
 from tests.e2e.gateway.test_gateway_cached import _call as question
 from tests.e2e.service.conftest import OrchestratorProcess
@@ -42,13 +43,14 @@ async def test_the_same_question_of_two_tenants_is_asked_twice(
     answers = []
     async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
         stub = mgrpc.ModelServiceStub(channel)
-        for key in (TENANT_A, TENANT_B, TENANT_A):
+        for key in (GATEWAY_KEY, TENANT_A, TENANT_B, TENANT_A):
             metadata = (("authorization", f"Bearer {key}"),)
             answers.append(await stub.Generate(question("hello"), timeout=10, metadata=metadata))
-    first_a, first_b, again_a = answers
+    unbound, first_a, first_b, again_a = answers
     assert all(convert.from_value(a.object) == {"allowed": True} for a in answers)
-    assert first_a.usage.total_tokens > 0  # asked the model
+    assert unbound.usage.total_tokens > 0  # asked the model
+    assert first_a.usage.total_tokens > 0, "tenant-a was answered with a key's of no tenant"
     assert first_b.usage.total_tokens > 0, "tenant-b was answered with tenant-a's cached verdict"
     assert not again_a.HasField("usage")  # tenant-a's own verdict, reused
-    assert gateway_calls(orchestrator)[("allow", "other", "ok")] == 3
+    assert gateway_calls(orchestrator)[("allow", "other", "ok")] == 4
     assert judge_calls_saved(orchestrator, "cache") == 1

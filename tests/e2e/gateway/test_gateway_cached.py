@@ -34,6 +34,7 @@ __all__ = ["receiver"]
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 METADATA = (("authorization", f"Bearer {GATEWAY_KEY}"),)
+TENANT_KEY = "tenant-a-key-0123456789"
 CONFIG = {
     "models": {
         "main": {"provider": "scripted", "responses": [{"text": "fine"}]},
@@ -139,3 +140,38 @@ async def test_with_tracing_a_question_asked_before_keeps_its_spans(
     assert all(s["parentSpanId"] in gateways for s in lookups)
     results = sorted(s["attributes"]["procmesh.judge_cache.result"] for s in lookups)
     assert results == ["memory"] * 4 + ["miss"] * 2
+
+
+async def test_a_question_asked_before_is_still_refused_where_it_would_be(
+    start_orchestrator: Callable[..., OrchestratorProcess],
+) -> None:
+    """The verdict cache answers at once only a call the gateway would serve: a caller its keys
+    do not let in, or a batch item whose timeout is not above 0, is refused as before the question
+    was cached (never handed the verdict)."""
+    keys = f"{KEYS},{TENANT_KEY}=tenant-a"
+    orchestrator = await asyncio.to_thread(start_orchestrator, CONFIG, env={"PROCMESH_API_KEYS": keys})
+    async with grpc.aio.insecure_channel(orchestrator.grpc_address) as channel:
+        stub = mgrpc.ModelServiceStub(channel)
+        assert (await stub.Generate(_call("hello"), timeout=10, metadata=METADATA)).usage.total_tokens > 0
+        assert not (await stub.Generate(_call("hello"), timeout=10, metadata=METADATA)).HasField("usage")
+        tenant = (("authorization", f"Bearer {TENANT_KEY}"),)  # a key without the gateway role
+        for metadata, code in [
+            (tenant, grpc.StatusCode.PERMISSION_DENIED),
+            ((("authorization", "Bearer not-a-key-0123456789"),), grpc.StatusCode.UNAUTHENTICATED),
+            ((), grpc.StatusCode.UNAUTHENTICATED),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Generate(_call("hello"), timeout=10, metadata=metadata)
+            assert refused.value.code() == code
+            batch = mpb.ModelServiceGenerateBatchRequest(
+                items=[mpb.ModelServiceGenerateBatchItem(request=_call("hello"))]
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                [a async for a in stub.GenerateBatch(batch, timeout=10, metadata=metadata)]
+            assert refused.value.code() == code
+        no_time = mpb.ModelServiceGenerateBatchItem(request=_call("hello"), timeout_seconds=0)
+        batch = mpb.ModelServiceGenerateBatchRequest(items=[no_time])
+        (item,) = [a async for a in stub.GenerateBatch(batch, timeout=10, metadata=METADATA)]
+    assert (item.code, item.HasField("response")) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], False)
+    assert item.message == "items.0.timeout_seconds: above 0, got 0.0"
+    assert judge_calls_saved(orchestrator, "cache") == 1

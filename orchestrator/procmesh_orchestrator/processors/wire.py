@@ -274,13 +274,38 @@ def check_flags(hook: str, response: Any) -> None:
                     f"{field} is set but {flag} is false: the orchestrator reads {field} only with "
                     f"{flag} set (set it, or leave {field} empty)"
                 )
-    if hook == "process_input_step":
+    if hook == "execute_tool":
+        _check_tool_answer(response)
+    elif hook == "process_input_step":
         choice = response.tool_choice
         if choice.tool_name and choice.mode != "tool":
             raise MalformedResponseError(
                 f"tool_choice.tool_name is set but tool_choice.mode is {choice.mode!r}: "
                 "a tool is named with mode 'tool' only"
             )
+
+
+def _check_tool_answer(response: Any) -> None:
+    """An ExecuteToolResponse is one answer: a suspension, an error or a result; fields of another
+    answer beside it would be dropped (proto/README.md, ExecuteTool)."""
+    suspended = response.HasField("suspend_payload")
+    beside = [
+        name
+        for name, given in (
+            ("result", response.HasField("result")),
+            ("model_output", response.HasField("model_output")),
+            ("error", bool(response.error)),
+        )
+        if given and (suspended or name != "error")
+    ]
+    if suspended and beside:
+        raise MalformedResponseError(
+            f"{', '.join(beside)} set beside suspend_payload: a suspended call has no result or error"
+        )
+    if response.error and beside:
+        raise MalformedResponseError(f"{', '.join(beside)} set beside error: a failed tool has no result")
+    if response.resume_schema and not suspended:
+        raise MalformedResponseError("resume_schema set without suspend_payload")
 
 
 CONTEXT_FIELD = 1

@@ -1281,7 +1281,8 @@ class ExecuteToolResponse(_message.Message):
     """
     resume_schema: _builtins.str
     """With `suspend_payload`: the JSON schema (as JSON text) the resume data should match, shown
-    to the caller in the chunk's `resumeSchema`. Empty: none given.
+    to the caller in the chunk's `resumeSchema`. Empty: none given. Without `suspend_payload`, the
+    response is malformed.
     """
     @_builtins.property
     def effects(self) -> _types_pb2.HookEffects:
@@ -1292,14 +1293,15 @@ class ExecuteToolResponse(_message.Message):
     @_builtins.property
     def result(self) -> _struct_pb2.Value:
         """The tool's result (any JSON); it then goes through processToolResult like any tool's. Unset
-        when `error` is set.
+        when `error` is set (else the response is malformed).
         """
 
     @_builtins.property
     def model_output(self) -> _struct_pb2.Value:
         """What the model sees of `result` (the tool's toModelOutput), when it differs: the caller's
         tool-result chunk and the stored message keep `result`, the prompt shows this. Unset: the
-        model sees `result`. Ignored when `error` is set, or once processToolResult replaced the result.
+        model sees `result`. Unset when `error` is set (else the response is malformed); dropped once
+        processToolResult replaced the result.
         """
 
     @_builtins.property
@@ -1307,7 +1309,8 @@ class ExecuteToolResponse(_message.Message):
         """Set when the tool suspended (the seeds' `suspend(payload)`): the payload, any JSON. The run
         stops at this call, is kept in the store like one awaiting approval, and streams a
         `tool-call-suspended` chunk; resumed with data, the tool runs again with `resume_data`.
-        `result`, `error` and `model_output` are then ignored; effects apply as for a result.
+        `result`, `error` and `model_output` are then unset (else the response is malformed); effects
+        apply as for a result.
         """
 
     def __init__(

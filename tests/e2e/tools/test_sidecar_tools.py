@@ -9,6 +9,7 @@ the model's to read, and a sidecar that dies or stalls follows the tool's failur
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -137,6 +138,37 @@ async def test_a_sidecar_killed_mid_call_follows_the_policy(
         assert error["toolName"] == "die"
         assert "unavailable" in error["error"]
         assert of_type(chunks, "error") == []
+
+
+@pytest.mark.parametrize("policy", ["fail-closed", "fail-open"])
+async def test_an_answer_with_a_result_and_an_error_is_malformed_under_the_policy(
+    start_sidecar: Callable[..., SidecarProcess], sidecar_dir: Path, policy: str
+) -> None:
+    # a raw servicer's ExecuteTool answers {result, error}: the error won before, the result was
+    # dropped without a word; now the answer is a failed call naming both
+    liar = f"unix://{sidecar_dir / f'liar-{policy}.sock'}"
+    faulty = start_sidecar("--liar-listen", liar, name=f"faulty-{policy}", module="tests.fixtures.faulty")
+    await faulty.wait_ready()  # the liar server is up before the SDK server reports SERVING
+    cfg = config(
+        sidecars={"liar": {"address": liar, "timeout": 5}},
+        tools={"two-answers": {"sidecar": "liar", "onFailure": policy}},
+        responses=[{"toolCalls": [call("two-answers")]}, DONE],
+    )
+    async with App(cfg) as app:
+        chunks, result = await collect(app)
+        let_through = app.metrics.total("procmesh_processor_failures_let_through_total", hook="execute_tool")
+    cause = "malformed response: result set beside error: a failed tool has no result"
+    if policy == "fail-closed":
+        assert result.status == "failed"
+        assert result.error is not None
+        assert "'tool:two-answers'" in result.error, result.error
+        assert cause in result.error, result.error
+    else:
+        assert result.status == "success", result.error
+        (error,) = of_type(chunks, "tool-error")
+        assert "its sidecar failed (fail-open)" in error["error"], error  # the cause is logged
+        assert let_through == 1
+    assert of_type(chunks, "tool-result") == []
 
 
 @pytest.mark.parametrize("policy", ["fail-closed", "fail-open"])

@@ -102,3 +102,35 @@ def test_a_stream_result_with_extra_parts_and_no_part_is_malformed() -> None:
         check_extras(extras_only)
     check_extras(ppb.StreamPartResult(seq=3))  # dropped
     check_extras(ppb.StreamPartResult(seq=3, part=tpb.Chunk(type="text-delta"), extra_parts=[tpb.Chunk()]))
+
+
+VALUE = convert.to_value({"ok": True})
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"result": VALUE, "error": "e"}, "result set beside error"),
+        ({"model_output": VALUE, "error": "e"}, "model_output set beside error"),
+        ({"suspend_payload": VALUE, "result": VALUE}, "result set beside suspend_payload"),
+        ({"suspend_payload": VALUE, "error": "e"}, "error set beside suspend_payload"),
+        ({"resume_schema": "{}"}, "resume_schema set without suspend_payload"),
+    ],
+)
+def test_a_tool_answer_holding_two_answers_is_malformed(fields: dict[str, Any], named: str) -> None:
+    with pytest.raises(MalformedResponseError, match=f"^{named}"):
+        wire.check_flags("execute_tool", ppb.ExecuteToolResponse(**fields))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"result": VALUE},
+        {"result": VALUE, "model_output": VALUE},
+        {"error": "e"},
+        {"suspend_payload": VALUE, "resume_schema": "{}"},
+    ],
+)
+def test_a_tool_answer_of_one_kind_is_well_formed(fields: dict[str, Any]) -> None:
+    wire.check_flags("execute_tool", ppb.ExecuteToolResponse(**fields))

@@ -21,7 +21,7 @@ from procmesh.v1 import agent_pb2_grpc as agrpc
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
-from tests.integration.providers.fakes import FakeOpenAI
+from tests.integration.providers.fakes import FakeOpenAI, error
 from tests.integration.service.support import agent_stub
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -39,13 +39,15 @@ def openai() -> Iterator[FakeOpenAI]:
     api = FakeOpenAI()
     api.start()
     api.script("gpt", *[{"text": "Hi."}] * 16)
+    api.script("bad", *[error(400, "no such thing")] * 4)
     yield api
     api.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(openai: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
-    """Agent ``gpt`` (no memory) on the fake OpenAI API, and ``durable``, its durable twin."""
+    """Agent ``gpt`` (no memory) on the fake OpenAI API, ``durable``, its durable twin, and ``bad``,
+    whose model refuses every call (a 400)."""
     db: Path = tmp_path_factory.mktemp("warnings") / "store.db"
     config = {
         "storage": {"backend": "sqlite", "path": str(db)},
@@ -53,6 +55,7 @@ async def service(openai: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) 
         "agents": {
             "gpt": {"model": "oa/gpt", "errorProcessorDefaults": False},
             "durable": {"model": "oa/gpt", "durable": True, "errorProcessorDefaults": False},
+            "bad": {"model": "oa/bad", "errorProcessorDefaults": False},
         },
     }
     svc = Service(OrchestratorSettings(http_port=0, grpc_port=0), parse_config(config))
@@ -118,6 +121,15 @@ async def test_a_setting_the_models_api_lacks_is_a_warning_of_the_grpc_result(
     assert _dicts(response.warnings) == [TOP_K]
     body = {"messages": "hi", "modelSettings": {"temperature": 0.2, "topK": 5}}
     assert _dicts(response.warnings) == await _http_warnings(service, body)
+
+
+async def test_a_failed_runs_grpc_result_keeps_the_calls_warnings(stub: agrpc.AgentServiceAsyncStub) -> None:
+    """A run that fails (its model refuses the call) still answers with the call's warnings, as a
+    successful run does: the thread it was given was not kept either way."""
+    request = apb.GenerateRequest(agent_id="bad", text="hi", thread_id="t1", resource_id="r1")
+    response = await stub.Generate(request)
+    assert (response.status, "no such thing" in response.error) == ("failed", True), response
+    assert [w["setting"] for w in _dicts(response.warnings)] == [MEMORY_THREAD]
 
 
 async def test_settings_the_api_has_give_no_grpc_warning(stub: agrpc.AgentServiceAsyncStub) -> None:

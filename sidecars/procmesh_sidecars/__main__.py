@@ -80,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if "scripted" in args.names and not args.scenario:
         parser.error("scripted: --scenario FILE is required")
+    if args.scenario and "scripted" not in args.names:
+        parser.error(
+            "--scenario: only the 'scripted' set reads a scenario (serve it, or leave --scenario out)"
+        )
     settings = settings_from_args(args)
     processors: list[Processor] = []
     for name in args.names:

@@ -70,6 +70,22 @@ def test_an_unknown_flag_is_an_error_not_the_default_port() -> None:
     one_line_error(proc, "unrecognized arguments: --listne")
 
 
+def test_a_scenario_without_the_scripted_set_is_an_error_not_ignored(tmp_path: Path) -> None:
+    # it served the examples before, the scenario unread (the test then timed out)
+    scenario = tmp_path / "s.json"
+    scenario.write_text("{}", encoding="utf-8")
+    proc = run(
+        str(BIN / "procmesh-sidecar"),
+        "examples",
+        "--scenario",
+        str(scenario),
+        "--listen",
+        "127.0.0.1:0",
+        timeout=10,
+    )
+    one_line_error(proc, "--scenario: only the 'scripted' set reads a scenario")
+
+
 def test_the_sidecar_help_shows_every_setting() -> None:
     proc = run(str(BIN / "procmesh-sidecar"), "--help")
     assert proc.returncode == 0, proc.stderr

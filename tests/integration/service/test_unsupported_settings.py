@@ -39,6 +39,7 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
     openai.start()
     anthropic.start()
     openai.script("gpt", *[{"text": "Hi."}] * 4)
+    openai.script("retried", {"text": "Hi."})
     weather = {"toolCalls": [{"id": "c1", "name": "weather", "args": {"city": "Paris"}}]}
     for model in ("fail-http", "fail-grpc"):  # a step, then a model call the API refuses
         openai.script(model, weather, error(400, "no such thing"))
@@ -53,7 +54,8 @@ def apis() -> Iterator[tuple[FakeOpenAI, FakeAnthropic]]:
 
 def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str, Any]:
     """Agent ``gpt`` on the fake OpenAI API, ``claude`` on the fake Anthropic one; ``fail-http``,
-    ``fail-grpc`` and the ``ask-*`` agents on OpenAI with a ``weather`` tool;
+    ``fail-grpc`` and the ``ask-*`` agents on OpenAI with a ``weather`` tool; ``retried`` on
+    OpenAI with its own retries (``model: [{model, maxRetries}]``);
     ``durable-http`` and ``durable-grpc``, durable twins of ``gpt``."""
     kinds = {"oa": ("openai", openai), "an": ("anthropic", anthropic)}
     models = {"gpt": "oa/gpt", "claude": "an/claude"}
@@ -65,6 +67,7 @@ def _config(openai: FakeOpenAI, anthropic: FakeAnthropic, db: Path) -> dict[str,
     agents |= {
         a: {"model": m, "errorProcessorDefaults": False, "tools": ["weather"]} for a, m in tooled.items()
     }
+    agents["retried"] = {"model": [{"model": "oa/retried", "maxRetries": 1}], "errorProcessorDefaults": False}
     agents |= {  # durable twins of gpt, one per transport
         f"durable-{t}": {"model": "oa/gpt", "durable": True, "errorProcessorDefaults": False}
         for t in ("http", "grpc")
@@ -140,6 +143,19 @@ async def test_a_setting_the_models_api_lacks_is_a_warning_of_the_step_and_the_r
     assert start["payload"]["warnings"] == [warning]
     metrics = (await http.get("/metrics")).text
     assert f'procmesh_call_settings_ignored_total{{setting="{unsupported}"}} 2.0' in metrics
+
+
+async def test_a_model_with_its_own_retries_warns_as_the_model_does(
+    http: httpx.AsyncClient, apis: tuple[FakeOpenAI, FakeAnthropic]
+) -> None:
+    """An agent's model given ``maxRetries`` (the retrying wrapper) names what its API lacks too."""
+    body = {"messages": "hi", "modelSettings": {"temperature": 0.2, "topK": 5}}
+    result = (await http.post("/api/agents/retried/generate", json=body)).json()
+    assert result["status"] == "success", result
+    (request,) = apis[0].calls("retried")
+    assert (request.body.get("temperature"), "top_k" in request.body) == (0.2, False)
+    why = "oa/retried's API has no such setting: it was not sent"
+    assert result["warnings"] == [{"type": "unsupported-setting", "setting": "topK", "details": why}]
 
 
 async def test_settings_the_api_has_give_no_warning(http: httpx.AsyncClient) -> None:

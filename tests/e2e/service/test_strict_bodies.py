@@ -221,6 +221,20 @@ async def test_a_query_parameter_given_twice_is_a_400_naming_it(
     assert (await http.get(f"{path}?{once}")).status_code == 200  # each once: taken
 
 
+async def test_a_boolean_query_parameter_other_than_true_or_false_is_a_400(http: httpx.AsyncClient) -> None:
+    # includeSystemReminders=yes read as false before: the persisted signals stayed hidden, silently
+    query = {"agentId": "teller"}
+    made = await http.post("/api/memory/threads", params=query, json={"threadId": "t-flag"})
+    assert made.status_code == 200, made.text
+    path = "/api/memory/threads/t-flag/messages"
+    answer = await http.get(path, params={**query, "includeSystemReminders": "yes"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "includeSystemReminders: must be true or false, got 'yes'"
+    for value in ("true", "false"):
+        taken = await http.get(path, params={**query, "includeSystemReminders": value})
+        assert taken.status_code == 200, taken.text
+
+
 def _varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:

@@ -61,6 +61,14 @@ def _int(name: str, raw: str | None, default: int, *, low: int, high: int) -> in
     return int(raw)
 
 
+def _flag(raw: str | None, name: str) -> bool:
+    """A boolean query parameter as client-js writes it (``true`` / ``false``); any other value is
+    a 400 naming it, never read as false."""
+    if raw not in (None, "", "true", "false"):
+        raise BadRequestError(f"{name}: must be true or false, got {label(raw)}")
+    return raw == "true"
+
+
 def _json_param(request: Request, name: str) -> Any:
     raw = request.query_params.get(name)
     if raw is None:
@@ -248,7 +256,7 @@ class MemoryRoutes:
             raise BadRequestError('filter: only {"roles": [...]} is supported by this server')
         roles = _roles(filters.get("roles"))
         # Persisted signals stay hidden from default recall, as in the run's UI messages.
-        signals = query.get("includeSystemReminders") == "true"
+        signals = _flag(query.get("includeSystemReminders"), "includeSystemReminders")
         thread = await owned(store, request.path_params["thread_id"], resource)
         with store_errors(store, "reading the messages", thread.id):
             messages = await store.messages(thread.id, resource, include_signals=signals)

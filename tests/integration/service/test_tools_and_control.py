@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,34 @@ async def test_unknown_runs_are_404_and_bad_decisions_400(
     assert bad.status_code == 400
     assert "toolCallId" in bad.json()["error"]
     assert (await http.get("/api/agents/tools/suspended-runs?perPage=0")).status_code == 400
+
+
+async def test_a_store_that_fails_a_claim_is_logged_and_answered_without_its_text(
+    service: Service, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store failing (not the caller's mistake) is in the operator's log with the driver's
+    text; the caller's answer says what happened without it."""
+    body = await _suspend(http)
+    decision = {"runId": body["runId"], "toolCallId": body["suspendPayload"]["toolCallId"]}
+    with sqlite3.connect(service.app.config.storage.sqlite_path()) as db:
+        db.execute(
+            "CREATE TRIGGER refuse_claims BEFORE UPDATE ON suspended_runs "
+            "BEGIN SELECT RAISE(ABORT, 'the disk says no'); END"
+        )
+    try:
+        with caplog.at_level(logging.WARNING):
+            failed = await http.post("/api/agents/tools/approve-tool-call-generate", json=decision)
+    finally:
+        with sqlite3.connect(service.app.config.storage.sqlite_path()) as db:
+            db.execute("DROP TRIGGER refuse_claims")
+    assert (failed.status_code, failed.json()) == (500, {"error": "the memory store failed"})
+    (logged,) = [
+        r.getMessage() for r in caplog.records if "suspended runs: the store failed" in r.getMessage()
+    ]
+    assert "the disk says no" in logged
+    # the claim never happened: the run is still suspended, and its approval goes on
+    approved = await http.post("/api/agents/tools/approve-tool-call-generate", json=decision)
+    assert approved.json()["status"] == "success", approved.text
 
 
 async def test_a_bound_key_sees_and_resumes_only_its_resources_runs(http: httpx.AsyncClient) -> None:

@@ -123,21 +123,28 @@ class ContextTrust:
         is not trusted for; those keys (sorted) are the second item, for the response to name."""
         return self._screen(caller, context, where, drop=self.drop)
 
-    def _screen(
-        self, caller: Caller, context: Any, where: str, *, drop: bool
-    ) -> tuple[dict[str, Any], list[str]]:
+    @staticmethod
+    def check_reserved(context: Any, where: str = "requestContext") -> dict[str, Any]:
+        """`context` (an object, or None: empty) without a reserved key: a 400 naming them. No
+        caller sends those, whatever else it may send."""
         if context is None:
-            return {}, []
+            return {}
         if not isinstance(context, dict):
             raise BadRequestError(f"{where}: must be an object")
-        if not context:
-            return context, []
         reserved = RESERVED.intersection(context)
         if reserved:
             raise BadRequestError(
                 f"{where}: {key_names(reserved)} reserved: the server sets the thread, the resource and the "
                 "cache scope (the API key's resource), never the caller"
             )
+        return context
+
+    def _screen(
+        self, caller: Caller, context: Any, where: str, *, drop: bool
+    ) -> tuple[dict[str, Any], list[str]]:
+        context = self.check_reserved(context, where)
+        if not context:
+            return context, []
         allowed = self.allowed(caller)
         if ANY in allowed:
             return context, []

@@ -377,6 +377,33 @@ def _context(resource: str) -> str:
     return base64.b64encode(json.dumps({"mastra__resourceId": resource}).encode()).decode()
 
 
+async def test_a_tenant_key_cannot_send_a_reserved_context_key_either(http: httpx.AsyncClient) -> None:
+    """A key bound to a resource names the resource itself; the memory routes read no other
+    context key. A reserved key in its request context is refused, naming it (it was ignored),
+    before anything is written; any other key is taken."""
+    forged = await http.post(  # as client-js sends it: the query's and a copy in the body
+        f"/api/memory/threads?agentId=assistant&requestContext={_context('user-bob')}",
+        json={"threadId": "t-r", "requestContext": {"mastra__resourceId": "user-bob"}},
+        headers=ADA,
+    )
+    assert forged.status_code == 400, forged.text
+    assert forged.json()["error"].startswith("requestContext: 'mastra__resourceId' reserved")
+    listed = await http.get(
+        f"/api/memory/threads?agentId=assistant&requestContext={_context('user-bob')}", headers=ADA
+    )
+    assert listed.status_code == 400, listed.text
+    assert "mastra__resourceId" in listed.json()["error"]
+    assert (await http.get("/api/memory/threads/t-r", headers=ADA)).status_code == 404  # nothing written
+    tier = base64.b64encode(json.dumps({"tier": "gold"}).encode()).decode()
+    created = await http.post(
+        f"/api/memory/threads?agentId=assistant&requestContext={tier}",
+        json={"threadId": "t-r", "requestContext": {"tier": "gold"}},
+        headers=ADA,
+    )
+    assert created.status_code == 200, created.text
+    assert created.json()["resourceId"] == "user-ada"
+
+
 async def test_the_resource_never_comes_from_the_request_context(
     trusting: httpx.AsyncClient,
 ) -> None:

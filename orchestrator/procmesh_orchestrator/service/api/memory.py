@@ -137,7 +137,7 @@ def scope(
 ) -> tuple[MemoryStore, str]:
     """The store and the caller's resource: the key's, or for an operator the one `claimed`
     (``resourceId``); `agent_id`, when given, must have memory. `request_context` gives the
-    request's context, checked (for an operator only) to hold no reserved key."""
+    request's context, checked to hold no reserved key (and, for an operator, only keys it may send)."""
     if agent_id:
         memory = service.agent(agent_id).spec.memory
         if memory is None:
@@ -153,6 +153,9 @@ def scope(
     if caller.resource is not None:
         if claim and claim != caller.resource:
             raise MemoryNotFoundError(f"resource {label(claim)} is not this API key's")
+        # The key names the resource and the memory routes read no other context key; a reserved
+        # one is still refused, naming it, as on every route: it never comes from a caller.
+        service.trust.check_reserved(request_context())
         return store, caller.resource
     if not caller.operator:  # a @gateway key never gets here (the HTTP boundary refuses it)
         raise MemoryForbiddenError("the memory API needs a key bound to a resource, or an operator key")

@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "--limit",
         type=int,
         default=1000,
-        help="with --since: at most this many (1 to 9999); more in the range: a note on stderr",
+        help="with --since: at most this many (1 to 9999, default 1000); more in the range: a note on stderr",
     )
     decisions.add_argument("--config", help="YAML configuration file (default: PROCMESH_CONFIG_FILE)")
     decisions.add_argument("--json", action="store_true", help="one JSON object per line")

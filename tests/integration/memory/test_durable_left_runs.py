@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import pytest
 
-from procmesh_orchestrator.durable import DurableRuns
+from procmesh_orchestrator.durable import DurableRuns, takeover
 from procmesh_orchestrator.durable.config import DurableConfig
 from procmesh_orchestrator.durable.events import MemoryEventLog
 from procmesh_orchestrator.metrics import OrchestratorMetrics
@@ -49,10 +50,9 @@ async def test_the_store_pages_and_counts_every_run_left_to_others(store: Memory
     assert await store.unclaimable_durable_runs(agents=["here"], limit=5, after=ids[-1]) == []
 
 
-async def test_the_claim_loop_counts_and_logs_every_run_left_to_others(
-    store: MemoryStore, caplog: pytest.LogCaptureFixture
-) -> None:
-    await _left_behind(store)
+async def _claim_loop_until(store: MemoryStore, done: Callable[[OrchestratorMetrics], bool]) -> float | None:
+    """A replica with agent ``here`` alone claims until `done(its metrics)`; its count of runs
+    left for their agent then."""
     metrics = OrchestratorMetrics()
 
     async def opened() -> MemoryStore:
@@ -61,14 +61,38 @@ async def test_the_claim_loop_counts_and_logs_every_run_left_to_others(
     replica = DurableRuns(
         opened, MemoryEventLog(), {}, metrics, DurableConfig(claim_interval_seconds=0.05), replica="here"
     )
-    caplog.set_level(logging.WARNING, logger="procmesh_orchestrator.durable")
     await replica.start()
     try:
         async with asyncio.timeout(20):
-            while "are left for a replica" not in caplog.text:  # noqa: ASYNC110 - a log line: poll
+            while not done(metrics):  # noqa: ASYNC110 - another task's counter or log line: poll
                 await asyncio.sleep(0.05)
     finally:
         await replica.close()
-    left = metrics.registry.get_sample_value("procmesh_durable_runs_left_total", {"reason": "agent"})
+    return _left(metrics)
+
+
+def _left(metrics: OrchestratorMetrics) -> float | None:
+    return metrics.registry.get_sample_value("procmesh_durable_runs_left_total", {"reason": "agent"})
+
+
+async def test_the_claim_loop_counts_and_logs_every_run_left_to_others(
+    store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _left_behind(store)
+    caplog.set_level(logging.WARNING, logger="procmesh_orchestrator.durable")
+    left = await _claim_loop_until(store, lambda _: "are left for a replica" in caplog.text)
     assert left == RUNS
     assert f"{RUNS} expired durable run(s) of agent(s) this replica's config lacks ('gone')" in caplog.text
+
+
+async def test_a_look_that_reads_fewer_runs_than_are_left_logs_their_true_number(
+    store: MemoryStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look reads at most `_LEFT_PAGES` pages (one here, of 100): its log line gives the store's
+    count of every run left, not the number that look read, and the next looks count the rest."""
+    monkeypatch.setattr(takeover, "_LEFT_PAGES", 1)
+    await _left_behind(store)
+    caplog.set_level(logging.WARNING, logger="procmesh_orchestrator.durable")
+    assert await _claim_loop_until(store, lambda metrics: _left(metrics) == RUNS) == RUNS
+    (line,) = [r.getMessage() for r in caplog.records if "are left for a replica" in r.getMessage()]
+    assert line.startswith(f"{RUNS} expired durable run(s) of agent(s) this replica's config lacks ('gone')")

@@ -25,6 +25,12 @@ pytestmark = pytest.mark.e2e
 METRICS = "--metrics-host (PROCMESH_METRICS_HOST) does nothing: no --metrics-port"
 KEY = "PROCMESH_MODEL_GATEWAY_KEY) does nothing: no --model-gateway"
 NODE_KEY = "PROCMESH_MODEL_GATEWAY_KEY does nothing: no PROCMESH_MODEL_GATEWAY"
+GATEWAY_FILES = (
+    "PROCMESH_MODEL_GATEWAY_CA",
+    "PROCMESH_MODEL_GATEWAY_CERT",
+    "PROCMESH_MODEL_GATEWAY_CERT_KEY",
+)
+"""The gateway's TLS files: named too when there is no gateway to use them with."""
 
 
 def _command(language: str, *flags: str) -> list[str]:
@@ -65,7 +71,8 @@ def _environment(**more: str) -> dict[str, str]:
 def test_a_metrics_host_without_a_port_and_a_key_without_a_gateway_are_warned(
     tmp_path: Path, language: str
 ) -> None:
-    env = _environment(PROCMESH_MODEL_GATEWAY_KEY="k-1")
+    files = {name: str(tmp_path / f"{name.lower()}.pem") for name in GATEWAY_FILES}  # never read
+    env = _environment(PROCMESH_MODEL_GATEWAY_KEY="k-1", **files)
     flags = ("--metrics-host", "127.0.0.1") if language == "python" else ()
     if language == "node":
         env["PROCMESH_METRICS_HOST"] = "127.0.0.1"
@@ -73,6 +80,13 @@ def test_a_metrics_host_without_a_port_and_a_key_without_a_gateway_are_warned(
     warnings = [line for line in text.splitlines() if "WARNING" in line]
     assert any(METRICS in line for line in warnings), text
     assert any((NODE_KEY if language == "node" else KEY) in line for line in warnings), text
+    for name in GATEWAY_FILES:
+        said = (
+            f"{name} does nothing: no PROCMESH_MODEL_GATEWAY"
+            if language == "node"
+            else f"{name}) does nothing"
+        )
+        assert any(said in line for line in warnings), (name, text)
     assert "k-1" not in text  # the key's name, never its value
 
 

@@ -64,3 +64,11 @@ def test_an_entry_without_a_key_is_a_usage_error(config: str) -> None:
     proc = procmesh("generate", "a", "hello", "--config", config, "--context", "=x")
     assert proc.returncode == 2
     assert "--context: expected KEY=VALUE, got '=x'" in proc.stderr
+
+
+def test_a_key_given_twice_is_a_usage_error(config: str) -> None:
+    # the last value was taken before, the first dropped without a word
+    args = ["--context", "tenant=acme", "--context", "tenant=globex"]
+    proc = procmesh("generate", "a", "hello", "--config", config, *args)
+    assert proc.returncode == 2, proc.stdout
+    assert "--context: 'tenant' given more than once (give each key once)" in proc.stderr

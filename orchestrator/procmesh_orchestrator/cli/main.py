@@ -248,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(check_sidecar(words[1:], prog="procmesh check-sidecar"))
     args = parser.parse_args(argv)
+    keys = [key for key, _ in getattr(args, "context", ())]
+    if twice := sorted({key for key in keys if keys.count(key) > 1}):
+        # dict() would keep the last value without a word
+        parser.error(f"--context: {', '.join(map(repr, twice))} given more than once (give each key once)")
     if args.command in ("generate", "stream", "memory", "runs"):
         args.config = _config_path(parser, args)
     _check_environment(parser, args)

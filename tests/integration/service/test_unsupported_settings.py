@@ -247,6 +247,29 @@ async def test_a_durable_streams_warnings_are_logged_and_counted_once(
     assert len(_warned(caplog, f"durable-{transport}")) == 1
 
 
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+async def test_a_durable_generates_warnings_are_logged_and_counted_once(
+    service: Service, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, transport: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    agent = f"durable-{transport}"
+    before = await _ignored(http, "topK")
+    if transport == "http":
+        body = {"messages": "hi", "modelSettings": {"topK": 5}}
+        result = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
+        assert result["status"] == "success", result
+        settings = [w["setting"] for w in result["warnings"]]
+    else:
+        request = apb.GenerateRequest(agent_id=agent, text="hi", model_settings=apb.ModelSettings(top_k=5))
+        async with agent_stub(service) as stub:
+            response = await stub.Generate(request)
+        assert response.status == "success", response.error
+        settings = [w.setting for w in response.warnings]
+    assert settings == ["topK"]
+    assert await _counted(http, "topK", before + 1) == before + 1
+    assert len(_warned(caplog, agent)) == 1
+
+
 def _step_results(chunks: list[Any]) -> list[tuple[str, Any]]:
     """Each ``step-finish`` and ``finish`` chunk's type and ``payload.stepResult.warnings``."""
     ends = [c for c in chunks if isinstance(c, dict) and c["type"] in ("step-finish", "finish")]

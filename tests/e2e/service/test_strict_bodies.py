@@ -9,6 +9,7 @@ the key then works. AgentService refuses a request holding fields its contract l
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -233,6 +234,28 @@ async def test_a_boolean_query_parameter_other_than_true_or_false_is_a_400(http:
     for value in ("true", "false"):
         taken = await http.get(path, params={**query, "includeSystemReminders": value})
         assert taken.status_code == 200, taken.text
+
+
+async def test_a_json_key_given_twice_is_a_400_naming_it(http: httpx.AsyncClient) -> None:
+    # json keeps the last of two equal keys: the first message, context or order was dropped silently
+    body = b'{"messages": "first question", "messages": "second question"}'
+    answer = await http.post(
+        "/api/agents/teller/generate", content=body, headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "malformed JSON body: the key 'messages' is given twice in one object"
+    context = base64.b64encode(b'{"tier": "gold", "tier": "free"}').decode()
+    listed = await http.get("/api/agents", params={"requestContext": context})
+    assert listed.status_code == 400, listed.text
+    assert listed.json()["error"] == "requestContext: the key 'tier' is given twice in one object"
+    order = '{"field": "createdAt", "direction": "ASC", "direction": "DESC"}'
+    made = await http.post("/api/memory/threads", params={"agentId": "teller"}, json={"threadId": "t-dup"})
+    assert made.status_code == 200, made.text
+    paged = await http.get(
+        "/api/memory/threads/t-dup/messages", params={"agentId": "teller", "orderBy": order}
+    )
+    assert paged.status_code == 400, paged.text
+    assert paged.json()["error"] == "orderBy: the key 'direction' is given twice in one object"
 
 
 def _varint(value: int) -> bytes:

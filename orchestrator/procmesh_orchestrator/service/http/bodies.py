@@ -75,6 +75,28 @@ class EventStreamResponse(_Releasing, StreamingResponse):
         self._release = release
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object holding a key twice (`decode_json`)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(f"the key {label(key)} is given twice in one object")
+            seen.add(key)
+    return out
+
+
+def decode_json(text: str | bytes | bytearray) -> Any:
+    """`text` as JSON, refusing an object that holds a key twice (`DuplicateKeyError`): `json`
+    keeps the last without a word, so ``{"threadId": "a", ..., "threadId": "b"}`` would run on b,
+    its a dropped. A ValueError (RecursionError: too deep) otherwise, as `json.loads`."""
+    return json.loads(text, object_pairs_hook=_object)
+
+
 async def _read_json(request: Request, limit: int, timeout: float) -> Any:
     """The body as JSON, refusing more than `limit` bytes before or while reading it, or a body
     that takes longer than `timeout` seconds to arrive."""
@@ -100,7 +122,7 @@ async def _read_json(request: Request, limit: int, timeout: float) -> Any:
     if not body:
         raise BadRequestError("empty body: send a JSON object with a 'messages' field")
     try:
-        return json.loads(body)
+        return decode_json(body)
     except RecursionError:
         raise BadRequestError("malformed JSON body: nests too deep") from None
     except ValueError as exc:
@@ -161,7 +183,9 @@ def query_context(request: Request) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        context = json.loads(base64.b64decode(raw, validate=True))
+        context = decode_json(base64.b64decode(raw, validate=True))
+    except DuplicateKeyError as exc:
+        raise BadRequestError(f"requestContext: {exc}") from None
     except (ValueError, binascii.Error):
         raise BadRequestError("requestContext: must be base64 of a JSON object") from None
     if not isinstance(context, dict):

@@ -8,7 +8,6 @@ whose it is, the thread of it a route names and the store's errors as answers ar
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
@@ -37,7 +36,13 @@ from procmesh_orchestrator.service.api.memory import (
 from procmesh_orchestrator.service.api.message_keys import Keys, count_ignored, ignored_labels
 from procmesh_orchestrator.service.api.messages import db_message
 from procmesh_orchestrator.service.api.results import dumps
-from procmesh_orchestrator.service.http.bodies import query_context, refuse_unknown, route
+from procmesh_orchestrator.service.http.bodies import (
+    DuplicateKeyError,
+    decode_json,
+    query_context,
+    refuse_unknown,
+    route,
+)
 from procmesh_orchestrator.store import MAX_PAGE, MemoryStore, Thread, ThreadOrder, label
 
 ReadJson = Callable[[Request], Awaitable[Any]]
@@ -74,7 +79,9 @@ def _json_param(request: Request, name: str) -> Any:
     if raw is None:
         return None
     try:
-        return json.loads(raw)
+        return decode_json(raw)
+    except DuplicateKeyError as exc:
+        raise BadRequestError(f"{name}: {exc}") from None
     except ValueError:
         raise BadRequestError(f"{name}: must be JSON") from None
 

@@ -165,6 +165,21 @@ async def test_settings_the_api_has_give_no_warning(http: httpx.AsyncClient) -> 
     assert result["steps"][0]["warnings"] == []
 
 
+async def _generate(
+    service: Service, http: httpx.AsyncClient, transport: str, agent: str, text: str
+) -> tuple[str, list[str], int]:
+    """`agent`'s generate of `text` with ``topK`` (OpenAI lacks it) over `transport`: its status,
+    the settings its warnings name, and its number of steps."""
+    if transport == "http":
+        body = {"messages": text, "modelSettings": {"topK": 5}}
+        result = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
+        return result["status"], [w["setting"] for w in result["warnings"]], len(result["steps"])
+    request = apb.GenerateRequest(agent_id=agent, text=text, model_settings=apb.ModelSettings(top_k=5))
+    async with agent_stub(service) as stub:
+        response = await stub.Generate(request)
+    return response.status, [w.setting for w in response.warnings], len(response.steps)
+
+
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 async def test_a_failed_runs_partial_warnings_are_logged_and_counted_once(
     service: Service, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, transport: str
@@ -172,19 +187,8 @@ async def test_a_failed_runs_partial_warnings_are_logged_and_counted_once(
     caplog.set_level(logging.WARNING)
     agent = f"fail-{transport}"
     before = await _ignored(http, "topK")
-    if transport == "http":
-        body = {"messages": "weather?", "modelSettings": {"topK": 5}}
-        result = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
-        assert result["status"] == "failed", result
-        steps = result["steps"]
-    else:
-        request = apb.GenerateRequest(
-            agent_id=agent, text="weather?", model_settings=apb.ModelSettings(top_k=5)
-        )
-        async with agent_stub(service) as stub:
-            response = await stub.Generate(request)
-        assert response.finish_reason == "error", response
-        steps = list(response.steps)
+    status, _, steps = await _generate(service, http, transport, agent, "weather?")
+    assert status == "failed"
     assert steps, "the partial result keeps the step before the refused model call"
     assert await _ignored(http, "topK") == before + 1
     assert len(_warned(caplog, agent)) == 1
@@ -254,18 +258,7 @@ async def test_a_durable_generates_warnings_are_logged_and_counted_once(
     caplog.set_level(logging.WARNING)
     agent = f"durable-{transport}"
     before = await _ignored(http, "topK")
-    if transport == "http":
-        body = {"messages": "hi", "modelSettings": {"topK": 5}}
-        result = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
-        assert result["status"] == "success", result
-        settings = [w["setting"] for w in result["warnings"]]
-    else:
-        request = apb.GenerateRequest(agent_id=agent, text="hi", model_settings=apb.ModelSettings(top_k=5))
-        async with agent_stub(service) as stub:
-            response = await stub.Generate(request)
-        assert response.status == "success", response.error
-        settings = [w.setting for w in response.warnings]
-    assert settings == ["topK"]
+    assert (await _generate(service, http, transport, agent, "hi"))[:2] == ("success", ["topK"])
     assert await _counted(http, "topK", before + 1) == before + 1
     assert len(_warned(caplog, agent)) == 1
 

@@ -113,7 +113,7 @@ class OrchestratorSettings(BaseSettings):
     """Requests and streams in flight at once per API key, HTTP and gRPC together; past it: 429 /
     RESOURCE_EXHAUSTED naming this limit. Default: a quarter of ``max_connections``, so one key
     cannot take every connection from the others. Without API keys (development) only
-    ``max_connections`` applies."""
+    ``max_connections`` applies, and setting this is an error (it would limit nothing)."""
 
     @property
     def inflight_per_key(self) -> int:

@@ -2,7 +2,8 @@
 refused at start-up, through the real ``procmesh-orchestrator`` process: ``dsnEnv`` without
 ``backend: postgres`` once started each replica on a SQLite file of its own (memory, suspended and
 durable runs not shared), ``url`` without ``backend: redis`` on an event log of its own, a stdio
-MCP server's ``headers`` were never sent, without a word."""
+MCP server's ``headers`` were never sent, without a word. So is a setting that needs another:
+``PROCMESH_MAX_INFLIGHT_PER_KEY`` without API keys limited no caller."""
 
 from __future__ import annotations
 
@@ -41,9 +42,20 @@ AGENTS = "models: {demo: {provider: demo}}\nagents: {a: {model: demo, errorProce
     ],
 )
 def test_a_key_of_a_backend_not_chosen_stops_the_start(tmp_path: Path, section: str, named: str) -> None:
-    config = tmp_path / "c.yaml"
-    config.write_text(f"{section}\n{AGENTS}")
     env = {"MEMORY_DSN": "postgresql://nobody@127.0.0.1:1/none", "EVENTS_URL": "redis://127.0.0.1:1/0"}
+    assert_refused(tmp_path, f"{section}\n{AGENTS}", env, named)
+
+
+def test_a_per_key_limit_without_api_keys_stops_the_start(tmp_path: Path) -> None:
+    # it served before, the limit applying to no caller (without keys every caller is anonymous)
+    named = "PROCMESH_MAX_INFLIGHT_PER_KEY limits each API key, and no API key is configured"
+    assert_refused(tmp_path, AGENTS, {"PROCMESH_MAX_INFLIGHT_PER_KEY": "4"}, named)
+
+
+def assert_refused(tmp_path: Path, config_text: str, env: dict[str, str], named: str) -> None:
+    """`procmesh-orchestrator` on this config and environment exits 2 naming `named`."""
+    config = tmp_path / "c.yaml"
+    config.write_text(config_text)
     command = [
         str(BIN / "procmesh-orchestrator"),
         "--config",
@@ -53,7 +65,7 @@ def test_a_key_of_a_backend_not_chosen_stops_the_start(tmp_path: Path, section: 
         "--grpc-port",
         "0",
     ]
-    proc = run(*command, env=env, timeout=60)
+    proc = run(*command, env=env, timeout=30)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert named in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -14,6 +14,7 @@ from typing import Any
 
 from procmesh_orchestrator.app import App, Pipeline
 from procmesh_orchestrator.config import Config
+from procmesh_orchestrator.errors import ServiceStartError
 from procmesh_orchestrator.run import Agent
 from procmesh_orchestrator.service._auth import ApiKeys
 from procmesh_orchestrator.service._errors import AgentNotFoundError
@@ -53,6 +54,11 @@ class ServiceCore:
             max_depth=settings.max_input_depth,
             max_string_chars=settings.max_input_string_chars,
         )
+        if settings.max_inflight_per_key is not None and not self.keys.enabled:
+            raise ServiceStartError(
+                "PROCMESH_MAX_INFLIGHT_PER_KEY limits each API key, and no API key is configured "
+                "(PROCMESH_API_KEYS): every caller is anonymous, so it would limit nothing"
+            )
         self.key_limits = KeyLimits(settings.inflight_per_key)
         """Requests in flight per API key (PROCMESH_MAX_INFLIGHT_PER_KEY), both APIs."""
         self.gate = RunGate()

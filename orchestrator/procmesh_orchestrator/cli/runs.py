@@ -14,6 +14,10 @@ if TYPE_CHECKING:  # the store code is imported when the command runs, not for e
     from procmesh_orchestrator.store import Decision
 
 
+DEFAULT_LIMIT = 1000
+"""Decisions `--since` prints at most, unless `--limit` says."""
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The `runs` command and its action."""
     runs = sub.add_parser("runs", help="read what the store keeps of runs (the config's storage)")
@@ -28,7 +32,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     decisions.add_argument(
         "--limit",
         type=int,
-        default=1000,
         help="with --since: at most this many (1 to 9999, default 1000); more in the range: a note on stderr",
     )
     decisions.add_argument("--config", help="YAML configuration file (default: PROCMESH_CONFIG_FILE)")
@@ -54,6 +57,15 @@ async def run(args: argparse.Namespace) -> int:
     if (args.run is None) == (args.since is None):
         print("procmesh runs decisions: give a RUN or --since, not both", file=sys.stderr, flush=True)
         return 2
+    ranged = [flag for flag in ("until", "agent", "limit") if getattr(args, flag) is not None]
+    if args.run is not None and ranged:  # a run's record is all of it: they would change nothing
+        flags = ", ".join(f"--{flag}" for flag in ranged)
+        print(
+            f"procmesh runs decisions: {flags} go with --since, not with a RUN", file=sys.stderr, flush=True
+        )
+        return 2
+    if args.limit is None:
+        args.limit = DEFAULT_LIMIT
     if limit_refused("runs decisions", args.limit, MAX_BETWEEN):
         return 2
     store = open_store(load_config(args.config).storage)

@@ -270,6 +270,9 @@ async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
     assert "no decision record of run 'no-such-run'" in missing.stderr
     for refused, said in [
         ([result["runId"], "--since", "2000-01-01"], "give a RUN or --since, not both"),
+        # each printed the run's whole record before, the flag unread
+        ([result["runId"], "--agent", "blocked"], "--agent go with --since, not with a RUN"),
+        ([result["runId"], "--until", "2999-01-01", "--limit", "1"], "--until, --limit go with --since"),
         (["--since", "2000-01-01", "--limit", "0"], "--limit must be from 1 to 9999"),
     ]:
         usage = await asyncio.to_thread(

@@ -112,9 +112,17 @@ async def test_a_thread_lives_through_create_get_update_generate_list_and_delete
     assert len(body["uiMessages"]) == 4
     page = await http.get("/api/memory/threads/t-1/messages?perPage=3&page=1", headers=ADA)
     assert [message_text(m) for m in page.json()["messages"]] == [demo_answer("What did I say?")]
+    assert page.json()["hasMore"] is False
+    for per_page, more in ((3, True), (4, False)):  # a first page that ends at the last message: no more
+        first = await http.get(f"/api/memory/threads/t-1/messages?perPage={per_page}", headers=ADA)
+        assert first.json()["hasMore"] is more, per_page
+    everything = (await http.get("/api/memory/threads/t-1/messages?perPage=false", headers=ADA)).json()
+    assert (len(everything["messages"]), everything["perPage"], everything["hasMore"]) == (4, False, False)
     threads = (await http.get("/api/memory/threads?agentId=assistant", headers=ADA)).json()
     assert [t["id"] for t in threads["threads"]] == ["t-1"]
-    assert threads["total"] == 1
+    assert (threads["total"], threads["hasMore"]) == (1, False)
+    one = await http.get("/api/memory/threads?agentId=assistant&perPage=1", headers=ADA)  # ends at it
+    assert one.json()["hasMore"] is False
     deleted = await http.delete("/api/memory/threads/t-1?agentId=assistant", headers=ADA)
     assert deleted.json() == {"result": "Thread deleted"}
     assert (await http.get("/api/memory/threads/t-1", headers=ADA)).status_code == 404

@@ -111,9 +111,10 @@ def test_a_thread_list_cut_at_its_limit_says_so(config: str) -> None:
     whole = procmesh("memory", "threads", "--resource", "alice", "--limit", "2", "--config", config)
     assert [line.split("\t")[0] for line in whole.stdout.splitlines()] == ["t2", "t1"]
     assert whole.stderr == ""
-    bad = procmesh("memory", "threads", "--resource", "alice", "--limit", "0", "--config", config)
-    assert bad.returncode == 2
-    assert "--limit must be from 1 to 9999" in bad.stderr
+    for limit in ("0", "10000"):  # 10 000: one more than the store's page would not fit
+        bad = procmesh("memory", "threads", "--resource", "alice", "--limit", limit, "--config", config)
+        assert bad.returncode == 2, (limit, bad.stderr)
+        assert "--limit must be from 1 to 9999" in bad.stderr
 
 
 def test_a_reader_that_stops_reading_is_no_traceback(config: str) -> None:

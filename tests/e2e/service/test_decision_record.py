@@ -274,6 +274,7 @@ async def test_the_cli_prints_a_runs_decisions(stack: Stack) -> None:
         ([result["runId"], "--agent", "blocked"], "--agent go with --since, not with a RUN"),
         ([result["runId"], "--until", "2999-01-01", "--limit", "1"], "--until, --limit go with --since"),
         (["--since", "2000-01-01", "--limit", "0"], "--limit must be from 1 to 9999"),
+        (["--since", "2000-01-01", "--limit", "10000"], "--limit must be from 1 to 9999"),
     ]:
         usage = await asyncio.to_thread(
             subprocess.run,

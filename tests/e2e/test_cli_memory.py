@@ -117,10 +117,16 @@ def test_a_thread_list_cut_at_its_limit_says_so(config: str) -> None:
         assert "--limit must be from 1 to 9999" in bad.stderr
 
 
-def test_a_reader_that_stops_reading_is_no_traceback(config: str) -> None:
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_reader_that_stops_reading_is_no_traceback(config: str, buffered: bool) -> None:
     """`procmesh memory messages ... | head -0`: the pipe is closed before the command writes; it
-    ends with 141, as a shell reports a command a closed pipe ended, and no traceback."""
+    ends with 141, as a shell reports a command a closed pipe ended, and no traceback. Python's
+    stdout to a pipe is buffered (the write fails as the command ends) unless PYTHONUNBUFFERED is
+    set (each print fails): both."""
     ok("generate", "chat", "hi", "--config", config, "--thread", "t1", "--resource", "alice")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the command starts
     try:
@@ -131,6 +137,7 @@ def test_a_reader_that_stops_reading_is_no_traceback(config: str) -> None:
             text=True,
             timeout=60,
             check=False,
+            env=env,
         )
     finally:
         os.close(write)

@@ -3,7 +3,8 @@ refused at start-up, through the real ``procmesh-orchestrator`` process: ``dsnEn
 ``backend: postgres`` once started each replica on a SQLite file of its own (memory, suspended and
 durable runs not shared), ``url`` without ``backend: redis`` on an event log of its own, a stdio
 MCP server's ``headers`` were never sent, without a word. So is a setting that needs another:
-``PROCMESH_MAX_INFLIGHT_PER_KEY`` without API keys limited no caller."""
+``PROCMESH_MAX_INFLIGHT_PER_KEY`` without API keys limited no caller; and an override whose name
+matches two keys (case and underscores aside) set the first."""
 
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ def test_a_per_key_limit_without_api_keys_stops_the_start(tmp_path: Path) -> Non
     # it served before, the limit applying to no caller (without keys every caller is anonymous)
     named = "PROCMESH_MAX_INFLIGHT_PER_KEY limits each API key, and no API key is configured"
     assert_refused(tmp_path, AGENTS, {"PROCMESH_MAX_INFLIGHT_PER_KEY": "4"}, named)
+
+
+def test_an_override_naming_two_keys_stops_the_start(tmp_path: Path) -> None:
+    # MY_AGENT matches my_agent and myAgent alike: the first was set before, the other left as it was
+    agents = "agents: {my_agent: {model: demo}, myAgent: {model: demo}}\n"
+    named = "PROCMESH_CONFIG__AGENTS__MY_AGENT__MAX_STEPS: MY_AGENT names 2 keys of agents"
+    assert_refused(tmp_path, agents, {"PROCMESH_CONFIG__AGENTS__MY_AGENT__MAX_STEPS": "3"}, named)
 
 
 def assert_refused(tmp_path: Path, config_text: str, env: dict[str, str], named: str) -> None:

@@ -81,9 +81,15 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> lis
         path: list[str] = []
         for i, segment in enumerate(segments):
             # an existing key, else the config's camelCase spelling (MAX_STEPS -> maxSteps)
-            key = next(
-                (k for k in node if isinstance(k, str) and _same_key(k, segment)), to_camel(segment.lower())
-            )
+            matching = [k for k in node if isinstance(k, str) and _same_key(k, segment)]
+            if len(matching) > 1:  # the first would be set, without a word about the other
+                where = ".".join(path) or "the top level"
+                raise ConfigError(
+                    f"{name}: {segment} names {len(matching)} keys of {where} "
+                    f"({', '.join(map(repr, matching))}: case and underscores aside they are one name); "
+                    "rename one of them"
+                )
+            key = matching[0] if matching else to_camel(segment.lower())
             path.append(key)
             if i == len(segments) - 1:
                 try:

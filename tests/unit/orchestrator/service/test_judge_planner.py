@@ -273,10 +273,12 @@ async def test_a_lane_still_sending_keeps_its_groups_waiting(
     assert judge.alone == ["moderation"] * 5
 
 
+@pytest.mark.parametrize("at_once", [False, True])
 async def test_questions_the_cache_answers_keep_their_lane_waiting(
-    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch, at_once: bool
 ) -> None:
-    # the gateway calls `sending` for each sectioned request before its verdict cache looks it up
+    # the gateway calls `sending` for each sectioned request before its verdict cache looks it up;
+    # `cached` for one the cache answers in the step that reads it (the gateway's fast path)
     clock = LoopClock(monkeypatch)
     judge = Judge()
     planner = _planner(judge, metrics, window=0.2)
@@ -285,7 +287,7 @@ async def test_questions_the_cache_answers_keep_their_lane_waiting(
     hit.section.CopyFrom(mpb.JudgeSection(content="old", instructions="i", question="q", phase="input"))
     for _ in range(5):  # 250 ms of the lane's questions about the history, answered from the cache
         await clock.advance(0.05)
-        planner.sending(hit, None, {"temperature": 0})
+        (planner.cached if at_once else planner.sending)(hit, None, {"temperature": 0})
     assert judge.alone == []  # the group, older than its window, still waits
     assert judge.merged == []
     late = [asyncio.ensure_future(planner.judge(_request(g, content="new"))) for g in ("moderation", "pii")]
@@ -342,15 +344,19 @@ async def test_a_window_the_loop_was_away_for_is_waited_again(
     assert judge.merged == [["moderation", "pii", "injection"]]
 
 
+@pytest.mark.parametrize("at_once", [False, True])
 async def test_a_guard_the_cache_answered_is_not_waited_for(
-    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch
+    metrics: OrchestratorMetrics, monkeypatch: pytest.MonkeyPatch, at_once: bool
 ) -> None:
     _, judge, planner, early = _two_asked(metrics, monkeypatch, "three")  # no time passes
     await _settle()
     hit = mpb.ModelServiceGenerateRequest(model="judge", run_id="r1", processor_id="injection")
     hit.section.CopyFrom(mpb.JudgeSection(content="hello", instructions="i", question="q", phase="input"))
-    planner.sending(hit, None, {"temperature": 0})
-    planner.answered(hit, None, {"temperature": 0})  # the group goes out as the cache answers injection
+    if at_once:  # the gateway's fast path: sending and answered in one step
+        planner.cached(hit, None, {"temperature": 0})
+    else:
+        planner.sending(hit, None, {"temperature": 0})
+        planner.answered(hit, None, {"temperature": 0})  # the group goes out as the cache answers injection
     await asyncio.gather(*early)
     assert judge.merged == [["moderation", "pii"]]
 

@@ -225,13 +225,18 @@ def test_broken_config_exits_2_naming_the_key(tmp_path: Path) -> None:
             "decisions.recordContent does nothing without decisions.record: true",
         ),
         (
+            "models:\n  demo: {provider: demo, responses: [{text: scripted}]}\n",
+            "models.demo: Value error, responses: read by a scripted model only",
+        ),
+        (
             "judgeCache:\n  ttlSeconds: 30\n  redis: {url: 'redis://127.0.0.1:1'}\n",
             "judgeCache.redis, judgeCache.ttlSeconds do nothing without judgeCache.enabled: true",
         ),
     ],
 )
 def test_a_setting_its_section_leaves_off_exits_2_naming_it(tmp_path: Path, section: str, named: str) -> None:
-    # both ran before, with exit 0: no content recorded, no verdict cached, and nothing said so
+    # each ran before, with exit 0: no content recorded, the demo's own answer, no verdict cached,
+    # and nothing said so
     path = tmp_path / "off.yaml"
     path.write_text(f"agents:\n  a:\n    model: demo\n{section}", encoding="utf-8")
     proc = procmesh("generate", "a", "hi", "--config", str(path))

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 
@@ -74,6 +82,14 @@ class ModelConfig(_Model):
                 where = (f"{i}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
                 raise ValueError("; ".join(where)) from None
         return value
+
+    @model_validator(mode="after")
+    def _scripted_only(self) -> ModelConfig:
+        if self.responses and self.provider != "scripted":  # the demo model answers on its own
+            raise ValueError(
+                f"responses: read by a scripted model only (this one's provider is {self.provider!r})"
+            )
+        return self
 
 
 ProviderKind = Literal["openai", "anthropic"]

@@ -258,6 +258,8 @@ async def test_runs_belong_to_their_resource(http: httpx.AsyncClient) -> None:
     run_id, _ = await stream(http, "d", {"messages": "hi"}, ADA)
     run = await wait_status(http, run_id, "done")
     assert run["resourceId"] == "ada"
+    bobs, _ = await stream(http, "d", {"messages": "hi"}, BOB)  # a second run: paging below has two
+    await wait_status(http, bobs, "done")
     mine = (await http.get("/api/runs", headers=ADA)).json()
     assert run_id in [r["runId"] for r in mine["runs"]]
     assert {r["resourceId"] for r in mine["runs"]} == {"ada"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -217,3 +217,19 @@ LaneItem = ProcessorHandle | ParallelGroup | Conditional | TryCatch | Gated
 RunLaneItem = ProcessorHandle | ParallelGroup
 """A lane entry as a run streams it (an error step streams as its attempt); `TryCatch` too in
 unary hooks."""
+
+
+def handles_in(items: Iterable[object]) -> Iterator[ProcessorHandle]:
+    """Every processor handle bound in lane items, whichever workflow step holds it (a cost slot
+    holds none)."""
+    for item in items:
+        if isinstance(item, ProcessorHandle):
+            yield item
+        elif isinstance(item, ParallelGroup):
+            yield from item.branches
+        elif isinstance(item, Conditional):
+            yield from (*item.then, *item.otherwise)
+        elif isinstance(item, TryCatch):
+            yield from handles_in((item.attempt, item.fallback))
+        elif isinstance(item, Gated):
+            yield item.item

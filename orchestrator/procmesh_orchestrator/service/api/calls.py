@@ -33,6 +33,7 @@ from procmesh_orchestrator.service.api.call_options import (
     step_kwargs,
     validated,
 )
+from procmesh_orchestrator.service.api.context_cases import NOT_A_STRING
 from procmesh_orchestrator.service.api.message_keys import Keys, ignored_labels
 from procmesh_orchestrator.service.api.messages import input_message, own_ids
 from procmesh_orchestrator.service.api.step_settings import (
@@ -110,6 +111,11 @@ class AgentCall:
         ]
         self.ignored_options = [*self.ignored_options, *given]
 
+    def note_uncased(self, keys: list[str]) -> None:
+        """Request-context keys whose value, not a string, chose no case (`context_cases`), noted
+        in `ignored_options` as ``requestContext.KEY``: the run goes on with the default."""
+        self.ignored_options = [*self.ignored_options, *(f"requestContext.{k}" for k in keys)]
+
     def traced(self, headers: Mapping[str, str]) -> AgentCall:
         """The call continuing the caller's W3C trace context (HTTP headers or gRPC metadata)."""
         found = {k: headers[k] for k in ("traceparent", "tracestate") if headers.get(k)}
@@ -127,6 +133,8 @@ def _ignored(name: str) -> tuple[str, str]:
     """An ignored option's counter label and why it is ignored: a body key (`IGNORED_OPTIONS`) or a
     client tool's (``clientTools.NAME.KEY``: `IGNORED_CLIENT_TOOL_KEYS`, labelled without NAME)."""
     unknown = "neither procmesh nor the reference server takes this option"
+    if name.startswith("requestContext."):  # labelled without the key: a caller's keys are no labels
+        return "requestContext", NOT_A_STRING
     if name.startswith("clientTools."):
         key = name.rsplit(".", 1)[1]
         if key in IGNORED_CLIENT_TOOL_KEYS:

@@ -26,6 +26,7 @@ from procmesh_orchestrator.service._errors import (
 )
 from procmesh_orchestrator.service.api import durable, runs
 from procmesh_orchestrator.service.api.calls import AgentCall
+from procmesh_orchestrator.service.api.context_cases import case_keys, uncased
 from procmesh_orchestrator.service.api.core import ServiceCore
 from procmesh_orchestrator.service.api.message_keys import count_ignored
 from procmesh_orchestrator.service.api.processors import bind_lanes
@@ -50,8 +51,10 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
             f"{exc} (dropped: {key_names(call.dropped_context)}, PROCMESH_UNTRUSTED_CONTEXT=drop)"
         ) from None
     core.gate.enter()
-    memory = core.agent(agent_id).spec.memory
+    spec = core.agent(agent_id).spec
+    memory = spec.memory
     call.note_memoryless(memory is not None, memory is not None and memory.recall is not None)
+    call.note_uncased(uncased(case_keys(spec), call.options.request_context))
     ignored = [*(f"modelSettings.{name}" for name in call.ignored_settings), *call.ignored_options]
     if ignored:  # the warning the caller gets in its result, for the operator too
         log.warning("agent %r: a call's options not applied: %s", agent_id, key_names(ignored))

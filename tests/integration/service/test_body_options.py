@@ -449,6 +449,9 @@ async def test_a_mismatch_follows_the_error_strategy(
     body = await _generate(http, "prose", {"messages": "weather?", "structuredOutput": so})
     assert (body["status"], body["object"]) == (status, obj)
     assert body["usedFallbackValue"] is (strategy == "fallback")
+    # the fallbackValue is used only by the fallback strategy: with another, the call is told so
+    ignored = [] if strategy == "fallback" else ["structuredOutput.fallbackValue"]
+    assert [w["setting"] for w in body["warnings"]] == ignored
     if strategy == "strict":
         assert body["finishReason"] == "error"
         assert "structured output: the answer is not JSON" in body["error"]

@@ -37,6 +37,12 @@ class _StructuredOutputBody(BaseModel):
     model: Any = None
     json_prompt_injection: StrictBool = Field(default=False, alias="jsonPromptInjection")
 
+    def ignored(self) -> list[str]:
+        """A ``fallbackValue`` with another `error_strategy` (it is never used): the reference
+        takes it too, so the call runs with a warning naming it (`IGNORED_OPTIONS`)."""
+        given = "fallback_value" in self.model_fields_set and self.error_strategy != "fallback"
+        return ["structuredOutput.fallbackValue"] if given else []
+
 
 class StepOptions(BaseModel):
     """The options both APIs take by the reference's names: the HTTP body's keys, and the gRPC

@@ -256,6 +256,7 @@ def parse_body(data: Any, *, caller: Caller, trust: ContextTrust, limits: InputL
             *sorted(body.model_extra or {}),
             *memory.ignored(),
             *client_tool_extras(body.client_tools or {}),
+            *(body.structured_output.ignored() if body.structured_output else []),
         ],
         ignored_message_keys=ignored_labels(ignored),
     )

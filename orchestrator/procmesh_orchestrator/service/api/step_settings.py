@@ -47,6 +47,8 @@ IGNORED_OPTIONS = {
     "memory.options": "the agent has no memory: the call's memory options apply to nothing",
     "memory.options.semanticRecall": "the agent's memory has no semanticRecall (no embedder): nothing is "
     "recalled, only its message history loaded",
+    "structuredOutput.fallbackValue": "used only with errorStrategy: fallback (a mismatch fails the run "
+    "with strict, and is reported with warn)",
 }
 """The reference server's generate / stream body keys procmesh accepts but does not apply, and
 why; a key neither side knows is ignored the same way (``other``): the call runs, with a warning

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,9 @@ import grpc
 import httpx
 import pytest
 from google.protobuf import struct_pb2
+from pydantic import BaseModel, Field
 
+from procmesh import Processor
 from procmesh.v1 import agent_pb2 as apb
 from procmesh.v1 import agent_pb2_grpc as agrpc
 
@@ -115,3 +118,24 @@ async def grpc_generate_refused(service: Service, context: dict[str, Any], key: 
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Generate(request, metadata=(("authorization", f"Bearer {key}"),))
     return info.value
+
+
+async def settings_ignored(http: httpx.AsyncClient, setting: str) -> float:
+    """``procmesh_call_settings_ignored_total{setting}`` now (0 before its first count)."""
+    metrics = (await http.get("/metrics")).text
+    found = re.search(rf'^procmesh_call_settings_ignored_total{{setting="{setting}"}} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+class BudgetOptions(BaseModel):
+    limit: int = Field(gt=0)
+
+
+class Budget(Processor):
+    """Reports the limit it was given, as a violation the response carries."""
+
+    id = "budget"
+    Options = BudgetOptions
+
+    async def process_input(self, messages: list[Any], options: BudgetOptions, report_violation: Any) -> None:
+        report_violation(f"limit {options.limit}", {"limit": options.limit})

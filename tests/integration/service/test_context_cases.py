@@ -10,28 +10,14 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from pydantic import BaseModel, Field
 
-from procmesh import Processor, ProcessorServer
+from procmesh import ProcessorServer
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
+from tests.integration.service.support import Budget, settings_ignored
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-
-
-class BudgetOptions(BaseModel):
-    limit: int = Field(gt=0)
-
-
-class Budget(Processor):
-    """Reports the limit it was given, as a violation the response carries."""
-
-    id = "budget"
-    Options = BudgetOptions
-
-    async def process_input(self, messages: list[Any], options: BudgetOptions, report_violation: Any) -> None:
-        report_violation(f"limit {options.limit}", {"limit": options.limit})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -87,15 +73,8 @@ def _warned(body: dict[str, Any]) -> list[str]:
     return [w["setting"] for w in body["warnings"]]
 
 
-async def _counted(http: httpx.AsyncClient) -> float:
-    for line in (await http.get("/metrics")).text.splitlines():
-        if line.startswith('procmesh_call_settings_ignored_total{setting="requestContext"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 async def test_a_value_that_is_no_string_takes_the_default_and_is_named(http: httpx.AsyncClient) -> None:
-    before = await _counted(http)
+    before = await settings_ignored(http, "requestContext")
     gold = await _generate(http, "by-option", {"tier": "gold"})
     assert (_limits(gold), _warned(gold)) == ([500], [])
     number = await _generate(http, "by-option", {"tier": 2})
@@ -104,9 +83,9 @@ async def test_a_value_that_is_no_string_takes_the_default_and_is_named(http: ht
     assert "not a string" in number["warnings"][0]["details"]
     absent = await _generate(http, "by-option", {})
     assert (_limits(absent), _warned(absent)) == ([100], [])  # a missing key is the default's case
-    assert await _counted(http) == before + 1
+    assert await settings_ignored(http, "requestContext") == before + 1
     lane = await _generate(http, "by-lane", {"plan": True})
     assert (_limits(lane), _warned(lane)) == ([], ["requestContext.plan"])  # the default lane: empty
     pro = await _generate(http, "by-lane", {"plan": "pro"})
     assert (_limits(pro), _warned(pro)) == ([7], [])
-    assert await _counted(http) == before + 2
+    assert await settings_ignored(http, "requestContext") == before + 2

@@ -12,30 +12,15 @@ import grpc
 import httpx
 import pytest
 import pytest_asyncio
-from pydantic import BaseModel, Field
 
-from procmesh import Processor, ProcessorServer
+from procmesh import ProcessorServer
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.providers.builtin import ScriptedModel
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
-from tests.integration.service.support import grpc_generate_refused
+from tests.integration.service.support import Budget, grpc_generate_refused
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-
-
-class BudgetOptions(BaseModel):
-    limit: int = Field(gt=0)
-
-
-class Budget(Processor):
-    """Reports the limit it was given, as a violation the response carries."""
-
-    id = "budget"
-    Options = BudgetOptions
-
-    async def process_input(self, messages: list[Any], options: BudgetOptions, report_violation: Any) -> None:
-        report_violation(f"limit {options.limit}", {"limit": options.limit})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

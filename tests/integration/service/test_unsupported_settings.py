@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.service import Service
 from procmesh_orchestrator.settings import OrchestratorSettings
 from tests.integration.providers.fakes import FakeAnthropic, FakeOpenAI, error
-from tests.integration.service.support import agent_stub, sse_events, stream_chunks
+from tests.integration.service.support import agent_stub, settings_ignored, sse_events, stream_chunks
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -96,13 +95,6 @@ async def service(
 async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.http_port}", timeout=20) as client:
         yield client
-
-
-async def _ignored(http: httpx.AsyncClient, setting: str) -> float:
-    """``procmesh_call_settings_ignored_total{setting}`` now (0 before its first count)."""
-    metrics = (await http.get("/metrics")).text
-    found = re.search(rf'^procmesh_call_settings_ignored_total{{setting="{setting}"}} (\S+)$', metrics, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def _warned(caplog: pytest.LogCaptureFixture, agent: str) -> list[str]:
@@ -186,11 +178,11 @@ async def test_a_failed_runs_partial_warnings_are_logged_and_counted_once(
 ) -> None:
     caplog.set_level(logging.WARNING)
     agent = f"fail-{transport}"
-    before = await _ignored(http, "topK")
+    before = await settings_ignored(http, "topK")
     status, _, steps = await _generate(service, http, transport, agent, "weather?")
     assert status == "failed"
     assert steps, "the partial result keeps the step before the refused model call"
-    assert await _ignored(http, "topK") == before + 1
+    assert await settings_ignored(http, "topK") == before + 1
     assert len(_warned(caplog, agent)) == 1
 
 
@@ -200,7 +192,7 @@ async def test_a_run_resumed_to_its_end_logs_and_counts_its_warnings(
 ) -> None:
     caplog.set_level(logging.WARNING)
     agent = f"ask-{decision}"
-    before = await _ignored(http, "topK")
+    before = await settings_ignored(http, "topK")
     body = {"messages": "weather?", "modelSettings": {"topK": 5}, "requireToolApproval": True}
     suspended = (await http.post(f"/api/agents/{agent}/generate", json=body)).json()
     assert suspended["status"] == "suspended", suspended
@@ -210,7 +202,7 @@ async def test_a_run_resumed_to_its_end_logs_and_counts_its_warnings(
     resumed = (await http.post(f"/api/agents/{agent}/{decision}-tool-call-generate", json=ask)).json()
     assert resumed["status"] == "success", resumed
     assert resumed["warnings"], "the resumed model call left topK out too"
-    assert await _ignored(http, "topK") == before + 1  # once, as the run ends
+    assert await settings_ignored(http, "topK") == before + 1  # once, as the run ends
     assert len(_warned(caplog, agent)) == 1
 
 
@@ -218,7 +210,7 @@ async def _counted(http: httpx.AsyncClient, setting: str, at_least: float) -> fl
     """``procmesh_call_settings_ignored_total{setting}`` once it reached `at_least` (a durable
     run is noted as it ends on its replica, which may be just after its client read its end)."""
     for _ in range(500):
-        if (now := await _ignored(http, setting)) >= at_least:
+        if (now := await settings_ignored(http, setting)) >= at_least:
             break
         await asyncio.sleep(0.02)
     return now
@@ -241,13 +233,13 @@ async def test_a_durable_streams_warnings_are_logged_and_counted_once(
     service: Service, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, transport: str
 ) -> None:
     caplog.set_level(logging.WARNING)
-    before = await _ignored(http, "topK")
+    before = await settings_ignored(http, "topK")
     chunks = await _streamed(service, http, transport, f"durable-{transport}")
     (start,) = [c for c in chunks if c["type"] == "step-start"]
     assert [w["setting"] for w in start["payload"]["warnings"]] == ["topK"]  # as a plain stream's
     assert await _counted(http, "topK", before + 1) == before + 1
     await asyncio.sleep(0.2)  # a second count would come as soon as the first
-    assert await _ignored(http, "topK") == before + 1
+    assert await settings_ignored(http, "topK") == before + 1
     assert len(_warned(caplog, f"durable-{transport}")) == 1
 
 
@@ -257,7 +249,7 @@ async def test_a_durable_generates_warnings_are_logged_and_counted_once(
 ) -> None:
     caplog.set_level(logging.WARNING)
     agent = f"durable-{transport}"
-    before = await _ignored(http, "topK")
+    before = await settings_ignored(http, "topK")
     assert (await _generate(service, http, transport, agent, "hi"))[:2] == ("success", ["topK"])
     assert await _counted(http, "topK", before + 1) == before + 1
     assert len(_warned(caplog, agent)) == 1

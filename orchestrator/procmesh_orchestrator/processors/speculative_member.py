@@ -30,13 +30,12 @@ from procmesh_orchestrator.processors.stream_call import (
     Item,
     PartCounts,
     Pipe,
-    SessionClock,
-    StreamCall,
     answer_items,
     check_extras,
     count_session,
     fused_items,
 )
+from procmesh_orchestrator.processors.stream_rpc import SessionClock, StreamCall
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup

@@ -33,8 +33,6 @@ from procmesh_orchestrator.processors.stream_call import (
     SEVERITY,
     PartCounts,
     Pipe,
-    SessionClock,
-    StreamCall,
     answer_items,
     check_extras,
     count_session,
@@ -44,6 +42,7 @@ from procmesh_orchestrator.processors.stream_call import (
     session_policy,
 )
 from procmesh_orchestrator.processors.stream_plan import may_follow, speculative_groups
+from procmesh_orchestrator.processors.stream_rpc import SessionClock, StreamCall
 from procmesh_orchestrator.processors.wire import read_effects
 from procmesh_orchestrator.run.hooks import StreamEffects, StreamItem
 

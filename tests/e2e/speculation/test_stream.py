@@ -19,7 +19,7 @@ from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
-from procmesh_orchestrator.processors.stream_call import StreamCall
+from procmesh_orchestrator.processors.stream_rpc import StreamCall
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.speculation.test_unary import _plain, speculative_calls, take_log
 

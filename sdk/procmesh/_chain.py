@@ -12,6 +12,9 @@ through unchanged, its outcome's ``error`` set once.
 A batch goes through one processor at a time, not one part at a time: each processor still
 sees its parts in stream order with its own state, so every answer is the same, and the trip to
 a processor's hook loop is paid once per batch.
+
+`Results` and `pristine` are how a stream, fused or not, answers a run of parts its processors
+gave back unchanged with one result (``unchanged_through``) when the orchestrator takes it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from procmesh._hookloop import relay
 from procmesh._processor import HookEffects
 from procmesh.errors import InternalError, ProcmeshError
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -83,12 +87,61 @@ def returned_chunks(result: Any, hook: str) -> list[Chunk]:
     return chunks
 
 
+def pristine(chunk: Chunk, part: tpb.Chunk) -> Chunk | None:
+    """A copy of `chunk`, just converted from `part`, to tell afterwards whether the hooks gave it
+    back unchanged (equal to it, so encoding it again would give `part`), or None: only a text
+    delta's (what a stream is mostly made of: two small dicts to copy), whose conversion back is
+    exactly `part` when it is not marked transient; any other answer is encoded as usual."""
+    if part.transient or not part.HasField("text_delta"):
+        return None
+    return {"type": chunk["type"], "payload": dict(chunk["payload"])}
+
+
+class Results:
+    """A batch's results, in order. On a stream that takes them (``unchanged_results``), the
+    parts passed on unchanged in a row are one result (``unchanged_through``); otherwise each
+    is a result holding its part."""
+
+    __slots__ = ("_items", "_run", "unchanged")
+
+    def __init__(self, unchanged: bool) -> None:
+        self.unchanged = unchanged
+        self._items: list[ppb.StreamPartResult] = []
+        self._run: ppb.StreamPartResult | None = None
+        """The last result, while it is a run of unchanged parts that the next one may extend."""
+
+    def append(self, res: ppb.StreamPartResult) -> None:
+        self._items.append(res)
+        self._run = None
+
+    def passed(self, seq: int, part: tpb.Chunk) -> None:
+        """Part `seq` (`part`) goes on as it came, with no effects."""
+        run = self._run
+        if not self.unchanged:
+            res = ppb.StreamPartResult(seq=seq)
+            res.part.CopyFrom(part)
+            self.append(res)
+        elif run is not None and run.unchanged_through + 1 == seq:
+            run.unchanged_through = seq
+        else:
+            self._run = ppb.StreamPartResult(seq=seq, unchanged_through=seq)
+            self._items.append(self._run)
+
+    def take(self) -> list[ppb.StreamPartResult]:
+        """The results so far (to send); the next ones start afresh."""
+        items, self._items, self._run = self._items, [], None
+        return items
+
+
 @dataclass
 class _Part:
     """One part of the batch on its way through the processors."""
 
     seq: int
+    part: tpb.Chunk
     flow: list[Chunk]
+    before: Chunk | None
+    """`pristine`'s copy of the part as it came (when the stream takes unchanged results)."""
     did: list[HookEffects] = field(default_factory=list)
     """What each processor reached so far did to it (all its calls on the part's chunks)."""
     errors: list[str] = field(default_factory=list)
@@ -103,9 +156,15 @@ async def through_all(
     hook: str,
     announce: bool,
     quiet: bool,
+    unchanged: bool,
 ) -> tuple[list[ppb.StreamPartResult], bool]:
-    """The batch's results (up to the part whose abort ends the stream) and whether one aborted."""
-    parts = [_Part(item.seq, [convert.chunk_from_proto(item.part)]) for item in items]
+    """The batch's results (up to the part whose abort ends the stream) and whether one aborted;
+    with `unchanged`, a run of parts every processor gave back as they came is one result."""
+    parts = []
+    for item in items:
+        chunk = convert.chunk_from_proto(item.part)
+        before = pristine(chunk, item.part) if unchanged else None
+        parts.append(_Part(item.seq, item.part, [chunk], before))
     aborts: dict[int, int] = {}  # stage -> the part it aborted on
 
     async def one_stage(index: int) -> None:  # on the stage's hook loop
@@ -160,7 +219,25 @@ async def through_all(
         for i, at in aborts.items():
             if i != final and at == last:
                 parts[last].did[i].abort = None
-    return [_result(part, stages) for part in parts], bool(aborts)
+    results = Results(unchanged)
+    for part in parts:
+        if part.before is not None and _untouched(part):
+            results.passed(part.seq, part.part)
+        else:
+            results.append(_result(part, stages))
+    return results.take(), bool(aborts)
+
+
+def _untouched(part: _Part) -> bool:
+    """Every processor gave the part back as it came and did nothing else."""
+    return (
+        len(part.flow) == 1
+        and part.flow[0] == part.before
+        and not any(part.errors)
+        and all(
+            d.abort is None and not d.signals and not d.custom_chunks and not d.violations for d in part.did
+        )
+    )
 
 
 def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:

@@ -15,6 +15,10 @@ window's verdict came): on a stream whose orchestrator takes partial results
 (``partial_results``) and that runs one processor, each ``release(parts)`` is sent at once as a
 partial result (``more``) behind the batch's results so far (`_Outbox`); otherwise what it let go
 leads the part's result, as if returned first, so the stream is the same either way.
+
+On a stream whose orchestrator takes them (``unchanged_results``), a run of parts a hook gave
+back as they came, with no effects, is answered by one result (``unchanged_through``): nothing of
+them is encoded or sent back (`_Results`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from procmesh import convert, tracing
-from procmesh._chain import returned_chunks, through_all
+from procmesh._chain import Results, pristine, returned_chunks, through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._hosted import STREAM_HOOK, Tally
@@ -151,10 +155,15 @@ class _Session:
         """Partial results to send (a stream that takes them, of one processor whose hook releases)."""
         if req.partial_results and not fused and (params is None or "release" in params):
             self.outbox = _Outbox()
-        self._results: list[ppb.StreamPartResult] = []
+        self.unchanged = req.unchanged_results
+        """The orchestrator takes a run of unchanged parts as one result (`Results`)."""
+        self._results = Results(self.unchanged)
         """The batch's results not sent yet (`_alone`): a partial result goes behind them."""
         self._seq = 0
         """The seq of the part being processed (`_alone`)."""
+        self._partial_seq = 0
+        """The seq of the last part a partial result was sent for (its answer is never
+        ``unchanged_through``: it completes the parts sent before it)."""
 
     async def call(self, stage: Stage, part: dict[str, Any], effects: HookEffects, quiet: bool) -> Any:
         """One part through one processor's hook (on its hook loop)."""
@@ -192,8 +201,8 @@ class _Session:
         res.more = True
         fill_effects(res.effects, effects, None)
         effects.signals, effects.custom_chunks, effects.violations = [], [], []
-        results, self._results = [*self._results, res], []
-        self.outbox.put(results)
+        self._partial_seq = self._seq
+        self.outbox.put([*self._results.take(), res])
 
     def batch(self, items: Any, *, quiet: bool = False) -> Awaitable[tuple[list[ppb.StreamPartResult], bool]]:
         """One request's parts through the processors, to be awaited at once; True when one
@@ -201,33 +210,43 @@ class _Session:
         end (`Tally`)."""
         if len(self.stages) > 1:
             return through_all(
-                self.stages, items, self.call, hook=self.hook.name, announce=self.announce, quiet=quiet
+                self.stages,
+                items,
+                self.call,
+                hook=self.hook.name,
+                announce=self.announce,
+                quiet=quiet,
+                unchanged=self.unchanged,
             )
         stage = self.stages[0]
         return stage.hosted.loop.run(lambda: self._alone(stage, items, quiet))
 
     async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
-        self._results = []
+        results = self._results
+        results.take()
         try:
             for item in items:
-                self._seq = item.seq
+                seq = self._seq = item.seq
                 if not stage.takes(item.part.type):
-                    passed = ppb.StreamPartResult(seq=item.seq)
-                    passed.part.CopyFrom(item.part)
-                    self._results.append(passed)
+                    results.passed(seq, item.part)
                     continue
+                chunk = convert.chunk_from_proto(item.part)
+                before = pristine(chunk, item.part) if self.unchanged else None
                 effects = HookEffects(stage.hosted.id)
-                out = await self.call(stage, convert.chunk_from_proto(item.part), effects, quiet)
+                out = await self.call(stage, chunk, effects, quiet)
+                if before is not None and out == before and effects.quiet() and self._partial_seq != seq:
+                    results.passed(seq, item.part)
+                    continue
                 aborted = effects.abort is not None
                 res = ppb.StreamPartResult() if aborted else self.hook.encode(out, stage.kwargs)
-                res.seq = item.seq
+                res.seq = seq
                 if not effects.quiet():
                     fill_effects(res.effects, effects, None)
-                self._results.append(res)  # behind those a partial result did not send
+                results.append(res)  # behind those a partial result did not send
                 if aborted:
-                    return self._results, True
-            return self._results, False
+                    return results.take(), True
+            return results.take(), False
         finally:
             stage.tally.end()
 

@@ -95,6 +95,7 @@ class Case:
     hook: str
     cause: str  # a substring of ProcessorFailedError.cause
     options: dict[str, Any]
+    after: str = ""  # a processor of the same sidecar right after it (two speculative ones: a group)
 
     @property
     def lane(self) -> str:
@@ -105,6 +106,8 @@ class Case:
         ref = {"processor": f"{self.sidecar}/{self.processor}", "options": self.options}
         lanes: dict[str, list[Any]] = {"input_processors": [], "output_processors": []}
         lanes[self.lane].append(ref)
+        if self.after:
+            lanes[self.lane].append(f"{self.sidecar}/{self.after}")
         lanes["output_processors"].extend(extra_output)
         sidecars = {self.sidecar: {"address": address, "timeout": TIMEOUT, "onFailure": policy}}
         if extra_output:
@@ -121,6 +124,11 @@ CASES = [
     Case("unflagged", "liar", "unflagged", "process_input_step", "messages is set but replace_messages", {}),
     # its parts were dropped before (emitted when the result carried effects), counted as emitted
     Case("extras-only", "liar", "unflagged", "process_output_stream", "extra_parts but no part", {}),
+    # a result more than the parts once all were sent: it handed the end on without its states
+    Case("chatty", "liar", "chatty", "process_output_stream", "more results than parts sent", {}),
+    # a run of unchanged parts reaching past those sent: a speculative member's and a plain stage's
+    Case("overreach", "liar", "overreach", "process_output_stream", "unchanged result", {}, "overreach-too"),
+    Case("overreach-plain", "liar", "overreach-plain", "process_output_stream", "unchanged result", {}),
 ]
 IDS = [c.name for c in CASES]
 

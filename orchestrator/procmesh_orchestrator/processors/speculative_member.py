@@ -47,6 +47,11 @@ their records anyway, and the next request with parts carries the mark), and nev
 its half-close (which ends the session). A mark alone costs a write, the sidecar's empty answer
 and its read: in a 1,000-delta run through 3 members, 12 of the run's 24 writes."""
 
+UNCHANGED = ppb.StreamPartResult()
+"""The answer to a part in a run a sidecar answered as unchanged (``unchanged_through``): the part
+itself, passed on, and nothing else. One shared object, never changed, told by identity
+(`SpeculativeGroup._passes` commits it at once; `Member.answer` makes it a result for the rest)."""
+
 _WRITE = "write"
 """A request for the writer (the serialized bytes); an `END` item half-closes the call."""
 
@@ -139,6 +144,16 @@ class Member:
         """The effects of an answer in which none of its processors did anything: empty, and for a
         fused session one empty outcome per further processor (the SDKs send them even when
         empty), so a fused pass-through answer commits as a plain one (`SpeculativeGroup._passes`)."""
+
+    def answer(self, seq: int, part: tpb.Chunk) -> ppb.StreamPartResult | None:
+        """Its answer to part `seq` (`part`), taken from `answers`: `UNCHANGED` made the result it
+        stands for (the part, and a fused session's empty outcomes); None while it has none."""
+        answer = self.answers.pop(seq, None)
+        if answer is UNCHANGED:
+            answer = ppb.StreamPartResult(seq=seq, part=part)
+            if len(self.handles) > 1:
+                answer.effects.CopyFrom(self.quiet)
+        return answer
 
     def takes(self, chunk: tpb.Chunk) -> bool:
         return not self.failed_open and (self.data_parts or not chunk.type.startswith("data-"))
@@ -266,7 +281,10 @@ class Member:
                 self.clock.grpc_timeout(caller), metadata=self.span.metadata(), encoded=True
             )
         )
-        self.out, self.head = [], ppb.ProcessOutputStreamRequest(partial_results=len(self.handles) == 1)
+        self.out = []
+        self.head = ppb.ProcessOutputStreamRequest(
+            partial_results=len(self.handles) == 1, unchanged_results=True
+        )
         caller.fill_context(self.head.context, self.handle)
         if len(self.handles) > 1:
             caller.fill_fused(self.head.context, self.handles[1:])
@@ -346,6 +364,9 @@ class Member:
                 top = 0
                 for res in resp.results:
                     seq = res.seq
+                    if res.unchanged_through:
+                        top = self._unchanged(res, top, now)
+                        continue
                     if seq > sent:
                         raise MalformedResponseError(f"result for part {seq}, never sent")
                     check_extras(res)
@@ -388,6 +409,30 @@ class Member:
             if call is self.call:
                 self.ended = True
                 self.span.end()
+
+    def _unchanged(self, res: ppb.StreamPartResult, top: int, now: float) -> int:
+        """A result answering parts `seq` through `unchanged_through` as passed on unchanged: each
+        one's answer is `UNCHANGED` (parts given again in a new session, or withdrawn, as `_read`
+        treats theirs); the highest seq answered now."""
+        first, last = res.seq, res.unchanged_through
+        if last > self.seq or last < first:
+            raise MalformedResponseError(
+                f"unchanged result for parts {first} to {last}; sent: 1 to {self.seq}"
+            )
+        if res.more or res.HasField("part") or res.HasField("effects") or res.extra_parts:
+            raise MalformedResponseError(
+                f"unchanged result for parts {first} to {last} carries a part, effects or more"
+            )
+        answers, arrived, skip, dead = self.answers, self.arrived, self.skip, self.dead
+        for seq in range(first, last + 1):
+            if skip and seq in skip:
+                skip.discard(seq)
+            elif dead and seq in dead:
+                dead.discard(seq)
+            else:
+                answers[seq] = UNCHANGED
+                arrived[seq] = now
+        return max(top, last)
 
     def _count_ok(self) -> None:
         if self.closing and not self.counted:  # its end after everything was sent (not a cut)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
+from procmesh_orchestrator.processors.speculative_member import UNCHANGED
 from procmesh_orchestrator.processors.stream_call import CHUNK, Item
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def ahead(group: SpeculativeGroup, j: int) -> bool:
         answer = member.answers.get(entry.seq)
         partials = member.partials.get(entry.seq, [])
         if answer is not None:
-            if answer.HasField("part") or answer.effects != quiet or partials:
+            if answer is UNCHANGED or answer.HasField("part") or answer.effects != quiet or partials:
                 return False
             continue
         fresh = partials[member.handed.get(entry.seq, 0) :]

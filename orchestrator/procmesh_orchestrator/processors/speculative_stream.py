@@ -33,7 +33,7 @@ from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
-from procmesh_orchestrator.processors.speculative_member import Member
+from procmesh_orchestrator.processors.speculative_member import UNCHANGED, Member
 from procmesh_orchestrator.processors.speculative_partial import ahead, early, held, unahead
 from procmesh_orchestrator.processors.stream_call import (
     ABORT,
@@ -194,7 +194,7 @@ class SpeculativeGroup:
             return True
         head = member.fed[0]  # a committed part it takes was fed to it as committed (_reconcile)
         assert head.origin is None, "a committed part is fed as committed"
-        answer = member.answers.pop(head.seq, None)
+        answer = member.answer(head.seq, head.part)
         if answer is None:
             if member.broken is None:
                 return early(self, j, head.seq, origin)
@@ -270,7 +270,7 @@ class SpeculativeGroup:
             if head.part is not value and not member.data_parts and value.type.startswith("data-"):
                 break
             answer = answers.get(head.seq)
-            if (
+            if answer is not UNCHANGED and (
                 answer is None
                 or answer.extra_parts
                 or (answer.HasField("effects") and answer.effects != quiet)

@@ -189,7 +189,7 @@ class _Stage:
         )
         self.call = StreamCall(raw)
         self.reader = asyncio.create_task(self._read(self.call))
-        first = ppb.ProcessOutputStreamRequest(partial_results=self.partial)
+        first = ppb.ProcessOutputStreamRequest(partial_results=self.partial, unchanged_results=True)
         self.caller.fill_context(first.context, self.handle)
         if len(self.members) > 1:
             self.caller.fill_fused(first.context, self.members[1:])
@@ -221,7 +221,10 @@ class _Stage:
                     break
                 self.parts.now = time.monotonic()
                 for res in resp.results:
-                    self._apply(res)
+                    if res.unchanged_through:
+                        self._apply_unchanged(res)
+                    else:
+                        self._apply(res)
                     if self.stopped:
                         return
                 self.parts.flush()
@@ -242,10 +245,10 @@ class _Stage:
 
     def _apply(self, res: ppb.StreamPartResult) -> None:
         """Apply one part's result; the parts before it that needed none go first."""
+        if not self.sent:  # checked first: handing on an end that waits for the states would hide it
+            raise MalformedResponseError("more results than parts sent")
         while self.pending and not self.pending[0][2]:
             self._flush_one()
-        if not self.pending:
-            raise MalformedResponseError("more results than parts sent")
         check_extras(res)
         if res.more:  # parts let go early: on at once, the part's answer is still to come
             self.partials.append(res)
@@ -279,6 +282,30 @@ class _Stage:
         self.parts.decided(original, self.parts.last)
         if self.side:
             self.outq.put_nowait((CHUNK, original))
+
+    def _apply_unchanged(self, res: ppb.StreamPartResult) -> None:
+        """A result answering parts `seq` through `unchanged_through` as passed on unchanged: each
+        part's result as the sidecar would have sent it (the part as sent; a fused session's
+        empty outcomes), applied in order."""
+        first, last = res.seq, res.unchanged_through
+        if last < first or res.more or res.HasField("part") or res.HasField("effects") or res.extra_parts:
+            raise MalformedResponseError(
+                f"unchanged result for parts {first} to {last}: a range that ends before it starts, "
+                "or carries a part, effects or more"
+            )
+        for seq in range(first, last + 1):
+            if not self.sent or self.sent[0][0] != seq:  # checked before an end is handed on
+                raise MalformedResponseError(
+                    f"unchanged result for parts {first} to {last}; part {seq} not awaited"
+                )
+            while not self.pending[0][2]:
+                self._flush_one()
+            one = ppb.StreamPartResult(seq=seq, part=self.pending[0][1])
+            if len(self.members) > 1:
+                one.effects.CopyFrom(self.quiet)
+            self._apply(one)
+            if self.stopped:
+                return
 
     def _monitor(self, res: ppb.StreamPartResult) -> str:
         """A monitor entry's answer: its violations are recorded, what it would do is counted and

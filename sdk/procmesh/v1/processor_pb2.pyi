@@ -673,6 +673,7 @@ class ProcessOutputStreamRequest(_message.Message):
     REWIND_TO_FIELD_NUMBER: _builtins.int
     COMMITTED_THROUGH_FIELD_NUMBER: _builtins.int
     PARTIAL_RESULTS_FIELD_NUMBER: _builtins.int
+    UNCHANGED_RESULTS_FIELD_NUMBER: _builtins.int
     rewind_to: _builtins.int
     """Speculative processors only. Non-zero: the parts from this seq on (results sent or not)
     are withdrawn: the processor's state goes back to what it was before that part, and
@@ -686,6 +687,11 @@ class ProcessOutputStreamRequest(_message.Message):
     partial_results: _builtins.bool
     """First message only: this orchestrator takes partial results (`StreamPartResult.more`) on
     this stream. Unset (an older orchestrator, or a fused, shadow or side session): never send one.
+    """
+    unchanged_results: _builtins.bool
+    """First message only: this orchestrator takes results that answer a run of parts as passed on
+    unchanged (`StreamPartResult.unchanged_through`). Unset (an older orchestrator): answer every
+    part with a result of its own.
     """
     @_builtins.property
     def context(self) -> _types_pb2.RunContext:
@@ -703,10 +709,11 @@ class ProcessOutputStreamRequest(_message.Message):
         rewind_to: _builtins.int = ...,
         committed_through: _builtins.int = ...,
         partial_results: _builtins.bool = ...,
+        unchanged_results: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_through", b"committed_through", "context", b"context", "partial_results", b"partial_results", "parts", b"parts", "rewind_to", b"rewind_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_through", b"committed_through", "context", b"context", "partial_results", b"partial_results", "parts", b"parts", "rewind_to", b"rewind_to", "unchanged_results", b"unchanged_results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -784,6 +791,7 @@ class StreamPartResult(_message.Message):
     EFFECTS_FIELD_NUMBER: _builtins.int
     EXTRA_PARTS_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
+    UNCHANGED_THROUGH_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """The answered part's `seq`; results come in the parts' order."""
     more: _builtins.bool
@@ -792,6 +800,14 @@ class StreamPartResult(_message.Message):
     last one without `more`. The part's answer is its results' chunks in order (each result's
     effects before its parts); `effects` here may carry signals, custom chunks and violations,
     never an abort. Only on a stream whose first request set `partial_results`.
+    """
+    unchanged_through: _builtins.int
+    """Non-zero (`seq` or more): this one result answers every part of the stream from `seq`
+    through this seq, each with itself, unchanged, and nothing else: as if each had a result of
+    its own whose `part` is the part as sent and whose effects are empty (a fused stream's: every
+    processor's, empty). Saves encoding, sending and comparing what a pass-through answer gives
+    back. `part`, `effects`, `extra_parts` and `more` stay unset. Only on a stream whose first
+    request set `unchanged_results`.
     """
     @_builtins.property
     def part(self) -> _types_pb2.Chunk:
@@ -816,10 +832,11 @@ class StreamPartResult(_message.Message):
         effects: _types_pb2.HookEffects | None = ...,
         extra_parts: _abc.Iterable[_types_pb2.Chunk] | None = ...,
         more: _builtins.bool = ...,
+        unchanged_through: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "part", b"part"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "extra_parts", b"extra_parts", "more", b"more", "part", b"part", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effects", b"effects", "extra_parts", b"extra_parts", "more", b"more", "part", b"part", "seq", b"seq", "unchanged_through", b"unchanged_through"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,7 +5,8 @@ beside it, the same run with no processors and with the 3 processors hosted in-p
 `python -m bench.p2_throughput` runs P2 alone as `make bench` does (its own 3 sidecars, the 3
 processors in-process, the reference worker) and prints its figures as one JSON line; with
 `--cpu`, the sidecars' case alone (a warm-up, then `--runs` runs): this process's CPU per run
-(every thread: the event loop and gRPC's) and the runs' wall times. Both are for comparing
+(every thread: the event loop and gRPC's), each sidecar's (mean over the runs, `/proc`) and the
+runs' wall times. Both are for comparing
 commits (run it from a worktree of each, alternating)."""
 
 from __future__ import annotations
@@ -95,10 +96,14 @@ async def alone(runs: int, n_deltas: int, cpu: bool) -> dict[str, Any]:
             for _ in range(5):
                 await run()
             walls, cpus = [], []
+            sidecars0 = [cpu_seconds(proc.proc.pid) for proc in procs]
             for _ in range(runs):
                 t0 = time.process_time()
                 walls.append(await run())
                 cpus.append((time.process_time() - t0) * 1000)
+            sidecar_ms = [
+                (cpu_seconds(p.proc.pid) - c0) * 1000 / runs for p, c0 in zip(procs, sidecars0, strict=True)
+            ]
     finally:
         if reference is not None:
             await reference.close()
@@ -111,11 +116,18 @@ async def alone(runs: int, n_deltas: int, cpu: bool) -> dict[str, Any]:
         "cpu_ms_per_run": statistics.median(cpus),
         "cpu_ms_min": min(cpus),
         "cpu_ms_mean": statistics.mean(cpus),
+        "sidecar_cpu_ms_per_run": [round(ms, 2) for ms in sidecar_ms],
         "wall_ms": statistics.median(walls),
         "wall_ms_min": min(walls),
         "runs": runs,
         "loadavg": os.getloadavg()[0],
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, every thread (`/proc/PID/stat`: utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The bidirectional ProcessOutputStream: parts in batches, one result per part, then StreamEnd.
+"""The bidirectional ProcessOutputStream: parts in batches, their results in order, then StreamEnd.
 
 Unlike the unary hooks, one call serves many parts: the arguments every hook gets are built
 once from the first request's context, ``state`` and ``stream_parts`` live for the whole

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from procmesh import convert
-from procmesh._check.fusion import FusionChecks
+from procmesh._check.fusion import FusionChecks, _plain
 from procmesh._check.problems import abort_problems, effects_problems, response_problems
 from procmesh._check.requests import (
     HOOKS,
@@ -35,6 +35,7 @@ class ProcessorChecks(FusionChecks):
         for hook in declared:
             if hook == STREAM:
                 await self.check_stream(info, states)
+                await self.check_unchanged(info)
                 await self.check_rewind(info)
                 continue
             problems: list[str] = []
@@ -134,6 +135,65 @@ class ProcessorChecks(FusionChecks):
         if probe.end is None:
             probe_problems.append("no StreamEnd")
         self.report.check(f"{pid} {STREAM}: probe part", probe_problems, "answered, StreamEnd, OK")
+
+    async def check_unchanged(self, info: ppb.ProcessorInfo) -> None:
+        """Each part the stream answers in an unchanged run (``unchanged_through``, when the first
+        request sets ``unchanged_results``) is one the same stream without the flag gives back as
+        it came, with no effects: otherwise the orchestrator passes on a part the processor
+        changed (a redaction that claims "unchanged" lets the text through)."""
+        pid = info.id
+        name = f"{pid} {STREAM}: unchanged runs"
+        words = PLAIN_TEXT.split(" ")
+        data = convert.chunk_to_proto({"type": "data-procmesh-check", "data": {"n": 1}})
+        batches = [[text_delta(w if i == 0 else " " + w) for i, w in enumerate(words[:4])], [data]]
+        batches.append([text_delta(" " + w) for w in words[4:]])
+        sent = {i + 1: part for i, part in enumerate(p for batch in batches for p in batch)}
+        plain = await self.exchange(self.requests(batches, self.context(pid)))
+        requests = self.requests(batches, self.context(pid))
+        requests[0].unchanged_results = True
+        runs = await self.exchange(requests)
+        problems = [
+            f"{what} answered {e.code.name}: {e.details}"
+            for what, e in (("plain stream", plain), ("stream with unchanged_results", runs))
+            if e.code != Code.OK
+        ]
+        if problems or any(r.effects.HasField("abort") for r in plain.results + runs.results):
+            self.report.check(name, problems, "aborted: compared no further")
+            return
+        answers = {r.seq: r for r in plain.results if not r.more}
+        covered = 0
+        for res in runs.results:
+            if not res.unchanged_through:
+                continue
+            first, last = res.seq, res.unchanged_through
+            if (
+                last < first
+                or last not in sent
+                or res.more
+                or res.HasField("part")
+                or res.HasField("effects")
+                or res.extra_parts
+            ):
+                problems.append(
+                    f"the run {first} to {last} is malformed "
+                    "(beyond the parts sent, or carrying a part, effects or more)"
+                )
+                continue
+            for seq in range(first, last + 1):
+                covered += 1
+                want = answers.get(seq)
+                given_back = want is not None and want.part == sent[seq] and not want.extra_parts
+                if not given_back or want.effects.ListFields():
+                    shown = _plain(want) if want is not None else "no result"
+                    problems.append(
+                        f"seq {seq} is in an unchanged run, but without the flag it is answered {shown}"
+                    )
+        detail = (
+            f"{covered} of {len(sent)} parts in unchanged runs, each given back unchanged without the flag"
+        )
+        self.report.check(
+            name, problems, detail if covered else "no unchanged runs (every part answered in full)"
+        )
 
     async def check_state(
         self, info: ppb.ProcessorInfo, states: list[tuple[str, dict[str, Any] | None]]

@@ -135,6 +135,10 @@ def test_the_python_sdk_sidecar_passes(sidecars: Sidecars) -> None:
     outcome = check(sidecars.python)
     assert_all_pass(outcome, ["pii-redactor", "topic-guard", "word-filter", "length-check", "word-counter"])
     assert outcome.has("PASS", "word-counter ProcessOutputStream: batches answered in order")
+    # a pass-through: every text delta and the data part it does not take, in runs
+    assert outcome.has("PASS", "word-counter ProcessOutputStream: unchanged runs: 8 of 8 parts"), (
+        outcome.stdout
+    )
     assert outcome.has("PASS", "malformed ProcessInput: message part of an unknown kind: OK, passed through")
     assert outcome.has("PASS", "malformed ProcessInput: corrupt bytes: INVALID_ARGUMENT")
     assert outcome.has("PASS", "malformed ProcessOutputStream: unknown processor: NOT_FOUND")
@@ -150,6 +154,7 @@ def test_the_node_sdk_sidecar_passes(sidecars: Sidecars) -> None:
     assert outcome.has("PASS", "Describe: sdk procmesh-node/")
     assert outcome.has("PASS", "stream-filter ProcessOutputStream: batches answered in order")
     assert outcome.has("PASS", "word-counter ProcessOutputStream: StreamEnd")
+    assert outcome.has("PASS", "word-counter ProcessOutputStream: unchanged runs: no unchanged runs")
     assert outcome.has(
         "PASS", "malformed ProcessOutputStep: message part of an unknown kind: OK, passed through"
     )
@@ -202,6 +207,10 @@ def test_a_broken_sidecar_fails_with_the_broken_rules_named(broken: tuple[str, s
         "FAIL", "broken ProcessOutputStream: batches answered in order: result 1 carries seq 3"
     )
     assert outcome.has("FAIL", "broken ProcessOutputStream: StreamEnd: no StreamEnd after the half-close")
+    assert outcome.has(
+        "FAIL",
+        "broken ProcessOutputStream: unchanged runs: seq 1 is in an unchanged run, but without the flag",
+    ), outcome.stdout
     assert ", 0 failed, " not in outcome.summary
 
 

@@ -8,8 +8,11 @@
 // through the later ones, and a later processor's abort on them is the one that counts); a
 // further processor that fails passes every later part through unchanged, its error set once.
 // A batch goes through one processor at a time: each still sees its parts in stream order.
+// `Results` and `pristine` are how a stream, fused or not, answers a run of parts its processors
+// gave back unchanged with one result (unchanged_through) when the orchestrator takes it.
 
 const { randomUUID } = require('node:crypto');
+const { isDeepStrictEqual } = require('node:util');
 
 const convert = require('./convert');
 const { fillEffects, plainObject } = require('./effects');
@@ -59,11 +62,68 @@ function returnedChunks(result, hook) {
 }
 
 /**
+ * A copy of `chunk`, just converted from `part`, to tell afterwards whether the hooks gave it back
+ * unchanged (equal to it, so encoding it again gives `part`), or null: only a text delta's (two
+ * small objects), whose conversion back is exactly `part` when it is not marked transient.
+ */
+function pristine(chunk, part) {
+  const kind = part.payload || (part.text_delta ? 'text_delta' : '');
+  if (part.transient || kind !== 'text_delta') return null;
+  return { type: chunk.type, payload: { ...chunk.payload } };
+}
+
+/** Whether what the hooks left (`out`) is the part as it came (`before`, from `pristine`). */
+function untouched(out, before) {
+  return before !== null && isDeepStrictEqual(out, before);
+}
+
+/**
+ * A batch's results, in order. On a stream that takes them (unchanged_results), the parts passed
+ * on unchanged in a row are one result (unchanged_through); otherwise each is a result holding
+ * its part.
+ */
+class Results {
+  constructor(unchanged) {
+    this.unchanged = unchanged;
+    this.items = [];
+    /** The last result, while it is a run of unchanged parts the next one may extend. */
+    this.run = null;
+  }
+
+  push(result) {
+    this.items.push(result);
+    this.run = null;
+  }
+
+  /** Part `seq` (`part`) goes on as it came, with no effects. */
+  passed(seq, part) {
+    if (!this.unchanged) this.push({ seq, part });
+    else if (this.run !== null && this.run.unchanged_through + 1 === seq) this.run.unchanged_through = seq;
+    else {
+      this.run = { seq, unchanged_through: seq };
+      this.items.push(this.run);
+    }
+  }
+
+  /** The results so far (to send); the next ones start afresh. */
+  take() {
+    const items = this.items;
+    this.items = [];
+    this.run = null;
+    return items;
+  }
+}
+
+/**
  * The batch's results (up to the part whose abort ends the stream) and whether one aborted.
  * `call(stage, chunk, effects, quiet)` runs one chunk through one processor's hook.
  */
-async function throughAll(stages, items, call, { hook, announce, quiet }) {
-  let parts = items.map((item) => ({ seq: item.seq || 0, flow: [convert.chunkFromProto(item.part)], did: [], errors: [] }));
+async function throughAll(stages, items, call, { hook, announce, quiet, unchanged }) {
+  let parts = items.map((item) => {
+    const chunk = convert.chunkFromProto(item.part);
+    const before = unchanged ? pristine(chunk, item.part) : null;
+    return { seq: item.seq || 0, part: item.part, flow: [chunk], before, did: [], errors: [] };
+  });
   const aborts = new Map(); // stage index -> the part it aborted on
   for (let index = 0; index < stages.length; index++) {
     const stage = stages[index];
@@ -115,7 +175,13 @@ async function throughAll(stages, items, call, { hook, announce, quiet }) {
     const final = Math.max(...[...aborts].filter(([, at]) => at === last).map(([i]) => i));
     for (const [i, at] of aborts) if (i !== final && at === last) parts[last].did[i].abort = null;
   }
-  return [parts.map((part) => result(part, stages)), aborts.size > 0];
+  const results = new Results(unchanged);
+  for (const part of parts) {
+    const quietAll = !part.errors.some(Boolean) && part.did.every((d) => !d.abort && !d.signals.length && !d.customChunks.length && !d.violations.length);
+    if (quietAll && part.flow.length === 1 && untouched(part.flow[0], part.before)) results.passed(part.seq, part.part);
+    else results.push(result(part, stages));
+  }
+  return [results.take(), aborts.size > 0];
 }
 
 function result(part, stages) {
@@ -135,4 +201,4 @@ function result(part, stages) {
   return res;
 }
 
-module.exports = { announced, throughAll };
+module.exports = { Results, announced, pristine, throughAll, untouched };

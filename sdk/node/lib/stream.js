@@ -6,12 +6,14 @@
 // parts; any other stream refuses it (FAILED_PRECONDITION). A hook's `release(parts)` lets held
 // parts go while it still processes a part: on a stream whose first request set partial_results
 // and that runs one processor, each is sent at once as a partial result (more), behind the
-// batch's results so far; otherwise the parts lead the part's one result.
+// batch's results so far; otherwise the parts lead the part's one result. On a stream whose
+// orchestrator takes them (unchanged_results), a run of text deltas a hook gave back as they
+// came, with no effects, is answered by one result (unchanged_through), as in the Python SDK.
 
 const convert = require('./convert');
 const { fillEffects, quote, toStatus } = require('./effects');
 const { FailedPreconditionError, InternalError, InvalidInputError } = require('./errors');
-const { throughAll } = require('./chain');
+const { Results, pristine, throughAll, untouched } = require('./chain');
 const { HookEffects, Writer } = require('./processor');
 const { History } = require('./rewind');
 const { outcomeOf } = require('./metrics');
@@ -74,9 +76,13 @@ class Session {
     const fused = servicer.lookupFused(ctx, hook);
     /** Sends a response's results now: partial results go out this way (none when null). */
     this.send = req.partial_results && !fused.length ? send : null;
+    /** The orchestrator takes a run of unchanged parts as one result. */
+    this.unchanged = Boolean(req.unchanged_results);
     /** The batch's results not sent yet (a partial result goes behind them), and the part's seq. */
-    this.results = [];
+    this.results = new Results(this.unchanged);
     this.seq = 0;
+    /** The seq of the last part a partial result was sent for (its answer is never a run's). */
+    this.partialSeq = 0;
     this.stages = [new Stage(servicer, first, ctx, signal), ...fused.map((h, i) => new Stage(servicer, h, ctx, signal, ctx.fused[i]))];
     this.announce = Boolean(ctx.announce_signals);
     this.history = this.stages.every((s) => s.hosted.processor.speculative) ? new History(this.stages) : null;
@@ -115,9 +121,8 @@ class Session {
     effects.signals.length = 0;
     effects.customChunks.length = 0;
     effects.violations.length = 0;
-    const results = [...this.results, result];
-    this.results = [];
-    this.send(results);
+    this.partialSeq = this.seq;
+    this.send([...this.results.take(), result]);
   }
 
   /** Count the session as one call of each of its processors: `outcome`, or abort for one whose
@@ -138,26 +143,35 @@ class Session {
     for (const item of items) {
       if (!item.part || !item.part.type) throw new InvalidInputError(`malformed ${this.hook} request: stream part ${item.seq || 0} has no chunk type`);
     }
-    if (this.stages.length > 1) return throughAll(this.stages, items, this.call, { hook: this.hook, announce: this.announce, quiet });
+    if (this.stages.length > 1) {
+      return throughAll(this.stages, items, this.call, { hook: this.hook, announce: this.announce, quiet, unchanged: this.unchanged });
+    }
     const stage = this.stages[0];
-    this.results = [];
+    const results = this.results;
+    results.take();
     for (const item of items) {
       const result = { seq: item.seq || 0 };
       this.seq = result.seq;
       if (!stage.takes(item.part.type)) {
-        result.part = item.part; // passed through untouched
-        this.results.push(result);
+        results.passed(result.seq, item.part); // passed through untouched
         continue;
       }
+      const chunk = convert.chunkFromProto(item.part);
+      const before = this.unchanged ? pristine(chunk, item.part) : null;
       const effects = new HookEffects(stage.hosted.id);
-      const out = await this.call(stage, convert.chunkFromProto(item.part), effects, quiet);
-      if (!effects.abort) encodeReturn(this.hook, out, result);
+      const out = await this.call(stage, chunk, effects, quiet);
       const fx = fillEffects(effects, undefined);
-      if (fx.abort || fx.signals.length || fx.custom_chunks.length || fx.violations.length) result.effects = fx;
-      this.results.push(result); // behind those a partial result did not send
-      if (effects.abort) return [this.results, true];
+      const quietAll = !fx.abort && !fx.signals.length && !fx.custom_chunks.length && !fx.violations.length;
+      if (quietAll && this.partialSeq !== result.seq && untouched(out, before)) {
+        results.passed(result.seq, item.part);
+        continue;
+      }
+      if (!effects.abort) encodeReturn(this.hook, out, result);
+      if (!quietAll) result.effects = fx;
+      results.push(result); // behind those a partial result did not send
+      if (effects.abort) return [results.take(), true];
     }
-    return [this.results, false];
+    return [results.take(), false];
   }
 
   /** A request: its rewind, its commit, then its parts. */

@@ -362,22 +362,44 @@ STREAMS = {
 }
 
 
+@pytest.mark.parametrize("unchanged", [False, True], ids=["in-full", "unchanged-runs"])
 @pytest.mark.parametrize("case", list(STREAMS))
-async def test_streams_are_answered_alike(servers: Pair, case: str) -> None:
+async def test_streams_are_answered_alike(servers: Pair, case: str, unchanged: bool) -> None:
     pid, batches = STREAMS[case]
     requests, seq = [], 1
     for i, batch in enumerate(batches):
         requests.append(stream_request(pid if i == 0 else None, *batch, start=seq))
         seq += len(batch)
+    requests[0].unchanged_results = unchanged  # runs of parts given back unchanged: one result each
     py_code, py = await stream_answers(servers.python, requests)
     node_code, node = await stream_answers(servers.node, requests)
     assert node_code == py_code == grpc.StatusCode.OK
     assert node == py
     assert "end" in node[-1]
+    runs = [r for resp in node for r in resp.get("results", []) if "unchanged_through" in r]
+    assert bool(runs) == (unchanged and case != "no-parts"), node
     if case == "abort-midway":
         results = [r for resp in node for r in resp.get("results", [])]
         assert [int(r["seq"]) for r in results] == [1, 2]
         assert results[-1]["effects"]["abort"]["reason"] == "stop word"
+
+
+async def test_a_fused_stream_of_pass_throughs_is_answered_in_runs_alike(servers: Pair) -> None:
+    first = stream_request("echo", "a", "b", {"type": "data-x", "data": {"k": 1}}, "c")
+    first.context.fused.add(processor_id="echo")
+    first.unchanged_results = True
+    py_code, py = await stream_answers(servers.python, [first, stream_request(None, "d", start=5)])
+    node_code, node = await stream_answers(servers.node, [first, stream_request(None, "d", start=5)])
+    assert node_code == py_code == grpc.StatusCode.OK
+    assert node == py
+    results = [r for resp in node for r in resp.get("results", [])]
+    # echo takes data parts: the data part (no text delta) is answered in full and splits the run
+    assert [(r["seq"], r.get("unchanged_through")) for r in results] == [
+        ("1", "2"),
+        ("3", None),
+        ("4", "4"),
+        ("5", "5"),
+    ]
 
 
 @pytest.mark.parametrize(

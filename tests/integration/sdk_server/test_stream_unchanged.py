@@ -21,7 +21,6 @@ import pytest_asyncio
 
 from procmesh import Processor, ProcessorClient, convert
 from procmesh.testing import serve_for_test
-from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from tests.integration.sdk_server.support import TIMEOUT, delta, finish, run_context, stream_request
 

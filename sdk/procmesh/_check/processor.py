@@ -182,9 +182,12 @@ class ProcessorChecks(FusionChecks):
             for seq in range(first, last + 1):
                 covered += 1
                 want = answers.get(seq)
-                given_back = want is not None and want.part == sent[seq] and not want.extra_parts
-                if not given_back or want.effects.ListFields():
-                    shown = _plain(want) if want is not None else "no result"
+                if want is None:
+                    problems.append(
+                        f"seq {seq} is in an unchanged run, but without the flag it has no result"
+                    )
+                elif want.part != sent[seq] or want.extra_parts or want.effects.ListFields():
+                    shown = _plain(want)
                     problems.append(
                         f"seq {seq} is in an unchanged run, but without the flag it is answered {shown}"
                     )

@@ -404,6 +404,8 @@ class Member:
                 self.broken = str(exc)
                 call.cancel()  # torn down at once: a timed-out session stays in flight no longer
                 self.group.advance()
+        except Exception as exc:  # the group's own bug (in `advance`): end the stream, never hang it
+            self.group.fault(exc)
         finally:
             clock.stop()
             if call is self.call:

@@ -244,7 +244,8 @@ class SpeculativeGroup:
         if not inbox or member.failed_open or parts.recording or member.partials or member.early:
             return False
         following = self.members[j + 1] if j + 1 < len(self.members) else None
-        guessing = following is not None and not following.failed_open and self.cut_at is None
+        # after a cut too: what it commits comes before the abort, and the next one answers it
+        guessing = following is not None and not following.failed_open
         ahead = following.fed if following is not None else fed
         moved = confirmed = passed = 0
         took, same = -1.0, 0
@@ -320,6 +321,15 @@ class SpeculativeGroup:
         member.firm -= passed
         return bool(moved or passed)
 
+    def fault(self, exc: Exception) -> None:
+        """A fault of the group's own (a bug, not a sidecar's answer) in a member's reader: the
+        stream ends with it as its error, as a stage's own bug does (`OutputPipeline.run`), where
+        the reader's death would leave the run waiting for commits that never come."""
+        if not self.done:
+            self.done = True
+            self.cut_at = len(self.members) - 1  # nothing is fed or committed any more
+            self.outq.put_nowait((ERROR, exc))
+
     def _store_states(self, member: Member) -> None:
         """Its stream's end committed: the states it carries are the run's now."""
         end = member.end_state
@@ -386,8 +396,13 @@ class SpeculativeGroup:
         the part and let it go unchanged with a later one (a guard waiting for its window's
         verdict), and then the answer given in advance stands, with no second trip to the
         sidecar; what is still open at the stream's end is withdrawn (`_close_guesses`).
+
+        After a cut (an earlier member's abort) too: the parts committed to `member` then come
+        from group inputs before the abort, and the sequential pipeline passes them through it
+        before the tripwire (left unconfirmed, its head was a guess `_step` cannot commit: the
+        run never ended).
         """
-        if member.failed_open or self.cut_at is not None:
+        if member.failed_open:
             return
         _settled(member, origin)
         at = member.firm

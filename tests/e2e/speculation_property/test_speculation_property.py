@@ -92,6 +92,23 @@ EVERY_KIND = {
 }
 
 
+CUT_BEFORE_A_PASS = {
+    # found by a longer random run: output1 aborts at "b" while output0 (a pass-through) has not yet
+    # committed "a"; what it commits then (before the abort) must still be confirmed in output2's
+    # advance guesses, or output3 is left with a guess at the head of its committed input and the
+    # speculative run never ended
+    "input": [{"kind": "pass", "token": "a", "with": "a", "sidecar": "A", "mixed_speculative": True}],
+    "output": [
+        {"kind": "pass", "token": "a", "with": "a", "sidecar": "A", "mixed_speculative": False},
+        {"kind": "abort", "token": "b", "with": "a", "sidecar": "A", "mixed_speculative": True},
+        {"kind": "pass", "token": "a", "with": "a", "sidecar": "A", "mixed_speculative": False},
+        {"kind": "custom", "token": "a", "with": "a", "sidecar": "A", "mixed_speculative": False},
+    ],
+    "words": ["b"],
+    "deltas": ["a", "b", "c", "c"],
+}
+
+
 @pytest.fixture(scope="module")
 def runner() -> Iterator[asyncio.Runner]:
     """One event loop for the module: the App and its channels live across examples."""
@@ -199,6 +216,7 @@ def received(log: Path, n: int, mode: str, who: str) -> list[tuple[str, str, Any
 @given(drawn=examples)
 @example(drawn=EVERY_KIND)
 @example(drawn={**EVERY_KIND, "input": [], "output": every_kind(SIDECARS, False)})
+@example(drawn=CUT_BEFORE_A_PASS)
 def test_speculative_and_fused_runs_give_the_sequential_trace(
     app: App, runner: asyncio.Runner, calls_log: Path, drawn: dict[str, Any]
 ) -> None:

@@ -18,7 +18,7 @@ leads the part's result, as if returned first, so the stream is the same either 
 
 On a stream whose orchestrator takes them (``unchanged_results``), a run of parts a hook gave
 back as they came, with no effects, is answered by one result (``unchanged_through``): nothing of
-them is encoded or sent back (`_Results`).
+them is encoded or sent back (`procmesh._chain.Results`).
 """
 
 from __future__ import annotations

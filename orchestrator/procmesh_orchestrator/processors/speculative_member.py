@@ -419,7 +419,7 @@ class Member:
         first, last = res.seq, res.unchanged_through
         if last > self.seq or last < first:
             raise MalformedResponseError(
-                f"unchanged result for parts {first} to {last}; sent: 1 to {self.seq}"
+                f"unchanged result for parts {first} to {last}; the last part sent is {self.seq}"
             )
         if res.more or res.HasField("part") or res.HasField("effects") or res.extra_parts:
             raise MalformedResponseError(

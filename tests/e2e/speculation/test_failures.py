@@ -7,6 +7,7 @@ processes serve the stream's other speculative processors.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
+from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
 from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.e2e.speculation.test_stream import DELTAS, PROCESSORS
 from tests.e2e.speculation.test_unary import RequestLog, _plain, take_log
@@ -148,3 +150,24 @@ async def test_a_failing_stream_member_goes_through_its_own_policy(
         texts = [c["payload"]["text"] for c in trace_["chunks"] if c["type"] == "text-delta"]
         assert texts == DELTAS[: len(texts)]
         assert len(texts) <= DELTAS.index("apple ")
+
+
+async def test_a_fault_of_the_group_itself_in_a_reader_ends_the_run(
+    ready: dict[str, SidecarProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the group's bookkeeping that raises where a member's answers are read (its reader
+    task) ends the run with it, as a stage's own bug does: before, the reader task died unseen and
+    the run waited forever (every part answered, so no part timeout fired)."""
+    advance = SpeculativeGroup.advance
+
+    def faulty(group: SpeculativeGroup) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.get_coro().__qualname__ == "Member._read":  # type: ignore[union-attr]
+            raise RuntimeError("a planted fault in the group")
+        advance(group)
+
+    monkeypatch.setattr(SpeculativeGroup, "advance", faulty)
+    lane = [{"processor": "s0/cnt"}, {"processor": "s1/rw"}]  # one speculative group
+    async with App(config(ready, tmp_path / "rec.jsonl", output_processors=lane)) as app:
+        with pytest.raises(RuntimeError, match="a planted fault in the group"):
+            await asyncio.wait_for(trace(app, tmp_path / "rec.jsonl"), 30)

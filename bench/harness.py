@@ -85,6 +85,12 @@ def figure(ratios: Sequence[float]) -> tuple[float, dict[str, float]]:
     return statistics.median(ratios), spread
 
 
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU process `pid` has used (user + system, every thread: /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def timed(run: Callable[[], Awaitable[Any]]) -> float:
     """Milliseconds `run` takes."""
     t0 = time.perf_counter()

@@ -23,7 +23,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Reference, agent, bench_app, checked_run, deltas, figure, rounds, start, timed
+from bench.harness import (
+    Reference,
+    agent,
+    bench_app,
+    checked_run,
+    deltas,
+    figure,
+    process_cpu,
+    rounds,
+    start,
+    timed,
+)
 from bench.processors import processors
 from procmesh import ProcessorServer
 from procmesh_orchestrator import App, ScriptedModel
@@ -96,13 +107,13 @@ async def alone(runs: int, n_deltas: int, cpu: bool) -> dict[str, Any]:
             for _ in range(5):
                 await run()
             walls, cpus = [], []
-            sidecars0 = [cpu_seconds(proc.proc.pid) for proc in procs]
+            sidecars0 = [process_cpu(proc.proc.pid) for proc in procs]
             for _ in range(runs):
                 t0 = time.process_time()
                 walls.append(await run())
                 cpus.append((time.process_time() - t0) * 1000)
             sidecar_ms = [
-                (cpu_seconds(p.proc.pid) - c0) * 1000 / runs for p, c0 in zip(procs, sidecars0, strict=True)
+                (process_cpu(p.proc.pid) - c0) * 1000 / runs for p, c0 in zip(procs, sidecars0, strict=True)
             ]
     finally:
         if reference is not None:
@@ -122,12 +133,6 @@ async def alone(runs: int, n_deltas: int, cpu: bool) -> dict[str, Any]:
         "runs": runs,
         "loadavg": os.getloadavg()[0],
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's CPU time so far, every thread (`/proc/PID/stat`: utime and stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from bench.echo_server import STREAM_METHOD
-from bench.harness import agent, bench_app, figure, free_port, pct, rounds, start
+from bench.harness import agent, bench_app, figure, free_port, pct, process_cpu, rounds, start
 from procmesh import convert
 from procmesh.v1 import processor_pb2 as ppb
 from procmesh_orchestrator import App, ModelRequest, ScriptedModel
@@ -247,12 +247,6 @@ async def fused_only(n: int, n_rounds: int) -> dict[str, Any]:
         "fused_cpu_us_per_chunk": {k: v * 1e6 / (n * n_rounds) for k, v in cpu.items()},
         "loadavg": os.getloadavg()[0],
     }
-
-
-def process_cpu(pid: int) -> float:
-    """Seconds of CPU process `pid` has used (user + system, every thread: /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def alone(n: int) -> dict[str, Any]:

@@ -230,13 +230,14 @@ async def through_all(
 
 def _untouched(part: _Part) -> bool:
     """Every processor gave the part back as it came and did nothing else."""
-    return (
-        len(part.flow) == 1
-        and part.flow[0] == part.before
-        and not any(part.errors)
-        and all(
-            d.abort is None and not d.signals and not d.custom_chunks and not d.violations for d in part.did
-        )
+    return len(part.flow) == 1 and part.flow[0] == part.before and _quiet(part)
+
+
+def _quiet(part: _Part) -> bool:
+    """No processor failed on the part or did anything but hand chunks on (what `fill_effects`
+    writes for each would be empty)."""
+    return not any(part.errors) and all(
+        d.abort is None and not d.signals and not d.custom_chunks and not d.violations for d in part.did
     )
 
 
@@ -249,9 +250,7 @@ def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:
             ids = [s.hosted.id for s in stages]
             detail = f"a processor of the fused stream {ids} left a malformed chunk: {exc}"
             raise InternalError(detail) from exc
-    if not any(part.errors) and all(
-        d.abort is None and not d.signals and not d.custom_chunks and not d.violations for d in part.did
-    ):  # what `fill_effects` writes for each, in one copy
+    if _quiet(part):  # what `fill_effects` writes for each, in one copy
         res.effects.CopyFrom(quiet_effects(len(part.did)))
         return res
     fill_effects(res.effects, part.did[0], None)

@@ -230,10 +230,10 @@ async def through_all(
 
 def _untouched(part: _Part) -> bool:
     """Every processor gave the part back as it came and did nothing else."""
-    return len(part.flow) == 1 and part.flow[0] == part.before and _quiet(part)
+    return len(part.flow) == 1 and part.flow[0] == part.before and _did_nothing(part)
 
 
-def _quiet(part: _Part) -> bool:
+def _did_nothing(part: _Part) -> bool:
     """No processor failed on the part or did anything but hand chunks on (what `fill_effects`
     writes for each would be empty)."""
     return not any(part.errors) and all(
@@ -250,7 +250,7 @@ def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:
             ids = [s.hosted.id for s in stages]
             detail = f"a processor of the fused stream {ids} left a malformed chunk: {exc}"
             raise InternalError(detail) from exc
-    if _quiet(part):  # what `fill_effects` writes for each, in one copy
+    if _did_nothing(part):  # what `fill_effects` writes for each, in one copy
         res.effects.CopyFrom(quiet_effects(len(part.did)))
         return res
     fill_effects(res.effects, part.did[0], None)

@@ -80,6 +80,8 @@ def texts(chunks: list[Any]) -> str:
 async def test_a_durable_run_streams_through_its_log_and_is_recorded_done(apps: tuple[App, App]) -> None:
     a, _ = apps
     assert a.durable is not None
+    told: list[tuple[str, str, str]] = []
+    a.durable_ended.append(lambda agent_id, done: told.append((agent_id, done.run_id, done.status)))
     run_id = await a.durable.begin("d", "hi", CallOptions(thread_id="t1", resource_id="u1"))
     got = await read(a.durable, run_id)
     assert [off for off, _ in got] == list(range(len(got)))
@@ -91,6 +93,8 @@ async def test_a_durable_run_streams_through_its_log_and_is_recorded_done(apps: 
     assert record is not None
     assert (record.status, record.attempts) == (DONE, 1)
     assert await read(a.durable, run_id, 5) == got[5:]  # reattached after the end: the rest
+    assert await a.durable.result(run_id) is not None
+    assert told == [("d", run_id, "success")]  # its end told once (the service notes its warnings)
 
 
 async def test_a_dead_replicas_run_is_taken_over_from_its_last_checkpoint(apps: tuple[App, App]) -> None:
@@ -105,14 +109,24 @@ async def test_a_dead_replicas_run_is_taken_over_from_its_last_checkpoint(apps: 
     await b.durable.close()  # B's own manager has its own in-memory log: the taker below shares A's
 
     # B reads the same log (in one process the in-memory log is shared by handing it over)
+    told: list[tuple[str, str, str]] = []
     taker = DurableRuns(
-        b.suspended_runs_store, a.durable.events, b.durable.agents, b.metrics, b.durable.settings
+        b.suspended_runs_store,
+        a.durable.events,
+        b.durable.agents,
+        b.metrics,
+        b.durable.settings,
+        ended=[lambda agent_id, done: told.append((agent_id, done.run_id, done.status))],
     )
     await taker.start()
     try:
         rest = await read(taker, run_id, seen[-1][0] + 1)
+        done = await taker.result(run_id)
     finally:
         await taker.close()
+    assert done is not None
+    # the run's end is told by the replica that took it over (its warnings are noted there), once
+    assert told == [("d", run_id, "success")]
     offsets = [off for off, _ in seen + rest]
     assert offsets == list(range(len(offsets)))  # nothing lost, nothing twice
     assert rest[-1][1]["type"] == "finish"

@@ -31,7 +31,7 @@ from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.processors import LaneItem, ProcessorHandle
 from procmesh_orchestrator.processors.binding import LaneBinder, LaneSource
 from procmesh_orchestrator.providers import ModelRegistry
-from procmesh_orchestrator.run import Agent, AgentSpec, background, violation_routes
+from procmesh_orchestrator.run import Agent, AgentSpec, RunResult, background, violation_routes
 from procmesh_orchestrator.sidecar_metrics import MergedSidecarMetrics
 from procmesh_orchestrator.sidecar_process import (
     ModelGateway,
@@ -151,6 +151,9 @@ class App:
         """Durable runs' event log (`Config.durable.eventLog`), when an agent is durable."""
         self.durable: DurableRuns | None = None
         """Durable runs of this replica and the take-over of others' (`durable` package)."""
+        self.durable_ended: list[Callable[[str, RunResult], None]] = []
+        """Told (agent id, result) of each durable run that ends on this replica, begun here or
+        taken over (`DurableRuns.ended`; the service notes its model warnings so)."""
         self._durable_lock = asyncio.Lock()
 
     def started(self, run_id: str, agent_id: str) -> None:
@@ -352,6 +355,7 @@ class App:
                 self.metrics,
                 self.config.durable,
                 versions=self._versions(self.pipeline),
+                ended=self.durable_ended,
             )
             self.durable = durable
             await durable.start()

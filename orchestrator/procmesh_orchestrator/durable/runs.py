@@ -68,6 +68,7 @@ def config_version(agent_config: Any) -> str:
 class _Local:
     """A durable run this replica runs, at the epoch its claim (or creation) gave it."""
 
+    agent_id: str
     run: Run
     publisher: Publisher
     epoch: int
@@ -88,6 +89,7 @@ class DurableRuns(TakeOver):
         settings: DurableConfig | None = None,
         replica: str | None = None,
         versions: Mapping[str, str] | None = None,
+        ended: list[Callable[[str, RunResult], None]] | None = None,
     ) -> None:
         self._open_store = store
         self.events = events
@@ -96,6 +98,10 @@ class DurableRuns(TakeOver):
         self.versions = dict(versions or {})
         """Each agent's config fingerprint (`config_version`), kept in the runs it starts."""
         self.metrics = metrics
+        self.ended = ended if ended is not None else []
+        """Told (agent id, result) of each run that ends on this replica with its result recorded:
+        begun here or taken over from another (the replica that ends a run tells, once). The
+        App's `durable_ended`, shared: a listener added to it later is told too."""
         self.settings = settings or DurableConfig()
         """The configuration's ``durable`` section: leases, take-over, the event log's retention."""
         self.replica = replica or replica_id()
@@ -157,7 +163,7 @@ class DurableRuns(TakeOver):
             return Run(spec, input, options, sink=sink, metrics=self.metrics, run_id=run_id)
 
         try:
-            local = self._launch(run_id, 0, created.epoch, build)
+            local = self._launch(agent_id, run_id, 0, created.epoch, build)
         except BaseException as exc:
             await store.finish_durable_run(
                 run_id, owner=self.replica, epoch=created.epoch, status=FAILED, error=_shown(exc)
@@ -194,7 +200,9 @@ class DurableRuns(TakeOver):
 
     # -- running -----------------------------------------------------------------------------
 
-    def _launch(self, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]) -> _Local:
+    def _launch(
+        self, agent_id: str, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]
+    ) -> _Local:
         """Run it here at `epoch`: its chunks go to the log from `offset` on, its checkpoints to
         the store, each write under the epoch."""
         publisher = Publisher(self.events, run_id, offset, epoch, self.metrics)
@@ -203,7 +211,7 @@ class DurableRuns(TakeOver):
         except BaseException:
             publisher.drop()
             raise
-        local = _Local(run, publisher, epoch)
+        local = _Local(agent_id, run, publisher, epoch)
         run.fence = RunFence(run_id, epoch)
         run.on_fenced = lambda write, exc: self._fenced(local, write, exc)
         publisher.on_fenced = lambda exc: self._fenced(local, "event", exc)
@@ -307,6 +315,7 @@ class DurableRuns(TakeOver):
             except EventLogFencedError as exc:
                 self._fenced(local, "event", exc)
                 return None
+            self._tell_ended(local.agent_id, result)
             return result
         except LeaseLostError:
             publisher.drop()
@@ -321,6 +330,14 @@ class DurableRuns(TakeOver):
         finally:
             keeper.cancel()
             stopped.cancel()
+
+    def _tell_ended(self, agent_id: str, result: RunResult) -> None:
+        """Tell `ended` of a run's end; a listener's fault is logged and the others still told."""
+        for listener in self.ended:
+            try:
+                listener(agent_id, result)
+            except Exception:
+                log.warning("run %s: a listener of its end failed", result.run_id, exc_info=True)
 
     async def _keep_lease(self, local: _Local) -> None:
         """Renew the lease until the run ends; return (the run must stop) when it is lost, or when

@@ -61,7 +61,9 @@ class TakeOver:
     _left_after: str | None
     """The last run of the last page of runs left to other replicas read (None: from the oldest)."""
 
-    def _launch(self, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]) -> Any:
+    def _launch(
+        self, agent_id: str, run_id: str, offset: int, epoch: int, build: Callable[[ChunkSink], Run]
+    ) -> Any:
         raise NotImplementedError
 
     async def _claim_loop(self) -> None:
@@ -194,7 +196,7 @@ class TakeOver:
                 record.agent_id,
                 mine,
             )
-        self._launch(run_id, offset, record.epoch, build)
+        self._launch(record.agent_id, run_id, offset, record.epoch, build)
         self.metrics.runs_taken_over.inc()
         log.info(
             "run %s taken over (attempt %d, epoch %d) at step %s",

@@ -63,61 +63,21 @@ def admit(core: ServiceCore, agent_id: str, call: AgentCall, caller: Caller) -> 
     count_ignored(core.metrics, f"agent {agent_id!r}: a call's", call.ignored_message_keys)
 
 
-def note_model_warnings(core: ServiceCore, agent_id: str, warnings: list[dict[str, Any]]) -> None:
-    """A run's model-call warnings (`results.model_warnings`: settings a model's API has no field
-    for, left out of its body), for the operator: a WARNING line and
-    ``procmesh_call_settings_ignored_total{setting}``, once per call and setting (`finished`,
-    `LiveRun.see`, `durable_result`): a run suspended by a stream and taken on by another call is
-    counted by both."""
-    if not warnings:
-        return
-    names = [f"modelSettings.{w['setting']}" for w in warnings]
-    log.warning("agent %r: a run's model settings its model does not take: %s", agent_id, key_names(names))
-    for warning in warnings:
-        core.metrics.settings_ignored.labels(str(warning["setting"])).inc()
-
-
 async def finished(core: ServiceCore, agent_id: str, run: Awaitable[RunResult]) -> RunResult:
-    """`run` to its end, its model warnings noted once (`note_model_warnings`) however it ends:
-    its result's, or a failed run's partial result's (the error's ``result``). Every run a route
-    takes to its end (a generate, a resume to its end, over HTTP or gRPC) goes through here; a
-    streamed one is noted at its ``step-start`` chunks (`LiveRun.see`), a durable one at its end
-    (`durable_result`)."""
+    """`run` to its end, its model warnings noted once (`ServiceCore.note_model_warnings`) however
+    it ends: its result's, or a failed run's partial result's (the error's ``result``). Every run
+    a route takes to its end (a generate, a resume to its end, over HTTP or gRPC) goes through
+    here; a streamed one is noted at its ``step-start`` chunks (`LiveRun.see`), a durable one by
+    the replica it ends on (`ServiceCore`, told by `DurableRuns.ended`)."""
     try:
         done = await run
     except BaseException as exc:
         partial = getattr(exc, "result", None)
         if isinstance(partial, RunResult):
-            note_model_warnings(core, agent_id, model_warnings(partial))
+            core.note_model_warnings(agent_id, model_warnings(partial))
         raise
-    note_model_warnings(core, agent_id, model_warnings(done))
+    core.note_model_warnings(agent_id, model_warnings(done))
     return done
-
-
-async def durable_result(
-    core: ServiceCore, agent_id: str, manager: DurableRuns, run_id: str
-) -> RunResult | None:
-    """A durable run's result once it ends on this replica (None: it stopped here and goes on
-    elsewhere), its model warnings noted once (`note_model_warnings`), as `finished` notes a plain
-    run's: a durable generate awaits it; a durable stream's run is noted by `watch_durable`."""
-    done = await manager.result(run_id)
-    if done is not None:
-        note_model_warnings(core, agent_id, model_warnings(done))
-    return done
-
-
-def watch_durable(core: ServiceCore, agent_id: str, manager: DurableRuns, run_id: str) -> None:
-    """A durable stream's run noted as it ends on this replica (`durable_result`, in the
-    background), whether or not its client still reads it: its chunks come from the event log,
-    which `LiveRun.see` never sees, and a client that leaves does not end the run."""
-
-    async def noted() -> None:
-        try:  # a run that fails has a result too: only a fault of the manager itself raises here
-            await durable_result(core, agent_id, manager, run_id)
-        except Exception:
-            log.warning("durable run %s: its model warnings were not noted", run_id, exc_info=True)
-
-    core.spawn(noted())
 
 
 async def reserve_run_id(core: ServiceCore, agent: Agent, call: AgentCall) -> None:
@@ -181,7 +141,7 @@ class LiveRun:
         if chunk.get("type") == "start":
             self.run_id = str((chunk.get("payload") or {}).get("runId", ""))
             self.core.runs.add(self.run_id, ActiveRun(self.agent_id, self.run, self.owner))
-        note_model_warnings(self.core, self.agent_id, self.warnings.see(chunk))
+        self.core.note_model_warnings(self.agent_id, self.warnings.see(chunk))
 
     async def close(self, *, abort: bool) -> None:
         """Give the run's slot back (once). With `abort` (its reader left) the run is detached

@@ -9,13 +9,15 @@ on this class, not on `Service`, is what keeps the rooms out of an import circle
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from procmesh_orchestrator.app import App, Pipeline
 from procmesh_orchestrator.config import Config
 from procmesh_orchestrator.errors import ServiceStartError
-from procmesh_orchestrator.run import Agent
+from procmesh_orchestrator.run import Agent, RunResult
+from procmesh_orchestrator.run.context import names as key_names
 from procmesh_orchestrator.service._auth import ApiKeys
 from procmesh_orchestrator.service._errors import AgentNotFoundError
 from procmesh_orchestrator.service._health import DependencyCheck, SidecarHealth, fail_open_sidecars
@@ -23,8 +25,11 @@ from procmesh_orchestrator.service._limits import InputLimits, KeyLimits
 from procmesh_orchestrator.service._metrics import ServiceMetrics
 from procmesh_orchestrator.service._trim import MemoryTrim
 from procmesh_orchestrator.service._trust import ContextTrust
+from procmesh_orchestrator.service.api.results import model_warnings
 from procmesh_orchestrator.service.api.runs import ActiveRuns, RunGate
 from procmesh_orchestrator.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
 
 HealthListener = Callable[[bool], Awaitable[None]]
 
@@ -77,9 +82,28 @@ class ServiceCore:
             dependencies=DependencyCheck(self.app),
         )
         self.app.on_swap.append(self._config_swapped)
+        self.app.durable_ended.append(self._durable_ended)
         self.metrics = ServiceMetrics(
             self.app.metrics.registry, lambda: self.gate.active, lambda: self.health.statuses
         )
+
+    def note_model_warnings(self, agent_id: str, warnings: list[dict[str, Any]]) -> None:
+        """A run's model-call warnings (`results.model_warnings`: settings a model's API has no field
+        for, left out of its body), for the operator: a WARNING line and
+        ``procmesh_call_settings_ignored_total{setting}``, once per call and setting (`control.finished`,
+        `LiveRun.see`, and a durable run's end on the replica it ends on, begun there or taken over):
+        a run suspended by a stream and taken on by another call is counted by both."""
+        if not warnings:
+            return
+        names = [f"modelSettings.{w['setting']}" for w in warnings]
+        shown = key_names(names)
+        log.warning("agent %r: a run's model settings its model does not take: %s", agent_id, shown)
+        for warning in warnings:
+            self.metrics.settings_ignored.labels(str(warning["setting"])).inc()
+
+    def _durable_ended(self, agent_id: str, done: RunResult) -> None:
+        """A durable run ended on this replica (`DurableRuns.ended`): begun here or taken over."""
+        self.note_model_warnings(agent_id, model_warnings(done))
 
     def _config_swapped(self, pipeline: Pipeline) -> None:
         """A reload swapped the config: the health poll's optional sidecars follow it (the

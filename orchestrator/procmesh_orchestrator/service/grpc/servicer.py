@@ -157,7 +157,6 @@ class AgentServicer(agrpc.AgentServiceServicer):
                     durable, run_id = await _durable.begin(self._service, request.agent_id, call)
                 except ServiceError as exc:
                     await self._refuse(context, exc)
-                control.watch_durable(self._service, request.agent_id, durable, run_id)
                 events = durable.attach(run_id, 0)
                 warned = StreamWarnings(call.warnings)  # the last message's, as a plain stream's
                 relay = self._relay_durable(
@@ -183,7 +182,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
                 durable, run_id = await _durable.begin(self._service, agent_id, call)
             except ServiceError as exc:
                 await self._refuse(context, exc)
-            done = await control.durable_result(self._service, agent_id, durable, run_id)
+            done = await durable.result(run_id)  # its warnings noted where it ends (`ServiceCore`)
         finally:
             self._service.gate.leave()
         if done is None:

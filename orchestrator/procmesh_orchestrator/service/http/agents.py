@@ -119,7 +119,7 @@ class AgentRoutes:
             started = time.perf_counter()
             if durable.is_durable(core, agent_id, call):
                 manager, run_id = await durable.begin(core, agent_id, call)
-                done = await control.durable_result(core, agent_id, manager, run_id)
+                done = await manager.result(run_id)  # its warnings noted where it ends (`ServiceCore`)
                 if done is None:  # it stopped on this replica (drain, lost lease): observe it
                     await release()
                     log.info("generate agent=%s durable run=%s left this replica", agent_id, run_id)
@@ -176,7 +176,6 @@ class AgentRoutes:
             finally:
                 control.release_run_id(core, call)  # the store has the run (or none started)
             # A client that leaves does not abort the run: it observes it again from its last id.
-            control.watch_durable(core, agent_id, manager, run_id)
             events = sse.durable_events(
                 run_id,
                 manager.attach(run_id, 0),

@@ -255,17 +255,21 @@ class Member:
         if out is None and not self.rewind and not tell:
             return
         # fields concatenated are one message: the context, the shared parts, this member's marks
-        data = self.group.encoded(out) if out else b""
+        # (a batch of large parts goes in several requests, the marks with the first: a request's
+        # rewind and commit apply before its parts)
+        first, *more = self.group.encoded(out) if out else [b""]
         if head is not None:
-            data = head.SerializeToString() + data
+            first = head.SerializeToString() + first
         if self.rewind or tell:
             marks = ppb.ProcessOutputStreamRequest()
             if self.rewind:
                 marks.rewind_to, self.rewind = self.rewind, 0
             if tell:
                 marks.committed_through = self.told = self.committed
-            data += marks.SerializeToString()
-        self.writes.put_nowait((_WRITE, data))
+            first += marks.SerializeToString()
+        self.writes.put_nowait((_WRITE, first))
+        for data in more:
+            self.writes.put_nowait((_WRITE, data))
 
     def _open(self) -> None:
         pid = self.handle.processor_id

@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
@@ -45,6 +44,7 @@ from procmesh_orchestrator.processors.stream_call import (
     Item,
     Pipe,
     count_session,
+    encode_parts,
     merged,
     session_policy,
 )
@@ -89,7 +89,7 @@ class SpeculativeGroup:
         self.now = time.monotonic()
         """When this round (a batch taken, or an answer read) began: the send time of the parts
         fed in it (they go out together), one clock read per round."""
-        self._encodings: list[tuple[list[tuple[int, tpb.Chunk]], bytes]] = []
+        self._encodings: list[tuple[list[tuple[int, tpb.Chunk]], list[bytes]]] = []
         """This round's encoded parts (`encoded`), forgotten when its requests are sent."""
 
     def count(self, member: Member, outcome: str, n: int = 1) -> None:
@@ -154,17 +154,14 @@ class SpeculativeGroup:
             member.parts.flush()
         self._encodings.clear()
 
-    def encoded(self, parts: list[tuple[int, tpb.Chunk]]) -> bytes:
-        """The parts (seq, part) as a serialized request's ``parts``, encoded once per round for
-        every member given the same ones (same seqs, same parts: each member writes the bytes)."""
+    def encoded(self, parts: list[tuple[int, tpb.Chunk]]) -> list[bytes]:
+        """The parts (seq, part) as serialized requests' ``parts`` (`encode_parts`: one request,
+        or several when large), encoded once per round for every member given the same ones (same
+        seqs, same parts: each member writes the bytes)."""
         for same, data in self._encodings:
             if same == parts:  # tuples compare the part by identity first: no protobuf compare
                 return data
-        request = ppb.ProcessOutputStreamRequest()
-        add = request.parts.add
-        for seq, part in parts:
-            add(seq=seq, part=part)
-        data = request.SerializeToString()
+        data = encode_parts(parts)
         self._encodings.append((parts, data))
         return data
 

@@ -36,6 +36,7 @@ from procmesh_orchestrator.processors.stream_call import (
     answer_items,
     check_extras,
     count_session,
+    encode_parts,
     fused_items,
     merged,
     partial_items,
@@ -136,7 +137,8 @@ class _Stage:
     async def feed(self) -> None:
         while not self.stopped:
             batch = await self.inq.get()
-            request: ppb.ProcessOutputStreamRequest | None = None
+            head: ppb.ProcessOutputStreamRequest | None = None  # the session's first request's
+            out: list[tuple[int, tpb.Chunk]] = []
             now = time.monotonic()
             finished = False
             for kind, value in batch:
@@ -157,17 +159,19 @@ class _Stage:
                     self.pending.append((CHUNK, value, False))
                     continue
                 if self.call is None:
-                    request = self._open()
-                elif request is None:
-                    request = ppb.ProcessOutputStreamRequest()
+                    head = self._open()
+                elif not out:
                     now = time.monotonic()  # the batch's parts are sent together: one clock read
                 self.seq += 1
-                request.parts.add(seq=self.seq, part=value)
+                out.append((self.seq, value))
                 self.pending.append((CHUNK, value, True))
                 self.sent.append((self.seq, now))
             self._flush_head()
-            if request is not None and not self.failed_open and self.call is not None:
-                await self.call.write(request)
+            if out and not self.failed_open and self.call is not None:
+                first, *more = encode_parts(out)  # several requests for a batch of large parts
+                await self.call.write(first if head is None else head.SerializeToString() + first)
+                for data in more:
+                    await self.call.write(data)
             if finished:
                 if self.call is not None and not self.failed_open and not self.stopped:
                     assert self.clock is not None
@@ -176,6 +180,7 @@ class _Stage:
                 return
 
     def _open(self) -> ppb.ProcessOutputStreamRequest:
+        """Open the session; its first request's context (sent with the first batch's parts)."""
         pid = self.handle.processor_id
         # The session's span lives across the feeder and reader tasks: started, not made current.
         self.span = tracing.start(
@@ -185,7 +190,7 @@ class _Stage:
         )
         self.clock = SessionClock(self.caller, self.timeout, self.stream_timeout)
         raw = self.handle.client.open_stream(
-            self.clock.grpc_timeout(self.caller), metadata=self.span.metadata()
+            self.clock.grpc_timeout(self.caller), metadata=self.span.metadata(), encoded=True
         )
         self.call = StreamCall(raw)
         self.reader = asyncio.create_task(self._read(self.call))

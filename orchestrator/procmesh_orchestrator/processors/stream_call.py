@@ -32,7 +32,28 @@ FLOWING = (CHUNK, EFFECTS)
 """Kinds a stage hands on and keeps going; any other ends the stream (end, abort, error)."""
 MAX_BATCH = 256
 
+MAX_REQUEST_BYTES = 1 << 20
+"""A stream request's size past which its parts go in several requests (`encode_parts`): far under
+the largest message gRPC takes by default (4 MiB in most implementations; 16 MiB in procmesh's
+SDKs), so a batch of large parts (a model's files, big data parts, long deltas) is never a request
+a sidecar refuses. A part larger than this goes in a request of its own."""
+
 Item = tuple[str, Any]
+
+
+def encode_parts(parts: list[tuple[int, tpb.Chunk]]) -> list[bytes]:
+    """The parts (seq, part) as the ``parts`` of serialized ``ProcessOutputStreamRequest``s, in
+    order: one request's, or several of at most `MAX_REQUEST_BYTES` each when they are larger
+    together (halved until they fit: only batches of large parts pay the second encoding)."""
+    request = ppb.ProcessOutputStreamRequest()
+    add = request.parts.add
+    for seq, part in parts:
+        add(seq=seq, part=part)
+    data = request.SerializeToString()
+    if len(data) <= MAX_REQUEST_BYTES or len(parts) == 1:
+        return [data]
+    half = len(parts) // 2
+    return encode_parts(parts[:half]) + encode_parts(parts[half:])
 
 
 class Pipe:

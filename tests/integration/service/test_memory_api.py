@@ -162,6 +162,32 @@ async def test_a_resource_with_more_threads_than_the_store_reads_at_once_lists_t
     assert [r["threadId"] for r in found["results"]] == ["many-0"]
 
 
+async def test_a_listing_by_metadata_matches_json_values_by_type(http: httpx.AsyncClient) -> None:
+    """A boolean is not a number (Python's ``True == 1``), ``1`` is ``1.0``, objects and arrays
+    match member by member, and a key a thread lacks matches nothing, ``null`` included."""
+    kinds = {
+        "typed-true": {"flag": True, "n": 1, "tags": ["a", "b"], "owner": {"id": 7}},
+        "typed-one": {"flag": 1, "n": 1.0, "tags": ["b", "a"], "owner": {"id": 7, "x": 0}},
+        "typed-null": {"gone": None},
+    }
+    for thread_id, metadata in kinds.items():
+        await _create(http, ADA, threadId=thread_id, metadata=metadata)
+
+    async def matching(query: dict[str, Any]) -> list[str]:
+        params = {"agentId": "assistant", "metadata": json.dumps(query)}
+        listed = await http.get("/api/memory/threads", params=params, headers=ADA)
+        assert listed.status_code == 200, listed.text
+        return sorted(t["id"] for t in listed.json()["threads"] if t["id"].startswith("typed-"))
+
+    assert await matching({"flag": True}) == ["typed-true"]
+    assert await matching({"flag": 1}) == ["typed-one"]
+    assert await matching({"n": 1}) == ["typed-one", "typed-true"]
+    assert await matching({"tags": ["a", "b"]}) == ["typed-true"]
+    assert await matching({"owner": {"id": 7}}) == ["typed-true"]
+    assert await matching({"gone": None}) == ["typed-null"]
+    assert await matching({"flag": None}) == []
+
+
 async def test_threads_are_listed_in_the_order_asked_for(http: httpx.AsyncClient) -> None:
     """``orderBy`` by creation or last update, either way, over pages the store cuts."""
     for i in range(3):

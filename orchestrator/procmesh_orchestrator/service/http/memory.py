@@ -74,6 +74,19 @@ def _flag(raw: str | None, name: str) -> bool:
     return raw == "true"
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values: a boolean is never a number (Python's ``True == 1`` is not JSON's),
+    numbers by value (``1`` and ``1.0``), objects and arrays member by member. A listing by
+    metadata matches each key so (a key the thread lacks matches nothing, ``null`` included)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same_json, a, b))
+    return not isinstance(b, (dict, list)) and bool(a == b)
+
+
 def _json_param(request: Request, name: str) -> Any:
     raw = request.query_params.get(name)
     if raw is None:
@@ -187,7 +200,11 @@ class MemoryRoutes:
             # here (the reference server filters too), then ordered and paged.
             with store_errors(store, "listing threads"):
                 threads = await every_thread(store, resource)
-            threads = [t for t in threads if all(t.metadata.get(k) == v for k, v in metadata.items())]
+            threads = [
+                t
+                for t in threads
+                if all(k in t.metadata and same_json(t.metadata[k], v) for k, v in metadata.items())
+            ]
             threads.sort(key=lambda t: getattr(t, key), reverse=descending)
             total, shown = len(threads), threads[page * per_page : (page + 1) * per_page]
         else:  # ordered, paged and counted by the store: one page read, whatever the resource holds

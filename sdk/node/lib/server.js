@@ -19,7 +19,7 @@ const { rawService } = require('./guard');
 const { SidecarMetrics, outcomeOf, serveMetrics } = require('./metrics');
 const { LEVELS, LOG_FORMATS, SettingsError, checkBindable, idleSettings, overriddenTls, settingsFromArgs, usage } = require('./settings');
 const { checkEnvironment } = require('./environment');
-const { Hosted, Servicer } = require('./servicer');
+const { Hosted, Servicer, SUSPENSION } = require('./servicer');
 const { HostedTool } = require('./tools');
 const tracing = require('./tracing');
 const { version } = require('../package.json');
@@ -95,7 +95,9 @@ class MeteredServicer extends Servicer {
     const started = process.hrtime.bigint();
     let outcome = 'ok';
     try {
-      return await logContext.run({ runId: ctx.runId }, () => super.runTool(tool, args, ctx));
+      const done = await logContext.run({ runId: ctx.runId }, () => super.runTool(tool, args, ctx));
+      if (ctx[SUSPENSION] && ctx[SUSPENSION].asked) outcome = 'suspended';
+      return done;
     } catch (err) {
       outcome = outcomeOf(err, ctx.abortSignal);
       throw err;

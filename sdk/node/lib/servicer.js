@@ -344,8 +344,13 @@ class Servicer {
  * records the payload; a resumed call's `ctx.resumeData` / `ctx.suspendPayload` (also under
  * `ctx.agent`, where the reference's tools read them) come from the request. Returns the record.
  */
+/** Where a tool call's suspension record sits on its context (`suspensionOf`): hidden from the
+ * tool, read by the metered servicer to count the call `suspended`, as the Python SDK does. */
+const SUSPENSION = Symbol('procmesh.suspension');
+
 function suspensionOf(req, ctx) {
   const record = { asked: false, payload: null };
+  ctx[SUSPENSION] = record;
   const resumed = req.resume_data !== undefined && req.resume_data !== null;
   ctx.resumed = resumed;
   ctx.resumeData = resumed ? convert.fromValue(req.resume_data) : undefined;
@@ -376,4 +381,4 @@ function suspendedAnswer(tool, suspension, ctx) {
   return answer;
 }
 
-module.exports = { Hosted, Servicer };
+module.exports = { Hosted, Servicer, SUSPENSION };

@@ -14,9 +14,11 @@ import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import Config
@@ -25,6 +27,7 @@ from procmesh_orchestrator.sidecar_process import SidecarProcess
 from tests.conftest import REPO
 from tests.e2e.node.conftest import node_sidecar, require_node
 from tests.e2e.tools.harness import call, collect, config, of_type, prompts, tool_outputs
+from tests.integration.service.support import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -34,24 +37,46 @@ ANSWER = {"text": "here it is"}
 UNIT = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]}
 
 
+class Tools(NamedTuple):
+    address: str
+    metrics_port: int
+
+
 @pytest.fixture(scope="module", params=["python", "node"])
 def suspend_tools(
     request: pytest.FixtureRequest,
     start_sidecar: Callable[..., SidecarProcess],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[str]:
-    """The address of the suspend tools' sidecar: `tests.fixtures.suspend_sidecar` (Python SDK) or
-    `tests/fixtures/node_suspend_tools.js` (Node SDK), the same tools."""
+) -> Iterator[Tools]:
+    """The suspend tools' sidecar (its address and metrics port): `tests.fixtures.suspend_sidecar`
+    (Python SDK) or `tests/fixtures/node_suspend_tools.js` (Node SDK), the same tools."""
+    port = free_port()
     if request.param == "python":
-        proc = start_sidecar(name="sus", module="tests.fixtures.suspend_sidecar")
+        proc = start_sidecar("--metrics-port", str(port), name="sus", module="tests.fixtures.suspend_sidecar")
     else:
         require_node()
         where = tmp_path_factory.mktemp("nsus")
-        proc = node_sidecar(NODE_TOOLS, f"unix://{where / 'n.sock'}", where / "n.log")
+        proc = node_sidecar(
+            NODE_TOOLS, f"unix://{where / 'n.sock'}", where / "n.log", "--metrics-port", str(port)
+        )
     asyncio.run(proc.wait_ready())
-    yield proc.address
+    yield Tools(proc.address, port)
     if request.param == "node":
         proc.stop(grace=2.0)
+
+
+async def tool_calls(port: int, tool: str, outcome: str) -> float:
+    """The sidecar's ``procmesh_sidecar_tool_calls_total{tool, outcome}`` (0 before the first)."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "procmesh_sidecar_tool_calls_total" and sample.labels == {
+                "tool": tool,
+                "outcome": outcome,
+            }:
+                return sample.value
+    return 0.0
 
 
 def suspend_config(address: str, store: Path, responses: list[dict[str, Any]]) -> Config:
@@ -63,11 +88,13 @@ def suspend_config(address: str, store: Path, responses: list[dict[str, Any]]) -
     )
 
 
-async def test_a_suspended_tool_resumes_with_data_on_another_app(suspend_tools: str, tmp_path: Path) -> None:
+async def test_a_suspended_tool_resumes_with_data_on_another_app(
+    suspend_tools: Tools, tmp_path: Path
+) -> None:
     store = tmp_path / "memory.db"
     async with (
-        App(suspend_config(suspend_tools, store, [ASK, ANSWER])) as first,
-        App(suspend_config(suspend_tools, store, [ANSWER, ANSWER])) as second,
+        App(suspend_config(suspend_tools.address, store, [ASK, ANSWER])) as first,
+        App(suspend_config(suspend_tools.address, store, [ANSWER, ANSWER])) as second,
     ):
         chunks, suspended = await collect(first, "weather in Paris?")
         assert [c["type"] for c in chunks][-2:] == ["tool-call-suspended", "finish"]
@@ -107,9 +134,22 @@ async def test_a_suspended_tool_resumes_with_data_on_another_app(suspend_tools: 
             await agent.resume_generate(suspended.run_id, call_id, {"unit": "fahrenheit"})
 
 
-async def test_resume_data_answers_an_approval_only_as_a_decision(suspend_tools: str, tmp_path: Path) -> None:
+async def test_a_tool_call_that_suspends_is_counted_suspended(suspend_tools: Tools, tmp_path: Path) -> None:
+    """Both SDKs count it ``outcome="suspended"`` (the Node SDK counted it ``ok``)."""
+    port = suspend_tools.metrics_port
+    before = [await tool_calls(port, "weather", outcome) for outcome in ("suspended", "ok")]
+    async with App(suspend_config(suspend_tools.address, tmp_path / "memory.db", [ASK, ANSWER])) as app:
+        _, suspended = await collect(app, "weather in Paris?")
+    assert suspended.status == "suspended"
+    after = [await tool_calls(port, "weather", outcome) for outcome in ("suspended", "ok")]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0]
+
+
+async def test_resume_data_answers_an_approval_only_as_a_decision(
+    suspend_tools: Tools, tmp_path: Path
+) -> None:
     cfg = config(
-        sidecars={"sus": {"address": suspend_tools, "timeout": 5}},
+        sidecars={"sus": {"address": suspend_tools.address, "timeout": 5}},
         tools={"traced": {"sidecar": "sus", "requireApproval": True}},
         responses=[{"toolCalls": [call("traced")]}, ANSWER],
         top={"storage": {"path": str(tmp_path / "memory.db")}},
@@ -128,14 +168,14 @@ async def test_resume_data_answers_an_approval_only_as_a_decision(suspend_tools:
 
 
 async def test_lifecycle_hooks_come_in_order_and_a_raising_hook_fails_nothing(
-    suspend_tools: str, tmp_path: Path
+    suspend_tools: Tools, tmp_path: Path
 ) -> None:
     steps = [
         {"toolCalls": [call("traced", **{"raise": True})]},
         {"toolCalls": [{"name": "hooks", "args": {"callId": "call_1"}}]},
         ANSWER,
     ]
-    async with App(suspend_config(suspend_tools, tmp_path / "m.db", steps)) as app:
+    async with App(suspend_config(suspend_tools.address, tmp_path / "m.db", steps)) as app:
         chunks, result = await collect(app)
     assert result.status == "success", result.error
     traced, recorded = (r["result"] for r in of_type(chunks, "tool-result"))
@@ -149,14 +189,14 @@ async def test_lifecycle_hooks_come_in_order_and_a_raising_hook_fails_nothing(
 
 
 async def test_the_calls_beside_a_suspended_one_settle_and_only_it_runs_again(
-    suspend_tools: str, tmp_path: Path
+    suspend_tools: Tools, tmp_path: Path
 ) -> None:
     steps = [
         {"toolCalls": [call("weather", city="Oslo"), call("traced")]},
         {"toolCalls": [{"name": "hooks", "args": {"callId": "call_2"}}]},
         ANSWER,
     ]
-    async with App(suspend_config(suspend_tools, tmp_path / "m.db", steps)) as app:
+    async with App(suspend_config(suspend_tools.address, tmp_path / "m.db", steps)) as app:
         chunks, suspended = await collect(app)
         # each at its call's turn, in the model's order: the suspension, then the other result
         assert [c["type"] for c in chunks][-3:] == ["tool-call-suspended", "tool-result", "finish"]

@@ -144,3 +144,37 @@ async def test_a_refused_reload_keeps_the_pipeline_and_closes_what_it_opened(
     assert reason in line, line
     assert "\n" not in line
     assert "****" in (await application.agent("a").generate("hello")).text
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (
+            {"providers": {"mine": {"kind": "openai", "apiKeyEnv": "PM_RELOAD_NEW_KEY"}}},
+            "providers.mine.apiKeyEnv",
+        ),
+        (
+            {"judgeCache": {"enabled": True, "redis": {"urlEnv": "PM_RELOAD_NEW_KEY"}}},
+            "judgeCache.redis.urlEnv",
+        ),
+    ],
+    ids=["provider-key", "judge-cache-url"],
+)
+async def test_a_new_secret_variable_is_refused_while_the_builtins_sidecar_runs(
+    sidecar: str, tmp_path: Path, change: dict[str, Any], key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The built-in sidecar's environment was made without the secrets the config named at its
+    start: a reload naming a new one is refused, naming the key that names it."""
+    with_defaults = config(sidecar, ["darn"])
+    with_defaults["agents"]["a"]["errorProcessorDefaults"] = True  # the built-in sidecar runs
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(with_defaults), encoding="utf-8")
+    async with App(load_config(path)) as application:
+        assert application.builtins is not None
+        reloader = ConfigReloader(application, str(path), poll_seconds=0)
+        before = application.pipeline
+        path.write_text(yaml.safe_dump({**with_defaults, **change}), encoding="utf-8")
+        assert await reloader.reload() == "refused"
+        assert application.pipeline is before
+    (line,) = [r.getMessage() for r in caplog.records if "refused, still serving" in r.getMessage()]
+    assert f"{key}: names the secret variable(s) PM_RELOAD_NEW_KEY" in line, line

@@ -49,6 +49,17 @@ def restart_only_changes(old: Config, new: Config) -> list[str]:
     return problems
 
 
+def secret_keys(config: Config, names: set[str]) -> list[str]:
+    """The keys of `config` that name one of the secret variables `names` (`secret_variables`): a
+    provider's ``apiKeyEnv``, the judge cache's Redis ``urlEnv``; ``secrets`` for none of these
+    (the store's ``dsnEnv`` and the event log's ``urlEnv`` are refused as restart-only anyway)."""
+    keys = [f"providers.{name}.apiKeyEnv" for name, p in config.providers.items() if p.api_key_env in names]
+    redis = config.judge_cache.redis
+    if redis is not None and redis.url_env in names:
+        keys.append("judgeCache.redis.urlEnv")
+    return keys or ["secrets"]
+
+
 class ConfigReloader:
     """Reloads `app`'s config from `path` on request (`reload`, SIGHUP) and when the file changes.
 
@@ -153,9 +164,9 @@ class ConfigReloader:
                 new = sorted(secret_variables(config) - secret_variables(app.config))
                 if new:
                     problems.append(
-                        f"providers: names the secret variable(s) {', '.join(new)}, which the built-in "
-                        "sidecar started with this orchestrator holds in its environment; a restart "
-                        "starts it without them"
+                        f"{', '.join(secret_keys(config, set(new)))}: names the secret variable(s) "
+                        f"{', '.join(new)}, which the built-in sidecar started with this orchestrator "
+                        "holds in its environment; a restart starts it without them"
                     )
             if problems:
                 raise ConfigError("; ".join(problems))

@@ -242,7 +242,9 @@ class ProcessInputRequest(_message.Message):
 
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:
-        """This request's new input only."""
+        """The thread's history loaded from memory (when the agent has memory), then this request's
+        new input.
+        """
 
     @_builtins.property
     def all_messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]:

@@ -216,6 +216,39 @@ async def test_a_run_this_replica_cannot_resume_is_left_for_another_never_failed
     assert (await store.get_durable_run("stray")) == record
 
 
+async def test_a_give_back_refused_for_its_epoch_is_counted_fenced(apps: tuple[App, App]) -> None:
+    """A replica that claimed a run it cannot resume gives it back; when another replica claimed
+    it since (the lease ran out first), the give-back is refused for its epoch: counted as a
+    fenced ``release`` write, and the run stays the other replica's."""
+    a, _ = apps
+    assert a.durable is not None
+    store = await a.suspended_runs_store()
+    data = {"phase": "start", "input": "hi", "call": snapshot.call_data(CallOptions())}
+    # of an agent neither replica's claim loop looks for: claimed here by hand, then resumed by A,
+    # which has no such agent (as a replica without the agent's config)
+    await store.create_durable_run(
+        DurableRun("late", "gone", snapshot=data), owner="dead", lease_seconds=0.05
+    )
+    await asyncio.sleep(0.1)
+    (mine,) = await store.claim_expired_durable_runs(owner=a.durable.replica, lease_seconds=0.05, limit=1)
+    await asyncio.sleep(0.1)  # its lease ran out before it gave the run back: another claims it
+    (theirs,) = await store.claim_expired_durable_runs(owner="rival", lease_seconds=30, limit=1)
+    assert (mine.run_id, theirs.run_id, theirs.epoch) == ("late", "late", mine.epoch + 1)
+
+    def fenced() -> float:
+        found = a.metrics.registry.get_sample_value(
+            "procmesh_durable_fenced_writes_total", {"write": "release"}
+        )
+        return found or 0.0
+
+    before = fenced()
+    await a.durable._try_take_over(store, mine)  # no agent "gone" here: gives it back
+    assert fenced() == before + 1
+    record = await store.get_durable_run("late")
+    assert record is not None
+    assert (record.owner, record.epoch, record.status) == ("rival", theirs.epoch, RUNNING)
+
+
 async def test_a_run_the_event_log_fails_is_recorded_failed_without_naming_the_log(
     apps: tuple[App, App], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

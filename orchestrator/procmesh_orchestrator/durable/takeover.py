@@ -5,7 +5,6 @@ when this one cannot resume them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from procmesh_orchestrator.durable.events import EventLog
 from procmesh_orchestrator.durable.publisher import without_start
-from procmesh_orchestrator.errors import EventLogError, MemoryStoreError, SuspendError
+from procmesh_orchestrator.errors import EventLogError, FencedWriteError, MemoryStoreError, SuspendError
 from procmesh_orchestrator.metrics import OrchestratorMetrics
 from procmesh_orchestrator.run import AgentSpec, CallOptions, snapshot
 from procmesh_orchestrator.run.base import ChunkSink
@@ -147,21 +146,41 @@ class TakeOver:
             self._take_over(record)
         except (SuspendError, CannotResume) as exc:  # what this replica lacks: another may have it
             log.warning("run %s could not be resumed here (%s); left for another replica", record.run_id, exc)
-            with contextlib.suppress(MemoryStoreError):
-                await store.release_durable_run(record.run_id, owner=self.replica, epoch=record.epoch)
+            await self._write_back(
+                record,
+                "release",
+                store.release_durable_run(record.run_id, owner=self.replica, epoch=record.epoch),
+            )
             # noted once given back (this claim loop awaits us, so nothing claims it in between):
             # whoever reads the count then finds the run released
             self._leave(record.run_id, "resume")
         except Exception:  # a run nobody can run (a bad snapshot)
             log.exception("run %s could not be taken over", record.run_id)
-            with contextlib.suppress(MemoryStoreError):
-                await store.finish_durable_run(
-                    record.run_id,
-                    owner=self.replica,
-                    epoch=record.epoch,
-                    status=FAILED,
-                    error="could not be resumed",
-                )
+            finish = store.finish_durable_run(
+                record.run_id,
+                owner=self.replica,
+                epoch=record.epoch,
+                status=FAILED,
+                error="could not be resumed",
+            )
+            await self._write_back(record, "finish", finish)
+
+    async def _write_back(self, record: DurableRun, write: str, done: Awaitable[Any]) -> None:
+        """A claimed run given back or failed without being run: a write refused for its epoch
+        (another replica claimed it since) is counted in ``procmesh_durable_fenced_writes_total``;
+        one the store could not take is logged (the claim's lease then expires instead)."""
+        try:
+            await done
+        except FencedWriteError:
+            self.metrics.fenced_writes.labels(write).inc()
+            log.info(
+                "run %s: its %s under epoch %d was refused: another replica has it",
+                record.run_id,
+                write,
+                record.epoch,
+            )
+        except MemoryStoreError as exc:
+            log.warning("run %s: its %s failed (%s); its lease expires instead", record.run_id, write, exc)
 
     def _take_over(self, record: DurableRun) -> None:
         spec = self.agents.get(record.agent_id)

@@ -12,7 +12,7 @@ from procmesh._hookloop import HookLoop
 from procmesh._metrics import Series, SidecarMetrics
 from procmesh._processor import HOOK_ARGUMENTS, Processor, hook_parameters
 from procmesh.errors import InvalidInputError
-from procmesh.hooks import BASE_ARGUMENTS, BY_NAME
+from procmesh.hooks import BY_NAME
 from procmesh.v1 import processor_pb2 as ppb
 
 STREAM_HOOK = "process_output_stream"
@@ -69,7 +69,7 @@ class Hosted:
                     f"available: {sorted(HOOK_ARGUMENTS[name])}"
                 )
         self.decodes = {
-            name: params is None or bool(params & (HOOK_ARGUMENTS[name] - BASE_ARGUMENTS))
+            name: params is None or bool(params & BY_NAME[name].own)
             for name, params in self.params.items()
         }
         """Per hook: whether it reads anything of its request beyond the context (else it is not decoded)."""

@@ -56,6 +56,9 @@ class Hook:
     """The ``procmesh.v1.Hook`` value that ``Describe`` lists."""
     arguments: frozenset[str]
     """The arguments a hook implementation may declare by name."""
+    own: frozenset[str]
+    """Those its request carries (`decode`'s): a hook declaring one is given its request decoded.
+    ``model`` is one in the step hooks (the step's model id, in place of the gateway)."""
     request: Any
     """The request message class (for the stream: one ``ProcessOutputStreamRequest`` message)."""
     response: Any
@@ -74,6 +77,7 @@ def _hook(name: str, rpc: str, enum: int, extra: tuple[str, ...], *, streaming: 
         rpc=rpc,
         enum=enum,
         arguments=frozenset(_BASE + extra),
+        own=frozenset(extra),
         request=getattr(ppb, f"{rpc}Request"),
         response=getattr(ppb, f"{rpc}Response"),
         decode=getattr(_decode, name),

@@ -27,7 +27,9 @@ class UnicodeNormalizerOptions(BaseModel):
     strip_control_chars: bool = False
     """Remove control characters."""
     preserve_emojis: bool = True
-    """With strip_control_chars: remove only C0/C1 controls (else everything non-printable)."""
+    """With strip_control_chars: remove only C0/C1 controls (else everything non-printable). The
+    reference's option: its two patterns match the same characters (emoji survive the second, whose
+    range keeps their UTF-16 surrogates), and so do `_CONTROL` and `_NON_PRINTABLE` here."""
     collapse_whitespace: bool = True
     """CRLF/CR to LF, runs of newlines to one, runs of spaces/tabs to one space."""
     trim: bool = True

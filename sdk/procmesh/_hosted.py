@@ -69,8 +69,7 @@ class Hosted:
                     f"available: {sorted(HOOK_ARGUMENTS[name])}"
                 )
         self.decodes = {
-            name: params is None or bool(params & BY_NAME[name].own)
-            for name, params in self.params.items()
+            name: params is None or bool(params & BY_NAME[name].own) for name, params in self.params.items()
         }
         """Per hook: whether it reads anything of its request beyond the context (else it is not decoded)."""
         self.series = {name: Series() for name in self.hooks}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -21,7 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from procmesh import _model, tracing
 from procmesh._logging import LOG_FORMATS, LogFormat, configure_logging
 from procmesh._processor import Processor
-from procmesh._server import ProcessorServer, server_credentials
+from procmesh._server import ProcessorServer, server_credentials, unix_path
 from procmesh._tool import Tool
 from procmesh._version import __version__
 from procmesh.environment import check_environment
@@ -105,16 +106,12 @@ class ProcessorSettings(BaseSettings):
 def _check_address(address: str) -> None:
     """Raise ValueError unless `address` is ``unix:PATH`` or ``host:port`` with a port number."""
     if address.startswith("unix:"):
-        if not _unix_path(address):
+        if not unix_path(address):
             raise ValueError(f"{address!r}: a unix address needs a path, e.g. unix:///run/procmesh/p.sock")
         return
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"{address!r} is not host:port (e.g. 127.0.0.1:50051) or unix:///path.sock")
-
-
-def _unix_path(address: str) -> str:
-    return address[len("unix://") :] if address.startswith("unix://") else address[len("unix:") :]
 
 
 def settings_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
@@ -204,12 +201,23 @@ class _StartError(Exception):
 
 
 def _check_bindable(address: str) -> None:
-    """Fail with `_StartError` now if a TCP address cannot be bound.
+    """Fail with `_StartError` now if an address cannot be bound.
 
     gRPC's own failure is a RuntimeError plus a C-core log line; a test bind says which address
-    and why (in use, not an interface of this host) in one line.
+    and why (in use, not an interface of this host; for a unix socket, a directory that cannot be
+    made, a path too long or not writable) in one line.
     """
     if address.startswith("unix:"):
+        path = unix_path(address)
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a stale socket from a previous run, as the server does
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.bind(path)
+            os.unlink(path)
+        except OSError as exc:
+            raise _StartError(f"cannot listen on {address}: {exc.strerror or exc}") from None
         return
     host, _, port = address.rpartition(":")
     if int(port) == 0:

@@ -168,7 +168,7 @@ class ProcessorServer:
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         for addr in self._requested:
             if addr.startswith("unix:"):
-                path = _unix_path(addr)
+                path = unix_path(addr)
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)  # a stale socket from a previous run
@@ -182,7 +182,7 @@ class ProcessorServer:
         self._server = server
         for addr in self.addresses:
             if addr.startswith("unix:"):
-                os.chmod(_unix_path(addr), 0o660)
+                os.chmod(unix_path(addr), 0o660)
         if self._metrics_port is not None:
             host = self.metrics_host
             self.metrics_server, _ = start_http_server(self._metrics_port, addr=host, registry=self.registry)
@@ -244,7 +244,7 @@ class ProcessorServer:
         for addr in self.addresses:
             if addr.startswith("unix:"):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(_unix_path(addr))
+                    os.unlink(unix_path(addr))
 
     async def wait_for_termination(self) -> None:
         """Block until the server stops."""
@@ -287,7 +287,8 @@ def channel_credentials(ca: str, cert: str | None = None, key: str | None = None
     return grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
 
 
-def _unix_path(address: str) -> str:
+def unix_path(address: str) -> str:
+    """The file of a ``unix:`` address (``unix:///abs`` or ``unix:rel``)."""
     if address.startswith("unix://"):
         return address[len("unix://") :]
     return address[len("unix:") :]

@@ -208,10 +208,15 @@ class ProcessorServer {
       for (const address of this._requested) {
         if (address.startsWith('unix:')) {
           const file = unixPath(address);
-          fs.mkdirSync(path.dirname(file) || '.', { recursive: true });
-          fs.rmSync(file, { force: true }); // a stale socket from a previous run
-          await bind(server, address, this._credentials);
-          fs.chmodSync(file, 0o660);
+          try {
+            fs.mkdirSync(path.dirname(file) || '.', { recursive: true });
+            fs.rmSync(file, { force: true }); // a stale socket from a previous run
+            await bind(server, address, this._credentials);
+            fs.chmodSync(file, 0o660);
+          } catch (err) {
+            // as a TCP address that cannot be bound (checkBindable): one line, exit 2 under run()
+            throw new SettingsError(`cannot listen on ${address}: ${err && err.message ? err.message : err}`);
+          }
           this.addresses.push(address);
         } else {
           const port = await bind(server, address, this._credentials);

@@ -44,3 +44,24 @@ def test_a_client_ca_without_a_certificate_is_refused(tmp_path: Path, language: 
     )
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "--tls-client-ca (mTLS) needs --tls-cert and --tls-key" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("language", ["node", "python"])
+@pytest.mark.parametrize("where", ["under-a-file", "path-too-long"])
+def test_a_unix_socket_that_cannot_be_made_is_one_line_and_exit_2(
+    tmp_path: Path, language: str, where: str
+) -> None:
+    """As a TCP address that cannot be bound: one line naming the address and the system's reason,
+    exit 2 (both SDKs printed a stack and exited 1; Node's gRPC took a path too long for a socket
+    and served nowhere, the chmod after it failing)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = blocker / "s.sock" if where == "under-a-file" else tmp_path / ("x" * 120 + ".sock")
+    address = f"unix://{path}"
+    done = subprocess.run(
+        _command(language, "--listen", address), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"cannot listen on {address}: " in last, done.stderr

@@ -608,6 +608,10 @@ export namespace errors {
   /** A rewind (or commit) of a stream whose processor is not speculative. */
   class FailedPreconditionError extends ProcmeshError {}
   class InternalError extends ProcmeshError {}
+  /** The model gateway refused or failed a call (`model(...)`); `status` is its gRPC status code. */
+  class ModelError extends InternalError {
+    readonly status: number;
+  }
 }
 
 /** Wire <-> JSON conversion (the twin of the Python SDK's procmesh.convert). */

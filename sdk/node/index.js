@@ -5,7 +5,8 @@
 
 const convert = require('./lib/convert');
 const { SERVICE_NAME, loadContract, protoDir } = require('./lib/contract');
-const errors = require('./lib/errors');
+// the gateway's error beside the SDK's own, so a hook can catch it (./lib/model)
+const errors = { ...require('./lib/errors'), ModelError: require('./lib/model').ModelError };
 const hooks = require('./lib/hooks');
 const { HOOK_NAMES } = hooks;
 const { MessageList, Processor, RequestContext, TripWire, Writer } = require('./lib/processor');

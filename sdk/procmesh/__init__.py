@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from procmesh._client import ProcessorClient
     from procmesh._logging import RUN_ID, TRACE_ID, JsonFormatter, configure_logging
     from procmesh._message_list import MessageList
-    from procmesh._model import JudgeSection
+    from procmesh._model import JudgeSection, ModelError
     from procmesh._processor import HOOK_NAMES, Processor, TripWire, Writer
     from procmesh._run import ProcessorSettings, run, serve, settings_from_args, settings_parser
     from procmesh._server import SERVICE_NAME, ProcessorServer, channel_credentials, server_credentials
@@ -37,6 +37,7 @@ __all__ = [
     "JsonFormatter",
     "JudgeSection",
     "MessageList",
+    "ModelError",
     "Processor",
     "ProcessorClient",
     "ProcessorServer",
@@ -69,6 +70,7 @@ _EXPORTS = {
     "JsonFormatter": "procmesh._logging",
     "JudgeSection": "procmesh._model",
     "MessageList": "procmesh._message_list",
+    "ModelError": "procmesh._model",
     "Processor": "procmesh._processor",
     "ProcessorClient": "procmesh._client",
     "ProcessorServer": "procmesh._server",

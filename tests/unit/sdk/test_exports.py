@@ -20,6 +20,7 @@ EXPECTED_ALL = [
     "JsonFormatter",
     "JudgeSection",
     "MessageList",
+    "ModelError",
     "Processor",
     "ProcessorClient",
     "ProcessorServer",

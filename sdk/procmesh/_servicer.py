@@ -29,6 +29,7 @@ from procmesh._encode import fill_effects
 from procmesh._fused import run_fused
 from procmesh._guard import MALFORMED, RejectLog, clip, decode, short
 from procmesh._hosted import Hosted, Tally
+from procmesh._logging import RUN_ID
 from procmesh._metrics import SidecarMetrics
 from procmesh._model import Models, hook_deadline
 from procmesh._model import hook_span as current_span
@@ -342,6 +343,7 @@ class Servicer:
         awaited at once: the deadline is set in the caller's context, which the hook's task copies)."""
         left = context.time_remaining()
         hook_deadline.set(None if left is None else time.monotonic() + left)  # for `model` calls
+        RUN_ID.set(request.context.run_id)  # the hook's log lines name its run (--log-format json)
         if not tracing.enabled():  # no span to make, name or count on (`current_span` stays None)
             return hosted.loop.run(lambda: self.serve_call(hosted, hook, request, member))
         return self._traced(hosted, hook, request, context, member)
@@ -367,6 +369,7 @@ class Servicer:
                     hosted = self.lookup(request.context, hook.name)
                     return await self.run_hook(hosted, hook, request, context)
                 tool = self.lookup_tool(request.tool_name)
+                RUN_ID.set(request.context.run_id)  # the tool's log lines name its run
                 with hook_span(hook.name, "", context, tool=tool.name) as span:
                     resp = await tool.loop.run(lambda: self.call_tool(tool, request))
                     span.outcome("error" if resp.error else "ok")

@@ -35,6 +35,7 @@ from procmesh._chain import Results, pristine, returned_chunks, through_all
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._hosted import STREAM_HOOK, Tally
+from procmesh._logging import RUN_ID
 from procmesh._model import hook_span
 from procmesh._processor import HookEffects, Writer
 from procmesh._rewind import History
@@ -303,6 +304,7 @@ def output_stream_handler(servicer: Servicer, hook: Hook) -> StreamHandler:
                 req = decode(hook.request, raw, name, servicer.rejects)
                 if session is None:
                     session = _Session(servicer, hook, req)
+                    RUN_ID.set(req.context.run_id)  # its hooks' log lines name the run
                     pid = session.stages[0].hosted.id
                     span = tracing.start(
                         f"procmesh.hook {name} {pid}",

@@ -301,6 +301,8 @@ class Model:
         bounds = [t for t in (timeout, left) if t is not None]
         bound = min(bounds) if bounds else DEFAULT_TIMEOUT
         metadata: list[tuple[str, str | bytes]] = list(tracing.metadata())
+        if not metadata and (span := hook_span.get()) is not None:
+            metadata = list(span.metadata())  # an output-stream session's span: not current around parts
         if config.key:
             metadata.append(("authorization", f"Bearer {config.key}"))
         try:  # calls made at once go in one GenerateBatch (`_model_batch`)

@@ -73,15 +73,19 @@ function gateway(env = process.env) {
   return { stub: client.stub, key: env.PROCMESH_MODEL_GATEWAY_KEY || '' };
 }
 
-function traceMetadata(metadata) {
+/** The active trace context, else `span`'s (an output-stream session's, not active around its
+ * parts: ./stream), as the call's metadata. */
+function traceMetadata(metadata, span) {
   let api;
   try {
     api = require('@opentelemetry/api');
   } catch {
     return; // tracing is optional
   }
+  let context = api.context.active();
+  if (!api.trace.getSpan(context) && span && span._span) context = api.trace.setSpan(context, span._span);
   const carrier = {};
-  api.propagation.inject(api.context.active(), carrier);
+  api.propagation.inject(context, carrier);
   for (const [key, value] of Object.entries(carrier)) metadata.set(key, String(value));
 }
 
@@ -94,12 +98,13 @@ function textOf(message) {
 
 /** One of the orchestrator's models, as a hook calls it: `model(ref)`. */
 class Model {
-  constructor(ref, processorId, runId, signal, log = undefined) {
+  constructor(ref, processorId, runId, signal, log = undefined, spanOf = null) {
     this.ref = ref;
     this._processorId = processorId;
     this._runId = runId;
     this._signal = signal;
     this._log = log;
+    this._spanOf = spanOf;
   }
 
   /**
@@ -131,7 +136,7 @@ class Model {
     const deadline = bounds.length ? Math.min(...bounds) : Date.now() + DEFAULT_TIMEOUT_MS;
     const metadata = new grpc.Metadata();
     if (key) metadata.set('authorization', `Bearer ${key}`);
-    traceMetadata(metadata);
+    traceMetadata(metadata, this._spanOf ? this._spanOf() : null);
     // calls made in the same turn of the event loop go in one GenerateBatch (./model_batch)
     return batches.generate(stub, request, deadline, metadata, this._signal, this._log).then(
       (resp) => {
@@ -179,7 +184,10 @@ class Model {
 function models(ctx, signal, log = undefined) {
   const processorId = (ctx && ctx.processor_id) || '';
   const runId = (ctx && ctx.run_id) || '';
-  return (ref) => new Model(ref, processorId, runId, signal, log);
+  const model = (ref) => new Model(ref, processorId, runId, signal, log, () => model.span);
+  /** The span its calls carry when none is active: an output-stream session's (./stream). */
+  model.span = null;
+  return model;
 }
 
 module.exports = { Model, ModelError, models, noteDeadline };

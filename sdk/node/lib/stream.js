@@ -260,6 +260,7 @@ function outputStream(servicer, hook, call, decodeRequest) {
         parent: call.metadata,
       });
       span.outcome('pass');
+      for (const stage of session.stages) stage.args.model.span = span; // its parts' gateway calls carry it
     }
     const [results, aborted] = await session.answer(req);
     if (finished) return; // cancelled meanwhile

@@ -1,7 +1,8 @@
 // The Node twin of judge.py: processInput asks the orchestrator's model gateway for a verdict
 // (PROCMESH_MODEL_GATEWAY, PROCMESH_MODEL_GATEWAY_KEY) and aborts when the input is not allowed;
 // a text holding its `settle` option passes unasked, reported to the gateway as a judge call saved.
-// `judge-each` asks about every message at once (one GenerateBatch).
+// `judge-each` asks about every message at once (one GenerateBatch); `judge-stream` asks about each
+// text delta of its output stream.
 //   node tests/e2e/gateway/judge.mjs --listen unix:///tmp/judge-node.sock
 import sdk from '../../../sdk/node/index.js';
 
@@ -53,4 +54,15 @@ class JudgeEach extends Processor {
   }
 }
 
-await run([new Judge(), new JudgeEach()]);
+// Asks the gateway about each text delta of its output stream: the call carries the stream
+// session's trace context (its span is not active around the parts).
+class JudgeStream extends Processor {
+  id = 'judge-stream';
+
+  async processOutputStream({ part, model, options }) {
+    if (part.type === 'text-delta') await model(options.model ?? 'judge').generate(part.payload.text);
+    return part;
+  }
+}
+
+await run([new Judge(), new JudgeEach(), new JudgeStream()]);

@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.e2e]
 SECRET = "sk-judge-secret-of-the-trace-test"
 PRECHECKED_TRACE = "5d0e8b6f2c4a41b3a9e7d1c3b5a79f21"
 """The pre-check test's own trace (another than the merged call's)."""
+STREAMED_TRACE = "7a1c3e5b9d2f4a6c8e0b1d3f5a7c9e2b"
+"""The output-stream guard's test's own trace."""
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,12 @@ def traced(
                     "model": "echo",
                     "errorProcessorDefaults": False,
                     "inputProcessors": [entry("a", "moderation"), entry("b", "prompt-injection-detector")],
+                },
+                # the output stream judged: its windows' gateway calls are under the stream's hook span
+                "streamed": {
+                    "model": "echo",
+                    "errorProcessorDefaults": False,
+                    "outputProcessors": [entry("a", "moderation")],
                 },
                 # every text settled by the pre-checks (any text passes): the input, each window
                 "prechecked": {
@@ -196,3 +204,34 @@ def test_a_guards_precheck_counts_the_judge_calls_it_saved_on_its_hook_span(
     assert sorted(hooks) == sorted(names)
     assert hooks[names[0]]["attributes"]["procmesh.judge.precheck_saved"] == 1  # the one message
     assert hooks[names[1]]["attributes"]["procmesh.judge.precheck_saved"] >= 1  # each window's
+
+
+def test_an_output_stream_guards_gateway_calls_are_under_its_stream_hook_span(
+    traced: OrchestratorProcess, receiver: str, judge_server: JudgeServer
+) -> None:
+    """A `process_output_stream` session's span is not current around its parts (it lives across
+    the session's messages); the gateway calls its parts make carry it all the same, so a judged
+    window's call sits under the sidecar's stream hook span, in the run's trace (they went without
+    a trace context and began traces of their own)."""
+    before = len(judge_server.calls("merged"))
+    _generate(
+        traced,
+        "Tell me about processors.",
+        {"traceparent": f"00-{STREAMED_TRACE}-{CALLER_SPAN}-01"},
+        "streamed",
+    )
+    assert len(judge_server.calls("merged")) > before  # the output's windows were judged
+    hook_name = "procmesh.hook process_output_stream moderation"
+    gateways: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    for _ in range(200):  # the sidecar exports its hook spans in batches of its own
+        lines = httpx.get(f"{receiver}/spans").text.splitlines()
+        spans = [s for s in map(json.loads, lines) if s["traceId"] == STREAMED_TRACE]
+        by_id = {s["spanId"]: s for s in spans}
+        gateways = [s for s in spans if s["name"] == "procmesh.model_gateway judges/merged"]
+        if gateways and all(g["parentSpanId"] in by_id for g in gateways):
+            break
+        time.sleep(0.05)
+    assert gateways, "no gateway call in the run's trace"
+    assert {by_id[g["parentSpanId"]]["name"] for g in gateways} == {hook_name}
+    assert {by_id[g["parentSpanId"]]["service"] for g in gateways} == {"guards"}

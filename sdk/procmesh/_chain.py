@@ -236,9 +236,7 @@ def _untouched(part: _Part) -> bool:
 def _did_nothing(part: _Part) -> bool:
     """No processor failed on the part or did anything but hand chunks on (what `fill_effects`
     writes for each would be empty)."""
-    return not any(part.errors) and all(
-        d.abort is None and not d.signals and not d.custom_chunks and not d.violations for d in part.did
-    )
+    return not any(part.errors) and all(d.quiet() for d in part.did)
 
 
 def _result(part: _Part, stages: Sequence[Stage]) -> ppb.StreamPartResult:

@@ -339,15 +339,15 @@ class Servicer {
   }
 }
 
+/** Where a tool call's suspension record sits on its context (`suspensionOf`): hidden from the
+ * tool, read by the metered servicer to count the call `suspended`, as the Python SDK does. */
+const SUSPENSION = Symbol('procmesh.suspension');
+
 /**
  * A hosted tool's suspension (the reference's suspend(payload)): `ctx.suspend` (also `ctx.agent.suspend`)
  * records the payload; a resumed call's `ctx.resumeData` / `ctx.suspendPayload` (also under
  * `ctx.agent`, where the reference's tools read them) come from the request. Returns the record.
  */
-/** Where a tool call's suspension record sits on its context (`suspensionOf`): hidden from the
- * tool, read by the metered servicer to count the call `suspended`, as the Python SDK does. */
-const SUSPENSION = Symbol('procmesh.suspension');
-
 function suspensionOf(req, ctx) {
   const record = { asked: false, payload: null };
   ctx[SUSPENSION] = record;

@@ -298,6 +298,9 @@ class _Stage:
                 f"unchanged result for parts {first} to {last}: a range that ends before it starts, "
                 "or carries a part, effects or more"
             )
+        # Nothing to record, monitor or merge: each part goes on as it came, counted as passed
+        # (what `_apply` would do with its result, without building one: P3 fused).
+        direct = not self.handle.shadow and not self.partials and not self.parts.recording
         for seq in range(first, last + 1):
             if not self.sent or self.sent[0][0] != seq:  # checked before an end is handed on
                 raise MalformedResponseError(
@@ -305,6 +308,12 @@ class _Stage:
                 )
             while not self.pending[0][2]:
                 self._flush_one()
+            if direct:
+                _, original, _ = self.pending.popleft()
+                _, sent_at = self.sent.popleft()
+                self.parts.passed(max(0.0, self.parts.now - sent_at), 1)
+                self.outq.put_nowait((CHUNK, original))
+                continue
             one = ppb.StreamPartResult(seq=seq, part=self.pending[0][1])
             if len(self.members) > 1:
                 one.effects.CopyFrom(self.quiet)

@@ -58,7 +58,17 @@ _PER_PART = frozenset({"abort", "send_signal", "writer", "report_violation", "re
 class Stage:
     """One processor of a stream session: its arguments for the whole stream and what it has seen."""
 
-    __slots__ = ("aborted", "data_parts", "error", "hosted", "kwargs", "stream_parts", "tally", "wants")
+    __slots__ = (
+        "aborted",
+        "data_parts",
+        "error",
+        "hosted",
+        "keeps_parts",
+        "kwargs",
+        "stream_parts",
+        "tally",
+        "wants",
+    )
 
     def __init__(self, servicer: Servicer, hosted: Hosted, ctx: tpb.RunContext, member: Any = None) -> None:
         self.hosted = hosted
@@ -77,6 +87,10 @@ class Stage:
         params = hosted.params[STREAM_HOOK]
         self.wants = _PER_PART if params is None else _PER_PART & params
         """The arguments made afresh for each part that its hook declares (`_Session.call`)."""
+        self.keeps_parts = params is None or "stream_parts" in params
+        """Its hook declares ``stream_parts``: the parts so far are kept for it. A hook that does
+        not never sees them, and keeping every part of a stream to its end cost a sidecar memory
+        and its garbage collector's time (each part's dicts traversed again and again)."""
 
     def takes(self, kind: str) -> bool:
         """Whether a chunk of this type goes to its hook."""
@@ -168,7 +182,8 @@ class _Session:
 
     async def call(self, stage: Stage, part: dict[str, Any], effects: HookEffects, quiet: bool) -> Any:
         """One part through one processor's hook (on its hook loop)."""
-        stage.stream_parts.append(part)
+        if stage.keeps_parts:
+            stage.stream_parts.append(part)
         kwargs = stage.kwargs
         kwargs["part"] = part
         wants, release = stage.wants, None

@@ -459,6 +459,20 @@ class Member:
         for task in self.tasks:
             task.cancel()
 
+    def release(self) -> None:
+        """Let go of the parts it holds, once its tasks are done (`SpeculativeGroup.release`)."""
+        self.replay.clear()
+        self.fed.clear()
+        self.again.clear()
+        self.answers.clear()
+        self.arrived.clear()
+        self.inbox.clear()
+        self.partials.clear()
+        self.early.clear()
+        self.dropped.clear()
+        self.out = self.head = None
+        self.tasks.clear()
+
 
 def aborts(res: ppb.StreamPartResult) -> bool:
     """Whether the answer aborts (a fused session's: any of its processors)."""

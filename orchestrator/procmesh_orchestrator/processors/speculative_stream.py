@@ -451,6 +451,15 @@ class SpeculativeGroup:
                     self.caller.metrics.speculative_calls.labels(*labels).inc(n)
         return tasks
 
+    def release(self) -> None:
+        """Let go of every part the group holds, once its tasks are done. The group and its
+        members refer to each other (and their tasks, calls and timers to them), so only the
+        cycle collector would free them: each run's committed parts (a member's `replay`) and
+        their arenas waited for a full collection, which then had them all to walk (bench P2)."""
+        for member in self.members:
+            member.release()
+        self._encodings.clear()
+
 
 def _settled(member: Member, origin: int) -> None:
     """Group input `origin` is settled for `member` (its committed parts, or its mark, came): the

@@ -208,6 +208,12 @@ class _Stage:
             self.call.cancel()
         return [self.reader] if self.reader is not None else []
 
+    def release(self) -> None:
+        """Let go of the parts it holds, once its tasks are done (its reader task refers to it)."""
+        self.pending.clear()
+        self.sent.clear()
+        self.partials.clear()
+
     def _awaiting(self) -> bool:
         return any(awaits for _, _, awaits in self.pending)
 
@@ -536,3 +542,5 @@ class OutputPipeline:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for stage in stages:
+                stage.release()

@@ -8,6 +8,7 @@ recorder was given) must be the sequential one.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from procmesh.v1 import processor_pb2 as ppb
+from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
 from procmesh_orchestrator.processors.speculative_stream import SpeculativeGroup
@@ -291,6 +293,30 @@ async def test_the_decision_record_is_the_sequential_one(
     assert records["speculative"] == records["sequential"]
     outcomes = {outcome for *_, outcome in records["sequential"]}
     assert {"pass", "drop" if case == "drop" else "rewrite"} <= outcomes
+
+
+@pytest.mark.parametrize("mode", ["speculative", "sequential", "fused"])
+async def test_a_runs_parts_are_let_go_when_it_ends(
+    ready: dict[str, SidecarProcess], tmp_path: Path, mode: str
+) -> None:
+    """What a run's stages held of its parts is freed when the run ends, not left to the cycle
+    collector: a speculative group and its members refer to each other, and each member kept
+    every part it committed (its `replay`) until a full collection walked them all."""
+    deltas = [f"w{i} " for i in range(300)]
+    log = tmp_path / "rec.jsonl"
+    async with App(config(ready, log, ["pass", "pass", "pass"], mode, deltas)) as app:
+        gc.collect()
+        gc.disable()
+        try:
+            stream = app.agent("a").stream("hi")
+            async for _ in stream:
+                pass
+            result = await stream.result()
+            alive = sum(1 for o in gc.get_objects() if type(o) is tpb.Chunk)
+        finally:
+            gc.enable()
+    assert result.text == "".join(deltas)
+    assert alive < 20, f"{alive} stream parts still held after the run"
 
 
 async def test_a_rounds_parts_are_encoded_once_for_every_member(

@@ -32,6 +32,7 @@ import grpc
 
 from procmesh import convert, tracing
 from procmesh._chain import Results, pristine, returned_chunks, through_all
+from procmesh._convert.chunks import chunk_from_proto
 from procmesh._encode import fill_effects
 from procmesh._guard import MALFORMED, clip, decode
 from procmesh._hosted import STREAM_HOOK, Tally
@@ -241,19 +242,29 @@ class _Session:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
         results = self._results
         results.take()
+        takes, call, unchanged, pid = stage.takes, self.call, self.unchanged, stage.hosted.id
+        # A hook given no per-part effect argument can only abort (a TripWire): its effects,
+        # while they stay quiet, serve the next part too (one object a part less to make).
+        reuse = not stage.wants
+        spare: HookEffects | None = None
         try:
             for item in items:
                 seq = self._seq = item.seq
-                if not stage.takes(item.part.type):
-                    results.passed(seq, item.part)
+                part = item.part
+                if not takes(part.type):
+                    results.passed(seq, part)
                     continue
-                chunk = convert.chunk_from_proto(item.part)
-                before = pristine(chunk, item.part) if self.unchanged else None
-                effects = HookEffects(stage.hosted.id)
-                out = await self.call(stage, chunk, effects, quiet)
-                if before is not None and out == before and effects.quiet() and self._partial_seq != seq:
-                    results.passed(seq, item.part)
-                    continue
+                chunk = chunk_from_proto(part)
+                before = pristine(chunk, part) if unchanged else None
+                effects = spare or HookEffects(pid)
+                out = await call(stage, chunk, effects, quiet)
+                if effects.quiet():
+                    spare = effects if reuse else None
+                    if before is not None and out == before and self._partial_seq != seq:
+                        results.passed(seq, part)
+                        continue
+                else:
+                    spare = None
                 aborted = effects.abort is not None
                 res = ppb.StreamPartResult() if aborted else self.hook.encode(out, stage.kwargs)
                 res.seq = seq

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from procmesh import Processor, ProcessorClient, convert
+from procmesh import Processor, ProcessorClient, TripWire, convert
 from procmesh.testing import serve_for_test
 from procmesh.v1 import types_pb2 as tpb
 from tests.integration.sdk_server.support import TIMEOUT, delta, finish, run_context, stream_request
@@ -69,6 +69,17 @@ class Flagger(Processor):
         return part
 
 
+class Thrower(Processor):
+    """Declares no effect argument; raises a TripWire on deltas saying "stop"."""
+
+    id = "thrower"
+
+    async def process_output_stream(self, part: dict[str, Any]) -> dict[str, Any]:
+        if part["type"] == "text-delta" and part["payload"]["text"] == "stop":
+            raise TripWire("stop word", metadata={"at": "stop"})
+        return part
+
+
 class Releaser(Processor):
     """Holds deltas saying "hold"; on "go" lets them go (once its gate opens) and gives "go" back."""
 
@@ -87,7 +98,7 @@ class Releaser(Processor):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client() -> AsyncIterator[ProcessorClient]:
-    async with serve_for_test([Passer(), Copier(), Shouter(), Flagger(), Releaser()]) as c:
+    async with serve_for_test([Passer(), Copier(), Shouter(), Flagger(), Releaser(), Thrower()]) as c:
         yield c
 
 
@@ -154,6 +165,23 @@ async def test_a_part_with_effects_keeps_its_own_result_and_splits_the_run(clien
         (2, 0, [delta("bad")], ["bad word"], False),
         (3, 4, [], [], False),
     ]
+
+
+async def test_a_tripwire_after_unchanged_parts_aborts_that_part(client: ProcessorClient) -> None:
+    # a hook given no effect argument shares its quiet effects between parts (`_alone`): the
+    # abort is the part's own, and the parts before it are still one unchanged run
+    call = client.open_stream(TIMEOUT)
+    parts = [(1, delta("a")), (2, delta("b")), (3, delta("stop")), (4, delta("c"))]
+    first = stream_request(parts, run_context("thrower"))
+    first.unchanged_results = True
+    await call.write(first)
+    resp = await call.read()
+    await call.done_writing()
+    results = list(resp.results)
+    assert [(r.seq, r.unchanged_through) for r in results] == [(1, 2), (3, 0)]
+    assert results[1].effects.abort.reason == "stop word"
+    end = await call.read()
+    assert end.HasField("end")
 
 
 async def test_a_gap_in_the_seqs_starts_a_new_run(client: ProcessorClient) -> None:

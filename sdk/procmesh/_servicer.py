@@ -209,22 +209,11 @@ class Servicer:
             outcome = "abort"
             effects.abort = trip
             return None
-        except ProcmeshError as exc:
-            outcome = exc.code.name.lower()
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"  # the call was cancelled or its deadline passed
-            raise
-        except Exception as exc:
-            if hook == "execute_tool":  # a tool's exception is the tool's error, not a failed call
-                outcome = "tool_error"
-                log.warning("processor %s tool raised %s", hosted.id, type(exc).__name__, exc_info=True)
-                raise _ToolRaised() from exc
-            outcome = "internal"
-            log.exception("processor %s hook %s raised", hosted.id, hook)
-            raise InternalError(
-                f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}"
-            ) from exc
+        except BaseException as exc:
+            outcome, raised = _failure(hosted, hook, exc)
+            if raised is exc:
+                raise
+            raise raised from exc
         finally:
             if tally is None:
                 series = hosted.series[hook]
@@ -232,6 +221,33 @@ class Servicer:
                 series.observe(time.perf_counter() - started)
             else:
                 tally.add(outcome, time.perf_counter() - started)
+
+    @staticmethod
+    async def invoke_part(
+        hosted: Hosted,
+        hook: Callable[..., Awaitable[Any]],
+        args: dict[str, Any],
+        effects: HookEffects,
+        tally: Tally,
+    ) -> Any:
+        """`invoke` for one part of a stream, counted into `tally`: `hook` is the processor's
+        stream hook and `args` the arguments it declares, made once for the batch (a part's
+        own set in it), so nothing is looked up or filtered per part (bench P2)."""
+        started = time.perf_counter()
+        try:
+            out = await hook(**args)
+        except TripWire as trip:
+            effects.abort = trip
+            tally.add("abort", time.perf_counter() - started)
+            return None
+        except BaseException as exc:
+            outcome, raised = _failure(hosted, "process_output_stream", exc)
+            tally.add(outcome, time.perf_counter() - started)
+            if raised is exc:
+                raise
+            raise raised from exc
+        tally.add("ok", time.perf_counter() - started)
+        return out
 
     def malformed(self, rpc: str, exc: BaseException) -> str:
         """Record a request its hook's decoder refused; the status detail to answer with."""
@@ -397,6 +413,23 @@ class Servicer:
             raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
         return handle
+
+
+def _failure(hosted: Hosted, hook: str, exc: BaseException) -> tuple[str, BaseException]:
+    """A hook that raised: its call's outcome, and what to raise for it (`exc` itself, or the
+    error the caller gets in its place)."""
+    if isinstance(exc, ProcmeshError):
+        return exc.code.name.lower(), exc
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled", exc  # the call was cancelled or its deadline passed
+    if not isinstance(exc, Exception):
+        return "internal", exc  # SystemExit, KeyboardInterrupt: not the hook's to turn into a status
+    if hook == "execute_tool":  # a tool's exception is the tool's error, not a failed call
+        log.warning("processor %s tool raised %s", hosted.id, type(exc).__name__, exc_info=exc)
+        return "tool_error", _ToolRaised()
+    log.error("processor %s hook %s raised", hosted.id, hook, exc_info=exc)
+    detail = f"processor {hosted.id!r} hook {hook} raised {type(exc).__name__}: {exc}"
+    return "internal", InternalError(detail)
 
 
 def hook_span(hook: str, processor_id: str, context: Context, *, tool: str = "") -> Any:

@@ -247,6 +247,16 @@ class _Session:
         # while they stay quiet, serve the next part too (one object a part less to make).
         reuse = not stage.wants
         spare: HookEffects | None = None
+        # Such a hook that keeps no parts so far, on a call that is timed and counted, gets its
+        # arguments made once for the batch (its part set in them): `Servicer.invoke_part`.
+        hosted, name = stage.hosted, self.hook.name
+        params = hosted.params[name]
+        lean = reuse and not quiet and not stage.keeps_parts and params is not None
+        if lean:
+            assert params is not None
+            hook, invoke_part, tally = hosted.hooks[name], self.servicer.invoke_part, stage.tally
+            args = {k: stage.kwargs[k] for k in params if k != "part"}
+            takes_part = "part" in params
         try:
             for item in items:
                 seq = self._seq = item.seq
@@ -257,7 +267,14 @@ class _Session:
                 chunk = chunk_from_proto(part)
                 before = pristine(chunk, part) if unchanged else None
                 effects = spare or HookEffects(pid)
-                out = await call(stage, chunk, effects, quiet)
+                if lean:
+                    if takes_part:
+                        args["part"] = chunk
+                    out = await invoke_part(hosted, hook, args, effects, tally)
+                    if effects.abort is not None:
+                        stage.aborted = True
+                else:
+                    out = await call(stage, chunk, effects, quiet)
                 if effects.quiet():
                     spare = effects if reuse else None
                     if before is not None and out == before and self._partial_seq != seq:

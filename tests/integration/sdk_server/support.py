@@ -221,6 +221,11 @@ class Faulty(Processor):
     async def process_output_result(self, state: dict[str, Any]) -> None:
         state["tags"] = {"a", "b"}  # a set has no JSON form
 
+    async def process_output_stream(self, part: Chunk) -> Chunk:
+        if part["type"] == "text-delta" and part["payload"]["text"] == "boom":
+            raise RuntimeError("boom")
+        return part
+
 
 def _recording(hook: str) -> Any:
     async def record(self: Processor, **kwargs: Any) -> None:

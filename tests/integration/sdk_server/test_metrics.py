@@ -4,6 +4,7 @@ and a stream's parts once per batch.
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from procmesh import ProcessorClient, ProcessorServer, errors
@@ -102,3 +103,18 @@ async def test_a_streams_parts_are_recorded_once_per_batch_with_unchanged_totals
     await finish(call)
     assert stream_parts(server, "censor", "ok") - parts_before == 5  # every part, as before
     assert latency_count() - count_before == 2  # one latency observation per batch, not per part
+
+
+async def test_a_stream_part_whose_hook_raises_is_counted_internal_and_fails_the_stream(
+    server: ProcessorServer, client: ProcessorClient
+) -> None:
+    ok, internal = stream_parts(server, "faulty", "ok"), stream_parts(server, "faulty", "internal")
+    call = client.open_stream(TIMEOUT)
+    parts = [(1, delta("a")), (2, delta("boom")), (3, delta("c"))]
+    await call.write(stream_request(parts, run_context("faulty")))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert caught.value.details() == "processor 'faulty' hook process_output_stream raised RuntimeError: boom"
+    assert stream_parts(server, "faulty", "ok") - ok == 1  # the part before it
+    assert stream_parts(server, "faulty", "internal") - internal == 1

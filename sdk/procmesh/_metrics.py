@@ -49,6 +49,11 @@ class Series:
         self.buckets[bisect_left(_BOUNDS, seconds)] += 1
         self.seconds += seconds
 
+    def add(self, outcome: str, seconds: float) -> None:
+        """One call that ended with `outcome` after `seconds` (`count` and `observe`)."""
+        self.count(outcome)
+        self.observe(seconds)
+
 
 class Flush:
     """Carries what each `Series` added since the last collection into the SDK's prometheus

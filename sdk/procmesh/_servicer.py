@@ -176,7 +176,7 @@ class Servicer:
             kwargs["model"] = Models(hosted.id, ctx.run_id)
         return kwargs
 
-    async def invoke(
+    def invoke(
         self,
         hosted: Hosted,
         hook: str,
@@ -185,26 +185,40 @@ class Servicer:
         *,
         quiet: bool = False,
         tally: Tally | None = None,
-    ) -> Any:
-        """Run one hook with the arguments it declares (on the hook loop); a TripWire becomes the abort.
+    ) -> Awaitable[Any]:
+        """Run one hook with the arguments it declares (on the hook loop), to be awaited at once; a
+        TripWire becomes the abort.
 
         `quiet`: a replay that rebuilds state after a rewind (`_rewind`), neither timed nor counted:
         the call it repeats already was. `tally`: a stream part, counted into its batch's tally
         (its latency observed once per batch) rather than as a call. Runs on the hook loop, the
-        only writer of the processor's `Series`.
+        only writer of the processor's `Series`. Not a coroutine itself: the caller awaits the
+        hook's (`timed`) without another frame.
         """
         params = hosted.params[hook]
         args = kwargs if params is None else {k: kwargs[k] for k in params}
         if quiet:
-            try:
-                return await hosted.hooks[hook](**args)
-            except TripWire as trip:
-                effects.abort = trip
-                return None
+            return _untimed(hosted.hooks[hook], args, effects)
+        record = (hosted.series[hook] if tally is None else tally).add
+        return self.timed(hosted, hook, hosted.hooks[hook], args, effects, record)
+
+    @staticmethod
+    async def timed(
+        hosted: Hosted,
+        hook: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: dict[str, Any],
+        effects: HookEffects,
+        record: Callable[[str, float], None],
+    ) -> Any:
+        """Await `fn` (processor `hosted`'s `hook`) with `args`, the arguments it declares; its
+        outcome and time go to `record` (a `Series`, or a stream batch's `Tally`), a TripWire
+        becomes the abort. A one-processor stream calls it directly with its arguments made once
+        for the batch (`_Session._alone`): nothing is looked up or filtered per part (bench P2)."""
         started = time.perf_counter()
         outcome = "ok"
         try:
-            return await hosted.hooks[hook](**args)
+            return await fn(**args)
         except TripWire as trip:
             outcome = "abort"
             effects.abort = trip
@@ -215,39 +229,7 @@ class Servicer:
                 raise
             raise raised from exc
         finally:
-            if tally is None:
-                series = hosted.series[hook]
-                series.count(outcome)
-                series.observe(time.perf_counter() - started)
-            else:
-                tally.add(outcome, time.perf_counter() - started)
-
-    @staticmethod
-    async def invoke_part(
-        hosted: Hosted,
-        hook: Callable[..., Awaitable[Any]],
-        args: dict[str, Any],
-        effects: HookEffects,
-        tally: Tally,
-    ) -> Any:
-        """`invoke` for one part of a stream, counted into `tally`: `hook` is the processor's
-        stream hook and `args` the arguments it declares, made once for the batch (a part's
-        own set in it), so nothing is looked up or filtered per part (bench P2)."""
-        started = time.perf_counter()
-        try:
-            out = await hook(**args)
-        except TripWire as trip:
-            effects.abort = trip
-            tally.add("abort", time.perf_counter() - started)
-            return None
-        except BaseException as exc:
-            outcome, raised = _failure(hosted, "process_output_stream", exc)
-            tally.add(outcome, time.perf_counter() - started)
-            if raised is exc:
-                raise
-            raise raised from exc
-        tally.add("ok", time.perf_counter() - started)
-        return out
+            record(outcome, time.perf_counter() - started)
 
     def malformed(self, rpc: str, exc: BaseException) -> str:
         """Record a request its hook's decoder refused; the status detail to answer with."""
@@ -413,6 +395,15 @@ class Servicer:
             raise AssertionError("context.abort() returns only by raising")  # pragma: no cover
 
         return handle
+
+
+async def _untimed(fn: Callable[..., Awaitable[Any]], args: dict[str, Any], effects: HookEffects) -> Any:
+    """A quiet replay's hook call (`Servicer.invoke`): a TripWire becomes the abort."""
+    try:
+        return await fn(**args)
+    except TripWire as trip:
+        effects.abort = trip
+        return None
 
 
 def _failure(hosted: Hosted, hook: str, exc: BaseException) -> tuple[str, BaseException]:

@@ -248,13 +248,13 @@ class _Session:
         reuse = not stage.wants
         spare: HookEffects | None = None
         # Such a hook that keeps no parts so far, on a call that is timed and counted, gets its
-        # arguments made once for the batch (its part set in them): `Servicer.invoke_part`.
+        # arguments made once for the batch (its part set in them): `Servicer.timed`.
         hosted, name = stage.hosted, self.hook.name
         params = hosted.params[name]
         lean = reuse and not quiet and not stage.keeps_parts and params is not None
         if lean:
             assert params is not None
-            hook, invoke_part, tally = hosted.hooks[name], self.servicer.invoke_part, stage.tally
+            hook, timed, record = hosted.hooks[name], self.servicer.timed, stage.tally.add
             args = {k: stage.kwargs[k] for k in params if k != "part"}
             takes_part = "part" in params
         try:
@@ -270,7 +270,7 @@ class _Session:
                 if lean:
                     if takes_part:
                         args["part"] = chunk
-                    out = await invoke_part(hosted, hook, args, effects, tally)
+                    out = await timed(hosted, name, hook, args, effects, record)
                     if effects.abort is not None:
                         stage.aborted = True
                 else:

@@ -23,7 +23,7 @@ from procmesh.v1 import processor_pb2 as ppb
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.app import App
 from procmesh_orchestrator.config import parse_config
-from procmesh_orchestrator.processors import speculative_member, stream
+from procmesh_orchestrator.processors import speculative_member, stream_stage
 
 TEXT = "one two three four five six"
 
@@ -82,9 +82,9 @@ class Paths:
 
 @pytest.fixture
 def paths(monkeypatch: pytest.MonkeyPatch) -> Paths:
-    """Spies on both kinds of session (`stream`, `speculative_member`): the real code still runs."""
+    """Spies on both kinds of session (`stream_stage`, `speculative_member`): the real code still runs."""
     seen = Paths()
-    for module in (stream, speculative_member):
+    for module in (stream_stage, speculative_member):
 
         def counted(*args: Any, real: Any = module.fused_items) -> Any:
             seen.long_way += 1

@@ -22,6 +22,7 @@ from procmesh_orchestrator.providers._base import (
 )
 from procmesh_orchestrator.providers._http import error_from_payload, parse_json, post_json, post_sse
 from procmesh_orchestrator.run.models import Chunk, ModelRequest
+from procmesh_orchestrator.run.text_pieces import Pieces
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
@@ -142,8 +143,9 @@ class _Block:
     type: str
     id: str = ""
     name: str = ""
-    json: str = ""
-    signature: str = ""
+    json: Pieces = field(default_factory=Pieces)
+    """A tool call's arguments, as streamed (``input_json_delta``)."""
+    signature: Pieces = field(default_factory=Pieces)
 
 
 @dataclass
@@ -176,15 +178,17 @@ class _StreamState:
             elif delta.get("type") == "citations_delta":
                 yield from _sources([delta.get("citation")])
             elif delta.get("type") == "signature_delta" and index in self.blocks:
-                self.blocks[index].signature += delta.get("signature") or ""
+                self.blocks[index].signature.add(delta.get("signature") or "")
             elif delta.get("type") == "input_json_delta" and index in self.blocks:
-                self.blocks[index].json += delta.get("partial_json") or ""
+                self.blocks[index].json.add(delta.get("partial_json") or "")
         elif kind == "content_block_stop":
             done = self.blocks.pop(int(payload.get("index", 0)), None)
             if done is not None and done.type == "tool_use":
-                yield _tool_call(done.id, done.name, parse_tool_args(done.json, done.name, self.model_id))
+                args = parse_tool_args(str(done.json), done.name, self.model_id)
+                yield _tool_call(done.id, done.name, args)
             elif done is not None and done.type == "thinking":  # its signature goes back with it
-                signed = {"anthropic": {"signature": done.signature}} if done.signature else {}
+                signature = str(done.signature)
+                signed = {"anthropic": {"signature": signature}} if signature else {}
                 end = {"id": f"r{payload.get('index', 0)}", "providerMetadata": signed}
                 yield {"type": "reasoning-end", "payload": end}
         elif kind == "message_delta":

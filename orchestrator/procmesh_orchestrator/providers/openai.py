@@ -23,6 +23,7 @@ from procmesh_orchestrator.providers._base import (
 )
 from procmesh_orchestrator.providers._http import error_from_payload, parse_json, post_json, post_sse
 from procmesh_orchestrator.run.models import Chunk, ModelRequest
+from procmesh_orchestrator.run.text_pieces import Pieces
 
 FINISH_REASONS = {
     "stop": "stop",
@@ -118,7 +119,8 @@ def convert_tool_choice(choice: Any) -> Any:
 class _ToolCall:
     id: str = ""
     name: str = ""
-    arguments: str = ""
+    arguments: Pieces = field(default_factory=Pieces)
+    """As streamed, in pieces."""
 
 
 def _sources(message: dict[str, Any]) -> Iterator[Chunk]:
@@ -149,11 +151,12 @@ class _StreamState:
                 yield {"type": "text-delta", "payload": {"id": "t0", "text": delta["content"]}}
             yield from _sources(delta)
             for raw in delta.get("tool_calls") or []:
-                call = self.calls.setdefault(int(raw.get("index", len(self.calls))), _ToolCall())
+                index = int(raw.get("index", len(self.calls)))
+                call = self.calls.get(index) or self.calls.setdefault(index, _ToolCall())
                 fn = raw.get("function") or {}
                 call.id = call.id or raw.get("id") or ""
                 call.name = call.name or fn.get("name") or ""
-                call.arguments += _arguments(fn.get("arguments"))
+                call.arguments.add(_arguments(fn.get("arguments")))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
@@ -165,7 +168,7 @@ class _StreamState:
                 "payload": {
                     "toolCallId": call.id or f"call_{uuid.uuid4().hex[:24]}",
                     "toolName": call.name,
-                    "args": parse_tool_args(call.arguments, call.name, self.model_id),
+                    "args": parse_tool_args(str(call.arguments), call.name, self.model_id),
                 },
             }
         yield _finish(self.finish_reason, self.usage)
@@ -280,7 +283,6 @@ class OpenAIModel(HTTPModel):
         state.usage = answer.get("usage") or {}
         for index, raw in enumerate(message.get("tool_calls") or []):
             fn = raw.get("function") or {}
-            state.calls[index] = _ToolCall(
-                raw.get("id") or "", fn.get("name") or "", _arguments(fn.get("arguments"))
-            )
+            call = state.calls[index] = _ToolCall(raw.get("id") or "", fn.get("name") or "")
+            call.arguments.add(_arguments(fn.get("arguments")))
         yield from state.finish()

@@ -36,6 +36,7 @@ from procmesh_orchestrator.run.types import AgentSpec, CallOptions, choosing_con
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.run.chunk_buffer import ChunkBuffer
+    from procmesh_orchestrator.run.steps import StepOutcome
     from procmesh_orchestrator.run.tool_calls import Decision, PendingTools
     from procmesh_orchestrator.store import RunFence
 
@@ -166,8 +167,8 @@ class RunCore:
         and those processors add to a step and run themselves (ExecuteTool)."""
         self.awaiting_client = False
         """A client tool was called: the run ends for the caller to run it and continue."""
-        self.partial_text = ""
-        """The text of the step being streamed (an aborted run keeps it)."""
+        self.current_step: StepOutcome | None = None
+        """The step being streamed: its text so far is what an aborted run keeps (`partial_text`)."""
         self.stop_when = tuple(options.stop_when) if options.stop_when is not None else agent.stop_when
         self.loop_system: list[dict[str, Any]] = []
         """The system messages each step starts from (after processInput)."""
@@ -274,6 +275,11 @@ class RunCore:
         another replica holds the run now; this replica stops it (`on_fenced`)."""
         if self.on_fenced is not None:
             self.on_fenced(write, exc)
+
+    @property
+    def partial_text(self) -> str:
+        """The text of the step being streamed so far (an aborted run keeps it)."""
+        return self.current_step.text if self.current_step is not None else ""
 
     def aborted(self, abort: TripwireAbort) -> TripwireAbort:
         """Record an abort (onViolation fires for every abort) and return it to raise."""

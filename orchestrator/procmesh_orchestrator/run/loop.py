@@ -420,7 +420,7 @@ class Run(RunCore):
             raise
         assistant = assistant_message(outcome.text, outcome.tool_calls, outcome.reasoning_parts())
         self.ml.add(assistant, msgs.RESPONSE)
-        self.partial_text = ""  # the step's text is in its message: an abort in its tools keeps it once
+        self.current_step = None  # the step's text is in its message: an abort in its tools keeps it once
         recorded = cached.tool_results if cached else []
         record = step_record(step_number, outcome)
         return await self._after_step(assistant, outcome.tool_calls, step_number, record, recorded), False

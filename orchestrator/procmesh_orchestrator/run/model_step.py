@@ -16,6 +16,7 @@ from procmesh_orchestrator.run.base import RunCore
 from procmesh_orchestrator.run.hooks import Chunk, RehearsedStream
 from procmesh_orchestrator.run.models import ModelRequest, setting_warnings
 from procmesh_orchestrator.run.steps import StepConfig, StepOutcome
+from procmesh_orchestrator.run.text_pieces import Pieces
 
 
 async def model_step(
@@ -67,21 +68,21 @@ async def model_step(
         yield outcome.step_finish()
         call.counted()
 
-    run.partial_text = ""
+    run.current_step = outcome
 
     def sink(chunk: Chunk) -> None:
         kind = chunk["type"]
         if kind == "text-delta":
-            outcome.text += chunk["payload"].get("text", "")
-            run.partial_text = outcome.text
+            outcome.texts.add(chunk["payload"].get("text", ""))
         elif kind == "tool-call":
             outcome.tool_calls.append(chunk["payload"])
         elif kind == "source":
             outcome.sources.append(chunk.get("payload") or {})
         elif kind in ("reasoning-delta", "reasoning-end"):
             payload = chunk.get("payload") or {}
-            block = outcome.reasoning.setdefault(str(payload.get("id", "")), {"text": ""})
-            block["text"] += payload.get("text", "") if kind == "reasoning-delta" else ""
+            block = outcome.reasoning.setdefault(str(payload.get("id", "")), {"text": Pieces()})
+            if kind == "reasoning-delta":
+                block["text"].add(payload.get("text", ""))
             if payload.get("providerMetadata"):
                 block["providerMetadata"] = payload["providerMetadata"]
         run.emit(chunk)
@@ -215,8 +216,8 @@ def step_record(
         "finishReason": outcome.finish_reason,
         "usage": outcome.usage,
         "tripwire": tripwire.as_dict() if tripwire else None,
-        "reasoning": [{"id": rid, **block} for rid, block in outcome.reasoning.items() if block["text"]],
-        "reasoningText": "".join(r["text"] for r in outcome.reasoning.values()) or None,
+        "reasoning": (reasoning := outcome.reasoning_blocks()),
+        "reasoningText": "".join(r["text"] for r in reasoning) or None,
         "sources": outcome.sources,
         **({"warnings": outcome.warnings} if outcome.warnings else {}),
     }

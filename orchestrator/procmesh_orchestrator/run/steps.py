@@ -29,6 +29,7 @@ from procmesh_orchestrator.run.hooks import (
 )
 from procmesh_orchestrator.run.models import ModelProvider, ModelRequest, specification_version
 from procmesh_orchestrator.run.speculation import walk
+from procmesh_orchestrator.run.text_pieces import Pieces
 from procmesh_orchestrator.run.tools import ProcessorTool
 from procmesh_orchestrator.run.tools import spec as tool_spec
 
@@ -37,7 +38,8 @@ from procmesh_orchestrator.run.tools import spec as tool_spec
 class StepOutcome:
     """What one model step produced, after the output-stream processors."""
 
-    text: str = ""
+    texts: Pieces = field(default_factory=Pieces)
+    """Its text deltas (`text`)."""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)
@@ -49,9 +51,24 @@ class StepOutcome:
     sources: list[dict[str, Any]] = field(default_factory=list)
     """The sources the model cited (``source`` chunks' payloads: ``{id, sourceType, url, title}``)."""
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The model's reasoning blocks by id, in order: ``{text, providerMetadata}``."""
+    """The model's reasoning blocks by id, in order: ``{text: Pieces, providerMetadata}``
+    (`reasoning_blocks`)."""
     warnings: list[dict[str, Any]] = field(default_factory=list)
     """The call's warnings: settings the model's API has no field for (`models.setting_warnings`)."""
+
+    @property
+    def text(self) -> str:
+        """Its text, the text deltas joined."""
+        return str(self.texts)
+
+    def reasoning_blocks(self) -> list[dict[str, Any]]:
+        """The reasoning blocks with text, in order: ``{id, text, providerMetadata?}``."""
+        blocks = []
+        for rid, block in self.reasoning.items():
+            text = str(block["text"])
+            if text:
+                blocks.append({"id": rid, **block, "text": text})
+        return blocks
 
     def finished(self, chunk: Chunk) -> bool:
         """Whether `chunk` is the model's finish (its reason and usage are the step's now): the
@@ -71,8 +88,7 @@ class StepOutcome:
         """The reasoning as the assistant message's parts (a signature in `providerMetadata`)."""
         return [
             {"type": "reasoning", "text": r["text"], "providerMetadata": r.get("providerMetadata") or {}}
-            for r in self.reasoning.values()
-            if r["text"]
+            for r in self.reasoning_blocks()
         ]
 
 

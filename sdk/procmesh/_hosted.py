@@ -44,6 +44,14 @@ class Tally:
         self.parts += 1
         self.seconds += seconds
 
+    def passed(self, parts: int, seconds: float) -> None:
+        """`add` for `parts` calls that ended "ok", taking `seconds` together."""
+        if parts:
+            counts = self.series.outcomes
+            counts["ok"] = counts.get("ok", 0) + parts
+            self.parts += parts
+            self.seconds += seconds
+
     def end(self) -> None:
         """The batch ended: its latency observation, and the tally emptied for the next one."""
         if self.parts:

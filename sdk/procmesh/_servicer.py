@@ -213,23 +213,36 @@ class Servicer:
     ) -> Any:
         """Await `fn` (processor `hosted`'s `hook`) with `args`, the arguments it declares; its
         outcome and time go to `record` (a `Series`, or a stream batch's `Tally`), a TripWire
-        becomes the abort. A one-processor stream calls it directly with its arguments made once
-        for the batch (`_Session._alone`): nothing is looked up or filtered per part (bench P2)."""
+        becomes the abort (`settle`)."""
         started = time.perf_counter()
-        outcome = "ok"
         try:
-            return await fn(**args)
-        except TripWire as trip:
-            outcome = "abort"
-            effects.abort = trip
-            return None
+            out = await fn(**args)
         except BaseException as exc:
-            outcome, raised = _failure(hosted, hook, exc)
-            if raised is exc:
-                raise
-            raise raised from exc
-        finally:
-            record(outcome, time.perf_counter() - started)
+            return Servicer.settle(hosted, hook, exc, effects, record, time.perf_counter() - started)
+        record("ok", time.perf_counter() - started)
+        return out
+
+    @staticmethod
+    def settle(
+        hosted: Hosted,
+        hook: str,
+        exc: BaseException,
+        effects: HookEffects,
+        record: Callable[[str, float], None],
+        seconds: float,
+    ) -> None:
+        """What a hook's exception makes of its call, recorded with its time: a TripWire is the
+        hook's abort (set on `effects`; the call returns None); anything else is raised as the
+        caller gets it (`_failure`). Called in the `except` of the hook's await."""
+        if isinstance(exc, TripWire):
+            effects.abort = exc
+            record("abort", seconds)
+            return None
+        outcome, raised = _failure(hosted, hook, exc)
+        record(outcome, seconds)
+        if raised is exc:
+            raise exc
+        raise raised from exc
 
     def malformed(self, rpc: str, exc: BaseException) -> str:
         """Record a request its hook's decoder refused; the status detail to answer with."""

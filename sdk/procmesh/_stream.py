@@ -24,6 +24,7 @@ them is encoded or sent back (`procmesh._chain.Results`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -240,23 +241,16 @@ class _Session:
 
     async def _alone(self, stage: Stage, items: Any, quiet: bool) -> tuple[list[ppb.StreamPartResult], bool]:
         """A stream of one processor (runs on its hook loop): parts stay protobuf where they pass."""
+        # A hook given no per-part effect argument can only abort (a TripWire). Such a hook that
+        # keeps no parts so far, on a call that is timed and counted, takes the lean loop.
+        reuse = not stage.wants
+        params = stage.hosted.params[self.hook.name]
+        if reuse and not quiet and not stage.keeps_parts and params is not None:
+            return await self._lean(stage, items, params)
         results = self._results
         results.take()
         takes, call, unchanged, pid = stage.takes, self.call, self.unchanged, stage.hosted.id
-        # A hook given no per-part effect argument can only abort (a TripWire): its effects,
-        # while they stay quiet, serve the next part too (one object a part less to make).
-        reuse = not stage.wants
-        spare: HookEffects | None = None
-        # Such a hook that keeps no parts so far, on a call that is timed and counted, gets its
-        # arguments made once for the batch (its part set in them): `Servicer.timed`.
-        hosted, name = stage.hosted, self.hook.name
-        params = hosted.params[name]
-        lean = reuse and not quiet and not stage.keeps_parts and params is not None
-        if lean:
-            assert params is not None
-            hook, timed, record = hosted.hooks[name], self.servicer.timed, stage.tally.add
-            args = {k: stage.kwargs[k] for k in params if k != "part"}
-            takes_part = "part" in params
+        spare: HookEffects | None = None  # quiet effects serve the next part too (`reuse`)
         try:
             for item in items:
                 seq = self._seq = item.seq
@@ -267,14 +261,7 @@ class _Session:
                 chunk = chunk_from_proto(part)
                 before = pristine(chunk, part) if unchanged else None
                 effects = spare or HookEffects(pid)
-                if lean:
-                    if takes_part:
-                        args["part"] = chunk
-                    out = await timed(hosted, name, hook, args, effects, record)
-                    if effects.abort is not None:
-                        stage.aborted = True
-                else:
-                    out = await call(stage, chunk, effects, quiet)
+                out = await call(stage, chunk, effects, quiet)
                 if effects.quiet():
                     spare = effects if reuse else None
                     if before is not None and out == before and self._partial_seq != seq:
@@ -293,6 +280,77 @@ class _Session:
             return results.take(), False
         finally:
             stage.tally.end()
+
+    async def _lean(
+        self, stage: Stage, items: Any, params: frozenset[str]
+    ) -> tuple[list[ppb.StreamPartResult], bool]:
+        """`_alone` for a hook given no per-part argument but its part, keeping no parts, on a call
+        timed and counted: the common pass-through processor (bench P2). Its arguments are made
+        once for the batch; each part's hook is awaited and timed here (`Servicer.settle` for
+        what it raises: no coroutine of ours a part); a text delta is converted here and told
+        given back as it came (the very dicts and strings it was given, or an equal answer)
+        from its original strings, with no copy made beforehand (`pristine`); its effects exist
+        only once it aborts."""
+        results = self._results
+        results.take()
+        hosted, name, kwargs = stage.hosted, self.hook.name, stage.kwargs
+        hook, encode, takes, unchanged = hosted.hooks[name], self.hook.encode, stage.takes, self.unchanged
+        args = {k: kwargs[k] for k in params if k != "part"}
+        takes_part = "part" in params
+        clock, tally = time.perf_counter, stage.tally
+        ok, took = 0, 0.0
+        try:
+            for item in items:
+                seq = self._seq = item.seq
+                part = item.part
+                kind = part.type
+                if not takes(kind):
+                    results.passed(seq, part)
+                    continue
+                payload: dict[str, Any] | None = None
+                if unchanged and part.WhichOneof("payload") == "text_delta" and not part.transient:
+                    delta = part.text_delta
+                    text, tid = delta.text, delta.id
+                    payload = {"text": text, "id": tid} if tid else {"text": text}
+                    chunk: dict[str, Any] = {"type": kind, "payload": payload}
+                else:
+                    chunk = chunk_from_proto(part)
+                if takes_part:
+                    args["part"] = chunk
+                started = clock()
+                try:
+                    out = await hook(**args)
+                except BaseException as exc:
+                    effects = HookEffects(hosted.id)
+                    self.servicer.settle(hosted, name, exc, effects, tally.add, clock() - started)
+                    stage.aborted = True  # a TripWire: anything else was raised
+                    res = ppb.StreamPartResult(seq=seq)
+                    fill_effects(res.effects, effects, None)
+                    results.append(res)
+                    return results.take(), True
+                took += clock() - started
+                ok += 1
+                if payload is not None and (
+                    (  # the very dicts and strings it was given, none added
+                        out is chunk
+                        and len(chunk) == 2
+                        and chunk["type"] is kind
+                        and chunk["payload"] is payload
+                        and payload["text"] is text
+                        and len(payload) == (2 if tid else 1)
+                        and (not tid or payload["id"] is tid)
+                    )
+                    or out == {"type": kind, "payload": {"text": text, "id": tid} if tid else {"text": text}}
+                ):
+                    results.passed(seq, part)
+                    continue
+                res = encode(out, kwargs)
+                res.seq = seq
+                results.append(res)
+            return results.take(), False
+        finally:
+            tally.passed(ok, took)
+            tally.end()
 
     async def answer(self, req: ppb.ProcessOutputStreamRequest) -> tuple[list[ppb.StreamPartResult], bool]:
         """A request: its rewind, its commit, then its parts."""

@@ -52,12 +52,15 @@ UNCHANGED = ppb.StreamPartResult()
 itself, passed on, and nothing else. One shared object, never changed, told by identity
 (`SpeculativeGroup._passes` commits it at once; `Member.answer` makes it a result for the rest)."""
 
+MARK = "mark"
+"""An inbox item: every committed item for its group input came before it."""
+
 _WRITE = "write"
 """A request for the writer (the serialized bytes); an `END` item half-closes the call."""
 
 
 @dataclass(slots=True)
-class _Fed:
+class Fed:
     """A part a processor was given and has not committed: its seq, and what it stands for."""
 
     seq: int
@@ -70,8 +73,10 @@ class _Fed:
 class Member:
     """One speculative processor's session: what it was fed, its answers, its committed input."""
 
-    def __init__(self, group: SpeculativeGroup, handles: Sequence[ProcessorHandle]) -> None:
+    def __init__(self, group: SpeculativeGroup, handles: Sequence[ProcessorHandle], index: int) -> None:
         self.group = group
+        self.index = index
+        """Its place in the group's lane order."""
         self.handle = handles[0]
         self.handles = tuple(handles)
         """One processor, or several of one sidecar fused in this session (`context.fused`)."""
@@ -80,10 +85,10 @@ class Member:
         self.stream_timeout = min(h.stream_timeout for h in handles)
         self.clock: SessionClock | None = None
         """Its session's time limits (`_open` starts one per session)."""
-        self.fed: deque[_Fed] = deque()
+        self.fed: deque[Fed] = deque()
         """Committed input first (`firm` of them), then the parts given in advance, by origin."""
         self.firm = 0
-        self.again: deque[_Fed] = deque()
+        self.again: deque[Fed] = deque()
         """Guesses withdrawn in this round, to be given again at its end (`SpeculativeGroup._give_again`)."""
         self.answered = 0
         """The highest seq answered (answers come in order): the parts in `fed` after it are the
@@ -176,7 +181,7 @@ class Member:
         if not parts:
             return
         if self.call is None:
-            self._open()
+            self.open()
         out = self.out
         if out is None:
             out = self.out = []
@@ -184,12 +189,12 @@ class Member:
         for part, origin in parts:
             seq += 1
             out.append((seq, part))
-            fed.append(_Fed(seq, part, None if firm else origin, now))
+            fed.append(Fed(seq, part, None if firm else origin, now))
         self.seq = seq
         if firm:
             self.firm += len(parts)
 
-    def open_guess(self, origin: int) -> _Fed | None:
+    def open_guess(self, origin: int) -> Fed | None:
         """The oldest guess still open, if given for group input `origin` or an earlier one (a
         part the processor before holds may come with a later input)."""
         at = self.firm
@@ -199,7 +204,7 @@ class Member:
                 return entry
         return None
 
-    def withdraw(self, at: int) -> list[_Fed]:
+    def withdraw(self, at: int) -> list[Fed]:
         """Withdraw its answers from fed position `at` on; the withdrawn entries.
 
         Parts still in this round's request are simply not sent; parts already sent are
@@ -271,7 +276,8 @@ class Member:
         for data in more:
             self.writes.put_nowait((_WRITE, data))
 
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Open its session (on its first parts): the call, its time limits, its writer and reader."""
         pid = self.handle.processor_id
         self.span = tracing.start(
             f"procmesh.hook {HOOK} {pid}",
@@ -339,7 +345,7 @@ class Member:
         held = list(self.fed)
         self.fed.clear()
         self.firm = 0
-        self._open()
+        self.open()
         assert self.out is not None
         for part in self.replay:
             self.seq += 1
@@ -366,8 +372,16 @@ class Member:
                 sent, skip, dead, answers = self.seq, self.skip, self.dead, self.answers
                 arrived = self.arrived
                 top = 0
+                lane = self.group.lane
                 for res in resp.results:
                     seq = res.seq
+                    if lane is not None:  # the group's lane books (`speculative_lane`)
+                        last = lane.answer(self.index, self, res, now)
+                        if last:
+                            top = max(top, last)
+                            continue
+                        self.group.unfold()
+                        lane = None
                     if res.unchanged_through:
                         top = self._unchanged(res, top, now)
                         continue
@@ -447,6 +461,8 @@ class Member:
 
     def _waiting_since(self) -> float | None:
         """When the oldest unanswered part was sent (None: every part sent was answered)."""
+        if self.group.lane is not None:
+            return self.group.lane.waiting_since(self.index)
         answered = self.answered
         for entry in self.fed:  # in seq order, the answered ones first
             if entry.seq > answered:

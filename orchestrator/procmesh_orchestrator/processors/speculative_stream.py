@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from procmesh.v1 import types_pb2 as tpb
 from procmesh_orchestrator.errors import MalformedResponseError
 from procmesh_orchestrator.processors.lanes import ProcessorHandle
-from procmesh_orchestrator.processors.speculative_member import UNCHANGED, Member
+from procmesh_orchestrator.processors.speculative_lane import Lane
+from procmesh_orchestrator.processors.speculative_member import MARK, UNCHANGED, Member
 from procmesh_orchestrator.processors.speculative_partial import ahead, early, held, unahead
 from procmesh_orchestrator.processors.stream_call import (
     ABORT,
@@ -51,9 +52,6 @@ from procmesh_orchestrator.processors.stream_call import (
 
 if TYPE_CHECKING:
     from procmesh_orchestrator.processors.calls import GrpcHookCaller
-
-_MARK = "mark"
-"""An inbox item: every committed item for its group input came before it."""
 
 
 def kind_ends(kind: str) -> bool:
@@ -76,7 +74,7 @@ class SpeculativeGroup:
     ) -> None:
         self.caller = caller
         self.announce_signals = announce_signals
-        self.members = [Member(self, session) for session in sessions]
+        self.members = [Member(self, session, j) for j, session in enumerate(sessions)]
         self.inq = inq
         self.outq = outq
         self.taken = 0
@@ -89,6 +87,8 @@ class SpeculativeGroup:
         self.now = time.monotonic()
         """When this round (a batch taken, or an answer read) began: the send time of the parts
         fed in it (they go out together), one clock read per round."""
+        self.lane: Lane | None = Lane(self.members) if Lane.fits(self.members) else None
+        """Its books while every member passes every part (`speculative_lane`); None once unfolded."""
         self._encodings: list[tuple[list[tuple[int, tpb.Chunk]], list[bytes]]] = []
         """This round's encoded parts (`encoded`), forgotten when its requests are sent."""
 
@@ -110,6 +110,8 @@ class SpeculativeGroup:
         mark, and give every member the parts it takes, a member's all at once (`Member.feed_all`:
         the first's as committed, the others' in advance); whether the stream ended there (an
         end, an abort or an error: nothing follows it)."""
+        if self.lane is not None:
+            return self.lane.take(self, batch)
         inbox = self.members[0].inbox
         origin = self.taken
         parts: list[tuple[tpb.Chunk, int]] = []
@@ -118,7 +120,7 @@ class SpeculativeGroup:
         for kind, value in batch:
             inbox.append((kind, value, origin))
             if kind == CHUNK:
-                inbox.append((_MARK, None, origin))
+                inbox.append((MARK, None, origin))
                 parts.append((value, origin))
                 data = data or value.type.startswith("data-")
             origin += 1
@@ -136,6 +138,11 @@ class SpeculativeGroup:
     def advance(self) -> None:
         """Commit, member by member in lane order, every answer that can commit now; then send."""
         self.now = time.monotonic()
+        if self.lane is not None:
+            if self.lane.advance(self):
+                self._encodings.clear()
+                return
+            self.unfold()
         progress = True
         while progress and not self.done:
             progress = False
@@ -154,12 +161,22 @@ class SpeculativeGroup:
             member.parts.flush()
         self._encodings.clear()
 
+    def unfold(self) -> None:
+        """Go on with the general books: the lane's written out (`Lane.unfold`), then what it
+        held taken as any batch is."""
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            lane.unfold(self)
+            if lane.held:
+                self._take(lane.held)
+
     def encoded(self, parts: list[tuple[int, tpb.Chunk]]) -> list[bytes]:
         """The parts (seq, part) as serialized requests' ``parts`` (`encode_parts`: one request,
         or several when large), encoded once per round for every member given the same ones (same
         seqs, same parts: each member writes the bytes)."""
         for same, data in self._encodings:
-            if same == parts:  # tuples compare the part by identity first: no protobuf compare
+            # one list on a lane (`Lane`); tuples compare the part by identity first: no protobuf compare
+            if same is parts or same == parts:
                 return data
         data = encode_parts(parts)
         self._encodings.append((parts, data))
@@ -250,7 +267,7 @@ class SpeculativeGroup:
         out: list[Item] = []  # the last member's: handed downstream at once
         while inbox:
             kind, value, origin = inbox[0]
-            if kind == _MARK:
+            if kind == MARK:
                 inbox.popleft()
                 moved += 1
                 if following is not None:
@@ -362,7 +379,7 @@ class SpeculativeGroup:
             self.members[j].inbox.clear()
         if j + 1 == len(self.members):
             for item in items:
-                if item[0] == _MARK:
+                if item[0] == MARK:
                     continue
                 self.outq.put_nowait(item)
                 if item[0] in (END, ABORT, ERROR):
@@ -370,7 +387,7 @@ class SpeculativeGroup:
             return
         following = self.members[j + 1]
         for kind, value in items:
-            if kind == _MARK or (kind == CHUNK and following.takes(value)):
+            if kind == MARK or (kind == CHUNK and following.takes(value)):
                 self._reconcile(following, origin, value if kind == CHUNK else None)
             elif kind == END:
                 self._close_guesses(following)
@@ -439,6 +456,9 @@ class SpeculativeGroup:
     def shutdown(self) -> list[asyncio.Task[None]]:
         """Cancel every session; the tasks to await. Answers not committed are discarded."""
         tasks: list[asyncio.Task[None]] = []
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            lane.unfold(self)  # its guesses still open are counted discarded
         for member in self.members:
             self.count(member, "discarded", sum(1 for e in member.fed if e.origin is not None))
             member.fed.clear()
@@ -459,6 +479,7 @@ class SpeculativeGroup:
         for member in self.members:
             member.release()
         self._encodings.clear()
+        self.lane = None
 
 
 def _settled(member: Member, origin: int) -> None:

@@ -200,6 +200,51 @@ async def test_stream_traces_equal_sequential(
     assert traces["sequential"]["recorder"] or traces["sequential"]["tripwire"]
 
 
+LONG = [f"w{i} " for i in range(400)]
+LONG[130] = "secret "  # dropped by `drop`
+LONG[350] = "apple "  # rewritten by `rw`
+
+
+@pytest.mark.parametrize(
+    "lane",
+    [
+        ["pass", "pass", "pass", "total"],
+        ["pass", "pass", "rw", "pass", "recorder"],
+        ["pass", "drop", "pass", "cnt", "recorder"],
+    ],
+)
+async def test_a_long_stream_is_the_sequential_one(
+    ready: dict[str, SidecarProcess], tmp_path: Path, lane: list[str]
+) -> None:
+    """Rounds of parts every member passes on (a group's lane books, `speculative_lane`), to the
+    stream's end or to a drop or a rewrite late in it (the books written out with parts in
+    flight and members at different parts): the trace, each processor's part series and the
+    speculative group's commits are what the sequential pipeline's run gives."""
+    log = tmp_path / "rec.jsonl"
+    seen = {}
+    for mode in ("sequential", "speculative"):
+        async with App(config(ready, log, lane, mode, LONG)) as app:
+            result = await trace(app, log)
+            total = app.metrics.total
+            series = {
+                (entry, outcome): total("procmesh_stream_parts_total", entry=entry, outcome=outcome)
+                for entry in set(lane)
+                for outcome in ("in", "out", "rewritten", "dropped")
+            }
+            timed = {
+                entry: app.metrics.total("procmesh_stream_part_added_seconds_count", entry=entry)
+                for entry in set(lane)
+            }
+            calls = speculative_calls(app)
+        seen[mode] = (result, series, timed)
+        if mode == "speculative":
+            assert calls["committed"] >= len(LONG)  # the later members' guesses, confirmed
+    assert seen["speculative"] == seen["sequential"]
+    result, series, _ = seen["sequential"]
+    assert series[("pass", "in")] >= len(LONG)
+    assert "pear" in result["text"] if "rw" in lane else "apple" in result["text"]
+
+
 async def test_a_fused_stream_is_one_session(ready: dict[str, SidecarProcess], tmp_path: Path) -> None:
     log = tmp_path / "rec.jsonl"
     async with App(config(ready, log, ["pass", "rw", "cnt", "recorder"], "fused")) as app:

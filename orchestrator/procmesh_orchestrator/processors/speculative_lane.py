@@ -2,16 +2,17 @@
 
 The general books (`speculative_member`) hold a record per part per member: its committed input
 (the part and its mark), what it was fed, its answer and when it came. A stream whose members
-all take every part and answer each as given (``unchanged_through``) needs none of that: every
-member was fed the same parts at the same time, with the same seqs, and each member's state is
-a few counts over one list of parts — how many it had answered, how many it committed. Member j
-commits its answered parts up to those member j-1 committed (the first: up to those fed), its
-guesses confirmed by the commit before it; the last hands them downstream. A batch, an answer
-and a commit cost the group a few list operations, not a dozen per part and member (bench P2).
+all take every part and pass each on as given (a run answered ``unchanged_through``, or a part
+given back whole with no effects) needs none of that: every member was fed the same parts at
+the same time, with the same seqs, and each member's state is a few counts over one list of
+parts — how many it answered, how many it committed. Member j commits its answered parts up to
+those member j-1 committed (the first: up to those fed), its guesses confirmed by the commit
+before it; the last hands them downstream. A batch, an answer and a commit cost the group a few
+list operations, not a dozen per part and member (bench P2).
 
-At the first answer these books cannot hold (one that is not ``unchanged_through`` from where
-the member's last one ended) or a member's failure, `Lane.unfold` writes them out as the general
-books would be at that point, and the group goes on with those (`SpeculativeGroup.unfold`). What
+At the first answer these books cannot hold (anything else, or not from where the member's
+last answer ended) or a member's failure, `Lane.unfold` writes them out as the general books
+would be at that point, and the group goes on with those (`SpeculativeGroup.unfold`). What
 comes down that the lane cannot hold (effects, the stream's end, a part a member does not take)
 waits until every member committed the lane's parts, then goes to the general books: the tail
 of a stream, in flight when its end comes, is committed on the lane too. A group that keeps a

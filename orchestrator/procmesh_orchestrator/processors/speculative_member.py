@@ -84,7 +84,7 @@ class Member:
         self.timeout = min(h.timeout for h in handles)
         self.stream_timeout = min(h.stream_timeout for h in handles)
         self.clock: SessionClock | None = None
-        """Its session's time limits (`_open` starts one per session)."""
+        """Its session's time limits (`open` starts one per session)."""
         self.fed: deque[Fed] = deque()
         """Committed input first (`firm` of them), then the parts given in advance, by origin."""
         self.firm = 0

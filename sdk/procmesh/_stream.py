@@ -331,14 +331,14 @@ class _Session:
                 took += clock() - started
                 ok += 1
                 if payload is not None and (
-                    (  # the very dicts and strings it was given, none added
+                    (  # the very dicts and strings it was given, none added or taken away
                         out is chunk
                         and len(chunk) == 2
-                        and chunk["type"] is kind
-                        and chunk["payload"] is payload
-                        and payload["text"] is text
+                        and chunk.get("type") is kind
+                        and chunk.get("payload") is payload
+                        and payload.get("text") is text
                         and len(payload) == (2 if tid else 1)
-                        and (not tid or payload["id"] is tid)
+                        and (not tid or payload.get("id") is tid)
                     )
                     or out == {"type": kind, "payload": {"text": text, "id": tid} if tid else {"text": text}}
                 ):

@@ -58,6 +58,16 @@ class Shouter(Processor):
         return part
 
 
+class Clearer(Processor):
+    """Empties a text delta's payload in place and gives the part back."""
+
+    id = "clearer"
+
+    async def process_output_stream(self, part: dict[str, Any]) -> dict[str, Any]:
+        part["payload"].clear()
+        return part
+
+
 class Flagger(Processor):
     """Reports a violation on deltas saying "bad" and gives every part back."""
 
@@ -98,7 +108,8 @@ class Releaser(Processor):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client() -> AsyncIterator[ProcessorClient]:
-    async with serve_for_test([Passer(), Copier(), Shouter(), Flagger(), Releaser(), Thrower()]) as c:
+    processors = [Passer(), Copier(), Shouter(), Clearer(), Flagger(), Releaser(), Thrower()]
+    async with serve_for_test(processors) as c:
         yield c
 
 
@@ -155,6 +166,16 @@ async def test_a_part_changed_in_place_keeps_its_own_result(client: ProcessorCli
     assert await _exchange(client, run_context("shouter"), parts) == [
         (1, 0, [delta("A")], [], False),
         (2, 0, [delta("B")], [], False),
+    ]
+
+
+async def test_a_part_emptied_in_place_keeps_its_own_result(client: ProcessorClient) -> None:
+    """Given back as the same dict with its payload's keys taken away: encoded as it now is."""
+    parts = [(1, delta("a")), (2, delta("b"))]
+    emptied = {"type": "text-delta", "payload": {"text": ""}}
+    assert await _exchange(client, run_context("clearer"), parts) == [
+        (1, 0, [emptied], [], False),
+        (2, 0, [emptied], [], False),
     ]
 
 
